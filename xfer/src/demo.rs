@@ -1,0 +1,203 @@
+//! `xfer demo`: a local multi-node run with no setup.
+//!
+//! Generates a model-like tree (safetensors shards, config files, a nested
+//! folder, an empty file), starts agents on 127.0.0.2, 127.0.0.3, ... as real
+//! child processes, pushes the model to all of them with progress bars, then
+//! verifies every node and prints its root hash and the throughput.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use rand::{RngCore, SeedableRng};
+
+use crate::progress::Progress;
+use crate::push::{push, PushOptions};
+use crate::units::Bytes;
+use crate::verify::verify;
+
+/// Demo settings.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    pub size: u64,
+    pub nodes: usize,
+    pub dir: PathBuf,
+    pub chunk_size: u64,
+}
+
+const MARKER: &str = ".xfer-demo";
+
+/// Writes a model-like tree of about `size` bytes under `dir`.
+pub fn generate_model(dir: &Path, size: u64, seed: u64) -> Result<()> {
+    fs::create_dir_all(dir.join("original"))?;
+    let shards = 4u64;
+    let small = 1 << 20;
+    let shard = size.saturating_sub(2 * small) / shards;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut write = |path: PathBuf, len: u64| -> Result<()> {
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, fs::File::create(&path)?);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            rng.fill_bytes(&mut buf[..n]);
+            f.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
+        f.flush()?;
+        Ok(())
+    };
+    let mut weight_map = Vec::new();
+    for i in 1..=shards {
+        let name = format!("model-{i:05}-of-{shards:05}.safetensors");
+        write(dir.join(&name), shard + i * 4099)?;
+        weight_map.push(format!("\"layers.{i}.weight\": \"{name}\""));
+    }
+    fs::write(
+        dir.join("model.safetensors.index.json"),
+        format!(
+            "{{\"metadata\": {{}}, \"weight_map\": {{{}}}}}\n",
+            weight_map.join(", ")
+        ),
+    )?;
+    fs::write(
+        dir.join("config.json"),
+        "{\"architectures\": [\"DemoForCausalLM\"], \"hidden_size\": 4096, \"torch_dtype\": \"float8_e4m3fn\"}\n",
+    )?;
+    write(dir.join("tokenizer.json"), small)?;
+    write(dir.join("original/consolidated.00.pth"), small)?;
+    fs::write(dir.join("original/params.json"), "{\"dim\": 4096}\n")?;
+    fs::write(dir.join("generation_config.json"), "")?;
+    Ok(())
+}
+
+/// An agent child process, killed when dropped.
+struct Agent {
+    child: Child,
+    addr: String,
+    root: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(ip: &str, root: &Path, key: &Path) -> Result<Agent> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(["serve", "--listen", &format!("{ip}:0"), "--root"])
+        .arg(root)
+        .arg("--key")
+        .arg(key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start an agent process")?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    let addr = line
+        .split_whitespace()
+        .nth(4)
+        .with_context(|| format!("agent on {ip} did not start: {line:?}"))?
+        .to_string();
+    Ok(Agent {
+        child,
+        addr,
+        root: root.to_path_buf(),
+    })
+}
+
+/// Runs the demo and returns whether every node verified.
+pub async fn run(opts: &DemoOptions) -> Result<bool> {
+    if opts.nodes == 0 || opts.nodes > 200 {
+        bail!("--nodes must be between 1 and 200");
+    }
+    let dir = &opts.dir;
+    if dir.exists() {
+        if !dir.join(MARKER).exists() {
+            bail!(
+                "{} exists and is not an xfer demo folder; pass another --dir",
+                dir.display()
+            );
+        }
+        fs::remove_dir_all(dir)?;
+    }
+    fs::create_dir_all(dir)?;
+    fs::write(dir.join(MARKER), "")?;
+    let key = dir.join("cluster.key");
+    crate::auth::keygen(&key, false)?;
+    let src = dir.join("source/demo-model");
+    println!(
+        "generating a {} model-like tree in {}",
+        Bytes(opts.size),
+        src.display()
+    );
+    generate_model(&src, opts.size, 42)?;
+
+    let mut agents = Vec::new();
+    for i in 0..opts.nodes {
+        let ip = format!("127.0.0.{}", i + 2);
+        agents.push(start_agent(&ip, &dir.join(format!("node{}", i + 1)), &key)?);
+    }
+    println!(
+        "started {} agents: {}",
+        agents.len(),
+        agents
+            .iter()
+            .map(|a| a.addr.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let popts = PushOptions {
+        src: src.clone(),
+        to: agents.iter().map(|a| a.addr.clone()).collect(),
+        key: key.clone(),
+        name: None,
+        chunk_size: opts.chunk_size,
+        limit_rate: None,
+        connect_timeout: Duration::from_secs(5),
+    };
+    let summary = push(&popts, &Progress::new(true)).await?;
+    let manifest = crate::scan::scan(&src, opts.chunk_size, &|_| {})?.manifest;
+    println!();
+    println!(
+        "{:<18} {:<8} {:<66} {:>10}",
+        "node", "verify", "root", "received"
+    );
+    let mut all_ok = summary.ok();
+    for (a, n) in agents.iter().zip(&summary.nodes) {
+        let report = verify(&a.root.join(&summary.name), &manifest)?;
+        all_ok &= report.ok;
+        println!(
+            "{:<18} {:<8} {:<66} {:>10}",
+            a.addr,
+            if report.ok { "ok" } else { "FAILED" },
+            report.root,
+            Bytes(n.bytes_sent).to_string()
+        );
+        if let Some(e) = &n.error {
+            println!("  error: {e}");
+        }
+    }
+    let send_s = summary.duration_s - summary.hash_s;
+    println!();
+    println!(
+        "source root {}\n{} to {} nodes in {:.2}s (+{:.2}s hashing): {:.0} MB/s per node, {:.0} MB/s total; the source sent {} ({:.2}x the model)",
+        summary.root,
+        Bytes(summary.bytes_total),
+        opts.nodes,
+        send_s,
+        summary.hash_s,
+        summary.bytes_total as f64 / send_s / 1e6,
+        summary.bytes_sent as f64 / send_s / 1e6,
+        Bytes(summary.bytes_sent),
+        summary.bytes_sent as f64 / summary.bytes_total.max(1) as f64,
+    );
+    Ok(all_ok)
+}

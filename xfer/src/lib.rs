@@ -1,0 +1,29 @@
+//! xfer: move large model checkpoints to every node of a GPU cluster,
+//! verified chunk by chunk, resumable, over mutually authenticated QUIC.
+//!
+//! The data flows through the modules in this order:
+//! [`scan`] and [`manifest`] describe a tree ([`hash`] owns the chunk tree,
+//! [`relpath`] the path rules), [`wire`] frames the protocol, the sans-IO
+//! [`scheduler`] picks chunks, [`transport`] moves them, [`receive`] drives a
+//! transfer into the [`store`] (with its [`journal`]), and [`agent`] and
+//! [`push`] are the two ends a user runs.
+
+pub mod agent;
+pub mod auth;
+pub mod chunkset;
+pub mod demo;
+pub mod hash;
+pub mod journal;
+pub mod manifest;
+pub mod progress;
+pub mod push;
+pub mod rate;
+pub mod receive;
+pub mod relpath;
+pub mod scan;
+pub mod scheduler;
+pub mod store;
+pub mod transport;
+pub mod units;
+pub mod verify;
+pub mod wire;

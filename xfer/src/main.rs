@@ -1,0 +1,315 @@
+//! The `xfer` command line.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use xfer::manifest::{Entry, Manifest};
+use xfer::progress::Progress;
+use xfer::units::{parse_size, Bytes};
+
+#[derive(Parser)]
+#[command(
+    name = "xfer",
+    version,
+    about = "Move model checkpoints to every GPU node at line rate, verified chunk by chunk."
+)]
+struct Cli {
+    /// Log filter, e.g. `info` or `xfer=debug` (overrides RUST_LOG).
+    #[arg(long, global = true)]
+    log: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create the cluster credential (copy the same file to every node).
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+        /// Replace an existing file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Describe a directory: per-file BLAKE3 (as b3sum prints it) and the root hash.
+    Manifest {
+        dir: PathBuf,
+        /// Print the full manifest as JSON.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+        chunk_size: u64,
+    },
+    /// Run the node agent: receive models into ROOT and serve them to peers.
+    Serve {
+        #[arg(long, default_value = "0.0.0.0:7470")]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        root: PathBuf,
+        #[arg(long, env = "XFER_KEY")]
+        key: PathBuf,
+        /// Chunk requests in flight per peer.
+        #[arg(long, default_value_t = 16)]
+        window: u32,
+    },
+    /// Deliver a directory to one or more agents.
+    Push {
+        src: PathBuf,
+        /// Agents, comma separated: HOST[:PORT],...
+        #[arg(long, value_delimiter = ',', required = true)]
+        to: Vec<String>,
+        #[arg(long, env = "XFER_KEY")]
+        key: PathBuf,
+        /// Name on the agents (default: the directory's name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Print one JSON summary on stdout.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+        chunk_size: u64,
+        /// Cap the total send rate, e.g. 500MiB (bytes per second).
+        #[arg(long, value_parser = parse_size)]
+        limit_rate: Option<u64>,
+        /// Seconds to wait for each agent to answer.
+        #[arg(long, default_value_t = 5)]
+        connect_timeout: u64,
+    },
+    /// Re-hash a received tree against its manifest.
+    Verify {
+        dir: PathBuf,
+        /// Manifest from `xfer manifest --json` (default: the one the agent recorded).
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Local multi-node demo: generate a model, start agents on 127.0.0.x, push, verify.
+    Demo {
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        size: u64,
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        #[arg(long, default_value = "/tmp/xfer-demo")]
+        dir: PathBuf,
+        #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+        chunk_size: u64,
+    },
+}
+
+fn parse_chunk(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    if xfer::hash::is_valid_chunk_size(n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "{s} is not a power of two between 64KiB and 256MiB"
+        ))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default = match cli.cmd {
+        Cmd::Serve { .. } => "info",
+        _ => "warn",
+    };
+    let filter = cli
+        .log
+        .clone()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| default.to_string());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(run(cli.cmd)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cmd: Cmd) -> Result<ExitCode> {
+    match cmd {
+        Cmd::Keygen { out, force } => {
+            let cred = xfer::auth::keygen(&out, force)?;
+            println!(
+                "wrote {} (cluster {}); copy it to every node and pass it as --key",
+                out.display(),
+                cred.cluster_id().short()
+            );
+        }
+        Cmd::Manifest {
+            dir,
+            json,
+            chunk_size,
+        } => {
+            let started = Instant::now();
+            let tree =
+                tokio::task::spawn_blocking(move || xfer::scan::scan(&dir, chunk_size, &|_| {}))
+                    .await??;
+            let m = tree.manifest;
+            if json {
+                serde_json::to_writer(std::io::stdout().lock(), &m.to_doc())?;
+                println!();
+            } else {
+                print_manifest(&m, started.elapsed());
+            }
+        }
+        Cmd::Serve {
+            listen,
+            root,
+            key,
+            window,
+        } => {
+            let scheduler = xfer::scheduler::Config {
+                window: window.max(1),
+                ..Default::default()
+            };
+            xfer::agent::run(xfer::agent::AgentOptions {
+                listen,
+                root,
+                key,
+                scheduler,
+            })
+            .await?;
+        }
+        Cmd::Push {
+            src,
+            to,
+            key,
+            name,
+            json,
+            chunk_size,
+            limit_rate,
+            connect_timeout,
+        } => {
+            let opts = xfer::push::PushOptions {
+                src,
+                to,
+                key,
+                name,
+                chunk_size,
+                limit_rate,
+                connect_timeout: Duration::from_secs(connect_timeout),
+            };
+            let progress = Progress::new(!json);
+            let s = xfer::push::push(&opts, &progress).await?;
+            if json {
+                serde_json::to_writer(std::io::stdout().lock(), &s)?;
+                println!();
+            } else {
+                let send_s = (s.duration_s - s.hash_s).max(1e-9);
+                for n in &s.nodes {
+                    match &n.error {
+                        None => println!(
+                            "{}: ok, sent {}, already held {}",
+                            n.addr,
+                            Bytes(n.bytes_sent),
+                            Bytes(n.bytes_skipped)
+                        ),
+                        Some(e) => println!("{}: FAILED: {e}", n.addr),
+                    }
+                }
+                println!(
+                    "root {}  {} files, {}; sent {} in {:.2}s ({:.0} MB/s)",
+                    s.root,
+                    s.files,
+                    Bytes(s.bytes_total),
+                    Bytes(s.bytes_sent),
+                    send_s,
+                    s.bytes_sent as f64 / send_s / 1e6
+                );
+            }
+            for n in s.nodes.iter().filter(|n| !n.ok) {
+                eprintln!("error: {}", n.error.as_deref().unwrap_or("failed"));
+            }
+            if !s.ok() {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Cmd::Verify {
+            dir,
+            manifest,
+            json,
+        } => {
+            let m = match manifest {
+                Some(p) => Manifest::load_json(&p)?,
+                None => xfer::verify::recorded_manifest(&dir)?,
+            };
+            let r = tokio::task::spawn_blocking(move || xfer::verify::verify(&dir, &m)).await??;
+            if json {
+                serde_json::to_writer(std::io::stdout().lock(), &r)?;
+                println!();
+            } else {
+                for p in &r.missing {
+                    println!("missing   {p}");
+                }
+                for m in &r.mismatched {
+                    println!("mismatch  {}: {} {:?}", m.path, m.reason, m.bad_chunks);
+                }
+                println!(
+                    "{} root {}: {} files, {}",
+                    if r.ok { "ok" } else { "FAILED" },
+                    r.root,
+                    r.files,
+                    Bytes(r.bytes)
+                );
+            }
+            if !r.ok {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Cmd::Demo {
+            size,
+            nodes,
+            dir,
+            chunk_size,
+        } => {
+            let ok = xfer::demo::run(&xfer::demo::DemoOptions {
+                size,
+                nodes,
+                dir,
+                chunk_size,
+            })
+            .await?;
+            if !ok {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_manifest(m: &Manifest, took: Duration) {
+    for e in &m.entries {
+        match e {
+            Entry::File(f) => println!("{}  {}", f.hash, f.path),
+            Entry::Symlink { path, target } => println!("{:<64}  {path} -> {target}", "symlink"),
+            Entry::Dir { path } => println!("{:<64}  {path}/", "dir"),
+        }
+    }
+    let bytes = m.total_bytes();
+    eprintln!(
+        "root {}  {} files, {}, chunk {}, hashed in {:.2}s ({:.2} GB/s)",
+        m.root(),
+        m.file_count(),
+        Bytes(bytes),
+        Bytes(m.chunk_size),
+        took.as_secs_f64(),
+        bytes as f64 / took.as_secs_f64().max(1e-9) / 1e9
+    );
+}

@@ -1,0 +1,329 @@
+//! `xfer push`: deliver a local tree to one or more agents.
+//!
+//! The pusher hashes the tree once, offers the manifest to every agent over
+//! its own QUIC connection (its own endpoint and socket), then serves the
+//! chunks each agent asks for. Agents decide what they still need, so a
+//! re-run after an interruption sends only what is missing.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::auth::Credential;
+use crate::chunkset::ChunkMap;
+use crate::manifest::ChunkId;
+use crate::progress::Progress;
+use crate::rate::RateLimiter;
+use crate::scan::{scan, SourceTree};
+use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::ChunkReader;
+use crate::wire::{Control, ModelName, PROTOCOL_VERSION};
+
+/// Test-only fault injection: the number of chunks to corrupt while sending.
+pub const FAULT_CORRUPT_SENDS: &str = "XFER_FAULT_CORRUPT_SENDS";
+
+/// What to push where.
+#[derive(Debug, Clone)]
+pub struct PushOptions {
+    pub src: PathBuf,
+    pub to: Vec<String>,
+    pub key: PathBuf,
+    pub name: Option<String>,
+    pub chunk_size: u64,
+    pub limit_rate: Option<u64>,
+    pub connect_timeout: Duration,
+}
+
+/// The `--json` summary.
+#[derive(Debug, Serialize)]
+pub struct PushSummary {
+    pub name: String,
+    pub root: String,
+    pub files: usize,
+    pub bytes_total: u64,
+    /// Chunk bytes sent, summed over nodes.
+    pub bytes_sent: u64,
+    /// Bytes the nodes already held, summed over nodes.
+    pub bytes_skipped: u64,
+    pub hash_s: f64,
+    pub duration_s: f64,
+    pub nodes: Vec<NodeSummary>,
+}
+
+/// One destination's outcome.
+#[derive(Debug, Serialize, Clone, Default)]
+pub struct NodeSummary {
+    pub addr: String,
+    pub ok: bool,
+    pub error: Option<String>,
+    pub root: Option<String>,
+    pub bytes_sent: u64,
+    pub bytes_skipped: u64,
+    pub corrupt_chunks: u64,
+    pub duration_s: f64,
+}
+
+impl PushSummary {
+    pub fn ok(&self) -> bool {
+        self.nodes.iter().all(|n| n.ok)
+    }
+}
+
+/// Reads chunks of the source tree with `pread`, so memory holds only the
+/// chunks in flight.
+struct SourceReader {
+    sources: Vec<PathBuf>,
+    map: Arc<ChunkMap>,
+    open: Mutex<Vec<Option<Arc<File>>>>,
+    corrupt_left: AtomicU32,
+}
+
+impl ChunkReader for SourceReader {
+    fn read_chunk(&self, id: ChunkId) -> Result<Bytes, String> {
+        let f = {
+            let mut open = self.open.lock().unwrap();
+            let slot = open.get_mut(id.file as usize).ok_or("no such file")?;
+            match slot {
+                Some(f) => f.clone(),
+                None => {
+                    let path = &self.sources[id.file as usize];
+                    let f = Arc::new(
+                        File::open(path)
+                            .map_err(|e| format!("cannot open {}: {e}", path.display()))?,
+                    );
+                    *slot = Some(f.clone());
+                    f
+                }
+            }
+        };
+        let len = self.map.chunk_len(id) as usize;
+        let path = &self.sources[id.file as usize];
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        if self
+            .corrupt_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            let mut buf = vec![0u8; len];
+            f.read_exact_at(&mut buf, self.map.offset(id))
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            buf[0] ^= 0x5a;
+            return Ok(Bytes::from(buf));
+        }
+        // Map just this chunk and hand the mapping to QUIC: no copy, and
+        // resident memory is bounded by the chunks in flight.
+        let actual = f.metadata().map_err(|e| e.to_string())?.len();
+        if actual < self.map.offset(id) + len as u64 {
+            return Err(format!(
+                "{} shrank since it was hashed; re-run the push",
+                path.display()
+            ));
+        }
+        // SAFETY: read-only private view of a range that exists; if another
+        // process rewrites the file meanwhile, the receiver's hash check
+        // rejects the chunk.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(self.map.offset(id))
+                .len(len)
+                .populate()
+                .map(&*f)
+        }
+        .map_err(|e| format!("cannot map {}: {e}", path.display()))?;
+        Ok(Bytes::from_owner(map))
+    }
+}
+
+/// Hashes `opts.src` and delivers it to every agent in `opts.to`.
+pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary> {
+    let cred = Arc::new(Credential::load(&opts.key)?);
+    let name = match &opts.name {
+        Some(n) => n.clone(),
+        None => opts
+            .src
+            .canonicalize()
+            .with_context(|| format!("cannot open {}", opts.src.display()))?
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("model")
+            .to_string(),
+    };
+    let name = ModelName::new(&name).map_err(anyhow::Error::msg)?;
+
+    let started = Instant::now();
+    let tree = hash_tree(opts, progress).await?;
+    let hash_s = started.elapsed().as_secs_f64();
+    let manifest = &tree.manifest;
+    let map = Arc::new(ChunkMap::new(manifest));
+    let corrupt = std::env::var(FAULT_CORRUPT_SENDS)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let reader: Arc<dyn ChunkReader> = Arc::new(SourceReader {
+        sources: tree.sources.clone(),
+        map: map.clone(),
+        open: Mutex::new(vec![None; tree.sources.len()]),
+        corrupt_left: AtomicU32::new(corrupt),
+    });
+    let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
+    let offer = Arc::new(Control::Offer {
+        version: PROTOCOL_VERSION,
+        name: name.clone(),
+        manifest: manifest.clone(),
+    });
+    let root = manifest.root();
+    let send_started = Instant::now();
+    let mut tasks = Vec::new();
+    for addr in &opts.to {
+        let ctx = NodeCtx {
+            addr: addr.clone(),
+            cred: cred.clone(),
+            offer: offer.clone(),
+            map: map.clone(),
+            reader: reader.clone(),
+            limiter: limiter.clone(),
+            timeout: opts.connect_timeout,
+            bar: progress.bytes(addr, manifest.total_bytes()),
+        };
+        tasks.push(tokio::spawn(ctx.run()));
+    }
+    let mut nodes = Vec::new();
+    for t in tasks {
+        let node = t.await?;
+        if let Some(r) = &node.root {
+            if *r != root.to_hex() {
+                anyhow::bail!("{} reports root {r}, expected {root}", node.addr);
+            }
+        }
+        nodes.push(node);
+    }
+    Ok(PushSummary {
+        name: name.to_string(),
+        root: root.to_hex(),
+        files: manifest.file_count(),
+        bytes_total: manifest.total_bytes(),
+        bytes_sent: nodes.iter().map(|n| n.bytes_sent).sum(),
+        bytes_skipped: nodes.iter().map(|n| n.bytes_skipped).sum(),
+        hash_s,
+        duration_s: send_started.elapsed().as_secs_f64() + hash_s,
+        nodes,
+    })
+}
+
+async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree> {
+    let bar = progress.bytes("hashing", 0);
+    let (src, cs, b) = (opts.src.clone(), opts.chunk_size, bar.clone());
+    let tree = tokio::task::spawn_blocking(move || scan(&src, cs, &|n| b.inc(n))).await??;
+    bar.finish_and_clear();
+    Ok(tree)
+}
+
+struct NodeCtx {
+    addr: String,
+    cred: Arc<Credential>,
+    offer: Arc<Control>,
+    map: Arc<ChunkMap>,
+    reader: Arc<dyn ChunkReader>,
+    limiter: Option<Arc<RateLimiter>>,
+    timeout: Duration,
+    bar: indicatif::ProgressBar,
+}
+
+impl NodeCtx {
+    async fn run(self) -> NodeSummary {
+        let started = Instant::now();
+        let sent = Arc::new(AtomicU64::new(0));
+        let mut summary = NodeSummary {
+            addr: self.addr.clone(),
+            ..Default::default()
+        };
+        let bar = self.bar.clone();
+        match self.deliver(&sent, &mut summary).await {
+            Ok(()) => {
+                summary.ok = true;
+                bar.finish_with_message("verified");
+            }
+            Err(e) => {
+                summary.error = Some(e.clone());
+                bar.abandon_with_message("failed");
+            }
+        }
+        summary.bytes_sent = sent.load(Ordering::Relaxed);
+        summary.duration_s = started.elapsed().as_secs_f64();
+        summary
+    }
+
+    async fn deliver(self, sent: &Arc<AtomicU64>, summary: &mut NodeSummary) -> Result<(), String> {
+        let addr = quic::resolve(&self.addr).map_err(|e| format!("{e:#}"))?;
+        let ep = quic::client_endpoint(&self.cred, addr).map_err(|e| format!("{e:#}"))?;
+        let conn = quic::connect(&ep, addr, self.timeout).await?;
+        let lost = |e: anyhow::Error| match conn.close_reason() {
+            Some(reason) => quic::describe(addr, &reason),
+            None => format!("{addr}: {e:#}"),
+        };
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| quic::describe(addr, &e))?;
+        write_frame(&mut send, self.offer.as_ref())
+            .await
+            .map_err(lost)?;
+        match read_frame::<Control>(&mut recv).await.map_err(lost)? {
+            Control::Accepted {
+                held_bytes,
+                need_bytes,
+                ..
+            } => {
+                summary.bytes_skipped = held_bytes;
+                self.bar.set_length(need_bytes);
+            }
+            Control::Failed(r) => return Err(format!("{addr}: {r}")),
+            other => {
+                return Err(format!(
+                    "{addr}: protocol error: unexpected {}",
+                    other.kind()
+                ))
+            }
+        }
+        let bar = self.bar.clone();
+        let counter = sent.clone();
+        let serving = tokio::spawn(quic::serve_chunks(
+            conn.clone(),
+            self.map.clone(),
+            self.reader.clone(),
+            self.limiter.clone(),
+            Arc::new(move |n| {
+                counter.fetch_add(n, Ordering::Relaxed);
+                bar.inc(n);
+            }),
+        ));
+        let result = match read_frame::<Control>(&mut recv).await.map_err(lost) {
+            Ok(Control::Done {
+                root,
+                corrupt_chunks,
+                ..
+            }) => {
+                summary.root = Some(root.to_hex());
+                summary.corrupt_chunks = corrupt_chunks;
+                Ok(())
+            }
+            Ok(Control::Failed(r)) => Err(format!("{addr}: {r}")),
+            Ok(other) => Err(format!(
+                "{addr}: protocol error: unexpected {}",
+                other.kind()
+            )),
+            Err(e) => Err(e),
+        };
+        tracing::debug!("{addr}: {:?}", conn.stats().path);
+        conn.close(0u32.into(), b"done");
+        serving.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
+        result
+    }
+}

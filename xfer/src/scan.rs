@@ -1,0 +1,301 @@
+//! Turns a directory on disk into a [`Manifest`], hashing in parallel.
+//!
+//! The walk keeps symlinks whose target stays inside the tree (the Hugging
+//! Face cache's `snapshots/* -> ../../blobs/*`) and follows the others, sending
+//! what they point to as plain files. Hashing maps one chunk at a time
+//! (memmap2) and spreads chunks over all cores with rayon, so memory stays
+//! bounded by the number of cores times the chunk size, not by the model.
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use memmap2::MmapOptions;
+use rayon::prelude::*;
+
+use crate::hash::{self, Hash};
+use crate::manifest::{dots_only_leading, Entry, FileEntry, Manifest, MANIFEST_VERSION};
+use crate::relpath::RelPath;
+
+/// A scanned tree: its manifest, and where each file's bytes live on disk
+/// (indexed like [`Manifest::files`]).
+#[derive(Debug, Clone)]
+pub struct SourceTree {
+    pub manifest: Manifest,
+    pub sources: Vec<PathBuf>,
+}
+
+/// Walks `root` and hashes every file with the given chunk size.
+/// `progress` is called with the byte count of each chunk as it is hashed.
+pub fn scan(root: &Path, chunk_size: u64, progress: &(dyn Fn(u64) + Sync)) -> Result<SourceTree> {
+    if !hash::is_valid_chunk_size(chunk_size) {
+        bail!("chunk size {chunk_size} is not a power of two between 64 KiB and 256 MiB; pick e.g. 4MiB");
+    }
+    let meta = fs::metadata(root).with_context(|| format!("cannot read {}", root.display()))?;
+    if !meta.is_dir() {
+        bail!(
+            "{} is not a directory; point xfer at the model folder",
+            root.display()
+        );
+    }
+    let mut walk = Walk {
+        entries: Vec::new(),
+        visited: HashSet::new(),
+    };
+    walk.visited.insert((meta.dev(), meta.ino()));
+    walk.dir(root, None)?;
+
+    let mut pending = walk.entries;
+    pending.sort_by(|a, b| a.0.path().cmp(b.0.path()));
+    let mut sources = Vec::new();
+    let mut sorted = Vec::with_capacity(pending.len());
+    for (entry, source) in pending {
+        sources.extend(source);
+        sorted.push(entry);
+    }
+
+    // Hash every chunk of every file in parallel.
+    let jobs: Vec<(usize, u64)> = sorted
+        .iter()
+        .filter_map(|e| match e {
+            Entry::File(f) => Some(f.size),
+            _ => None,
+        })
+        .enumerate()
+        .flat_map(|(fi, size)| (0..hash::chunk_count(size, chunk_size)).map(move |ci| (fi, ci)))
+        .collect();
+    let sizes: Vec<u64> = sorted
+        .iter()
+        .filter_map(|e| match e {
+            Entry::File(f) => Some(f.size),
+            _ => None,
+        })
+        .collect();
+    let hashes: Vec<Hash> = jobs
+        .par_iter()
+        .map(|&(fi, ci)| {
+            let chunks = hash::chunk_count(sizes[fi], chunk_size);
+            let offset = ci * chunk_size;
+            let len = chunk_size.min(sizes[fi] - offset);
+            let h = hash_region(&sources[fi], offset, len, ci, chunks, chunk_size)?;
+            progress(len);
+            Ok(h)
+        })
+        .collect::<Result<_>>()?;
+
+    let mut next = 0;
+    for e in sorted.iter_mut() {
+        if let Entry::File(f) = e {
+            let n = hash::chunk_count(f.size, chunk_size) as usize;
+            f.chunks = hashes[next..next + n].to_vec();
+            next += n;
+            f.hash = hash::file_hash_from_chunks(&f.chunks);
+        }
+    }
+    let manifest = Manifest {
+        version: MANIFEST_VERSION,
+        chunk_size,
+        entries: sorted,
+    };
+    manifest
+        .validate()
+        .with_context(|| format!("{} cannot be described safely", root.display()))?;
+    Ok(SourceTree { manifest, sources })
+}
+
+/// Hashes `len` bytes at `offset` of the file at `path`.
+pub(crate) fn hash_region(
+    path: &Path,
+    offset: u64,
+    len: u64,
+    index: u64,
+    chunks: u64,
+    chunk_size: u64,
+) -> Result<Hash> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let actual = file.metadata()?.len();
+    if actual < offset + len {
+        bail!(
+            "{} shrank while being hashed; is something still writing it?",
+            path.display()
+        );
+    }
+    if len < 64 * 1024 {
+        let mut buf = vec![0u8; len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, offset)?;
+        return Ok(hash::hash_chunk(&buf, index, chunks, chunk_size));
+    }
+    // SAFETY: the map is read-only and dropped before returning; a concurrent
+    // writer could change the bytes under us, which the receiver's per-chunk
+    // check would then catch.
+    let map = unsafe {
+        MmapOptions::new()
+            .offset(offset)
+            .len(len as usize)
+            .populate()
+            .map(&file)
+    }
+    .with_context(|| format!("cannot map {}", path.display()))?;
+    Ok(hash::hash_chunk(&map, index, chunks, chunk_size))
+}
+
+type Pending = (Entry, Option<PathBuf>);
+
+struct Walk {
+    entries: Vec<Pending>,
+    visited: HashSet<(u64, u64)>,
+}
+
+impl Walk {
+    /// Walks `dir`, whose path inside the tree is `rel` (None at the top).
+    fn dir(&mut self, dir: &Path, rel: Option<&RelPath>) -> Result<()> {
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .with_context(|| format!("cannot list {}", dir.display()))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()?;
+        names.sort();
+        if names.is_empty() {
+            if let Some(rel) = rel {
+                self.entries.push((Entry::Dir { path: rel.clone() }, None));
+            }
+            return Ok(());
+        }
+        for name in names {
+            let name_str = name.to_str().with_context(|| {
+                format!(
+                    "{} has a name that is not UTF-8; rename it",
+                    dir.join(&name).display()
+                )
+            })?;
+            let child_rel = match rel {
+                Some(r) => RelPath::new(&format!("{r}/{name_str}")),
+                None => RelPath::new(name_str),
+            }
+            .with_context(|| format!("unusable name in {}", dir.display()))?;
+            self.entry(&dir.join(&name), child_rel)?;
+        }
+        Ok(())
+    }
+
+    fn entry(&mut self, path: &Path, rel: RelPath) -> Result<()> {
+        let lmeta = fs::symlink_metadata(path)
+            .with_context(|| format!("cannot stat {}", path.display()))?;
+        if lmeta.file_type().is_symlink() {
+            let target = fs::read_link(path)?;
+            if let Some(t) = target.to_str() {
+                if !t.starts_with('/') && rel.resolve_link(t).is_some() && dots_only_leading(t) {
+                    self.entries.push((
+                        Entry::Symlink {
+                            path: rel,
+                            target: t.to_string(),
+                        },
+                        None,
+                    ));
+                    return Ok(());
+                }
+            }
+            // Points outside the tree: follow it.
+            let meta = fs::metadata(path).with_context(|| {
+                format!(
+                    "{} is a broken symlink to {}; fix or remove it",
+                    path.display(),
+                    target.display()
+                )
+            })?;
+            return self.followed(path, rel, meta);
+        }
+        self.followed(path, rel, lmeta)
+    }
+
+    fn followed(&mut self, path: &Path, rel: RelPath, meta: fs::Metadata) -> Result<()> {
+        if meta.is_dir() {
+            if !self.visited.insert((meta.dev(), meta.ino())) {
+                bail!(
+                    "{} leads back into a directory already walked (symlink loop); remove the loop",
+                    path.display()
+                );
+            }
+            return self.dir(path, Some(&rel));
+        }
+        if meta.is_file() {
+            self.entries.push((
+                Entry::File(FileEntry {
+                    path: rel,
+                    size: meta.len(),
+                    hash: Hash::default(),
+                    executable: meta.permissions().mode() & 0o111 != 0,
+                    chunks: Vec::new(),
+                }),
+                Some(path.to_path_buf()),
+            ));
+            return Ok(());
+        }
+        tracing::warn!(
+            "skipping {}: not a regular file, directory or symlink",
+            path.display()
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn scans_files_links_and_empty_dirs() {
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("ext.bin"), vec![7u8; 100_000]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        fs::create_dir_all(r.join("blobs")).unwrap();
+        fs::create_dir_all(r.join("snapshots/c1")).unwrap();
+        fs::create_dir_all(r.join("empty")).unwrap();
+        let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 241) as u8).collect();
+        fs::write(r.join("blobs/abc"), &data).unwrap();
+        fs::write(r.join("zero"), b"").unwrap();
+        symlink("../../blobs/abc", r.join("snapshots/c1/model.safetensors")).unwrap();
+        symlink(outside.path().join("ext.bin"), r.join("ext")).unwrap();
+
+        let tree = scan(r, hash::MIN_CHUNK_SIZE, &|_| {}).unwrap();
+        let m = &tree.manifest;
+        let paths: Vec<&str> = m.entries.iter().map(|e| e.path().as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "blobs/abc",
+                "empty",
+                "ext",
+                "snapshots/c1/model.safetensors",
+                "zero"
+            ]
+        );
+        match &m.entries[0] {
+            Entry::File(f) => {
+                assert_eq!(f.hash, blake3::hash(&data).into());
+                assert_eq!(f.chunks.len(), 16);
+            }
+            e => panic!("{e:?}"),
+        }
+        assert!(matches!(&m.entries[1], Entry::Dir { .. }));
+        match &m.entries[2] {
+            Entry::File(f) => assert_eq!(f.hash, blake3::hash(&[7u8; 100_000]).into()),
+            e => panic!("outside link must be followed: {e:?}"),
+        }
+        assert!(
+            matches!(&m.entries[3], Entry::Symlink { target, .. } if target == "../../blobs/abc")
+        );
+        assert_eq!(tree.sources.len(), 3);
+        assert!(tree.sources[1].ends_with("ext"));
+    }
+
+    #[test]
+    fn refuses_a_file_argument() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let err = scan(f.path(), hash::MIN_CHUNK_SIZE, &|_| {}).unwrap_err();
+        assert!(err.to_string().contains("not a directory"));
+    }
+}

@@ -1,0 +1,271 @@
+//! The wire protocol: typed messages and their framing, with no I/O.
+//!
+//! A connection carries one *control* stream, opened by the source, and one
+//! short *chunk* stream per chunk, opened by the receiver that wants it. Every
+//! frame is a 4-byte big-endian length followed by a postcard-encoded message;
+//! chunk bytes follow their [`ChunkReply::Data`] header raw, unframed, so they
+//! are never copied through a serializer.
+//!
+//! Decoding is strict: an oversized length, trailing bytes or an unknown
+//! variant is a [`WireError`], never a panic.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::hash::Hash;
+use crate::manifest::{ChunkId, Manifest};
+
+/// Protocol version spoken by this build.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// TLS ALPN identifier.
+pub const ALPN: &[u8] = b"xfer/1";
+/// Largest accepted frame (a manifest of ~1.5M chunks fits).
+pub const MAX_FRAME: usize = 64 << 20;
+
+/// A model's name on the receiving node: one path component.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ModelName(String);
+
+impl ModelName {
+    pub fn new(s: &str) -> Result<Self, String> {
+        let ok = !s.is_empty()
+            && s.len() <= 200
+            && !s.starts_with('.')
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-+=@".contains(c));
+        if ok {
+            Ok(ModelName(s.to_string()))
+        } else {
+            Err(format!(
+                "model name `{}` must be 1-200 characters of letters, digits and ._-+=@, not starting with `.`; pass --name",
+                s.escape_default()
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ModelName {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        ModelName::new(&s)
+    }
+}
+
+impl From<ModelName> for String {
+    fn from(n: ModelName) -> String {
+        n.0
+    }
+}
+
+impl std::fmt::Display for ModelName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Why a receiver refused or abandoned a transfer. Each says what to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    #[error("protocol version {theirs} is not {ours}; run the same xfer version on every node")]
+    Version { ours: u32, theirs: u32 },
+    #[error("rejected manifest: {0}")]
+    BadManifest(String),
+    #[error("rejected: {0}")]
+    BadName(String),
+    #[error("no space: need {need}, have {have} at {path}; free space there or start the agent with another --root", need = crate::units::Bytes(*need), have = crate::units::Bytes(*have))]
+    NoSpace { need: u64, have: u64, path: String },
+    #[error("disk error at {path}: {message}")]
+    Io { path: String, message: String },
+    #[error("refusing to write {path}: {reason}")]
+    Unsafe { path: String, reason: String },
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("chunk {file}/{index} failed its BLAKE3 check {times} times; the source's copy may be changing or damaged")]
+    Corrupt { file: u32, index: u32, times: u32 },
+    #[error("transfer superseded by a newer push of the same model")]
+    Superseded,
+    #[error("lost the source: {0}; run the push again to resume")]
+    SourceLost(String),
+}
+
+/// Messages on the control stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Control {
+    /// Source → receiver: store this tree under `name`.
+    Offer {
+        version: u32,
+        name: ModelName,
+        manifest: Manifest,
+    },
+    /// Receiver → source: accepted; this much is already held.
+    Accepted {
+        held_bytes: u64,
+        held_chunks: u64,
+        need_bytes: u64,
+    },
+    /// Receiver → source: the tree is complete and verified.
+    Done {
+        root: Hash,
+        received_bytes: u64,
+        corrupt_chunks: u64,
+    },
+    /// Receiver → source: refused or failed.
+    Failed(Refusal),
+}
+
+impl Control {
+    /// The message's name, for errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Control::Offer { .. } => "Offer",
+            Control::Accepted { .. } => "Accepted",
+            Control::Done { .. } => "Done",
+            Control::Failed(_) => "Failed",
+        }
+    }
+}
+
+/// First frame on a chunk stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRequest {
+    pub chunk: ChunkId,
+}
+
+/// Reply header on a chunk stream. `Data` is followed by exactly the chunk's
+/// length in raw bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChunkReply {
+    Data,
+    Unavailable(String),
+}
+
+/// Why bytes could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge(usize),
+    #[error("malformed message: {0}")]
+    Malformed(String),
+}
+
+/// Encodes one message as a length-prefixed frame.
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    let body = postcard::to_stdvec(msg).expect("in-memory encoding cannot fail");
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Checks a frame's length prefix before its body is read.
+pub fn frame_len(prefix: [u8; 4]) -> Result<usize, WireError> {
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > MAX_FRAME {
+        return Err(WireError::TooLarge(len));
+    }
+    Ok(len)
+}
+
+/// Decodes a frame body; the whole body must be consumed.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
+    let (msg, rest) =
+        postcard::take_from_bytes(body).map_err(|e| WireError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(WireError::Malformed(format!(
+            "{} trailing bytes",
+            rest.len()
+        )));
+    }
+    Ok(msg)
+}
+
+/// Decodes a complete frame (prefix and body) from a buffer.
+pub fn decode_frame<T: DeserializeOwned>(frame: &[u8]) -> Result<T, WireError> {
+    let prefix: [u8; 4] = frame
+        .get(..4)
+        .and_then(|p| p.try_into().ok())
+        .ok_or_else(|| WireError::Malformed("frame shorter than its length prefix".into()))?;
+    let len = frame_len(prefix)?;
+    if frame.len() != 4 + len {
+        return Err(WireError::Malformed(format!(
+            "length prefix says {len} bytes, frame has {}",
+            frame.len() - 4
+        )));
+    }
+    decode(&frame[4..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::MANIFEST_VERSION;
+
+    #[test]
+    fn messages_round_trip() {
+        let m = Control::Offer {
+            version: PROTOCOL_VERSION,
+            name: ModelName::new("llama-3").unwrap(),
+            manifest: Manifest {
+                version: MANIFEST_VERSION,
+                chunk_size: 1 << 22,
+                entries: vec![],
+            },
+        };
+        assert_eq!(decode_frame::<Control>(&encode(&m)).unwrap(), m);
+        let r = ChunkRequest {
+            chunk: ChunkId { file: 3, index: 9 },
+        };
+        assert_eq!(decode_frame::<ChunkRequest>(&encode(&r)).unwrap(), r);
+        let f = Control::Failed(Refusal::NoSpace {
+            need: 10,
+            have: 2,
+            path: "/x".into(),
+        });
+        assert_eq!(decode_frame::<Control>(&encode(&f)).unwrap(), f);
+    }
+
+    #[test]
+    fn malformed_input_is_an_error_not_a_panic() {
+        assert!(matches!(frame_len([0xff; 4]), Err(WireError::TooLarge(_))));
+        assert!(decode_frame::<Control>(&[0, 0]).is_err());
+        assert!(decode_frame::<Control>(&[0, 0, 0, 2, 0xff, 0xff]).is_err());
+        let mut good = encode(&ChunkRequest {
+            chunk: ChunkId { file: 1, index: 1 },
+        });
+        good.push(0);
+        good[3] += 1;
+        assert!(matches!(
+            decode_frame::<ChunkRequest>(&good),
+            Err(WireError::Malformed(_))
+        ));
+        // A name that would escape the root is refused while decoding.
+        let evil = encode(&String::from("../etc"));
+        assert!(decode_frame::<ModelName>(&evil).is_err());
+        // Random bytes never panic.
+        let mut x = 12345u64;
+        for len in 0..300 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let _ = decode::<Control>(&bytes);
+        }
+    }
+
+    #[test]
+    fn model_names() {
+        assert!(ModelName::new("models--org--name").is_ok());
+        for bad in ["", ".xfer", "a/b", "..", "a b", &"x".repeat(201)] {
+            assert!(ModelName::new(bad).is_err(), "{bad}");
+        }
+    }
+}
