@@ -167,18 +167,16 @@ impl Store {
         let mut held = ChunkSet::empty(map.len());
         let mut done = vec![false; n];
 
-        // Chunks recorded in the journal count only while their staging file
-        // still has the right size.
+        // Chunks recorded in the journal count while their staging file still
+        // has the right size. A file whose chunks were all recorded but whose
+        // staging file is gone was renamed into place just before a crash
+        // (renaming happens only after verification and fsync).
+        let mut journaled = ChunkSet::empty(map.len());
         for r in &records {
             match *r {
                 Record::Chunk(id) => {
                     if let Some(num) = map.number(id) {
-                        let data = staging.join("data").join(id.file.to_string());
-                        if fs::metadata(&data).ok().map(|m| m.len())
-                            == Some(files[id.file as usize].size)
-                        {
-                            held.insert(num);
-                        }
+                        journaled.insert(num);
                     }
                 }
                 Record::FileDone(f) if (f as usize) < n => {
@@ -188,6 +186,21 @@ impl Store {
                     }
                 }
                 Record::FileDone(_) | Record::Synced(_) => {}
+            }
+        }
+        for (i, f) in files.iter().enumerate() {
+            let range = map.file_range(i as u32);
+            let data = staging.join("data").join(i.to_string());
+            let staged = fs::metadata(&data).ok().map(|m| m.len()) == Some(f.size);
+            if staged {
+                for num in range.filter(|&c| journaled.contains(c)) {
+                    held.insert(num);
+                }
+            } else if !range.is_empty()
+                && range.clone().all(|c| journaled.contains(c))
+                && Stamp::of(&f.path.under(&final_dir)).is_some_and(|s| s.size == f.size)
+            {
+                done[i] = true;
             }
         }
         // Files of an earlier complete model that are unchanged on disk.
@@ -200,18 +213,25 @@ impl Store {
                 .map(|f| (&f.path, &f.hash))
                 .collect();
             for (i, f) in files.iter().enumerate() {
-                let recorded = rec.stamps.get(&f.path);
+                let Some(recorded) = rec.stamps.get(&f.path) else {
+                    continue;
+                };
                 if old.get(&f.path) == Some(&&f.hash)
-                    && recorded.is_some()
-                    && Stamp::of(&f.path.under(&final_dir)).as_ref() == recorded
+                    && Stamp::of(&f.path.under(&final_dir)).as_ref() == Some(recorded)
                 {
                     done[i] = true;
-                    stamps.insert(f.path.clone(), *recorded.unwrap());
+                    stamps.insert(f.path.clone(), *recorded);
                 }
             }
         }
         for (i, d) in done.iter().enumerate() {
             if *d {
+                let p = &files[i].path;
+                if !stamps.contains_key(p) {
+                    if let Some(st) = Stamp::of(&p.under(&final_dir)) {
+                        stamps.insert(p.clone(), st);
+                    }
+                }
                 for num in map.file_range(i as u32) {
                     held.insert(num);
                 }

@@ -43,7 +43,7 @@ pub fn transport_config() -> TransportConfig {
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
     t.keep_alive_interval(Some(Duration::from_secs(2)));
     t.max_idle_timeout(Some(
-        IdleTimeout::try_from(Duration::from_secs(20)).expect("in range"),
+        IdleTimeout::try_from(Duration::from_secs(10)).expect("in range"),
     ));
     t.send_fairness(false);
     // quinn batches up to 10 datagrams per GSO send, and one GSO send must

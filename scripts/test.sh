@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Command 2 of the README: installs what the test suite needs (idempotently),
+# then runs all of it: formatting, lints, unit, simulation and integration
+# tests. Needs root for apt-get, tmpfs mounts and network namespaces.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages the tests use: b3sum (cross-checks file hashes), rsync and
+# iperf3 (benchmark baselines), nftables/iproute2 (netns tests), util-linux
+# (mount for the full-disk test), GNU time (peak RSS).
+packages=(b3sum rsync iperf3 nftables iproute2 util-linux time)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
+rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace
