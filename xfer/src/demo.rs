@@ -162,6 +162,7 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
         chunk_size: opts.chunk_size,
         limit_rate: None,
         connect_timeout: Duration::from_secs(5),
+        rehash: true,
     };
     let summary = push(&popts, &Progress::new(true)).await?;
     let manifest = crate::scan::scan(&src, opts.chunk_size, &|_| {})?.manifest;

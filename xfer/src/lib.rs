@@ -13,6 +13,7 @@ pub mod auth;
 pub mod chunkset;
 pub mod demo;
 pub mod hash;
+pub mod hashcache;
 pub mod journal;
 pub mod manifest;
 pub mod progress;

@@ -79,6 +79,9 @@ enum Cmd {
         /// Seconds to wait for each agent to answer.
         #[arg(long, default_value_t = 5)]
         connect_timeout: u64,
+        /// Re-read every file instead of trusting the hash cache.
+        #[arg(long)]
+        rehash: bool,
     },
     /// Re-hash a received tree against its manifest.
     Verify {
@@ -196,6 +199,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             chunk_size,
             limit_rate,
             connect_timeout,
+            rehash,
         } => {
             let opts = xfer::push::PushOptions {
                 src,
@@ -205,6 +209,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 chunk_size,
                 limit_rate,
                 connect_timeout: Duration::from_secs(connect_timeout),
+                rehash,
             };
             let progress = Progress::new(!json);
             let s = xfer::push::push(&opts, &progress).await?;

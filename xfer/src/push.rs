@@ -18,10 +18,11 @@ use serde::Serialize;
 
 use crate::auth::Credential;
 use crate::chunkset::ChunkMap;
+use crate::hashcache::HashCache;
 use crate::manifest::ChunkId;
 use crate::progress::Progress;
 use crate::rate::RateLimiter;
-use crate::scan::{scan, SourceTree};
+use crate::scan::{scan_cached, SourceTree};
 use crate::transport::quic::{self, read_frame, write_frame};
 use crate::transport::ChunkReader;
 use crate::wire::{Control, ModelName, PROTOCOL_VERSION};
@@ -39,6 +40,8 @@ pub struct PushOptions {
     pub chunk_size: u64,
     pub limit_rate: Option<u64>,
     pub connect_timeout: Duration,
+    /// Ignore the hash cache and re-read every file.
+    pub rehash: bool,
 }
 
 /// The `--json` summary.
@@ -221,8 +224,16 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
 
 async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree> {
     let bar = progress.bytes("hashing", 0);
-    let (src, cs, b) = (opts.src.clone(), opts.chunk_size, bar.clone());
-    let tree = tokio::task::spawn_blocking(move || scan(&src, cs, &|n| b.inc(n))).await??;
+    let (src, cs, b, rehash) = (opts.src.clone(), opts.chunk_size, bar.clone(), opts.rehash);
+    let tree = tokio::task::spawn_blocking(move || {
+        let mut cache = (!rehash).then(|| HashCache::for_tree(&src));
+        let tree = scan_cached(&src, cs, cache.as_mut(), &|n| b.inc(n));
+        if let (Ok(_), Some(c)) = (&tree, &cache) {
+            c.save();
+        }
+        tree
+    })
+    .await??;
     bar.finish_and_clear();
     Ok(tree)
 }

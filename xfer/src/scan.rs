@@ -16,6 +16,7 @@ use memmap2::MmapOptions;
 use rayon::prelude::*;
 
 use crate::hash::{self, Hash};
+use crate::hashcache::{FileStamp, HashCache};
 use crate::manifest::{dots_only_leading, Entry, FileEntry, Manifest, MANIFEST_VERSION};
 use crate::relpath::RelPath;
 
@@ -30,6 +31,18 @@ pub struct SourceTree {
 /// Walks `root` and hashes every file with the given chunk size.
 /// `progress` is called with the byte count of each chunk as it is hashed.
 pub fn scan(root: &Path, chunk_size: u64, progress: &(dyn Fn(u64) + Sync)) -> Result<SourceTree> {
+    scan_cached(root, chunk_size, None, progress)
+}
+
+/// Like [`scan`], but reuses chunk hashes from `cache` for files whose
+/// identity (device, inode, size, mtime, ctime) is unchanged, and records
+/// the new ones in it.
+pub fn scan_cached(
+    root: &Path,
+    chunk_size: u64,
+    mut cache: Option<&mut HashCache>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<SourceTree> {
     if !hash::is_valid_chunk_size(chunk_size) {
         bail!("chunk size {chunk_size} is not a power of two between 64 KiB and 256 MiB; pick e.g. 4MiB");
     }
@@ -55,23 +68,31 @@ pub fn scan(root: &Path, chunk_size: u64, progress: &(dyn Fn(u64) + Sync)) -> Re
         sources.extend(source);
         sorted.push(entry);
     }
-
-    // Hash every chunk of every file in parallel.
-    let jobs: Vec<(usize, u64)> = sorted
-        .iter()
-        .filter_map(|e| match e {
-            Entry::File(f) => Some(f.size),
-            _ => None,
-        })
-        .enumerate()
-        .flat_map(|(fi, size)| (0..hash::chunk_count(size, chunk_size)).map(move |ci| (fi, ci)))
-        .collect();
     let sizes: Vec<u64> = sorted
         .iter()
         .filter_map(|e| match e {
             Entry::File(f) => Some(f.size),
             _ => None,
         })
+        .collect();
+
+    // Take what the cache knows; hash every other chunk in parallel.
+    let mut known: Vec<Option<Vec<Hash>>> = vec![None; sizes.len()];
+    let mut stamps = vec![None; sizes.len()];
+    if let Some(cache) = cache.as_deref() {
+        for (fi, src) in sources.iter().enumerate() {
+            stamps[fi] = FileStamp::of(src);
+            known[fi] = stamps[fi]
+                .as_ref()
+                .and_then(|st| cache.get(src, st, chunk_size));
+            if known[fi].is_some() {
+                progress(sizes[fi]);
+            }
+        }
+    }
+    let jobs: Vec<(usize, u64)> = (0..sizes.len())
+        .filter(|&fi| known[fi].is_none())
+        .flat_map(|fi| (0..hash::chunk_count(sizes[fi], chunk_size)).map(move |ci| (fi, ci)))
         .collect();
     let hashes: Vec<Hash> = jobs
         .par_iter()
@@ -86,12 +107,23 @@ pub fn scan(root: &Path, chunk_size: u64, progress: &(dyn Fn(u64) + Sync)) -> Re
         .collect::<Result<_>>()?;
 
     let mut next = 0;
+    let mut fi = 0;
     for e in sorted.iter_mut() {
         if let Entry::File(f) = e {
-            let n = hash::chunk_count(f.size, chunk_size) as usize;
-            f.chunks = hashes[next..next + n].to_vec();
-            next += n;
+            f.chunks = match known[fi].take() {
+                Some(chunks) => chunks,
+                None => {
+                    let n = hash::chunk_count(f.size, chunk_size) as usize;
+                    next += n;
+                    let chunks = hashes[next - n..next].to_vec();
+                    if let (Some(cache), Some(st)) = (cache.as_deref_mut(), &stamps[fi]) {
+                        cache.put(&sources[fi], st, chunk_size, chunks.clone());
+                    }
+                    chunks
+                }
+            };
             f.hash = hash::file_hash_from_chunks(&f.chunks);
+            fi += 1;
         }
     }
     let manifest = Manifest {
