@@ -1,8 +1,9 @@
 //! `xfer serve`: the node agent.
 //!
-//! Accepts mutually authenticated QUIC connections, reads an offer on the
-//! control stream, opens a [`Transfer`](crate::store::Transfer) in its store
-//! and pulls the missing chunks from the offering peer. A newer offer for the
+//! Accepts mutually authenticated QUIC connections and reads the first
+//! message of the control stream. An offer opens a
+//! [`Transfer`](crate::store::Transfer) in the store and pulls the missing
+//! chunks from the offering peer; a want serves a complete model it holds. A newer offer for the
 //! same model supersedes a running one (a restarted push resumes instead of
 //! waiting for the old connection to time out).
 
@@ -16,10 +17,11 @@ use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credential;
-use crate::chunkset::ChunkSet;
+use crate::chunkset::{ChunkMap, ChunkSet};
 use crate::receive::receive;
 use crate::scheduler;
 use crate::store::Store;
+use crate::transport::files::FileChunkReader;
 use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
 use crate::wire::{Control, ModelName, Refusal, PROTOCOL_VERSION};
 
@@ -102,7 +104,9 @@ async fn handle(
         }
     };
     let (name, manifest) = match offer {
-        Control::Offer { version, .. } if version != PROTOCOL_VERSION => {
+        Control::Offer { version, .. } | Control::Want { version, .. }
+            if version != PROTOCOL_VERSION =>
+        {
             return refuse(
                 &mut send,
                 Refusal::Version {
@@ -113,6 +117,7 @@ async fn handle(
             .await;
         }
         Control::Offer { name, manifest, .. } => (name, manifest),
+        Control::Want { name, .. } => return serve_model(conn, send, store, name).await,
         other => {
             return refuse(
                 &mut send,
@@ -199,6 +204,28 @@ async fn handle(
     };
     write_frame(&mut send, &reply).await?;
     let _ = send.finish();
+    Ok(())
+}
+
+/// Serves a complete model this agent holds to a peer that asked for it.
+async fn serve_model(
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    store: Store,
+    name: ModelName,
+) -> Result<()> {
+    let Some(record) = store.record(&name) else {
+        return refuse(&mut send, Refusal::NotHeld(name.to_string())).await;
+    };
+    let manifest = record.manifest.manifest;
+    let dir = store.model_dir(&name);
+    let paths = manifest.files().map(|f| f.path.under(&dir)).collect();
+    let map = Arc::new(ChunkMap::new(&manifest));
+    let reader = Arc::new(FileChunkReader::new(paths, map.clone()));
+    write_frame(&mut send, &Control::Have { manifest }).await?;
+    let _ = send.finish();
+    tracing::info!("serving {name} to {}", conn.remote_address());
+    quic::serve_chunks(conn, map, reader, None, Arc::new(|_| {})).await;
     Ok(())
 }
 

@@ -12,6 +12,7 @@ pub mod agent;
 pub mod auth;
 pub mod chunkset;
 pub mod demo;
+pub mod fetch;
 pub mod hash;
 pub mod hashcache;
 pub mod journal;

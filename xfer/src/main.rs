@@ -83,6 +83,21 @@ enum Cmd {
         #[arg(long)]
         rehash: bool,
     },
+    /// Copy a complete model from an agent into a local root (ROOT/NAME).
+    Fetch {
+        name: String,
+        /// The agent holding the model: HOST[:PORT].
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        root: PathBuf,
+        #[arg(long, env = "XFER_KEY")]
+        key: PathBuf,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 5)]
+        connect_timeout: u64,
+    },
     /// Re-hash a received tree against its manifest.
     Verify {
         dir: PathBuf,
@@ -244,6 +259,36 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             }
             if !s.ok() {
                 return Ok(ExitCode::FAILURE);
+            }
+        }
+        Cmd::Fetch {
+            name,
+            from,
+            root,
+            key,
+            json,
+            connect_timeout,
+        } => {
+            let opts = xfer::fetch::FetchOptions {
+                from,
+                name,
+                root,
+                key,
+                connect_timeout: Duration::from_secs(connect_timeout),
+            };
+            let s = xfer::fetch::fetch(&opts).await?;
+            if json {
+                serde_json::to_writer(std::io::stdout().lock(), &s)?;
+                println!();
+            } else {
+                println!(
+                    "{}: root {}, received {}, already held {}, in {:.2}s",
+                    s.path.display(),
+                    s.root,
+                    Bytes(s.bytes_received),
+                    Bytes(s.bytes_skipped),
+                    s.duration_s
+                );
             }
         }
         Cmd::Verify {

@@ -5,30 +5,24 @@
 //! chunks each agent asks for. Agents decide what they still need, so a
 //! re-run after an interruption sends only what is missing.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use bytes::Bytes;
 use serde::Serialize;
 
 use crate::auth::Credential;
 use crate::chunkset::ChunkMap;
 use crate::hashcache::HashCache;
-use crate::manifest::ChunkId;
 use crate::progress::Progress;
 use crate::rate::RateLimiter;
 use crate::scan::{scan_cached, SourceTree};
+use crate::transport::files::FileChunkReader;
 use crate::transport::quic::{self, read_frame, write_frame};
 use crate::transport::ChunkReader;
 use crate::wire::{Control, ModelName, PROTOCOL_VERSION};
-
-/// Test-only fault injection: the number of chunks to corrupt while sending.
-pub const FAULT_CORRUPT_SENDS: &str = "XFER_FAULT_CORRUPT_SENDS";
 
 /// What to push where.
 #[derive(Debug, Clone)]
@@ -79,73 +73,6 @@ impl PushSummary {
     }
 }
 
-/// Reads chunks of the source tree with `pread`, so memory holds only the
-/// chunks in flight.
-struct SourceReader {
-    sources: Vec<PathBuf>,
-    map: Arc<ChunkMap>,
-    open: Mutex<Vec<Option<Arc<File>>>>,
-    corrupt_left: AtomicU32,
-}
-
-impl ChunkReader for SourceReader {
-    fn read_chunk(&self, id: ChunkId) -> Result<Bytes, String> {
-        let f = {
-            let mut open = self.open.lock().unwrap();
-            let slot = open.get_mut(id.file as usize).ok_or("no such file")?;
-            match slot {
-                Some(f) => f.clone(),
-                None => {
-                    let path = &self.sources[id.file as usize];
-                    let f = Arc::new(
-                        File::open(path)
-                            .map_err(|e| format!("cannot open {}: {e}", path.display()))?,
-                    );
-                    *slot = Some(f.clone());
-                    f
-                }
-            }
-        };
-        let len = self.map.chunk_len(id) as usize;
-        let path = &self.sources[id.file as usize];
-        if len == 0 {
-            return Ok(Bytes::new());
-        }
-        if self
-            .corrupt_left
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            let mut buf = vec![0u8; len];
-            f.read_exact_at(&mut buf, self.map.offset(id))
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            buf[0] ^= 0x5a;
-            return Ok(Bytes::from(buf));
-        }
-        // Map just this chunk and hand the mapping to QUIC: no copy, and
-        // resident memory is bounded by the chunks in flight.
-        let actual = f.metadata().map_err(|e| e.to_string())?.len();
-        if actual < self.map.offset(id) + len as u64 {
-            return Err(format!(
-                "{} shrank since it was hashed; re-run the push",
-                path.display()
-            ));
-        }
-        // SAFETY: read-only private view of a range that exists; if another
-        // process rewrites the file meanwhile, the receiver's hash check
-        // rejects the chunk.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(self.map.offset(id))
-                .len(len)
-                .populate()
-                .map(&*f)
-        }
-        .map_err(|e| format!("cannot map {}: {e}", path.display()))?;
-        Ok(Bytes::from_owner(map))
-    }
-}
-
 /// Hashes `opts.src` and delivers it to every agent in `opts.to`.
 pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary> {
     let cred = Arc::new(Credential::load(&opts.key)?);
@@ -167,16 +94,8 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
     let hash_s = started.elapsed().as_secs_f64();
     let manifest = &tree.manifest;
     let map = Arc::new(ChunkMap::new(manifest));
-    let corrupt = std::env::var(FAULT_CORRUPT_SENDS)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let reader: Arc<dyn ChunkReader> = Arc::new(SourceReader {
-        sources: tree.sources.clone(),
-        map: map.clone(),
-        open: Mutex::new(vec![None; tree.sources.len()]),
-        corrupt_left: AtomicU32::new(corrupt),
-    });
+    let reader: Arc<dyn ChunkReader> =
+        Arc::new(FileChunkReader::new(tree.sources.clone(), map.clone()));
     let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
     let offer = Arc::new(Control::Offer {
         version: PROTOCOL_VERSION,

@@ -91,6 +91,8 @@ pub enum Refusal {
     Superseded,
     #[error("lost the source: {0}; run the push again to resume")]
     SourceLost(String),
+    #[error("this agent holds no complete model named `{0}`; push it there first")]
+    NotHeld(String),
 }
 
 /// Messages on the control stream.
@@ -116,6 +118,10 @@ pub enum Control {
     },
     /// Receiver → source: refused or failed.
     Failed(Refusal),
+    /// Peer → agent: send me the complete model `name` you hold.
+    Want { version: u32, name: ModelName },
+    /// Agent → peer: this is the model; fetch its chunks on this connection.
+    Have { manifest: Manifest },
 }
 
 impl Control {
@@ -126,6 +132,8 @@ impl Control {
             Control::Accepted { .. } => "Accepted",
             Control::Done { .. } => "Done",
             Control::Failed(_) => "Failed",
+            Control::Want { .. } => "Want",
+            Control::Have { .. } => "Have",
         }
     }
 }

@@ -6,6 +6,7 @@
 //! authenticated connection per peer; an RDMA data plane can implement the
 //! same traits and reuse the scheduler, store and verification unchanged.
 
+pub mod files;
 pub mod quic;
 
 use std::future::Future;
