@@ -1,5 +1,213 @@
-//! Placeholder replaced by the integration suite.
+//! End-to-end pushes to real agents: a full copy to two nodes, a no-op
+//! re-push, an incremental re-push, and unreachable agents.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Push a ~20 MiB tree to two agents: both copies are byte-identical, the
+/// JSON summary adds up, and `xfer verify` passes on each.
 #[test]
-fn binary_exists() {
-    assert!(std::path::Path::new(env!("CARGO_BIN_EXE_xfer")).exists());
+fn push_to_two_agents_is_byte_identical() {
+    let t = tempdir("push");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("llama-test");
+    gen_model(&src, 20 * MIB, 1);
+    let a = Agent::start("127.0.0.2:0", &t.path().join("root-a"), &key);
+    let b = Agent::start("127.0.0.3:0", &t.path().join("root-b"), &key);
+    let to = [a.addr.as_str(), b.addr.as_str()];
+    let total = tree_bytes(&src);
+    let expected_root = manifest_root(&src);
+
+    let s = push_ok(&src, &to, &key, &[]);
+    assert_eq!(s.name, "llama-test", "name defaults to the folder's name");
+    assert_eq!(s.root, expected_root, "push root == `xfer manifest` root");
+    assert_eq!(s.bytes_total, total);
+    assert_eq!(s.files, 7, "files counted: {s:#?}");
+    assert_eq!(s.bytes_sent, 2 * total, "{s:#?}");
+    assert_eq!(s.bytes_skipped, 0);
+    assert!(s.hash_s >= 0.0 && s.duration_s >= s.hash_s, "{s:#?}");
+    assert_eq!(s.nodes.len(), 2);
+    for (n, addr) in s.nodes.iter().zip(to) {
+        assert_eq!(n.addr, addr, "nodes are reported in --to order");
+        assert!(n.ok, "{n:#?}");
+        assert_eq!(n.root.as_deref(), Some(expected_root.as_str()));
+        assert_eq!(n.bytes_sent, total);
+        assert_eq!(n.bytes_skipped, 0);
+        assert_eq!(n.corrupt_chunks, 0);
+    }
+    for agent in [&a, &b] {
+        let dst = agent.model_dir("llama-test");
+        assert_same_tree(&src, &dst);
+        // The details assert_same_tree covers, spelled out.
+        let link = std::fs::symlink_metadata(dst.join(LINK)).unwrap();
+        assert!(link.file_type().is_symlink(), "symlink kept as a symlink");
+        assert_eq!(
+            std::fs::read_link(dst.join(LINK)).unwrap(),
+            std::path::Path::new(LINK_TARGET)
+        );
+        assert!(dst.join(EMPTY_DIR).is_dir());
+        assert_eq!(std::fs::metadata(dst.join(EMPTY_FILE)).unwrap().len(), 0);
+        assert!(agent.root.join(".xfer/models/llama-test.json").is_file());
+        assert!(
+            !agent.staging_dir("llama-test").exists(),
+            "staging is removed once the model is complete"
+        );
+        let (r, v) = verify(&dst);
+        assert!(r.success(), "verify failed: {r:#?}");
+        assert_eq!(v["ok"], true);
+        assert_eq!(v["root"], expected_root.as_str());
+    }
+}
+
+/// Re-pushes to two agents: the same tree again sends nothing; after one
+/// file changes, only that file is sent.
+///
+/// The tree has no empty folder: with one, every re-push fails (see
+/// `repush_of_a_model_with_an_empty_dir_sends_nothing`).
+#[test]
+fn repush_sends_nothing_then_only_the_changed_file() {
+    let t = tempdir("push-again");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("m");
+    gen_model_opts(&src, 20 * MIB, 4, false);
+    let a = Agent::start("127.0.0.6:0", &t.path().join("root-a"), &key);
+    let b = Agent::start("127.0.0.7:0", &t.path().join("root-b"), &key);
+    let to = [a.addr.as_str(), b.addr.as_str()];
+    let total = tree_bytes(&src);
+    let first = push_ok(&src, &to, &key, &[]);
+    assert_eq!(first.bytes_sent, 2 * total);
+
+    // Same tree again: nothing is sent.
+    let s = push_ok(&src, &to, &key, &[]);
+    assert_eq!(s.bytes_sent, 0, "{s:#?}");
+    assert_eq!(s.bytes_skipped, 2 * total, "{s:#?}");
+    assert_eq!(s.root, first.root);
+    for agent in [&a, &b] {
+        assert_same_tree(&src, &agent.model_dir("m"));
+    }
+
+    // Change a few bytes of one file: only that file is sent again.
+    let changed = src.join(SHARD2);
+    let len = std::fs::metadata(&changed).unwrap().len();
+    scribble(&changed, len / 2, 100, 7);
+    let s = push_ok(&src, &to, &key, &[]);
+    assert_ne!(s.root, first.root, "content changed, so the root did");
+    assert_eq!(s.root, manifest_root(&src));
+    assert_eq!(s.bytes_sent, 2 * len, "only {SHARD2} is resent: {s:#?}");
+    assert_eq!(s.bytes_skipped, 2 * (total - len), "{s:#?}");
+    for n in &s.nodes {
+        assert_eq!(n.bytes_sent, len, "{n:#?}");
+    }
+    for agent in [&a, &b] {
+        let dst = agent.model_dir("m");
+        assert_same_tree(&src, &dst);
+        let (r, _) = verify(&dst);
+        assert!(r.success(), "verify after the incremental push: {r:#?}");
+    }
+}
+
+/// Pushing a tree with an empty folder twice: the second push must succeed
+/// and send nothing.
+#[test]
+#[ignore = "bug: store::place refuses an existing directory, so Transfer::finish fails re-placing an empty dir (`a directory is in the way of a file`) on every re-push"]
+fn repush_of_a_model_with_an_empty_dir_sends_nothing() {
+    let t = tempdir("push-emptydir");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("m");
+    gen_model(&src, 2 * MIB, 5);
+    let a = Agent::start("127.0.0.8:0", &t.path().join("root"), &key);
+    let total = tree_bytes(&src);
+    assert_eq!(push_ok(&src, &[&a.addr], &key, &[]).bytes_sent, total);
+    let s = push_ok(&src, &[&a.addr], &key, &[]);
+    assert_eq!(s.bytes_sent, 0, "{s:#?}");
+    assert_eq!(s.bytes_skipped, total, "{s:#?}");
+    assert_same_tree(&src, &a.model_dir("m"));
+}
+
+/// `--name` chooses where the model lands; `--chunk-size` is honoured.
+#[test]
+fn push_with_name_and_small_chunks() {
+    let t = tempdir("push-name");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("src");
+    gen_model(&src, 3 * MIB, 2);
+    let a = Agent::start("127.0.0.4:0", &t.path().join("root"), &key);
+    let s = push_ok(
+        &src,
+        &[&a.addr],
+        &key,
+        &["--name", "org--model@v2", "--chunk-size", "64KiB"],
+    );
+    assert_eq!(s.name, "org--model@v2");
+    assert_eq!(s.bytes_sent, tree_bytes(&src));
+    assert!(!a.root.join("src").exists());
+    assert_same_tree(&src, &a.model_dir("org--model@v2"));
+    let rec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(a.root.join(".xfer/models/org--model@v2.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rec["manifest"]["chunk_size"], 64 * KIB, "{rec}");
+    let (r, _) = verify(&a.model_dir("org--model@v2"));
+    assert!(r.success(), "{r:#?}");
+
+    // An unusable name is refused before anything is sent.
+    let r = push(&src, &[&a.addr], &key, &["--name", "../evil"]);
+    assert!(!r.success(), "{r:#?}");
+    assert!(r.stderr.contains("--name"), "{r:#?}");
+    assert!(!t.path().join("evil").exists());
+}
+
+/// A dead agent fails fast, with its address in the error; a live agent in
+/// the same push still gets the model.
+#[test]
+fn dead_agent_fails_fast_and_names_the_address() {
+    let t = tempdir("push-dead");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("m");
+    gen_model(&src, MIB, 3);
+    let dead = format!("127.0.0.1:{}", unused_udp_port());
+
+    let started = Instant::now();
+    let r = push(&src, &[&dead], &key, &["--connect-timeout", "2"]);
+    let elapsed = started.elapsed();
+    assert!(!r.success(), "{r:#?}");
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "took {elapsed:?} to give up on a dead agent"
+    );
+    assert!(
+        r.stderr.contains("error:") && r.stderr.contains(&dead),
+        "the error must name {dead}: {r:#?}"
+    );
+    let s: PushJson = r.json();
+    let n = s.node(&dead);
+    assert!(!n.ok);
+    assert!(n.error.as_deref().unwrap_or("").contains(&dead), "{n:#?}");
+    assert_eq!(n.bytes_sent, 0);
+
+    // One dead and one live agent: the live one is served, the push fails.
+    let live = Agent::start("127.0.0.5:0", &t.path().join("root"), &key);
+    let started = Instant::now();
+    let r = push(
+        &src,
+        &[&dead, &live.addr],
+        &key,
+        &["--connect-timeout", "2"],
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "{r:#?}");
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    let s: PushJson = r.json();
+    assert!(!s.node(&dead).ok);
+    assert!(s.node(&live.addr).ok, "{s:#?}");
+    assert_eq!(s.bytes_sent, tree_bytes(&src));
+    assert_same_tree(&src, &live.model_dir("m"));
 }
