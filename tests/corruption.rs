@@ -155,7 +155,6 @@ fn a_source_that_only_sends_garbage_fails_and_places_nothing() {
 /// error must say so (not "lost the source ... run the push again", which
 /// would fail the same way).
 #[test]
-#[ignore = "bug: receive.rs turns a peer dropped for corrupt chunks into Refusal::SourceLost(\"... no connected peer has them (); run the push again to resume\"), never mentioning corruption"]
 fn a_source_that_only_sends_garbage_gets_a_corruption_error() {
     let t = tempdir("corrupt-msg");
     let key = t.path().join("key");

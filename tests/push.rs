@@ -114,7 +114,6 @@ fn repush_sends_nothing_then_only_the_changed_file() {
 /// Pushing a tree with an empty folder twice: the second push must succeed
 /// and send nothing.
 #[test]
-#[ignore = "bug: store::place refuses an existing directory, so Transfer::finish fails re-placing an empty dir (`a directory is in the way of a file`) on every re-push"]
 fn repush_of_a_model_with_an_empty_dir_sends_nothing() {
     let t = tempdir("push-emptydir");
     let key = t.path().join("key");

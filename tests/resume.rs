@@ -22,7 +22,6 @@ const KILL_AT: u64 = 40 * MIB;
 /// agent does not durably hold (plus at most the chunks that were in
 /// flight).
 #[test]
-#[ignore = "bug: a superseded transfer keeps the store's flock while its fetch tasks wait on the dead connection, so a re-run right after the pusher died is refused (`another xfer process is receiving this model`) for ~10-20 s"]
 fn pusher_killed_mid_push_resumes() {
     pusher_killed_scenario("127.0.0.12:0", 12, false);
 }
@@ -187,7 +186,6 @@ fn agent_killed_mid_push_resumes_after_restart() {
 /// over: the first fails as superseded, the second completes and sends only
 /// what the first had not delivered.
 #[test]
-#[ignore = "bug (racy, fails ~5 runs in 6): same as pusher_killed_mid_push_resumes: the superseded transfer's in-flight fetch tasks keep the model's flock, so the newer push is refused (`another xfer process is receiving this model`)"]
 fn a_newer_push_supersedes_a_running_one() {
     let t = tempdir("supersede");
     let key = t.path().join("key");

@@ -164,9 +164,9 @@ mod tests {
             version: MANIFEST_VERSION,
             chunk_size: cs,
             entries: vec![
-                file("a", &vec![1u8; (cs * 3) as usize], cs),
+                file("a", &[1u8; (3 * crate::hash::MIN_CHUNK_SIZE) as usize], cs),
                 file("b", b"", cs),
-                file("c", &vec![2u8; 10], cs),
+                file("c", &[2u8; 10], cs),
             ],
         };
         let map = ChunkMap::new(&m);

@@ -142,12 +142,19 @@ impl Store {
             .write(true)
             .open(&lock_path)
             .map_err(|e| io_refusal(&lock_path, e))?;
+        // A transfer of this model that was just superseded may take a moment
+        // to let go; wait a little before calling the model busy.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         // SAFETY: flock on an fd we own.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(Refusal::Io {
-                path: lock_path.display().to_string(),
-                message: "another xfer process is receiving this model into the same root".into(),
-            });
+        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            if std::time::Instant::now() >= deadline {
+                return Err(Refusal::Busy(format!(
+                    "another transfer of `{name}` into {} is still running (lock {}); wait for it or stop it",
+                    self.root.display(),
+                    lock_path.display()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         fs::create_dir_all(staging.join("data")).map_err(|e| io_refusal(&staging, e))?;
         let root_hash = manifest.root();
@@ -268,7 +275,7 @@ impl Store {
                     .count() as u64
             })
             .collect();
-        Ok(Transfer {
+        let transfer = Transfer {
             name: name.clone(),
             manifest: manifest.clone(),
             map,
@@ -287,7 +294,20 @@ impl Store {
                 stamps,
             }),
             _lock: lock,
-        })
+        };
+        // Files fully staged but never placed (the agent died between the
+        // last chunk and the rename, or placing failed): place them now.
+        let staged: Vec<u32> = {
+            let st = transfer.state.lock().unwrap();
+            (0..n)
+                .filter(|&i| !st.done[i] && st.remaining[i] == 0 && files[i].size > 0)
+                .map(|i| i as u32)
+                .collect()
+        };
+        for file in staged {
+            transfer.place_file(file)?;
+        }
+        Ok(transfer)
     }
 }
 
@@ -488,12 +508,15 @@ impl Transfer {
     fn place_file(&self, file: u32) -> Result<(), Refusal> {
         let entry = self.map_file(file);
         let from = self.data_path(file);
-        if let Some(f) = self.handles[file as usize].lock().unwrap().take() {
-            f.sync_all().map_err(|e| io_refusal(&from, e))?;
-        }
-        if entry.size == 0 {
-            File::create(&from).map_err(|e| io_refusal(&from, e))?;
-        }
+        let open = self.handles[file as usize].lock().unwrap().take();
+        let f = match open {
+            Some(f) => f,
+            None if entry.size == 0 => {
+                Arc::new(File::create(&from).map_err(|e| io_refusal(&from, e))?)
+            }
+            None => Arc::new(File::open(&from).map_err(|e| io_refusal(&from, e))?),
+        };
+        f.sync_all().map_err(|e| io_refusal(&from, e))?;
         let mode = if entry.executable { 0o755 } else { 0o644 };
         fs::set_permissions(&from, fs::Permissions::from_mode(mode))
             .map_err(|e| io_refusal(&from, e))?;
@@ -538,10 +561,7 @@ impl Transfer {
         for e in &self.manifest.entries {
             match e {
                 Entry::Dir { path } => {
-                    place(&self.final_dir, path, |to| match fs::create_dir(to) {
-                        Err(e) if e.kind() == ErrorKind::AlreadyExists && to.is_dir() => Ok(()),
-                        r => r,
-                    })?;
+                    place_dir(&self.final_dir, path)?;
                 }
                 Entry::Symlink { path, target } => {
                     place(&self.final_dir, path, |to| {
@@ -608,41 +628,65 @@ fn preallocate(f: &File, size: u64) -> std::io::Result<()> {
     Err(e)
 }
 
-/// Puts something at `rel` under `dir` with `make(final_path)`, after
-/// creating missing parent directories. Refuses to go through a symlink or to
-/// replace a directory, so nothing outside `dir` can be reached.
+fn unsafe_path(p: &Path, reason: &str) -> Refusal {
+    Refusal::Unsafe {
+        path: p.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Makes sure `p` is a real directory, creating it if missing. Refuses a
+/// symlink or a file in its place.
+fn ensure_dir(p: &Path) -> Result<(), Refusal> {
+    match fs::symlink_metadata(p) {
+        Ok(m) if m.file_type().is_symlink() => Err(unsafe_path(
+            p,
+            "it is a symlink; xfer never writes through links (remove it)",
+        )),
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(unsafe_path(
+            p,
+            "a file is in the way of a directory (remove it)",
+        )),
+        Err(e) if e.kind() == ErrorKind::NotFound => match fs::create_dir(p) {
+            Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(io_refusal(p, e)),
+            _ => ensure_dir_exists_now(p),
+        },
+        Err(e) => Err(io_refusal(p, e)),
+    }
+}
+
+/// After a racing `create_dir`, checks what is there now.
+fn ensure_dir_exists_now(p: &Path) -> Result<(), Refusal> {
+    match fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() && !m.file_type().is_symlink() => Ok(()),
+        Ok(_) => Err(unsafe_path(
+            p,
+            "something other than a directory appeared here (remove it)",
+        )),
+        Err(e) => Err(io_refusal(p, e)),
+    }
+}
+
+/// Creates the directories leading to `rel` under `dir`, one by one and
+/// never through a symlink, and returns the path of `rel`.
+fn prepare(dir: &Path, rel: &RelPath) -> Result<PathBuf, Refusal> {
+    ensure_dir(dir)?;
+    for anc in rel.ancestors() {
+        ensure_dir(&dir.join(anc))?;
+    }
+    Ok(rel.under(dir))
+}
+
+/// Puts a file or symlink at `rel` under `dir` with `make(final_path)`
+/// (which must replace atomically, e.g. by rename). Refuses to go through a
+/// symlink or to replace a directory, so nothing outside `dir` is reached.
 pub fn place(
     dir: &Path,
     rel: &RelPath,
     make: impl FnOnce(&Path) -> std::io::Result<()>,
 ) -> Result<PathBuf, Refusal> {
-    let unsafe_path = |p: &Path, reason: &str| Refusal::Unsafe {
-        path: p.display().to_string(),
-        reason: reason.into(),
-    };
-    let ensure_dir = |p: &Path| -> Result<(), Refusal> {
-        match fs::symlink_metadata(p) {
-            Ok(m) if m.file_type().is_symlink() => Err(unsafe_path(
-                p,
-                "it is a symlink; xfer never writes through links (remove it)",
-            )),
-            Ok(m) if m.is_dir() => Ok(()),
-            Ok(_) => Err(unsafe_path(
-                p,
-                "a file is in the way of a directory (remove it)",
-            )),
-            Err(e) if e.kind() == ErrorKind::NotFound => match fs::create_dir(p) {
-                Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(io_refusal(p, e)),
-                _ => Ok(()),
-            },
-            Err(e) => Err(io_refusal(p, e)),
-        }
-    };
-    ensure_dir(dir)?;
-    for anc in rel.ancestors() {
-        ensure_dir(&dir.join(anc))?;
-    }
-    let to = rel.under(dir);
+    let to = prepare(dir, rel)?;
     if let Ok(m) = fs::symlink_metadata(&to) {
         if m.is_dir() {
             return Err(unsafe_path(
@@ -657,6 +701,13 @@ pub fn place(
             let _ = d.sync_all();
         }
     }
+    Ok(to)
+}
+
+/// Makes sure the directory `rel` exists under `dir` (an existing one is fine).
+pub fn place_dir(dir: &Path, rel: &RelPath) -> Result<PathBuf, Refusal> {
+    let to = prepare(dir, rel)?;
+    ensure_dir(&to)?;
     Ok(to)
 }
 
@@ -808,6 +859,6 @@ mod tests {
     fn a_second_concurrent_transfer_is_refused() {
         let (_dir, store, name, m, _) = setup();
         let _t = store.begin(&name, m.clone()).unwrap();
-        assert!(matches!(store.begin(&name, m), Err(Refusal::Io { .. })));
+        assert!(matches!(store.begin(&name, m), Err(Refusal::Busy(_))));
     }
 }

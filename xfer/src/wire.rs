@@ -93,6 +93,10 @@ pub enum Refusal {
     SourceLost(String),
     #[error("this agent holds no complete model named `{0}`; push it there first")]
     NotHeld(String),
+    #[error("the source sent {strikes} chunks that failed their BLAKE3 check and was dropped; its files may be changing while being sent, or its disk or memory is damaged (run `xfer verify` or `b3sum` there)")]
+    CorruptSource { strikes: u32 },
+    #[error("busy: {0}")]
+    Busy(String),
 }
 
 /// Messages on the control stream.
