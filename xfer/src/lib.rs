@@ -9,6 +9,7 @@
 //! [`push`] are the two ends a user runs.
 
 pub mod agent;
+pub mod aligned;
 pub mod auth;
 pub mod chunkset;
 pub mod demo;

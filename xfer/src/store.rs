@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -284,6 +284,13 @@ impl Store {
             final_dir,
             record_path: self.record_path(name),
             handles: (0..n).map(|_| Mutex::new(None)).collect(),
+            file_entries: manifest
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| matches!(e, Entry::File(_)))
+                .map(|(i, _)| i)
+                .collect(),
             journal: Mutex::new(journal),
             checkpoint: Mutex::new(()),
             state: Mutex::new(State {
@@ -320,6 +327,31 @@ struct State {
     stamps: BTreeMap<RelPath, Stamp>,
 }
 
+/// A staging file open for writing: buffered, and also with `O_DIRECT`
+/// where the filesystem supports it (not tmpfs), so aligned chunks skip the
+/// page cache entirely.
+#[derive(Debug)]
+struct StagedFile {
+    buffered: File,
+    direct: Option<File>,
+}
+
+impl StagedFile {
+    fn write_at(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        if let Some(d) = &self.direct {
+            if crate::aligned::direct_ok(data, offset) {
+                match d.write_all_at(data, offset) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                    r => return r,
+                }
+            }
+        }
+        self.buffered.write_all_at(data, offset)?;
+        start_writeback(&self.buffered, offset, data.len());
+        Ok(())
+    }
+}
+
 /// What a successful [`Transfer::write_chunk`] led to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Written {
@@ -350,7 +382,9 @@ pub struct Transfer {
     staging: PathBuf,
     final_dir: PathBuf,
     record_path: PathBuf,
-    handles: Vec<Mutex<Option<Arc<File>>>>,
+    handles: Vec<Mutex<Option<Arc<StagedFile>>>>,
+    /// Position in `manifest.entries` of each file.
+    file_entries: Vec<usize>,
     journal: Mutex<Journal>,
     /// Serialises checkpoints.
     checkpoint: Mutex<()>,
@@ -389,7 +423,7 @@ impl Transfer {
         self.staging.join("data").join(file.to_string())
     }
 
-    fn handle(&self, file: u32) -> Result<Arc<File>, Refusal> {
+    fn handle(&self, file: u32) -> Result<Arc<StagedFile>, Refusal> {
         let mut slot = self.handles[file as usize].lock().unwrap();
         if let Some(f) = slot.as_ref() {
             return Ok(f.clone());
@@ -406,16 +440,24 @@ impl Transfer {
         if f.metadata().map_err(|e| io_refusal(&path, e))?.len() != size {
             preallocate(&f, size).map_err(|e| self.disk_refusal(&path, e, size))?;
         }
-        let f = Arc::new(f);
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .ok();
+        let f = Arc::new(StagedFile {
+            buffered: f,
+            direct,
+        });
         *slot = Some(f.clone());
         Ok(f)
     }
 
     fn map_file(&self, file: u32) -> &FileEntry {
-        self.manifest
-            .files()
-            .nth(file as usize)
-            .expect("file index checked")
+        match &self.manifest.entries[self.file_entries[file as usize]] {
+            Entry::File(f) => f,
+            _ => unreachable!("file_entries only lists files"),
+        }
     }
 
     fn disk_refusal(&self, path: &Path, e: std::io::Error, need: u64) -> Refusal {
@@ -458,9 +500,8 @@ impl Transfer {
         }
         let f = self.handle(id.file).map_err(ChunkError::Refused)?;
         let path = self.data_path(id.file);
-        f.write_all_at(data, self.map.offset(id))
+        f.write_at(data, self.map.offset(id))
             .map_err(|e| ChunkError::Refused(self.disk_refusal(&path, e, data.len() as u64)))?;
-        start_writeback(&f, self.map.offset(id), data.len());
         let complete = {
             let mut st = self.state.lock().unwrap();
             if !st.held.insert(num) {
@@ -493,7 +534,8 @@ impl Transfer {
         for file in dirty {
             let handle = self.handles[file as usize].lock().unwrap().clone();
             if let Some(f) = handle {
-                f.sync_data()
+                f.buffered
+                    .sync_data()
                     .map_err(|e| io_refusal(&self.data_path(file), e))?;
             }
         }
@@ -509,14 +551,12 @@ impl Transfer {
         let entry = self.map_file(file);
         let from = self.data_path(file);
         let open = self.handles[file as usize].lock().unwrap().take();
-        let f = match open {
-            Some(f) => f,
-            None if entry.size == 0 => {
-                Arc::new(File::create(&from).map_err(|e| io_refusal(&from, e))?)
-            }
-            None => Arc::new(File::open(&from).map_err(|e| io_refusal(&from, e))?),
+        let synced = match open {
+            Some(f) => f.buffered.sync_all(),
+            None if entry.size == 0 => File::create(&from).and_then(|f| f.sync_all()),
+            None => File::open(&from).and_then(|f| f.sync_all()),
         };
-        f.sync_all().map_err(|e| io_refusal(&from, e))?;
+        synced.map_err(|e| io_refusal(&from, e))?;
         let mode = if entry.executable { 0o755 } else { 0o644 };
         fs::set_permissions(&from, fs::Permissions::from_mode(mode))
             .map_err(|e| io_refusal(&from, e))?;

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{ChunkFetcher, ChunkReader, FetchError};
+use crate::aligned::AlignedBuf;
 use crate::auth::{Credential, SERVER_NAME};
 use crate::chunkset::ChunkMap;
 use crate::manifest::ChunkId;
@@ -251,11 +252,12 @@ impl ChunkFetcher for QuicFetcher {
         match reply {
             ChunkReply::Unavailable(why) => Err(FetchError::Unavailable(chunk, why)),
             ChunkReply::Data => {
-                // Gather the stream's own buffers: no zero-filling, one copy.
-                let mut buf = Vec::with_capacity(len);
-                while buf.len() < len {
+                // Gather the stream's buffers into one page-aligned buffer
+                // (one copy), which the store can write with O_DIRECT.
+                let mut buf = AlignedBuf::with_capacity(len);
+                while buf.remaining() > 0 {
                     match recv
-                        .read_chunk(len - buf.len(), true)
+                        .read_chunk(buf.remaining(), true)
                         .await
                         .map_err(|e| lost(&e))?
                     {
@@ -268,7 +270,7 @@ impl ChunkFetcher for QuicFetcher {
                         }
                     }
                 }
-                Ok(Bytes::from(buf))
+                Ok(Bytes::from_owner(buf))
             }
         }
     }
