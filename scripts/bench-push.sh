@@ -17,7 +17,7 @@
 # Environment (defaults in brackets):
 #   SIZE_MB [2048]          model size for loopback, hash and chunks
 #   RUNS [3]                runs per tool and figure (the median is reported)
-#   SHAPED_SIZE_MB [1024]   model size over the shaped link (~9 s at 1 Gbit/s)
+#   SHAPED_SIZE_MB [2048]   model size over the shaped link (~17 s at 1 Gbit/s)
 #   SHAPED_RUNS [1]         pushes per congestion controller and MTU
 #   SHAPED_MTUS ["1500 9000"]  veth MTUs; the first is the headline figure
 #   SHAPED_CCS ["cubic bbr"]   values of XFER_CONGESTION to try
@@ -63,7 +63,7 @@ source "$SCRIPT_DIR/lib-netns.sh"
 
 SIZE_MB=${SIZE_MB:-2048}
 RUNS=${RUNS:-3}
-SHAPED_SIZE_MB=${SHAPED_SIZE_MB:-1024}
+SHAPED_SIZE_MB=${SHAPED_SIZE_MB:-2048}
 SHAPED_RUNS=${SHAPED_RUNS:-1}
 SHAPED_MTUS=${SHAPED_MTUS:-1500 9000}
 SHAPED_CCS=${SHAPED_CCS:-cubic bbr}
