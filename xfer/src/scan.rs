@@ -90,21 +90,21 @@ pub fn scan_cached(
             }
         }
     }
-    let jobs: Vec<(usize, u64)> = (0..sizes.len())
+    let jobs: Vec<(usize, u64, u64)> = (0..sizes.len())
         .filter(|&fi| known[fi].is_none())
-        .flat_map(|fi| (0..hash::chunk_count(sizes[fi], chunk_size)).map(move |ci| (fi, ci)))
+        .flat_map(|fi| hash_jobs(sizes[fi], chunk_size).map(move |(first, n)| (fi, first, n)))
         .collect();
     let hashes: Vec<Hash> = jobs
         .par_iter()
-        .map(|&(fi, ci)| {
-            let chunks = hash::chunk_count(sizes[fi], chunk_size);
-            let offset = ci * chunk_size;
-            let len = chunk_size.min(sizes[fi] - offset);
-            let h = hash_region(&sources[fi], offset, len, ci, chunks, chunk_size)?;
-            progress(len);
+        .map(|&(fi, first, n)| {
+            let h = hash_chunks(&sources[fi], sizes[fi], first, n, chunk_size)?;
+            progress((n * chunk_size).min(sizes[fi] - first * chunk_size));
             Ok(h)
         })
-        .collect::<Result<_>>()?;
+        .collect::<Result<Vec<Vec<Hash>>>>()?
+        .into_iter()
+        .flatten()
+        .collect();
 
     let mut next = 0;
     let mut fi = 0;
@@ -137,27 +137,51 @@ pub fn scan_cached(
     Ok(SourceTree { manifest, sources })
 }
 
-/// Hashes `len` bytes at `offset` of the file at `path`.
-pub(crate) fn hash_region(
+/// Bytes mapped and hashed per job: a few chunks at once, so the cost of
+/// mapping is spread (b3sum maps whole files) while memory stays bounded by
+/// the number of threads times this.
+pub(crate) const HASH_SPAN: u64 = 16 << 20;
+
+/// Jobs of at most [`HASH_SPAN`] bytes over a file of `size` bytes:
+/// `(first_chunk, chunk_count)`.
+pub(crate) fn hash_jobs(size: u64, chunk_size: u64) -> impl Iterator<Item = (u64, u64)> {
+    let per_job = (HASH_SPAN / chunk_size).max(1);
+    let chunks = hash::chunk_count(size, chunk_size);
+    (0..chunks)
+        .step_by(per_job as usize)
+        .map(move |first| (first, per_job.min(chunks - first)))
+}
+
+/// Hashes `count` chunks of the file at `path` (of `size` bytes, as the
+/// manifest says), starting with chunk `first`.
+pub(crate) fn hash_chunks(
     path: &Path,
-    offset: u64,
-    len: u64,
-    index: u64,
-    chunks: u64,
+    size: u64,
+    first: u64,
+    count: u64,
     chunk_size: u64,
-) -> Result<Hash> {
+) -> Result<Vec<Hash>> {
+    let chunks = hash::chunk_count(size, chunk_size);
+    let offset = first * chunk_size;
+    let len = (count * chunk_size).min(size - offset);
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let actual = file.metadata()?.len();
     if actual < offset + len {
         bail!(
-            "{} shrank while being hashed; is something still writing it?",
+            "{} is shorter than expected ({actual} bytes); is something still writing it?",
             path.display()
         );
     }
+    let hash_all = |data: &[u8]| {
+        data.chunks(chunk_size as usize)
+            .enumerate()
+            .map(|(i, c)| hash::hash_chunk(c, first + i as u64, chunks, chunk_size))
+            .collect()
+    };
     if len < 64 * 1024 {
         let mut buf = vec![0u8; len as usize];
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, offset)?;
-        return Ok(hash::hash_chunk(&buf, index, chunks, chunk_size));
+        return Ok(hash_all(&buf));
     }
     // SAFETY: the map is read-only and dropped before returning; a concurrent
     // writer could change the bytes under us, which the receiver's per-chunk
@@ -170,7 +194,7 @@ pub(crate) fn hash_region(
             .map(&file)
     }
     .with_context(|| format!("cannot map {}", path.display()))?;
-    Ok(hash::hash_chunk(&map, index, chunks, chunk_size))
+    Ok(hash_all(&map))
 }
 
 type Pending = (Entry, Option<PathBuf>);

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::hash::Hash;
 use crate::manifest::{Entry, Manifest};
-use crate::scan::hash_region;
+use crate::scan::{hash_chunks, hash_jobs};
 use crate::store::ModelRecord;
 
 /// What `xfer verify` found.
@@ -93,8 +93,8 @@ pub fn verify(dir: &Path, manifest: &Manifest) -> Result<VerifyReport> {
                 })
             }
             (Entry::File(f), Ok(_)) => {
-                for i in 0..f.chunks.len() as u32 {
-                    jobs.push((f, path.clone(), i));
+                for (first, n) in hash_jobs(f.size, cs) {
+                    jobs.push((f, path.clone(), first, n));
                 }
             }
             (Entry::Symlink { target, .. }, Ok(_)) => {
@@ -119,14 +119,14 @@ pub fn verify(dir: &Path, manifest: &Manifest) -> Result<VerifyReport> {
     }
     let bad: Vec<(String, u32)> = jobs
         .par_iter()
-        .filter_map(|(f, path, i)| {
-            let n = f.chunks.len() as u64;
-            let offset = *i as u64 * cs;
-            let len = cs.min(f.size - offset);
-            match hash_region(path, offset, len, *i as u64, n, cs) {
-                Ok(h) if h == f.chunks[*i as usize] => None,
-                _ => Some((f.path.to_string(), *i)),
-            }
+        .flat_map_iter(|(f, path, first, n)| {
+            let got = hash_chunks(path, f.size, *first, *n, cs).ok();
+            (*first..first + n)
+                .filter(move |&i| {
+                    got.as_ref().map(|g| g[(i - first) as usize]) != Some(f.chunks[i as usize])
+                })
+                .map(|i| (f.path.to_string(), i as u32))
+                .collect::<Vec<_>>()
         })
         .collect();
     for (path, i) in bad {

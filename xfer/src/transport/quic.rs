@@ -87,35 +87,32 @@ pub fn resolve(addr: &str) -> Result<SocketAddr> {
         .with_context(|| format!("`{addr}` resolves to no address"))
 }
 
+/// Sets an integer socket option; returns whether the kernel accepted it.
+fn set_int_option(sock: &socket2::Socket, option: libc::c_int, value: libc::c_int) -> bool {
+    // SAFETY: setsockopt on a valid fd with a c_int option value.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(sock),
+            libc::SOL_SOCKET,
+            option,
+            &value as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
 fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    let size = SOCKET_BUFFER as libc::c_int;
     for (force, plain) in [
         (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
         (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
     ] {
-        let size = SOCKET_BUFFER as libc::c_int;
-        // SAFETY: setsockopt with a valid fd and a c_int option value.
-        let forced = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&sock),
-                libc::SOL_SOCKET,
-                force,
-                &size as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        } == 0;
-        if !forced {
-            // Unprivileged: the kernel caps this at net.core.{r,w}mem_max.
-            let _ = unsafe {
-                libc::setsockopt(
-                    std::os::fd::AsRawFd::as_raw_fd(&sock),
-                    libc::SOL_SOCKET,
-                    plain,
-                    &size as *const _ as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
+        // The FORCE variants need CAP_NET_ADMIN; unprivileged, the kernel
+        // caps the plain ones at net.core.{r,w}mem_max.
+        if !set_int_option(&sock, force, size) {
+            set_int_option(&sock, plain, size);
         }
     }
     sock.bind(&addr.into()).with_context(|| {
