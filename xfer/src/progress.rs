@@ -10,7 +10,6 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 #[derive(Clone)]
 pub struct Progress {
     multi: MultiProgress,
-    enabled: bool,
 }
 
 impl Progress {
@@ -24,12 +23,7 @@ impl Progress {
         };
         Progress {
             multi: MultiProgress::with_draw_target(target),
-            enabled,
         }
-    }
-
-    pub fn enabled(&self) -> bool {
-        self.enabled
     }
 
     /// A byte bar labelled `label`.
@@ -47,12 +41,17 @@ impl Progress {
         bar
     }
 
-    /// Prints a line above the bars.
-    pub fn println(&self, line: &str) {
-        if self.enabled {
-            let _ = self.multi.println(line);
-        } else {
-            eprintln!("{line}");
-        }
+    /// A byte counter without a known total (hashing while walking).
+    pub fn counter(&self, label: &str) -> ProgressBar {
+        let bar = self.multi.add(ProgressBar::new_spinner());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>24} {spinner} {bytes:>10} {binary_bytes_per_sec:>12} {msg}",
+            )
+            .expect("valid template"),
+        );
+        bar.set_prefix(label.to_string());
+        bar.enable_steady_tick(Duration::from_millis(200));
+        bar
     }
 }

@@ -142,7 +142,7 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
 }
 
 async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree> {
-    let bar = progress.bytes("hashing", 0);
+    let bar = progress.counter("hashing");
     let (src, cs, b, rehash) = (opts.src.clone(), opts.chunk_size, bar.clone(), opts.rehash);
     let tree = tokio::task::spawn_blocking(move || {
         let mut cache = (!rehash).then(|| HashCache::for_tree(&src));
