@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 # System packages the tests use: b3sum (cross-checks file hashes), rsync and
 # iperf3 (benchmark baselines), nftables/iproute2 (netns tests), util-linux
-# (mount for the full-disk test), GNU time (peak RSS).
-packages=(b3sum rsync iperf3 nftables iproute2 util-linux time)
+# (mount for the full-disk test), iputils-ping (netns cluster checks), GNU
+# time (peak RSS).
+packages=(b3sum rsync iperf3 nftables iproute2 iputils-ping util-linux time)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
