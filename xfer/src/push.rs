@@ -89,6 +89,10 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
     };
     let name = ModelName::new(&name).map_err(anyhow::Error::msg)?;
 
+    // Catch address typos before spending time hashing.
+    for addr in &opts.to {
+        quic::resolve(addr)?;
+    }
     let started = Instant::now();
     let tree = hash_tree(opts, progress).await?;
     let hash_s = started.elapsed().as_secs_f64();
