@@ -25,6 +25,7 @@ pub mod receive;
 pub mod relpath;
 pub mod scan;
 pub mod scheduler;
+pub mod sim;
 pub mod store;
 pub mod transport;
 pub mod units;

@@ -123,6 +123,10 @@ impl<F: ChunkFetcher> Driver<F> {
                 Some(fetcher) => self.spawn_fetch(fetcher, peer, chunk),
                 None => self.sched.handle(Event::PeerGone { peer }),
             },
+            // Endgame duplicates only arise with several holders; a fetch
+            // that still completes reports a chunk already held, which the
+            // scheduler ignores.
+            Action::Cancel { .. } => {}
             Action::DropPeer { peer, reason } => {
                 let DropReason::Corrupt { strikes } = reason;
                 tracing::warn!("dropping peer {peer}: it served {strikes} chunks that failed their BLAKE3 check");

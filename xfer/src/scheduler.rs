@@ -4,15 +4,40 @@
 //! [`Event`]s (a peer joined, a chunk verified, a chunk failed its hash, a
 //! peer went away) and drains [`Action`]s (fetch chunk X from peer P, drop
 //! peer P, done, stuck). The same machine is driven by the QUIC adapter, by
-//! tests, and by the network simulator, so its decisions are deterministic.
+//! tests, and by the network simulator ([`crate::sim`]), so its decisions are
+//! deterministic.
 //!
-//! Policy: keep up to `window` requests in flight per peer; hand each peer the
-//! lowest-numbered chunk it has that is neither held nor in flight, so files
-//! complete (and are placed) in order. A peer that serves too many corrupt
-//! chunks is dropped; a chunk that fails too often anywhere stops the
-//! transfer with a reason.
+//! Peers are of two kinds: *seeds* join holding every chunk (the source), and
+//! *partial* peers (other receivers) announce a bitfield at join and then each
+//! chunk they verify (`PeerHas`). Policy:
+//!
+//! - **Peers before the seed.** A chunk that some partial peer holds is only
+//!   ever fetched from partial peers, rarest first (fewest holders), ties
+//!   broken by a per-receiver random order ([`Config::tie_break`]) so that
+//!   receivers spread over different chunks. Among the holders of the chosen
+//!   chunk the one with the fewest of our requests in flight is asked.
+//! - **Super-seeding by partition.** A chunk no partial peer holds is fetched
+//!   from a seed, but in a swarm ([`Config::me`] set) only by its *home*
+//!   receiver: the live receiver with the highest rendezvous hash of (chunk,
+//!   receiver). Every receiver that sees the same live set computes the same
+//!   home, so the source uploads each chunk about once; when a receiver goes
+//!   away (or serves a corrupt chunk) its chunks move to the next-highest
+//!   hash. A receiver with nothing in flight may still take one such chunk from
+//!   the seed, so nothing waits forever on a home that never delivers.
+//! - **Windows.** Up to `window` requests per partial peer, `seed_window` per
+//!   seed, and `max_in_flight` to partial peers in all (requests to a seed do
+//!   not count, so a busy swarm never starves the source of work).
+//! - **Endgame.** When `endgame` or fewer chunks are missing, a chunk already
+//!   in flight is also requested from one other holder; the first copy wins
+//!   and the other request is cancelled ([`Action::Cancel`]).
+//!
+//! Without [`Config::me`] and with `tie_break == 0` (a plain push from one
+//! source) this reduces to: lowest-numbered missing chunk first, `window` in
+//! flight, so files complete (and are placed) in order. A peer that serves too
+//! many corrupt chunks is dropped; a chunk that fails too often anywhere stops
+//! the transfer with a reason.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::chunkset::ChunkSet;
 
@@ -22,12 +47,25 @@ pub type PeerId = u32;
 /// Tunables.
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
-    /// Requests in flight per peer.
+    /// Requests in flight per partial peer (and per seed unless `seed_window`).
     pub window: u32,
     /// Corrupt chunks a peer may serve before it is dropped.
     pub max_peer_strikes: u32,
     /// Times one chunk may fail verification before the transfer stops.
     pub max_chunk_failures: u32,
+    /// Requests in flight to one seed; 0 means `window`.
+    pub seed_window: u32,
+    /// Requests in flight across all peers; 0 means no limit but the windows.
+    pub max_in_flight: u32,
+    /// This receiver's own id in a swarm. When set, chunks nobody else holds
+    /// are taken from a seed only by their home receiver (see module docs).
+    pub me: Option<PeerId>,
+    /// Seed of the per-receiver tie-break order among equally rare chunks;
+    /// 0 keeps chunk order.
+    pub tie_break: u64,
+    /// Missing-chunk count at or below which in-flight chunks are also
+    /// requested from a second holder; 0 disables the endgame.
+    pub endgame: u32,
 }
 
 impl Default for Config {
@@ -36,6 +74,11 @@ impl Default for Config {
             window: 16,
             max_peer_strikes: 8,
             max_chunk_failures: 3,
+            seed_window: 0,
+            max_in_flight: 0,
+            me: None,
+            tie_break: 0,
+            endgame: 0,
         }
     }
 }
@@ -43,7 +86,8 @@ impl Default for Config {
 /// Something that happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// A peer is connected and holds these chunks.
+    /// A peer is connected and holds these chunks. A peer holding every chunk
+    /// is a seed.
     PeerJoined { peer: PeerId, has: ChunkSet },
     /// A peer now also holds a chunk.
     PeerHas { peer: PeerId, chunk: u64 },
@@ -61,6 +105,13 @@ pub enum Event {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     Fetch {
+        peer: PeerId,
+        chunk: u64,
+    },
+    /// An earlier `Fetch` of this chunk from this peer is no longer needed
+    /// (another copy arrived first). The runtime may abort it; if it still
+    /// completes, its result is ignored.
+    Cancel {
         peer: PeerId,
         chunk: u64,
     },
@@ -90,9 +141,31 @@ pub enum StuckReason {
 
 #[derive(Debug)]
 struct Peer {
+    id: PeerId,
     has: ChunkSet,
     in_flight: u32,
     strikes: u32,
+    seed: bool,
+    alive: bool,
+    /// Chunks this peer failed to serve us (busy); skipped until it serves
+    /// us a chunk, or until nothing else is left to ask for.
+    declined: ChunkSet,
+    any_declined: bool,
+}
+
+/// No peer (an index into `Scheduler::peers`).
+const NONE: u32 = u32::MAX;
+
+/// A 64-bit mix (splitmix64's finaliser): tie-break keys and rendezvous hashes.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn rendezvous(chunk: u64, peer: PeerId) -> u64 {
+    mix(chunk.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ ((peer as u64) << 32 | peer as u64))
 }
 
 /// The fetch scheduler for one manifest.
@@ -100,33 +173,87 @@ struct Peer {
 pub struct Scheduler {
     cfg: Config,
     held: ChunkSet,
-    /// Needed and not in flight.
-    pending: BTreeSet<u64>,
-    in_flight: HashMap<u64, PeerId>,
+    /// Chunks not held at start, in tie-break order; held ones are skipped.
+    order: Vec<u64>,
+    /// Per chunk: index of the peer it is in flight from, or `NONE`.
+    owner: Vec<u32>,
+    /// Per chunk: the endgame duplicate's peer index, or `NONE`.
+    dup: Vec<u32>,
+    /// Per chunk: live partial peers (indices) that hold it.
+    holders: Vec<Vec<u32>>,
+    /// Per chunk: its home receiver (only with `cfg.me`).
+    home: Vec<PeerId>,
+    requests: usize,
+    /// Requests in flight to partial peers (bounded by `max_in_flight`).
+    peer_requests: usize,
+    missing: u64,
     failures: HashMap<u64, u32>,
-    peers: BTreeMap<PeerId, Peer>,
+    peers: Vec<Peer>,
+    /// Peer id to index in `peers`: small ids directly, others hashed.
+    direct: Vec<u32>,
+    index: HashMap<PeerId, usize>,
+    /// Requestable chunks (missing, not in flight, held by a partial peer),
+    /// bucketed by their number of holders, for rarest-first in O(1).
+    buckets: Vec<Vec<u64>>,
+    /// Per chunk: its bucket (`NONE` if none) and position there.
+    bucket_of: Vec<u32>,
+    bucket_pos: Vec<u32>,
+    /// Missing chunks homed here, in tie-break order (held ones pruned lazily).
+    mine: Vec<u64>,
+    /// Peers with declined chunks.
+    declining: usize,
     actions: VecDeque<Action>,
     finished: bool,
-    /// Whether any peer ever joined; before that, nothing is stuck yet.
-    joined: bool,
+    /// Whether a seed ever joined; before that, nothing is stuck yet (partial
+    /// peers may still be waiting for the source themselves).
+    seeded: bool,
+    /// Rotates among equally loaded holders.
+    turn: u64,
+    /// Receivers known when the first seed joined (with `cfg.me`), sorted:
+    /// the shared basis of the home partition.
+    roster: Vec<PeerId>,
+    roster_frozen: bool,
+    /// Roster length when last sorted.
+    roster_sorted: usize,
 }
 
 impl Scheduler {
     /// A scheduler that already holds `held`.
     pub fn new(held: ChunkSet, cfg: Config) -> Self {
-        let pending = (0..held.capacity())
-            .filter(|&n| !held.contains(n))
-            .collect();
+        let len = held.capacity();
+        let mut order: Vec<u64> = (0..len).filter(|&n| !held.contains(n)).collect();
+        if cfg.tie_break != 0 {
+            order.sort_by_key(|&c| mix(c ^ mix(cfg.tie_break)));
+        }
+        let me = cfg.me.unwrap_or(0);
+        let mine = order.clone();
         let mut s = Scheduler {
             cfg,
+            missing: order.len() as u64,
+            order,
+            owner: vec![NONE; len as usize],
+            dup: vec![NONE; len as usize],
+            holders: vec![Vec::new(); len as usize],
+            home: vec![me; len as usize],
             held,
-            pending,
-            in_flight: HashMap::new(),
+            requests: 0,
+            peer_requests: 0,
             failures: HashMap::new(),
-            peers: BTreeMap::new(),
+            peers: Vec::new(),
+            direct: Vec::new(),
+            index: HashMap::new(),
+            buckets: Vec::new(),
+            bucket_of: vec![NONE; len as usize],
+            bucket_pos: vec![0; len as usize],
+            mine,
+            declining: 0,
             actions: VecDeque::new(),
             finished: false,
-            joined: false,
+            seeded: false,
+            turn: cfg.tie_break,
+            roster: Vec::new(),
+            roster_frozen: false,
+            roster_sorted: 0,
         };
         s.settle();
         s
@@ -137,37 +264,39 @@ impl Scheduler {
         &self.held
     }
 
-    /// Requests currently in flight.
+    /// Requests currently in flight (endgame duplicates included).
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.requests
     }
 
     /// Feeds one event.
     pub fn handle(&mut self, event: Event) {
         match event {
             Event::PeerJoined { peer, has } => {
-                self.joined = true;
-                self.peers.insert(
-                    peer,
-                    Peer {
-                        has,
-                        in_flight: 0,
-                        strikes: 0,
-                    },
-                );
+                self.join(peer, has);
             }
             Event::PeerHas { peer, chunk } => {
-                if let Some(p) = self.peers.get_mut(&peer) {
-                    if chunk < p.has.capacity() {
-                        p.has.insert(chunk);
-                    }
-                }
+                self.peer_has(peer, chunk);
+                return;
             }
             Event::Verified { peer, chunk } => {
                 self.finish_request(peer, chunk);
-                if chunk < self.held.capacity() {
-                    self.held.insert(chunk);
-                    self.pending.remove(&chunk);
+                if let Some(i) = self.slot(peer) {
+                    self.forgive(i);
+                }
+                if chunk < self.held.capacity() && self.held.insert(chunk) {
+                    self.missing -= 1;
+                    self.unbucket(chunk);
+                    let c = chunk as usize;
+                    for other in [std::mem::replace(&mut self.owner[c], NONE), {
+                        std::mem::replace(&mut self.dup[c], NONE)
+                    }] {
+                        if other != NONE {
+                            self.release(other);
+                            let peer = self.peers[other as usize].id;
+                            self.actions.push_back(Action::Cancel { peer, chunk });
+                        }
+                    }
                 }
             }
             Event::Corrupt { peer, chunk } => {
@@ -179,12 +308,27 @@ impl Scheduler {
                     self.stop(StuckReason::ChunkKeepsFailing { chunk, failures });
                     return;
                 }
-                self.requeue(chunk);
-                if let Some(p) = self.peers.get_mut(&peer) {
-                    p.strikes += 1;
-                    if p.strikes > self.cfg.max_peer_strikes {
-                        let strikes = p.strikes;
-                        self.remove_peer(peer);
+                if let Some(i) = self.slot(peer) {
+                    if !self.peers[i].alive {
+                        self.settle();
+                        return;
+                    }
+                    // Never ask a partial peer again for a chunk it got wrong.
+                    if !self.peers[i].seed && chunk < self.held.capacity() {
+                        let p = &mut self.peers[i];
+                        if p.has.contains(chunk) {
+                            p.has.remove(chunk);
+                            self.holders[chunk as usize].retain(|&h| h as usize != i);
+                            self.rebucket(chunk);
+                        }
+                    }
+                    self.peers[i].strikes += 1;
+                    let strikes = self.peers[i].strikes;
+                    if strikes == 1 {
+                        self.rehome();
+                    }
+                    if strikes > self.cfg.max_peer_strikes {
+                        self.remove_peer(i);
                         self.actions.push_back(Action::DropPeer {
                             peer,
                             reason: DropReason::Corrupt { strikes },
@@ -194,9 +338,24 @@ impl Scheduler {
             }
             Event::FetchFailed { peer, chunk } => {
                 self.finish_request(peer, chunk);
-                self.requeue(chunk);
+                // A partial peer that declined (busy) is not asked for this
+                // chunk again until it serves us something or we run dry.
+                if let Some(i) = self.slot(peer) {
+                    let p = &mut self.peers[i];
+                    if !p.seed && chunk < p.has.capacity() {
+                        p.declined.insert(chunk);
+                        if !p.any_declined {
+                            p.any_declined = true;
+                            self.declining += 1;
+                        }
+                    }
+                }
             }
-            Event::PeerGone { peer } => self.remove_peer(peer),
+            Event::PeerGone { peer } => {
+                if let Some(i) = self.slot(peer) {
+                    self.remove_peer(i);
+                }
+            }
         }
         self.settle();
     }
@@ -206,35 +365,292 @@ impl Scheduler {
         self.actions.pop_front()
     }
 
-    fn finish_request(&mut self, peer: PeerId, chunk: u64) {
-        if self.in_flight.get(&chunk) == Some(&peer) {
-            self.in_flight.remove(&chunk);
-            if let Some(p) = self.peers.get_mut(&peer) {
-                p.in_flight -= 1;
+    fn join(&mut self, peer: PeerId, has: ChunkSet) {
+        if has.capacity() != self.held.capacity() {
+            return;
+        }
+        if let Some(i) = self.slot(peer) {
+            if self.peers[i].alive {
+                self.remove_peer(i);
+            }
+        }
+        let seed = has.is_complete();
+        self.seeded |= seed;
+        let i = match self.slot(peer) {
+            Some(i) => i,
+            None => {
+                self.set_slot(peer, self.peers.len());
+                self.peers.push(Peer {
+                    id: peer,
+                    declined: ChunkSet::empty(0),
+                    any_declined: false,
+                    has: ChunkSet::empty(0),
+                    in_flight: 0,
+                    strikes: 0,
+                    seed,
+                    alive: false,
+                });
+                self.peers.len() - 1
+            }
+        };
+        self.forgive(i);
+        if !seed {
+            for c in has.iter() {
+                self.holders[c as usize].push(i as u32);
+                self.rebucket(c);
+            }
+        }
+        self.peers[i] = Peer {
+            id: peer,
+            declined: ChunkSet::empty(has.capacity()),
+            any_declined: false,
+            has,
+            in_flight: 0,
+            strikes: 0,
+            seed,
+            alive: true,
+        };
+        if self.cfg.me.is_some() {
+            if !seed && !self.roster_frozen {
+                self.roster.push(peer);
+            }
+            if seed {
+                self.roster_frozen = true;
+            }
+            if self.roster_frozen {
+                self.rehome();
             }
         }
     }
 
-    fn requeue(&mut self, chunk: u64) {
-        if chunk < self.held.capacity()
-            && !self.held.contains(chunk)
-            && !self.in_flight.contains_key(&chunk)
+    /// Whether receiver `id` may be a home: me, or a live partial peer that
+    /// never served a corrupt chunk.
+    fn homeable(&self, id: PeerId) -> bool {
+        Some(id) == self.cfg.me
+            || self.slot(id).is_some_and(|i| {
+                let p = &self.peers[i];
+                p.alive && !p.seed && p.strikes == 0
+            })
+    }
+
+    /// Recomputes every chunk's home: its roster receiver (chunk number modulo
+    /// the roster, so homes are balanced) while that one is homeable, else
+    /// the homeable receiver with the highest rendezvous hash.
+    fn rehome(&mut self) {
+        let Some(me) = self.cfg.me else { return };
+        if !self.roster_frozen {
+            return;
+        }
+        if self.roster.len() != self.roster_sorted {
+            self.roster.push(me);
+            self.roster.sort_unstable();
+            self.roster.dedup();
+            self.roster_sorted = self.roster.len();
+        }
+        let ok: Vec<bool> = self.roster.iter().map(|&r| self.homeable(r)).collect();
+        let mut live: Option<Vec<PeerId>> = None;
+        let r = self.roster.len();
+        for c in 0..self.home.len() {
+            let k = c % r;
+            if ok[k] {
+                self.home[c] = self.roster[k];
+                continue;
+            }
+            let live = live.get_or_insert_with(|| {
+                std::iter::once(me)
+                    .chain(
+                        self.peers
+                            .iter()
+                            .filter(|p| p.alive && !p.seed && p.strikes == 0)
+                            .map(|p| p.id),
+                    )
+                    .collect()
+            });
+            self.home[c] = *live
+                .iter()
+                .max_by_key(|&&h| rendezvous(c as u64, h))
+                .unwrap_or(&me);
+        }
+        let (home, held) = (&self.home, &self.held);
+        self.mine = self
+            .order
+            .iter()
+            .copied()
+            .filter(|&c| home[c as usize] == me && !held.contains(c))
+            .collect();
+    }
+
+    fn peer_has(&mut self, peer: PeerId, chunk: u64) {
+        let Some(i) = self.slot(peer) else {
+            return;
+        };
+        let p = &mut self.peers[i];
+        if !p.alive || chunk >= p.has.capacity() || !p.has.insert(chunk) || p.seed {
+            return;
+        }
+        let c = chunk as usize;
+        self.holders[c].push(i as u32);
+        self.rebucket(chunk);
+        // Fast path: only this chunk became newly available, and only from
+        // this peer; take it if there is room, without a full pass.
+        if self.finished
+            || self.held.contains(chunk)
+            || self.owner[c] != NONE
+            || !self.room()
+            || self.peers[i].in_flight >= self.cfg.window
         {
-            self.pending.insert(chunk);
+            return;
+        }
+        self.request(chunk, i as u32);
+    }
+
+    fn slot(&self, id: PeerId) -> Option<usize> {
+        match self.direct.get(id as usize) {
+            Some(&i) => (i != NONE).then_some(i as usize),
+            None => self.index.get(&id).copied(),
         }
     }
 
-    fn remove_peer(&mut self, peer: PeerId) {
-        self.peers.remove(&peer);
-        let lost: Vec<u64> = self
-            .in_flight
-            .iter()
-            .filter(|(_, p)| **p == peer)
-            .map(|(c, _)| *c)
-            .collect();
-        for c in lost {
-            self.in_flight.remove(&c);
-            self.requeue(c);
+    fn set_slot(&mut self, id: PeerId, i: usize) {
+        if id < 1 << 16 {
+            if self.direct.len() <= id as usize {
+                self.direct.resize(id as usize + 1, NONE);
+            }
+            self.direct[id as usize] = i as u32;
+        } else {
+            self.index.insert(id, i);
+        }
+    }
+
+    fn unbucket(&mut self, chunk: u64) {
+        let c = chunk as usize;
+        let b = self.bucket_of[c];
+        if b == NONE {
+            return;
+        }
+        let list = &mut self.buckets[b as usize];
+        let pos = self.bucket_pos[c] as usize;
+        list.swap_remove(pos);
+        if let Some(&moved) = list.get(pos) {
+            self.bucket_pos[moved as usize] = pos as u32;
+        }
+        self.bucket_of[c] = NONE;
+    }
+
+    /// Files `chunk` under its current holder count if it is requestable.
+    fn rebucket(&mut self, chunk: u64) {
+        self.unbucket(chunk);
+        let c = chunk as usize;
+        let h = self.holders[c].len();
+        if h == 0 || self.owner[c] != NONE || self.held.contains(chunk) {
+            return;
+        }
+        if self.buckets.len() <= h {
+            self.buckets.resize_with(h + 1, Vec::new);
+        }
+        self.bucket_of[c] = h as u32;
+        self.bucket_pos[c] = self.buckets[h].len() as u32;
+        self.buckets[h].push(chunk);
+    }
+
+    fn forgive(&mut self, i: usize) {
+        let p = &mut self.peers[i];
+        if p.any_declined {
+            p.declined = ChunkSet::empty(p.has.capacity());
+            p.any_declined = false;
+            self.declining -= 1;
+        }
+    }
+
+    fn room(&self) -> bool {
+        self.cfg.max_in_flight == 0 || self.peer_requests < self.cfg.max_in_flight as usize
+    }
+
+    fn window(&self, p: &Peer) -> u32 {
+        if p.seed && self.cfg.seed_window > 0 {
+            self.cfg.seed_window
+        } else {
+            self.cfg.window
+        }
+    }
+
+    fn request(&mut self, chunk: u64, peer: u32) {
+        let c = chunk as usize;
+        if self.owner[c] == NONE {
+            self.owner[c] = peer;
+            self.unbucket(chunk);
+        } else {
+            self.dup[c] = peer;
+        }
+        self.requests += 1;
+        let p = &mut self.peers[peer as usize];
+        p.in_flight += 1;
+        if !p.seed {
+            self.peer_requests += 1;
+        }
+        self.actions.push_back(Action::Fetch { peer: p.id, chunk });
+    }
+
+    fn release(&mut self, peer: u32) {
+        self.requests -= 1;
+        let p = &mut self.peers[peer as usize];
+        p.in_flight -= 1;
+        if !p.seed {
+            self.peer_requests -= 1;
+        }
+    }
+
+    /// Ends the request for `chunk` from `peer`, if there is one.
+    fn finish_request(&mut self, peer: PeerId, chunk: u64) {
+        let Some(i) = self.slot(peer) else {
+            return;
+        };
+        let i = i as u32;
+        let Some(c) = usize::try_from(chunk)
+            .ok()
+            .filter(|&c| c < self.owner.len())
+        else {
+            return;
+        };
+        if self.owner[c] == i {
+            self.owner[c] = std::mem::replace(&mut self.dup[c], NONE);
+            self.release(i);
+        } else if self.dup[c] == i {
+            self.dup[c] = NONE;
+            self.release(i);
+        }
+        self.rebucket(chunk);
+    }
+
+    fn remove_peer(&mut self, i: usize) {
+        let p = &mut self.peers[i];
+        if !p.alive {
+            return;
+        }
+        p.alive = false;
+        let seed = p.seed;
+        if !seed {
+            let has = std::mem::replace(&mut self.peers[i].has, ChunkSet::empty(0));
+            for c in has.iter() {
+                self.holders[c as usize].retain(|&h| h as usize != i);
+                self.rebucket(c);
+            }
+            self.peers[i].has = has;
+        }
+        let i = i as u32;
+        for c in 0..self.owner.len() {
+            if self.dup[c] == i {
+                self.dup[c] = NONE;
+                self.release(i);
+            }
+            if self.owner[c] == i {
+                self.owner[c] = std::mem::replace(&mut self.dup[c], NONE);
+                self.release(i);
+                self.rebucket(c as u64);
+            }
+        }
+        if !seed {
+            self.rehome();
         }
     }
 
@@ -245,35 +661,164 @@ impl Scheduler {
         }
     }
 
+    /// Among live seeds (or partial peers) other than `not` that hold `chunk`
+    /// and have room, the one with the fewest of our requests (rotating among
+    /// equals).
+    fn holder(&mut self, chunk: u64, seeds: bool, not: u32) -> Option<u32> {
+        self.turn = self.turn.wrapping_add(0x9e37_79b9);
+        let list = if seeds {
+            None
+        } else {
+            Some(&self.holders[chunk as usize])
+        };
+        let n = list.map_or(self.peers.len(), |l| l.len());
+        if n == 0 {
+            return None;
+        }
+        let start = (mix(self.turn) % n as u64) as usize;
+        let mut best: Option<(u32, u32)> = None;
+        for k in 0..n {
+            let i = match list {
+                Some(l) => l[(start + k) % n] as usize,
+                None => (start + k) % n,
+            };
+            let p = &self.peers[i];
+            if !p.alive
+                || p.seed != seeds
+                || i as u32 == not
+                || p.in_flight >= self.window(p)
+                || (p.any_declined && p.declined.contains(chunk))
+                || (seeds && !p.has.contains(chunk))
+            {
+                continue;
+            }
+            if best.is_none_or(|(_, f)| p.in_flight < f) {
+                best = Some((i as u32, p.in_flight));
+                if p.in_flight == 0 {
+                    break;
+                }
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+
+    /// Requests missing chunks that partial peers hold, rarest first (ties in
+    /// tie-break order), each from its least-loaded holder with room, while
+    /// there is room.
+    fn fill_from_peers(&mut self) {
+        if !self.room() {
+            return;
+        }
+        // Only the best few matter: usually a slot or two is free, and a
+        // chunk none of whose holders has room is passed over. Within a
+        // bucket, start at a random place (the per-receiver tie-break).
+        let free = if self.cfg.max_in_flight == 0 {
+            usize::MAX
+        } else {
+            self.cfg.max_in_flight as usize - self.peer_requests
+        };
+        let want = free.saturating_add(8);
+        let mut picks: Vec<u64> = Vec::new();
+        for b in &self.buckets {
+            if picks.len() >= want {
+                break;
+            }
+            if b.is_empty() {
+                continue;
+            }
+            self.turn = mix(self.turn);
+            let start = (self.turn % b.len() as u64) as usize;
+            let take = b.len().min(want - picks.len());
+            picks.extend((0..take).map(|k| b[(start + k) % b.len()]));
+        }
+        for c in picks {
+            if !self.room() {
+                break;
+            }
+            if self.owner[c as usize] != NONE {
+                continue;
+            }
+            if let Some(p) = self.holder(c, false, NONE) {
+                self.request(c, p);
+            }
+        }
+    }
+
+    /// The first missing chunk (in tie-break order), not in flight, held by no
+    /// partial peer and homed here (or any such chunk if `any`), from a seed.
+    fn pick_from_seed(&mut self, any: bool) -> Option<(u64, u32)> {
+        let list = if any { &self.order } else { &self.mine };
+        let c = list.iter().copied().find(|&c| {
+            let ci = c as usize;
+            self.holders[ci].is_empty() && self.owner[ci] == NONE && !self.held.contains(c)
+        })?;
+        let p = self.holder(c, true, NONE)?;
+        Some((c, p))
+    }
+
+    /// Endgame: a chunk in flight with no duplicate, from another holder.
+    fn pick_duplicate(&mut self) -> Option<(u64, u32)> {
+        let cands: Vec<u64> = self
+            .order
+            .iter()
+            .copied()
+            .filter(|&c| {
+                let ci = c as usize;
+                self.owner[ci] != NONE && self.dup[ci] == NONE
+            })
+            .collect();
+        for c in cands {
+            let ci = c as usize;
+            let not = self.owner[ci];
+            if let Some(p) = self
+                .holder(c, false, not)
+                .or_else(|| self.holder(c, true, not))
+            {
+                return Some((c, p));
+            }
+        }
+        None
+    }
+
     /// Hands out requests while peers have room, and reports the end.
     fn settle(&mut self) {
         if self.finished {
             return;
         }
-        if self.held.is_complete() {
+        if self.missing == 0 {
             self.finished = true;
             self.actions.push_back(Action::Complete);
             return;
         }
-        let ids: Vec<PeerId> = self.peers.keys().copied().collect();
-        for id in ids {
-            loop {
-                let peer = &self.peers[&id];
-                if peer.in_flight >= self.cfg.window {
-                    break;
-                }
-                let Some(chunk) = self.pending.iter().copied().find(|&c| peer.has.contains(c))
-                else {
-                    break;
-                };
-                self.pending.remove(&chunk);
-                self.in_flight.insert(chunk, id);
-                self.peers.get_mut(&id).unwrap().in_flight += 1;
-                self.actions.push_back(Action::Fetch { peer: id, chunk });
+        if self.order.len() as u64 > self.missing + self.missing / 4 + 8 {
+            let held = &self.held;
+            self.order.retain(|&c| !held.contains(c));
+        }
+        self.fill_from_peers();
+        while let Some((c, p)) = self.pick_from_seed(false) {
+            self.request(c, p);
+        }
+        if self.requests == 0 && self.declining > 0 {
+            for i in 0..self.peers.len() {
+                self.forgive(i);
+            }
+            self.fill_from_peers();
+        }
+        if self.requests == 0 {
+            if let Some((c, p)) = self.pick_from_seed(true) {
+                self.request(c, p);
             }
         }
-        if self.joined && self.in_flight.is_empty() && !self.pending.is_empty() {
-            let missing = self.pending.len() as u64;
+        if self.cfg.endgame > 0 && self.missing <= self.cfg.endgame as u64 {
+            while self.room() {
+                match self.pick_duplicate() {
+                    Some((c, p)) => self.request(c, p),
+                    None => break,
+                }
+            }
+        }
+        if self.seeded && self.requests == 0 {
+            let missing = self.missing;
             self.stop(StuckReason::NoSource { missing });
         }
     }
@@ -363,6 +908,7 @@ mod tests {
                 window: 4,
                 max_peer_strikes: 2,
                 max_chunk_failures: 10,
+                ..Config::default()
             },
         );
         s.handle(Event::PeerJoined {
@@ -389,7 +935,7 @@ mod tests {
             }
         }
         assert!(dropped);
-        assert!(!s.peers.contains_key(&1));
+        assert!(!s.slot(1).is_some_and(|i| s.peers[i].alive));
     }
 
     #[test]
