@@ -24,6 +24,8 @@
 //!   away (or serves a corrupt chunk) its chunks move to the next-highest
 //!   hash. A receiver with nothing in flight may still take one such chunk from
 //!   the seed, so nothing waits forever on a home that never delivers.
+//! - **Slow peers.** A peer the runtime reports slow ([`Event::PeerSlow`])
+//!   is asked only when no other holder has room, and is not a home.
 //! - **Windows.** Up to `window` requests per partial peer, `seed_window` per
 //!   seed, and `max_in_flight` to partial peers in all (requests to a seed do
 //!   not count, so a busy swarm never starves the source of work).
@@ -99,6 +101,10 @@ pub enum Event {
     FetchFailed { peer: PeerId, chunk: u64 },
     /// A peer disconnected.
     PeerGone { peer: PeerId },
+    /// The runtime measured this peer serving far slower than the others:
+    /// it is asked only for chunks no other peer can serve, and is no longer
+    /// a home for chunks fetched from the seed.
+    PeerSlow { peer: PeerId },
 }
 
 /// Something the runtime should do.
@@ -147,10 +153,13 @@ struct Peer {
     strikes: u32,
     seed: bool,
     alive: bool,
-    /// Chunks this peer failed to serve us (busy); skipped until it serves
+    /// Reported slow ([`Event::PeerSlow`]).
+    slow: bool,
+    /// Chunks this peer declined to serve us (busy); skipped until it serves
     /// us a chunk, or until nothing else is left to ask for.
     declined: ChunkSet,
-    any_declined: bool,
+    /// `declined` counts only while this equals `Scheduler::epoch`.
+    declined_epoch: u64,
 }
 
 /// No peer (an index into `Scheduler::peers`).
@@ -200,8 +209,8 @@ pub struct Scheduler {
     bucket_pos: Vec<u32>,
     /// Missing chunks homed here, in tie-break order (held ones pruned lazily).
     mine: Vec<u64>,
-    /// Peers with declined chunks.
-    declining: usize,
+    /// Advances when nothing is in flight: every decline is forgotten then.
+    epoch: u64,
     actions: VecDeque<Action>,
     finished: bool,
     /// Whether a seed ever joined; before that, nothing is stuck yet (partial
@@ -246,7 +255,7 @@ impl Scheduler {
             bucket_of: vec![NONE; len as usize],
             bucket_pos: vec![0; len as usize],
             mine,
-            declining: 0,
+            epoch: 1,
             actions: VecDeque::new(),
             finished: false,
             seeded: false,
@@ -282,7 +291,8 @@ impl Scheduler {
             Event::Verified { peer, chunk } => {
                 self.finish_request(peer, chunk);
                 if let Some(i) = self.slot(peer) {
-                    self.forgive(i);
+                    // It is serving us again: its declines are forgotten.
+                    self.peers[i].declined_epoch = 0;
                 }
                 if chunk < self.held.capacity() && self.held.insert(chunk) {
                     self.missing -= 1;
@@ -343,17 +353,25 @@ impl Scheduler {
                 if let Some(i) = self.slot(peer) {
                     let p = &mut self.peers[i];
                     if !p.seed && chunk < p.has.capacity() {
-                        p.declined.insert(chunk);
-                        if !p.any_declined {
-                            p.any_declined = true;
-                            self.declining += 1;
+                        if p.declined_epoch != self.epoch {
+                            p.declined = ChunkSet::empty(p.has.capacity());
+                            p.declined_epoch = self.epoch;
                         }
+                        p.declined.insert(chunk);
                     }
                 }
             }
             Event::PeerGone { peer } => {
                 if let Some(i) = self.slot(peer) {
                     self.remove_peer(i);
+                }
+            }
+            Event::PeerSlow { peer } => {
+                if let Some(i) = self.slot(peer) {
+                    if !self.peers[i].slow {
+                        self.peers[i].slow = true;
+                        self.rehome();
+                    }
                 }
             }
         }
@@ -383,17 +401,17 @@ impl Scheduler {
                 self.peers.push(Peer {
                     id: peer,
                     declined: ChunkSet::empty(0),
-                    any_declined: false,
+                    declined_epoch: 0,
                     has: ChunkSet::empty(0),
                     in_flight: 0,
                     strikes: 0,
                     seed,
                     alive: false,
+                    slow: false,
                 });
                 self.peers.len() - 1
             }
         };
-        self.forgive(i);
         if !seed {
             for c in has.iter() {
                 self.holders[c as usize].push(i as u32);
@@ -402,13 +420,14 @@ impl Scheduler {
         }
         self.peers[i] = Peer {
             id: peer,
-            declined: ChunkSet::empty(has.capacity()),
-            any_declined: false,
+            declined: ChunkSet::empty(0),
+            declined_epoch: 0,
             has,
             in_flight: 0,
             strikes: 0,
             seed,
             alive: true,
+            slow: false,
         };
         if self.cfg.me.is_some() {
             if !seed && !self.roster_frozen {
@@ -429,7 +448,7 @@ impl Scheduler {
         Some(id) == self.cfg.me
             || self.slot(id).is_some_and(|i| {
                 let p = &self.peers[i];
-                p.alive && !p.seed && p.strikes == 0
+                p.alive && !p.seed && p.strikes == 0 && !p.slow
             })
     }
 
@@ -461,7 +480,7 @@ impl Scheduler {
                     .chain(
                         self.peers
                             .iter()
-                            .filter(|p| p.alive && !p.seed && p.strikes == 0)
+                            .filter(|p| p.alive && !p.seed && p.strikes == 0 && !p.slow)
                             .map(|p| p.id),
                     )
                     .collect()
@@ -551,15 +570,6 @@ impl Scheduler {
         self.bucket_of[c] = h as u32;
         self.bucket_pos[c] = self.buckets[h].len() as u32;
         self.buckets[h].push(chunk);
-    }
-
-    fn forgive(&mut self, i: usize) {
-        let p = &mut self.peers[i];
-        if p.any_declined {
-            p.declined = ChunkSet::empty(p.has.capacity());
-            p.any_declined = false;
-            self.declining -= 1;
-        }
     }
 
     fn room(&self) -> bool {
@@ -687,14 +697,16 @@ impl Scheduler {
                 || p.seed != seeds
                 || i as u32 == not
                 || p.in_flight >= self.window(p)
-                || (p.any_declined && p.declined.contains(chunk))
+                || (p.declined_epoch == self.epoch && p.declined.contains(chunk))
                 || (seeds && !p.has.contains(chunk))
             {
                 continue;
             }
-            if best.is_none_or(|(_, f)| p.in_flight < f) {
-                best = Some((i as u32, p.in_flight));
-                if p.in_flight == 0 {
+            // Slow peers rank after every other peer with room.
+            let load = p.in_flight + if p.slow { 1 << 16 } else { 0 };
+            if best.is_none_or(|(_, f)| load < f) {
+                best = Some((i as u32, load));
+                if load == 0 {
                     break;
                 }
             }
@@ -798,10 +810,8 @@ impl Scheduler {
         while let Some((c, p)) = self.pick_from_seed(false) {
             self.request(c, p);
         }
-        if self.requests == 0 && self.declining > 0 {
-            for i in 0..self.peers.len() {
-                self.forgive(i);
-            }
+        if self.requests == 0 {
+            self.epoch += 1;
             self.fill_from_peers();
         }
         if self.requests == 0 {
