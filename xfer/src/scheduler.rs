@@ -12,18 +12,24 @@
 //! chunk they verify (`PeerHas`). Policy:
 //!
 //! - **Peers before the seed.** A chunk that some partial peer holds is only
-//!   ever fetched from partial peers, rarest first (fewest holders), ties
-//!   broken by a per-receiver random order ([`Config::tie_break`]) so that
-//!   receivers spread over different chunks. Among the holders of the chosen
-//!   chunk the one with the fewest of our requests in flight is asked.
+//!   ever fetched from partial peers, rarest first (fewest holders; chunks are
+//!   kept in buckets by holder count, so this costs O(1) per announcement),
+//!   ties broken at a per-receiver random place in the bucket so receivers
+//!   spread over different chunks. Among the holders of the chosen chunk the
+//!   one with the fewest of our requests in flight is asked.
 //! - **Super-seeding by partition.** A chunk no partial peer holds is fetched
 //!   from a seed, but in a swarm ([`Config::me`] set) only by its *home*
-//!   receiver: the live receiver with the highest rendezvous hash of (chunk,
-//!   receiver). Every receiver that sees the same live set computes the same
-//!   home, so the source uploads each chunk about once; when a receiver goes
-//!   away (or serves a corrupt chunk) its chunks move to the next-highest
-//!   hash. A receiver with nothing in flight may still take one such chunk from
-//!   the seed, so nothing waits forever on a home that never delivers.
+//!   receiver: with the receivers known when the first seed joined sorted
+//!   into a roster, chunk `c` is homed at roster entry `c mod len` (balanced),
+//!   or, if that receiver is gone, slow or served a corrupt chunk, at the live
+//!   one with the highest rendezvous hash of (chunk, receiver). Receivers that
+//!   see the same live set agree, so the source uploads each chunk about once.
+//!   A receiver with nothing in flight may still take one chunk of another
+//!   home from the seed, so nothing waits forever on a home that never
+//!   delivers.
+//! - **Busy peers.** A partial peer that declines a request
+//!   (`FetchFailed`) is not asked for that chunk again until it serves us
+//!   something, or until we have nothing in flight.
 //! - **Slow peers.** A peer the runtime reports slow ([`Event::PeerSlow`])
 //!   is asked only when no other holder has room, and is not a home.
 //! - **Windows.** Up to `window` requests per partial peer, `seed_window` per
@@ -207,8 +213,10 @@ pub struct Scheduler {
     /// Per chunk: its bucket (`NONE` if none) and position there.
     bucket_of: Vec<u32>,
     bucket_pos: Vec<u32>,
-    /// Missing chunks homed here, in tie-break order (held ones pruned lazily).
+    /// Missing chunks homed here, in tie-break order; entries before
+    /// `mine_head` are held.
     mine: Vec<u64>,
+    mine_head: usize,
     /// Advances when nothing is in flight: every decline is forgotten then.
     epoch: u64,
     actions: VecDeque<Action>,
@@ -255,6 +263,7 @@ impl Scheduler {
             bucket_of: vec![NONE; len as usize],
             bucket_pos: vec![0; len as usize],
             mine,
+            mine_head: 0,
             epoch: 1,
             actions: VecDeque::new(),
             finished: false,
@@ -491,6 +500,7 @@ impl Scheduler {
                 .unwrap_or(&me);
         }
         let (home, held) = (&self.home, &self.held);
+        self.mine_head = 0;
         self.mine = self
             .order
             .iter()
@@ -759,7 +769,19 @@ impl Scheduler {
     /// The first missing chunk (in tie-break order), not in flight, held by no
     /// partial peer and homed here (or any such chunk if `any`), from a seed.
     fn pick_from_seed(&mut self, any: bool) -> Option<(u64, u32)> {
-        let list = if any { &self.order } else { &self.mine };
+        // Held chunks at the front are skipped for good (in a plain push the
+        // front is where they accumulate).
+        while let Some(&c) = self.mine.get(self.mine_head) {
+            if !self.held.contains(c) {
+                break;
+            }
+            self.mine_head += 1;
+        }
+        let list = if any {
+            &self.order[..]
+        } else {
+            &self.mine[self.mine_head..]
+        };
         let c = list.iter().copied().find(|&c| {
             let ci = c as usize;
             self.holders[ci].is_empty() && self.owner[ci] == NONE && !self.held.contains(c)
@@ -967,5 +989,115 @@ mod tests {
     fn nothing_to_do_is_complete_at_once() {
         let mut s = Scheduler::new(ChunkSet::full(5), Config::default());
         assert_eq!(drain(&mut s), [Action::Complete]);
+    }
+
+    #[test]
+    fn a_plain_push_of_many_chunks_stays_fast() {
+        let n = 30_000;
+        let mut s = started(n, 16);
+        s.handle(Event::PeerJoined {
+            peer: 1,
+            has: ChunkSet::full(n),
+        });
+        let started = std::time::Instant::now();
+        let mut next = 0;
+        while let Some(a) = s.poll_action() {
+            match a {
+                Action::Fetch { peer: 1, chunk } => {
+                    assert_eq!(chunk, next, "in order");
+                    next += 1;
+                    s.handle(Event::Verified { peer: 1, chunk });
+                }
+                Action::Complete => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(next, n);
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    fn swarm(me: PeerId, receivers: u32, len: u64) -> Scheduler {
+        let mut s = Scheduler::new(
+            ChunkSet::empty(len),
+            Config {
+                window: 2,
+                seed_window: 1,
+                max_in_flight: 4,
+                me: Some(me),
+                ..Config::default()
+            },
+        );
+        for r in 1..=receivers {
+            if r != me {
+                s.handle(Event::PeerJoined {
+                    peer: r,
+                    has: ChunkSet::empty(len),
+                });
+            }
+        }
+        s.handle(Event::PeerJoined {
+            peer: 0,
+            has: ChunkSet::full(len),
+        });
+        s
+    }
+
+    #[test]
+    fn the_seed_serves_only_home_chunks_and_peers_come_first() {
+        // Receivers 1..=4; chunk c is homed at the (c mod 4)-th receiver.
+        let mut s = swarm(2, 4, 8);
+        assert_eq!(
+            drain(&mut s),
+            [Action::Fetch { peer: 0, chunk: 1 }],
+            "one home chunk from the seed (seed window 1), nothing else yet"
+        );
+        s.handle(Event::PeerHas { peer: 3, chunk: 2 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 3, chunk: 2 }]);
+        s.handle(Event::Verified { peer: 0, chunk: 1 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 0, chunk: 5 }]);
+        // A chunk a peer holds is never taken from the seed, even a home one.
+        s.handle(Event::PeerHas { peer: 4, chunk: 7 });
+        s.handle(Event::PeerHas { peer: 4, chunk: 0 });
+        let a = drain(&mut s);
+        assert_eq!(
+            a,
+            [
+                Action::Fetch { peer: 4, chunk: 7 },
+                Action::Fetch { peer: 4, chunk: 0 }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_gone_receivers_home_chunks_move_to_the_others() {
+        let mut s = swarm(2, 4, 8);
+        drain(&mut s);
+        s.handle(Event::Verified { peer: 0, chunk: 1 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 0, chunk: 5 }]);
+        s.handle(Event::Verified { peer: 0, chunk: 5 });
+        assert_eq!(
+            drain(&mut s),
+            [Action::Fetch { peer: 0, chunk: 0 }],
+            "idle: one chunk of another home, so nothing waits forever"
+        );
+        for r in [1, 3, 4] {
+            s.handle(Event::PeerGone { peer: r });
+        }
+        assert_eq!(drain(&mut s), [], "the seed window is full");
+        // Alone with the seed, every chunk is home.
+        let mut got = vec![];
+        let mut chunk = 0;
+        loop {
+            s.handle(Event::Verified { peer: 0, chunk });
+            match drain(&mut s)[..] {
+                [Action::Fetch { peer: 0, chunk: c }] => {
+                    got.push(c);
+                    chunk = c;
+                }
+                [Action::Complete] => break,
+                ref other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(got, [2, 3, 4, 6, 7]);
     }
 }
