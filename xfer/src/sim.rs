@@ -210,6 +210,8 @@ struct Flow {
     started: u64,
     /// When its pending `Sent` event fires (ns).
     due: u64,
+    /// Marks membership in the set being re-rated.
+    mark: u32,
     version: u32,
 }
 
@@ -242,6 +244,8 @@ struct Sim {
     events: u64,
     /// When the source last finished an upload (ns).
     source_done: u64,
+    /// Current mark for `Flow::mark`.
+    stamp: u32,
     /// Largest receiver latency: announcements take `latency(sender)` plus this.
     max_latency: f64,
 }
@@ -289,6 +293,7 @@ pub fn run(setup: Setup) -> Report {
         now: 0,
         events: 0,
         source_done: 0,
+        stamp: 0,
         max_latency,
     };
     for i in 1..=n {
@@ -409,6 +414,7 @@ impl Sim {
                         last: self.now,
                         started: self.now,
                         due: 0,
+                        mark: 0,
                         version: 0,
                     });
                     self.nodes[i].open.push(f);
@@ -511,8 +517,9 @@ impl Sim {
     /// fixed (so the result is always feasible). Transfers whose rate changes
     /// get a new completion event.
     fn rerate(&mut self, mut list: Vec<usize>) {
-        list.sort_unstable();
-        list.dedup();
+        self.stamp += 1;
+        let stamp = self.stamp;
+        list.retain(|&f| std::mem::replace(&mut self.flows[f].mark, stamp) != stamp);
         if list.is_empty() {
             return;
         }
@@ -534,7 +541,7 @@ impl Sim {
                         };
                         let fixed: f64 = on
                             .iter()
-                            .filter(|g| list.binary_search(g).is_err())
+                            .filter(|&&g| self.flows[g].mark != stamp)
                             .map(|&g| self.flows[g].rate)
                             .sum();
                         links.push((link, (cap - fixed).max(0.0), 0));
