@@ -47,6 +47,25 @@ pub struct ModelRecord {
     pub stamps: BTreeMap<RelPath, Stamp>,
 }
 
+impl ModelRecord {
+    /// Reads a record and checks its manifest and stated root.
+    pub fn load(path: &Path) -> anyhow::Result<ModelRecord> {
+        use anyhow::Context;
+        let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let rec: ModelRecord = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is damaged", path.display()))?;
+        let m = &rec.manifest.manifest;
+        m.validate()
+            .with_context(|| format!("{} is invalid", path.display()))?;
+        anyhow::ensure!(
+            m.root() == rec.manifest.root,
+            "{} was altered (root mismatch)",
+            path.display()
+        );
+        Ok(rec)
+    }
+}
+
 /// A file's identity on disk when it was last verified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stamp {
@@ -124,11 +143,7 @@ impl Store {
 
     /// Reads the record of a complete model, if there is a valid one.
     pub fn record(&self, name: &ModelName) -> Option<ModelRecord> {
-        let bytes = fs::read(self.record_path(name)).ok()?;
-        let rec: ModelRecord = serde_json::from_slice(&bytes).ok()?;
-        (rec.manifest.manifest.validate().is_ok()
-            && rec.manifest.manifest.root() == rec.manifest.root)
-            .then_some(rec)
+        ModelRecord::load(&self.record_path(name)).ok()
     }
 
     /// Starts (or resumes) receiving `manifest` as `name`. The manifest must

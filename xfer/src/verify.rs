@@ -46,28 +46,13 @@ pub fn recorded_manifest(dir: &Path) -> Result<Manifest> {
         .parent()
         .map(|p| p.join(".xfer/models").join(format!("{name}.json")))
         .context("a model directory has a parent")?;
-    let bytes = fs::read(&record).with_context(|| {
+    let rec = ModelRecord::load(&record).with_context(|| {
         format!(
-            "no manifest recorded for {} (looked for {}); pass --manifest FILE from `xfer manifest --json`",
-            dir.display(),
-            record.display()
+            "no usable manifest recorded for {}; pass --manifest FILE from `xfer manifest --json`",
+            dir.display()
         )
     })?;
-    let rec: ModelRecord = serde_json::from_slice(&bytes).with_context(|| {
-        format!(
-            "{} is damaged; pass --manifest FILE instead",
-            record.display()
-        )
-    })?;
-    let m = rec.manifest.manifest;
-    m.validate()
-        .with_context(|| format!("{} is invalid", record.display()))?;
-    anyhow::ensure!(
-        m.root() == rec.manifest.root,
-        "{} was altered (root mismatch); pass --manifest FILE",
-        record.display()
-    );
-    Ok(m)
+    Ok(rec.manifest.manifest)
 }
 
 /// Checks every entry of `manifest` under `dir`.
