@@ -1,7 +1,8 @@
-//! xfer across a cluster of network namespaces with shaped links
-//! (`scripts/netcluster.sh`): real processes on separate hosts, real
-//! bandwidth limits. Needs root; on a machine without it the test says why
-//! and returns.
+//! Peer-to-peer fan-out across a cluster of network namespaces with shaped
+//! links (`scripts/netcluster.sh`): real processes on separate hosts, real
+//! bandwidth limits. Host 0 pushes; hosts 1..N run agents that pass chunks
+//! to each other. Needs root; on a machine without it each test says why and
+//! returns.
 
 mod common;
 
@@ -64,6 +65,13 @@ impl Drop for Cluster {
 /// An agent inside a host, killed on drop.
 struct HostAgent(Child);
 
+impl HostAgent {
+    fn kill9(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for HostAgent {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -72,8 +80,19 @@ impl Drop for HostAgent {
 }
 
 fn start_agent(c: &Cluster, i: u32, root: &Path, key: &Path) -> HostAgent {
+    start_agent_env(c, i, root, key, &[])
+}
+
+fn start_agent_env(
+    c: &Cluster,
+    i: u32,
+    root: &Path,
+    key: &Path,
+    env: &[(&str, &str)],
+) -> HostAgent {
     let mut child = c
         .xfer(i)
+        .envs(env.iter().copied())
         .args(["serve", "--listen", &format!("{}:7470", c.ip(i)), "--root"])
         .arg(root)
         .arg("--key")
@@ -90,45 +109,202 @@ fn start_agent(c: &Cluster, i: u32, root: &Path, key: &Path) -> HostAgent {
     HostAgent(child)
 }
 
-#[test]
-fn a_star_push_over_shaped_links_is_verified_and_costs_n_times_s() {
-    let prefix = format!("xt{}", std::process::id() % 10_000);
-    let cluster = match Cluster::up(&prefix, 2, 400) {
-        Ok(c) => c,
+/// A cluster of `n` agent hosts plus the source, or `None` (with a note)
+/// where network namespaces cannot be made.
+fn cluster(tag: &str, n: u32, rate_mbit: u32) -> Option<Cluster> {
+    let prefix = format!("x{tag}{}", std::process::id() % 10_000);
+    match Cluster::up(&prefix, n, rate_mbit) {
+        Ok(c) => Some(c),
         Err(e) => {
             eprintln!("skipping: cannot build a netns cluster (needs root): {e}");
-            return;
+            None
         }
+    }
+}
+
+fn addrs(c: &Cluster, hosts: impl Iterator<Item = u32>) -> Vec<String> {
+    hosts.map(|i| format!("{}:7470", c.ip(i))).collect()
+}
+
+/// `xfer push SRC --to ADDRS --json` from host 0, as a command.
+fn push_from_source(c: &Cluster, src: &Path, to: &[String], key: &Path, cache: &Path) -> Command {
+    let mut cmd = c.xfer(0);
+    cmd.env("XDG_CACHE_HOME", cache)
+        .arg("push")
+        .arg(src)
+        .args(["--to", &to.join(","), "--json", "--key"])
+        .arg(key);
+    cmd
+}
+
+#[test]
+fn four_receivers_get_identical_trees_while_the_source_sends_about_one_copy() {
+    let Some(cluster) = cluster("f", 4, 400) else {
+        return;
     };
-    let t = tempdir("netns");
+    let t = tempdir("fanout4");
     let key = t.path().join("key");
     keygen(&key);
     let src = t.path().join("m");
-    gen_model(&src, 12 * MIB, 91);
-    let _a1 = start_agent(&cluster, 1, &t.path().join("h1"), &key);
-    let _a2 = start_agent(&cluster, 2, &t.path().join("h2"), &key);
-    let to = format!("{}:7470,{}:7470", cluster.ip(1), cluster.ip(2));
+    gen_model(&src, 48 * MIB, 91);
+    let _agents: Vec<_> = (1..=4)
+        .map(|i| start_agent(&cluster, i, &t.path().join(format!("h{i}")), &key))
+        .collect();
+    let to = addrs(&cluster, 1..=4);
     let r = run(
-        cluster
-            .xfer(0)
-            .env("XDG_CACHE_HOME", t.path().join("xdg"))
-            .arg("push")
-            .arg(&src)
-            .args(["--to", &to, "--json", "--key"])
-            .arg(&key),
+        &mut push_from_source(&cluster, &src, &to, &key, &t.path().join("xdg")),
         Duration::from_secs(120),
     );
-    r.assert_ok("push across the netns cluster");
+    r.assert_ok("fan-out across the netns cluster");
     let s: PushJson = r.json();
-    assert_eq!(s.bytes_sent, 2 * s.bytes_total);
-    assert_same_tree(&src, &t.path().join("h1/m"));
-    assert_same_tree(&src, &t.path().join("h2/m"));
-    // The source's 400 Mbit/s upload carries the model twice: a star takes
-    // at least N*S/B. (Peer-to-peer fan-out is what will remove this.)
-    let floor = 2.0 * s.bytes_total as f64 / (400e6 / 8.0);
+    let root = manifest_root(&src);
+    assert_eq!(s.root, root);
+    for (i, n) in (1..=4).zip(&s.nodes) {
+        assert!(n.ok, "{n:#?}");
+        assert_eq!(n.root.as_deref(), Some(root.as_str()), "{n:#?}");
+        let dir = t.path().join(format!("h{i}/m"));
+        assert_same_tree(&src, &dir);
+        assert_eq!(manifest_root(&dir), root, "host {i}");
+        assert_eq!(n.from_source + n.from_peers, s.bytes_total, "{n:#?}");
+        assert!(
+            n.from_peers > 0,
+            "host {i} took nothing from its peers: {n:#?}"
+        );
+        assert!(n.dropped_peers.is_empty(), "{n:#?}");
+    }
+    // A star would send 4x; the swarm sends about one copy.
+    assert!(
+        s.source_sent_x <= 1.3,
+        "the source sent {:.2}x the model: {s:#?}",
+        s.source_sent_x
+    );
+    // And the shaping is real: nothing beats S/B through one 400 Mbit/s link.
+    let floor = s.bytes_total as f64 / (400e6 / 8.0);
     let took = s.duration_s - s.hash_s;
     assert!(
         took >= 0.9 * floor,
         "{took:.2}s is faster than the shaped link allows ({floor:.2}s): shaping is not in effect"
     );
+    eprintln!(
+        "4 receivers, 48 MiB at 400 Mbit/s: {took:.2}s = {:.2} x S/B, source sent {:.2} x S",
+        took / floor,
+        s.source_sent_x
+    );
+}
+
+#[test]
+fn a_receiver_killed_mid_transfer_does_not_stop_the_others_and_resumes_after_restart() {
+    let Some(cluster) = cluster("k", 3, 200) else {
+        return;
+    };
+    let t = tempdir("fanout-kill");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("m");
+    gen_model(&src, 96 * MIB, 92);
+    let manifest = scan(&src, 4 * MIB);
+    let total = tree_bytes(&src);
+    let root = |i: u32| t.path().join(format!("h{i}"));
+    let mut agents: Vec<_> = (1..=3)
+        .map(|i| Some(start_agent(&cluster, i, &root(i), &key)))
+        .collect();
+    let to = addrs(&cluster, 1..=3);
+    let cache = t.path().join("xdg");
+    let pusher = Proc::spawn(&mut push_from_source(&cluster, &src, &to, &key, &cache));
+    let journal = root(2).join(".xfer/staging/m/journal");
+    wait_until("host 2 to hold 16 MiB", Duration::from_secs(60), || {
+        journal_held_bytes(&journal, &manifest) >= 16 * MIB
+    });
+    agents[1].take().unwrap().kill9();
+    let held = journal_held_bytes(&journal, &manifest);
+    assert!(held < total, "host 2 finished before it was killed");
+
+    let r = pusher.wait(Duration::from_secs(120));
+    assert!(!r.success(), "push reported success with a dead node");
+    let s: PushJson = r.json();
+    for i in [1, 3] {
+        let n = &s.nodes[i - 1];
+        assert!(n.ok, "host {i} did not complete without host 2: {n:#?}");
+        assert_same_tree(&src, &root(i as u32).join("m"));
+    }
+    let dead = &s.nodes[1];
+    assert!(!dead.ok && dead.error.is_some(), "{dead:#?}");
+
+    // Restarted, host 2 resumes from its journal and fills only the gaps,
+    // from the source and the hosts that completed.
+    agents[1] = Some(start_agent(&cluster, 2, &root(2), &key));
+    let r = run(
+        &mut push_from_source(&cluster, &src, &to, &key, &cache),
+        Duration::from_secs(120),
+    );
+    r.assert_ok("re-run after host 2 was killed");
+    let s: PushJson = r.json();
+    let n = &s.nodes[1];
+    assert!(n.ok, "{n:#?}");
+    assert!(
+        n.bytes_skipped >= held,
+        "host 2 held {held} bytes before the restart but resumed from {}",
+        n.bytes_skipped
+    );
+    assert_eq!(
+        n.from_source + n.from_peers + n.bytes_skipped,
+        total,
+        "{n:#?}"
+    );
+    for i in [1, 3] {
+        assert_eq!(s.nodes[i - 1].bytes_skipped, total, "host {i} re-received");
+    }
+    assert_same_tree(&src, &root(2).join("m"));
+    drop(agents);
+}
+
+#[test]
+fn a_peer_serving_corrupt_chunks_is_detected_excluded_and_the_transfer_completes() {
+    let Some(cluster) = cluster("c", 3, 400) else {
+        return;
+    };
+    let t = tempdir("fanout-corrupt");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("m");
+    gen_model(&src, 48 * MIB, 93);
+    let root = |i: u32| t.path().join(format!("h{i}"));
+    let _good: Vec<_> = (1..=2)
+        .map(|i| start_agent(&cluster, i, &root(i), &key))
+        .collect();
+    // Host 3 receives correctly but flips a byte in every chunk it serves.
+    let _bad = start_agent_env(
+        &cluster,
+        3,
+        &root(3),
+        &key,
+        &[("XFER_FAULT_CORRUPT_SENDS", "1000000")],
+    );
+    let to = addrs(&cluster, 1..=3);
+    let r = run(
+        &mut push_from_source(&cluster, &src, &to, &key, &t.path().join("xdg")),
+        Duration::from_secs(120),
+    );
+    r.assert_ok("fan-out with a corrupting peer");
+    let s: PushJson = r.json();
+    let bad = &to[2];
+    let mut excluded = 0;
+    for i in 1..=3u32 {
+        let n = &s.nodes[i as usize - 1];
+        assert!(n.ok, "{n:#?}");
+        assert_same_tree(&src, &root(i).join("m"));
+        for d in &n.dropped_peers {
+            assert!(
+                d.starts_with(bad.as_str()),
+                "host {i} dropped a good peer: {d}"
+            );
+            assert!(d.contains("BLAKE3"), "{d}");
+            excluded += 1;
+        }
+        if i < 3 {
+            // At most one bad chunk each: the peer is dropped at the first.
+            assert!(n.corrupt_chunks <= 1, "{n:#?}");
+        }
+    }
+    assert!(excluded >= 1, "nobody excluded the corrupting peer: {s:#?}");
 }

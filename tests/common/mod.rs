@@ -329,6 +329,7 @@ pub struct PushJson {
     pub files: u64,
     pub bytes_total: u64,
     pub bytes_sent: u64,
+    pub source_sent_x: f64,
     pub bytes_skipped: u64,
     pub hash_s: f64,
     pub duration_s: f64,
@@ -344,6 +345,9 @@ pub struct NodeJson {
     pub root: Option<String>,
     pub bytes_sent: u64,
     pub bytes_skipped: u64,
+    pub from_source: u64,
+    pub from_peers: u64,
+    pub dropped_peers: Vec<String>,
     pub corrupt_chunks: u64,
     pub duration_s: f64,
 }

@@ -3,9 +3,12 @@
 //! Accepts mutually authenticated QUIC connections and reads the first
 //! message of the control stream. An offer opens a
 //! [`Transfer`](crate::store::Transfer) in the store and pulls the missing
-//! chunks from the offering peer; a want serves a complete model it holds. A newer offer for the
-//! same model supersedes a running one (a restarted push resumes instead of
-//! waiting for the old connection to time out).
+//! chunks from the offering source and, in a swarm, from the other receivers
+//! ([`crate::swarm`]), reporting progress back to the source; a join from
+//! another receiver is served from this node's verified chunks; a want
+//! serves a complete model it holds. A newer offer for the same model
+//! supersedes a running one (a restarted push resumes instead of waiting for
+//! the old connection to time out).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -18,12 +21,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credential;
 use crate::chunkset::{ChunkMap, ChunkSet};
-use crate::receive::receive;
+use crate::receive::{receive, Links, Tally, SOURCE};
 use crate::scheduler;
-use crate::store::Store;
+use crate::store::{Store, Transfer};
+use crate::swarm::{self, LinkPlan, Share, Shares};
 use crate::transport::files::FileChunkReader;
 use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
-use crate::wire::{Control, ModelName, Refusal, PROTOCOL_VERSION};
+use crate::wire::{Control, ModelName, Refusal, SwarmPeer, PROTOCOL_VERSION};
+
+/// How often a receiver reports its progress to the source.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// How the agent is started.
 #[derive(Debug, Clone)]
@@ -61,9 +68,15 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     );
     use std::io::Write;
     std::io::stdout().flush()?;
-    let jobs = Arc::new(Jobs::default());
+    let ctx = Arc::new(Ctx {
+        store,
+        jobs: Jobs::default(),
+        shares: Arc::default(),
+        cfg: opts.scheduler,
+        endpoint: ep.clone(),
+    });
     while let Some(incoming) = ep.accept().await {
-        let (store, jobs, cfg) = (store.clone(), jobs.clone(), opts.scheduler);
+        let ctx = ctx.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
@@ -76,7 +89,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
                     return;
                 }
             };
-            if let Err(e) = handle(conn.clone(), store, jobs, cfg).await {
+            if let Err(e) = handle(conn.clone(), ctx).await {
                 tracing::warn!("session with {remote} ended: {e:#}");
             }
             // Give the peer a moment to read our last message and close.
@@ -86,12 +99,16 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     Ok(())
 }
 
-async fn handle(
-    conn: quinn::Connection,
+/// What every connection handler shares.
+struct Ctx {
     store: Store,
-    jobs: Arc<Jobs>,
+    jobs: Jobs,
+    shares: Arc<Shares>,
     cfg: scheduler::Config,
-) -> Result<()> {
+    endpoint: quinn::Endpoint,
+}
+
+async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
     let (mut send, mut recv) =
         tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await??;
     let offer: Control = match read_frame(&mut recv).await {
@@ -104,7 +121,9 @@ async fn handle(
         }
     };
     let (name, manifest) = match offer {
-        Control::Offer { version, .. } | Control::Want { version, .. }
+        Control::Offer { version, .. }
+        | Control::Want { version, .. }
+        | Control::Join { version, .. }
             if version != PROTOCOL_VERSION =>
         {
             return refuse(
@@ -117,7 +136,13 @@ async fn handle(
             .await;
         }
         Control::Offer { name, manifest, .. } => (name, manifest),
-        Control::Want { name, .. } => return serve_model(conn, send, store, name).await,
+        Control::Want { name, .. } => {
+            return serve_model(conn, send, ctx.store.clone(), name).await
+        }
+        Control::Join { name, root, .. } => {
+            let (store, shares) = (ctx.store.clone(), ctx.shares.clone());
+            return swarm::serve_peer(conn, send, store, shares, name, root).await;
+        }
         other => {
             return refuse(
                 &mut send,
@@ -133,6 +158,7 @@ async fn handle(
 
     // Supersede a running transfer of the same model, then wait for it.
     let token = CancellationToken::new();
+    let jobs = &ctx.jobs;
     let id = jobs
         .next_id
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -152,7 +178,7 @@ async fn handle(
     let _running = slot.lock().await;
 
     let begun = {
-        let (store, name, manifest) = (store.clone(), name.clone(), manifest.clone());
+        let (store, name, manifest) = (ctx.store.clone(), name.clone(), manifest.clone());
         tokio::task::spawn_blocking(move || store.begin(&name, manifest)).await?
     };
     let transfer = match begun {
@@ -176,12 +202,14 @@ async fn handle(
         manifest.root().short(),
         conn.remote_address()
     );
-    let source = (
-        0,
-        QuicFetcher::new(conn.clone()),
-        ChunkSet::full(held.capacity()),
-    );
-    let result = receive(transfer, vec![source], cfg, token.clone()).await;
+    // The source sends its swarm right after the offer; an older or
+    // single-destination source sends none.
+    let swarm = match tokio::time::timeout(Duration::from_secs(5), read_frame(&mut recv)).await {
+        Ok(Ok(Control::Swarm { me, peers })) => Some((me, peers)),
+        _ => None,
+    };
+    let result = run_transfer(&ctx, &conn, &mut send, transfer.clone(), swarm, token).await;
+    transfer.release();
     {
         let mut map = jobs.by_name.lock().unwrap();
         if map.get(&name).is_some_and(|j| j.id == id) {
@@ -205,6 +233,133 @@ async fn handle(
     write_frame(&mut send, &reply).await?;
     let _ = send.finish();
     Ok(())
+}
+
+/// Receives `transfer` from the source on `conn` and, with a swarm, from the
+/// other receivers, reporting progress on `send` while it runs.
+async fn run_transfer(
+    ctx: &Ctx,
+    conn: &quinn::Connection,
+    send: &mut quinn::SendStream,
+    transfer: Arc<Transfer>,
+    swarm: Option<(u32, Vec<SwarmPeer>)>,
+    token: CancellationToken,
+) -> Result<crate::receive::Received, Refusal> {
+    let name = transfer.name().clone();
+    let chunks = transfer.map().len();
+    let tally = Arc::new(Tally::default());
+    let mut cfg = ctx.cfg;
+    let mut links = Links::none();
+    links.tally = tally.clone();
+    let mut peers = Vec::new();
+    let mut addrs = std::collections::HashMap::new();
+    let linking = CancellationToken::new();
+    let mut share = None;
+    // Only a source that sent a swarm (even of one) reads progress reports.
+    let reporting = swarm.is_some();
+    let swarm = swarm
+        .filter(|(me, members)| !transfer.is_complete() && members.iter().any(|p| p.id != *me));
+    if let Some((me, members)) = swarm {
+        cfg = swarm_config(cfg, me);
+        addrs = members.iter().map(|p| (p.id, p.addr)).collect();
+        let (verified, _) = tokio::sync::broadcast::channel(4096);
+        let s = Arc::new(Share {
+            root: transfer.manifest().root(),
+            transfer: transfer.clone(),
+            verified: verified.clone(),
+            ended: CancellationToken::new(),
+        });
+        ctx.shares.publish(&name, s.clone());
+        share = Some(s);
+        let plan = LinkPlan {
+            endpoint: ctx.endpoint.clone(),
+            me,
+            peers: members,
+            name: name.clone(),
+            root: transfer.manifest().root(),
+            chunks,
+        };
+        let (joined, updates) = swarm::link_peers(plan, linking.clone()).await;
+        tracing::info!("{name}: linked to {} peers", joined.len());
+        peers = joined;
+        links.updates = Some(updates);
+        links.verified = Some(verified);
+    }
+    // Partial peers first, then the source: see `receive`.
+    peers.push((
+        SOURCE,
+        QuicFetcher::new(conn.clone()),
+        ChunkSet::full(chunks),
+    ));
+    let receiving = receive(transfer.clone(), peers, links, cfg, token);
+    tokio::pin!(receiving);
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    let result = loop {
+        tokio::select! {
+            r = &mut receiving => break r,
+            _ = tick.tick(), if reporting => {
+                // The source may be gone while peers still serve us.
+                let _ = report(send, &transfer, &tally, &addrs).await;
+            }
+        }
+    };
+    linking.cancel();
+    if let Some(s) = share {
+        s.ended.cancel();
+        ctx.shares.withdraw(&name, &s);
+    }
+    if reporting {
+        let _ = report(send, &transfer, &tally, &addrs).await;
+    }
+    result
+}
+
+/// The scheduler settings of receiver `me` in a swarm.
+fn swarm_config(base: scheduler::Config, me: u32) -> scheduler::Config {
+    if let Ok(v) = std::env::var("XFER_SWARM_TUNE") {
+        let v: Vec<u32> = v.split(',').filter_map(|x| x.parse().ok()).collect();
+        if v.len() == 4 {
+            return scheduler::Config {
+                me: Some(me),
+                tie_break: u64::from(me) + 1,
+                window: v[0],
+                seed_window: v[1],
+                max_in_flight: v[2],
+                endgame: v[3],
+                ..base
+            };
+        }
+    }
+    scheduler::Config {
+        me: Some(me),
+        tie_break: u64::from(me) + 1,
+        window: base.window.min(4),
+        seed_window: 8,
+        max_in_flight: 12,
+        endgame: 4,
+        ..base
+    }
+}
+
+/// Sends the source a progress report and any peers dropped since the last.
+async fn report(
+    send: &mut quinn::SendStream,
+    transfer: &Transfer,
+    tally: &Tally,
+    addrs: &std::collections::HashMap<u32, std::net::SocketAddr>,
+) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    for (peer, reason) in tally.take_dropped() {
+        if let Some(&addr) = addrs.get(&peer) {
+            write_frame(send, &Control::PeerDropped { peer: addr, reason }).await?;
+        }
+    }
+    let progress = Control::Progress {
+        held_bytes: transfer.held_bytes(),
+        from_source: tally.from_source.load(Ordering::Relaxed),
+        from_peers: tally.from_peers.load(Ordering::Relaxed),
+    };
+    write_frame(send, &progress).await
 }
 
 /// Serves a complete model this agent holds to a peer that asked for it.

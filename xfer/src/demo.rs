@@ -2,8 +2,9 @@
 //!
 //! Generates a model-like tree (safetensors shards, config files, a nested
 //! folder, an empty file), starts agents on 127.0.0.2, 127.0.0.3, ... as real
-//! child processes, pushes the model to all of them with progress bars, then
-//! verifies every node and prints its root hash and the throughput.
+//! child processes, pushes the model to all of them with progress bars (the
+//! agents pass chunks to each other), then verifies every node and prints
+//! its root hash, where its bytes came from, and how much the source sent.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -168,19 +169,20 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
     let manifest = crate::scan::scan(&src, opts.chunk_size, &|_| {})?.manifest;
     println!();
     println!(
-        "{:<18} {:<8} {:<66} {:>10}",
-        "node", "verify", "root", "received"
+        "{:<18} {:<8} {:<66} {:>11} {:>11}",
+        "node", "verify", "root", "from source", "from peers"
     );
     let mut all_ok = summary.ok();
     for (a, n) in agents.iter().zip(&summary.nodes) {
         let report = verify(&a.root.join(&summary.name), &manifest)?;
         all_ok &= report.ok;
         println!(
-            "{:<18} {:<8} {:<66} {:>10}",
+            "{:<18} {:<8} {:<66} {:>11} {:>11}",
             a.addr,
             if report.ok { "ok" } else { "FAILED" },
             report.root,
-            Bytes(n.bytes_sent).to_string()
+            Bytes(n.from_source).to_string(),
+            Bytes(n.from_peers).to_string()
         );
         if let Some(e) = &n.error {
             println!("  error: {e}");
@@ -189,14 +191,14 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
     let send_s = summary.duration_s - summary.hash_s;
     println!();
     println!(
-        "source root {}\n{} to {} nodes in {:.2}s (+{:.2}s hashing): {:.0} MB/s per node, {:.0} MB/s total; the source sent {} ({:.2}x the model)",
+        "source root {}\n{} to {} nodes in {:.2}s (+{:.2}s hashing): {:.0} MB/s per node, {:.0} MB/s delivered; the source sent {} ({:.2}x the model), the nodes passed the rest to each other",
         summary.root,
         Bytes(summary.bytes_total),
         opts.nodes,
         send_s,
         summary.hash_s,
         summary.bytes_total as f64 / send_s / 1e6,
-        summary.bytes_sent as f64 / send_s / 1e6,
+        (summary.bytes_total * opts.nodes as u64) as f64 / send_s / 1e6,
         Bytes(summary.bytes_sent),
         summary.bytes_sent as f64 / summary.bytes_total.max(1) as f64,
     );

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credential;
 use crate::chunkset::ChunkSet;
-use crate::receive::receive;
+use crate::receive::{receive, Links};
 use crate::scheduler;
 use crate::store::Store;
 use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
@@ -94,6 +94,7 @@ pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary> {
     let result = receive(
         transfer,
         vec![peer],
+        Links::none(),
         scheduler::Config::default(),
         CancellationToken::new(),
     )

@@ -5,8 +5,9 @@
 //! [`scan`] and [`manifest`] describe a tree ([`hash`] owns the chunk tree,
 //! [`relpath`] the path rules), [`wire`] frames the protocol, the sans-IO
 //! [`scheduler`] picks chunks, [`transport`] moves them, [`receive`] drives a
-//! transfer into the [`store`] (with its [`journal`]), and [`agent`] and
-//! [`push`] are the two ends a user runs.
+//! transfer into the [`store`] (with its [`journal`]), [`swarm`] links the
+//! receivers of one transfer to each other, and [`agent`] and [`push`] are
+//! the two ends a user runs.
 
 pub mod agent;
 pub mod aligned;
@@ -27,6 +28,7 @@ pub mod scan;
 pub mod scheduler;
 pub mod sim;
 pub mod store;
+pub mod swarm;
 pub mod transport;
 pub mod units;
 pub mod verify;

@@ -111,7 +111,7 @@ enum Cmd {
     Demo {
         #[arg(long, default_value = "1GiB", value_parser = parse_size)]
         size: u64,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 4)]
         nodes: usize,
         #[arg(long, default_value = "/tmp/xfer-demo")]
         dir: PathBuf,
@@ -236,20 +236,27 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 for n in &s.nodes {
                     match &n.error {
                         None => println!(
-                            "{}: ok, sent {}, already held {}",
+                            "{}: ok, {} from the source, {} from peers, already held {}",
                             n.addr,
                             Bytes(n.bytes_sent),
+                            Bytes(n.from_peers),
                             Bytes(n.bytes_skipped)
                         ),
                         Some(e) => println!("{}: FAILED: {e}", n.addr),
                     }
                 }
+                for n in &s.nodes {
+                    for d in &n.dropped_peers {
+                        println!("{}: excluded peer {d}", n.addr);
+                    }
+                }
                 println!(
-                    "root {}  {} files, {}; sent {} in {:.2}s ({:.0} MB/s)",
+                    "root {}  {} files, {}; the source sent {} ({:.2}x the model) in {:.2}s ({:.0} MB/s)",
                     s.root,
                     s.files,
                     Bytes(s.bytes_total),
                     Bytes(s.bytes_sent),
+                    s.source_sent_x,
                     send_s,
                     s.bytes_sent as f64 / send_s / 1e6
                 );

@@ -1,9 +1,11 @@
 //! `xfer push`: deliver a local tree to one or more agents.
 //!
 //! The pusher hashes the tree once, offers the manifest to every agent over
-//! its own QUIC connection (its own endpoint and socket), then serves the
-//! chunks each agent asks for. Agents decide what they still need, so a
-//! re-run after an interruption sends only what is missing.
+//! its own QUIC connection (its own endpoint and socket), tells each who the
+//! other agents are ([`Control::Swarm`]), then serves the chunks each agent
+//! asks for. Agents fetch most chunks from each other, so the source uploads
+//! about one copy whatever the number of agents; they decide what they still
+//! need, so a re-run after an interruption sends only what is missing.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +24,7 @@ use crate::scan::{scan_cached, SourceTree};
 use crate::transport::files::FileChunkReader;
 use crate::transport::quic::{self, read_frame, write_frame};
 use crate::transport::ChunkReader;
-use crate::wire::{Control, ModelName, PROTOCOL_VERSION};
+use crate::wire::{Control, ModelName, SwarmPeer, PROTOCOL_VERSION};
 
 /// What to push where.
 #[derive(Debug, Clone)]
@@ -45,8 +47,11 @@ pub struct PushSummary {
     pub root: String,
     pub files: usize,
     pub bytes_total: u64,
-    /// Chunk bytes sent, summed over nodes.
+    /// Chunk bytes the source sent, summed over nodes.
     pub bytes_sent: u64,
+    /// `bytes_sent` as a multiple of `bytes_total`: about 1 for a swarm
+    /// that started empty, whatever the number of nodes.
+    pub source_sent_x: f64,
     /// Bytes the nodes already held, summed over nodes.
     pub bytes_skipped: u64,
     pub hash_s: f64,
@@ -63,6 +68,12 @@ pub struct NodeSummary {
     pub root: Option<String>,
     pub bytes_sent: u64,
     pub bytes_skipped: u64,
+    /// Verified bytes this node received from the source.
+    pub from_source: u64,
+    /// Verified bytes this node received from other nodes.
+    pub from_peers: u64,
+    /// Peers this node excluded, with why (e.g. they served corrupt chunks).
+    pub dropped_peers: Vec<String>,
     pub corrupt_chunks: u64,
     pub duration_s: f64,
 }
@@ -90,8 +101,12 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
     let name = ModelName::new(&name).map_err(anyhow::Error::msg)?;
 
     // Catch address typos before spending time hashing.
-    for addr in &opts.to {
-        quic::resolve(addr)?;
+    let mut members = Vec::new();
+    for (i, addr) in opts.to.iter().enumerate() {
+        members.push(SwarmPeer {
+            id: i as u32 + 1,
+            addr: quic::resolve(addr)?,
+        });
     }
     let started = Instant::now();
     let tree = hash_tree(opts, progress).await?;
@@ -109,9 +124,14 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
     let root = manifest.root();
     let send_started = Instant::now();
     let mut tasks = Vec::new();
-    for addr in &opts.to {
+    for (addr, member) in opts.to.iter().zip(&members) {
+        let swarm = Control::Swarm {
+            me: member.id,
+            peers: members.clone(),
+        };
         let ctx = NodeCtx {
             addr: addr.clone(),
+            swarm,
             cred: cred.clone(),
             offer: offer.clone(),
             map: map.clone(),
@@ -132,12 +152,14 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
         }
         nodes.push(node);
     }
+    let bytes_sent = nodes.iter().map(|n| n.bytes_sent).sum();
     Ok(PushSummary {
         name: name.to_string(),
         root: root.to_hex(),
         files: manifest.file_count(),
         bytes_total: manifest.total_bytes(),
-        bytes_sent: nodes.iter().map(|n| n.bytes_sent).sum(),
+        bytes_sent,
+        source_sent_x: bytes_sent as f64 / manifest.total_bytes().max(1) as f64,
         bytes_skipped: nodes.iter().map(|n| n.bytes_skipped).sum(),
         hash_s,
         duration_s: send_started.elapsed().as_secs_f64() + hash_s,
@@ -163,6 +185,7 @@ async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree
 
 struct NodeCtx {
     addr: String,
+    swarm: Control,
     cred: Arc<Credential>,
     offer: Arc<Control>,
     map: Arc<ChunkMap>,
@@ -208,14 +231,11 @@ impl NodeCtx {
         write_frame(&mut send, self.offer.as_ref())
             .await
             .map_err(lost)?;
+        write_frame(&mut send, &self.swarm).await.map_err(lost)?;
         match read_frame::<Control>(&mut recv).await.map_err(lost)? {
-            Control::Accepted {
-                held_bytes,
-                need_bytes,
-                ..
-            } => {
+            Control::Accepted { held_bytes, .. } => {
                 summary.bytes_skipped = held_bytes;
-                self.bar.set_length(need_bytes);
+                self.bar.set_position(held_bytes);
             }
             Control::Failed(r) => return Err(format!("{addr}: {r}")),
             other => {
@@ -225,7 +245,6 @@ impl NodeCtx {
                 ))
             }
         }
-        let bar = self.bar.clone();
         let counter = sent.clone();
         let serving = tokio::spawn(quic::serve_chunks(
             conn.clone(),
@@ -234,25 +253,41 @@ impl NodeCtx {
             self.limiter.clone(),
             Arc::new(move |n| {
                 counter.fetch_add(n, Ordering::Relaxed);
-                bar.inc(n);
             }),
         ));
-        let result = match read_frame::<Control>(&mut recv).await.map_err(lost) {
-            Ok(Control::Done {
-                root,
-                corrupt_chunks,
-                ..
-            }) => {
-                summary.root = Some(root.to_hex());
-                summary.corrupt_chunks = corrupt_chunks;
-                Ok(())
+        let result = loop {
+            match read_frame::<Control>(&mut recv).await.map_err(lost) {
+                Ok(Control::Progress {
+                    held_bytes,
+                    from_source,
+                    from_peers,
+                }) => {
+                    self.bar.set_position(held_bytes);
+                    summary.from_source = from_source;
+                    summary.from_peers = from_peers;
+                }
+                Ok(Control::PeerDropped { peer, reason }) => {
+                    tracing::warn!("{addr} dropped peer {peer}: {reason}");
+                    summary.dropped_peers.push(format!("{peer}: {reason}"));
+                }
+                Ok(Control::Done {
+                    root,
+                    corrupt_chunks,
+                    ..
+                }) => {
+                    summary.root = Some(root.to_hex());
+                    summary.corrupt_chunks = corrupt_chunks;
+                    break Ok(());
+                }
+                Ok(Control::Failed(r)) => break Err(format!("{addr}: {r}")),
+                Ok(other) => {
+                    break Err(format!(
+                        "{addr}: protocol error: unexpected {}",
+                        other.kind()
+                    ))
+                }
+                Err(e) => break Err(e),
             }
-            Ok(Control::Failed(r)) => Err(format!("{addr}: {r}")),
-            Ok(other) => Err(format!(
-                "{addr}: protocol error: unexpected {}",
-                other.kind()
-            )),
-            Err(e) => Err(e),
         };
         tracing::debug!("{addr}: {:?}", conn.stats().path);
         conn.close(0u32.into(), b"done");

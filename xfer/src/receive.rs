@@ -8,22 +8,23 @@
 //! QUIC, so an RDMA fetcher plugs in unchanged.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::chunkset::ChunkSet;
 use crate::hash::Hash;
 use crate::scheduler::{self, Action, DropReason, Event, PeerId, Scheduler, StuckReason};
-use crate::store::{ChunkError, Transfer};
+use crate::store::{ChunkError, Transfer, Written};
 use crate::transport::{ChunkFetcher, FetchError};
 use crate::wire::Refusal;
 
 /// How often written chunks are made durable against power loss.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// What a finished transfer reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,27 +36,92 @@ pub struct Received {
     pub corrupt_chunks: u64,
 }
 
+/// The peer id of the source: bytes from it count as `from_source`.
+pub const SOURCE: PeerId = 0;
+
+/// A change in the swarm, reported by the runtime's peer links while the
+/// transfer runs.
+pub enum PeerUpdate<F> {
+    /// A peer link is up; the peer holds `has`.
+    Joined {
+        peer: PeerId,
+        fetcher: F,
+        has: ChunkSet,
+    },
+    /// The peer verified more chunks.
+    Has { peer: PeerId, chunks: Vec<u64> },
+    /// The link broke.
+    Gone { peer: PeerId, why: String },
+}
+
+/// Counters a running transfer keeps for whoever reports on it.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Verified bytes that came from [`SOURCE`].
+    pub from_source: AtomicU64,
+    /// Verified bytes that came from other peers.
+    pub from_peers: AtomicU64,
+    /// Peers dropped, with why; drained by the reporter.
+    dropped: Mutex<Vec<(PeerId, String)>>,
+}
+
+impl Tally {
+    /// Peers dropped since the last call.
+    pub fn take_dropped(&self) -> Vec<(PeerId, String)> {
+        std::mem::take(&mut self.dropped.lock().unwrap())
+    }
+}
+
+/// How a transfer is wired into a swarm. [`Links::none`] for a transfer
+/// from fixed peers only.
+pub struct Links<F> {
+    /// Peers joining, announcing and leaving after the start.
+    pub updates: Option<mpsc::UnboundedReceiver<PeerUpdate<F>>>,
+    /// Told each chunk number as soon as it is verified and stored, for
+    /// announcing to peers.
+    pub verified: Option<broadcast::Sender<u64>>,
+    pub tally: Arc<Tally>,
+}
+
+impl<F> Links<F> {
+    pub fn none() -> Self {
+        Links {
+            updates: None,
+            verified: None,
+            tally: Arc::default(),
+        }
+    }
+}
+
 enum Outcome {
+    /// Stored, with its length; 0 if another copy got there first.
     Stored(u64),
     Corrupt,
     Fetch(FetchError),
     Refused(Refusal),
 }
 
-type Report = (PeerId, u64, Outcome);
+type Report = (PeerId, u64, Outcome, Duration);
 
-/// Receives every missing chunk of `transfer` from `peers`, then places the
-/// tree. Stops early with a [`Refusal`] on disk errors, repeated corruption,
-/// loss of every source, or cancellation. When it returns, no fetch task of
-/// this transfer is left running.
+/// Receives every missing chunk of `transfer` from `peers` (partial peers
+/// first, then seeds: the scheduler's home partition is built from the
+/// partial peers known when the first seed joins) and from peers that join
+/// through `links`, then places the tree. Stops early with a [`Refusal`] on
+/// disk errors, repeated corruption, loss of every source, or cancellation.
+/// When it returns, no fetch task of this transfer is left running.
 pub async fn receive<F: ChunkFetcher>(
     transfer: Arc<Transfer>,
     peers: Vec<(PeerId, F, ChunkSet)>,
+    links: Links<F>,
     cfg: scheduler::Config,
     cancel: CancellationToken,
 ) -> Result<Received, Refusal> {
     let (tx, rx) = mpsc::unbounded_channel();
     let mut driver = Driver {
+        updates: links.updates,
+        verified: links.verified,
+        tally: links.tally,
+        speed: SlowDetector::default(),
         sched: Scheduler::new(transfer.held(), cfg),
         transfer,
         fetchers: HashMap::new(),
@@ -81,6 +147,10 @@ pub async fn receive<F: ChunkFetcher>(
 }
 
 struct Driver<F> {
+    updates: Option<mpsc::UnboundedReceiver<PeerUpdate<F>>>,
+    verified: Option<broadcast::Sender<u64>>,
+    tally: Arc<Tally>,
+    speed: SlowDetector,
     transfer: Arc<Transfer>,
     sched: Scheduler,
     fetchers: HashMap<PeerId, F>,
@@ -104,8 +174,18 @@ impl<F: ChunkFetcher> Driver<F> {
                 }
             }
             tokio::select! {
-                Some((peer, chunk, outcome)) = self.rx.recv() => self.report(peer, chunk, outcome)?,
+                Some((peer, chunk, outcome, took)) = self.rx.recv() => self.report(peer, chunk, outcome, took)?,
+                Some(update) = next_update(&mut self.updates) => self.update(update),
                 _ = tick.tick() => {
+                    tracing::debug!(
+                        "{}: {} of {} chunks held, {} in flight, {} MiB from the source, {} MiB from peers",
+                        self.transfer.name(),
+                        self.sched.held().count(),
+                        self.sched.held().capacity(),
+                        self.sched.in_flight(),
+                        self.tally.from_source.load(Ordering::Relaxed) >> 20,
+                        self.tally.from_peers.load(Ordering::Relaxed) >> 20,
+                    );
                     let t = self.transfer.clone();
                     if let Ok(Err(r)) = tokio::task::spawn_blocking(move || t.commit()).await {
                         return Err(r);
@@ -129,8 +209,12 @@ impl<F: ChunkFetcher> Driver<F> {
             Action::Cancel { .. } => {}
             Action::DropPeer { peer, reason } => {
                 let DropReason::Corrupt { strikes } = reason;
-                tracing::warn!("dropping peer {peer}: it served {strikes} chunks that failed their BLAKE3 check");
-                self.dropped_corrupt = Some(strikes);
+                let why = format!("it served {strikes} chunk(s) that failed their BLAKE3 check");
+                tracing::warn!("dropping peer {peer} from this transfer: {why}");
+                if peer == SOURCE {
+                    self.dropped_corrupt = Some(strikes);
+                }
+                self.tally.dropped.lock().unwrap().push((peer, why));
                 self.fetchers.remove(&peer);
             }
             Action::Complete => {
@@ -173,6 +257,7 @@ impl<F: ChunkFetcher> Driver<F> {
     fn spawn_fetch(&mut self, fetcher: F, peer: PeerId, chunk: u64) {
         let (t, tx) = (self.transfer.clone(), self.tx.clone());
         self.tasks.spawn(async move {
+            let started = Instant::now();
             let id = t.map().id(chunk);
             let len = t.map().chunk_len(id) as usize;
             let outcome = match fetcher.fetch(id, len).await {
@@ -180,6 +265,7 @@ impl<F: ChunkFetcher> Driver<F> {
                 Ok(bytes) => {
                     let t2 = t.clone();
                     match tokio::task::spawn_blocking(move || t2.write_chunk(id, &bytes)).await {
+                        Ok(Ok(Written::Duplicate)) => Outcome::Stored(0),
                         Ok(Ok(_)) => Outcome::Stored(len as u64),
                         Ok(Err(ChunkError::Corrupt(_))) => Outcome::Corrupt,
                         Ok(Err(ChunkError::Refused(r))) => Outcome::Refused(r),
@@ -190,15 +276,38 @@ impl<F: ChunkFetcher> Driver<F> {
                     }
                 }
             };
-            let _ = tx.send((peer, chunk, outcome));
+            let _ = tx.send((peer, chunk, outcome, started.elapsed()));
         });
     }
 
     /// Feeds a fetch result back to the scheduler.
-    fn report(&mut self, peer: PeerId, chunk: u64, outcome: Outcome) -> Result<(), Refusal> {
+    fn report(
+        &mut self,
+        peer: PeerId,
+        chunk: u64,
+        outcome: Outcome,
+        took: Duration,
+    ) -> Result<(), Refusal> {
         match outcome {
             Outcome::Stored(n) => {
                 self.received_bytes += n;
+                let counter = if peer == SOURCE {
+                    &self.tally.from_source
+                } else {
+                    &self.tally.from_peers
+                };
+                counter.fetch_add(n, Ordering::Relaxed);
+                if n > 0 {
+                    if let Some(v) = &self.verified {
+                        let _ = v.send(chunk);
+                    }
+                    if peer != SOURCE && self.speed.record(peer, n, took) {
+                        tracing::info!(
+                            "peer {peer} serves far slower than the others; preferring them"
+                        );
+                        self.sched.handle(Event::PeerSlow { peer });
+                    }
+                }
                 self.sched.handle(Event::Verified { peer, chunk });
             }
             Outcome::Corrupt => {
@@ -223,5 +332,74 @@ impl<F: ChunkFetcher> Driver<F> {
             Outcome::Refused(r) => return Err(r),
         }
         Ok(())
+    }
+}
+
+impl<F: ChunkFetcher> Driver<F> {
+    /// Feeds a change in the swarm to the scheduler.
+    fn update(&mut self, update: PeerUpdate<F>) {
+        match update {
+            PeerUpdate::Joined { peer, fetcher, has } => {
+                self.fetchers.insert(peer, fetcher);
+                self.sched.handle(Event::PeerJoined { peer, has });
+            }
+            PeerUpdate::Has { peer, chunks } => {
+                for chunk in chunks {
+                    self.sched.handle(Event::PeerHas { peer, chunk });
+                }
+            }
+            PeerUpdate::Gone { peer, why } => {
+                tracing::info!("peer {peer} left: {why}");
+                if self.fetchers.remove(&peer).is_some() {
+                    self.sched.handle(Event::PeerGone { peer });
+                }
+            }
+        }
+    }
+}
+
+/// The next swarm update, or never if there is no swarm.
+async fn next_update<F>(
+    updates: &mut Option<mpsc::UnboundedReceiver<PeerUpdate<F>>>,
+) -> Option<PeerUpdate<F>> {
+    match updates {
+        Some(rx) => match rx.recv().await {
+            Some(u) => Some(u),
+            None => {
+                *updates = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// Spots a peer serving far slower than the others: after `MIN_SAMPLES`
+/// chunks its mean rate is at most `1/SLOWER` of the mean over all peers.
+#[derive(Debug, Default)]
+struct SlowDetector {
+    /// Per peer: summed rates (bytes/s), samples, already reported.
+    peers: HashMap<PeerId, (f64, u32, bool)>,
+    all: (f64, u32),
+}
+
+impl SlowDetector {
+    const MIN_SAMPLES: u32 = 4;
+    const SLOWER: f64 = 3.0;
+
+    /// Records one chunk; true the first time `peer` qualifies as slow.
+    fn record(&mut self, peer: PeerId, bytes: u64, took: Duration) -> bool {
+        let rate = bytes as f64 / took.as_secs_f64().max(1e-6);
+        self.all.0 += rate;
+        self.all.1 += 1;
+        let p = self.peers.entry(peer).or_default();
+        p.0 += rate;
+        p.1 += 1;
+        let mean = self.all.0 / self.all.1 as f64;
+        if !p.2 && p.1 >= Self::MIN_SAMPLES && p.0 / p.1 as f64 <= mean / Self::SLOWER {
+            p.2 = true;
+            return true;
+        }
+        false
     }
 }

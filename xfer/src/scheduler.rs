@@ -271,7 +271,8 @@ impl Scheduler {
             turn: cfg.tie_break,
             roster: Vec::new(),
             roster_frozen: false,
-            roster_sorted: 0,
+            // Never equal to a real length: the first rehome adds `me`.
+            roster_sorted: usize::MAX,
         };
         s.settle();
         s

@@ -315,7 +315,7 @@ impl Store {
                 dirty: Default::default(),
                 stamps,
             }),
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         };
         // Files fully staged but never placed (the agent died between the
         // last chunk and the rename, or placing failed): place them now.
@@ -404,7 +404,8 @@ pub struct Transfer {
     /// Serialises checkpoints.
     checkpoint: Mutex<()>,
     state: Mutex<State>,
-    _lock: File,
+    /// The staging lock; dropped by [`Transfer::release`].
+    lock: Mutex<Option<File>>,
 }
 
 impl Transfer {
@@ -590,6 +591,44 @@ impl Transfer {
             .unwrap()
             .append(&[Record::FileDone(file)])
             .map_err(|e| io_refusal(&self.staging.join("journal"), e))
+    }
+
+    /// Opens the file that holds verified chunk `id`, for serving it to a
+    /// peer: the staging file while it is incomplete, the placed file after.
+    /// Fails if the chunk is not held.
+    pub fn open_held(&self, id: ChunkId) -> Result<(File, PathBuf), String> {
+        let num = self.map.number(id).ok_or("no such chunk")?;
+        let done = {
+            let st = self.state.lock().unwrap();
+            if !st.held.contains(num) {
+                return Err("not held yet".into());
+            }
+            st.done[id.file as usize]
+        };
+        let staged = self.data_path(id.file);
+        let placed = || {
+            let rel = &self.map_file(id.file).path;
+            let p = rel.under(&self.final_dir);
+            File::open(&p)
+                .map(|f| (f, p.clone()))
+                .map_err(|e| format!("cannot open {}: {e}", p.display()))
+        };
+        if done {
+            return placed();
+        }
+        match File::open(&staged) {
+            Ok(f) => Ok((f, staged)),
+            // Renamed into place since the check above.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => placed(),
+            Err(e) => Err(format!("cannot open {}: {e}", staged.display())),
+        }
+    }
+
+    /// Releases the staging lock early, so a later transfer of the same
+    /// model can begin while this object is still referenced (by peers it
+    /// serves). Called when the transfer ends, whatever the outcome.
+    pub fn release(&self) {
+        self.lock.lock().unwrap().take();
     }
 
     /// Whether every chunk is held.

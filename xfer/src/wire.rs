@@ -1,7 +1,8 @@
 //! The wire protocol: typed messages and their framing, with no I/O.
 //!
-//! A connection carries one *control* stream, opened by the source, and one
-//! short *chunk* stream per chunk, opened by the receiver that wants it. Every
+//! A connection carries one *control* stream, opened by whoever connected
+//! (the source offering a model, or a receiver joining a peer), and one short
+//! *chunk* stream per chunk, opened by the receiver that wants it. Every
 //! frame is a 4-byte big-endian length followed by a postcard-encoded message;
 //! chunk bytes follow their [`ChunkReply::Data`] header raw, unframed, so they
 //! are never copied through a serializer.
@@ -9,9 +10,12 @@
 //! Decoding is strict: an oversized length, trailing bytes or an unknown
 //! variant is a [`WireError`], never a panic.
 
+use std::net::SocketAddr;
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::chunkset::ChunkSet;
 use crate::hash::Hash;
 use crate::manifest::{ChunkId, Manifest};
 
@@ -126,6 +130,38 @@ pub enum Control {
     Want { version: u32, name: ModelName },
     /// Agent → peer: this is the model; fetch its chunks on this connection.
     Have { manifest: Manifest },
+    /// Source → receiver, right after `Offer`: you are `me` in a swarm of
+    /// these receivers; fetch from them too. Without it a receiver fetches
+    /// from the source alone.
+    Swarm { me: u32, peers: Vec<SwarmPeer> },
+    /// Receiver → receiver, opening a peer link: I am `from` in the swarm
+    /// for model `name` with root `root`; announce what you hold.
+    Join {
+        version: u32,
+        name: ModelName,
+        root: Hash,
+        from: u32,
+    },
+    /// Receiver → peer: the verified chunks I hold now (global numbers).
+    Bitfield { has: ChunkSet },
+    /// Receiver → peer: chunks verified since the last announcement.
+    Has { chunks: Vec<u64> },
+    /// Receiver → source: how far along this node is, and where its bytes
+    /// came from.
+    Progress {
+        held_bytes: u64,
+        from_source: u64,
+        from_peers: u64,
+    },
+    /// Receiver → source: a peer was excluded from this transfer.
+    PeerDropped { peer: SocketAddr, reason: String },
+}
+
+/// One member of a swarm, as the source lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwarmPeer {
+    pub id: u32,
+    pub addr: SocketAddr,
 }
 
 impl Control {
@@ -138,6 +174,12 @@ impl Control {
             Control::Failed(_) => "Failed",
             Control::Want { .. } => "Want",
             Control::Have { .. } => "Have",
+            Control::Swarm { .. } => "Swarm",
+            Control::Join { .. } => "Join",
+            Control::Bitfield { .. } => "Bitfield",
+            Control::Has { .. } => "Has",
+            Control::Progress { .. } => "Progress",
+            Control::PeerDropped { .. } => "PeerDropped",
         }
     }
 }

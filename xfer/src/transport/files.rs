@@ -1,5 +1,6 @@
-//! Serving chunks from files on disk: the [`ChunkReader`] both the pusher
-//! (over its source tree) and the agent (over a model it holds) use.
+//! Serving chunks from files on disk: the [`ChunkReader`]s the pusher (over
+//! its source tree) and the agent (over a model it holds, or the verified
+//! chunks of one it is still receiving) use.
 //!
 //! Each chunk is mapped on its own and the mapping is handed to the transport
 //! without a copy, so resident memory is bounded by the chunks in flight,
@@ -7,7 +8,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -16,6 +17,7 @@ use bytes::Bytes;
 use super::ChunkReader;
 use crate::chunkset::ChunkMap;
 use crate::manifest::ChunkId;
+use crate::store::Transfer;
 
 /// Test-only fault injection: how many chunks to corrupt while serving.
 pub const FAULT_CORRUPT_SENDS: &str = "XFER_FAULT_CORRUPT_SENDS";
@@ -31,10 +33,7 @@ pub struct FileChunkReader {
 
 impl FileChunkReader {
     pub fn new(paths: Vec<PathBuf>, map: Arc<ChunkMap>) -> Self {
-        let corrupt = std::env::var(FAULT_CORRUPT_SENDS)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let corrupt = fault_corrupt_sends();
         FileChunkReader {
             open: Mutex::new(vec![None; paths.len()]),
             paths,
@@ -60,41 +59,84 @@ impl FileChunkReader {
 impl ChunkReader for FileChunkReader {
     fn read_chunk(&self, id: ChunkId) -> Result<Bytes, String> {
         let f = self.file(id.file as usize)?;
-        let len = self.map.chunk_len(id) as usize;
-        let offset = self.map.offset(id);
         let path = &self.paths[id.file as usize];
-        if len == 0 {
-            return Ok(Bytes::new());
-        }
-        if self
-            .corrupt_left
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            let mut buf = vec![0u8; len];
-            f.read_exact_at(&mut buf, offset)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            buf[0] ^= 0x5a;
-            return Ok(Bytes::from(buf));
-        }
-        let actual = f.metadata().map_err(|e| e.to_string())?.len();
-        if actual < offset + len as u64 {
-            return Err(format!(
-                "{} is shorter than its manifest says; was it changed?",
-                path.display()
-            ));
-        }
-        // SAFETY: a read-only view of a range that exists. If another process
-        // rewrites the file meanwhile, the receiver's hash check rejects the
-        // chunk; nothing here trusts the bytes.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(offset)
-                .len(len)
-                .populate()
-                .map(&*f)
-        }
-        .map_err(|e| format!("cannot map {}: {e}", path.display()))?;
-        Ok(Bytes::from_owner(map))
+        map_chunk(&f, path, &self.map, id, &self.corrupt_left)
     }
+}
+
+/// Serves the verified chunks of a transfer still in progress (and, once it
+/// is placed, of the finished model) to other receivers of the same swarm.
+pub struct HeldChunkReader {
+    transfer: Arc<Transfer>,
+    map: Arc<ChunkMap>,
+    corrupt_left: AtomicU32,
+}
+
+impl HeldChunkReader {
+    pub fn new(transfer: Arc<Transfer>) -> Self {
+        HeldChunkReader {
+            map: Arc::new(transfer.map().clone()),
+            transfer,
+            corrupt_left: AtomicU32::new(fault_corrupt_sends()),
+        }
+    }
+}
+
+impl ChunkReader for HeldChunkReader {
+    fn read_chunk(&self, id: ChunkId) -> Result<Bytes, String> {
+        let (f, path) = self.transfer.open_held(id)?;
+        map_chunk(&f, &path, &self.map, id, &self.corrupt_left)
+    }
+}
+
+fn fault_corrupt_sends() -> u32 {
+    std::env::var(FAULT_CORRUPT_SENDS)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Maps chunk `id` of the open file `f` (at `path`, for messages) without
+/// copying it, or, while `corrupt_left` lasts, returns a damaged copy.
+fn map_chunk(
+    f: &File,
+    path: &Path,
+    map: &ChunkMap,
+    id: ChunkId,
+    corrupt_left: &AtomicU32,
+) -> Result<Bytes, String> {
+    let len = map.chunk_len(id) as usize;
+    let offset = map.offset(id);
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    if corrupt_left
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        let mut buf = vec![0u8; len];
+        f.read_exact_at(&mut buf, offset)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        buf[0] ^= 0x5a;
+        return Ok(Bytes::from(buf));
+    }
+    let actual = f.metadata().map_err(|e| e.to_string())?.len();
+    if actual < offset + len as u64 {
+        return Err(format!(
+            "{} is shorter than its manifest says; was it changed?",
+            path.display()
+        ));
+    }
+    // SAFETY: a read-only view of a range that exists. If another process
+    // rewrites the file meanwhile, the receiver's hash check rejects the
+    // chunk; nothing here trusts the bytes.
+    let mapped = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .populate()
+            .map(f)
+    }
+    .map_err(|e| format!("cannot map {}: {e}", path.display()))?;
+    Ok(Bytes::from_owner(mapped))
 }

@@ -121,25 +121,32 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
     Ok(sock.into())
 }
 
-/// An endpoint that accepts connections from this cluster on `listen`.
+/// An endpoint that accepts connections from this cluster on `listen`, and
+/// connects from the same socket to other agents (peer links).
 pub fn server_endpoint(listen: SocketAddr, cred: &Credential) -> Result<Endpoint> {
     let tls = QuicServerConfig::try_from(cred.server_config()?)?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(tls));
     cfg.transport_config(Arc::new(transport_config()));
-    let ep = Endpoint::new(
+    let mut ep = Endpoint::new(
         endpoint_config(),
         Some(cfg),
         udp_socket(listen)?,
         Arc::new(quinn::TokioRuntime),
     )?;
+    ep.set_default_client_config(client_config(cred)?);
     Ok(ep)
+}
+
+fn client_config(cred: &Credential) -> Result<quinn::ClientConfig> {
+    let tls = QuicClientConfig::try_from(cred.client_config()?)?;
+    let mut cfg = quinn::ClientConfig::new(Arc::new(tls));
+    cfg.transport_config(Arc::new(transport_config()));
+    Ok(cfg)
 }
 
 /// A client endpoint for connecting to agents of this cluster.
 pub fn client_endpoint(cred: &Credential, peer: SocketAddr) -> Result<Endpoint> {
-    let tls = QuicClientConfig::try_from(cred.client_config()?)?;
-    let mut cfg = quinn::ClientConfig::new(Arc::new(tls));
-    cfg.transport_config(Arc::new(transport_config()));
+    let cfg = client_config(cred)?;
     let bind: SocketAddr = if peer.is_ipv4() {
         "0.0.0.0:0".parse().unwrap()
     } else {
