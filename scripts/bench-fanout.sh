@@ -1,0 +1,439 @@
+#!/usr/bin/env bash
+# Fan-out benchmark: one source delivers a model to N nodes, every host link
+# shaped to RATE Mbit/s in both directions (scripts/netcluster.sh).
+#
+#   scripts/bench-fanout.sh N RATE_MBIT SIZE_MIB        one run, prints a result block
+#   scripts/bench-fanout.sh plot [RATE_MBIT SIZE_MIB]   N = 1 2 4 8 (default 200 Mbit/s,
+#                                                       512 MiB), writes docs/fanout.{csv,png}
+#
+# One run measures, on hosts 0..N of a fresh cluster:
+#   xfer   host 0 runs `xfer push --json --rehash` (private XDG_CACHE_HOME) to
+#          one `xfer serve` per host 1..N. Transfer time = duration_s - hash_s
+#          from the JSON; the whole command's wall time is shown as well.
+#   rsync  a star: one rsync daemon per host 1..N, and host 0 runs N
+#          `rsync -a --whole-file` clients in parallel, timed as a whole.
+#   ideal  S/B, S = tree bytes, B = RATE*1e6/8 bytes/s: the source uploads
+#          every byte at least once, and every node downloads S at B.
+# Every copy is compared with the source by b3sum (the run fails otherwise).
+# Also shown: source bytes sent as a multiple of S (source_sent_x from the
+# JSON when xfer reports it, else bytes_sent / bytes_total), the source's
+# uplink bytes counted by tc, per-node from_source/from_peers when the JSON
+# has them, and the peak RSS of every agent (VmHWM) and of the pusher.
+# Each run appends n,rate,size_mib,ideal_s,xfer_s,rsync_s,source_x to
+# $FANOUT_DIR/results.csv.
+#
+# Runtime: a run takes about (xfer + rsync) transfer time + ~15 s of setup
+# and checks. While xfer still delivers as a star both tools need ~N*S/B, so
+# `plot` at its defaults (S/B = 21.5 s; N = 1+2+4+8) needs ~2*15*21.5 s plus
+# setup and checks: 12.3 min measured on 2 cores. With peer-to-peer fan-out
+# the xfer half shrinks. `plot 200 64` takes ~2.3 min.
+#
+# Env: XFER [$CARGO_TARGET_DIR or target/release/xfer], FANOUT_DIR
+# [/var/tmp/xfer-fanout] (source tree cache, host roots h<i>/, results.csv;
+# disk, not tmpfs), PREFIX [xfo] (namespace names, see netcluster.sh),
+# PORT [17490] (xfer UDP; rsync daemons use PORT+1 TCP), PUSH_TIMEOUT
+# [4*N*S/B + 120 s], PLOT_NS ["1 2 4 8"], KEEP_RUN [0] keeps logs and JSON.
+# Needs root (network namespaces; apt-get for missing tools).
+
+set -euo pipefail
+shopt -s inherit_errexit
+export LC_ALL=C
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$SCRIPT_DIR/.." && pwd)
+SELF=$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")
+LOG_TAG=fanout
+# shellcheck source=scripts/lib-bench.sh
+source "$SCRIPT_DIR/lib-bench.sh"
+
+usage() { sed -n '2,36p' "$SELF" | sed 's/^# \{0,1\}//'; }
+
+FANOUT_DIR=${FANOUT_DIR:-/var/tmp/xfer-fanout}
+BENCH_DIR=$FANOUT_DIR # gen_tree caches the source trees here
+export PREFIX=${PREFIX:-xfo}
+PORT=${PORT:-17490}
+RPORT=$((PORT + 1))
+KEEP_RUN=${KEEP_RUN:-0}
+PLOT_NS=${PLOT_NS:-1 2 4 8}
+NC=$SCRIPT_DIR/netcluster.sh
+RUN=$FANOUT_DIR/run
+RESULTS=$FANOUT_DIR/results.csv
+CSV_HEADER=n,rate,size_mib,ideal_s,xfer_s,rsync_s,source_x
+
+posint() { [[ $1 =~ ^[0-9]+$ && $1 -ge 1 ]]; }
+check_rate_size() { # check_rate_size RATE SIZE
+    posint "$1" || die "RATE_MBIT must be a positive integer (got '$1')"
+    if ! posint "$2" || [ "$2" -lt 8 ]; then die "SIZE_MIB must be an integer >= 8 (got '$2')"; fi
+}
+mib() { awk -v b="$1" 'BEGIN { if (b == "" || b == "-" || b == "null") print "-"; else printf "%.1f", b / 1048576 }'; }
+
+preflight() {
+    [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, tc, apt-get): use sudo or a root shell"
+    [ -x "$NC" ] || die "$NC missing or not executable"
+    need /usr/bin/time time
+    need jq jq
+    need b3sum b3sum
+    need rsync rsync
+    need ss iproute2
+    need tc iproute2
+    need timeout coreutils
+    need flock util-linux
+    need ping iputils-ping
+    mkdir -p "$FANOUT_DIR"
+    [ "$(stat -f -c %T "$FANOUT_DIR")" != tmpfs ] ||
+        die "FANOUT_DIR=$FANOUT_DIR is on tmpfs; set FANOUT_DIR to a directory on disk"
+}
+
+find_xfer() {
+    local target=${CARGO_TARGET_DIR:-$REPO/target}
+    XFER_BIN=${XFER:-$target/release/xfer}
+    [ -x "$XFER_BIN" ] || die "xfer binary not found at $XFER_BIN: run cargo build --release -p xfer (or set XFER=/path/to/xfer)"
+    if [ -z "${XFER:-}" ] && [ -n "$(find "$REPO/xfer/src" -newer "$XFER_BIN" -name '*.rs' -print -quit 2>/dev/null)" ]; then
+        log "warning: $XFER_BIN is older than xfer/src; run cargo build --release -p xfer to measure the current code"
+    fi
+    XFER_REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    if [ -n "$(git -C "$REPO" status --porcelain -- xfer/src 2>/dev/null)" ]; then XFER_REV+=+dirty; fi
+    if [ -n "${XFER:-}" ]; then XFER_REV="XFER=$XFER"; fi
+}
+
+# kill_tree PID: stop PID and its descendants (rsync clients run under
+# /usr/bin/time and timeout, rsync daemons fork per connection): TERM to all
+# of them, KILL to whoever is left after a second. The tree is listed first,
+# as children orphaned by their parent's exit can no longer be found.
+descendants() {
+    local c
+    for c in $(pgrep -P "$1" 2>/dev/null); do
+        echo "$c"
+        descendants "$c"
+    done
+}
+kill_tree() {
+    local all=() p i
+    mapfile -t all < <(echo "$1"; descendants "$1")
+    kill "${all[@]}" 2>/dev/null || true
+    for ((i = 0; i < 10; i++)); do
+        for p in "${all[@]}"; do [ ! -e "/proc/$p" ] || break; done
+        [ -e "/proc/$p" ] || return 0
+        sleep 0.1
+    done
+    kill -KILL "${all[@]}" 2>/dev/null || true
+}
+
+CLUSTER_UP=0
+cleanup() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM
+    local p
+    for p in "${PIDS[@]}"; do
+        if our_child "$p"; then
+            kill_tree "$p"
+            wait "$p" 2>/dev/null
+        fi
+    done
+    if [ "$CLUSTER_UP" = 1 ]; then "$NC" down; fi
+    rm -rf "$FANOUT_DIR"/h[0-9]*
+    if [ "$rc" != 0 ]; then
+        log "FAILED (exit $rc); logs, JSON and configs kept in $RUN"
+    elif [ "$KEEP_RUN" = 1 ]; then
+        log "logs kept in $RUN"
+    else
+        rm -rf "$RUN"
+    fi
+    exit "$rc"
+}
+
+# fingerprint DIR: "blake3  relative/path" of every file, sorted.
+fingerprint() {
+    (cd "$1" && find . -type f -printf '%P\0' | sort -z | xargs -0 -r b3sum --num-threads 2 --)
+}
+# verify_tree WHAT DIR: DIR must hold exactly the source's files and bytes.
+verify_tree() {
+    local what=$1 dir=$2 out
+    out=$RUN/fp-$(echo "$what" | tr -c 'a-z0-9\n' '-').txt
+    [ -d "$dir" ] || die "$what: $dir does not exist; the copy never arrived (see $RUN)"
+    fingerprint "$dir" >"$out"
+    if ! cmp -s "$RUN/fp-source.txt" "$out"; then
+        diff "$RUN/fp-source.txt" "$out" | head -n 6 >&2 || true
+        die "$what: $dir differs from the source (b3sum lists in $RUN/fp-source.txt and $out)"
+    fi
+}
+# uplink_bytes: bytes host 0 has sent so far, by its tbf qdisc.
+uplink_bytes() { "$NC" exec 0 tc -s qdisc show dev eth0 | awk '/Sent/ { print $2; exit }'; }
+
+# ---------------------------------------------------------------- one run ----
+
+run_one() {
+    local n=$1 rate=$2 size=$3 i
+    [[ $n =~ ^[0-9]+$ && $n -ge 1 && $n -le 60 ]] || die "N must be 1..60 (got '$n')"
+    check_rate_size "$rate" "$size"
+    preflight
+    find_xfer
+    exec 9>"$FANOUT_DIR/.lock"
+    flock -n 9 || die "another bench-fanout run holds $FANOUT_DIR/.lock; wait for it to finish"
+    local avail need_mb
+    avail=$(df -Pm "$FANOUT_DIR" | awk 'NR == 2 { print $4 }')
+    need_mb=$((size * (n + 3)))
+    [ "$avail" -gt "$need_mb" ] || die "need ~$need_mb MiB free in $FANOUT_DIR (source + $n copies), have $avail; lower SIZE_MIB or set FANOUT_DIR"
+
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    rm -rf "$RUN" "$FANOUT_DIR"/h[0-9]*
+    mkdir -p "$RUN"
+    local t_start=$EPOCHREALTIME
+
+    local src bytes files
+    src=$(gen_tree "$size")
+    warm "$src"
+    bytes=$(tree_bytes "$src")
+    files=$(find "$src" -type f | wc -l)
+    fingerprint "$src" >"$RUN/fp-source.txt"
+    local ideal timeout_s
+    ideal=$(calc "$bytes / ($rate * 1e6 / 8)")
+    timeout_s=${PUSH_TIMEOUT:-$(awk -v s="$ideal" -v n="$n" 'BEGIN { printf "%d", 4 * n * s + 120 }')}
+
+    cp "$XFER_BIN" "$RUN/xfer" # a rebuild elsewhere cannot swap the binary mid-run
+    local xfer=$RUN/xfer key=$RUN/cluster.key
+    "$xfer" keygen --out "$key" >/dev/null
+    unset XFER_CONGESTION XFER_KEY RUST_LOG
+    export XDG_CACHE_HOME=$RUN/cache # with --rehash: every push hashes the tree anew
+
+    log "cluster: hosts 0..$n ($PREFIX-h*), $rate Mbit/s per link; tree $src: $bytes bytes, $files files; S/B $(fmt %.2f "$ideal") s"
+    CLUSTER_UP=1
+    "$NC" up "$n" "$rate"
+
+    local ips=() to=""
+    for ((i = 1; i <= n; i++)); do
+        ips[i]=$("$NC" ip "$i")
+        to+="${to:+,}${ips[i]}:$PORT"
+        mkdir -p "$FANOUT_DIR/h$i/xfer" "$FANOUT_DIR/h$i/rsync"
+    done
+    sync
+
+    # ---- xfer: one agent per node, one push from host 0
+    local apid=()
+    for ((i = 1; i <= n; i++)); do
+        "$NC" exec "$i" "$xfer" serve --listen "${ips[i]}:$PORT" --root "$FANOUT_DIR/h$i/xfer" --key "$key" \
+            >"$RUN/agent-$i.out" 2>"$RUN/agent-$i.err" &
+        apid[i]=$!
+        track "${apid[i]}"
+    done
+    local tries
+    for ((i = 1; i <= n; i++)); do
+        for ((tries = 0; tries < 150; tries++)); do
+            if grep -q 'xfer agent listening' "$RUN/agent-$i.out"; then break; fi
+            kill -0 "${apid[i]}" 2>/dev/null || die "agent on host $i exited at start: $(tail -n3 "$RUN/agent-$i.err" | tr '\n' ' ')"
+            sleep 0.1
+        done
+        grep -q 'xfer agent listening' "$RUN/agent-$i.out" || die "agent on host $i did not print 'xfer agent listening' within 15 s (see $RUN/agent-$i.err)"
+    done
+
+    log "xfer: pushing to $n agents (timeout ${timeout_s}s)"
+    local up0 up1 t0 t1 rc=0
+    up0=$(uplink_bytes)
+    t0=$EPOCHREALTIME
+    # In the background and waited for, so a TERM or INT reaches the trap at once.
+    /usr/bin/time -f '%e %M' -o "$RUN/push.time" \
+        "$NC" exec 0 timeout -s INT "$timeout_s" "$xfer" push "$src" --to "$to" --key "$key" --json --rehash \
+        >"$RUN/push.json" 2>"$RUN/push.err" &
+    local ppid=$!
+    track "$ppid"
+    wait "$ppid" || rc=$?
+    t1=$EPOCHREALTIME
+    untrack "$ppid"
+    up1=$(uplink_bytes)
+    local x_wall x_up_x
+    x_wall=$(calc "$t1 - $t0")
+    x_up_x=$(calc "($up1 - $up0) / $bytes")
+    if [ "$rc" != 0 ]; then
+        local why
+        why=$(jq -r '.nodes[]? | select(.ok | not) | "\(.addr): \(.error)"' "$RUN/push.json" 2>/dev/null | head -n 3 | tr '\n' ' ' || true)
+        [ "$rc" != 124 ] || why="no result after ${timeout_s}s (set PUSH_TIMEOUT to wait longer) $why"
+        die "xfer push exited $rc: ${why:-$(tail -n 3 "$RUN/push.err" | tr '\n' ' ')}"
+    fi
+    jq -e . "$RUN/push.json" >/dev/null 2>&1 || die "xfer push printed no JSON summary (see $RUN/push.json, $RUN/push.err)"
+    local j_total j_hash j_dur j_ok src_x src_x_from
+    read -r j_total j_hash j_dur j_ok < <(jq -r '[.bytes_total, .hash_s, .duration_s, ([.nodes[].ok] | all)] | @tsv' "$RUN/push.json")
+    [ "$j_ok" = true ] || die "xfer push reported a failed node: $(jq -c '[.nodes[] | select(.ok | not) | {addr, error}]' "$RUN/push.json")"
+    [ "$j_total" = "$bytes" ] || die "xfer push reports bytes_total $j_total, the tree holds $bytes"
+    if jq -e 'has("source_sent_x")' "$RUN/push.json" >/dev/null; then
+        src_x=$(jq -r '.source_sent_x' "$RUN/push.json")
+        src_x_from=source_sent_x
+    else
+        src_x=$(jq -r '.bytes_sent / .bytes_total' "$RUN/push.json")
+        src_x_from="bytes_sent/bytes_total; this xfer's JSON has no source_sent_x"
+    fi
+    local x_s push_rss rss=()
+    x_s=$(calc "$j_dur - $j_hash")
+    push_rss=$(awk 'END { print $2 }' "$RUN/push.time")
+    for ((i = 1; i <= n; i++)); do
+        rss[i]=$(awk '/^VmHWM:/ { print $2 }' "/proc/${apid[i]}/status" 2>/dev/null || echo 0)
+        stop_pid "${apid[i]}"
+        if grep -Eq ' (WARN|ERROR) ' "$RUN/agent-$i.err"; then
+            log "note: agent $i logged: $(grep -E ' (WARN|ERROR) ' "$RUN/agent-$i.err" | head -n 2 | tr '\n' ' ')"
+        fi
+    done
+    for ((i = 1; i <= n; i++)); do verify_tree "xfer node $i" "$FANOUT_DIR/h$i/xfer/$MODEL_NAME"; done
+    log "xfer: $(fmt %.2f "$x_s") s transfer, $(fmt %.2f "$x_wall") s whole command; $n copies verified"
+    rm -rf "$FANOUT_DIR"/h[0-9]*/xfer
+    sync
+
+    # ---- rsync star: one daemon per node, N parallel clients on host 0
+    local dpid=()
+    for ((i = 1; i <= n; i++)); do
+        cat >"$RUN/rsyncd-$i.conf" <<EOF
+pid file = $RUN/rsyncd-$i.pid
+log file = $RUN/rsyncd-$i.log
+address = ${ips[i]}
+port = $RPORT
+use chroot = no
+uid = root
+gid = root
+[fanout]
+    path = $FANOUT_DIR/h$i/rsync
+    read only = false
+EOF
+        "$NC" exec "$i" rsync --daemon --no-detach --config="$RUN/rsyncd-$i.conf" >"$RUN/rsyncd-$i.out" 2>&1 &
+        dpid[i]=$!
+        track "${dpid[i]}"
+    done
+    for ((i = 1; i <= n; i++)); do
+        for ((tries = 0; tries < 100; tries++)); do
+            if [ -n "$("$NC" exec "$i" ss -Hltn "sport = :$RPORT")" ]; then break; fi
+            kill -0 "${dpid[i]}" 2>/dev/null || die "rsync daemon on host $i exited: $(tail -n3 "$RUN/rsyncd-$i.out" | tr '\n' ' ')"
+            sleep 0.1
+        done
+        [ -n "$("$NC" exec "$i" ss -Hltn "sport = :$RPORT")" ] || die "rsync daemon on host $i is not listening on TCP $RPORT after 10 s"
+    done
+
+    log "rsync: $n parallel rsync -a --whole-file clients from host 0"
+    local cpid=() crc=() failed=""
+    up0=$(uplink_bytes)
+    t0=$EPOCHREALTIME
+    for ((i = 1; i <= n; i++)); do
+        /usr/bin/time -f '%e %M' -o "$RUN/rsync-$i.time" \
+            "$NC" exec 0 timeout -s INT "$timeout_s" rsync -a --whole-file "$src/" "rsync://${ips[i]}:$RPORT/fanout/$MODEL_NAME/" \
+            >"$RUN/rsync-$i.out" 2>&1 &
+        cpid[i]=$!
+        track "${cpid[i]}"
+    done
+    for ((i = 1; i <= n; i++)); do
+        crc[i]=0
+        wait "${cpid[i]}" || crc[i]=$?
+        untrack "${cpid[i]}"
+        [ "${crc[i]}" = 0 ] || failed+=" host $i: exit ${crc[i]} $(tail -n 2 "$RUN/rsync-$i.out" | tr '\n' ' ')"
+    done
+    t1=$EPOCHREALTIME
+    up1=$(uplink_bytes)
+    [ -z "$failed" ] || die "rsync failed:$failed"
+    local r_s r_up_x
+    r_s=$(calc "$t1 - $t0")
+    r_up_x=$(calc "($up1 - $up0) / $bytes")
+    for ((i = 1; i <= n; i++)); do stop_pid "${dpid[i]}"; done
+    for ((i = 1; i <= n; i++)); do verify_tree "rsync node $i" "$FANOUT_DIR/h$i/rsync/$MODEL_NAME"; done
+    log "rsync: $(fmt %.2f "$r_s") s; $n copies verified"
+
+    # ---- report
+    local rows=() node nsent nsrc npeer ndur
+    rows+=("node"$'\t'"addr"$'\t'"xfer_s"$'\t'"sent_MiB"$'\t'"from_source_MiB"$'\t'"from_peers_MiB"$'\t'"agent_rss_MiB"$'\t'"rsync_s"$'\t'"rsync_rss_MiB")
+    for ((i = 1; i <= n; i++)); do
+        node=$(jq -c --arg p "${ips[i]}:" 'first(.nodes[] | select(.addr | startswith($p))) // {}' "$RUN/push.json")
+        read -r nsent nsrc npeer ndur < <(jq -r '[.bytes_sent // "-", .from_source // "-", .from_peers // "-", .duration_s // "n/a"] | @tsv' <<<"$node")
+        rows+=("$i"$'\t'"${ips[i]}:$PORT"$'\t'"$(fmt %.2f "$ndur")"$'\t'"$(mib "$nsent")"$'\t'"$(mib "$nsrc")"$'\t'"$(mib "$npeer")"$'\t'"$(fmt %.1f "$(calc "${rss[i]:-0} / 1024")")"$'\t'"$(awk 'END { print $1 }' "$RUN/rsync-$i.time")"$'\t'"$(fmt %.1f "$(calc "$(awk 'END { print $2 }' "$RUN/rsync-$i.time") / 1024")")")
+    done
+    local stamp
+    stamp=$(date -u +%Y%m%dT%H%M%SZ)
+    {
+        echo
+        printf '== xfer fan-out: N=%d nodes, %d Mbit/s per link, %d MiB tree (%d bytes, %d files), xfer %s, %d cores, %s ==\n' \
+            "$n" "$rate" "$size" "$bytes" "$files" "$XFER_REV" "$(nproc)" "$stamp"
+        printf '%-34s %8.2f s\n' "ideal S/B" "$ideal"
+        printf '%-34s %8.2f s  %5.2f x S/B\n' "xfer push, transfer (dur - hash)" "$x_s" "$(calc "$x_s / $ideal")"
+        printf '%-34s %8.2f s  %5.2f x S/B  (hash_s %.2f)\n' "xfer push, whole command" "$x_wall" "$(calc "$x_wall / $ideal")" "$j_hash"
+        printf '%-34s %8.2f s  %5.2f x S/B\n' "rsync star, $n parallel clients" "$r_s" "$(calc "$r_s / $ideal")"
+        printf '%-34s %8s\n' "rsync / xfer (transfer)" "$(ratio "$r_s" "$x_s")"
+        printf '%-34s %8.2f x S  (%s)\n' "source sent by xfer" "$src_x" "$src_x_from"
+        printf '%-34s %8.2f x S  xfer, %.2f x S rsync (packets incl. headers)\n' "source uplink on the wire (tc)" "$x_up_x" "$r_up_x"
+        printf '%-34s %8.1f MiB\n' "peak RSS xfer pusher" "$(calc "$push_rss / 1024")"
+        printf '%s\n' "${rows[@]}" | column -t -s $'\t'
+    } | tee -a "$FANOUT_DIR/summary.txt"
+
+    local row
+    row=$(printf '%d,%d,%d,%.3f,%.3f,%.3f,%.3f' "$n" "$rate" "$size" "$ideal" "$x_s" "$r_s" "$src_x")
+    [ -s "$RESULTS" ] || echo "$CSV_HEADER" >"$RESULTS"
+    echo "$row" >>"$RESULTS"
+    if [ -n "${FANOUT_ROW_OUT:-}" ]; then
+        printf '%s,%.3f,%s\n' "$row" "$x_wall" "$XFER_REV" >>"$FANOUT_ROW_OUT"
+    fi
+    log "run took $(fmt %.0f "$(calc "$EPOCHREALTIME - $t_start")") s; appended to $RESULTS"
+}
+
+# ---------------------------------------------------------------- plot ----
+
+plot() {
+    local rate=${1:-200} size=${2:-512} n
+    check_rate_size "$rate" "$size"
+    preflight
+    find_xfer
+    need gnuplot gnuplot-nox
+    local rowfile=$FANOUT_DIR/plot-rows.csv t0=$EPOCHREALTIME
+    : >"$rowfile"
+    log "plot: N = $PLOT_NS at $rate Mbit/s, $size MiB"
+    for n in $PLOT_NS; do
+        FANOUT_ROW_OUT=$rowfile "$SELF" "$n" "$rate" "$size" || die "the run with N=$n failed (its log is above); fix that first"
+    done
+    mkdir -p "$REPO/docs"
+    local csv=$REPO/docs/fanout.csv png=$REPO/docs/fanout.png
+    {
+        echo "$CSV_HEADER,xfer_whole_s,xfer_rev"
+        cat "$rowfile"
+    } >"$csv"
+    rm -f "$rowfile"
+    # Label a plot made while xfer still delivers as a star (source sends ~N*S).
+    local note="" xtics nmax
+    note=$(awk -F, 'NR > 1 && $1 > 1 && $7 >= 0.9 * $1 { star = 1 } END { if (star) print "\\n(star build: xfer sent ~N·S from the source; not peer-to-peer fan-out)" }' "$csv")
+    xtics=$(awk -F, 'NR > 1 { printf "%s%s", sep, $1; sep = "," }' "$csv")
+    nmax=$(awk -F, 'NR > 1 && $1 > m { m = $1 } END { print m }' "$csv")
+    local term="pngcairo size 960,640 font 'Sans,11'"
+    gnuplot -e 'set terminal' 2>&1 | grep -q pngcairo || term="png size 960,640"
+    gnuplot <<EOF
+set terminal $term
+set termoption noenhanced
+set output '$png'
+set datafile separator ','
+set title "Time to deliver a $size MiB model to N nodes, $rate Mbit/s per link (xfer $XFER_REV)$note"
+set xlabel 'nodes N'
+set ylabel 'seconds until every node holds the model'
+set logscale x 2
+set xtics ($xtics)
+set xrange [0.8:$nmax * 1.25]
+set yrange [0:*]
+set grid
+set key top left
+plot '$csv' skip 1 using 1:5 with linespoints lw 2 pt 7 title 'xfer push (duration_s - hash_s)', \
+     '' skip 1 using 1:6 with linespoints lw 2 pt 5 title 'rsync star (N parallel rsync -a --whole-file)', \
+     '' skip 1 using 1:4 with lines lw 2 dt 2 title 'ideal S/B', \
+     '' skip 1 using 1:(\$1 * \$4) with lines lw 1 dt 3 lc rgb 'gray40' title 'star bound N*S/B'
+EOF
+    log "plot: wrote $csv and $png in $(fmt %.0f "$(calc "$EPOCHREALTIME - $t0")") s"
+    column -t -s, "$csv"
+}
+
+case ${1:-} in
+plot)
+    [ $# -le 3 ] || {
+        usage >&2
+        exit 2
+    }
+    plot "${2:-200}" "${3:-512}"
+    ;;
+-h | --help | help) usage ;;
+*)
+    [ $# -eq 3 ] || {
+        usage >&2
+        exit 2
+    }
+    run_one "$1" "$2" "$3"
+    ;;
+esac
