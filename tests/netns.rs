@@ -126,13 +126,21 @@ fn addrs(c: &Cluster, hosts: impl Iterator<Item = u32>) -> Vec<String> {
     hosts.map(|i| format!("{}:7470", c.ip(i))).collect()
 }
 
-/// `xfer push SRC --to ADDRS --json` from host 0, as a command.
+/// `xfer push SRC --to ADDRS --json` from host 0, as a command. Chunks of
+/// 1 MiB give these small models enough chunks to spread over a swarm.
 fn push_from_source(c: &Cluster, src: &Path, to: &[String], key: &Path, cache: &Path) -> Command {
     let mut cmd = c.xfer(0);
     cmd.env("XDG_CACHE_HOME", cache)
         .arg("push")
         .arg(src)
-        .args(["--to", &to.join(","), "--json", "--key"])
+        .args([
+            "--to",
+            &to.join(","),
+            "--json",
+            "--chunk-size",
+            "1MiB",
+            "--key",
+        ])
         .arg(key);
     cmd
 }
@@ -202,7 +210,7 @@ fn a_receiver_killed_mid_transfer_does_not_stop_the_others_and_resumes_after_res
     keygen(&key);
     let src = t.path().join("m");
     gen_model(&src, 96 * MIB, 92);
-    let manifest = scan(&src, 4 * MIB);
+    let manifest = scan(&src, MIB);
     let total = tree_bytes(&src);
     let root = |i: u32| t.path().join(format!("h{i}"));
     let mut agents: Vec<_> = (1..=3)

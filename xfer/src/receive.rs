@@ -126,6 +126,7 @@ pub async fn receive<F: ChunkFetcher>(
         transfer,
         fetchers: HashMap::new(),
         tasks: JoinSet::new(),
+        running: HashMap::new(),
         tx,
         rx,
         received_bytes: 0,
@@ -155,6 +156,8 @@ struct Driver<F> {
     sched: Scheduler,
     fetchers: HashMap<PeerId, F>,
     tasks: JoinSet<()>,
+    /// Fetches in flight, to stop on `Cancel`.
+    running: HashMap<(PeerId, u64), CancellationToken>,
     tx: mpsc::UnboundedSender<Report>,
     rx: mpsc::UnboundedReceiver<Report>,
     received_bytes: u64,
@@ -203,10 +206,14 @@ impl<F: ChunkFetcher> Driver<F> {
                 Some(fetcher) => self.spawn_fetch(fetcher, peer, chunk),
                 None => self.sched.handle(Event::PeerGone { peer }),
             },
-            // Endgame duplicates only arise with several holders; a fetch
-            // that still completes reports a chunk already held, which the
-            // scheduler ignores.
-            Action::Cancel { .. } => {}
+            // Another copy arrived first: abort this fetch, which stops the
+            // stream so the peer stops sending. A fetch that completed just
+            // before reports a chunk already held, which is ignored.
+            Action::Cancel { peer, chunk } => {
+                if let Some(stop) = self.running.remove(&(peer, chunk)) {
+                    stop.cancel();
+                }
+            }
             Action::DropPeer { peer, reason } => {
                 let DropReason::Corrupt { strikes } = reason;
                 let why = format!("it served {strikes} chunk(s) that failed their BLAKE3 check");
@@ -256,11 +263,20 @@ impl<F: ChunkFetcher> Driver<F> {
 
     fn spawn_fetch(&mut self, fetcher: F, peer: PeerId, chunk: u64) {
         let (t, tx) = (self.transfer.clone(), self.tx.clone());
+        let stop = CancellationToken::new();
+        self.running.insert((peer, chunk), stop.clone());
         self.tasks.spawn(async move {
             let started = Instant::now();
             let id = t.map().id(chunk);
             let len = t.map().chunk_len(id) as usize;
-            let outcome = match fetcher.fetch(id, len).await {
+            // Only the network part is cancelled (dropping the stream tells
+            // the peer to stop sending); a write that started completes and
+            // reports, so every stored byte is counted once.
+            let fetched = tokio::select! {
+                r = fetcher.fetch(id, len) => r,
+                _ = stop.cancelled() => return,
+            };
+            let outcome = match fetched {
                 Err(e) => Outcome::Fetch(e),
                 Ok(bytes) => {
                     let t2 = t.clone();
@@ -288,6 +304,9 @@ impl<F: ChunkFetcher> Driver<F> {
         outcome: Outcome,
         took: Duration,
     ) -> Result<(), Refusal> {
+        self.running.remove(&(peer, chunk));
+        // Reap finished tasks, so the set stays as small as what is in flight.
+        while self.tasks.try_join_next().is_some() {}
         match outcome {
             Outcome::Stored(n) => {
                 self.received_bytes += n;
@@ -401,5 +420,35 @@ impl SlowDetector {
             return true;
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1 << 20;
+
+    #[test]
+    fn a_peer_three_times_slower_than_the_mean_is_reported_once() {
+        let mut d = SlowDetector::default();
+        let fast = Duration::from_millis(100);
+        for _ in 0..8 {
+            assert!(!d.record(1, 4 * MB, fast));
+            assert!(!d.record(2, 4 * MB, fast));
+        }
+        let slow = Duration::from_millis(1000);
+        let reports: Vec<bool> = (0..6).map(|_| d.record(3, 4 * MB, slow)).collect();
+        // Not before MIN_SAMPLES, then exactly once.
+        assert_eq!(reports, [false, false, false, true, false, false]);
+    }
+
+    #[test]
+    fn peers_of_similar_speed_are_never_reported() {
+        let mut d = SlowDetector::default();
+        for i in 0..200u64 {
+            let jitter = Duration::from_millis(80 + (i * 37 % 60));
+            assert!(!d.record((i % 4) as PeerId, 4 * MB, jitter), "sample {i}");
+        }
     }
 }

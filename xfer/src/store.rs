@@ -299,6 +299,7 @@ impl Store {
             final_dir,
             record_path: self.record_path(name),
             handles: (0..n).map(|_| Mutex::new(None)).collect(),
+            recording: (0..n).map(|_| Mutex::new(())).collect(),
             file_entries: manifest
                 .entries
                 .iter()
@@ -398,6 +399,10 @@ pub struct Transfer {
     final_dir: PathBuf,
     record_path: PathBuf,
     handles: Vec<Mutex<Option<Arc<StagedFile>>>>,
+    /// Per file: held while a written chunk is recorded (and, if it
+    /// completes the file, while the file is placed), so a second copy of
+    /// the chunk reports `Duplicate` only once the first is fully recorded.
+    recording: Vec<Mutex<()>>,
     /// Position in `manifest.entries` of each file.
     file_entries: Vec<usize>,
     journal: Mutex<Journal>,
@@ -512,12 +517,14 @@ impl Transfer {
             return Err(ChunkError::Corrupt(id));
         }
         if self.state.lock().unwrap().held.contains(num) {
+            let _recorded = self.recording[id.file as usize].lock().unwrap();
             return Ok(Written::Duplicate);
         }
         let f = self.handle(id.file).map_err(ChunkError::Refused)?;
         let path = self.data_path(id.file);
         f.write_at(data, self.map.offset(id))
             .map_err(|e| ChunkError::Refused(self.disk_refusal(&path, e, data.len() as u64)))?;
+        let _recording = self.recording[id.file as usize].lock().unwrap();
         let complete = {
             let mut st = self.state.lock().unwrap();
             if !st.held.insert(num) {
