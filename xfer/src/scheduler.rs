@@ -12,11 +12,15 @@
 //! chunk they verify (`PeerHas`). Policy:
 //!
 //! - **Peers before the seed.** A chunk that some partial peer holds is only
-//!   ever fetched from partial peers, rarest first (fewest holders; chunks are
-//!   kept in buckets by holder count, so this costs O(1) per announcement),
-//!   ties broken at a per-receiver random place in the bucket so receivers
-//!   spread over different chunks. Among the holders of the chosen chunk the
-//!   one with the fewest of our requests in flight is asked.
+//!   ever fetched from partial peers. Requests are driven by peer: the
+//!   partial peers are visited in rotation (from a per-receiver place), and
+//!   each one with room is asked for the rarest requestable chunk it holds
+//!   (fewest holders; chunks are kept in buckets by holder count, so this
+//!   costs O(1) per announcement), one request per visit, from a
+//!   per-receiver random place among equally rare chunks. So our requests
+//!   spread over every peer that has something for us instead of piling
+//!   onto the few holders of the rarest chunks. A peer announcing a chunk we
+//!   lack is asked for it at once if there is room.
 //! - **Super-seeding by partition.** A chunk no partial peer holds is fetched
 //!   from a seed, but in a swarm ([`Config::me`] set) only by its *home*
 //!   receiver: with the receivers known when the first seed joined sorted
@@ -24,14 +28,31 @@
 //!   or, if that receiver is gone, slow or served a corrupt chunk, at the live
 //!   one with the highest rendezvous hash of (chunk, receiver). Receivers that
 //!   see the same live set agree, so the source uploads each chunk about once.
-//!   A receiver with nothing in flight may still take one chunk of another
-//!   home from the seed, so nothing waits forever on a home that never
-//!   delivers.
-//! - **Busy peers.** A partial peer that declines a request
-//!   (`FetchFailed`) is not asked for that chunk again until it serves us
-//!   something, or until we have nothing in flight.
+//!   Home chunks are asked in chunk order, and only a little ahead of the
+//!   swarm ([`Config::seed_lead`]): so the seed serves the swarm roughly in
+//!   order, a few chunks at a time, and the first copies reach the swarm early
+//!   instead of all arriving together late. When a partial peer announces a
+//!   chunk we asked the seed for, that request is withdrawn
+//!   ([`Action::Cancel`]): the seed's upload is the scarcest there is. A
+//!   receiver with nothing in flight, nothing to ask of partial peers and no
+//!   home chunk waiting may take one chunk of another home from the seed, so
+//!   nothing waits forever on a home that never delivers.
+//! - **Slow start.** In a swarm, a receiver holding `k` chunks has at most
+//!   `k + 1` requests in flight to partial peers: early on, when few chunks
+//!   exist, their copies go to many receivers rather than a few.
+//! - **Busy peers.** A partial peer that declines a request (`FetchFailed`)
+//!   is not asked again until it serves us something, until we have no
+//!   request in flight to any partial peer, or until we have verified twice
+//!   as many chunks as we have peers, whichever comes first (or, for a chunk
+//!   it announces while we have room, at once).
 //! - **Slow peers.** A peer the runtime reports slow ([`Event::PeerSlow`])
-//!   is asked only when no other holder has room, and is not a home.
+//!   is asked only for chunks no other peer holds, and is not a home.
+//! - **Corrupt chunks.** A partial peer that serves one chunk failing its
+//!   check is dropped for the transfer ([`Action::DropPeer`]; it is ignored
+//!   if it joins again) and the chunk is fetched elsewhere. A seed is dropped
+//!   only after more than [`Config::max_peer_strikes`] corrupt chunks. A
+//!   chunk that fails [`Config::max_chunk_failures`] times anywhere stops the
+//!   transfer with a reason.
 //! - **Windows.** Up to `window` requests per partial peer, `seed_window` per
 //!   seed, and `max_in_flight` to partial peers in all (requests to a seed do
 //!   not count, so a busy swarm never starves the source of work).
@@ -41,9 +62,7 @@
 //!
 //! Without [`Config::me`] and with `tie_break == 0` (a plain push from one
 //! source) this reduces to: lowest-numbered missing chunk first, `window` in
-//! flight, so files complete (and are placed) in order. A peer that serves too
-//! many corrupt chunks is dropped; a chunk that fails too often anywhere stops
-//! the transfer with a reason.
+//! flight, so files complete (and are placed) in order.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -57,7 +76,8 @@ pub type PeerId = u32;
 pub struct Config {
     /// Requests in flight per partial peer (and per seed unless `seed_window`).
     pub window: u32,
-    /// Corrupt chunks a peer may serve before it is dropped.
+    /// Corrupt chunks a seed may serve before it is dropped (a partial peer
+    /// is dropped at its first).
     pub max_peer_strikes: u32,
     /// Times one chunk may fail verification before the transfer stops.
     pub max_chunk_failures: u32,
@@ -74,6 +94,14 @@ pub struct Config {
     /// Missing-chunk count at or below which in-flight chunks are also
     /// requested from a second holder; 0 disables the endgame.
     pub endgame: u32,
+    /// In a swarm, how far ahead of the chunks already in the swarm a home
+    /// chunk may be asked of the seed (chunk `c` only once `c < present +
+    /// seed_lead`, and at first `c < 2 * present + 1`), so the seed serves
+    /// the swarm in order, a few chunks at a time, and the first copies
+    /// reach the swarm early; 0: no limit. Relies on `PeerHas` announcements
+    /// reaching us: without them a receiver may wait for a swarm it never
+    /// hears from.
+    pub seed_lead: u32,
 }
 
 impl Default for Config {
@@ -87,6 +115,7 @@ impl Default for Config {
             me: None,
             tie_break: 0,
             endgame: 0,
+            seed_lead: 16,
         }
     }
 }
@@ -121,8 +150,9 @@ pub enum Action {
         chunk: u64,
     },
     /// An earlier `Fetch` of this chunk from this peer is no longer needed
-    /// (another copy arrived first). The runtime may abort it; if it still
-    /// completes, its result is ignored.
+    /// (another copy arrived first, or a seed was asked for a chunk a partial
+    /// peer now holds). The runtime may abort it; if it still completes, its
+    /// result is ignored.
     Cancel {
         peer: PeerId,
         chunk: u64,
@@ -139,7 +169,7 @@ pub enum Action {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropReason {
-    /// Served more corrupt chunks than allowed.
+    /// Served more corrupt chunks than allowed (a partial peer: one).
     Corrupt { strikes: u32 },
 }
 
@@ -161,11 +191,12 @@ struct Peer {
     alive: bool,
     /// Reported slow ([`Event::PeerSlow`]).
     slow: bool,
-    /// Chunks this peer declined to serve us (busy); skipped until it serves
-    /// us a chunk, or until nothing else is left to ask for.
-    declined: ChunkSet,
-    /// `declined` counts only while this equals `Scheduler::epoch`.
-    declined_epoch: u64,
+    /// The `Scheduler::epoch` in which it last declined a request (busy), or
+    /// 0. It is not asked again while that epoch lasts and we have verified
+    /// fewer than `refused_until` chunks, unless it serves us one meanwhile
+    /// (or announces a chunk we lack while we have room).
+    refused: u64,
+    refused_until: u64,
 }
 
 /// No peer (an index into `Scheduler::peers`).
@@ -213,11 +244,12 @@ pub struct Scheduler {
     /// Per chunk: its bucket (`NONE` if none) and position there.
     bucket_of: Vec<u32>,
     bucket_pos: Vec<u32>,
-    /// Missing chunks homed here, in tie-break order; entries before
-    /// `mine_head` are held.
+    /// Missing chunks homed here (in a swarm, in chunk order; otherwise in
+    /// tie-break order); entries before `mine_head` are held.
     mine: Vec<u64>,
     mine_head: usize,
-    /// Advances when nothing is in flight: every decline is forgotten then.
+    /// Advances when nothing is in flight to a partial peer: every decline
+    /// is forgotten then.
     epoch: u64,
     actions: VecDeque<Action>,
     finished: bool,
@@ -226,6 +258,19 @@ pub struct Scheduler {
     seeded: bool,
     /// Rotates among equally loaded holders.
     turn: u64,
+    /// Next peer (index) the peer rotation visits.
+    cursor: usize,
+    /// Requestable chunks (the total size of `buckets`).
+    queued: usize,
+    /// Partial peers that served a corrupt chunk: ignored for good.
+    banned: Vec<PeerId>,
+    /// Chunks held here or by some partial peer, ever, and their number.
+    known: ChunkSet,
+    seen: u64,
+    /// Whether a home chunk waits for the seed lead (see `pick_from_seed`).
+    gated: bool,
+    /// Chunks verified (from any peer) so far.
+    verified: u64,
     /// Receivers known when the first seed joined (with `cfg.me`), sorted:
     /// the shared basis of the home partition.
     roster: Vec<PeerId>,
@@ -244,6 +289,7 @@ impl Scheduler {
         }
         let me = cfg.me.unwrap_or(0);
         let mine = order.clone();
+        let (known, seen) = (held.clone(), held.count());
         let mut s = Scheduler {
             cfg,
             missing: order.len() as u64,
@@ -269,6 +315,13 @@ impl Scheduler {
             finished: false,
             seeded: false,
             turn: cfg.tie_break,
+            cursor: (mix(cfg.tie_break) >> 33) as usize,
+            queued: 0,
+            banned: Vec::new(),
+            known,
+            seen,
+            gated: false,
+            verified: 0,
             roster: Vec::new(),
             roster_frozen: false,
             // Never equal to a real length: the first rehome adds `me`.
@@ -288,6 +341,11 @@ impl Scheduler {
         self.requests
     }
 
+    /// Whether `p` declined a request lately (see `Peer::refused`).
+    fn refusing(&self, p: &Peer) -> bool {
+        p.refused == self.epoch && self.verified < p.refused_until
+    }
+
     /// Feeds one event.
     pub fn handle(&mut self, event: Event) {
         match event {
@@ -300,11 +358,13 @@ impl Scheduler {
             }
             Event::Verified { peer, chunk } => {
                 self.finish_request(peer, chunk);
+                self.verified += 1;
                 if let Some(i) = self.slot(peer) {
-                    // It is serving us again: its declines are forgotten.
-                    self.peers[i].declined_epoch = 0;
+                    // It is serving us again: its decline is forgotten.
+                    self.peers[i].refused = 0;
                 }
                 if chunk < self.held.capacity() && self.held.insert(chunk) {
+                    self.note(chunk);
                     self.missing -= 1;
                     self.unbucket(chunk);
                     let c = chunk as usize;
@@ -333,21 +393,14 @@ impl Scheduler {
                         self.settle();
                         return;
                     }
-                    // Never ask a partial peer again for a chunk it got wrong.
-                    if !self.peers[i].seed && chunk < self.held.capacity() {
-                        let p = &mut self.peers[i];
-                        if p.has.contains(chunk) {
-                            p.has.remove(chunk);
-                            self.holders[chunk as usize].retain(|&h| h as usize != i);
-                            self.rebucket(chunk);
-                        }
-                    }
                     self.peers[i].strikes += 1;
                     let strikes = self.peers[i].strikes;
-                    if strikes == 1 {
-                        self.rehome();
-                    }
-                    if strikes > self.cfg.max_peer_strikes {
+                    // A partial peer gets no second chance: what it holds
+                    // is not to be trusted, and others hold the same.
+                    if !self.peers[i].seed || strikes > self.cfg.max_peer_strikes {
+                        if !self.peers[i].seed {
+                            self.banned.push(peer);
+                        }
                         self.remove_peer(i);
                         self.actions.push_back(Action::DropPeer {
                             peer,
@@ -358,16 +411,12 @@ impl Scheduler {
             }
             Event::FetchFailed { peer, chunk } => {
                 self.finish_request(peer, chunk);
-                // A partial peer that declined (busy) is not asked for this
-                // chunk again until it serves us something or we run dry.
+                // A partial peer that declined (busy) is left alone for a
+                // while (see `Peer::refused`).
                 if let Some(i) = self.slot(peer) {
-                    let p = &mut self.peers[i];
-                    if !p.seed && chunk < p.has.capacity() {
-                        if p.declined_epoch != self.epoch {
-                            p.declined = ChunkSet::empty(p.has.capacity());
-                            p.declined_epoch = self.epoch;
-                        }
-                        p.declined.insert(chunk);
+                    if !self.peers[i].seed {
+                        self.peers[i].refused = self.epoch;
+                        self.peers[i].refused_until = self.verified + 2 * self.peers.len() as u64;
                     }
                 }
             }
@@ -394,7 +443,7 @@ impl Scheduler {
     }
 
     fn join(&mut self, peer: PeerId, has: ChunkSet) {
-        if has.capacity() != self.held.capacity() {
+        if has.capacity() != self.held.capacity() || self.banned.contains(&peer) {
             return;
         }
         if let Some(i) = self.slot(peer) {
@@ -410,8 +459,8 @@ impl Scheduler {
                 self.set_slot(peer, self.peers.len());
                 self.peers.push(Peer {
                     id: peer,
-                    declined: ChunkSet::empty(0),
-                    declined_epoch: 0,
+                    refused: 0,
+                    refused_until: 0,
                     has: ChunkSet::empty(0),
                     in_flight: 0,
                     strikes: 0,
@@ -426,12 +475,13 @@ impl Scheduler {
             for c in has.iter() {
                 self.holders[c as usize].push(i as u32);
                 self.rebucket(c);
+                self.note(c);
             }
         }
         self.peers[i] = Peer {
             id: peer,
-            declined: ChunkSet::empty(0),
-            declined_epoch: 0,
+            refused: 0,
+            refused_until: 0,
             has,
             in_flight: 0,
             strikes: 0,
@@ -508,6 +558,15 @@ impl Scheduler {
             .copied()
             .filter(|&c| home[c as usize] == me && !held.contains(c))
             .collect();
+        // The seed serves the swarm in chunk order (see `pick_from_seed`).
+        self.mine.sort_unstable();
+    }
+
+    /// Counts a chunk as present in the swarm.
+    fn note(&mut self, chunk: u64) -> bool {
+        let new = self.known.insert(chunk);
+        self.seen += new as u64;
+        new
     }
 
     fn peer_has(&mut self, peer: PeerId, chunk: u64) {
@@ -520,6 +579,21 @@ impl Scheduler {
         }
         let c = chunk as usize;
         self.holders[c].push(i as u32);
+        if self.note(chunk) && self.gated && !self.finished {
+            // The seed lead moved on: maybe a home chunk may be asked now.
+            while let Some((c, p)) = self.pick_from_seed(false) {
+                self.request(c, p);
+            }
+        }
+        // A partial peer can serve what we asked the seed for: the seed's
+        // time is the scarcest there is, so that request is withdrawn.
+        let o = self.owner[c];
+        if o != NONE && self.dup[c] == NONE && self.peers[o as usize].seed {
+            self.owner[c] = NONE;
+            self.release(o);
+            let seed = self.peers[o as usize].id;
+            self.actions.push_back(Action::Cancel { peer: seed, chunk });
+        }
         self.rebucket(chunk);
         // Fast path: only this chunk became newly available, and only from
         // this peer; take it if there is room, without a full pass.
@@ -561,6 +635,7 @@ impl Scheduler {
         let list = &mut self.buckets[b as usize];
         let pos = self.bucket_pos[c] as usize;
         list.swap_remove(pos);
+        self.queued -= 1;
         if let Some(&moved) = list.get(pos) {
             self.bucket_pos[moved as usize] = pos as u32;
         }
@@ -581,9 +656,15 @@ impl Scheduler {
         self.bucket_of[c] = h as u32;
         self.bucket_pos[c] = self.buckets[h].len() as u32;
         self.buckets[h].push(chunk);
+        self.queued += 1;
     }
 
     fn room(&self) -> bool {
+        // Slow start in a swarm: one request more than the chunks held.
+        let held = self.held.capacity() - self.missing;
+        if self.cfg.me.is_some() && self.peer_requests as u64 > held {
+            return false;
+        }
         self.cfg.max_in_flight == 0 || self.peer_requests < self.cfg.max_in_flight as usize
     }
 
@@ -708,7 +789,7 @@ impl Scheduler {
                 || p.seed != seeds
                 || i as u32 == not
                 || p.in_flight >= self.window(p)
-                || (p.declined_epoch == self.epoch && p.declined.contains(chunk))
+                || self.refusing(p)
                 || (seeds && !p.has.contains(chunk))
             {
                 continue;
@@ -725,50 +806,93 @@ impl Scheduler {
         best.map(|(i, _)| i)
     }
 
-    /// Requests missing chunks that partial peers hold, rarest first (ties in
-    /// tie-break order), each from its least-loaded holder with room, while
-    /// there is room.
-    fn fill_from_peers(&mut self) {
-        if !self.room() {
-            return;
-        }
-        // Only the best few matter: usually a slot or two is free, and a
-        // chunk none of whose holders has room is passed over. Within a
-        // bucket, start at a random place (the per-receiver tie-break).
-        let free = if self.cfg.max_in_flight == 0 {
-            usize::MAX
-        } else {
-            self.cfg.max_in_flight as usize - self.peer_requests
-        };
-        let want = free.saturating_add(8);
-        let mut picks: Vec<u64> = Vec::new();
-        for b in &self.buckets {
-            if picks.len() >= want {
-                break;
-            }
-            if b.is_empty() {
-                continue;
-            }
-            self.turn = mix(self.turn);
-            let start = (self.turn % b.len() as u64) as usize;
-            let take = b.len().min(want - picks.len());
-            picks.extend((0..take).map(|k| b[(start + k) % b.len()]));
-        }
-        for c in picks {
-            if !self.room() {
-                break;
-            }
-            if self.owner[c as usize] != NONE {
-                continue;
-            }
-            if let Some(p) = self.holder(c, false, NONE) {
-                self.request(c, p);
+    /// Requests chunks from partial peers while there is room: visits the
+    /// peers in rotation (from a per-receiver place) and asks each one that
+    /// has room and has not declined us for the rarest requestable chunk it
+    /// holds, one request per visit, so our requests spread over every peer
+    /// with something for us instead of piling onto the few holders of the
+    /// rarest chunks. Slow peers are visited last, and only for chunks no
+    /// other peer holds. Unless `full`, gives up after a bounded number of
+    /// fruitless visits (the rotation resumes there next time).
+    fn fill_from_peers(&mut self, full: bool) {
+        let n = self.peers.len();
+        let patience = if full { n } else { n.min(64) };
+        for pass in 0..2 {
+            let mut idle = 0;
+            while self.queued > 0 && self.room() && idle < patience {
+                let i = self.cursor % n;
+                self.cursor = self.cursor.wrapping_add(1);
+                let p = &self.peers[i];
+                if !p.alive
+                    || p.seed
+                    || p.in_flight >= self.window(p)
+                    || (pass == 0 && p.slow)
+                    || self.refusing(p)
+                {
+                    idle += 1;
+                    continue;
+                }
+                match self.best_from(i) {
+                    Some(c) => {
+                        self.request(c, i as u32);
+                        idle = 0;
+                    }
+                    None => idle += 1,
+                }
             }
         }
     }
 
-    /// The first missing chunk (in tie-break order), not in flight, held by no
-    /// partial peer and homed here (or any such chunk if `any`), from a seed.
+    /// The rarest requestable chunk peer `i` holds, from a random place among
+    /// equally rare ones; for a slow peer, only one no other peer holds.
+    fn best_from(&mut self, i: usize) -> Option<u64> {
+        let ok = |s: &Self, c: u64| {
+            let p = &s.peers[i];
+            p.has.contains(c)
+                && (!p.slow
+                    || s.holders[c as usize]
+                        .iter()
+                        .all(|&h| s.peers[h as usize].slow))
+        };
+        // The rarest few hundred first: a peer usually holds some of them.
+        let mut budget = 256usize;
+        for b in 1..self.buckets.len() {
+            let len = self.buckets[b].len();
+            if len == 0 {
+                continue;
+            }
+            self.turn = mix(self.turn);
+            let start = (self.turn % len as u64) as usize;
+            for k in 0..len.min(budget) {
+                let c = self.buckets[b][(start + k) % len];
+                if ok(self, c) {
+                    return Some(c);
+                }
+            }
+            budget -= len.min(budget);
+            if budget == 0 {
+                break;
+            }
+        }
+        if budget > 0 {
+            return None;
+        }
+        // Otherwise the rarest of what it holds.
+        let mut best: Option<(u32, u64)> = None;
+        for c in self.peers[i].has.iter() {
+            let b = self.bucket_of[c as usize];
+            if b != NONE && best.is_none_or(|(f, _)| b < f) && ok(self, c) {
+                best = Some((b, c));
+            }
+        }
+        best.map(|(_, c)| c)
+    }
+
+    /// The first missing chunk, not in flight, held by no partial peer and
+    /// homed here (or any such chunk, in tie-break order, if `any`), from a
+    /// seed. In a swarm, home chunk `c` waits (`gated`) until
+    /// `c < present + min(seed_lead, present + 1)`, where `present` counts
+    /// the chunks held here or by some partial peer.
     fn pick_from_seed(&mut self, any: bool) -> Option<(u64, u32)> {
         // Held chunks at the front are skipped for good (in a plain push the
         // front is where they accumulate).
@@ -783,12 +907,28 @@ impl Scheduler {
         } else {
             &self.mine[self.mine_head..]
         };
+        let lead = self.cfg.seed_lead as u64;
+        let gate = if any || self.cfg.me.is_none() || lead == 0 {
+            u64::MAX
+        } else {
+            self.seen + lead.min(self.seen + 1)
+        };
+        let mut gated = false;
         let c = list.iter().copied().find(|&c| {
             let ci = c as usize;
-            self.holders[ci].is_empty() && self.owner[ci] == NONE && !self.held.contains(c)
-        })?;
-        let p = self.holder(c, true, NONE)?;
-        Some((c, p))
+            if c >= gate {
+                gated = true;
+            }
+            c < gate
+                && self.holders[ci].is_empty()
+                && self.owner[ci] == NONE
+                && !self.held.contains(c)
+        });
+        if !any {
+            self.gated = gated;
+        }
+        let p = self.holder(c?, true, NONE)?;
+        Some((c?, p))
     }
 
     /// Endgame: a chunk in flight with no duplicate, from another holder.
@@ -829,15 +969,16 @@ impl Scheduler {
             let held = &self.held;
             self.order.retain(|&c| !held.contains(c));
         }
-        self.fill_from_peers();
+        self.fill_from_peers(false);
         while let Some((c, p)) = self.pick_from_seed(false) {
             self.request(c, p);
         }
-        if self.requests == 0 {
+        if self.peer_requests == 0 {
+            // Nothing in flight to a partial peer: every decline is forgotten.
             self.epoch += 1;
-            self.fill_from_peers();
+            self.fill_from_peers(true);
         }
-        if self.requests == 0 {
+        if self.requests == 0 && self.queued == 0 && !self.gated {
             if let Some((c, p)) = self.pick_from_seed(true) {
                 self.request(c, p);
             }
@@ -850,7 +991,7 @@ impl Scheduler {
                 }
             }
         }
-        if self.seeded && self.requests == 0 {
+        if self.seeded && self.requests == 0 && !self.gated {
             let missing = self.missing;
             self.stop(StuckReason::NoSource { missing });
         }
@@ -1025,6 +1166,7 @@ mod tests {
                 seed_window: 1,
                 max_in_flight: 4,
                 me: Some(me),
+                seed_lead: 0,
                 ..Config::default()
             },
         );
@@ -1056,17 +1198,175 @@ mod tests {
         assert_eq!(drain(&mut s), [Action::Fetch { peer: 3, chunk: 2 }]);
         s.handle(Event::Verified { peer: 0, chunk: 1 });
         assert_eq!(drain(&mut s), [Action::Fetch { peer: 0, chunk: 5 }]);
-        // A chunk a peer holds is never taken from the seed, even a home one.
+        // Slow start: holding one chunk, at most two requests to peers.
         s.handle(Event::PeerHas { peer: 4, chunk: 7 });
         s.handle(Event::PeerHas { peer: 4, chunk: 0 });
-        let a = drain(&mut s);
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 4, chunk: 7 }]);
+        s.handle(Event::Verified { peer: 3, chunk: 2 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 4, chunk: 0 }]);
+        // A chunk a peer holds is not taken from the seed, even a home one:
+        // the seed's request is withdrawn.
+        s.handle(Event::PeerHas { peer: 1, chunk: 5 });
         assert_eq!(
-            a,
+            drain(&mut s),
             [
-                Action::Fetch { peer: 4, chunk: 7 },
-                Action::Fetch { peer: 4, chunk: 0 }
+                Action::Cancel { peer: 0, chunk: 5 },
+                Action::Fetch { peer: 1, chunk: 5 }
             ]
         );
+    }
+
+    #[test]
+    fn the_seed_is_asked_in_chunk_order_a_little_ahead_of_the_swarm() {
+        // Receivers 1..=2, 8 chunks: receiver 1 is home to 0, 2, 4, 6.
+        let mut s = Scheduler::new(
+            ChunkSet::empty(8),
+            Config {
+                window: 2,
+                seed_window: 4,
+                me: Some(1),
+                seed_lead: 2,
+                ..Config::default()
+            },
+        );
+        s.handle(Event::PeerJoined {
+            peer: 2,
+            has: ChunkSet::empty(8),
+        });
+        s.handle(Event::PeerJoined {
+            peer: 0,
+            has: ChunkSet::full(8),
+        });
+        // Nothing in the swarm yet: only chunk 0.
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 0, chunk: 0 }]);
+        // Not stuck while waiting for the swarm.
+        s.handle(Event::Verified { peer: 0, chunk: 0 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 0, chunk: 2 }]);
+        s.handle(Event::PeerHas { peer: 2, chunk: 1 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 2, chunk: 1 }]);
+        s.handle(Event::PeerHas { peer: 2, chunk: 3 });
+        // Chunks 0, 1, 3 in the swarm: up to chunk 4 now.
+        assert_eq!(
+            drain(&mut s),
+            [
+                Action::Fetch { peer: 0, chunk: 4 },
+                Action::Fetch { peer: 2, chunk: 3 }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_partial_peer_serving_one_corrupt_chunk_is_dropped_at_once() {
+        let mut s = Scheduler::new(
+            ChunkSet::empty(4),
+            Config {
+                window: 4,
+                max_peer_strikes: 3,
+                ..Config::default()
+            },
+        );
+        let mut half = ChunkSet::empty(4);
+        half.insert(0);
+        half.insert(1);
+        s.handle(Event::PeerJoined {
+            peer: 1,
+            has: half.clone(),
+        });
+        s.handle(Event::PeerJoined { peer: 2, has: half });
+        let a = drain(&mut s);
+        assert_eq!(a.len(), 2);
+        let from_1 = a
+            .iter()
+            .find_map(|a| match a {
+                Action::Fetch { peer: 1, chunk } => Some(*chunk),
+                _ => None,
+            })
+            .expect("a request to peer 1");
+        s.handle(Event::Corrupt {
+            peer: 1,
+            chunk: from_1,
+        });
+        let a = drain(&mut s);
+        assert_eq!(
+            a[0],
+            Action::DropPeer {
+                peer: 1,
+                reason: DropReason::Corrupt { strikes: 1 }
+            }
+        );
+        // Everything asked of it, the bad chunk too, is asked of peer 2.
+        let mut again: Vec<u64> = a[1..]
+            .iter()
+            .map(|a| match *a {
+                Action::Fetch { peer: 2, chunk } => chunk,
+                ref other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        again.sort();
+        assert!(again.contains(&from_1), "{a:?}");
+        assert_eq!(again, [0, 1]);
+        // Dropped for the transfer: what it announces or brings back is ignored.
+        s.handle(Event::PeerHas { peer: 1, chunk: 2 });
+        s.handle(Event::PeerJoined {
+            peer: 1,
+            has: ChunkSet::full(4),
+        });
+        assert_eq!(drain(&mut s), []);
+        // A seed keeps the tolerance of `max_peer_strikes`.
+        s.handle(Event::PeerJoined {
+            peer: 3,
+            has: ChunkSet::full(4),
+        });
+        let a = drain(&mut s);
+        let Some(&Action::Fetch { peer: 3, chunk }) = a.first() else {
+            panic!("expected a fetch from the seed, got {a:?}")
+        };
+        s.handle(Event::Corrupt { peer: 3, chunk });
+        let a = drain(&mut s);
+        assert!(
+            !a.iter().any(|a| matches!(a, Action::DropPeer { .. })),
+            "{a:?}"
+        );
+    }
+
+    fn one_fetch(s: &mut Scheduler) -> (PeerId, u64) {
+        match drain(s)[..] {
+            [Action::Fetch { peer, chunk }] => (peer, chunk),
+            ref other => panic!("expected one fetch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_busy_peer_is_left_alone_until_nothing_else_is_in_flight() {
+        let mut half = ChunkSet::empty(6);
+        for c in 0..4 {
+            half.insert(c);
+        }
+        let mut s = Scheduler::new(ChunkSet::empty(6), cfg(1));
+        s.handle(Event::PeerJoined {
+            peer: 1,
+            has: half.clone(),
+        });
+        let (_, x) = one_fetch(&mut s);
+        s.handle(Event::PeerJoined { peer: 2, has: half });
+        let (_, y) = one_fetch(&mut s);
+        // Peer 1 declines: it is not asked again while peer 2 serves us.
+        s.handle(Event::FetchFailed { peer: 1, chunk: x });
+        assert_eq!(drain(&mut s), []);
+        s.handle(Event::Verified { peer: 2, chunk: y });
+        let (p, z) = one_fetch(&mut s);
+        assert_eq!(p, 2);
+        // Nothing in flight to any peer: declines are forgotten.
+        s.handle(Event::FetchFailed { peer: 2, chunk: z });
+        let mut asked: Vec<PeerId> = drain(&mut s)
+            .into_iter()
+            .map(|a| match a {
+                Action::Fetch { peer, .. } => peer,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        asked.sort();
+        assert_eq!(asked, [1, 2]);
     }
 
     #[test]

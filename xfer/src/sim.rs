@@ -907,16 +907,20 @@ mod tests {
         check_equal(16, 1.15);
     }
 
-    // Target 1.15; what the current policy meets (see the printed ratio).
     #[test]
     fn equal_links_64() {
-        check_equal(64, 1.25);
+        check_equal(64, 1.15);
     }
 
-    // Target 1.15; what the current policy meets (see the printed ratio).
+    // 1.19 measured. The target is 1.15; what is left is mostly the start:
+    // the source's 8 slots release the first chunks 8 at a time, and each
+    // receiver serves a new chunk to 6 others at once (1/6 of its upload
+    // each), so the first copies multiply by 7 every 6 chunk times and it
+    // takes some 25 chunk times before every receiver has work for its
+    // links; with 256 chunks that alone is 10% of the bound.
     #[test]
     fn equal_links_256() {
-        check_equal(256, 1.5);
+        check_equal(256, 1.2);
     }
 
     #[test]
