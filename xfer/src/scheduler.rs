@@ -271,6 +271,8 @@ pub struct Scheduler {
     gated: bool,
     /// Chunks verified (from any peer) so far.
     verified: u64,
+    /// Seeds connected now.
+    live_seeds: u32,
     /// Receivers known when the first seed joined (with `cfg.me`), sorted:
     /// the shared basis of the home partition.
     roster: Vec<PeerId>,
@@ -322,6 +324,7 @@ impl Scheduler {
             seen,
             gated: false,
             verified: 0,
+            live_seeds: 0,
             roster: Vec::new(),
             roster_frozen: false,
             // Never equal to a real length: the first rehome adds `me`.
@@ -453,6 +456,7 @@ impl Scheduler {
         }
         let seed = has.is_complete();
         self.seeded |= seed;
+        self.live_seeds += seed as u32;
         let i = match self.slot(peer) {
             Some(i) => i,
             None => {
@@ -731,6 +735,7 @@ impl Scheduler {
         }
         p.alive = false;
         let seed = p.seed;
+        self.live_seeds -= seed as u32;
         if !seed {
             let has = std::mem::replace(&mut self.peers[i].has, ChunkSet::empty(0));
             for c in has.iter() {
@@ -914,18 +919,23 @@ impl Scheduler {
             self.seen + lead.min(self.seen + 1)
         };
         let mut gated = false;
-        let c = list.iter().copied().find(|&c| {
-            let ci = c as usize;
+        let mut found = None;
+        for &c in list {
             if c >= gate {
+                // In a swarm `mine` is in chunk order: the rest waits too.
                 gated = true;
+                break;
             }
-            c < gate
-                && self.holders[ci].is_empty()
-                && self.owner[ci] == NONE
-                && !self.held.contains(c)
-        });
+            let ci = c as usize;
+            if self.holders[ci].is_empty() && self.owner[ci] == NONE && !self.held.contains(c) {
+                found = Some(c);
+                break;
+            }
+        }
+        let c = found;
         if !any {
-            self.gated = gated;
+            // Waiting for the swarm only counts while a seed is there.
+            self.gated = gated && self.live_seeds > 0;
         }
         let p = self.holder(c?, true, NONE)?;
         Some((c?, p))
@@ -1252,6 +1262,33 @@ mod tests {
                 Action::Fetch { peer: 0, chunk: 4 },
                 Action::Fetch { peer: 2, chunk: 3 }
             ]
+        );
+    }
+
+    #[test]
+    fn waiting_for_the_swarm_is_not_stuck_but_losing_the_seed_is() {
+        // Receiver 2 of 1..=2: home to chunks 1 and 3, which wait for chunk 0.
+        let mut s = Scheduler::new(
+            ChunkSet::empty(4),
+            Config {
+                me: Some(2),
+                seed_lead: 1,
+                ..Config::default()
+            },
+        );
+        s.handle(Event::PeerJoined {
+            peer: 1,
+            has: ChunkSet::empty(4),
+        });
+        s.handle(Event::PeerJoined {
+            peer: 0,
+            has: ChunkSet::full(4),
+        });
+        assert_eq!(drain(&mut s), []);
+        s.handle(Event::PeerGone { peer: 0 });
+        assert_eq!(
+            drain(&mut s),
+            [Action::Stuck(StuckReason::NoSource { missing: 4 })]
         );
     }
 
