@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credential;
 use crate::chunkset::{ChunkMap, ChunkSet};
-use crate::receive::{receive, Links, Tally, SOURCE};
+use crate::receive::{receive, Links, Received, Tally, SOURCE};
 use crate::scheduler;
 use crate::store::{Store, Transfer};
 use crate::swarm::{self, LinkPlan, Share, Shares};
@@ -159,9 +160,7 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
     // Supersede a running transfer of the same model, then wait for it.
     let token = CancellationToken::new();
     let jobs = &ctx.jobs;
-    let id = jobs
-        .next_id
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = jobs.next_id.fetch_add(1, Ordering::Relaxed);
     let slot = {
         let mut map = jobs.by_name.lock().unwrap();
         let slot = map.get(&name).map(|j| j.slot.clone()).unwrap_or_default();
@@ -244,7 +243,7 @@ async fn run_transfer(
     transfer: Arc<Transfer>,
     swarm: Option<(u32, Vec<SwarmPeer>)>,
     token: CancellationToken,
-) -> Result<crate::receive::Received, Refusal> {
+) -> Result<Received, Refusal> {
     let name = transfer.name().clone();
     let chunks = transfer.map().len();
     let tally = Arc::new(Tally::default());
@@ -252,7 +251,7 @@ async fn run_transfer(
     let mut links = Links::none();
     links.tally = tally.clone();
     let mut peers = Vec::new();
-    let mut addrs = std::collections::HashMap::new();
+    let mut addrs = HashMap::new();
     let linking = CancellationToken::new();
     let mut share = None;
     // Only a source that sent a swarm (even of one) reads progress reports.
@@ -336,9 +335,8 @@ async fn report(
     send: &mut quinn::SendStream,
     transfer: &Transfer,
     tally: &Tally,
-    addrs: &std::collections::HashMap<u32, std::net::SocketAddr>,
+    addrs: &HashMap<u32, SocketAddr>,
 ) -> Result<()> {
-    use std::sync::atomic::Ordering;
     for (peer, reason) in tally.take_dropped() {
         if let Some(&addr) = addrs.get(&peer) {
             write_frame(send, &Control::PeerDropped { peer: addr, reason }).await?;

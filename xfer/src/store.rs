@@ -867,6 +867,49 @@ mod tests {
     }
 
     #[test]
+    fn a_second_copy_reports_duplicate_only_once_the_first_is_placed() {
+        // Two peers deliver the last chunk of a file at once (an endgame
+        // duplicate). Whichever loses must not report before the winner has
+        // placed the file, or the transfer would finish with it missing.
+        for _ in 0..20 {
+            let (dir, store, name, m, files) = setup();
+            let t = Arc::new(store.begin(&name, m.clone()).unwrap());
+            for i in 0..3 {
+                t.write_chunk(ChunkId { file: 0, index: i }, chunk(&files[0], i))
+                    .unwrap();
+            }
+            let last = chunk(&files[0], 3).to_vec();
+            let placed = dir.path().join("m/d/a.bin");
+            // The second copy arrives just after the first is counted as
+            // held, while the first is still placing the file.
+            let num = t.map().number(ChunkId { file: 0, index: 3 }).unwrap();
+            let racers: Vec<_> = [false, true]
+                .into_iter()
+                .map(|second| {
+                    let (t, last, placed) = (t.clone(), last.clone(), placed.clone());
+                    std::thread::spawn(move || {
+                        while second && !t.held().contains(num) {
+                            std::hint::spin_loop();
+                        }
+                        let w = t.write_chunk(ChunkId { file: 0, index: 3 }, &last);
+                        // Checked the moment it returns.
+                        let was_placed = placed.exists();
+                        let readable = t.open_held(ChunkId { file: 0, index: 3 }).is_ok();
+                        (w.unwrap(), was_placed, readable)
+                    })
+                })
+                .collect();
+            let results: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+            for (w, was_placed, readable) in &results {
+                assert!(was_placed, "{w:?} returned before the file was placed");
+                assert!(readable, "{w:?}: the held chunk cannot be served");
+            }
+            let kinds: Vec<_> = results.iter().map(|(w, _, _)| *w).collect();
+            assert!(kinds.contains(&Written::FilePlaced(0)), "{kinds:?}");
+        }
+    }
+
+    #[test]
     fn a_full_transfer_places_everything() {
         let (dir, store, name, m, files) = setup();
         let t = store.begin(&name, m.clone()).unwrap();
