@@ -310,8 +310,9 @@ fn a_peer_serving_corrupt_chunks_is_detected_excluded_and_the_transfer_completes
             excluded += 1;
         }
         if i < 3 {
-            // At most one bad chunk each: the peer is dropped at the first.
-            assert!(n.corrupt_chunks <= 1, "{n:#?}");
+            // The peer is dropped at its first bad chunk; at most the other
+            // request already in flight to it (2 per peer) can follow.
+            assert!(n.corrupt_chunks <= 2, "{n:#?}");
         }
     }
     assert!(excluded >= 1, "nobody excluded the corrupting peer: {s:#?}");

@@ -223,8 +223,26 @@ impl<F: ChunkFetcher> Driver<F> {
                 }
                 self.tally.dropped.lock().unwrap().push((peer, why));
                 self.fetchers.remove(&peer);
+                // Its other answers in flight are not wanted either.
+                self.running.retain(|&(p, _), stop| {
+                    if p == peer {
+                        stop.cancel();
+                    }
+                    p != peer
+                });
             }
             Action::Complete => {
+                // Let copies still being written land, and count them, so
+                // the tally is exact and nothing writes after `finish`.
+                for (_, stop) in self.running.drain() {
+                    stop.cancel();
+                }
+                while self.tasks.join_next().await.is_some() {}
+                while let Ok((peer, _, outcome, _)) = self.rx.try_recv() {
+                    if let Outcome::Stored(n) = outcome {
+                        self.count(peer, n);
+                    }
+                }
                 let t = self.transfer.clone();
                 let finished = tokio::task::spawn_blocking(move || t.finish()).await;
                 let root = match finished {
@@ -309,13 +327,7 @@ impl<F: ChunkFetcher> Driver<F> {
         while self.tasks.try_join_next().is_some() {}
         match outcome {
             Outcome::Stored(n) => {
-                self.received_bytes += n;
-                let counter = if peer == SOURCE {
-                    &self.tally.from_source
-                } else {
-                    &self.tally.from_peers
-                };
-                counter.fetch_add(n, Ordering::Relaxed);
+                self.count(peer, n);
                 if n > 0 {
                     if let Some(v) = &self.verified {
                         let _ = v.send(chunk);
@@ -355,6 +367,17 @@ impl<F: ChunkFetcher> Driver<F> {
 }
 
 impl<F: ChunkFetcher> Driver<F> {
+    /// Counts `n` stored bytes that came from `peer`.
+    fn count(&mut self, peer: PeerId, n: u64) {
+        self.received_bytes += n;
+        let counter = if peer == SOURCE {
+            &self.tally.from_source
+        } else {
+            &self.tally.from_peers
+        };
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Feeds a change in the swarm to the scheduler.
     fn update(&mut self, update: PeerUpdate<F>) {
         match update {
