@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use common::*;
 
 /// Push a ~20 MiB tree to two agents: both copies are byte-identical, the
-/// JSON summary adds up, and `xfer verify` passes on each.
+/// JSON summary adds up (every node stored the whole tree, from the source or
+/// its peer; the source sent between one and two copies), and `xfer verify`
+/// passes on each.
 #[test]
 fn push_to_two_agents_is_byte_identical() {
     let t = tempdir("push");
@@ -27,7 +29,10 @@ fn push_to_two_agents_is_byte_identical() {
     assert_eq!(s.root, expected_root, "push root == `xfer manifest` root");
     assert_eq!(s.bytes_total, total);
     assert_eq!(s.files, 7, "files counted: {s:#?}");
-    assert_eq!(s.bytes_sent, 2 * total, "{s:#?}");
+    assert!(
+        s.bytes_sent >= total && s.bytes_sent <= 2 * total,
+        "the source sends each chunk to one node or both: {s:#?}"
+    );
     assert_eq!(s.bytes_skipped, 0);
     assert!(s.hash_s >= 0.0 && s.duration_s >= s.hash_s, "{s:#?}");
     assert_eq!(s.nodes.len(), 2);
@@ -35,7 +40,8 @@ fn push_to_two_agents_is_byte_identical() {
         assert_eq!(n.addr, addr, "nodes are reported in --to order");
         assert!(n.ok, "{n:#?}");
         assert_eq!(n.root.as_deref(), Some(expected_root.as_str()));
-        assert_eq!(n.bytes_sent, total);
+        assert_eq!(n.from_source + n.from_peers, total, "{n:#?}");
+        assert!(n.bytes_sent >= n.from_source, "{n:#?}");
         assert_eq!(n.bytes_skipped, 0);
         assert_eq!(n.corrupt_chunks, 0);
     }
@@ -80,11 +86,18 @@ fn repush_sends_nothing_then_only_the_changed_file() {
     let to = [a.addr.as_str(), b.addr.as_str()];
     let total = tree_bytes(&src);
     let first = push_ok(&src, &to, &key, &[]);
-    assert_eq!(first.bytes_sent, 2 * total);
+    let stored = |s: &PushJson| {
+        s.nodes
+            .iter()
+            .map(|n| n.from_source + n.from_peers)
+            .sum::<u64>()
+    };
+    assert_eq!(stored(&first), 2 * total, "{first:#?}");
 
     // Same tree again: nothing is sent.
     let s = push_ok(&src, &to, &key, &[]);
     assert_eq!(s.bytes_sent, 0, "{s:#?}");
+    assert_eq!(stored(&s), 0, "{s:#?}");
     assert_eq!(s.bytes_skipped, 2 * total, "{s:#?}");
     assert_eq!(s.root, first.root);
     for agent in [&a, &b] {
@@ -98,10 +111,13 @@ fn repush_sends_nothing_then_only_the_changed_file() {
     let s = push_ok(&src, &to, &key, &[]);
     assert_ne!(s.root, first.root, "content changed, so the root did");
     assert_eq!(s.root, manifest_root(&src));
-    assert_eq!(s.bytes_sent, 2 * len, "only {SHARD2} is resent: {s:#?}");
+    assert!(
+        s.bytes_sent >= len && s.bytes_sent <= 2 * len,
+        "only {SHARD2} is resent: {s:#?}"
+    );
     assert_eq!(s.bytes_skipped, 2 * (total - len), "{s:#?}");
     for n in &s.nodes {
-        assert_eq!(n.bytes_sent, len, "{n:#?}");
+        assert_eq!(n.from_source + n.from_peers, len, "{n:#?}");
     }
     for agent in [&a, &b] {
         let dst = agent.model_dir("m");
