@@ -7,7 +7,8 @@
 //! [`scheduler`] picks chunks, [`transport`] moves them, [`receive`] drives a
 //! transfer into the [`store`] (with its [`journal`]), [`swarm`] links the
 //! receivers of one transfer to each other, and [`agent`] and [`push`] are
-//! the two ends a user runs.
+//! the two ends a user runs. [`hub`] holds the Hugging Face Hub side of the
+//! coming `xfer pull`.
 
 pub mod agent;
 pub mod aligned;
@@ -17,6 +18,7 @@ pub mod demo;
 pub mod fetch;
 pub mod hash;
 pub mod hashcache;
+pub mod hub;
 pub mod journal;
 pub mod manifest;
 pub mod progress;

@@ -1,0 +1,234 @@
+//! The Hub's JSON API, as data: the revision reply, tree entries, the
+//! `Link: <...>; rel="next"` paging header (rewritten onto a mirror's host),
+//! and the `X-Error-Code` replies turned into errors that say what to do.
+//! No I/O here; the HTTP client feeds it.
+
+use serde::Deserialize;
+
+use super::digest::Expected;
+use crate::relpath::RelPath;
+
+/// `GET /api/models/{id}/revision/{rev}`, the part we use.
+#[derive(Debug, Deserialize)]
+pub struct RevisionInfo {
+    /// The 40-hex commit the revision points at.
+    pub sha: String,
+}
+
+impl RevisionInfo {
+    /// Parses a reply and checks the commit looks like one.
+    pub fn parse(body: &[u8]) -> Result<Self, String> {
+        let info: RevisionInfo = serde_json::from_slice(body)
+            .map_err(|e| format!("the Hub's revision reply is not what it should be: {e}"))?;
+        let ok = info.sha.len() == 40 && info.sha.bytes().all(|b| b.is_ascii_hexdigit());
+        if !ok {
+            return Err(format!(
+                "the Hub answered commit `{}`, not 40 hex digits",
+                info.sha
+            ));
+        }
+        Ok(info)
+    }
+}
+
+/// One entry of `GET /api/models/{id}/tree/{commit}?recursive=true`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TreeEntry {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub path: String,
+    #[serde(default)]
+    pub size: u64,
+    /// The git blob sha1.
+    #[serde(default)]
+    pub oid: String,
+    pub lfs: Option<LfsInfo>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct LfsInfo {
+    /// The sha256 of the contents.
+    pub oid: String,
+    pub size: u64,
+}
+
+/// A file to download: where it goes, how big, and the hash it must have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteFile {
+    pub path: RelPath,
+    pub size: u64,
+    pub expected: Expected,
+}
+
+/// Parses one page of the tree listing into files (folders are dropped;
+/// they exist through their files). Paths are checked like any manifest
+/// path, so a hostile listing cannot write outside the snapshot.
+pub fn parse_tree_page(body: &[u8]) -> Result<Vec<RemoteFile>, String> {
+    let entries: Vec<TreeEntry> = serde_json::from_slice(body)
+        .map_err(|e| format!("the Hub's file listing is not what it should be: {e}"))?;
+    let mut files = Vec::new();
+    for e in entries.into_iter().filter(|e| e.kind == "file") {
+        let path = RelPath::new(&e.path)
+            .map_err(|why| format!("the Hub listed an unsafe path `{}`: {why}", e.path))?;
+        let (size, expected) = match e.lfs {
+            Some(lfs) => (lfs.size, Expected::Sha256(hex_of(&lfs.oid, 64, &e.path)?)),
+            None => (e.size, Expected::GitSha1(hex_of(&e.oid, 40, &e.path)?)),
+        };
+        files.push(RemoteFile {
+            path,
+            size,
+            expected,
+        });
+    }
+    Ok(files)
+}
+
+fn hex_of(s: &str, len: usize, path: &str) -> Result<String, String> {
+    let s = s.strip_prefix("sha256:").unwrap_or(s).to_ascii_lowercase();
+    if s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(s)
+    } else {
+        Err(format!(
+            "the Hub listed `{path}` with a malformed hash `{s}`"
+        ))
+    }
+}
+
+/// The next page from a `Link` header, with its scheme and host replaced by
+/// `endpoint`'s: mirrors pass the Hub's own absolute links through, and
+/// following them would leave the mirror.
+pub fn next_page(link: &str, endpoint: &str) -> Option<String> {
+    let next = link.split(',').find_map(|part| {
+        let (url, params) = part.trim().split_once(';')?;
+        let is_next = params
+            .split(';')
+            .any(|p| p.trim().replace(' ', "") == "rel=\"next\"" || p.trim() == "rel=next");
+        is_next.then(|| {
+            url.trim()
+                .trim_start_matches('<')
+                .trim_end_matches('>')
+                .to_string()
+        })
+    })?;
+    let path_and_query = match next.split_once("://") {
+        Some((_, rest)) => rest.find('/').map(|i| &rest[i..]).unwrap_or("/"),
+        None => next.as_str(),
+    };
+    // The endpoint may itself have a path (a mirror under /hf): keep it once.
+    let ep = endpoint.trim_end_matches('/');
+    let ep_path = ep
+        .split_once("://")
+        .and_then(|(_, rest)| rest.find('/').map(|i| &rest[i..]))
+        .unwrap_or("");
+    let path_and_query = if !ep_path.is_empty() && path_and_query.starts_with(ep_path) {
+        &path_and_query[ep_path.len()..]
+    } else {
+        path_and_query
+    };
+    Some(format!("{ep}{path_and_query}"))
+}
+
+/// Why the Hub refused, from the status and its `X-Error-Code` header; each
+/// says what to do.
+pub fn refusal(status: u16, error_code: Option<&str>, repo: &str, what: &str) -> String {
+    match (status, error_code) {
+        (_, Some("GatedRepo")) | (403, _) => format!(
+            "{repo} is gated: set HF_TOKEN to a token of an account that accepted its licence on the Hub"
+        ),
+        (_, Some("RevisionNotFound")) => {
+            format!("{repo} has no revision {what}; check the name after @")
+        }
+        (_, Some("EntryNotFound")) => format!("{repo} has no file {what}"),
+        (401, None) | (_, Some("RepoNotFound")) | (404, None) => format!(
+            "{repo} was not found: check the name, or set HF_TOKEN if it is private or gated"
+        ),
+        (401, Some(_)) => format!(
+            "{repo} needs authentication: set HF_TOKEN to a token that can read it"
+        ),
+        (s, code) => format!(
+            "the Hub answered HTTP {s}{} for {what}",
+            code.map(|c| format!(" ({c})")).unwrap_or_default()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revision_reply() {
+        let c = "0123456789abcdef0123456789abcdef01234567";
+        let r = RevisionInfo::parse(format!(r#"{{"sha":"{c}","siblings":[]}}"#).as_bytes());
+        assert_eq!(r.unwrap().sha, c);
+        assert!(RevisionInfo::parse(br#"{"sha":"main"}"#).is_err());
+        assert!(RevisionInfo::parse(b"<html>").is_err());
+    }
+
+    #[test]
+    fn tree_page() {
+        let sha = "a".repeat(64);
+        let body = format!(
+            r#"[{{"type":"directory","path":"original","oid":"{g}","size":0}},
+               {{"type":"file","path":"config.json","oid":"{g}","size":12}},
+               {{"type":"file","path":"original/w.safetensors","oid":"{g}","size":134,
+                 "lfs":{{"oid":"{sha}","size":5000000000,"pointerSize":134}}}}]"#,
+            g = "c".repeat(40)
+        );
+        let files = parse_tree_page(body.as_bytes()).unwrap();
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[0].expected, Expected::GitSha1("c".repeat(40)));
+        assert_eq!(files[0].size, 12);
+        assert_eq!(files[1].path.as_str(), "original/w.safetensors");
+        assert_eq!(files[1].expected, Expected::Sha256(sha));
+        assert_eq!(
+            files[1].size, 5_000_000_000,
+            "the LFS size, not the pointer's"
+        );
+
+        for evil in ["../etc/passwd", "/abs", "a/../../b"] {
+            let body = format!(
+                r#"[{{"type":"file","path":"{evil}","oid":"{}","size":1}}]"#,
+                "c".repeat(40)
+            );
+            let e = parse_tree_page(body.as_bytes()).unwrap_err();
+            assert!(e.contains("unsafe path"), "{e}");
+        }
+        let bad = r#"[{"type":"file","path":"x","oid":"zz","size":1}]"#;
+        assert!(parse_tree_page(bad.as_bytes())
+            .unwrap_err()
+            .contains("malformed hash"));
+    }
+
+    #[test]
+    fn next_links_stay_on_the_mirror() {
+        let link = r#"<https://huggingface.co/api/models/o/m/tree/c?recursive=true&cursor=abc>; rel="next""#;
+        assert_eq!(
+            next_page(link, "http://127.0.0.1:8090").as_deref(),
+            Some("http://127.0.0.1:8090/api/models/o/m/tree/c?recursive=true&cursor=abc")
+        );
+        assert_eq!(
+            next_page(link, "https://mirror.example/hf/").as_deref(),
+            Some("https://mirror.example/hf/api/models/o/m/tree/c?recursive=true&cursor=abc")
+        );
+        let both = r#"<https://x/a?p=1>; rel="prev", <https://x/a?p=3>; rel="next""#;
+        assert_eq!(
+            next_page(both, "https://hub").as_deref(),
+            Some("https://hub/a?p=3")
+        );
+        assert_eq!(
+            next_page(r#"<https://x/a>; rel="prev""#, "https://hub"),
+            None
+        );
+    }
+
+    #[test]
+    fn refusals_say_what_to_do() {
+        assert!(refusal(401, Some("GatedRepo"), "o/m", "").contains("HF_TOKEN"));
+        assert!(refusal(403, None, "o/m", "").contains("licence"));
+        assert!(refusal(404, Some("RevisionNotFound"), "o/m", "v9").contains("no revision v9"));
+        assert!(refusal(404, Some("EntryNotFound"), "o/m", "x.bin").contains("no file x.bin"));
+        assert!(refusal(401, Some("RepoNotFound"), "o/m", "").contains("not found"));
+        assert!(refusal(500, None, "o/m", "config.json").contains("HTTP 500"));
+    }
+}

@@ -1,0 +1,159 @@
+//! The environment conventions of `huggingface_hub`: which endpoint, which
+//! token, which cache folder. Read through a lookup function so tests do not
+//! touch the process environment.
+
+use std::path::{Path, PathBuf};
+
+/// The default Hub.
+pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
+/// What the environment says about the Hub.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubEnv {
+    /// `HF_ENDPOINT`, without a trailing `/`.
+    pub endpoint: String,
+    /// The access token, if any.
+    pub token: Option<String>,
+    /// Where the `models--org--name` folders live.
+    pub cache_root: PathBuf,
+}
+
+impl HubEnv {
+    /// From the process environment.
+    pub fn from_process() -> Result<Self, String> {
+        Self::from_lookup(&|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// From `lookup(NAME)`, as `huggingface_hub` reads it:
+    /// - endpoint: `HF_ENDPOINT`, else huggingface.co;
+    /// - token: `HF_TOKEN`, else the file `HF_TOKEN_PATH`, else
+    ///   `$HF_HOME/token` (a missing file means no token);
+    /// - cache: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+    ///   `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`.
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let endpoint = lookup("HF_ENDPOINT")
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string())
+            .trim_end_matches('/')
+            .to_string();
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(format!(
+                "HF_ENDPOINT `{endpoint}` is not an http(s) URL; set it like https://hf-mirror.com"
+            ));
+        }
+        let home = lookup("HOME").map(PathBuf::from);
+        let hf_home = lookup("HF_HOME").map(PathBuf::from).or_else(|| {
+            lookup("XDG_CACHE_HOME")
+                .map(|x| Path::new(&x).join("huggingface"))
+                .or_else(|| home.as_ref().map(|h| h.join(".cache/huggingface")))
+        });
+        let cache_root = match (lookup("HF_HUB_CACHE"), &hf_home) {
+            (Some(c), _) => PathBuf::from(c),
+            (None, Some(h)) => h.join("hub"),
+            (None, None) => {
+                return Err(
+                    "cannot tell where the Hugging Face cache is: set HF_HUB_CACHE or HOME".into(),
+                )
+            }
+        };
+        let token = match lookup("HF_TOKEN") {
+            Some(t) => Some(t),
+            None => {
+                let path = lookup("HF_TOKEN_PATH")
+                    .map(PathBuf::from)
+                    .or_else(|| hf_home.as_ref().map(|h| h.join("token")));
+                match path {
+                    Some(p) => read_token(&p)?,
+                    None => None,
+                }
+            }
+        };
+        Ok(HubEnv {
+            endpoint,
+            token: token
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty()),
+            cache_root,
+        })
+    }
+}
+
+/// A token file's contents; a missing file is no token.
+fn read_token(path: &Path) -> Result<Option<String>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!(
+            "cannot read the Hugging Face token at {}: {e}; fix its permissions or set HF_TOKEN",
+            path.display()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(vars: &[(&str, &str)]) -> Result<HubEnv, String> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        HubEnv::from_lookup(&|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_follow_home() {
+        let e = env(&[("HOME", "/home/u")]).unwrap();
+        assert_eq!(e.endpoint, DEFAULT_ENDPOINT);
+        assert_eq!(
+            e.cache_root,
+            PathBuf::from("/home/u/.cache/huggingface/hub")
+        );
+        assert_eq!(e.token, None);
+        let e = env(&[("HOME", "/home/u"), ("XDG_CACHE_HOME", "/xdg")]).unwrap();
+        assert_eq!(e.cache_root, PathBuf::from("/xdg/huggingface/hub"));
+    }
+
+    #[test]
+    fn precedence_matches_huggingface_hub() {
+        let t = tempfile::tempdir().unwrap();
+        let home = t.path().join("hf");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::write(home.join("token"), "hf_home_token\n").unwrap();
+        let other = t.path().join("tok");
+        std::fs::write(&other, "hf_path_token").unwrap();
+        let h = home.to_str().unwrap();
+        let o = other.to_str().unwrap();
+
+        let e = env(&[("HF_HOME", h), ("HF_ENDPOINT", "http://mirror:8090/")]).unwrap();
+        assert_eq!(e.endpoint, "http://mirror:8090");
+        assert_eq!(e.cache_root, home.join("hub"));
+        assert_eq!(e.token.as_deref(), Some("hf_home_token"));
+
+        let e = env(&[("HF_HOME", h), ("HF_TOKEN_PATH", o)]).unwrap();
+        assert_eq!(e.token.as_deref(), Some("hf_path_token"));
+
+        let e = env(&[("HF_HOME", h), ("HF_TOKEN_PATH", o), ("HF_TOKEN", "hf_env")]).unwrap();
+        assert_eq!(e.token.as_deref(), Some("hf_env"));
+
+        let e = env(&[("HF_HOME", h), ("HF_HUB_CACHE", "/fast/hub")]).unwrap();
+        assert_eq!(e.cache_root, PathBuf::from("/fast/hub"));
+
+        // A token path that does not exist is no token, not an error.
+        let e = env(&[
+            ("HF_HOME", "/nonexistent"),
+            ("HF_TOKEN_PATH", "/nonexistent/t"),
+        ])
+        .unwrap();
+        assert_eq!(e.token, None);
+    }
+
+    #[test]
+    fn bad_endpoint_and_no_home_are_clear_errors() {
+        let e = env(&[("HOME", "/h"), ("HF_ENDPOINT", "hf-mirror.com")]).unwrap_err();
+        assert!(e.contains("HF_ENDPOINT") && e.contains("https://"), "{e}");
+        let e = env(&[]).unwrap_err();
+        assert!(e.contains("HF_HUB_CACHE"), "{e}");
+    }
+}

@@ -1,0 +1,214 @@
+//! A Hub repository reference, `REPO[@REVISION]`, and the Hub URLs built
+//! from it. Revisions and paths are percent-encoded as `huggingface_hub`
+//! does: a revision with nothing kept (so `refs/pr/1` is one segment), a file
+//! path with its `/` separators kept.
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+/// What Python's `urllib.parse.quote` leaves alone besides alphanumerics.
+const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+/// The same, keeping `/` (a file path).
+const PATH: &AsciiSet = &UNRESERVED.remove(b'/');
+
+/// The kind of repository.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepoType {
+    Model,
+    Dataset,
+}
+
+impl RepoType {
+    /// Parses `model` or `dataset`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "model" => Ok(RepoType::Model),
+            "dataset" => Ok(RepoType::Dataset),
+            other => Err(format!(
+                "unknown repo type `{other}`; use --repo-type model or --repo-type dataset"
+            )),
+        }
+    }
+
+    /// The plural used in API paths and cache folder names.
+    fn plural(self) -> &'static str {
+        match self {
+            RepoType::Model => "models",
+            RepoType::Dataset => "datasets",
+        }
+    }
+
+    /// The prefix of `resolve` URLs (models have none).
+    fn url_prefix(self) -> &'static str {
+        match self {
+            RepoType::Model => "",
+            RepoType::Dataset => "datasets/",
+        }
+    }
+}
+
+/// `org/name` (or `name`) at a revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepoRef {
+    pub repo_type: RepoType,
+    /// `org/name` or `name`.
+    pub id: String,
+    /// A branch, tag, commit or `refs/pr/N`; `main` when not given.
+    pub revision: String,
+}
+
+impl RepoRef {
+    /// Parses `REPO[@REVISION]`.
+    pub fn parse(s: &str, repo_type: RepoType) -> Result<Self, String> {
+        let (id, revision) = match s.split_once('@') {
+            Some((id, rev)) if !rev.is_empty() => (id, rev),
+            Some(_) => {
+                return Err(format!(
+                    "`{s}` has an empty revision after `@`; write REPO or REPO@REVISION"
+                ))
+            }
+            None => (s, "main"),
+        };
+        let parts: Vec<&str> = id.split('/').collect();
+        let ok_part = |p: &&str| {
+            !p.is_empty()
+                && p.len() <= 96
+                && !p.starts_with(['-', '.'])
+                && !p.ends_with(['-', '.'])
+                && !p.contains("--")
+                && !p.contains("..")
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        };
+        if parts.len() > 2 || !parts.iter().all(ok_part) {
+            return Err(format!(
+                "`{id}` is not a Hub repo id; write ORG/NAME, e.g. Qwen/Qwen3-8B (letters, digits, `-`, `_`, `.`)"
+            ));
+        }
+        if revision.chars().any(|c| c.is_control()) {
+            return Err(format!(
+                "revision `{}` has control characters",
+                revision.escape_default()
+            ));
+        }
+        Ok(RepoRef {
+            repo_type,
+            id: id.to_string(),
+            revision: revision.to_string(),
+        })
+    }
+
+    /// `{endpoint}/api/models/{id}/revision/{revision}`: resolves the
+    /// revision to a commit.
+    pub fn revision_url(&self, endpoint: &str) -> String {
+        format!(
+            "{}/api/{}/{}/revision/{}",
+            endpoint.trim_end_matches('/'),
+            self.repo_type.plural(),
+            self.id,
+            utf8_percent_encode(&self.revision, UNRESERVED)
+        )
+    }
+
+    /// `{endpoint}/api/models/{id}/tree/{commit}?recursive=true`: the first
+    /// page of the file listing.
+    pub fn tree_url(&self, endpoint: &str, commit: &str) -> String {
+        format!(
+            "{}/api/{}/{}/tree/{}?recursive=true&expand=false",
+            endpoint.trim_end_matches('/'),
+            self.repo_type.plural(),
+            self.id,
+            utf8_percent_encode(commit, UNRESERVED)
+        )
+    }
+
+    /// `{endpoint}/{id}/resolve/{commit}/{path}`: one file's bytes.
+    pub fn resolve_url(&self, endpoint: &str, commit: &str, path: &str) -> String {
+        format!(
+            "{}/{}{}/resolve/{}/{}",
+            endpoint.trim_end_matches('/'),
+            self.repo_type.url_prefix(),
+            self.id,
+            utf8_percent_encode(commit, UNRESERVED),
+            utf8_percent_encode(path, PATH)
+        )
+    }
+
+    /// The cache folder name: `models--org--name`.
+    pub fn cache_folder(&self) -> String {
+        format!(
+            "{}--{}",
+            self.repo_type.plural(),
+            self.id.replace('/', "--")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(s: &str) -> RepoRef {
+        RepoRef::parse(s, RepoType::Model).unwrap()
+    }
+
+    #[test]
+    fn parses_repo_and_revision() {
+        let r = model("Qwen/Qwen3-8B");
+        assert_eq!(
+            (r.id.as_str(), r.revision.as_str()),
+            ("Qwen/Qwen3-8B", "main")
+        );
+        let r = model("gpt2@refs/pr/1");
+        assert_eq!((r.id.as_str(), r.revision.as_str()), ("gpt2", "refs/pr/1"));
+        for bad in [
+            "",
+            "a/b/c",
+            "../x",
+            "org/-x",
+            "org/x--y",
+            "org/x y",
+            "org/",
+            "x@",
+            &format!("o/{}", "n".repeat(97)),
+        ] {
+            assert!(RepoRef::parse(bad, RepoType::Model).is_err(), "{bad:?}");
+        }
+        assert!(RepoType::parse("space").is_err());
+    }
+
+    #[test]
+    fn urls_quote_like_huggingface_hub() {
+        let ep = "https://hf-mirror.example/";
+        let r = model("org/m@refs/pr/1");
+        assert_eq!(
+            r.revision_url(ep),
+            "https://hf-mirror.example/api/models/org/m/revision/refs%2Fpr%2F1"
+        );
+        let c = "0123456789abcdef0123456789abcdef01234567";
+        assert_eq!(
+            r.tree_url(ep, c),
+            format!(
+                "https://hf-mirror.example/api/models/org/m/tree/{c}?recursive=true&expand=false"
+            )
+        );
+        assert_eq!(
+            r.resolve_url(ep, c, "sub dir/model-00001-of-00002.safetensors"),
+            format!("https://hf-mirror.example/org/m/resolve/{c}/sub%20dir/model-00001-of-00002.safetensors")
+        );
+        let d = RepoRef::parse("org/data", RepoType::Dataset).unwrap();
+        assert_eq!(
+            d.resolve_url(ep, c, "a.parquet"),
+            format!("https://hf-mirror.example/datasets/org/data/resolve/{c}/a.parquet")
+        );
+        assert_eq!(
+            d.revision_url(ep),
+            "https://hf-mirror.example/api/datasets/org/data/revision/main"
+        );
+        assert_eq!(r.cache_folder(), "models--org--m");
+        assert_eq!(d.cache_folder(), "datasets--org--data");
+    }
+}
