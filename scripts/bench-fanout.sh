@@ -96,41 +96,12 @@ find_xfer() {
     if [ -n "${XFER:-}" ]; then XFER_REV="XFER=$XFER"; fi
 }
 
-# kill_tree PID: stop PID and its descendants (rsync clients run under
-# /usr/bin/time and timeout, rsync daemons fork per connection): TERM to all
-# of them, KILL to whoever is left after a second. The tree is listed first,
-# as children orphaned by their parent's exit can no longer be found.
-descendants() {
-    local c
-    for c in $(pgrep -P "$1" 2>/dev/null); do
-        echo "$c"
-        descendants "$c"
-    done
-}
-kill_tree() {
-    local all=() p i
-    mapfile -t all < <(echo "$1"; descendants "$1")
-    kill "${all[@]}" 2>/dev/null || true
-    for ((i = 0; i < 10; i++)); do
-        for p in "${all[@]}"; do [ ! -e "/proc/$p" ] || break; done
-        [ -e "/proc/$p" ] || return 0
-        sleep 0.1
-    done
-    kill -KILL "${all[@]}" 2>/dev/null || true
-}
-
 CLUSTER_UP=0
 cleanup() {
     local rc=$?
     set +e
     trap - EXIT INT TERM
-    local p
-    for p in "${PIDS[@]}"; do
-        if our_child "$p"; then
-            kill_tree "$p"
-            wait "$p" 2>/dev/null
-        fi
-    done
+    stop_all
     if [ "$CLUSTER_UP" = 1 ]; then "$NC" down; fi
     rm -rf "$FANOUT_DIR"/h[0-9]*
     if [ "$rc" != 0 ]; then

@@ -132,13 +132,7 @@ cleanup() {
     local rc=$?
     set +e
     trap - EXIT INT TERM
-    local p
-    for p in "${PIDS[@]}"; do
-        if our_child "$p"; then
-            kill "$p" 2>/dev/null
-            wait "$p" 2>/dev/null
-        fi
-    done
+    stop_all
     if [ "$NETNS_CREATED" = 1 ]; then netns_down; fi
     if [ "$KEEP_RUN" = 1 ]; then
         log "scratch kept in $RUN"
