@@ -21,12 +21,12 @@ use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credential;
-use crate::chunkset::{ChunkMap, ChunkSet};
+use crate::chunkset::ChunkSet;
 use crate::receive::{receive, Links, Received, Tally, SOURCE};
 use crate::scheduler;
 use crate::store::{Store, Transfer};
 use crate::swarm::{self, LinkPlan, Share, Shares};
-use crate::transport::files::FileChunkReader;
+use crate::transport::files::HeldModel;
 use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
 use crate::wire::{Control, ModelName, Refusal, SwarmPeer, PROTOCOL_VERSION};
 
@@ -357,14 +357,14 @@ async fn serve_model(
     store: Store,
     name: ModelName,
 ) -> Result<()> {
-    let Some(record) = store.record(&name) else {
+    let Some(HeldModel {
+        manifest,
+        map,
+        reader,
+    }) = HeldModel::open(&store, &name)
+    else {
         return refuse(&mut send, Refusal::NotHeld(name.to_string())).await;
     };
-    let manifest = record.manifest.manifest;
-    let dir = store.model_dir(&name);
-    let paths = manifest.files().map(|f| f.path.under(&dir)).collect();
-    let map = Arc::new(ChunkMap::new(&manifest));
-    let reader = Arc::new(FileChunkReader::new(paths, map.clone()));
     write_frame(&mut send, &Control::Have { manifest }).await?;
     let _ = send.finish();
     tracing::info!("serving {name} to {}", conn.remote_address());

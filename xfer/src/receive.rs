@@ -129,7 +129,6 @@ pub async fn receive<F: ChunkFetcher>(
         running: HashMap::new(),
         tx,
         rx,
-        received_bytes: 0,
         corrupt_chunks: 0,
         last_loss: String::new(),
         dropped_corrupt: None,
@@ -160,7 +159,6 @@ struct Driver<F> {
     running: HashMap<(PeerId, u64), CancellationToken>,
     tx: mpsc::UnboundedSender<Report>,
     rx: mpsc::UnboundedReceiver<Report>,
-    received_bytes: u64,
     corrupt_chunks: u64,
     last_loss: String,
     /// Strikes of the last peer dropped for serving corrupt chunks.
@@ -254,7 +252,8 @@ impl<F: ChunkFetcher> Driver<F> {
                 };
                 return Some(root.map(|root| Received {
                     root,
-                    received_bytes: self.received_bytes,
+                    received_bytes: self.tally.from_source.load(Ordering::Relaxed)
+                        + self.tally.from_peers.load(Ordering::Relaxed),
                     corrupt_chunks: self.corrupt_chunks,
                 }));
             }
@@ -369,7 +368,6 @@ impl<F: ChunkFetcher> Driver<F> {
 impl<F: ChunkFetcher> Driver<F> {
     /// Counts `n` stored bytes that came from `peer`.
     fn count(&mut self, peer: PeerId, n: u64) {
-        self.received_bytes += n;
         let counter = if peer == SOURCE {
             &self.tally.from_source
         } else {

@@ -24,12 +24,12 @@ use quinn::{Connection, Endpoint};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::chunkset::{ChunkMap, ChunkSet};
+use crate::chunkset::ChunkSet;
 use crate::hash::Hash;
 use crate::receive::PeerUpdate;
 use crate::scheduler::PeerId;
 use crate::store::{Store, Transfer};
-use crate::transport::files::{FileChunkReader, HeldChunkReader};
+use crate::transport::files::{HeldChunkReader, HeldModel};
 use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
 use crate::wire::{Control, ModelName, Refusal, SwarmPeer, PROTOCOL_VERSION};
 
@@ -103,18 +103,11 @@ pub async fn serve_peer(
     root: Hash,
 ) -> Result<()> {
     // Already complete here: serve the placed model.
-    if let Some(record) = store.record(&name) {
-        if record.manifest.root == root {
-            let manifest = record.manifest.manifest;
-            let dir = store.model_dir(&name);
-            let paths = manifest.files().map(|f| f.path.under(&dir)).collect();
-            let map = Arc::new(ChunkMap::new(&manifest));
-            let reader = Arc::new(FileChunkReader::new(paths, map.clone()));
-            let has = ChunkSet::full(map.len());
-            write_frame(&mut send, &Control::Bitfield { has }).await?;
-            quic::serve_chunks(conn, map, reader, None, Arc::new(|_| {})).await;
-            return Ok(());
-        }
+    if let Some(m) = HeldModel::open(&store, &name).filter(|m| m.manifest.root() == root) {
+        let has = ChunkSet::full(m.map.len());
+        write_frame(&mut send, &Control::Bitfield { has }).await?;
+        quic::serve_chunks(conn, m.map, m.reader, None, Arc::new(|_| {})).await;
+        return Ok(());
     }
     let Some(share) = shares.wait_for(&name, root, JOIN_WAIT).await else {
         let r = Refusal::Busy(format!(

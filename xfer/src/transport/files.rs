@@ -16,8 +16,9 @@ use bytes::Bytes;
 
 use super::ChunkReader;
 use crate::chunkset::ChunkMap;
-use crate::manifest::ChunkId;
-use crate::store::Transfer;
+use crate::manifest::{ChunkId, Manifest};
+use crate::store::{Store, Transfer};
+use crate::wire::ModelName;
 
 /// Test-only fault injection: how many chunks to corrupt while serving.
 pub const FAULT_CORRUPT_SENDS: &str = "XFER_FAULT_CORRUPT_SENDS";
@@ -61,6 +62,29 @@ impl ChunkReader for FileChunkReader {
         let f = self.file(id.file as usize)?;
         let path = &self.paths[id.file as usize];
         map_chunk(&f, path, &self.map, id, &self.corrupt_left)
+    }
+}
+
+/// A complete model an agent holds, ready to serve.
+pub struct HeldModel {
+    pub manifest: Manifest,
+    pub map: Arc<ChunkMap>,
+    pub reader: Arc<FileChunkReader>,
+}
+
+impl HeldModel {
+    /// The complete model `name` in `store`, if it holds one.
+    pub fn open(store: &Store, name: &ModelName) -> Option<HeldModel> {
+        let manifest = store.record(name)?.manifest.manifest;
+        let dir = store.model_dir(name);
+        let paths = manifest.files().map(|f| f.path.under(&dir)).collect();
+        let map = Arc::new(ChunkMap::new(&manifest));
+        let reader = Arc::new(FileChunkReader::new(paths, map.clone()));
+        Some(HeldModel {
+            manifest,
+            map,
+            reader,
+        })
     }
 }
 
