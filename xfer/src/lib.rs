@@ -7,8 +7,8 @@
 //! [`scheduler`] picks chunks, [`transport`] moves them, [`receive`] drives a
 //! transfer into the [`store`] (with its [`journal`]), [`swarm`] links the
 //! receivers of one transfer to each other, and [`agent`] and [`push`] are
-//! the two ends a user runs. [`hub`] holds the Hugging Face Hub side of the
-//! coming `xfer pull`.
+//! the two ends a user runs. [`hub`] and [`pull`] fetch a repository from the
+//! Hugging Face Hub into its cache.
 
 pub mod agent;
 pub mod aligned;
@@ -22,6 +22,7 @@ pub mod hub;
 pub mod journal;
 pub mod manifest;
 pub mod progress;
+pub mod pull;
 pub mod push;
 pub mod rate;
 pub mod receive;

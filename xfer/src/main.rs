@@ -83,6 +83,31 @@ enum Cmd {
         #[arg(long)]
         rehash: bool,
     },
+    /// Download a Hugging Face repo (or HF_ENDPOINT's mirror) into the HF cache, verified.
+    Pull {
+        /// ORG/NAME[@REVISION] (a branch, tag or commit; default main).
+        repo: String,
+        #[arg(long, default_value = "model", value_parser = parse_repo_type)]
+        repo_type: xfer::hub::repo::RepoType,
+        /// Only files matching this glob (repeatable), e.g. '*.safetensors'.
+        #[arg(long)]
+        include: Vec<String>,
+        /// Skip files matching this glob (repeatable), e.g. 'original/*'.
+        #[arg(long)]
+        exclude: Vec<String>,
+        /// Write plain files into DIR instead of the HF cache layout.
+        #[arg(long)]
+        local_dir: Option<PathBuf>,
+        /// Parallel HTTP connections (ranged requests across and within files).
+        #[arg(long, default_value_t = 16)]
+        connections: usize,
+        /// Bytes per ranged request.
+        #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+        part_size: u64,
+        /// Print one JSON summary on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy a complete model from an agent into a local root (ROOT/NAME).
     Fetch {
         name: String,
@@ -129,6 +154,10 @@ fn parse_chunk(s: &str) -> Result<u64, String> {
             "{s} is not a power of two between 64KiB and 256MiB"
         ))
     }
+}
+
+fn parse_repo_type(s: &str) -> Result<xfer::hub::repo::RepoType, String> {
+    xfer::hub::repo::RepoType::parse(s)
 }
 
 fn main() -> ExitCode {
@@ -266,6 +295,58 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             }
             if !s.ok() {
                 return Ok(ExitCode::FAILURE);
+            }
+        }
+        Cmd::Pull {
+            repo,
+            repo_type,
+            include,
+            exclude,
+            local_dir,
+            connections,
+            part_size,
+            json,
+        } => {
+            let env = xfer::hub::env::HubEnv::from_process().map_err(anyhow::Error::msg)?;
+            let opts = xfer::pull::PullOptions {
+                repo,
+                repo_type,
+                include,
+                exclude,
+                local_dir,
+                connections: connections.clamp(1, 256),
+                part_size: part_size.max(1 << 20),
+            };
+            let progress = Progress::new(!json);
+            let (s, _) = xfer::pull::pull(&opts, &env, &progress, None).await?;
+            if json {
+                serde_json::to_writer(std::io::stdout().lock(), &s)?;
+                println!();
+            } else {
+                let v = &s.verification;
+                println!(
+                    "{}@{}: {} files, {}; downloaded {} in {:.2}s ({:.0} MB/s), {} already present",
+                    s.repo,
+                    &s.commit[..12],
+                    s.files,
+                    Bytes(s.bytes_total),
+                    Bytes(s.bytes_downloaded),
+                    s.duration_s,
+                    s.rate_mb_s,
+                    Bytes(s.bytes_present)
+                );
+                println!(
+                    "verified: {} sha256, {} git sha1, {} already in the cache{}",
+                    v.sha256_ok,
+                    v.git_sha1_ok,
+                    v.present,
+                    if v.recovered > 0 {
+                        format!(", {} re-downloaded after a mismatch", v.recovered)
+                    } else {
+                        String::new()
+                    }
+                );
+                println!("{}", s.path);
             }
         }
         Cmd::Fetch {

@@ -713,7 +713,7 @@ fn start_writeback(f: &File, offset: u64, len: usize) {
 
 /// Reserves `size` bytes for a staging file so a full disk shows up before
 /// the transfer, not in the middle of it.
-fn preallocate(f: &File, size: u64) -> std::io::Result<()> {
+pub fn preallocate(f: &File, size: u64) -> std::io::Result<()> {
     if size == 0 {
         return Ok(());
     }

@@ -1,12 +1,18 @@
-//! The Hugging Face Hub side of `xfer pull` (issue 4, in progress): naming a
-//! repository and building its URLs ([`repo`]), the environment conventions
-//! of `huggingface_hub` ([`env`]), the JSON API and its paging and errors
-//! as data ([`api`]), the on-disk cache layout that vLLM and transformers
-//! read offline ([`cache`]), and checking a file against the hash the Hub
-//! lists for it ([`digest`]). The HTTP client that drives them comes next.
+//! The Hugging Face Hub side of `xfer pull`: naming a repository and
+//! building its URLs ([`repo`]), the environment conventions of
+//! `huggingface_hub` ([`env`]), the JSON API and its paging and errors as
+//! data ([`api`]), when to retry ([`retry`]), the HTTP client ([`http`]),
+//! ranged parallel downloads with a resume record ([`download`], [`parts`]),
+//! checking a file against the hash the Hub lists for it ([`digest`]), and
+//! the on-disk cache layout that vLLM and transformers read offline
+//! ([`cache`]).
 
 pub mod api;
 pub mod cache;
 pub mod digest;
+pub mod download;
 pub mod env;
+pub mod http;
+pub mod parts;
 pub mod repo;
+pub mod retry;

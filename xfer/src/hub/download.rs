@@ -1,0 +1,607 @@
+//! Parallel ranged downloads of a set of files into their incomplete files.
+//!
+//! Every file is cut into [`Parts`]; a fixed number of workers (one HTTP
+//! connection each) take parts in file order, so files finish one after
+//! another at the full rate and can be verified and fanned out while the
+//! next ones download. Bytes are written at their offsets, then the part's
+//! progress advances, then (twice a second) the sidecar is rewritten: after
+//! `kill -9` a re-run resumes every part from its recorded prefix.
+//!
+//! A server that answers a Range request with `200` and the whole body
+//! (stock olah, some mirrors) switches that file to one sequential stream,
+//! written from offset 0, so nothing is ever written at the wrong place.
+//! When a file's last byte is written, a [`Finisher`] verifies and places it;
+//! a file that fails its hash is downloaded once more, from scratch.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::Rng;
+use reqwest::{StatusCode, Url};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::http::{error_chain, host_of, Failure, HubHttp};
+use super::parts::Parts;
+use super::retry;
+
+/// Bytes per ranged request.
+pub const DEFAULT_PART_SIZE: u64 = 16 << 20;
+
+/// One file to fetch.
+#[derive(Debug, Clone)]
+pub struct FileJob {
+    /// The file's name in the repository (for messages and bars).
+    pub path: String,
+    /// `…/resolve/{commit}/{path}`.
+    pub url: String,
+    pub size: u64,
+    /// The hash the file must have, naming its sidecar's owner.
+    pub etag: String,
+    /// Where the bytes go until verified.
+    pub incomplete: PathBuf,
+    /// The resume record next to it.
+    pub sidecar: PathBuf,
+}
+
+/// What became of a finished file.
+pub enum Verdict {
+    /// Verified and placed.
+    Placed,
+    /// The contents do not match; try the download once more.
+    Mismatch(String),
+    /// Give up on the whole pull.
+    Fatal(String),
+}
+
+/// Verifies and places a file whose bytes are all written. Called on a
+/// blocking thread, once per completed download of the file.
+pub trait Finisher: Send + Sync + 'static {
+    fn finish(&self, index: usize, job: &FileJob) -> Verdict;
+}
+
+/// Counters for the summary and the bars.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Bytes received over HTTP (including re-downloads).
+    pub downloaded: AtomicU64,
+    /// Bytes the sidecars said were already there.
+    pub resumed: AtomicU64,
+    pub retries: AtomicU64,
+    /// Files downloaded a second time after a hash mismatch.
+    pub redownloads: AtomicU64,
+    /// Files whose server ignored Range.
+    pub whole_streams: AtomicU64,
+}
+
+/// Tuning.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub connections: usize,
+    pub part_size: u64,
+    pub repo: String,
+}
+
+/// Progress as the downloader sees it, for bars.
+pub trait Watch: Send + Sync + 'static {
+    /// `n` more bytes of file `index` are written.
+    fn written(&self, index: usize, n: u64);
+    /// File `index` is verified and placed, or starts over (`ok == false`).
+    fn finished(&self, index: usize, ok: bool);
+}
+
+struct FileState {
+    job: FileJob,
+    file: File,
+    parts: Mutex<Parts>,
+    dirty: AtomicBool,
+    /// Resolved once, on first use; cleared if the CDN refuses a stale URL.
+    url: tokio::sync::Mutex<Option<Url>>,
+    /// The server ignores Range for this file: one stream, from 0.
+    whole: AtomicBool,
+    streaming: AtomicBool,
+    /// Completed downloads of this file that failed their hash.
+    mismatches: AtomicU64,
+    /// Being verified (guards against finishing twice).
+    finishing: AtomicBool,
+    /// Verified and placed: its sidecar is gone for good.
+    placed: AtomicBool,
+    /// Held while the sidecar is written or removed.
+    sidecar_io: Mutex<()>,
+}
+
+struct Shared {
+    http: HubHttp,
+    opts: Options,
+    files: Vec<FileState>,
+    queue: Mutex<VecDeque<(usize, usize)>>,
+    /// Files not yet placed.
+    unfinished: AtomicU64,
+    wake: Notify,
+    cancel: CancellationToken,
+    failure: Mutex<Option<String>>,
+    stats: Arc<Stats>,
+    finisher: Arc<dyn Finisher>,
+    watch: Arc<dyn Watch>,
+}
+
+/// Opens (or resumes) the incomplete files of `jobs`, with the sidecars'
+/// progress. Fails with a clear message when one is locked by another pull
+/// or cannot be created.
+fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<FileState>, String> {
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        if let Some(dir) = job.incomplete.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&job.incomplete)
+            .map_err(|e| format!("cannot open {}: {e}", job.incomplete.display()))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(format!(
+                "another xfer pull is downloading {} into {}; wait for it to finish or stop it",
+                job.path,
+                job.incomplete.display()
+            ));
+        }
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let resumed = (len == job.size)
+            .then(|| std::fs::read(&job.sidecar).ok())
+            .flatten()
+            .and_then(|b| Parts::decode(&b, &job.etag, job.size));
+        let parts = match resumed {
+            Some(p) => {
+                stats.resumed.fetch_add(p.written(), Ordering::Relaxed);
+                p
+            }
+            None => {
+                file.set_len(0)
+                    .and_then(|_| crate::store::preallocate(&file, job.size))
+                    .map_err(|e| disk_error(&job.incomplete, job.size, e))?;
+                Parts::new(&job.etag, job.size, part_size)
+            }
+        };
+        out.push(FileState {
+            job,
+            file,
+            parts: Mutex::new(parts),
+            dirty: AtomicBool::new(true),
+            url: tokio::sync::Mutex::new(None),
+            whole: AtomicBool::new(false),
+            streaming: AtomicBool::new(false),
+            mismatches: AtomicU64::new(0),
+            finishing: AtomicBool::new(false),
+            placed: AtomicBool::new(false),
+            sidecar_io: Mutex::new(()),
+        });
+    }
+    Ok(out)
+}
+
+fn disk_error(path: &std::path::Path, need: u64, e: std::io::Error) -> String {
+    if e.raw_os_error() == Some(libc::ENOSPC) {
+        format!(
+            "disk full: need {} more at {}; free space there or set HF_HUB_CACHE to a larger disk",
+            crate::units::Bytes(need),
+            path.display()
+        )
+    } else {
+        format!("cannot write {}: {e}", path.display())
+    }
+}
+
+/// Downloads every job, verifying each through `finisher` as it completes.
+/// Returns when all are placed, or with the first fatal error (the sidecars
+/// are saved either way, so a re-run resumes).
+pub async fn download(
+    http: HubHttp,
+    jobs: Vec<FileJob>,
+    opts: Options,
+    finisher: Arc<dyn Finisher>,
+    watch: Arc<dyn Watch>,
+    stats: Arc<Stats>,
+) -> Result<(), String> {
+    let files = open_files(jobs, opts.part_size, &stats)?;
+    let mut queue = VecDeque::new();
+    for (f, st) in files.iter().enumerate() {
+        let parts = st.parts.lock().unwrap();
+        for i in 0..parts.len() {
+            if !parts.is_done(i) {
+                queue.push_back((f, i));
+            }
+        }
+    }
+    let shared = Arc::new(Shared {
+        http,
+        unfinished: AtomicU64::new(files.len() as u64),
+        files,
+        queue: Mutex::new(queue),
+        wake: Notify::new(),
+        cancel: CancellationToken::new(),
+        failure: Mutex::new(None),
+        stats,
+        finisher,
+        watch,
+        opts,
+    });
+    // Files already complete (resumed, or empty) finish first.
+    for f in 0..shared.files.len() {
+        if shared.files[f].parts.lock().unwrap().is_complete() {
+            finish_file(&shared, f).await;
+        }
+    }
+    let flusher = tokio::spawn(flush_sidecars(shared.clone()));
+    let workers: Vec<_> = (0..shared.opts.connections.max(1))
+        .map(|_| tokio::spawn(worker(shared.clone())))
+        .collect();
+    for w in workers {
+        let _ = w.await;
+    }
+    flusher.abort();
+    save_sidecars(&shared);
+    let failure = shared.failure.lock().unwrap().take();
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+async fn flush_sidecars(shared: Arc<Shared>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        save_sidecars(&shared);
+    }
+}
+
+/// Rewrites the sidecar of every file that moved, atomically. The bytes it
+/// counts are already written, so a crash never claims more than is there.
+fn save_sidecars(shared: &Shared) {
+    for st in &shared.files {
+        let _io = st.sidecar_io.lock().unwrap();
+        if st.placed.load(Ordering::Acquire) || !st.dirty.swap(false, Ordering::AcqRel) {
+            continue;
+        }
+        let bytes = st.parts.lock().unwrap().encode();
+        let tmp = st.job.sidecar.with_extension("tmp");
+        let ok = std::fs::write(&tmp, &bytes).and_then(|_| std::fs::rename(&tmp, &st.job.sidecar));
+        if let Err(e) = ok {
+            tracing::warn!("cannot save {}: {e}", st.job.sidecar.display());
+        }
+    }
+}
+
+fn fail(shared: &Shared, why: String) {
+    let mut f = shared.failure.lock().unwrap();
+    if f.is_none() {
+        *f = Some(why);
+    }
+    shared.cancel.cancel();
+    shared.wake.notify_waiters();
+}
+
+async fn worker(shared: Arc<Shared>) {
+    loop {
+        if shared.cancel.is_cancelled() {
+            return;
+        }
+        let next = shared.queue.lock().unwrap().pop_front();
+        let Some((f, i)) = next else {
+            if shared.unfinished.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            // Parts may come back (a hash mismatch); wait for them or the end.
+            let woken = shared.wake.notified();
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = shared.cancel.cancelled() => return,
+            }
+            continue;
+        };
+        match fetch_part(&shared, f, i).await {
+            Ok(()) => {}
+            Err(why) => {
+                fail(&shared, why);
+                return;
+            }
+        }
+        let complete = shared.files[f].parts.lock().unwrap().is_complete();
+        if complete {
+            finish_file(&shared, f).await;
+        }
+    }
+}
+
+/// Verifies and places file `f` once its bytes are all written (exactly once
+/// per download of it).
+async fn finish_file(shared: &Arc<Shared>, f: usize) {
+    let st = &shared.files[f];
+    if st.finishing.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    // The sidecar now says "complete": if we die while verifying, the re-run
+    // verifies again instead of downloading again.
+    st.dirty.store(true, Ordering::Release);
+    save_sidecars(shared);
+    let s = shared.clone();
+    let verdict = tokio::task::spawn_blocking(move || {
+        let st = &s.files[f];
+        s.finisher.finish(f, &st.job)
+    })
+    .await
+    .unwrap_or_else(|e| Verdict::Fatal(format!("verifying crashed: {e}")));
+    match verdict {
+        Verdict::Placed => {
+            shared.watch.finished(f, true);
+            {
+                let _io = st.sidecar_io.lock().unwrap();
+                st.placed.store(true, Ordering::Release);
+                let _ = std::fs::remove_file(&st.job.sidecar);
+            }
+            if shared.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
+                shared.wake.notify_waiters();
+            }
+        }
+        Verdict::Mismatch(why) if st.mismatches.fetch_add(1, Ordering::AcqRel) == 0 => {
+            tracing::warn!("{why}; downloading {} once more", st.job.path);
+            shared.stats.redownloads.fetch_add(1, Ordering::Relaxed);
+            shared.watch.finished(f, false);
+            let n = {
+                let mut p = st.parts.lock().unwrap();
+                p.reset();
+                p.len()
+            };
+            st.streaming.store(false, Ordering::Release);
+            st.finishing.store(false, Ordering::Release);
+            st.dirty.store(true, Ordering::Release);
+            shared.queue.lock().unwrap().extend((0..n).map(|i| (f, i)));
+            shared.wake.notify_waiters();
+        }
+        Verdict::Mismatch(why) => fail(
+            shared,
+            format!(
+                "{why}, again after downloading it a second time: the server is serving corrupt data; \
+                 report it to the mirror's operator or try another HF_ENDPOINT"
+            ),
+        ),
+        Verdict::Fatal(why) => fail(shared, why),
+    }
+}
+
+/// The URL of file `f`'s bytes, resolving it on first use.
+async fn url_of(shared: &Shared, f: usize) -> Result<Url, Failure> {
+    let st = &shared.files[f];
+    let mut slot = st.url.lock().await;
+    if let Some(u) = slot.as_ref() {
+        return Ok(u.clone());
+    }
+    let r = shared
+        .http
+        .resolve(&st.job.url, &shared.opts.repo, &st.job.path)
+        .await?;
+    if let Some(size) = r.size {
+        if size != st.job.size {
+            return Err(Failure::Fatal(format!(
+                "the server says {} has {size} bytes but the file listing said {}; the repository changed while pulling: run again",
+                st.job.path, st.job.size
+            )));
+        }
+    }
+    *slot = Some(r.url.clone());
+    Ok(r.url)
+}
+
+/// Brings part `i` of file `f` to completion, retrying transient failures
+/// (the retry count restarts whenever bytes arrive).
+async fn fetch_part(shared: &Shared, f: usize, i: usize) -> Result<(), String> {
+    let st = &shared.files[f];
+    let mut tries = 0u32;
+    loop {
+        if shared.cancel.is_cancelled() {
+            return Ok(());
+        }
+        let (from, to, complete) = {
+            let p = st.parts.lock().unwrap();
+            let (from, to) = p.missing(i);
+            (from, to, p.is_complete())
+        };
+        if st.whole.load(Ordering::Acquire) {
+            // One stream carries the whole file: keep it going until the
+            // file is complete, unless another connection carries it now.
+            if complete || st.streaming.load(Ordering::Acquire) {
+                return Ok(());
+            }
+        } else if from >= to {
+            return Ok(());
+        }
+        let before = shared.stats.downloaded.load(Ordering::Relaxed);
+        let outcome = tokio::select! {
+            r = attempt(shared, f, i, from, to) => r,
+            _ = shared.cancel.cancelled() => return Ok(()),
+        };
+        match outcome {
+            Ok(()) => continue,
+            Err(Failure::Fatal(why)) => return Err(why),
+            Err(Failure::Transient { why, wait }) => {
+                if shared.stats.downloaded.load(Ordering::Relaxed) > before {
+                    tries = 0;
+                }
+                tries += 1;
+                shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                if tries >= retry::MAX_TRIES {
+                    return Err(format!(
+                        "{}: {why} ({tries} tries in a row); run the same command again to resume",
+                        st.job.path
+                    ));
+                }
+                let pause = retry::backoff(tries, wait, rand::thread_rng().gen());
+                tracing::info!("{}: {why}; retrying in {pause:.1?}", st.job.path);
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// One request for `[from, to)` of part `i`, streamed to disk.
+async fn attempt(shared: &Shared, f: usize, i: usize, from: u64, to: u64) -> Result<(), Failure> {
+    let st = &shared.files[f];
+    let url = url_of(shared, f).await?;
+    let whole = st.whole.load(Ordering::Acquire);
+    let range = (!whole).then_some((from, to));
+    let mut resp = match shared
+        .http
+        .get_bytes(&url, range, &shared.opts.repo, &st.job.path)
+        .await
+    {
+        Ok(r) => r,
+        Err(Failure::Fatal(why)) if host_of(&url) != host_of(&parse_url(&st.job.url)) => {
+            // A presigned CDN URL can expire mid-pull: resolve afresh once.
+            *st.url.lock().await = None;
+            return Err(Failure::Transient {
+                why: format!("the CDN refused a stored URL ({why})"),
+                wait: None,
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    let mut offset = if resp.status() == StatusCode::PARTIAL_CONTENT {
+        let start = content_range_start(resp.headers());
+        if start != Some(from) {
+            return Err(Failure::Transient {
+                why: format!(
+                    "{} answered bytes from {start:?} when asked for {from}",
+                    host_of(&url)
+                ),
+                wait: None,
+            });
+        }
+        from
+    } else {
+        // The whole body from byte 0: this connection streams the file.
+        if st.streaming.swap(true, Ordering::AcqRel) {
+            return Ok(()); // another connection already does
+        }
+        if !st.whole.swap(true, Ordering::AcqRel) {
+            shared.stats.whole_streams.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                "{} ignores Range requests; downloading {} as one stream",
+                host_of(&url),
+                st.job.path
+            );
+        }
+        0
+    };
+    let streaming =
+        offset == 0 && st.whole.load(Ordering::Acquire) && resp.status() == StatusCode::OK;
+    let result = async {
+        let end = if streaming { st.job.size } else { to };
+        loop {
+            let chunk = resp.chunk().await.map_err(|e| Failure::Transient {
+                why: format!("{}: body cut short: {}", host_of(&url), error_chain(&e)),
+                wait: None,
+            })?;
+            let Some(mut data) = chunk else { break };
+            if offset + data.len() as u64 > end {
+                if !streaming {
+                    return Err(Failure::Transient {
+                        why: format!("{} sent more bytes than asked for", host_of(&url)),
+                        wait: None,
+                    });
+                }
+                return Err(Failure::Fatal(format!(
+                    "{} is longer than the {} bytes the listing says; the repository changed while pulling: run again",
+                    st.job.path, st.job.size
+                )));
+            }
+            // Bytes a whole-file stream repeats are already on disk.
+            let skip = if streaming {
+                let prefix = st.parts.lock().unwrap().prefix();
+                prefix.saturating_sub(offset).min(data.len() as u64) as usize
+            } else {
+                0
+            };
+            let write = data.split_off(skip);
+            if !write.is_empty() {
+                st.file
+                    .write_all_at(&write, offset + skip as u64)
+                    .map_err(|e| Failure::Fatal(disk_error(&st.job.incomplete, st.job.size, e)))?;
+            }
+            offset += data.len() as u64 + write.len() as u64;
+            shared
+                .stats
+                .downloaded
+                .fetch_add((data.len() + write.len()) as u64, Ordering::Relaxed);
+            {
+                let mut p = st.parts.lock().unwrap();
+                if streaming {
+                    p.advance_prefix(offset);
+                } else {
+                    let start = p.start(i);
+                    p.advance(i, offset - start);
+                }
+            }
+            st.dirty.store(true, Ordering::Release);
+            shared.watch.written(f, write.len() as u64);
+        }
+        if offset < end {
+            return Err(Failure::Transient {
+                why: format!(
+                    "{}: body of {} ended at byte {offset} of {end}",
+                    host_of(&url),
+                    st.job.path
+                ),
+                wait: None,
+            });
+        }
+        Ok(())
+    }
+    .await;
+    if streaming {
+        st.streaming.store(false, Ordering::Release);
+    }
+    result
+}
+
+fn parse_url(s: &str) -> Url {
+    Url::parse(s).expect("resolve URLs are built from a parsed endpoint")
+}
+
+/// The first byte of a `Content-Range: bytes a-b/total` header.
+fn content_range_start(h: &reqwest::header::HeaderMap) -> Option<u64> {
+    let v = h.get(reqwest::header::CONTENT_RANGE)?.to_str().ok()?;
+    v.trim()
+        .strip_prefix("bytes ")?
+        .split_once('-')?
+        .0
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_range() {
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(content_range_start(&h), None);
+        h.insert(
+            reqwest::header::CONTENT_RANGE,
+            "bytes 100-199/1000".parse().unwrap(),
+        );
+        assert_eq!(content_range_start(&h), Some(100));
+    }
+}

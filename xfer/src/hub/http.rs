@@ -1,0 +1,305 @@
+//! The HTTP side of the Hub: one client, HTTP/1.1 only (public CDNs cap each
+//! connection, so parallel ranges need parallel connections, not multiplexed
+//! streams), redirects followed by hand so `Authorization` is only ever sent
+//! to the endpoint's own origin, retries per [`super::retry`], and the Hub's
+//! error replies turned into messages that say what to do.
+
+use std::time::Duration;
+
+use rand::Rng;
+use reqwest::header::{HeaderMap, ACCEPT_ENCODING, AUTHORIZATION, LOCATION, RANGE};
+use reqwest::{Method, Response, StatusCode, Url};
+
+use super::api::refusal;
+use super::env::HubEnv;
+use super::retry;
+
+/// Most redirects followed for one request.
+const MAX_REDIRECTS: usize = 10;
+
+/// Why a request did not give what we asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// Worth another try, after `wait` if the server said so.
+    Transient { why: String, wait: Option<Duration> },
+    /// Trying again will not help; the message says what to do.
+    Fatal(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Transient { why, .. } => f.write_str(why),
+            Failure::Fatal(why) => f.write_str(why),
+        }
+    }
+}
+
+/// What `HEAD …/resolve/…` says about one file.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// Where the bytes are: the CDN's presigned URL after a redirect to
+    /// another host, else the resolve URL (after same-host redirects).
+    pub url: Url,
+    /// `X-Linked-Etag` or `ETag`, unquoted.
+    pub etag: Option<String>,
+    /// `X-Linked-Size` or `Content-Length`.
+    pub size: Option<u64>,
+    pub commit: Option<String>,
+}
+
+/// A client for one endpoint and token.
+#[derive(Clone)]
+pub struct HubHttp {
+    client: reqwest::Client,
+    endpoint: Url,
+    token: Option<String>,
+}
+
+impl HubHttp {
+    pub fn new(env: &HubEnv) -> anyhow::Result<HubHttp> {
+        let endpoint = Url::parse(&env.endpoint).map_err(|e| {
+            anyhow::anyhow!(
+                "HF_ENDPOINT `{}` is not a URL ({e}); set it like https://hf-mirror.com",
+                env.endpoint
+            )
+        })?;
+        let client = reqwest::Client::builder()
+            .http1_only()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(Duration::from_secs(15))
+            .read_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true)
+            .user_agent(concat!(
+                "xfer/",
+                env!("CARGO_PKG_VERSION"),
+                "; huggingface_hub-compatible"
+            ))
+            .build()?;
+        Ok(HubHttp {
+            client,
+            endpoint,
+            token: env.token.clone(),
+        })
+    }
+
+    /// Whether `url` is on the endpoint's origin, the only place our token
+    /// may go.
+    fn same_origin(&self, url: &Url) -> bool {
+        url.scheme() == self.endpoint.scheme()
+            && url.host_str() == self.endpoint.host_str()
+            && url.port_or_known_default() == self.endpoint.port_or_known_default()
+    }
+
+    fn request(&self, method: Method, url: &Url) -> reqwest::RequestBuilder {
+        let mut rb = self
+            .client
+            .request(method, url.clone())
+            .header(ACCEPT_ENCODING, "identity");
+        if let (Some(t), true) = (&self.token, self.same_origin(url)) {
+            rb = rb.header(AUTHORIZATION, format!("Bearer {t}"));
+        }
+        rb
+    }
+
+    /// One try of `method url`, following redirects; `stop_off_origin` stops
+    /// at the first redirect that leaves the endpoint's origin and returns it
+    /// unfollowed (a HEAD must not chase a presigned CDN URL).
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        range: Option<(u64, u64)>,
+        stop_off_origin: bool,
+    ) -> Result<(Url, Response), Failure> {
+        let mut url = url;
+        for _ in 0..=MAX_REDIRECTS {
+            let mut rb = self.request(method.clone(), &url);
+            if let Some((from, to)) = range {
+                rb = rb.header(RANGE, format!("bytes={from}-{}", to - 1));
+            }
+            let resp = rb.send().await.map_err(|e| Failure::Transient {
+                why: format!("{}: {}", host_of(&url), error_chain(&e)),
+                wait: None,
+            })?;
+            if !resp.status().is_redirection() {
+                return Ok((url, resp));
+            }
+            let Some(next) = resp
+                .headers()
+                .get(LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .and_then(|l| url.join(l).ok())
+            else {
+                return Err(Failure::Fatal(format!(
+                    "{} answered {} without a usable Location header",
+                    host_of(&url),
+                    resp.status()
+                )));
+            };
+            if stop_off_origin && !self.same_origin(&next) {
+                return Ok((next, resp));
+            }
+            url = next;
+        }
+        Err(Failure::Fatal(format!(
+            "more than {MAX_REDIRECTS} redirects from {}; check HF_ENDPOINT",
+            host_of(&url)
+        )))
+    }
+
+    /// `GET url` of a JSON API, retried; returns the body and headers.
+    /// `repo` and `what` name the request in errors.
+    pub async fn get_api(
+        &self,
+        url: &str,
+        repo: &str,
+        what: &str,
+    ) -> Result<(Vec<u8>, HeaderMap), Failure> {
+        let url = parse(url)?;
+        retrying(|| async {
+            let (at, resp) = self.send(Method::GET, url.clone(), None, false).await?;
+            let status = resp.status();
+            if !status.is_success() {
+                return Err(refused(&resp, repo, what, &at));
+            }
+            let headers = resp.headers().clone();
+            let body = resp.bytes().await.map_err(|e| Failure::Transient {
+                why: format!("{}: reply cut short: {}", host_of(&at), error_chain(&e)),
+                wait: None,
+            })?;
+            Ok((body.to_vec(), headers))
+        })
+        .await
+    }
+
+    /// `HEAD …/resolve/…`, retried: where the file's bytes are and what the
+    /// Hub says they are.
+    pub async fn resolve(&self, url: &str, repo: &str, path: &str) -> Result<Resolved, Failure> {
+        let url = parse(url)?;
+        retrying(|| async {
+            let (at, resp) = self.send(Method::HEAD, url.clone(), None, true).await?;
+            let status = resp.status();
+            if !(status.is_success() || status.is_redirection()) {
+                return Err(refused(&resp, repo, path, &at));
+            }
+            let h = resp.headers();
+            let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+            let etag = text("x-linked-etag")
+                .or_else(|| text("etag"))
+                .map(|e| e.trim_start_matches("W/").trim_matches('"').to_string());
+            let size = text("x-linked-size")
+                .or_else(|| {
+                    status
+                        .is_success()
+                        .then(|| text("content-length"))
+                        .flatten()
+                })
+                .and_then(|s| s.parse().ok());
+            Ok(Resolved {
+                url: at,
+                etag,
+                size,
+                commit: text("x-repo-commit").map(str::to_string),
+            })
+        })
+        .await
+    }
+
+    /// One try of `GET url` for the bytes `[from, to)` (or the whole file
+    /// when `range` is `None`). The caller streams the body and retries.
+    pub async fn get_bytes(
+        &self,
+        url: &Url,
+        range: Option<(u64, u64)>,
+        repo: &str,
+        path: &str,
+    ) -> Result<Response, Failure> {
+        let (at, resp) = self.send(Method::GET, url.clone(), range, false).await?;
+        if resp.status().is_success() {
+            Ok(resp)
+        } else {
+            Err(refused(&resp, repo, path, &at))
+        }
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails fatally, or [`retry::MAX_TRIES`]
+/// tries failed.
+pub async fn retrying<T, F, Fut>(mut attempt: F) -> Result<T, Failure>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Failure>>,
+{
+    let mut tries = 0;
+    loop {
+        match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(Failure::Transient { why, wait }) => {
+                tries += 1;
+                if tries >= retry::MAX_TRIES {
+                    return Err(Failure::Fatal(format!(
+                        "{why} ({tries} tries); check the network or HF_ENDPOINT and run the same command again to resume"
+                    )));
+                }
+                let pause = retry::backoff(tries, wait, rand::thread_rng().gen());
+                tracing::info!("retrying in {pause:.1?}: {why}");
+                tokio::time::sleep(pause).await;
+            }
+            Err(fatal) => return Err(fatal),
+        }
+    }
+}
+
+/// The failure an unsuccessful reply stands for.
+pub fn refused(resp: &Response, repo: &str, what: &str, at: &Url) -> Failure {
+    let status = resp.status();
+    let h = resp.headers();
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    if retry::is_retryable(status.as_u16()) {
+        return Failure::Transient {
+            why: format!("{} answered HTTP {}", host_of(at), status.as_u16()),
+            wait: retry::server_wait(text("retry-after"), text("ratelimit")),
+        };
+    }
+    if status == StatusCode::RANGE_NOT_SATISFIABLE {
+        return Failure::Fatal(format!(
+            "{} refused the byte range of {what} (HTTP 416): the file changed on the server; run again to start it over",
+            host_of(at)
+        ));
+    }
+    let mut msg = refusal(status.as_u16(), text("x-error-code"), repo, what);
+    if let Some(m) = text("x-error-message") {
+        msg.push_str(&format!(" (the Hub says: {m})"));
+    }
+    Failure::Fatal(msg)
+}
+
+fn parse(url: &str) -> Result<Url, Failure> {
+    Url::parse(url).map_err(|e| Failure::Fatal(format!("bad URL {url}: {e}")))
+}
+
+/// `host:port` for messages.
+pub fn host_of(url: &Url) -> String {
+    match (url.host_str(), url.port()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        _ => url.to_string(),
+    }
+}
+
+/// An error and its causes on one line (reqwest hides the useful part, such
+/// as "connection reset", in the source chain).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
