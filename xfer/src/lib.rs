@@ -23,6 +23,7 @@ pub mod journal;
 pub mod manifest;
 pub mod progress;
 pub mod pull;
+pub mod pull_fanout;
 pub mod push;
 pub mod rate;
 pub mod receive;

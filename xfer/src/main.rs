@@ -104,6 +104,18 @@ enum Cmd {
         /// Bytes per ranged request.
         #[arg(long, default_value = "16MiB", value_parser = parse_size)]
         part_size: u64,
+        /// Also deliver to these agents while downloading: HOST[:PORT],...
+        /// (their --root can be their HF cache).
+        #[arg(long, value_delimiter = ',')]
+        to: Vec<String>,
+        /// The cluster credential, needed with --to.
+        #[arg(long, env = "XFER_KEY")]
+        key: Option<PathBuf>,
+        #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+        chunk_size: u64,
+        /// Seconds to wait for each agent to answer.
+        #[arg(long, default_value_t = 5)]
+        connect_timeout: u64,
         /// Print one JSON summary on stdout.
         #[arg(long)]
         json: bool,
@@ -305,6 +317,10 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             local_dir,
             connections,
             part_size,
+            to,
+            key,
+            chunk_size,
+            connect_timeout,
             json,
         } => {
             let env = xfer::hub::env::HubEnv::from_process().map_err(anyhow::Error::msg)?;
@@ -318,6 +334,47 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 part_size: part_size.max(1 << 20),
             };
             let progress = Progress::new(!json);
+            if !to.is_empty() {
+                let Some(key) = key else {
+                    anyhow::bail!("--to needs the cluster credential: pass --key FILE or set XFER_KEY");
+                };
+                let push = xfer::push::PushOptions {
+                    src: PathBuf::new(),
+                    to,
+                    key,
+                    name: None,
+                    chunk_size,
+                    limit_rate: None,
+                    connect_timeout: Duration::from_secs(connect_timeout),
+                    rehash: false,
+                };
+                let s = xfer::pull_fanout::pull_and_fan_out(opts, env, push, progress).await?;
+                if json {
+                    serde_json::to_writer(std::io::stdout().lock(), &s)?;
+                    println!();
+                } else {
+                    println!(
+                        "pulled {} ({}) in {:.2}s; delivered to {} agents in {} rounds, {:.2}s after the last byte",
+                        s.pull.repo,
+                        Bytes(s.pull.bytes_total),
+                        s.pull.duration_s,
+                        s.nodes.len(),
+                        s.rounds,
+                        s.tail_s
+                    );
+                    for n in &s.nodes {
+                        match &n.error {
+                            None => println!("{}: ok, root {}", n.addr, n.root.as_deref().unwrap_or("?")),
+                            Some(e) => println!("{}: FAILED: {e}", n.addr),
+                        }
+                    }
+                    println!("root {}  {} on every node, {:.2}s in all", s.root, s.name, s.duration_s);
+                }
+                for n in s.nodes.iter().filter(|n| !n.ok) {
+                    eprintln!("error: {}", n.error.as_deref().unwrap_or("failed"));
+                }
+                return Ok(if s.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+            }
             let (s, _) = xfer::pull::pull(&opts, &env, &progress, None).await?;
             if json {
                 serde_json::to_writer(std::io::stdout().lock(), &s)?;

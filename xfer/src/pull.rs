@@ -103,6 +103,16 @@ impl Layout {
         }
     }
 
+    /// Every path a placed file shows up at.
+    fn visible(&self, f: &RemoteFile) -> Vec<PathBuf> {
+        match self {
+            Layout::Cache { cache, commit } => {
+                vec![self.final_path(f), f.path.under(&cache.snapshot(commit))]
+            }
+            Layout::LocalDir { .. } => vec![self.final_path(f)],
+        }
+    }
+
     fn meta_dir(&self, dir: &Path) -> PathBuf {
         dir.join(".cache/huggingface/download")
     }
@@ -252,7 +262,9 @@ pub async fn pull(
     }
 
     // Files already in place are only linked; the rest are fetched.
+    // They are reported in one batch, so a fan-out's first round has them all.
     let mut todo = Vec::new();
+    let mut present = Vec::new();
     for f in &files {
         if layout.present(f) {
             layout
@@ -260,15 +272,16 @@ pub async fn pull(
                 .with_context(|| format!("cannot link {}", f.path))?;
             summary.bytes_present += f.size;
             summary.verification.present += 1;
-            if let Some(cb) = &on_placed {
-                cb(&PlacedFile {
-                    path: f.path.clone(),
-                    blob: layout.final_path(f),
-                });
-            }
+            present.push(PlacedFile {
+                path: f.path.clone(),
+                visible: layout.visible(f),
+            });
         } else {
             todo.push(f.clone());
         }
+    }
+    if let (Some(cb), false) = (&on_placed, present.is_empty()) {
+        cb(&present);
     }
     check_space(&layout, &todo)?;
 
@@ -332,14 +345,15 @@ pub async fn pull(
     Ok((summary, files))
 }
 
-/// Told of every file as soon as it is in its final place.
-pub type OnPlaced = Arc<dyn Fn(&PlacedFile) + Send + Sync>;
+/// Told of files as soon as they are in their final place.
+pub type OnPlaced = Arc<dyn Fn(&[PlacedFile]) + Send + Sync>;
 
 /// A file that just became visible in its final place.
 pub struct PlacedFile {
     pub path: RelPath,
-    /// Its bytes: the blob, or the file in the local dir.
-    pub blob: PathBuf,
+    /// What became visible: the blob and its snapshot link, or the file in
+    /// the local dir.
+    pub visible: Vec<PathBuf>,
 }
 
 /// Every file of the listing, following `Link: rel="next"` pages (kept on
@@ -470,10 +484,10 @@ impl Finisher for Placer {
         }
         .fetch_add(1, Ordering::Relaxed);
         if let Some(cb) = &self.on_placed {
-            cb(&PlacedFile {
+            cb(&[PlacedFile {
                 path: f.path.clone(),
-                blob: self.layout.final_path(f),
-            });
+                visible: self.layout.visible(f),
+            }]);
         }
         Verdict::Placed
     }

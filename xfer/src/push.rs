@@ -86,7 +86,6 @@ impl PushSummary {
 
 /// Hashes `opts.src` and delivers it to every agent in `opts.to`.
 pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary> {
-    let cred = Arc::new(Credential::load(&opts.key)?);
     let name = match &opts.name {
         Some(n) => n.clone(),
         None => opts
@@ -99,18 +98,38 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
             .to_string(),
     };
     let name = ModelName::new(&name).map_err(anyhow::Error::msg)?;
-
-    // Catch address typos before spending time hashing.
-    let mut members = Vec::new();
-    for (i, addr) in opts.to.iter().enumerate() {
-        members.push(SwarmPeer {
-            id: i as u32 + 1,
-            addr: quic::resolve(addr)?,
-        });
-    }
+    // Catch address typos and a bad key before spending time hashing.
+    members(&opts.to)?;
+    Credential::load(&opts.key)?;
     let started = Instant::now();
     let tree = hash_tree(opts, progress).await?;
-    let hash_s = started.elapsed().as_secs_f64();
+    deliver(opts, &name, &tree, started.elapsed().as_secs_f64(), progress).await
+}
+
+/// The swarm: every destination with its peer id (its index in `to`, from 1).
+fn members(to: &[String]) -> Result<Vec<SwarmPeer>> {
+    to.iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            Ok(SwarmPeer {
+                id: i as u32 + 1,
+                addr: quic::resolve(addr)?,
+            })
+        })
+        .collect()
+}
+
+/// Delivers an already hashed tree to every agent in `opts.to` under
+/// `name`. `hash_s` is how long hashing took, for the summary.
+pub async fn deliver(
+    opts: &PushOptions,
+    name: &ModelName,
+    tree: &SourceTree,
+    hash_s: f64,
+    progress: &Progress,
+) -> Result<PushSummary> {
+    let cred = Arc::new(Credential::load(&opts.key)?);
+    let members = members(&opts.to)?;
     let manifest = &tree.manifest;
     let map = Arc::new(ChunkMap::new(manifest));
     let reader: Arc<dyn ChunkReader> =

@@ -40,7 +40,20 @@ pub fn scan(root: &Path, chunk_size: u64, progress: &(dyn Fn(u64) + Sync)) -> Re
 pub fn scan_cached(
     root: &Path,
     chunk_size: u64,
+    cache: Option<&mut HashCache>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<SourceTree> {
+    scan_selected(root, chunk_size, cache, &|_| true, progress)
+}
+
+/// Like [`scan_cached`], but only files and links for which `keep` says yes
+/// (folders are walked regardless): a subset of a tree that is still being
+/// written, such as a Hugging Face cache folder mid-download.
+pub fn scan_selected(
+    root: &Path,
+    chunk_size: u64,
     mut cache: Option<&mut HashCache>,
+    keep: &dyn Fn(&RelPath) -> bool,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<SourceTree> {
     if !hash::is_valid_chunk_size(chunk_size) {
@@ -56,6 +69,7 @@ pub fn scan_cached(
     let mut walk = Walk {
         entries: Vec::new(),
         visited: HashSet::new(),
+        keep,
     };
     walk.visited.insert((meta.dev(), meta.ino()));
     walk.dir(root, None)?;
@@ -199,12 +213,13 @@ pub(crate) fn hash_chunks(
 
 type Pending = (Entry, Option<PathBuf>);
 
-struct Walk {
+struct Walk<'a> {
     entries: Vec<Pending>,
     visited: HashSet<(u64, u64)>,
+    keep: &'a dyn Fn(&RelPath) -> bool,
 }
 
-impl Walk {
+impl Walk<'_> {
     /// Walks `dir`, whose path inside the tree is `rel` (None at the top).
     fn dir(&mut self, dir: &Path, rel: Option<&RelPath>) -> Result<()> {
         let mut names: Vec<_> = fs::read_dir(dir)
@@ -213,7 +228,7 @@ impl Walk {
             .collect::<Result<_, _>>()?;
         names.sort();
         if names.is_empty() {
-            if let Some(rel) = rel {
+            if let Some(rel) = rel.filter(|r| (self.keep)(r)) {
                 self.entries.push((Entry::Dir { path: rel.clone() }, None));
             }
             return Ok(());
@@ -238,6 +253,9 @@ impl Walk {
     fn entry(&mut self, path: &Path, rel: RelPath) -> Result<()> {
         let lmeta = fs::symlink_metadata(path)
             .with_context(|| format!("cannot stat {}", path.display()))?;
+        if !lmeta.is_dir() && !(self.keep)(&rel) {
+            return Ok(());
+        }
         if lmeta.file_type().is_symlink() {
             let target = fs::read_link(path)?;
             if let Some(t) = target.to_str() {

@@ -74,20 +74,43 @@ impl Shares {
         }
     }
 
-    /// The running transfer of `name` with root `root`, waiting up to
-    /// `within` for it to start.
-    async fn wait_for(&self, name: &ModelName, root: Hash, within: Duration) -> Option<Arc<Share>> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let found = self.by_name.lock().unwrap().get(name).cloned();
-            if let Some(s) = found.filter(|s| s.root == root && !s.ended.is_cancelled()) {
-                return Some(s);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    /// The running transfer of `name` with root `root`.
+    fn running(&self, name: &ModelName, root: Hash) -> Option<Arc<Share>> {
+        let found = self.by_name.lock().unwrap().get(name).cloned();
+        found.filter(|s| s.root == root && !s.ended.is_cancelled())
+    }
+}
+
+/// What a joining peer is served from.
+enum Source {
+    /// The model is complete and placed here.
+    Held(HeldModel),
+    /// This node is receiving it too.
+    Running(Arc<Share>),
+}
+
+/// The model `name` with root `root` as this node has it, waiting up to
+/// `within` for the transfer to start here. Both are checked each time: a
+/// small transfer can start and finish between two looks.
+async fn source_for(
+    store: &Store,
+    shares: &Shares,
+    name: &ModelName,
+    root: Hash,
+    within: Duration,
+) -> Option<Source> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(s) = shares.running(name, root) {
+            return Some(Source::Running(s));
         }
+        if let Some(m) = HeldModel::open(store, name).filter(|m| m.manifest.root() == root) {
+            return Some(Source::Held(m));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -102,21 +125,24 @@ pub async fn serve_peer(
     name: ModelName,
     root: Hash,
 ) -> Result<()> {
-    // Already complete here: serve the placed model.
-    if let Some(m) = HeldModel::open(&store, &name).filter(|m| m.manifest.root() == root) {
-        let has = ChunkSet::full(m.map.len());
-        write_frame(&mut send, &Control::Bitfield { has }).await?;
-        quic::serve_chunks(conn, m.map, m.reader, None, Arc::new(|_| {})).await;
-        return Ok(());
-    }
-    let Some(share) = shares.wait_for(&name, root, JOIN_WAIT).await else {
-        let r = Refusal::Busy(format!(
-            "not receiving `{name}` with root {}; the source has not offered it here yet",
-            root.short()
-        ));
-        write_frame(&mut send, &Control::Failed(r.clone())).await?;
-        let _ = send.finish();
-        anyhow::bail!(r);
+    tracing::debug!("join for {name} root {} from {}", root.short(), conn.remote_address());
+    let share = match source_for(&store, &shares, &name, root, JOIN_WAIT).await {
+        Some(Source::Running(share)) => share,
+        Some(Source::Held(m)) => {
+            let has = ChunkSet::full(m.map.len());
+            write_frame(&mut send, &Control::Bitfield { has }).await?;
+            quic::serve_chunks(conn, m.map, m.reader, None, Arc::new(|_| {})).await;
+            return Ok(());
+        }
+        None => {
+            let r = Refusal::Busy(format!(
+                "not receiving `{name}` with root {}; the source has not offered it here yet",
+                root.short()
+            ));
+            write_frame(&mut send, &Control::Failed(r.clone())).await?;
+            let _ = send.finish();
+            anyhow::bail!(r);
+        }
     };
     // Subscribe before the snapshot, so no chunk falls between the two.
     let mut verified = share.verified.subscribe();
@@ -307,6 +333,7 @@ async fn handshake(
     };
     write_frame(&mut send, &join).await?;
     let _ = send.finish();
+    tracing::debug!("sent join to {addr}");
     let reply = tokio::time::timeout(JOIN_WAIT + Duration::from_secs(5), read_frame(&mut recv))
         .await
         .map_err(|_| anyhow::anyhow!("{addr} did not answer the join"))??;
