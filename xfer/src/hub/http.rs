@@ -68,7 +68,7 @@ impl HubHttp {
             .http1_only()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(15))
-            .read_timeout(Duration::from_secs(60))
+            .read_timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
             .user_agent(concat!(
                 "xfer/",

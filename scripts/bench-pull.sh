@@ -1,0 +1,733 @@
+#!/usr/bin/env bash
+# Pull benchmark: `xfer pull` against huggingface_hub's `hf download`, both
+# from the same local Hub-protocol server (tests/hub_server.py) that caps each
+# connection's rate, as public CDNs do; then the time to get a repo onto 2
+# nodes, pull-then-push against pull-with-fan-out, over shaped netns links.
+#
+#   scripts/bench-pull.sh [all|pull|fanout]     (default: all)
+#
+#   pull    A multi-shard repo of SIZE_MIB (bench/model-2g). Each run
+#           downloads it into a fresh empty HF_HUB_CACHE with `hf download`
+#           and with `xfer pull --json`, page cache dropped before each
+#           (RUNS runs, the order alternating). Prints seconds, MB/s and peak
+#           RSS per tool (medians), how many bodies the server sent at once,
+#           and hf_s / xfer_s; the floor is 2.0 (PASS / BELOW FLOOR). hf
+#           downloads one file per connection (at most 8 workers), so it can
+#           never beat largest shard / RATE; xfer splits files into ranged
+#           parts over CONNECTIONS connections. Both snapshots must hold the
+#           source's bytes (b3sum).
+#   fanout  scripts/netcluster.sh cluster of hosts 0..2 (PREFIX xfp), links
+#           shaped to LINK_MBIT; the server runs inside host 0 (its loopback
+#           is unshaped) with FAN_RATE per connection; agents on hosts 1, 2.
+#           A FAN_SIZE_MIB repo (bench/model-1g) is moved three ways:
+#             D           xfer pull alone on host 0
+#             sequential  xfer pull, then xfer push of models--bench--model-1g
+#             pipelined   xfer pull --to h1,h2 (fan-out while downloading)
+#           against F_ideal = S / link rate and ideal = max(D, F_ideal).
+#           Every agent's folder must equal host 0's (b3sum and diff -r
+#           --no-dereference) and every node must report the same root.
+#
+# Prints one summary block (Markdown) to paste into a README, appends it to
+# $PULL_DIR/summary.txt and one row per part to $PULL_DIR/results.csv.
+# Exit status 3 when everything ran but xfer is below the 2x floor.
+#
+# Env [default]: SIZE_MIB [2048], SHARDS [4], RATE [40000000 bytes/s per
+# connection], CONNECTIONS [16] (xfer pull --connections), RUNS [1],
+# LINK_MBIT [400], FAN_RATE [4000000: 16 x 4 MB/s = 64 MB/s, near the
+# 50 MB/s links, so download and fan-out take about as long], FAN_SIZE_MIB
+# [1024], FAN_SHARDS [4], XFER [target/release/xfer; built once with `cargo
+# build --release -p xfer` if missing], HF_VENV [/var/tmp/xfer-venv-hf;
+# created with huggingface_hub if missing], PULL_DIR [/var/tmp/xfer-bench-pull]
+# (repos, caches, agent roots, results; disk, not tmpfs), PREFIX [xfp],
+# PORT [17590] (agents, UDP), PULL_TIMEOUT [derived from the sizes and
+# rates], KEEP_RUN [0] (1 keeps logs and JSON in $PULL_DIR/run).
+#
+# Runtime at the defaults on 2 cores: ~1.5 min for the repos the first time
+# (random data plus the server's hashes, cached afterwards), pull ~40 s per
+# run, fanout ~90 s per run. Needs root (drop_caches, namespaces, apt-get).
+
+set -euo pipefail
+shopt -s inherit_errexit
+export LC_ALL=C
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$SCRIPT_DIR/.." && pwd)
+SELF=$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")
+LOG_TAG=pull
+# shellcheck source=scripts/lib-bench.sh
+source "$SCRIPT_DIR/lib-bench.sh"
+
+usage() { sed -n '2,50p' "$SELF" | sed 's/^# \{0,1\}//'; }
+
+PART=${1:-all}
+case $PART in
+all | pull | fanout) ;;
+-h | --help | help)
+    usage
+    exit 0
+    ;;
+*)
+    usage >&2
+    exit 2
+    ;;
+esac
+[ $# -le 1 ] || {
+    usage >&2
+    exit 2
+}
+
+SIZE_MIB=${SIZE_MIB:-2048}
+SHARDS=${SHARDS:-4}
+RATE=${RATE:-40000000}
+CONNECTIONS=${CONNECTIONS:-16}
+RUNS=${RUNS:-1}
+LINK_MBIT=${LINK_MBIT:-400}
+FAN_RATE=${FAN_RATE:-4000000}
+FAN_SIZE_MIB=${FAN_SIZE_MIB:-1024}
+FAN_SHARDS=${FAN_SHARDS:-4}
+HF_VENV=${HF_VENV:-/var/tmp/xfer-venv-hf}
+PULL_DIR=${PULL_DIR:-/var/tmp/xfer-bench-pull}
+export PREFIX=${PREFIX:-xfp}
+PORT=${PORT:-17590}
+KEEP_RUN=${KEEP_RUN:-0}
+
+PULL_REPO=bench/model-2g
+FAN_REPO=bench/model-1g
+HF_MAX_WORKERS=8 # hf download's default --max-workers
+FLOOR=2.0
+NC=$SCRIPT_DIR/netcluster.sh
+REPOS=$PULL_DIR/repos
+RUN=$PULL_DIR/run
+CACHES=$PULL_DIR/caches
+RESULTS=$PULL_DIR/results.csv
+CSV_HEADER=stamp,xfer_rev,part,size_mib,shards,rate_Bps,connections,runs,hf_s,xfer_s,hf_over_xfer,link_mbit,d_s,f_ideal_s,ideal_s,seq_s,pipe_s,seq_over_ideal,pipe_over_ideal
+
+posint() { [[ $1 =~ ^[0-9]+$ && $1 -ge 1 ]]; }
+for v in SIZE_MIB SHARDS RATE CONNECTIONS RUNS LINK_MBIT FAN_RATE FAN_SIZE_MIB FAN_SHARDS PORT; do
+    posint "${!v}" || die "$v must be a positive integer (got '${!v}')"
+done
+[ "$SIZE_MIB" -ge "$SHARDS" ] || die "SIZE_MIB ($SIZE_MIB) must be >= SHARDS ($SHARDS)"
+[ "$FAN_SIZE_MIB" -ge "$FAN_SHARDS" ] || die "FAN_SIZE_MIB ($FAN_SIZE_MIB) must be >= FAN_SHARDS ($FAN_SHARDS)"
+if [ "$SHARDS" -gt 999 ] || [ "$FAN_SHARDS" -gt 999 ]; then die "at most 999 shards"; fi
+
+# ------------------------------------------------------------ preflight ----
+
+preflight() {
+    [ "$(id -u)" = 0 ] || die "must run as root (drop_caches, network namespaces, apt-get): use sudo or a root shell"
+    need /usr/bin/time time
+    need python3 python3
+    need jq jq
+    need b3sum b3sum
+    need curl curl
+    need timeout coreutils
+    need flock util-linux
+    need diff diffutils
+    if [ "$PART" != pull ]; then
+        [ -x "$NC" ] || die "$NC missing or not executable"
+        need ip iproute2
+        need tc iproute2
+        need ping iputils-ping
+    fi
+    mkdir -p "$PULL_DIR"
+    [ "$(stat -f -c %T "$PULL_DIR")" != tmpfs ] ||
+        die "PULL_DIR=$PULL_DIR is on tmpfs; set PULL_DIR to a directory on disk"
+    local avail need_mb=0
+    avail=$(df -Pm "$PULL_DIR" | awk 'NR == 2 { print $4 }')
+    # repo + 2 caches for pull; repo + cache + 2 agent copies for fanout (+ slack)
+    [ "$PART" = fanout ] || need_mb=$((SIZE_MIB * 3 + 512))
+    [ "$PART" = pull ] || need_mb=$((need_mb + FAN_SIZE_MIB * 4 + 512))
+    [ "$avail" -gt "$need_mb" ] || die "need ~$need_mb MiB free in $PULL_DIR, have $avail; lower SIZE_MIB/FAN_SIZE_MIB or set PULL_DIR"
+}
+
+find_xfer() {
+    XFER_BIN=${XFER:-$REPO/target/release/xfer}
+    if [ ! -x "$XFER_BIN" ]; then
+        [ -z "${XFER:-}" ] || die "XFER=$XFER is not an executable"
+        command -v cargo >/dev/null 2>&1 || die "no $XFER_BIN and no cargo to build it"
+        log "no release binary at $XFER_BIN: running cargo build --release -p xfer (takes several minutes)"
+        (cd "$REPO" && CARGO_TARGET_DIR=$REPO/target cargo build --release -p xfer) >&2 ||
+            die "cargo build --release -p xfer failed"
+        [ -x "$XFER_BIN" ] || die "the build did not produce $XFER_BIN"
+    elif [ -z "${XFER:-}" ] && [ -n "$(find "$REPO/xfer/src" -newer "$XFER_BIN" -name '*.rs' -print -quit 2>/dev/null)" ]; then
+        log "warning: $XFER_BIN is older than xfer/src; run cargo build --release -p xfer to measure the current code"
+    fi
+    XFER_REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    if [ -n "$(git -C "$REPO" status --porcelain -- xfer/src 2>/dev/null)" ]; then XFER_REV+=+dirty; fi
+    if [ -n "${XFER:-}" ]; then XFER_REV="XFER=$XFER"; fi
+}
+
+find_hf() {
+    if [ ! -x "$HF_VENV/bin/hf" ]; then
+        log "creating $HF_VENV with huggingface_hub"
+        python3 -m venv "$HF_VENV" >&2 || die "python3 -m venv $HF_VENV failed (apt-get install python3-venv?)"
+        "$HF_VENV/bin/pip" install -q huggingface_hub >&2 || die "pip install huggingface_hub failed"
+    fi
+    HF_BIN=$HF_VENV/bin/hf
+    [ -x "$HF_BIN" ] || die "$HF_BIN missing after installing huggingface_hub"
+    HF_VERSION=$("$HF_VENV/bin/python" -c 'import huggingface_hub; print(huggingface_hub.__version__)')
+}
+
+# ----------------------------------------------------------------- repo ----
+
+# le64 N: N as 8 little-endian bytes (the safetensors header length).
+le64() {
+    local i out=""
+    for ((i = 0; i < 8; i++)); do out+=$(printf '\\%03o' $((($1 >> (8 * i)) & 255))); done
+    printf '%b' "$out"
+}
+# shard_header NAME N: safetensors header for one U8 tensor of N bytes,
+# padded with spaces to a multiple of 8 as the format recommends.
+shard_header() {
+    local h
+    h=$(printf '{"__metadata__":{"format":"pt"},"%s":{"dtype":"U8","shape":[%d],"data_offsets":[0,%d]}}' "$1" "$2" "$2")
+    printf '%-*s' $((((${#h} + 7) / 8) * 8)) "$h"
+}
+shard_name() { printf 'model-%05d-of-%05d.safetensors' "$1" "$2"; }
+shard_bytes() { # shard_bytes I N MIB: shard I's file size; the shards add up to MIB MiB
+    local total=$(($3 << 20))
+    local each=$((total / $2))
+    if [ "$1" = "$2" ]; then echo $((total - each * ($2 - 1))); else echo "$each"; fi
+}
+
+# gen_repo ORG/NAME MIB SHARDS: the repo folder $REPOS/ORG/NAME with
+# config.json, tokenizer.json (256 KiB), model.safetensors.index.json and
+# SHARDS valid safetensors shards of random bytes adding up to MIB MiB.
+# Kept while its spec and shard sizes match, else made anew.
+gen_repo() {
+    local id=$1 mib=$2 shards=$3
+    local dir=$REPOS/$id spec=$REPOS/${id%%/*}/.${id#*/}.spec
+    local want="size_mib=$mib shards=$shards v1"
+    local i ok=1
+    if [ -f "$spec" ] && [ "$(cat "$spec")" = "$want" ]; then
+        for ((i = 1; i <= shards; i++)); do
+            [ "$(stat -c %s "$dir/$(shard_name "$i" "$shards")" 2>/dev/null)" = "$(shard_bytes "$i" "$shards" "$mib")" ] || ok=0
+        done
+        for f in config.json tokenizer.json model.safetensors.index.json; do [ -f "$dir/$f" ] || ok=0; done
+        if [ "$ok" = 1 ]; then
+            log "repo $id: $mib MiB in $shards shards, cached in $dir"
+            return
+        fi
+    fi
+    log "generating repo $id: $mib MiB of random data in $shards shards in $dir"
+    rm -rf "$dir" "$spec"
+    mkdir -p "$dir"
+    local name bytes tensor hdr n map="" total=0
+    for ((i = 1; i <= shards; i++)); do
+        name=$(shard_name "$i" "$shards")
+        bytes=$(shard_bytes "$i" "$shards" "$mib")
+        tensor=model.layers.$((i - 1)).weight
+        n=$((bytes - 8 - 256)) # the header length depends on n's digits: settle it
+        while :; do
+            hdr=$(shard_header "$tensor" "$n")
+            [ $((8 + ${#hdr} + n)) != "$bytes" ] || break
+            n=$((bytes - 8 - ${#hdr}))
+        done
+        {
+            le64 "${#hdr}"
+            printf '%s' "$hdr"
+            head -c "$n" /dev/urandom
+        } >"$dir/$name"
+        map+="${map:+,}\"$tensor\":\"$name\""
+        total=$((total + n))
+    done
+    printf '{"metadata":{"total_size":%d},"weight_map":{%s}}\n' "$total" "$map" >"$dir/model.safetensors.index.json"
+    printf '{"architectures":["BenchForCausalLM"],"model_type":"bench","hidden_size":4096,"num_hidden_layers":%d,"torch_dtype":"uint8"}\n' \
+        "$shards" >"$dir/config.json"
+    {
+        printf '{"version":"1.0","model":{"type":"BPE","blob":"'
+        head -c 196608 /dev/urandom | base64 -w0
+        printf '"}}\n'
+    } >"$dir/tokenizer.json"
+    sync
+    echo "$want" >"$spec"
+}
+
+# ------------------------------------------------------------- helpers ----
+
+CLUSTER_UP=0
+cleanup() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM
+    stop_all
+    if [ "$rc" != 0 ] && [ "$A_DONE" = 1 ] && [ "$REPORTED" = 0 ]; then
+        log "part A finished before the failure; its results:"
+        B_DONE=0
+        report
+    fi
+    if [ "$CLUSTER_UP" = 1 ]; then
+        kill_ns_leftovers
+        "$NC" down
+    fi
+    rm -rf "$CACHES" "$PULL_DIR"/h[0-9]*
+    if [ "$rc" != 0 ] && [ "$rc" != 3 ]; then
+        log "FAILED (exit $rc); logs and JSON kept in $RUN"
+    elif [ "$KEEP_RUN" = 1 ] || [ "$rc" = 3 ]; then
+        log "logs kept in $RUN"
+    else
+        rm -rf "$RUN"
+    fi
+    exit "$rc"
+}
+# Processes still inside our cluster's namespaces (all started by this run:
+# the namespaces are this run's, under its lock); TERM, then KILL.
+kill_ns_leftovers() {
+    local h pids=()
+    for h in $(ip netns list 2>/dev/null | awk '{ print $1 }' | grep -E "^$PREFIX-(h[0-9]+|sw)$" || true); do
+        mapfile -t -O "${#pids[@]}" pids < <(ip netns pids "$h" 2>/dev/null || true)
+    done
+    [ "${#pids[@]}" -gt 0 ] || return 0
+    log "stopping ${#pids[@]} leftover process(es) in the $PREFIX namespaces: ${pids[*]}"
+    kill "${pids[@]}" 2>/dev/null || true
+    sleep 1
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+}
+
+drop_caches() {
+    sync
+    if [ "$DROP_OK" = 1 ]; then echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || DROP_OK=0; fi
+}
+
+# fingerprint DIR [-L]: "blake3  relative/path" of every file, sorted; -L
+# follows symlinks (snapshot folders), else symlinks are left to diff.
+fingerprint() {
+    local follow=()
+    [ "${2:-}" != -L ] || follow=(-L)
+    (cd "$1" && find "${follow[@]}" . -type f -printf '%P\0' | sort -z | xargs -0 -r b3sum --num-threads 2 --)
+}
+# same_fp WHAT EXPECTED-FILE DIR [-L]: DIR's fingerprint must equal EXPECTED-FILE.
+same_fp() {
+    local what=$1 want=$2 dir=$3 out
+    out=$RUN/fp-$(echo "$what" | tr -c 'a-zA-Z0-9\n' '-').txt
+    [ -d "$dir" ] || die "$what: $dir does not exist"
+    fingerprint "$dir" "${4:-}" >"$out"
+    if ! cmp -s "$want" "$out"; then
+        diff "$want" "$out" | head -n 6 >&2 || true
+        die "$what: $dir differs from the source (b3sum lists $want and $out)"
+    fi
+}
+# snapshot CACHE ID: the one snapshot folder of repo ID in CACHE.
+snapshot() {
+    local d=$1/models--${2//\//--}/snapshots s=()
+    mapfile -t s < <(find "$d" -mindepth 1 -maxdepth 1 -type d 2>/dev/null)
+    [ "${#s[@]}" = 1 ] || die "expected one snapshot in $d, found ${#s[@]}"
+    echo "${s[0]}"
+}
+
+# run_timed LABEL TIMEOUT CMD...: CMD under /usr/bin/time and timeout, its
+# output in $RUN/LABEL.{out,err}. Sets T_S (wall seconds), T_RSS (peak RSS,
+# KiB) and T_RC. In the background and waited for, so INT/TERM reach the trap.
+run_timed() {
+    local label=$1 tmo=$2 t0 pid
+    shift 2
+    T_RC=0
+    t0=$EPOCHREALTIME
+    /usr/bin/time -f '%e %M' -o "$RUN/$label.time" timeout -s INT "$tmo" "$@" \
+        >"$RUN/$label.out" 2>"$RUN/$label.err" &
+    pid=$!
+    track "$pid"
+    wait "$pid" || T_RC=$?
+    T_S=$(elapsed "$t0" "$EPOCHREALTIME")
+    untrack "$pid"
+    T_RSS=$(awk 'END { print $2 }' "$RUN/$label.time" 2>/dev/null || echo 0)
+    if [ "$T_RC" = 124 ]; then
+        die "$label: no result after ${tmo}s (set PULL_TIMEOUT to wait longer); see $RUN/$label.err"
+    fi
+}
+fail_tail() { tail -n 4 "$RUN/$1.err" | tr '\n' ' '; }
+
+# start_hub LABEL RATE [HOST]: tests/hub_server.py over $REPOS, in the root
+# namespace or (HOST given) inside cluster host HOST. Sets HUB_PID, HUB_URL.
+start_hub() {
+    local label=$1 rate=$2 host=${3:-} tries
+    local cmd=(python3 -u "$REPO/tests/hub_server.py" --repos "$REPOS" --host 127.0.0.1 --rate "$rate")
+    if [ -n "$host" ]; then cmd=("$NC" exec "$host" "${cmd[@]}"); fi
+    "${cmd[@]}" >"$RUN/$label.out" 2>"$RUN/$label.err" &
+    HUB_PID=$!
+    track "$HUB_PID"
+    # The first start hashes the repos (sha1 + sha256, cached in $REPOS).
+    for ((tries = 0; tries < 3000; tries++)); do
+        if grep -qs '^READY ' "$RUN/$label.out"; then break; fi
+        kill -0 "$HUB_PID" 2>/dev/null || die "hub_server.py exited at start: $(fail_tail "$label")"
+        sleep 0.1
+    done
+    grep -qs '^READY ' "$RUN/$label.out" || die "hub_server.py printed no READY within 300 s (see $RUN/$label.err)"
+    HUB_URL=http://127.0.0.1:$(awk '/^READY / { print $2; exit }' "$RUN/$label.out")
+    HUB_HOST=$host
+}
+# hub_curl ARGS...: curl against the hub server, in its namespace.
+hub_curl() {
+    if [ -n "$HUB_HOST" ]; then "$NC" exec "$HUB_HOST" curl -fsS "$@"; else curl -fsS "$@"; fi
+}
+stats_reset() { hub_curl -X POST "$HUB_URL/_stats/reset" >/dev/null; }
+# stats FIELD: one counter of the server since the last reset.
+stats() { hub_curl "$HUB_URL/_stats" | jq -r ".$1"; }
+
+# The environment both clients see: no token, no proxies, our endpoint and
+# a private HF_HOME; hf without Xet or hf_transfer, no progress bars.
+client_env() { # client_env CACHE: prints NAME=VALUE words for env(1)
+    printf '%s\n' "HF_ENDPOINT=$HUB_URL" "HF_HUB_CACHE=$1" "HF_HOME=$RUN/hf-home" \
+        HF_HUB_DISABLE_XET=1 HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_TELEMETRY=1 \
+        HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_IMPLICIT_TOKEN=1 \
+        "XDG_CACHE_HOME=$RUN/xdg" NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
+}
+CLEAN_ENV=(-u HF_TOKEN -u HF_TOKEN_PATH -u HF_HUB_ENABLE_HF_TRANSFER -u HF_HUB_OFFLINE -u HF_XET_HIGH_PERFORMANCE
+    -u http_proxy -u https_proxy -u HTTP_PROXY -u HTTPS_PROXY -u ALL_PROXY -u all_proxy -u RUST_LOG -u XFER_KEY)
+
+# xfer_bound DIR RATE: S / (min(CONNECTIONS, ranged parts) x RATE), the
+# parts being xfer pull's default --part-size (16 MiB) slices of each file.
+xfer_bound() {
+    local parts
+    parts=$(find "$1" -type f -printf '%s\n' | awk -v p=$((16 << 20)) '{ n += int(($1 + p - 1) / p) } END { print n }')
+    [ "$parts" -le "$CONNECTIONS" ] || parts=$CONNECTIONS
+    calc "$(tree_bytes "$1") / ($parts * $2)"
+}
+mb_s() { awk -v b="$1" -v s="$2" 'BEGIN { if (s <= 0) print "n/a"; else printf "%.1f", b / s / 1e6 }'; }
+mib() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
+
+# ------------------------------------------------------- part A: pull ----
+
+A_DONE=0
+part_pull() {
+    local src=$REPOS/$PULL_REPO
+    local bytes files maxfile
+    bytes=$(tree_bytes "$src")
+    files=$(find "$src" -type f | wc -l)
+    maxfile=$(find "$src" -type f -printf '%s\n' | sort -n | tail -n1)
+    fingerprint "$src" >"$RUN/fp-a-source.txt"
+    # What the per-connection cap allows: hf fetches whole files, one per
+    # connection, at most 8 at once; xfer keeps CONNECTIONS ranged requests.
+    A_HF_BOUND=$(awk -v m="$maxfile" -v b="$bytes" -v r="$RATE" -v w="$HF_MAX_WORKERS" \
+        'BEGIN { x = m / r; y = b / (w * r); printf "%.2f", (x > y ? x : y) }')
+    A_XFER_BOUND=$(xfer_bound "$src" "$RATE")
+    local tmo=${PULL_TIMEOUT:-$(awk -v s="$A_HF_BOUND" 'BEGIN { printf "%d", 10 * s + 180 }')}
+    A_BYTES=$bytes
+    A_FILES=$files
+
+    log "part A: $PULL_REPO, $bytes bytes in $files files; server $(fmt %.0f "$(calc "$RATE / 1e6")") MB/s per connection"
+    start_hub hub-a "$RATE"
+    log "hub server at $HUB_URL (root namespace)"
+    local r tool order
+    A_HF_S=() A_XFER_S=() A_HF_RSS=() A_XFER_RSS=() A_HF_CONC=() A_XFER_CONC=() A_RATIOS=()
+    for ((r = 1; r <= RUNS; r++)); do
+        if ((r % 2)); then order="hf xfer"; else order="xfer hf"; fi
+        local hf_s="" xfer_s=""
+        for tool in $order; do
+            local cache=$CACHES/a-$tool label=a$r-$tool snap
+            fresh_dir "$cache"
+            rm -rf "$RUN/xdg"
+            drop_caches
+            stats_reset
+            local envw=()
+            mapfile -t envw < <(client_env "$cache")
+            if [ "$tool" = hf ]; then
+                run_timed "$label" "$tmo" env "${CLEAN_ENV[@]}" "${envw[@]}" "$HF_BIN" download "$PULL_REPO" --quiet
+                [ "$T_RC" = 0 ] || die "hf download exited $T_RC: $(fail_tail "$label")"
+            else
+                run_timed "$label" "$tmo" env "${CLEAN_ENV[@]}" "${envw[@]}" \
+                    "$XFER_BIN" pull "$PULL_REPO" --connections "$CONNECTIONS" --json
+                [ "$T_RC" = 0 ] || die "xfer pull exited $T_RC: $(fail_tail "$label")"
+                jq -e --argjson b "$bytes" '.verification.all_verified == true and .bytes_total == $b and .bytes_downloaded >= $b' \
+                    "$RUN/$label.out" >/dev/null ||
+                    die "xfer pull's JSON is not all_verified with bytes_total = bytes_downloaded = $bytes: $(head -c 600 "$RUN/$label.out")"
+            fi
+            local conc served
+            conc=$(stats max_concurrent_bodies)
+            served=$(stats bytes_served)
+            snap=$(snapshot "$cache" "$PULL_REPO")
+            same_fp "run $r $tool snapshot" "$RUN/fp-a-source.txt" "$snap" -L
+            (cd "$cache/models--${PULL_REPO//\//--}" && find blobs refs snapshots -printf '%y %p %l\n' | sort) >"$RUN/layout-$tool.txt"
+            find "$cache/models--${PULL_REPO//\//--}" -mindepth 1 -maxdepth 1 -printf '%P\n' | sort >"$RUN/top-$tool.txt"
+            log "run $r $tool: $(fmt %.2f "$T_S") s, $(mb_s "$bytes" "$T_S") MB/s, peak RSS $(mib "$T_RSS") MiB, up to $conc bodies at once, served $(fmt %.3f "$(calc "$served / $bytes")") x S; snapshot verified"
+            if [ "$tool" = hf ]; then
+                hf_s=$T_S
+                A_HF_S+=("$T_S") A_HF_RSS+=("$T_RSS") A_HF_CONC+=("$conc")
+            else
+                xfer_s=$T_S
+                A_XFER_S+=("$T_S") A_XFER_RSS+=("$T_RSS") A_XFER_CONC+=("$conc")
+            fi
+        done
+        if cmp -s "$RUN/layout-hf.txt" "$RUN/layout-xfer.txt"; then
+            A_LAYOUT="blobs/, refs/ and snapshots/ identical in both caches (names, symlink targets)"
+            local extra
+            extra=$(comm -23 "$RUN/top-hf.txt" "$RUN/top-xfer.txt" | sed 's|$|/|' | paste -sd' ' -)
+            [ -z "$extra" ] || A_LAYOUT+="; hf's cache also has $extra"
+            extra=$(comm -13 "$RUN/top-hf.txt" "$RUN/top-xfer.txt" | sed 's|$|/|' | paste -sd' ' -)
+            [ -z "$extra" ] || A_LAYOUT+="; xfer's cache also has $extra"
+        else
+            A_LAYOUT="cache folders differ in layout (see $RUN/layout-{hf,xfer}.txt)"
+            log "note: hf and xfer cache folders differ: $(diff "$RUN/layout-hf.txt" "$RUN/layout-xfer.txt" | grep '^[<>]' | head -n 4 | tr '\n' ' ' || true)"
+        fi
+        rm -rf "$CACHES"/a-*
+        A_RATIOS+=("$(ratio "$hf_s" "$xfer_s")")
+        log "run $r: hf/xfer = ${A_RATIOS[-1]}"
+    done
+    stop_pid "$HUB_PID"
+    A_HF=$(median "${A_HF_S[@]}")
+    A_XFER=$(median "${A_XFER_S[@]}")
+    A_RATIO=$(ratio "$A_HF" "$A_XFER")
+    if awk -v r="$A_RATIO" -v f="$FLOOR" 'BEGIN { exit !(r >= f) }'; then A_VERDICT=PASS; else A_VERDICT="BELOW FLOOR"; fi
+    A_DONE=1
+}
+
+# ----------------------------------------------------- part B: fanout ----
+
+# start_agents LABEL: fresh roots and one xfer serve per host 1..2, logs in
+# $RUN/agent-I-LABEL.{out,err}.
+AGENT_PID=() AGENT_LOG=()
+start_agents() {
+    local i tries
+    for i in 1 2; do
+        if [ -n "${AGENT_PID[i]:-}" ]; then stop_pid "${AGENT_PID[i]}"; fi
+        rm -rf "$PULL_DIR/h$i"
+        mkdir -p "$PULL_DIR/h$i"
+    done
+    sync
+    for i in 1 2; do
+        AGENT_LOG[i]=agent-$i-$1
+        "$NC" exec "$i" "$XFER_BIN" serve --listen "$("$NC" ip "$i"):$PORT" --root "$PULL_DIR/h$i" --key "$KEY" \
+            >"$RUN/${AGENT_LOG[i]}.out" 2>"$RUN/${AGENT_LOG[i]}.err" &
+        AGENT_PID[i]=$!
+        track "${AGENT_PID[i]}"
+    done
+    for i in 1 2; do
+        for ((tries = 0; tries < 150; tries++)); do
+            if grep -qs 'xfer agent listening' "$RUN/${AGENT_LOG[i]}.out"; then break; fi
+            kill -0 "${AGENT_PID[i]}" 2>/dev/null || die "agent on host $i exited at start: $(fail_tail "${AGENT_LOG[i]}")"
+            sleep 0.1
+        done
+        grep -qs 'xfer agent listening' "$RUN/${AGENT_LOG[i]}.out" || die "agent on host $i did not start within 15 s (see $RUN/${AGENT_LOG[i]}.err)"
+    done
+}
+stop_agents() {
+    local i
+    for i in 1 2; do
+        if [ -n "${AGENT_PID[i]:-}" ]; then
+            if grep -Eq ' (WARN|ERROR) ' "$RUN/${AGENT_LOG[i]}.err"; then
+                log "note: agent $i logged: $(grep -E ' (WARN|ERROR) ' "$RUN/${AGENT_LOG[i]}.err" | head -n 2 | tr '\n' ' ')"
+            fi
+            stop_pid "${AGENT_PID[i]}"
+            AGENT_PID[i]=""
+        fi
+    done
+}
+# verify_agents WHAT CACHE: both agents' NAME folders equal host 0's.
+verify_agents() {
+    local what=$1 folder=$2/$FAN_NAME i
+    fingerprint "$folder" >"$RUN/fp-b-folder.txt"
+    for i in 1 2; do
+        same_fp "$what agent $i" "$RUN/fp-b-folder.txt" "$PULL_DIR/h$i/$FAN_NAME"
+        diff -r --no-dereference "$folder" "$PULL_DIR/h$i/$FAN_NAME" >"$RUN/diff-$what-$i.txt" 2>&1 ||
+            die "$what: agent $i's folder differs from host 0's: $(head -n 4 "$RUN/diff-$what-$i.txt" | tr '\n' ' ')"
+    done
+}
+# b_pull LABEL CACHE [ARGS...]: xfer pull of FAN_REPO on host 0 into CACHE.
+b_pull() {
+    local label=$1 cache=$2 envw=()
+    shift 2
+    mapfile -t envw < <(client_env "$cache")
+    run_timed "$label" "$B_TMO" "$NC" exec 0 env "${CLEAN_ENV[@]}" "${envw[@]}" \
+        "$XFER_BIN" pull "$FAN_REPO" --connections "$CONNECTIONS" --json "$@"
+}
+b_check_pull() { # b_check_pull LABEL JQ-PATH-TO-PULL-SUMMARY
+    jq -e --argjson b "$B_BYTES" "$2 | .verification.all_verified == true and .bytes_total == \$b" "$RUN/$1.out" >/dev/null ||
+        die "$1: xfer pull's JSON is not all_verified with bytes_total $B_BYTES: $(head -c 600 "$RUN/$1.out")"
+}
+
+B_DONE=0
+part_fanout() {
+    local src=$REPOS/$FAN_REPO i r
+    FAN_NAME=models--${FAN_REPO//\//--}
+    B_BYTES=$(tree_bytes "$src")
+    fingerprint "$src" >"$RUN/fp-b-source.txt"
+    B_F_IDEAL=$(calc "$B_BYTES / ($LINK_MBIT * 1e6 / 8)")
+    B_D_BOUND=$(xfer_bound "$src" "$FAN_RATE")
+    B_TMO=${PULL_TIMEOUT:-$(awk -v a="$B_F_IDEAL" -v b="$B_D_BOUND" 'BEGIN { printf "%d", 6 * (a + b) + 180 }')}
+
+    local busy
+    busy=$(ip netns list 2>/dev/null | awk '{ print $1 }' | grep -E "^$PREFIX-h[0-9]+$" | while read -r h; do ip netns pids "$h"; done || true)
+    [ -z "$busy" ] || die "namespaces $PREFIX-h* exist with processes in them (another run?); pick another PREFIX"
+    log "part B: $FAN_REPO, $B_BYTES bytes; hosts 0..2 ($PREFIX-h*), $LINK_MBIT Mbit/s links; server in host 0 at $(fmt %.1f "$(calc "$FAN_RATE / 1e6")") MB/s per connection"
+    CLUSTER_UP=1
+    "$NC" up 2 "$LINK_MBIT"
+    KEY=$RUN/cluster.key
+    "$XFER_BIN" keygen --out "$KEY" >/dev/null
+    start_hub hub-b "$FAN_RATE" 0
+    log "hub server at $HUB_URL inside $PREFIX-h0"
+    local to="" h
+    for i in 1 2; do to+="${to:+,}$("$NC" ip "$i"):$PORT"; done
+
+    B_D=() B_SEQ=() B_SEQ_PULL=() B_SEQ_PUSH=() B_PIPE=() B_PIPE_DL=() B_TAIL=() B_ROUNDS=() B_SRCX=() B_PIPE_RSS=()
+    for ((r = 1; r <= RUNS; r++)); do
+        local cache=$CACHES/b
+        # D: the download alone
+        fresh_dir "$cache"
+        rm -rf "$RUN/xdg"
+        drop_caches
+        b_pull "b$r-d" "$cache"
+        [ "$T_RC" = 0 ] || die "xfer pull (D) exited $T_RC: $(fail_tail "b$r-d")"
+        b_check_pull "b$r-d" .
+        same_fp "run $r D snapshot" "$RUN/fp-b-source.txt" "$(snapshot "$cache" "$FAN_REPO")" -L
+        B_D+=("$T_S")
+        log "run $r D: xfer pull alone $(fmt %.2f "$T_S") s ($(mb_s "$B_BYTES" "$T_S") MB/s)"
+
+        # sequential: pull, then push the cache folder
+        fresh_dir "$cache"
+        rm -rf "$RUN/xdg"
+        start_agents "run$r-sequential"
+        drop_caches
+        local t0 t1
+        t0=$EPOCHREALTIME
+        b_pull "b$r-seq-pull" "$cache"
+        [ "$T_RC" = 0 ] || die "xfer pull (sequential) exited $T_RC: $(fail_tail "b$r-seq-pull")"
+        B_SEQ_PULL+=("$T_S")
+        run_timed "b$r-seq-push" "$B_TMO" "$NC" exec 0 env "${CLEAN_ENV[@]}" "XDG_CACHE_HOME=$RUN/xdg" \
+            "$XFER_BIN" push "$cache/$FAN_NAME" --to "$to" --key "$KEY" --name "$FAN_NAME" --json
+        t1=$EPOCHREALTIME
+        [ "$T_RC" = 0 ] || die "xfer push (sequential) exited $T_RC: $(jq -c '[.nodes[]? | select(.ok | not) | {addr, error}]' "$RUN/b$r-seq-push.out" 2>/dev/null || true) $(fail_tail "b$r-seq-push")"
+        B_SEQ_PUSH+=("$T_S")
+        B_SEQ+=("$(elapsed "$t0" "$t1")")
+        b_check_pull "b$r-seq-pull" .
+        jq -e '([.nodes[].ok] | all) and ([.nodes[].root] | unique | length == 1) and (.nodes[0].root == .root)' "$RUN/b$r-seq-push.out" >/dev/null ||
+            die "sequential push: not every node ok with the same root: $(jq -c '[.root, [.nodes[] | {addr, ok, root, error}]]' "$RUN/b$r-seq-push.out")"
+        stop_agents
+        verify_agents "run$r-sequential" "$cache"
+        same_fp "run $r sequential snapshot" "$RUN/fp-b-source.txt" "$(snapshot "$cache" "$FAN_REPO")" -L
+        B_SEQ_ROOT=$(jq -r .root "$RUN/b$r-seq-push.out")
+        log "run $r sequential: $(fmt %.2f "${B_SEQ[-1]}") s (pull $(fmt %.2f "${B_SEQ_PULL[-1]}") + push $(fmt %.2f "${B_SEQ_PUSH[-1]}")); both agents verified"
+
+        # pipelined: pull --to
+        fresh_dir "$cache"
+        rm -rf "$RUN/xdg"
+        start_agents "run$r-pipelined"
+        drop_caches
+        b_pull "b$r-pipe" "$cache" --to "$to" --key "$KEY"
+        if [ "$T_RC" != 0 ]; then
+            die "xfer pull --to exited $T_RC: $(jq -c '[.nodes[]? | select(.ok | not) | {addr, error}]' "$RUN/b$r-pipe.out" 2>/dev/null || true) $(fail_tail "b$r-pipe")"
+        fi
+        B_PIPE+=("$T_S") B_PIPE_RSS+=("$T_RSS")
+        b_check_pull "b$r-pipe" .pull
+        jq -e '.nodes | length == 2' "$RUN/b$r-pipe.out" >/dev/null || die "xfer pull --to reports $(jq '.nodes | length' "$RUN/b$r-pipe.out") nodes, expected 2"
+        jq -e '([.nodes[].ok] | all) and ([.nodes[].root] | unique | length == 1) and (.nodes[0].root == .root)' "$RUN/b$r-pipe.out" >/dev/null ||
+            die "pull --to: not every node ok with the same root: $(jq -c '[.root, [.nodes[] | {addr, ok, root, error}]]' "$RUN/b$r-pipe.out")"
+        stop_agents
+        verify_agents "run$r-pipelined" "$cache"
+        same_fp "run $r pipelined snapshot" "$RUN/fp-b-source.txt" "$(snapshot "$cache" "$FAN_REPO")" -L
+        B_PIPE_ROOT=$(jq -r .root "$RUN/b$r-pipe.out")
+        local tail rounds srcx dl
+        read -r tail rounds srcx dl < <(jq -r '[.tail_s, .rounds, .source_sent_x, .pull.duration_s] | @tsv' "$RUN/b$r-pipe.out")
+        B_TAIL+=("$tail") B_ROUNDS+=("$rounds") B_SRCX+=("$srcx") B_PIPE_DL+=("$dl")
+        log "run $r pipelined: $(fmt %.2f "$T_S") s (download $(fmt %.2f "$dl") s, then $(fmt %.2f "$tail") s to complete the agents; $rounds rounds; source sent $(fmt %.2f "$srcx") x S); both agents verified"
+        if [ "$B_SEQ_ROOT" = "$B_PIPE_ROOT" ]; then
+            B_ROOTS="sequential and pipelined delivered the same root ${B_PIPE_ROOT:0:16}"
+        else
+            B_ROOTS="roots differ: sequential ${B_SEQ_ROOT:0:16}, pipelined ${B_PIPE_ROOT:0:16}"
+            log "note: $B_ROOTS"
+        fi
+        rm -rf "$cache"
+    done
+    stop_pid "$HUB_PID"
+    kill_ns_leftovers
+    "$NC" down
+    CLUSTER_UP=0
+    B_DM=$(median "${B_D[@]}")
+    B_IDEAL=$(maxof "$B_DM" "$B_F_IDEAL")
+    B_SEQM=$(median "${B_SEQ[@]}")
+    B_PIPEM=$(median "${B_PIPE[@]}")
+    B_DONE=1
+}
+
+# -------------------------------------------------------------- report ----
+
+REPORTED=0
+report() {
+    REPORTED=1
+    local stamp
+    stamp=$(date -u +%Y%m%dT%H%M%SZ)
+    [ -s "$RESULTS" ] || echo "$CSV_HEADER" >"$RESULTS"
+    {
+        echo
+        printf '### xfer pull benchmark (xfer %s, huggingface_hub %s, %d cores, %s)\n' "$XFER_REV" "${HF_VERSION:-n/a}" "$(nproc)" "$stamp"
+        if [ "$A_DONE" = 1 ]; then
+            echo
+            printf 'Download of a %d MiB repo (%d files, %d shards) from tests/hub_server.py on loopback,\n' "$SIZE_MIB" "$A_FILES" "$SHARDS"
+            printf 'capped at %s MB/s per connection; fresh cache and page cache dropped per run; median of %d run(s).\n' \
+                "$(fmt %.0f "$(calc "$RATE / 1e6")")" "$RUNS"
+            echo
+            echo '| client | seconds | MB/s | peak RSS MiB | bodies at once | per-connection bound s |'
+            echo '|---|---:|---:|---:|---:|---:|'
+            printf '| hf download (%d workers) | %.2f | %s | %s | %s | %.2f |\n' "$HF_MAX_WORKERS" "$A_HF" "$(mb_s "$A_BYTES" "$A_HF")" \
+                "$(mib "$(median "${A_HF_RSS[@]}")")" "$(maxof "${A_HF_CONC[@]}")" "$A_HF_BOUND"
+            printf '| xfer pull (--connections %d) | %.2f | %s | %s | %s | %.2f |\n' "$CONNECTIONS" "$A_XFER" "$(mb_s "$A_BYTES" "$A_XFER")" \
+                "$(mib "$(median "${A_XFER_RSS[@]}")")" "$(maxof "${A_XFER_CONC[@]}")" "$A_XFER_BOUND"
+            echo
+            printf 'hf download / xfer pull: **%sx** (floor %sx: %s; per run: %s)\n' "$A_RATIO" "$FLOOR" "$A_VERDICT" "${A_RATIOS[*]}"
+            echo
+            echo "Why: the server, like a CDN, caps each connection. hf download fetches each file whole over"
+            echo "one connection (at most $HF_MAX_WORKERS files at once), so it needs at least largest file / cap"
+            echo "($(fmt %.2f "$A_HF_BOUND") s here); xfer pull splits files into ranged parts over $CONNECTIONS connections"
+            echo "(bound S / ($CONNECTIONS x cap) = $(fmt %.2f "$A_XFER_BOUND") s). Both snapshots verified against the source (b3sum);"
+            echo "${A_LAYOUT:-}."
+            printf '%s,%s,pull,%d,%d,%d,%d,%d,%.3f,%.3f,%s,,,,,,,,\n' "$stamp" "$XFER_REV" "$SIZE_MIB" "$SHARDS" "$RATE" "$CONNECTIONS" "$RUNS" \
+                "$A_HF" "$A_XFER" "$A_RATIO" >>"$RESULTS"
+        fi
+        if [ "$B_DONE" = 1 ]; then
+            echo
+            printf 'Delivery of a %d MiB repo to 2 nodes, %d Mbit/s links (tc tbf, netns); server inside host 0 at\n' "$FAN_SIZE_MIB" "$LINK_MBIT"
+            printf '%s MB/s per connection, xfer pull --connections %d (download bound %.2f s); median of %d run(s).\n' \
+                "$(fmt %.1f "$(calc "$FAN_RATE / 1e6")")" "$CONNECTIONS" "$B_D_BOUND" "$RUNS"
+            echo
+            echo '| | seconds | x ideal |'
+            echo '|---|---:|---:|'
+            printf '| D: xfer pull alone | %.2f | %s |\n' "$B_DM" "$(ratio "$B_DM" "$B_IDEAL")"
+            printf '| F_ideal: S / link rate | %.2f | %s |\n' "$B_F_IDEAL" "$(ratio "$B_F_IDEAL" "$B_IDEAL")"
+            printf '| ideal = max(D, F_ideal) | %.2f | 1.00 |\n' "$B_IDEAL"
+            printf '| sequential: pull, then push (%.2f + %.2f) | %.2f | **%s** |\n' "$(median "${B_SEQ_PULL[@]}")" "$(median "${B_SEQ_PUSH[@]}")" \
+                "$B_SEQM" "$(ratio "$B_SEQM" "$B_IDEAL")"
+            printf '| pipelined: pull --to (download %.2f + tail %.2f, %s rounds) | %.2f | **%s** |\n' "$(median "${B_PIPE_DL[@]}")" \
+                "$(median "${B_TAIL[@]}")" "$(maxof "${B_ROUNDS[@]}")" \
+                "$B_PIPEM" "$(ratio "$B_PIPEM" "$B_IDEAL")"
+            echo
+            printf 'sequential / pipelined: %sx. Source sent %.2f x S in the pipelined run; peak RSS of pull --to %s MiB.\n' \
+                "$(ratio "$B_SEQM" "$B_PIPEM")" "$(median "${B_SRCX[@]}")" "$(mib "$(median "${B_PIPE_RSS[@]}")")"
+            echo "Both agents' folders equal host 0's (b3sum, diff -r --no-dereference); every node reported one root; ${B_ROOTS:-}."
+            printf '%s,%s,fanout,%d,%d,%d,%d,%d,,,,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n' "$stamp" "$XFER_REV" "$FAN_SIZE_MIB" "$FAN_SHARDS" \
+                "$FAN_RATE" "$CONNECTIONS" "$RUNS" "$LINK_MBIT" "$B_DM" "$B_F_IDEAL" "$B_IDEAL" "$B_SEQM" "$B_PIPEM" \
+                "$(ratio "$B_SEQM" "$B_IDEAL")" "$(ratio "$B_PIPEM" "$B_IDEAL")" >>"$RESULTS"
+        fi
+    } | tee -a "$PULL_DIR/summary.txt"
+}
+
+# ----------------------------------------------------------------- main ----
+
+main() {
+    preflight
+    exec 9>"$PULL_DIR/.lock"
+    flock -n 9 || die "another bench-pull run holds $PULL_DIR/.lock; wait for it to finish"
+    find_xfer
+    [ "$PART" = fanout ] || find_hf
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    rm -rf "$RUN" "$CACHES" "$PULL_DIR"/h[0-9]*
+    mkdir -p "$RUN" "$CACHES" "$REPOS"
+    local t_start=$EPOCHREALTIME
+    cp "$XFER_BIN" "$RUN/xfer" # a rebuild elsewhere cannot swap the binary mid-run
+    XFER_BIN=$RUN/xfer
+    DROP_OK=1
+    drop_caches
+    [ "$DROP_OK" = 1 ] || log "warning: cannot write /proc/sys/vm/drop_caches; runs read the repo from the page cache"
+
+    [ "$PART" = fanout ] || gen_repo "$PULL_REPO" "$SIZE_MIB" "$SHARDS"
+    [ "$PART" = pull ] || gen_repo "$FAN_REPO" "$FAN_SIZE_MIB" "$FAN_SHARDS"
+    [ "$PART" = fanout ] || part_pull
+    [ "$PART" = pull ] || part_fanout
+    report
+    log "took $(fmt %.0f "$(calc "$EPOCHREALTIME - $t_start")") s; rows appended to $RESULTS, summary to $PULL_DIR/summary.txt"
+    if [ "$A_DONE" = 1 ] && [ "$A_VERDICT" != PASS ]; then
+        log "xfer pull is below the ${FLOOR}x floor against hf download"
+        exit 3
+    fi
+}
+
+main
