@@ -863,3 +863,55 @@ fn pull_from_an_olah_mirror() {
     assert_eq!(offline_snapshot(&env, repo), snap.display().to_string());
     drop(olah);
 }
+
+/// Files with the same contents (empty `__init__.py`s, a copied shard)
+/// share one blob: it is downloaded once and every path links to it.
+#[test]
+fn identical_files_share_one_blob() {
+    let t = tempdir("pull-dups");
+    let repos = t.path().join("repos");
+    let src = gen_repo(
+        &repos,
+        "acme/dups",
+        16,
+        &[("config.json", 100), ("model.safetensors", 2 * MIB + 99)],
+    );
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("b/c")).unwrap();
+    fs::write(src.join("a/__init__.py"), b"").unwrap();
+    fs::write(src.join("b/c/__init__.py"), b"").unwrap();
+    fs::copy(
+        src.join("model.safetensors"),
+        src.join("b/copy.safetensors"),
+    )
+    .unwrap();
+    let server = HubServer::start(&repos, &[]);
+    let env = PullEnv::new(&server.endpoint(), t.path());
+    let meta = server.repo("acme/dups");
+    assert_eq!(
+        meta.files["a/__init__.py"].etag,
+        meta.files["b/c/__init__.py"].etag
+    );
+
+    let s = env.pull_ok("acme/dups", &[]);
+    assert_all_verified(&s, &meta);
+    let dup_bytes = meta.files["b/copy.safetensors"].size;
+    assert_eq!(
+        s.bytes_downloaded,
+        meta.total() - dup_bytes,
+        "each blob once: {s:#?}"
+    );
+    assert_cache(&env.repo_dir("acme/dups"), &src, &meta);
+    assert!(
+        server.stats()["cdn_get"].as_u64() == Some(1),
+        "one CDN GET for the shared shard"
+    );
+
+    // In a local dir each path is its own file.
+    let local = t.path().join("local");
+    let s = env.pull_ok("acme/dups", &["--local-dir", local.to_str().unwrap()]);
+    assert_all_verified(&s, &meta);
+    for path in meta.files.keys() {
+        same_bytes(&src.join(path), &local.join(path)).unwrap();
+    }
+}
