@@ -749,31 +749,42 @@ struct Olah {
 
 impl Olah {
     fn start(workdir: &Path, repo: &str, src: &Path) -> Olah {
-        let port = unused_tcp_port();
-        let r = run(
-            Command::new("bash")
-                .arg(workspace_root().join("scripts/olah-mirror.sh"))
-                .arg("start")
-                .arg(workdir)
-                .arg(port.to_string())
-                .arg(repo)
-                .arg(src),
-            Duration::from_secs(300),
-        );
-        // Stop it even if it failed half-way.
-        let mut olah = Olah {
-            workdir: workdir.to_path_buf(),
-            url: String::new(),
-        };
-        r.assert_ok("scripts/olah-mirror.sh start");
-        olah.url = r
-            .stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("READY "))
-            .unwrap_or_else(|| panic!("no READY line: {r:#?}"))
-            .trim()
-            .to_string();
-        olah
+        // The port is free when picked but could be taken before olah binds
+        // it: then try another.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let port = unused_tcp_port();
+            let r = run(
+                Command::new("bash")
+                    .arg(workspace_root().join("scripts/olah-mirror.sh"))
+                    .arg("start")
+                    .arg(workdir)
+                    .arg(port.to_string())
+                    .arg(repo)
+                    .arg(src),
+                Duration::from_secs(300),
+            );
+            // Stopped on drop, even if it failed half-way.
+            let olah = Olah {
+                workdir: workdir.to_path_buf(),
+                url: r
+                    .stdout
+                    .lines()
+                    .find_map(|l| l.strip_prefix("READY "))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            };
+            if r.success() && !olah.url.is_empty() {
+                return olah;
+            }
+            let port_taken = r.stderr.contains("already in use") || r.stderr.contains("is port");
+            assert!(
+                port_taken && tries < 3,
+                "scripts/olah-mirror.sh start failed: {r:#?}"
+            );
+        }
     }
 }
 

@@ -42,20 +42,16 @@ pub struct HubServer {
     child: Child,
     pub hub_port: u16,
     pub cdn_port: u16,
-    log: PathBuf,
 }
 
 impl HubServer {
     /// Starts the server on `repos` with extra options (`--fault ...`,
     /// `--page-size N`, ...) and waits for its `READY` line.
     pub fn start(repos: &Path, extra: &[&str]) -> HubServer {
-        let log = repos.with_extension("server.log");
         let mut child = Command::new("python3")
             .arg(hub_server_script())
             .arg("--repos")
             .arg(repos)
-            .arg("--log")
-            .arg(&log)
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -91,7 +87,6 @@ impl HubServer {
             child,
             hub_port: f[1].parse().unwrap(),
             cdn_port: f[2].parse().unwrap(),
-            log,
         }
     }
 
@@ -120,13 +115,6 @@ impl HubServer {
         self.repos()
             .remove(id)
             .unwrap_or_else(|| panic!("the server has no repo {id}"))
-    }
-
-    /// The last lines of the server's request log (for failure messages).
-    pub fn log_tail(&self) -> String {
-        let s = fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
     }
 }
 
@@ -467,24 +455,6 @@ pub fn assert_all_verified(s: &PullJson, want: &RepoMeta) {
         "one git sha1 check per regular file: {s:#?}"
     );
     assert_eq!(v.present, 0, "{s:#?}");
-}
-
-/// Every file under `dir` whose name looks like a download in progress or
-/// a temp file.
-pub fn leftovers(dir: &Path) -> Vec<String> {
-    if !dir.exists() {
-        return Vec::new();
-    }
-    walk(dir)
-        .into_iter()
-        .filter(|(p, _)| {
-            let name = p.rsplit('/').next().unwrap();
-            [".incomplete", ".parts", ".tmp", "xfer-"]
-                .iter()
-                .any(|s| name.contains(s))
-        })
-        .map(|(p, _)| p)
-        .collect()
 }
 
 /// A TCP port on 127.0.0.1 that nothing listens on (bound, then released).
