@@ -106,6 +106,7 @@ posint() { [[ $1 =~ ^[0-9]+$ && $1 -ge 1 ]]; }
 for v in SIZE_MIB SHARDS RATE CONNECTIONS RUNS LINK_MBIT FAN_RATE FAN_SIZE_MIB FAN_SHARDS PORT; do
     posint "${!v}" || die "$v must be a positive integer (got '${!v}')"
 done
+[ "$PORT" -le 65535 ] || die "PORT must be at most 65535 (got $PORT)"
 [ "$SIZE_MIB" -ge "$SHARDS" ] || die "SIZE_MIB ($SIZE_MIB) must be >= SHARDS ($SHARDS)"
 [ "$FAN_SIZE_MIB" -ge "$FAN_SHARDS" ] || die "FAN_SIZE_MIB ($FAN_SIZE_MIB) must be >= FAN_SHARDS ($FAN_SHARDS)"
 if [ "$SHARDS" -gt 999 ] || [ "$FAN_SHARDS" -gt 999 ]; then die "at most 999 shards"; fi
@@ -666,7 +667,8 @@ report() {
             echo "Why: the server, like a CDN, caps each connection. hf download fetches each file whole over"
             echo "one connection (at most $HF_MAX_WORKERS files at once), so it needs at least largest file / cap"
             echo "($(fmt %.2f "$A_HF_BOUND") s here); xfer pull splits files into ranged parts over $CONNECTIONS connections"
-            echo "(bound S / ($CONNECTIONS x cap) = $(fmt %.2f "$A_XFER_BOUND") s). Both snapshots verified against the source (b3sum);"
+            echo "(bound S / (min($CONNECTIONS, 16 MiB parts) x cap) = $(fmt %.2f "$A_XFER_BOUND") s). Both snapshots verified against"
+            echo "the source (b3sum);"
             echo "${A_LAYOUT:-}."
             printf '%s,%s,pull,%d,%d,%d,%d,%d,%.3f,%.3f,%s,,,,,,,,\n' "$stamp" "$XFER_REV" "$SIZE_MIB" "$SHARDS" "$RATE" "$CONNECTIONS" "$RUNS" \
                 "$A_HF" "$A_XFER" "$A_RATIO" >>"$RESULTS"

@@ -14,6 +14,9 @@
 #       reproducible: same files, same sha, because dates and author are fixed.
 #   scripts/olah-mirror.sh stop WORKDIR
 #       Stops the olah that WORKDIR/olah.pid names.
+#   scripts/olah-mirror.sh install
+#       Only installs git, git-lfs and olah if they are missing (what start
+#       does first); scripts/test.sh runs it before the tests.
 #
 # Files under WORKDIR: config.toml; olah.log, where olah writes stdout and
 # stderr; olah.pid; logs/, olah's own log dir; repos/, its cache, which stays
@@ -43,6 +46,7 @@ usage() {
   cat >&2 <<EOF
 usage: $0 start WORKDIR PORT ORG/NAME SRC_DIR
        $0 stop WORKDIR
+       $0 install
 EOF
   exit 2
 }
@@ -242,5 +246,6 @@ cmd_stop() {
 case "${1:-}" in
   start) shift; cmd_start "$@" ;;
   stop) shift; cmd_stop "$@" ;;
+  install) shift; [ $# -eq 0 ] || usage; ensure_apt; ensure_olah ;;
   *) usage ;;
 esac

@@ -8,8 +8,10 @@ cd "$(dirname "$0")/.."
 # System packages the tests use: b3sum (cross-checks file hashes), rsync and
 # iperf3 (benchmark baselines), nftables/iproute2 (netns tests), util-linux
 # (mount for the full-disk test), iputils-ping (netns cluster checks), GNU
-# time (peak RSS).
-packages=(b3sum rsync iperf3 nftables iproute2 iputils-ping util-linux time)
+# time (peak RSS), python3 and git-lfs (the Hub test server and the olah
+# mirror of the pull tests).
+packages=(b3sum rsync iperf3 nftables iproute2 iputils-ping util-linux time
+  python3 python3-venv curl git git-lfs)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +22,17 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# The real Hugging Face client, which the pull tests use to read and verify
+# what `xfer pull` wrote (tests/pull.rs expects it at this path).
+hf_venv=/var/tmp/xfer-venv-hf
+if ! "$hf_venv/bin/python" -c 'import huggingface_hub' 2>/dev/null || [ ! -x "$hf_venv/bin/hf" ]; then
+  echo "installing huggingface_hub into $hf_venv"
+  [ -x "$hf_venv/bin/pip" ] || python3 -m venv "$hf_venv"
+  "$hf_venv/bin/pip" install -q --disable-pip-version-check 'huggingface_hub==2.4.0'
+fi
+# olah, a real Hub mirror, in its own venv (a no-op when it is there).
+scripts/olah-mirror.sh install
 
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt

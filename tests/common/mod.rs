@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod hub;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};

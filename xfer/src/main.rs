@@ -336,7 +336,9 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             let progress = Progress::new(!json);
             if !to.is_empty() {
                 let Some(key) = key else {
-                    anyhow::bail!("--to needs the cluster credential: pass --key FILE or set XFER_KEY");
+                    anyhow::bail!(
+                        "--to needs the cluster credential: pass --key FILE or set XFER_KEY"
+                    );
                 };
                 let push = xfer::push::PushOptions {
                     src: PathBuf::new(),
@@ -364,16 +366,27 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                     );
                     for n in &s.nodes {
                         match &n.error {
-                            None => println!("{}: ok, root {}", n.addr, n.root.as_deref().unwrap_or("?")),
+                            None => println!(
+                                "{}: ok, root {}",
+                                n.addr,
+                                n.root.as_deref().unwrap_or("?")
+                            ),
                             Some(e) => println!("{}: FAILED: {e}", n.addr),
                         }
                     }
-                    println!("root {}  {} on every node, {:.2}s in all", s.root, s.name, s.duration_s);
+                    println!(
+                        "root {}  {} on every node, {:.2}s in all",
+                        s.root, s.name, s.duration_s
+                    );
                 }
                 for n in s.nodes.iter().filter(|n| !n.ok) {
                     eprintln!("error: {}", n.error.as_deref().unwrap_or("failed"));
                 }
-                return Ok(if s.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+                return Ok(if s.ok() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                });
             }
             let (s, _) = xfer::pull::pull(&opts, &env, &progress, None).await?;
             if json {

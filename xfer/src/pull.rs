@@ -283,6 +283,12 @@ pub async fn pull(
     if let (Some(cb), false) = (&on_placed, present.is_empty()) {
         cb(&present);
     }
+    // Files with the same contents share one blob, and so one incomplete
+    // file: download it once, then link the other paths to it.
+    let mut seen = std::collections::HashSet::new();
+    let (todo, same_blob): (Vec<RemoteFile>, Vec<RemoteFile>) = todo
+        .into_iter()
+        .partition(|f| seen.insert(layout.incomplete(f).0));
     check_space(&layout, &todo)?;
 
     let jobs: Vec<FileJob> = todo
@@ -303,6 +309,7 @@ pub async fn pull(
     let finisher = Arc::new(Placer {
         layout: layout.clone(),
         files: todo.clone(),
+        same_blob,
         sha256_ok: AtomicU64::new(0),
         git_sha1_ok: AtomicU64::new(0),
         on_placed,
@@ -460,6 +467,9 @@ impl Filter {
 struct Placer {
     layout: Layout,
     files: Vec<RemoteFile>,
+    /// Files not downloaded themselves: another of `files` has the same
+    /// incomplete file (same blob), and they are linked when it is placed.
+    same_blob: Vec<RemoteFile>,
     sha256_ok: AtomicU64,
     git_sha1_ok: AtomicU64,
     on_placed: Option<OnPlaced>,
@@ -478,16 +488,33 @@ impl Finisher for Placer {
                 self.layout.final_path(f).display()
             ));
         }
-        match f.expected {
-            Expected::Sha256(_) => &self.sha256_ok,
-            Expected::GitSha1(_) => &self.git_sha1_ok,
+        // Paths with the same contents link to the blob just placed.
+        let twins: Vec<&RemoteFile> = self
+            .same_blob
+            .iter()
+            .filter(|d| self.layout.incomplete(d).0 == job.incomplete)
+            .collect();
+        for d in &twins {
+            if let Err(e) = self.layout.link(d) {
+                return Verdict::Fatal(format!("cannot link {}: {e}", d.path));
+            }
         }
-        .fetch_add(1, Ordering::Relaxed);
+        let placed: Vec<PlacedFile> = std::iter::once(f)
+            .chain(twins)
+            .map(|g| {
+                match g.expected {
+                    Expected::Sha256(_) => &self.sha256_ok,
+                    Expected::GitSha1(_) => &self.git_sha1_ok,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+                PlacedFile {
+                    path: g.path.clone(),
+                    visible: self.layout.visible(g),
+                }
+            })
+            .collect();
         if let Some(cb) = &self.on_placed {
-            cb(&[PlacedFile {
-                path: f.path.clone(),
-                visible: self.layout.visible(f),
-            }]);
+            cb(&placed);
         }
         Verdict::Placed
     }

@@ -103,7 +103,14 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
     Credential::load(&opts.key)?;
     let started = Instant::now();
     let tree = hash_tree(opts, progress).await?;
-    deliver(opts, &name, &tree, started.elapsed().as_secs_f64(), progress).await
+    deliver(
+        opts,
+        &name,
+        &tree,
+        started.elapsed().as_secs_f64(),
+        progress,
+    )
+    .await
 }
 
 /// The swarm: every destination with its peer id (its index in `to`, from 1).

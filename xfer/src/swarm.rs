@@ -125,7 +125,11 @@ pub async fn serve_peer(
     name: ModelName,
     root: Hash,
 ) -> Result<()> {
-    tracing::debug!("join for {name} root {} from {}", root.short(), conn.remote_address());
+    tracing::debug!(
+        "join for {name} root {} from {}",
+        root.short(),
+        conn.remote_address()
+    );
     let share = match source_for(&store, &shares, &name, root, JOIN_WAIT).await {
         Some(Source::Running(share)) => share,
         Some(Source::Held(m)) => {
