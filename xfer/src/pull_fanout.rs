@@ -11,7 +11,7 @@
 //! one file, so the total is about the larger of the two, not their sum.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -161,8 +161,8 @@ fn relative(root: &Path, path: &Path) -> Option<RelPath> {
 
 /// The manifest of `root` restricted to `paths`, hashing only files not
 /// hashed in an earlier round.
-async fn select(root: &PathBuf, chunk_size: u64, paths: BTreeSet<RelPath>) -> Result<SourceTree> {
-    let root = root.clone();
+async fn select(root: &Path, chunk_size: u64, paths: BTreeSet<RelPath>) -> Result<SourceTree> {
+    let root = root.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let mut cache = HashCache::for_tree(&root);
         let tree = scan_selected(
