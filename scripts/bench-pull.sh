@@ -42,9 +42,10 @@
 # PORT [17590] (agents, UDP), PULL_TIMEOUT [derived from the sizes and
 # rates], KEEP_RUN [0] (1 keeps logs and JSON in $PULL_DIR/run).
 #
-# Runtime at the defaults on 2 cores: ~1.5 min for the repos the first time
-# (random data plus the server's hashes, cached afterwards), pull ~40 s per
-# run, fanout ~90 s per run. Needs root (drop_caches, namespaces, apt-get).
+# Runtime at the defaults on 2 cores: 2.6 min for `all` with RUNS=1, of which
+# ~20 s make the repos the first time (random data and the server's hashes,
+# both cached), pull ~35 s and fanout ~105 s per run. Needs root
+# (drop_caches, network namespaces, apt-get for missing tools).
 
 set -euo pipefail
 shopt -s inherit_errexit
@@ -57,7 +58,7 @@ LOG_TAG=pull
 # shellcheck source=scripts/lib-bench.sh
 source "$SCRIPT_DIR/lib-bench.sh"
 
-usage() { sed -n '2,50p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$SELF" | sed 's/^# \{0,1\}//'; }
 
 PART=${1:-all}
 case $PART in
@@ -615,10 +616,13 @@ part_fanout() {
         verify_agents "run$r-pipelined" "$cache"
         same_fp "run $r pipelined snapshot" "$RUN/fp-b-source.txt" "$(snapshot "$cache" "$FAN_REPO")" -L
         B_PIPE_ROOT=$(jq -r .root "$RUN/b$r-pipe.out")
-        local tail rounds srcx dl
-        read -r tail rounds srcx dl < <(jq -r '[.tail_s, .rounds, .source_sent_x, .pull.duration_s] | @tsv' "$RUN/b$r-pipe.out")
+        # The tail is duration_s - pull.duration_s: the JSON's tail_s starts
+        # only when the round loop notices the end of the download, which is
+        # after the round that was running then.
+        local tail rounds srcx dl jtail
+        read -r tail rounds srcx dl jtail < <(jq -r '[.duration_s - .pull.duration_s, .rounds, .source_sent_x, .pull.duration_s, .tail_s] | @tsv' "$RUN/b$r-pipe.out")
         B_TAIL+=("$tail") B_ROUNDS+=("$rounds") B_SRCX+=("$srcx") B_PIPE_DL+=("$dl")
-        log "run $r pipelined: $(fmt %.2f "$T_S") s (download $(fmt %.2f "$dl") s, then $(fmt %.2f "$tail") s to complete the agents; $rounds rounds; source sent $(fmt %.2f "$srcx") x S); both agents verified"
+        log "run $r pipelined: $(fmt %.2f "$T_S") s (download $(fmt %.2f "$dl") s, agents complete $(fmt %.2f "$tail") s later (JSON tail_s $(fmt %.2f "$jtail")); $rounds rounds; source sent $(fmt %.2f "$srcx") x S); both agents verified"
         if [ "$B_SEQ_ROOT" = "$B_PIPE_ROOT" ]; then
             B_ROOTS="sequential and pipelined delivered the same root ${B_PIPE_ROOT:0:16}"
         else
@@ -667,9 +671,8 @@ report() {
             echo "Why: the server, like a CDN, caps each connection. hf download fetches each file whole over"
             echo "one connection (at most $HF_MAX_WORKERS files at once), so it needs at least largest file / cap"
             echo "($(fmt %.2f "$A_HF_BOUND") s here); xfer pull splits files into ranged parts over $CONNECTIONS connections"
-            echo "(bound S / (min($CONNECTIONS, 16 MiB parts) x cap) = $(fmt %.2f "$A_XFER_BOUND") s). Both snapshots verified against"
-            echo "the source (b3sum);"
-            echo "${A_LAYOUT:-}."
+            echo "(bound S / (min($CONNECTIONS, 16 MiB parts) x cap) = $(fmt %.2f "$A_XFER_BOUND") s)."
+            echo "Both snapshots verified against the source (b3sum); ${A_LAYOUT:-}."
             printf '%s,%s,pull,%d,%d,%d,%d,%d,%.3f,%.3f,%s,,,,,,,,\n' "$stamp" "$XFER_REV" "$SIZE_MIB" "$SHARDS" "$RATE" "$CONNECTIONS" "$RUNS" \
                 "$A_HF" "$A_XFER" "$A_RATIO" >>"$RESULTS"
         fi

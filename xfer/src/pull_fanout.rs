@@ -99,7 +99,10 @@ pub async fn pull_and_fan_out(
     let local_dir = opts.local_dir.is_some();
     let mut pulling = {
         let progress = progress.clone();
-        tokio::spawn(async move { pull::pull(&opts, &env, &progress, Some(on_placed)).await })
+        tokio::spawn(async move {
+            let r = pull::pull(&opts, &env, &progress, Some(on_placed)).await;
+            (r, Instant::now())
+        })
     };
 
     let quiet = Progress::new(false);
@@ -108,7 +111,10 @@ pub async fn pull_and_fan_out(
     let mut pushed = 0;
     let pulled = loop {
         tokio::select! {
-            r = &mut pulling => break r.context("the download task failed")??,
+            r = &mut pulling => {
+                let (r, at) = r.context("the download task failed")?;
+                break (r?, at);
+            }
             _ = grew.notified() => {}
         }
         let set = ready.lock().unwrap().clone();
@@ -128,8 +134,7 @@ pub async fn pull_and_fan_out(
         }
         pushed = set.len();
     };
-    let (summary, _) = pulled;
-    let downloaded_at = Instant::now();
+    let ((summary, _), downloaded_at) = pulled;
 
     let mut set = ready.lock().unwrap().clone();
     if !local_dir && revision != summary.commit {

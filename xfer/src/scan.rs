@@ -251,8 +251,15 @@ impl Walk<'_> {
     }
 
     fn entry(&mut self, path: &Path, rel: RelPath) -> Result<()> {
-        let lmeta = fs::symlink_metadata(path)
-            .with_context(|| format!("cannot stat {}", path.display()))?;
+        let lmeta = match fs::symlink_metadata(path) {
+            Ok(m) => m,
+            // Something we would not have kept vanished between listing and
+            // looking (a tree still being written): not our business.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !(self.keep)(&rel) => {
+                return Ok(())
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot stat {}", path.display())),
+        };
         if !lmeta.is_dir() && !(self.keep)(&rel) {
             return Ok(());
         }
