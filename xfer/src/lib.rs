@@ -8,12 +8,14 @@
 //! transfer into the [`store`] (with its [`journal`]), [`swarm`] links the
 //! receivers of one transfer to each other, and [`agent`] and [`push`] are
 //! the two ends a user runs. [`hub`] and [`pull`] fetch a repository from the
-//! Hugging Face Hub into its cache.
+//! Hugging Face Hub into its cache. [`cluster`] reads the cluster file that
+//! names the nodes, shared with the launcher.
 
 pub mod agent;
 pub mod aligned;
 pub mod auth;
 pub mod chunkset;
+pub mod cluster;
 pub mod demo;
 pub mod fetch;
 pub mod hash;
