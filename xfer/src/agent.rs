@@ -26,6 +26,8 @@ use crate::receive::{receive, Links, Received, Tally, SOURCE};
 use crate::scheduler;
 use crate::store::{Store, Transfer};
 use crate::swarm::{self, LinkPlan, Share, Shares};
+use crate::sync::runner::Runner;
+use crate::sync::status::Activity;
 use crate::transport::files::HeldModel;
 use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
 use crate::wire::{Control, ModelName, Refusal, SwarmPeer, PROTOCOL_VERSION};
@@ -40,6 +42,8 @@ pub struct AgentOptions {
     pub root: PathBuf,
     pub key: PathBuf,
     pub scheduler: scheduler::Config,
+    /// Re-hash complete models this often and repair damage from peers.
+    pub verify_every: Option<Duration>,
 }
 
 /// Running jobs by model name: a token to cancel each, and a lock the job
@@ -69,12 +73,35 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     );
     use std::io::Write;
     std::io::stdout().flush()?;
+    let activity = Arc::new(Activity::default());
+    {
+        let activity = activity.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                activity.tick();
+            }
+        });
+    }
+    let runner = Runner::new(store.clone(), opts.key.clone(), activity.clone());
+    runner.resume_all();
+    if let Some(every) = opts.verify_every {
+        let runner = runner.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                runner.verify_all().await;
+            }
+        });
+    }
     let ctx = Arc::new(Ctx {
         store,
         jobs: Jobs::default(),
         shares: Arc::default(),
         cfg: opts.scheduler,
         endpoint: ep.clone(),
+        activity,
+        runner,
     });
     while let Some(incoming) = ep.accept().await {
         let ctx = ctx.clone();
@@ -107,6 +134,8 @@ struct Ctx {
     shares: Arc<Shares>,
     cfg: scheduler::Config,
     endpoint: quinn::Endpoint,
+    activity: Arc<Activity>,
+    runner: Arc<Runner>,
 }
 
 async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
@@ -125,6 +154,10 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         Control::Offer { version, .. }
         | Control::Want { version, .. }
         | Control::Join { version, .. }
+        | Control::SyncJob { version, .. }
+        | Control::StatusQuery { version }
+        | Control::CancelJob { version, .. }
+        | Control::RemoveModel { version, .. }
             if version != PROTOCOL_VERSION =>
         {
             return refuse(
@@ -143,6 +176,36 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         Control::Join { name, root, .. } => {
             let (store, shares) = (ctx.store.clone(), ctx.shares.clone());
             return swarm::serve_peer(conn, send, store, shares, name, root).await;
+        }
+        Control::SyncJob { node, job, .. } => {
+            let id = job.id.clone();
+            let reply = match ctx.runner.accept(node, job) {
+                Ok(()) => Control::JobAccepted { id },
+                Err(e) => Control::Failed(Refusal::Protocol(e)),
+            };
+            return answer(&conn, send, &reply).await;
+        }
+        Control::StatusQuery { .. } => {
+            let report = ctx
+                .activity
+                .report(&ctx.store, ctx.runner.me(), &ctx.runner.records());
+            return answer(&conn, send, &Control::StatusReport(report)).await;
+        }
+        Control::CancelJob { id, .. } => {
+            let known = ctx.runner.cancel(&id);
+            return answer(&conn, send, &Control::JobCancelled { id, known }).await;
+        }
+        Control::RemoveModel { name, .. } => {
+            let store = ctx.store.clone();
+            let n = name.clone();
+            let reply = match tokio::task::spawn_blocking(move || store.remove(&n)).await? {
+                Ok(existed) => {
+                    tracing::info!("removed {name}");
+                    Control::ModelRemoved { name, existed }
+                }
+                Err(r) => Control::Failed(r),
+            };
+            return answer(&conn, send, &reply).await;
         }
         other => {
             return refuse(
@@ -250,6 +313,8 @@ async fn run_transfer(
     let mut cfg = ctx.cfg;
     let mut links = Links::none();
     links.tally = tally.clone();
+    ctx.activity
+        .receiving(&name, transfer.clone(), tally.clone());
     let mut peers = Vec::new();
     let mut addrs = HashMap::new();
     let linking = CancellationToken::new();
@@ -310,6 +375,8 @@ async fn run_transfer(
     if reporting {
         let _ = report(send, &transfer, &tally, &addrs).await;
     }
+    ctx.activity
+        .ended(&name, result.as_ref().err().map(|r| r.to_string()));
     result
 }
 
@@ -369,6 +436,18 @@ async fn serve_model(
     let _ = send.finish();
     tracing::info!("serving {name} to {}", conn.remote_address());
     quic::serve_chunks(conn, map, reader, None, Arc::new(|_| {})).await;
+    Ok(())
+}
+
+/// Sends a one-message reply and waits (briefly) for the asker to close.
+async fn answer(
+    conn: &quinn::Connection,
+    mut send: quinn::SendStream,
+    reply: &Control,
+) -> Result<()> {
+    write_frame(&mut send, reply).await?;
+    let _ = send.finish();
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
     Ok(())
 }
 

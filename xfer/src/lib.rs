@@ -35,6 +35,7 @@ pub mod scheduler;
 pub mod sim;
 pub mod store;
 pub mod swarm;
+pub mod sync;
 pub mod transport;
 pub mod units;
 pub mod verify;

@@ -56,6 +56,67 @@ enum Cmd {
         /// Chunk requests in flight per peer.
         #[arg(long, default_value_t = 16)]
         window: u32,
+        /// Re-hash complete models every SECS seconds and repair damaged
+        /// files from the other nodes of their jobs (0: never).
+        #[arg(long, default_value_t = 21600)]
+        verify_every: u64,
+    },
+    /// Hand a sync job to the cluster's agents and return (they own it from then on).
+    Sync {
+        /// An absolute path on the source node, or ORG/NAME[@REV] to pull from the Hub.
+        source: String,
+        #[arg(long)]
+        cluster: PathBuf,
+        /// Nodes that must end with the model (default: every node).
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// The node holding the path, or pulling the repo (default: the first of --nodes).
+        #[arg(long)]
+        from: Option<String>,
+        /// Name on the nodes (default: the folder's name; Hub repos use models--org--name).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, default_value = "model", value_parser = parse_repo_type)]
+        repo_type: xfer::hub::repo::RepoType,
+        #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+        chunk_size: u64,
+        /// Cap the source's send rate, e.g. 500MiB (bytes per second).
+        #[arg(long, value_parser = parse_size)]
+        limit_rate: Option<u64>,
+        /// Follow the job with progress bars until it completes (Ctrl-C leaves it running).
+        #[arg(long)]
+        wait: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One table of every node's models: root, state, progress, rate, ETA, last error.
+    Status {
+        #[arg(long)]
+        cluster: PathBuf,
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        #[arg(long)]
+        json: bool,
+        /// Refresh every second until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Stop a sync job on every node (what was delivered stays).
+    Cancel {
+        job: String,
+        #[arg(long)]
+        cluster: PathBuf,
+    },
+    /// Delete a model from the nodes' roots.
+    Rm {
+        name: String,
+        #[arg(long)]
+        cluster: PathBuf,
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
     },
     /// Deliver a directory to one or more agents.
     Push {
@@ -233,6 +294,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             root,
             key,
             window,
+            verify_every,
         } => {
             let scheduler = xfer::scheduler::Config {
                 window: window.max(1),
@@ -243,8 +305,171 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 root,
                 key,
                 scheduler,
+                verify_every: (verify_every > 0).then(|| Duration::from_secs(verify_every)),
             })
             .await?;
+        }
+        Cmd::Sync {
+            source,
+            cluster,
+            nodes,
+            from,
+            name,
+            repo_type,
+            chunk_size,
+            limit_rate,
+            wait,
+            json,
+        } => {
+            let cluster = xfer::cluster::Cluster::load(&cluster)?;
+            let req = xfer::sync::client::SyncRequest {
+                source,
+                nodes,
+                from,
+                name,
+                repo_type,
+                chunk_size,
+                limit_rate,
+            };
+            let spec = xfer::sync::client::sync(&cluster, &req).await?;
+            if !wait {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"job": spec.id, "name": spec.name.to_string()})
+                    );
+                } else {
+                    println!("{}", spec.id);
+                    eprintln!(
+                        "job {} handed to {} node(s): {} from {}; follow it with `xfer status --cluster ...`",
+                        spec.id,
+                        spec.members.len(),
+                        spec.name,
+                        spec.source_node
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            eprintln!("job {} (Ctrl-C stops following; the job goes on)", spec.id);
+            let root = xfer::sync::client::wait(&cluster, &spec, &Progress::new(!json)).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"job": spec.id, "name": spec.name.to_string(), "root": root})
+                );
+            } else {
+                println!(
+                    "{}: {} complete on {} node(s), root {root}",
+                    spec.id,
+                    spec.name,
+                    spec.members.len()
+                );
+            }
+        }
+        Cmd::Status {
+            cluster,
+            nodes,
+            json,
+            watch,
+        } => {
+            let cluster = xfer::cluster::Cluster::load(&cluster)?;
+            loop {
+                let reports = xfer::sync::client::status(&cluster, &nodes).await?;
+                if json {
+                    serde_json::to_writer(std::io::stdout().lock(), &reports)?;
+                    println!();
+                } else {
+                    if watch && std::io::stdout().is_terminal() {
+                        print!("\x1b[2J\x1b[H");
+                    }
+                    print!("{}", xfer::sync::client::render(&reports));
+                    for r in &reports {
+                        for j in r.status.iter().flat_map(|s| &s.jobs) {
+                            if r.status.as_ref().and_then(|s| s.node.as_deref())
+                                == Some(j.source_node.as_str())
+                            {
+                                println!(
+                                    "job {} {} from {} to {}: {}{}",
+                                    j.id,
+                                    j.name,
+                                    j.source_node,
+                                    j.nodes.join(","),
+                                    j.state,
+                                    j.last_error
+                                        .as_deref()
+                                        .map(|e| format!(" (last error: {e})"))
+                                        .unwrap_or_default()
+                                );
+                            }
+                        }
+                    }
+                }
+                if !watch {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        Cmd::Cancel { job, cluster } => {
+            let cluster = xfer::cluster::Cluster::load(&cluster)?;
+            let replies = xfer::sync::client::cancel(&cluster, &job).await?;
+            let mut known = 0;
+            for (node, r) in &replies {
+                match r {
+                    Ok(true) => {
+                        known += 1;
+                        println!("{node}: cancelled");
+                    }
+                    Ok(false) => println!("{node}: did not know job {job}"),
+                    Err(e) => println!("{node}: unreachable: {e}"),
+                }
+            }
+            if known == 0 {
+                anyhow::bail!("no node knew job {job}; list jobs with `xfer status`");
+            }
+        }
+        Cmd::Rm {
+            name,
+            cluster,
+            nodes,
+            yes,
+        } => {
+            let cluster = xfer::cluster::Cluster::load(&cluster)?;
+            let name = xfer::wire::ModelName::new(&name).map_err(anyhow::Error::msg)?;
+            let targets: Vec<String> = cluster
+                .select(&nodes)?
+                .iter()
+                .map(|n| n.name.to_string())
+                .collect();
+            if !yes {
+                if !std::io::stdin().is_terminal() {
+                    anyhow::bail!(
+                        "xfer rm deletes {name} from {}; pass --yes to confirm",
+                        targets.join(", ")
+                    );
+                }
+                eprint!("delete {name} from {}? [y/N] ", targets.join(", "));
+                let mut answer = String::new();
+                std::io::stdin().read_line(&mut answer)?;
+                if !matches!(answer.trim(), "y" | "Y" | "yes") {
+                    anyhow::bail!("not confirmed; nothing deleted");
+                }
+            }
+            let replies = xfer::sync::client::remove(&cluster, &nodes, &name).await?;
+            let mut failed = false;
+            for (node, r) in &replies {
+                match r {
+                    Ok(true) => println!("{node}: removed {name}"),
+                    Ok(false) => println!("{node}: had no {name}"),
+                    Err(e) => {
+                        failed = true;
+                        println!("{node}: FAILED: {e}");
+                    }
+                }
+            }
+            if failed {
+                return Ok(ExitCode::FAILURE);
+            }
         }
         Cmd::Push {
             src,

@@ -48,6 +48,9 @@ pub struct PullFanoutSummary {
     /// Seconds from the last downloaded byte to every agent complete.
     pub tail_s: f64,
     pub duration_s: f64,
+    /// The complete folder's manifest, as the agents received it.
+    #[serde(skip)]
+    pub manifest: crate::manifest::Manifest,
 }
 
 impl PullFanoutSummary {
@@ -145,6 +148,7 @@ pub async fn pull_and_fan_out(
     rounds += 1;
     bytes_sent += last.bytes_sent;
     let total = tree.manifest.total_bytes().max(1);
+    tracing::info!("{name}: delivered in {rounds} rounds");
     Ok(PullFanoutSummary {
         pull: summary,
         name: name.to_string(),
@@ -155,6 +159,7 @@ pub async fn pull_and_fan_out(
         nodes: last.nodes,
         tail_s: downloaded_at.elapsed().as_secs_f64(),
         duration_s: started.elapsed().as_secs_f64(),
+        manifest: tree.manifest,
     })
 }
 

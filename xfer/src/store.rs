@@ -146,6 +146,99 @@ impl Store {
         ModelRecord::load(&self.record_path(name)).ok()
     }
 
+    /// Every complete model recorded here, by name.
+    pub fn models(&self) -> Vec<(ModelName, ModelRecord)> {
+        let Ok(entries) = fs::read_dir(self.root.join(".xfer/models")) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(ModelName, ModelRecord)> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let file = e.file_name().to_str()?.to_string();
+                let name = ModelName::new(file.strip_suffix(".json")?).ok()?;
+                let rec = self.record(&name)?;
+                Some((name, rec))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        out
+    }
+
+    /// Records the folder `<root>/<name>`, already complete and verified
+    /// by other means (`xfer pull` checked it against the Hub's hashes and
+    /// hashed it into `manifest`), as the complete model `name`.
+    pub fn adopt(&self, name: &ModelName, manifest: &Manifest) -> std::io::Result<()> {
+        let dir = self.model_dir(name);
+        let mut stamps = BTreeMap::new();
+        for f in manifest.files() {
+            let p = f.path.under(&dir);
+            match Stamp::of(&p) {
+                Some(st) if st.size == f.size => {
+                    stamps.insert(f.path.clone(), st);
+                }
+                _ => {
+                    return Err(std::io::Error::new(
+                        ErrorKind::NotFound,
+                        format!("{} is missing or has another size", p.display()),
+                    ))
+                }
+            }
+        }
+        let record = ModelRecord {
+            manifest: manifest.to_doc(),
+            stamps,
+        };
+        let path = self.record_path(name);
+        fs::create_dir_all(path.parent().expect("records live in a folder"))?;
+        let tmp = path.with_extension("json.tmp");
+        write_durable(
+            &tmp,
+            &serde_json::to_vec(&record).expect("record serializes"),
+        )?;
+        fs::rename(&tmp, &path)
+    }
+
+    /// Makes the next transfer of `name` fetch `paths` again even if their
+    /// size and mtime look untouched (a verify found them damaged).
+    pub fn forget_files(&self, name: &ModelName, paths: &[RelPath]) -> std::io::Result<()> {
+        let Some(mut rec) = self.record(name) else {
+            return Ok(());
+        };
+        for p in paths {
+            rec.stamps.remove(p);
+        }
+        let path = self.record_path(name);
+        let tmp = path.with_extension("json.tmp");
+        write_durable(&tmp, &serde_json::to_vec(&rec).expect("record serializes"))?;
+        fs::rename(&tmp, &path)
+    }
+
+    /// Deletes model `name` (its files, record and staging). Refused while a
+    /// transfer of it runs here.
+    pub fn remove(&self, name: &ModelName) -> Result<bool, Refusal> {
+        let lock_path = self.root.join(".xfer/staging").join(format!("{name}.lock"));
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_refusal(&lock_path, e))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(Refusal::Busy(format!(
+                "`{name}` is being transferred here; cancel its job first"
+            )));
+        }
+        let dir = self.model_dir(name);
+        let existed = dir.exists() || self.record_path(name).exists();
+        let _ = fs::remove_file(self.record_path(name));
+        let _ = fs::remove_dir_all(self.staging_dir(name));
+        if dir.exists() {
+            fs::remove_dir_all(&dir).map_err(|e| io_refusal(&dir, e))?;
+        }
+        Ok(existed)
+    }
+
     /// Starts (or resumes) receiving `manifest` as `name`. The manifest must
     /// already be validated.
     pub fn begin(&self, name: &ModelName, manifest: Arc<Manifest>) -> Result<Transfer, Refusal> {

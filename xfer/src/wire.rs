@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::chunkset::ChunkSet;
 use crate::hash::Hash;
 use crate::manifest::{ChunkId, Manifest};
+use crate::sync::job::JobSpec;
+use crate::sync::status::AgentStatus;
 
 /// Protocol version spoken by this build.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -155,6 +157,26 @@ pub enum Control {
     },
     /// Receiver → source: a peer was excluded from this transfer.
     PeerDropped { peer: SocketAddr, reason: String },
+    /// CLI → agent: own this sync job; you are `node` in it.
+    SyncJob {
+        version: u32,
+        node: String,
+        job: JobSpec,
+    },
+    /// Agent → CLI: the job is stored (and started, on its source node).
+    JobAccepted { id: String },
+    /// CLI → agent: report your models and jobs.
+    StatusQuery { version: u32 },
+    /// Agent → CLI: the answer to [`Control::StatusQuery`].
+    StatusReport(AgentStatus),
+    /// CLI → agent: stop sync job `id`.
+    CancelJob { version: u32, id: String },
+    /// Agent → CLI: `known` says whether this agent had the job.
+    JobCancelled { id: String, known: bool },
+    /// CLI → agent: delete the model `name` from your root.
+    RemoveModel { version: u32, name: ModelName },
+    /// Agent → CLI: removed (`existed` false: there was nothing to remove).
+    ModelRemoved { name: ModelName, existed: bool },
 }
 
 /// One member of a swarm, as the source lists it.
@@ -180,6 +202,14 @@ impl Control {
             Control::Has { .. } => "Has",
             Control::Progress { .. } => "Progress",
             Control::PeerDropped { .. } => "PeerDropped",
+            Control::SyncJob { .. } => "SyncJob",
+            Control::JobAccepted { .. } => "JobAccepted",
+            Control::StatusQuery { .. } => "StatusQuery",
+            Control::StatusReport(_) => "StatusReport",
+            Control::CancelJob { .. } => "CancelJob",
+            Control::JobCancelled { .. } => "JobCancelled",
+            Control::RemoveModel { .. } => "RemoveModel",
+            Control::ModelRemoved { .. } => "ModelRemoved",
         }
     }
 }

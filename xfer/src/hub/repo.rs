@@ -33,6 +33,14 @@ impl RepoType {
         }
     }
 
+    /// `model` or `dataset`, as `--repo-type` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepoType::Model => "model",
+            RepoType::Dataset => "dataset",
+        }
+    }
+
     /// The plural used in API paths and cache folder names.
     fn plural(self) -> &'static str {
         match self {

@@ -1,0 +1,11 @@
+//! Background sync owned by the agents: `xfer sync` hands a job to every
+//! node's agent and returns; the agents persist it, the source node drives
+//! it to completion through restarts, and every agent reports where it
+//! stands. [`job`] is the job and its record on disk, [`runner`] the agent's
+//! side (rounds, cancel, periodic verify and repair), [`status`] what an
+//! agent reports, and [`client`] the commands that talk to the agents.
+
+pub mod client;
+pub mod job;
+pub mod runner;
+pub mod status;

@@ -1,0 +1,263 @@
+//! What an agent says about itself when asked: each model it holds or is
+//! receiving (root, state, bytes, rate, ETA, last error) and the jobs it
+//! knows. [`Activity`] is the live part the agent updates as transfers,
+//! verifications and repairs run; [`AgentStatus`] is the reply on the wire.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::job::{JobRecord, MemberTally};
+use crate::receive::Tally;
+use crate::store::{Store, Transfer};
+use crate::wire::ModelName;
+
+/// A model's state on one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelState {
+    /// A job names it here but nothing has arrived yet.
+    Queued,
+    Syncing,
+    /// Re-hashing a complete model (periodic verify).
+    Verifying,
+    /// A verify found damage; fetching the damaged files from peers.
+    Repairing,
+    Complete,
+    Failed,
+}
+
+/// One model on one node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelStatus {
+    pub name: String,
+    /// The root hash once complete (or of the transfer running).
+    pub root: Option<String>,
+    pub state: ModelState,
+    pub bytes_total: u64,
+    pub bytes_held: u64,
+    /// Bytes per second over the last few seconds.
+    pub rate_bps: f64,
+    pub eta_s: Option<f64>,
+    /// Verified bytes of the running (or last) transfer from the source
+    /// and from other nodes.
+    pub from_source: u64,
+    pub from_peers: u64,
+    pub last_error: Option<String>,
+    /// Files repaired from peers since the agent started.
+    pub repaired_files: u64,
+}
+
+/// A job as one agent knows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    pub id: String,
+    pub name: String,
+    pub source_node: String,
+    pub nodes: Vec<String>,
+    pub state: String,
+    pub last_error: Option<String>,
+    pub rounds: u64,
+    pub delivered: Vec<MemberTally>,
+}
+
+impl From<&JobRecord> for JobView {
+    fn from(r: &JobRecord) -> JobView {
+        JobView {
+            id: r.spec.id.clone(),
+            name: r.spec.name.to_string(),
+            source_node: r.spec.source_node.clone(),
+            nodes: r.spec.members.iter().map(|m| m.node.clone()).collect(),
+            state: match &r.state {
+                super::job::JobState::Failed { reason } => format!("failed: {reason}"),
+                s => s.label().to_string(),
+            },
+            last_error: r.last_error.clone(),
+            rounds: r.rounds,
+            delivered: r.delivered.clone(),
+        }
+    }
+}
+
+/// The reply to a status query.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    /// The node's name as its jobs call it, if it knows one.
+    pub node: Option<String>,
+    pub root: String,
+    pub models: Vec<ModelStatus>,
+    pub jobs: Vec<JobView>,
+}
+
+/// What is happening to one model right now.
+enum Live {
+    Receiving {
+        transfer: Arc<Transfer>,
+        tally: Arc<Tally>,
+    },
+    Verifying,
+    Repairing,
+}
+
+#[derive(Default)]
+struct Entry {
+    live: Option<Live>,
+    last_error: Option<String>,
+    failed: bool,
+    repaired: u64,
+    from: (u64, u64),
+    /// The last (time, held bytes) sample, for the rate.
+    sample: Option<(Instant, u64, f64)>,
+}
+
+/// The agent's live view of its models.
+#[derive(Default)]
+pub struct Activity {
+    models: Mutex<HashMap<ModelName, Entry>>,
+}
+
+impl Activity {
+    pub fn receiving(&self, name: &ModelName, transfer: Arc<Transfer>, tally: Arc<Tally>) {
+        let mut m = self.models.lock().unwrap();
+        let e = m.entry(name.clone()).or_default();
+        e.live = Some(Live::Receiving { transfer, tally });
+        e.failed = false;
+        e.sample = None;
+    }
+
+    pub fn verifying(&self, name: &ModelName) {
+        self.models
+            .lock()
+            .unwrap()
+            .entry(name.clone())
+            .or_default()
+            .live = Some(Live::Verifying);
+    }
+
+    pub fn repairing(&self, name: &ModelName, why: String) {
+        let mut m = self.models.lock().unwrap();
+        let e = m.entry(name.clone()).or_default();
+        e.live = Some(Live::Repairing);
+        e.last_error = Some(why);
+    }
+
+    pub fn repaired(&self, name: &ModelName, files: u64) {
+        let mut m = self.models.lock().unwrap();
+        let e = m.entry(name.clone()).or_default();
+        e.repaired += files;
+    }
+
+    /// The running activity ended; `error` says why if it failed.
+    pub fn ended(&self, name: &ModelName, error: Option<String>) {
+        let mut m = self.models.lock().unwrap();
+        let e = m.entry(name.clone()).or_default();
+        if let Some(Live::Receiving { tally, .. }) = &e.live {
+            e.from = (
+                tally.from_source.load(std::sync::atomic::Ordering::Relaxed),
+                tally.from_peers.load(std::sync::atomic::Ordering::Relaxed),
+            );
+        }
+        e.live = None;
+        e.failed = error.is_some();
+        if error.is_some() {
+            e.last_error = error;
+        }
+    }
+
+    pub fn note_error(&self, name: &ModelName, error: String) {
+        self.models
+            .lock()
+            .unwrap()
+            .entry(name.clone())
+            .or_default()
+            .last_error = Some(error);
+    }
+
+    /// Samples the progress of running transfers, for their rates; the
+    /// agent calls it about once a second.
+    pub fn tick(&self) {
+        let now = Instant::now();
+        let mut m = self.models.lock().unwrap();
+        for e in m.values_mut() {
+            let Some(Live::Receiving { transfer, .. }) = &e.live else {
+                continue;
+            };
+            let held = transfer.held_bytes();
+            e.sample = Some(match e.sample {
+                Some((t, h, r)) => {
+                    let dt = now.duration_since(t).as_secs_f64().max(1e-3);
+                    let inst = held.saturating_sub(h) as f64 / dt;
+                    (now, held, if r > 0.0 { 0.6 * r + 0.4 * inst } else { inst })
+                }
+                None => (now, held, 0.0),
+            });
+        }
+    }
+
+    /// The status of every model this node holds, receives or is expected
+    /// to receive (`jobs`).
+    pub fn report(&self, store: &Store, node: Option<String>, jobs: &[JobRecord]) -> AgentStatus {
+        let mut out: Vec<ModelStatus> = Vec::new();
+        let records: HashMap<ModelName, _> = store.models().into_iter().collect();
+        let mut m = self.models.lock().unwrap();
+        let mut names: Vec<ModelName> = records.keys().cloned().collect();
+        names.extend(m.keys().cloned());
+        for j in jobs {
+            if node.as_deref().is_some_and(|n| j.spec.is_member(n)) {
+                names.push(j.spec.name.clone());
+            }
+        }
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        for name in names {
+            let rec = records.get(&name);
+            let e = m.entry(name.clone()).or_default();
+            let mut st = ModelStatus {
+                name: name.to_string(),
+                root: rec.map(|r| r.manifest.root.to_hex()),
+                state: if rec.is_some() {
+                    ModelState::Complete
+                } else if e.failed {
+                    ModelState::Failed
+                } else {
+                    ModelState::Queued
+                },
+                bytes_total: rec.map(|r| r.manifest.manifest.total_bytes()).unwrap_or(0),
+                bytes_held: rec.map(|r| r.manifest.manifest.total_bytes()).unwrap_or(0),
+                rate_bps: 0.0,
+                eta_s: None,
+                from_source: e.from.0,
+                from_peers: e.from.1,
+                last_error: e.last_error.clone(),
+                repaired_files: e.repaired,
+            };
+            match &e.live {
+                Some(Live::Receiving { transfer, tally }) => {
+                    let held = transfer.held_bytes();
+                    let total = transfer.manifest().total_bytes();
+                    let rate = e.sample.map(|(_, _, r)| r).unwrap_or(0.0);
+                    st.state = ModelState::Syncing;
+                    st.root = Some(transfer.manifest().root().to_hex());
+                    st.bytes_total = total;
+                    st.bytes_held = held;
+                    st.rate_bps = rate;
+                    st.eta_s = (rate > 0.0).then(|| (total - held) as f64 / rate);
+                    st.from_source = tally.from_source.load(std::sync::atomic::Ordering::Relaxed);
+                    st.from_peers = tally.from_peers.load(std::sync::atomic::Ordering::Relaxed);
+                }
+                Some(Live::Verifying) => st.state = ModelState::Verifying,
+                Some(Live::Repairing) => st.state = ModelState::Repairing,
+                None => {}
+            }
+            out.push(st);
+        }
+        AgentStatus {
+            node,
+            root: store.root().display().to_string(),
+            models: out,
+            jobs: jobs.iter().map(JobView::from).collect(),
+        }
+    }
+}
