@@ -87,10 +87,12 @@ fn pull_fans_out_to_agents_while_downloading() {
         "most of the fan-out overlapped the download: {s:#?}"
     );
     // Rounds of one 6 MiB file (two chunks) leave the swarm little to
-    // split; what must hold is that no round sent a file twice to a node.
+    // split, so a star's 2 copies (plus a few endgame duplicates) is the
+    // bound; a round that re-sent the files of earlier rounds would send
+    // 3 or more.
     assert!(
-        s.source_sent_x <= 2.01,
-        "the source sent more than one copy per agent: {s:#?}"
+        s.source_sent_x < 2.6,
+        "rounds re-sent files the agents already had: {s:#?}"
     );
     assert_eq!(s.nodes.len(), 2);
     let want = walk(&source);
