@@ -44,6 +44,8 @@ pub struct AgentOptions {
     pub scheduler: scheduler::Config,
     /// Re-hash complete models this often and repair damage from peers.
     pub verify_every: Option<Duration>,
+    /// Serve Prometheus metrics here.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Running jobs by model name: a token to cancel each, and a lock the job
@@ -73,6 +75,14 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     );
     use std::io::Write;
     std::io::stdout().flush()?;
+    if let Some(addr) = opts.metrics {
+        let listener = crate::metrics::serve(addr);
+        tokio::spawn(async move {
+            if let Err(e) = listener.await {
+                tracing::error!("{e:#}");
+            }
+        });
+    }
     let activity = Arc::new(Activity::default());
     {
         let activity = activity.clone();

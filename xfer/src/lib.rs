@@ -23,6 +23,7 @@ pub mod hashcache;
 pub mod hub;
 pub mod journal;
 pub mod manifest;
+pub mod metrics;
 pub mod progress;
 pub mod pull;
 pub mod pull_fanout;

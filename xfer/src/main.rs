@@ -60,6 +60,9 @@ enum Cmd {
         /// files from the other nodes of their jobs (0: never).
         #[arg(long, default_value_t = 21600)]
         verify_every: u64,
+        /// Serve Prometheus metrics at /metrics on PORT (127.0.0.1) or IP:PORT.
+        #[arg(long, value_parser = xfer::metrics::parse_addr)]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Hand a sync job to the cluster's agents and return (they own it from then on).
     Sync {
@@ -295,6 +298,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             key,
             window,
             verify_every,
+            metrics,
         } => {
             let scheduler = xfer::scheduler::Config {
                 window: window.max(1),
@@ -306,6 +310,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 key,
                 scheduler,
                 verify_every: (verify_every > 0).then(|| Duration::from_secs(verify_every)),
+                metrics,
             })
             .await?;
         }

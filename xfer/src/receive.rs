@@ -328,6 +328,14 @@ impl<F: ChunkFetcher> Driver<F> {
             Outcome::Stored(n) => {
                 self.count(peer, n);
                 if n > 0 {
+                    let label = if peer == SOURCE {
+                        "source".to_string()
+                    } else {
+                        format!("peer{peer}")
+                    };
+                    crate::metrics::verified(&label, n);
+                }
+                if n > 0 {
                     if let Some(v) = &self.verified {
                         let _ = v.send(chunk);
                     }
@@ -342,6 +350,7 @@ impl<F: ChunkFetcher> Driver<F> {
             }
             Outcome::Corrupt => {
                 self.corrupt_chunks += 1;
+                crate::metrics::failed();
                 let id = self.transfer.map().id(chunk);
                 tracing::warn!(
                     "chunk {}/{} from peer {peer} failed its BLAKE3 check; fetching it again",

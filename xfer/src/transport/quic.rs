@@ -341,6 +341,7 @@ pub async fn serve_chunks(
             {
                 let _ = send.finish();
                 on_sent(len);
+                crate::metrics::served(len);
             }
         });
     }
