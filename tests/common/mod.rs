@@ -228,7 +228,21 @@ impl Agent {
     }
 
     pub fn start_with(listen: &str, root: &Path, key: &Path, extra: &[&str]) -> Agent {
-        let mut child = xfer()
+        Self::start_cmd(listen, root, key, extra, |_| {})
+    }
+
+    /// [`Self::start_with`], with `configure` applied to the command first
+    /// (to set the agent's environment, e.g. `HF_ENDPOINT`).
+    pub fn start_cmd(
+        listen: &str,
+        root: &Path,
+        key: &Path,
+        extra: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> Agent {
+        let mut cmd = xfer();
+        configure(&mut cmd);
+        let mut child = cmd
             .args(["serve", "--listen", listen, "--root"])
             .arg(root)
             .arg("--key")

@@ -211,6 +211,8 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
             let reply = match tokio::task::spawn_blocking(move || store.remove(&n)).await? {
                 Ok(existed) => {
                     tracing::info!("removed {name}");
+                    ctx.activity.forget(&name);
+                    ctx.runner.forget_model(&name);
                     Control::ModelRemoved { name, existed }
                 }
                 Err(r) => Control::Failed(r),

@@ -126,6 +126,17 @@ fn members(to: &[String]) -> Result<Vec<SwarmPeer>> {
         .collect()
 }
 
+/// A spawned task that is aborted when its handle is dropped: a push whose
+/// future is dropped (a cancelled sync job) must stop sending, not leave its
+/// per-node tasks and chunk servers running.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Delivers an already hashed tree to every agent in `opts.to` under
 /// `name`. `hash_s` is how long hashing took, for the summary.
 pub async fn deliver(
@@ -166,11 +177,11 @@ pub async fn deliver(
             timeout: opts.connect_timeout,
             bar: progress.bytes(addr, manifest.total_bytes()),
         };
-        tasks.push(tokio::spawn(ctx.run()));
+        tasks.push(AbortOnDrop(tokio::spawn(ctx.run())));
     }
     let mut nodes = Vec::new();
-    for t in tasks {
-        let node = t.await?;
+    for mut t in tasks {
+        let node = (&mut t.0).await?;
         if let Some(r) = &node.root {
             if *r != root.to_hex() {
                 anyhow::bail!("{} reports root {r}, expected {root}", node.addr);
@@ -272,7 +283,7 @@ impl NodeCtx {
             }
         }
         let counter = sent.clone();
-        let serving = tokio::spawn(quic::serve_chunks(
+        let serving = AbortOnDrop(tokio::spawn(quic::serve_chunks(
             conn.clone(),
             self.map.clone(),
             self.reader.clone(),
@@ -280,7 +291,7 @@ impl NodeCtx {
             Arc::new(move |n| {
                 counter.fetch_add(n, Ordering::Relaxed);
             }),
-        ));
+        )));
         let result = loop {
             match read_frame::<Control>(&mut recv).await.map_err(lost) {
                 Ok(Control::Progress {
@@ -317,7 +328,7 @@ impl NodeCtx {
         };
         tracing::debug!("{addr}: {:?}", conn.stats().path);
         conn.close(0u32.into(), b"done");
-        serving.abort();
+        drop(serving);
         let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
         result
     }

@@ -192,6 +192,11 @@ impl JobDir {
         serde_json::from_slice(&bytes).ok()
     }
 
+    /// Deletes a record (a missing one is fine).
+    pub fn remove(&self, id: &str) {
+        let _ = std::fs::remove_file(self.path(id));
+    }
+
     /// Every readable record (unreadable ones are logged and skipped).
     pub fn all(&self) -> Vec<JobRecord> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {

@@ -114,6 +114,17 @@ impl Runner {
         }
     }
 
+    /// Model `name` was removed here: forget the jobs that were to deliver
+    /// it to this node, so status stops listing it (a job this node is the
+    /// source of stays; the source re-delivers if it is still running).
+    pub fn forget_model(&self, name: &ModelName) {
+        for rec in self.jobs.all() {
+            if &rec.spec.name == name && !self.is_source(&rec) {
+                self.jobs.remove(&rec.spec.id);
+            }
+        }
+    }
+
     pub fn me(&self) -> Option<String> {
         self.me.lock().unwrap().clone()
     }

@@ -166,6 +166,15 @@ impl Activity {
         }
     }
 
+    /// Drops what is known about `name` (it was removed), unless a
+    /// transfer of it is running.
+    pub fn forget(&self, name: &ModelName) {
+        let mut m = self.models.lock().unwrap();
+        if !matches!(m.get(name), Some(Entry { live: Some(_), .. })) {
+            m.remove(name);
+        }
+    }
+
     pub fn note_error(&self, name: &ModelName, error: String) {
         self.models
             .lock()
@@ -205,7 +214,9 @@ impl Activity {
         let mut names: Vec<ModelName> = records.keys().cloned().collect();
         names.extend(m.keys().cloned());
         for j in jobs {
-            if node.as_deref().is_some_and(|n| j.spec.is_member(n)) {
+            // A finished job names nothing still to come (a removed model
+            // must not come back as queued).
+            if !j.state.is_final() && node.as_deref().is_some_and(|n| j.spec.is_member(n)) {
                 names.push(j.spec.name.clone());
             }
         }

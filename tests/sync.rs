@@ -1,0 +1,800 @@
+//! Background sync owned by the agents: `xfer sync` hands a job over and
+//! returns, the agents finish it through `kill -9`s and restarts, a node
+//! added later is fed by its peers, the periodic verify repairs a damaged
+//! copy, `status` reports every node (an unreachable one quickly), a bad
+//! cluster file is refused with its line, `cancel` and `rm` do what they
+//! say, and a Hub repo lands in every node's HF cache.
+//!
+//! Every test starts real agents on its own loopback addresses (127.0.N.x,
+//! ports picked by the kernel), writes a cluster file naming them, and
+//! drives the real `xfer` binary against it.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use xfer::sync::status::{AgentStatus, JobView, ModelState, ModelStatus};
+
+use common::hub::*;
+use common::*;
+
+/// How long a job may take before a test gives up.
+const JOB_DEADLINE: Duration = Duration::from_secs(60);
+
+/// One element of `xfer status --json`.
+#[derive(Debug, Clone, Deserialize)]
+struct Report {
+    node: String,
+    agent: String,
+    reachable: bool,
+    error: Option<String>,
+    status: Option<AgentStatus>,
+}
+
+/// `xfer status --json`, parsed.
+#[derive(Debug, Clone)]
+struct Status(Vec<Report>);
+
+impl Status {
+    fn report(&self, node: &str) -> &Report {
+        self.0
+            .iter()
+            .find(|r| r.node == node)
+            .unwrap_or_else(|| panic!("no report of {node}: {self:#?}"))
+    }
+
+    /// Model `name` as `node` reports it.
+    fn model(&self, node: &str, name: &str) -> Option<&ModelStatus> {
+        self.report(node)
+            .status
+            .as_ref()?
+            .models
+            .iter()
+            .find(|m| m.name == name)
+    }
+
+    /// Job `id` as `node` knows it.
+    fn job(&self, node: &str, id: &str) -> Option<&JobView> {
+        self.report(node)
+            .status
+            .as_ref()?
+            .jobs
+            .iter()
+            .find(|j| j.id == id)
+    }
+
+    /// The root every one of `nodes` holds `name` complete with, if they all
+    /// do and agree.
+    fn complete_root(&self, nodes: &[&str], name: &str) -> Option<String> {
+        let roots: Vec<Option<String>> = nodes
+            .iter()
+            .map(|n| {
+                self.model(n, name)
+                    .filter(|m| m.state == ModelState::Complete)
+                    .and_then(|m| m.root.clone())
+            })
+            .collect();
+        let first = roots.first()?.clone()?;
+        roots
+            .iter()
+            .all(|r| r.as_deref() == Some(first.as_str()))
+            .then_some(first)
+    }
+}
+
+/// A node of a test cluster.
+struct Member {
+    name: String,
+    root: PathBuf,
+    /// `IP:PORT` its agent listens on (fixed at the first start, so a
+    /// restarted agent is where the cluster file says).
+    addr: String,
+    agent: Option<Agent>,
+}
+
+/// Agents on 127.0.`net`.1, .2, ... and the cluster file naming them.
+struct Cluster {
+    dir: tempfile::TempDir,
+    key: PathBuf,
+    file: PathBuf,
+    members: Vec<Member>,
+    /// `xfer serve` options of every agent.
+    extra: Vec<String>,
+    /// Environment of every agent.
+    env: Vec<(String, String)>,
+}
+
+impl Cluster {
+    fn start(tag: &str, net: u8, names: &[&str], extra: &[&str]) -> Cluster {
+        Self::start_env(tag, net, names, extra, Vec::new())
+    }
+
+    fn start_env(
+        tag: &str,
+        net: u8,
+        names: &[&str],
+        extra: &[&str],
+        env: Vec<(String, String)>,
+    ) -> Cluster {
+        let dir = tempdir(tag);
+        let key = dir.path().join("cluster.key");
+        keygen(&key);
+        let mut c = Cluster {
+            key,
+            file: dir.path().join("cluster.toml"),
+            members: Vec::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            env,
+            dir,
+        };
+        for (i, name) in names.iter().enumerate() {
+            let root = c.dir.path().join("nodes").join(name).join("root");
+            fs::create_dir_all(&root).unwrap();
+            let listen = format!("127.0.{net}.{}:0", i + 1);
+            let agent = c.spawn(name, &listen, &root);
+            c.members.push(Member {
+                name: name.to_string(),
+                root,
+                addr: agent.addr.clone(),
+                agent: Some(agent),
+            });
+        }
+        let mut toml = "key = \"cluster.key\"\n".to_string();
+        for m in &c.members {
+            toml.push_str(&format!(
+                "\n[[node]]\nname = \"{}\"\nagent = \"{}\"\nroot = \"{}\"\n",
+                m.name,
+                m.addr,
+                m.root.display()
+            ));
+        }
+        fs::write(&c.file, toml).unwrap();
+        c
+    }
+
+    fn spawn(&self, name: &str, listen: &str, root: &Path) -> Agent {
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        // The source's hash cache stays in the node's folder.
+        let xdg = self.dir.path().join("nodes").join(name).join("xdg-cache");
+        Agent::start_cmd(listen, root, &self.key, &extra, |c| {
+            c.env("XDG_CACHE_HOME", &xdg);
+            for (k, v) in &self.env {
+                c.env(k, v);
+            }
+        })
+    }
+
+    fn member(&self, name: &str) -> &Member {
+        self.members
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    fn member_mut(&mut self, name: &str) -> &mut Member {
+        self.members
+            .iter_mut()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    fn root(&self, name: &str) -> &Path {
+        &self.member(name).root
+    }
+
+    /// `kill -9` a node's agent.
+    fn kill9(&mut self, name: &str) {
+        let m = self.member_mut(name);
+        let mut a = m.agent.take().unwrap_or_else(|| panic!("{name} is down"));
+        a.kill9();
+    }
+
+    /// Starts a node's agent again: the same address, root and key.
+    fn restart(&mut self, name: &str) {
+        let (addr, root) = {
+            let m = self.member(name);
+            assert!(m.agent.is_none(), "{name} is running");
+            (m.addr.clone(), m.root.clone())
+        };
+        let a = self.spawn(name, &addr, &root);
+        assert_eq!(a.addr, addr);
+        self.member_mut(name).agent = Some(a);
+    }
+
+    /// The agents' logs, for failure messages.
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for m in &self.members {
+            let log = m.agent.as_ref().map(|a| a.log()).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(30)..];
+            s.push_str(&format!(
+                "--- {} ({}):\n{}\n",
+                m.name,
+                m.addr,
+                tail.join("\n")
+            ));
+        }
+        s
+    }
+
+    /// `xfer SUB --cluster FILE ARGS...`.
+    fn cmd(&self, sub: &str, args: &[&str]) -> Command {
+        let mut c = xfer();
+        c.arg(sub).arg("--cluster").arg(&self.file).args(args);
+        c
+    }
+
+    /// `xfer sync SOURCE --json ARGS...`; returns the job id.
+    fn sync(&self, source: &Path, args: &[&str]) -> (String, Run) {
+        let r = run(
+            self.cmd("sync", &["--json"]).arg(source).args(args),
+            Duration::from_secs(30),
+        );
+        r.assert_ok("xfer sync");
+        let v: serde_json::Value = r.json();
+        let id = v["job"].as_str().expect("job id").to_string();
+        (id, r)
+    }
+
+    /// `xfer status --json`.
+    fn status(&self) -> Status {
+        let r = run(
+            &mut self.cmd("status", &["--json"]),
+            Duration::from_secs(20),
+        );
+        r.assert_ok("xfer status");
+        Status(r.json())
+    }
+
+    /// Polls `status` until `f` returns something; panics after `timeout`
+    /// with the last status and the agents' logs.
+    fn poll<T>(&self, what: &str, timeout: Duration, mut f: impl FnMut(&Status) -> Option<T>) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.status();
+            if let Some(v) = f(&s) {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "timed out ({timeout:?}) waiting for {what}; last status: {s:#?}\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// Waits until the source's job `id` is complete and every member holds
+    /// `name` complete with one root; returns it.
+    fn wait_complete(&self, id: &str, source: &str, members: &[&str], name: &str) -> String {
+        self.poll(
+            &format!("job {id} ({name}) complete on {members:?}"),
+            JOB_DEADLINE,
+            |s| {
+                let job = s.job(source, id)?;
+                assert!(
+                    !job.state.starts_with("failed") && job.state != "cancelled",
+                    "job {id} ended {}: {s:#?}\n{}",
+                    job.state,
+                    self.logs()
+                );
+                if job.state != "complete" {
+                    return None;
+                }
+                s.complete_root(members, name)
+            },
+        )
+    }
+}
+
+/// `xfer manifest`'s root of a source folder.
+fn source_root(src: &Path) -> String {
+    manifest_root(src)
+}
+
+/// 1. `xfer sync` hands the job over and returns at once; the agents finish
+///    it with the CLI gone: every member complete with the source's root and
+///    the source's bytes.
+#[test]
+fn sync_returns_at_once_and_the_agents_finish_the_job() {
+    let c = Cluster::start("sync-bg", 11, &["a", "b", "c"], &[]);
+    let src = c.dir.path().join("src/m48");
+    gen_model(&src, 48 * MIB, 11);
+    let want = source_root(&src);
+
+    let (id, r) = c.sync(
+        &src,
+        &["--from", "a", "--nodes", "a,b,c", "--limit-rate", "12MiB"],
+    );
+    assert!(
+        r.elapsed < Duration::from_secs(5),
+        "xfer sync took {:?}",
+        r.elapsed
+    );
+    // The CLI is gone; the job is not done.
+    let s = c.status();
+    let pending: Vec<&str> = ["a", "b", "c"]
+        .into_iter()
+        .filter(|n| {
+            s.model(n, "m48")
+                .is_some_and(|m| matches!(m.state, ModelState::Queued | ModelState::Syncing))
+        })
+        .collect();
+    assert!(
+        !pending.is_empty(),
+        "right after xfer sync returned, no member was queued or syncing: {s:#?}"
+    );
+    let job = s.job("a", &id).expect("the source knows the job");
+    assert!(
+        ["queued", "syncing"].contains(&job.state.as_str()),
+        "job state right after sync: {job:#?}"
+    );
+    assert_eq!(job.nodes, ["a", "b", "c"]);
+    assert_eq!(job.source_node, "a");
+
+    let root = c.wait_complete(&id, "a", &["a", "b", "c"], "m48");
+    assert_eq!(root, want, "the root the nodes report is the source's");
+    let s = c.status();
+    for n in ["a", "b", "c"] {
+        let m = s.model(n, "m48").unwrap();
+        assert_eq!(m.bytes_total, tree_bytes(&src), "{n}: {m:#?}");
+        assert_eq!(m.bytes_held, m.bytes_total, "{n}: {m:#?}");
+        assert_same_tree(&src, &c.root(n).join("m48"));
+    }
+}
+
+/// 2. `kill -9` a receiver and then the source mid-job; started again, the
+///    agents finish the job with no further command.
+#[test]
+fn a_killed_receiver_and_source_finish_the_job_after_restarting() {
+    let mut c = Cluster::start("sync-kill", 12, &["a", "b", "c", "d"], &[]);
+    let src = c.dir.path().join("src/m48k");
+    gen_model(&src, 48 * MIB, 12);
+    let want = source_root(&src);
+    let total = tree_bytes(&src);
+
+    let (id, _) = c.sync(
+        &src,
+        &["--from", "a", "--nodes", "b,c,d", "--limit-rate", "8MiB"],
+    );
+    // Mid-job: b holds something, nobody holds everything.
+    c.poll("b to hold part of m48k", Duration::from_secs(30), |s| {
+        let m = s.model("b", "m48k")?;
+        (m.state == ModelState::Syncing && m.bytes_held >= 4 * MIB).then_some(())
+    });
+    c.kill9("b");
+    std::thread::sleep(Duration::from_millis(300));
+    let before = c.status();
+    c.kill9("a");
+    for n in ["c", "d"] {
+        let m = before.model(n, "m48k");
+        assert!(
+            m.is_none_or(|m| m.state != ModelState::Complete),
+            "{n} was already complete when the source died; the test proves nothing: {before:#?}"
+        );
+    }
+    assert!(
+        !c.root("b").join("m48k").exists(),
+        "b completed before it was killed"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+
+    c.restart("b");
+    c.restart("a");
+    let root = c.wait_complete(&id, "a", &["b", "c", "d"], "m48k");
+    assert_eq!(root, want);
+    let s = c.status();
+    let job = s.job("a", &id).unwrap();
+    assert!(
+        job.rounds >= 2,
+        "the restarted source ran a new round: {job:#?}"
+    );
+    for n in ["b", "c", "d"] {
+        assert_eq!(s.model(n, "m48k").unwrap().bytes_held, total);
+        assert_same_tree(&src, &c.root(n).join("m48k"));
+    }
+    assert!(
+        !c.root("a").join("m48k").exists(),
+        "a is the source, not a member"
+    );
+}
+
+/// 3. A node added later (sync again with it in --nodes) gets most of the
+///    model from the nodes that hold it.
+#[test]
+fn a_node_added_later_is_fed_by_its_peers() {
+    let c = Cluster::start("sync-add", 13, &["a", "b", "c", "d"], &[]);
+    let src = c.dir.path().join("src/m32");
+    gen_model(&src, 32 * MIB, 13);
+    let want = source_root(&src);
+    let total = tree_bytes(&src);
+
+    let (first, _) = c.sync(&src, &["--from", "a", "--nodes", "a,b,c"]);
+    assert_eq!(c.wait_complete(&first, "a", &["a", "b", "c"], "m32"), want);
+    assert!(
+        c.status().model("d", "m32").is_none(),
+        "d is not a member yet"
+    );
+
+    let (second, _) = c.sync(
+        &src,
+        &["--from", "a", "--nodes", "a,b,c,d", "--limit-rate", "8MiB"],
+    );
+    assert_ne!(first, second);
+    assert_eq!(
+        c.wait_complete(&second, "a", &["a", "b", "c", "d"], "m32"),
+        want
+    );
+    assert_same_tree(&src, &c.root("d").join("m32"));
+
+    let s = c.status();
+    let job = s.job("a", &second).unwrap();
+    let d = job
+        .delivered
+        .iter()
+        .find(|t| t.node == "d")
+        .unwrap_or_else(|| panic!("no tally of d: {job:#?}"));
+    assert!(d.ok, "{job:#?}");
+    assert!(d.from_peers > 0, "d got nothing from peers: {job:#?}");
+    assert!(
+        d.from_source < total,
+        "d got the whole model from the source: {job:#?}"
+    );
+    assert_eq!(
+        d.from_source + d.from_peers,
+        total,
+        "d's bytes add up to the model: {job:#?}"
+    );
+    for t in job.delivered.iter().filter(|t| t.node != "d") {
+        assert_eq!(
+            t.from_source + t.from_peers,
+            0,
+            "{} already held the model: {job:#?}",
+            t.node
+        );
+    }
+    let m = s.model("d", "m32").unwrap();
+    assert!(
+        m.from_peers > 0 && m.from_source < total,
+        "d's status: {m:#?}"
+    );
+}
+
+/// Flips one byte of `path` at `offset` and puts its mtime back.
+fn flip_byte_keep_mtime(path: &Path, offset: u64) {
+    let mtime = fs::metadata(path).unwrap().modified().unwrap();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, offset).unwrap();
+    f.set_modified(mtime).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(fs::metadata(path).unwrap().modified().unwrap(), mtime);
+}
+
+/// 4. The periodic verify finds a file damaged behind the agent's back
+///    (same size and mtime), repairs it from a peer and says so.
+#[test]
+fn periodic_verify_repairs_a_damaged_file_from_peers() {
+    let c = Cluster::start(
+        "sync-verify",
+        14,
+        &["a", "b", "c"],
+        &["--verify-every", "1"],
+    );
+    let src = c.dir.path().join("src/m12");
+    gen_model(&src, 12 * MIB, 14);
+    let want = source_root(&src);
+    let (id, _) = c.sync(&src, &["--from", "a", "--nodes", "a,b,c"]);
+    assert_eq!(c.wait_complete(&id, "a", &["a", "b", "c"], "m12"), want);
+
+    let bad = c.root("b").join("m12").join(SHARD1);
+    flip_byte_keep_mtime(&bad, 3 * MIB + 12_345);
+    assert!(same_bytes(&src.join(SHARD1), &bad).is_err());
+
+    let m = c.poll(
+        "b to repair the damaged shard",
+        Duration::from_secs(30),
+        |s| {
+            let m = s.model("b", "m12")?;
+            (m.repaired_files >= 1 && m.state == ModelState::Complete).then(|| m.clone())
+        },
+    );
+    let err = m.last_error.clone().unwrap_or_default();
+    assert!(
+        err.contains(SHARD1) && err.contains("repaired"),
+        "last_error names the file and the repair: {m:#?}"
+    );
+    assert!(!err.contains("failed"), "{m:#?}");
+    assert_eq!(m.root.as_deref(), Some(want.as_str()));
+    same_bytes(&src.join(SHARD1), &bad).unwrap();
+    assert_same_tree(&src, &c.root("b").join("m12"));
+    let (r, v) = verify(&c.root("b").join("m12"));
+    assert!(
+        r.success() && v["ok"] == true,
+        "xfer verify after repair: {r:#?}"
+    );
+    // Nothing else was touched.
+    let s = c.status();
+    for n in ["a", "c"] {
+        assert_eq!(s.model(n, "m12").unwrap().repaired_files, 0, "{s:#?}");
+    }
+}
+
+/// Writes `text` to `dir/name` and returns its path.
+fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    fs::write(&p, text).unwrap();
+    p
+}
+
+/// 5. A malformed cluster file is refused by `status` and `sync` with the
+///    line of the mistake.
+#[test]
+fn a_malformed_cluster_file_is_refused_with_its_line() {
+    let t = tempdir("sync-badcluster");
+    let src = t.path().join("src/m");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("x"), b"x").unwrap();
+    let typo = write_file(
+        t.path(),
+        "typo.toml",
+        "# a cluster with a typo\n\
+         key = \"cluster.key\"\n\
+         \n\
+         [[node]]\n\
+         name = \"a\"\n\
+         agent = \"127.0.0.1:7001\"\n\
+         fabirc_if = \"eth0\"\n\
+         root = \"/srv/models\"\n",
+    );
+    let dup = write_file(
+        t.path(),
+        "dup.toml",
+        "key = \"cluster.key\"\n\
+         \n\
+         [[node]]\n\
+         name = \"a\"\n\
+         agent = \"127.0.0.1:7001\"\n\
+         root = \"/srv/models\"\n\
+         \n\
+         [[node]]\n\
+         name = \"a\"\n\
+         agent = \"127.0.0.1:7002\"\n\
+         root = \"/srv/models\"\n",
+    );
+    let cases = [
+        (&typo, 7, vec!["fabirc_if", "fabric_if"]),
+        (&dup, 9, vec!["duplicate node name", "line 4"]),
+    ];
+    for (file, line, words) in &cases {
+        let mut status = xfer();
+        status.arg("status").arg("--cluster").arg(file);
+        let mut sync = xfer();
+        sync.arg("sync")
+            .arg(&src)
+            .arg("--cluster")
+            .arg(file)
+            .args(["--nodes", "a"]);
+        for (what, mut cmd) in [("status", status), ("sync", sync)] {
+            let r = run(&mut cmd, Duration::from_secs(20));
+            let at = format!("{}:{line}:", file.display());
+            let mut want: Vec<&str> = vec![&at];
+            want.extend(words.iter().copied());
+            let e = assert_error(&r, &want);
+            assert!(
+                e.starts_with(&format!("error: {at}")),
+                "xfer {what}: the message starts with FILE:LINE: {e}"
+            );
+            assert!(r.stdout.is_empty(), "xfer {what}: {r:#?}");
+        }
+    }
+}
+
+/// 6. `status` reports a dead agent as unreachable within 5 s, and the
+///    others as usual.
+#[test]
+fn status_reports_a_dead_agent_unreachable_quickly() {
+    let mut c = Cluster::start("sync-down", 16, &["a", "b", "c"], &[]);
+    c.kill9("b");
+    let started = Instant::now();
+    let r = run(&mut c.cmd("status", &["--json"]), Duration::from_secs(20));
+    let took = started.elapsed();
+    r.assert_ok("xfer status");
+    assert!(took < Duration::from_secs(5), "status took {took:?}");
+    let s = Status(r.json());
+    assert_eq!(s.0.len(), 3, "{s:#?}");
+    let b = s.report("b");
+    assert!(!b.reachable && b.status.is_none(), "{s:#?}");
+    assert!(b.error.as_deref().is_some_and(|e| !e.is_empty()), "{s:#?}");
+    assert_eq!(b.agent, c.member("b").addr);
+    for n in ["a", "c"] {
+        let r = s.report(n);
+        assert!(r.reachable && r.error.is_none(), "{s:#?}");
+        let st = r.status.as_ref().unwrap();
+        assert_eq!(Path::new(&st.root), c.root(n));
+    }
+
+    // The table says so too, just as fast.
+    let started = Instant::now();
+    let r = run(&mut c.cmd("status", &[]), Duration::from_secs(20));
+    let took = started.elapsed();
+    r.assert_ok("xfer status");
+    assert!(took < Duration::from_secs(5), "status took {took:?}");
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("b "))
+        .unwrap_or_else(|| panic!("no line of b: {r:#?}"));
+    assert!(line.contains("unreachable"), "{line}");
+}
+
+/// 7. `cancel` stops a rate-limited job; `rm` refuses without --yes and no
+///    terminal, and with --yes removes the model from the nodes.
+#[test]
+fn cancel_stops_a_job_and_rm_removes_the_model() {
+    let c = Cluster::start("sync-cancel", 17, &["a", "b", "c"], &[]);
+    let small = c.dir.path().join("src/small");
+    gen_model(&small, 4 * MIB, 171);
+    let big = c.dir.path().join("src/big");
+    gen_model(&big, 48 * MIB, 172);
+    let big_manifest = scan(&big, DEFAULT_CHUNK);
+    let total = tree_bytes(&big);
+
+    let (done, _) = c.sync(&small, &["--from", "a", "--nodes", "a,b,c"]);
+    c.wait_complete(&done, "a", &["a", "b", "c"], "small");
+
+    let (id, _) = c.sync(
+        &big,
+        &["--from", "a", "--nodes", "b,c", "--limit-rate", "4MiB"],
+    );
+    c.poll("b to receive part of big", Duration::from_secs(30), |s| {
+        let m = s.model("b", "big")?;
+        (m.state == ModelState::Syncing && m.bytes_held > 0).then_some(())
+    });
+    let r = run(&mut c.cmd("cancel", &[&id]), Duration::from_secs(20));
+    r.assert_ok("xfer cancel");
+    assert!(r.stdout.contains("a: cancelled"), "{r:#?}");
+
+    let s = c.status();
+    let job = s.job("a", &id).unwrap();
+    assert_eq!(job.state, "cancelled", "{job:#?}");
+    // Let what was in flight land, then nothing more arrives.
+    let held =
+        |n: &str| journal_held_bytes(&c.root(n).join(".xfer/staging/big/journal"), &big_manifest);
+    c.poll("b and c to stop receiving", Duration::from_secs(15), |s| {
+        ["b", "c"]
+            .iter()
+            .all(|n| {
+                s.model(n, "big")
+                    .is_none_or(|m| m.state != ModelState::Syncing)
+            })
+            .then_some(())
+    });
+    let before = (held("b"), held("c"));
+    std::thread::sleep(Duration::from_secs(2));
+    let after = (held("b"), held("c"));
+    assert_eq!(before, after, "bytes kept arriving after the cancel");
+    assert!(
+        after.0 > 0 && after.0 < total && after.1 < total,
+        "b holds part of the model, neither holds all of it: {after:?} of {total}"
+    );
+    let s = c.status();
+    for n in ["b", "c"] {
+        assert!(
+            s.model(n, "big")
+                .is_none_or(|m| m.state != ModelState::Complete),
+            "{s:#?}"
+        );
+        assert!(!c.root(n).join("big").exists());
+    }
+    assert_eq!(s.job("a", &id).unwrap().state, "cancelled");
+
+    // No --yes and no terminal: refused, nothing deleted.
+    let r = run(&mut c.cmd("rm", &["small"]), Duration::from_secs(20));
+    assert_error(&r, &["--yes", "small", "a, b, c"]);
+    for n in ["a", "b", "c"] {
+        assert_same_tree(&small, &c.root(n).join("small"));
+    }
+
+    // small from every node (a was its source too), big from b and c.
+    let r = run(
+        &mut c.cmd("rm", &["small", "--yes"]),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer rm small");
+    for n in ["a", "b", "c"] {
+        assert!(r.stdout.contains(&format!("{n}: removed small")), "{r:#?}");
+    }
+    let r = run(
+        &mut c.cmd("rm", &["big", "--yes", "--nodes", "b,c"]),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer rm big");
+    let s = c.status();
+    for n in ["a", "b", "c"] {
+        assert!(
+            !c.root(n).join("small").exists(),
+            "{n}: small is still there"
+        );
+        assert!(!c.root(n).join(".xfer/staging/big").exists());
+        let models = &s.report(n).status.as_ref().unwrap().models;
+        assert!(
+            models.iter().all(|m| m.name != "small" && m.name != "big"),
+            "{n} still lists a removed model: {models:#?}"
+        );
+    }
+    assert!(small.is_dir() && big.is_dir(), "the sources stay");
+}
+
+/// 8. A Hub repo: the source node pulls it into its root (an HF cache) and
+///    fans it out; every member ends with the same cache folder, which the
+///    real client reads offline.
+#[test]
+fn a_hub_repo_lands_in_every_nodes_cache() {
+    let t = tempdir("sync-hub-repos");
+    let repos = t.path().join("repos");
+    let repo_src = small_repo(&repos, "acme/tiny", 18);
+    let server = HubServer::start(&repos, &[]);
+    let hf_home = t.path().join("hf-home");
+    fs::create_dir_all(&hf_home).unwrap();
+    let env: Vec<(String, String)> = [
+        ("HF_ENDPOINT", server.endpoint()),
+        ("HF_HOME", hf_home.display().to_string()),
+        ("HF_HUB_DISABLE_XET", "1".into()),
+        ("HF_HUB_DISABLE_TELEMETRY", "1".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let c = Cluster::start_env("sync-hub", 18, &["a", "b"], &[], env);
+
+    let r = run(
+        c.cmd("sync", &["--json"])
+            .arg("acme/tiny")
+            .args(["--from", "a", "--nodes", "a,b"]),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer sync acme/tiny");
+    let v: serde_json::Value = r.json();
+    let id = v["job"].as_str().unwrap().to_string();
+    assert_eq!(v["name"], "models--acme--tiny");
+    let root = c.wait_complete(&id, "a", &["a", "b"], "models--acme--tiny");
+
+    let meta = server.repo("acme/tiny");
+    let (da, db) = (
+        c.root("a").join("models--acme--tiny"),
+        c.root("b").join("models--acme--tiny"),
+    );
+    assert_eq!(walk(&da), walk(&db), "the two caches differ");
+    assert_eq!(manifest_root(&da), root);
+    assert_eq!(manifest_root(&db), root);
+    for (n, dir) in [("a", &da), ("b", &db)] {
+        assert_cache(dir, &repo_src, &meta);
+        let env = PullEnv::new(&server.endpoint(), t.path()).with_cache(c.root(n));
+        let snap = offline_snapshot(&env, "acme/tiny");
+        assert_eq!(
+            Path::new(&snap),
+            dir.join("snapshots").join(&meta.commit),
+            "{n}"
+        );
+    }
+    assert_eq!(
+        server.stats()["resolve_head"],
+        meta.files.len(),
+        "the repo was pulled once, by a"
+    );
+}
