@@ -102,10 +102,11 @@ pub async fn pull_and_fan_out(
     let local_dir = opts.local_dir.is_some();
     let mut pulling = {
         let progress = progress.clone();
-        tokio::spawn(async move {
+        // Dropped (a cancelled sync job) stops the download too.
+        push::AbortOnDrop(tokio::spawn(async move {
             let r = pull::pull(&opts, &env, &progress, Some(on_placed)).await;
             (r, Instant::now())
-        })
+        }))
     };
 
     let quiet = Progress::new(false);
@@ -114,7 +115,7 @@ pub async fn pull_and_fan_out(
     let mut pushed = 0;
     let pulled = loop {
         tokio::select! {
-            r = &mut pulling => {
+            r = &mut pulling.0 => {
                 let (r, at) = r.context("the download task failed")?;
                 break (r?, at);
             }

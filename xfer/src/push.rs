@@ -129,7 +129,7 @@ fn members(to: &[String]) -> Result<Vec<SwarmPeer>> {
 /// A spawned task that is aborted when its handle is dropped: a push whose
 /// future is dropped (a cancelled sync job) must stop sending, not leave its
 /// per-node tasks and chunk servers running.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {

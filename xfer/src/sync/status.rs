@@ -264,11 +264,29 @@ impl Activity {
             }
             out.push(st);
         }
+        // A member's copy of a job is not updated by the source; show the
+        // state of the model here instead.
+        let jobs = jobs
+            .iter()
+            .map(|j| {
+                let mut v = JobView::from(j);
+                let source_here = j.me.as_deref() == Some(j.spec.source_node.as_str());
+                if !source_here && !j.state.is_final() {
+                    if let Some(m) = out.iter().find(|m| m.name == j.spec.name.as_str()) {
+                        v.state = serde_json::to_value(m.state)
+                            .ok()
+                            .and_then(|s| s.as_str().map(str::to_string))
+                            .unwrap_or(v.state);
+                    }
+                }
+                v
+            })
+            .collect();
         AgentStatus {
             node,
             root: store.root().display().to_string(),
             models: out,
-            jobs: jobs.iter().map(JobView::from).collect(),
+            jobs,
         }
     }
 }
