@@ -25,6 +25,7 @@ use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
 
+use crate::tomltext::{and_list, in_file_order, kind, line_col, suggest};
 use crate::transport::quic::DEFAULT_PORT;
 
 /// Longest node name, in characters.
@@ -724,7 +725,7 @@ impl Parser<'_> {
                 .collect(),
             Section::Node(_) => NODE_KEYS.to_vec(),
         };
-        let hint = match suggest(key, &allowed) {
+        let hint = match suggest(key, &allowed, ALIASES) {
             Some(s) => format!("did you mean {s:?}?"),
             None => format!("{section} takes {}", and_list(&allowed)),
         };
@@ -736,7 +737,7 @@ impl Parser<'_> {
             format!(
                 "{key} is a node setting: put it in [defaults] (for every node) or in a [[node]] table"
             )
-        } else if let Some(s) = suggest(key, TOP_KEYS) {
+        } else if let Some(s) = suggest(key, TOP_KEYS, ALIASES) {
             format!("did you mean {s:?}?")
         } else {
             "the top level holds key, [defaults], [[node]] and [launch]".to_string()
@@ -787,46 +788,12 @@ impl Parser<'_> {
     }
 }
 
-/// A table's entries in the order they appear in the file.
-fn in_file_order<'t, 'i>(
-    table: &'t DeTable<'i>,
-) -> Vec<(&'t Spanned<toml::de::DeString<'i>>, &'t Val<'i>)> {
-    let mut v: Vec<_> = table.iter().collect();
-    v.sort_by_key(|(k, _)| k.span().start);
-    v
-}
-
 /// Where the value of `key` is written in `table`.
 fn table_key_at(table: &DeTable, key: &str) -> Option<usize> {
     table
         .iter()
         .find(|(k, _)| k.get_ref().as_ref() == key)
         .map(|(_, v)| v.span().start)
-}
-
-/// How messages name the type of a value.
-fn kind(v: &DeValue) -> &'static str {
-    match v {
-        DeValue::String(_) => "a string",
-        DeValue::Integer(_) => "an integer",
-        DeValue::Float(_) => "a float",
-        DeValue::Boolean(_) => "a boolean",
-        DeValue::Datetime(_) => "a date",
-        DeValue::Array(_) => "an array",
-        DeValue::Table(_) => "a table",
-    }
-}
-
-/// 1-based line and column (in characters) of byte offset `at`.
-fn line_col(text: &str, at: usize) -> (usize, usize) {
-    let mut at = at.min(text.len());
-    while !text.is_char_boundary(at) {
-        at -= 1;
-    }
-    let before = &text[..at];
-    let line = before.matches('\n').count() + 1;
-    let start = before.rfind('\n').map_or(0, |i| i + 1);
-    (line, before[start..].chars().count() + 1)
 }
 
 /// `HOST[:PORT]`: an IPv4 address, a bracketed (or bare, portless) IPv6
@@ -943,58 +910,6 @@ fn is_ifname(s: &str) -> bool {
         && s != "."
         && s != ".."
         && !s.contains(|c: char| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
-}
-
-/// The known key `key` was probably meant to be: a listed alias, or the
-/// closest key within a third of its length in edits (at least one).
-fn suggest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
-    let lower = key.to_ascii_lowercase();
-    if let Some(&(_, to)) = ALIASES.iter().find(|(from, _)| *from == lower) {
-        if let Some(k) = known.iter().find(|k| **k == to) {
-            return Some(k);
-        }
-    }
-    let limit = (key.chars().count() / 3).max(1);
-    known
-        .iter()
-        .map(|k| (edit_distance(&lower, k), *k))
-        .filter(|(d, _)| *d <= limit)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k)
-}
-
-/// Edit distance counting insertions, deletions, substitutions and swaps of
-/// adjacent characters (optimal string alignment).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    d[0] = (0..=b.len()).collect();
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (d[i - 1][j] + 1)
-                .min(d[i][j - 1] + 1)
-                .min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                best = best.min(d[i - 2][j - 2] + 1);
-            }
-            d[i][j] = best;
-        }
-    }
-    d[a.len()][b.len()]
-}
-
-/// `a, b and c`.
-fn and_list(items: &[&str]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => one.to_string(),
-        [init @ .., last] => format!("{} and {last}", init.join(", ")),
-    }
 }
 
 #[cfg(test)]
@@ -1537,12 +1452,15 @@ root = "/r"
 
     #[test]
     fn cluster_suggestions_and_positions() {
-        assert_eq!(suggest("fabric_iface", NODE_KEYS), Some("fabric_if"));
-        assert_eq!(suggest("Name", NODE_KEYS), Some("name"));
-        assert_eq!(suggest("address", NODE_KEYS), Some("agent"));
-        assert_eq!(suggest("gpu", NODE_KEYS), None);
-        assert_eq!(edit_distance("nmae", "name"), 1);
-        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(
+            suggest("fabric_iface", NODE_KEYS, ALIASES),
+            Some("fabric_if")
+        );
+        assert_eq!(suggest("Name", NODE_KEYS, ALIASES), Some("name"));
+        assert_eq!(suggest("address", NODE_KEYS, ALIASES), Some("agent"));
+        assert_eq!(suggest("gpu", NODE_KEYS, ALIASES), None);
+        assert_eq!(crate::tomltext::edit_distance("nmae", "name"), 1);
+        assert_eq!(crate::tomltext::edit_distance("", "abc"), 3);
         assert_eq!(line_col("ab\ncd\né x", 9), (3, 3));
         assert_eq!(line_col("ab", 99), (1, 3));
     }

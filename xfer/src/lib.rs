@@ -37,6 +37,7 @@ pub mod sim;
 pub mod store;
 pub mod swarm;
 pub mod sync;
+pub mod tomltext;
 pub mod transport;
 pub mod units;
 pub mod verify;
