@@ -433,59 +433,6 @@ fn kill_9_mid_download_then_resume() {
     assert_cache(&dir, &src, &meta);
 }
 
-/// A tmpfs mounted for one test, unmounted on drop.
-struct Tmpfs {
-    dir: PathBuf,
-}
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `size`, or says why it cannot (not root).
-    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
-        fs::create_dir_all(dir).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Tmpfs {
-                dir: dir.to_path_buf(),
-            }),
-            Ok(o) => {
-                eprintln!(
-                    "SKIPPED: this test needs a tmpfs mount (run as root): {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                None
-            }
-            Err(e) => {
-                eprintln!("SKIPPED: cannot run mount: {e}");
-                None
-            }
-        }
-    }
-
-    fn resize(&self, size: &str) {
-        let ok = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(&self.dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "remount {}", self.dir.display());
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-        }
-    }
-}
-
 /// 7. A cache on a disk too small is refused before any byte is fetched,
 ///    with how much is needed and how much there is; with room, it works.
 #[test]
@@ -502,7 +449,7 @@ fn a_full_disk_is_refused_before_downloading() {
             ("model-00002-of-00002.safetensors", 32 * MIB - 1),
         ],
     );
-    let Some(fs) = Tmpfs::mount(&t.path().join("mnt"), "32m") else {
+    let Some(fs) = tmpfs_or_skip(&t.path().join("mnt"), "32m") else {
         return;
     };
     let server = HubServer::start(&repos, &[]);

@@ -732,3 +732,68 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+// ---------------------------------------------------------------------------
+// A small disk
+
+/// A tmpfs mounted for one test, unmounted on drop.
+pub struct Tmpfs {
+    pub dir: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t tmpfs failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn resize(&self, size: &str) {
+        let out = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "remount failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+    }
+}
+
+/// Mounts a tmpfs or explains why the test cannot run here.
+pub fn tmpfs_or_skip(dir: &Path, size: &str) -> Option<Tmpfs> {
+    match Tmpfs::mount(dir, size) {
+        Ok(fs) => Some(fs),
+        Err(why) => {
+            eprintln!("SKIPPED: this test needs a tmpfs mount (run as root): {why}");
+            None
+        }
+    }
+}
