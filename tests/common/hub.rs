@@ -7,11 +7,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -58,22 +57,13 @@ impl HubServer {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start python3 tests/hub_server.py");
-        let (tx, rx) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(out);
-            let mut first = String::new();
-            let _ = r.read_line(&mut first);
-            let _ = tx.send(first);
-            let _ = std::io::copy(&mut r, &mut std::io::sink());
-        });
         let err = child.stderr.take().unwrap();
         let err = std::thread::spawn(move || {
             let mut s = String::new();
             let _ = BufReader::new(err).read_to_string(&mut s);
             s
         });
-        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
+        let line = first_line(&mut child, Duration::from_secs(60));
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() != 3 || f[0] != "READY" {
             let _ = child.kill();

@@ -265,17 +265,7 @@ impl Agent {
                 }
             });
         }
-        let (tx, rx) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(out);
-            let mut first = String::new();
-            let _ = r.read_line(&mut first);
-            let _ = tx.send(first);
-            // Keep draining so the agent never writes into a closed pipe.
-            let _ = std::io::copy(&mut r, &mut std::io::sink());
-        });
-        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        let line = first_line(&mut child, Duration::from_secs(30));
         let fields: Vec<&str> = line.split_whitespace().collect();
         if !line.starts_with("xfer agent listening on ") || fields.len() < 5 {
             std::thread::sleep(Duration::from_millis(200));
@@ -796,4 +786,20 @@ pub fn tmpfs_or_skip(dir: &Path, size: &str) -> Option<Tmpfs> {
             None
         }
     }
+}
+
+/// The first line `child` prints on stdout (empty if none within
+/// `within`); the rest is drained so the child never writes into a closed
+/// pipe.
+pub fn first_line(child: &mut Child, within: Duration) -> String {
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().expect("stdout is piped");
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(out);
+        let mut first = String::new();
+        let _ = r.read_line(&mut first);
+        let _ = tx.send(first);
+        let _ = std::io::copy(&mut r, &mut std::io::sink());
+    });
+    rx.recv_timeout(within).unwrap_or_default()
 }
