@@ -507,12 +507,29 @@ async fn attempt(shared: &Shared, f: usize, i: usize, from: u64, to: u64) -> Res
         offset == 0 && st.whole.load(Ordering::Acquire) && resp.status() == StatusCode::OK;
     let result = async {
         let end = if streaming { st.job.size } else { to };
+        // Bytes a whole-file stream repeats are already on disk.
+        let skip_until = if streaming {
+            st.parts.lock().unwrap().prefix()
+        } else {
+            0
+        };
+        // Network chunks are small; gather them so the disk sees one write
+        // per WRITE_BUF, not one per chunk.
+        let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BUF);
+        let mut buf_at = offset;
         loop {
-            let chunk = resp.chunk().await.map_err(|e| Failure::Transient {
-                why: format!("{}: body cut short: {}", host_of(&url), error_chain(&e)),
-                wait: None,
-            })?;
-            let Some(mut data) = chunk else { break };
+            let chunk = match resp.chunk().await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Keep what did arrive: the retry starts after it.
+                    flush(shared, f, i, streaming, &mut buf, buf_at)?;
+                    return Err(Failure::Transient {
+                        why: format!("{}: body cut short: {}", host_of(&url), error_chain(&e)),
+                        wait: None,
+                    });
+                }
+            };
+            let Some(data) = chunk else { break };
             if offset + data.len() as u64 > end {
                 if !streaming {
                     return Err(Failure::Transient {
@@ -525,36 +542,25 @@ async fn attempt(shared: &Shared, f: usize, i: usize, from: u64, to: u64) -> Res
                     st.job.path, st.job.size
                 )));
             }
-            // Bytes a whole-file stream repeats are already on disk.
-            let skip = if streaming {
-                let prefix = st.parts.lock().unwrap().prefix();
-                prefix.saturating_sub(offset).min(data.len() as u64) as usize
-            } else {
-                0
-            };
-            let write = data.split_off(skip);
-            if !write.is_empty() {
-                st.file
-                    .write_all_at(&write, offset + skip as u64)
-                    .map_err(|e| Failure::Fatal(disk_error(&st.job.incomplete, st.job.size, e)))?;
-            }
-            offset += data.len() as u64 + write.len() as u64;
+            let start = offset;
+            offset += data.len() as u64;
             shared
                 .stats
                 .downloaded
-                .fetch_add((data.len() + write.len()) as u64, Ordering::Relaxed);
-            {
-                let mut p = st.parts.lock().unwrap();
-                if streaming {
-                    p.advance_prefix(offset);
-                } else {
-                    let start = p.start(i);
-                    p.advance(i, offset - start);
-                }
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            let keep_from = skip_until.saturating_sub(start).min(data.len() as u64) as usize;
+            if keep_from == data.len() {
+                continue;
             }
-            st.dirty.store(true, Ordering::Release);
-            shared.watch.written(f, write.len() as u64);
+            if buf.is_empty() {
+                buf_at = start + keep_from as u64;
+            }
+            buf.extend_from_slice(&data[keep_from..]);
+            if buf.len() >= WRITE_BUF {
+                flush(shared, f, i, streaming, &mut buf, buf_at)?;
+            }
         }
+        flush(shared, f, i, streaming, &mut buf, buf_at)?;
         if offset < end {
             return Err(Failure::Transient {
                 why: format!(
@@ -572,6 +578,43 @@ async fn attempt(shared: &Shared, f: usize, i: usize, from: u64, to: u64) -> Res
         st.streaming.store(false, Ordering::Release);
     }
     result
+}
+
+/// Bytes gathered from the network before one positioned write.
+const WRITE_BUF: usize = 1 << 20;
+
+/// Writes `buf` (the file's bytes from `at`) and only then records them as
+/// written in part `i` (or the whole-file prefix), so the sidecar never
+/// counts a byte that is not in the file.
+fn flush(
+    shared: &Shared,
+    f: usize,
+    i: usize,
+    streaming: bool,
+    buf: &mut Vec<u8>,
+    at: u64,
+) -> Result<(), Failure> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    let st = &shared.files[f];
+    st.file
+        .write_all_at(buf, at)
+        .map_err(|e| Failure::Fatal(disk_error(&st.job.incomplete, st.job.size, e)))?;
+    let upto = at + buf.len() as u64;
+    {
+        let mut p = st.parts.lock().unwrap();
+        if streaming {
+            p.advance_prefix(upto);
+        } else {
+            let start = p.start(i);
+            p.advance(i, upto - start);
+        }
+    }
+    st.dirty.store(true, Ordering::Release);
+    shared.watch.written(f, buf.len() as u64);
+    buf.clear();
+    Ok(())
 }
 
 fn parse_url(s: &str) -> Url {
