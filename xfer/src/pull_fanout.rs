@@ -7,8 +7,10 @@
 //! previous round (their record says they are complete and unchanged), so a
 //! round moves only the new files, peer to peer as any push. After the last
 //! file and the ref, one final round delivers the complete folder and every
-//! agent reports the same root. The fan-out trails the download by about
-//! one file, so the total is about the larger of the two, not their sum.
+//! agent reports the same root. The fan-out starts with the first verified
+//! file and the last round waits for the one running when the download
+//! ends, so the total lies between the larger of the two and their sum
+//! (measured: 1.5x the ideal, where pull-then-push takes 2.0x).
 
 use std::collections::BTreeSet;
 use std::path::Path;
