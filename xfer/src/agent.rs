@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credential;
 use crate::chunkset::ChunkSet;
+use crate::ranks::supervisor::Supervisor;
 use crate::receive::{receive, Links, Received, Tally, SOURCE};
 use crate::scheduler;
 use crate::store::{Store, Transfer};
@@ -64,7 +65,7 @@ struct Job {
 
 /// Runs the agent until the process is stopped.
 pub async fn run(opts: AgentOptions) -> Result<()> {
-    let cred = Credential::load(&opts.key)?;
+    let cred = Arc::new(Credential::load(&opts.key)?);
     let store = Store::open(&opts.root)?;
     let ep = quic::server_endpoint(opts.listen, &cred)?;
     println!(
@@ -93,6 +94,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
             }
         });
     }
+    let ranks = Supervisor::open(&opts.root, cred.clone());
     let runner = Runner::new(store.clone(), opts.key.clone(), activity.clone());
     runner.resume_all();
     if let Some(every) = opts.verify_every {
@@ -112,6 +114,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         endpoint: ep.clone(),
         activity,
         runner,
+        ranks,
     });
     while let Some(incoming) = ep.accept().await {
         let ctx = ctx.clone();
@@ -146,6 +149,7 @@ struct Ctx {
     endpoint: quinn::Endpoint,
     activity: Arc<Activity>,
     runner: Arc<Runner>,
+    ranks: Arc<Supervisor>,
 }
 
 async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
@@ -168,6 +172,11 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         | Control::StatusQuery { version }
         | Control::CancelJob { version, .. }
         | Control::RemoveModel { version, .. }
+        | Control::Preflight { version, .. }
+        | Control::StartRank { version, .. }
+        | Control::RunQuery { version, .. }
+        | Control::StopRun { version, .. }
+        | Control::ReadLog { version, .. }
             if version != PROTOCOL_VERSION =>
         {
             return refuse(
@@ -216,6 +225,41 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
                     Control::ModelRemoved { name, existed }
                 }
                 Err(r) => Control::Failed(r),
+            };
+            return answer(&conn, send, &reply).await;
+        }
+        Control::StartRank { spec, .. } => {
+            tracing::info!("starting rank {} of run {}", spec.rank, spec.run);
+            let reply = match ctx.ranks.start(spec) {
+                Ok(report) => Control::Runs(vec![report]),
+                Err(e) => Control::Failed(Refusal::Busy(e)),
+            };
+            return answer(&conn, send, &reply).await;
+        }
+        Control::RunQuery { run, .. } => {
+            let reports = ctx.ranks.reports(run.as_deref());
+            return answer(&conn, send, &Control::Runs(reports)).await;
+        }
+        Control::StopRun {
+            run,
+            grace_ms,
+            reason,
+            ..
+        } => {
+            tracing::info!(
+                "stopping run {}: {reason}",
+                run.as_deref().unwrap_or("(all)")
+            );
+            let grace = Duration::from_millis(grace_ms.min(600_000));
+            let reports = ctx.ranks.stop(run.as_deref(), grace, &reason).await;
+            return answer(&conn, send, &Control::Runs(reports)).await;
+        }
+        Control::ReadLog {
+            run, offset, max, ..
+        } => {
+            let reply = match ctx.ranks.read_log(&run, offset, max) {
+                Ok(chunk) => Control::Log(chunk),
+                Err(e) => Control::Failed(Refusal::Protocol(e)),
             };
             return answer(&conn, send, &reply).await;
         }

@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::chunkset::ChunkSet;
 use crate::hash::Hash;
 use crate::manifest::{ChunkId, Manifest};
+use crate::preflight::{NodeFacts, PreflightRequest};
+use crate::ranks::{LogChunk, RankReport, RankSpec};
 use crate::sync::job::JobSpec;
 use crate::sync::status::AgentStatus;
 
@@ -177,6 +179,38 @@ pub enum Control {
     RemoveModel { version: u32, name: ModelName },
     /// Agent → CLI: removed (`existed` false: there was nothing to remove).
     ModelRemoved { name: ModelName, existed: bool },
+    /// Launcher → agent: look at this node before a launch.
+    Preflight {
+        version: u32,
+        request: PreflightRequest,
+    },
+    /// Agent → launcher: what it found.
+    PreflightReport(Box<NodeFacts>),
+    /// Launcher → agent: start your rank of a launch.
+    StartRank { version: u32, spec: RankSpec },
+    /// Agent → launcher, agent → agent: how the ranks named are doing
+    /// (`run` None: every rank this agent knows).
+    RunQuery { version: u32, run: Option<String> },
+    /// Agent → launcher: ranks, newest first.
+    Runs(Vec<RankReport>),
+    /// Launcher → agent, agent → agent: stop a run's rank (`run` None:
+    /// every live one), SIGKILL after `grace_ms`; answered with `Runs` once
+    /// stopped.
+    StopRun {
+        version: u32,
+        run: Option<String>,
+        grace_ms: u64,
+        reason: String,
+    },
+    /// Launcher → agent: part of a rank's log.
+    ReadLog {
+        version: u32,
+        run: String,
+        offset: u64,
+        max: u64,
+    },
+    /// Agent → launcher: the part asked for.
+    Log(LogChunk),
 }
 
 /// One member of a swarm, as the source lists it.
@@ -210,6 +244,14 @@ impl Control {
             Control::JobCancelled { .. } => "JobCancelled",
             Control::RemoveModel { .. } => "RemoveModel",
             Control::ModelRemoved { .. } => "ModelRemoved",
+            Control::Preflight { .. } => "Preflight",
+            Control::PreflightReport(_) => "PreflightReport",
+            Control::StartRank { .. } => "StartRank",
+            Control::RunQuery { .. } => "RunQuery",
+            Control::Runs(_) => "Runs",
+            Control::StopRun { .. } => "StopRun",
+            Control::ReadLog { .. } => "ReadLog",
+            Control::Log(_) => "Log",
         }
     }
 }

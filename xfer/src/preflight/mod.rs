@@ -11,17 +11,15 @@
 //! (disk, memory, GPUs), [`net`] (interfaces, default route, ports),
 //! [`reach`] (TCP between the nodes over the fabric), [`versions`]
 //! (running the engine to ask its version) and [`rdma`] (sysfs).
+//!
+//! These types travel in postcard frames, which cannot carry serde's
+//! tagged or flattened forms, so they use none.
 
 use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
-pub mod host;
-pub mod net;
-pub mod rdma;
-pub mod reach;
-pub mod versions;
-pub mod weights;
+// (probes: host, net, rdma, reach, versions, weights — being merged)
 
 /// What the launcher asks one node to look at.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,7 +80,6 @@ pub struct RdmaNeed {
 
 /// The outcome of one probe.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "status", content = "value", rename_all = "lowercase")]
 pub enum Probe<T> {
     Ok(T),
     /// The probe could not run here: why (e.g. "nvidia-smi not found").
