@@ -230,7 +230,7 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         }
         Control::StartRank { spec, .. } => {
             tracing::info!("starting rank {} of run {}", spec.rank, spec.run);
-            let reply = match ctx.ranks.start(spec) {
+            let reply = match ctx.ranks.start(*spec) {
                 Ok(report) => Control::Runs(vec![report]),
                 Err(e) => Control::Failed(Refusal::Busy(e)),
             };
@@ -258,7 +258,7 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
             run, offset, max, ..
         } => {
             let reply = match ctx.ranks.read_log(&run, offset, max) {
-                Ok(chunk) => Control::Log(chunk),
+                Ok(chunk) => Control::Log(Box::new(chunk)),
                 Err(e) => Control::Failed(Refusal::Protocol(e)),
             };
             return answer(&conn, send, &reply).await;

@@ -187,7 +187,7 @@ pub enum Control {
     /// Agent → launcher: what it found.
     PreflightReport(Box<NodeFacts>),
     /// Launcher → agent: start your rank of a launch.
-    StartRank { version: u32, spec: RankSpec },
+    StartRank { version: u32, spec: Box<RankSpec> },
     /// Agent → launcher, agent → agent: how the ranks named are doing
     /// (`run` None: every rank this agent knows).
     RunQuery { version: u32, run: Option<String> },
@@ -210,7 +210,7 @@ pub enum Control {
         max: u64,
     },
     /// Agent → launcher: the part asked for.
-    Log(LogChunk),
+    Log(Box<LogChunk>),
 }
 
 /// One member of a swarm, as the source lists it.
