@@ -182,7 +182,7 @@ pub enum Control {
     /// Launcher → agent: look at this node before a launch.
     Preflight {
         version: u32,
-        request: PreflightRequest,
+        request: Box<PreflightRequest>,
     },
     /// Agent → launcher: what it found.
     PreflightReport(Box<NodeFacts>),
