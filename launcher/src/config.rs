@@ -166,6 +166,10 @@ pub struct Ports {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RankNode {
     pub name: String,
+    /// Where its xfer agent listens (`HOST:PORT`).
+    pub agent: String,
+    /// The line of its `[[node]]`, for messages.
+    pub line: usize,
     pub fabric_if: String,
     pub fabric_ip: IpAddr,
     pub rdma: Option<xfer::cluster::Rdma>,
@@ -179,6 +183,8 @@ pub struct ModelPath {
     pub path: String,
     /// Set when the path holds [`COMMIT_PLACEHOLDER`]: what resolves it.
     pub unresolved: Option<String>,
+    /// The revision whose `refs/` file names the commit, when unresolved.
+    pub revision: Option<String>,
 }
 
 /// A checked `[launch]` table bound to its nodes.
@@ -195,6 +201,10 @@ pub struct Setup {
     pub env: BTreeMap<String, String>,
     /// Set exactly when `engine` is [`Engine::Custom`].
     pub template: Option<Template>,
+    /// The cluster credential (resolved against the file's folder).
+    pub key: PathBuf,
+    /// The cluster file.
+    pub path: PathBuf,
 }
 
 /// Why a launch could not be planned. Every variant is one line.
@@ -888,6 +898,8 @@ impl Parser<'_> {
             };
             nodes.push(RankNode {
                 name: node.name.to_string(),
+                agent: node.agent.clone(),
+                line: node.line,
                 fabric_if: fabric_if.clone(),
                 fabric_ip,
                 rdma: node.rdma.clone(),
@@ -949,6 +961,8 @@ impl Parser<'_> {
             extra_args: l.extra_args.into_iter().map(|a| a.v).collect(),
             env: l.env,
             template: l.template.map(|t| t.v),
+            key: cluster.key.clone(),
+            path: cluster.path.clone(),
         })
     }
 
@@ -959,6 +973,7 @@ impl Parser<'_> {
                 return Ok(ModelPath {
                     path: p,
                     unresolved: None,
+                    revision: None,
                 })
             }
             ModelSpec::Repo { repo, .. } => repo,
@@ -1000,7 +1015,12 @@ impl Parser<'_> {
                 repo.revision
             )
         });
-        Ok(ModelPath { path, unresolved })
+        let revision = commit.is_none().then(|| repo.revision.clone());
+        Ok(ModelPath {
+            path,
+            unresolved,
+            revision,
+        })
     }
 
     fn at_line(&self, line: usize, message: String) -> LaunchError {

@@ -1,6 +1,17 @@
-//! The launcher's library: [`config`] reads and checks the `[launch]` table
-//! of the cluster file, [`plan`] renders what every node runs. Both are
-//! pure; `xfer-launch` (src/main.rs) is the command line over them.
+//! The launcher's library. [`config`] reads and checks the `[launch]`
+//! table of the cluster file and [`plan`] renders what every node runs;
+//! [`preflight`] says what to ask the nodes and judges their answers,
+//! [`specs`] turns the plan into the agents' rank specs. Those are pure.
+//! [`agents`] talks to the nodes' xfer agents, [`check`], [`up`] (with
+//! [`ready`] and [`record`]) drive a launch; `xfer-launch` (src/main.rs) is
+//! the command line over them.
 
+pub mod agents;
+pub mod check;
 pub mod config;
 pub mod plan;
+pub mod preflight;
+pub mod ready;
+pub mod record;
+pub mod specs;
+pub mod up;

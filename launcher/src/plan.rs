@@ -170,6 +170,7 @@ fn rank_plan(setup: &Setup, rank: usize, node: &RankNode) -> RankPlan {
                 Role::Head => argv![
                     "ray",
                     "start",
+                    "--block",
                     "--head",
                     "--node-ip-address",
                     node.fabric_ip,
@@ -179,6 +180,7 @@ fn rank_plan(setup: &Setup, rank: usize, node: &RankNode) -> RankPlan {
                 Role::Worker => argv![
                     "ray",
                     "start",
+                    "--block",
                     "--address",
                     host_port(head.fabric_ip, setup.ports.ray),
                     "--node-ip-address",
@@ -406,7 +408,8 @@ pub fn render_text(plan: &Plan) -> String {
             r.node, r.rank, plan.nnodes, r.fabric_if, r.fabric_ip
         );
         for p in &r.pre {
-            let _ = writeln!(o, "{}", command_line(&r.env, p));
+            // `ray start --block` stays in the foreground: background it.
+            let _ = writeln!(o, "{} &", command_line(&r.env, p));
         }
         if r.argv.is_empty() {
             let _ = writeln!(
@@ -567,6 +570,7 @@ mod tests {
             [v(&[
                 "ray",
                 "start",
+                "--block",
                 "--head",
                 "--node-ip-address",
                 "192.168.100.1",
@@ -579,6 +583,7 @@ mod tests {
             [v(&[
                 "ray",
                 "start",
+                "--block",
                 "--address",
                 "192.168.100.1:6379",
                 "--node-ip-address",

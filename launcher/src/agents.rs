@@ -1,0 +1,91 @@
+//! Talking to the nodes' xfer agents: one request per node, all at once,
+//! each answer (or why there is none) kept with its node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use xfer::auth::Credential;
+use xfer::wire::{Control, Refusal};
+
+use crate::config::{RankNode, Setup};
+
+/// How long an agent gets to answer a quick question.
+pub const QUICK: Duration = Duration::from_secs(5);
+
+/// The agents of a launch and the credential to reach them.
+#[derive(Clone)]
+pub struct Agents {
+    cred: Arc<Credential>,
+    pub nodes: Vec<RankNode>,
+}
+
+impl Agents {
+    /// Loads the cluster credential named by the cluster file.
+    pub fn new(setup: &Setup) -> Result<Agents, String> {
+        let cred = Credential::load(&setup.key).map_err(|e| {
+            format!(
+                "{e:#}; the cluster file {} names it as `key`",
+                setup.path.display()
+            )
+        })?;
+        Ok(Agents {
+            cred: Arc::new(cred),
+            nodes: setup.nodes.clone(),
+        })
+    }
+
+    /// Sends `msg(node)` to every node's agent at once; the answers are in
+    /// node order. A refusal (`Control::Failed`) comes back as its message.
+    pub async fn ask_all(
+        &self,
+        msg: impl Fn(usize, &RankNode) -> Control,
+        timeout: Duration,
+    ) -> Vec<Result<Control, String>> {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let (cred, addr, m) = (self.cred.clone(), n.agent.clone(), msg(i, n));
+            set.spawn(async move { (i, ask(&cred, &addr, &m, timeout).await) });
+        }
+        let mut out: Vec<Result<Control, String>> = (0..self.nodes.len())
+            .map(|_| Err("no answer".into()))
+            .collect();
+        while let Some(done) = set.join_next().await {
+            if let Ok((i, r)) = done {
+                out[i] = r;
+            }
+        }
+        out
+    }
+
+    /// Sends one message to node `i`.
+    pub async fn ask(&self, i: usize, msg: &Control, timeout: Duration) -> Result<Control, String> {
+        ask(&self.cred, &self.nodes[i].agent, msg, timeout).await
+    }
+}
+
+async fn ask(
+    cred: &Credential,
+    addr: &str,
+    msg: &Control,
+    timeout: Duration,
+) -> Result<Control, String> {
+    match xfer::sync::client::ask(cred, addr, msg, timeout).await? {
+        Control::Failed(r) => Err(refusal(&r)),
+        other => Ok(other),
+    }
+}
+
+fn refusal(r: &Refusal) -> String {
+    match r {
+        Refusal::Busy(m) | Refusal::Protocol(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The answer did not have the expected kind.
+pub fn unexpected(got: &Control) -> String {
+    format!(
+        "the agent answered {}; run the same xfer version on every node",
+        got.kind()
+    )
+}

@@ -1,0 +1,126 @@
+//! Readiness of a started engine, as a user would see it: the head's
+//! `/health` answers 200 (vLLM and SGLang bind their API port only once the
+//! engine is up, and answer 503 once it died), then a one-token completion
+//! succeeds. Then a short completion measures the first tokens per second.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::json;
+
+/// What readiness measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Readiness {
+    pub url: String,
+    /// The one-token completion's latency.
+    pub first_token_ms: f64,
+    pub completion_tokens: u64,
+    pub completion_s: f64,
+    pub tokens_per_s: f64,
+    pub text: String,
+}
+
+/// A client for the engine's OpenAI-compatible API.
+pub struct Api {
+    base: String,
+    model: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(base: String, model: String) -> Api {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .expect("a client with no TLS roots to load always builds");
+        Api { base, model, http }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Whether `/health` answers 200 now; the error says what it answered.
+    pub async fn healthy(&self) -> Result<(), String> {
+        let url = format!("{}/health", self.base);
+        let r = self
+            .http
+            .get(&url)
+            .timeout(Duration::from_secs(3))
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {}", describe(&e)))?;
+        if r.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("{url} answered {}", r.status()))
+        }
+    }
+
+    /// One completion of `max_tokens`: (tokens generated, text, seconds).
+    pub async fn complete(
+        &self,
+        prompt: &str,
+        max_tokens: u64,
+    ) -> Result<(u64, String, f64), String> {
+        let url = format!("{}/v1/completions", self.base);
+        let body = json!({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0});
+        let t = Instant::now();
+        let r = self
+            .http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {}", describe(&e)))?;
+        let status = r.status();
+        let text = r
+            .text()
+            .await
+            .map_err(|e| format!("{url}: {}", describe(&e)))?;
+        let secs = t.elapsed().as_secs_f64();
+        if !status.is_success() {
+            let msg = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                .unwrap_or_else(|| text.chars().take(200).collect());
+            return Err(format!("{url} answered {status}: {msg}"));
+        }
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("{url} answered something that is not JSON: {e}"))?;
+        let out = v["choices"][0]["text"].as_str().unwrap_or("").to_string();
+        let tokens = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        Ok((tokens, out, secs))
+    }
+
+    /// The one-token readiness completion, then the tokens-per-second one.
+    pub async fn measure(&self) -> Result<Readiness, String> {
+        let (_, _, first) = self.complete("Hello", 1).await?;
+        let (tokens, text, secs) = self.complete("The capital of France is", 32).await?;
+        Ok(Readiness {
+            url: self.base.clone(),
+            first_token_ms: first * 1000.0,
+            completion_tokens: tokens,
+            completion_s: secs,
+            tokens_per_s: if secs > 0.0 {
+                tokens as f64 / secs
+            } else {
+                0.0
+            },
+            text,
+        })
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    use std::error::Error;
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s = format!("{s}: {c}");
+        src = c.source();
+    }
+    s
+}

@@ -1,0 +1,116 @@
+//! From a plan to what each node's agent runs: one [`RankSpec`] per rank.
+//!
+//! A rank's processes are the plan's `pre` commands (`ray start --block`)
+//! then its `argv`, every one long-running. With Ray, a worker's
+//! `ray start` and the head's `vllm serve` wait until the Ray head accepts
+//! connections, so all ranks can be started at once; `ray stop --force`
+//! runs after the processes are stopped. Pure.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use xfer::ranks::{ProcSpec, RankSpec};
+
+use crate::config::{Engine, Setup};
+use crate::plan::Plan;
+
+/// A run id: the plan digest's first 8 hex digits and the start time, so
+/// runs sort by time and name what they ran.
+pub fn run_id(plan: &Plan, unix: u64) -> String {
+    format!("{}-{unix}", &plan.digest[..8])
+}
+
+/// The specs of every rank, in rank order.
+pub fn rank_specs(
+    setup: &Setup,
+    plan: &Plan,
+    run: &str,
+    init_timeout: Duration,
+    grace: Duration,
+) -> Vec<RankSpec> {
+    let ray_head = SocketAddr::new(setup.nodes[0].fabric_ip, setup.ports.ray);
+    plan.ranks
+        .iter()
+        .map(|r| {
+            let ray = setup.engine == Engine::VllmRay;
+            let mut procs: Vec<ProcSpec> = r
+                .pre
+                .iter()
+                .map(|argv| ProcSpec {
+                    argv: argv.clone(),
+                    // A worker's `ray start` joins the head's.
+                    wait_tcp: (ray && r.rank > 0).then_some(ray_head),
+                })
+                .collect();
+            if !r.argv.is_empty() {
+                procs.push(ProcSpec {
+                    argv: r.argv.clone(),
+                    wait_tcp: ray.then_some(ray_head),
+                });
+            }
+            RankSpec {
+                run: run.to_string(),
+                node: r.node.clone(),
+                rank: r.rank as u32,
+                env: r.env.clone(),
+                procs,
+                on_stop: if ray {
+                    vec![vec!["ray".into(), "stop".into(), "--force".into()]]
+                } else {
+                    Vec::new()
+                },
+                group: setup
+                    .nodes
+                    .iter()
+                    .filter(|n| n.name != r.node)
+                    .map(|n| n.agent.clone())
+                    .collect(),
+                wait_timeout_ms: init_timeout.as_millis() as u64,
+                grace_ms: grace.as_millis() as u64,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::{setup, COMMIT};
+
+    #[test]
+    fn ray_workers_and_the_server_wait_for_the_ray_head() {
+        let s = setup(&format!(
+            "engine = \"vllm-ray\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\"\npp = 2"
+        ));
+        let p = crate::plan::plan(&s);
+        let specs = rank_specs(&s, &p, "r", Duration::from_secs(60), Duration::from_secs(5));
+        let head: SocketAddr = "192.168.100.1:6379".parse().unwrap();
+        assert_eq!(specs[0].procs.len(), 2);
+        assert_eq!(specs[0].procs[0].wait_tcp, None);
+        assert_eq!(specs[0].procs[0].argv[..3], ["ray", "start", "--block"]);
+        assert_eq!(specs[0].procs[1].argv[..2], ["vllm", "serve"]);
+        assert_eq!(specs[0].procs[1].wait_tcp, Some(head));
+        assert_eq!(specs[1].procs.len(), 1);
+        assert_eq!(specs[1].procs[0].wait_tcp, Some(head));
+        assert_eq!(specs[1].on_stop, [["ray", "stop", "--force"]]);
+        assert_eq!(specs[0].group, [s.nodes[1].agent.clone()]);
+        assert_eq!(specs[1].group, [s.nodes[0].agent.clone()]);
+        assert_eq!(specs[1].env, p.ranks[1].env);
+    }
+
+    #[test]
+    fn multiprocess_ranks_start_at_once() {
+        let s = setup(&format!(
+            "engine = \"vllm\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\""
+        ));
+        let p = crate::plan::plan(&s);
+        let specs = rank_specs(&s, &p, "r", Duration::from_secs(60), Duration::from_secs(5));
+        for (spec, r) in specs.iter().zip(&p.ranks) {
+            assert_eq!(spec.procs.len(), 1);
+            assert_eq!(spec.procs[0].argv, r.argv);
+            assert_eq!(spec.procs[0].wait_tcp, None);
+            assert!(spec.on_stop.is_empty());
+        }
+        assert!(run_id(&p, 1_764_558_000).starts_with(&p.digest[..8]));
+    }
+}

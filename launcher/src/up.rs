@@ -1,0 +1,300 @@
+//! `xfer-launch up`: check, then start every rank through its agent at
+//! once, and wait for the engine to be ready, or for the first rank to
+//! fail, or for the init timeout; on anything but ready the whole group is
+//! stopped and the failing rank's last log lines shown.
+//!
+//! Once started, the agents own the ranks: if one dies later, its agent
+//! stops the others (see `xfer::ranks`), with or without this process.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use xfer::ranks::{RankReport, RunState};
+use xfer::wire::{Control, PROTOCOL_VERSION};
+
+use crate::agents::{unexpected, Agents};
+use crate::check::{self, Checked};
+use crate::config::Setup;
+use crate::plan::{self, Plan};
+use crate::preflight;
+use crate::ready::{Api, Readiness};
+use crate::record::{self, Record};
+use crate::specs;
+
+/// How `up` runs.
+pub struct UpOptions {
+    /// How long the engine may take to become ready.
+    pub init_timeout: Duration,
+    /// SIGTERM to SIGKILL when stopping.
+    pub grace: Duration,
+    /// The run record (default: [`record::default_dir`]/RUN.json).
+    pub record: Option<PathBuf>,
+    /// The API's base URL (default: http://HEAD_AGENT_HOST:API_PORT).
+    pub api_url: Option<String>,
+}
+
+/// What became of the launch.
+pub struct UpOutcome {
+    pub run: String,
+    pub record: PathBuf,
+    pub result: Result<Readiness, String>,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The host part of `HOST:PORT` (brackets kept for IPv6).
+fn host_of(agent: &str) -> &str {
+    agent.rsplit_once(':').map_or(agent, |(h, _)| h)
+}
+
+/// Runs the check; refuses to start on any failure.
+pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOutcome, String> {
+    eprintln!("checking {} node(s)...", setup.nodes.len());
+    let checked = check::run(setup, agents).await;
+    eprint!("{}", preflight::render(&checked.rows));
+    if !checked.ok {
+        let n = checked
+            .rows
+            .iter()
+            .filter(|r| r.verdict == preflight::Verdict::Fail)
+            .count();
+        return Err(format!(
+            "refusing to start: {n} check(s) failed (above); fix them and run `xfer-launch up` again"
+        ));
+    }
+    let setup = check::settled(setup, &checked);
+    let plan = plan::plan(&setup);
+    let started = now_unix();
+    let run = specs::run_id(&plan, started);
+    let record_path = opts
+        .record
+        .clone()
+        .unwrap_or_else(|| record::default_dir().join(format!("{run}.json")));
+    let mut rec = Record {
+        run: &run,
+        cluster_file: setup.path.display().to_string(),
+        started_unix: started,
+        outcome: "starting".into(),
+        config_digest: &plan.digest,
+        plan: &plan,
+        check: &checked,
+        time_to_ready_s: None,
+        readiness: None,
+        failure: None,
+    };
+    record::write(&record_path, &rec)?;
+    let result = launch(&setup, agents, opts, &plan, &run, &checked).await;
+    match &result {
+        Ok((secs, r)) => {
+            rec.outcome = "ready".into();
+            rec.time_to_ready_s = Some(*secs);
+            rec.readiness = Some(r.clone());
+        }
+        Err((why, failing)) => {
+            rec.outcome = format!("failed: {why}");
+            rec.failure = failing
+                .as_ref()
+                .map(|f| serde_json::to_value(f).unwrap_or_default());
+        }
+    }
+    record::write(&record_path, &rec)?;
+    Ok(UpOutcome {
+        run,
+        record: record_path,
+        result: result.map(|(_, r)| r).map_err(|(why, _)| why),
+    })
+}
+
+type Failure = (String, Option<RankReport>);
+
+async fn launch(
+    setup: &Setup,
+    agents: &Agents,
+    opts: &UpOptions,
+    plan: &Plan,
+    run: &str,
+    _checked: &Checked,
+) -> Result<(f64, Readiness), Failure> {
+    let t0 = Instant::now();
+    let specs = specs::rank_specs(setup, plan, run, opts.init_timeout, opts.grace);
+    eprintln!(
+        "starting run {run}: {} on {} node(s), plan {}",
+        plan.engine.as_str(),
+        plan.nnodes,
+        &plan.digest[..16]
+    );
+    let started = agents
+        .ask_all(
+            |i, _| Control::StartRank {
+                version: PROTOCOL_VERSION,
+                spec: Box::new(specs[i].clone()),
+            },
+            crate::agents::QUICK,
+        )
+        .await;
+    let refused: Vec<String> = agents
+        .nodes
+        .iter()
+        .zip(&started)
+        .filter_map(|(n, r)| match r {
+            Ok(Control::Runs(_)) => None,
+            Ok(other) => Some(format!("{}: {}", n.name, unexpected(other))),
+            Err(e) => Some(format!("{}: {e}", n.name)),
+        })
+        .collect();
+    if !refused.is_empty() {
+        stop_run(
+            agents,
+            run,
+            opts.grace,
+            "the launch could not start every rank",
+        )
+        .await;
+        return Err((
+            format!("could not start every rank: {}", refused.join("; ")),
+            None,
+        ));
+    }
+
+    let api = Api::new(
+        opts.api_url.clone().unwrap_or_else(|| {
+            format!(
+                "http://{}:{}",
+                host_of(&setup.nodes[0].agent),
+                setup.ports.api
+            )
+        }),
+        setup.model.path.clone(),
+    );
+    eprintln!(
+        "waiting up to {}s for {}/health ...",
+        opts.init_timeout.as_secs(),
+        api.base()
+    );
+    let deadline = t0 + opts.init_timeout;
+    let mut last_note = Instant::now();
+    loop {
+        // A rank that stopped ends the launch.
+        let reports = query(agents, run).await;
+        if let Some(bad) = reports.iter().flatten().find(|r| !r.state.is_live()) {
+            let why = match &bad.state {
+                RunState::Failed(w) | RunState::Stopped(w) => w.clone(),
+                _ => "stopped".into(),
+            };
+            stop_run(agents, run, opts.grace, &format!("stopped because {why}")).await;
+            // The failing rank is the one that failed on its own.
+            let all = query(agents, run).await;
+            let failing = all
+                .into_iter()
+                .flatten()
+                .find(|r| matches!(r.state, RunState::Failed(_)))
+                .unwrap_or_else(|| bad.clone());
+            return Err((format!("a rank failed: {why}"), Some(failing)));
+        }
+        let last_health = match api.healthy().await {
+            Ok(()) => break,
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            let reports = query(agents, run).await;
+            stop_run(agents, run, opts.grace, "the engine was not ready in time").await;
+            let quiet = reports
+                .iter()
+                .flatten()
+                .map(|r| format!("{} ({} log bytes)", r.node, r.log_bytes))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err((
+                format!(
+                    "not ready within {}s (last: {last_health}); ranks: {quiet}; stopped the group",
+                    opts.init_timeout.as_secs()
+                ),
+                reports
+                    .into_iter()
+                    .flatten()
+                    .max_by_key(|r| (!r.hints.is_empty(), r.rank)),
+            ));
+        }
+        if last_note.elapsed() > Duration::from_secs(15) {
+            eprintln!(
+                "  still waiting ({:.0}s): {last_health}",
+                t0.elapsed().as_secs_f64()
+            );
+            last_note = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let readiness = match api.measure().await {
+        Ok(r) => r,
+        Err(e) => {
+            stop_run(
+                agents,
+                run,
+                opts.grace,
+                "the engine failed its first completion",
+            )
+            .await;
+            return Err((
+                format!("/health answered 200 but a completion failed: {e}"),
+                None,
+            ));
+        }
+    };
+    Ok((t0.elapsed().as_secs_f64(), readiness))
+}
+
+/// Every node's report of `run` (`None` where the agent did not answer or
+/// does not know it).
+pub async fn query(agents: &Agents, run: &str) -> Vec<Option<RankReport>> {
+    agents
+        .ask_all(
+            |_, _| Control::RunQuery {
+                version: PROTOCOL_VERSION,
+                run: Some(run.to_string()),
+            },
+            crate::agents::QUICK,
+        )
+        .await
+        .into_iter()
+        .map(|a| match a {
+            Ok(Control::Runs(mut r)) if !r.is_empty() => Some(r.remove(0)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Stops `run` (or every live run, with `None`) on every node; returns
+/// each node's answer.
+pub async fn stop(
+    agents: &Agents,
+    run: Option<&str>,
+    grace: Duration,
+    reason: &str,
+) -> Vec<Result<Vec<RankReport>, String>> {
+    agents
+        .ask_all(
+            |_, _| Control::StopRun {
+                version: PROTOCOL_VERSION,
+                run: run.map(str::to_string),
+                grace_ms: grace.as_millis() as u64,
+                reason: reason.to_string(),
+            },
+            grace + Duration::from_secs(45),
+        )
+        .await
+        .into_iter()
+        .map(|a| match a? {
+            Control::Runs(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        })
+        .collect()
+}
+
+async fn stop_run(agents: &Agents, run: &str, grace: Duration, reason: &str) {
+    eprintln!("stopping run {run} on every node: {reason}");
+    stop(agents, Some(run), grace, reason).await;
+}
