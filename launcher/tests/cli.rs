@@ -95,15 +95,51 @@ fn a_refused_file_is_one_line_with_exit_1() {
 }
 
 #[test]
-fn the_commands_not_built_yet_say_what_is_missing_and_exit_2() {
+fn commands_that_need_the_agents_say_when_the_key_is_missing() {
+    let path = cluster_file("nokey.toml", FILE);
+    let p = path.to_str().unwrap();
     for cmd in ["check", "up", "down", "logs"] {
-        let out = run(&[cmd, "--cluster", "cluster.toml"]);
-        assert_eq!(out.status.code(), Some(2), "{cmd}");
+        let out = run(&[cmd, "--cluster", p]);
+        assert_eq!(out.status.code(), Some(1), "{cmd}");
         let err = text(&out.stderr);
-        assert!(
-            err.starts_with(&format!("xfer-launch {cmd}: not built yet: it needs ")),
-            "{err}"
-        );
+        assert!(err.starts_with("xfer-launch: "), "{err}");
+        assert!(err.contains("/etc/xfer/cluster.key"), "{err}");
+        assert!(err.contains("names it as `key`"), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+/// The plan of each engine on the two-node file, against the files in
+/// launcher/tests/golden (`UPDATE_GOLDEN=1` rewrites them after a change
+/// that is meant).
+#[test]
+fn plans_match_the_golden_files() {
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    for (engine, extra) in [
+        ("vllm", "tp = 2\npp = 1"),
+        ("vllm-ray", "tp = 1\npp = 2"),
+        ("sglang", "tp = 2\npp = 1"),
+    ] {
+        let launch = format!(
+            "[launch]\nengine = \"{engine}\"\nmodel = \"/models/qwen3-8b\"\n{extra}\nextra_args = [\"--max-model-len\", \"32768\"]\n[launch.env]\nNCCL_DEBUG = \"INFO\"\n"
+        );
+        let file = FILE.split("[launch]").next().unwrap().to_string() + &launch;
+        let path = cluster_file(&format!("golden-{engine}.toml"), &file);
+        for (suffix, args) in [("txt", vec![]), ("json", vec!["--json"])] {
+            let mut a = vec!["plan", "--cluster", path.to_str().unwrap()];
+            a.extend(args);
+            let out = run(&a);
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            // The file's path differs from run to run; nothing else may.
+            let shown = text(&out.stdout);
+            let want = golden.join(format!("plan-{engine}.{suffix}"));
+            if std::env::var_os("UPDATE_GOLDEN").is_some() {
+                std::fs::create_dir_all(&golden).unwrap();
+                std::fs::write(&want, &shown).unwrap();
+            }
+            let expected = std::fs::read_to_string(&want)
+                .unwrap_or_else(|e| panic!("{}: {e}; run with UPDATE_GOLDEN=1", want.display()));
+            assert_eq!(shown, expected, "{engine} {suffix} differs from {}", want.display());
+        }
     }
 }
