@@ -24,6 +24,7 @@ pub mod hub;
 pub mod journal;
 pub mod manifest;
 pub mod metrics;
+pub mod preflight;
 pub mod progress;
 pub mod pull;
 pub mod pull_fanout;
