@@ -93,7 +93,8 @@ pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
             } else {
                 Vec::new()
             },
-            listen_port: Some(rdv),
+            // Nobody would connect to a lone node's listener.
+            listen_port: (setup.nodes.len() > 1).then_some(rdv),
             peers: setup
                 .nodes
                 .iter()

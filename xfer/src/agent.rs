@@ -228,6 +228,24 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
             };
             return answer(&conn, send, &reply).await;
         }
+        Control::Preflight { request, .. } => {
+            let status = ctx
+                .activity
+                .report(&ctx.store, ctx.runner.me(), &ctx.runner.records());
+            let states = status
+                .models
+                .iter()
+                .map(|m| {
+                    let state = serde_json::to_value(m.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default();
+                    (m.name.clone(), state)
+                })
+                .collect();
+            let facts = crate::preflight::gather(*request, ctx.store.clone(), states).await;
+            return answer(&conn, send, &Control::PreflightReport(Box::new(facts))).await;
+        }
         Control::StartRank { spec, .. } => {
             tracing::info!("starting rank {} of run {}", spec.rank, spec.run);
             let reply = match ctx.ranks.start(*spec) {

@@ -22,7 +22,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-// (probes: host, net, rdma, reach, versions, weights — being merged)
+pub mod host;
+pub mod net;
+pub mod rdma;
+pub mod reach;
+pub mod versions;
+pub mod weights;
 
 /// Runs every probe of `req` on this node. `states` maps the store's
 /// models to what `xfer status` says of them ("complete", "syncing", ...).

@@ -1,0 +1,564 @@
+//! `xfer-launch` end to end on a cluster of network namespaces with two
+//! NICs per node (`scripts/launchnet.sh`): a management network that holds
+//! the default route but cannot reach the other nodes, and a fabric that
+//! can, with interface names that differ per node. Real `xfer serve` agents
+//! run in the nodes, each in its own mount namespace so that every node has
+//! its own root at the same absolute path, as on separate machines; the
+//! engine is the stand-in of `tests/standin`, which checks the argv and
+//! environment it gets against the plan, meets the other ranks over the
+//! fabric and serves /health and /v1/completions on the head.
+//!
+//! Needs root (namespaces, mounts); without it each test says why and
+//! returns. The tests share the address ranges, so they run one at a time.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+const AGENT_PORT: u16 = 7470;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn launch_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_xfer-launch")
+}
+
+/// The `xfer` binary, built next to `xfer-launch`.
+fn xfer_bin() -> PathBuf {
+    let p = Path::new(launch_bin()).with_file_name("xfer");
+    if !p.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let ok = Command::new(cargo)
+            .args(["build", "-q", "-p", "xfer", "--bin", "xfer"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok && p.exists(), "cannot build {}", p.display());
+    }
+    p
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Why these tests cannot run here, if they cannot.
+fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } != 0 {
+        return Some("needs root for network namespaces and mounts".into());
+    }
+    for tool in ["ip", "unshare", "mount", "python3", "nft"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !found {
+            return Some(format!("{tool} is not installed (scripts/test.sh installs it)"));
+        }
+    }
+    None
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+macro_rules! need_root {
+    () => {
+        if let Some(why) = unavailable() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+/// A launch cluster: namespaces, agents, a key, a model, a cluster file.
+struct Lab {
+    prefix: String,
+    dir: PathBuf,
+    /// The path every node's root is mounted at, inside its agent.
+    mnt: PathBuf,
+    n: usize,
+    agents: Vec<Option<Child>>,
+    _guard: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Lab {
+    fn script() -> PathBuf {
+        repo().join("scripts/launchnet.sh")
+    }
+
+    /// `n` nodes; agents on the nodes listed in `with_agents`.
+    fn up(prefix: &str, n: usize, with_agents: &[usize]) -> Lab {
+        let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = std::env::temp_dir().join(format!("xfer-launch-it-{prefix}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        std::fs::create_dir_all(dir.join("out")).unwrap();
+        let out = Command::new(Self::script())
+            .args(["up", &n.to_string()])
+            .env("PREFIX", prefix)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "launchnet up: {}", text(&out.stderr));
+        let key = dir.join("cluster.key");
+        let k = Command::new(xfer_bin())
+            .args(["keygen", "--out", key.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(k.status.success(), "{}", text(&k.stderr));
+        let mut lab = Lab {
+            prefix: prefix.to_string(),
+            mnt: dir.join("mnt"),
+            dir,
+            n,
+            agents: Vec::new(),
+            _guard: guard,
+        };
+        for i in 1..=n {
+            std::fs::create_dir_all(lab.root_of(i)).unwrap();
+            let a = with_agents.contains(&i).then(|| lab.start_agent(i));
+            lab.agents.push(a);
+        }
+        lab
+    }
+
+    fn ns(&self, i: usize) -> String {
+        format!("{}-n{i}", self.prefix)
+    }
+
+    fn mgmt_ip(&self, i: usize) -> String {
+        format!("10.79.{i}.2")
+    }
+
+    fn fabric_ip(&self, i: usize) -> String {
+        format!("10.80.0.{i}")
+    }
+
+    fn fabric_if(&self, i: usize) -> &'static str {
+        if i % 2 == 1 {
+            "fab0"
+        } else {
+            "enp1s0f1"
+        }
+    }
+
+    /// Node `i`'s own root folder, as seen from the host.
+    fn root_of(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("node{i}"))
+    }
+
+    fn out_dir(&self) -> PathBuf {
+        self.dir.join("out")
+    }
+
+    fn key(&self) -> PathBuf {
+        self.dir.join("cluster.key")
+    }
+
+    /// Runs `xfer serve` inside node `i`, in a mount namespace where the
+    /// node's root is at `mnt`, with the stand-in engine on its PATH.
+    fn start_agent(&self, i: usize) -> Child {
+        let standin = repo().join("tests/standin");
+        let path = format!(
+            "{}:{}",
+            standin.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let script = format!(
+            "mount --bind '{}' '{}' && exec '{}' serve --listen 0.0.0.0:{AGENT_PORT} --root '{}' --key '{}' --verify-every 0",
+            self.root_of(i).display(),
+            self.mnt.display(),
+            xfer_bin().display(),
+            self.mnt.display(),
+            self.key().display()
+        );
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.ns(i)])
+            .args(["unshare", "--mount", "--propagation", "private", "sh", "-c", &script])
+            .env("PATH", path)
+            .env("PYTHONPATH", standin.join("pylib"))
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(
+                std::fs::File::create(self.dir.join(format!("agent{i}.log"))).unwrap(),
+            ))
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.contains("listening"),
+            "agent {i} did not start: {line}{}",
+            std::fs::read_to_string(self.dir.join(format!("agent{i}.log"))).unwrap_or_default()
+        );
+        child
+    }
+
+    /// Pushes a model folder to the agents of `nodes` under `name`.
+    fn push(&self, src: &Path, name: &str, nodes: &[usize]) {
+        let to: Vec<String> = nodes
+            .iter()
+            .map(|i| format!("{}:{AGENT_PORT}", self.mgmt_ip(*i)))
+            .collect();
+        let out = Command::new(xfer_bin())
+            .args(["push", src.to_str().unwrap(), "--name", name, "--key"])
+            .arg(self.key())
+            .args(["--to", &to.join(",")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "push: {}", text(&out.stderr));
+    }
+
+    /// A small model folder with the files engines look for.
+    fn model(&self, tag: &str) -> PathBuf {
+        let m = self.dir.join(format!("model-{tag}"));
+        std::fs::create_dir_all(&m).unwrap();
+        std::fs::write(m.join("config.json"), format!("{{\"tag\": \"{tag}\"}}\n")).unwrap();
+        let mut w = Vec::with_capacity(3 << 20);
+        let mut x: u64 = tag.bytes().fold(7, |a, b| a * 31 + b as u64);
+        while w.len() < 3 << 20 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.extend_from_slice(&x.to_le_bytes());
+        }
+        std::fs::write(m.join("model.safetensors"), w).unwrap();
+        m
+    }
+
+    /// Writes a cluster file: every node by its management address, with
+    /// `node_extra(i)` lines, and `launch` as the [launch] table's body.
+    fn cluster_file(&self, name: &str, launch: &str, node_extra: impl Fn(usize) -> String) -> PathBuf {
+        let mut f = format!("key = \"{}\"\n", self.key().display());
+        for i in 1..=self.n {
+            f += &format!(
+                "\n[[node]]\nname = \"n{i}\"\nagent = \"{}:{AGENT_PORT}\"\nroot = \"{}\"\n{}\n",
+                self.mgmt_ip(i),
+                self.mnt.display(),
+                node_extra(i)
+            );
+        }
+        f += &format!("\n[launch]\n{launch}\n");
+        let p = self.dir.join(name);
+        std::fs::write(&p, f).unwrap();
+        p
+    }
+
+    /// The usual fabric lines of node `i`.
+    fn fabric(&self, i: usize) -> String {
+        format!(
+            "fabric_if = \"{}\"\nfabric_ip = \"{}\"",
+            self.fabric_if(i),
+            self.fabric_ip(i)
+        )
+    }
+
+    /// A [launch] body for `engine` on the model `name`, with the stand-in
+    /// told to check against the plan and to write what it got.
+    fn launch(&self, engine: &str, name: &str, env: &[(&str, &str)]) -> String {
+        let mut l = format!(
+            "engine = \"{engine}\"\nmodel = \"{}/{name}\"\n",
+            self.mnt.display()
+        );
+        if engine == "vllm-ray" {
+            l += &format!("pp = {}\n", self.n);
+        }
+        l += "\n[launch.env]\n";
+        l += &format!(
+            "STANDIN_PLAN = \"{}\"\nSTANDIN_OUT = \"{}\"\n",
+            self.dir.join("plan.json").display(),
+            self.out_dir().display()
+        );
+        for (k, v) in env {
+            l += &format!("{k} = \"{v}\"\n");
+        }
+        l
+    }
+
+    /// `xfer-launch plan --json` of `file`, saved where the stand-in reads it.
+    fn save_plan(&self, file: &Path) {
+        let out = self.xl(&["plan", "--json"], file);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        std::fs::write(self.dir.join("plan.json"), &out.stdout).unwrap();
+    }
+
+    fn xl(&self, args: &[&str], file: &Path) -> Output {
+        let mut a: Vec<&str> = vec![args[0], "--cluster", file.to_str().unwrap()];
+        a.extend(&args[1..]);
+        Command::new(launch_bin())
+            .args(&a)
+            .env("XDG_STATE_HOME", self.dir.join("state"))
+            .output()
+            .unwrap()
+    }
+
+    /// What the stand-in processes reported (one JSON per process).
+    fn standins(&self) -> Vec<serde_json::Value> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(self.out_dir()).unwrap().flatten() {
+            if e.path().extension().is_some_and(|x| x == "json") {
+                let t = std::fs::read_to_string(e.path()).unwrap();
+                v.push(serde_json::from_str(&t).unwrap_or_else(|e| panic!("{t}: {e}")));
+            }
+        }
+        v
+    }
+
+    /// Stand-in processes that are still alive.
+    fn alive(&self) -> Vec<u64> {
+        self.standins()
+            .iter()
+            .filter_map(|s| s["pid"].as_u64())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| !s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')))
+                    .unwrap_or(false)
+            })
+            .collect()
+    }
+
+    /// Waits until no stand-in process is alive.
+    fn assert_none_alive(&self, within: Duration) {
+        let t = Instant::now();
+        while !self.alive().is_empty() && t.elapsed() < within {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(self.alive().is_empty(), "still running: {:?}", self.alive());
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for pid in self.alive() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        for a in self.agents.iter_mut().flatten() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+        let _ = Command::new(Self::script())
+            .arg("down")
+            .env("PREFIX", &self.prefix)
+            .status();
+    }
+}
+
+/// The rows of a check for one check name.
+fn rows<'a>(out: &'a str, check: &str) -> Vec<&'a str> {
+    out.lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some(check))
+        .collect()
+}
+
+#[test]
+fn check_flags_the_management_route_and_up_pins_every_rank_to_the_fabric() {
+    need_root!();
+    let lab = Lab::up("xla", 3, &[1, 2, 3]);
+    let m = lab.model("a");
+    lab.push(&m, "tiny", &[1, 2, 3]);
+    let file = lab.cluster_file("c.toml", &lab.launch("vllm", "tiny", &[]), |i| lab.fabric(i));
+    lab.save_plan(&file);
+
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}{}", text(&out.stderr));
+    for i in 1..=3 {
+        let route = rows(&shown, "route");
+        assert!(
+            route.iter().any(|r| r.starts_with("WARN") && r.contains(&format!("n{i}"))
+                && r.contains(&format!("would pick {}", lab.mgmt_ip(i)))
+                && r.contains(&format!("pins {} on {}", lab.fabric_ip(i), lab.fabric_if(i)))),
+            "{shown}"
+        );
+    }
+    let reach = rows(&shown, "reach");
+    assert_eq!(reach.len(), 3, "{shown}");
+    assert!(reach.iter().all(|r| r.starts_with("pass")), "{shown}");
+    assert!(rows(&shown, "weights").iter().all(|r| r.starts_with("pass")), "{shown}");
+    assert!(rows(&shown, "versions")[0].contains("vllm 0.11.0 on every node"), "{shown}");
+
+    // The same nodes described by their management NIC: unreachable.
+    let wrong = lab.cluster_file("mgmt.toml", &lab.launch("vllm", "tiny", &[]), |i| {
+        format!("fabric_if = \"mgmt0\"\nfabric_ip = \"{}\"", lab.mgmt_ip(i))
+    });
+    let out = lab.xl(&["check"], &wrong);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    let reach = rows(&shown, "reach");
+    assert!(reach.iter().all(|r| r.starts_with("FAIL") && r.contains("cannot reach")), "{shown}");
+
+    // Up: every rank gets the fabric, the group meets, the head answers.
+    let out = lab.xl(&["up", "--timeout", "60", "--grace", "2"], &file);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("ready: run "), "{err}");
+    assert!(err.contains("tokens/s"), "{err}");
+    let got = lab.standins();
+    assert_eq!(got.len(), 3, "{got:?}");
+    for s in &got {
+        assert_eq!(s["ok"], true, "{s}");
+        let env = &s["env"];
+        let ip = env["VLLM_HOST_IP"].as_str().unwrap();
+        let i: usize = ip.rsplit('.').next().unwrap().parse().unwrap();
+        assert_eq!(ip, lab.fabric_ip(i));
+        assert_eq!(env["NCCL_SOCKET_IFNAME"], format!("={}", lab.fabric_if(i)));
+        assert_eq!(env["GLOO_SOCKET_IFNAME"], lab.fabric_if(i));
+        assert_eq!(env["HF_HUB_OFFLINE"], "1");
+    }
+    // The run record says what ran and how it went.
+    let state = lab.dir.join("state/xfer-launch");
+    let rec = std::fs::read_dir(&state).unwrap().flatten().next().unwrap().path();
+    let rec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec).unwrap()).unwrap();
+    assert_eq!(rec["outcome"], "ready");
+    assert!(rec["time_to_ready_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(rec["plan"]["ranks"].as_array().unwrap().len(), 3);
+    assert_eq!(rec["config_digest"], rec["plan"]["digest"]);
+
+    // Logs of every rank, then down leaves nothing running.
+    let out = lab.xl(&["logs"], &file);
+    let logs = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for i in 1..=3 {
+        assert!(logs.contains(&format!("[n{i}] ")), "{logs}");
+    }
+    let out = lab.xl(&["down", "--grace", "2"], &file);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("stopped"), "{}", text(&out.stdout));
+    lab.assert_none_alive(Duration::from_secs(5));
+}
+
+#[test]
+fn the_hash_gate_names_the_odd_node_and_up_starts_nothing() {
+    need_root!();
+    let lab = Lab::up("xlb", 2, &[1, 2]);
+    lab.push(&lab.model("a"), "tiny", &[1]);
+    lab.push(&lab.model("b"), "tiny", &[2]);
+    let file = lab.cluster_file("c.toml", &lab.launch("vllm", "tiny", &[]), |i| lab.fabric(i));
+    lab.save_plan(&file);
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    let w = rows(&shown, "weights");
+    assert!(
+        w.iter().any(|r| r.starts_with("FAIL") && r.contains("different models") && r.contains("n2")),
+        "{shown}"
+    );
+    let out = lab.xl(&["up", "--timeout", "30"], &file);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("refusing to start"), "{err}");
+    assert!(lab.standins().is_empty(), "something started");
+
+    // A partial copy: the file is gone on n2.
+    lab.push(&lab.model("a"), "tiny", &[2]);
+    std::fs::remove_file(lab.root_of(2).join("tiny/model.safetensors")).unwrap();
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    assert!(
+        rows(&shown, "weights").iter().any(|r| r.starts_with("FAIL") && r.contains("n2") && r.contains("model.safetensors")),
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_crashing_rank_takes_the_whole_group_down() {
+    need_root!();
+    let lab = Lab::up("xlc", 2, &[1, 2]);
+    lab.push(&lab.model("a"), "tiny", &[1, 2]);
+    // SGLang's workers ignore SIGTERM: stopping them takes SIGKILL.
+    let launch = lab.launch(
+        "sglang",
+        "tiny",
+        &[("STANDIN_CRASH_RANK", "1"), ("STANDIN_CRASH_AFTER", "2")],
+    );
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    lab.save_plan(&file);
+    let t = Instant::now();
+    let out = lab.xl(&["up", "--timeout", "60", "--grace", "1"], &file);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("rank 1 on n2"), "{err}");
+    assert!(err.contains("exited with code 17"), "{err}");
+    assert!(err.contains("NCCL error: unhandled system error"), "{err}");
+    assert!(err.contains("hint [nccl-system-error]"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(40), "{:?}", t.elapsed());
+    lab.assert_none_alive(Duration::from_secs(5));
+    assert_eq!(lab.standins().len(), 2);
+}
+
+#[test]
+fn a_hanging_rank_is_stopped_at_the_init_timeout_with_a_hint() {
+    need_root!();
+    let lab = Lab::up("xld", 2, &[1, 2]);
+    lab.push(&lab.model("a"), "tiny", &[1, 2]);
+    let launch = lab.launch("vllm", "tiny", &[("STANDIN_HANG_RANK", "1")]);
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    lab.save_plan(&file);
+    let out = lab.xl(&["up", "--timeout", "6", "--grace", "1"], &file);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not ready within 6s"), "{err}");
+    assert!(err.contains("hint [nccl-socket]"), "{err}");
+    lab.assert_none_alive(Duration::from_secs(5));
+}
+
+#[test]
+fn a_taken_port_a_missing_interface_and_a_dead_agent_each_fail_clearly() {
+    need_root!();
+    // Node 3 has no agent.
+    let lab = Lab::up("xle", 3, &[1, 2]);
+    lab.push(&lab.model("a"), "tiny", &[1, 2]);
+    // Something holds the API port on the head.
+    let mut squatter = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "python3", "-c"])
+        .arg("import socket,time\ns=socket.socket()\ns.bind(('0.0.0.0',8000))\ns.listen()\nprint('ok',flush=True)\ntime.sleep(600)")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(squatter.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let file = lab.cluster_file("c.toml", &lab.launch("vllm", "tiny", &[]), |i| {
+        if i == 2 {
+            format!("fabric_if = \"fab9\"\nfabric_ip = \"{}\"", lab.fabric_ip(2))
+        } else {
+            lab.fabric(i)
+        }
+    });
+    let t = Instant::now();
+    let out = lab.xl(&["check"], &file);
+    let took = t.elapsed();
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    let has = |check: &str, node: &str, needle: &str| {
+        rows(&shown, check)
+            .iter()
+            .any(|r| r.starts_with("FAIL") && r.split_whitespace().nth(2) == Some(node) && r.contains(needle))
+    };
+    assert!(has("ports", "n1", &format!("api port 8000 in use by python3 (pid {})", squatter.id())), "{shown}");
+    assert!(has("fabric", "n2", "no interface fab9"), "{shown}");
+    assert!(has("agent", "n3", "did not answer"), "{shown}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    // Every failing row says what to do.
+    let lines: Vec<&str> = shown.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        if l.starts_with("FAIL") {
+            assert!(lines.get(i + 1).is_some_and(|n| n.contains("fix: ")), "{l}");
+        }
+    }
+}
