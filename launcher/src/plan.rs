@@ -224,6 +224,10 @@ fn rank_plan(setup: &Setup, rank: usize, node: &RankNode) -> RankPlan {
                 rank,
                 "--dist-init-addr",
                 host_port(head.fabric_ip, setup.ports.dist),
+                // SGLang's API listens on 127.0.0.1 unless told otherwise
+                // (vLLM's on every address): open it to the network, like vLLM's.
+                "--host",
+                "0.0.0.0",
                 "--port",
                 setup.ports.api,
             ]);
@@ -651,6 +655,8 @@ mod tests {
                     &r.rank.to_string(),
                     "--dist-init-addr",
                     "192.168.100.1:20000",
+                    "--host",
+                    "0.0.0.0",
                     "--port",
                     "8000",
                 ])

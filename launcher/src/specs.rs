@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use xfer::ranks::{ProcSpec, RankSpec};
+use xfer::ranks::{GroupPeer, ProcSpec, RankSpec};
 
 use crate::config::{Engine, Setup};
 use crate::plan::Plan;
@@ -18,6 +18,20 @@ use crate::plan::Plan;
 /// runs sort by time and name what they ran.
 pub fn run_id(plan: &Plan, unix: u64) -> String {
     format!("{}-{unix}", &plan.digest[..8])
+}
+
+/// Where another node's agent may be reached from a node: its address in
+/// the cluster file, and its fabric address on the same port (the nodes
+/// may not share the network the launcher reaches the agents on).
+fn peer_addrs(n: &crate::config::RankNode) -> Vec<String> {
+    let mut addrs = vec![n.agent.clone()];
+    if let Some((_, port)) = n.agent.rsplit_once(':') {
+        let fabric = SocketAddr::new(n.fabric_ip, port.parse().unwrap_or(7470)).to_string();
+        if fabric != n.agent {
+            addrs.push(fabric);
+        }
+    }
+    addrs
 }
 
 /// The specs of every rank, in rank order.
@@ -63,7 +77,10 @@ pub fn rank_specs(
                     .nodes
                     .iter()
                     .filter(|n| n.name != r.node)
-                    .map(|n| n.agent.clone())
+                    .map(|n| GroupPeer {
+                        node: n.name.clone(),
+                        addrs: peer_addrs(n),
+                    })
                     .collect(),
                 wait_timeout_ms: init_timeout.as_millis() as u64,
                 grace_ms: grace.as_millis() as u64,
@@ -93,8 +110,15 @@ mod tests {
         assert_eq!(specs[1].procs.len(), 1);
         assert_eq!(specs[1].procs[0].wait_tcp, Some(head));
         assert_eq!(specs[1].on_stop, [["ray", "stop", "--force"]]);
-        assert_eq!(specs[0].group, [s.nodes[1].agent.clone()]);
-        assert_eq!(specs[1].group, [s.nodes[0].agent.clone()]);
+        assert_eq!(specs[0].group[0].node, "spark-b");
+        assert_eq!(
+            specs[0].group[0].addrs,
+            ["10.0.0.2:7470", "192.168.100.2:7470"]
+        );
+        assert_eq!(
+            specs[1].group[0].addrs,
+            ["10.0.0.1:7470", "192.168.100.1:7470"]
+        );
         assert_eq!(specs[1].env, p.ranks[1].env);
     }
 

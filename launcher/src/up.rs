@@ -186,13 +186,19 @@ async fn launch(
                 _ => "stopped".into(),
             };
             stop_run(agents, run, opts.grace, &format!("stopped because {why}")).await;
-            // The failing rank is the one that failed on its own.
+            // The cause is the rank that failed first on its own; the
+            // others failed or were stopped because of it.
             let all = query(agents, run).await;
             let failing = all
                 .into_iter()
                 .flatten()
-                .find(|r| matches!(r.state, RunState::Failed(_)))
+                .filter(|r| matches!(r.state, RunState::Failed(_)))
+                .min_by_key(|r| r.failed_ms.unwrap_or(u64::MAX))
                 .unwrap_or_else(|| bad.clone());
+            let why = match &failing.state {
+                RunState::Failed(w) => w.clone(),
+                _ => why,
+            };
             return Err((format!("a rank failed: {why}"), Some(failing)));
         }
         let last_health = match api.healthy().await {

@@ -139,7 +139,12 @@ fn plans_match_the_golden_files() {
             }
             let expected = std::fs::read_to_string(&want)
                 .unwrap_or_else(|e| panic!("{}: {e}; run with UPDATE_GOLDEN=1", want.display()));
-            assert_eq!(shown, expected, "{engine} {suffix} differs from {}", want.display());
+            assert_eq!(
+                shown,
+                expected,
+                "{engine} {suffix} differs from {}",
+                want.display()
+            );
         }
     }
 }

@@ -80,6 +80,11 @@ def error(where, msg):
 
 
 def die(msg, code=1, where="core.py:0"):
+    if "lost" in msg and os.environ.get("STANDIN_HANG_ON_LOSS") == "1":
+        # Like NCCL: a rank whose peer died often just waits forever.
+        error(where, msg.replace("RuntimeError: ", "NCCL WARN ") + " (waiting)")
+        while True:
+            time.sleep(3600)
     error(where, msg)
     os._exit(code)
 

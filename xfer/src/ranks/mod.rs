@@ -41,14 +41,23 @@ pub struct RankSpec {
     pub procs: Vec<ProcSpec>,
     /// Run after the processes are stopped (e.g. `ray stop --force`).
     pub on_stop: Vec<Vec<String>>,
-    /// Agents (`HOST:PORT`) of the other ranks, told to stop their rank when
-    /// this one fails.
-    pub group: Vec<String>,
+    /// The other ranks' agents, told to stop their rank when this one fails.
+    pub group: Vec<GroupPeer>,
     /// How long a process may wait for its `wait_tcp` address.
     pub wait_timeout_ms: u64,
     /// SIGTERM to SIGKILL, when the rank stops because one of its processes
     /// failed.
     pub grace_ms: u64,
+}
+
+/// Another rank's agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPeer {
+    pub node: String,
+    /// Where it may be reached (`HOST:PORT`), all tried at once: its
+    /// address in the cluster file, which may be a management network the
+    /// nodes cannot use between each other, and its fabric address.
+    pub addrs: Vec<String>,
 }
 
 /// One long-running process of a rank.
@@ -115,6 +124,9 @@ pub struct RankReport {
     /// Seconds since the Unix epoch.
     pub started_unix: u64,
     pub state: RunState,
+    /// When the rank failed (Unix milliseconds): the moment its first
+    /// process exited on its own. Across a group the earliest is the cause.
+    pub failed_ms: Option<u64>,
     pub procs: Vec<ProcReport>,
     /// The log file on the node, and its size.
     pub log: String,
@@ -178,6 +190,7 @@ mod tests {
             rank: 1,
             started_unix: 5,
             state: RunState::Failed("x".into()),
+            failed_ms: Some(7),
             procs: vec![ProcReport {
                 argv: vec!["vllm".into()],
                 state: ProcState::Exited {

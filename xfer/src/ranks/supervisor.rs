@@ -55,6 +55,7 @@ struct Run {
 struct Inner {
     state: RunState,
     procs: Vec<ProcState>,
+    failed_ms: Option<u64>,
 }
 
 /// What `rank.json` holds.
@@ -64,6 +65,8 @@ struct Record {
     started_unix: u64,
     state: RunState,
     procs: Vec<ProcState>,
+    #[serde(default)]
+    failed_ms: Option<u64>,
 }
 
 impl Supervisor {
@@ -116,6 +119,7 @@ impl Supervisor {
                             },
                         })
                         .collect(),
+                    failed_ms: None,
                 }),
                 dir,
                 spec,
@@ -257,8 +261,12 @@ impl Supervisor {
 
     /// A process of `run` failed: tell the group, then stop this rank.
     async fn failed(&self, run: &Arc<Run>, why: String) {
-        if run.state() != RunState::Running {
-            return;
+        {
+            let mut inner = run.inner.lock().unwrap();
+            if inner.state != RunState::Running {
+                return;
+            }
+            inner.failed_ms = Some(now_ms());
         }
         run.note(&format!("rank failed: {why}; stopping the group"));
         tracing::warn!("run {}: {why}; stopping the group", run.spec.run);
@@ -269,15 +277,19 @@ impl Supervisor {
             grace_ms: run.spec.grace_ms,
             reason: format!("stopped because {why}"),
         };
-        for addr in run.spec.group.clone() {
-            let (cred, msg) = (self.cred.clone(), msg.clone());
-            let id = run.spec.run.clone();
-            tokio::spawn(async move {
-                let limit = grace + Duration::from_secs(15);
-                if let Err(e) = crate::sync::client::ask(&cred, &addr, &msg, limit).await {
-                    tracing::warn!("run {id}: could not tell {addr} to stop: {e}");
-                }
-            });
+        // Every address of every peer at once: stopping is idempotent.
+        for peer in run.spec.group.clone() {
+            for addr in peer.addrs {
+                let (cred, msg) = (self.cred.clone(), msg.clone());
+                let (id, node) = (run.spec.run.clone(), peer.node.clone());
+                tokio::spawn(async move {
+                    let limit = grace + Duration::from_secs(15);
+                    match crate::sync::client::ask(&cred, &addr, &msg, limit).await {
+                        Ok(_) => tracing::info!("run {id}: {node} ({addr}) stopped its rank"),
+                        Err(e) => tracing::info!("run {id}: {node} at {addr}: {e}"),
+                    }
+                });
+            }
         }
         run.halt(grace, RunState::Failed(why)).await;
     }
@@ -313,6 +325,7 @@ impl Supervisor {
                 inner: Mutex::new(Inner {
                     state,
                     procs: rec.procs,
+                    failed_ms: rec.failed_ms,
                 }),
                 stopping: CancellationToken::new(),
                 halt: tokio::sync::Mutex::new(()),
@@ -525,6 +538,7 @@ impl Run {
                 started_unix: self.started_unix,
                 state: inner.state.clone(),
                 procs: inner.procs.clone(),
+                failed_ms: inner.failed_ms,
             }
         };
         let path = self.dir.join("rank.json");
@@ -543,9 +557,9 @@ impl Run {
     }
 
     fn report(&self) -> RankReport {
-        let (state, procs) = {
+        let (state, procs, failed_ms) = {
             let inner = self.inner.lock().unwrap();
-            (inner.state.clone(), inner.procs.clone())
+            (inner.state.clone(), inner.procs.clone(), inner.failed_ms)
         };
         let log = self.log();
         let (log_bytes, recent) = read_tail(&log, SCAN_BYTES);
@@ -560,6 +574,7 @@ impl Run {
             rank: self.spec.rank,
             started_unix: self.started_unix,
             state,
+            failed_ms,
             procs: self
                 .spec
                 .procs
@@ -678,6 +693,12 @@ fn shell_words(argv: &[String]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn now_unix() -> u64 {
