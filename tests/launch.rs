@@ -661,3 +661,41 @@ fn a_taken_port_a_missing_interface_and_a_dead_agent_each_fail_clearly() {
         }
     }
 }
+
+#[test]
+fn vllm_on_ray_starts_the_ray_head_first_and_stops_ray_after() {
+    need_root!();
+    let lab = Lab::up("xlf", 2, &[1, 2]);
+    lab.push(&lab.model("a"), "tiny", &[1, 2]);
+    let file = lab.cluster_file("c.toml", &lab.launch("vllm-ray", "tiny", &[]), |i| {
+        lab.fabric(i)
+    });
+    lab.save_plan(&file);
+    let out = lab.xl(&["up", "--timeout", "60", "--grace", "2"], &file);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    // Head: ray start --head and vllm serve; worker: ray start only. All
+    // checked by the stand-in against the plan, with Ray's memory killer off.
+    let got = lab.standins();
+    let argv0 = |s: &serde_json::Value| {
+        let a = s["argv"].as_array().unwrap();
+        format!("{} {}", a[0].as_str().unwrap(), a[1].as_str().unwrap())
+    };
+    let mut kinds: Vec<String> = got.iter().map(argv0).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["ray start", "ray start", "vllm serve"], "{got:?}");
+    for s in &got {
+        assert_eq!(s["ok"], true, "{s}");
+        assert_eq!(s["env"]["RAY_memory_monitor_refresh_ms"], "0", "{s}");
+    }
+    let out = lab.xl(&["down", "--grace", "2"], &file);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    lab.assert_none_alive(Duration::from_secs(5));
+    let logs = text(&lab.xl(&["logs"], &file).stdout);
+    for i in 1..=2 {
+        assert!(
+            logs.contains(&format!("[n{i}] [xfer agent] running ray stop --force")),
+            "{logs}"
+        );
+    }
+}

@@ -30,22 +30,56 @@ pub struct Checked {
 /// Runs the preflight on every node.
 pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     let reqs = preflight::requests(setup);
+    // First everything but reachability: the ports are checked before any
+    // node listens on the rendezvous port for the second round.
     let answers = agents
         .ask_all(
-            |i, _| Control::Preflight {
-                version: PROTOCOL_VERSION,
-                request: Box::new(reqs[i].clone()),
+            |i, _| {
+                let mut r = reqs[i].clone();
+                r.listen_port = None;
+                r.peers.clear();
+                Control::Preflight {
+                    version: PROTOCOL_VERSION,
+                    request: Box::new(r),
+                }
             },
             PREFLIGHT_TIMEOUT,
         )
         .await;
-    let facts: Vec<Result<NodeFacts, String>> = answers
+    let mut facts: Vec<Result<NodeFacts, String>> = answers
         .into_iter()
         .map(|a| match a? {
             Control::PreflightReport(f) => Ok(*f),
             other => Err(unexpected(&other)),
         })
         .collect();
+    // Then every node listens and connects at once.
+    let reached = agents
+        .ask_all(
+            |i, _| {
+                let (listen, peers, window_ms) = preflight::reach_of(&reqs[i]);
+                Control::Reach {
+                    version: PROTOCOL_VERSION,
+                    listen,
+                    peers,
+                    window_ms,
+                }
+            },
+            Duration::from_millis(preflight::REACH_WINDOW_MS) + crate::agents::QUICK,
+        )
+        .await;
+    for (f, r) in facts.iter_mut().zip(reached) {
+        if let Ok(f) = f {
+            match r {
+                Ok(Control::Reached { listen, reach }) => {
+                    f.listen = listen;
+                    f.reach = reach;
+                }
+                Ok(other) => f.listen = xfer::preflight::Probe::Failed(unexpected(&other)),
+                Err(e) => f.listen = xfer::preflight::Probe::Failed(e),
+            }
+        }
+    }
     let rows = preflight::judge(setup, &facts);
     let model_path = resolved_path(setup, &facts);
     Checked {

@@ -257,13 +257,14 @@ async fn up(setup: Setup, agents: Agents, opts: UpOptions, json: bool) -> Result
                     serde_json::json!({"run": out.run, "record": record, "ready": false, "error": why})
                 );
             }
-            // Show the failing rank from the record.
-            if let Some(f) = std::fs::read(&out.record)
+            // Show the failing ranks from the record.
+            let failed = std::fs::read(&out.record)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| serde_json::from_value::<RankReport>(v["failure"].clone()).ok())
-            {
-                print_failure(&f);
+                .and_then(|v| serde_json::from_value::<Vec<RankReport>>(v["failure"].clone()).ok())
+                .unwrap_or_default();
+            for f in failed.iter().take(3) {
+                print_failure(f);
             }
             eprintln!("record: {record}");
             Err(format!("run {} did not come up: {why}", out.run))

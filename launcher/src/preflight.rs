@@ -75,6 +75,17 @@ fn version_probes(engine: Engine) -> Vec<VersionProbe> {
     }
 }
 
+/// The reachability round of node `i`'s request: where it listens, whom
+/// it connects to. [`requests`] carries it; the launcher sends it apart
+/// (`Control::Reach`), after every node's port checks.
+pub fn reach_of(req: &PreflightRequest) -> (Option<SocketAddr>, Vec<ReachTarget>, u64) {
+    (
+        req.listen_port.map(|p| SocketAddr::new(req.fabric_ip, p)),
+        req.peers.clone(),
+        req.window_ms,
+    )
+}
+
 /// One request per node, in rank order.
 pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
     let (rdv, _) = rendezvous_port(setup);
@@ -449,7 +460,11 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
         let fix_at = format!("correct fabric_if / fabric_ip at {file}:{}", n.line);
         match &f.fabric {
             Probe::Ok(i) => {
-                let has = i.addrs.iter().any(|(a, _)| *a == n.fabric_ip);
+                let has = i.addrs.iter().any(|(a, p)| {
+                    *a == n.fabric_ip
+                        // Linux answers for all of 127/8 on the loopback.
+                        || (a.is_loopback() && n.fabric_ip.is_loopback() && in_prefix(*a, *p, n.fabric_ip))
+                });
                 let up =
                     i.operstate == "up" || (i.operstate == "unknown" && i.carrier != Some(false));
                 if !has {
@@ -572,6 +587,18 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
                     "the ranks meet there: check the fabric between these nodes (cable, VLAN, `nft list ruleset`/iptables on port {rdv}), e.g. `ping -I {} <peer fabric_ip>` on {}",
                     n.fabric_if, n.name
                 )),
+            );
+        } else if good.is_empty() && setup.nodes.len() > 1 {
+            let why = match &f.listen {
+                Probe::Failed(w) | Probe::Skipped(w) => w.clone(),
+                Probe::Ok(_) => "no result".into(),
+            };
+            row(
+                "reach",
+                &n.name,
+                Verdict::Fail,
+                format!("the reachability round did not run: {why}"),
+                Some("check that the agent is still running, then check again".into()),
             );
         } else if good.is_empty() {
             row(
@@ -814,6 +841,24 @@ fn skip_or_fail(
             Some(fix.to_string()),
         ),
         Probe::Ok(_) => {}
+    }
+}
+
+fn in_prefix(net: IpAddr, len: u8, ip: IpAddr) -> bool {
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(i)) => {
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(len.min(32)))
+                .unwrap_or(0);
+            u32::from(n) & mask == u32::from(i) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(i)) => {
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(len.min(128)))
+                .unwrap_or(0);
+            u128::from(n) & mask == u128::from(i) & mask
+        }
+        _ => false,
     }
 }
 

@@ -25,8 +25,9 @@ pub struct Record<'a> {
     pub check: &'a Checked,
     pub time_to_ready_s: Option<f64>,
     pub readiness: Option<Readiness>,
-    /// The failing rank's report, when the launch failed.
-    pub failure: Option<serde_json::Value>,
+    /// The reports of the ranks that failed (the first failure first), or
+    /// of every rank when the launch timed out.
+    pub failure: Vec<serde_json::Value>,
 }
 
 /// Where records go: `$XDG_STATE_HOME/xfer-launch`, else

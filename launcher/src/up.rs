@@ -1,7 +1,7 @@
 //! `xfer-launch up`: check, then start every rank through its agent at
 //! once, and wait for the engine to be ready, or for the first rank to
 //! fail, or for the init timeout; on anything but ready the whole group is
-//! stopped and the failing rank's last log lines shown.
+//! stopped and the failed ranks' last log lines shown.
 //!
 //! Once started, the agents own the ranks: if one dies later, its agent
 //! stops the others (see `xfer::ranks`), with or without this process.
@@ -84,7 +84,7 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
         check: &checked,
         time_to_ready_s: None,
         readiness: None,
-        failure: None,
+        failure: Vec::new(),
     };
     record::write(&record_path, &rec)?;
     let result = launch(&setup, agents, opts, &plan, &run, &checked).await;
@@ -97,8 +97,9 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
         Err((why, failing)) => {
             rec.outcome = format!("failed: {why}");
             rec.failure = failing
-                .as_ref()
-                .map(|f| serde_json::to_value(f).unwrap_or_default());
+                .iter()
+                .map(|f| serde_json::to_value(f).unwrap_or_default())
+                .collect();
         }
     }
     record::write(&record_path, &rec)?;
@@ -109,7 +110,8 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
     })
 }
 
-type Failure = (String, Option<RankReport>);
+/// Why a launch failed, and the ranks to show (the most telling first).
+type Failure = (String, Vec<RankReport>);
 
 async fn launch(
     setup: &Setup,
@@ -156,7 +158,7 @@ async fn launch(
         .await;
         return Err((
             format!("could not start every rank: {}", refused.join("; ")),
-            None,
+            Vec::new(),
         ));
     }
 
@@ -186,20 +188,39 @@ async fn launch(
                 _ => "stopped".into(),
             };
             stop_run(agents, run, opts.grace, &format!("stopped because {why}")).await;
-            // The cause is the rank that failed first on its own; the
-            // others failed or were stopped because of it.
-            let all = query(agents, run).await;
-            let failing = all
+            // Every rank that failed on its own, first first: when one
+            // rank dies the others often die of it within milliseconds, and
+            // clocks across nodes are not finer than that, so all are shown.
+            let mut failed: Vec<RankReport> = query(agents, run)
+                .await
                 .into_iter()
                 .flatten()
                 .filter(|r| matches!(r.state, RunState::Failed(_)))
-                .min_by_key(|r| r.failed_ms.unwrap_or(u64::MAX))
-                .unwrap_or_else(|| bad.clone());
-            let why = match &failing.state {
-                RunState::Failed(w) => w.clone(),
-                _ => why,
+                .collect();
+            failed.sort_by_key(|r| r.failed_ms.unwrap_or(u64::MAX));
+            if failed.is_empty() {
+                failed.push(bad.clone());
+            }
+            let first = failed[0].failed_ms.unwrap_or(0);
+            let whys: Vec<String> = failed
+                .iter()
+                .map(|r| {
+                    let w = match &r.state {
+                        RunState::Failed(w) | RunState::Stopped(w) => w.clone(),
+                        _ => why.clone(),
+                    };
+                    match r.failed_ms {
+                        Some(ms) if ms > first => format!("{w} (+{} ms)", ms - first),
+                        _ => w,
+                    }
+                })
+                .collect();
+            let label = if failed.len() == 1 {
+                "a rank failed"
+            } else {
+                "ranks failed"
             };
-            return Err((format!("a rank failed: {why}"), Some(failing)));
+            return Err((format!("{label}: {}", whys.join("; ")), failed));
         }
         let last_health = match api.healthy().await {
             Ok(()) => break,
@@ -219,10 +240,12 @@ async fn launch(
                     "not ready within {}s (last: {last_health}); ranks: {quiet}; stopped the group",
                     opts.init_timeout.as_secs()
                 ),
-                reports
-                    .into_iter()
-                    .flatten()
-                    .max_by_key(|r| (!r.hints.is_empty(), r.rank)),
+                {
+                    // Ranks with a known signature first.
+                    let mut all: Vec<RankReport> = reports.into_iter().flatten().collect();
+                    all.sort_by_key(|r| (r.hints.is_empty(), r.rank));
+                    all
+                },
             ));
         }
         if last_note.elapsed() > Duration::from_secs(15) {
@@ -246,7 +269,7 @@ async fn launch(
             .await;
             return Err((
                 format!("/health answered 200 but a completion failed: {e}"),
-                None,
+                Vec::new(),
             ));
         }
     };

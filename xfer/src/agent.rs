@@ -177,6 +177,7 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         | Control::RunQuery { version, .. }
         | Control::StopRun { version, .. }
         | Control::ReadLog { version, .. }
+        | Control::Reach { version, .. }
             if version != PROTOCOL_VERSION =>
         {
             return refuse(
@@ -245,6 +246,16 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
                 .collect();
             let facts = crate::preflight::gather(*request, ctx.store.clone(), states).await;
             return answer(&conn, send, &Control::PreflightReport(Box::new(facts))).await;
+        }
+        Control::Reach {
+            listen,
+            peers,
+            window_ms,
+            ..
+        } => {
+            let window = Duration::from_millis(window_ms.min(60_000));
+            let (listen, reach) = crate::preflight::reach::probe(listen, &peers, window).await;
+            return answer(&conn, send, &Control::Reached { listen, reach }).await;
         }
         Control::StartRank { spec, .. } => {
             tracing::info!("starting rank {} of run {}", spec.rank, spec.run);

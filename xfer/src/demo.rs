@@ -5,6 +5,14 @@
 //! child processes, pushes the model to all of them with progress bars (the
 //! agents pass chunks to each other), then verifies every node and prints
 //! its root hash, where its bytes came from, and how much the source sent.
+//!
+//! It ends with the launcher: it writes the cluster file of these nodes
+//! (fabric = loopback, a vLLM launch of the demo model) and runs
+//! `xfer-launch check` and `xfer-launch plan` on it. Engines need the model
+//! at one absolute path on every node, so when the machine allows it
+//! (root, or unprivileged user namespaces) each agent runs in a mount
+//! namespace of its own where its node folder is mounted at the same path,
+//! as on separate machines.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -89,11 +97,65 @@ impl Drop for Agent {
     }
 }
 
-fn start_agent(ip: &str, root: &Path, key: &Path) -> Result<Agent> {
+/// How agents get one model path each: the `unshare` arguments that give
+/// an agent a private mount namespace, if this machine allows one.
+fn mount_namespace() -> Option<Vec<&'static str>> {
+    let tries: [&[&'static str]; 2] = [
+        &["--mount", "--propagation", "private"],
+        &[
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--propagation",
+            "private",
+        ],
+    ];
+    tries.into_iter().map(|t| t.to_vec()).find(|args| {
+        Command::new("unshare")
+            .args(args)
+            .args([
+                "sh",
+                "-c",
+                "mount -t tmpfs none /mnt 2>/dev/null || mount --bind / /mnt",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// Starts an agent on `ip` with its models in `root`; with `shared`, in a
+/// mount namespace of its own where `root` is mounted at `shared.1`.
+fn start_agent(
+    ip: &str,
+    root: &Path,
+    key: &Path,
+    shared: Option<(&[&str], &Path)>,
+) -> Result<Agent> {
     let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .args(["serve", "--listen", &format!("{ip}:0"), "--root"])
-        .arg(root)
+    let mut cmd = match shared {
+        Some((unshare, at)) => {
+            let mut c = Command::new("unshare");
+            c.args(unshare).args([
+                "sh",
+                "-c",
+                r#"mount --bind "$1" "$2" && shift 2 && exec "$@""#,
+                "sh",
+            ]);
+            c.arg(root).arg(at).arg(&exe);
+            c.args(["serve", "--listen", &format!("{ip}:0"), "--root"])
+                .arg(at);
+            c
+        }
+        None => {
+            let mut c = Command::new(exe);
+            c.args(["serve", "--listen", &format!("{ip}:0"), "--root"])
+                .arg(root);
+            c
+        }
+    };
+    let mut child = cmd
         .arg("--key")
         .arg(key)
         .stdout(Stdio::piped())
@@ -141,10 +203,18 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
     );
     generate_model(&src, opts.size, 42)?;
 
+    let hub = dir.join("hub");
+    let ns = mount_namespace();
+    if ns.is_some() {
+        fs::create_dir_all(&hub)?;
+    }
     let mut agents = Vec::new();
     for i in 0..opts.nodes {
         let ip = format!("127.0.0.{}", i + 2);
-        agents.push(start_agent(&ip, &dir.join(format!("node{}", i + 1)), &key)?);
+        let root = dir.join(format!("node{}", i + 1));
+        fs::create_dir_all(&root)?;
+        let shared = ns.as_deref().map(|u| (u, hub.as_path()));
+        agents.push(start_agent(&ip, &root, &key, shared)?);
     }
     println!(
         "started {} agents: {}",
@@ -202,5 +272,101 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
         Bytes(summary.bytes_sent),
         summary.bytes_sent as f64 / summary.bytes_total.max(1) as f64,
     );
+    if all_ok {
+        all_ok &= launch_check(
+            dir,
+            &agents,
+            &key,
+            ns.is_some().then_some(hub.as_path()),
+            &summary.name,
+        );
+    }
     Ok(all_ok)
+}
+
+/// Writes the cluster file of the demo's nodes and runs `xfer-launch check`
+/// and `plan` on it. Returns false only if a check failed that should pass
+/// on any machine (everything but the engine's version and the GPUs).
+fn launch_check(dir: &Path, agents: &[Agent], key: &Path, hub: Option<&Path>, model: &str) -> bool {
+    println!();
+    let Some(hub) = hub else {
+        println!(
+            "launch: skipped `xfer-launch check`: the engines need the model at one path on every node, and on one machine that takes a mount namespace per agent, which needs root or unprivileged user namespaces (`unshare --user --map-root-user --mount` fails here)"
+        );
+        return true;
+    };
+    let launcher = std::env::current_exe()
+        .ok()
+        .map(|e| e.with_file_name("xfer-launch"))
+        .filter(|p| p.exists());
+    let Some(launcher) = launcher else {
+        println!("launch: skipped: xfer-launch is not built next to this xfer; build both with `cargo build --release`");
+        return true;
+    };
+    let mut file = format!("key = \"{}\"\n", key.display());
+    for (i, a) in agents.iter().enumerate() {
+        let ip = a.addr.rsplit_once(':').map_or(a.addr.as_str(), |(h, _)| h);
+        file += &format!(
+            "\n[[node]]\nname = \"node{}\"\nagent = \"{}\"\nroot = \"{}\"\nfabric_if = \"lo\"\nfabric_ip = \"{ip}\"\n",
+            i + 1,
+            a.addr,
+            hub.display()
+        );
+    }
+    file += &format!(
+        "\n[launch]\nengine = \"vllm\"\nmodel = \"{}\"\ntp = 1\n",
+        hub.join(model).display()
+    );
+    let path = dir.join("cluster.toml");
+    if let Err(e) = fs::write(&path, file) {
+        println!("launch: cannot write {}: {e}", path.display());
+        return false;
+    }
+    println!(
+        "launch: the cluster file of these nodes is {}; checking it:",
+        path.display()
+    );
+    println!("$ xfer-launch check --cluster {}", path.display());
+    let shown = Command::new(&launcher)
+        .args(["check", "--cluster"])
+        .arg(&path)
+        .output();
+    let table = match &shown {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => format!("cannot run {}: {e}\n", launcher.display()),
+    };
+    print!("{table}");
+    // FAIL rows other than the engine's version and the GPUs, which
+    // depend on what this machine has installed.
+    let mut unexpected: Vec<String> = table
+        .lines()
+        .filter(|l| l.starts_with("FAIL"))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" on ")
+        })
+        .filter(|c| !c.starts_with("versions") && !c.starts_with("gpu"))
+        .collect();
+    if !table.contains(" passed, ") {
+        unexpected.push("xfer-launch check did not run".into());
+    }
+    if unexpected.is_empty() {
+        println!("launch: every node holds the same verified weights at one path, reaches the others over its fabric, and has its ports free; `versions` fails only if vLLM is not installed here (on GPU nodes it must be, in the same version everywhere)");
+    } else {
+        println!("launch: unexpected failures: {}", unexpected.join(", "));
+    }
+    println!();
+    println!("$ xfer-launch plan --cluster {}", path.display());
+    match Command::new(&launcher)
+        .args(["plan", "--cluster"])
+        .arg(&path)
+        .output()
+    {
+        Ok(o) => print!("{}", String::from_utf8_lossy(&o.stdout)),
+        Err(e) => println!("cannot run {}: {e}", launcher.display()),
+    }
+    unexpected.is_empty()
 }

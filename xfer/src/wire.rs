@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::chunkset::ChunkSet;
 use crate::hash::Hash;
 use crate::manifest::{ChunkId, Manifest};
-use crate::preflight::{NodeFacts, PreflightRequest};
+use crate::preflight::{NodeFacts, PreflightRequest, Probe, ReachFacts, ReachTarget};
 use crate::ranks::{LogChunk, RankReport, RankSpec};
 use crate::sync::job::JobSpec;
 use crate::sync::status::AgentStatus;
@@ -211,6 +211,19 @@ pub enum Control {
     },
     /// Agent → launcher: the part asked for.
     Log(Box<LogChunk>),
+    /// Launcher → agent: listen on `listen` and connect to every peer for
+    /// `window_ms` (run on every node at once, after the port checks).
+    Reach {
+        version: u32,
+        listen: Option<SocketAddr>,
+        peers: Vec<ReachTarget>,
+        window_ms: u64,
+    },
+    /// Agent → launcher: whether it could listen, and each peer's result.
+    Reached {
+        listen: Probe<SocketAddr>,
+        reach: Vec<ReachFacts>,
+    },
 }
 
 /// One member of a swarm, as the source lists it.
@@ -252,6 +265,8 @@ impl Control {
             Control::StopRun { .. } => "StopRun",
             Control::ReadLog { .. } => "ReadLog",
             Control::Log(_) => "Log",
+            Control::Reach { .. } => "Reach",
+            Control::Reached { .. } => "Reached",
         }
     }
 }

@@ -171,7 +171,10 @@ pub struct PreflightRequest {
     /// Ports the engine will bind on this node; each must be free.
     pub ports: Vec<PortNeed>,
     /// The reachability probe: listen on `fabric_ip:listen_port` while
-    /// connecting to every peer, for `window_ms` at most.
+    /// connecting to every peer, for `window_ms` at most. The launcher
+    /// leaves these empty and sends a separate `Control::Reach` to every
+    /// node once every node's ports were checked, so that no port check
+    /// ever sees another node's probe listener (nodes may share a host).
     pub listen_port: Option<u16>,
     pub peers: Vec<ReachTarget>,
     pub window_ms: u64,
