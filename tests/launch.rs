@@ -624,10 +624,11 @@ fn a_taken_port_a_missing_interface_and_a_dead_agent_each_fail_clearly() {
         .read_line(&mut line)
         .unwrap();
     let file = lab.cluster_file("c.toml", &lab.launch("vllm", "tiny", &[]), |i| {
-        if i == 2 {
-            format!("fabric_if = \"fab9\"\nfabric_ip = \"{}\"", lab.fabric_ip(2))
-        } else {
-            lab.fabric(i)
+        match i {
+            2 => format!("fabric_if = \"fab9\"\nfabric_ip = \"{}\"", lab.fabric_ip(2)),
+            // This machine has no RDMA device at all.
+            1 => format!("{}\nrdma_device = \"mlx5_0\"\ngid_index = 3", lab.fabric(1)),
+            _ => lab.fabric(i),
         }
     });
     let t = Instant::now();
@@ -652,6 +653,7 @@ fn a_taken_port_a_missing_interface_and_a_dead_agent_each_fail_clearly() {
     );
     assert!(has("fabric", "n2", "no interface fab9"), "{shown}");
     assert!(has("agent", "n3", "did not answer"), "{shown}");
+    assert!(has("rdma", "n1", "mlx5_0"), "{shown}");
     assert!(took < Duration::from_secs(20), "{took:?}");
     // Every failing row says what to do.
     let lines: Vec<&str> = shown.lines().collect();
@@ -688,9 +690,21 @@ fn vllm_on_ray_starts_the_ray_head_first_and_stops_ray_after() {
         assert_eq!(s["ok"], true, "{s}");
         assert_eq!(s["env"]["RAY_memory_monitor_refresh_ms"], "0", "{s}");
     }
+    // `logs --follow` streams until the ranks stop, then returns.
+    let follow = Command::new(launch_bin())
+        .args(["logs", "--follow", "--cluster", file.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
     let out = lab.xl(&["down", "--grace", "2"], &file);
     assert!(out.status.success(), "{}", text(&out.stderr));
     lab.assert_none_alive(Duration::from_secs(5));
+    let followed = follow.wait_with_output().unwrap();
+    assert!(followed.status.success(), "{}", text(&followed.stderr));
+    let streamed = text(&followed.stdout);
+    assert!(streamed.contains("[n1] [xfer agent] stopped"), "{streamed}");
     let logs = text(&lab.xl(&["logs"], &file).stdout);
     for i in 1..=2 {
         assert!(

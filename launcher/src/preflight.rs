@@ -810,7 +810,10 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
                 "rdma",
                 &n.name,
                 Verdict::Fail,
-                why.clone(),
+                match &n.rdma {
+                    Some(r) if !why.contains(&r.device) => format!("rdma_device {}: {why}", r.device),
+                    _ => why.clone(),
+                },
                 Some(format!(
                     "fix the device, or correct rdma_device / gid_index at {file}:{} (remove them to run NCCL over TCP)",
                     n.line

@@ -30,10 +30,29 @@ pub async fn ask(
     msg: &Control,
     timeout: Duration,
 ) -> Result<Control, String> {
+    ask_within(
+        cred,
+        addr,
+        msg,
+        timeout.min(ASK_TIMEOUT.max(Duration::from_secs(5))),
+        timeout,
+    )
+    .await
+}
+
+/// [`ask`], with its own limit for the connection: an agent that is down
+/// is known after `connect` even when the answer may take `timeout`.
+pub async fn ask_within(
+    cred: &Credential,
+    addr: &str,
+    msg: &Control,
+    connect: Duration,
+    timeout: Duration,
+) -> Result<Control, String> {
     let exchange = async {
         let sock = quic::resolve(addr).map_err(|e| format!("{e:#}"))?;
         let ep = quic::client_endpoint(cred, sock).map_err(|e| format!("{e:#}"))?;
-        let conn = quic::connect(&ep, sock, timeout).await?;
+        let conn = quic::connect(&ep, sock, connect).await?;
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| quic::describe(sock, &e))?;
         write_frame(&mut send, msg)
             .await
