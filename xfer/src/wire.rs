@@ -371,6 +371,93 @@ mod tests {
     }
 
     #[test]
+    fn launch_messages_round_trip() {
+        use crate::preflight::*;
+        use crate::ranks::*;
+        let facts = NodeFacts {
+            hostname: "n1".into(),
+            agent_version: "0.1.0".into(),
+            weights: WeightFacts {
+                problems: vec!["x: missing".into()],
+                ..WeightFacts::default()
+            },
+            disk: Probe::Ok(DiskFacts {
+                path: "/r".into(),
+                free_bytes: 1,
+                total_bytes: 2,
+            }),
+            memory: Probe::Skipped("why".into()),
+            gpus: Probe::Failed("nvidia-smi exited with 9".into()),
+            fabric: Probe::Ok(IfaceFacts {
+                name: "fab0".into(),
+                operstate: "up".into(),
+                carrier: Some(true),
+                mtu: 9000,
+                addrs: vec![("10.0.0.1".parse().unwrap(), 24)],
+            }),
+            interfaces: vec![],
+            default_route: Probe::Skipped("no IPv4 default route".into()),
+            ports: vec![PortFacts {
+                what: "api".into(),
+                port: 8000,
+                free: Probe::Ok(()),
+            }],
+            listen: Probe::Ok("10.0.0.1:29500".parse().unwrap()),
+            reach: vec![ReachFacts {
+                node: "n2".into(),
+                addr: "10.0.0.2:29500".parse().unwrap(),
+                result: Probe::Ok(120),
+            }],
+            versions: vec![VersionFacts {
+                what: "vllm".into(),
+                version: Probe::Ok("0.11.0".into()),
+            }],
+            rdma: Probe::Skipped("none".into()),
+        };
+        let spec = RankSpec {
+            run: "r1".into(),
+            node: "n1".into(),
+            rank: 0,
+            env: [("A".to_string(), "B".to_string())].into(),
+            procs: vec![ProcSpec {
+                argv: vec!["vllm".into()],
+                wait_tcp: Some("10.0.0.1:6379".parse().unwrap()),
+            }],
+            on_stop: vec![],
+            group: vec![GroupPeer {
+                node: "n2".into(),
+                addrs: vec!["10.0.0.2:7470".into()],
+            }],
+            wait_timeout_ms: 1,
+            grace_ms: 2,
+        };
+        for m in [
+            Control::PreflightReport(Box::new(facts)),
+            Control::StartRank {
+                version: PROTOCOL_VERSION,
+                spec: Box::new(spec),
+            },
+            Control::StopRun {
+                version: PROTOCOL_VERSION,
+                run: None,
+                grace_ms: 5,
+                reason: "down".into(),
+            },
+            Control::Reached {
+                listen: Probe::Failed("in use".into()),
+                reach: vec![],
+            },
+        ] {
+            assert_eq!(
+                decode_frame::<Control>(&encode(&m)).unwrap(),
+                m,
+                "{}",
+                m.kind()
+            );
+        }
+    }
+
+    #[test]
     fn malformed_input_is_an_error_not_a_panic() {
         assert!(matches!(frame_len([0xff; 4]), Err(WireError::TooLarge(_))));
         assert!(decode_frame::<Control>(&[0, 0]).is_err());
