@@ -8,6 +8,7 @@
 
 pub mod files;
 pub mod quic;
+pub mod rdma;
 
 use std::future::Future;
 

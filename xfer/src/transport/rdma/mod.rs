@@ -1,0 +1,12 @@
+//! The RDMA data plane (RoCE / InfiniBand): chunks move by RDMA
+//! WRITE_WITH_IMM into a receive ring on the fetching node, while requests,
+//! errors and negotiation stay on the authenticated QUIC connection.
+//!
+//! [`verbs`] is the small trait the data plane needs from a NIC;
+//! [`double`] implements it in process with the rules of real hardware, and
+//! `sys` (cargo feature `rdma`) over libibverbs. The protocol itself is
+//! sans-IO ([`ring`]); [`plane`] drives it over any [`verbs::Verbs`] and
+//! implements [`super::ChunkFetcher`], so the scheduler, store, resume and
+//! BLAKE3 verification are the same as over QUIC.
+
+pub mod verbs;
