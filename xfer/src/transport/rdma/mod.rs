@@ -9,4 +9,6 @@
 //! implements [`super::ChunkFetcher`], so the scheduler, store, resume and
 //! BLAKE3 verification are the same as over QUIC.
 
+pub mod double;
+pub mod ring;
 pub mod verbs;

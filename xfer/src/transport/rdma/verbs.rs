@@ -108,6 +108,10 @@ pub trait Verbs: Send + Sync + 'static {
     fn send_depth(&self) -> u32;
     /// How many queue pairs this connection has.
     fn qps(&self) -> u32;
+    /// The fetching node opened `len` bytes at `offset` of its `region` to
+    /// one write (a ring slot granted in a request). Hardware needs no
+    /// call; the double uses it to catch writes into slots never granted.
+    fn open_window(&self, _region: &Region, _offset: u64, _len: u64) {}
 }
 
 impl fmt::Display for WcStatus {
