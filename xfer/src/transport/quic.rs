@@ -311,38 +311,50 @@ pub async fn serve_chunks(
                     return;
                 }
             };
-            if map.number(req.chunk).is_none() {
-                let _ =
-                    write_frame(&mut send, &ChunkReply::Unavailable("no such chunk".into())).await;
-                let _ = send.finish();
-                return;
-            }
-            let r = reader.clone();
-            let data = tokio::task::spawn_blocking(move || r.read_chunk(req.chunk)).await;
-            let data = match data {
-                Ok(Ok(d)) => d,
-                Ok(Err(why)) => {
-                    let _ = write_frame(&mut send, &ChunkReply::Unavailable(why)).await;
-                    let _ = send.finish();
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!("reading chunk {:?} panicked: {e}", req.chunk);
-                    let _ = send.reset(VarInt::from_u32(2));
-                    return;
-                }
-            };
-            if let Some(l) = &limiter {
-                l.acquire(data.len() as u64).await;
-            }
-            let len = data.len() as u64;
-            if write_frame(&mut send, &ChunkReply::Data).await.is_ok()
-                && send.write_chunk(data).await.is_ok()
-            {
-                let _ = send.finish();
-                on_sent(len);
-                crate::metrics::served(len);
-            }
+            answer_chunk(send, req, map, reader, limiter, on_sent).await;
         });
+    }
+}
+
+/// Answers one chunk request on its stream: the bytes, or why not.
+pub async fn answer_chunk(
+    mut send: quinn::SendStream,
+    req: ChunkRequest,
+    map: Arc<ChunkMap>,
+    reader: Arc<dyn ChunkReader>,
+    limiter: Option<Arc<crate::rate::RateLimiter>>,
+    on_sent: Arc<dyn Fn(u64) + Send + Sync>,
+) {
+    if map.number(req.chunk).is_none() {
+        let _ =
+            write_frame(&mut send, &ChunkReply::Unavailable("no such chunk".into())).await;
+        let _ = send.finish();
+        return;
+    }
+    let r = reader.clone();
+    let data = tokio::task::spawn_blocking(move || r.read_chunk(req.chunk)).await;
+    let data = match data {
+        Ok(Ok(d)) => d,
+        Ok(Err(why)) => {
+            let _ = write_frame(&mut send, &ChunkReply::Unavailable(why)).await;
+            let _ = send.finish();
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("reading chunk {:?} panicked: {e}", req.chunk);
+            let _ = send.reset(VarInt::from_u32(2));
+            return;
+        }
+    };
+    if let Some(l) = &limiter {
+        l.acquire(data.len() as u64).await;
+    }
+    let len = data.len() as u64;
+    if write_frame(&mut send, &ChunkReply::Data).await.is_ok()
+        && send.write_chunk(data).await.is_ok()
+    {
+        let _ = send.finish();
+        on_sent(len);
+        crate::metrics::served(len);
     }
 }
