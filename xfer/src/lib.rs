@@ -17,6 +17,7 @@ pub mod auth;
 pub mod chunkset;
 pub mod cluster;
 pub mod demo;
+pub mod doctor;
 pub mod fetch;
 pub mod hash;
 pub mod hashcache;

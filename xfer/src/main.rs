@@ -1,11 +1,11 @@
 //! The `xfer` command line.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use xfer::manifest::{Entry, Manifest};
@@ -207,6 +207,19 @@ enum Cmd {
         manifest: Option<PathBuf>,
         #[arg(long)]
         json: bool,
+    },
+    /// What this node offers the data plane: RDMA devices and their GIDs,
+    /// the interfaces a fabric could use, the UDP socket buffer limits.
+    Doctor {
+        /// Print one JSON object with the same data.
+        #[arg(long)]
+        json: bool,
+        /// The sysfs root to read (tests point it at a fake tree).
+        #[arg(long, default_value = "/sys", hide = true)]
+        sys: PathBuf,
+        /// The procfs root to read (tests point it at a fake tree).
+        #[arg(long, default_value = "/proc", hide = true)]
+        proc: PathBuf,
     },
     /// Local multi-node demo: generate a model, start agents on 127.0.0.x, push, verify.
     Demo {
@@ -710,6 +723,20 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             if !r.ok {
                 return Ok(ExitCode::FAILURE);
             }
+        }
+        Cmd::Doctor { json, sys, proc } => {
+            let report = xfer::doctor::gather(&sys, &proc);
+            let text = if json {
+                let mut t = serde_json::to_string(&report)?;
+                t.push('\n');
+                t
+            } else {
+                xfer::doctor::render(&report)
+            };
+            std::io::stdout()
+                .lock()
+                .write_all(text.as_bytes())
+                .context("cannot write the report to stdout (was the pipe closed?)")?;
         }
         Cmd::Demo {
             size,

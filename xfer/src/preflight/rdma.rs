@@ -36,22 +36,15 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
             "no RDMA device {dev} on this node ({have}); fix rdma_device in the cluster file (`ibv_devices` lists them)"
         ));
     }
-    let read = |p: &Path| fs::read_to_string(p).ok().map(|s| s.trim().to_string());
-    let mut numbers: Vec<u32> = fs::read_dir(dir.join("ports"))
-        .map(|es| {
-            es.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    numbers.sort_unstable();
+    let numbers = numbered(&dir.join("ports"));
     let ports: Vec<RdmaPort> = numbers
         .iter()
         .map(|&n| {
             let pdir = dir.join("ports").join(n.to_string());
             RdmaPort {
                 port: n,
-                state: read(&pdir.join("state")).unwrap_or_else(|| "unknown".into()),
-                link_layer: read(&pdir.join("link_layer")).unwrap_or_else(|| "unknown".into()),
+                state: read_attr(&pdir.join("state")).unwrap_or_else(|| "unknown".into()),
+                link_layer: read_attr(&pdir.join("link_layer")).unwrap_or_else(|| "unknown".into()),
                 // Not in sysfs (`ibv_devinfo` reports it).
                 active_mtu: None,
             }
@@ -82,7 +75,7 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
                 .join(active.port.to_string())
                 .join("gids")
                 .join(idx.to_string());
-            match read(&path) {
+            match read_attr(&path) {
                 Some(g) if !is_zero_gid(&g) => Some(g),
                 _ => {
                     return Probe::Failed(format!(
@@ -100,9 +93,29 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
     })
 }
 
+/// A sysfs attribute, trimmed; None when it cannot be read (absent, or
+/// the driver refuses the read, as some do for `gid_attrs` of an
+/// InfiniBand port).
+pub fn read_attr(path: &Path) -> Option<String> {
+    fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+/// The numeric entries of a sysfs folder (`ports/`, `gids/`), ascending;
+/// empty when it cannot be read.
+pub fn numbered(dir: &Path) -> Vec<u32> {
+    let mut out: Vec<u32> = fs::read_dir(dir)
+        .map(|es| {
+            es.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_unstable();
+    out
+}
+
 /// "0000:0000:0000:0000:0000:0000:0000:0000" or anything else with no
 /// non-zero digit.
-fn is_zero_gid(g: &str) -> bool {
+pub fn is_zero_gid(g: &str) -> bool {
     g.chars().all(|c| c == '0' || c == ':')
 }
 
