@@ -285,6 +285,32 @@ pub enum ChunkReply {
     Unavailable(String),
 }
 
+/// First frame of a chunk stream on a connection with an RDMA data plane:
+/// write `chunk` (`len` bytes) into ring slot `slot` on queue pair `qp`,
+/// with immediate value `imm`. Five fields, so it never decodes as a
+/// [`ChunkRequest`] (two), which the same connection also carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaRequest {
+    pub chunk: ChunkId,
+    pub slot: u32,
+    pub qp: u32,
+    pub imm: u32,
+    pub len: u32,
+}
+
+/// Reply on an RDMA chunk stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RdmaReply {
+    /// The write completed (sent once a signalled completion covers it;
+    /// the fetching node normally knows sooner, from its own completion).
+    Written,
+    /// The chunk cannot be had; nothing was written.
+    Unavailable(String),
+    /// The data plane failed for this write (queue pair error): fetch it
+    /// another way.
+    Failed(String),
+}
+
 /// Why bytes could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {

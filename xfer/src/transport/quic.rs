@@ -226,6 +226,17 @@ pub async fn read_frame<T: DeserializeOwned>(recv: &mut quinn::RecvStream) -> Re
     Ok(wire::decode(&body)?)
 }
 
+/// Reads one frame's body, undecoded (for streams that carry one of
+/// several request types).
+pub async fn read_frame_body(recv: &mut quinn::RecvStream) -> Result<Vec<u8>> {
+    let mut prefix = [0u8; 4];
+    recv.read_exact(&mut prefix).await?;
+    let len = wire::frame_len(prefix)?;
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body).await?;
+    Ok(body)
+}
+
 /// Fetches chunks over one QUIC connection: one bidirectional stream per chunk.
 #[derive(Clone, Debug)]
 pub struct QuicFetcher {
@@ -326,8 +337,7 @@ pub async fn answer_chunk(
     on_sent: Arc<dyn Fn(u64) + Send + Sync>,
 ) {
     if map.number(req.chunk).is_none() {
-        let _ =
-            write_frame(&mut send, &ChunkReply::Unavailable("no such chunk".into())).await;
+        let _ = write_frame(&mut send, &ChunkReply::Unavailable("no such chunk".into())).await;
         let _ = send.finish();
         return;
     }

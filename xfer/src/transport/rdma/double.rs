@@ -339,7 +339,7 @@ mod tests {
     #[test]
     fn a_granted_write_lands_and_an_ungranted_one_is_caught() {
         let (f, a, b) = Fabric::pair(2, 8, 1);
-        let src = vec![7u8; 64];
+        let src = [7u8; 64];
         let mut ring = vec![0u8; 128];
         let s = a
             .register(src.as_ptr() as u64, 64, Access::LocalRead)
@@ -382,7 +382,7 @@ mod tests {
     #[test]
     fn keys_bounds_and_receives_are_checked() {
         let (_f, a, b) = Fabric::pair(3, 8, 2);
-        let src = vec![1u8; 32];
+        let src = [1u8; 32];
         let mut ring = vec![0u8; 32];
         let s = a
             .register(src.as_ptr() as u64, 32, Access::LocalRead)
@@ -416,7 +416,7 @@ mod tests {
     #[test]
     fn completions_cross_queue_pairs_out_of_order_and_failures_flush() {
         let (f, a, b) = Fabric::pair(4, 64, 3);
-        let src = vec![3u8; 4];
+        let src = [3u8; 4];
         let mut ring = vec![0u8; 4 * 64];
         let s = a
             .register(src.as_ptr() as u64, 4, Access::LocalRead)

@@ -10,5 +10,6 @@
 //! BLAKE3 verification are the same as over QUIC.
 
 pub mod double;
+pub mod plane;
 pub mod ring;
 pub mod verbs;

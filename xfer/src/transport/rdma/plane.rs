@@ -1,0 +1,719 @@
+//! The RDMA data plane of one connection, over any [`Verbs`]: the fetching
+//! side ([`RecvPlane`], [`RdmaFetcher`]) and the serving side
+//! ([`SendPlane`], [`serve_rdma`]).
+//!
+//! The QUIC connection stays: each chunk is still requested on a stream of
+//! its own, but the request names a ring slot ([`RdmaRequest`]) and the
+//! bytes arrive by RDMA WRITE_WITH_IMM into that slot; the fetching node
+//! learns of them from its receive completion, copies the slot out and
+//! hands the bytes to the same BLAKE3 check and store as over QUIC. The
+//! serving node writes straight from a read-only registration of the
+//! source file's mapping (no copy, no page of it writable by the NIC).
+//! When the data plane fails (a queue pair error, a write that breaks the
+//! ring rules, a write that never lands), the fetcher says so once and
+//! fetches the rest over QUIC on the same connection, so a transfer never
+//! stops because of RDMA.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{oneshot, Semaphore};
+
+use super::ring::{Landed, RecvRing, RingLayout, SendAction, SendQueues, WriteReq};
+use super::verbs::{Access, Completion, Region, Verbs, WcKind, WcStatus, WriteImm};
+use crate::aligned::AlignedBuf;
+use crate::chunkset::ChunkMap;
+use crate::manifest::ChunkId;
+use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
+use crate::transport::{ChunkFetcher, ChunkReader, FetchError};
+use crate::wire::{self, ChunkRequest, RdmaReply, RdmaRequest};
+
+/// How a data plane is shaped.
+#[derive(Clone, Copy, Debug)]
+pub struct PlaneConfig {
+    /// Queue pairs per connection (4 reach 200 Gb/s).
+    pub qps: u32,
+    /// Ring slots on the fetching side: chunks in flight per connection.
+    pub slots: u32,
+    /// One slot: the chunk size.
+    pub slot_size: u32,
+    /// Every n-th write asks for a completion.
+    pub signal_every: u32,
+    /// A granted write that has not landed after this long means the data
+    /// plane is stuck.
+    pub land_timeout: Duration,
+}
+
+impl PlaneConfig {
+    pub fn new(chunk_size: u32) -> PlaneConfig {
+        PlaneConfig {
+            qps: 4,
+            slots: 16,
+            slot_size: chunk_size,
+            signal_every: 16,
+            land_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The fetching node's ring, as the serving node needs to know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RingInfo {
+    pub addr: u64,
+    pub rkey: u32,
+    pub slots: u32,
+    pub slot_size: u32,
+}
+
+type Waiter = oneshot::Sender<Result<Landed, String>>;
+
+/// The fetching side: the registered ring, its credits, and the
+/// completions that fill it.
+pub struct RecvPlane {
+    verbs: Arc<dyn Verbs>,
+    /// The ring's memory: never moved or freed while registered.
+    ring_mem: Box<[u8]>,
+    region: Region,
+    ring: Mutex<RecvRing>,
+    credits: Semaphore,
+    waiters: Mutex<HashMap<u32, Waiter>>,
+    broken: Mutex<Option<String>>,
+    next_qp: AtomicU32,
+    cfg: PlaneConfig,
+}
+
+impl RecvPlane {
+    /// Allocates and registers the ring and starts polling completions.
+    pub fn new(verbs: Arc<dyn Verbs>, cfg: PlaneConfig) -> Result<Arc<RecvPlane>, String> {
+        let layout = RingLayout {
+            slots: cfg.slots,
+            slot_size: cfg.slot_size,
+        };
+        let ring_mem = vec![0u8; layout.len() as usize].into_boxed_slice();
+        let region = verbs
+            .register(ring_mem.as_ptr() as u64, layout.len(), Access::RemoteWrite)
+            .map_err(|e| format!("cannot register the receive ring: {e}"))?;
+        let plane = Arc::new(RecvPlane {
+            verbs,
+            ring_mem,
+            region,
+            ring: Mutex::new(RecvRing::new(layout)),
+            credits: Semaphore::new(cfg.slots as usize),
+            waiters: Mutex::default(),
+            broken: Mutex::default(),
+            next_qp: AtomicU32::new(0),
+            cfg,
+        });
+        tokio::spawn(poll_recv(Arc::downgrade(&plane)));
+        Ok(plane)
+    }
+
+    pub fn ring_info(&self) -> RingInfo {
+        RingInfo {
+            addr: self.region.addr,
+            rkey: self.region.rkey,
+            slots: self.cfg.slots,
+            slot_size: self.cfg.slot_size,
+        }
+    }
+
+    /// Why the data plane stopped, if it did.
+    pub fn broken(&self) -> Option<String> {
+        self.broken.lock().unwrap().clone()
+    }
+
+    fn break_with(&self, why: String) {
+        {
+            let mut b = self.broken.lock().unwrap();
+            if b.is_some() {
+                return;
+            }
+            *b = Some(why.clone());
+        }
+        for (_, w) in self.waiters.lock().unwrap().drain() {
+            let _ = w.send(Err(why.clone()));
+        }
+    }
+
+    fn on_completion(&self, c: Completion) {
+        match (c.status, c.kind) {
+            (WcStatus::Success, WcKind::RecvImm { imm, byte_len }) => {
+                let landed = self.ring.lock().unwrap().landed(imm, byte_len);
+                match landed {
+                    Ok(l) => {
+                        if let Some(w) = self.waiters.lock().unwrap().remove(&l.slot) {
+                            let _ = w.send(Ok(l));
+                        }
+                    }
+                    Err(e) => self.break_with(format!("a write broke the ring protocol: {e}")),
+                }
+            }
+            (WcStatus::Success, WcKind::Write) => {}
+            (status, _) => {
+                self.break_with(format!("receive on queue pair {} failed: {status}", c.qp))
+            }
+        }
+    }
+
+    /// Fetches one chunk over the data plane; `Err(None)` means the data
+    /// plane is unusable (fall back), `Err(Some(e))` a per-chunk answer.
+    async fn fetch(
+        &self,
+        conn: &quinn::Connection,
+        chunk: ChunkId,
+        len: usize,
+    ) -> Result<Bytes, Option<FetchError>> {
+        if self.broken().is_some() {
+            return Err(None);
+        }
+        let _credit = self.credits.acquire().await.map_err(|_| None)?;
+        let grant = match self.ring.lock().unwrap().grant(chunk, len as u32) {
+            Ok(Some(g)) => g,
+            Ok(None) => return Err(None), // credits and slots disagree: a bug
+            Err(e) => return Err(Some(FetchError::Protocol(e.to_string()))),
+        };
+        let layout = self.ring.lock().unwrap().layout();
+        let qp = self.next_qp.fetch_add(1, Ordering::Relaxed) % self.verbs.qps();
+        let give_back = |why: Option<String>| {
+            self.waiters.lock().unwrap().remove(&grant.slot);
+            self.ring.lock().unwrap().release(grant.slot);
+            if let Some(w) = why {
+                self.break_with(w);
+            }
+        };
+        let (tx, rx) = oneshot::channel();
+        self.waiters.lock().unwrap().insert(grant.slot, tx);
+        self.verbs
+            .open_window(&self.region, layout.offset(grant.slot), len as u64);
+        if let Err(e) = self.verbs.post_recv(qp, u64::from(grant.slot)) {
+            give_back(Some(format!("cannot post a receive: {e}")));
+            return Err(None);
+        }
+        let lost = |e: &dyn std::fmt::Display| FetchError::Connection(e.to_string());
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| Some(lost(&e)))?;
+        let req = RdmaRequest {
+            chunk,
+            slot: grant.slot,
+            qp,
+            imm: grant.imm,
+            len: len as u32,
+        };
+        if let Err(e) = write_frame(&mut send, &req).await {
+            give_back(None);
+            return Err(Some(lost(&e)));
+        }
+        let _ = send.finish();
+        let reply = read_frame::<RdmaReply>(&mut recv);
+        tokio::pin!(reply);
+        let mut rx = rx;
+        let timeout = self.cfg.land_timeout;
+        let stuck = || format!("a write did not land within {}s", timeout.as_secs());
+        let landed = tokio::select! {
+            l = &mut rx => l.unwrap_or_else(|_| Err("the data plane stopped".into())),
+            r = &mut reply => match r {
+                // Done on the serving side before our completion was
+                // polled: it is on its way.
+                Ok(RdmaReply::Written) => match tokio::time::timeout(timeout, &mut rx).await {
+                    Ok(Ok(l)) => l,
+                    Ok(Err(_)) => Err("the data plane stopped".into()),
+                    Err(_) => Err(stuck()),
+                },
+                Ok(RdmaReply::Unavailable(why)) => {
+                    give_back(None);
+                    return Err(Some(FetchError::Unavailable(chunk, why)));
+                }
+                Ok(RdmaReply::Failed(why)) => Err(why),
+                Err(e) => {
+                    give_back(None);
+                    return Err(Some(lost(&e)));
+                }
+            },
+            _ = tokio::time::sleep(timeout) => Err(stuck()),
+        };
+        match landed {
+            Ok(l) => {
+                let at = layout.offset(l.slot) as usize;
+                let mut buf = AlignedBuf::with_capacity(len);
+                buf.extend_from_slice(&self.ring_mem[at..at + l.len as usize]);
+                self.ring.lock().unwrap().release(l.slot);
+                Ok(Bytes::from_owner(buf))
+            }
+            Err(why) => {
+                give_back(Some(why));
+                Err(None)
+            }
+        }
+    }
+}
+
+async fn poll_recv(plane: Weak<RecvPlane>) {
+    let mut out = Vec::with_capacity(64);
+    loop {
+        let Some(p) = plane.upgrade() else { return };
+        if p.broken().is_some() {
+            return;
+        }
+        out.clear();
+        p.verbs.poll(&mut out, 64);
+        let idle = out.is_empty();
+        for c in out.drain(..) {
+            p.on_completion(c);
+        }
+        drop(p);
+        if idle {
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Fetches chunks from one peer over its RDMA data plane, and over QUIC
+/// on the same connection once the data plane has failed.
+#[derive(Clone)]
+pub struct RdmaFetcher {
+    plane: Arc<RecvPlane>,
+    conn: quinn::Connection,
+    quic: QuicFetcher,
+    told: Arc<AtomicBool>,
+    over_rdma: Arc<AtomicU64>,
+}
+
+impl RdmaFetcher {
+    pub fn new(plane: Arc<RecvPlane>, conn: quinn::Connection) -> RdmaFetcher {
+        RdmaFetcher {
+            plane,
+            quic: QuicFetcher::new(conn.clone()),
+            conn,
+            told: Arc::default(),
+            over_rdma: Arc::default(),
+        }
+    }
+
+    /// Chunks that came over RDMA so far.
+    pub fn chunks_over_rdma(&self) -> u64 {
+        self.over_rdma.load(Ordering::Relaxed)
+    }
+
+    pub fn plane(&self) -> &Arc<RecvPlane> {
+        &self.plane
+    }
+}
+
+impl ChunkFetcher for RdmaFetcher {
+    async fn fetch(&self, chunk: ChunkId, len: usize) -> Result<Bytes, FetchError> {
+        match self.plane.fetch(&self.conn, chunk, len).await {
+            Ok(b) => {
+                self.over_rdma.fetch_add(1, Ordering::Relaxed);
+                Ok(b)
+            }
+            Err(Some(e)) => Err(e),
+            Err(None) => {
+                if !self.told.swap(true, Ordering::Relaxed) {
+                    let why = self.plane.broken().unwrap_or_else(|| "unusable".into());
+                    tracing::warn!(
+                        "rdma: {why}; continuing over QUIC to {}",
+                        self.conn.remote_address()
+                    );
+                }
+                self.quic.fetch(chunk, len).await
+            }
+        }
+    }
+}
+
+/// One source file, mapped read-only and registered for the NIC to read.
+struct Source {
+    _map: Option<memmap2::Mmap>,
+    region: Option<Region>,
+}
+
+/// A write waiting to be posted or confirmed, and who waits for it.
+type PendingWrite = (WriteImm, oneshot::Sender<Result<(), String>>);
+
+/// The serving side: the source files' registrations, the queue pairs'
+/// send queues, and the writes waiting for their completion.
+pub struct SendPlane {
+    verbs: Arc<dyn Verbs>,
+    sources: Vec<Source>,
+    map: Arc<ChunkMap>,
+    ring: RingInfo,
+    queues: Mutex<SendQueues>,
+    pending: Mutex<HashMap<u64, PendingWrite>>,
+    next_tag: AtomicU64,
+}
+
+impl SendPlane {
+    /// Maps and registers `paths` (the manifest's files, in order) and
+    /// starts polling completions. `ring` is the fetching node's.
+    pub fn new(
+        verbs: Arc<dyn Verbs>,
+        paths: &[PathBuf],
+        map: Arc<ChunkMap>,
+        ring: RingInfo,
+        cfg: PlaneConfig,
+    ) -> Result<Arc<SendPlane>, String> {
+        let mut sources = Vec::with_capacity(paths.len());
+        for p in paths {
+            let f =
+                std::fs::File::open(p).map_err(|e| format!("cannot open {}: {e}", p.display()))?;
+            let len = f.metadata().map_err(|e| e.to_string())?.len();
+            if len == 0 {
+                sources.push(Source {
+                    _map: None,
+                    region: None,
+                });
+                continue;
+            }
+            // SAFETY: a read-only shared mapping of a file this process
+            // opened read-only; the data plane only reads it, and the
+            // chunk's BLAKE3 check on the fetching side catches a file
+            // changed underneath.
+            let m = unsafe { memmap2::Mmap::map(&f) }
+                .map_err(|e| format!("cannot map {}: {e}", p.display()))?;
+            let region = verbs
+                .register(m.as_ptr() as u64, len, Access::LocalRead)
+                .map_err(|e| format!("cannot register {}: {e}", p.display()))?;
+            sources.push(Source {
+                _map: Some(m),
+                region: Some(region),
+            });
+        }
+        let plane = Arc::new(SendPlane {
+            queues: Mutex::new(SendQueues::new(
+                verbs.qps(),
+                verbs.send_depth(),
+                cfg.signal_every,
+            )),
+            verbs,
+            sources,
+            map,
+            ring,
+            pending: Mutex::default(),
+            next_tag: AtomicU64::new(1),
+        });
+        tokio::spawn(poll_send(Arc::downgrade(&plane)));
+        Ok(plane)
+    }
+
+    /// Writes one requested chunk; resolves when the write is known done.
+    async fn write(&self, req: RdmaRequest) -> RdmaReply {
+        let Some(n) = self.map.number(req.chunk) else {
+            return RdmaReply::Unavailable("no such chunk".into());
+        };
+        let _ = n;
+        let len = self.map.chunk_len(req.chunk);
+        if len != u64::from(req.len) || req.slot >= self.ring.slots || req.len > self.ring.slot_size
+        {
+            return RdmaReply::Unavailable(format!(
+                "bad request: chunk of {len} bytes, asked {} into slot {} of {}",
+                req.len, req.slot, self.ring.slots
+            ));
+        }
+        let Some(region) = self
+            .sources
+            .get(req.chunk.file as usize)
+            .and_then(|s| s.region)
+        else {
+            return RdmaReply::Unavailable("no such file".into());
+        };
+        let wr = WriteImm {
+            wr_id: 0,
+            local_addr: region.addr + self.map.offset(req.chunk),
+            len: req.len,
+            lkey: region.lkey,
+            remote_addr: self.ring.addr + u64::from(req.slot) * u64::from(self.ring.slot_size),
+            rkey: self.ring.rkey,
+            imm: req.imm,
+            signaled: false,
+        };
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(tag, (wr, tx));
+        let actions = self.queues.lock().unwrap().submit(WriteReq {
+            tag,
+            qp: req.qp,
+            len: req.len,
+        });
+        self.post(actions);
+        match rx.await {
+            Ok(Ok(())) => RdmaReply::Written,
+            Ok(Err(why)) => RdmaReply::Failed(why),
+            Err(_) => RdmaReply::Failed("the data plane stopped".into()),
+        }
+    }
+
+    fn post(&self, actions: Vec<SendAction>) {
+        for SendAction::Post {
+            tag,
+            qp,
+            wr_id,
+            signaled,
+        } in actions
+        {
+            let wr = self.pending.lock().unwrap().get(&tag).map(|(w, _)| *w);
+            let Some(mut wr) = wr else { continue };
+            wr.wr_id = wr_id;
+            wr.signaled = signaled;
+            if let Err(e) = self.verbs.post_write_imm(qp, wr) {
+                self.fail_qp(qp, format!("cannot post a write on queue pair {qp}: {e}"));
+            }
+        }
+    }
+
+    fn fail_qp(&self, qp: u32, why: String) {
+        let lost = self.queues.lock().unwrap().fail(qp);
+        let mut pending = self.pending.lock().unwrap();
+        for tag in lost {
+            if let Some((_, tx)) = pending.remove(&tag) {
+                let _ = tx.send(Err(why.clone()));
+            }
+        }
+    }
+
+    fn on_completion(&self, c: Completion) {
+        if c.kind != WcKind::Write {
+            return;
+        }
+        if c.status != WcStatus::Success {
+            self.fail_qp(
+                c.qp,
+                format!("a write on queue pair {} failed: {}", c.qp, c.status),
+            );
+            return;
+        }
+        let (done, more) = self.queues.lock().unwrap().completed(c.qp, c.wr_id);
+        {
+            let mut pending = self.pending.lock().unwrap();
+            for tag in done {
+                if let Some((_, tx)) = pending.remove(&tag) {
+                    let _ = tx.send(Ok(()));
+                }
+            }
+        }
+        self.post(more);
+    }
+}
+
+async fn poll_send(plane: Weak<SendPlane>) {
+    let mut out = Vec::with_capacity(64);
+    loop {
+        let Some(p) = plane.upgrade() else { return };
+        out.clear();
+        p.verbs.poll(&mut out, 64);
+        let idle = out.is_empty();
+        for c in out.drain(..) {
+            p.on_completion(c);
+        }
+        drop(p);
+        if idle {
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Serves chunk requests on `conn` until it closes: RDMA requests by a
+/// write into the fetching node's ring, plain ones (the fallback) over
+/// QUIC as [`quic::serve_chunks`] does.
+pub async fn serve_rdma(
+    conn: quinn::Connection,
+    plane: Arc<SendPlane>,
+    reader: Arc<dyn ChunkReader>,
+    on_sent: Arc<dyn Fn(u64) + Send + Sync>,
+) {
+    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+        let (plane, reader, on_sent) = (plane.clone(), reader.clone(), on_sent.clone());
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            let Ok(body) = quic::read_frame_body(&mut recv).await else {
+                let _ = send.reset(quinn::VarInt::from_u32(1));
+                return;
+            };
+            if let Ok(req) = wire::decode::<RdmaRequest>(&body) {
+                // Until the write is known done, or the connection ends (a
+                // last unsignalled write may never be confirmed).
+                let reply = tokio::select! {
+                    r = plane.write(req) => r,
+                    _ = conn.closed() => return,
+                };
+                if reply == RdmaReply::Written {
+                    on_sent(u64::from(req.len));
+                    crate::metrics::served(u64::from(req.len));
+                }
+                let _ = write_frame(&mut send, &reply).await;
+                let _ = send.finish();
+            } else if let Ok(req) = wire::decode::<ChunkRequest>(&body) {
+                let map = plane.map.clone();
+                quic::answer_chunk(send, req, map, reader, None, on_sent).await;
+            } else {
+                let _ = send.reset(quinn::VarInt::from_u32(1));
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::double::Fabric;
+    use super::*;
+    use crate::auth::Credential;
+    use crate::chunkset::ChunkSet;
+    use crate::receive::{receive, Links};
+    use crate::store::Store;
+    use crate::transport::files::FileChunkReader;
+    use crate::wire::ModelName;
+    use rand::{RngCore, SeedableRng};
+    use tokio_util::sync::CancellationToken;
+
+    const CHUNK: u32 = 1 << 20;
+
+    struct Run {
+        _tmp: tempfile::TempDir,
+        fabric: Fabric,
+        fetcher: RdmaFetcher,
+        root: String,
+        want: String,
+        dst: PathBuf,
+        src: PathBuf,
+        chunks: u64,
+    }
+
+    /// Moves a model-like tree from one node to another with the data plane
+    /// on the double and the requests on real QUIC over loopback; `tweak`
+    /// may set faults on the fabric first.
+    async fn transfer(seed: u64, tweak: impl FnOnce(&Fabric, &super::super::double::End)) -> Run {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let src = dir.join("src");
+        std::fs::create_dir_all(src.join("sub")).unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        for (name, len) in [
+            ("model-00001.safetensors", 9 * CHUNK as usize + 4099),
+            ("sub/model-00002.safetensors", 3 * CHUNK as usize),
+            ("config.json", 517),
+            ("empty", 0),
+        ] {
+            let mut b = vec![0u8; len];
+            rng.fill_bytes(&mut b);
+            std::fs::write(src.join(name), b).unwrap();
+        }
+        let tree = crate::scan::scan(&src, u64::from(CHUNK), &|_| {}).unwrap();
+        let manifest = Arc::new(tree.manifest);
+        let map = Arc::new(ChunkMap::new(&manifest));
+
+        crate::auth::keygen(&dir.join("key"), true).unwrap();
+        let cred = Credential::load(&dir.join("key")).unwrap();
+        let server = quic::server_endpoint("127.0.0.1:0".parse().unwrap(), &cred).unwrap();
+        let addr = server.local_addr().unwrap();
+        let client = quic::client_endpoint(&cred, addr).unwrap();
+        let accepting = tokio::spawn(async move {
+            let incoming = server.accept().await.unwrap();
+            (incoming.await.unwrap(), server)
+        });
+        let conn = quic::connect(&client, addr, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let (served, _server) = accepting.await.unwrap();
+
+        let (fabric, send_end, recv_end) = Fabric::pair(4, 32, seed);
+        tweak(&fabric, &send_end);
+        let cfg = PlaneConfig {
+            slots: 8,
+            ..PlaneConfig::new(CHUNK)
+        };
+        let recv_plane = RecvPlane::new(Arc::new(recv_end), cfg).unwrap();
+        let send_plane = SendPlane::new(
+            Arc::new(send_end),
+            &tree.sources,
+            map.clone(),
+            recv_plane.ring_info(),
+            cfg,
+        )
+        .unwrap();
+        let reader: Arc<dyn ChunkReader> =
+            Arc::new(FileChunkReader::new(tree.sources.clone(), map.clone()));
+        tokio::spawn(serve_rdma(served, send_plane, reader, Arc::new(|_| {})));
+
+        let store = Store::open(&dir.join("dst")).unwrap();
+        let name = ModelName::new("m").unwrap();
+        let t = Arc::new(store.begin(&name, manifest.clone()).unwrap());
+        let fetcher = RdmaFetcher::new(recv_plane, conn);
+        let got = receive(
+            t,
+            vec![(0, fetcher.clone(), ChunkSet::full(map.len()))],
+            Links::none(),
+            crate::scheduler::Config::default(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        Run {
+            _tmp: tmp,
+            fabric,
+            fetcher,
+            root: got.root.to_hex().to_string(),
+            want: manifest.root().to_hex().to_string(),
+            dst: store.model_dir(&name),
+            src,
+            chunks: map.len(),
+        }
+    }
+
+    fn same_tree(a: &std::path::Path, b: &std::path::Path) {
+        for name in [
+            "model-00001.safetensors",
+            "sub/model-00002.safetensors",
+            "config.json",
+            "empty",
+        ] {
+            assert_eq!(
+                std::fs::read(a.join(name)).unwrap(),
+                std::fs::read(b.join(name)).unwrap(),
+                "{name}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_model_moves_over_the_data_plane_with_every_chunk_verified() {
+        let r = transfer(1, |_, _| {}).await;
+        assert_eq!(r.root, r.want);
+        same_tree(&r.src, &r.dst);
+        // Every non-empty chunk came by RDMA write, none over QUIC, and no
+        // write ever went into a slot without credit.
+        assert_eq!(r.fetcher.chunks_over_rdma(), r.chunks);
+        assert_eq!(r.fabric.writes(), r.chunks);
+        assert!(
+            r.fabric.violations().is_empty(),
+            "{:?}",
+            r.fabric.violations()
+        );
+        assert_eq!(r.fetcher.plane().broken(), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queue_pair_error_mid_transfer_falls_back_to_quic_and_completes() {
+        let r = transfer(2, |f, send| f.fail_after(send, 2, 2)).await;
+        assert_eq!(r.root, r.want);
+        same_tree(&r.src, &r.dst);
+        let over = r.fetcher.chunks_over_rdma();
+        assert!(
+            over >= 2 && over < r.chunks,
+            "{over} of {} over RDMA",
+            r.chunks
+        );
+        let why = r.fetcher.plane().broken().unwrap();
+        assert!(why.contains("queue pair 2"), "{why}");
+        assert!(
+            r.fabric.violations().is_empty(),
+            "{:?}",
+            r.fabric.violations()
+        );
+    }
+}
