@@ -9,4 +9,6 @@
 //! implements [`super::ChunkFetcher`], so the scheduler, store, resume and
 //! BLAKE3 verification are the same as over QUIC.
 
+#[cfg(feature = "rdma")]
+pub mod sys;
 pub mod verbs;
