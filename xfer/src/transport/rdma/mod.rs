@@ -12,4 +12,6 @@
 pub mod double;
 pub mod plane;
 pub mod ring;
+#[cfg(feature = "rdma")]
+pub mod sys;
 pub mod verbs;
