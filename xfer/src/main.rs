@@ -63,6 +63,10 @@ enum Cmd {
         /// Serve Prometheus metrics at /metrics on PORT (127.0.0.1) or IP:PORT.
         #[arg(long, value_parser = xfer::metrics::parse_addr)]
         metrics: Option<std::net::SocketAddr>,
+        /// The data plane: RDMA when this node has an active RDMA port (and
+        /// this build can drive it), else QUIC; `rdma` refuses without one.
+        #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
+        transport: xfer::transport::select::TransportChoice,
     },
     /// Hand a sync job to the cluster's agents and return (they own it from then on).
     Sync {
@@ -146,6 +150,10 @@ enum Cmd {
         /// Re-read every file instead of trusting the hash cache.
         #[arg(long)]
         rehash: bool,
+        /// The data plane: RDMA when this node has an active RDMA port (and
+        /// this build can drive it), else QUIC; `rdma` refuses without one.
+        #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
+        transport: xfer::transport::select::TransportChoice,
     },
     /// Download a Hugging Face repo (or HF_ENDPOINT's mirror) into the HF cache, verified.
     Pull {
@@ -183,6 +191,10 @@ enum Cmd {
         /// Print one JSON summary on stdout.
         #[arg(long)]
         json: bool,
+        /// The data plane: RDMA when this node has an active RDMA port (and
+        /// this build can drive it), else QUIC; `rdma` refuses without one.
+        #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
+        transport: xfer::transport::select::TransportChoice,
     },
     /// Copy a complete model from an agent into a local root (ROOT/NAME).
     Fetch {
@@ -312,7 +324,9 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             window,
             verify_every,
             metrics,
+            transport,
         } => {
+            xfer::transport::select::choose(transport)?;
             let scheduler = xfer::scheduler::Config {
                 window: window.max(1),
                 ..Default::default()
@@ -490,6 +504,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             }
         }
         Cmd::Push {
+            transport,
             src,
             to,
             key,
@@ -500,6 +515,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             connect_timeout,
             rehash,
         } => {
+            xfer::transport::select::choose(transport)?;
             let opts = xfer::push::PushOptions {
                 src,
                 to,
@@ -553,6 +569,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             }
         }
         Cmd::Pull {
+            transport,
             repo,
             repo_type,
             include,
@@ -566,6 +583,10 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             connect_timeout,
             json,
         } => {
+            // The data plane matters only for the fan-out to agents.
+            if !to.is_empty() || transport == xfer::transport::select::TransportChoice::Rdma {
+                xfer::transport::select::choose(transport)?;
+            }
             let env = xfer::hub::env::HubEnv::from_process().map_err(anyhow::Error::msg)?;
             let opts = xfer::pull::PullOptions {
                 repo,

@@ -9,6 +9,7 @@
 pub mod files;
 pub mod quic;
 pub mod rdma;
+pub mod select;
 
 use std::future::Future;
 

@@ -1,0 +1,202 @@
+//! Which data plane a command uses: `--transport auto|quic|rdma`.
+//!
+//! `auto` takes RDMA when this node has an RDMA port that is ACTIVE and
+//! this build can drive it, QUIC otherwise, and says in one line why it
+//! fell back ("rdma: no device (kernel lacks RDMA support); using QUIC").
+//! `rdma` refuses to start without a usable device, with the same reason.
+//! The look at the hardware is sysfs only (`/sys/class/infiniband`), so it
+//! is the same with or without the `rdma` feature.
+
+use std::path::Path;
+
+/// What the user asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TransportChoice {
+    /// RDMA when this node has an active RDMA port, else QUIC.
+    #[default]
+    Auto,
+    Quic,
+    Rdma,
+}
+
+/// An RDMA port that is up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActivePort {
+    pub device: String,
+    pub port: u32,
+    /// "InfiniBand" or "Ethernet" (RoCE).
+    pub link_layer: String,
+}
+
+/// The data plane chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selected {
+    /// QUIC; with `auto`, why not RDMA.
+    Quic {
+        fallback: Option<String>,
+    },
+    Rdma(ActivePort),
+}
+
+/// The first active RDMA port under `sys` (normally `/sys`), or why there
+/// is none.
+pub fn active_port(sys: &Path) -> Result<ActivePort, String> {
+    let dir = sys.join("class/infiniband");
+    let entries = std::fs::read_dir(&dir).map_err(|_| {
+        "no device (kernel lacks RDMA support: /sys/class/infiniband does not exist)".to_string()
+    })?;
+    let mut devices: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    devices.sort();
+    if devices.is_empty() {
+        return Err("no device (/sys/class/infiniband is empty)".into());
+    }
+    let mut down = Vec::new();
+    for d in &devices {
+        let ports = dir.join(d).join("ports");
+        let mut nums: Vec<u32> = std::fs::read_dir(&ports)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .collect();
+        nums.sort();
+        for n in nums {
+            let read = |f: &str| {
+                std::fs::read_to_string(ports.join(n.to_string()).join(f))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default()
+            };
+            let state = read("state");
+            if state.ends_with("ACTIVE") {
+                return Ok(ActivePort {
+                    device: d.clone(),
+                    port: n,
+                    link_layer: read("link_layer"),
+                });
+            }
+            down.push(format!(
+                "{d} port {n} is {}",
+                if state.is_empty() {
+                    "unreadable".into()
+                } else {
+                    state
+                }
+            ));
+        }
+    }
+    Err(format!("no active port ({})", down.join(", ")))
+}
+
+/// Why this build cannot move chunks over an active port (None: it can).
+fn unusable(_port: &ActivePort) -> Option<String> {
+    if !cfg!(feature = "rdma") {
+        return Some(
+            "this xfer was built without the `rdma` feature (cargo build --release --features xfer/rdma)"
+                .into(),
+        );
+    }
+    // The verbs backend, the ring protocol and the data plane exist
+    // (transport/rdma); connecting them to the agents' transfers (the
+    // queue-pair exchange on the control stream) is not built yet.
+    Some("the RDMA data plane is not yet connected to xfer's transfers".into())
+}
+
+/// Picks the data plane for `choice`, looking at the hardware under `sys`.
+pub fn select(choice: TransportChoice, sys: &Path) -> Result<Selected, String> {
+    if choice == TransportChoice::Quic {
+        return Ok(Selected::Quic { fallback: None });
+    }
+    let why = match active_port(sys) {
+        Ok(p) => match unusable(&p) {
+            None => return Ok(Selected::Rdma(p)),
+            Some(w) => format!("{} port {} is active, but {w}", p.device, p.port),
+        },
+        Err(w) => w,
+    };
+    match choice {
+        TransportChoice::Rdma => Err(format!(
+            "--transport rdma: {why}; use --transport quic (or auto, which falls back by itself)"
+        )),
+        _ => Ok(Selected::Quic {
+            fallback: Some(format!("rdma: {why}; using QUIC")),
+        }),
+    }
+}
+
+/// [`select`] for a command: prints the fallback line to stderr, or
+/// returns the refusal.
+pub fn choose(choice: TransportChoice) -> anyhow::Result<Selected> {
+    let s = select(choice, Path::new("/sys")).map_err(anyhow::Error::msg)?;
+    if let Selected::Quic {
+        fallback: Some(why),
+    } = &s
+    {
+        eprintln!("{why}");
+        tracing::info!("{why}");
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(sys: &Path, dev: &str, n: u32, state: &str) {
+        let p = sys
+            .join("class/infiniband")
+            .join(dev)
+            .join("ports")
+            .join(n.to_string());
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("state"), format!("{state}\n")).unwrap();
+        std::fs::write(p.join("link_layer"), "Ethernet\n").unwrap();
+    }
+
+    #[test]
+    fn no_kernel_support_falls_back_or_refuses_with_the_reason() {
+        let sys = tempfile::tempdir().unwrap();
+        let s = select(TransportChoice::Auto, sys.path()).unwrap();
+        assert_eq!(
+            s,
+            Selected::Quic {
+                fallback: Some(
+                    "rdma: no device (kernel lacks RDMA support: /sys/class/infiniband does not exist); using QUIC".into()
+                )
+            }
+        );
+        let e = select(TransportChoice::Rdma, sys.path()).unwrap_err();
+        assert!(
+            e.starts_with("--transport rdma: no device (kernel lacks RDMA support"),
+            "{e}"
+        );
+        assert!(
+            e.ends_with("use --transport quic (or auto, which falls back by itself)"),
+            "{e}"
+        );
+        assert_eq!(
+            select(TransportChoice::Quic, sys.path()).unwrap(),
+            Selected::Quic { fallback: None }
+        );
+    }
+
+    #[test]
+    fn ports_that_are_down_are_named() {
+        let sys = tempfile::tempdir().unwrap();
+        port(sys.path(), "mlx5_0", 1, "1: DOWN");
+        let e = active_port(sys.path()).unwrap_err();
+        assert_eq!(e, "no active port (mlx5_0 port 1 is 1: DOWN)");
+        port(sys.path(), "mlx5_1", 1, "4: ACTIVE");
+        let p = active_port(sys.path()).unwrap();
+        assert_eq!((p.device.as_str(), p.port), ("mlx5_1", 1));
+        // An active port this build cannot use yet: auto says why.
+        match select(TransportChoice::Auto, sys.path()).unwrap() {
+            Selected::Quic { fallback: Some(w) } => {
+                assert!(w.starts_with("rdma: mlx5_1 port 1 is active, but "), "{w}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
