@@ -259,22 +259,18 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
         }
     }
     // One root hash (and one commit) across nodes.
-    let mut roots: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (n, f) in &nodes {
-        if let Some(r) = &f.weights.root {
-            roots.entry(r.as_str()).or_default().push(&n.name);
-        }
-    }
+    let roots = by_value(
+        nodes
+            .iter()
+            .filter_map(|(n, f)| f.weights.root.as_deref().map(|r| (r, n.name.as_str()))),
+    );
     if roots.len() > 1 {
         let (major, _) = roots
             .iter()
             .max_by_key(|(r, ns)| (ns.len(), ns.contains(&setup.nodes[0].name.as_str()), *r))
             .map(|(r, ns)| (*r, ns.clone()))
             .unwrap_or_default();
-        let list: Vec<String> = roots
-            .iter()
-            .map(|(r, ns)| format!("{} on {}", short(r), ns.join(", ")))
-            .collect();
+        let list = spread(&roots, |r| short(r).to_string(), ", root ");
         let odd: Vec<&str> = roots
             .iter()
             .filter(|(r, _)| **r != major)
@@ -287,7 +283,7 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
             format!(
                 "the nodes hold different models at {}: root {}; {} differ",
                 setup.model.path,
-                list.join(", root "),
+                list,
                 odd.join(", ")
             ),
             Some(format!(
@@ -296,18 +292,13 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
             )),
         );
     }
-    let commits: BTreeMap<&str, Vec<&str>> = nodes
-        .iter()
-        .filter_map(|(n, f)| f.weights.commit.as_deref().map(|c| (c, n.name.as_str())))
-        .fold(BTreeMap::new(), |mut m, (c, n)| {
-            m.entry(c).or_insert_with(Vec::new).push(n);
-            m
-        });
-    if commits.len() > 1 {
-        let list: Vec<String> = commits
+    let commits = by_value(
+        nodes
             .iter()
-            .map(|(c, ns)| format!("{} on {}", short(c), ns.join(", ")))
-            .collect();
+            .filter_map(|(n, f)| f.weights.commit.as_deref().map(|c| (c, n.name.as_str()))),
+    );
+    if commits.len() > 1 {
+        let list = spread(&commits, |c| short(c).to_string(), "; ");
         row(
             "weights",
             "*",
@@ -315,7 +306,7 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
             format!(
                 "refs/{} names different commits: {}",
                 setup.model.revision.as_deref().unwrap_or("main"),
-                list.join("; ")
+                list
             ),
             Some("pin one commit: set revision = \"<40-hex commit>\" in [launch], or sync the same revision to every node".into()),
         );
@@ -620,16 +611,10 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
     }
 
     // links: one MTU on the fabric
-    let mtus: BTreeMap<u32, Vec<&str>> = nodes
-        .iter()
-        .filter_map(|(n, f)| match &f.fabric {
-            Probe::Ok(i) => Some((i.mtu, n.name.as_str())),
-            _ => None,
-        })
-        .fold(BTreeMap::new(), |mut m, (mtu, n)| {
-            m.entry(mtu).or_insert_with(Vec::new).push(n);
-            m
-        });
+    let mtus = by_value(nodes.iter().filter_map(|(n, f)| match &f.fabric {
+        Probe::Ok(i) => Some((i.mtu, n.name.as_str())),
+        _ => None,
+    }));
     match mtus.len() {
         0 => {}
         1 => {
@@ -643,15 +628,12 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
             )
         }
         _ => {
-            let list: Vec<String> = mtus
-                .iter()
-                .map(|(m, ns)| format!("{m} on {}", ns.join(", ")))
-                .collect();
+            let list = spread(&mtus, |m| m.to_string(), "; ");
             row(
                 "links",
                 "*",
                 Verdict::Fail,
-                format!("the fabric MTUs differ: {}", list.join("; ")),
+                format!("the fabric MTUs differ: {list}"),
                 Some("set one MTU on every fabric interface (`ip link set IF mtu 9000`, and on the switch): NCCL hangs when large frames are dropped".into()),
             );
         }
@@ -710,7 +692,7 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
         );
     }
     for p in &probes {
-        let mut seen: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        let mut seen: Vec<(String, &str)> = Vec::new();
         let mut missing = Vec::new();
         for (n, f) in &nodes {
             match f
@@ -719,13 +701,14 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
                 .find(|v| v.what == p.what)
                 .map(|v| &v.version)
             {
-                Some(Probe::Ok(v)) => seen.entry(v.clone()).or_default().push(&n.name),
+                Some(Probe::Ok(v)) => seen.push((v.clone(), &n.name)),
                 Some(Probe::Failed(w) | Probe::Skipped(w)) => {
                     missing.push(format!("{}: {w}", n.name))
                 }
                 None => missing.push(format!("{}: not asked", n.name)),
             }
         }
+        let seen = by_value(seen);
         if !missing.is_empty() {
             row(
                 "versions",
@@ -735,15 +718,12 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
                 Some(format!("install the same {} on every node, on the PATH the xfer agent runs with (the ranks inherit it)", p.what)),
             );
         } else if seen.len() > 1 {
-            let list: Vec<String> = seen
-                .iter()
-                .map(|(v, ns)| format!("{v} on {}", ns.join(", ")))
-                .collect();
+            let list = spread(&seen, |v| v.clone(), "; ");
             row(
                 "versions",
                 "*",
                 Verdict::Fail,
-                format!("{} differs: {}", p.what, list.join("; ")),
+                format!("{} differs: {list}", p.what),
                 Some(format!(
                     "install one {} version on every node; mixed builds hang or fail at init",
                     p.what
@@ -759,26 +739,17 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
             );
         }
     }
-    let drivers: BTreeMap<&str, Vec<&str>> = nodes
-        .iter()
-        .filter_map(|(n, f)| match &f.gpus {
-            Probe::Ok(g) => g.driver.as_deref().map(|d| (d, n.name.as_str())),
-            _ => None,
-        })
-        .fold(BTreeMap::new(), |mut m, (d, n)| {
-            m.entry(d).or_insert_with(Vec::new).push(n);
-            m
-        });
+    let drivers = by_value(nodes.iter().filter_map(|(n, f)| match &f.gpus {
+        Probe::Ok(g) => g.driver.as_deref().map(|d| (d, n.name.as_str())),
+        _ => None,
+    }));
     if drivers.len() > 1 {
-        let list: Vec<String> = drivers
-            .iter()
-            .map(|(d, ns)| format!("{d} on {}", ns.join(", ")))
-            .collect();
+        let list = spread(&drivers, |d| d.to_string(), "; ");
         row(
             "versions",
             "*",
             Verdict::Warn,
-            format!("NVIDIA drivers differ: {}", list.join("; ")),
+            format!("NVIDIA drivers differ: {list}"),
             Some("install one driver version on every node".into()),
         );
     }
@@ -845,6 +816,26 @@ fn skip_or_fail(
         ),
         Probe::Ok(_) => {}
     }
+}
+
+/// Node names grouped by the value each reported, values in order.
+fn by_value<'a, K: Ord>(
+    pairs: impl IntoIterator<Item = (K, &'a str)>,
+) -> BTreeMap<K, Vec<&'a str>> {
+    let mut m: BTreeMap<K, Vec<&'a str>> = BTreeMap::new();
+    for (k, node) in pairs {
+        m.entry(k).or_default().push(node);
+    }
+    m
+}
+
+/// "A on n1, n2; B on n3", each value shown by `show`, groups joined by `sep`.
+fn spread<K>(groups: &BTreeMap<K, Vec<&str>>, show: impl Fn(&K) -> String, sep: &str) -> String {
+    groups
+        .iter()
+        .map(|(k, ns)| format!("{} on {}", show(k), ns.join(", ")))
+        .collect::<Vec<_>>()
+        .join(sep)
 }
 
 fn in_prefix(net: IpAddr, len: u8, ip: IpAddr) -> bool {

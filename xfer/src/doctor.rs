@@ -658,6 +658,7 @@ fn table(out: &mut String, indent: &str, rows: &[Vec<String>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::preflight::net::tests::iface;
     use std::fs;
 
     const ZERO: &str = "0000:0000:0000:0000:0000:0000:0000:0000";
@@ -952,19 +953,6 @@ mod tests {
         let p = r.devices[0].problem.as_deref().unwrap();
         assert!(p.starts_with("no ports in "), "{p}");
         assert!(p.contains("`ibv_devinfo -d rxe0`"), "{p}");
-    }
-
-    fn iface(name: &str, addrs: &[(&str, u8)]) -> IfaceFacts {
-        IfaceFacts {
-            name: name.into(),
-            operstate: "up".into(),
-            carrier: Some(true),
-            mtu: 1500,
-            addrs: addrs
-                .iter()
-                .map(|(a, p)| (a.parse().unwrap(), *p))
-                .collect(),
-        }
     }
 
     #[test]

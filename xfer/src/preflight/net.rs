@@ -274,10 +274,11 @@ fn inode_owner(proc: &Path, inodes: &[u64]) -> Option<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn iface(name: &str, addrs: &[(&str, u8)]) -> IfaceFacts {
+    /// An interface that is up, with `addrs` (shared with doctor's tests).
+    pub(crate) fn iface(name: &str, addrs: &[(&str, u8)]) -> IfaceFacts {
         IfaceFacts {
             name: name.into(),
             operstate: "up".into(),
