@@ -2,9 +2,11 @@
 //!
 //! The rest of xfer sees two small traits: a [`ChunkFetcher`] gets one chunk
 //! from a connected peer, and a [`ChunkReader`] supplies chunk bytes when this
-//! node serves. QUIC ([`quic`]) implements them today over one mutually
-//! authenticated connection per peer; an RDMA data plane can implement the
-//! same traits and reuse the scheduler, store and verification unchanged.
+//! node serves. QUIC ([`quic`]) implements them over one mutually
+//! authenticated connection per peer; the RDMA data plane ([`rdma`]) keeps
+//! that connection for requests and moves the bytes by RDMA writes, behind
+//! the same [`ChunkFetcher`], so the scheduler, store and verification are
+//! unchanged. [`select`] decides which one a command uses.
 
 pub mod files;
 pub mod quic;
