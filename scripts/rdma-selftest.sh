@@ -202,6 +202,10 @@ ssh_to "$HOST_A" "cd $REMOTE_DIR && XDG_CACHE_HOME=$REMOTE_DIR/cache env $RENV .
 read -r BYTES DUR HASH OK < <(jq -r '[.bytes_total, .duration_s, .hash_s, ([.nodes[].ok] | all)] | @tsv' "$LOCAL/push.json") ||
     die "unreadable push summary: $(head -c 300 "$LOCAL/push.json")"
 [ "$OK" = true ] || die "the push reports a failed node: $(jq -c '[.nodes[] | select(.ok | not) | .error]' "$LOCAL/push.json")"
+RDMA_BYTES=$(jq -r '[.nodes[].bytes_sent_rdma] | add' "$LOCAL/push.json")
+SENT_BYTES=$(jq -r '[.nodes[].bytes_sent] | add' "$LOCAL/push.json")
+log "of $SENT_BYTES bytes sent, $RDMA_BYTES went by RDMA write"
+[ "$RDMA_BYTES" = "$SENT_BYTES" ] || die "only $RDMA_BYTES of $SENT_BYTES bytes went by RDMA (the rest fell back to QUIC); see the agent's log on $HOST_B and the push's stderr: $(grep -m1 'rdma:' "$LOCAL/push.err" || true)"
 XFER_GBPS=$(awk -v b="$BYTES" -v d="$DUR" -v h="$HASH" 'BEGIN { s = d - h; if (s <= 0) print "n/a"; else printf "%.2f", b * 8 / s / 1e9 }')
 [ "$XFER_GBPS" != n/a ] || die "push duration_s $DUR is not above hash_s $HASH"
 log "xfer: $BYTES bytes in ${DUR}s (hashing ${HASH}s): $XFER_GBPS Gb/s"

@@ -798,3 +798,40 @@ fn a_hub_repo_lands_in_every_nodes_cache() {
         "the repo was pulled once, by a"
     );
 }
+
+/// 9. `xfer sync --transport`: the source's agent has no RDMA data plane
+///    (started with `--transport quic`), so a job that demands RDMA fails
+///    with the reason and delivers nothing; the same job over QUIC
+///    completes.
+#[test]
+fn sync_transport_rdma_fails_where_the_agent_has_no_rdma_and_quic_completes() {
+    let c = Cluster::start("sync-transport", 19, &["a", "b"], &["--transport", "quic"]);
+    let src = c.dir.path().join("src/mt");
+    gen_model(&src, 4 * MIB, 191);
+
+    let (id, _) = c.sync(
+        &src,
+        &["--from", "a", "--nodes", "b", "--transport", "rdma"],
+    );
+    let state = c.poll("the rdma job to fail", Duration::from_secs(30), |s| {
+        let job = s.job("a", &id)?;
+        job.state.starts_with("failed").then(|| job.state.clone())
+    });
+    assert!(
+        state.contains("--transport rdma: the agent on a has no RDMA data plane"),
+        "{state}"
+    );
+    assert!(
+        state.contains("sync with --transport auto or quic"),
+        "{state}"
+    );
+    assert!(!c.root("b").join("mt").exists(), "nothing may arrive");
+
+    let (id, _) = c.sync(
+        &src,
+        &["--from", "a", "--nodes", "b", "--transport", "quic"],
+    );
+    let root = c.wait_complete(&id, "a", &["b"], "mt");
+    assert_eq!(root, source_root(&src));
+    assert_same_tree(&src, &c.root("b").join("mt"));
+}

@@ -30,7 +30,10 @@ use crate::swarm::{self, LinkPlan, Share, Shares};
 use crate::sync::runner::Runner;
 use crate::sync::status::Activity;
 use crate::transport::files::HeldModel;
-use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
+use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::rdma::link::{Nic, Offer};
+use crate::transport::serve::{serve, Serving};
+use crate::transport::Fetcher;
 use crate::wire::{Control, ModelName, Refusal, SwarmPeer, PROTOCOL_VERSION};
 
 /// How often a receiver reports its progress to the source.
@@ -47,6 +50,8 @@ pub struct AgentOptions {
     pub verify_every: Option<Duration>,
     /// Serve Prometheus metrics here.
     pub metrics: Option<SocketAddr>,
+    /// The RDMA NIC transfers use (`--transport`); `None`: QUIC only.
+    pub nic: Option<Arc<dyn Nic>>,
 }
 
 /// Running jobs by model name: a token to cancel each, and a lock the job
@@ -95,7 +100,12 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         });
     }
     let ranks = Supervisor::open(&opts.root, cred.clone());
-    let runner = Runner::new(store.clone(), opts.key.clone(), activity.clone());
+    let runner = Runner::new(
+        store.clone(),
+        opts.key.clone(),
+        activity.clone(),
+        opts.nic.clone(),
+    );
     runner.resume_all();
     if let Some(every) = opts.verify_every {
         let runner = runner.clone();
@@ -115,6 +125,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         activity,
         runner,
         ranks,
+        nic: opts.nic,
     });
     while let Some(incoming) = ep.accept().await {
         let ctx = ctx.clone();
@@ -150,6 +161,7 @@ struct Ctx {
     activity: Arc<Activity>,
     runner: Arc<Runner>,
     ranks: Arc<Supervisor>,
+    nic: Option<Arc<dyn Nic>>,
 }
 
 async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
@@ -191,7 +203,7 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         }
         Control::Offer { name, manifest, .. } => (name, manifest),
         Control::Want { name, .. } => {
-            return serve_model(conn, send, ctx.store.clone(), name).await
+            return serve_model(conn, send, ctx.store.clone(), name, ctx.nic.clone()).await
         }
         Control::Join { name, root, .. } => {
             let (store, shares) = (ctx.store.clone(), ctx.shares.clone());
@@ -435,11 +447,9 @@ async fn run_transfer(
         links.verified = Some(verified);
     }
     // Partial peers first, then the source: see `receive`.
-    peers.push((
-        SOURCE,
-        QuicFetcher::new(conn.clone()),
-        ChunkSet::full(chunks),
-    ));
+    let source =
+        Fetcher::connect(conn.clone(), ctx.nic.as_ref(), transfer.map().chunk_size()).await;
+    peers.push((SOURCE, source, ChunkSet::full(chunks)));
     let receiving = receive(transfer.clone(), peers, links, cfg, token);
     tokio::pin!(receiving);
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
@@ -508,11 +518,13 @@ async fn serve_model(
     mut send: quinn::SendStream,
     store: Store,
     name: ModelName,
+    nic: Option<Arc<dyn Nic>>,
 ) -> Result<()> {
     let Some(HeldModel {
         manifest,
         map,
         reader,
+        paths,
     }) = HeldModel::open(&store, &name)
     else {
         return refuse(&mut send, Refusal::NotHeld(name.to_string())).await;
@@ -520,7 +532,11 @@ async fn serve_model(
     write_frame(&mut send, &Control::Have { manifest }).await?;
     let _ = send.finish();
     tracing::info!("serving {name} to {}", conn.remote_address());
-    quic::serve_chunks(conn, map, reader, None, Arc::new(|_| {})).await;
+    let rdma = Offer {
+        nic,
+        files: Some(paths),
+    };
+    serve(conn, Serving::new(map, reader, rdma)).await;
     Ok(())
 }
 

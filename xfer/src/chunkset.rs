@@ -48,6 +48,12 @@ impl ChunkMap {
         self.sizes.len()
     }
 
+    /// The manifest's chunk size: the length of every chunk but each
+    /// file's last.
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
     /// Global number of a chunk, or `None` if the id is out of range.
     pub fn number(&self, id: ChunkId) -> Option<u64> {
         let f = id.file as usize;

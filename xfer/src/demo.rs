@@ -234,6 +234,7 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
         limit_rate: None,
         connect_timeout: Duration::from_secs(5),
         rehash: true,
+        nic: None,
     };
     let summary = push(&popts, &Progress::new(true)).await?;
     let manifest = crate::scan::scan(&src, opts.chunk_size, &|_| {})?.manifest;

@@ -18,7 +18,9 @@ use crate::chunkset::ChunkSet;
 use crate::receive::{receive, Links};
 use crate::scheduler;
 use crate::store::Store;
-use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
+use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::rdma::link::Nic;
+use crate::transport::Fetcher;
 use crate::wire::{Control, ModelName, PROTOCOL_VERSION};
 
 /// What to fetch from where.
@@ -29,6 +31,8 @@ pub struct FetchOptions {
     pub root: PathBuf,
     pub key: PathBuf,
     pub connect_timeout: Duration,
+    /// The RDMA NIC to fetch with; `None`: QUIC.
+    pub nic: Option<Arc<dyn Nic>>,
 }
 
 /// The `--json` summary.
@@ -86,11 +90,9 @@ pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary> {
     .map_err(|r| anyhow::anyhow!("{}: {r}", opts.root.display()))?;
     let transfer = Arc::new(transfer);
     let skipped = transfer.held_bytes();
-    let peer = (
-        0,
-        QuicFetcher::new(conn.clone()),
-        ChunkSet::full(transfer.map().len()),
-    );
+    let fetcher =
+        Fetcher::connect(conn.clone(), opts.nic.as_ref(), transfer.map().chunk_size()).await;
+    let peer = (0, fetcher, ChunkSet::full(transfer.map().len()));
     let result = receive(
         transfer,
         vec![peer],

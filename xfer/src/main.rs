@@ -93,6 +93,10 @@ enum Cmd {
         /// Follow the job with progress bars until it completes (Ctrl-C leaves it running).
         #[arg(long)]
         wait: bool,
+        /// The data plane the source node offers: RDMA where its agent has
+        /// it (auto), never (quic), or fail the job without it (rdma).
+        #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
+        transport: xfer::transport::select::TransportChoice,
         #[arg(long)]
         json: bool,
     },
@@ -326,7 +330,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             metrics,
             transport,
         } => {
-            xfer::transport::select::choose(transport)?;
+            let nic = xfer::transport::select::choose(transport)?;
             let scheduler = xfer::scheduler::Config {
                 window: window.max(1),
                 ..Default::default()
@@ -338,6 +342,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 scheduler,
                 verify_every: (verify_every > 0).then(|| Duration::from_secs(verify_every)),
                 metrics,
+                nic,
             })
             .await?;
         }
@@ -352,6 +357,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             limit_rate,
             wait,
             json,
+            transport,
         } => {
             let cluster = xfer::cluster::Cluster::load(&cluster)?;
             let req = xfer::sync::client::SyncRequest {
@@ -362,6 +368,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 repo_type,
                 chunk_size,
                 limit_rate,
+                transport,
             };
             let spec = xfer::sync::client::sync(&cluster, &req).await?;
             if !wait {
@@ -515,7 +522,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             connect_timeout,
             rehash,
         } => {
-            xfer::transport::select::choose(transport)?;
+            let nic = xfer::transport::select::choose(transport)?;
             let opts = xfer::push::PushOptions {
                 src,
                 to,
@@ -525,6 +532,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 limit_rate,
                 connect_timeout: Duration::from_secs(connect_timeout),
                 rehash,
+                nic,
             };
             let progress = Progress::new(!json);
             let s = xfer::push::push(&opts, &progress).await?;
@@ -584,9 +592,12 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             json,
         } => {
             // The data plane matters only for the fan-out to agents.
-            if !to.is_empty() || transport == xfer::transport::select::TransportChoice::Rdma {
-                xfer::transport::select::choose(transport)?;
-            }
+            let nic =
+                if !to.is_empty() || transport == xfer::transport::select::TransportChoice::Rdma {
+                    xfer::transport::select::choose(transport)?
+                } else {
+                    None
+                };
             let env = xfer::hub::env::HubEnv::from_process().map_err(anyhow::Error::msg)?;
             let opts = xfer::pull::PullOptions {
                 repo,
@@ -613,6 +624,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                     limit_rate: None,
                     connect_timeout: Duration::from_secs(connect_timeout),
                     rehash: false,
+                    nic,
                 };
                 let s = xfer::pull_fanout::pull_and_fan_out(opts, env, push, progress).await?;
                 if json {
@@ -697,6 +709,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 root,
                 key,
                 connect_timeout: Duration::from_secs(connect_timeout),
+                nic: None,
             };
             let s = xfer::fetch::fetch(&opts).await?;
             if json {

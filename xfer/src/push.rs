@@ -23,6 +23,8 @@ use crate::rate::RateLimiter;
 use crate::scan::{scan_cached, SourceTree};
 use crate::transport::files::FileChunkReader;
 use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::rdma::link::{Nic, Offer};
+use crate::transport::serve::{serve, Serving};
 use crate::transport::ChunkReader;
 use crate::wire::{Control, ModelName, SwarmPeer, PROTOCOL_VERSION};
 
@@ -38,6 +40,8 @@ pub struct PushOptions {
     pub connect_timeout: Duration,
     /// Ignore the hash cache and re-read every file.
     pub rehash: bool,
+    /// The RDMA NIC receivers may fetch over; `None`: QUIC only.
+    pub nic: Option<Arc<dyn Nic>>,
 }
 
 /// The `--json` summary.
@@ -67,6 +71,8 @@ pub struct NodeSummary {
     pub error: Option<String>,
     pub root: Option<String>,
     pub bytes_sent: u64,
+    /// Of `bytes_sent`, what went by RDMA write (0: all over QUIC).
+    pub bytes_sent_rdma: u64,
     pub bytes_skipped: u64,
     /// Verified bytes this node received from the source.
     pub from_source: u64,
@@ -174,6 +180,10 @@ pub async fn deliver(
             map: map.clone(),
             reader: reader.clone(),
             limiter: limiter.clone(),
+            rdma: Offer {
+                nic: opts.nic.clone(),
+                files: Some(tree.sources.clone()),
+            },
             timeout: opts.connect_timeout,
             bar: progress.bytes(addr, manifest.total_bytes()),
         };
@@ -228,6 +238,7 @@ struct NodeCtx {
     map: Arc<ChunkMap>,
     reader: Arc<dyn ChunkReader>,
     limiter: Option<Arc<RateLimiter>>,
+    rdma: Offer,
     timeout: Duration,
     bar: indicatif::ProgressBar,
 }
@@ -236,12 +247,13 @@ impl NodeCtx {
     async fn run(self) -> NodeSummary {
         let started = Instant::now();
         let sent = Arc::new(AtomicU64::new(0));
+        let rdma_sent = Arc::new(AtomicU64::new(0));
         let mut summary = NodeSummary {
             addr: self.addr.clone(),
             ..Default::default()
         };
         let bar = self.bar.clone();
-        match self.deliver(&sent, &mut summary).await {
+        match self.deliver(&sent, &rdma_sent, &mut summary).await {
             Ok(()) => {
                 summary.ok = true;
                 bar.finish_with_message("verified");
@@ -252,11 +264,17 @@ impl NodeCtx {
             }
         }
         summary.bytes_sent = sent.load(Ordering::Relaxed);
+        summary.bytes_sent_rdma = rdma_sent.load(Ordering::Relaxed);
         summary.duration_s = started.elapsed().as_secs_f64();
         summary
     }
 
-    async fn deliver(self, sent: &Arc<AtomicU64>, summary: &mut NodeSummary) -> Result<(), String> {
+    async fn deliver(
+        self,
+        sent: &Arc<AtomicU64>,
+        rdma_sent: &Arc<AtomicU64>,
+        summary: &mut NodeSummary,
+    ) -> Result<(), String> {
         let addr = quic::resolve(&self.addr).map_err(|e| format!("{e:#}"))?;
         let ep = quic::client_endpoint(&self.cred, addr).map_err(|e| format!("{e:#}"))?;
         let conn = quic::connect(&ep, addr, self.timeout).await?;
@@ -283,14 +301,18 @@ impl NodeCtx {
             }
         }
         let counter = sent.clone();
-        let serving = AbortOnDrop(tokio::spawn(quic::serve_chunks(
+        let serving = AbortOnDrop(tokio::spawn(serve(
             conn.clone(),
-            self.map.clone(),
-            self.reader.clone(),
-            self.limiter.clone(),
-            Arc::new(move |n| {
-                counter.fetch_add(n, Ordering::Relaxed);
-            }),
+            Serving {
+                map: self.map.clone(),
+                reader: self.reader.clone(),
+                limiter: self.limiter.clone(),
+                on_sent: Arc::new(move |n| {
+                    counter.fetch_add(n, Ordering::Relaxed);
+                }),
+                rdma: self.rdma.clone(),
+                rdma_sent: rdma_sent.clone(),
+            },
         )));
         let result = loop {
             match read_frame::<Control>(&mut recv).await.map_err(lost) {

@@ -30,7 +30,10 @@ use crate::receive::PeerUpdate;
 use crate::scheduler::PeerId;
 use crate::store::{Store, Transfer};
 use crate::transport::files::{HeldChunkReader, HeldModel};
-use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
+use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::rdma::link::Offer;
+use crate::transport::serve::{serve, Serving};
+use crate::transport::Fetcher;
 use crate::wire::{Control, ModelName, Refusal, SwarmPeer, PROTOCOL_VERSION};
 
 /// How long a joining peer waits for this node to start the same transfer
@@ -135,7 +138,7 @@ pub async fn serve_peer(
         Some(Source::Held(m)) => {
             let has = ChunkSet::full(m.map.len());
             write_frame(&mut send, &Control::Bitfield { has }).await?;
-            quic::serve_chunks(conn, m.map, m.reader, None, Arc::new(|_| {})).await;
+            serve(conn, Serving::new(m.map, m.reader, Offer::none())).await;
             return Ok(());
         }
         None => {
@@ -154,12 +157,11 @@ pub async fn serve_peer(
     write_frame(&mut send, &Control::Bitfield { has }).await?;
     let map = Arc::new(share.transfer.map().clone());
     let reader = Arc::new(HeldChunkReader::new(share.transfer.clone()));
-    let serving = tokio::spawn(quic::serve_chunks(
+    // Peer links stay on QUIC: what a peer serves is still arriving, and
+    // the data plane serves complete files only.
+    let serving = tokio::spawn(serve(
         conn.clone(),
-        map,
-        reader,
-        None,
-        Arc::new(|_| {}),
+        Serving::new(map, reader, Offer::none()),
     ));
     let outcome = announce(&conn, &mut send, &share, &mut verified).await;
     if outcome.is_ok() && share.transfer.is_complete() {
@@ -229,7 +231,7 @@ pub struct LinkPlan {
     pub chunks: u64,
 }
 
-type Joined = (PeerId, QuicFetcher, ChunkSet);
+type Joined = (PeerId, Fetcher, ChunkSet);
 
 /// Fetching side: links to every other member of the swarm. Returns the
 /// peers linked within a short wait (to join the scheduler before the
@@ -239,10 +241,7 @@ type Joined = (PeerId, QuicFetcher, ChunkSet);
 pub async fn link_peers(
     plan: LinkPlan,
     cancel: CancellationToken,
-) -> (
-    Vec<Joined>,
-    mpsc::UnboundedReceiver<PeerUpdate<QuicFetcher>>,
-) {
+) -> (Vec<Joined>, mpsc::UnboundedReceiver<PeerUpdate<Fetcher>>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let plan = Arc::new(plan);
     let mut firsts = Vec::new();
@@ -272,7 +271,7 @@ async fn keep_linked(
     plan: Arc<LinkPlan>,
     peer: SwarmPeer,
     first: oneshot::Sender<Joined>,
-    tx: mpsc::UnboundedSender<PeerUpdate<QuicFetcher>>,
+    tx: mpsc::UnboundedSender<PeerUpdate<Fetcher>>,
     cancel: CancellationToken,
 ) {
     let mut first = Some(first);
@@ -284,7 +283,7 @@ async fn keep_linked(
         };
         match linked {
             Ok((conn, mut recv, has)) => {
-                let fetcher = QuicFetcher::new(conn.clone());
+                let fetcher = Fetcher::quic(conn.clone());
                 let joined = (id, fetcher.clone(), has.clone());
                 let late = match first.take() {
                     Some(f) => f.send(joined).is_err(),
@@ -361,7 +360,7 @@ async fn follow(
     recv: &mut quinn::RecvStream,
     id: PeerId,
     chunks: u64,
-    tx: &mpsc::UnboundedSender<PeerUpdate<QuicFetcher>>,
+    tx: &mpsc::UnboundedSender<PeerUpdate<Fetcher>>,
 ) -> String {
     loop {
         let msg = match read_frame::<Control>(recv).await {

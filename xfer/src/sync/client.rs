@@ -17,6 +17,7 @@ use crate::auth::Credential;
 use crate::cluster::{Cluster, Node};
 use crate::hub::repo::{RepoRef, RepoType};
 use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::select::TransportChoice;
 use crate::units::Bytes;
 use crate::wire::{Control, ModelName, PROTOCOL_VERSION};
 
@@ -83,6 +84,8 @@ pub struct SyncRequest {
     pub repo_type: RepoType,
     pub chunk_size: u64,
     pub limit_rate: Option<u64>,
+    /// The data plane the source node offers.
+    pub transport: TransportChoice,
 }
 
 /// Builds the job and hands it to every agent involved. Returns the job.
@@ -140,6 +143,7 @@ pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
             .collect(),
         chunk_size: req.chunk_size,
         limit_rate: req.limit_rate,
+        transport: req.transport,
     };
     spec.validate().map_err(anyhow::Error::msg)?;
     let mut involved: Vec<&Node> = members.clone();

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::transport::select::TransportChoice;
 use crate::wire::ModelName;
 
 /// Where a job's bytes come from.
@@ -41,6 +42,9 @@ pub struct JobSpec {
     pub chunk_size: u64,
     /// Cap on the source's send rate, bytes per second.
     pub limit_rate: Option<u64>,
+    /// The data plane the source node offers (`xfer sync --transport`).
+    #[serde(default)]
+    pub transport: TransportChoice,
 }
 
 impl JobSpec {
@@ -245,6 +249,7 @@ mod tests {
             }],
             chunk_size: 4 << 20,
             limit_rate: None,
+            transport: TransportChoice::Auto,
         }
     }
 

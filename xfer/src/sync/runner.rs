@@ -19,6 +19,8 @@ use crate::progress::Progress;
 use crate::pull::PullOptions;
 use crate::push::{NodeSummary, PushOptions};
 use crate::store::Store;
+use crate::transport::rdma::link::Nic;
+use crate::transport::select::TransportChoice;
 use crate::wire::ModelName;
 
 /// Pause after a round that left a member incomplete, growing to this.
@@ -33,10 +35,17 @@ pub struct Runner {
     running: Mutex<HashMap<String, CancellationToken>>,
     /// This node's name, as the last job handed to it called it.
     me: Mutex<Option<String>>,
+    /// The agent's RDMA NIC, for the transfers of its jobs.
+    nic: Option<Arc<dyn Nic>>,
 }
 
 impl Runner {
-    pub fn new(store: Store, key: PathBuf, activity: Arc<Activity>) -> Arc<Runner> {
+    pub fn new(
+        store: Store,
+        key: PathBuf,
+        activity: Arc<Activity>,
+        nic: Option<Arc<dyn Nic>>,
+    ) -> Arc<Runner> {
         let jobs = JobDir::new(store.root());
         Arc::new(Runner {
             store,
@@ -45,6 +54,7 @@ impl Runner {
             activity,
             running: Mutex::default(),
             me: Mutex::default(),
+            nic,
         })
     }
 
@@ -225,8 +235,23 @@ impl Runner {
         }
     }
 
+    /// The NIC this job's source offers the other members: the agent's,
+    /// unless the job asked for QUIC; a job that asked for RDMA on an
+    /// agent without it fails, saying so.
+    fn nic_for(&self, spec: &JobSpec) -> Result<Option<Arc<dyn Nic>>, String> {
+        match (spec.transport, &self.nic) {
+            (TransportChoice::Quic, _) => Ok(None),
+            (TransportChoice::Rdma, None) => Err(format!(
+                "--transport rdma: the agent on {} has no RDMA data plane (started with --transport quic, or no usable device: see `xfer doctor`); sync with --transport auto or quic",
+                spec.source_node
+            )),
+            (_, nic) => Ok(nic.clone()),
+        }
+    }
+
     /// One delivery to every member: the root and each member's outcome.
     async fn round(&self, spec: &JobSpec) -> Result<(String, Vec<NodeSummary>), RoundError> {
+        let nic = self.nic_for(spec).map_err(Fatal)?;
         let push = PushOptions {
             src: PathBuf::new(),
             to: spec.members.iter().map(|m| m.agent.clone()).collect(),
@@ -236,6 +261,7 @@ impl Runner {
             limit_rate: spec.limit_rate,
             connect_timeout: Duration::from_secs(5),
             rehash: false,
+            nic,
         };
         let quiet = Progress::new(false);
         match &spec.source {
@@ -409,6 +435,7 @@ impl Runner {
                 root: self.store.root().to_path_buf(),
                 key: self.key.clone(),
                 connect_timeout: Duration::from_secs(5),
+                nic: self.nic.clone(),
             };
             match crate::fetch::fetch(&opts).await {
                 Ok(_) => return Ok(node),

@@ -70,6 +70,8 @@ pub struct HeldModel {
     pub manifest: Manifest,
     pub map: Arc<ChunkMap>,
     pub reader: Arc<FileChunkReader>,
+    /// Its files, in manifest order.
+    pub paths: Vec<PathBuf>,
 }
 
 impl HeldModel {
@@ -77,13 +79,14 @@ impl HeldModel {
     pub fn open(store: &Store, name: &ModelName) -> Option<HeldModel> {
         let manifest = store.record(name)?.manifest.manifest;
         let dir = store.model_dir(name);
-        let paths = manifest.files().map(|f| f.path.under(&dir)).collect();
+        let paths: Vec<PathBuf> = manifest.files().map(|f| f.path.under(&dir)).collect();
         let map = Arc::new(ChunkMap::new(&manifest));
-        let reader = Arc::new(FileChunkReader::new(paths, map.clone()));
+        let reader = Arc::new(FileChunkReader::new(paths.clone(), map.clone()));
         Some(HeldModel {
             manifest,
             map,
             reader,
+            paths,
         })
     }
 }

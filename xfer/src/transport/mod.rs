@@ -6,18 +6,25 @@
 //! authenticated connection per peer; the RDMA data plane ([`rdma`]) keeps
 //! that connection for requests and moves the bytes by RDMA writes, behind
 //! the same [`ChunkFetcher`], so the scheduler, store and verification are
-//! unchanged. [`select`] decides which one a command uses.
+//! unchanged. [`select`] decides which one a node uses, [`Fetcher`] is
+//! what a fetching node gets for one peer (RDMA when both ends can, QUIC
+//! otherwise), and [`serve`] answers both on the serving node.
 
 pub mod files;
 pub mod quic;
 pub mod rdma;
 pub mod select;
+pub mod serve;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
 use crate::manifest::ChunkId;
+use quic::QuicFetcher;
+use rdma::link::Nic;
+use rdma::plane::{PlaneConfig, RdmaFetcher};
 
 /// Why a fetch produced no bytes.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -48,4 +55,62 @@ pub trait ChunkFetcher: Clone + Send + Sync + 'static {
 pub trait ChunkReader: Send + Sync + 'static {
     /// The chunk's bytes, or why they cannot be had.
     fn read_chunk(&self, chunk: ChunkId) -> Result<Bytes, String>;
+}
+
+/// Fetches from one peer over the data plane the two ends agreed on.
+#[derive(Clone)]
+pub enum Fetcher {
+    Quic(QuicFetcher),
+    Rdma(RdmaFetcher),
+}
+
+impl Fetcher {
+    /// Over QUIC only.
+    pub fn quic(conn: quinn::Connection) -> Fetcher {
+        Fetcher::Quic(QuicFetcher::new(conn))
+    }
+
+    /// Over RDMA when this node has a NIC (`nic`) and the peer takes the
+    /// data plane for chunks of `chunk_size` bytes; over QUIC otherwise,
+    /// saying why in one line.
+    pub async fn connect(
+        conn: quinn::Connection,
+        nic: Option<&Arc<dyn Nic>>,
+        chunk_size: u64,
+    ) -> Fetcher {
+        let Some(nic) = nic else {
+            return Fetcher::quic(conn);
+        };
+        let Ok(slot) = u32::try_from(chunk_size) else {
+            tracing::warn!("rdma: chunks of {chunk_size} bytes do not fit a ring slot; using QUIC");
+            return Fetcher::quic(conn);
+        };
+        match rdma::link::open(&conn, nic.as_ref(), PlaneConfig::new(slot)).await {
+            Ok(plane) => {
+                tracing::info!("rdma: data plane up with {}", conn.remote_address());
+                Fetcher::Rdma(RdmaFetcher::new(plane, conn))
+            }
+            Err(why) => {
+                tracing::warn!("rdma: {why}; using QUIC with {}", conn.remote_address());
+                Fetcher::quic(conn)
+            }
+        }
+    }
+
+    /// Which data plane this is, for logs and summaries.
+    pub fn plane(&self) -> &'static str {
+        match self {
+            Fetcher::Quic(_) => "quic",
+            Fetcher::Rdma(_) => "rdma",
+        }
+    }
+}
+
+impl ChunkFetcher for Fetcher {
+    async fn fetch(&self, chunk: ChunkId, len: usize) -> Result<Bytes, FetchError> {
+        match self {
+            Fetcher::Quic(f) => f.fetch(chunk, len).await,
+            Fetcher::Rdma(f) => f.fetch(chunk, len).await,
+        }
+    }
 }

@@ -291,42 +291,6 @@ impl ChunkFetcher for QuicFetcher {
     }
 }
 
-/// Serves chunk requests arriving on `conn` until it closes, in the order
-/// they arrive. `on_sent` is told the size of each chunk sent.
-pub async fn serve_chunks(
-    conn: Connection,
-    map: Arc<ChunkMap>,
-    reader: Arc<dyn ChunkReader>,
-    limiter: Option<Arc<crate::rate::RateLimiter>>,
-    on_sent: Arc<dyn Fn(u64) + Send + Sync>,
-) {
-    let mut order = 0i32;
-    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-        // First come, first served: an earlier request's bytes go out before
-        // a later one's, so chunks complete one after another (and can be
-        // forwarded sooner) instead of all crawling in parallel.
-        order = order.wrapping_add(1);
-        let _ = send.set_priority(-order.rem_euclid(i32::MAX));
-        let (map, reader, limiter, on_sent) = (
-            map.clone(),
-            reader.clone(),
-            limiter.clone(),
-            on_sent.clone(),
-        );
-        tokio::spawn(async move {
-            let req: ChunkRequest = match read_frame(&mut recv).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!("bad chunk request: {e:#}");
-                    let _ = send.reset(VarInt::from_u32(1));
-                    return;
-                }
-            };
-            answer_chunk(send, req, map, reader, limiter, on_sent).await;
-        });
-    }
-}
-
 /// Answers one chunk request on its stream: the bytes, or why not.
 pub async fn answer_chunk(
     mut send: quinn::SendStream,

@@ -5,12 +5,27 @@
 //! fell back ("rdma: no device (kernel lacks RDMA support); using QUIC").
 //! `rdma` refuses to start without a usable device, with the same reason.
 //! The look at the hardware is sysfs only (`/sys/class/infiniband`), so it
-//! is the same with or without the `rdma` feature.
+//! is the same with or without the `rdma` feature; [`choose`] then opens
+//! the device (feature `rdma`) and hands the command its [`Nic`].
 
 use std::path::Path;
+use std::sync::Arc;
+
+use super::rdma::link::Nic;
 
 /// What the user asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum TransportChoice {
     /// RDMA when this node has an active RDMA port, else QUIC.
     #[default]
@@ -98,10 +113,7 @@ fn unusable(_port: &ActivePort) -> Option<String> {
                 .into(),
         );
     }
-    // The verbs backend, the ring protocol and the data plane exist
-    // (transport/rdma); connecting them to the agents' transfers (the
-    // queue-pair exchange on the control stream) is not built yet.
-    Some("the RDMA data plane is not yet connected to xfer's transfers".into())
+    None
 }
 
 /// Picks the data plane for `choice`, looking at the hardware under `sys`.
@@ -126,18 +138,91 @@ pub fn select(choice: TransportChoice, sys: &Path) -> Result<Selected, String> {
     }
 }
 
-/// [`select`] for a command: prints the fallback line to stderr, or
-/// returns the refusal.
-pub fn choose(choice: TransportChoice) -> anyhow::Result<Selected> {
-    let s = select(choice, Path::new("/sys")).map_err(anyhow::Error::msg)?;
-    if let Selected::Quic {
-        fallback: Some(why),
-    } = &s
-    {
-        eprintln!("{why}");
-        tracing::info!("{why}");
+/// [`select`] for a command, and the NIC it then uses: `None` means QUIC.
+/// With `auto`, prints why it falls back (to stderr, one line); with
+/// `rdma`, returns why it cannot.
+pub fn choose(choice: TransportChoice) -> anyhow::Result<Option<Arc<dyn Nic>>> {
+    let sys = Path::new("/sys");
+    let fallback = |why: String| {
+        let line = format!("rdma: {why}; using QUIC");
+        eprintln!("{line}");
+        tracing::info!("{line}");
+    };
+    match select(choice, sys).map_err(anyhow::Error::msg)? {
+        Selected::Quic { fallback: why } => {
+            if let Some(why) = why {
+                eprintln!("{why}");
+                tracing::info!("{why}");
+            }
+            Ok(None)
+        }
+        Selected::Rdma(port) => match open_nic(sys, &port) {
+            Ok(nic) => {
+                tracing::info!("rdma: {} port {} ({})", port.device, port.port, port.link_layer);
+                Ok(Some(nic))
+            }
+            Err(why) if choice == TransportChoice::Auto => {
+                fallback(why);
+                Ok(None)
+            }
+            Err(why) => anyhow::bail!(
+                "--transport rdma: {why}; use --transport quic (or auto, which falls back by itself)"
+            ),
+        },
     }
-    Ok(s)
+}
+
+/// The GID index to use on `port`: the first RoCE v2 GID with an IPv4
+/// address on Ethernet (what `show_gids` marks), 0 on InfiniBand.
+pub fn gid_index(sys: &Path, port: &ActivePort) -> Result<u32, String> {
+    if port.link_layer == "InfiniBand" {
+        return Ok(0);
+    }
+    crate::doctor::rdma_devices(sys)
+        .devices
+        .iter()
+        .filter(|d| d.name == port.device)
+        .flat_map(|d| d.ports.iter())
+        .find(|p| p.port == port.port)
+        .and_then(|p| p.gid_index)
+        .ok_or_else(|| {
+            format!(
+                "{} port {} has no RoCE v2 GID with an IPv4 address; give its netdev an IPv4 address (xfer doctor lists the GID table)",
+                port.device, port.port
+            )
+        })
+}
+
+/// Opens the NIC of `port`, or of `XFER_RDMA_DEVICE` / `XFER_RDMA_PORT`
+/// when set; the GID index is `XFER_RDMA_GID_INDEX` or [`gid_index`].
+#[cfg(feature = "rdma")]
+fn open_nic(sys: &Path, port: &ActivePort) -> Result<Arc<dyn Nic>, String> {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let parsed = |name: &str| -> Result<Option<u32>, String> {
+        env(name)
+            .map(|v| v.parse().map_err(|_| format!("{name}={v} is not a number")))
+            .transpose()
+    };
+    let mut port = port.clone();
+    if let Some(device) = env("XFER_RDMA_DEVICE") {
+        port.device = device;
+    }
+    if let Some(n) = parsed("XFER_RDMA_PORT")? {
+        port.port = n;
+    }
+    let index = match parsed("XFER_RDMA_GID_INDEX")? {
+        Some(i) => i,
+        None => gid_index(sys, &port)?,
+    };
+    let number = u8::try_from(port.port).map_err(|_| format!("port {} out of range", port.port))?;
+    let nic = super::rdma::sys::SysNic::open(&port.device, number, index)?;
+    Ok(Arc::new(nic))
+}
+
+#[cfg(not(feature = "rdma"))]
+fn open_nic(_sys: &Path, _port: &ActivePort) -> Result<Arc<dyn Nic>, String> {
+    // `select` never picks RDMA in a build without the backend.
+    Err("this xfer was built without the `rdma` feature".into())
 }
 
 #[cfg(test)]
@@ -191,11 +276,12 @@ mod tests {
         port(sys.path(), "mlx5_1", 1, "4: ACTIVE");
         let p = active_port(sys.path()).unwrap();
         assert_eq!((p.device.as_str(), p.port), ("mlx5_1", 1));
-        // An active port this build cannot use yet: auto says why.
+        // Without the backend, auto says why it cannot use the port.
         match select(TransportChoice::Auto, sys.path()).unwrap() {
-            Selected::Quic { fallback: Some(w) } => {
+            Selected::Quic { fallback: Some(w) } if !cfg!(feature = "rdma") => {
                 assert!(w.starts_with("rdma: mlx5_1 port 1 is active, but "), "{w}")
             }
+            Selected::Rdma(p) if cfg!(feature = "rdma") => assert_eq!(p.device, "mlx5_1"),
             other => panic!("{other:?}"),
         }
     }

@@ -16,6 +16,9 @@
 //! to the error state: the rest of its writes complete `Flushed` and later
 //! posts fail, as on hardware. [`Fabric::fail_after`] injects a transport
 //! failure on a queue pair after n more writes.
+//!
+//! [`DoubleHub`] hands out [`Nic`]s over the double, so the queue-pair
+//! exchange ([`super::link`]) runs as it does between two hosts.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -23,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::link::{Local, Nic, PendingLink, QpInfo};
 use super::verbs::{Access, Completion, Region, Verbs, VerbsError, WcKind, WcStatus, WriteImm};
 
 #[derive(Debug)]
@@ -249,6 +253,124 @@ impl Fabric {
                 kind: WcKind::Write,
             });
         }
+    }
+}
+
+/// Send queue depth of the queue pairs a [`DoubleHub`] connects.
+const HUB_DEPTH: u32 = 32;
+
+/// Makes NICs over the double that can connect to each other. Of the two
+/// ends of a connection, the first to connect (the serving node, which
+/// connects before it answers the hello) makes the [`Fabric`]; the second
+/// takes the other end.
+#[derive(Clone, Default)]
+pub struct DoubleHub {
+    inner: Arc<Mutex<Hub>>,
+}
+
+impl std::fmt::Debug for DoubleHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DoubleHub")
+    }
+}
+
+#[derive(Default)]
+struct Hub {
+    seed: u64,
+    next_qpn: u32,
+    /// Second ends, waiting for their node, by the pair's QPN bases.
+    waiting: HashMap<(u32, u32), End>,
+    fabrics: Vec<Fabric>,
+    /// Applied to the serving end of every fabric made: (qp, writes).
+    faults: Vec<(u32, u32)>,
+}
+
+impl DoubleHub {
+    pub fn new(seed: u64) -> DoubleHub {
+        let hub = DoubleHub::default();
+        hub.inner.lock().unwrap().seed = seed;
+        hub
+    }
+
+    /// One node's NIC.
+    pub fn nic(&self) -> Arc<dyn Nic> {
+        Arc::new(self.clone())
+    }
+
+    /// Every fabric made so far, in order.
+    pub fn fabrics(&self) -> Vec<Fabric> {
+        self.inner.lock().unwrap().fabrics.clone()
+    }
+
+    /// The serving end of every later connection fails on queue pair `qp`
+    /// after `n` writes.
+    pub fn fail_serving_after(&self, qp: u32, n: u32) {
+        self.inner.lock().unwrap().faults.push((qp, n));
+    }
+}
+
+impl Nic for DoubleHub {
+    fn prepare(&self, qps: u32) -> Result<Box<dyn PendingLink>, String> {
+        let mut hub = self.inner.lock().unwrap();
+        let base = hub.next_qpn + 0x10;
+        hub.next_qpn += qps + 0x10;
+        Ok(Box::new(Pending {
+            hub: self.clone(),
+            base,
+            qps,
+        }))
+    }
+}
+
+/// Queue pairs of the double, numbered from `base`, not yet connected.
+struct Pending {
+    hub: DoubleHub,
+    base: u32,
+    qps: u32,
+}
+
+impl PendingLink for Pending {
+    fn local(&self) -> Local {
+        let mut gid = [0u8; 16];
+        gid[..2].copy_from_slice(&[0xfe, 0x80]);
+        gid[12..].copy_from_slice(&self.base.to_be_bytes());
+        Local {
+            gid,
+            gid_index: 0,
+            mtu: 4096,
+            port: 1,
+            lid: 0,
+            qps: (0..self.qps)
+                .map(|i| QpInfo {
+                    qpn: self.base + i,
+                    psn: 0,
+                })
+                .collect(),
+        }
+    }
+
+    fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, String> {
+        if remote.qps.len() != self.qps as usize {
+            return Err(format!(
+                "the peer has {} queue pairs and we have {}: both ends must create as many",
+                remote.qps.len(),
+                self.qps
+            ));
+        }
+        let theirs = remote.qps.first().map_or(0, |q| q.qpn);
+        let key = (self.base.min(theirs), self.base.max(theirs));
+        let mut hub = self.hub.inner.lock().unwrap();
+        if let Some(end) = hub.waiting.remove(&key) {
+            return Ok(Arc::new(end));
+        }
+        let seed = hub.seed.wrapping_add(hub.fabrics.len() as u64);
+        let (fabric, first, second) = Fabric::pair(self.qps, HUB_DEPTH, seed);
+        for &(qp, n) in &hub.faults {
+            fabric.fail_after(&first, qp, n);
+        }
+        hub.waiting.insert(key, second);
+        hub.fabrics.push(fabric);
+        Ok(Arc::new(first))
     }
 }
 

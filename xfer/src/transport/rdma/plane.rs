@@ -1,6 +1,6 @@
 //! The RDMA data plane of one connection, over any [`Verbs`]: the fetching
 //! side ([`RecvPlane`], [`RdmaFetcher`]) and the serving side
-//! ([`SendPlane`], [`serve_rdma`]).
+//! ([`SendPlane`], driven by [`crate::transport::serve`]).
 //!
 //! The QUIC connection stays: each chunk is still requested on a stream of
 //! its own, but the request names a ring slot ([`RdmaRequest`]) and the
@@ -28,9 +28,9 @@ use super::verbs::{Access, Completion, Region, Verbs, WcKind, WcStatus, WriteImm
 use crate::aligned::AlignedBuf;
 use crate::chunkset::ChunkMap;
 use crate::manifest::ChunkId;
-use crate::transport::quic::{self, read_frame, write_frame, QuicFetcher};
-use crate::transport::{ChunkFetcher, ChunkReader, FetchError};
-use crate::wire::{self, ChunkRequest, RdmaReply, RdmaRequest};
+use crate::transport::quic::{read_frame, write_frame, QuicFetcher};
+use crate::transport::{ChunkFetcher, FetchError};
+use crate::wire::{RdmaReply, RdmaRequest};
 
 /// How a data plane is shaped.
 #[derive(Clone, Copy, Debug)]
@@ -401,7 +401,7 @@ impl SendPlane {
     }
 
     /// Writes one requested chunk; resolves when the write is known done.
-    async fn write(&self, req: RdmaRequest) -> RdmaReply {
+    pub(crate) async fn write(&self, req: RdmaRequest) -> RdmaReply {
         let Some(n) = self.map.number(req.chunk) else {
             return RdmaReply::Unavailable("no such chunk".into());
         };
@@ -518,65 +518,40 @@ async fn poll_send(plane: Weak<SendPlane>) {
     }
 }
 
-/// Serves chunk requests on `conn` until it closes: RDMA requests by a
-/// write into the fetching node's ring, plain ones (the fallback) over
-/// QUIC as [`quic::serve_chunks`] does.
-pub async fn serve_rdma(
-    conn: quinn::Connection,
-    plane: Arc<SendPlane>,
-    reader: Arc<dyn ChunkReader>,
-    on_sent: Arc<dyn Fn(u64) + Send + Sync>,
-) {
-    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-        let (plane, reader, on_sent) = (plane.clone(), reader.clone(), on_sent.clone());
-        let conn = conn.clone();
-        tokio::spawn(async move {
-            let Ok(body) = quic::read_frame_body(&mut recv).await else {
-                let _ = send.reset(quinn::VarInt::from_u32(1));
-                return;
-            };
-            if let Ok(req) = wire::decode::<RdmaRequest>(&body) {
-                // Until the write is known done, or the connection ends (a
-                // last unsignalled write may never be confirmed).
-                let reply = tokio::select! {
-                    r = plane.write(req) => r,
-                    _ = conn.closed() => return,
-                };
-                if reply == RdmaReply::Written {
-                    on_sent(u64::from(req.len));
-                    crate::metrics::served(u64::from(req.len));
-                }
-                let _ = write_frame(&mut send, &reply).await;
-                let _ = send.finish();
-            } else if let Ok(req) = wire::decode::<ChunkRequest>(&body) {
-                let map = plane.map.clone();
-                quic::answer_chunk(send, req, map, reader, None, on_sent).await;
-            } else {
-                let _ = send.reset(quinn::VarInt::from_u32(1));
-            }
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::double::Fabric;
+    use super::super::double::{DoubleHub, Fabric};
+    use super::super::link::Offer;
     use super::*;
     use crate::auth::Credential;
     use crate::chunkset::ChunkSet;
     use crate::receive::{receive, Links};
     use crate::store::Store;
     use crate::transport::files::FileChunkReader;
+    use crate::transport::quic;
+    use crate::transport::serve::{serve, Serving};
+    use crate::transport::ChunkReader;
+    use crate::transport::Fetcher;
     use crate::wire::ModelName;
     use rand::{RngCore, SeedableRng};
     use tokio_util::sync::CancellationToken;
 
     const CHUNK: u32 = 1 << 20;
 
+    /// How the serving node takes part.
+    enum Server {
+        /// With a NIC of the hub and its complete files.
+        Rdma,
+        /// With no NIC (`--transport quic`, or no device).
+        NoNic,
+        /// With a NIC, but the model is still arriving.
+        Partial,
+    }
+
     struct Run {
         _tmp: tempfile::TempDir,
-        fabric: Fabric,
-        fetcher: RdmaFetcher,
+        hub: DoubleHub,
+        fetcher: Fetcher,
         root: String,
         want: String,
         dst: PathBuf,
@@ -584,10 +559,25 @@ mod tests {
         chunks: u64,
     }
 
-    /// Moves a model-like tree from one node to another with the data plane
-    /// on the double and the requests on real QUIC over loopback; `tweak`
-    /// may set faults on the fabric first.
-    async fn transfer(seed: u64, tweak: impl FnOnce(&Fabric, &super::super::double::End)) -> Run {
+    impl Run {
+        fn fabric(&self) -> Fabric {
+            let f = self.hub.fabrics();
+            assert_eq!(f.len(), 1, "one data plane per connection");
+            f[0].clone()
+        }
+
+        fn rdma(&self) -> &RdmaFetcher {
+            match &self.fetcher {
+                Fetcher::Rdma(f) => f,
+                Fetcher::Quic(_) => panic!("the data plane did not come up"),
+            }
+        }
+    }
+
+    /// Moves a model-like tree from one node to another: requests and the
+    /// queue-pair exchange on real QUIC over loopback, the data plane on
+    /// the double; `tweak` may set faults on the hub first.
+    async fn transfer(seed: u64, server: Server, tweak: impl FnOnce(&DoubleHub)) -> Run {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         let src = dir.join("src");
@@ -609,41 +599,39 @@ mod tests {
 
         crate::auth::keygen(&dir.join("key"), true).unwrap();
         let cred = Credential::load(&dir.join("key")).unwrap();
-        let server = quic::server_endpoint("127.0.0.1:0".parse().unwrap(), &cred).unwrap();
-        let addr = server.local_addr().unwrap();
+        let server_ep = quic::server_endpoint("127.0.0.1:0".parse().unwrap(), &cred).unwrap();
+        let addr = server_ep.local_addr().unwrap();
         let client = quic::client_endpoint(&cred, addr).unwrap();
         let accepting = tokio::spawn(async move {
-            let incoming = server.accept().await.unwrap();
-            (incoming.await.unwrap(), server)
+            let incoming = server_ep.accept().await.unwrap();
+            (incoming.await.unwrap(), server_ep)
         });
         let conn = quic::connect(&client, addr, Duration::from_secs(5))
             .await
             .unwrap();
         let (served, _server) = accepting.await.unwrap();
 
-        let (fabric, send_end, recv_end) = Fabric::pair(4, 32, seed);
-        tweak(&fabric, &send_end);
-        let cfg = PlaneConfig {
-            slots: 8,
-            ..PlaneConfig::new(CHUNK)
+        let hub = DoubleHub::new(seed);
+        tweak(&hub);
+        let offer = match server {
+            Server::Rdma => Offer {
+                nic: Some(hub.nic()),
+                files: Some(tree.sources.clone()),
+            },
+            Server::NoNic => Offer::none(),
+            Server::Partial => Offer {
+                nic: Some(hub.nic()),
+                files: None,
+            },
         };
-        let recv_plane = RecvPlane::new(Arc::new(recv_end), cfg).unwrap();
-        let send_plane = SendPlane::new(
-            Arc::new(send_end),
-            &tree.sources,
-            map.clone(),
-            recv_plane.ring_info(),
-            cfg,
-        )
-        .unwrap();
         let reader: Arc<dyn ChunkReader> =
             Arc::new(FileChunkReader::new(tree.sources.clone(), map.clone()));
-        tokio::spawn(serve_rdma(served, send_plane, reader, Arc::new(|_| {})));
+        tokio::spawn(serve(served, Serving::new(map.clone(), reader, offer)));
 
         let store = Store::open(&dir.join("dst")).unwrap();
         let name = ModelName::new("m").unwrap();
         let t = Arc::new(store.begin(&name, manifest.clone()).unwrap());
-        let fetcher = RdmaFetcher::new(recv_plane, conn);
+        let fetcher = Fetcher::connect(conn, Some(&hub.nic()), u64::from(CHUNK)).await;
         let got = receive(
             t,
             vec![(0, fetcher.clone(), ChunkSet::full(map.len()))],
@@ -655,7 +643,7 @@ mod tests {
         .unwrap();
         Run {
             _tmp: tmp,
-            fabric,
+            hub,
             fetcher,
             root: got.root.to_hex().to_string(),
             want: manifest.root().to_hex().to_string(),
@@ -682,38 +670,52 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_model_moves_over_the_data_plane_with_every_chunk_verified() {
-        let r = transfer(1, |_, _| {}).await;
+        let r = transfer(1, Server::Rdma, |_| {}).await;
         assert_eq!(r.root, r.want);
         same_tree(&r.src, &r.dst);
-        // Every non-empty chunk came by RDMA write, none over QUIC, and no
-        // write ever went into a slot without credit.
-        assert_eq!(r.fetcher.chunks_over_rdma(), r.chunks);
-        assert_eq!(r.fabric.writes(), r.chunks);
-        assert!(
-            r.fabric.violations().is_empty(),
-            "{:?}",
-            r.fabric.violations()
-        );
-        assert_eq!(r.fetcher.plane().broken(), None);
+        // The exchange brought up one data plane; every non-empty chunk came
+        // by RDMA write, none over QUIC, and no write ever went into a slot
+        // without credit.
+        let fabric = r.fabric();
+        assert_eq!(r.rdma().chunks_over_rdma(), r.chunks);
+        assert_eq!(fabric.writes(), r.chunks);
+        assert!(fabric.violations().is_empty(), "{:?}", fabric.violations());
+        assert_eq!(r.rdma().plane().broken(), None);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_queue_pair_error_mid_transfer_falls_back_to_quic_and_completes() {
-        let r = transfer(2, |f, send| f.fail_after(send, 2, 2)).await;
+        let r = transfer(2, Server::Rdma, |hub| hub.fail_serving_after(2, 2)).await;
         assert_eq!(r.root, r.want);
         same_tree(&r.src, &r.dst);
-        let over = r.fetcher.chunks_over_rdma();
+        let over = r.rdma().chunks_over_rdma();
         assert!(
             over >= 2 && over < r.chunks,
             "{over} of {} over RDMA",
             r.chunks
         );
-        let why = r.fetcher.plane().broken().unwrap();
+        let why = r.rdma().plane().broken().unwrap();
         assert!(why.contains("queue pair 2"), "{why}");
-        assert!(
-            r.fabric.violations().is_empty(),
-            "{:?}",
-            r.fabric.violations()
-        );
+        let fabric = r.fabric();
+        assert!(fabric.violations().is_empty(), "{:?}", fabric.violations());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_without_a_nic_refuses_the_exchange_and_quic_carries_it() {
+        let r = transfer(3, Server::NoNic, |_| {}).await;
+        assert!(matches!(r.fetcher, Fetcher::Quic(_)));
+        assert_eq!(r.root, r.want);
+        same_tree(&r.src, &r.dst);
+        // The fetching node made queue pairs, but no fabric was ever joined.
+        assert!(r.hub.fabrics().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_model_still_arriving_is_served_over_quic() {
+        let r = transfer(4, Server::Partial, |_| {}).await;
+        assert!(matches!(r.fetcher, Fetcher::Quic(_)));
+        assert_eq!(r.root, r.want);
+        same_tree(&r.src, &r.dst);
+        assert!(r.hub.fabrics().is_empty());
     }
 }

@@ -30,6 +30,9 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub use super::link::{Local, QpInfo};
+use super::link::{Nic, PendingLink};
+use super::verbs::{Access, Completion, Region, Verbs, VerbsError, WcKind, WcStatus, WriteImm};
 use rdma_sys::{
     ___ibv_query_port, ibv_access_flags, ibv_alloc_pd, ibv_close_device, ibv_context, ibv_cq,
     ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr, ibv_destroy_cq, ibv_destroy_qp,
@@ -40,9 +43,6 @@ use rdma_sys::{
     ibv_reg_mr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status,
     ibv_wr_opcode,
 };
-use serde::{Deserialize, Serialize};
-
-use super::verbs::{Access, Completion, Region, Verbs, VerbsError, WcKind, WcStatus, WriteImm};
 
 /// `IBV_LINK_LAYER_*` (an anonymous enum in verbs.h, not in the bindings).
 const LINK_LAYER_INFINIBAND: u8 = 1;
@@ -484,28 +484,6 @@ fn open_context(name: &str) -> Result<*mut ibv_context, String> {
     result
 }
 
-/// One queue pair as the peer needs to know it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QpInfo {
-    pub qpn: u32,
-    /// The first packet sequence number it sends with (24 bits).
-    pub psn: u32,
-}
-
-/// What the peer needs to connect to a set of queue pairs, sent over the
-/// control connection.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Local {
-    pub gid: [u8; 16],
-    pub gid_index: u32,
-    /// The port's active MTU in bytes (256 ... 4096).
-    pub mtu: u32,
-    pub port: u8,
-    /// The port's LID: InfiniBand routes by it within a subnet; 0 on RoCE.
-    pub lid: u16,
-    pub qps: Vec<QpInfo>,
-}
-
 /// Queue pairs and the completion queue they share; destroyed in that order.
 struct QpSet {
     ctx: Arc<Context>,
@@ -679,6 +657,43 @@ impl PendingQps {
             errored,
             set: self.set,
         })
+    }
+}
+
+/// Send and receive queue depth of every queue pair a [`SysNic`] makes:
+/// above the ring's slots per queue pair, so neither queue ever fills.
+const LINK_DEPTH: u32 = 256;
+
+/// One device and port, making queue pairs for the connections of a node
+/// (the [`Nic`] of the queue-pair exchange).
+#[derive(Debug)]
+pub struct SysNic {
+    device: Device,
+}
+
+impl SysNic {
+    pub fn open(name: &str, port: u8, gid_index: u32) -> Result<SysNic, String> {
+        Ok(SysNic {
+            device: Device::open(name, port, gid_index)?,
+        })
+    }
+}
+
+impl Nic for SysNic {
+    fn prepare(&self, qps: u32) -> Result<Box<dyn PendingLink>, String> {
+        Ok(Box::new(
+            self.device.create_qps(qps, LINK_DEPTH, LINK_DEPTH)?,
+        ))
+    }
+}
+
+impl PendingLink for PendingQps {
+    fn local(&self) -> Local {
+        PendingQps::local(self)
+    }
+
+    fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, String> {
+        Ok(Arc::new(PendingQps::connect(*self, remote)?))
     }
 }
 

@@ -1,0 +1,350 @@
+//! Bringing up the RDMA data plane of one QUIC connection: the exchange of
+//! queue-pair and ring details on a stream of its own, and the [`Nic`]s
+//! that take part in it.
+//!
+//! The fetching node opens a stream and sends a [`Hello`]: its GID and GID
+//! index, MTU, port, LID, and the QPN and PSN of each queue pair it made.
+//! The serving node makes as many queue pairs, connects them to the
+//! fetching node's (INIT → RTR → RTS) and answers with its own details
+//! ([`Answer::Accept`]), or says why not ([`Answer::Refuse`]). The fetching
+//! node connects its side, registers its receive ring and sends where the
+//! ring is ([`RingInfo`]: address, rkey, slots, slot size); the serving node
+//! maps and registers the source files read-only and confirms
+//! ([`Ready::Ready`]). From then on chunk requests name ring slots
+//! ([`crate::wire::RdmaRequest`]).
+//!
+//! A refusal or failure at any step leaves the connection as it was: the
+//! fetching node says why in one line and fetches over QUIC.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::plane::{PlaneConfig, RecvPlane, RingInfo, SendPlane};
+use super::verbs::Verbs;
+use crate::chunkset::ChunkMap;
+use crate::transport::quic::{read_frame, write_frame};
+use crate::wire::PROTOCOL_VERSION;
+
+/// One queue pair as the peer needs to know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpInfo {
+    pub qpn: u32,
+    /// The first packet sequence number it sends with (24 bits).
+    pub psn: u32,
+}
+
+/// What the peer needs to connect to a set of queue pairs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Local {
+    pub gid: [u8; 16],
+    pub gid_index: u32,
+    /// The port's active MTU in bytes (256 ... 4096).
+    pub mtu: u32,
+    pub port: u8,
+    /// The port's LID: InfiniBand routes by it within a subnet; 0 on RoCE.
+    pub lid: u16,
+    pub qps: Vec<QpInfo>,
+}
+
+/// A NIC that can make queue pairs for one connection.
+pub trait Nic: Send + Sync + std::fmt::Debug + 'static {
+    /// Makes `qps` queue pairs, ready to be connected to a peer's.
+    fn prepare(&self, qps: u32) -> Result<Box<dyn PendingLink>, String>;
+}
+
+/// Queue pairs made but not yet connected.
+pub trait PendingLink: Send {
+    /// What to send the peer.
+    fn local(&self) -> Local;
+    /// Connects queue pair i to the peer's queue pair i.
+    fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, String>;
+}
+
+/// Starts a stream as the data-plane exchange. A chunk request (a few
+/// varints) is tried first and can never be mistaken for a hello, which
+/// is longer than any of them.
+const MAGIC: [u8; 8] = *b"xferRDMA";
+/// Queue pairs a fetching node may ask for.
+const MAX_QPS: usize = 16;
+/// Ring slots a fetching node may offer.
+const MAX_SLOTS: u32 = 4096;
+/// The whole exchange, both ways.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The fetching node's opening message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    magic: [u8; 8],
+    version: u32,
+    local: Local,
+}
+
+impl Hello {
+    /// The stream's first frame decoded as a hello, if it is one.
+    pub fn decode(body: &[u8]) -> Option<Hello> {
+        crate::wire::decode::<Hello>(body)
+            .ok()
+            .filter(|h| h.magic == MAGIC)
+    }
+}
+
+/// The serving node's answer to a [`Hello`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answer {
+    Accept(Local),
+    Refuse(String),
+}
+
+/// The serving node's answer to the ring's details.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Ready {
+    Ready,
+    Refuse(String),
+}
+
+/// The fetching side: brings up the data plane on `conn`, or says why not.
+pub async fn open(
+    conn: &quinn::Connection,
+    nic: &dyn Nic,
+    cfg: PlaneConfig,
+) -> Result<Arc<RecvPlane>, String> {
+    let exchange = async {
+        let pending = nic.prepare(cfg.qps)?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        let hello = Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            local: pending.local(),
+        };
+        let io = |e: anyhow::Error| format!("the exchange broke off ({e:#})");
+        write_frame(&mut send, &hello).await.map_err(io)?;
+        let remote = match read_frame::<Answer>(&mut recv).await.map_err(io)? {
+            Answer::Accept(l) => l,
+            Answer::Refuse(why) => return Err(why),
+        };
+        let verbs = pending.connect(&remote)?;
+        let plane = RecvPlane::new(verbs, cfg)?;
+        write_frame(&mut send, &plane.ring_info())
+            .await
+            .map_err(io)?;
+        match read_frame::<Ready>(&mut recv).await.map_err(io)? {
+            Ready::Ready => {
+                let _ = send.finish();
+                Ok(plane)
+            }
+            Ready::Refuse(why) => Err(why),
+        }
+    };
+    tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "the peer did not finish the queue-pair exchange within {} s",
+                EXCHANGE_TIMEOUT.as_secs()
+            ))
+        })
+}
+
+/// What a serving node can offer on a connection.
+#[derive(Clone)]
+pub struct Offer {
+    /// Its NIC, if it has a data plane (`--transport auto|rdma` and a
+    /// usable device).
+    pub nic: Option<Arc<dyn Nic>>,
+    /// The source files, in manifest order, when they are complete and
+    /// can be mapped (not a model still arriving).
+    pub files: Option<Vec<PathBuf>>,
+}
+
+impl Offer {
+    /// No data plane: every hello is refused.
+    pub fn none() -> Offer {
+        Offer {
+            nic: None,
+            files: None,
+        }
+    }
+}
+
+/// The serving side of one exchange, whose [`Hello`] has been read: the
+/// data plane, or `None` after telling the fetching node why not.
+pub async fn accept(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    hello: Hello,
+    offer: &Offer,
+    map: Arc<ChunkMap>,
+) -> Option<Arc<SendPlane>> {
+    let exchange = async {
+        let verbs = match admit(&hello, offer) {
+            Ok(nic) => nic.prepare(hello.local.qps.len() as u32).and_then(|p| {
+                let ours = p.local();
+                p.connect(&hello.local).map(|v| (v, ours))
+            }),
+            Err(why) => Err(why),
+        };
+        let (verbs, ours) = match verbs {
+            Ok(v) => v,
+            Err(why) => {
+                let _ = write_frame(&mut send, &Answer::Refuse(why)).await;
+                let _ = send.finish();
+                return None;
+            }
+        };
+        write_frame(&mut send, &Answer::Accept(ours)).await.ok()?;
+        let ring: RingInfo = read_frame(&mut recv).await.ok()?;
+        let files = offer.files.as_deref().unwrap_or_default();
+        let plane = check_ring(&ring, &map).and_then(|()| {
+            SendPlane::new(
+                verbs,
+                files,
+                map.clone(),
+                ring,
+                PlaneConfig::new(ring.slot_size),
+            )
+        });
+        let reply = match &plane {
+            Ok(_) => Ready::Ready,
+            Err(why) => Ready::Refuse(why.clone()),
+        };
+        write_frame(&mut send, &reply).await.ok()?;
+        let _ = send.finish();
+        plane.ok()
+    };
+    tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Whether this node takes the data plane a hello asks for.
+fn admit<'a>(hello: &Hello, offer: &'a Offer) -> Result<&'a Arc<dyn Nic>, String> {
+    if hello.version != PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol version {} here, {} there: run the same xfer on every node",
+            PROTOCOL_VERSION, hello.version
+        ));
+    }
+    let n = hello.local.qps.len();
+    if n == 0 || n > MAX_QPS {
+        return Err(format!(
+            "asked for {n} queue pairs; between 1 and {MAX_QPS} are allowed"
+        ));
+    }
+    let Some(nic) = &offer.nic else {
+        return Err("the serving node has no RDMA data plane (started with --transport quic, or no usable device)".into());
+    };
+    if offer.files.is_none() {
+        return Err(
+            "the serving node is still receiving this model; RDMA serves complete files only"
+                .into(),
+        );
+    }
+    Ok(nic)
+}
+
+/// Whether a ring can hold every chunk of `map`, within limits.
+fn check_ring(ring: &RingInfo, map: &ChunkMap) -> Result<(), String> {
+    if ring.slots == 0 || ring.slots > MAX_SLOTS {
+        return Err(format!(
+            "a ring of {} slots; between 1 and {MAX_SLOTS} are allowed",
+            ring.slots
+        ));
+    }
+    if u64::from(ring.slot_size) < map.chunk_size() {
+        return Err(format!(
+            "ring slots of {} bytes cannot hold chunks of {}",
+            ring.slot_size,
+            map.chunk_size()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::double::DoubleHub;
+    use super::*;
+
+    fn hello(version: u32, qps: u32) -> Hello {
+        let nic = DoubleHub::new(1);
+        let mut local = nic.prepare(qps.max(1)).unwrap().local();
+        local.qps.truncate(qps as usize);
+        Hello {
+            magic: MAGIC,
+            version,
+            local,
+        }
+    }
+
+    #[test]
+    fn hellos_outside_the_rules_are_refused_with_the_reason() {
+        let offer = Offer {
+            nic: Some(DoubleHub::new(2).nic()),
+            files: Some(Vec::new()),
+        };
+        let refused = |h: &Hello, o: &Offer| admit(h, o).err().unwrap();
+        assert!(admit(&hello(PROTOCOL_VERSION, 4), &offer).is_ok());
+        assert!(refused(&hello(PROTOCOL_VERSION + 1, 4), &offer)
+            .contains("run the same xfer on every node"));
+        assert!(refused(&hello(PROTOCOL_VERSION, 0), &offer).contains("asked for 0 queue pairs"));
+        let many = Hello {
+            local: Local {
+                qps: vec![QpInfo { qpn: 1, psn: 0 }; 17],
+                ..hello(PROTOCOL_VERSION, 1).local
+            },
+            ..hello(PROTOCOL_VERSION, 1)
+        };
+        assert!(refused(&many, &offer).contains("between 1 and 16"));
+        assert!(
+            refused(&hello(PROTOCOL_VERSION, 4), &Offer::none()).contains("has no RDMA data plane")
+        );
+        let partial = Offer {
+            files: None,
+            ..offer.clone()
+        };
+        assert!(refused(&hello(PROTOCOL_VERSION, 4), &partial).contains("still receiving"));
+    }
+
+    #[test]
+    fn a_hello_is_never_mistaken_for_a_chunk_request_and_back() {
+        let h = hello(PROTOCOL_VERSION, 4);
+        let body = &crate::wire::encode(&h)[4..];
+        assert_eq!(Hello::decode(body), Some(h));
+        assert!(crate::wire::decode::<crate::wire::ChunkRequest>(body).is_err());
+        assert!(crate::wire::decode::<crate::wire::RdmaRequest>(body).is_err());
+        let req = crate::wire::RdmaRequest {
+            chunk: crate::manifest::ChunkId { file: 1, index: 2 },
+            slot: 3,
+            qp: 1,
+            imm: 7,
+            len: 1 << 20,
+        };
+        assert_eq!(Hello::decode(&crate::wire::encode(&req)[4..]), None);
+    }
+
+    #[test]
+    fn rings_that_cannot_hold_a_chunk_are_refused() {
+        let m = crate::manifest::Manifest {
+            version: crate::manifest::MANIFEST_VERSION,
+            chunk_size: 4 << 20,
+            entries: Vec::new(),
+        };
+        let map = ChunkMap::new(&m);
+        let ring = |slots, slot_size| RingInfo {
+            addr: 0,
+            rkey: 1,
+            slots,
+            slot_size,
+        };
+        assert!(check_ring(&ring(16, 4 << 20), &map).is_ok());
+        assert!(check_ring(&ring(16, 1 << 20), &map)
+            .unwrap_err()
+            .contains("cannot hold chunks"));
+        assert!(check_ring(&ring(0, 4 << 20), &map).is_err());
+        assert!(check_ring(&ring(MAX_SLOTS + 1, 4 << 20), &map).is_err());
+    }
+}
