@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod hub;
+pub mod netns;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
