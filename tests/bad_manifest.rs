@@ -225,7 +225,9 @@ fn hostile_offers_are_refused_and_touch_nothing() {
 
     // Offers the library can express but `validate` must refuse. The
     // expected refusal is the library's own verdict.
-    let mut invalid: Vec<(&str, Manifest)> = Vec::new();
+    // Each refusal must also say what is wrong: the third field is a part
+    // of the message a user sees.
+    let mut invalid: Vec<(&str, Manifest, &str)> = Vec::new();
     let link = |path: &str, target: &str| Entry::Symlink {
         path: RelPath::new(path).unwrap(),
         target: target.into(),
@@ -233,6 +235,7 @@ fn hostile_offers_are_refused_and_touch_nothing() {
     invalid.push((
         "symlink escaping the tree",
         manifest(vec![link("l", "../../../etc/passwd")]),
+        "symlink `l` points outside the tree",
     ));
     invalid.push((
         "nested symlink escaping the tree",
@@ -240,18 +243,22 @@ fn hostile_offers_are_refused_and_touch_nothing() {
             "snapshots/c1/model.safetensors",
             "../../../etc/passwd",
         )]),
+        "points outside the tree",
     ));
     invalid.push((
         "absolute symlink target",
         manifest(vec![link("l", "/etc/passwd")]),
+        "points outside the tree or through another symlink: `/etc/passwd`",
     ));
     invalid.push((
         "symlink with .. after a name",
         manifest(vec![link("s/l", "a/../../x")]),
+        "points outside the tree",
     ));
     invalid.push((
         "file under a symlink",
         manifest(vec![link("d", "e"), Entry::File(file("d/x", &small))]),
+        "`d/x` is inside `d`, which is a file or symlink",
     ));
     invalid.push((
         "duplicate paths",
@@ -259,34 +266,80 @@ fn hostile_offers_are_refused_and_touch_nothing() {
             Entry::File(file("a", &small)),
             Entry::File(file("a", &small)),
         ]),
+        "duplicate or unsorted path",
     ));
     let mut huge = file("big", &small);
     huge.size = u64::MAX;
-    invalid.push(("size u64::MAX", manifest(vec![Entry::File(huge)])));
+    invalid.push((
+        "size u64::MAX",
+        manifest(vec![Entry::File(huge)]),
+        "more than the 1 PiB limit",
+    ));
     let mut huge = file("big", &small);
     huge.size = 1 << 60;
-    invalid.push(("size 1<<60", manifest(vec![Entry::File(huge)])));
+    invalid.push((
+        "size 1<<60",
+        manifest(vec![Entry::File(huge)]),
+        "claims 1152921504606846976 bytes",
+    ));
+    // 16 Ki files of 1 PiB each: their sizes sum past u64::MAX. Each
+    // needs 2^34 chunk hashes it does not carry, so the first is refused.
+    let mut pib = file("big", &small);
+    pib.size = 1 << 50;
+    let overflow: Vec<Entry> = (0..(1u32 << 14) + 1)
+        .map(|i| {
+            let mut f = pib.clone();
+            f.path = RelPath::new(&format!("f{i:05}")).unwrap();
+            Entry::File(f)
+        })
+        .collect();
+    invalid.push((
+        "file sizes summing past u64::MAX",
+        manifest(overflow),
+        "file `f00000` has 1 chunk hashes but 17179869184 chunks",
+    ));
     let mut short = file("f", &data);
     short.chunks.pop();
-    invalid.push(("chunk count below size", manifest(vec![Entry::File(short)])));
+    invalid.push((
+        "chunk count below size",
+        manifest(vec![Entry::File(short)]),
+        "has 3 chunk hashes but 4 chunks",
+    ));
     let mut long = file("f", &data);
     long.chunks.push(long.chunks[0]);
-    invalid.push(("chunk count above size", manifest(vec![Entry::File(long)])));
+    invalid.push((
+        "chunk count above size",
+        manifest(vec![Entry::File(long)]),
+        "has 5 chunk hashes but 4 chunks",
+    ));
     let mut forged = file("f", &data);
     forged.chunks[1].0[0] ^= 1;
     invalid.push((
         "chunks that do not combine to the file hash",
         manifest(vec![Entry::File(forged)]),
+        "chunk hashes do not combine to the file hash",
     ));
     let mut zero = manifest(vec![Entry::File(file("f", &small))]);
     zero.chunk_size = 0;
-    invalid.push(("chunk_size 0", zero));
+    invalid.push((
+        "chunk_size 0",
+        zero,
+        "chunk size 0 is not a power of two between 64 KiB and 256 MiB",
+    ));
     let mut odd = manifest(vec![Entry::File(file("f", &small))]);
     odd.chunk_size = 100_000;
-    invalid.push(("chunk_size not a power of two", odd));
+    invalid.push((
+        "chunk_size not a power of two",
+        odd,
+        "chunk size 100000 is not a power of two",
+    ));
     let mut version = manifest(vec![]);
     version.version = 99;
-    invalid.push(("manifest version 99", version));
+    invalid.push((
+        "manifest version 99",
+        version,
+        "unsupported manifest version 99",
+    ));
 
     // Offers that must not even decode.
     let mut garbage = vec![0u8; 4];
@@ -345,8 +398,12 @@ fn hostile_offers_are_refused_and_touch_nothing() {
         .build()
         .unwrap();
     rt.block_on(async {
-        for (what, m) in &invalid {
+        for (what, m, says) in &invalid {
             let why = m.validate().expect_err(what).to_string();
+            assert!(
+                why.contains(says),
+                "{what}: the refusal `{why}` should say `{says}`"
+            );
             let (reply, _) = send_raw(&cred, addr, &offer("m", m.clone())).await;
             eprintln!("{what}: {reply:?}");
             match reply {
@@ -562,4 +619,31 @@ fn a_file_complete_in_staging_is_placed_by_the_next_push() {
     push_ok(&src, &[&agent.addr], &key, &["--name", "m"]);
     assert_same_tree(&src, &model);
     assert_untouched(&outside);
+}
+
+/// The model folder itself being a symlink that points outside: a push
+/// under that name is refused, says why, and writes nothing through it.
+#[test]
+fn a_model_folder_that_is_a_symlink_is_refused() {
+    let (t, src, outside) = planted("planted-model-dir", 35);
+    let key = t.path().join("key");
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("m")).unwrap();
+    let agent = Agent::start("127.0.0.33:0", &root, &key);
+
+    let r = push(&src, &[&agent.addr], &key, &["--name", "m"]);
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(
+        r.stderr
+            .contains("it is a symlink; xfer never writes through links"),
+        "{r:#?}"
+    );
+    assert_untouched(&outside);
+    assert!(std::fs::symlink_metadata(root.join("m"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // No record of a model that was never placed.
+    assert!(!root.join(".xfer/models/m.json").exists());
 }

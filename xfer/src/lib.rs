@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod demo;
 pub mod doctor;
 pub mod fetch;
+pub mod fuzzing;
 pub mod hash;
 pub mod hashcache;
 pub mod hub;

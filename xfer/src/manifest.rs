@@ -257,15 +257,21 @@ impl Manifest {
     /// including its stated root.
     pub fn load_json(path: &Path) -> anyhow::Result<Manifest> {
         use anyhow::Context;
-        let file = std::fs::File::open(path)
+        let bytes = std::fs::read(path)
             .with_context(|| format!("cannot open manifest {}", path.display()))?;
-        let doc: ManifestDoc = serde_json::from_reader(std::io::BufReader::new(file))
-            .with_context(|| {
-                format!(
-                    "{} is not an xfer manifest (make one with `xfer manifest DIR --json`)",
-                    path.display()
-                )
-            })?;
+        Self::parse_json(&bytes, path)
+    }
+
+    /// [`Manifest::load_json`] on bytes already read; `path` names them in
+    /// messages.
+    pub fn parse_json(bytes: &[u8], path: &Path) -> anyhow::Result<Manifest> {
+        use anyhow::Context;
+        let doc: ManifestDoc = serde_json::from_slice(bytes).with_context(|| {
+            format!(
+                "{} is not an xfer manifest (make one with `xfer manifest DIR --json`)",
+                path.display()
+            )
+        })?;
         doc.manifest
             .validate()
             .with_context(|| format!("manifest {} is invalid", path.display()))?;
@@ -441,6 +447,114 @@ pub(crate) mod tests {
         let mut zero = manifest(vec![]);
         zero.chunk_size = 0;
         assert!(matches!(zero.validate(), Err(ManifestError::ChunkSize(0))));
+    }
+
+    #[test]
+    fn sizes_and_counts_that_would_overflow_are_refused() {
+        let cs = hash::MIN_CHUNK_SIZE;
+        // Just over the limit: refused by size, before any arithmetic.
+        let mut over = manifest(vec![file("a", b"1", cs)]);
+        if let Entry::File(f) = &mut over.entries[0] {
+            f.size = MAX_FILE_SIZE + 1;
+        }
+        let e = over.validate().unwrap_err();
+        assert!(e.to_string().contains("more than the 1 PiB limit"), "{e}");
+        // At the limit, a file needs 2^34 chunk hashes; the claim is only
+        // as good as the hashes sent, so sizes summing past u64::MAX (16 Ki
+        // files of 1 PiB) never reach a sum.
+        let mut pib = match file("a", b"1", cs) {
+            Entry::File(f) => f,
+            _ => unreachable!(),
+        };
+        pib.size = MAX_FILE_SIZE;
+        let entries = (0..(1u32 << 14) + 1)
+            .map(|i| {
+                let mut f = pib.clone();
+                f.path = RelPath::new(&format!("f{i:05}")).unwrap();
+                Entry::File(f)
+            })
+            .collect();
+        let e = manifest(entries).validate().unwrap_err();
+        assert_eq!(
+            e,
+            ManifestError::ChunkCount {
+                path: "f00000".into(),
+                got: 1,
+                want: MAX_FILE_SIZE / cs
+            }
+        );
+        assert!(e
+            .to_string()
+            .contains("has 1 chunk hashes but 17179869184 chunks"));
+        // A validated manifest's totals cannot overflow: each file's bytes
+        // are bounded by its chunks, and the chunks by MAX_TOTAL_CHUNKS.
+        const { assert!(MAX_TOTAL_CHUNKS.checked_mul(hash::MAX_CHUNK_SIZE).is_some()) };
+        const { assert!(MAX_TOTAL_CHUNKS <= u32::MAX as u64) };
+    }
+
+    /// Hand-edited JSON manifests (`xfer verify --manifest`) are refused
+    /// with their reason, whatever is wrong: traversal, absolute paths,
+    /// escaping links, duplicates, oversized files, a zero chunk size.
+    #[test]
+    fn crafted_json_manifests_say_what_is_wrong() {
+        let cs = hash::MIN_CHUNK_SIZE;
+        let good = manifest(vec![file("a", b"hello", cs)]);
+        let doc = serde_json::to_value(good.to_doc()).unwrap();
+        let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut d = doc.clone();
+            edit(&mut d);
+            serde_json::to_vec(&d).unwrap()
+        };
+        let entry = doc["entries"][0].clone();
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            (
+                "traversal",
+                with(&|d| d["entries"][0]["file"]["path"] = "../../etc/x".into()),
+                "path `../../etc/x` climbs out of the tree",
+            ),
+            (
+                "absolute path",
+                with(&|d| d["entries"][0]["file"]["path"] = "/etc/x".into()),
+                "absolute path `/etc/x`",
+            ),
+            (
+                "symlink escape",
+                with(&|d| {
+                    d["entries"][0] =
+                        serde_json::json!({"symlink": {"path": "l", "target": "../x"}})
+                }),
+                "symlink `l` points outside the tree",
+            ),
+            (
+                "duplicate",
+                with(&|d| d["entries"] = serde_json::json!([entry, entry])),
+                "duplicate or unsorted path",
+            ),
+            (
+                "size past u64",
+                with(&|d| d["entries"][0]["file"]["size"] = serde_json::json!(u64::MAX)),
+                "more than the 1 PiB limit",
+            ),
+            (
+                "size past u64, as a bigger number",
+                with(&|d| {
+                    d["entries"][0]["file"]["size"] =
+                        serde_json::Value::Number("18446744073709551616".parse().unwrap())
+                }),
+                "is not an xfer manifest",
+            ),
+            (
+                "zero chunk size",
+                with(&|d| d["chunk_size"] = 0.into()),
+                "chunk size 0 is not a power of two",
+            ),
+        ];
+        for (what, bytes, says) in cases {
+            let e = Manifest::parse_json(&bytes, Path::new("m.json")).expect_err(what);
+            let e = format!("{e:#}");
+            assert!(e.contains(says), "{what}: `{e}` should say `{says}`");
+            assert!(e.contains("m.json"), "{what}: `{e}` should name the file");
+        }
     }
 
     #[test]

@@ -391,6 +391,8 @@ async fn list_files(
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
     files.dedup_by(|a, b| a.path == b.path);
+    // Every later sum is over some of these files.
+    crate::hub::api::total_size(&files).map_err(anyhow::Error::msg)?;
     Ok(files)
 }
 

@@ -52,7 +52,14 @@ impl ModelRecord {
     pub fn load(path: &Path) -> anyhow::Result<ModelRecord> {
         use anyhow::Context;
         let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let rec: ModelRecord = serde_json::from_slice(&bytes)
+        Self::parse(&bytes, path)
+    }
+
+    /// [`ModelRecord::load`] on bytes already read; `path` names them in
+    /// messages.
+    pub fn parse(bytes: &[u8], path: &Path) -> anyhow::Result<ModelRecord> {
+        use anyhow::Context;
+        let rec: ModelRecord = serde_json::from_slice(bytes)
             .with_context(|| format!("{} is damaged", path.display()))?;
         let m = &rec.manifest.manifest;
         m.validate()

@@ -6,6 +6,7 @@
 use serde::Deserialize;
 
 use super::digest::Expected;
+use crate::manifest::MAX_FILE_SIZE;
 use crate::relpath::RelPath;
 
 /// `GET /api/models/{id}/revision/{rev}`, the part we use.
@@ -74,6 +75,12 @@ pub fn parse_tree_page(body: &[u8]) -> Result<Vec<RemoteFile>, String> {
             Some(lfs) => (lfs.size, Expected::Sha256(hex_of(&lfs.oid, 64, &e.path)?)),
             None => (e.size, Expected::GitSha1(hex_of(&e.oid, 40, &e.path)?)),
         };
+        if size > MAX_FILE_SIZE {
+            return Err(format!(
+                "the Hub listed `{}` at {size} bytes, more than the 1 PiB limit",
+                e.path
+            ));
+        }
         files.push(RemoteFile {
             path,
             size,
@@ -81,6 +88,20 @@ pub fn parse_tree_page(body: &[u8]) -> Result<Vec<RemoteFile>, String> {
         });
     }
     Ok(files)
+}
+
+/// The listing's total size, or an error if it does not fit in a `u64`;
+/// once this passed, sums over any of its files cannot overflow.
+pub fn total_size(files: &[RemoteFile]) -> Result<u64, String> {
+    files
+        .iter()
+        .try_fold(0u64, |sum, f| sum.checked_add(f.size))
+        .ok_or_else(|| {
+            format!(
+                "the Hub's file list adds up to more than {} bytes; it cannot be real",
+                u64::MAX
+            )
+        })
 }
 
 fn hex_of(s: &str, len: usize, path: &str) -> Result<String, String> {
@@ -198,6 +219,43 @@ mod tests {
         assert!(parse_tree_page(bad.as_bytes())
             .unwrap_err()
             .contains("malformed hash"));
+    }
+
+    /// Regression (found writing the hub_tree fuzz target; the input is in
+    /// fuzz/regressions/hub_tree/): sizes
+    /// near `u64::MAX` made the pull's byte totals overflow (a panic in a
+    /// debug build, a wrapped free-space check in release).
+    #[test]
+    fn tree_page_sizes_are_bounded() {
+        let g = "c".repeat(40);
+        let body = format!(
+            r#"[{{"type":"file","path":"a","oid":"{g}","size":18446744073709551615}},
+               {{"type":"file","path":"b","oid":"{g}","size":18446744073709551615}}]"#
+        );
+        let e = parse_tree_page(body.as_bytes()).unwrap_err();
+        assert!(
+            e.contains("`a` at 18446744073709551615 bytes, more than the 1 PiB limit"),
+            "{e}"
+        );
+        let lfs = format!(
+            r#"[{{"type":"file","path":"w","oid":"{g}","size":1,
+                 "lfs":{{"oid":"{}","size":1125899906842625}}}}]"#,
+            "a".repeat(64)
+        );
+        assert!(
+            parse_tree_page(lfs.as_bytes()).is_err(),
+            "the LFS size is bounded too"
+        );
+
+        // At the limit each file is fine; 16 Ki of them are not.
+        let pib = RemoteFile {
+            path: RelPath::new("x").unwrap(),
+            size: MAX_FILE_SIZE,
+            expected: Expected::GitSha1(g.clone()),
+        };
+        assert_eq!(total_size(&vec![pib.clone(); 3]), Ok(3 * MAX_FILE_SIZE));
+        let e = total_size(&vec![pib; 1 << 14]).unwrap_err();
+        assert!(e.contains("adds up to more than"), "{e}");
     }
 
     #[test]

@@ -1,0 +1,406 @@
+//! Replays the fuzz corpora on stable: every file under
+//! `fuzz/corpus/TARGET/` and `fuzz/regressions/TARGET/` goes through the
+//! same `xfer::fuzzing` entry point as the fuzz target of that name, which
+//! must not panic. CI has no nightly toolchain, so this is how the inputs
+//! the fuzzer found (and the crashes it once found) keep being checked.
+//!
+//! `cargo test -p xfer --test fuzz_corpus -- --ignored write_seeds`
+//! regenerates the hand-made seeds (`seed-*` files) from the real types.
+
+use std::path::{Path, PathBuf};
+
+use xfer::hash::{self, Hash};
+use xfer::manifest::{ChunkId, Entry, FileEntry, Manifest, MANIFEST_VERSION};
+use xfer::relpath::RelPath;
+use xfer::wire::{
+    encode, ChunkReply, ChunkRequest, Control, ModelName, RdmaReply, RdmaRequest, Refusal,
+    SwarmPeer, PROTOCOL_VERSION,
+};
+
+type Target = fn(&[u8]);
+
+const TARGETS: &[(&str, Target)] = &[
+    ("wire", xfer::fuzzing::wire),
+    ("manifest", xfer::fuzzing::manifest),
+    ("cluster", xfer::fuzzing::cluster),
+    ("hub_tree", xfer::fuzzing::hub_tree),
+];
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+}
+
+/// The files of one folder, sorted; none if it does not exist.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd
+            .map(|e| e.expect("read corpus folder").path())
+            .filter(|p| p.is_file())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    out.sort();
+    out
+}
+
+fn replay(name: &str, target: Target) {
+    let corpus = files(&fuzz_dir().join("corpus").join(name));
+    assert!(
+        !corpus.is_empty(),
+        "fuzz/corpus/{name} is empty or missing; run `cargo test -p xfer --test fuzz_corpus -- --ignored write_seeds`"
+    );
+    let regressions = files(&fuzz_dir().join("regressions").join(name));
+    for path in corpus.iter().chain(&regressions) {
+        let data = std::fs::read(path).expect("read corpus file");
+        let caught = std::panic::catch_unwind(|| target(&data));
+        assert!(caught.is_ok(), "{name} panicked on {}", path.display());
+    }
+    eprintln!(
+        "{name}: {} corpus files, {} regressions",
+        corpus.len(),
+        regressions.len()
+    );
+}
+
+#[test]
+fn wire_corpus() {
+    replay("wire", xfer::fuzzing::wire);
+}
+
+#[test]
+fn manifest_corpus() {
+    replay("manifest", xfer::fuzzing::manifest);
+}
+
+#[test]
+fn cluster_corpus() {
+    replay("cluster", xfer::fuzzing::cluster);
+}
+
+#[test]
+fn hub_tree_corpus() {
+    replay("hub_tree", xfer::fuzzing::hub_tree);
+}
+
+#[test]
+fn every_target_is_replayed() {
+    let dirs: Vec<String> = files_and_dirs(&fuzz_dir().join("fuzz_targets"));
+    for (name, _) in TARGETS {
+        assert!(
+            dirs.contains(&format!("{name}.rs")),
+            "no fuzz target {name}"
+        );
+    }
+    assert_eq!(
+        dirs.len(),
+        TARGETS.len(),
+        "a fuzz target is not replayed here: {dirs:?}"
+    );
+}
+
+fn files_and_dirs(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("fuzz/fuzz_targets")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+// ---- seeds ---------------------------------------------------------------
+
+const CS: u64 = hash::MIN_CHUNK_SIZE;
+
+fn file(path: &str, data: &[u8]) -> Entry {
+    let n = hash::chunk_count(data.len() as u64, CS);
+    Entry::File(FileEntry {
+        path: RelPath::new(path).unwrap(),
+        size: data.len() as u64,
+        hash: blake3::hash(data).into(),
+        executable: path.ends_with(".sh"),
+        chunks: data
+            .chunks(CS as usize)
+            .enumerate()
+            .map(|(i, c)| hash::hash_chunk(c, i as u64, n, CS))
+            .collect(),
+    })
+}
+
+fn sample_manifest() -> Manifest {
+    let big: Vec<u8> = (0..(2 * CS + 100)).map(|i| (i % 251) as u8).collect();
+    let m = Manifest {
+        version: MANIFEST_VERSION,
+        chunk_size: CS,
+        entries: vec![
+            file("blobs/abc", &big),
+            file("config.json", b"{\"model_type\":\"llama\"}"),
+            file("empty", b""),
+            Entry::Dir {
+                path: RelPath::new("logs").unwrap(),
+            },
+            file("run.sh", b"#!/bin/sh\n"),
+            Entry::Symlink {
+                path: RelPath::new("snapshots/c1/model.safetensors").unwrap(),
+                target: "../../blobs/abc".into(),
+            },
+        ],
+    };
+    m.validate().unwrap();
+    m
+}
+
+fn small_manifest() -> Manifest {
+    let m = Manifest {
+        version: MANIFEST_VERSION,
+        chunk_size: CS,
+        entries: vec![file("a", b"hello"), file("b/c", b"")],
+    };
+    m.validate().unwrap();
+    m
+}
+
+fn wire_seeds() -> Vec<(String, Vec<u8>)> {
+    let name = ModelName::new("llama-3").unwrap();
+    let root = sample_manifest().root();
+    let peer: std::net::SocketAddr = "10.0.0.2:7470".parse().unwrap();
+    let mut has = xfer::chunkset::ChunkSet::empty(70);
+    has.insert(0);
+    has.insert(69);
+    let controls = vec![
+        Control::Offer {
+            version: PROTOCOL_VERSION,
+            name: name.clone(),
+            manifest: small_manifest(),
+        },
+        Control::Accepted {
+            held_bytes: 1,
+            held_chunks: 2,
+            need_bytes: 3,
+        },
+        Control::Done {
+            root,
+            received_bytes: 5,
+            corrupt_chunks: 0,
+        },
+        Control::Failed(Refusal::NoSpace {
+            need: 10,
+            have: 2,
+            path: "/x".into(),
+        }),
+        Control::Failed(Refusal::Corrupt {
+            file: 1,
+            index: 2,
+            times: 3,
+        }),
+        Control::Failed(Refusal::BadManifest("why".into())),
+        Control::Want {
+            version: PROTOCOL_VERSION,
+            name: name.clone(),
+        },
+        Control::Have {
+            manifest: small_manifest(),
+        },
+        Control::Swarm {
+            me: 1,
+            peers: vec![
+                SwarmPeer { id: 0, addr: peer },
+                SwarmPeer {
+                    id: 2,
+                    addr: "[fd00::1]:7470".parse().unwrap(),
+                },
+            ],
+        },
+        Control::Join {
+            version: PROTOCOL_VERSION,
+            name: name.clone(),
+            root,
+            from: 2,
+        },
+        Control::Bitfield { has },
+        Control::Has {
+            chunks: vec![1, 300, 1 << 40],
+        },
+        Control::Progress {
+            held_bytes: 1,
+            from_source: 2,
+            from_peers: 3,
+        },
+        Control::PeerDropped {
+            peer,
+            reason: "slow".into(),
+        },
+        Control::JobAccepted { id: "j1".into() },
+        Control::StatusQuery {
+            version: PROTOCOL_VERSION,
+        },
+        Control::CancelJob {
+            version: PROTOCOL_VERSION,
+            id: "j1".into(),
+        },
+        Control::JobCancelled {
+            id: "j1".into(),
+            known: true,
+        },
+        Control::RemoveModel {
+            version: PROTOCOL_VERSION,
+            name: name.clone(),
+        },
+        Control::ModelRemoved {
+            name: name.clone(),
+            existed: false,
+        },
+        Control::RunQuery {
+            version: PROTOCOL_VERSION,
+            run: Some("r1".into()),
+        },
+        Control::Runs(vec![]),
+        Control::StopRun {
+            version: PROTOCOL_VERSION,
+            run: None,
+            grace_ms: 5,
+            reason: "down".into(),
+        },
+        Control::ReadLog {
+            version: PROTOCOL_VERSION,
+            run: "r1".into(),
+            offset: 0,
+            max: 4096,
+        },
+        Control::Reach {
+            version: PROTOCOL_VERSION,
+            listen: Some(peer),
+            peers: vec![],
+            window_ms: 1000,
+        },
+    ];
+    let mut out = Vec::new();
+    for (i, c) in controls.iter().enumerate() {
+        let frame = encode(c);
+        out.push((
+            format!("seed-control-{i:02}-{}", c.kind()),
+            frame[4..].to_vec(),
+        ));
+    }
+    // Two whole frames, prefix included.
+    out.push(("seed-frame-offer".into(), encode(&controls[0])));
+    out.push(("seed-frame-done".into(), encode(&controls[2])));
+    let chunk = ChunkId { file: 3, index: 9 };
+    let others = [
+        ("chunk-request", encode(&ChunkRequest { chunk })),
+        ("chunk-reply-data", encode(&ChunkReply::Data)),
+        (
+            "chunk-reply-unavailable",
+            encode(&ChunkReply::Unavailable("gone".into())),
+        ),
+        (
+            "rdma-request",
+            encode(&RdmaRequest {
+                chunk,
+                slot: 4,
+                qp: 7,
+                imm: 0x1234,
+                len: 1 << 22,
+            }),
+        ),
+        ("rdma-reply-written", encode(&RdmaReply::Written)),
+        ("rdma-reply-failed", encode(&RdmaReply::Failed("qp".into()))),
+        ("model-name", encode(&name)),
+    ];
+    for (what, frame) in others {
+        out.push((format!("seed-{what}"), frame[4..].to_vec()));
+    }
+    out
+}
+
+fn manifest_seeds() -> Vec<(String, Vec<u8>)> {
+    let m = sample_manifest();
+    let doc = serde_json::to_vec_pretty(&m.to_doc()).unwrap();
+    let small = serde_json::to_vec(&small_manifest().to_doc()).unwrap();
+    let record = serde_json::json!({
+        "manifest": small_manifest().to_doc(),
+        "stamps": { "a": { "size": 5, "mtime_ns": 1_700_000_000_000_000_000i128 } },
+    });
+    vec![
+        ("seed-doc.json".into(), doc),
+        ("seed-small.json".into(), small),
+        (
+            "seed-record.json".into(),
+            serde_json::to_vec(&record).unwrap(),
+        ),
+        ("seed-postcard".into(), encode(&m)[4..].to_vec()),
+        (
+            "seed-postcard-small".into(),
+            encode(&small_manifest())[4..].to_vec(),
+        ),
+    ]
+}
+
+fn cluster_seeds() -> Vec<(String, Vec<u8>)> {
+    let example =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cluster.example.toml"))
+            .unwrap();
+    let two = b"key = \"cluster.key\"\n\n[[node]]\nname = \"n1\"\nagent = \"127.0.0.1:7470\"\nroot = \"/srv/models\"\n\n[[node]]\nname = \"n2\"\nagent = \"[::1]\"\nroot = \"/srv/models\"\nfabric_if = \"eth1\"\nfabric_ip = \"192.168.1.2\"\nrdma_device = \"mlx5_0\"\ngid_index = 3\n".to_vec();
+    let defaults = b"key = \"/etc/xfer/key\"\n[defaults]\nroot = \"/data\"\nport = 7471\n\n[[node]]\nname = \"a\"\nagent = \"box.lan\"\n\n[launch]\nengine = \"vllm\"\ntp = 2\n".to_vec();
+    vec![
+        ("seed-example.toml".into(), example),
+        ("seed-two.toml".into(), two),
+        ("seed-defaults.toml".into(), defaults),
+    ]
+}
+
+fn hub_seeds() -> Vec<(String, Vec<u8>)> {
+    let g = "c".repeat(40);
+    let sha = "a".repeat(64);
+    let tree = format!(
+        r#"[{{"type":"directory","oid":"{g}","size":0,"path":"original"}},
+{{"type":"file","oid":"{g}","size":12,"path":"config.json"}},
+{{"type":"file","oid":"{g}","size":134,"path":"original/w.safetensors","lfs":{{"oid":"{sha}","size":5000000000,"pointerSize":134}}}}]"#
+    );
+    let revision = r#"{"_id":"0123456789abcdef01234567","id":"o/m","sha":"0123456789abcdef0123456789abcdef01234567","private":false,"siblings":[{"rfilename":"config.json"}]}"#.to_string();
+    let link = "<https://huggingface.co/api/models/o/m/tree/c?recursive=true&cursor=abc>; rel=\"next\"\nhttps://mirror.example/hf/";
+    vec![
+        ("seed-tree.json".into(), tree.into_bytes()),
+        ("seed-tree-empty.json".into(), b"[]".to_vec()),
+        ("seed-revision.json".into(), revision.into_bytes()),
+        ("seed-link".into(), link.as_bytes().to_vec()),
+    ]
+}
+
+/// Writes the hand-made seeds into fuzz/corpus/TARGET/.
+#[test]
+#[ignore = "writes fuzz/corpus; run by hand"]
+fn write_seeds() {
+    for (name, seeds) in [
+        ("wire", wire_seeds()),
+        ("manifest", manifest_seeds()),
+        ("cluster", cluster_seeds()),
+        ("hub_tree", hub_seeds()),
+    ] {
+        let dir = fuzz_dir().join("corpus").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (file, bytes) in seeds {
+            std::fs::write(dir.join(file), bytes).unwrap();
+        }
+    }
+}
+
+/// The seeds themselves are accepted by their parsers (so the fuzzer
+/// starts from inputs that go deep, not from ones refused at once).
+#[test]
+fn seeds_are_valid_inputs() {
+    for (what, body) in wire_seeds() {
+        if what.starts_with("seed-control") {
+            xfer::wire::decode::<Control>(&body).expect(&what);
+        }
+    }
+    for (what, bytes) in manifest_seeds() {
+        if what.ends_with(".json") && !what.contains("record") {
+            Manifest::parse_json(&bytes, Path::new(&what)).expect(&what);
+        }
+    }
+    for (what, bytes) in cluster_seeds() {
+        xfer::cluster::Cluster::parse(std::str::from_utf8(&bytes).unwrap(), "c.toml")
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    let tree = &hub_seeds()[0].1;
+    assert_eq!(xfer::hub::api::parse_tree_page(tree).unwrap().len(), 2);
+    let _: Hash = sample_manifest().root();
+}
