@@ -108,7 +108,7 @@ impl RecvPlane {
             next_qp: AtomicU32::new(0),
             cfg,
         });
-        tokio::spawn(poll_recv(Arc::downgrade(&plane)));
+        tokio::spawn(poll_completions(Arc::downgrade(&plane)));
         Ok(plane)
     }
 
@@ -250,15 +250,48 @@ impl RecvPlane {
     }
 }
 
-async fn poll_recv(plane: Weak<RecvPlane>) {
+/// A side of the data plane whose completions [`poll_completions`] feeds.
+trait Polled: Send + Sync + 'static {
+    fn verbs(&self) -> &dyn Verbs;
+    fn on_completion(&self, c: Completion);
+    /// Stop polling (the plane failed for good).
+    fn stopped(&self) -> bool {
+        false
+    }
+}
+
+impl Polled for RecvPlane {
+    fn verbs(&self) -> &dyn Verbs {
+        self.verbs.as_ref()
+    }
+    fn on_completion(&self, c: Completion) {
+        RecvPlane::on_completion(self, c)
+    }
+    fn stopped(&self) -> bool {
+        self.broken().is_some()
+    }
+}
+
+impl Polled for SendPlane {
+    fn verbs(&self) -> &dyn Verbs {
+        self.verbs.as_ref()
+    }
+    fn on_completion(&self, c: Completion) {
+        SendPlane::on_completion(self, c)
+    }
+}
+
+/// Polls `plane`'s completions until it is dropped or stops: busy while
+/// completions come, 100 µs naps while none do.
+async fn poll_completions<P: Polled>(plane: Weak<P>) {
     let mut out = Vec::with_capacity(64);
     loop {
         let Some(p) = plane.upgrade() else { return };
-        if p.broken().is_some() {
+        if p.stopped() {
             return;
         }
         out.clear();
-        p.verbs.poll(&mut out, 64);
+        p.verbs().poll(&mut out, 64);
         let idle = out.is_empty();
         for c in out.drain(..) {
             p.on_completion(c);
@@ -396,7 +429,7 @@ impl SendPlane {
             pending: Mutex::default(),
             next_tag: AtomicU64::new(1),
         });
-        tokio::spawn(poll_send(Arc::downgrade(&plane)));
+        tokio::spawn(poll_completions(Arc::downgrade(&plane)));
         Ok(plane)
     }
 
@@ -496,25 +529,6 @@ impl SendPlane {
             }
         }
         self.post(more);
-    }
-}
-
-async fn poll_send(plane: Weak<SendPlane>) {
-    let mut out = Vec::with_capacity(64);
-    loop {
-        let Some(p) = plane.upgrade() else { return };
-        out.clear();
-        p.verbs.poll(&mut out, 64);
-        let idle = out.is_empty();
-        for c in out.drain(..) {
-            p.on_completion(c);
-        }
-        drop(p);
-        if idle {
-            tokio::time::sleep(Duration::from_micros(100)).await;
-        } else {
-            tokio::task::yield_now().await;
-        }
     }
 }
 
