@@ -207,7 +207,7 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         }
         Control::Join { name, root, .. } => {
             let (store, shares) = (ctx.store.clone(), ctx.shares.clone());
-            return swarm::serve_peer(conn, send, store, shares, name, root).await;
+            return swarm::serve_peer(conn, send, store, shares, name, root, ctx.nic.clone()).await;
         }
         Control::SyncJob { node, job, .. } => {
             let id = job.id.clone();
@@ -439,6 +439,8 @@ async fn run_transfer(
             name: name.clone(),
             root: transfer.manifest().root(),
             chunks,
+            chunk_size: transfer.map().chunk_size(),
+            nic: ctx.nic.clone(),
         };
         let (joined, updates) = swarm::link_peers(plan, linking.clone()).await;
         tracing::info!("{name}: linked to {} peers", joined.len());

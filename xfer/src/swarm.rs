@@ -31,7 +31,7 @@ use crate::scheduler::PeerId;
 use crate::store::{Store, Transfer};
 use crate::transport::files::{HeldChunkReader, HeldModel};
 use crate::transport::quic::{self, read_frame, write_frame};
-use crate::transport::rdma::link::Offer;
+use crate::transport::rdma::link::{Nic, Offer};
 use crate::transport::serve::{serve, Serving};
 use crate::transport::Fetcher;
 use crate::wire::{Control, ModelName, Refusal, SwarmPeer, PROTOCOL_VERSION};
@@ -127,6 +127,7 @@ pub async fn serve_peer(
     shares: Arc<Shares>,
     name: ModelName,
     root: Hash,
+    nic: Option<Arc<dyn Nic>>,
 ) -> Result<()> {
     tracing::debug!(
         "join for {name} root {} from {}",
@@ -138,7 +139,11 @@ pub async fn serve_peer(
         Some(Source::Held(m)) => {
             let has = ChunkSet::full(m.map.len());
             write_frame(&mut send, &Control::Bitfield { has }).await?;
-            serve(conn, Serving::new(m.map, m.reader, Offer::none())).await;
+            let rdma = Offer {
+                nic,
+                files: Some(m.paths),
+            };
+            serve(conn, Serving::new(m.map, m.reader, rdma)).await;
             return Ok(());
         }
         None => {
@@ -157,12 +162,9 @@ pub async fn serve_peer(
     write_frame(&mut send, &Control::Bitfield { has }).await?;
     let map = Arc::new(share.transfer.map().clone());
     let reader = Arc::new(HeldChunkReader::new(share.transfer.clone()));
-    // Peer links stay on QUIC: what a peer serves is still arriving, and
-    // the data plane serves complete files only.
-    let serving = tokio::spawn(serve(
-        conn.clone(),
-        Serving::new(map, reader, Offer::none()),
-    ));
+    // Still arriving: over RDMA, verified chunks go through a bounce pool.
+    let rdma = Offer { nic, files: None };
+    let serving = tokio::spawn(serve(conn.clone(), Serving::new(map, reader, rdma)));
     let outcome = announce(&conn, &mut send, &share, &mut verified).await;
     if outcome.is_ok() && share.transfer.is_complete() {
         // Complete: keep serving until the peer is done with us.
@@ -229,6 +231,10 @@ pub struct LinkPlan {
     pub root: Hash,
     /// Chunks in the manifest: a peer's bitfield must match.
     pub chunks: u64,
+    /// The manifest's chunk size (an RDMA ring slot's).
+    pub chunk_size: u64,
+    /// This node's RDMA NIC, to fetch from peers over; `None`: QUIC.
+    pub nic: Option<Arc<dyn Nic>>,
 }
 
 type Joined = (PeerId, Fetcher, ChunkSet);
@@ -283,7 +289,8 @@ async fn keep_linked(
         };
         match linked {
             Ok((conn, mut recv, has)) => {
-                let fetcher = Fetcher::quic(conn.clone());
+                let fetcher =
+                    Fetcher::connect(conn.clone(), plan.nic.as_ref(), plan.chunk_size).await;
                 let joined = (id, fetcher.clone(), has.clone());
                 let late = match first.take() {
                     Some(f) => f.send(joined).is_err(),

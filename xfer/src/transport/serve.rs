@@ -102,7 +102,8 @@ pub async fn serve(conn: Connection, serving: Serving) {
                 let _ = write_frame(&mut send, &reply).await;
                 let _ = send.finish();
             } else if let Some(hello) = link::Hello::decode(&body) {
-                let up = link::accept(send, recv, hello, &s.rdma, s.map.clone()).await;
+                let up =
+                    link::accept(send, recv, hello, &s.rdma, s.map.clone(), s.reader.clone()).await;
                 if let Some(p) = up {
                     tracing::info!("rdma: data plane up with {}", conn.remote_address());
                     *plane.lock().unwrap() = Some(p);

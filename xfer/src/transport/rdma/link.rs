@@ -10,7 +10,10 @@
 //! node connects its side, registers its receive ring and sends where the
 //! ring is ([`RingInfo`]: address, rkey, slots, slot size); the serving node
 //! maps and registers the source files read-only and confirms
-//! ([`Ready::Ready`]). From then on chunk requests name ring slots
+//! ([`Ready::Ready`]); a node serving a model still arriving (a swarm peer
+//! relaying) registers a bounce pool instead and copies each verified
+//! chunk into it before the write. From then on chunk requests name ring
+//! slots
 //! ([`crate::wire::RdmaRequest`]).
 //!
 //! A refusal or failure at any step leaves the connection as it was: the
@@ -26,6 +29,7 @@ use super::plane::{PlaneConfig, RecvPlane, RingInfo, SendPlane};
 use super::verbs::Verbs;
 use crate::chunkset::ChunkMap;
 use crate::transport::quic::{read_frame, write_frame};
+use crate::transport::ChunkReader;
 use crate::wire::PROTOCOL_VERSION;
 
 /// One queue pair as the peer needs to know it.
@@ -155,7 +159,8 @@ pub struct Offer {
     /// usable device).
     pub nic: Option<Arc<dyn Nic>>,
     /// The source files, in manifest order, when they are complete and
-    /// can be mapped (not a model still arriving).
+    /// can be mapped; `None` for a model still arriving, whose chunks go
+    /// through a bounce pool.
     pub files: Option<Vec<PathBuf>>,
 }
 
@@ -177,6 +182,7 @@ pub async fn accept(
     hello: Hello,
     offer: &Offer,
     map: Arc<ChunkMap>,
+    reader: Arc<dyn ChunkReader>,
 ) -> Option<Arc<SendPlane>> {
     let exchange = async {
         let verbs = match admit(&hello, offer) {
@@ -196,15 +202,10 @@ pub async fn accept(
         };
         write_frame(&mut send, &Answer::Accept(ours)).await.ok()?;
         let ring: RingInfo = read_frame(&mut recv).await.ok()?;
-        let files = offer.files.as_deref().unwrap_or_default();
-        let plane = check_ring(&ring, &map).and_then(|()| {
-            SendPlane::new(
-                verbs,
-                files,
-                map.clone(),
-                ring,
-                PlaneConfig::new(ring.slot_size),
-            )
+        let cfg = PlaneConfig::new(ring.slot_size);
+        let plane = check_ring(&ring, &map).and_then(|()| match &offer.files {
+            Some(files) => SendPlane::new(verbs, files, map.clone(), ring, cfg),
+            None => SendPlane::bounced(verbs, reader, map.clone(), ring, cfg),
         });
         let reply = match &plane {
             Ok(_) => Ready::Ready,
@@ -237,12 +238,6 @@ fn admit<'a>(hello: &Hello, offer: &'a Offer) -> Result<&'a Arc<dyn Nic>, String
     let Some(nic) = &offer.nic else {
         return Err("the serving node has no RDMA data plane (started with --transport quic, or no usable device)".into());
     };
-    if offer.files.is_none() {
-        return Err(
-            "the serving node is still receiving this model; RDMA serves complete files only"
-                .into(),
-        );
-    }
     Ok(nic)
 }
 
@@ -302,11 +297,6 @@ mod tests {
         assert!(
             refused(&hello(PROTOCOL_VERSION, 4), &Offer::none()).contains("has no RDMA data plane")
         );
-        let partial = Offer {
-            files: None,
-            ..offer.clone()
-        };
-        assert!(refused(&hello(PROTOCOL_VERSION, 4), &partial).contains("still receiving"));
     }
 
     #[test]

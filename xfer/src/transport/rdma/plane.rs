@@ -29,7 +29,7 @@ use crate::aligned::AlignedBuf;
 use crate::chunkset::ChunkMap;
 use crate::manifest::ChunkId;
 use crate::transport::quic::{read_frame, write_frame, QuicFetcher};
-use crate::transport::{ChunkFetcher, FetchError};
+use crate::transport::{ChunkFetcher, ChunkReader, FetchError};
 use crate::wire::{RdmaReply, RdmaRequest};
 
 /// How a data plane is shaped.
@@ -365,14 +365,136 @@ struct Source {
     region: Option<Region>,
 }
 
+/// Where the serving node's chunk bytes come from.
+enum Origin {
+    /// Complete files, mapped and registered read-only: the NIC reads them
+    /// in place.
+    Files(Vec<Source>),
+    /// Verified chunks of a model still arriving (a swarm peer relaying),
+    /// copied into a registered bounce pool first.
+    Bounce {
+        reader: Arc<dyn ChunkReader>,
+        pool: BouncePool,
+    },
+}
+
+/// Slots of a bounce pool: chunks being written to one peer at once.
+const BOUNCE_SLOTS: u32 = 8;
+
+/// Memory allocated once, written only through its raw pointer.
+struct RawBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is owned (freed once, in Drop); its slots are written
+// only by the one write that took the slot from the pool's free list.
+unsafe impl Send for RawBuf {}
+// SAFETY: as for Send.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    fn new(len: usize) -> RawBuf {
+        let b = vec![0u8; len].into_boxed_slice();
+        RawBuf {
+            ptr: Box::into_raw(b).cast::<u8>(),
+            len,
+        }
+    }
+}
+
+impl Drop for RawBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` came from a boxed slice in `new`, freed once.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+/// Registered memory the NIC reads relayed chunks from: each slot belongs
+/// to one write from the time it is taken until its completion.
+struct BouncePool {
+    mem: RawBuf,
+    region: Region,
+    slot_size: u32,
+    free: Mutex<Vec<u32>>,
+    permits: Semaphore,
+}
+
+/// A bounce slot held by one write; back in the pool when dropped.
+struct BounceSlot<'a> {
+    pool: &'a BouncePool,
+    index: u32,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for BounceSlot<'_> {
+    fn drop(&mut self) {
+        self.pool.free.lock().unwrap().push(self.index);
+    }
+}
+
+impl BouncePool {
+    fn new(verbs: &dyn Verbs, slots: u32, slot_size: u32) -> Result<BouncePool, String> {
+        let len = slots as usize * slot_size as usize;
+        let mem = RawBuf::new(len);
+        let region = verbs
+            .register(mem.ptr as u64, len as u64, Access::LocalRead)
+            .map_err(|e| format!("cannot register the bounce pool: {e}"))?;
+        Ok(BouncePool {
+            mem,
+            region,
+            slot_size,
+            free: Mutex::new((0..slots).rev().collect()),
+            permits: Semaphore::new(slots as usize),
+        })
+    }
+
+    /// Takes a slot (waiting for one) and copies `bytes` into it: the
+    /// address and key to write from, and the slot to hold until done.
+    async fn fill(&self, bytes: &[u8]) -> Result<(u64, u32, BounceSlot<'_>), String> {
+        if bytes.len() > self.slot_size as usize {
+            return Err(format!(
+                "a chunk of {} bytes does not fit a bounce slot",
+                bytes.len()
+            ));
+        }
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| "the bounce pool closed".to_string())?;
+        let index = self
+            .free
+            .lock()
+            .unwrap()
+            .pop()
+            .ok_or("bounce pool out of slots")?;
+        let slot = BounceSlot {
+            pool: self,
+            index,
+            _permit: permit,
+        };
+        let offset = index as usize * self.slot_size as usize;
+        // SAFETY: slot `index` was taken from the free list, so no other
+        // write uses it and the NIC reads it no more (its last write
+        // completed before the slot went back); the copy stays inside it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.ptr.add(offset), bytes.len())
+        };
+        Ok((self.region.addr + offset as u64, self.region.lkey, slot))
+    }
+}
+
 /// A write waiting to be posted or confirmed, and who waits for it.
 type PendingWrite = (WriteImm, oneshot::Sender<Result<(), String>>);
 
-/// The serving side: the source files' registrations, the queue pairs'
-/// send queues, and the writes waiting for their completion.
+/// The serving side: where the bytes come from and their registrations,
+/// the queue pairs' send queues, and the writes waiting for completion.
 pub struct SendPlane {
+    /// Declared first: dropped (and the memory deregistered) before the
+    /// memory of `origin` is unmapped or freed.
     verbs: Arc<dyn Verbs>,
-    sources: Vec<Source>,
+    origin: Origin,
     map: Arc<ChunkMap>,
     ring: RingInfo,
     queues: Mutex<SendQueues>,
@@ -381,8 +503,8 @@ pub struct SendPlane {
 }
 
 impl SendPlane {
-    /// Maps and registers `paths` (the manifest's files, in order) and
-    /// starts polling completions. `ring` is the fetching node's.
+    /// Maps and registers `paths` (the manifest's complete files, in order)
+    /// and starts polling completions. `ring` is the fetching node's.
     pub fn new(
         verbs: Arc<dyn Verbs>,
         paths: &[PathBuf],
@@ -416,6 +538,40 @@ impl SendPlane {
                 region: Some(region),
             });
         }
+        Ok(Self::start(verbs, Origin::Files(sources), map, ring, cfg))
+    }
+
+    /// Serves the chunks `reader` has (a model still arriving) through a
+    /// registered bounce pool. Every write is signalled, so each slot comes
+    /// back as soon as its write is done.
+    pub fn bounced(
+        verbs: Arc<dyn Verbs>,
+        reader: Arc<dyn ChunkReader>,
+        map: Arc<ChunkMap>,
+        ring: RingInfo,
+        cfg: PlaneConfig,
+    ) -> Result<Arc<SendPlane>, String> {
+        let pool = BouncePool::new(verbs.as_ref(), BOUNCE_SLOTS, ring.slot_size)?;
+        let cfg = PlaneConfig {
+            signal_every: 1,
+            ..cfg
+        };
+        Ok(Self::start(
+            verbs,
+            Origin::Bounce { reader, pool },
+            map,
+            ring,
+            cfg,
+        ))
+    }
+
+    fn start(
+        verbs: Arc<dyn Verbs>,
+        origin: Origin,
+        map: Arc<ChunkMap>,
+        ring: RingInfo,
+        cfg: PlaneConfig,
+    ) -> Arc<SendPlane> {
         let plane = Arc::new(SendPlane {
             queues: Mutex::new(SendQueues::new(
                 verbs.qps(),
@@ -423,22 +579,21 @@ impl SendPlane {
                 cfg.signal_every,
             )),
             verbs,
-            sources,
+            origin,
             map,
             ring,
             pending: Mutex::default(),
             next_tag: AtomicU64::new(1),
         });
         tokio::spawn(poll_completions(Arc::downgrade(&plane)));
-        Ok(plane)
+        plane
     }
 
     /// Writes one requested chunk; resolves when the write is known done.
     pub(crate) async fn write(&self, req: RdmaRequest) -> RdmaReply {
-        let Some(n) = self.map.number(req.chunk) else {
+        if self.map.number(req.chunk).is_none() {
             return RdmaReply::Unavailable("no such chunk".into());
-        };
-        let _ = n;
+        }
         let len = self.map.chunk_len(req.chunk);
         if len != u64::from(req.len) || req.slot >= self.ring.slots || req.len > self.ring.slot_size
         {
@@ -447,18 +602,40 @@ impl SendPlane {
                 req.len, req.slot, self.ring.slots
             ));
         }
-        let Some(region) = self
-            .sources
-            .get(req.chunk.file as usize)
-            .and_then(|s| s.region)
-        else {
-            return RdmaReply::Unavailable("no such file".into());
+        // The bounce slot (if any) is held until the write is done.
+        let (local_addr, lkey, _slot) = match &self.origin {
+            Origin::Files(sources) => {
+                let Some(region) = sources.get(req.chunk.file as usize).and_then(|s| s.region)
+                else {
+                    return RdmaReply::Unavailable("no such file".into());
+                };
+                (region.addr + self.map.offset(req.chunk), region.lkey, None)
+            }
+            Origin::Bounce { reader, pool } => {
+                let r = reader.clone();
+                let chunk = req.chunk;
+                let bytes = match tokio::task::spawn_blocking(move || r.read_chunk(chunk)).await {
+                    Ok(Ok(b)) => b,
+                    Ok(Err(why)) => return RdmaReply::Unavailable(why),
+                    Err(e) => return RdmaReply::Failed(format!("reading the chunk failed: {e}")),
+                };
+                if bytes.len() as u64 != len {
+                    return RdmaReply::Unavailable(format!(
+                        "the chunk read back as {} bytes, not {len}",
+                        bytes.len()
+                    ));
+                }
+                match pool.fill(&bytes).await {
+                    Ok((addr, lkey, slot)) => (addr, lkey, Some(slot)),
+                    Err(why) => return RdmaReply::Failed(why),
+                }
+            }
         };
         let wr = WriteImm {
             wr_id: 0,
-            local_addr: region.addr + self.map.offset(req.chunk),
+            local_addr,
             len: req.len,
-            lkey: region.lkey,
+            lkey,
             remote_addr: self.ring.addr + u64::from(req.slot) * u64::from(self.ring.slot_size),
             rkey: self.ring.rkey,
             imm: req.imm,
@@ -558,8 +735,8 @@ mod tests {
         Rdma,
         /// With no NIC (`--transport quic`, or no device).
         NoNic,
-        /// With a NIC, but the model is still arriving.
-        Partial,
+        /// With a NIC, serving a model still arriving (a swarm peer).
+        Relay,
     }
 
     struct Run {
@@ -633,7 +810,7 @@ mod tests {
                 files: Some(tree.sources.clone()),
             },
             Server::NoNic => Offer::none(),
-            Server::Partial => Offer {
+            Server::Relay => Offer {
                 nic: Some(hub.nic()),
                 files: None,
             },
@@ -725,11 +902,23 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_model_still_arriving_is_served_over_quic() {
-        let r = transfer(4, Server::Partial, |_| {}).await;
-        assert!(matches!(r.fetcher, Fetcher::Quic(_)));
+    async fn a_relay_serves_chunks_of_a_model_still_arriving_through_its_bounce_pool() {
+        let r = transfer(4, Server::Relay, |_| {}).await;
         assert_eq!(r.root, r.want);
         same_tree(&r.src, &r.dst);
-        assert!(r.hub.fabrics().is_empty());
+        let fabric = r.fabric();
+        assert_eq!(r.rdma().chunks_over_rdma(), r.chunks);
+        assert_eq!(fabric.writes(), r.chunks);
+        assert!(fabric.violations().is_empty(), "{:?}", fabric.violations());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_relay_whose_queue_pair_fails_falls_back_to_quic_and_completes() {
+        let r = transfer(5, Server::Relay, |hub| hub.fail_serving_after(1, 3)).await;
+        assert_eq!(r.root, r.want);
+        same_tree(&r.src, &r.dst);
+        let over = r.rdma().chunks_over_rdma();
+        assert!(over >= 3 && over < r.chunks, "{over} of {}", r.chunks);
+        assert!(r.rdma().plane().broken().unwrap().contains("queue pair 1"));
     }
 }
