@@ -74,13 +74,7 @@ fn disk_filling_up_mid_push_fails_cleanly_and_resumes() {
     });
     // Another writer takes every free byte.
     let filler = fs.dir.join("filler");
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&filler).unwrap();
-        let block = vec![0xa5u8; 64 * 1024];
-        while f.write_all(&block).is_ok() {}
-        let _ = f.sync_all();
-    }
+    fill_disk(&filler);
     let r = pusher.wait(Duration::from_secs(60));
     assert_eq!(r.status.code(), Some(1), "{r:#?}\nagent: {}", agent.log());
     assert!(

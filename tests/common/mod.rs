@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod hub;
 pub mod netns;
 
@@ -285,6 +286,11 @@ impl Agent {
         }
     }
 
+    /// The agent's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The agent's log so far.
     pub fn log(&self) -> String {
         self.stderr.lock().unwrap().clone()
@@ -543,6 +549,34 @@ pub fn scribble(path: &Path, offset: u64, len: usize, seed: u64) {
     f.sync_all().unwrap();
 }
 
+/// Flips one byte of `path` at `offset` (XOR 0x5a); with `keep_mtime`, puts
+/// the file's mtime back, as silent bit rot would leave it.
+pub fn flip_byte(path: &Path, offset: u64, keep_mtime: bool) {
+    let mtime = fs::metadata(path).unwrap().modified().unwrap();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, offset).unwrap();
+    if keep_mtime {
+        f.set_modified(mtime).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    if keep_mtime {
+        assert_eq!(fs::metadata(path).unwrap().modified().unwrap(), mtime);
+    }
+}
+
+/// Flips one byte of `path` at `offset` and puts its mtime back.
+pub fn flip_byte_keep_mtime(path: &Path, offset: u64) {
+    flip_byte(path, offset, true)
+}
+
 /// One entry of a walked tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Node {
@@ -768,13 +802,101 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        unmount(&self.dir);
+    }
+}
+
+/// A small filesystem for one test: a loop-mounted ext4 image (a real block
+/// allocator, journal and reserved blocks) where `mkfs.ext4` and loop
+/// devices work, else a tmpfs. Unmounted on drop.
+pub struct SmallDisk {
+    pub dir: PathBuf,
+    /// `loop-ext4` or `tmpfs`.
+    pub kind: &'static str,
+    _tmpfs: Option<Tmpfs>,
+}
+
+impl SmallDisk {
+    /// Mounts `size_mib` MiB at `dir`; the ext4 image lives next to `dir`.
+    pub fn mount(dir: &Path, size_mib: u64) -> Result<SmallDisk, String> {
+        match Self::loop_ext4(dir, size_mib) {
+            Ok(d) => Ok(d),
+            Err(why) => {
+                eprintln!("note: no loop-mounted ext4 here ({why}); using a tmpfs");
+                let fs = Tmpfs::mount(dir, &format!("{size_mib}m"))?;
+                Ok(SmallDisk {
+                    dir: dir.to_path_buf(),
+                    kind: "tmpfs",
+                    _tmpfs: Some(fs),
+                })
+            }
         }
+    }
+
+    fn loop_ext4(dir: &Path, size_mib: u64) -> Result<SmallDisk, String> {
+        let image = dir.with_extension("ext4");
+        let sh = |cmd: &mut Command| -> Result<(), String> {
+            let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+            if out.status.success() {
+                return Ok(());
+            }
+            Err(format!(
+                "{cmd:?} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        };
+        fs::File::create(&image)
+            .and_then(|f| f.set_len(size_mib * MIB))
+            .map_err(|e| format!("cannot create {}: {e}", image.display()))?;
+        sh(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image))?;
+        fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        sh(Command::new("mount")
+            .args(["-t", "ext4", "-o", "loop"])
+            .arg(&image)
+            .arg(dir))?;
+        Ok(SmallDisk {
+            dir: dir.to_path_buf(),
+            kind: "loop-ext4",
+            _tmpfs: None,
+        })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        if self._tmpfs.is_some() {
+            return; // Tmpfs unmounts itself.
+        }
+        unmount(&self.dir);
+    }
+}
+
+/// Another writer takes every free byte of the filesystem holding `path`:
+/// appends to `path` until the disk is full. Returns the bytes written.
+pub fn fill_disk(path: &Path) -> u64 {
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    let block = vec![0xa5u8; 64 * 1024];
+    let mut written = 0;
+    while f.write_all(&block).is_ok() {
+        written += block.len() as u64;
+    }
+    let _ = f.sync_all();
+    written
+}
+
+/// `umount DIR`, lazily if it is busy.
+fn unmount(dir: &Path) {
+    let ok = Command::new("umount")
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        let _ = Command::new("umount").arg("-l").arg(dir).status();
     }
 }
 

@@ -108,6 +108,9 @@ struct Entry {
     failed: bool,
     repaired: u64,
     from: (u64, u64),
+    /// (held, total) bytes of the last transfer when it ended: a failed
+    /// one still shows what a re-run resumes from.
+    held: (u64, u64),
     /// The last (time, held bytes) sample, for the rate.
     sample: Option<(Instant, u64, f64)>,
 }
@@ -153,11 +156,12 @@ impl Activity {
     pub fn ended(&self, name: &ModelName, error: Option<String>) {
         let mut m = self.models.lock().unwrap();
         let e = m.entry(name.clone()).or_default();
-        if let Some(Live::Receiving { tally, .. }) = &e.live {
+        if let Some(Live::Receiving { transfer, tally }) = &e.live {
             e.from = (
                 tally.from_source.load(std::sync::atomic::Ordering::Relaxed),
                 tally.from_peers.load(std::sync::atomic::Ordering::Relaxed),
             );
+            e.held = (transfer.held_bytes(), transfer.manifest().total_bytes());
         }
         e.live = None;
         e.failed = error.is_some();
@@ -235,8 +239,8 @@ impl Activity {
                 } else {
                     ModelState::Queued
                 },
-                bytes_total: rec.map(|r| r.manifest.manifest.total_bytes()).unwrap_or(0),
-                bytes_held: rec.map(|r| r.manifest.manifest.total_bytes()).unwrap_or(0),
+                bytes_total: rec.map_or(e.held.1, |r| r.manifest.manifest.total_bytes()),
+                bytes_held: rec.map_or(e.held.0, |r| r.manifest.manifest.total_bytes()),
                 rate_bps: 0.0,
                 eta_s: None,
                 from_source: e.from.0,
