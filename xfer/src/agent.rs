@@ -54,6 +54,48 @@ pub struct AgentOptions {
     pub nic: Option<Arc<dyn Nic>>,
 }
 
+/// Refused connections, logged so that a storm of them cannot grow the
+/// log without bound: the first few of every window one line each, the
+/// rest as one count when the next window starts.
+#[derive(Default)]
+struct RefusalLog {
+    window: Option<std::time::Instant>,
+    shown: u32,
+    hidden: u64,
+}
+
+impl RefusalLog {
+    /// Refusals logged one by one per window.
+    const SHOWN: u32 = 5;
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    fn refused(&mut self, remote: SocketAddr, why: &str) {
+        let now = std::time::Instant::now();
+        if self
+            .window
+            .is_none_or(|w| now.duration_since(w) >= Self::WINDOW)
+        {
+            if self.hidden > 0 {
+                tracing::warn!(
+                    "refused {} more connections in the last {} s (not logged one by one)",
+                    self.hidden,
+                    Self::WINDOW.as_secs()
+                );
+            }
+            *self = RefusalLog {
+                window: Some(now),
+                ..RefusalLog::default()
+            };
+        }
+        if self.shown < Self::SHOWN {
+            self.shown += 1;
+            tracing::warn!("refused connection from {remote}: {why}");
+        } else {
+            self.hidden += 1;
+        }
+    }
+}
+
 /// Running jobs by model name: a token to cancel each, and a lock the job
 /// holds while it runs.
 #[derive(Default)]
@@ -127,17 +169,17 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         ranks,
         nic: opts.nic,
     });
+    let refusals = Arc::new(Mutex::new(RefusalLog::default()));
     while let Some(incoming) = ep.accept().await {
         let ctx = ctx.clone();
+        let refusals = refusals.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(
-                        "refused connection from {remote}: {}",
-                        quic::describe(remote, &e)
-                    );
+                    let why = quic::describe(remote, &e);
+                    refusals.lock().unwrap().refused(remote, &why);
                     return;
                 }
             };
