@@ -21,10 +21,6 @@ use common::netns::*;
 use common::*;
 use rand::{Rng, SeedableRng};
 
-fn long() -> bool {
-    std::env::var("XFER_TORTURE").as_deref() == Ok("long")
-}
-
 /// Files that appeared under a final path with bytes other than the
 /// source's, found by watching the receivers' model folders.
 struct PlacementWatch {
@@ -135,11 +131,7 @@ const WINDOW_BYTES: u64 = 8 * MIB;
 /// and the bytes sent twice stay within a few in-flight windows per kill.
 #[test]
 fn crash_loop_during_a_fan_out_to_three_nodes() {
-    let (kills, size, rate) = if long() {
-        (30, 96 * MIB, 40)
-    } else {
-        (6, 24 * MIB, 40)
-    };
+    let (kills, size, rate) = sized((6, 24 * MIB, 40), (30, 96 * MIB, 40));
     let Some(cluster) = cluster("c", 3, rate) else {
         return;
     };
@@ -231,11 +223,7 @@ fn crash_loop_during_a_fan_out_to_three_nodes() {
 /// byte-identical; goodput against the loss-free run is the figure.
 #[test]
 fn random_packet_loss_between_two_hosts() {
-    let (size, rate) = if long() {
-        (128 * MIB, 100)
-    } else {
-        (32 * MIB, 100)
-    };
+    let (size, rate) = sized((32 * MIB, 100), (128 * MIB, 100));
     let Some(cluster) = cluster("l", 1, rate) else {
         return;
     };
@@ -291,11 +279,10 @@ fn random_packet_loss_between_two_hosts() {
 /// nothing, and once the partition heals it resumes and completes.
 #[test]
 fn partitions_from_the_source_and_from_everyone() {
-    let (size, cut) = if long() {
-        (96 * MIB, Duration::from_secs(10))
-    } else {
-        (32 * MIB, Duration::from_secs(3))
-    };
+    let (size, cut) = sized(
+        (32 * MIB, Duration::from_secs(3)),
+        (96 * MIB, Duration::from_secs(10)),
+    );
     let Some(cluster) = cluster("p", 3, 40) else {
         return;
     };

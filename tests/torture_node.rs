@@ -34,20 +34,6 @@ use xfer::sync::status::ModelState;
 use common::cluster::*;
 use common::*;
 
-/// Whether `XFER_TORTURE=long`.
-fn long_mode() -> bool {
-    std::env::var("XFER_TORTURE").as_deref() == Ok("long")
-}
-
-/// `short`, or `long` in the long mode.
-fn sized<T>(short: T, long: T) -> T {
-    if long_mode() {
-        long
-    } else {
-        short
-    }
-}
-
 /// Prints the case's figures line (`TORTURE case=NAME k=v ...`).
 fn figures(case: &str, pairs: &[(&str, String)]) {
     let mut line = format!("TORTURE case={case}");

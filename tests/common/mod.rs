@@ -926,3 +926,13 @@ pub fn first_line(child: &mut Child, within: Duration) -> String {
     });
     rx.recv_timeout(within).unwrap_or_default()
 }
+
+/// `short`, or `long` when `XFER_TORTURE=long` (the torture suite's long
+/// mode, `scripts/torture.sh long`).
+pub fn sized<T>(short: T, long: T) -> T {
+    if std::env::var("XFER_TORTURE").as_deref() == Ok("long") {
+        long
+    } else {
+        short
+    }
+}
