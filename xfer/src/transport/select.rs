@@ -128,6 +128,11 @@ pub fn select(choice: TransportChoice, sys: &Path) -> Result<Selected, String> {
         },
         Err(w) => w,
     };
+    without_rdma(choice, why)
+}
+
+/// No RDMA, for `why`: `rdma` refuses, `auto` falls back and says why.
+fn without_rdma(choice: TransportChoice, why: String) -> Result<Selected, String> {
     match choice {
         TransportChoice::Rdma => Err(format!(
             "--transport rdma: {why}; use --transport quic (or auto, which falls back by itself)"
@@ -143,33 +148,29 @@ pub fn select(choice: TransportChoice, sys: &Path) -> Result<Selected, String> {
 /// `rdma`, returns why it cannot.
 pub fn choose(choice: TransportChoice) -> anyhow::Result<Option<Arc<dyn Nic>>> {
     let sys = Path::new("/sys");
-    let fallback = |why: String| {
-        let line = format!("rdma: {why}; using QUIC");
-        eprintln!("{line}");
-        tracing::info!("{line}");
-    };
-    match select(choice, sys).map_err(anyhow::Error::msg)? {
-        Selected::Quic { fallback: why } => {
-            if let Some(why) = why {
-                eprintln!("{why}");
-                tracing::info!("{why}");
-            }
-            Ok(None)
-        }
-        Selected::Rdma(port) => match open_nic(sys, &port) {
+    let mut selected = select(choice, sys).map_err(anyhow::Error::msg)?;
+    if let Selected::Rdma(port) = &selected {
+        match open_nic(sys, port) {
             Ok(nic) => {
-                tracing::info!("rdma: {} port {} ({})", port.device, port.port, port.link_layer);
-                Ok(Some(nic))
+                tracing::info!(
+                    "rdma: {} port {} ({})",
+                    port.device,
+                    port.port,
+                    port.link_layer
+                );
+                return Ok(Some(nic));
             }
-            Err(why) if choice == TransportChoice::Auto => {
-                fallback(why);
-                Ok(None)
-            }
-            Err(why) => anyhow::bail!(
-                "--transport rdma: {why}; use --transport quic (or auto, which falls back by itself)"
-            ),
-        },
+            Err(why) => selected = without_rdma(choice, why).map_err(anyhow::Error::msg)?,
+        }
     }
+    if let Selected::Quic {
+        fallback: Some(why),
+    } = &selected
+    {
+        eprintln!("{why}");
+        tracing::info!("{why}");
+    }
+    Ok(None)
 }
 
 /// The GID index to use on `port`: the first RoCE v2 GID with an IPv4

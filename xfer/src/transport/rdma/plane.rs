@@ -763,6 +763,37 @@ mod tests {
                 Fetcher::Quic(_) => panic!("the data plane did not come up"),
             }
         }
+
+        /// The tree arrived whole and every write kept to the ring's rules.
+        fn assert_arrived(&self) {
+            assert_eq!(self.root, self.want);
+            same_tree(&self.src, &self.dst);
+            for f in self.hub.fabrics() {
+                assert!(f.violations().is_empty(), "{:?}", f.violations());
+            }
+        }
+
+        /// One data plane came up and carried every chunk.
+        fn assert_all_over_rdma(&self) {
+            self.assert_arrived();
+            assert_eq!(self.rdma().chunks_over_rdma(), self.chunks);
+            assert_eq!(self.fabric().writes(), self.chunks);
+            assert_eq!(self.rdma().plane().broken(), None);
+        }
+
+        /// The data plane carried at least `min` chunks, not all, and then
+        /// broke on queue pair `qp`; QUIC carried the rest.
+        fn assert_fell_back(&self, min: u64, qp: u32) {
+            self.assert_arrived();
+            let over = self.rdma().chunks_over_rdma();
+            assert!(
+                over >= min && over < self.chunks,
+                "{over} of {} over RDMA",
+                self.chunks
+            );
+            let why = self.rdma().plane().broken().unwrap();
+            assert!(why.contains(&format!("queue pair {qp}")), "{why}");
+        }
     }
 
     /// Moves a model-like tree from one node to another: requests and the
@@ -861,64 +892,36 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_model_moves_over_the_data_plane_with_every_chunk_verified() {
-        let r = transfer(1, Server::Rdma, |_| {}).await;
-        assert_eq!(r.root, r.want);
-        same_tree(&r.src, &r.dst);
-        // The exchange brought up one data plane; every non-empty chunk came
-        // by RDMA write, none over QUIC, and no write ever went into a slot
-        // without credit.
-        let fabric = r.fabric();
-        assert_eq!(r.rdma().chunks_over_rdma(), r.chunks);
-        assert_eq!(fabric.writes(), r.chunks);
-        assert!(fabric.violations().is_empty(), "{:?}", fabric.violations());
-        assert_eq!(r.rdma().plane().broken(), None);
+        transfer(1, Server::Rdma, |_| {})
+            .await
+            .assert_all_over_rdma();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_queue_pair_error_mid_transfer_falls_back_to_quic_and_completes() {
         let r = transfer(2, Server::Rdma, |hub| hub.fail_serving_after(2, 2)).await;
-        assert_eq!(r.root, r.want);
-        same_tree(&r.src, &r.dst);
-        let over = r.rdma().chunks_over_rdma();
-        assert!(
-            over >= 2 && over < r.chunks,
-            "{over} of {} over RDMA",
-            r.chunks
-        );
-        let why = r.rdma().plane().broken().unwrap();
-        assert!(why.contains("queue pair 2"), "{why}");
-        let fabric = r.fabric();
-        assert!(fabric.violations().is_empty(), "{:?}", fabric.violations());
+        r.assert_fell_back(2, 2);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_without_a_nic_refuses_the_exchange_and_quic_carries_it() {
         let r = transfer(3, Server::NoNic, |_| {}).await;
         assert!(matches!(r.fetcher, Fetcher::Quic(_)));
-        assert_eq!(r.root, r.want);
-        same_tree(&r.src, &r.dst);
+        r.assert_arrived();
         // The fetching node made queue pairs, but no fabric was ever joined.
         assert!(r.hub.fabrics().is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_relay_serves_chunks_of_a_model_still_arriving_through_its_bounce_pool() {
-        let r = transfer(4, Server::Relay, |_| {}).await;
-        assert_eq!(r.root, r.want);
-        same_tree(&r.src, &r.dst);
-        let fabric = r.fabric();
-        assert_eq!(r.rdma().chunks_over_rdma(), r.chunks);
-        assert_eq!(fabric.writes(), r.chunks);
-        assert!(fabric.violations().is_empty(), "{:?}", fabric.violations());
+        transfer(4, Server::Relay, |_| {})
+            .await
+            .assert_all_over_rdma();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_relay_whose_queue_pair_fails_falls_back_to_quic_and_completes() {
         let r = transfer(5, Server::Relay, |hub| hub.fail_serving_after(1, 3)).await;
-        assert_eq!(r.root, r.want);
-        same_tree(&r.src, &r.dst);
-        let over = r.rdma().chunks_over_rdma();
-        assert!(over >= 3 && over < r.chunks, "{over} of {}", r.chunks);
-        assert!(r.rdma().plane().broken().unwrap().contains("queue pair 1"));
+        r.assert_fell_back(3, 1);
     }
 }
