@@ -330,20 +330,13 @@ fn bit_rot() {
 
 /// Path → (is a dir, size, mtime) of everything under `root`.
 fn snapshot(root: &Path) -> BTreeMap<String, (bool, u64, SystemTime)> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            let m = fs::symlink_metadata(&p).unwrap();
-            if m.is_dir() {
-                stack.push(p.clone());
-            }
-            let rel = p.strip_prefix(root).unwrap().display().to_string();
-            out.insert(rel, (m.is_dir(), m.len(), m.modified().unwrap()));
-        }
-    }
-    out
+    walk(root)
+        .into_keys()
+        .map(|rel| {
+            let m = fs::symlink_metadata(root.join(&rel)).unwrap();
+            (rel, (m.is_dir(), m.len(), m.modified().unwrap()))
+        })
+        .collect()
 }
 
 /// CPU time (user + system) `pid` has used.
