@@ -60,23 +60,21 @@ def stamp():
     return time.strftime("%m-%d %H:%M:%S")
 
 
-def info(where, msg):
+def log_line(level, where, msg):
     """A log line in the engine's own format."""
     if MODE == "sglang":
-        out(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}")
-    elif MODE == "ray":
-        out(msg)
-    else:
-        out(f"INFO {stamp()} [{where}] {msg}")
+        return f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}"
+    if MODE == "ray":
+        return msg
+    return f"{level} {stamp()} [{where}] {msg}"
+
+
+def info(where, msg):
+    out(log_line("INFO", where, msg))
 
 
 def error(where, msg):
-    if MODE == "sglang":
-        err(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}")
-    elif MODE == "ray":
-        err(msg)
-    else:
-        err(f"ERROR {stamp()} [{where}] {msg}")
+    err(log_line("ERROR", where, msg))
 
 
 def die(msg, code=1, where="core.py:0"):
