@@ -55,7 +55,7 @@ echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace 2>&1 | tee "$log" || status=$?
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
 # One closing line over all test binaries (cargo's own last line is the
 # doc-test summary, which has no tests).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

@@ -15,7 +15,10 @@
 //! violation and fails with `RemoteAccess`. Any error moves the queue pair
 //! to the error state: the rest of its writes complete `Flushed` and later
 //! posts fail, as on hardware. [`Fabric::fail_after`] injects a transport
-//! failure on a queue pair after n more writes.
+//! failure on a queue pair after n more writes have landed; the failing
+//! write is held back until the receiver has polled, and handled, the
+//! completion of every write that landed before it, so what a test counts
+//! as delivered does not depend on how the two pollers are scheduled.
 //!
 //! [`DoubleHub`] hands out [`Nic`]s over the double, so the queue-pair
 //! exchange ([`super::link`]) runs as it does between two hosts.
@@ -45,6 +48,14 @@ struct Side {
     /// Writes executed but not retired by a signalled completion.
     unretired: Vec<u32>,
     errored: Vec<bool>,
+    /// Receive completions pushed to `cq`, per queue pair.
+    arrived: Vec<u64>,
+    /// Receive completions this side has handled, per queue pair: those
+    /// taken by a poll before its latest one (a poller handles all it took
+    /// before it polls again).
+    handled: Vec<u64>,
+    /// Receive completions taken by the latest poll, per queue pair.
+    taken: Vec<u64>,
     cq: VecDeque<Completion>,
     /// Windows opened to one write: (rkey, start address, len).
     windows: Vec<(u32, u64, u64)>,
@@ -84,6 +95,9 @@ impl Fabric {
             wire: (0..qps).map(|_| VecDeque::new()).collect(),
             unretired: vec![0; qps as usize],
             errored: vec![false; qps as usize],
+            arrived: vec![0; qps as usize],
+            handled: vec![0; qps as usize],
+            taken: vec![0; qps as usize],
             ..Side::default()
         };
         let f = Fabric {
@@ -109,8 +123,9 @@ impl Fabric {
         (f, a, b)
     }
 
-    /// After `n` more writes executed on queue pair `qp` of `end`'s side,
-    /// the next one fails with a transport error.
+    /// After `n` more writes landed on queue pair `qp` of `end`'s side,
+    /// the next one fails with a transport error, once the receiver has
+    /// handled every write that landed on that queue pair.
     pub fn fail_after(&self, end: &End, qp: u32, n: u32) {
         self.state
             .lock()
@@ -136,7 +151,7 @@ impl Fabric {
             let mut ready: Vec<(usize, usize)> = Vec::new();
             for s in 0..2 {
                 for (q, w) in st.sides[s].wire.iter().enumerate() {
-                    if !w.is_empty() {
+                    if !w.is_empty() && !Self::failure_held(st, s, q) {
                         ready.push((s, q));
                     }
                 }
@@ -148,6 +163,14 @@ impl Fabric {
             let wr = st.sides[s].wire[q].pop_front().expect("ready");
             Self::execute(st, s, q, wr);
         }
+    }
+
+    /// Whether the next write on queue pair `q` of side `s` is the injected
+    /// failure and must wait: the peer has not yet handled every write
+    /// that landed there.
+    fn failure_held(st: &State, s: usize, q: usize) -> bool {
+        let peer = &st.sides[1 - s];
+        st.fail_after.get(&(s, q as u32)) == Some(&0) && peer.handled[q] < peer.arrived[q]
     }
 
     fn execute(st: &mut State, s: usize, q: usize, wr: WriteImm) {
@@ -234,6 +257,7 @@ impl Fabric {
             );
         }
         st.writes += 1;
+        st.sides[peer].arrived[q] += 1;
         st.sides[peer].cq.push_back(Completion {
             qp,
             wr_id: recv,
@@ -419,10 +443,20 @@ impl Verbs for End {
 
     fn poll(&self, out: &mut Vec<Completion>, max: usize) {
         let mut st = self.fabric.state.lock().unwrap();
+        // What the previous poll took has been handled by now.
+        let side = &mut st.sides[self.side];
+        for (h, t) in side.handled.iter_mut().zip(side.taken.iter_mut()) {
+            *h += std::mem::take(t);
+        }
         Fabric::progress(&mut st, max);
-        let cq = &mut st.sides[self.side].cq;
-        let n = cq.len().min(max);
-        out.extend(cq.drain(..n));
+        let side = &mut st.sides[self.side];
+        let n = side.cq.len().min(max);
+        for c in side.cq.drain(..n) {
+            if matches!(c.kind, WcKind::RecvImm { .. }) {
+                side.taken[c.qp as usize] += 1;
+            }
+            out.push(c);
+        }
     }
 
     fn send_depth(&self) -> u32 {
@@ -584,10 +618,19 @@ mod tests {
             a.post_write_imm(1, wr(&s, &r, i * 4, 4, 0, 100 + i))
                 .unwrap();
         }
+        // The failing write waits until the receiver has handled the one
+        // that landed before it: the receiver polls too.
         let mut c = Vec::new();
+        let mut received = Vec::new();
         for _ in 0..4 {
             a.poll(&mut c, 8);
+            assert!(
+                c.iter().all(|c| c.status != WcStatus::Transport) || received.len() == 1,
+                "the failure came before the receiver handled the landed write"
+            );
+            b.poll(&mut received, 8);
         }
+        assert_eq!(received.len(), 1);
         let st: Vec<WcStatus> = c.iter().filter(|c| c.qp == 1).map(|c| c.status).collect();
         assert_eq!(
             st,

@@ -212,7 +212,10 @@ impl RecvPlane {
         let mut rx = rx;
         let timeout = self.cfg.land_timeout;
         let stuck = || format!("a write did not land within {}s", timeout.as_secs());
+        // Biased: a write that landed counts as landed even when the
+        // serving side, failing its queue pair later, reports it failed.
         let landed = tokio::select! {
+            biased;
             l = &mut rx => l.unwrap_or_else(|_| Err("the data plane stopped".into())),
             r = &mut reply => match r {
                 // Done on the serving side before our completion was
