@@ -1,4 +1,4 @@
-//! Hashing throughput: `xfer::scan::scan` (the BLAKE3 chunk tree `xfer push`
+//! Hashing throughput: `xfer::store::scan::scan` (the BLAKE3 chunk tree `xfer push`
 //! and `xfer manifest` build) against `b3sum --num-threads 2` run as a
 //! process over the same files, with the files in the page cache.
 //!
@@ -144,13 +144,13 @@ fn main() {
     let mut xs = Vec::new();
     for _ in 0..runs {
         let t = Instant::now();
-        let tree = xfer::scan::scan(&root, CHUNK_SIZE, &|_| {}).expect("scan");
+        let tree = xfer::store::scan::scan(&root, CHUNK_SIZE, &|_| {}).expect("scan");
         xs.push(t.elapsed());
         black_box(tree.manifest.root());
     }
     let x = median(xs);
     println!(
-        "xfer::scan::scan          {:>8.3}s  {:>6.2} GB/s",
+        "xfer::store::scan::scan          {:>8.3}s  {:>6.2} GB/s",
         x.as_secs_f64(),
         gbps(bytes, x)
     );

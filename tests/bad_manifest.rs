@@ -5,7 +5,7 @@
 //!
 //! The fake peer is built from the library (`Credential`, `client_endpoint`,
 //! `connect`) and writes raw frame bytes. Offers that a well-typed
-//! [`Manifest`] can express are encoded with `xfer::wire::encode`; offers
+//! [`Manifest`] can express are encoded with `xfer_proto::frame::encode`; offers
 //! with paths or names that the library refuses to even construct are
 //! encoded from look-alike types with plain `String`s, which postcard
 //! encodes to the same bytes (checked below).
@@ -17,12 +17,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
-use xfer::auth::Credential;
-use xfer::hash::{self, Hash};
-use xfer::manifest::{Entry, FileEntry, Manifest, MANIFEST_VERSION};
-use xfer::relpath::RelPath;
+use xfer::config::auth::Credential;
 use xfer::transport::quic::{client_endpoint, connect, read_frame};
-use xfer::wire::{encode, Control, ModelName, Refusal, PROTOCOL_VERSION};
+use xfer_proto::control::{Control, Refusal};
+use xfer_proto::frame::encode;
+use xfer_proto::hash::{self, Hash};
+use xfer_proto::manifest::{Entry, FileEntry, Manifest, MANIFEST_VERSION};
+use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+use xfer_proto::relpath::RelPath;
 
 use common::*;
 

@@ -9,13 +9,13 @@
 
 use std::path::{Path, PathBuf};
 
-use xfer::hash::{self, Hash};
-use xfer::manifest::{ChunkId, Entry, FileEntry, Manifest, MANIFEST_VERSION};
-use xfer::relpath::RelPath;
-use xfer::wire::{
-    encode, ChunkReply, ChunkRequest, Control, ModelName, RdmaReply, RdmaRequest, Refusal,
-    SwarmPeer, PROTOCOL_VERSION,
-};
+use xfer_proto::control::{Control, Refusal, SwarmPeer};
+use xfer_proto::frame::encode;
+use xfer_proto::hash::{self, Hash};
+use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, MANIFEST_VERSION};
+use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+use xfer_proto::relpath::RelPath;
+use xfer_proto::stream::{ChunkReply, ChunkRequest, RdmaReply, RdmaRequest};
 
 type Target = fn(&[u8]);
 
@@ -161,7 +161,7 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
     let name = ModelName::new("llama-3").unwrap();
     let root = sample_manifest().root();
     let peer: std::net::SocketAddr = "10.0.0.2:7470".parse().unwrap();
-    let mut has = xfer::chunkset::ChunkSet::empty(70);
+    let mut has = xfer_proto::chunkset::ChunkSet::empty(70);
     has.insert(0);
     has.insert(69);
     let controls = vec![
@@ -388,7 +388,7 @@ fn write_seeds() {
 fn seeds_are_valid_inputs() {
     for (what, body) in wire_seeds() {
         if what.starts_with("seed-control") {
-            xfer::wire::decode::<Control>(&body).expect(&what);
+            xfer_proto::frame::decode::<Control>(&body).expect(&what);
         }
     }
     for (what, bytes) in manifest_seeds() {
@@ -397,7 +397,7 @@ fn seeds_are_valid_inputs() {
         }
     }
     for (what, bytes) in cluster_seeds() {
-        xfer::cluster::Cluster::parse(std::str::from_utf8(&bytes).unwrap(), "c.toml")
+        xfer::config::cluster::Cluster::parse(std::str::from_utf8(&bytes).unwrap(), "c.toml")
             .unwrap_or_else(|e| panic!("{what}: {e}"));
     }
     let tree = &hub_seeds()[0].1;

@@ -15,7 +15,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use xfer::sync::status::ModelState;
+use xfer::agent::sync::status::ModelState;
 
 use common::cluster::*;
 use common::hub::*;

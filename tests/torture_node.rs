@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use xfer::sync::status::ModelState;
+use xfer::agent::sync::status::ModelState;
 
 use common::cluster::*;
 use common::*;
@@ -194,7 +194,7 @@ fn disk_full() {
 /// Picks `k` distinct chunks of the non-empty files of `manifest` and one
 /// byte offset inside each: (file path, chunk index, file offset).
 fn pick_flips(
-    manifest: &xfer::manifest::Manifest,
+    manifest: &xfer_proto::manifest::Manifest,
     k: usize,
     rng: &mut SmallRng,
 ) -> Vec<(String, u32, u64)> {
@@ -466,7 +466,7 @@ mod tls {
                 builder.with_client_cert_resolver(Arc::new(Present(ck)))
             }
         };
-        cfg.alpn_protocols = vec![xfer::wire::ALPN.to_vec()];
+        cfg.alpn_protocols = vec![xfer_proto::names::ALPN.to_vec()];
         let quic = quinn::crypto::rustls::QuicClientConfig::try_from(cfg).unwrap();
         quinn::ClientConfig::new(Arc::new(quic))
     }
@@ -498,7 +498,8 @@ mod tls {
         ];
         let ca = p.self_signed(&ca_key).unwrap();
         let leaf_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut p = CertificateParams::new(vec![xfer::auth::SERVER_NAME.to_string()]).unwrap();
+        let mut p =
+            CertificateParams::new(vec![xfer::config::auth::SERVER_NAME.to_string()]).unwrap();
         p.distinguished_name.push(DnType::CommonName, "xfer node");
         p.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
@@ -525,11 +526,15 @@ enum Outcome {
     /// The agent refused it: the error the client saw.
     Refused(String),
     /// The agent answered on a stream.
-    Answered(xfer::wire::Control),
+    Answered(xfer_proto::control::Control),
 }
 
 /// Connects with `ep`, sends `msg` on a stream and waits for an answer.
-async fn attempt(ep: &quinn::Endpoint, addr: SocketAddr, msg: &xfer::wire::Control) -> Outcome {
+async fn attempt(
+    ep: &quinn::Endpoint,
+    addr: SocketAddr,
+    msg: &xfer_proto::control::Control,
+) -> Outcome {
     use xfer::transport::quic;
     let conn = match quic::connect(ep, addr, Duration::from_secs(5)).await {
         Ok(c) => c,
@@ -539,7 +544,7 @@ async fn attempt(ep: &quinn::Endpoint, addr: SocketAddr, msg: &xfer::wire::Contr
         let (mut send, mut recv) = conn.open_bi().await?;
         quic::write_frame(&mut send, msg).await?;
         let _ = send.finish();
-        quic::read_frame::<xfer::wire::Control>(&mut recv).await
+        quic::read_frame::<xfer_proto::control::Control>(&mut recv).await
     };
     let out = match tokio::time::timeout(Duration::from_secs(5), exchange).await {
         Ok(Ok(reply)) => Outcome::Answered(reply),
@@ -568,14 +573,15 @@ struct Storm {
 /// that only ask for the status must be answered (so the harness can see an
 /// admission).
 fn storm(addr: SocketAddr, pid: u32, key: &Path, other: &Path, victim: &str, n: usize) -> Storm {
-    use xfer::wire::{Control, ModelName, PROTOCOL_VERSION};
+    use xfer_proto::control::Control;
+    use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let cred = xfer::auth::Credential::load(key).unwrap();
+        let cred = xfer::config::auth::Credential::load(key).unwrap();
         let ours = xfer::transport::quic::client_endpoint(&cred, addr).unwrap();
         let status = Control::StatusQuery {
             version: PROTOCOL_VERSION,

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use xfer::auth::Credential;
-use xfer::wire::{Control, Refusal};
+use xfer::config::auth::Credential;
+use xfer_proto::control::{Control, Refusal};
 
 use crate::config::{RankNode, Setup};
 
@@ -69,7 +69,7 @@ async fn ask(
     msg: &Control,
     timeout: Duration,
 ) -> Result<Control, String> {
-    match xfer::sync::client::ask(cred, addr, msg, timeout).await? {
+    match xfer::agent::sync::client::ask(cred, addr, msg, timeout).await? {
         Control::Failed(r) => Err(refusal(&r)),
         other => Ok(other),
     }

@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use xfer::preflight::NodeFacts;
-use xfer::wire::{Control, PROTOCOL_VERSION};
+use xfer::agent::preflight::NodeFacts;
+use xfer_proto::control::Control;
+use xfer_proto::names::PROTOCOL_VERSION;
 
 use crate::agents::{unexpected, Agents};
 use crate::config::{Setup, COMMIT_PLACEHOLDER};
@@ -75,8 +76,8 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
                     f.listen = listen;
                     f.reach = reach;
                 }
-                Ok(other) => f.listen = xfer::preflight::Probe::Failed(unexpected(&other)),
-                Err(e) => f.listen = xfer::preflight::Probe::Failed(e),
+                Ok(other) => f.listen = xfer::agent::preflight::Probe::Failed(unexpected(&other)),
+                Err(e) => f.listen = xfer::agent::preflight::Probe::Failed(e),
             }
         }
     }

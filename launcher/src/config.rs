@@ -44,9 +44,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
-use xfer::cluster::{Cluster, ClusterError, Node};
+use xfer::config::cluster::{Cluster, ClusterError, Node};
 use xfer::hub::repo::{RepoRef, RepoType};
-use xfer::tomltext::{and_list, in_file_order, kind, line_col, suggest};
+use xfer::util::tomltext::{and_list, in_file_order, kind, line_col, suggest};
 
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub const DEFAULT_API_PORT: u16 = 8000;
@@ -172,7 +172,7 @@ pub struct RankNode {
     pub line: usize,
     pub fabric_if: String,
     pub fabric_ip: IpAddr,
-    pub rdma: Option<xfer::cluster::Rdma>,
+    pub rdma: Option<xfer::config::cluster::Rdma>,
 }
 
 /// The model as every node will load it.

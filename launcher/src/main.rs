@@ -47,8 +47,9 @@ use clap::{Parser, Subcommand};
 use launcher::agents::Agents;
 use launcher::config::Setup;
 use launcher::up::UpOptions;
-use xfer::ranks::{RankReport, RunState};
-use xfer::wire::{Control, PROTOCOL_VERSION};
+use xfer::agent::ranks::{RankReport, RunState};
+use xfer_proto::control::Control;
+use xfer_proto::names::PROTOCOL_VERSION;
 
 #[derive(Parser)]
 #[command(

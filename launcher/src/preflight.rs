@@ -13,10 +13,10 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
-use xfer::preflight::{
+use xfer::agent::preflight::{
     NodeFacts, PortNeed, PreflightRequest, Probe, RdmaNeed, ReachTarget, VersionProbe,
 };
-use xfer::units::Bytes;
+use xfer_proto::units::Bytes;
 
 use crate::config::{Engine, Setup};
 
@@ -910,7 +910,7 @@ pub fn render(rows: &[Row]) -> String {
 mod tests {
     use super::*;
     use crate::config::tests::{setup, COMMIT};
-    use xfer::preflight::*;
+    use xfer::agent::preflight::*;
 
     fn s() -> Setup {
         setup(&format!(

@@ -4,13 +4,14 @@
 //! stopped and the failed ranks' last log lines shown.
 //!
 //! Once started, the agents own the ranks: if one dies later, its agent
-//! stops the others (see `xfer::ranks`), with or without this process.
+//! stops the others (see `xfer::agent::ranks`), with or without this process.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use xfer::ranks::{RankReport, RunState};
-use xfer::wire::{Control, PROTOCOL_VERSION};
+use xfer::agent::ranks::{RankReport, RunState};
+use xfer_proto::control::Control;
+use xfer_proto::names::PROTOCOL_VERSION;
 
 use crate::agents::{unexpected, Agents};
 use crate::check::{self, Checked};

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use xfer::sync::status::{AgentStatus, JobView, ModelState, ModelStatus};
+use xfer::agent::sync::status::{AgentStatus, JobView, ModelState, ModelStatus};
 
 use super::*;
 

@@ -438,8 +438,8 @@ pub fn verify(dir: &Path) -> (Run, serde_json::Value) {
 }
 
 /// The manifest of a source tree, as the pusher computes it.
-pub fn scan(dir: &Path, chunk_size: u64) -> xfer::manifest::Manifest {
-    xfer::scan::scan(dir, chunk_size, &|_| {})
+pub fn scan(dir: &Path, chunk_size: u64) -> xfer_proto::manifest::Manifest {
+    xfer::store::scan::scan(dir, chunk_size, &|_| {})
         .expect("scan")
         .manifest
 }
@@ -720,14 +720,14 @@ pub fn assert_no_wrong_files(src: &Path, model_dir: &Path) {
 /// 1 = chunk(file, index), 2 = file done(file), 3 = synced(n)) and returns
 /// the bytes of the distinct chunks it records as held, with `manifest` the
 /// pushed tree's manifest. A missing journal holds nothing.
-pub fn journal_held_bytes(journal: &Path, manifest: &xfer::manifest::Manifest) -> u64 {
+pub fn journal_held_bytes(journal: &Path, manifest: &xfer_proto::manifest::Manifest) -> u64 {
     let Ok(bytes) = fs::read(journal) else {
         return 0;
     };
     if bytes.len() < 56 {
         return 0;
     }
-    let files: Vec<&xfer::manifest::FileEntry> = manifest.files().collect();
+    let files: Vec<&xfer_proto::manifest::FileEntry> = manifest.files().collect();
     let cs = manifest.chunk_size;
     let chunk_len = |f: usize, i: u64| cs.min(files[f].size.saturating_sub(i * cs));
     let mut held: BTreeSet<(usize, u64)> = BTreeSet::new();

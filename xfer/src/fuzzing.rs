@@ -14,12 +14,15 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::chunkset::{ChunkMap, ChunkSet};
-use crate::cluster::Cluster;
+use crate::config::cluster::Cluster;
 use crate::hub::api::{self, RevisionInfo};
-use crate::manifest::Manifest;
 use crate::store::ModelRecord;
-use crate::wire::{self, ChunkReply, ChunkRequest, Control, ModelName, RdmaReply, RdmaRequest};
+use xfer_proto::chunkset::{ChunkMap, ChunkSet};
+use xfer_proto::control::Control;
+use xfer_proto::frame;
+use xfer_proto::manifest::Manifest;
+use xfer_proto::names::ModelName;
+use xfer_proto::stream::{ChunkReply, ChunkRequest, RdmaReply, RdmaRequest};
 
 /// Most chunks [`manifest`] walks one by one; enough to cover every file
 /// boundary of anything a fuzzer produces.
@@ -29,7 +32,7 @@ const WALK_LIMIT: u64 = 1 << 16;
 /// must re-encode to a frame that decodes to the same value.
 pub fn wire(data: &[u8]) {
     if let Some(prefix) = data.get(..4).and_then(|p| <[u8; 4]>::try_from(p).ok()) {
-        let _ = wire::frame_len(prefix);
+        let _ = frame::frame_len(prefix);
     }
     if let Some(m) = round_trip::<Control>(data) {
         control(&m);
@@ -47,10 +50,10 @@ fn round_trip<T>(data: &[u8]) -> Option<T>
 where
     T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
 {
-    if let Ok(v) = wire::decode_frame::<T>(data) {
+    if let Ok(v) = frame::decode_frame::<T>(data) {
         check_round_trip(&v);
     }
-    let v = wire::decode::<T>(data).ok()?;
+    let v = frame::decode::<T>(data).ok()?;
     check_round_trip(&v);
     Some(v)
 }
@@ -59,8 +62,8 @@ fn check_round_trip<T>(v: &T)
 where
     T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
 {
-    let frame = wire::encode(v);
-    let again: T = match wire::decode_frame(&frame) {
+    let frame = frame::encode(v);
+    let again: T = match frame::decode_frame(&frame) {
         Ok(again) => again,
         Err(e) => panic!("{v:?} encodes to a frame that does not decode: {e}"),
     };
@@ -69,7 +72,7 @@ where
     if same(v, v) {
         assert_eq!(&again, v, "decode(encode(v)) != v");
     }
-    assert_eq!(wire::encode(&again), frame, "re-encoding is not stable");
+    assert_eq!(frame::encode(&again), frame, "re-encoding is not stable");
 }
 
 fn same<T: PartialEq>(a: &T, b: &T) -> bool {
@@ -120,7 +123,7 @@ pub fn manifest(data: &[u8]) {
     if let Ok(rec) = ModelRecord::parse(data, path) {
         use_manifest(&rec.manifest.manifest);
     }
-    if let Ok(m) = wire::decode::<Manifest>(data) {
+    if let Ok(m) = frame::decode::<Manifest>(data) {
         check_round_trip(&m);
         match m.validate() {
             Ok(()) => use_manifest(&m),
@@ -149,7 +152,7 @@ fn use_manifest(m: &Manifest) {
         assert_eq!(range.end - range.start, f.chunks.len() as u64);
         let mut len = 0u64;
         for (index, _) in f.chunks.iter().enumerate() {
-            let id = crate::manifest::ChunkId {
+            let id = xfer_proto::manifest::ChunkId {
                 file: i as u32,
                 index: index as u32,
             };
@@ -231,7 +234,7 @@ pub fn hub_tree(data: &[u8]) {
         }
         for f in &files {
             assert!(
-                f.size <= crate::manifest::MAX_FILE_SIZE,
+                f.size <= xfer_proto::manifest::MAX_FILE_SIZE,
                 "{} too large",
                 f.path
             );

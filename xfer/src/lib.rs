@@ -1,48 +1,29 @@
 //! xfer: move large model checkpoints to every node of a GPU cluster,
-//! verified chunk by chunk, resumable, over mutually authenticated QUIC.
+//! verified chunk by chunk, resumable, over mutually authenticated QUIC or
+//! RDMA.
 //!
-//! The data flows through the modules in this order:
-//! [`scan`] and [`manifest`] describe a tree ([`hash`] owns the chunk tree,
-//! [`relpath`] the path rules), [`wire`] frames the protocol, the sans-IO
-//! [`scheduler`] picks chunks, [`transport`] moves them, [`receive`] drives a
-//! transfer into the [`store`] (with its [`journal`]), [`swarm`] links the
-//! receivers of one transfer to each other, and [`agent`] and [`push`] are
-//! the two ends a user runs. [`hub`] and [`pull`] fetch a repository from the
-//! Hugging Face Hub into its cache. [`cluster`] reads the cluster file that
-//! names the nodes, shared with the launcher.
+//! The data flows through the layers in this order, and a module uses only
+//! the layers before its own (see docs/how-it-works.md):
+//! - `xfer_proto`: the shared vocabulary (names, hashes, paths, manifests,
+//!   chunk sets, frames, messages), a crate of its own with no I/O runtime;
+//! - [`util`], [`sysinfo`], [`config`]: small parts, host readers, the
+//!   cluster file and credentials;
+//! - [`engine`]: the sans-IO scheduler and swarm policy;
+//! - [`store`], [`hub`]: the model store on disk, and pulling from the
+//!   Hugging Face Hub into its cache;
+//! - [`transport`]: QUIC and RDMA connections and chunk serving;
+//! - [`flow`]: transfers end to end (receive, swarm, push, fetch, fan-out);
+//! - [`agent`]: the node agent (`xfer serve`), its services and clients.
+//!
+//! The `xfer` binary's own `cli` sits on top.
 
 pub mod agent;
-pub mod aligned;
-pub mod auth;
-pub mod chunkset;
-pub mod cluster;
-pub mod demo;
-pub mod doctor;
-pub mod fetch;
+pub mod config;
+pub mod engine;
+pub mod flow;
 pub mod fuzzing;
-pub mod hash;
-pub mod hashcache;
 pub mod hub;
-pub mod journal;
-pub mod manifest;
-pub mod metrics;
-pub mod preflight;
-pub mod progress;
-pub mod pull;
-pub mod pull_fanout;
-pub mod push;
-pub mod ranks;
-pub mod rate;
-pub mod receive;
-pub mod relpath;
-pub mod scan;
-pub mod scheduler;
-pub mod sim;
 pub mod store;
-pub mod swarm;
-pub mod sync;
-pub mod tomltext;
+pub mod sysinfo;
 pub mod transport;
-pub mod units;
-pub mod verify;
-pub mod wire;
+pub mod util;

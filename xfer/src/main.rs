@@ -1,5 +1,7 @@
 //! The `xfer` command line.
 
+mod cli;
+
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,9 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use xfer::manifest::{Entry, Manifest};
-use xfer::progress::Progress;
-use xfer::units::{parse_size, Bytes};
+use xfer::util::progress::Progress;
+use xfer_proto::manifest::{Entry, Manifest};
+use xfer_proto::units::{parse_size, Bytes};
 
 #[derive(Parser)]
 #[command(
@@ -61,7 +63,7 @@ enum Cmd {
         #[arg(long, default_value_t = 21600)]
         verify_every: u64,
         /// Serve Prometheus metrics at /metrics on PORT (127.0.0.1) or IP:PORT.
-        #[arg(long, value_parser = xfer::metrics::parse_addr)]
+        #[arg(long, value_parser = xfer::util::metrics::parse_addr)]
         metrics: Option<std::net::SocketAddr>,
         /// The data plane: RDMA when this node has an active RDMA port (and
         /// this build can drive it), else QUIC; `rdma` refuses without one.
@@ -252,7 +254,7 @@ enum Cmd {
 
 fn parse_chunk(s: &str) -> Result<u64, String> {
     let n = parse_size(s)?;
-    if xfer::hash::is_valid_chunk_size(n) {
+    if xfer_proto::hash::is_valid_chunk_size(n) {
         Ok(n)
     } else {
         Err(format!(
@@ -297,7 +299,7 @@ fn main() -> ExitCode {
 async fn run(cmd: Cmd) -> Result<ExitCode> {
     match cmd {
         Cmd::Keygen { out, force } => {
-            let cred = xfer::auth::keygen(&out, force)?;
+            let cred = xfer::config::auth::keygen(&out, force)?;
             println!(
                 "wrote {} (cluster {}); copy it to every node and pass it as --key",
                 out.display(),
@@ -310,9 +312,10 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             chunk_size,
         } => {
             let started = Instant::now();
-            let tree =
-                tokio::task::spawn_blocking(move || xfer::scan::scan(&dir, chunk_size, &|_| {}))
-                    .await??;
+            let tree = tokio::task::spawn_blocking(move || {
+                xfer::store::scan::scan(&dir, chunk_size, &|_| {})
+            })
+            .await??;
             let m = tree.manifest;
             if json {
                 serde_json::to_writer(std::io::stdout().lock(), &m.to_doc())?;
@@ -331,7 +334,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             transport,
         } => {
             let nic = xfer::transport::select::choose(transport)?;
-            let scheduler = xfer::scheduler::Config {
+            let scheduler = xfer::engine::scheduler::Config {
                 window: window.max(1),
                 ..Default::default()
             };
@@ -359,8 +362,8 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             json,
             transport,
         } => {
-            let cluster = xfer::cluster::Cluster::load(&cluster)?;
-            let req = xfer::sync::client::SyncRequest {
+            let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+            let req = xfer::agent::sync::client::SyncRequest {
                 source,
                 nodes,
                 from,
@@ -370,7 +373,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 limit_rate,
                 transport,
             };
-            let spec = xfer::sync::client::sync(&cluster, &req).await?;
+            let spec = xfer::agent::sync::client::sync(&cluster, &req).await?;
             if !wait {
                 if json {
                     println!(
@@ -390,7 +393,8 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             eprintln!("job {} (Ctrl-C stops following; the job goes on)", spec.id);
-            let root = xfer::sync::client::wait(&cluster, &spec, &Progress::new(!json)).await?;
+            let root =
+                xfer::agent::sync::client::wait(&cluster, &spec, &Progress::new(!json)).await?;
             if json {
                 println!(
                     "{}",
@@ -411,9 +415,9 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             json,
             watch,
         } => {
-            let cluster = xfer::cluster::Cluster::load(&cluster)?;
+            let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
             loop {
-                let reports = xfer::sync::client::status(&cluster, &nodes).await?;
+                let reports = xfer::agent::sync::client::status(&cluster, &nodes).await?;
                 if json {
                     serde_json::to_writer(std::io::stdout().lock(), &reports)?;
                     println!();
@@ -421,7 +425,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                     if watch && std::io::stdout().is_terminal() {
                         print!("\x1b[2J\x1b[H");
                     }
-                    print!("{}", xfer::sync::client::render(&reports));
+                    print!("{}", xfer::agent::sync::client::render(&reports));
                     for r in &reports {
                         for j in r.status.iter().flat_map(|s| &s.jobs) {
                             if r.status.as_ref().and_then(|s| s.node.as_deref())
@@ -450,8 +454,8 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             }
         }
         Cmd::Cancel { job, cluster } => {
-            let cluster = xfer::cluster::Cluster::load(&cluster)?;
-            let replies = xfer::sync::client::cancel(&cluster, &job).await?;
+            let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+            let replies = xfer::agent::sync::client::cancel(&cluster, &job).await?;
             let mut known = 0;
             for (node, r) in &replies {
                 match r {
@@ -473,8 +477,8 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             nodes,
             yes,
         } => {
-            let cluster = xfer::cluster::Cluster::load(&cluster)?;
-            let name = xfer::wire::ModelName::new(&name).map_err(anyhow::Error::msg)?;
+            let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+            let name = xfer_proto::names::ModelName::new(&name).map_err(anyhow::Error::msg)?;
             let targets: Vec<String> = cluster
                 .select(&nodes)?
                 .iter()
@@ -494,7 +498,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                     anyhow::bail!("not confirmed; nothing deleted");
                 }
             }
-            let replies = xfer::sync::client::remove(&cluster, &nodes, &name).await?;
+            let replies = xfer::agent::sync::client::remove(&cluster, &nodes, &name).await?;
             let mut failed = false;
             for (node, r) in &replies {
                 match r {
@@ -523,7 +527,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             rehash,
         } => {
             let nic = xfer::transport::select::choose(transport)?;
-            let opts = xfer::push::PushOptions {
+            let opts = xfer::flow::push::PushOptions {
                 src,
                 to,
                 key,
@@ -535,7 +539,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 nic,
             };
             let progress = Progress::new(!json);
-            let s = xfer::push::push(&opts, &progress).await?;
+            let s = xfer::flow::push::push(&opts, &progress).await?;
             if json {
                 serde_json::to_writer(std::io::stdout().lock(), &s)?;
                 println!();
@@ -599,7 +603,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                     None
                 };
             let env = xfer::hub::env::HubEnv::from_process().map_err(anyhow::Error::msg)?;
-            let opts = xfer::pull::PullOptions {
+            let opts = xfer::hub::pull::PullOptions {
                 repo,
                 repo_type,
                 include,
@@ -615,7 +619,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                         "--to needs the cluster credential: pass --key FILE or set XFER_KEY"
                     );
                 };
-                let push = xfer::push::PushOptions {
+                let push = xfer::flow::push::PushOptions {
                     src: PathBuf::new(),
                     to,
                     key,
@@ -626,7 +630,8 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                     rehash: false,
                     nic,
                 };
-                let s = xfer::pull_fanout::pull_and_fan_out(opts, env, push, progress).await?;
+                let s =
+                    xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, progress).await?;
                 if json {
                     serde_json::to_writer(std::io::stdout().lock(), &s)?;
                     println!();
@@ -664,7 +669,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                     ExitCode::FAILURE
                 });
             }
-            let (s, _) = xfer::pull::pull(&opts, &env, &progress, None).await?;
+            let (s, _) = xfer::hub::pull::pull(&opts, &env, &progress, None).await?;
             if json {
                 serde_json::to_writer(std::io::stdout().lock(), &s)?;
                 println!();
@@ -703,7 +708,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             json,
             connect_timeout,
         } => {
-            let opts = xfer::fetch::FetchOptions {
+            let opts = xfer::flow::fetch::FetchOptions {
                 from,
                 name,
                 root,
@@ -711,7 +716,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                 connect_timeout: Duration::from_secs(connect_timeout),
                 nic: None,
             };
-            let s = xfer::fetch::fetch(&opts).await?;
+            let s = xfer::flow::fetch::fetch(&opts).await?;
             if json {
                 serde_json::to_writer(std::io::stdout().lock(), &s)?;
                 println!();
@@ -733,9 +738,10 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
         } => {
             let m = match manifest {
                 Some(p) => Manifest::load_json(&p)?,
-                None => xfer::verify::recorded_manifest(&dir)?,
+                None => xfer::store::verify::recorded_manifest(&dir)?,
             };
-            let r = tokio::task::spawn_blocking(move || xfer::verify::verify(&dir, &m)).await??;
+            let r = tokio::task::spawn_blocking(move || xfer::store::verify::verify(&dir, &m))
+                .await??;
             if json {
                 serde_json::to_writer(std::io::stdout().lock(), &r)?;
                 println!();
@@ -759,13 +765,13 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             }
         }
         Cmd::Doctor { json, sys, proc } => {
-            let report = xfer::doctor::gather(&sys, &proc);
+            let report = xfer::sysinfo::doctor::gather(&sys, &proc);
             let text = if json {
                 let mut t = serde_json::to_string(&report)?;
                 t.push('\n');
                 t
             } else {
-                xfer::doctor::render(&report)
+                xfer::sysinfo::doctor::render(&report)
             };
             std::io::stdout()
                 .lock()
@@ -778,7 +784,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
             dir,
             chunk_size,
         } => {
-            let ok = xfer::demo::run(&xfer::demo::DemoOptions {
+            let ok = cli::demo::run(&cli::demo::DemoOptions {
                 size,
                 nodes,
                 dir,

@@ -6,8 +6,8 @@
 use serde::Deserialize;
 
 use super::digest::Expected;
-use crate::manifest::MAX_FILE_SIZE;
-use crate::relpath::RelPath;
+use xfer_proto::manifest::MAX_FILE_SIZE;
+use xfer_proto::relpath::RelPath;
 
 /// `GET /api/models/{id}/revision/{rev}`, the part we use.
 #[derive(Debug, Deserialize)]

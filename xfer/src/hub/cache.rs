@@ -15,7 +15,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::relpath::RelPath;
+use xfer_proto::relpath::RelPath;
 
 /// One repository's folder in the cache.
 #[derive(Debug, Clone)]

@@ -194,7 +194,7 @@ fn disk_error(path: &std::path::Path, need: u64, e: std::io::Error) -> String {
     if e.raw_os_error() == Some(libc::ENOSPC) {
         format!(
             "disk full: need {} more at {}; free space there or set HF_HUB_CACHE to a larger disk",
-            crate::units::Bytes(need),
+            xfer_proto::units::Bytes(need),
             path.display()
         )
     } else {

@@ -14,5 +14,6 @@ pub mod download;
 pub mod env;
 pub mod http;
 pub mod parts;
+pub mod pull;
 pub mod repo;
 pub mod retry;

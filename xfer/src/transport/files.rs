@@ -15,16 +15,16 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use super::ChunkReader;
-use crate::chunkset::ChunkMap;
-use crate::manifest::{ChunkId, Manifest};
 use crate::store::{Store, Transfer};
-use crate::wire::ModelName;
+use xfer_proto::chunkset::ChunkMap;
+use xfer_proto::manifest::{ChunkId, Manifest};
+use xfer_proto::names::ModelName;
 
 /// Test-only fault injection: how many chunks to corrupt while serving.
 pub const FAULT_CORRUPT_SENDS: &str = "XFER_FAULT_CORRUPT_SENDS";
 
 /// Reads chunks of the files of one manifest, indexed like
-/// [`crate::manifest::Manifest::files`].
+/// [`xfer_proto::manifest::Manifest::files`].
 pub struct FileChunkReader {
     paths: Vec<PathBuf>,
     map: Arc<ChunkMap>,

@@ -21,10 +21,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::manifest::ChunkId;
 use quic::QuicFetcher;
 use rdma::link::Nic;
 use rdma::plane::{PlaneConfig, RdmaFetcher};
+use xfer_proto::manifest::ChunkId;
 
 /// Why a fetch produced no bytes.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]

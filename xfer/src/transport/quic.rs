@@ -21,14 +21,16 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{ChunkFetcher, ChunkReader, FetchError};
-use crate::aligned::AlignedBuf;
-use crate::auth::{Credential, SERVER_NAME};
-use crate::chunkset::ChunkMap;
-use crate::manifest::ChunkId;
-use crate::wire::{self, ChunkReply, ChunkRequest};
+use crate::config::auth::{Credential, SERVER_NAME};
+use crate::util::aligned::AlignedBuf;
+use xfer_proto::chunkset::ChunkMap;
+use xfer_proto::frame;
+use xfer_proto::manifest::ChunkId;
+use xfer_proto::names::{alpn_version, version_refusal, PROTOCOL_VERSION};
+use xfer_proto::stream::{ChunkReply, ChunkRequest, ResetCode, StreamRequest};
 
 /// Default agent port.
-pub const DEFAULT_PORT: u16 = 7470;
+pub use xfer_proto::names::DEFAULT_PORT;
 /// Largest UDP payload MTU discovery may reach; see `transport_config`.
 pub const MAX_MTU: u16 = 6500;
 /// UDP socket buffer size we ask for.
@@ -179,7 +181,41 @@ pub async fn connect(
             addr.port()
         )),
         Ok(Err(e)) => Err(describe(addr, &e)),
-        Ok(Ok(c)) => Ok(c),
+        Ok(Ok(c)) => match peer_version(&c) {
+            Some(v) if v != PROTOCOL_VERSION => {
+                let why = version_refusal(&format!("the agent at {addr}"), v);
+                c.close(VERSION_CLOSE.into(), why.as_bytes());
+                Err(why)
+            }
+            _ => Ok(c),
+        },
+    }
+}
+
+/// The application close code of a connection refused for its protocol
+/// version (the reason says both versions).
+pub const VERSION_CLOSE: u32 = 0x5645;
+
+/// The protocol version the peer's ALPN named, once the handshake is done.
+pub fn peer_version(conn: &Connection) -> Option<u32> {
+    let data = conn.handshake_data()?;
+    let data = data
+        .downcast::<quinn::crypto::rustls::HandshakeData>()
+        .ok()?;
+    alpn_version(data.protocol.as_deref()?)
+}
+
+/// On the accepting side: `Err(line)` when the peer speaks another protocol
+/// version; the connection is closed with that line as its reason, which
+/// the peer prints.
+pub fn refuse_other_versions(conn: &Connection) -> Result<(), String> {
+    match peer_version(conn) {
+        Some(v) if v != PROTOCOL_VERSION => {
+            let why = version_refusal(&format!("the node at {}", conn.remote_address()), v);
+            conn.close(VERSION_CLOSE.into(), why.as_bytes());
+            Err(why)
+        }
+        _ => Ok(()),
     }
 }
 
@@ -212,7 +248,7 @@ pub fn describe(addr: SocketAddr, e: &ConnectionError) -> String {
 
 /// Writes one frame.
 pub async fn write_frame<T: Serialize>(send: &mut quinn::SendStream, msg: &T) -> Result<()> {
-    send.write_all(&wire::encode(msg)).await?;
+    send.write_all(&frame::encode(msg)).await?;
     Ok(())
 }
 
@@ -220,21 +256,21 @@ pub async fn write_frame<T: Serialize>(send: &mut quinn::SendStream, msg: &T) ->
 pub async fn read_frame<T: DeserializeOwned>(recv: &mut quinn::RecvStream) -> Result<T> {
     let mut prefix = [0u8; 4];
     recv.read_exact(&mut prefix).await?;
-    let len = wire::frame_len(prefix)?;
+    let len = frame::frame_len(prefix)?;
     let mut body = vec![0u8; len];
     recv.read_exact(&mut body).await?;
-    Ok(wire::decode(&body)?)
+    Ok(frame::decode(&body)?)
 }
 
-/// Reads one frame's body, undecoded (for streams that carry one of
-/// several request types).
-pub async fn read_frame_body(recv: &mut quinn::RecvStream) -> Result<Vec<u8>> {
+/// Reads the first frame of a chunk stream: a tagged request, at most
+/// [`frame::STREAM_REQUEST_LIMIT`] bytes.
+pub async fn read_stream_request(recv: &mut quinn::RecvStream) -> Result<StreamRequest> {
     let mut prefix = [0u8; 4];
     recv.read_exact(&mut prefix).await?;
-    let len = wire::frame_len(prefix)?;
+    let len = frame::frame_len_within(prefix, frame::STREAM_REQUEST_LIMIT)?;
     let mut body = vec![0u8; len];
     recv.read_exact(&mut body).await?;
-    Ok(body)
+    Ok(frame::decode(&body)?)
 }
 
 /// Fetches chunks over one QUIC connection: one bidirectional stream per chunk.
@@ -253,7 +289,7 @@ impl ChunkFetcher for QuicFetcher {
     async fn fetch(&self, chunk: ChunkId, len: usize) -> Result<Bytes, FetchError> {
         let lost = |e: &dyn std::fmt::Display| FetchError::Connection(e.to_string());
         let (mut send, mut recv) = self.conn.open_bi().await.map_err(|e| lost(&e))?;
-        write_frame(&mut send, &ChunkRequest { chunk })
+        write_frame(&mut send, &StreamRequest::Chunk(ChunkRequest { chunk }))
             .await
             .map_err(|e| lost(&e))?;
         let _ = send.finish();
@@ -297,7 +333,7 @@ pub async fn answer_chunk(
     req: ChunkRequest,
     map: Arc<ChunkMap>,
     reader: Arc<dyn ChunkReader>,
-    limiter: Option<Arc<crate::rate::RateLimiter>>,
+    limiter: Option<Arc<crate::util::rate::RateLimiter>>,
     on_sent: Arc<dyn Fn(u64) + Send + Sync>,
 ) {
     if map.number(req.chunk).is_none() {
@@ -316,7 +352,7 @@ pub async fn answer_chunk(
         }
         Err(e) => {
             tracing::warn!("reading chunk {:?} panicked: {e}", req.chunk);
-            let _ = send.reset(VarInt::from_u32(2));
+            let _ = send.reset(VarInt::from_u32(ResetCode::SendFailed.code()));
             return;
         }
     };
@@ -329,6 +365,84 @@ pub async fn answer_chunk(
     {
         let _ = send.finish();
         on_sent(len);
-        crate::metrics::served(len);
+        crate::util::metrics::served(len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::names::ALPN_V1;
+
+    /// A server endpoint of protocol version 1 (it offers only `xfer/1`),
+    /// as an agent of the previous release is.
+    fn v1_server(cred: &Credential) -> Endpoint {
+        let mut tls = cred.server_config().unwrap();
+        tls.alpn_protocols = vec![ALPN_V1.to_vec()];
+        let tls = QuicServerConfig::try_from(tls).unwrap();
+        let cfg = quinn::ServerConfig::with_crypto(Arc::new(tls));
+        Endpoint::server(cfg, "127.0.0.1:0".parse().unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_agent_of_another_version_is_refused_with_both_versions_and_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let cred = crate::config::auth::keygen(&dir.path().join("k"), false).unwrap();
+        // This build connecting to an agent of version 1.
+        let old = v1_server(&cred);
+        let addr = old.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Some(i) = old.accept().await {
+                if let Ok(c) = i.await {
+                    c.closed().await;
+                }
+            }
+        });
+        let ep = client_endpoint(&cred, addr).unwrap();
+        let err = connect(&ep, addr, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            format!(
+                "the agent at {addr} speaks xfer protocol 1, this node speaks {PROTOCOL_VERSION}: upgrade xfer on the agent at {addr}"
+            )
+        );
+        // A client of version 1 connecting to this build's server: refused,
+        // and told why in the close reason.
+        let ours = server_endpoint("127.0.0.1:0".parse().unwrap(), &cred).unwrap();
+        let saddr = ours.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let conn = ours.accept().await.unwrap().await.unwrap();
+            refuse_other_versions(&conn)
+        });
+        let mut tls = cred.client_config().unwrap();
+        tls.alpn_protocols = vec![ALPN_V1.to_vec()];
+        let tls = QuicClientConfig::try_from(tls).unwrap();
+        let mut old_client = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        old_client.set_default_client_config(quinn::ClientConfig::new(Arc::new(tls)));
+        let conn = old_client
+            .connect(saddr, SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
+        let refused = server.await.unwrap().unwrap_err();
+        assert!(refused.contains("speaks xfer protocol 1"), "{refused}");
+        match conn.closed().await {
+            ConnectionError::ApplicationClosed(c) => {
+                assert_eq!(c.error_code, VarInt::from_u32(VERSION_CLOSE));
+                let reason = String::from_utf8_lossy(&c.reason).into_owned();
+                let peer = reason
+                    .strip_prefix("the node at ")
+                    .and_then(|r| r.split(' ').next())
+                    .unwrap_or_default()
+                    .to_string();
+                assert_eq!(
+                    reason,
+                    format!("the node at {peer} speaks xfer protocol 1, this node speaks {PROTOCOL_VERSION}: upgrade xfer on the node at {peer}")
+                );
+            }
+            other => panic!("closed with {other:?}"),
+        }
     }
 }

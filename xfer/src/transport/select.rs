@@ -13,26 +13,7 @@ use std::sync::Arc;
 
 use super::rdma::link::Nic;
 
-/// What the user asked for.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Default,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum TransportChoice {
-    /// RDMA when this node has an active RDMA port, else QUIC.
-    #[default]
-    Auto,
-    Quic,
-    Rdma,
-}
+pub use xfer_proto::admin::TransportChoice;
 
 /// An RDMA port that is up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,7 +160,7 @@ pub fn gid_index(sys: &Path, port: &ActivePort) -> Result<u32, String> {
     if port.link_layer == "InfiniBand" {
         return Ok(0);
     }
-    crate::doctor::rdma_devices(sys)
+    crate::sysinfo::doctor::rdma_devices(sys)
         .devices
         .iter()
         .filter(|d| d.name == port.device)

@@ -1,10 +1,10 @@
 //! Serving chunks on one connection, over whichever data plane the
 //! fetching node uses.
 //!
-//! Every request arrives on a stream of its own. A [`ChunkRequest`] is
-//! answered on that stream, over QUIC. A stream that opens with a
-//! [`link::Hello`] brings up the RDMA data plane (or is told why not);
-//! after that, an [`RdmaRequest`] names a slot of the fetching node's ring
+//! Every request arrives on a stream of its own, its first frame a tagged
+//! [`StreamRequest`]. A chunk request is answered on that stream, over
+//! QUIC. An RDMA hello brings up the RDMA data plane (or is told why not);
+//! after that, an RDMA request names a slot of the fetching node's ring
 //! and the bytes go there by RDMA write, straight from the source file.
 //! The fetching node may switch back to QUIC requests at any time (after a
 //! queue-pair error, say); both kinds are served until the connection
@@ -15,13 +15,13 @@ use std::sync::{Arc, Mutex};
 
 use quinn::{Connection, VarInt};
 
-use super::quic::{answer_chunk, read_frame_body, write_frame};
+use super::quic::{answer_chunk, read_stream_request, write_frame};
 use super::rdma::link::{self, Offer};
 use super::rdma::plane::SendPlane;
 use super::ChunkReader;
-use crate::chunkset::ChunkMap;
-use crate::rate::RateLimiter;
-use crate::wire::{self, ChunkRequest, RdmaReply, RdmaRequest};
+use crate::util::rate::RateLimiter;
+use xfer_proto::chunkset::ChunkMap;
+use xfer_proto::stream::{RdmaReply, ResetCode, StreamRequest};
 
 /// What one connection serves, and how.
 #[derive(Clone)]
@@ -66,51 +66,56 @@ pub async fn serve(conn: Connection, serving: Serving) {
         let _ = send.set_priority(-order.rem_euclid(i32::MAX));
         let (s, plane, conn) = (serving.clone(), plane.clone(), conn.clone());
         tokio::spawn(async move {
-            let body = match read_frame_body(&mut recv).await {
-                Ok(b) => b,
+            let req = match read_stream_request(&mut recv).await {
+                Ok(r) => r,
                 Err(e) => {
                     tracing::debug!("bad request from {}: {e:#}", conn.remote_address());
-                    let _ = send.reset(VarInt::from_u32(1));
+                    let _ = send.reset(VarInt::from_u32(ResetCode::BadRequest.code()));
                     return;
                 }
             };
-            if let Ok(req) = wire::decode::<ChunkRequest>(&body) {
-                let (map, reader) = (s.map.clone(), s.reader.clone());
-                answer_chunk(send, req, map, reader, s.limiter.clone(), s.on_sent.clone()).await;
-            } else if let Ok(req) = wire::decode::<RdmaRequest>(&body) {
-                let current = plane.lock().unwrap().clone();
-                let reply = match current {
-                    None => RdmaReply::Unavailable("no RDMA data plane on this connection".into()),
-                    Some(p) => {
-                        if let Some(l) = &s.limiter {
-                            l.acquire(u64::from(req.len)).await;
+            match req {
+                StreamRequest::Chunk(req) => {
+                    let (map, reader) = (s.map.clone(), s.reader.clone());
+                    answer_chunk(send, req, map, reader, s.limiter.clone(), s.on_sent.clone())
+                        .await;
+                }
+                StreamRequest::Rdma(req) => {
+                    let current = plane.lock().unwrap().clone();
+                    let reply = match current {
+                        None => {
+                            RdmaReply::Unavailable("no RDMA data plane on this connection".into())
                         }
-                        // Until the write is known done, or the connection
-                        // ends (a last unsignalled write may never be
-                        // confirmed).
-                        tokio::select! {
-                            r = p.write(req) => r,
-                            _ = conn.closed() => return,
+                        Some(p) => {
+                            if let Some(l) = &s.limiter {
+                                l.acquire(u64::from(req.len)).await;
+                            }
+                            // Until the write is known done, or the connection
+                            // ends (a last unsignalled write may never be
+                            // confirmed).
+                            tokio::select! {
+                                r = p.write(req) => r,
+                                _ = conn.closed() => return,
+                            }
                         }
+                    };
+                    if reply == RdmaReply::Written {
+                        s.rdma_sent.fetch_add(u64::from(req.len), Ordering::Relaxed);
+                        (s.on_sent)(u64::from(req.len));
+                        crate::util::metrics::served(u64::from(req.len));
                     }
-                };
-                if reply == RdmaReply::Written {
-                    s.rdma_sent.fetch_add(u64::from(req.len), Ordering::Relaxed);
-                    (s.on_sent)(u64::from(req.len));
-                    crate::metrics::served(u64::from(req.len));
+                    let _ = write_frame(&mut send, &reply).await;
+                    let _ = send.finish();
                 }
-                let _ = write_frame(&mut send, &reply).await;
-                let _ = send.finish();
-            } else if let Some(hello) = link::Hello::decode(&body) {
-                let up =
-                    link::accept(send, recv, hello, &s.rdma, s.map.clone(), s.reader.clone()).await;
-                if let Some(p) = up {
-                    tracing::info!("rdma: data plane up with {}", conn.remote_address());
-                    *plane.lock().unwrap() = Some(p);
+                StreamRequest::RdmaHello(hello) => {
+                    let up =
+                        link::accept(send, recv, hello, &s.rdma, s.map.clone(), s.reader.clone())
+                            .await;
+                    if let Some(p) = up {
+                        tracing::info!("rdma: data plane up with {}", conn.remote_address());
+                        *plane.lock().unwrap() = Some(p);
+                    }
                 }
-            } else {
-                tracing::debug!("malformed request from {}", conn.remote_address());
-                let _ = send.reset(VarInt::from_u32(1));
             }
         });
     }

@@ -14,7 +14,7 @@
 //! relaying) registers a bounce pool instead and copies each verified
 //! chunk into it before the write. From then on chunk requests name ring
 //! slots
-//! ([`crate::wire::RdmaRequest`]).
+//! ([`xfer_proto::stream::RdmaRequest`]).
 //!
 //! A refusal or failure at any step leaves the connection as it was: the
 //! fetching node says why in one line and fetches over QUIC.
@@ -27,31 +27,12 @@ use serde::{Deserialize, Serialize};
 
 use super::plane::{PlaneConfig, RecvPlane, RingInfo, SendPlane};
 use super::verbs::Verbs;
-use crate::chunkset::ChunkMap;
 use crate::transport::quic::{read_frame, write_frame};
 use crate::transport::ChunkReader;
-use crate::wire::PROTOCOL_VERSION;
+use xfer_proto::chunkset::ChunkMap;
+use xfer_proto::stream::StreamRequest;
 
-/// One queue pair as the peer needs to know it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QpInfo {
-    pub qpn: u32,
-    /// The first packet sequence number it sends with (24 bits).
-    pub psn: u32,
-}
-
-/// What the peer needs to connect to a set of queue pairs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Local {
-    pub gid: [u8; 16],
-    pub gid_index: u32,
-    /// The port's active MTU in bytes (256 ... 4096).
-    pub mtu: u32,
-    pub port: u8,
-    /// The port's LID: InfiniBand routes by it within a subnet; 0 on RoCE.
-    pub lid: u16,
-    pub qps: Vec<QpInfo>,
-}
+pub use xfer_proto::stream::{Local, QpInfo, RdmaHello as Hello};
 
 /// A NIC that can make queue pairs for one connection.
 pub trait Nic: Send + Sync + std::fmt::Debug + 'static {
@@ -67,33 +48,12 @@ pub trait PendingLink: Send {
     fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, String>;
 }
 
-/// Starts a stream as the data-plane exchange. A chunk request (a few
-/// varints) is tried first and can never be mistaken for a hello, which
-/// is longer than any of them.
-const MAGIC: [u8; 8] = *b"xferRDMA";
 /// Queue pairs a fetching node may ask for.
 const MAX_QPS: usize = 16;
 /// Ring slots a fetching node may offer.
 const MAX_SLOTS: u32 = 4096;
 /// The whole exchange, both ways.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The fetching node's opening message.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hello {
-    magic: [u8; 8],
-    version: u32,
-    local: Local,
-}
-
-impl Hello {
-    /// The stream's first frame decoded as a hello, if it is one.
-    pub fn decode(body: &[u8]) -> Option<Hello> {
-        crate::wire::decode::<Hello>(body)
-            .ok()
-            .filter(|h| h.magic == MAGIC)
-    }
-}
 
 /// The serving node's answer to a [`Hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,11 +78,9 @@ pub async fn open(
     let exchange = async {
         let pending = nic.prepare(cfg.qps)?;
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-        let hello = Hello {
-            magic: MAGIC,
-            version: PROTOCOL_VERSION,
+        let hello = StreamRequest::RdmaHello(Hello {
             local: pending.local(),
-        };
+        });
         let io = |e: anyhow::Error| format!("the exchange broke off ({e:#})");
         write_frame(&mut send, &hello).await.map_err(io)?;
         let remote = match read_frame::<Answer>(&mut recv).await.map_err(io)? {
@@ -221,14 +179,9 @@ pub async fn accept(
         .flatten()
 }
 
-/// Whether this node takes the data plane a hello asks for.
+/// Whether this node takes the data plane a hello asks for. (Both ends
+/// speak the same protocol version: the connection's ALPN settled it.)
 fn admit<'a>(hello: &Hello, offer: &'a Offer) -> Result<&'a Arc<dyn Nic>, String> {
-    if hello.version != PROTOCOL_VERSION {
-        return Err(format!(
-            "protocol version {} here, {} there: run the same xfer on every node",
-            PROTOCOL_VERSION, hello.version
-        ));
-    }
     let n = hello.local.qps.len();
     if n == 0 || n > MAX_QPS {
         return Err(format!(
@@ -264,15 +217,11 @@ mod tests {
     use super::super::double::DoubleHub;
     use super::*;
 
-    fn hello(version: u32, qps: u32) -> Hello {
+    fn hello(qps: u32) -> Hello {
         let nic = DoubleHub::new(1);
         let mut local = nic.prepare(qps.max(1)).unwrap().local();
         local.qps.truncate(qps as usize);
-        Hello {
-            magic: MAGIC,
-            version,
-            local,
-        }
+        Hello { local }
     }
 
     #[test]
@@ -282,44 +231,34 @@ mod tests {
             files: Some(Vec::new()),
         };
         let refused = |h: &Hello, o: &Offer| admit(h, o).err().unwrap();
-        assert!(admit(&hello(PROTOCOL_VERSION, 4), &offer).is_ok());
-        assert!(refused(&hello(PROTOCOL_VERSION + 1, 4), &offer)
-            .contains("run the same xfer on every node"));
-        assert!(refused(&hello(PROTOCOL_VERSION, 0), &offer).contains("asked for 0 queue pairs"));
+        assert!(admit(&hello(4), &offer).is_ok());
+        assert!(refused(&hello(0), &offer).contains("asked for 0 queue pairs"));
         let many = Hello {
             local: Local {
                 qps: vec![QpInfo { qpn: 1, psn: 0 }; 17],
-                ..hello(PROTOCOL_VERSION, 1).local
+                ..hello(1).local
             },
-            ..hello(PROTOCOL_VERSION, 1)
         };
         assert!(refused(&many, &offer).contains("between 1 and 16"));
-        assert!(
-            refused(&hello(PROTOCOL_VERSION, 4), &Offer::none()).contains("has no RDMA data plane")
-        );
+        assert!(refused(&hello(4), &Offer::none()).contains("has no RDMA data plane"));
     }
 
     #[test]
-    fn a_hello_is_never_mistaken_for_a_chunk_request_and_back() {
-        let h = hello(PROTOCOL_VERSION, 4);
-        let body = &crate::wire::encode(&h)[4..];
-        assert_eq!(Hello::decode(body), Some(h));
-        assert!(crate::wire::decode::<crate::wire::ChunkRequest>(body).is_err());
-        assert!(crate::wire::decode::<crate::wire::RdmaRequest>(body).is_err());
-        let req = crate::wire::RdmaRequest {
-            chunk: crate::manifest::ChunkId { file: 1, index: 2 },
-            slot: 3,
-            qp: 1,
-            imm: 7,
-            len: 1 << 20,
-        };
-        assert_eq!(Hello::decode(&crate::wire::encode(&req)[4..]), None);
+    fn a_hello_is_told_from_a_chunk_request_by_its_tag() {
+        use xfer_proto::frame::{decode_frame, encode};
+        let h = StreamRequest::RdmaHello(hello(4));
+        let back = decode_frame::<StreamRequest>(&encode(&h)).unwrap();
+        assert_eq!(back, h);
+        assert!(!matches!(
+            back,
+            StreamRequest::Chunk(_) | StreamRequest::Rdma(_)
+        ));
     }
 
     #[test]
     fn rings_that_cannot_hold_a_chunk_are_refused() {
-        let m = crate::manifest::Manifest {
-            version: crate::manifest::MANIFEST_VERSION,
+        let m = xfer_proto::manifest::Manifest {
+            version: xfer_proto::manifest::MANIFEST_VERSION,
             chunk_size: 4 << 20,
             entries: Vec::new(),
         };

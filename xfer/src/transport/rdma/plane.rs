@@ -25,12 +25,12 @@ use tokio::sync::{oneshot, Semaphore};
 
 use super::ring::{Landed, RecvRing, RingLayout, SendAction, SendQueues, WriteReq};
 use super::verbs::{Access, Completion, Region, Verbs, WcKind, WcStatus, WriteImm};
-use crate::aligned::AlignedBuf;
-use crate::chunkset::ChunkMap;
-use crate::manifest::ChunkId;
 use crate::transport::quic::{read_frame, write_frame, QuicFetcher};
 use crate::transport::{ChunkFetcher, ChunkReader, FetchError};
-use crate::wire::{RdmaReply, RdmaRequest};
+use crate::util::aligned::AlignedBuf;
+use xfer_proto::chunkset::ChunkMap;
+use xfer_proto::manifest::ChunkId;
+use xfer_proto::stream::{RdmaReply, RdmaRequest, StreamRequest};
 
 /// How a data plane is shaped.
 #[derive(Clone, Copy, Debug)]
@@ -202,7 +202,7 @@ impl RecvPlane {
             imm: grant.imm,
             len: len as u32,
         };
-        if let Err(e) = write_frame(&mut send, &req).await {
+        if let Err(e) = write_frame(&mut send, &StreamRequest::Rdma(req)).await {
             give_back(None);
             return Err(Some(lost(&e)));
         }
@@ -717,18 +717,18 @@ mod tests {
     use super::super::double::{DoubleHub, Fabric};
     use super::super::link::Offer;
     use super::*;
-    use crate::auth::Credential;
-    use crate::chunkset::ChunkSet;
-    use crate::receive::{receive, Links};
+    use crate::config::auth::Credential;
+    use crate::flow::receive::{receive, Links};
     use crate::store::Store;
     use crate::transport::files::FileChunkReader;
     use crate::transport::quic;
     use crate::transport::serve::{serve, Serving};
     use crate::transport::ChunkReader;
     use crate::transport::Fetcher;
-    use crate::wire::ModelName;
     use rand::{RngCore, SeedableRng};
     use tokio_util::sync::CancellationToken;
+    use xfer_proto::chunkset::ChunkSet;
+    use xfer_proto::names::ModelName;
 
     const CHUNK: u32 = 1 << 20;
 
@@ -818,11 +818,11 @@ mod tests {
             rng.fill_bytes(&mut b);
             std::fs::write(src.join(name), b).unwrap();
         }
-        let tree = crate::scan::scan(&src, u64::from(CHUNK), &|_| {}).unwrap();
+        let tree = crate::store::scan::scan(&src, u64::from(CHUNK), &|_| {}).unwrap();
         let manifest = Arc::new(tree.manifest);
         let map = Arc::new(ChunkMap::new(&manifest));
 
-        crate::auth::keygen(&dir.join("key"), true).unwrap();
+        crate::config::auth::keygen(&dir.join("key"), true).unwrap();
         let cred = Credential::load(&dir.join("key")).unwrap();
         let server_ep = quic::server_endpoint("127.0.0.1:0".parse().unwrap(), &cred).unwrap();
         let addr = server_ep.local_addr().unwrap();
@@ -861,7 +861,7 @@ mod tests {
             t,
             vec![(0, fetcher.clone(), ChunkSet::full(map.len()))],
             Links::none(),
-            crate::scheduler::Config::default(),
+            crate::engine::scheduler::Config::default(),
             CancellationToken::new(),
         )
         .await

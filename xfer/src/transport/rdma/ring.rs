@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 
-use crate::manifest::ChunkId;
+use xfer_proto::manifest::ChunkId;
 
 /// The shape of a receive ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,200 @@
+//! The admin service's vocabulary: sync jobs as the CLI hands them to the
+//! agents ([`JobSpec`]), where they stand ([`JobState`]), and what an agent
+//! reports when asked ([`AgentStatus`]: its models and jobs).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::ModelName;
+
+/// What the user asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum TransportChoice {
+    /// RDMA when this node has an active RDMA port, else QUIC.
+    #[default]
+    Auto,
+    Quic,
+    Rdma,
+}
+
+/// Where a job's bytes come from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobSource {
+    /// A folder on the source node.
+    Path(PathBuf),
+    /// `ORG/NAME[@REV]` of the given type (`model`, `dataset`), pulled once
+    /// by the source node into its root as an HF cache.
+    Hub { repo: String, repo_type: String },
+}
+
+/// One node of a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobMember {
+    pub node: String,
+    /// `HOST:PORT` of its agent.
+    pub agent: String,
+}
+
+/// What `xfer sync` hands to the agents.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub id: String,
+    /// The model's name on every node (`<root>/<name>`).
+    pub name: ModelName,
+    pub source: JobSource,
+    /// The node that reads the source and drives the job.
+    pub source_node: String,
+    /// Every node that must end with the model (may include the source node).
+    pub members: Vec<JobMember>,
+    pub chunk_size: u64,
+    /// Cap on the source's send rate, bytes per second.
+    pub limit_rate: Option<u64>,
+    /// The data plane the source node offers (`xfer sync --transport`).
+    #[serde(default)]
+    pub transport: TransportChoice,
+}
+
+impl JobSpec {
+    /// Checks what an agent cannot trust blindly: the id (it names a file)
+    /// and that the source node and members make sense.
+    pub fn validate(&self) -> Result<(), String> {
+        let id_ok = !self.id.is_empty()
+            && self.id.len() <= 64
+            && self
+                .id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !id_ok {
+            return Err(format!("job id `{}` is not [A-Za-z0-9-]{{1,64}}", self.id));
+        }
+        if self.members.is_empty() {
+            return Err("a job needs at least one node".into());
+        }
+        if let JobSource::Path(p) = &self.source {
+            if !p.is_absolute() {
+                return Err(format!(
+                    "source {} is relative; give the absolute path on {}",
+                    p.display(),
+                    self.source_node
+                ));
+            }
+        }
+        if !crate::hash::is_valid_chunk_size(self.chunk_size) {
+            return Err(format!("chunk size {} is not valid", self.chunk_size));
+        }
+        Ok(())
+    }
+
+    /// The members other than `node`, and `node` itself when it is one.
+    pub fn is_member(&self, node: &str) -> bool {
+        self.members.iter().any(|m| m.node == node)
+    }
+}
+
+/// Where a job stands, as the source node sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Handed over; the source has not started a round yet.
+    Queued,
+    /// Rounds are running (and retried until every member completes).
+    Syncing,
+    /// Every member reported `root`.
+    Complete {
+        root: String,
+    },
+    Cancelled,
+    /// Cannot go on without the user (bad source path, ...).
+    Failed {
+        reason: String,
+    },
+}
+
+impl JobState {
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            JobState::Complete { .. } | JobState::Cancelled | JobState::Failed { .. }
+        )
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Syncing => "syncing",
+            JobState::Complete { .. } => "complete",
+            JobState::Cancelled => "cancelled",
+            JobState::Failed { .. } => "failed",
+        }
+    }
+}
+
+/// What one member got in the last round.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberTally {
+    pub node: String,
+    pub from_source: u64,
+    pub from_peers: u64,
+    pub ok: bool,
+}
+
+/// A model's state on one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelState {
+    /// A job names it here but nothing has arrived yet.
+    Queued,
+    Syncing,
+    /// Re-hashing a complete model (periodic verify).
+    Verifying,
+    /// A verify found damage; fetching the damaged files from peers.
+    Repairing,
+    Complete,
+    Failed,
+}
+
+/// One model on one node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelStatus {
+    pub name: String,
+    /// The root hash once complete (or of the transfer running).
+    pub root: Option<String>,
+    pub state: ModelState,
+    pub bytes_total: u64,
+    pub bytes_held: u64,
+    /// Bytes per second over the last few seconds.
+    pub rate_bps: f64,
+    pub eta_s: Option<f64>,
+    /// Verified bytes of the running (or last) transfer from the source
+    /// and from other nodes.
+    pub from_source: u64,
+    pub from_peers: u64,
+    pub last_error: Option<String>,
+    /// Files repaired from peers since the agent started.
+    pub repaired_files: u64,
+}
+
+/// A job as one agent knows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    pub id: String,
+    pub name: String,
+    pub source_node: String,
+    pub nodes: Vec<String>,
+    pub state: String,
+    pub last_error: Option<String>,
+    pub rounds: u64,
+    pub delivered: Vec<MemberTally>,
+}
+
+/// The reply to a status query.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    /// The node's name as its jobs call it, if it knows one.
+    pub node: Option<String>,
+    pub root: String,
+    pub models: Vec<ModelStatus>,
+    pub jobs: Vec<JobView>,
+}

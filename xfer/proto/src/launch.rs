@@ -1,0 +1,381 @@
+//! The launch service's vocabulary: what the launcher asks a node to look
+//! at before a launch ([`PreflightRequest`]) and what the node found
+//! ([`NodeFacts`], every probe a [`Probe`] that says why it was skipped),
+//! the rank an agent starts ([`RankSpec`]) and how it is doing
+//! ([`RankReport`], [`LogChunk`]).
+//!
+//! These types travel in postcard frames, which cannot carry serde's
+//! tagged or flattened forms, so they use none.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use serde::{Deserialize, Serialize};
+
+/// What the launcher asks one node to look at.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreflightRequest {
+    /// The node's name in the cluster file (for messages).
+    pub node: String,
+    /// The interface and address the ranks will be pinned to.
+    pub fabric_if: String,
+    pub fabric_ip: IpAddr,
+    /// The model every rank loads, as the plan has it: an absolute path,
+    /// possibly with the `<COMMIT>` placeholder in place of a snapshot's
+    /// commit, resolved from `refs/<revision>` of the repo's cache folder.
+    pub model_path: String,
+    pub revision: Option<String>,
+    /// Ports the engine will bind on this node; each must be free.
+    pub ports: Vec<PortNeed>,
+    /// The reachability probe: listen on `fabric_ip:listen_port` while
+    /// connecting to every peer, for `window_ms` at most. The launcher
+    /// leaves these empty and sends a separate `Control::Reach` to every
+    /// node once every node's ports were checked, so that no port check
+    /// ever sees another node's probe listener (nodes may share a host).
+    pub listen_port: Option<u16>,
+    pub peers: Vec<ReachTarget>,
+    pub window_ms: u64,
+    /// Commands whose output is a version to compare across nodes.
+    pub versions: Vec<VersionProbe>,
+    /// The configured RDMA device, if any.
+    pub rdma: Option<RdmaNeed>,
+}
+
+/// A port the engine needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortNeed {
+    /// What binds it: "master", "api", "ray", "dist".
+    pub what: String,
+    pub port: u16,
+}
+
+/// A peer to connect to over the fabric.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReachTarget {
+    pub node: String,
+    pub addr: SocketAddr,
+}
+
+/// A version to ask for: run `argv`, take the last non-empty line of its
+/// stdout (warnings come first; see [`versions`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionProbe {
+    /// "vllm", "sglang", "torch", ...
+    pub what: String,
+    pub argv: Vec<String>,
+}
+
+/// The RDMA device the cluster file names for this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaNeed {
+    pub device: String,
+    pub gid_index: Option<u32>,
+}
+
+/// The outcome of one probe.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Probe<T> {
+    Ok(T),
+    /// The probe could not run here: why (e.g. "nvidia-smi not found").
+    Skipped(String),
+    /// The probe ran and something is wrong: what.
+    Failed(String),
+}
+
+/// Everything one node reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    pub hostname: String,
+    /// The xfer version of the agent.
+    pub agent_version: String,
+    pub weights: WeightFacts,
+    /// Free space on the filesystem of the agent's root.
+    pub disk: Probe<DiskFacts>,
+    pub memory: Probe<MemFacts>,
+    pub gpus: Probe<GpuFacts>,
+    /// The named fabric interface.
+    pub fabric: Probe<IfaceFacts>,
+    /// Every interface with an address (to say where an address really is).
+    pub interfaces: Vec<IfaceFacts>,
+    /// The IPv4 default route, if any.
+    pub default_route: Probe<RouteFacts>,
+    pub ports: Vec<PortFacts>,
+    /// Whether the reachability listener could bind.
+    pub listen: Probe<SocketAddr>,
+    pub reach: Vec<ReachFacts>,
+    pub versions: Vec<VersionFacts>,
+    pub rdma: Probe<RdmaFacts>,
+}
+
+/// The model at the plan's path on this node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WeightFacts {
+    /// The path with `<COMMIT>` resolved (as given when nothing to resolve).
+    pub path: String,
+    /// The commit `<COMMIT>` resolved to, when it was there.
+    pub commit: Option<String>,
+    /// The agent's store root.
+    pub store_root: String,
+    /// The store model holding the path (its top folder under the root).
+    pub model: Option<String>,
+    /// "complete", "syncing", ... as `xfer status` says; None if not held.
+    pub state: Option<String>,
+    /// The model's manifest root hash, when complete.
+    pub root: Option<String>,
+    pub bytes_total: u64,
+    /// Bytes of the manifest's files under `path` present with their size.
+    pub bytes_present: u64,
+    /// What is wrong, one line each, most useful first: "refs/main not
+    /// found", "model-00003-of-00004.safetensors: missing", ...
+    pub problems: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskFacts {
+    pub path: String,
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemFacts {
+    pub mem_total: u64,
+    pub mem_available: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFacts {
+    /// "NVIDIA GB10", ...
+    pub gpus: Vec<GpuInfo>,
+    /// Compute processes already on the GPUs.
+    pub processes: Vec<GpuProcess>,
+    pub driver: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub name: String,
+    pub memory_total_mib: Option<u64>,
+    pub memory_used_mib: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub name: String,
+    pub used_mib: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IfaceFacts {
+    pub name: String,
+    /// `/sys/class/net/IF/operstate`: "up", "down", "unknown", ...
+    pub operstate: String,
+    /// `/sys/class/net/IF/carrier` (None when unreadable, e.g. link down).
+    pub carrier: Option<bool>,
+    pub mtu: u32,
+    /// Addresses with their prefix length.
+    pub addrs: Vec<(IpAddr, u8)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteFacts {
+    pub iface: String,
+    pub gateway: Option<IpAddr>,
+    /// The address this node would use for that route (the interface's
+    /// first IPv4 address): what Ray, NCCL and SGLang pick by themselves.
+    pub src: Option<IpAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortFacts {
+    pub what: String,
+    pub port: u16,
+    /// Ok(()) when free; Failed("in use by python3 (pid 4242)") when not.
+    pub free: Probe<()>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReachFacts {
+    pub node: String,
+    pub addr: SocketAddr,
+    /// Connect time in microseconds, or why it failed.
+    pub result: Probe<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionFacts {
+    pub what: String,
+    /// The version line, or why there is none ("vllm: not found on PATH").
+    pub version: Probe<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaFacts {
+    pub device: String,
+    pub ports: Vec<RdmaPort>,
+    /// The GID at the configured index, when one is configured.
+    pub gid: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaPort {
+    pub port: u32,
+    /// "4: ACTIVE" as sysfs has it.
+    pub state: String,
+    /// "InfiniBand" or "Ethernet" (RoCE).
+    pub link_layer: String,
+    pub active_mtu: Option<u32>,
+}
+
+/// What one node runs for a launch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankSpec {
+    /// The launch this rank belongs to: 1-64 of `[a-z0-9-]`.
+    pub run: String,
+    pub node: String,
+    pub rank: u32,
+    /// Added to the agent's own environment.
+    pub env: BTreeMap<String, String>,
+    /// Started in order; every one is expected to run until stopped.
+    pub procs: Vec<ProcSpec>,
+    /// Run after the processes are stopped (e.g. `ray stop --force`).
+    pub on_stop: Vec<Vec<String>>,
+    /// The other ranks' agents, told to stop their rank when this one fails.
+    pub group: Vec<GroupPeer>,
+    /// How long a process may wait for its `wait_tcp` address.
+    pub wait_timeout_ms: u64,
+    /// SIGTERM to SIGKILL, when the rank stops because one of its processes
+    /// failed.
+    pub grace_ms: u64,
+}
+
+/// Another rank's agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPeer {
+    pub node: String,
+    /// Where it may be reached (`HOST:PORT`), all tried at once: its
+    /// address in the cluster file, which may be a management network the
+    /// nodes cannot use between each other, and its fabric address.
+    pub addrs: Vec<String>,
+}
+
+/// One long-running process of a rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcSpec {
+    pub argv: Vec<String>,
+    /// Start only once this address accepts a TCP connection.
+    pub wait_tcp: Option<SocketAddr>,
+}
+
+/// Where one process is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProcState {
+    /// Not started yet: waiting for its `wait_tcp` address.
+    Waiting {
+        on: SocketAddr,
+    },
+    Running {
+        pid: u32,
+    },
+    /// Exited with a code, or killed by a signal.
+    Exited {
+        pid: u32,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    /// Never started: why.
+    NotStarted {
+        why: String,
+    },
+}
+
+/// One process in a report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcReport {
+    pub argv: Vec<String>,
+    pub state: ProcState,
+}
+
+/// Where a rank is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunState {
+    Running,
+    /// Stopping its processes.
+    Stopping(String),
+    /// Stopped on request: whose.
+    Stopped(String),
+    /// A process exited on its own, or could not start: which and how.
+    Failed(String),
+}
+
+impl RunState {
+    pub fn is_live(&self) -> bool {
+        matches!(self, RunState::Running | RunState::Stopping(_))
+    }
+}
+
+/// What an agent says about one rank it runs (or ran).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankReport {
+    pub run: String,
+    pub node: String,
+    pub rank: u32,
+    /// Seconds since the Unix epoch.
+    pub started_unix: u64,
+    pub state: RunState,
+    /// When the rank failed (Unix milliseconds): the moment its first
+    /// process exited on its own. Across a group the earliest is the cause.
+    pub failed_ms: Option<u64>,
+    pub procs: Vec<ProcReport>,
+    /// The log file on the node, and its size.
+    pub log: String,
+    pub log_bytes: u64,
+    /// The last lines of the log.
+    pub tail: Vec<String>,
+    /// Known failure signatures found in the log.
+    pub hints: Vec<Hint>,
+}
+
+/// A piece of a rank's log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogChunk {
+    pub run: String,
+    pub node: String,
+    pub offset: u64,
+    pub data: Vec<u8>,
+    /// The log's size when read.
+    pub size: u64,
+    /// Whether the rank is still running (more may come).
+    pub live: bool,
+}
+
+/// Checks a run id: 1-64 of `[a-z0-9-]`, so it is a safe folder name.
+pub fn check_run_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "run id `{}` must be 1-64 of a-z, 0-9 and '-', not starting with '-'",
+            id.escape_default()
+        ))
+    }
+}
+
+/// One signature found in a log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hint {
+    /// A short name: "nccl-socket", "port-in-use", ...
+    pub id: String,
+    /// The log line that matched (trimmed).
+    pub line: String,
+    /// What it means and what to do.
+    pub hint: String,
+}

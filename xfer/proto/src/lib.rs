@@ -1,0 +1,31 @@
+//! xfer-proto: the vocabulary every xfer node shares, with no I/O runtime
+//! (no tokio, quinn or rustls), so that what travels between nodes can be
+//! read, checked and tested on its own.
+//!
+//! - [`names`]: the protocol version, ALPN, default port, model names;
+//! - [`hash`]: the BLAKE3 chunk tree; [`relpath`]: the path rules;
+//!   [`manifest`]: a tree's description; [`chunkset`]: sets of chunks;
+//! - [`frame`]: the length prefix, [`frame::WireError`] and the size limit
+//!   of each service;
+//! - [`hello`]: the first frame of every control stream, with the one
+//!   version check;
+//! - [`control`]: the control-stream messages; [`admin`] and [`launch`]:
+//!   the types the admin and launch services carry; [`stream`]: the tagged
+//!   chunk-stream requests;
+//! - [`units`]: byte and rate formatting for messages.
+//!
+//! Every decoder here is strict and bounded: hostile input is an error
+//! with its reason, never a panic or an allocation a peer chose.
+
+pub mod admin;
+pub mod chunkset;
+pub mod control;
+pub mod frame;
+pub mod hash;
+pub mod hello;
+pub mod launch;
+pub mod manifest;
+pub mod names;
+pub mod relpath;
+pub mod stream;
+pub mod units;

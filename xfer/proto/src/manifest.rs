@@ -1,0 +1,577 @@
+//! The manifest: what a model tree contains, chunk by chunk, and its root hash.
+//!
+//! A manifest lists regular files (size, `b3sum`-compatible BLAKE3 and one hash
+//! per chunk), symlinks that stay inside the tree, and empty directories. Its
+//! root hash is BLAKE3 over a canonical encoding of paths, sizes, file hashes
+//! and link targets: the model's content id. It does not depend on the chunk
+//! size, so two nodes agree on the root however they chunked.
+//!
+//! Manifests arrive from peers, so [`Manifest::validate`] treats them as
+//! hostile: paths, links, sizes and counts are all bounded and checked here,
+//! once, before anything touches a disk.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hash::{self, Hash};
+use crate::relpath::RelPath;
+
+/// Manifest format version.
+pub const MANIFEST_VERSION: u32 = 1;
+/// Default chunk size: 4 MiB. See the README's "Chunk size" section for the
+/// measurement behind it.
+pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
+/// Most entries a manifest may hold.
+pub const MAX_ENTRIES: usize = 1_000_000;
+/// Largest single file: 1 PiB.
+pub const MAX_FILE_SIZE: u64 = 1 << 50;
+/// Most chunks in one manifest.
+pub const MAX_TOTAL_CHUNKS: u64 = 1 << 24;
+/// Longest symlink target.
+pub const MAX_LINK_LEN: usize = 4096;
+
+/// One regular file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub path: RelPath,
+    pub size: u64,
+    /// Whole-file BLAKE3, as `b3sum` prints it.
+    pub hash: Hash,
+    pub executable: bool,
+    /// One hash per chunk; see [`crate::hash::hash_chunk`].
+    pub chunks: Vec<Hash>,
+}
+
+/// One entry of a tree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Entry {
+    File(FileEntry),
+    /// A symlink kept as a link; `target` is relative and stays in the tree.
+    Symlink {
+        path: RelPath,
+        target: String,
+    },
+    /// An empty directory.
+    Dir {
+        path: RelPath,
+    },
+}
+
+impl Entry {
+    pub fn path(&self) -> &RelPath {
+        match self {
+            Entry::File(f) => &f.path,
+            Entry::Symlink { path, .. } | Entry::Dir { path } => path,
+        }
+    }
+}
+
+/// A tree description. Entries are sorted by path, which makes the encoding
+/// canonical.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    pub chunk_size: u64,
+    pub entries: Vec<Entry>,
+}
+
+/// Identifies one chunk: the file's index among the manifest's files, and the
+/// chunk's index within that file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ChunkId {
+    pub file: u32,
+    pub index: u32,
+}
+
+/// Why a manifest was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ManifestError {
+    #[error("unsupported manifest version {0} (this xfer reads version {MANIFEST_VERSION}); upgrade xfer on both ends")]
+    Version(u32),
+    #[error("chunk size {0} is not a power of two between 64 KiB and 256 MiB")]
+    ChunkSize(u64),
+    #[error("{0} entries is more than the limit of {MAX_ENTRIES}")]
+    TooManyEntries(usize),
+    #[error(
+        "entries are not in strictly increasing path order at `{0}` (duplicate or unsorted path)"
+    )]
+    Order(String),
+    #[error("`{0}` is inside `{1}`, which is a file or symlink")]
+    UnderNonDir(String, String),
+    #[error("file `{0}` claims {1} bytes, more than the 1 PiB limit")]
+    FileTooLarge(String, u64),
+    #[error("file `{path}` has {got} chunk hashes but {want} chunks")]
+    ChunkCount { path: String, got: usize, want: u64 },
+    #[error("manifest has more than {MAX_TOTAL_CHUNKS} chunks")]
+    TooManyChunks,
+    #[error("file `{0}`: chunk hashes do not combine to the file hash")]
+    TreeMismatch(String),
+    #[error("symlink `{0}` points outside the tree or through another symlink: `{1}`")]
+    LinkEscape(String, String),
+    #[error("stated root {stated} does not match the computed root {computed}")]
+    Root { stated: Hash, computed: Hash },
+}
+
+impl Manifest {
+    /// BLAKE3 over the canonical encoding: the model's content id.
+    pub fn root(&self) -> Hash {
+        let mut h = blake3::Hasher::new_derive_key("xfer manifest root v1");
+        h.update(&(self.entries.len() as u64).to_le_bytes());
+        for e in &self.entries {
+            let (tag, path) = match e {
+                Entry::File(_) => (b'f', e.path()),
+                Entry::Symlink { .. } => (b'l', e.path()),
+                Entry::Dir { .. } => (b'd', e.path()),
+            };
+            h.update(&[tag]);
+            h.update(&(path.as_str().len() as u64).to_le_bytes());
+            h.update(path.as_str().as_bytes());
+            match e {
+                Entry::File(f) => {
+                    h.update(&f.size.to_le_bytes());
+                    h.update(&f.hash.0);
+                    h.update(&[f.executable as u8]);
+                }
+                Entry::Symlink { target, .. } => {
+                    h.update(&(target.len() as u64).to_le_bytes());
+                    h.update(target.as_bytes());
+                }
+                Entry::Dir { .. } => {}
+            }
+        }
+        h.finalize().into()
+    }
+
+    /// The files, in manifest order; a file's position is its `ChunkId::file`.
+    pub fn files(&self) -> impl Iterator<Item = &FileEntry> {
+        self.entries.iter().filter_map(|e| match e {
+            Entry::File(f) => Some(f),
+            _ => None,
+        })
+    }
+
+    pub fn file_count(&self) -> usize {
+        self.files().count()
+    }
+
+    /// Sum of file sizes.
+    pub fn total_bytes(&self) -> u64 {
+        self.files().map(|f| f.size).sum()
+    }
+
+    /// Sum of chunk counts.
+    pub fn total_chunks(&self) -> u64 {
+        self.files().map(|f| f.chunks.len() as u64).sum()
+    }
+
+    /// Byte length of one chunk.
+    pub fn chunk_len(&self, file: &FileEntry, index: u32) -> u64 {
+        let start = index as u64 * self.chunk_size;
+        self.chunk_size.min(file.size.saturating_sub(start))
+    }
+
+    /// Checks everything a hostile peer could get wrong. Only a validated
+    /// manifest may be used to write files.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        if self.version != MANIFEST_VERSION {
+            return Err(ManifestError::Version(self.version));
+        }
+        if !hash::is_valid_chunk_size(self.chunk_size) {
+            return Err(ManifestError::ChunkSize(self.chunk_size));
+        }
+        if self.entries.len() > MAX_ENTRIES {
+            return Err(ManifestError::TooManyEntries(self.entries.len()));
+        }
+        let mut leaves: HashSet<&str> = HashSet::new();
+        let mut links: HashSet<&str> = HashSet::new();
+        let mut prev: Option<&RelPath> = None;
+        let mut total_chunks = 0u64;
+        for e in &self.entries {
+            let path = e.path();
+            if prev.is_some_and(|p| p >= path) {
+                return Err(ManifestError::Order(path.to_string()));
+            }
+            prev = Some(path);
+            for anc in path.ancestors() {
+                if leaves.contains(anc) {
+                    return Err(ManifestError::UnderNonDir(path.to_string(), anc.into()));
+                }
+            }
+            match e {
+                Entry::File(f) => {
+                    leaves.insert(path.as_str());
+                    if f.size > MAX_FILE_SIZE {
+                        return Err(ManifestError::FileTooLarge(path.to_string(), f.size));
+                    }
+                    let want = hash::chunk_count(f.size, self.chunk_size);
+                    if f.chunks.len() as u64 != want {
+                        return Err(ManifestError::ChunkCount {
+                            path: path.to_string(),
+                            got: f.chunks.len(),
+                            want,
+                        });
+                    }
+                    total_chunks += want;
+                    if total_chunks > MAX_TOTAL_CHUNKS {
+                        return Err(ManifestError::TooManyChunks);
+                    }
+                    if want > 1 && hash::file_hash_from_chunks(&f.chunks) != f.hash {
+                        return Err(ManifestError::TreeMismatch(path.to_string()));
+                    }
+                    if want == 1 && f.chunks[0] != f.hash {
+                        return Err(ManifestError::TreeMismatch(path.to_string()));
+                    }
+                    if want == 0 && f.hash != hash::file_hash_from_chunks(&[]) {
+                        return Err(ManifestError::TreeMismatch(path.to_string()));
+                    }
+                }
+                Entry::Symlink { .. } => {
+                    leaves.insert(path.as_str());
+                    links.insert(path.as_str());
+                }
+                Entry::Dir { .. } => {}
+            }
+        }
+        // Links are checked once all link paths are known: a target must
+        // resolve inside the tree, use `..` only as leading components, and
+        // not pass through another symlink (which could move it elsewhere).
+        for e in &self.entries {
+            if let Entry::Symlink { path, target } = e {
+                let escape = || ManifestError::LinkEscape(path.to_string(), target.clone());
+                if target.len() > MAX_LINK_LEN || !dots_only_leading(target) {
+                    return Err(escape());
+                }
+                let resolved = path.resolve_link(target).ok_or_else(escape)?;
+                if resolved.ancestors().any(|a| links.contains(a)) {
+                    return Err(escape());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a manifest written by `xfer manifest --json` and checks it,
+    /// including its stated root.
+    pub fn load_json(path: &Path) -> anyhow::Result<Manifest> {
+        use anyhow::Context;
+        let bytes = std::fs::read(path)
+            .with_context(|| format!("cannot open manifest {}", path.display()))?;
+        Self::parse_json(&bytes, path)
+    }
+
+    /// [`Manifest::load_json`] on bytes already read; `path` names them in
+    /// messages.
+    pub fn parse_json(bytes: &[u8], path: &Path) -> anyhow::Result<Manifest> {
+        use anyhow::Context;
+        let doc: ManifestDoc = serde_json::from_slice(bytes).with_context(|| {
+            format!(
+                "{} is not an xfer manifest (make one with `xfer manifest DIR --json`)",
+                path.display()
+            )
+        })?;
+        doc.manifest
+            .validate()
+            .with_context(|| format!("manifest {} is invalid", path.display()))?;
+        let computed = doc.manifest.root();
+        if computed != doc.root {
+            return Err(ManifestError::Root {
+                stated: doc.root,
+                computed,
+            })
+            .with_context(|| format!("manifest {} was altered", path.display()));
+        }
+        Ok(doc.manifest)
+    }
+
+    /// The JSON document form, with the root and totals up front.
+    pub fn to_doc(&self) -> ManifestDoc {
+        ManifestDoc {
+            root: self.root(),
+            files: self.file_count(),
+            bytes: self.total_bytes(),
+            manifest: self.clone(),
+        }
+    }
+}
+
+/// `..` may only lead a link target; a `..` after a normal component could be
+/// resolved by the kernel through a symlink to somewhere else entirely.
+pub fn dots_only_leading(target: &str) -> bool {
+    let mut seen_normal = false;
+    for part in target.split('/') {
+        match part {
+            "" | "." => {}
+            ".." if seen_normal => return false,
+            ".." => {}
+            _ => seen_normal = true,
+        }
+    }
+    true
+}
+
+/// The JSON form of a manifest, as `xfer manifest --json` prints it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ManifestDoc {
+    pub root: Hash,
+    pub files: usize,
+    pub bytes: u64,
+    #[serde(flatten)]
+    pub manifest: Manifest,
+}
+
+/// The entry of a file of these bytes, hashed in memory (small files:
+/// tests and generated fixtures).
+pub fn file(path: &str, data: &[u8], chunk_size: u64) -> Entry {
+    let n = hash::chunk_count(data.len() as u64, chunk_size);
+    let chunks: Vec<Hash> = data
+        .chunks(chunk_size as usize)
+        .enumerate()
+        .map(|(i, c)| hash::hash_chunk(c, i as u64, n, chunk_size))
+        .collect();
+    Entry::File(FileEntry {
+        path: RelPath::new(path).unwrap(),
+        size: data.len() as u64,
+        hash: blake3::hash(data).into(),
+        executable: false,
+        chunks,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub use super::file;
+
+    fn link(path: &str, target: &str) -> Entry {
+        Entry::Symlink {
+            path: RelPath::new(path).unwrap(),
+            target: target.into(),
+        }
+    }
+
+    fn manifest(entries: Vec<Entry>) -> Manifest {
+        Manifest {
+            version: MANIFEST_VERSION,
+            chunk_size: hash::MIN_CHUNK_SIZE,
+            entries,
+        }
+    }
+
+    fn big() -> Vec<u8> {
+        (0..300_000u32).map(|i| (i % 253) as u8).collect()
+    }
+
+    #[test]
+    fn a_good_manifest_passes_and_has_a_stable_root() {
+        let m = manifest(vec![
+            file("blobs/a", &big(), hash::MIN_CHUNK_SIZE),
+            Entry::Dir {
+                path: RelPath::new("empty").unwrap(),
+            },
+            link("snapshots/c1/model.safetensors", "../../blobs/a"),
+        ]);
+        m.validate().unwrap();
+        assert_eq!(m.root(), m.clone().root());
+        let mut other = m.clone();
+        other.chunk_size *= 2;
+        if let Entry::File(f) = &mut other.entries[0] {
+            *f = match file("blobs/a", &big(), other.chunk_size) {
+                Entry::File(f) => f,
+                _ => unreachable!(),
+            };
+        }
+        other.validate().unwrap();
+        assert_eq!(m.root(), other.root(), "root must not depend on chunk size");
+    }
+
+    #[test]
+    fn hostile_manifests_are_refused() {
+        let cs = hash::MIN_CHUNK_SIZE;
+        let dup = manifest(vec![file("a", b"1", cs), file("a", b"1", cs)]);
+        assert!(matches!(dup.validate(), Err(ManifestError::Order(_))));
+
+        let under = manifest(vec![file("a", b"1", cs), file("a/b", b"1", cs)]);
+        assert!(matches!(
+            under.validate(),
+            Err(ManifestError::UnderNonDir(..))
+        ));
+
+        let through_link = manifest(vec![link("a", "b"), file("a/x", b"1", cs)]);
+        assert!(through_link.validate().is_err());
+
+        for target in [
+            "../../x",
+            "/etc/passwd",
+            "a/../../x",
+            "s/../../x",
+            "",
+            "../..",
+        ] {
+            let m = manifest(vec![link("d/l", target)]);
+            assert!(m.validate().is_err(), "target {target:?} should be refused");
+        }
+        // A link whose target passes through another link.
+        let chain = manifest(vec![link("a/b/s", "../../c"), link("a/b/x", "s/y")]);
+        assert!(matches!(
+            chain.validate(),
+            Err(ManifestError::LinkEscape(..))
+        ));
+
+        let mut huge = manifest(vec![file("a", b"1", cs)]);
+        if let Entry::File(f) = &mut huge.entries[0] {
+            f.size = u64::MAX;
+        }
+        assert!(matches!(
+            huge.validate(),
+            Err(ManifestError::FileTooLarge(..))
+        ));
+
+        let mut wrong_count = manifest(vec![file("a", &big(), cs)]);
+        if let Entry::File(f) = &mut wrong_count.entries[0] {
+            f.chunks.pop();
+        }
+        assert!(matches!(
+            wrong_count.validate(),
+            Err(ManifestError::ChunkCount { .. })
+        ));
+
+        let mut forged = manifest(vec![file("a", &big(), cs)]);
+        if let Entry::File(f) = &mut forged.entries[0] {
+            f.chunks[1].0[0] ^= 1;
+        }
+        assert!(matches!(
+            forged.validate(),
+            Err(ManifestError::TreeMismatch(_))
+        ));
+
+        let mut zero = manifest(vec![]);
+        zero.chunk_size = 0;
+        assert!(matches!(zero.validate(), Err(ManifestError::ChunkSize(0))));
+    }
+
+    #[test]
+    fn sizes_and_counts_that_would_overflow_are_refused() {
+        let cs = hash::MIN_CHUNK_SIZE;
+        // Just over the limit: refused by size, before any arithmetic.
+        let mut over = manifest(vec![file("a", b"1", cs)]);
+        if let Entry::File(f) = &mut over.entries[0] {
+            f.size = MAX_FILE_SIZE + 1;
+        }
+        let e = over.validate().unwrap_err();
+        assert!(e.to_string().contains("more than the 1 PiB limit"), "{e}");
+        // At the limit, a file needs 2^34 chunk hashes; the claim is only
+        // as good as the hashes sent, so sizes summing past u64::MAX (16 Ki
+        // files of 1 PiB) never reach a sum.
+        let mut pib = match file("a", b"1", cs) {
+            Entry::File(f) => f,
+            _ => unreachable!(),
+        };
+        pib.size = MAX_FILE_SIZE;
+        let entries = (0..(1u32 << 14) + 1)
+            .map(|i| {
+                let mut f = pib.clone();
+                f.path = RelPath::new(&format!("f{i:05}")).unwrap();
+                Entry::File(f)
+            })
+            .collect();
+        let e = manifest(entries).validate().unwrap_err();
+        assert_eq!(
+            e,
+            ManifestError::ChunkCount {
+                path: "f00000".into(),
+                got: 1,
+                want: MAX_FILE_SIZE / cs
+            }
+        );
+        assert!(e
+            .to_string()
+            .contains("has 1 chunk hashes but 17179869184 chunks"));
+        // A validated manifest's totals cannot overflow: each file's bytes
+        // are bounded by its chunks, and the chunks by MAX_TOTAL_CHUNKS.
+        const { assert!(MAX_TOTAL_CHUNKS.checked_mul(hash::MAX_CHUNK_SIZE).is_some()) };
+        const { assert!(MAX_TOTAL_CHUNKS <= u32::MAX as u64) };
+    }
+
+    /// Hand-edited JSON manifests (`xfer verify --manifest`) are refused
+    /// with their reason, whatever is wrong: traversal, absolute paths,
+    /// escaping links, duplicates, oversized files, a zero chunk size.
+    #[test]
+    fn crafted_json_manifests_say_what_is_wrong() {
+        let cs = hash::MIN_CHUNK_SIZE;
+        let good = manifest(vec![file("a", b"hello", cs)]);
+        let doc = serde_json::to_value(good.to_doc()).unwrap();
+        let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut d = doc.clone();
+            edit(&mut d);
+            serde_json::to_vec(&d).unwrap()
+        };
+        let entry = doc["entries"][0].clone();
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            (
+                "traversal",
+                with(&|d| d["entries"][0]["file"]["path"] = "../../etc/x".into()),
+                "path `../../etc/x` climbs out of the tree",
+            ),
+            (
+                "absolute path",
+                with(&|d| d["entries"][0]["file"]["path"] = "/etc/x".into()),
+                "absolute path `/etc/x`",
+            ),
+            (
+                "symlink escape",
+                with(&|d| {
+                    d["entries"][0] =
+                        serde_json::json!({"symlink": {"path": "l", "target": "../x"}})
+                }),
+                "symlink `l` points outside the tree",
+            ),
+            (
+                "duplicate",
+                with(&|d| d["entries"] = serde_json::json!([entry, entry])),
+                "duplicate or unsorted path",
+            ),
+            (
+                "size past u64",
+                with(&|d| d["entries"][0]["file"]["size"] = serde_json::json!(u64::MAX)),
+                "more than the 1 PiB limit",
+            ),
+            (
+                "size past u64, as a bigger number",
+                with(&|d| {
+                    d["entries"][0]["file"]["size"] =
+                        serde_json::Value::Number("18446744073709551616".parse().unwrap())
+                }),
+                "is not an xfer manifest",
+            ),
+            (
+                "zero chunk size",
+                with(&|d| d["chunk_size"] = 0.into()),
+                "chunk size 0 is not a power of two",
+            ),
+        ];
+        for (what, bytes, says) in cases {
+            let e = Manifest::parse_json(&bytes, Path::new("m.json")).expect_err(what);
+            let e = format!("{e:#}");
+            assert!(e.contains(says), "{what}: `{e}` should say `{says}`");
+            assert!(e.contains("m.json"), "{what}: `{e}` should name the file");
+        }
+    }
+
+    #[test]
+    fn json_roundtrip_checks_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = manifest(vec![file("a", b"hello", hash::MIN_CHUNK_SIZE)]);
+        let p = dir.path().join("m.json");
+        std::fs::write(&p, serde_json::to_vec(&m.to_doc()).unwrap()).unwrap();
+        assert_eq!(Manifest::load_json(&p).unwrap(), m);
+        let mut doc = m.to_doc();
+        doc.root.0[0] ^= 1;
+        std::fs::write(&p, serde_json::to_vec(&doc).unwrap()).unwrap();
+        let err = format!("{:#}", Manifest::load_json(&p).unwrap_err());
+        assert!(err.contains("altered"), "{err}");
+    }
+}

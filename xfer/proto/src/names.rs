@@ -1,0 +1,108 @@
+//! The names every node shares: the protocol version, the TLS ALPN, the
+//! default port, and the validated names of models.
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version spoken by this build. Version 2 tags every
+/// chunk-stream request ([`crate::stream::StreamRequest`]).
+pub const PROTOCOL_VERSION: u32 = 2;
+/// TLS ALPN identifier of this build's protocol version.
+pub const ALPN: &[u8] = b"xfer/2";
+/// ALPN of protocol version 1: still offered and accepted, only so that a
+/// node of that version is refused with a sentence naming both versions
+/// (a handshake without a common ALPN would fail with no such sentence).
+pub const ALPN_V1: &[u8] = b"xfer/1";
+
+/// The ALPN identifiers a node offers, newest first: TLS settles on the
+/// newest both ends know, and a node that then finds another version than
+/// its own refuses the connection with [`version_refusal`].
+pub fn alpn_offers() -> Vec<Vec<u8>> {
+    vec![ALPN.to_vec(), ALPN_V1.to_vec()]
+}
+
+/// The protocol version an ALPN identifier names (`xfer/N`).
+pub fn alpn_version(alpn: &[u8]) -> Option<u32> {
+    std::str::from_utf8(alpn.strip_prefix(b"xfer/")?)
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// The one line a node prints when `peer` speaks protocol `theirs`:
+/// both versions, and which node to upgrade.
+pub fn version_refusal(peer: &str, theirs: u32) -> String {
+    let fix = if theirs < PROTOCOL_VERSION {
+        format!("upgrade xfer on {peer}")
+    } else {
+        "upgrade xfer on this node".to_string()
+    };
+    format!("{peer} speaks xfer protocol {theirs}, this node speaks {PROTOCOL_VERSION}: {fix}")
+}
+
+/// The port an agent listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7470;
+
+/// A model's name on the receiving node: one path component.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ModelName(String);
+
+impl ModelName {
+    pub fn new(s: &str) -> Result<Self, String> {
+        let ok = !s.is_empty()
+            && s.len() <= 200
+            && !s.starts_with('.')
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-+=@".contains(c));
+        if ok {
+            Ok(ModelName(s.to_string()))
+        } else {
+            Err(format!(
+                "model name `{}` must be 1-200 characters of letters, digits and ._-+=@, not starting with `.`; pass --name",
+                s.escape_default()
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ModelName {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        ModelName::new(&s)
+    }
+}
+
+impl From<ModelName> for String {
+    fn from(n: ModelName) -> String {
+        n.0
+    }
+}
+
+impl std::fmt::Display for ModelName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alpn_names_its_version_and_the_refusal_names_both_and_the_fix() {
+        assert_eq!(alpn_version(ALPN), Some(PROTOCOL_VERSION));
+        assert_eq!(alpn_version(ALPN_V1), Some(1));
+        assert_eq!(alpn_version(b"h3"), None);
+        assert_eq!(alpn_offers()[0], ALPN);
+        let line = version_refusal("n2 (10.0.0.2:7470)", 1);
+        assert_eq!(
+            line,
+            format!("n2 (10.0.0.2:7470) speaks xfer protocol 1, this node speaks {PROTOCOL_VERSION}: upgrade xfer on n2 (10.0.0.2:7470)")
+        );
+        assert!(version_refusal("n3", PROTOCOL_VERSION + 1).ends_with("upgrade xfer on this node"));
+    }
+}

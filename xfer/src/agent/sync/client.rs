@@ -1,0 +1,448 @@
+//! The commands that talk to a cluster's agents: `xfer sync` (hand a job
+//! over and return, or follow it with `--wait`), `xfer status` (one table
+//! across nodes; an unreachable agent shows as such within the timeout),
+//! `xfer cancel` and `xfer rm`. Each asks every agent over the cluster's
+//! mutually authenticated QUIC, one short exchange per agent, in parallel.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use super::job::{new_id, JobMember, JobSource, JobSpec};
+use super::status::{AgentStatus, ModelState, ModelStatus};
+use crate::config::auth::Credential;
+use crate::config::cluster::{Cluster, Node};
+use crate::hub::repo::{RepoRef, RepoType};
+use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::select::TransportChoice;
+use xfer_proto::control::Control;
+use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+use xfer_proto::units::Bytes;
+
+/// How long one agent gets to answer a status query, connection included.
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Sends `msg` to the agent at `addr` and returns its one reply.
+pub async fn ask(
+    cred: &Credential,
+    addr: &str,
+    msg: &Control,
+    timeout: Duration,
+) -> Result<Control, String> {
+    ask_within(
+        cred,
+        addr,
+        msg,
+        timeout.min(ASK_TIMEOUT.max(Duration::from_secs(5))),
+        timeout,
+    )
+    .await
+}
+
+/// [`ask`], with its own limit for the connection: an agent that is down
+/// is known after `connect` even when the answer may take `timeout`.
+pub async fn ask_within(
+    cred: &Credential,
+    addr: &str,
+    msg: &Control,
+    connect: Duration,
+    timeout: Duration,
+) -> Result<Control, String> {
+    let exchange = async {
+        let sock = quic::resolve(addr).map_err(|e| format!("{e:#}"))?;
+        let ep = quic::client_endpoint(cred, sock).map_err(|e| format!("{e:#}"))?;
+        let conn = quic::connect(&ep, sock, connect).await?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| quic::describe(sock, &e))?;
+        write_frame(&mut send, msg)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let _ = send.finish();
+        let reply = read_frame::<Control>(&mut recv)
+            .await
+            .map_err(|e| format!("{sock}: {e:#}"))?;
+        conn.close(0u32.into(), b"done");
+        Ok(reply)
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {}s", timeout.as_secs())),
+    }
+}
+
+/// What `xfer sync` was asked to do.
+#[derive(Debug, Clone)]
+pub struct SyncRequest {
+    /// An absolute path on the source node, or `ORG/NAME[@REV]`.
+    pub source: String,
+    pub nodes: Vec<String>,
+    /// The node that holds the path or pulls the repo (default: the first
+    /// selected node).
+    pub from: Option<String>,
+    pub name: Option<String>,
+    pub repo_type: RepoType,
+    pub chunk_size: u64,
+    pub limit_rate: Option<u64>,
+    /// The data plane the source node offers.
+    pub transport: TransportChoice,
+}
+
+/// Builds the job and hands it to every agent involved. Returns the job.
+pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
+    let cred = Credential::load(&cluster.key)?;
+    let members = cluster.select(&req.nodes)?;
+    let source_node = match &req.from {
+        Some(n) => cluster
+            .node(n)
+            .with_context(|| format!("--from {n}: no such node in {}", cluster.path.display()))?,
+        None => members[0],
+    };
+    let (source, name) = if req.source.starts_with('/') {
+        let path = PathBuf::from(&req.source);
+        let name = match &req.name {
+            Some(n) => n.clone(),
+            None => path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("the source path has no folder name; pass --name")?
+                .to_string(),
+        };
+        (JobSource::Path(path), name)
+    } else if req.source.contains('/') {
+        let repo = RepoRef::parse(&req.source, req.repo_type).map_err(anyhow::Error::msg)?;
+        let folder = repo.cache_folder();
+        if req.name.as_ref().is_some_and(|n| n != &folder) {
+            bail!("a Hub repo is stored as {folder} (the HF cache layout); drop --name");
+        }
+        (
+            JobSource::Hub {
+                repo: req.source.clone(),
+                repo_type: req.repo_type.as_str().to_string(),
+            },
+            folder,
+        )
+    } else {
+        bail!(
+            "`{}` is neither an absolute path on {} nor ORG/NAME[@REV]; give one of those",
+            req.source,
+            source_node.name
+        );
+    };
+    let spec = JobSpec {
+        id: new_id(),
+        name: ModelName::new(&name).map_err(anyhow::Error::msg)?,
+        source,
+        source_node: source_node.name.to_string(),
+        members: members
+            .iter()
+            .map(|n| JobMember {
+                node: n.name.to_string(),
+                agent: n.agent.clone(),
+            })
+            .collect(),
+        chunk_size: req.chunk_size,
+        limit_rate: req.limit_rate,
+        transport: req.transport,
+    };
+    spec.validate().map_err(anyhow::Error::msg)?;
+    let mut involved: Vec<&Node> = members.clone();
+    if !involved.iter().any(|n| n.name == source_node.name) {
+        involved.push(source_node);
+    }
+    let cred = Arc::new(cred);
+    let asks = involved.iter().map(|n| {
+        let msg = Control::SyncJob {
+            version: PROTOCOL_VERSION,
+            node: n.name.to_string(),
+            job: spec.clone(),
+        };
+        let (cred, agent, node) = (cred.clone(), n.agent.clone(), n.name.to_string());
+        async move { (node, ask(&cred, &agent, &msg, Duration::from_secs(5)).await) }
+    });
+    let replies = futures_join(asks).await;
+    for (node, r) in replies {
+        match r {
+            Ok(Control::JobAccepted { .. }) => {}
+            Ok(Control::Failed(why)) if node == spec.source_node => {
+                bail!("{node} refused the job: {why}")
+            }
+            Ok(Control::Failed(why)) => eprintln!("warning: {node} refused the job: {why}"),
+            Ok(other) => bail!("{node} answered {} to a sync job; upgrade xfer there", other.kind()),
+            Err(e) if node == spec.source_node => bail!(
+                "the source node {node} did not take the job: {e}; is its agent running?"
+            ),
+            Err(e) => eprintln!(
+                "warning: {node} did not take the job now ({e}); the source delivers to it when it is back"
+            ),
+        }
+    }
+    Ok(spec)
+}
+
+/// Runs futures concurrently and collects their outputs in order.
+async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("status task"));
+    }
+    out
+}
+
+/// One node's answer to `xfer status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeReport {
+    pub node: String,
+    pub agent: String,
+    pub reachable: bool,
+    pub error: Option<String>,
+    pub status: Option<AgentStatus>,
+}
+
+/// Asks every selected node for its status, in parallel.
+pub async fn status(cluster: &Cluster, nodes: &[String]) -> Result<Vec<NodeReport>> {
+    let cred = Arc::new(Credential::load(&cluster.key)?);
+    let asks = cluster.select(nodes)?.into_iter().map(|n| {
+        let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
+        async move {
+            let q = Control::StatusQuery {
+                version: PROTOCOL_VERSION,
+            };
+            match ask(&cred, &agent, &q, ASK_TIMEOUT).await {
+                Ok(Control::StatusReport(s)) => NodeReport {
+                    node,
+                    agent,
+                    reachable: true,
+                    error: None,
+                    status: Some(s),
+                },
+                Ok(other) => NodeReport {
+                    node,
+                    agent,
+                    reachable: true,
+                    error: Some(format!("answered {}; upgrade xfer there", other.kind())),
+                    status: None,
+                },
+                Err(e) => NodeReport {
+                    node,
+                    agent,
+                    reachable: false,
+                    error: Some(e),
+                    status: None,
+                },
+            }
+        }
+    });
+    Ok(futures_join(asks).await)
+}
+
+/// The status table, one line per node and model.
+pub fn render(reports: &[NodeReport]) -> String {
+    let mut rows = vec![[
+        "NODE".to_string(),
+        "MODEL".into(),
+        "ROOT".into(),
+        "STATE".into(),
+        "DONE".into(),
+        "RATE".into(),
+        "ETA".into(),
+        "LAST ERROR".into(),
+    ]];
+    for r in reports {
+        let Some(s) = &r.status else {
+            rows.push([
+                r.node.clone(),
+                "-".into(),
+                "-".into(),
+                "unreachable".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                r.error.clone().unwrap_or_default(),
+            ]);
+            continue;
+        };
+        if s.models.is_empty() {
+            rows.push([
+                r.node.clone(),
+                "-".into(),
+                "-".into(),
+                "idle".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                String::new(),
+            ]);
+        }
+        for m in &s.models {
+            rows.push(row(&r.node, m));
+        }
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = (0..8)
+            .map(|i| {
+                if i == 7 {
+                    r[i].clone()
+                } else {
+                    format!("{:<w$}", r[i], w = widths[i])
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn row(node: &str, m: &ModelStatus) -> [String; 8] {
+    let pct = if m.bytes_total == 0 {
+        if m.state == ModelState::Complete {
+            "100%".into()
+        } else {
+            "-".into()
+        }
+    } else {
+        format!("{:.1}%", m.bytes_held as f64 * 100.0 / m.bytes_total as f64)
+    };
+    let state = serde_json::to_value(m.state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    [
+        node.to_string(),
+        m.name.clone(),
+        m.root
+            .as_deref()
+            .map(|r| r[..12.min(r.len())].to_string())
+            .unwrap_or_else(|| "-".into()),
+        state,
+        pct,
+        if m.rate_bps > 0.0 {
+            format!("{}/s", Bytes(m.rate_bps as u64))
+        } else {
+            "-".into()
+        },
+        m.eta_s
+            .map(|e| format!("{e:.0}s"))
+            .unwrap_or_else(|| "-".into()),
+        m.last_error.clone().unwrap_or_default(),
+    ]
+}
+
+/// Follows job `spec` until every member holds its model complete with one
+/// root (or the job fails); prints progress on stderr when it is a terminal.
+pub async fn wait(
+    cluster: &Cluster,
+    spec: &JobSpec,
+    progress: &crate::util::progress::Progress,
+) -> Result<String> {
+    let names: Vec<String> = spec.members.iter().map(|m| m.node.clone()).collect();
+    let bars: Vec<_> = names.iter().map(|n| progress.bytes(n, 0)).collect();
+    let started = Instant::now();
+    loop {
+        let reports = status(cluster, &names).await?;
+        let mut roots = Vec::new();
+        for (r, bar) in reports.iter().zip(&bars) {
+            let m = r
+                .status
+                .as_ref()
+                .and_then(|s| s.models.iter().find(|m| m.name == spec.name.as_str()));
+            match m {
+                Some(m) => {
+                    bar.set_length(m.bytes_total);
+                    bar.set_position(m.bytes_held);
+                    bar.set_message(
+                        serde_json::to_value(m.state)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default(),
+                    );
+                    if m.state == ModelState::Complete {
+                        roots.push(m.root.clone());
+                    }
+                }
+                None => bar.set_message(if r.reachable { "queued" } else { "unreachable" }),
+            }
+        }
+        let source = status(cluster, std::slice::from_ref(&spec.source_node)).await?;
+        let job = source
+            .first()
+            .and_then(|r| r.status.as_ref())
+            .and_then(|s| s.jobs.iter().find(|j| j.id == spec.id).cloned());
+        if let Some(j) = &job {
+            if j.state.starts_with("failed") || j.state == "cancelled" {
+                bail!("job {} {}", spec.id, j.state);
+            }
+        }
+        let all_done = roots.len() == names.len()
+            && roots.iter().all(|r| r.is_some() && *r == roots[0])
+            && job.as_ref().is_some_and(|j| j.state == "complete");
+        if all_done {
+            for b in &bars {
+                b.finish_with_message("complete");
+            }
+            return Ok(roots[0].clone().unwrap_or_default());
+        }
+        if started.elapsed() > Duration::from_secs(7 * 24 * 3600) {
+            bail!("gave up waiting");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Cancels job `id` on every node; returns the nodes that knew it.
+pub async fn cancel(cluster: &Cluster, id: &str) -> Result<Vec<(String, Result<bool, String>)>> {
+    let cred = Arc::new(Credential::load(&cluster.key)?);
+    let asks = cluster.nodes.iter().map(|n| {
+        let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
+        let msg = Control::CancelJob {
+            version: PROTOCOL_VERSION,
+            id: id.to_string(),
+        };
+        async move {
+            let r = match ask(&cred, &agent, &msg, ASK_TIMEOUT).await {
+                Ok(Control::JobCancelled { known, .. }) => Ok(known),
+                Ok(other) => Err(format!("answered {}", other.kind())),
+                Err(e) => Err(e),
+            };
+            (node, r)
+        }
+    });
+    Ok(futures_join(asks).await)
+}
+
+/// Removes model `name` from the selected nodes.
+pub async fn remove(
+    cluster: &Cluster,
+    nodes: &[String],
+    name: &ModelName,
+) -> Result<Vec<(String, Result<bool, String>)>> {
+    let cred = Arc::new(Credential::load(&cluster.key)?);
+    let asks = cluster.select(nodes)?.into_iter().map(|n| {
+        let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
+        let msg = Control::RemoveModel {
+            version: PROTOCOL_VERSION,
+            name: name.clone(),
+        };
+        async move {
+            let r = match ask(&cred, &agent, &msg, Duration::from_secs(30)).await {
+                Ok(Control::ModelRemoved { existed, .. }) => Ok(existed),
+                Ok(Control::Failed(why)) => Err(why.to_string()),
+                Ok(other) => Err(format!("answered {}", other.kind())),
+                Err(e) => Err(e),
+            };
+            (node, r)
+        }
+    });
+    Ok(futures_join(asks).await)
+}

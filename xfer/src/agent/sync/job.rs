@@ -1,0 +1,161 @@
+//! A sync job as the agents own it: what to deliver (a folder on one node,
+//! or a Hub repo that one node pulls), to which nodes, and where it stands.
+//! Every member agent keeps the job in `<root>/.xfer/jobs/<id>.json`, so a
+//! restarted agent carries on without being told again.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use xfer_proto::admin::{JobMember, JobSource, JobSpec, JobState, MemberTally};
+
+/// A job on one agent's disk.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub spec: JobSpec,
+    /// This node's name in the job.
+    #[serde(default)]
+    pub me: Option<String>,
+    pub state: JobState,
+    /// The last error a round met (kept after a later success, for status).
+    pub last_error: Option<String>,
+    /// Rounds run so far.
+    pub rounds: u64,
+    /// Per member, the bytes it got from the source and from peers in the
+    /// last round that reached it.
+    pub delivered: Vec<MemberTally>,
+}
+
+impl JobRecord {
+    pub fn new(spec: JobSpec) -> JobRecord {
+        JobRecord {
+            spec,
+            me: None,
+            state: JobState::Queued,
+            last_error: None,
+            rounds: 0,
+            delivered: Vec::new(),
+        }
+    }
+}
+
+/// The jobs folder of an agent root.
+#[derive(Clone, Debug)]
+pub struct JobDir {
+    dir: PathBuf,
+}
+
+impl JobDir {
+    pub fn new(root: &Path) -> JobDir {
+        JobDir {
+            dir: root.join(".xfer/jobs"),
+        }
+    }
+
+    fn path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// Writes a record atomically.
+    pub fn save(&self, rec: &JobRecord) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let tmp = self.dir.join(format!(".{}.tmp", rec.spec.id));
+        let bytes = serde_json::to_vec_pretty(rec).expect("plain data");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, self.path(&rec.spec.id))
+    }
+
+    pub fn load(&self, id: &str) -> Option<JobRecord> {
+        let bytes = std::fs::read(self.path(id)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Deletes a record (a missing one is fine).
+    pub fn remove(&self, id: &str) {
+        let _ = std::fs::remove_file(self.path(id));
+    }
+
+    /// Every readable record (unreadable ones are logged and skipped).
+    pub fn all(&self) -> Vec<JobRecord> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<JobRecord> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter_map(|e| {
+                let r = std::fs::read(e.path())
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<JobRecord>(&b).ok());
+                if r.is_none() {
+                    tracing::warn!("ignoring unreadable job record {}", e.path().display());
+                }
+                r
+            })
+            .collect();
+        out.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+        out
+    }
+}
+
+/// A fresh job id: 12 hex digits.
+pub fn new_id() -> String {
+    use rand::Rng;
+    format!(
+        "{:012x}",
+        rand::thread_rng().gen::<u64>() & 0xffff_ffff_ffff
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::admin::TransportChoice;
+    use xfer_proto::names::ModelName;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            id: new_id(),
+            name: ModelName::new("m").unwrap(),
+            source: JobSource::Path("/models/m".into()),
+            source_node: "a".into(),
+            members: vec![JobMember {
+                node: "b".into(),
+                agent: "10.0.0.2:7470".into(),
+            }],
+            chunk_size: 4 << 20,
+            limit_rate: None,
+            transport: TransportChoice::Auto,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_specs_are_checked() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = JobDir::new(t.path());
+        let mut rec = JobRecord::new(spec());
+        dir.save(&rec).unwrap();
+        rec.state = JobState::Complete { root: "r".into() };
+        dir.save(&rec).unwrap();
+        let all = dir.all();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].state, rec.state);
+        assert!(dir.load(&rec.spec.id).is_some());
+
+        let mut bad = spec();
+        bad.id = "../x".into();
+        assert!(bad.validate().unwrap_err().contains("job id"));
+        let mut bad = spec();
+        bad.source = JobSource::Path("rel".into());
+        assert!(bad.validate().unwrap_err().contains("relative"));
+        let mut bad = spec();
+        bad.members.clear();
+        assert!(bad.validate().is_err());
+        spec().validate().unwrap();
+    }
+}

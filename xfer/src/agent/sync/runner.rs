@@ -1,0 +1,465 @@
+//! The agent's side of sync jobs: accepting and persisting them, driving
+//! the ones this node is the source of (push or pull rounds, retried until
+//! every member is complete, resumed after a restart), cancelling, and the
+//! periodic verify that repairs a damaged copy from the job's other nodes.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio_util::sync::CancellationToken;
+
+use super::job::{JobDir, JobRecord, JobSource, JobSpec, JobState, MemberTally};
+use super::status::Activity;
+use crate::flow::push::{NodeSummary, PushOptions};
+use crate::hub::env::HubEnv;
+use crate::hub::pull::PullOptions;
+use crate::hub::repo::RepoType;
+use crate::store::Store;
+use crate::transport::rdma::link::Nic;
+use crate::transport::select::TransportChoice;
+use crate::util::progress::Progress;
+use xfer_proto::names::ModelName;
+
+/// Pause after a round that left a member incomplete, growing to this.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Jobs on one agent.
+pub struct Runner {
+    store: Store,
+    key: PathBuf,
+    jobs: JobDir,
+    activity: Arc<Activity>,
+    running: Mutex<HashMap<String, CancellationToken>>,
+    /// This node's name, as the last job handed to it called it.
+    me: Mutex<Option<String>>,
+    /// The agent's RDMA NIC, for the transfers of its jobs.
+    nic: Option<Arc<dyn Nic>>,
+}
+
+impl Runner {
+    pub fn new(
+        store: Store,
+        key: PathBuf,
+        activity: Arc<Activity>,
+        nic: Option<Arc<dyn Nic>>,
+    ) -> Arc<Runner> {
+        let jobs = JobDir::new(store.root());
+        Arc::new(Runner {
+            store,
+            key,
+            jobs,
+            activity,
+            running: Mutex::default(),
+            me: Mutex::default(),
+            nic,
+        })
+    }
+
+    /// Restarts every unfinished job this node is the source of (after the
+    /// agent restarted).
+    pub fn resume_all(self: &Arc<Self>) {
+        for rec in self.jobs.all() {
+            if let Some(me) = rec.me.clone() {
+                *self.me.lock().unwrap() = Some(me);
+            }
+            if !rec.state.is_final() && self.is_source(&rec) {
+                tracing::info!("resuming sync job {} ({})", rec.spec.id, rec.spec.name);
+                self.start(rec.spec.id.clone());
+            }
+        }
+    }
+
+    fn is_source(&self, rec: &JobRecord) -> bool {
+        rec.me.as_deref() == Some(rec.spec.source_node.as_str())
+    }
+
+    /// Takes a job handed over by `xfer sync`; `node` is this node's name in
+    /// it. Starts it if this node is its source.
+    pub fn accept(self: &Arc<Self>, node: String, spec: JobSpec) -> Result<(), String> {
+        spec.validate()?;
+        if node != spec.source_node && !spec.is_member(&node) {
+            return Err(format!(
+                "node {node} is neither the source nor a member of the job"
+            ));
+        }
+        *self.me.lock().unwrap() = Some(node.clone());
+        let mut rec = self
+            .jobs
+            .load(&spec.id)
+            .unwrap_or_else(|| JobRecord::new(spec.clone()));
+        rec.spec = spec;
+        rec.me = Some(node);
+        if rec.state.is_final() && !matches!(rec.state, JobState::Complete { .. }) {
+            rec.state = JobState::Queued;
+        }
+        self.jobs.save(&rec).map_err(|e| {
+            format!(
+                "cannot save the job under {}: {e}",
+                self.store.root().display()
+            )
+        })?;
+        if self.is_source(&rec) && !rec.state.is_final() {
+            self.start(rec.spec.id.clone());
+        }
+        Ok(())
+    }
+
+    /// Stops job `id` here; returns whether this node knew it.
+    pub fn cancel(&self, id: &str) -> bool {
+        if let Some(t) = self.running.lock().unwrap().remove(id) {
+            t.cancel();
+        }
+        match self.jobs.load(id) {
+            Some(mut rec) => {
+                if !rec.state.is_final() {
+                    rec.state = JobState::Cancelled;
+                    let _ = self.jobs.save(&rec);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Model `name` was removed here: forget the jobs that were to deliver
+    /// it to this node, so status stops listing it (a job this node is the
+    /// source of stays; the source re-delivers if it is still running).
+    pub fn forget_model(&self, name: &ModelName) {
+        for rec in self.jobs.all() {
+            if &rec.spec.name == name && !self.is_source(&rec) {
+                self.jobs.remove(&rec.spec.id);
+            }
+        }
+    }
+
+    pub fn me(&self) -> Option<String> {
+        self.me.lock().unwrap().clone()
+    }
+
+    pub fn records(&self) -> Vec<JobRecord> {
+        self.jobs.all()
+    }
+
+    fn start(self: &Arc<Self>, id: String) {
+        let token = CancellationToken::new();
+        {
+            let mut running = self.running.lock().unwrap();
+            if running.contains_key(&id) {
+                return;
+            }
+            running.insert(id.clone(), token.clone());
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            me.drive(&id, token).await;
+            me.running.lock().unwrap().remove(&id);
+        });
+    }
+
+    /// Runs rounds of job `id` until every member is complete, the job is
+    /// cancelled, or it cannot go on.
+    async fn drive(&self, id: &str, cancel: CancellationToken) {
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let Some(mut rec) = self.jobs.load(id) else {
+                return;
+            };
+            if rec.state.is_final() {
+                return;
+            }
+            rec.state = JobState::Syncing;
+            rec.rounds += 1;
+            let _ = self.jobs.save(&rec);
+            let outcome = tokio::select! {
+                r = self.round(&rec.spec) => r,
+                _ = cancel.cancelled() => return,
+            };
+            let Some(mut rec) = self.jobs.load(id) else {
+                return;
+            };
+            if rec.state == JobState::Cancelled {
+                return;
+            }
+            match outcome {
+                Ok((root, nodes)) => {
+                    rec.delivered = nodes
+                        .iter()
+                        .map(|n| MemberTally {
+                            node: node_of(&rec.spec, &n.addr),
+                            from_source: n.from_source,
+                            from_peers: n.from_peers,
+                            ok: n.ok,
+                        })
+                        .collect();
+                    let failed: Vec<String> = nodes
+                        .iter()
+                        .filter(|n| !n.ok)
+                        .map(|n| {
+                            format!(
+                                "{}: {}",
+                                node_of(&rec.spec, &n.addr),
+                                n.error.as_deref().unwrap_or("failed")
+                            )
+                        })
+                        .collect();
+                    if failed.is_empty() {
+                        tracing::info!("sync job {id} complete, root {root}");
+                        rec.state = JobState::Complete { root };
+                    } else {
+                        tracing::warn!("sync job {id}: {}; retrying", failed.join("; "));
+                        rec.last_error = Some(failed.join("; "));
+                    }
+                }
+                Err(Fatal(e)) => {
+                    tracing::warn!("sync job {id} failed: {e}");
+                    rec.state = JobState::Failed { reason: e.clone() };
+                    rec.last_error = Some(e);
+                }
+                Err(Retry(e)) => {
+                    tracing::warn!("sync job {id}: {e}; retrying");
+                    rec.last_error = Some(e);
+                }
+            }
+            let _ = self.jobs.save(&rec);
+            if rec.state.is_final() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = cancel.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// The NIC this job's source offers the other members: the agent's,
+    /// unless the job asked for QUIC; a job that asked for RDMA on an
+    /// agent without it fails, saying so.
+    fn nic_for(&self, spec: &JobSpec) -> Result<Option<Arc<dyn Nic>>, String> {
+        match (spec.transport, &self.nic) {
+            (TransportChoice::Quic, _) => Ok(None),
+            (TransportChoice::Rdma, None) => Err(format!(
+                "--transport rdma: the agent on {} has no RDMA data plane (started with --transport quic, or no usable device: see `xfer doctor`); sync with --transport auto or quic",
+                spec.source_node
+            )),
+            (_, nic) => Ok(nic.clone()),
+        }
+    }
+
+    /// One delivery to every member: the root and each member's outcome.
+    async fn round(&self, spec: &JobSpec) -> Result<(String, Vec<NodeSummary>), RoundError> {
+        let nic = self.nic_for(spec).map_err(Fatal)?;
+        let push = PushOptions {
+            src: PathBuf::new(),
+            to: spec.members.iter().map(|m| m.agent.clone()).collect(),
+            key: self.key.clone(),
+            name: Some(spec.name.to_string()),
+            chunk_size: spec.chunk_size,
+            limit_rate: spec.limit_rate,
+            connect_timeout: Duration::from_secs(5),
+            rehash: false,
+            nic,
+        };
+        let quiet = Progress::new(false);
+        match &spec.source {
+            JobSource::Path(src) => {
+                if !src.is_dir() {
+                    return Err(Fatal(format!(
+                        "{} does not exist on {} (or is not a folder); fix the path and run xfer sync again",
+                        src.display(),
+                        spec.source_node
+                    )));
+                }
+                let opts = PushOptions {
+                    src: src.clone(),
+                    ..push
+                };
+                let s = crate::flow::push::push(&opts, &quiet)
+                    .await
+                    .map_err(|e| Retry(format!("{e:#}")))?;
+                Ok((s.root, s.nodes))
+            }
+            JobSource::Hub { repo, repo_type } => {
+                self.pull_round(spec, repo, repo_type, push).await
+            }
+        }
+    }
+
+    /// A Hub job's round: pull into this node's root (an HF cache) and fan
+    /// out to the other members; record the result here too.
+    async fn pull_round(
+        &self,
+        spec: &JobSpec,
+        repo: &str,
+        repo_type: &str,
+        mut push: PushOptions,
+    ) -> Result<(String, Vec<NodeSummary>), RoundError> {
+        let mut env = HubEnv::from_process().map_err(Fatal)?;
+        env.cache_root = self.store.root().to_path_buf();
+        let opts = PullOptions {
+            repo: repo.to_string(),
+            repo_type: RepoType::parse(repo_type).map_err(Fatal)?,
+            include: Vec::new(),
+            exclude: Vec::new(),
+            local_dir: None,
+            connections: 16,
+            part_size: crate::hub::download::DEFAULT_PART_SIZE,
+        };
+        let me = self.me().unwrap_or_default();
+        push.to = spec
+            .members
+            .iter()
+            .filter(|m| m.node != me)
+            .map(|m| m.agent.clone())
+            .collect();
+        let (root, nodes, manifest) = if push.to.is_empty() {
+            let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None)
+                .await
+                .map_err(|e| Retry(format!("{e:#}")))?;
+            let dir = self.store.model_dir(&spec.name);
+            let tree = tokio::task::spawn_blocking(move || {
+                crate::store::scan::scan(&dir, 4 << 20, &|_| {})
+            })
+            .await
+            .map_err(|e| Retry(e.to_string()))?
+            .map_err(|e| Retry(format!("{e:#}")))?;
+            (tree.manifest.root().to_hex(), Vec::new(), tree.manifest)
+        } else {
+            let s =
+                crate::flow::pull_fanout::pull_and_fan_out(opts, env, push, Progress::new(false))
+                    .await
+                    .map_err(|e| Retry(format!("{e:#}")))?;
+            (s.root.clone(), s.nodes, s.manifest)
+        };
+        let mut nodes = nodes;
+        if spec.is_member(&me) {
+            let ok = self.store.adopt(&spec.name, &manifest);
+            nodes.push(NodeSummary {
+                addr: spec
+                    .members
+                    .iter()
+                    .find(|m| m.node == me)
+                    .map(|m| m.agent.clone())
+                    .unwrap_or_default(),
+                ok: ok.is_ok(),
+                error: ok.err().map(|e| e.to_string()),
+                root: Some(root.clone()),
+                ..Default::default()
+            });
+        }
+        Ok((root, nodes))
+    }
+
+    /// Re-hashes every complete model; a damaged one is repaired from the
+    /// other nodes of the jobs that delivered it.
+    pub async fn verify_all(&self) {
+        for (name, rec) in self.store.models() {
+            self.activity.verifying(&name);
+            let dir = self.store.model_dir(&name);
+            let manifest = rec.manifest.manifest.clone();
+            let report =
+                tokio::task::spawn_blocking(move || crate::store::verify::verify(&dir, &manifest))
+                    .await;
+            let report = match report {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    self.activity
+                        .ended(&name, Some(format!("verify failed: {e:#}")));
+                    continue;
+                }
+                Err(e) => {
+                    self.activity
+                        .ended(&name, Some(format!("verify crashed: {e}")));
+                    continue;
+                }
+            };
+            if report.ok {
+                self.activity.ended(&name, None);
+                continue;
+            }
+            let damaged: Vec<String> = report
+                .missing
+                .iter()
+                .cloned()
+                .chain(report.mismatched.iter().map(|m| m.path.clone()))
+                .collect();
+            let why = format!(
+                "verify found {} damaged file(s): {}",
+                damaged.len(),
+                damaged.join(", ")
+            );
+            tracing::warn!("{name}: {why}; repairing from peers");
+            self.activity.repairing(&name, why.clone());
+            match self.repair(&name, &damaged).await {
+                Ok(peer) => {
+                    tracing::info!("{name}: repaired {} file(s) from {peer}", damaged.len());
+                    self.activity.repaired(&name, damaged.len() as u64);
+                    self.activity.ended(&name, None);
+                    self.activity
+                        .note_error(&name, format!("{why}; repaired from {peer}"));
+                }
+                Err(e) => self
+                    .activity
+                    .ended(&name, Some(format!("{why}; repair failed: {e:#}"))),
+            }
+        }
+    }
+
+    /// Fetches the damaged files of `name` from the first peer that has it.
+    async fn repair(&self, name: &ModelName, damaged: &[String]) -> Result<String> {
+        let paths: Vec<xfer_proto::relpath::RelPath> = damaged
+            .iter()
+            .filter_map(|p| xfer_proto::relpath::RelPath::new(p).ok())
+            .collect();
+        self.store
+            .forget_files(name, &paths)
+            .context("cannot update the model's record")?;
+        let me = self.me();
+        let mut peers: Vec<(String, String)> = Vec::new();
+        for rec in self.jobs.all().iter().filter(|r| &r.spec.name == name) {
+            for m in &rec.spec.members {
+                if Some(&m.node) != me.as_ref() && !peers.iter().any(|(_, a)| a == &m.agent) {
+                    peers.push((m.node.clone(), m.agent.clone()));
+                }
+            }
+        }
+        anyhow::ensure!(
+            !peers.is_empty(),
+            "no other node is known to hold {name}; push it again"
+        );
+        let mut last = None;
+        for (node, agent) in peers {
+            let opts = crate::flow::fetch::FetchOptions {
+                from: agent.clone(),
+                name: name.to_string(),
+                root: self.store.root().to_path_buf(),
+                key: self.key.clone(),
+                connect_timeout: Duration::from_secs(5),
+                nic: self.nic.clone(),
+            };
+            match crate::flow::fetch::fetch(&opts).await {
+                Ok(_) => return Ok(node),
+                Err(e) => last = Some(format!("{node}: {e:#}")),
+            }
+        }
+        anyhow::bail!("{}", last.unwrap_or_default())
+    }
+}
+
+enum RoundError {
+    Retry(String),
+    Fatal(String),
+}
+use RoundError::{Fatal, Retry};
+
+/// The member name of `addr` in `spec` (or `addr` itself).
+fn node_of(spec: &JobSpec, addr: &str) -> String {
+    spec.members
+        .iter()
+        .find(|m| m.agent == addr)
+        .map(|m| m.node.clone())
+        .unwrap_or_else(|| addr.to_string())
+}

@@ -1,0 +1,236 @@
+//! What an agent says about itself when asked: each model it holds or is
+//! receiving (root, state, bytes, rate, ETA, last error) and the jobs it
+//! knows. [`Activity`] is the live part the agent updates as transfers,
+//! verifications and repairs run; [`AgentStatus`] is the reply on the wire.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::job::JobRecord;
+use crate::flow::receive::Tally;
+use crate::store::{Store, Transfer};
+pub use xfer_proto::admin::{AgentStatus, JobView, ModelState, ModelStatus};
+use xfer_proto::names::ModelName;
+
+impl From<&JobRecord> for JobView {
+    fn from(r: &JobRecord) -> JobView {
+        JobView {
+            id: r.spec.id.clone(),
+            name: r.spec.name.to_string(),
+            source_node: r.spec.source_node.clone(),
+            nodes: r.spec.members.iter().map(|m| m.node.clone()).collect(),
+            state: match &r.state {
+                super::job::JobState::Failed { reason } => format!("failed: {reason}"),
+                s => s.label().to_string(),
+            },
+            last_error: r.last_error.clone(),
+            rounds: r.rounds,
+            delivered: r.delivered.clone(),
+        }
+    }
+}
+
+/// What is happening to one model right now.
+enum Live {
+    Receiving {
+        transfer: Arc<Transfer>,
+        tally: Arc<Tally>,
+    },
+    Verifying,
+    Repairing,
+}
+
+#[derive(Default)]
+struct Entry {
+    live: Option<Live>,
+    last_error: Option<String>,
+    failed: bool,
+    repaired: u64,
+    from: (u64, u64),
+    /// (held, total) bytes of the last transfer when it ended: a failed
+    /// one still shows what a re-run resumes from.
+    held: (u64, u64),
+    /// The last (time, held bytes) sample, for the rate.
+    sample: Option<(Instant, u64, f64)>,
+}
+
+/// The agent's live view of its models.
+#[derive(Default)]
+pub struct Activity {
+    models: Mutex<HashMap<ModelName, Entry>>,
+}
+
+impl Activity {
+    pub fn receiving(&self, name: &ModelName, transfer: Arc<Transfer>, tally: Arc<Tally>) {
+        let mut m = self.models.lock().unwrap();
+        let e = m.entry(name.clone()).or_default();
+        e.live = Some(Live::Receiving { transfer, tally });
+        e.failed = false;
+        e.sample = None;
+    }
+
+    pub fn verifying(&self, name: &ModelName) {
+        self.models
+            .lock()
+            .unwrap()
+            .entry(name.clone())
+            .or_default()
+            .live = Some(Live::Verifying);
+    }
+
+    pub fn repairing(&self, name: &ModelName, why: String) {
+        let mut m = self.models.lock().unwrap();
+        let e = m.entry(name.clone()).or_default();
+        e.live = Some(Live::Repairing);
+        e.last_error = Some(why);
+    }
+
+    pub fn repaired(&self, name: &ModelName, files: u64) {
+        let mut m = self.models.lock().unwrap();
+        let e = m.entry(name.clone()).or_default();
+        e.repaired += files;
+    }
+
+    /// The running activity ended; `error` says why if it failed.
+    pub fn ended(&self, name: &ModelName, error: Option<String>) {
+        let mut m = self.models.lock().unwrap();
+        let e = m.entry(name.clone()).or_default();
+        if let Some(Live::Receiving { transfer, tally }) = &e.live {
+            e.from = (
+                tally.from_source.load(std::sync::atomic::Ordering::Relaxed),
+                tally.from_peers.load(std::sync::atomic::Ordering::Relaxed),
+            );
+            e.held = (transfer.held_bytes(), transfer.manifest().total_bytes());
+        }
+        e.live = None;
+        e.failed = error.is_some();
+        if error.is_some() {
+            e.last_error = error;
+        }
+    }
+
+    /// Drops what is known about `name` (it was removed), unless a
+    /// transfer of it is running.
+    pub fn forget(&self, name: &ModelName) {
+        let mut m = self.models.lock().unwrap();
+        if !matches!(m.get(name), Some(Entry { live: Some(_), .. })) {
+            m.remove(name);
+        }
+    }
+
+    pub fn note_error(&self, name: &ModelName, error: String) {
+        self.models
+            .lock()
+            .unwrap()
+            .entry(name.clone())
+            .or_default()
+            .last_error = Some(error);
+    }
+
+    /// Samples the progress of running transfers, for their rates; the
+    /// agent calls it about once a second.
+    pub fn tick(&self) {
+        let now = Instant::now();
+        let mut m = self.models.lock().unwrap();
+        for e in m.values_mut() {
+            let Some(Live::Receiving { transfer, .. }) = &e.live else {
+                continue;
+            };
+            let held = transfer.held_bytes();
+            e.sample = Some(match e.sample {
+                Some((t, h, r)) => {
+                    let dt = now.duration_since(t).as_secs_f64().max(1e-3);
+                    let inst = held.saturating_sub(h) as f64 / dt;
+                    (now, held, if r > 0.0 { 0.6 * r + 0.4 * inst } else { inst })
+                }
+                None => (now, held, 0.0),
+            });
+        }
+    }
+
+    /// The status of every model this node holds, receives or is expected
+    /// to receive (`jobs`).
+    pub fn report(&self, store: &Store, node: Option<String>, jobs: &[JobRecord]) -> AgentStatus {
+        let mut out: Vec<ModelStatus> = Vec::new();
+        let records: HashMap<ModelName, _> = store.models().into_iter().collect();
+        let mut m = self.models.lock().unwrap();
+        let mut names: Vec<ModelName> = records.keys().cloned().collect();
+        names.extend(m.keys().cloned());
+        for j in jobs {
+            // A finished job names nothing still to come (a removed model
+            // must not come back as queued).
+            if !j.state.is_final() && node.as_deref().is_some_and(|n| j.spec.is_member(n)) {
+                names.push(j.spec.name.clone());
+            }
+        }
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        for name in names {
+            let rec = records.get(&name);
+            let e = m.entry(name.clone()).or_default();
+            let mut st = ModelStatus {
+                name: name.to_string(),
+                root: rec.map(|r| r.manifest.root.to_hex()),
+                state: if rec.is_some() {
+                    ModelState::Complete
+                } else if e.failed {
+                    ModelState::Failed
+                } else {
+                    ModelState::Queued
+                },
+                bytes_total: rec.map_or(e.held.1, |r| r.manifest.manifest.total_bytes()),
+                bytes_held: rec.map_or(e.held.0, |r| r.manifest.manifest.total_bytes()),
+                rate_bps: 0.0,
+                eta_s: None,
+                from_source: e.from.0,
+                from_peers: e.from.1,
+                last_error: e.last_error.clone(),
+                repaired_files: e.repaired,
+            };
+            match &e.live {
+                Some(Live::Receiving { transfer, tally }) => {
+                    let held = transfer.held_bytes();
+                    let total = transfer.manifest().total_bytes();
+                    let rate = e.sample.map(|(_, _, r)| r).unwrap_or(0.0);
+                    st.state = ModelState::Syncing;
+                    st.root = Some(transfer.manifest().root().to_hex());
+                    st.bytes_total = total;
+                    st.bytes_held = held;
+                    st.rate_bps = rate;
+                    st.eta_s = (rate > 0.0).then(|| (total - held) as f64 / rate);
+                    st.from_source = tally.from_source.load(std::sync::atomic::Ordering::Relaxed);
+                    st.from_peers = tally.from_peers.load(std::sync::atomic::Ordering::Relaxed);
+                }
+                Some(Live::Verifying) => st.state = ModelState::Verifying,
+                Some(Live::Repairing) => st.state = ModelState::Repairing,
+                None => {}
+            }
+            out.push(st);
+        }
+        // A member's copy of a job is not updated by the source; show the
+        // state of the model here instead.
+        let jobs = jobs
+            .iter()
+            .map(|j| {
+                let mut v = JobView::from(j);
+                let source_here = j.me.as_deref() == Some(j.spec.source_node.as_str());
+                if !source_here && !j.state.is_final() {
+                    if let Some(m) = out.iter().find(|m| m.name == j.spec.name.as_str()) {
+                        v.state = serde_json::to_value(m.state)
+                            .ok()
+                            .and_then(|s| s.as_str().map(str::to_string))
+                            .unwrap_or(v.state);
+                    }
+                }
+                v
+            })
+            .collect();
+        AgentStatus {
+            node,
+            root: store.root().display().to_string(),
+            models: out,
+            jobs,
+        }
+    }
+}

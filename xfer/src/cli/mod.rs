@@ -1,0 +1,3 @@
+//! The `xfer` binary's own parts: the local multi-node demo ([`demo`]).
+
+pub mod demo;

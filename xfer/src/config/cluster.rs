@@ -1,0 +1,1467 @@
+//! The cluster file: the one TOML description of a cluster that xfer and the
+//! launcher share. `docs/cluster.example.toml` is the format, with every
+//! field explained (a unit test here parses it, so it cannot go stale).
+//!
+//! The file holds the credential path and, per `[[node]]`, its name, agent
+//! address, model root, fabric interface and address, and an optional RDMA
+//! device and GID index. Every field may differ per node; `[defaults]`
+//! supplies the ones a node leaves out. [`Cluster::parse`] checks everything
+//! up front, and every error is one line, `FILE:LINE:COL: what; the fix`:
+//! TOML syntax, unknown keys (with the key probably meant), duplicate names,
+//! agents or fabric addresses, malformed values, and settings that only make
+//! sense together.
+//!
+//! The top level also reserves `[launch]` for the launcher. Until the
+//! launcher gives it a type it is kept as an untyped [`toml::Table`]; every
+//! other unknown top-level key stays an error.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::Deserialize;
+use toml::de::{DeTable, DeValue, ValueDeserializer};
+use toml::Spanned;
+
+use crate::transport::quic::DEFAULT_PORT;
+use crate::util::tomltext::{and_list, in_file_order, kind, line_col, suggest};
+
+/// Longest node name, in characters.
+pub const MAX_NAME_LEN: usize = 64;
+/// Where the commented example of the format lives, for error messages.
+const EXAMPLE: &str = "docs/cluster.example.toml";
+/// Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
+const MAX_IFNAME_LEN: usize = 15;
+/// RDMA device names are at most 63 bytes (IB_DEVICE_NAME_MAX - 1).
+const MAX_RDMA_NAME_LEN: usize = 63;
+
+/// A node's name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeName(String);
+
+impl NodeName {
+    /// Checks a name; the error says what is wrong with it.
+    pub fn new(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("node name is empty; name it, e.g. name = \"spark-a\"".into());
+        }
+        if let Some(c) = s
+            .chars()
+            .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(format!(
+                "node name {s:?} contains {c:?}; use only letters, digits, '.', '_' and '-'"
+            ));
+        }
+        if s.len() > MAX_NAME_LEN {
+            return Err(format!(
+                "node name {s:?} is {} characters long; use at most {MAX_NAME_LEN}",
+                s.len()
+            ));
+        }
+        Ok(Self(s.to_string()))
+    }
+
+    /// The name as written.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for NodeName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for NodeName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::new(s)
+    }
+}
+
+/// A node's RDMA device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rdma {
+    /// The device name, as `ibv_devices` lists it (e.g. `rocep1s0f1`).
+    pub device: String,
+    /// The GID table entry to use; `None` leaves the choice to the
+    /// transport (NCCL picks one itself).
+    pub gid_index: Option<u32>,
+}
+
+/// One machine of the cluster, with `[defaults]` already applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub name: NodeName,
+    /// Where its agent listens, normalized to `HOST:PORT` (`[V6]:PORT` for
+    /// IPv6; host names lower-cased). [`crate::transport::quic::resolve`]
+    /// takes it as is.
+    pub agent: String,
+    /// The node's model folder (its agent's `--root`); always absolute.
+    pub root: PathBuf,
+    /// The fabric interface on this node; set exactly when `fabric_ip` is.
+    pub fabric_if: Option<String>,
+    /// This node's address on `fabric_if`.
+    pub fabric_ip: Option<IpAddr>,
+    pub rdma: Option<Rdma>,
+    /// The line of the node's `[[node]]` header, for messages about it.
+    pub line: usize,
+}
+
+/// A parsed, checked cluster file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cluster {
+    /// The credential file; a relative `key` is resolved against the
+    /// cluster file's folder.
+    pub key: PathBuf,
+    /// The nodes, in file order.
+    pub nodes: Vec<Node>,
+    /// The launcher's `[launch]` table, unchecked until the launcher types it.
+    pub launch: Option<toml::Table>,
+    /// The file this came from (as given to [`Cluster::load`] or
+    /// [`Cluster::parse`]).
+    pub path: PathBuf,
+}
+
+/// Why a cluster file was refused, or a node selection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot read cluster file {}: {err}; check the path (the format is in {EXAMPLE})", path.display())]
+    Read { path: PathBuf, err: std::io::Error },
+    /// Something in the file; `line` and `col` are 1-based.
+    #[error("{}:{line}:{col}: {message}", path.display())]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        col: usize,
+        message: String,
+    },
+    #[error("{}: {}; the nodes are {}", path.display(), unknown_list(unknown), known.join(", "))]
+    UnknownNodes {
+        path: PathBuf,
+        unknown: Vec<String>,
+        known: Vec<String>,
+    },
+}
+
+impl ClusterError {
+    /// The line the error points at, if it is about the file's contents.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            Self::Invalid { line, .. } => Some(*line),
+            _ => None,
+        }
+    }
+}
+
+fn unknown_list(unknown: &[String]) -> String {
+    let quoted: Vec<String> = unknown.iter().map(|n| format!("{n:?}")).collect();
+    match quoted.len() {
+        1 => format!("no node named {}", quoted[0]),
+        _ => format!("no nodes named {}", quoted.join(", ")),
+    }
+}
+
+impl Cluster {
+    /// Reads and checks the cluster file at `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Cluster, ClusterError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|err| ClusterError::Read {
+            path: path.to_path_buf(),
+            err,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Checks `text`, a cluster file; `path` names it in messages and is the
+    /// base a relative `key` is resolved against.
+    pub fn parse(text: &str, path: impl AsRef<Path>) -> Result<Cluster, ClusterError> {
+        Parser {
+            text,
+            path: path.as_ref(),
+        }
+        .cluster()
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name.as_str() == name)
+    }
+
+    /// The nodes called `names`, in that order and without repeats; every
+    /// node when `names` is empty. Any name not in the file is an error that
+    /// lists the names that are.
+    pub fn select(&self, names: &[String]) -> Result<Vec<&Node>, ClusterError> {
+        if names.is_empty() {
+            return Ok(self.nodes.iter().collect());
+        }
+        let mut picked: Vec<&Node> = Vec::new();
+        let mut unknown = Vec::new();
+        for name in names {
+            match self.node(name) {
+                Some(n) if !picked.iter().any(|p| p.name == n.name) => picked.push(n),
+                Some(_) => {}
+                None if !unknown.contains(name) => unknown.push(name.clone()),
+                None => {}
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(ClusterError::UnknownNodes {
+                path: self.path.clone(),
+                unknown,
+                known: self.nodes.iter().map(|n| n.name.to_string()).collect(),
+            });
+        }
+        Ok(picked)
+    }
+}
+
+/// Top-level keys.
+const TOP_KEYS: &[&str] = &["key", "defaults", "node", "launch"];
+/// Keys of a `[[node]]` table.
+const NODE_KEYS: &[&str] = &[
+    "name",
+    "agent",
+    "port",
+    "root",
+    "fabric_if",
+    "fabric_ip",
+    "rdma_device",
+    "gid_index",
+];
+/// Node keys that `[defaults]` refuses: they must differ per node.
+const PER_NODE_ONLY: &[&str] = &["name", "agent", "fabric_ip"];
+/// Likely other words for known keys, tried before edit distance.
+const ALIASES: &[(&str, &str)] = &[
+    ("address", "agent"),
+    ("addr", "agent"),
+    ("host", "agent"),
+    ("interface", "fabric_if"),
+    ("iface", "fabric_if"),
+    ("ip", "fabric_ip"),
+    ("device", "rdma_device"),
+    ("rdma", "rdma_device"),
+    ("gid", "gid_index"),
+    ("path", "root"),
+    ("model_root", "root"),
+    ("nodes", "node"),
+    ("credential", "key"),
+    ("key_file", "key"),
+];
+
+/// A checked value and the byte offset where it was written.
+#[derive(Clone, Debug)]
+struct At<T> {
+    v: T,
+    at: usize,
+}
+
+/// An agent address before the port default is applied.
+#[derive(Clone, Debug)]
+struct AgentAddr {
+    /// Normalized host: lower-case name, IPv4, or `[V6]`.
+    host: String,
+    port: Option<u16>,
+}
+
+/// The fields of a `[[node]]` or `[defaults]` table, each checked alone.
+#[derive(Clone, Debug, Default)]
+struct Fields {
+    name: Option<At<NodeName>>,
+    agent: Option<At<AgentAddr>>,
+    port: Option<At<u16>>,
+    root: Option<At<PathBuf>>,
+    fabric_if: Option<At<String>>,
+    fabric_ip: Option<At<IpAddr>>,
+    rdma_device: Option<At<String>>,
+    gid_index: Option<At<u32>>,
+}
+
+/// Which table a key is in, as messages name it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Defaults,
+    /// 1-based.
+    Node(usize),
+}
+
+impl fmt::Display for Section {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Section::Defaults => f.write_str("[defaults]"),
+            Section::Node(i) => write!(f, "[[node]] {i}"),
+        }
+    }
+}
+
+type Val<'i> = Spanned<DeValue<'i>>;
+
+struct Parser<'a> {
+    text: &'a str,
+    path: &'a Path,
+}
+
+impl Parser<'_> {
+    fn err(&self, at: usize, message: impl Into<String>) -> ClusterError {
+        let (line, col) = line_col(self.text, at);
+        ClusterError::Invalid {
+            path: self.path.to_path_buf(),
+            line,
+            col,
+            message: message.into(),
+        }
+    }
+
+    fn line(&self, at: usize) -> usize {
+        line_col(self.text, at).0
+    }
+
+    fn cluster(&self) -> Result<Cluster, ClusterError> {
+        let doc = DeTable::parse(self.text).map_err(|e| self.syntax(&e))?;
+        let root = doc.get_ref();
+        if root.is_empty() {
+            return Err(self.err(
+                0,
+                format!(
+                    "the cluster file is empty; it needs key = \"PATH\" and one [[node]] per machine (see {EXAMPLE})"
+                ),
+            ));
+        }
+        let mut key = None;
+        let mut defaults = Fields::default();
+        let mut launch = None;
+        let mut node_vals: Option<&Val> = None;
+        for (k, v) in in_file_order(root) {
+            let name = k.get_ref().as_ref();
+            match name {
+                "key" => {
+                    let s = self.string("key", v, "\"/etc/xfer/cluster.key\"")?;
+                    if s.is_empty() {
+                        return Err(self.err(
+                            v.span().start,
+                            "key is empty; name the file `xfer keygen --out FILE` wrote",
+                        ));
+                    }
+                    let base = self.path.parent().unwrap_or(Path::new(""));
+                    key = Some(base.join(s));
+                }
+                "defaults" => {
+                    let DeValue::Table(t) = v.get_ref() else {
+                        return Err(self.err(
+                            v.span().start,
+                            format!(
+                                "defaults is {}; write it as a [defaults] table",
+                                kind(v.get_ref())
+                            ),
+                        ));
+                    };
+                    defaults = self.fields(t, Section::Defaults)?;
+                }
+                "node" => node_vals = Some(v),
+                "launch" => {
+                    if !matches!(v.get_ref(), DeValue::Table(_)) {
+                        return Err(self.err(
+                            v.span().start,
+                            format!(
+                                "launch is {}; write it as a [launch] table",
+                                kind(v.get_ref())
+                            ),
+                        ));
+                    }
+                    let table = toml::Table::deserialize(ValueDeserializer::from(v.clone()))
+                        .map_err(|e| {
+                            self.err(
+                                e.span().map_or(v.span().start, |s| s.start),
+                                format!("in [launch]: {}", e.message()),
+                            )
+                        })?;
+                    launch = Some(table);
+                }
+                other => return Err(self.unknown_top(k.span().start, other)),
+            }
+        }
+        let Some(key) = key else {
+            return Err(self.err(
+                0,
+                "no key; add key = \"/etc/xfer/cluster.key\" at the top, naming the credential `xfer keygen --out FILE` wrote",
+            ));
+        };
+        let no_nodes = format!(
+            "no nodes; add a [[node]] table with name, agent and root for each machine (see {EXAMPLE})"
+        );
+        let Some(node_vals) = node_vals else {
+            return Err(self.err(0, no_nodes));
+        };
+        let tables: Vec<(usize, &DeTable)> =
+            match node_vals.get_ref() {
+                DeValue::Array(a) if a.is_empty() => {
+                    return Err(self.err(node_vals.span().start, no_nodes))
+                }
+                DeValue::Array(a) => a
+                    .iter()
+                    .map(|v| match v.get_ref() {
+                        DeValue::Table(t) => Ok((v.span().start, t)),
+                        other => Err(self.err(
+                            v.span().start,
+                            format!(
+                                "a node is {}; write each node as a [[node]] table",
+                                kind(other)
+                            ),
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?,
+                DeValue::Table(_) => return Err(self.err(
+                    node_vals.span().start,
+                    "[node] is a single table; write [[node]] (double brackets), once per machine",
+                )),
+                other => {
+                    return Err(self.err(
+                        node_vals.span().start,
+                        format!(
+                            "node is {}; write each node as a [[node]] table",
+                            kind(other)
+                        ),
+                    ))
+                }
+            };
+        // Every value is checked alone before any node is put together, so
+        // a misspelt key is reported as such, not as the field it lacks.
+        let owns: Vec<Fields> = tables
+            .iter()
+            .enumerate()
+            .map(|(i, (_, table))| self.fields(table, Section::Node(i + 1)))
+            .collect::<Result<_, _>>()?;
+        let mut nodes = Vec::with_capacity(tables.len());
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut agents: HashMap<String, (String, usize)> = HashMap::new();
+        let mut fabric_ips: HashMap<IpAddr, (String, usize)> = HashMap::new();
+        for (i, ((header, table), own)) in tables.into_iter().zip(owns).enumerate() {
+            let (node, name_at, agent_at) = self.node(i + 1, header, own, &defaults)?;
+            let name = node.name.to_string();
+            if let Some(first) = names.get(&name) {
+                return Err(self.err(
+                    name_at,
+                    format!(
+                        "duplicate node name {name:?} (first at line {first}); give every node its own name"
+                    ),
+                ));
+            }
+            names.insert(name.clone(), self.line(name_at));
+            if let Some((other, line)) = agents.get(&node.agent) {
+                return Err(self.err(
+                    agent_at,
+                    format!(
+                        "duplicate agent address {} (node {other:?} has it, line {line}); give each node the address of its own agent",
+                        node.agent
+                    ),
+                ));
+            }
+            agents.insert(node.agent.clone(), (name.clone(), self.line(agent_at)));
+            if let (Some(ip), Some(at)) = (node.fabric_ip, table_key_at(table, "fabric_ip")) {
+                if let Some((other, line)) = fabric_ips.get(&ip) {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "duplicate fabric_ip {ip} (node {other:?} has it, line {line}); give each node its own address on the fabric"
+                        ),
+                    ));
+                }
+                fabric_ips.insert(ip, (name.clone(), self.line(at)));
+            }
+            nodes.push(node);
+        }
+        if let Some(g) = &defaults.gid_index {
+            if nodes.iter().all(|n| n.rdma.is_none()) {
+                return Err(self.err(
+                    g.at,
+                    "[defaults] sets gid_index but no node has an rdma_device; add rdma_device to the nodes with RDMA, or drop gid_index",
+                ));
+            }
+        }
+        Ok(Cluster {
+            key,
+            nodes,
+            launch,
+            path: self.path.to_path_buf(),
+        })
+    }
+
+    /// Applies `defaults` to one node's own fields and checks the fields
+    /// that only make sense together. Also returns where its name and agent
+    /// are written, for duplicate checks.
+    fn node(
+        &self,
+        index: usize,
+        header: usize,
+        own: Fields,
+        defaults: &Fields,
+    ) -> Result<(Node, usize, usize), ClusterError> {
+        let name = own.name.ok_or_else(|| {
+            self.err(
+                header,
+                format!(
+                    "[[node]] {index} has no name; add name = \"...\" (letters, digits, '.', '_', '-')"
+                ),
+            )
+        })?;
+        let who = format!("node {:?}", name.v.as_str());
+        let agent = own.agent.ok_or_else(|| {
+            self.err(
+                header,
+                format!(
+                    "{who} has no agent; add agent = \"HOST[:PORT]\", the address its xfer agent listens on"
+                ),
+            )
+        })?;
+        let port = match (agent.v.port, &own.port) {
+            (Some(a), Some(p)) if a != p.v => {
+                return Err(self.err(
+                    p.at,
+                    format!(
+                        "{who} sets port = {} but its agent names port {a}; drop one of them",
+                        p.v
+                    ),
+                ))
+            }
+            (Some(a), _) => a,
+            (None, Some(p)) => p.v,
+            (None, None) => defaults.port.as_ref().map_or(DEFAULT_PORT, |p| p.v),
+        };
+        let root = own.root.or_else(|| defaults.root.clone()).ok_or_else(|| {
+            self.err(
+                header,
+                format!(
+                    "{who} has no root; add root = \"/absolute/path\" (its agent's --root) to it or to [defaults]"
+                ),
+            )
+        })?;
+        let from_defaults = own.fabric_if.is_none();
+        let fabric_if = own.fabric_if.or_else(|| defaults.fabric_if.clone());
+        match (&fabric_if, &own.fabric_ip) {
+            (Some(i), None) if from_defaults => {
+                return Err(self.err(
+                    header,
+                    format!(
+                        "{who} has no fabric_ip but [defaults] sets fabric_if = {:?} (line {}); add fabric_ip = \"ADDRESS\", its address on that interface",
+                        i.v,
+                        self.line(i.at)
+                    ),
+                ))
+            }
+            (Some(i), None) => {
+                return Err(self.err(
+                    i.at,
+                    format!(
+                        "{who} has fabric_if but no fabric_ip; add fabric_ip = \"ADDRESS\" (its address on {}) or drop fabric_if",
+                        i.v
+                    ),
+                ))
+            }
+            (None, Some(ip)) => {
+                return Err(self.err(
+                    ip.at,
+                    format!(
+                        "{who} has fabric_ip but no fabric_if; add fabric_if = \"IFACE\" (the interface holding {}, see `ip -br addr`) or drop fabric_ip",
+                        ip.v
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        let rdma_device = own.rdma_device.or_else(|| defaults.rdma_device.clone());
+        if let (Some(g), None) = (&own.gid_index, &rdma_device) {
+            return Err(self.err(
+                g.at,
+                format!(
+                    "{who} sets gid_index but has no rdma_device; add rdma_device = \"DEVICE\" (see `ibv_devices`) or drop gid_index"
+                ),
+            ));
+        }
+        let gid_index = own.gid_index.or_else(|| defaults.gid_index.clone());
+        let node = Node {
+            name: name.v,
+            agent: format!("{}:{port}", agent.v.host),
+            root: root.v,
+            fabric_if: fabric_if.map(|i| i.v),
+            fabric_ip: own.fabric_ip.map(|ip| ip.v),
+            rdma: rdma_device.map(|d| Rdma {
+                device: d.v,
+                gid_index: gid_index.map(|g| g.v),
+            }),
+            line: self.line(header),
+        };
+        Ok((node, name.at, agent.at))
+    }
+
+    /// Reads and checks each field of a `[[node]]` or `[defaults]` table.
+    fn fields(&self, table: &DeTable, section: Section) -> Result<Fields, ClusterError> {
+        let mut f = Fields::default();
+        for (k, v) in in_file_order(table) {
+            let key = k.get_ref().as_ref();
+            let at = v.span().start;
+            let bad = |msg: String| self.err(at, msg);
+            if section == Section::Defaults && PER_NODE_ONLY.contains(&key) {
+                return Err(self.err(
+                    k.span().start,
+                    format!(
+                        "{key} cannot go in [defaults]: it differs from node to node; set it in each [[node]]"
+                    ),
+                ));
+            }
+            match key {
+                "name" => {
+                    let s = self.string(key, v, "\"spark-a\"")?;
+                    f.name = Some(At {
+                        v: NodeName::new(s).map_err(bad)?,
+                        at,
+                    });
+                }
+                "agent" => {
+                    let s = self.string(key, v, "\"10.0.0.1:7470\"")?;
+                    f.agent = Some(At {
+                        v: parse_agent(s).map_err(bad)?,
+                        at,
+                    });
+                }
+                "port" => {
+                    let n = self.integer(key, v, "7470")?;
+                    let p = match u16::try_from(n) {
+                        Ok(0) => {
+                            return Err(bad(format!(
+                                "port 0 is not a port; use the agent's --listen port ({DEFAULT_PORT} by default)"
+                            )))
+                        }
+                        Ok(p) => p,
+                        Err(_) => {
+                            return Err(bad(format!(
+                                "port {n} is out of range; ports run 1-65535"
+                            )))
+                        }
+                    };
+                    f.port = Some(At { v: p, at });
+                }
+                "root" => {
+                    let s = self.string(key, v, "\"/var/lib/xfer/hub\"")?;
+                    if !s.starts_with('/') {
+                        let what = if s.is_empty() {
+                            "root is empty".to_string()
+                        } else {
+                            format!("root {s:?} is relative")
+                        };
+                        return Err(bad(format!(
+                            "{what}; write the absolute path of the node's model folder (its agent's --root), e.g. \"/var/lib/xfer/hub\""
+                        )));
+                    }
+                    f.root = Some(At {
+                        v: PathBuf::from(s),
+                        at,
+                    });
+                }
+                "fabric_if" => {
+                    let s = self.string(key, v, "\"enp1s0f1np1\"")?;
+                    if !is_ifname(s) {
+                        return Err(bad(format!(
+                            "fabric_if {s:?} is not an interface name (at most {MAX_IFNAME_LEN} characters, no '/', ':' or spaces); use the name `ip -br link` shows on that node"
+                        )));
+                    }
+                    f.fabric_if = Some(At {
+                        v: s.to_string(),
+                        at,
+                    });
+                }
+                "fabric_ip" => {
+                    let s = self.string(key, v, "\"192.168.100.1\"")?;
+                    f.fabric_ip = Some(At {
+                        v: parse_fabric_ip(s).map_err(bad)?,
+                        at,
+                    });
+                }
+                "rdma_device" => {
+                    let s = self.string(key, v, "\"rocep1s0f1\"")?;
+                    if s.is_empty()
+                        || s.len() > MAX_RDMA_NAME_LEN
+                        || s.contains(|c: char| c == '/' || c.is_whitespace() || c.is_control())
+                    {
+                        return Err(bad(format!(
+                            "rdma_device {s:?} is not an RDMA device name; use the name `ibv_devices` lists on that node, e.g. \"rocep1s0f1\""
+                        )));
+                    }
+                    f.rdma_device = Some(At {
+                        v: s.to_string(),
+                        at,
+                    });
+                }
+                "gid_index" => {
+                    let n = self.integer(key, v, "3")?;
+                    if !(0..=255).contains(&n) {
+                        return Err(bad(format!(
+                            "gid_index {n} is out of range; GID indexes run 0-255 (see `show_gids` on that node)"
+                        )));
+                    }
+                    f.gid_index = Some(At { v: n as u32, at });
+                }
+                other => return Err(self.unknown_in(k.span().start, other, section)),
+            }
+        }
+        Ok(f)
+    }
+
+    fn unknown_in(&self, at: usize, key: &str, section: Section) -> ClusterError {
+        let allowed: Vec<&str> = match section {
+            Section::Defaults => NODE_KEYS
+                .iter()
+                .copied()
+                .filter(|k| !PER_NODE_ONLY.contains(k))
+                .collect(),
+            Section::Node(_) => NODE_KEYS.to_vec(),
+        };
+        let hint = match suggest(key, &allowed, ALIASES) {
+            Some(s) => format!("did you mean {s:?}?"),
+            None => format!("{section} takes {}", and_list(&allowed)),
+        };
+        self.err(at, format!("unknown key {key:?} in {section}; {hint}"))
+    }
+
+    fn unknown_top(&self, at: usize, key: &str) -> ClusterError {
+        let hint = if NODE_KEYS.contains(&key) {
+            format!(
+                "{key} is a node setting: put it in [defaults] (for every node) or in a [[node]] table"
+            )
+        } else if let Some(s) = suggest(key, TOP_KEYS, ALIASES) {
+            format!("did you mean {s:?}?")
+        } else {
+            "the top level holds key, [defaults], [[node]] and [launch]".to_string()
+        };
+        self.err(at, format!("unknown top-level key {key:?}; {hint}"))
+    }
+
+    /// A TOML syntax error, converted to the one-line form.
+    fn syntax(&self, e: &toml::de::Error) -> ClusterError {
+        let at = e.span().map_or(0, |s| s.start);
+        let what = e.message().trim().replace('\n', "; ");
+        let what = what.strip_suffix(", expected nothing").unwrap_or(&what);
+        if what == "duplicate key" {
+            let key = e.span().and_then(|s| self.text.get(s)).unwrap_or("");
+            let key = key.trim_matches(|c| c == '"' || c == '\'');
+            return self.err(at, format!("duplicate key {key:?}; keep one of them"));
+        }
+        self.err(at, format!("{what}; fix the TOML syntax (see {EXAMPLE})"))
+    }
+
+    fn string<'v>(&self, key: &str, v: &'v Val, example: &str) -> Result<&'v str, ClusterError> {
+        match v.get_ref() {
+            DeValue::String(s) => Ok(s),
+            other => Err(self.err(
+                v.span().start,
+                format!(
+                    "{key} is {}; write a quoted string, like {key} = {example}",
+                    kind(other)
+                ),
+            )),
+        }
+    }
+
+    fn integer(&self, key: &str, v: &Val, example: &str) -> Result<i128, ClusterError> {
+        match v.get_ref() {
+            // Beyond i128 is out of every range here anyway.
+            DeValue::Integer(i) => {
+                Ok(i128::from_str_radix(i.as_str(), i.radix()).unwrap_or(i128::MAX))
+            }
+            other => Err(self.err(
+                v.span().start,
+                format!(
+                    "{key} is {}; write a whole number, like {key} = {example}",
+                    kind(other)
+                ),
+            )),
+        }
+    }
+}
+
+/// Where the value of `key` is written in `table`.
+fn table_key_at(table: &DeTable, key: &str) -> Option<usize> {
+    table
+        .iter()
+        .find(|(k, _)| k.get_ref().as_ref() == key)
+        .map(|(_, v)| v.span().start)
+}
+
+/// `HOST[:PORT]`: an IPv4 address, a bracketed (or bare, portless) IPv6
+/// address, or a host name.
+fn parse_agent(s: &str) -> Result<AgentAddr, String> {
+    let fix = "write HOST[:PORT], e.g. \"10.0.0.1:7470\", \"[fd00::1]:7470\" or \"spark-a.lan\"";
+    if s.is_empty() {
+        return Err(format!("agent is empty; {fix}"));
+    }
+    if s.contains("://") || s.contains('/') {
+        return Err(format!("agent {s:?} is not HOST[:PORT]; {fix}"));
+    }
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let Some((h, after)) = rest.split_once(']') else {
+            return Err(format!("agent {s:?} opens '[' but never closes it; {fix}"));
+        };
+        let ip: Ipv6Addr = h
+            .parse()
+            .map_err(|_| format!("agent {s:?}: {h:?} is not an IPv6 address; {fix}"))?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("agent {s:?} has {p:?} after the address; {fix}"))?,
+            ),
+        };
+        (IpOrName::Ip(ip.into()), port)
+    } else if s.matches(':').count() >= 2 {
+        let ip: Ipv6Addr = s.parse().map_err(|_| {
+            format!(
+                "agent {s:?} is not HOST[:PORT]; an IPv6 address with a port goes in brackets, e.g. \"[fd00::1]:7470\""
+            )
+        })?;
+        (IpOrName::Ip(ip.into()), None)
+    } else {
+        let (h, port) = match s.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        };
+        if h.is_empty() {
+            return Err(format!("agent {s:?} has no host; {fix}"));
+        }
+        if h.chars().all(|c| c.is_ascii_digit() || c == '.') {
+            let ip: Ipv4Addr = h
+                .parse()
+                .map_err(|_| format!("agent {s:?}: {h:?} is not an IPv4 address; {fix}"))?;
+            (IpOrName::Ip(ip.into()), port)
+        } else if h.len() <= 253
+            && h.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        {
+            (IpOrName::Name(h.to_ascii_lowercase()), port)
+        } else {
+            return Err(format!("agent {s:?}: {h:?} is not a host name; {fix}"));
+        }
+    };
+    if let IpOrName::Ip(ip) = &host {
+        if ip.is_unspecified() || ip.is_multicast() {
+            return Err(format!(
+                "agent {s:?} cannot be connected to ({ip} is not one machine's address); write the node's own address"
+            ));
+        }
+    }
+    let port = match port {
+        None => None,
+        Some(p) => match p.parse::<u32>() {
+            Ok(0) => {
+                return Err(format!(
+                    "agent {s:?} has port 0; use the port its agent listens on (--listen, {DEFAULT_PORT} by default)"
+                ))
+            }
+            Ok(n) if n <= 65535 => Some(n as u16),
+            Ok(n) => return Err(format!("agent {s:?} has port {n}; ports run 1-65535")),
+            Err(_) => return Err(format!("agent {s:?}: {p:?} is not a port number; {fix}")),
+        },
+    };
+    let host = match host {
+        IpOrName::Ip(IpAddr::V6(ip)) => format!("[{ip}]"),
+        IpOrName::Ip(IpAddr::V4(ip)) => ip.to_string(),
+        IpOrName::Name(n) => n,
+    };
+    Ok(AgentAddr { host, port })
+}
+
+enum IpOrName {
+    Ip(IpAddr),
+    Name(String),
+}
+
+fn parse_fabric_ip(s: &str) -> Result<IpAddr, String> {
+    if let Some((addr, _)) = s.split_once('/') {
+        return Err(format!(
+            "fabric_ip {s:?} has a prefix length; write the address alone: {addr:?}"
+        ));
+    }
+    let ip: IpAddr = s.parse().map_err(|_| {
+        format!(
+            "fabric_ip {s:?} is not an IP address; write this node's address on its fabric interface, e.g. \"192.168.100.1\" (see `ip -br addr`)"
+        )
+    })?;
+    let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+    if ip.is_unspecified() || ip.is_multicast() || broadcast {
+        return Err(format!(
+            "fabric_ip {s:?} is not one machine's address; write this node's address on its fabric interface (see `ip -br addr`)"
+        ));
+    }
+    Ok(ip)
+}
+
+/// Whether Linux would accept `s` as an interface name.
+fn is_ifname(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_IFNAME_LEN
+        && s != "."
+        && s != ".."
+        && !s.contains(|c: char| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-line message for `text`, which must be refused.
+    fn refused(text: &str) -> String {
+        match Cluster::parse(text, "cluster.toml") {
+            Ok(c) => panic!("accepted: {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    const VALID: &str = r#"# two boxes, cross-wired
+key = "secrets/cluster.key"
+
+[defaults]
+root = "/var/lib/xfer/hub"
+port = 7471
+gid_index = 3
+
+[[node]]
+name = "spark-a"
+agent = "10.0.0.1"
+fabric_if = "enp1s0f1np1"
+fabric_ip = "192.168.100.1"
+rdma_device = "rocep1s0f1"
+
+[[node]]
+name = "spark-b"
+agent = "[::1]:7470"
+root = "/data/hf/hub"
+fabric_if = "enP2p1s0f0np0"
+fabric_ip = "fd00::2"
+rdma_device = "roceP2p1s0f0"
+gid_index = 1
+
+[[node]]
+name = "Box_3.lab"
+agent = "Box3.LAN:9000"
+
+[launch]
+engine = "vllm"
+tp = 2
+"#;
+
+    #[test]
+    fn cluster_full_file_applies_defaults_and_overrides() {
+        let c = Cluster::parse(VALID, "/etc/xfer/cluster.toml").unwrap();
+        assert_eq!(c.key, PathBuf::from("/etc/xfer/secrets/cluster.key"));
+        assert_eq!(c.path, PathBuf::from("/etc/xfer/cluster.toml"));
+        assert_eq!(c.nodes.len(), 3);
+
+        let a = &c.nodes[0];
+        assert_eq!(a.name.as_str(), "spark-a");
+        assert_eq!(a.agent, "10.0.0.1:7471", "port from [defaults]");
+        assert_eq!(a.root, PathBuf::from("/var/lib/xfer/hub"));
+        assert_eq!(a.fabric_if.as_deref(), Some("enp1s0f1np1"));
+        assert_eq!(a.fabric_ip, Some("192.168.100.1".parse().unwrap()));
+        assert_eq!(
+            a.rdma,
+            Some(Rdma {
+                device: "rocep1s0f1".into(),
+                gid_index: Some(3)
+            })
+        );
+        assert_eq!(a.line, 9);
+
+        let b = &c.nodes[1];
+        assert_eq!(b.agent, "[::1]:7470", "the agent's own port wins");
+        assert_eq!(b.root, PathBuf::from("/data/hf/hub"));
+        assert_eq!(b.fabric_ip, Some("fd00::2".parse().unwrap()));
+        assert_eq!(b.rdma.as_ref().unwrap().gid_index, Some(1));
+
+        let third = &c.nodes[2];
+        assert_eq!(third.agent, "box3.lan:9000");
+        assert_eq!(third.fabric_if, None);
+        assert_eq!(third.fabric_ip, None);
+        assert_eq!(third.rdma, None);
+
+        let launch = c.launch.as_ref().unwrap();
+        assert_eq!(launch["engine"].as_str(), Some("vllm"));
+        assert_eq!(launch["tp"].as_integer(), Some(2));
+    }
+
+    #[test]
+    fn cluster_port_defaults_to_7470_and_bare_ipv6_is_bracketed() {
+        let c = Cluster::parse(
+            r#"key = "/k"
+[[node]]
+name = "a"
+agent = "10.0.0.1"
+root = "/r"
+[[node]]
+name = "b"
+agent = "fd00::1"
+port = 7000
+root = "/r"
+"#,
+            "cluster.toml",
+        )
+        .unwrap();
+        assert_eq!(c.nodes[0].agent, "10.0.0.1:7470");
+        assert_eq!(c.nodes[1].agent, "[fd00::1]:7000");
+        assert_eq!(c.launch, None);
+        // A relative path for the file leaves a relative key relative to
+        // the same folder.
+        let c = Cluster::parse(VALID, "cluster.toml").unwrap();
+        assert_eq!(c.key, PathBuf::from("secrets/cluster.key"));
+    }
+
+    #[test]
+    fn cluster_example_in_docs_parses() {
+        let text = include_str!("../../../docs/cluster.example.toml");
+        let c = Cluster::parse(text, "docs/cluster.example.toml").unwrap();
+        assert_eq!(c.key, PathBuf::from("/etc/xfer/cluster.key"));
+        let names: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["spark-a", "spark-b"]);
+        let (a, b) = (&c.nodes[0], &c.nodes[1]);
+        assert_eq!(a.agent, "10.0.0.1:7470");
+        assert_eq!(b.agent, "10.0.0.2:7470");
+        assert_eq!(a.root, PathBuf::from("/data/hf/hub"));
+        assert_eq!(b.root, PathBuf::from("/var/lib/xfer/hub"));
+        assert_ne!(
+            a.fabric_if, b.fabric_if,
+            "cross-wired: names differ per node"
+        );
+        assert_eq!(a.rdma.as_ref().unwrap().gid_index, Some(3));
+        assert_eq!(b.rdma.as_ref().unwrap().gid_index, Some(1));
+        assert_eq!(c.launch, None);
+    }
+
+    #[test]
+    fn cluster_toml_syntax_error_has_its_line() {
+        let text = r#"key = "/k"
+[[node]]
+name = "a"
+agent = 10.0.0.1:7470
+"#;
+        assert_eq!(
+            refused(text),
+            "cluster.toml:4:13: invalid float; fix the TOML syntax (see docs/cluster.example.toml)"
+        );
+        let text = r#"key = "/k"
+[[node]]
+name = spark-a
+"#;
+        assert_eq!(
+            refused(text),
+            "cluster.toml:3:8: string values must be quoted, expected literal string; fix the TOML syntax (see docs/cluster.example.toml)"
+        );
+        assert_eq!(
+            refused("key = \"/k\"\n\n[[node]\n"),
+            "cluster.toml:3:8: unclosed array table, expected `]`; fix the TOML syntax (see docs/cluster.example.toml)"
+        );
+        assert_eq!(
+            refused("key = \"/k\"\n[[node]]\nname = \"a\"\nname = \"b\"\n"),
+            r#"cluster.toml:4:1: duplicate key "name"; keep one of them"#
+        );
+    }
+
+    #[test]
+    fn cluster_unknown_key_suggests_the_known_one() {
+        let text = r#"key = "/k"
+[[node]]
+name = "a"
+agent = "10.0.0.1"
+root = "/r"
+
+[[node]]
+name = "b"
+  fabric_iface = "enp1s0f0np0"
+"#;
+        assert_eq!(
+            refused(text),
+            r#"cluster.toml:9:3: unknown key "fabric_iface" in [[node]] 2; did you mean "fabric_if"?"#
+        );
+        // Reported before the fields the node lacks (agent, root).
+        assert_eq!(
+            refused("key = \"/k\"\n[[node]]\nnmae = \"a\"\n"),
+            r#"cluster.toml:3:1: unknown key "nmae" in [[node]] 1; did you mean "name"?"#
+        );
+        assert_eq!(
+            refused("key = \"/k\"\n[defaults]\ncolour = \"red\"\n"),
+            "cluster.toml:3:1: unknown key \"colour\" in [defaults]; [defaults] takes port, root, fabric_if, rdma_device and gid_index"
+        );
+        assert_eq!(
+            refused("key = \"/k\"\n[defaults]\nname = \"a\"\n"),
+            "cluster.toml:3:1: name cannot go in [defaults]: it differs from node to node; set it in each [[node]]"
+        );
+    }
+
+    #[test]
+    fn cluster_unknown_top_level_key_is_refused_but_launch_is_reserved() {
+        assert_eq!(
+            refused("key = \"/k\"\n\n[nodes]\nname = \"a\"\n"),
+            r#"cluster.toml:3:2: unknown top-level key "nodes"; did you mean "node"?"#
+        );
+        assert_eq!(
+            refused("key = \"/k\"\nversion = 2\n"),
+            r#"cluster.toml:2:1: unknown top-level key "version"; the top level holds key, [defaults], [[node]] and [launch]"#
+        );
+        assert_eq!(
+            refused("key = \"/k\"\nroot = \"/r\"\n"),
+            r#"cluster.toml:2:1: unknown top-level key "root"; root is a node setting: put it in [defaults] (for every node) or in a [[node]] table"#
+        );
+        assert_eq!(
+            refused("key = \"/k\"\nlaunch = 3\n"),
+            "cluster.toml:2:10: launch is an integer; write it as a [launch] table"
+        );
+    }
+
+    #[test]
+    fn cluster_duplicate_name_points_at_both() {
+        let text = r#"key = "/k"
+[defaults]
+root = "/r"
+[[node]]
+name = "spark-a"
+agent = "10.0.0.1"
+[[node]]
+name = "spark-b"
+agent = "10.0.0.2"
+[[node]]
+name = "spark-a"
+agent = "10.0.0.3"
+"#;
+        assert_eq!(
+            refused(text),
+            r#"cluster.toml:11:8: duplicate node name "spark-a" (first at line 5); give every node its own name"#
+        );
+    }
+
+    #[test]
+    fn cluster_duplicate_agent_after_normalizing() {
+        let text = r#"key = "/k"
+[defaults]
+root = "/r"
+[[node]]
+name = "spark-a"
+agent = "10.0.0.1"
+[[node]]
+name = "spark-b"
+agent = "10.0.0.1:7470"
+"#;
+        assert_eq!(
+            refused(text),
+            r#"cluster.toml:9:9: duplicate agent address 10.0.0.1:7470 (node "spark-a" has it, line 6); give each node the address of its own agent"#
+        );
+    }
+
+    #[test]
+    fn cluster_duplicate_fabric_ip() {
+        let text = r#"key = "/k"
+[defaults]
+root = "/r"
+fabric_if = "eth1"
+[[node]]
+name = "a"
+agent = "10.0.0.1"
+fabric_ip = "192.168.100.1"
+[[node]]
+name = "b"
+agent = "10.0.0.2"
+fabric_ip = "192.168.100.1"
+"#;
+        assert_eq!(
+            refused(text),
+            r#"cluster.toml:12:13: duplicate fabric_ip 192.168.100.1 (node "a" has it, line 8); give each node its own address on the fabric"#
+        );
+    }
+
+    /// A one-node file whose node has `extra` as its last lines (line 6 on).
+    fn one_node(extra: &str) -> String {
+        format!(
+            "key = \"/k\"\n[[node]]\nname = \"a\"\nagent = \"10.0.0.1\"\nroot = \"/r\"\n{extra}"
+        )
+    }
+
+    #[test]
+    fn cluster_bad_fabric_ip() {
+        assert_eq!(
+            refused(&one_node("fabric_if = \"eth1\"\nfabric_ip = \"192.168.100.300\"\n")),
+            "cluster.toml:7:13: fabric_ip \"192.168.100.300\" is not an IP address; write this node's address on its fabric interface, e.g. \"192.168.100.1\" (see `ip -br addr`)"
+        );
+        assert_eq!(
+            refused(&one_node(
+                "fabric_if = \"eth1\"\nfabric_ip = \"192.168.100.1/24\"\n"
+            )),
+            r#"cluster.toml:7:13: fabric_ip "192.168.100.1/24" has a prefix length; write the address alone: "192.168.100.1""#
+        );
+        assert_eq!(
+            refused(&one_node("fabric_if = \"eth1\"\nfabric_ip = 3\n")),
+            r#"cluster.toml:7:13: fabric_ip is an integer; write a quoted string, like fabric_ip = "192.168.100.1""#
+        );
+    }
+
+    #[test]
+    fn cluster_fabric_if_and_fabric_ip_come_together() {
+        assert_eq!(
+            refused(&one_node("fabric_if = \"enp1s0f1np1\"\n")),
+            r#"cluster.toml:6:13: node "a" has fabric_if but no fabric_ip; add fabric_ip = "ADDRESS" (its address on enp1s0f1np1) or drop fabric_if"#
+        );
+        assert_eq!(
+            refused(&one_node("fabric_ip = \"192.168.100.1\"\n")),
+            "cluster.toml:6:13: node \"a\" has fabric_ip but no fabric_if; add fabric_if = \"IFACE\" (the interface holding 192.168.100.1, see `ip -br addr`) or drop fabric_ip"
+        );
+        let text = r#"key = "/k"
+[defaults]
+root = "/r"
+fabric_if = "eth1"
+[[node]]
+name = "a"
+agent = "10.0.0.1"
+"#;
+        assert_eq!(
+            refused(text),
+            r#"cluster.toml:5:1: node "a" has no fabric_ip but [defaults] sets fabric_if = "eth1" (line 4); add fabric_ip = "ADDRESS", its address on that interface"#
+        );
+        assert_eq!(
+            refused(&one_node("fabric_if = \"a/b\"\n")),
+            "cluster.toml:6:13: fabric_if \"a/b\" is not an interface name (at most 15 characters, no '/', ':' or spaces); use the name `ip -br link` shows on that node"
+        );
+    }
+
+    #[test]
+    fn cluster_gid_index_needs_rdma_device() {
+        assert_eq!(
+            refused(&one_node("gid_index = 3\n")),
+            "cluster.toml:6:13: node \"a\" sets gid_index but has no rdma_device; add rdma_device = \"DEVICE\" (see `ibv_devices`) or drop gid_index"
+        );
+        let text = r#"key = "/k"
+[defaults]
+gid_index = 3
+[[node]]
+name = "a"
+agent = "10.0.0.1"
+root = "/r"
+"#;
+        assert_eq!(
+            refused(text),
+            "cluster.toml:3:13: [defaults] sets gid_index but no node has an rdma_device; add rdma_device to the nodes with RDMA, or drop gid_index"
+        );
+        assert_eq!(
+            refused(&one_node("rdma_device = \"mlx5_0\"\ngid_index = 300\n")),
+            "cluster.toml:7:13: gid_index 300 is out of range; GID indexes run 0-255 (see `show_gids` on that node)"
+        );
+        // An RDMA device without a GID index is fine: the transport picks.
+        let c = Cluster::parse(&one_node("rdma_device = \"mlx5_0\"\n"), "c.toml").unwrap();
+        assert_eq!(
+            c.nodes[0].rdma,
+            Some(Rdma {
+                device: "mlx5_0".into(),
+                gid_index: None
+            })
+        );
+    }
+
+    #[test]
+    fn cluster_root_must_be_absolute() {
+        let text = r#"key = "/k"
+[[node]]
+name = "a"
+agent = "10.0.0.1"
+root = "hf/hub"
+"#;
+        assert_eq!(
+            refused(text),
+            r#"cluster.toml:5:8: root "hf/hub" is relative; write the absolute path of the node's model folder (its agent's --root), e.g. "/var/lib/xfer/hub""#
+        );
+        assert_eq!(
+            refused("key = \"/k\"\n[[node]]\nname = \"a\"\nagent = \"10.0.0.1\"\n"),
+            r#"cluster.toml:2:1: node "a" has no root; add root = "/absolute/path" (its agent's --root) to it or to [defaults]"#
+        );
+    }
+
+    #[test]
+    fn cluster_without_nodes_or_key_or_anything() {
+        assert_eq!(
+            refused("key = \"/k\"\n[defaults]\nroot = \"/r\"\n"),
+            "cluster.toml:1:1: no nodes; add a [[node]] table with name, agent and root for each machine (see docs/cluster.example.toml)"
+        );
+        assert_eq!(
+            refused("key = \"/k\"\nnode = []\n"),
+            "cluster.toml:2:8: no nodes; add a [[node]] table with name, agent and root for each machine (see docs/cluster.example.toml)"
+        );
+        assert_eq!(
+            refused("# nothing yet\n\n"),
+            "cluster.toml:1:1: the cluster file is empty; it needs key = \"PATH\" and one [[node]] per machine (see docs/cluster.example.toml)"
+        );
+        assert_eq!(
+            refused("[[node]]\nname = \"a\"\nagent = \"h\"\nroot = \"/r\"\n"),
+            "cluster.toml:1:1: no key; add key = \"/etc/xfer/cluster.key\" at the top, naming the credential `xfer keygen --out FILE` wrote"
+        );
+        assert_eq!(
+            refused("key = \"/k\"\n[node]\nname = \"a\"\n"),
+            "cluster.toml:2:1: [node] is a single table; write [[node]] (double brackets), once per machine"
+        );
+    }
+
+    #[test]
+    fn cluster_name_characters_are_checked() {
+        let text = r#"key = "/k"
+[[node]]
+name = "spark a"
+agent = "10.0.0.1"
+root = "/r"
+"#;
+        assert_eq!(
+            refused(text),
+            r#"cluster.toml:3:8: node name "spark a" contains ' '; use only letters, digits, '.', '_' and '-'"#
+        );
+        assert!(NodeName::new(&"n".repeat(64)).is_ok());
+        assert_eq!(
+            NodeName::new(&"n".repeat(65)).unwrap_err(),
+            format!(
+                "node name {:?} is 65 characters long; use at most 64",
+                "n".repeat(65)
+            )
+        );
+        assert!(NodeName::new("").is_err());
+        assert!(NodeName::new("gpu-01.rack_2").is_ok());
+    }
+
+    #[test]
+    fn cluster_agent_address_and_port_are_checked() {
+        let agent = |a: &str| {
+            refused(&format!(
+                "key = \"/k\"\n[[node]]\nname = \"a\"\nroot = \"/r\"\nagent = {a}\n"
+            ))
+        };
+        assert_eq!(
+            agent(r#""10.0.0.1:0""#),
+            r#"cluster.toml:5:9: agent "10.0.0.1:0" has port 0; use the port its agent listens on (--listen, 7470 by default)"#
+        );
+        assert_eq!(
+            agent(r#""10.0.0.1:7470:1""#),
+            r#"cluster.toml:5:9: agent "10.0.0.1:7470:1" is not HOST[:PORT]; an IPv6 address with a port goes in brackets, e.g. "[fd00::1]:7470""#
+        );
+        assert_eq!(
+            agent(r#""10.0.0.300""#),
+            r#"cluster.toml:5:9: agent "10.0.0.300": "10.0.0.300" is not an IPv4 address; write HOST[:PORT], e.g. "10.0.0.1:7470", "[fd00::1]:7470" or "spark-a.lan""#
+        );
+        assert_eq!(
+            agent(r#""http://10.0.0.1""#),
+            r#"cluster.toml:5:9: agent "http://10.0.0.1" is not HOST[:PORT]; write HOST[:PORT], e.g. "10.0.0.1:7470", "[fd00::1]:7470" or "spark-a.lan""#
+        );
+        assert_eq!(
+            agent(r#""0.0.0.0:7470""#),
+            r#"cluster.toml:5:9: agent "0.0.0.0:7470" cannot be connected to (0.0.0.0 is not one machine's address); write the node's own address"#
+        );
+        assert_eq!(
+            agent(r#""[::1:7470""#),
+            r#"cluster.toml:5:9: agent "[::1:7470" opens '[' but never closes it; write HOST[:PORT], e.g. "10.0.0.1:7470", "[fd00::1]:7470" or "spark-a.lan""#
+        );
+        assert_eq!(
+            refused(&one_node("port = 0\n")),
+            "cluster.toml:6:8: port 0 is not a port; use the agent's --listen port (7470 by default)"
+        );
+        assert_eq!(
+            refused(&one_node("port = \"7470\"\n")),
+            "cluster.toml:6:8: port is a string; write a whole number, like port = 7470"
+        );
+        assert_eq!(
+            refused(&one_node("port = 70000\n")),
+            "cluster.toml:6:8: port 70000 is out of range; ports run 1-65535"
+        );
+        let text = r#"key = "/k"
+[[node]]
+name = "a"
+agent = "10.0.0.1:7470"
+port = 7471
+root = "/r"
+"#;
+        assert_eq!(
+            refused(text),
+            r#"cluster.toml:5:8: node "a" sets port = 7471 but its agent names port 7470; drop one of them"#
+        );
+    }
+
+    #[test]
+    fn cluster_node_and_select() {
+        let c = Cluster::parse(VALID, "cluster.toml").unwrap();
+        assert_eq!(c.node("spark-b").unwrap().agent, "[::1]:7470");
+        assert!(c.node("spark-c").is_none());
+        let all: Vec<&str> = c
+            .select(&[])
+            .unwrap()
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(all, ["spark-a", "spark-b", "Box_3.lab"]);
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let picked: Vec<&str> = c
+            .select(&names(&["spark-b", "spark-a", "spark-b"]))
+            .unwrap()
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(picked, ["spark-b", "spark-a"]);
+        assert_eq!(
+            c.select(&names(&["spark-a", "spark-c"]))
+                .unwrap_err()
+                .to_string(),
+            r#"cluster.toml: no node named "spark-c"; the nodes are spark-a, spark-b, Box_3.lab"#
+        );
+        assert_eq!(
+            c.select(&names(&["x", "y"])).unwrap_err().to_string(),
+            r#"cluster.toml: no nodes named "x", "y"; the nodes are spark-a, spark-b, Box_3.lab"#
+        );
+    }
+
+    #[test]
+    fn cluster_load_reads_the_file_and_resolves_the_key_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.toml");
+        std::fs::write(&path, VALID).unwrap();
+        let c = Cluster::load(&path).unwrap();
+        assert_eq!(c.key, dir.path().join("secrets/cluster.key"));
+        assert_eq!(c.path, path);
+
+        let missing = dir.path().join("nope.toml");
+        let e = Cluster::load(&missing).unwrap_err();
+        assert!(matches!(e, ClusterError::Read { .. }));
+        assert_eq!(e.line(), None);
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot read cluster file {}: ", missing.display())),
+            "{e}"
+        );
+
+        std::fs::write(&path, "key = \"/k\"\n[[node]]\nname = \"a b\"\n").unwrap();
+        let e = Cluster::load(&path).unwrap_err();
+        assert_eq!(e.line(), Some(3));
+        assert!(e
+            .to_string()
+            .starts_with(&format!("{}:3:8: ", path.display())));
+    }
+
+    #[test]
+    fn cluster_suggestions_and_positions() {
+        assert_eq!(
+            suggest("fabric_iface", NODE_KEYS, ALIASES),
+            Some("fabric_if")
+        );
+        assert_eq!(suggest("Name", NODE_KEYS, ALIASES), Some("name"));
+        assert_eq!(suggest("address", NODE_KEYS, ALIASES), Some("agent"));
+        assert_eq!(suggest("gpu", NODE_KEYS, ALIASES), None);
+        assert_eq!(crate::util::tomltext::edit_distance("nmae", "name"), 1);
+        assert_eq!(crate::util::tomltext::edit_distance("", "abc"), 3);
+        assert_eq!(line_col("ab\ncd\né x", 9), (3, 3));
+        assert_eq!(line_col("ab", 99), (1, 3));
+    }
+}

@@ -1,0 +1,11 @@
+//! Transfers end to end, over the transport: a receiver's side of one
+//! transfer into the store ([`receive`]), its links to the other receivers
+//! ([`swarm`]), the source's side ([`push`]), fetching a complete model
+//! from a peer ([`fetch`]) and a Hub pull fanned out to agents while it
+//! downloads ([`pull_fanout`]).
+
+pub mod fetch;
+pub mod pull_fanout;
+pub mod push;
+pub mod receive;
+pub mod swarm;

@@ -1,0 +1,358 @@
+//! `xfer push`: deliver a local tree to one or more agents.
+//!
+//! The pusher hashes the tree once, offers the manifest to every agent over
+//! its own QUIC connection (its own endpoint and socket), tells each who the
+//! other agents are ([`Control::Swarm`]), then serves the chunks each agent
+//! asks for. Agents fetch most chunks from each other, so the source uploads
+//! about one copy whatever the number of agents; they decide what they still
+//! need, so a re-run after an interruption sends only what is missing.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::config::auth::Credential;
+use crate::store::hashcache::HashCache;
+use crate::store::scan::{scan_cached, SourceTree};
+use crate::transport::files::FileChunkReader;
+use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::rdma::link::{Nic, Offer};
+use crate::transport::serve::{serve, Serving};
+use crate::transport::ChunkReader;
+use crate::util::progress::Progress;
+use crate::util::rate::RateLimiter;
+use xfer_proto::chunkset::ChunkMap;
+use xfer_proto::control::{Control, SwarmPeer};
+use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+
+/// What to push where.
+#[derive(Debug, Clone)]
+pub struct PushOptions {
+    pub src: PathBuf,
+    pub to: Vec<String>,
+    pub key: PathBuf,
+    pub name: Option<String>,
+    pub chunk_size: u64,
+    pub limit_rate: Option<u64>,
+    pub connect_timeout: Duration,
+    /// Ignore the hash cache and re-read every file.
+    pub rehash: bool,
+    /// The RDMA NIC receivers may fetch over; `None`: QUIC only.
+    pub nic: Option<Arc<dyn Nic>>,
+}
+
+/// The `--json` summary.
+#[derive(Debug, Serialize)]
+pub struct PushSummary {
+    pub name: String,
+    pub root: String,
+    pub files: usize,
+    pub bytes_total: u64,
+    /// Chunk bytes the source sent, summed over nodes.
+    pub bytes_sent: u64,
+    /// `bytes_sent` as a multiple of `bytes_total`: about 1 for a swarm
+    /// that started empty, whatever the number of nodes.
+    pub source_sent_x: f64,
+    /// Bytes the nodes already held, summed over nodes.
+    pub bytes_skipped: u64,
+    pub hash_s: f64,
+    pub duration_s: f64,
+    pub nodes: Vec<NodeSummary>,
+}
+
+/// One destination's outcome.
+#[derive(Debug, Serialize, Clone, Default)]
+pub struct NodeSummary {
+    pub addr: String,
+    pub ok: bool,
+    pub error: Option<String>,
+    pub root: Option<String>,
+    pub bytes_sent: u64,
+    /// Of `bytes_sent`, what went by RDMA write (0: all over QUIC).
+    pub bytes_sent_rdma: u64,
+    pub bytes_skipped: u64,
+    /// Verified bytes this node received from the source.
+    pub from_source: u64,
+    /// Verified bytes this node received from other nodes.
+    pub from_peers: u64,
+    /// Peers this node excluded, with why (e.g. they served corrupt chunks).
+    pub dropped_peers: Vec<String>,
+    pub corrupt_chunks: u64,
+    pub duration_s: f64,
+}
+
+impl PushSummary {
+    pub fn ok(&self) -> bool {
+        self.nodes.iter().all(|n| n.ok)
+    }
+}
+
+/// Hashes `opts.src` and delivers it to every agent in `opts.to`.
+pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary> {
+    let name = match &opts.name {
+        Some(n) => n.clone(),
+        None => opts
+            .src
+            .canonicalize()
+            .with_context(|| format!("cannot open {}", opts.src.display()))?
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("model")
+            .to_string(),
+    };
+    let name = ModelName::new(&name).map_err(anyhow::Error::msg)?;
+    // Catch address typos and a bad key before spending time hashing.
+    members(&opts.to)?;
+    Credential::load(&opts.key)?;
+    let started = Instant::now();
+    let tree = hash_tree(opts, progress).await?;
+    deliver(
+        opts,
+        &name,
+        &tree,
+        started.elapsed().as_secs_f64(),
+        progress,
+    )
+    .await
+}
+
+/// The swarm: every destination with its peer id (its index in `to`, from 1).
+fn members(to: &[String]) -> Result<Vec<SwarmPeer>> {
+    to.iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            Ok(SwarmPeer {
+                id: i as u32 + 1,
+                addr: quic::resolve(addr)?,
+            })
+        })
+        .collect()
+}
+
+/// A spawned task that is aborted when its handle is dropped: a push whose
+/// future is dropped (a cancelled sync job) must stop sending, not leave its
+/// per-node tasks and chunk servers running.
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Delivers an already hashed tree to every agent in `opts.to` under
+/// `name`. `hash_s` is how long hashing took, for the summary.
+pub async fn deliver(
+    opts: &PushOptions,
+    name: &ModelName,
+    tree: &SourceTree,
+    hash_s: f64,
+    progress: &Progress,
+) -> Result<PushSummary> {
+    let cred = Arc::new(Credential::load(&opts.key)?);
+    let members = members(&opts.to)?;
+    let manifest = &tree.manifest;
+    let map = Arc::new(ChunkMap::new(manifest));
+    let reader: Arc<dyn ChunkReader> =
+        Arc::new(FileChunkReader::new(tree.sources.clone(), map.clone()));
+    let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
+    let offer = Arc::new(Control::Offer {
+        version: PROTOCOL_VERSION,
+        name: name.clone(),
+        manifest: manifest.clone(),
+    });
+    let root = manifest.root();
+    let send_started = Instant::now();
+    let mut tasks = Vec::new();
+    for (addr, member) in opts.to.iter().zip(&members) {
+        let swarm = Control::Swarm {
+            me: member.id,
+            peers: members.clone(),
+        };
+        let ctx = NodeCtx {
+            addr: addr.clone(),
+            swarm,
+            cred: cred.clone(),
+            offer: offer.clone(),
+            map: map.clone(),
+            reader: reader.clone(),
+            limiter: limiter.clone(),
+            rdma: Offer {
+                nic: opts.nic.clone(),
+                files: Some(tree.sources.clone()),
+            },
+            timeout: opts.connect_timeout,
+            bar: progress.bytes(addr, manifest.total_bytes()),
+        };
+        tasks.push(AbortOnDrop(tokio::spawn(ctx.run())));
+    }
+    let mut nodes = Vec::new();
+    for mut t in tasks {
+        let node = (&mut t.0).await?;
+        if let Some(r) = &node.root {
+            if *r != root.to_hex() {
+                anyhow::bail!("{} reports root {r}, expected {root}", node.addr);
+            }
+        }
+        nodes.push(node);
+    }
+    let bytes_sent = nodes.iter().map(|n| n.bytes_sent).sum();
+    Ok(PushSummary {
+        name: name.to_string(),
+        root: root.to_hex(),
+        files: manifest.file_count(),
+        bytes_total: manifest.total_bytes(),
+        bytes_sent,
+        source_sent_x: bytes_sent as f64 / manifest.total_bytes().max(1) as f64,
+        bytes_skipped: nodes.iter().map(|n| n.bytes_skipped).sum(),
+        hash_s,
+        duration_s: send_started.elapsed().as_secs_f64() + hash_s,
+        nodes,
+    })
+}
+
+async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree> {
+    let bar = progress.counter("hashing");
+    let (src, cs, b, rehash) = (opts.src.clone(), opts.chunk_size, bar.clone(), opts.rehash);
+    let tree = tokio::task::spawn_blocking(move || {
+        let mut cache = (!rehash).then(|| HashCache::for_tree(&src));
+        let tree = scan_cached(&src, cs, cache.as_mut(), &|n| b.inc(n));
+        if let (Ok(_), Some(c)) = (&tree, &cache) {
+            c.save();
+        }
+        tree
+    })
+    .await??;
+    bar.finish_and_clear();
+    Ok(tree)
+}
+
+struct NodeCtx {
+    addr: String,
+    swarm: Control,
+    cred: Arc<Credential>,
+    offer: Arc<Control>,
+    map: Arc<ChunkMap>,
+    reader: Arc<dyn ChunkReader>,
+    limiter: Option<Arc<RateLimiter>>,
+    rdma: Offer,
+    timeout: Duration,
+    bar: indicatif::ProgressBar,
+}
+
+impl NodeCtx {
+    async fn run(self) -> NodeSummary {
+        let started = Instant::now();
+        let sent = Arc::new(AtomicU64::new(0));
+        let rdma_sent = Arc::new(AtomicU64::new(0));
+        let mut summary = NodeSummary {
+            addr: self.addr.clone(),
+            ..Default::default()
+        };
+        let bar = self.bar.clone();
+        match self.deliver(&sent, &rdma_sent, &mut summary).await {
+            Ok(()) => {
+                summary.ok = true;
+                bar.finish_with_message("verified");
+            }
+            Err(e) => {
+                summary.error = Some(e.clone());
+                bar.abandon_with_message("failed");
+            }
+        }
+        summary.bytes_sent = sent.load(Ordering::Relaxed);
+        summary.bytes_sent_rdma = rdma_sent.load(Ordering::Relaxed);
+        summary.duration_s = started.elapsed().as_secs_f64();
+        summary
+    }
+
+    async fn deliver(
+        self,
+        sent: &Arc<AtomicU64>,
+        rdma_sent: &Arc<AtomicU64>,
+        summary: &mut NodeSummary,
+    ) -> Result<(), String> {
+        let addr = quic::resolve(&self.addr).map_err(|e| format!("{e:#}"))?;
+        let ep = quic::client_endpoint(&self.cred, addr).map_err(|e| format!("{e:#}"))?;
+        let conn = quic::connect(&ep, addr, self.timeout).await?;
+        let lost = |e: anyhow::Error| match conn.close_reason() {
+            Some(reason) => quic::describe(addr, &reason),
+            None => format!("{addr}: {e:#}"),
+        };
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| quic::describe(addr, &e))?;
+        write_frame(&mut send, self.offer.as_ref())
+            .await
+            .map_err(lost)?;
+        write_frame(&mut send, &self.swarm).await.map_err(lost)?;
+        match read_frame::<Control>(&mut recv).await.map_err(lost)? {
+            Control::Accepted { held_bytes, .. } => {
+                summary.bytes_skipped = held_bytes;
+                self.bar.set_position(held_bytes);
+            }
+            Control::Failed(r) => return Err(format!("{addr}: {r}")),
+            other => {
+                return Err(format!(
+                    "{addr}: protocol error: unexpected {}",
+                    other.kind()
+                ))
+            }
+        }
+        let counter = sent.clone();
+        let serving = AbortOnDrop(tokio::spawn(serve(
+            conn.clone(),
+            Serving {
+                map: self.map.clone(),
+                reader: self.reader.clone(),
+                limiter: self.limiter.clone(),
+                on_sent: Arc::new(move |n| {
+                    counter.fetch_add(n, Ordering::Relaxed);
+                }),
+                rdma: self.rdma.clone(),
+                rdma_sent: rdma_sent.clone(),
+            },
+        )));
+        let result = loop {
+            match read_frame::<Control>(&mut recv).await.map_err(lost) {
+                Ok(Control::Progress {
+                    held_bytes,
+                    from_source,
+                    from_peers,
+                }) => {
+                    self.bar.set_position(held_bytes);
+                    summary.from_source = from_source;
+                    summary.from_peers = from_peers;
+                }
+                Ok(Control::PeerDropped { peer, reason }) => {
+                    tracing::warn!("{addr} dropped peer {peer}: {reason}");
+                    summary.dropped_peers.push(format!("{peer}: {reason}"));
+                }
+                Ok(Control::Done {
+                    root,
+                    corrupt_chunks,
+                    ..
+                }) => {
+                    summary.root = Some(root.to_hex());
+                    summary.corrupt_chunks = corrupt_chunks;
+                    break Ok(());
+                }
+                Ok(Control::Failed(r)) => break Err(format!("{addr}: {r}")),
+                Ok(other) => {
+                    break Err(format!(
+                        "{addr}: protocol error: unexpected {}",
+                        other.kind()
+                    ))
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        tracing::debug!("{addr}: {:?}", conn.stats().path);
+        conn.close(0u32.into(), b"done");
+        drop(serving);
+        let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
+        result
+    }
+}

@@ -1,0 +1,425 @@
+//! Drives one incoming transfer: the scheduler decides, fetchers fetch, the
+//! store verifies and writes.
+//!
+//! This is the glue between the sans-IO [`Scheduler`] and the I/O: it turns
+//! `Fetch` actions into fetch tasks on a [`ChunkFetcher`], feeds their results
+//! back as events, checkpoints the journal on a timer, and finishes the
+//! [`Transfer`] when the scheduler reports completion. It knows nothing about
+//! QUIC, so an RDMA fetcher plugs in unchanged.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::policy::SlowPeerDetector;
+use crate::engine::scheduler::{self, Action, DropReason, Event, PeerId, Scheduler, StuckReason};
+use crate::store::{ChunkError, Transfer, Written};
+use crate::transport::{ChunkFetcher, FetchError};
+use xfer_proto::chunkset::ChunkSet;
+use xfer_proto::control::Refusal;
+use xfer_proto::hash::Hash;
+
+/// How often written chunks are made durable against power loss.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// What a finished transfer reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub root: Hash,
+    /// Chunk bytes that arrived and passed their check.
+    pub received_bytes: u64,
+    /// Chunks that failed their check and were fetched again.
+    pub corrupt_chunks: u64,
+}
+
+/// The peer id of the source: bytes from it count as `from_source`.
+pub const SOURCE: PeerId = 0;
+
+/// A change in the swarm, reported by the runtime's peer links while the
+/// transfer runs.
+pub enum PeerUpdate<F> {
+    /// A peer link is up; the peer holds `has`.
+    Joined {
+        peer: PeerId,
+        fetcher: F,
+        has: ChunkSet,
+    },
+    /// The peer verified more chunks.
+    Has { peer: PeerId, chunks: Vec<u64> },
+    /// The link broke.
+    Gone { peer: PeerId, why: String },
+}
+
+/// Counters a running transfer keeps for whoever reports on it.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Verified bytes that came from [`SOURCE`].
+    pub from_source: AtomicU64,
+    /// Verified bytes that came from other peers.
+    pub from_peers: AtomicU64,
+    /// Peers dropped, with why; drained by the reporter.
+    dropped: Mutex<Vec<(PeerId, String)>>,
+}
+
+impl Tally {
+    /// Peers dropped since the last call.
+    pub fn take_dropped(&self) -> Vec<(PeerId, String)> {
+        std::mem::take(&mut self.dropped.lock().unwrap())
+    }
+}
+
+/// How a transfer is wired into a swarm. [`Links::none`] for a transfer
+/// from fixed peers only.
+pub struct Links<F> {
+    /// Peers joining, announcing and leaving after the start.
+    pub updates: Option<mpsc::UnboundedReceiver<PeerUpdate<F>>>,
+    /// Told each chunk number as soon as it is verified and stored, for
+    /// announcing to peers.
+    pub verified: Option<broadcast::Sender<u64>>,
+    pub tally: Arc<Tally>,
+}
+
+impl<F> Links<F> {
+    pub fn none() -> Self {
+        Links {
+            updates: None,
+            verified: None,
+            tally: Arc::default(),
+        }
+    }
+}
+
+enum Outcome {
+    /// Stored, with its length; 0 if another copy got there first.
+    Stored(u64),
+    Corrupt,
+    Fetch(FetchError),
+    Refused(Refusal),
+}
+
+type Report = (PeerId, u64, Outcome, Duration);
+
+/// Receives every missing chunk of `transfer` from `peers` (partial peers
+/// first, then seeds: the scheduler's home partition is built from the
+/// partial peers known when the first seed joins) and from peers that join
+/// through `links`, then places the tree. Stops early with a [`Refusal`] on
+/// disk errors, repeated corruption, loss of every source, or cancellation.
+/// When it returns, no fetch task of this transfer is left running.
+pub async fn receive<F: ChunkFetcher>(
+    transfer: Arc<Transfer>,
+    peers: Vec<(PeerId, F, ChunkSet)>,
+    links: Links<F>,
+    cfg: scheduler::Config,
+    cancel: CancellationToken,
+) -> Result<Received, Refusal> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut driver = Driver {
+        updates: links.updates,
+        verified: links.verified,
+        tally: links.tally,
+        speed: SlowPeerDetector::default(),
+        sched: Scheduler::new(transfer.held(), cfg),
+        transfer,
+        fetchers: HashMap::new(),
+        tasks: JoinSet::new(),
+        running: HashMap::new(),
+        tx,
+        rx,
+        corrupt_chunks: 0,
+        last_loss: String::new(),
+        dropped_corrupt: None,
+    };
+    for (id, f, has) in peers {
+        driver.fetchers.insert(id, f);
+        driver.sched.handle(Event::PeerJoined { peer: id, has });
+    }
+    let result = driver.run(cancel).await;
+    // A superseding transfer of the same model must find this one closed.
+    driver.tasks.shutdown().await;
+    if result.is_err() {
+        let _ = driver.transfer.commit();
+    }
+    result
+}
+
+struct Driver<F> {
+    updates: Option<mpsc::UnboundedReceiver<PeerUpdate<F>>>,
+    verified: Option<broadcast::Sender<u64>>,
+    tally: Arc<Tally>,
+    speed: SlowPeerDetector,
+    transfer: Arc<Transfer>,
+    sched: Scheduler,
+    fetchers: HashMap<PeerId, F>,
+    tasks: JoinSet<()>,
+    /// Fetches in flight, to stop on `Cancel`.
+    running: HashMap<(PeerId, u64), CancellationToken>,
+    tx: mpsc::UnboundedSender<Report>,
+    rx: mpsc::UnboundedReceiver<Report>,
+    corrupt_chunks: u64,
+    last_loss: String,
+    /// Strikes of the last peer dropped for serving corrupt chunks.
+    dropped_corrupt: Option<u32>,
+}
+
+impl<F: ChunkFetcher> Driver<F> {
+    async fn run(&mut self, cancel: CancellationToken) -> Result<Received, Refusal> {
+        let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
+        loop {
+            while let Some(action) = self.sched.poll_action() {
+                if let Some(done) = self.act(action).await {
+                    return done;
+                }
+            }
+            tokio::select! {
+                Some((peer, chunk, outcome, took)) = self.rx.recv() => self.report(peer, chunk, outcome, took)?,
+                Some(update) = next_update(&mut self.updates) => self.update(update),
+                _ = tick.tick() => {
+                    tracing::debug!(
+                        "{}: {} of {} chunks held, {} in flight, {} MiB from the source, {} MiB from peers",
+                        self.transfer.name(),
+                        self.sched.held().count(),
+                        self.sched.held().capacity(),
+                        self.sched.in_flight(),
+                        self.tally.from_source.load(Ordering::Relaxed) >> 20,
+                        self.tally.from_peers.load(Ordering::Relaxed) >> 20,
+                    );
+                    let t = self.transfer.clone();
+                    if let Ok(Err(r)) = tokio::task::spawn_blocking(move || t.commit()).await {
+                        return Err(r);
+                    }
+                }
+                _ = cancel.cancelled() => return Err(Refusal::Superseded),
+            }
+        }
+    }
+
+    /// Carries out one scheduler action; `Some` ends the transfer.
+    async fn act(&mut self, action: Action) -> Option<Result<Received, Refusal>> {
+        match action {
+            Action::Fetch { peer, chunk } => match self.fetchers.get(&peer).cloned() {
+                Some(fetcher) => self.spawn_fetch(fetcher, peer, chunk),
+                None => self.sched.handle(Event::PeerGone { peer }),
+            },
+            // Another copy arrived first: abort this fetch, which stops the
+            // stream so the peer stops sending. A fetch that completed just
+            // before reports a chunk already held, which is ignored.
+            Action::Cancel { peer, chunk } => {
+                if let Some(stop) = self.running.remove(&(peer, chunk)) {
+                    stop.cancel();
+                }
+            }
+            Action::DropPeer { peer, reason } => {
+                let DropReason::Corrupt { strikes } = reason;
+                let why = format!("it served {strikes} chunk(s) that failed their BLAKE3 check");
+                tracing::warn!("dropping peer {peer} from this transfer: {why}");
+                if peer == SOURCE {
+                    self.dropped_corrupt = Some(strikes);
+                }
+                self.tally.dropped.lock().unwrap().push((peer, why));
+                self.fetchers.remove(&peer);
+                // Its other answers in flight are not wanted either.
+                self.running.retain(|&(p, _), stop| {
+                    if p == peer {
+                        stop.cancel();
+                    }
+                    p != peer
+                });
+            }
+            Action::Complete => {
+                // Let copies still being written land, and count them, so
+                // the tally is exact and nothing writes after `finish`.
+                for (_, stop) in self.running.drain() {
+                    stop.cancel();
+                }
+                while self.tasks.join_next().await.is_some() {}
+                while let Ok((peer, _, outcome, _)) = self.rx.try_recv() {
+                    if let Outcome::Stored(n) = outcome {
+                        self.count(peer, n);
+                    }
+                }
+                let t = self.transfer.clone();
+                let finished = tokio::task::spawn_blocking(move || t.finish()).await;
+                let root = match finished {
+                    Ok(r) => r,
+                    Err(e) => Err(Refusal::Io {
+                        path: self.transfer.name().to_string(),
+                        message: format!("finishing panicked: {e}"),
+                    }),
+                };
+                return Some(root.map(|root| Received {
+                    root,
+                    received_bytes: self.tally.from_source.load(Ordering::Relaxed)
+                        + self.tally.from_peers.load(Ordering::Relaxed),
+                    corrupt_chunks: self.corrupt_chunks,
+                }));
+            }
+            Action::Stuck(StuckReason::ChunkKeepsFailing { chunk, failures }) => {
+                let id = self.transfer.map().id(chunk);
+                return Some(Err(Refusal::Corrupt {
+                    file: id.file,
+                    index: id.index,
+                    times: failures,
+                }));
+            }
+            Action::Stuck(StuckReason::NoSource { missing }) => {
+                return Some(Err(match self.dropped_corrupt {
+                    Some(strikes) => Refusal::CorruptSource { strikes },
+                    None => Refusal::SourceLost(format!(
+                        "{missing} chunks still missing and no connected peer has them ({})",
+                        self.last_loss
+                    )),
+                }));
+            }
+        }
+        None
+    }
+
+    fn spawn_fetch(&mut self, fetcher: F, peer: PeerId, chunk: u64) {
+        let (t, tx) = (self.transfer.clone(), self.tx.clone());
+        let stop = CancellationToken::new();
+        self.running.insert((peer, chunk), stop.clone());
+        self.tasks.spawn(async move {
+            let started = Instant::now();
+            let id = t.map().id(chunk);
+            let len = t.map().chunk_len(id) as usize;
+            // Only the network part is cancelled (dropping the stream tells
+            // the peer to stop sending); a write that started completes and
+            // reports, so every stored byte is counted once.
+            let fetched = tokio::select! {
+                r = fetcher.fetch(id, len) => r,
+                _ = stop.cancelled() => return,
+            };
+            let outcome = match fetched {
+                Err(e) => Outcome::Fetch(e),
+                Ok(bytes) => {
+                    let t2 = t.clone();
+                    match tokio::task::spawn_blocking(move || t2.write_chunk(id, &bytes)).await {
+                        Ok(Ok(Written::Duplicate)) => Outcome::Stored(0),
+                        Ok(Ok(_)) => Outcome::Stored(len as u64),
+                        Ok(Err(ChunkError::Corrupt(_))) => Outcome::Corrupt,
+                        Ok(Err(ChunkError::Refused(r))) => Outcome::Refused(r),
+                        Err(e) => Outcome::Refused(Refusal::Io {
+                            path: t.name().to_string(),
+                            message: format!("writer panicked: {e}"),
+                        }),
+                    }
+                }
+            };
+            let _ = tx.send((peer, chunk, outcome, started.elapsed()));
+        });
+    }
+
+    /// Feeds a fetch result back to the scheduler.
+    fn report(
+        &mut self,
+        peer: PeerId,
+        chunk: u64,
+        outcome: Outcome,
+        took: Duration,
+    ) -> Result<(), Refusal> {
+        self.running.remove(&(peer, chunk));
+        // Reap finished tasks, so the set stays as small as what is in flight.
+        while self.tasks.try_join_next().is_some() {}
+        match outcome {
+            Outcome::Stored(n) => {
+                self.count(peer, n);
+                if n > 0 {
+                    let label = if peer == SOURCE {
+                        "source".to_string()
+                    } else {
+                        format!("peer{peer}")
+                    };
+                    crate::util::metrics::verified(&label, n);
+                }
+                if n > 0 {
+                    if let Some(v) = &self.verified {
+                        let _ = v.send(chunk);
+                    }
+                    if peer != SOURCE && self.speed.record(peer, n, took) {
+                        tracing::info!(
+                            "peer {peer} serves far slower than the others; preferring them"
+                        );
+                        self.sched.handle(Event::PeerSlow { peer });
+                    }
+                }
+                self.sched.handle(Event::Verified { peer, chunk });
+            }
+            Outcome::Corrupt => {
+                self.corrupt_chunks += 1;
+                crate::util::metrics::failed();
+                let id = self.transfer.map().id(chunk);
+                tracing::warn!(
+                    "chunk {}/{} from peer {peer} failed its BLAKE3 check; fetching it again",
+                    id.file,
+                    id.index
+                );
+                self.sched.handle(Event::Corrupt { peer, chunk });
+            }
+            Outcome::Fetch(FetchError::Connection(why)) => {
+                self.last_loss = why;
+                self.fetchers.remove(&peer);
+                self.sched.handle(Event::PeerGone { peer });
+            }
+            Outcome::Fetch(e) => {
+                tracing::warn!("fetch from peer {peer} failed: {e}");
+                self.sched.handle(Event::FetchFailed { peer, chunk });
+            }
+            Outcome::Refused(r) => return Err(r),
+        }
+        Ok(())
+    }
+}
+
+impl<F: ChunkFetcher> Driver<F> {
+    /// Counts `n` stored bytes that came from `peer`.
+    fn count(&mut self, peer: PeerId, n: u64) {
+        let counter = if peer == SOURCE {
+            &self.tally.from_source
+        } else {
+            &self.tally.from_peers
+        };
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Feeds a change in the swarm to the scheduler.
+    fn update(&mut self, update: PeerUpdate<F>) {
+        match update {
+            PeerUpdate::Joined { peer, fetcher, has } => {
+                self.fetchers.insert(peer, fetcher);
+                self.sched.handle(Event::PeerJoined { peer, has });
+            }
+            PeerUpdate::Has { peer, chunks } => {
+                for chunk in chunks {
+                    self.sched.handle(Event::PeerHas { peer, chunk });
+                }
+            }
+            PeerUpdate::Gone { peer, why } => {
+                tracing::info!("peer {peer} left: {why}");
+                if self.fetchers.remove(&peer).is_some() {
+                    self.sched.handle(Event::PeerGone { peer });
+                }
+            }
+        }
+    }
+}
+
+/// The next swarm update, or never if there is no swarm.
+async fn next_update<F>(
+    updates: &mut Option<mpsc::UnboundedReceiver<PeerUpdate<F>>>,
+) -> Option<PeerUpdate<F>> {
+    match updates {
+        Some(rx) => match rx.recv().await {
+            Some(u) => Some(u),
+            None => {
+                *updates = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,396 @@
+//! Peer links between the receivers of one transfer.
+//!
+//! The source tells each receiver who the other receivers are
+//! ([`Control::Swarm`]). Every receiver then opens one mutually authenticated
+//! QUIC connection to each other receiver and sends [`Control::Join`]; the
+//! other side answers with a [`Control::Bitfield`] of the chunks it has
+//! verified, then a [`Control::Has`] for each batch it verifies later, and
+//! serves chunk requests on the same connection from its staging files
+//! ([`HeldChunkReader`]). Whatever arrives is checked against the manifest by
+//! the store before it is stored or served again, so a chunk is verified on
+//! every hop.
+//!
+//! This module owns both halves: [`link_peers`] (the fetching side, which
+//! turns links into [`PeerUpdate`]s for [`crate::flow::receive`]) and
+//! [`serve_peer`] (the serving side, driven by the agent).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use quinn::{Connection, Endpoint};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::scheduler::PeerId;
+use crate::flow::receive::PeerUpdate;
+use crate::store::{Store, Transfer};
+use crate::transport::files::{HeldChunkReader, HeldModel};
+use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::rdma::link::{Nic, Offer};
+use crate::transport::serve::{serve, Serving};
+use crate::transport::Fetcher;
+use xfer_proto::chunkset::ChunkSet;
+use xfer_proto::control::{Control, Refusal, SwarmPeer};
+use xfer_proto::hash::Hash;
+use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+
+/// How long a joining peer waits for this node to start the same transfer
+/// (the source's offers reach the receivers at about the same time).
+const JOIN_WAIT: Duration = Duration::from_secs(10);
+/// How long a receiver waits for its first peer links before it starts
+/// fetching; later links join the running transfer.
+const FIRST_LINKS_WAIT: Duration = Duration::from_secs(3);
+/// Pause between attempts to (re)link a peer.
+const RELINK_EVERY: Duration = Duration::from_secs(1);
+/// Most chunk numbers in one `Has` message.
+const HAS_BATCH: usize = 4096;
+
+/// A transfer this node is running, offered to the other receivers.
+#[derive(Debug)]
+pub struct Share {
+    pub root: Hash,
+    pub transfer: Arc<Transfer>,
+    /// Chunk numbers as they are verified.
+    pub verified: broadcast::Sender<u64>,
+    /// Cancelled when the transfer ends, whatever the outcome.
+    pub ended: CancellationToken,
+}
+
+/// The transfers this node is running, by model name.
+#[derive(Debug, Default)]
+pub struct Shares {
+    by_name: Mutex<HashMap<ModelName, Arc<Share>>>,
+}
+
+impl Shares {
+    pub fn publish(&self, name: &ModelName, share: Arc<Share>) {
+        self.by_name.lock().unwrap().insert(name.clone(), share);
+    }
+
+    /// Removes `share` unless a newer transfer replaced it.
+    pub fn withdraw(&self, name: &ModelName, share: &Arc<Share>) {
+        let mut map = self.by_name.lock().unwrap();
+        if map.get(name).is_some_and(|s| Arc::ptr_eq(s, share)) {
+            map.remove(name);
+        }
+    }
+
+    /// The running transfer of `name` with root `root`.
+    fn running(&self, name: &ModelName, root: Hash) -> Option<Arc<Share>> {
+        let found = self.by_name.lock().unwrap().get(name).cloned();
+        found.filter(|s| s.root == root && !s.ended.is_cancelled())
+    }
+}
+
+/// What a joining peer is served from.
+enum Source {
+    /// The model is complete and placed here.
+    Held(HeldModel),
+    /// This node is receiving it too.
+    Running(Arc<Share>),
+}
+
+/// The model `name` with root `root` as this node has it, waiting up to
+/// `within` for the transfer to start here. Both are checked each time: a
+/// small transfer can start and finish between two looks.
+async fn source_for(
+    store: &Store,
+    shares: &Shares,
+    name: &ModelName,
+    root: Hash,
+    within: Duration,
+) -> Option<Source> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(s) = shares.running(name, root) {
+            return Some(Source::Running(s));
+        }
+        if let Some(m) = HeldModel::open(store, name).filter(|m| m.manifest.root() == root) {
+            return Some(Source::Held(m));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Serving side: answers a peer's [`Control::Join`] on `conn`, then serves
+/// it chunks and announces new ones until it disconnects (or, if this
+/// node's transfer fails or is superseded, until then).
+pub async fn serve_peer(
+    conn: Connection,
+    mut send: quinn::SendStream,
+    store: Store,
+    shares: Arc<Shares>,
+    name: ModelName,
+    root: Hash,
+    nic: Option<Arc<dyn Nic>>,
+) -> Result<()> {
+    tracing::debug!(
+        "join for {name} root {} from {}",
+        root.short(),
+        conn.remote_address()
+    );
+    let share = match source_for(&store, &shares, &name, root, JOIN_WAIT).await {
+        Some(Source::Running(share)) => share,
+        Some(Source::Held(m)) => {
+            let has = ChunkSet::full(m.map.len());
+            write_frame(&mut send, &Control::Bitfield { has }).await?;
+            let rdma = Offer {
+                nic,
+                files: Some(m.paths),
+            };
+            serve(conn, Serving::new(m.map, m.reader, rdma)).await;
+            return Ok(());
+        }
+        None => {
+            let r = Refusal::Busy(format!(
+                "not receiving `{name}` with root {}; the source has not offered it here yet",
+                root.short()
+            ));
+            write_frame(&mut send, &Control::Failed(r.clone())).await?;
+            let _ = send.finish();
+            anyhow::bail!(r);
+        }
+    };
+    // Subscribe before the snapshot, so no chunk falls between the two.
+    let mut verified = share.verified.subscribe();
+    let has = share.transfer.held();
+    write_frame(&mut send, &Control::Bitfield { has }).await?;
+    let map = Arc::new(share.transfer.map().clone());
+    let reader = Arc::new(HeldChunkReader::new(share.transfer.clone()));
+    // Still arriving: over RDMA, verified chunks go through a bounce pool.
+    let rdma = Offer { nic, files: None };
+    let serving = tokio::spawn(serve(conn.clone(), Serving::new(map, reader, rdma)));
+    let outcome = announce(&conn, &mut send, &share, &mut verified).await;
+    if outcome.is_ok() && share.transfer.is_complete() {
+        // Complete: keep serving until the peer is done with us.
+        conn.closed().await;
+    } else {
+        conn.close(0u32.into(), b"transfer ended");
+    }
+    serving.abort();
+    outcome
+}
+
+/// Sends `Has` batches until the transfer ends or the peer leaves.
+async fn announce(
+    conn: &Connection,
+    send: &mut quinn::SendStream,
+    share: &Share,
+    verified: &mut broadcast::Receiver<u64>,
+) -> Result<()> {
+    loop {
+        let first = tokio::select! {
+            r = verified.recv() => r,
+            _ = share.ended.cancelled() => {
+                // Flush what was verified before the end.
+                let chunks = drain(verified, Vec::new());
+                if !chunks.is_empty() {
+                    write_frame(send, &Control::Has { chunks }).await?;
+                }
+                return Ok(());
+            }
+            _ = conn.closed() => return Ok(()),
+        };
+        match first {
+            Ok(c) => {
+                let chunks = drain(verified, vec![c]);
+                write_frame(send, &Control::Has { chunks }).await?;
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                let has = share.transfer.held();
+                write_frame(send, &Control::Bitfield { has }).await?;
+            }
+            Err(broadcast::error::RecvError::Closed) => return Ok(()),
+        }
+    }
+}
+
+fn drain(rx: &mut broadcast::Receiver<u64>, mut chunks: Vec<u64>) -> Vec<u64> {
+    while chunks.len() < HAS_BATCH {
+        match rx.try_recv() {
+            Ok(c) => chunks.push(c),
+            Err(_) => break,
+        }
+    }
+    chunks
+}
+
+/// What a receiver needs to link to the rest of its swarm.
+#[derive(Debug, Clone)]
+pub struct LinkPlan {
+    /// The agent's endpoint (it connects from its listening socket).
+    pub endpoint: Endpoint,
+    pub me: u32,
+    pub peers: Vec<SwarmPeer>,
+    pub name: ModelName,
+    pub root: Hash,
+    /// Chunks in the manifest: a peer's bitfield must match.
+    pub chunks: u64,
+    /// The manifest's chunk size (an RDMA ring slot's).
+    pub chunk_size: u64,
+    /// This node's RDMA NIC, to fetch from peers over; `None`: QUIC.
+    pub nic: Option<Arc<dyn Nic>>,
+}
+
+type Joined = (PeerId, Fetcher, ChunkSet);
+
+/// Fetching side: links to every other member of the swarm. Returns the
+/// peers linked within a short wait (to join the scheduler before the
+/// source, so they form its home roster) and a channel of later changes:
+/// late joins, announcements, departures, and re-joins of peers that come
+/// back. Links are kept (and broken ones retried) until `cancel`.
+pub async fn link_peers(
+    plan: LinkPlan,
+    cancel: CancellationToken,
+) -> (Vec<Joined>, mpsc::UnboundedReceiver<PeerUpdate<Fetcher>>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let plan = Arc::new(plan);
+    let mut firsts = Vec::new();
+    for peer in plan.peers.iter().filter(|p| p.id != plan.me) {
+        let (first_tx, first_rx) = oneshot::channel();
+        firsts.push(first_rx);
+        tokio::spawn(keep_linked(
+            plan.clone(),
+            peer.clone(),
+            first_tx,
+            tx.clone(),
+            cancel.clone(),
+        ));
+    }
+    let deadline = tokio::time::Instant::now() + FIRST_LINKS_WAIT;
+    let mut joined = Vec::new();
+    for first in firsts {
+        if let Ok(Ok(j)) = tokio::time::timeout_at(deadline, first).await {
+            joined.push(j);
+        }
+    }
+    (joined, rx)
+}
+
+/// One peer link, re-established whenever it breaks, until `cancel`.
+async fn keep_linked(
+    plan: Arc<LinkPlan>,
+    peer: SwarmPeer,
+    first: oneshot::Sender<Joined>,
+    tx: mpsc::UnboundedSender<PeerUpdate<Fetcher>>,
+    cancel: CancellationToken,
+) {
+    let mut first = Some(first);
+    let id = peer.id as PeerId;
+    while !cancel.is_cancelled() {
+        let linked = tokio::select! {
+            r = handshake(&plan, peer.addr) => r,
+            _ = cancel.cancelled() => return,
+        };
+        match linked {
+            Ok((conn, mut recv, has)) => {
+                let fetcher =
+                    Fetcher::connect(conn.clone(), plan.nic.as_ref(), plan.chunk_size).await;
+                let joined = (id, fetcher.clone(), has.clone());
+                let late = match first.take() {
+                    Some(f) => f.send(joined).is_err(),
+                    None => true,
+                };
+                if late {
+                    let _ = tx.send(PeerUpdate::Joined {
+                        peer: id,
+                        fetcher,
+                        has,
+                    });
+                }
+                let why = tokio::select! {
+                    why = follow(&mut recv, id, plan.chunks, &tx) => why,
+                    _ = cancel.cancelled() => {
+                        conn.close(0u32.into(), b"done");
+                        return;
+                    }
+                };
+                conn.close(0u32.into(), b"link ended");
+                let _ = tx.send(PeerUpdate::Gone { peer: id, why });
+            }
+            Err(e) => {
+                // Not linked in time for the start: it may join later.
+                first.take();
+                tracing::debug!("no link to peer {id} at {}: {e:#}", peer.addr);
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RELINK_EVERY) => {}
+            _ = cancel.cancelled() => return,
+        }
+    }
+}
+
+/// Connects to a peer, joins, and reads its bitfield.
+async fn handshake(
+    plan: &LinkPlan,
+    addr: SocketAddr,
+) -> Result<(Connection, quinn::RecvStream, ChunkSet)> {
+    let conn = quic::connect(&plan.endpoint, addr, Duration::from_secs(5))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let (mut send, mut recv) = conn.open_bi().await?;
+    let join = Control::Join {
+        version: PROTOCOL_VERSION,
+        name: plan.name.clone(),
+        root: plan.root,
+        from: plan.me,
+    };
+    write_frame(&mut send, &join).await?;
+    let _ = send.finish();
+    tracing::debug!("sent join to {addr}");
+    let reply = tokio::time::timeout(JOIN_WAIT + Duration::from_secs(5), read_frame(&mut recv))
+        .await
+        .map_err(|_| anyhow::anyhow!("{addr} did not answer the join"))??;
+    match reply {
+        Control::Bitfield { has } if has.is_well_formed() && has.capacity() == plan.chunks => {
+            Ok((conn, recv, has))
+        }
+        Control::Failed(r) => {
+            conn.close(0u32.into(), b"refused");
+            anyhow::bail!("{addr} refused the join: {r}")
+        }
+        other => {
+            conn.close(0u32.into(), b"protocol error");
+            anyhow::bail!("{addr} answered a join with a bad {}", other.kind())
+        }
+    }
+}
+
+/// Forwards a linked peer's announcements until the link ends; returns why.
+async fn follow(
+    recv: &mut quinn::RecvStream,
+    id: PeerId,
+    chunks: u64,
+    tx: &mpsc::UnboundedSender<PeerUpdate<Fetcher>>,
+) -> String {
+    loop {
+        let msg = match read_frame::<Control>(recv).await {
+            Ok(m) => m,
+            Err(e) => return format!("{e:#}"),
+        };
+        let update = match msg {
+            Control::Has { chunks: c } if c.iter().all(|&n| n < chunks) => PeerUpdate::Has {
+                peer: id,
+                chunks: c,
+            },
+            Control::Bitfield { has } if has.is_well_formed() && has.capacity() == chunks => {
+                PeerUpdate::Has {
+                    peer: id,
+                    chunks: has.iter().collect(),
+                }
+            }
+            Control::Failed(r) => return r.to_string(),
+            other => return format!("protocol error: unexpected {}", other.kind()),
+        };
+        if tx.send(update).is_err() {
+            return "transfer ended".into();
+        }
+    }
+}

@@ -1,0 +1,566 @@
+//! `xfer pull`: a Hub repository (or a mirror's, via `HF_ENDPOINT`) into
+//! the `huggingface_hub` cache, once, verified.
+//!
+//! The revision is resolved to a commit, the tree listed (all pages), the
+//! files filtered by `--include`/`--exclude`, the disk checked, then
+//! [`hub::download`] fetches them over parallel ranged connections. Each
+//! file is checked against the Hub's sha256 or git sha1 before it is renamed
+//! into `blobs/` (or into `--local-dir`) and linked from the snapshot; the
+//! ref is written last, so an offline reader never sees a ref to a snapshot
+//! we did not finish. With `--to`, [`crate::flow::pull_fanout`] pushes the files
+//! to agents while the rest download.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use serde::Serialize;
+
+use crate::hub::api::{next_page, parse_tree_page, RemoteFile, RevisionInfo};
+use crate::hub::cache::RepoCache;
+use crate::hub::digest::{self, Expected};
+use crate::hub::download::{self, FileJob, Finisher, Stats, Verdict, Watch};
+use crate::hub::env::HubEnv;
+use crate::hub::http::HubHttp;
+use crate::hub::repo::{RepoRef, RepoType};
+use crate::util::progress::Progress;
+use xfer_proto::relpath::RelPath;
+use xfer_proto::units::Bytes;
+
+/// What to pull, and how.
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    pub repo: String,
+    pub repo_type: RepoType,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    /// Write `<dir>/<path>` instead of the cache layout.
+    pub local_dir: Option<PathBuf>,
+    pub connections: usize,
+    pub part_size: u64,
+}
+
+/// The `--json` summary.
+#[derive(Debug, Serialize, Default)]
+pub struct PullSummary {
+    pub repo: String,
+    pub revision: String,
+    pub commit: String,
+    pub endpoint: String,
+    /// The snapshot folder (or the local dir): what to hand to vLLM.
+    pub path: String,
+    /// The repository's cache folder (`models--org--name`); empty with
+    /// `--local-dir`.
+    pub repo_dir: String,
+    pub files: usize,
+    pub bytes_total: u64,
+    /// Bytes fetched over HTTP in this run (re-downloads included).
+    pub bytes_downloaded: u64,
+    /// Bytes an interrupted earlier run had written and this one kept.
+    pub bytes_resumed: u64,
+    /// Bytes of files already in the cache, not fetched again.
+    pub bytes_present: u64,
+    pub verification: Verification,
+    pub retries: u64,
+    /// Files whose server ignored Range and were fetched as one stream.
+    pub whole_streams: u64,
+    pub connections: usize,
+    pub duration_s: f64,
+    /// Downloaded bytes per second over the whole run, in MB/s.
+    pub rate_mb_s: f64,
+}
+
+/// How every file was checked.
+#[derive(Debug, Serialize, Default)]
+pub struct Verification {
+    /// Files whose sha256 (LFS) matched the Hub's `lfs.oid`.
+    pub sha256_ok: usize,
+    /// Files whose git blob sha1 matched the Hub's `oid`.
+    pub git_sha1_ok: usize,
+    /// Files already in the cache under their hash name (size checked).
+    pub present: usize,
+    /// Files that failed their check once and passed after a re-download.
+    pub recovered: u64,
+    /// True when every file in the summary was checked or already present.
+    pub all_verified: bool,
+}
+
+/// Where each kind of file goes: the cache layout or a plain folder.
+#[derive(Clone)]
+enum Layout {
+    Cache { cache: RepoCache, commit: String },
+    LocalDir { dir: PathBuf, commit: String },
+}
+
+impl Layout {
+    fn final_path(&self, f: &RemoteFile) -> PathBuf {
+        match self {
+            Layout::Cache { cache, .. } => cache.blob(f.expected.etag()),
+            Layout::LocalDir { dir, .. } => f.path.under(dir),
+        }
+    }
+
+    /// Every path a placed file shows up at.
+    fn visible(&self, f: &RemoteFile) -> Vec<PathBuf> {
+        match self {
+            Layout::Cache { cache, commit } => {
+                vec![self.final_path(f), f.path.under(&cache.snapshot(commit))]
+            }
+            Layout::LocalDir { .. } => vec![self.final_path(f)],
+        }
+    }
+
+    fn meta_dir(&self, dir: &Path) -> PathBuf {
+        dir.join(".cache/huggingface/download")
+    }
+
+    fn incomplete(&self, f: &RemoteFile) -> (PathBuf, PathBuf) {
+        let etag = f.expected.etag();
+        let base = match self {
+            Layout::Cache { cache, .. } => cache.incomplete_blob(etag, "xfer"),
+            Layout::LocalDir { dir, .. } => {
+                let m = f.path.under(&self.meta_dir(dir));
+                m.with_file_name(format!(
+                    "{}.{etag}.xfer.incomplete",
+                    m.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+                ))
+            }
+        };
+        let sidecar = base.with_extension("parts");
+        (base, sidecar)
+    }
+
+    /// Whether `f` is already in place, so it need not be fetched.
+    fn present(&self, f: &RemoteFile) -> bool {
+        let size_ok =
+            |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() == f.size);
+        match self {
+            Layout::Cache { .. } => size_ok(&self.final_path(f)),
+            Layout::LocalDir { dir, .. } => {
+                let meta = f.path.under(&self.meta_dir(dir));
+                let meta = meta.with_file_name(format!(
+                    "{}.metadata",
+                    meta.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+                ));
+                let etag_ok = std::fs::read_to_string(meta)
+                    .ok()
+                    .is_some_and(|m| m.lines().nth(1) == Some(f.expected.etag()));
+                etag_ok && size_ok(&self.final_path(f))
+            }
+        }
+    }
+
+    /// Makes a verified file visible: the blob and its snapshot link, or
+    /// the file and its `.metadata`.
+    fn place(&self, f: &RemoteFile, incomplete: &Path) -> std::io::Result<()> {
+        let fin = self.final_path(f);
+        if let Some(parent) = fin.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::File::open(incomplete)?.sync_all()?;
+        std::fs::rename(incomplete, &fin)?;
+        if let Some(parent) = fin.parent() {
+            std::fs::File::open(parent)?.sync_all()?;
+        }
+        self.link(f)
+    }
+
+    /// The part of placing that does not move bytes (also done for files
+    /// already present).
+    fn link(&self, f: &RemoteFile) -> std::io::Result<()> {
+        match self {
+            Layout::Cache { cache, commit } => {
+                cache.link(commit, &f.path, f.expected.etag()).map(|_| ())
+            }
+            Layout::LocalDir { dir, commit } => {
+                let meta = f.path.under(&self.meta_dir(dir));
+                if let Some(parent) = meta.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                let meta = meta.with_file_name(format!(
+                    "{}.metadata",
+                    meta.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+                ));
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(0.0);
+                let tmp = meta.with_extension("xfer-tmp");
+                std::fs::write(&tmp, format!("{commit}\n{}\n{now}\n", f.expected.etag()))?;
+                std::fs::rename(&tmp, &meta)
+            }
+        }
+    }
+}
+
+/// Lists, downloads, verifies and places `opts.repo`. `on_placed` is told of
+/// every file as soon as it is in place (for fan-out while downloading).
+pub async fn pull(
+    opts: &PullOptions,
+    env: &HubEnv,
+    progress: &Progress,
+    on_placed: Option<OnPlaced>,
+) -> Result<(PullSummary, Vec<RemoteFile>)> {
+    let started = Instant::now();
+    let repo = RepoRef::parse(&opts.repo, opts.repo_type).map_err(anyhow::Error::msg)?;
+    let filter = Filter::new(&opts.include, &opts.exclude)?;
+    let http = HubHttp::new(env)?;
+    let ep = &env.endpoint;
+
+    let (body, _) = http
+        .get_api(
+            &repo.revision_url(ep),
+            &repo.id,
+            &format!("@{}", repo.revision),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let commit = RevisionInfo::parse(&body).map_err(anyhow::Error::msg)?.sha;
+    let files = list_files(&http, &repo, ep, &commit).await?;
+    let listed = files.len();
+    let files: Vec<RemoteFile> = files
+        .into_iter()
+        .filter(|f| filter.wants(&f.path))
+        .collect();
+    if files.is_empty() {
+        bail!(
+            "{} lists {listed} files at {} and none match --include/--exclude; check the patterns",
+            repo.id,
+            &commit[..12]
+        );
+    }
+
+    let layout = match &opts.local_dir {
+        Some(dir) => Layout::LocalDir {
+            dir: dir.clone(),
+            commit: commit.clone(),
+        },
+        None => Layout::Cache {
+            cache: RepoCache::new(&env.cache_root, &repo.cache_folder()),
+            commit: commit.clone(),
+        },
+    };
+    let mut summary = PullSummary {
+        repo: repo.id.clone(),
+        revision: repo.revision.clone(),
+        commit: commit.clone(),
+        endpoint: ep.clone(),
+        files: files.len(),
+        bytes_total: files.iter().map(|f| f.size).sum(),
+        connections: opts.connections,
+        ..Default::default()
+    };
+    match &layout {
+        Layout::Cache { cache, .. } => {
+            summary.path = cache.snapshot(&commit).display().to_string();
+            summary.repo_dir = cache.dir().display().to_string();
+        }
+        Layout::LocalDir { dir, .. } => summary.path = dir.display().to_string(),
+    }
+
+    // Files already in place are only linked; the rest are fetched.
+    // They are reported in one batch, so a fan-out's first round has them all.
+    let mut todo = Vec::new();
+    let mut present = Vec::new();
+    for f in &files {
+        if layout.present(f) {
+            layout
+                .link(f)
+                .with_context(|| format!("cannot link {}", f.path))?;
+            summary.bytes_present += f.size;
+            summary.verification.present += 1;
+            present.push(PlacedFile {
+                path: f.path.clone(),
+                visible: layout.visible(f),
+            });
+        } else {
+            todo.push(f.clone());
+        }
+    }
+    if let (Some(cb), false) = (&on_placed, present.is_empty()) {
+        cb(&present);
+    }
+    // Files with the same contents share one blob, and so one incomplete
+    // file: download it once, then link the other paths to it.
+    let mut seen = std::collections::HashSet::new();
+    let (todo, same_blob): (Vec<RemoteFile>, Vec<RemoteFile>) = todo
+        .into_iter()
+        .partition(|f| seen.insert(layout.incomplete(f).0));
+    check_space(&layout, &todo)?;
+
+    let jobs: Vec<FileJob> = todo
+        .iter()
+        .map(|f| {
+            let (incomplete, sidecar) = layout.incomplete(f);
+            FileJob {
+                path: f.path.to_string(),
+                url: repo.resolve_url(ep, &commit, f.path.as_str()),
+                size: f.size,
+                etag: f.expected.etag().to_string(),
+                incomplete,
+                sidecar,
+            }
+        })
+        .collect();
+    let stats = Arc::new(Stats::default());
+    let finisher = Arc::new(Placer {
+        layout: layout.clone(),
+        files: todo.clone(),
+        same_blob,
+        sha256_ok: AtomicU64::new(0),
+        git_sha1_ok: AtomicU64::new(0),
+        on_placed,
+    });
+    let bars = Arc::new(Bars::new(progress, &todo, &repo.id));
+    download::download(
+        http,
+        jobs,
+        download::Options {
+            connections: opts.connections,
+            part_size: opts.part_size,
+            repo: repo.id.clone(),
+        },
+        finisher.clone(),
+        bars.clone(),
+        stats.clone(),
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    bars.total.finish_and_clear();
+
+    if let Layout::Cache { cache, .. } = &layout {
+        if repo.revision != commit {
+            cache
+                .write_ref(&repo.revision, &commit)
+                .with_context(|| format!("cannot write the ref in {}", cache.dir().display()))?;
+        }
+    }
+    let v = &mut summary.verification;
+    v.sha256_ok = finisher.sha256_ok.load(Ordering::Relaxed) as usize;
+    v.git_sha1_ok = finisher.git_sha1_ok.load(Ordering::Relaxed) as usize;
+    v.recovered = stats.redownloads.load(Ordering::Relaxed);
+    v.all_verified = v.sha256_ok + v.git_sha1_ok + v.present == files.len();
+    summary.bytes_downloaded = stats.downloaded.load(Ordering::Relaxed);
+    summary.bytes_resumed = stats.resumed.load(Ordering::Relaxed);
+    summary.retries = stats.retries.load(Ordering::Relaxed);
+    summary.whole_streams = stats.whole_streams.load(Ordering::Relaxed);
+    summary.duration_s = started.elapsed().as_secs_f64();
+    summary.rate_mb_s = summary.bytes_downloaded as f64 / 1e6 / summary.duration_s.max(1e-9);
+    Ok((summary, files))
+}
+
+/// Told of files as soon as they are in their final place.
+pub type OnPlaced = Arc<dyn Fn(&[PlacedFile]) + Send + Sync>;
+
+/// A file that just became visible in its final place.
+pub struct PlacedFile {
+    pub path: RelPath,
+    /// What became visible: the blob and its snapshot link, or the file in
+    /// the local dir.
+    pub visible: Vec<PathBuf>,
+}
+
+/// Every file of the listing, following `Link: rel="next"` pages (kept on
+/// the endpoint's host).
+async fn list_files(
+    http: &HubHttp,
+    repo: &RepoRef,
+    ep: &str,
+    commit: &str,
+) -> Result<Vec<RemoteFile>> {
+    let mut url = repo.tree_url(ep, commit);
+    let mut files = Vec::new();
+    for page in 1.. {
+        let (body, headers) = http
+            .get_api(
+                &url,
+                &repo.id,
+                &format!("the file list at {}", &commit[..12]),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        files.extend(parse_tree_page(&body).map_err(anyhow::Error::msg)?);
+        let link = headers.get("link").and_then(|l| l.to_str().ok());
+        match link.and_then(|l| next_page(l, ep)) {
+            Some(next) if page < 100_000 => url = next,
+            _ => break,
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    files.dedup_by(|a, b| a.path == b.path);
+    // Every later sum is over some of these files.
+    crate::hub::api::total_size(&files).map_err(anyhow::Error::msg)?;
+    Ok(files)
+}
+
+/// Refuses early, with numbers, when the files cannot fit.
+fn check_space(layout: &Layout, todo: &[RemoteFile]) -> Result<()> {
+    let mut need = 0;
+    let mut at = None;
+    for f in todo {
+        let (incomplete, _) = layout.incomplete(f);
+        let allocated = std::fs::metadata(&incomplete).is_ok_and(|m| m.len() == f.size);
+        if !allocated {
+            need += f.size;
+        }
+        at.get_or_insert(incomplete);
+    }
+    let Some(at) = at else { return Ok(()) };
+    let dir = at.parent().expect("incomplete files live in a folder");
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let have =
+        crate::store::free_space(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
+    if need > have {
+        bail!(
+            "not enough disk space: need {}, have {} at {}; free some, or point HF_HUB_CACHE (or --local-dir) at a larger disk",
+            Bytes(need),
+            Bytes(have),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// `--include`/`--exclude`, with `huggingface_hub`'s fnmatch semantics
+/// (`*` crosses `/`); a pattern ending in `/` means everything under it.
+struct Filter {
+    include: Option<GlobSet>,
+    exclude: Option<GlobSet>,
+}
+
+impl Filter {
+    fn new(include: &[String], exclude: &[String]) -> Result<Filter> {
+        let build = |pats: &[String]| -> Result<Option<GlobSet>> {
+            if pats.is_empty() {
+                return Ok(None);
+            }
+            let mut b = GlobSetBuilder::new();
+            for p in pats {
+                let p = if p.ends_with('/') {
+                    format!("{p}*")
+                } else {
+                    p.clone()
+                };
+                b.add(Glob::new(&p).with_context(|| {
+                    format!("bad pattern `{p}`; use globs like '*.safetensors'")
+                })?);
+            }
+            Ok(Some(b.build()?))
+        };
+        Ok(Filter {
+            include: build(include)?,
+            exclude: build(exclude)?,
+        })
+    }
+
+    fn wants(&self, p: &RelPath) -> bool {
+        self.include.as_ref().is_none_or(|g| g.is_match(p.as_str()))
+            && !self
+                .exclude
+                .as_ref()
+                .is_some_and(|g| g.is_match(p.as_str()))
+    }
+}
+
+/// Verifies each finished download and places it.
+struct Placer {
+    layout: Layout,
+    files: Vec<RemoteFile>,
+    /// Files not downloaded themselves: another of `files` has the same
+    /// incomplete file (same blob), and they are linked when it is placed.
+    same_blob: Vec<RemoteFile>,
+    sha256_ok: AtomicU64,
+    git_sha1_ok: AtomicU64,
+    on_placed: Option<OnPlaced>,
+}
+
+impl Finisher for Placer {
+    fn finish(&self, index: usize, job: &FileJob) -> Verdict {
+        let f = &self.files[index];
+        if let Err(why) = digest::check(&job.incomplete, &f.expected) {
+            return Verdict::Mismatch(format!("{}: {why}", f.path));
+        }
+        if let Err(e) = self.layout.place(f, &job.incomplete) {
+            return Verdict::Fatal(format!(
+                "cannot place {} at {}: {e}",
+                f.path,
+                self.layout.final_path(f).display()
+            ));
+        }
+        // Paths with the same contents link to the blob just placed.
+        let twins: Vec<&RemoteFile> = self
+            .same_blob
+            .iter()
+            .filter(|d| self.layout.incomplete(d).0 == job.incomplete)
+            .collect();
+        for d in &twins {
+            if let Err(e) = self.layout.link(d) {
+                return Verdict::Fatal(format!("cannot link {}: {e}", d.path));
+            }
+        }
+        let placed: Vec<PlacedFile> = std::iter::once(f)
+            .chain(twins)
+            .map(|g| {
+                match g.expected {
+                    Expected::Sha256(_) => &self.sha256_ok,
+                    Expected::GitSha1(_) => &self.git_sha1_ok,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+                PlacedFile {
+                    path: g.path.clone(),
+                    visible: self.layout.visible(g),
+                }
+            })
+            .collect();
+        if let Some(cb) = &self.on_placed {
+            cb(&placed);
+        }
+        Verdict::Placed
+    }
+}
+
+/// An overall bar and one bar per file being downloaded.
+struct Bars {
+    progress: Progress,
+    total: indicatif::ProgressBar,
+    files: Vec<(String, u64)>,
+    active: Mutex<Vec<Option<indicatif::ProgressBar>>>,
+}
+
+impl Bars {
+    fn new(progress: &Progress, todo: &[RemoteFile], repo: &str) -> Bars {
+        Bars {
+            progress: progress.clone(),
+            total: progress.bytes(repo, todo.iter().map(|f| f.size).sum()),
+            files: todo.iter().map(|f| (f.path.to_string(), f.size)).collect(),
+            active: Mutex::new(vec![None; todo.len()]),
+        }
+    }
+}
+
+impl Watch for Bars {
+    fn written(&self, index: usize, n: u64) {
+        self.total.inc(n);
+        let mut active = self.active.lock().unwrap();
+        let bar = active[index].get_or_insert_with(|| {
+            let (name, size) = &self.files[index];
+            let short = name.rsplit('/').next().unwrap_or(name);
+            self.progress.bytes(short, *size)
+        });
+        bar.inc(n);
+    }
+
+    fn finished(&self, index: usize, ok: bool) {
+        let mut active = self.active.lock().unwrap();
+        if let Some(bar) = active[index].take() {
+            if !ok {
+                self.total
+                    .set_position(self.total.position().saturating_sub(bar.position()));
+            }
+            bar.finish_and_clear();
+        }
+    }
+}

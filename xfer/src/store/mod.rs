@@ -1,0 +1,1114 @@
+//! The receiving node's disk: staging, verified chunk writes, atomic
+//! placement, and the record of complete models.
+//!
+//! Layout under an agent's `--root`:
+//!
+//! ```text
+//! <root>/<name>/...                    final files, only ever complete and verified
+//! <root>/.xfer/staging/<name>/data/<i> file i of the manifest, preallocated, written at offsets
+//! <root>/.xfer/staging/<name>/journal  durable chunks (see `journal`)
+//! <root>/.xfer/staging/<name>.lock     flock held while a transfer runs
+//! <root>/.xfer/models/<name>.json      manifest and stamps of the complete model
+//! ```
+//!
+//! [`Transfer::write_chunk`] is the only way bytes reach the disk, and it
+//! checks the chunk's BLAKE3 first. A file is renamed into place only when all
+//! its chunks are verified and fsynced, and never through a symlink.
+
+pub mod hashcache;
+pub mod journal;
+pub mod scan;
+pub mod verify;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::journal::{Journal, Record};
+use xfer_proto::chunkset::{ChunkMap, ChunkSet};
+use xfer_proto::control::Refusal;
+use xfer_proto::hash::{self, Hash};
+use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, ManifestDoc};
+use xfer_proto::names::ModelName;
+use xfer_proto::relpath::RelPath;
+
+/// An agent's root directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// What `<root>/.xfer/models/<name>.json` holds.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ModelRecord {
+    pub manifest: ManifestDoc,
+    /// Size and mtime of each final file when it was placed, to tell later
+    /// whether it was touched since.
+    pub stamps: BTreeMap<RelPath, Stamp>,
+}
+
+impl ModelRecord {
+    /// Reads a record and checks its manifest and stated root.
+    pub fn load(path: &Path) -> anyhow::Result<ModelRecord> {
+        use anyhow::Context;
+        let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Self::parse(&bytes, path)
+    }
+
+    /// [`ModelRecord::load`] on bytes already read; `path` names them in
+    /// messages.
+    pub fn parse(bytes: &[u8], path: &Path) -> anyhow::Result<ModelRecord> {
+        use anyhow::Context;
+        let rec: ModelRecord = serde_json::from_slice(bytes)
+            .with_context(|| format!("{} is damaged", path.display()))?;
+        let m = &rec.manifest.manifest;
+        m.validate()
+            .with_context(|| format!("{} is invalid", path.display()))?;
+        anyhow::ensure!(
+            m.root() == rec.manifest.root,
+            "{} was altered (root mismatch)",
+            path.display()
+        );
+        Ok(rec)
+    }
+}
+
+/// A file's identity on disk when it was last verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamp {
+    pub size: u64,
+    pub mtime_ns: i128,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Stamp> {
+        let m = fs::symlink_metadata(path).ok()?;
+        m.is_file().then(|| Stamp {
+            size: m.len(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        })
+    }
+}
+
+fn io_refusal(path: &Path, e: std::io::Error) -> Refusal {
+    Refusal::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// Free bytes for unprivileged writers on the filesystem holding `path`.
+pub fn free_space(path: &Path) -> std::io::Result<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))?;
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `s` a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `root`.
+    pub fn open(root: &Path) -> anyhow::Result<Store> {
+        use anyhow::Context;
+        for d in [
+            root.to_path_buf(),
+            root.join(".xfer/staging"),
+            root.join(".xfer/models"),
+        ] {
+            fs::create_dir_all(&d).with_context(|| {
+                format!(
+                    "cannot create {}; check --root and its permissions",
+                    d.display()
+                )
+            })?;
+        }
+        Ok(Store {
+            root: root.to_path_buf(),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where a model's final files live.
+    pub fn model_dir(&self, name: &ModelName) -> PathBuf {
+        self.root.join(name.as_str())
+    }
+
+    fn staging_dir(&self, name: &ModelName) -> PathBuf {
+        self.root.join(".xfer/staging").join(name.as_str())
+    }
+
+    /// The record of a complete model.
+    pub fn record_path(&self, name: &ModelName) -> PathBuf {
+        self.root.join(".xfer/models").join(format!("{name}.json"))
+    }
+
+    /// Reads the record of a complete model, if there is a valid one.
+    pub fn record(&self, name: &ModelName) -> Option<ModelRecord> {
+        ModelRecord::load(&self.record_path(name)).ok()
+    }
+
+    /// Every complete model recorded here, by name.
+    pub fn models(&self) -> Vec<(ModelName, ModelRecord)> {
+        let Ok(entries) = fs::read_dir(self.root.join(".xfer/models")) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(ModelName, ModelRecord)> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let file = e.file_name().to_str()?.to_string();
+                let name = ModelName::new(file.strip_suffix(".json")?).ok()?;
+                let rec = self.record(&name)?;
+                Some((name, rec))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        out
+    }
+
+    /// Records the folder `<root>/<name>`, already complete and verified
+    /// by other means (`xfer pull` checked it against the Hub's hashes and
+    /// hashed it into `manifest`), as the complete model `name`.
+    pub fn adopt(&self, name: &ModelName, manifest: &Manifest) -> std::io::Result<()> {
+        let dir = self.model_dir(name);
+        let mut stamps = BTreeMap::new();
+        for f in manifest.files() {
+            let p = f.path.under(&dir);
+            match Stamp::of(&p) {
+                Some(st) if st.size == f.size => {
+                    stamps.insert(f.path.clone(), st);
+                }
+                _ => {
+                    return Err(std::io::Error::new(
+                        ErrorKind::NotFound,
+                        format!("{} is missing or has another size", p.display()),
+                    ))
+                }
+            }
+        }
+        let record = ModelRecord {
+            manifest: manifest.to_doc(),
+            stamps,
+        };
+        let path = self.record_path(name);
+        fs::create_dir_all(path.parent().expect("records live in a folder"))?;
+        let tmp = path.with_extension("json.tmp");
+        write_durable(
+            &tmp,
+            &serde_json::to_vec(&record).expect("record serializes"),
+        )?;
+        fs::rename(&tmp, &path)
+    }
+
+    /// Makes the next transfer of `name` fetch `paths` again even if their
+    /// size and mtime look untouched (a verify found them damaged).
+    pub fn forget_files(&self, name: &ModelName, paths: &[RelPath]) -> std::io::Result<()> {
+        let Some(mut rec) = self.record(name) else {
+            return Ok(());
+        };
+        for p in paths {
+            rec.stamps.remove(p);
+        }
+        let path = self.record_path(name);
+        let tmp = path.with_extension("json.tmp");
+        write_durable(&tmp, &serde_json::to_vec(&rec).expect("record serializes"))?;
+        fs::rename(&tmp, &path)
+    }
+
+    /// Deletes model `name` (its files, record and staging). Refused while a
+    /// transfer of it runs here.
+    pub fn remove(&self, name: &ModelName) -> Result<bool, Refusal> {
+        let lock_path = self.root.join(".xfer/staging").join(format!("{name}.lock"));
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_refusal(&lock_path, e))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(Refusal::Busy(format!(
+                "`{name}` is being transferred here; cancel its job first"
+            )));
+        }
+        let dir = self.model_dir(name);
+        let existed = dir.exists() || self.record_path(name).exists();
+        let _ = fs::remove_file(self.record_path(name));
+        let _ = fs::remove_dir_all(self.staging_dir(name));
+        if dir.exists() {
+            fs::remove_dir_all(&dir).map_err(|e| io_refusal(&dir, e))?;
+        }
+        Ok(existed)
+    }
+
+    /// Starts (or resumes) receiving `manifest` as `name`. The manifest must
+    /// already be validated.
+    pub fn begin(&self, name: &ModelName, manifest: Arc<Manifest>) -> Result<Transfer, Refusal> {
+        let staging = self.staging_dir(name);
+        let lock_path = self.root.join(".xfer/staging").join(format!("{name}.lock"));
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_refusal(&lock_path, e))?;
+        // A transfer of this model that was just superseded may take a moment
+        // to let go; wait a little before calling the model busy.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        // SAFETY: flock on an fd we own.
+        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            if std::time::Instant::now() >= deadline {
+                return Err(Refusal::Busy(format!(
+                    "another transfer of `{name}` into {} is still running (lock {}); wait for it or stop it",
+                    self.root.display(),
+                    lock_path.display()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        fs::create_dir_all(staging.join("data")).map_err(|e| io_refusal(&staging, e))?;
+        let root_hash = manifest.root();
+        let (journal, records) = Journal::open(
+            &staging.join("journal"),
+            &root_hash,
+            crate::store::journal::boot_id(),
+        )
+        .map_err(|e| Refusal::Io {
+            path: staging.display().to_string(),
+            message: format!("{e:#}"),
+        })?;
+        let map = ChunkMap::new(&manifest);
+        let final_dir = self.model_dir(name);
+        let files: Vec<&FileEntry> = manifest.files().collect();
+        let n = files.len();
+        let mut held = ChunkSet::empty(map.len());
+        let mut done = vec![false; n];
+
+        // Chunks recorded in the journal count while their staging file still
+        // has the right size. A file whose chunks were all recorded but whose
+        // staging file is gone was renamed into place just before a crash
+        // (renaming happens only after verification and fsync).
+        let mut journaled = ChunkSet::empty(map.len());
+        for r in &records {
+            match *r {
+                Record::Chunk(id) => {
+                    if let Some(num) = map.number(id) {
+                        journaled.insert(num);
+                    }
+                }
+                Record::FileDone(f) if (f as usize) < n => {
+                    let p = files[f as usize].path.under(&final_dir);
+                    if Stamp::of(&p).is_some_and(|s| s.size == files[f as usize].size) {
+                        done[f as usize] = true;
+                    }
+                }
+                Record::FileDone(_) | Record::Synced(_) => {}
+            }
+        }
+        for (i, f) in files.iter().enumerate() {
+            let range = map.file_range(i as u32);
+            let data = staging.join("data").join(i.to_string());
+            let staged = fs::metadata(&data).ok().map(|m| m.len()) == Some(f.size);
+            if staged {
+                for num in range.filter(|&c| journaled.contains(c)) {
+                    held.insert(num);
+                }
+            } else if !range.is_empty()
+                && range.clone().all(|c| journaled.contains(c))
+                && Stamp::of(&f.path.under(&final_dir)).is_some_and(|s| s.size == f.size)
+            {
+                done[i] = true;
+            }
+        }
+        // Files of an earlier complete model that are unchanged on disk.
+        let mut stamps = BTreeMap::new();
+        if let Some(rec) = self.record(name) {
+            let old: BTreeMap<&RelPath, &Hash> = rec
+                .manifest
+                .manifest
+                .files()
+                .map(|f| (&f.path, &f.hash))
+                .collect();
+            for (i, f) in files.iter().enumerate() {
+                let Some(recorded) = rec.stamps.get(&f.path) else {
+                    continue;
+                };
+                if old.get(&f.path) == Some(&&f.hash)
+                    && Stamp::of(&f.path.under(&final_dir)).as_ref() == Some(recorded)
+                {
+                    done[i] = true;
+                    stamps.insert(f.path.clone(), *recorded);
+                }
+            }
+        }
+        for (i, d) in done.iter().enumerate() {
+            if *d {
+                let p = &files[i].path;
+                if !stamps.contains_key(p) {
+                    if let Some(st) = Stamp::of(&p.under(&final_dir)) {
+                        stamps.insert(p.clone(), st);
+                    }
+                }
+                for num in map.file_range(i as u32) {
+                    held.insert(num);
+                }
+                let _ = fs::remove_file(staging.join("data").join(i.to_string()));
+            }
+        }
+
+        // Space: every file not yet placed and not yet preallocated.
+        let need: u64 = files
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !done[*i])
+            .filter(|(i, f)| {
+                fs::metadata(staging.join("data").join(i.to_string()))
+                    .ok()
+                    .map(|m| m.len())
+                    != Some(f.size)
+            })
+            .map(|(_, f)| f.size)
+            .sum();
+        let have = free_space(&staging).map_err(|e| io_refusal(&staging, e))?;
+        if need > have {
+            return Err(Refusal::NoSpace {
+                need,
+                have,
+                path: self.root.display().to_string(),
+            });
+        }
+
+        let remaining: Vec<u64> = (0..n)
+            .map(|i| {
+                map.file_range(i as u32)
+                    .filter(|&c| !held.contains(c))
+                    .count() as u64
+            })
+            .collect();
+        let transfer = Transfer {
+            name: name.clone(),
+            manifest: manifest.clone(),
+            map,
+            store_root: self.root.clone(),
+            staging,
+            final_dir,
+            record_path: self.record_path(name),
+            handles: (0..n).map(|_| Mutex::new(None)).collect(),
+            recording: (0..n).map(|_| Mutex::new(())).collect(),
+            file_entries: manifest
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| matches!(e, Entry::File(_)))
+                .map(|(i, _)| i)
+                .collect(),
+            journal: Mutex::new(journal),
+            checkpoint: Mutex::new(()),
+            state: Mutex::new(State {
+                held,
+                done,
+                remaining,
+                dirty: Default::default(),
+                stamps,
+            }),
+            lock: Mutex::new(Some(lock)),
+        };
+        // Files fully staged but never placed (the agent died between the
+        // last chunk and the rename, or placing failed): place them now.
+        let staged: Vec<u32> = {
+            let st = transfer.state.lock().unwrap();
+            (0..n)
+                .filter(|&i| !st.done[i] && st.remaining[i] == 0 && files[i].size > 0)
+                .map(|i| i as u32)
+                .collect()
+        };
+        for file in staged {
+            transfer.place_file(file)?;
+        }
+        Ok(transfer)
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    held: ChunkSet,
+    done: Vec<bool>,
+    remaining: Vec<u64>,
+    dirty: std::collections::BTreeSet<u32>,
+    stamps: BTreeMap<RelPath, Stamp>,
+}
+
+/// A staging file open for writing: buffered, and also with `O_DIRECT`
+/// where the filesystem supports it (not tmpfs), so aligned chunks skip the
+/// page cache entirely.
+#[derive(Debug)]
+struct StagedFile {
+    buffered: File,
+    direct: Option<File>,
+}
+
+impl StagedFile {
+    fn write_at(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        if let Some(d) = &self.direct {
+            if crate::util::aligned::direct_ok(data, offset) {
+                match d.write_all_at(data, offset) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                    r => return r,
+                }
+            }
+        }
+        self.buffered.write_all_at(data, offset)?;
+        start_writeback(&self.buffered, offset, data.len());
+        Ok(())
+    }
+}
+
+/// What a successful [`Transfer::write_chunk`] led to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Stored; the file still misses chunks.
+    Stored,
+    /// Stored, and the file it belongs to is now complete and in place.
+    FilePlaced(u32),
+    /// Already held (a duplicate delivery); nothing written.
+    Duplicate,
+}
+
+/// Why a chunk was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkError {
+    #[error("chunk {0:?} failed its BLAKE3 check")]
+    Corrupt(ChunkId),
+    #[error("{0}")]
+    Refused(Refusal),
+}
+
+/// One model being received into a [`Store`].
+#[derive(Debug)]
+pub struct Transfer {
+    name: ModelName,
+    manifest: Arc<Manifest>,
+    map: ChunkMap,
+    store_root: PathBuf,
+    staging: PathBuf,
+    final_dir: PathBuf,
+    record_path: PathBuf,
+    handles: Vec<Mutex<Option<Arc<StagedFile>>>>,
+    /// Per file: held while a written chunk is recorded (and, if it
+    /// completes the file, while the file is placed), so a second copy of
+    /// the chunk reports `Duplicate` only once the first is fully recorded.
+    recording: Vec<Mutex<()>>,
+    /// Position in `manifest.entries` of each file.
+    file_entries: Vec<usize>,
+    journal: Mutex<Journal>,
+    /// Serialises checkpoints.
+    checkpoint: Mutex<()>,
+    state: Mutex<State>,
+    /// The staging lock; dropped by [`Transfer::release`].
+    lock: Mutex<Option<File>>,
+}
+
+impl Transfer {
+    pub fn manifest(&self) -> &Arc<Manifest> {
+        &self.manifest
+    }
+
+    pub fn map(&self) -> &ChunkMap {
+        &self.map
+    }
+
+    pub fn name(&self) -> &ModelName {
+        &self.name
+    }
+
+    /// Chunks held and verified (durable or about to be).
+    pub fn held(&self) -> ChunkSet {
+        self.state.lock().unwrap().held.clone()
+    }
+
+    /// Bytes of the chunks held.
+    pub fn held_bytes(&self) -> u64 {
+        let st = self.state.lock().unwrap();
+        st.held
+            .iter()
+            .map(|n| self.map.chunk_len(self.map.id(n)))
+            .sum()
+    }
+
+    fn data_path(&self, file: u32) -> PathBuf {
+        self.staging.join("data").join(file.to_string())
+    }
+
+    fn handle(&self, file: u32) -> Result<Arc<StagedFile>, Refusal> {
+        let mut slot = self.handles[file as usize].lock().unwrap();
+        if let Some(f) = slot.as_ref() {
+            return Ok(f.clone());
+        }
+        let path = self.data_path(file);
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| io_refusal(&path, e))?;
+        let size = self.map_file(file).size;
+        if f.metadata().map_err(|e| io_refusal(&path, e))?.len() != size {
+            preallocate(&f, size).map_err(|e| self.disk_refusal(&path, e, size))?;
+        }
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .ok();
+        let f = Arc::new(StagedFile {
+            buffered: f,
+            direct,
+        });
+        *slot = Some(f.clone());
+        Ok(f)
+    }
+
+    fn map_file(&self, file: u32) -> &FileEntry {
+        match &self.manifest.entries[self.file_entries[file as usize]] {
+            Entry::File(f) => f,
+            _ => unreachable!("file_entries only lists files"),
+        }
+    }
+
+    fn disk_refusal(&self, path: &Path, e: std::io::Error, need: u64) -> Refusal {
+        if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) {
+            Refusal::NoSpace {
+                need,
+                have: free_space(&self.staging).unwrap_or(0),
+                path: self.store_root.display().to_string(),
+            }
+        } else {
+            io_refusal(path, e)
+        }
+    }
+
+    /// Verifies a chunk against the manifest and, only if it matches, writes
+    /// it to the staging file. When it completes its file, the file is
+    /// committed and renamed into place before this returns.
+    pub fn write_chunk(&self, id: ChunkId, data: &[u8]) -> Result<Written, ChunkError> {
+        let num = self.map.number(id).ok_or_else(|| {
+            ChunkError::Refused(Refusal::Protocol(format!(
+                "chunk {id:?} is not in the manifest"
+            )))
+        })?;
+        let file = self.map_file(id.file);
+        if data.len() as u64 != self.map.chunk_len(id) {
+            return Err(ChunkError::Corrupt(id));
+        }
+        let expected = file.chunks[id.index as usize];
+        if hash::hash_chunk(
+            data,
+            id.index as u64,
+            file.chunks.len() as u64,
+            self.manifest.chunk_size,
+        ) != expected
+        {
+            return Err(ChunkError::Corrupt(id));
+        }
+        if self.state.lock().unwrap().held.contains(num) {
+            let _recorded = self.recording[id.file as usize].lock().unwrap();
+            return Ok(Written::Duplicate);
+        }
+        let f = self.handle(id.file).map_err(ChunkError::Refused)?;
+        let path = self.data_path(id.file);
+        f.write_at(data, self.map.offset(id))
+            .map_err(|e| ChunkError::Refused(self.disk_refusal(&path, e, data.len() as u64)))?;
+        let _recording = self.recording[id.file as usize].lock().unwrap();
+        let complete = {
+            let mut st = self.state.lock().unwrap();
+            if !st.held.insert(num) {
+                return Ok(Written::Duplicate);
+            }
+            st.remaining[id.file as usize] -= 1;
+            st.dirty.insert(id.file);
+            st.remaining[id.file as usize] == 0
+        };
+        // Journal after the write: a record never precedes its data.
+        self.journal
+            .lock()
+            .unwrap()
+            .append(&[Record::Chunk(id)])
+            .map_err(|e| ChunkError::Refused(io_refusal(&self.staging.join("journal"), e)))?;
+        if complete {
+            self.place_file(id.file).map_err(ChunkError::Refused)?;
+            return Ok(Written::FilePlaced(id.file));
+        }
+        Ok(Written::Stored)
+    }
+
+    /// A checkpoint: fsyncs the data written so far and marks it durable in
+    /// the journal, so it survives a power cut too. Writers keep going
+    /// meanwhile; the agent calls this every couple of seconds.
+    pub fn commit(&self) -> Result<(), Refusal> {
+        let _one_at_a_time = self.checkpoint.lock().unwrap();
+        let durable = self.journal.lock().unwrap().len();
+        let dirty = std::mem::take(&mut self.state.lock().unwrap().dirty);
+        for file in dirty {
+            let handle = self.handles[file as usize].lock().unwrap().clone();
+            if let Some(f) = handle {
+                f.buffered
+                    .sync_data()
+                    .map_err(|e| io_refusal(&self.data_path(file), e))?;
+            }
+        }
+        self.journal
+            .lock()
+            .unwrap()
+            .sync(durable)
+            .map_err(|e| io_refusal(&self.staging.join("journal"), e))
+    }
+
+    /// Moves a complete staging file to its final path.
+    fn place_file(&self, file: u32) -> Result<(), Refusal> {
+        let entry = self.map_file(file);
+        let from = self.data_path(file);
+        let open = self.handles[file as usize].lock().unwrap().take();
+        let synced = match open {
+            Some(f) => f.buffered.sync_all(),
+            None if entry.size == 0 => File::create(&from).and_then(|f| f.sync_all()),
+            None => File::open(&from).and_then(|f| f.sync_all()),
+        };
+        synced.map_err(|e| io_refusal(&from, e))?;
+        let mode = if entry.executable { 0o755 } else { 0o644 };
+        fs::set_permissions(&from, fs::Permissions::from_mode(mode))
+            .map_err(|e| io_refusal(&from, e))?;
+        let to = place(&self.final_dir, &entry.path, |to| fs::rename(&from, to))?;
+        let stamp = Stamp::of(&to).ok_or_else(|| Refusal::Io {
+            path: to.display().to_string(),
+            message: "file vanished right after it was placed".into(),
+        })?;
+        {
+            let mut st = self.state.lock().unwrap();
+            st.done[file as usize] = true;
+            st.stamps.insert(entry.path.clone(), stamp);
+        }
+        self.journal
+            .lock()
+            .unwrap()
+            .append(&[Record::FileDone(file)])
+            .map_err(|e| io_refusal(&self.staging.join("journal"), e))
+    }
+
+    /// Opens the file that holds verified chunk `id`, for serving it to a
+    /// peer: the staging file while it is incomplete, the placed file after.
+    /// Fails if the chunk is not held.
+    pub fn open_held(&self, id: ChunkId) -> Result<(File, PathBuf), String> {
+        let num = self.map.number(id).ok_or("no such chunk")?;
+        let done = {
+            let st = self.state.lock().unwrap();
+            if !st.held.contains(num) {
+                return Err("not held yet".into());
+            }
+            st.done[id.file as usize]
+        };
+        let staged = self.data_path(id.file);
+        let placed = || {
+            let rel = &self.map_file(id.file).path;
+            let p = rel.under(&self.final_dir);
+            File::open(&p)
+                .map(|f| (f, p.clone()))
+                .map_err(|e| format!("cannot open {}: {e}", p.display()))
+        };
+        if done {
+            return placed();
+        }
+        match File::open(&staged) {
+            Ok(f) => Ok((f, staged)),
+            // Renamed into place since the check above.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => placed(),
+            Err(e) => Err(format!("cannot open {}: {e}", staged.display())),
+        }
+    }
+
+    /// Releases the staging lock early, so a later transfer of the same
+    /// model can begin while this object is still referenced (by peers it
+    /// serves). Called when the transfer ends, whatever the outcome.
+    pub fn release(&self) {
+        self.lock.lock().unwrap().take();
+    }
+
+    /// Whether every chunk is held.
+    pub fn is_complete(&self) -> bool {
+        self.state.lock().unwrap().held.is_complete()
+    }
+
+    /// Places empty files, directories and symlinks, records the complete
+    /// model and removes the staging area. Call once every chunk is held.
+    pub fn finish(&self) -> Result<Hash, Refusal> {
+        for (i, f) in self.manifest.files().enumerate() {
+            let done = self.state.lock().unwrap().done[i];
+            if !done {
+                if f.size == 0 {
+                    self.place_file(i as u32)?;
+                } else {
+                    return Err(Refusal::Protocol(format!(
+                        "finish called while `{}` is incomplete",
+                        f.path
+                    )));
+                }
+            }
+        }
+        for e in &self.manifest.entries {
+            match e {
+                Entry::Dir { path } => {
+                    place_dir(&self.final_dir, path)?;
+                }
+                Entry::Symlink { path, target } => {
+                    place(&self.final_dir, path, |to| {
+                        let tmp = to.with_file_name(format!(".xfer-link-{}", std::process::id()));
+                        let _ = fs::remove_file(&tmp);
+                        std::os::unix::fs::symlink(target, &tmp)?;
+                        fs::rename(&tmp, to)
+                    })?;
+                }
+                Entry::File(_) => {}
+            }
+        }
+        self.commit()?;
+        let stamps = self.state.lock().unwrap().stamps.clone();
+        let record = ModelRecord {
+            manifest: self.manifest.to_doc(),
+            stamps,
+        };
+        let tmp = self.record_path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec(&record).expect("record serializes");
+        write_durable(&tmp, &bytes).map_err(|e| io_refusal(&tmp, e))?;
+        fs::rename(&tmp, &self.record_path).map_err(|e| io_refusal(&self.record_path, e))?;
+        let _ = fs::remove_dir_all(&self.staging);
+        Ok(record.manifest.root)
+    }
+}
+
+fn write_durable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let f = File::create(path)?;
+    f.write_all_at(bytes, 0)?;
+    f.sync_all()
+}
+
+/// Starts writing a just-written range back to disk without waiting, so the
+/// disk works while the network does and checkpoints find little left to
+/// flush. Purely advisory: errors surface at the next fsync.
+fn start_writeback(f: &File, offset: u64, len: usize) {
+    // SAFETY: sync_file_range on an fd we own, with a valid range.
+    unsafe {
+        libc::sync_file_range(
+            f.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
+}
+
+/// Reserves `size` bytes for a staging file so a full disk shows up before
+/// the transfer, not in the middle of it.
+pub fn preallocate(f: &File, size: u64) -> std::io::Result<()> {
+    if size == 0 {
+        return Ok(());
+    }
+    // SAFETY: plain fallocate on an fd we own.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size as libc::off_t) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return f.set_len(size);
+    }
+    Err(e)
+}
+
+fn unsafe_path(p: &Path, reason: &str) -> Refusal {
+    Refusal::Unsafe {
+        path: p.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Makes sure `p` is a real directory, creating it if missing. Refuses a
+/// symlink or a file in its place.
+fn ensure_dir(p: &Path) -> Result<(), Refusal> {
+    match fs::symlink_metadata(p) {
+        Ok(m) if m.file_type().is_symlink() => Err(unsafe_path(
+            p,
+            "it is a symlink; xfer never writes through links (remove it)",
+        )),
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(unsafe_path(
+            p,
+            "a file is in the way of a directory (remove it)",
+        )),
+        Err(e) if e.kind() == ErrorKind::NotFound => match fs::create_dir(p) {
+            Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(io_refusal(p, e)),
+            _ => ensure_dir_exists_now(p),
+        },
+        Err(e) => Err(io_refusal(p, e)),
+    }
+}
+
+/// After a racing `create_dir`, checks what is there now.
+fn ensure_dir_exists_now(p: &Path) -> Result<(), Refusal> {
+    match fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() && !m.file_type().is_symlink() => Ok(()),
+        Ok(_) => Err(unsafe_path(
+            p,
+            "something other than a directory appeared here (remove it)",
+        )),
+        Err(e) => Err(io_refusal(p, e)),
+    }
+}
+
+/// Creates the directories leading to `rel` under `dir`, one by one and
+/// never through a symlink, and returns the path of `rel`.
+fn prepare(dir: &Path, rel: &RelPath) -> Result<PathBuf, Refusal> {
+    ensure_dir(dir)?;
+    for anc in rel.ancestors() {
+        ensure_dir(&dir.join(anc))?;
+    }
+    Ok(rel.under(dir))
+}
+
+/// Puts a file or symlink at `rel` under `dir` with `make(final_path)`
+/// (which must replace atomically, e.g. by rename). Refuses to go through a
+/// symlink or to replace a directory, so nothing outside `dir` is reached.
+pub fn place(
+    dir: &Path,
+    rel: &RelPath,
+    make: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<PathBuf, Refusal> {
+    let to = prepare(dir, rel)?;
+    if let Ok(m) = fs::symlink_metadata(&to) {
+        if m.is_dir() {
+            return Err(unsafe_path(
+                &to,
+                "a directory is in the way of a file (remove it)",
+            ));
+        }
+    }
+    make(&to).map_err(|e| io_refusal(&to, e))?;
+    if let Some(parent) = to.parent() {
+        if let Ok(d) = File::open(parent) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(to)
+}
+
+/// Makes sure the directory `rel` exists under `dir` (an existing one is fine).
+pub fn place_dir(dir: &Path, rel: &RelPath) -> Result<PathBuf, Refusal> {
+    let to = prepare(dir, rel)?;
+    ensure_dir(&to)?;
+    Ok(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::manifest::file;
+    use xfer_proto::manifest::MANIFEST_VERSION;
+
+    const CS: u64 = hash::MIN_CHUNK_SIZE;
+
+    fn data(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(seed)).collect()
+    }
+
+    fn setup() -> (
+        tempfile::TempDir,
+        Store,
+        ModelName,
+        Arc<Manifest>,
+        Vec<Vec<u8>>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let a = data(3 * CS as usize + 5, 3);
+        let b = data(100, 7);
+        let m = Manifest {
+            version: MANIFEST_VERSION,
+            chunk_size: CS,
+            entries: vec![
+                file("d/a.bin", &a, CS),
+                file("e", b"", CS),
+                Entry::Dir {
+                    path: RelPath::new("empty").unwrap(),
+                },
+                Entry::Symlink {
+                    path: RelPath::new("link").unwrap(),
+                    target: "d/a.bin".into(),
+                },
+                file("z", &b, CS),
+            ],
+        };
+        m.validate().unwrap();
+        (
+            dir,
+            store,
+            ModelName::new("m").unwrap(),
+            Arc::new(m),
+            vec![a, b],
+        )
+    }
+
+    fn chunk(d: &[u8], i: u32) -> &[u8] {
+        let s = i as usize * CS as usize;
+        &d[s..(s + CS as usize).min(d.len())]
+    }
+
+    #[test]
+    fn a_second_copy_reports_duplicate_only_once_the_first_is_placed() {
+        // Two peers deliver the last chunk of a file at once (an endgame
+        // duplicate). Whichever loses must not report before the winner has
+        // placed the file, or the transfer would finish with it missing.
+        for _ in 0..20 {
+            let (dir, store, name, m, files) = setup();
+            let t = Arc::new(store.begin(&name, m.clone()).unwrap());
+            for i in 0..3 {
+                t.write_chunk(ChunkId { file: 0, index: i }, chunk(&files[0], i))
+                    .unwrap();
+            }
+            let last = chunk(&files[0], 3).to_vec();
+            let placed = dir.path().join("m/d/a.bin");
+            // The second copy arrives just after the first is counted as
+            // held, while the first is still placing the file.
+            let num = t.map().number(ChunkId { file: 0, index: 3 }).unwrap();
+            let racers: Vec<_> = [false, true]
+                .into_iter()
+                .map(|second| {
+                    let (t, last, placed) = (t.clone(), last.clone(), placed.clone());
+                    std::thread::spawn(move || {
+                        while second && !t.held().contains(num) {
+                            std::hint::spin_loop();
+                        }
+                        let w = t.write_chunk(ChunkId { file: 0, index: 3 }, &last);
+                        // Checked the moment it returns.
+                        let was_placed = placed.exists();
+                        let readable = t.open_held(ChunkId { file: 0, index: 3 }).is_ok();
+                        (w.unwrap(), was_placed, readable)
+                    })
+                })
+                .collect();
+            let results: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+            for (w, was_placed, readable) in &results {
+                assert!(was_placed, "{w:?} returned before the file was placed");
+                assert!(readable, "{w:?}: the held chunk cannot be served");
+            }
+            let kinds: Vec<_> = results.iter().map(|(w, _, _)| *w).collect();
+            assert!(kinds.contains(&Written::FilePlaced(0)), "{kinds:?}");
+        }
+    }
+
+    #[test]
+    fn a_full_transfer_places_everything() {
+        let (dir, store, name, m, files) = setup();
+        let t = store.begin(&name, m.clone()).unwrap();
+        for i in 0..4 {
+            let w = t
+                .write_chunk(ChunkId { file: 0, index: i }, chunk(&files[0], i))
+                .unwrap();
+            assert_eq!(w == Written::FilePlaced(0), i == 3);
+            assert_eq!(
+                dir.path().join("m/d/a.bin").exists(),
+                i == 3,
+                "final path only when complete"
+            );
+        }
+        t.write_chunk(ChunkId { file: 2, index: 0 }, &files[1])
+            .unwrap();
+        assert!(t.is_complete());
+        let root = t.finish().unwrap();
+        drop(t);
+        assert_eq!(root, m.root());
+        assert_eq!(fs::read(dir.path().join("m/d/a.bin")).unwrap(), files[0]);
+        assert_eq!(fs::read(dir.path().join("m/link")).unwrap(), files[0]);
+        assert!(dir.path().join("m/empty").is_dir());
+        assert_eq!(fs::read(dir.path().join("m/e")).unwrap(), b"");
+        assert!(!dir.path().join(".xfer/staging/m").exists());
+        // A second transfer of the same model holds everything already.
+        let t = store.begin(&name, m.clone()).unwrap();
+        assert!(t.is_complete());
+        drop(t);
+        // Touching a file makes it needed again.
+        fs::write(dir.path().join("m/z"), b"changed").unwrap();
+        let t = store.begin(&name, m).unwrap();
+        assert!(!t.is_complete());
+        assert_eq!(t.held().count(), 4);
+    }
+
+    #[test]
+    fn corrupt_chunks_are_never_written() {
+        let (dir, store, name, m, files) = setup();
+        let t = store.begin(&name, m).unwrap();
+        let mut bad = chunk(&files[0], 1).to_vec();
+        bad[10] ^= 0xff;
+        assert!(matches!(
+            t.write_chunk(ChunkId { file: 0, index: 1 }, &bad),
+            Err(ChunkError::Corrupt(_))
+        ));
+        assert!(matches!(
+            t.write_chunk(ChunkId { file: 0, index: 1 }, &bad[..5]),
+            Err(ChunkError::Corrupt(_))
+        ));
+        assert!(matches!(
+            t.write_chunk(ChunkId { file: 9, index: 0 }, &bad),
+            Err(ChunkError::Refused(Refusal::Protocol(_)))
+        ));
+        assert_eq!(t.held().count(), 0);
+        assert!(!dir.path().join("m/d/a.bin").exists());
+    }
+
+    #[test]
+    fn a_crashed_process_resumes_with_every_written_chunk() {
+        let (_dir, store, name, m, files) = setup();
+        let t = store.begin(&name, m.clone()).unwrap();
+        t.write_chunk(ChunkId { file: 0, index: 0 }, chunk(&files[0], 0))
+            .unwrap();
+        t.write_chunk(ChunkId { file: 0, index: 2 }, chunk(&files[0], 2))
+            .unwrap();
+        t.commit().unwrap();
+        t.write_chunk(ChunkId { file: 0, index: 1 }, chunk(&files[0], 1))
+            .unwrap();
+        drop(t); // process crash: chunk 1 was never checkpointed, but the
+                 // kernel has it (a reboot is covered in `journal`)
+        let t = store.begin(&name, m).unwrap();
+        assert_eq!(t.held().iter().collect::<Vec<_>>(), [0, 1, 2]);
+    }
+
+    #[test]
+    fn placement_never_follows_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m");
+        fs::create_dir(&model).unwrap();
+        std::os::unix::fs::symlink(outside.path(), model.join("d")).unwrap();
+        let r = place(&model, &RelPath::new("d/x").unwrap(), |p| {
+            fs::write(p, b"x")
+        });
+        assert!(matches!(r, Err(Refusal::Unsafe { .. })), "{r:?}");
+        assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_second_concurrent_transfer_is_refused() {
+        let (_dir, store, name, m, _) = setup();
+        let _t = store.begin(&name, m.clone()).unwrap();
+        assert!(matches!(store.begin(&name, m), Err(Refusal::Busy(_))));
+    }
+}

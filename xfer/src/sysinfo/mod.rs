@@ -1,0 +1,9 @@
+//! Readers of the host: `/sys`, `/proc` and a few system calls. Disk,
+//! memory and GPUs ([`host`]), interfaces, routes and ports ([`net`]),
+//! RDMA ports ([`rdma`]) and the `xfer doctor` inventory ([`doctor`]).
+//! They report facts in the launch service's types and judge nothing.
+
+pub mod doctor;
+pub mod host;
+pub mod net;
+pub mod rdma;
