@@ -20,7 +20,7 @@ use crate::relpath::RelPath;
 
 /// Manifest format version.
 pub const MANIFEST_VERSION: u32 = 1;
-/// Default chunk size: 4 MiB. See the README's "Chunk size" section for the
+/// Default chunk size: 4 MiB. See docs/how-it-works.md, "Chunk size: 4 MiB", for the
 /// measurement behind it.
 pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
 /// Most entries a manifest may hold.
