@@ -25,8 +25,8 @@ use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
 
-use crate::transport::quic::DEFAULT_PORT;
 use crate::util::tomltext::{and_list, in_file_order, kind, line_col, suggest};
+use xfer_proto::names::DEFAULT_PORT;
 
 /// Longest node name, in characters.
 pub const MAX_NAME_LEN: usize = 64;

@@ -103,17 +103,7 @@ fn io_refusal(path: &Path, e: std::io::Error) -> Refusal {
     }
 }
 
-/// Free bytes for unprivileged writers on the filesystem holding `path`.
-pub fn free_space(path: &Path) -> std::io::Result<u64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))?;
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `s` a valid out-pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(s.f_bavail as u64 * s.f_frsize as u64)
-}
+pub use crate::sysinfo::host::free_space;
 
 impl Store {
     /// Opens (creating if needed) the store at `root`.

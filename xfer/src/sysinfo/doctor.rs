@@ -25,9 +25,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::agent::preflight::{IfaceFacts, Probe, RouteFacts};
 use crate::sysinfo::net;
 use crate::sysinfo::rdma::{is_zero_gid, numbered, read_attr};
+use xfer_proto::launch::{IfaceFacts, Probe, RouteFacts};
 
 /// The socket buffer limit below which the report suggests raising it.
 pub const WANTED_BUFFER: u64 = 64 << 20;

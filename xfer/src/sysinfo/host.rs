@@ -31,7 +31,7 @@ pub fn disk(root: &Path) -> Probe<DiskFacts> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
         return fail(std::io::Error::last_os_error());
     }
-    let free_bytes = match crate::store::free_space(root) {
+    let free_bytes = match free_space(root) {
         Ok(b) => b,
         Err(e) => return fail(e),
     };
@@ -262,6 +262,18 @@ pub fn parse_apps(text: &str) -> Vec<GpuProcess> {
             })
         })
         .collect()
+}
+
+/// Free bytes for unprivileged writers on the filesystem holding `path`.
+pub fn free_space(path: &Path) -> std::io::Result<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `s` a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(s.f_bavail as u64 * s.f_frsize as u64)
 }
 
 #[cfg(test)]
