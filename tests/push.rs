@@ -30,8 +30,8 @@ fn push_to_two_agents_is_byte_identical() {
     assert_eq!(s.bytes_total, total);
     assert_eq!(s.files, 7, "files counted: {s:#?}");
     assert!(
-        s.bytes_sent >= total && s.bytes_sent <= 2 * total,
-        "the source sends each chunk to one node or both: {s:#?}"
+        s.bytes_sent >= total && s.bytes_sent <= source_ceiling(2, total),
+        "the source sends each chunk to one node or both, plus endgame duplicates: {s:#?}"
     );
     assert_eq!(s.bytes_skipped, 0);
     assert!(s.hash_s >= 0.0 && s.duration_s >= s.hash_s, "{s:#?}");
@@ -67,6 +67,18 @@ fn push_to_two_agents_is_byte_identical() {
         assert_eq!(v["ok"], true);
         assert_eq!(v["root"], expected_root.as_str());
     }
+}
+
+/// The most a source may upload when `nodes` receivers each need `bytes`:
+/// one copy per receiver, plus the scheduler's endgame, in which each
+/// receiver may ask a second holder (which can be the source again) for
+/// each of its last chunks (`endgame` in the agents' swarm policy). Which
+/// holder answers first is timing, so a test may assert only this ceiling;
+/// what each node stores is exact (asserted separately).
+fn source_ceiling(nodes: u64, bytes: u64) -> u64 {
+    let base = xfer::engine::scheduler::Config::default();
+    let endgame = u64::from(xfer::engine::policy::swarm_config(base, 0).endgame);
+    nodes * (bytes + bytes.min(endgame * DEFAULT_CHUNK))
 }
 
 /// Re-pushes to two agents: the same tree again sends nothing; after one
@@ -112,7 +124,7 @@ fn repush_sends_nothing_then_only_the_changed_file() {
     assert_ne!(s.root, first.root, "content changed, so the root did");
     assert_eq!(s.root, manifest_root(&src));
     assert!(
-        s.bytes_sent >= len && s.bytes_sent <= 2 * len,
+        s.bytes_sent >= len && s.bytes_sent <= source_ceiling(2, len),
         "only {SHARD2} is resent: {s:#?}"
     );
     assert_eq!(s.bytes_skipped, 2 * (total - len), "{s:#?}");
