@@ -1,8 +1,10 @@
 //! Framing: every message is a 4-byte big-endian length followed by its
 //! postcard encoding. Decoding is strict: an oversized length, trailing
-//! bytes or an unknown variant is a [`WireError`], never a panic. Each
-//! service has its own size limit ([`Limit`]), so a peer cannot make a
-//! reader buffer more than that service's largest honest message.
+//! bytes or an unknown variant is a [`WireError`], never a panic. A reader
+//! that knows what it expects checks the length against that message's
+//! limit ([`frame_len_within`]; a chunk-stream request: at most
+//! [`STREAM_REQUEST_LIMIT`]), so a peer cannot make it buffer more than the
+//! largest honest message.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -12,8 +14,6 @@ pub const MAX_FRAME: usize = 64 << 20;
 /// Largest first frame of a chunk stream: a [`crate::stream::StreamRequest`]
 /// is a few dozen bytes (an RDMA hello with 16 queue pairs about 200).
 pub const STREAM_REQUEST_LIMIT: usize = 4 << 10;
-/// Largest [`crate::hello::Hello`].
-pub const HELLO_LIMIT: usize = 64;
 
 /// Why bytes could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -5,10 +5,7 @@
 //! - [`names`]: the protocol version, ALPN, default port, model names;
 //! - [`hash`]: the BLAKE3 chunk tree; [`relpath`]: the path rules;
 //!   [`manifest`]: a tree's description; [`chunkset`]: sets of chunks;
-//! - [`frame`]: the length prefix, [`frame::WireError`] and the size limit
-//!   of each service;
-//! - [`hello`]: the first frame of every control stream, with the one
-//!   version check;
+//! - [`frame`]: the length prefix, [`frame::WireError`] and size limits;
 //! - [`control`]: the control-stream messages; [`admin`] and [`launch`]:
 //!   the types the admin and launch services carry; [`stream`]: the tagged
 //!   chunk-stream requests;
@@ -22,7 +19,6 @@ pub mod chunkset;
 pub mod control;
 pub mod frame;
 pub mod hash;
-pub mod hello;
 pub mod launch;
 pub mod manifest;
 pub mod names;

@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Protocol version spoken by this build. Version 2 tags every
+/// Protocol version spoken by this build, checked once per connection
+/// through the ALPN ([`alpn_offers`]). Version 2 tags every
 /// chunk-stream request ([`crate::stream::StreamRequest`]).
 pub const PROTOCOL_VERSION: u32 = 2;
 /// TLS ALPN identifier of this build's protocol version.

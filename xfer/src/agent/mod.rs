@@ -189,7 +189,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
                     return;
                 }
             };
-            if let Err(why) = quic::refuse_other_versions(&conn) {
+            if let Err(why) = quic::refuse_other_version(&conn, &format!("the node at {remote}")) {
                 refusals.lock().unwrap().refused(remote, &why);
                 return;
             }

@@ -181,14 +181,7 @@ pub async fn connect(
             addr.port()
         )),
         Ok(Err(e)) => Err(describe(addr, &e)),
-        Ok(Ok(c)) => match peer_version(&c) {
-            Some(v) if v != PROTOCOL_VERSION => {
-                let why = version_refusal(&format!("the agent at {addr}"), v);
-                c.close(VERSION_CLOSE.into(), why.as_bytes());
-                Err(why)
-            }
-            _ => Ok(c),
-        },
+        Ok(Ok(c)) => refuse_other_version(&c, &format!("the agent at {addr}")).map(|()| c),
     }
 }
 
@@ -205,13 +198,14 @@ pub fn peer_version(conn: &Connection) -> Option<u32> {
     alpn_version(data.protocol.as_deref()?)
 }
 
-/// On the accepting side: `Err(line)` when the peer speaks another protocol
-/// version; the connection is closed with that line as its reason, which
-/// the peer prints.
-pub fn refuse_other_versions(conn: &Connection) -> Result<(), String> {
+/// `Err(line)` when the peer (`who`, as the user knows it) speaks another
+/// protocol version; the connection is then closed with that line as its
+/// reason, so the peer prints it too. Both ends call it: the connecting
+/// side in [`connect`], the accepting side before it reads a request.
+pub fn refuse_other_version(conn: &Connection, who: &str) -> Result<(), String> {
     match peer_version(conn) {
         Some(v) if v != PROTOCOL_VERSION => {
-            let why = version_refusal(&format!("the node at {}", conn.remote_address()), v);
+            let why = version_refusal(who, v);
             conn.close(VERSION_CLOSE.into(), why.as_bytes());
             Err(why)
         }
@@ -414,7 +408,8 @@ mod tests {
         let saddr = ours.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let conn = ours.accept().await.unwrap().await.unwrap();
-            refuse_other_versions(&conn)
+            let who = format!("the node at {}", conn.remote_address());
+            refuse_other_version(&conn, &who)
         });
         let mut tls = cred.client_config().unwrap();
         tls.alpn_protocols = vec![ALPN_V1.to_vec()];
