@@ -91,10 +91,9 @@ pub struct Setup {
     pub chunk_bytes: u64,
     pub source: NodeSpec,
     pub receivers: Vec<NodeSpec>,
-    /// The receivers' scheduler settings; `me` and `tie_break` are set per node.
+    /// The receivers' base scheduler settings; each node's swarm settings
+    /// (`me`, `tie_break`, windows) come from [`policy::swarm_config`].
     pub sched: scheduler::Config,
-    /// Seed of the receivers' tie-break orders.
-    pub seed: u64,
     /// Give up at this virtual time (seconds).
     pub until: f64,
 }
@@ -819,7 +818,6 @@ mod tests {
             },
             receivers,
             sched: sched(),
-            seed: 7,
             until: 3600.0,
         }
     }
