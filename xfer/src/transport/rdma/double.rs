@@ -66,10 +66,16 @@ struct State {
     sides: [Side; 2],
     next_key: u32,
     fail_after: HashMap<(usize, u32), u32>,
+    /// How many times each armed failure has been held back so far.
+    held: HashMap<(usize, u32), u32>,
     violations: Vec<String>,
     rng: SmallRng,
     writes: u64,
 }
+
+/// Looks at a held failure (see [`Fabric::failure_held`]) before it fires
+/// anyway: far more than a polling receiver needs to catch up.
+const HOLD_LIMIT: u32 = 100_000;
 
 /// The link between the two ends.
 #[derive(Clone)]
@@ -105,6 +111,7 @@ impl Fabric {
                 sides: [side(), side()],
                 next_key: 0x100,
                 fail_after: HashMap::new(),
+                held: HashMap::new(),
                 violations: Vec::new(),
                 rng: SmallRng::seed_from_u64(seed),
                 writes: 0,
@@ -150,8 +157,8 @@ impl Fabric {
         for _ in 0..budget {
             let mut ready: Vec<(usize, usize)> = Vec::new();
             for s in 0..2 {
-                for (q, w) in st.sides[s].wire.iter().enumerate() {
-                    if !w.is_empty() && !Self::failure_held(st, s, q) {
+                for q in 0..st.sides[s].wire.len() {
+                    if !st.sides[s].wire[q].is_empty() && !Self::failure_held(st, s, q) {
                         ready.push((s, q));
                     }
                 }
@@ -167,10 +174,18 @@ impl Fabric {
 
     /// Whether the next write on queue pair `q` of side `s` is the injected
     /// failure and must wait: the peer has not yet handled every write
-    /// that landed there.
-    fn failure_held(st: &State, s: usize, q: usize) -> bool {
+    /// that landed there. The wait is bounded ([`HOLD_LIMIT`] looks), so a
+    /// receiver that stops polling cannot hang the writer; a receiver that
+    /// polls catches up within a few looks.
+    fn failure_held(st: &mut State, s: usize, q: usize) -> bool {
+        let key = (s, q as u32);
         let peer = &st.sides[1 - s];
-        st.fail_after.get(&(s, q as u32)) == Some(&0) && peer.handled[q] < peer.arrived[q]
+        if st.fail_after.get(&key) != Some(&0) || peer.handled[q] >= peer.arrived[q] {
+            return false;
+        }
+        let looks = st.held.entry(key).or_insert(0);
+        *looks += 1;
+        *looks <= HOLD_LIMIT
     }
 
     fn execute(st: &mut State, s: usize, q: usize, wr: WriteImm) {
