@@ -1,5 +1,5 @@
 //! A hostile (but authenticated) peer offers crafted manifests and frames.
-//! Every one must be refused with `Control::Failed`, nothing outside the
+//! Every one must be refused with `TransferMsg::Failed`, nothing outside the
 //! agent's root may be touched, no model folder may appear, and the agent
 //! must keep serving.
 //!
@@ -19,23 +19,25 @@ use std::time::Duration;
 use serde::Serialize;
 use xfer::config::auth::Credential;
 use xfer::transport::quic::{client_endpoint, connect, read_frame};
-use xfer_proto::control::{Control, Refusal};
 use xfer_proto::frame::encode;
 use xfer_proto::hash::{self, Hash};
+use xfer_proto::hello::{Hello, Service};
 use xfer_proto::manifest::{Entry, FileEntry, Manifest, MANIFEST_VERSION};
 use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
 use xfer_proto::relpath::RelPath;
+use xfer_proto::transfer::{Refusal, TransferMsg};
 
 use common::*;
 
 const CS: u64 = 64 * 1024;
 
-// Look-alikes of `Control`, `Manifest`, `Entry` and `FileEntry` with plain
+// Look-alikes of `TransferMsg`, `Manifest`, `Entry` and `FileEntry` with plain
 // strings, same field order and types, same variant order.
 #[derive(Serialize)]
-enum RawControl {
+enum RawTransferMsg {
+    #[allow(dead_code)]
+    Failed(()),
     Offer {
-        version: u32,
         name: String,
         manifest: RawManifest,
     },
@@ -106,16 +108,14 @@ fn manifest(entries: Vec<Entry>) -> Manifest {
 }
 
 fn offer(name: &str, m: Manifest) -> Vec<u8> {
-    encode(&Control::Offer {
-        version: PROTOCOL_VERSION,
+    encode(&TransferMsg::Offer {
         name: ModelName::new(name).unwrap(),
         manifest: m,
     })
 }
 
 fn raw_offer(name: &str, entries: Vec<RawEntry>) -> Vec<u8> {
-    encode(&RawControl::Offer {
-        version: PROTOCOL_VERSION,
+    encode(&RawTransferMsg::Offer {
         name: name.into(),
         manifest: RawManifest {
             version: MANIFEST_VERSION,
@@ -128,33 +128,44 @@ fn raw_offer(name: &str, entries: Vec<RawEntry>) -> Vec<u8> {
 /// What the agent did with our bytes.
 #[derive(Debug)]
 enum Reply {
-    Msg(Control),
+    Msg(TransferMsg),
     /// The stream or connection ended without a readable reply.
     Closed(String),
 }
 
 async fn read_reply(recv: &mut quinn::RecvStream) -> Reply {
-    match tokio::time::timeout(Duration::from_secs(15), read_frame::<Control>(recv)).await {
+    match tokio::time::timeout(Duration::from_secs(15), read_frame::<TransferMsg>(recv)).await {
         Err(_) => panic!("no reply within 15 s"),
         Ok(Ok(m)) => Reply::Msg(m),
         Ok(Err(e)) => Reply::Closed(format!("{e:#}")),
     }
 }
 
-/// Opens a fresh connection, writes `bytes` on the control stream (then
-/// finishes it), and reads one reply frame.
+/// Opens a fresh connection, opens a transfer stream (this build's hello),
+/// writes `bytes` on it (then finishes it), and reads one reply frame.
 async fn send_raw(cred: &Credential, addr: SocketAddr, bytes: &[u8]) -> (Reply, Option<Reply>) {
+    send_after(cred, addr, Hello::new(Service::Transfer), bytes).await
+}
+
+/// [`send_raw`] after `hello`.
+async fn send_after(
+    cred: &Credential,
+    addr: SocketAddr,
+    hello: Hello,
+    bytes: &[u8],
+) -> (Reply, Option<Reply>) {
     let ep = client_endpoint(cred, addr).expect("client endpoint");
     let conn = connect(&ep, addr, Duration::from_secs(5))
         .await
         .expect("connect with the right key");
     let (mut send, mut recv) = conn.open_bi().await.expect("open stream");
+    send.write_all(&encode(&hello)).await.expect("write");
     send.write_all(bytes).await.expect("write");
     let _ = send.finish();
     let first = read_reply(&mut recv).await;
     // After `Accepted` comes the outcome.
     let second = match &first {
-        Reply::Msg(Control::Accepted { .. }) => Some(read_reply(&mut recv).await),
+        Reply::Msg(TransferMsg::Accepted { .. }) => Some(read_reply(&mut recv).await),
         _ => None,
     };
     conn.close(0u32.into(), b"bye");
@@ -409,7 +420,7 @@ fn hostile_offers_are_refused_and_touch_nothing() {
             let (reply, _) = send_raw(&cred, addr, &offer("m", m.clone())).await;
             eprintln!("{what}: {reply:?}");
             match reply {
-                Reply::Msg(Control::Failed(r)) => {
+                Reply::Msg(TransferMsg::Failed(r)) => {
                     assert_eq!(r, Refusal::BadManifest(why), "{what}")
                 }
                 other => panic!("{what}: expected BadManifest, got {other:?}"),
@@ -419,7 +430,7 @@ fn hostile_offers_are_refused_and_touch_nothing() {
             let (reply, _) = send_raw(&cred, addr, bytes).await;
             eprintln!("{what}: {reply:?}");
             match reply {
-                Reply::Msg(Control::Failed(Refusal::Protocol(_))) => {}
+                Reply::Msg(TransferMsg::Failed(Refusal::Protocol(_))) => {}
                 Reply::Closed(why) => eprintln!("{what}: the agent closed the stream ({why})"),
                 other => panic!("{what}: expected a protocol refusal, got {other:?}"),
             }
@@ -429,7 +440,7 @@ fn hostile_offers_are_refused_and_touch_nothing() {
         let (reply, _) = send_raw(
             &cred,
             addr,
-            &encode(&Control::Done {
+            &encode(&TransferMsg::Done {
                 root: Hash([0; 32]),
                 received_bytes: 0,
                 corrupt_chunks: 0,
@@ -437,21 +448,24 @@ fn hostile_offers_are_refused_and_touch_nothing() {
         )
         .await;
         assert!(
-            matches!(reply, Reply::Msg(Control::Failed(Refusal::Protocol(_)))),
+            matches!(reply, Reply::Msg(TransferMsg::Failed(Refusal::Protocol(_)))),
             "Done instead of an offer: {reply:?}"
         );
-        let (reply, _) = send_raw(
+        let (reply, _) = send_after(
             &cred,
             addr,
-            &encode(&Control::Offer {
+            Hello {
                 version: PROTOCOL_VERSION + 1,
-                name: ModelName::new("m").unwrap(),
-                manifest: manifest(vec![]),
-            }),
+                service: Service::Transfer,
+            },
+            &offer("m", manifest(vec![])),
         )
         .await;
         assert!(
-            matches!(reply, Reply::Msg(Control::Failed(Refusal::Version { .. }))),
+            matches!(
+                reply,
+                Reply::Msg(TransferMsg::Failed(Refusal::Version { .. }))
+            ),
             "protocol version + 1: {reply:?}"
         );
 
@@ -475,7 +489,10 @@ fn hostile_offers_are_refused_and_touch_nothing() {
         terabyte.validate().unwrap();
         let (reply, _) = send_raw(&cred, addr, &offer("tera", terabyte)).await;
         assert!(
-            matches!(reply, Reply::Msg(Control::Failed(Refusal::NoSpace { .. }))),
+            matches!(
+                reply,
+                Reply::Msg(TransferMsg::Failed(Refusal::NoSpace { .. }))
+            ),
             "a 1 TiB file: {reply:?}"
         );
 
@@ -493,7 +510,7 @@ fn hostile_offers_are_refused_and_touch_nothing() {
         assert!(
             matches!(
                 first,
-                Reply::Msg(Control::Accepted {
+                Reply::Msg(TransferMsg::Accepted {
                     held_bytes: 0,
                     need_bytes: 0,
                     ..
@@ -502,7 +519,7 @@ fn hostile_offers_are_refused_and_touch_nothing() {
             "valid offer: {first:?}"
         );
         match second {
-            Some(Reply::Msg(Control::Done { root, .. })) => assert_eq!(root, root_hash),
+            Some(Reply::Msg(TransferMsg::Done { root, .. })) => assert_eq!(root, root_hash),
             other => panic!("valid offer not completed: {other:?}"),
         }
     });

@@ -9,13 +9,16 @@
 
 use std::path::{Path, PathBuf};
 
-use xfer_proto::control::{Control, Refusal, SwarmPeer};
+use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::frame::encode;
 use xfer_proto::hash::{self, Hash};
+use xfer_proto::hello::{Hello, Service};
+use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, MANIFEST_VERSION};
-use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
 use xfer_proto::stream::{ChunkReply, ChunkRequest, RdmaReply, RdmaRequest};
+use xfer_proto::transfer::{Refusal, SwarmPeer, TransferMsg};
 
 type Target = fn(&[u8]);
 
@@ -165,40 +168,36 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
     has.insert(0);
     has.insert(69);
     let controls = vec![
-        Control::Offer {
-            version: PROTOCOL_VERSION,
+        TransferMsg::Offer {
             name: name.clone(),
             manifest: small_manifest(),
         },
-        Control::Accepted {
+        TransferMsg::Accepted {
             held_bytes: 1,
             held_chunks: 2,
             need_bytes: 3,
         },
-        Control::Done {
+        TransferMsg::Done {
             root,
             received_bytes: 5,
             corrupt_chunks: 0,
         },
-        Control::Failed(Refusal::NoSpace {
+        TransferMsg::Failed(Refusal::NoSpace {
             need: 10,
             have: 2,
             path: "/x".into(),
         }),
-        Control::Failed(Refusal::Corrupt {
+        TransferMsg::Failed(Refusal::Corrupt {
             file: 1,
             index: 2,
             times: 3,
         }),
-        Control::Failed(Refusal::BadManifest("why".into())),
-        Control::Want {
-            version: PROTOCOL_VERSION,
-            name: name.clone(),
-        },
-        Control::Have {
+        TransferMsg::Failed(Refusal::BadManifest("why".into())),
+        TransferMsg::Want { name: name.clone() },
+        TransferMsg::Have {
             manifest: small_manifest(),
         },
-        Control::Swarm {
+        TransferMsg::Swarm {
             me: 1,
             peers: vec![
                 SwarmPeer { id: 0, addr: peer },
@@ -208,76 +207,86 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
                 },
             ],
         },
-        Control::Join {
-            version: PROTOCOL_VERSION,
+        TransferMsg::Join {
             name: name.clone(),
             root,
             from: 2,
         },
-        Control::Bitfield { has },
-        Control::Has {
+        TransferMsg::Bitfield { has },
+        TransferMsg::Has {
             chunks: vec![1, 300, 1 << 40],
         },
-        Control::Progress {
+        TransferMsg::Progress {
             held_bytes: 1,
             from_source: 2,
             from_peers: 3,
         },
-        Control::PeerDropped {
+        TransferMsg::PeerDropped {
             peer,
             reason: "slow".into(),
         },
-        Control::JobAccepted { id: "j1".into() },
-        Control::StatusQuery {
-            version: PROTOCOL_VERSION,
-        },
-        Control::CancelJob {
-            version: PROTOCOL_VERSION,
-            id: "j1".into(),
-        },
-        Control::JobCancelled {
+    ];
+    let admin_requests = vec![
+        AdminRequest::Status,
+        AdminRequest::CancelJob { id: "j1".into() },
+        AdminRequest::RemoveModel { name: name.clone() },
+    ];
+    let admin_replies = vec![
+        AdminReply::JobAccepted { id: "j1".into() },
+        AdminReply::JobCancelled {
             id: "j1".into(),
             known: true,
         },
-        Control::RemoveModel {
-            version: PROTOCOL_VERSION,
-            name: name.clone(),
-        },
-        Control::ModelRemoved {
+        AdminReply::ModelRemoved {
             name: name.clone(),
             existed: false,
         },
-        Control::RunQuery {
-            version: PROTOCOL_VERSION,
+        AdminReply::Failed(Refusal::NotHeld("m".into())),
+    ];
+    let launch_requests = vec![
+        LaunchRequest::RunQuery {
             run: Some("r1".into()),
         },
-        Control::Runs(vec![]),
-        Control::StopRun {
-            version: PROTOCOL_VERSION,
+        LaunchRequest::StopRun {
             run: None,
             grace_ms: 5,
             reason: "down".into(),
         },
-        Control::ReadLog {
-            version: PROTOCOL_VERSION,
+        LaunchRequest::ReadLog {
             run: "r1".into(),
             offset: 0,
             max: 4096,
         },
-        Control::Reach {
-            version: PROTOCOL_VERSION,
+        LaunchRequest::Reach {
             listen: Some(peer),
             peers: vec![],
             window_ms: 1000,
         },
     ];
+    let launch_replies = vec![LaunchReply::Runs(vec![])];
+    let hellos = [Service::Transfer, Service::Admin, Service::Launch].map(Hello::new);
     let mut out = Vec::new();
-    for (i, c) in controls.iter().enumerate() {
-        let frame = encode(c);
-        out.push((
-            format!("seed-control-{i:02}-{}", c.kind()),
-            frame[4..].to_vec(),
-        ));
+    let mut seed = |kind: &str, what: &str, frame: Vec<u8>| {
+        let i = out.len();
+        out.push((format!("seed-{kind}-{i:02}-{what}"), frame[4..].to_vec()));
+    };
+    for m in &controls {
+        seed("transfer", m.kind(), encode(m));
+    }
+    for m in &admin_requests {
+        seed("admin-request", "", encode(m));
+    }
+    for m in &admin_replies {
+        seed("admin-reply", m.kind(), encode(m));
+    }
+    for m in &launch_requests {
+        seed("launch-request", "", encode(m));
+    }
+    for m in &launch_replies {
+        seed("launch-reply", m.kind(), encode(m));
+    }
+    for h in &hellos {
+        seed("hello", "", encode(h));
     }
     // Two whole frames, prefix included.
     out.push(("seed-frame-offer".into(), encode(&controls[0])));
@@ -386,11 +395,28 @@ fn write_seeds() {
 /// starts from inputs that go deep, not from ones refused at once).
 #[test]
 fn seeds_are_valid_inputs() {
+    use xfer_proto::frame::decode;
+    let mut checked = 0;
     for (what, body) in wire_seeds() {
-        if what.starts_with("seed-control") {
-            xfer_proto::frame::decode::<Control>(&body).expect(&what);
-        }
+        let ok = if what.starts_with("seed-transfer") {
+            decode::<TransferMsg>(&body).is_ok()
+        } else if what.starts_with("seed-admin-request") {
+            decode::<AdminRequest>(&body).is_ok()
+        } else if what.starts_with("seed-admin-reply") {
+            decode::<AdminReply>(&body).is_ok()
+        } else if what.starts_with("seed-launch-request") {
+            decode::<LaunchRequest>(&body).is_ok()
+        } else if what.starts_with("seed-launch-reply") {
+            decode::<LaunchReply>(&body).is_ok()
+        } else if what.starts_with("seed-hello") {
+            decode::<Hello>(&body).is_ok_and(|h| h.check().is_ok())
+        } else {
+            continue;
+        };
+        assert!(ok, "{what} does not decode as its own type");
+        checked += 1;
     }
+    assert!(checked >= 29, "only {checked} message seeds");
     for (what, bytes) in manifest_seeds() {
         if what.ends_with(".json") && !what.contains("record") {
             Manifest::parse_json(&bytes, Path::new(&what)).expect(&what);

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use xfer::agent::sync::status::ModelState;
+use xfer_proto::admin::JobState;
 
 use common::cluster::*;
 use common::hub::*;
@@ -60,7 +61,7 @@ fn sync_returns_at_once_and_the_agents_finish_the_job() {
     );
     let job = s.job("a", &id).expect("the source knows the job");
     assert!(
-        ["queued", "syncing"].contains(&job.state.as_str()),
+        matches!(job.state, JobState::Queued | JobState::Syncing),
         "job state right after sync: {job:#?}"
     );
     assert_eq!(job.nodes, ["a", "b", "c"]);
@@ -228,7 +229,7 @@ fn periodic_verify_repairs_a_damaged_file_from_peers() {
         "last_error names the file and the repair: {m:#?}"
     );
     assert!(!err.contains("failed"), "{m:#?}");
-    assert_eq!(m.root.as_deref(), Some(want.as_str()));
+    assert_eq!(m.root.map(|r| r.to_hex()), Some(want.clone()));
     same_bytes(&src.join(SHARD1), &bad).unwrap();
     assert_same_tree(&src, &c.root("b").join("m12"));
     let (r, v) = verify(&c.root("b").join("m12"));
@@ -380,7 +381,7 @@ fn cancel_stops_a_job_and_rm_removes_the_model() {
 
     let s = c.status();
     let job = s.job("a", &id).unwrap();
-    assert_eq!(job.state, "cancelled", "{job:#?}");
+    assert_eq!(job.state, JobState::Cancelled, "{job:#?}");
     // Let what was in flight land, then nothing more arrives.
     let held =
         |n: &str| journal_held_bytes(&c.root(n).join(".xfer/staging/big/journal"), &big_manifest);
@@ -410,7 +411,7 @@ fn cancel_stops_a_job_and_rm_removes_the_model() {
         );
         assert!(!c.root(n).join("big").exists());
     }
-    assert_eq!(s.job("a", &id).unwrap().state, "cancelled");
+    assert_eq!(s.job("a", &id).unwrap().state, JobState::Cancelled);
 
     // No --yes and no terminal: refused, nothing deleted.
     let r = run(&mut c.cmd("rm", &["small"]), Duration::from_secs(20));
@@ -524,7 +525,10 @@ fn sync_transport_rdma_fails_where_the_agent_has_no_rdma_and_quic_completes() {
     );
     let state = c.poll("the rdma job to fail", Duration::from_secs(30), |s| {
         let job = s.job("a", &id)?;
-        job.state.starts_with("failed").then(|| job.state.clone())
+        match &job.state {
+            JobState::Failed { reason } => Some(reason.clone()),
+            _ => None,
+        }
     });
     assert!(
         state.contains("--transport rdma: the agent on a has no RDMA data plane"),

@@ -526,14 +526,14 @@ enum Outcome {
     /// The agent refused it: the error the client saw.
     Refused(String),
     /// The agent answered on a stream.
-    Answered(xfer_proto::control::Control),
+    Answered(xfer_proto::admin::AdminReply),
 }
 
 /// Connects with `ep`, sends `msg` on a stream and waits for an answer.
 async fn attempt(
     ep: &quinn::Endpoint,
     addr: SocketAddr,
-    msg: &xfer_proto::control::Control,
+    msg: &xfer_proto::admin::AdminRequest,
 ) -> Outcome {
     use xfer::transport::quic;
     let conn = match quic::connect(ep, addr, Duration::from_secs(5)).await {
@@ -541,10 +541,12 @@ async fn attempt(
         Err(e) => return Outcome::Refused(e),
     };
     let exchange = async {
-        let (mut send, mut recv) = conn.open_bi().await?;
+        let (mut send, mut recv) = quic::open_service(&conn, xfer_proto::hello::Service::Admin)
+            .await
+            .map_err(anyhow::Error::msg)?;
         quic::write_frame(&mut send, msg).await?;
         let _ = send.finish();
-        quic::read_frame::<xfer_proto::control::Control>(&mut recv).await
+        quic::read_frame::<xfer_proto::admin::AdminReply>(&mut recv).await
     };
     let out = match tokio::time::timeout(Duration::from_secs(5), exchange).await {
         Ok(Ok(reply)) => Outcome::Answered(reply),
@@ -573,8 +575,8 @@ struct Storm {
 /// that only ask for the status must be answered (so the harness can see an
 /// admission).
 fn storm(addr: SocketAddr, pid: u32, key: &Path, other: &Path, victim: &str, n: usize) -> Storm {
-    use xfer_proto::control::Control;
-    use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+    use xfer_proto::admin::{AdminReply, AdminRequest};
+    use xfer_proto::names::ModelName;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -583,12 +585,10 @@ fn storm(addr: SocketAddr, pid: u32, key: &Path, other: &Path, victim: &str, n: 
     rt.block_on(async {
         let cred = xfer::config::auth::Credential::load(key).unwrap();
         let ours = xfer::transport::quic::client_endpoint(&cred, addr).unwrap();
-        let status = Control::StatusQuery {
-            version: PROTOCOL_VERSION,
-        };
+        let status = AdminRequest::Status;
         let out = attempt(&ours, addr, &status).await;
         assert!(
-            matches!(out, Outcome::Answered(Control::StatusReport(_))),
+            matches!(out, Outcome::Answered(AdminReply::Status(_))),
             "the cluster's own key was not answered, the storm would prove nothing: {out:?}"
         );
 
@@ -600,7 +600,7 @@ fn storm(addr: SocketAddr, pid: u32, key: &Path, other: &Path, victim: &str, n: 
         ));
         let out = attempt(&forged, addr, &status).await;
         assert!(
-            matches!(out, Outcome::Answered(Control::StatusReport(_))),
+            matches!(out, Outcome::Answered(AdminReply::Status(_))),
             "a hand-made node certificate of the right cluster was not answered: {out:?}"
         );
 
@@ -614,8 +614,7 @@ fn storm(addr: SocketAddr, pid: u32, key: &Path, other: &Path, victim: &str, n: 
             .clone()
             .expect("the agent's certificate");
 
-        let harm = Control::RemoveModel {
-            version: PROTOCOL_VERSION,
+        let harm = AdminRequest::RemoveModel {
             name: ModelName::new(victim).unwrap(),
         };
         let intruders = [

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xfer::config::auth::Credential;
-use xfer_proto::control::{Control, Refusal};
+use xfer_proto::launch::{LaunchReply, LaunchRequest, Refusal};
 
 use crate::config::{RankNode, Setup};
 
@@ -35,18 +35,18 @@ impl Agents {
     }
 
     /// Sends `msg(node)` to every node's agent at once; the answers are in
-    /// node order. A refusal (`Control::Failed`) comes back as its message.
+    /// node order. A refusal (`LaunchReply::Failed`) comes back as its message.
     pub async fn ask_all(
         &self,
-        msg: impl Fn(usize, &RankNode) -> Control,
+        msg: impl Fn(usize, &RankNode) -> LaunchRequest,
         timeout: Duration,
-    ) -> Vec<Result<Control, String>> {
+    ) -> Vec<Result<LaunchReply, String>> {
         let mut set = tokio::task::JoinSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
             let (cred, addr, m) = (self.cred.clone(), n.agent.clone(), msg(i, n));
             set.spawn(async move { (i, ask(&cred, &addr, &m, timeout).await) });
         }
-        let mut out: Vec<Result<Control, String>> = (0..self.nodes.len())
+        let mut out: Vec<Result<LaunchReply, String>> = (0..self.nodes.len())
             .map(|_| Err("no answer".into()))
             .collect();
         while let Some(done) = set.join_next().await {
@@ -58,7 +58,12 @@ impl Agents {
     }
 
     /// Sends one message to node `i`.
-    pub async fn ask(&self, i: usize, msg: &Control, timeout: Duration) -> Result<Control, String> {
+    pub async fn ask(
+        &self,
+        i: usize,
+        msg: &LaunchRequest,
+        timeout: Duration,
+    ) -> Result<LaunchReply, String> {
         ask(&self.cred, &self.nodes[i].agent, msg, timeout).await
     }
 }
@@ -66,11 +71,11 @@ impl Agents {
 async fn ask(
     cred: &Credential,
     addr: &str,
-    msg: &Control,
+    msg: &LaunchRequest,
     timeout: Duration,
-) -> Result<Control, String> {
-    match xfer::agent::sync::client::ask(cred, addr, msg, timeout).await? {
-        Control::Failed(r) => Err(refusal(&r)),
+) -> Result<LaunchReply, String> {
+    match xfer::agent::client::launch(cred, addr, msg, timeout).await? {
+        LaunchReply::Failed(r) => Err(refusal(&r)),
         other => Ok(other),
     }
 }
@@ -83,7 +88,7 @@ fn refusal(r: &Refusal) -> String {
 }
 
 /// The answer did not have the expected kind.
-pub fn unexpected(got: &Control) -> String {
+pub fn unexpected(got: &LaunchReply) -> String {
     format!(
         "the agent answered {}; run the same xfer version on every node",
         got.kind()

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use xfer::agent::preflight::NodeFacts;
-use xfer_proto::control::Control;
-use xfer_proto::names::PROTOCOL_VERSION;
+use xfer_proto::launch::{LaunchReply, LaunchRequest};
 
 use crate::agents::{unexpected, Agents};
 use crate::config::{Setup, COMMIT_PLACEHOLDER};
@@ -39,10 +38,7 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
                 let mut r = reqs[i].clone();
                 r.listen_port = None;
                 r.peers.clear();
-                Control::Preflight {
-                    version: PROTOCOL_VERSION,
-                    request: Box::new(r),
-                }
+                LaunchRequest::Preflight(Box::new(r))
             },
             PREFLIGHT_TIMEOUT,
         )
@@ -50,7 +46,7 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     let mut facts: Vec<Result<NodeFacts, String>> = answers
         .into_iter()
         .map(|a| match a? {
-            Control::PreflightReport(f) => Ok(*f),
+            LaunchReply::PreflightReport(f) => Ok(*f),
             other => Err(unexpected(&other)),
         })
         .collect();
@@ -59,8 +55,7 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
         .ask_all(
             |i, _| {
                 let (listen, peers, window_ms) = preflight::reach_of(&reqs[i]);
-                Control::Reach {
-                    version: PROTOCOL_VERSION,
+                LaunchRequest::Reach {
                     listen,
                     peers,
                     window_ms,
@@ -72,7 +67,7 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     for (f, r) in facts.iter_mut().zip(reached) {
         if let Ok(f) = f {
             match r {
-                Ok(Control::Reached { listen, reach }) => {
+                Ok(LaunchReply::Reached { listen, reach }) => {
                     f.listen = listen;
                     f.reach = reach;
                 }

@@ -48,8 +48,7 @@ use launcher::agents::Agents;
 use launcher::config::Setup;
 use launcher::up::UpOptions;
 use xfer::agent::ranks::{RankReport, RunState};
-use xfer_proto::control::Control;
-use xfer_proto::names::PROTOCOL_VERSION;
+use xfer_proto::launch::{LaunchReply, LaunchRequest};
 
 #[derive(Parser)]
 #[command(
@@ -349,12 +348,9 @@ async fn logs(
     // Which run each node shows.
     let mut cursors: Vec<(usize, String, u64, bool)> = Vec::new();
     for &i in &picked {
-        let msg = Control::RunQuery {
-            version: PROTOCOL_VERSION,
-            run: run.clone(),
-        };
+        let msg = LaunchRequest::RunQuery { run: run.clone() };
         match agents.ask(i, &msg, launcher::agents::QUICK).await {
-            Ok(Control::Runs(r)) => match r.first() {
+            Ok(LaunchReply::Runs(r)) => match r.first() {
                 Some(r) => {
                     eprintln!(
                         "== {} rank {} run {}: {:?} ({}) ==",
@@ -377,14 +373,13 @@ async fn logs(
         let mut any_live = false;
         for c in cursors.iter_mut() {
             loop {
-                let msg = Control::ReadLog {
-                    version: PROTOCOL_VERSION,
+                let msg = LaunchRequest::ReadLog {
                     run: c.1.clone(),
                     offset: c.2,
                     max: 1 << 20,
                 };
                 let chunk = match agents.ask(c.0, &msg, launcher::agents::QUICK).await {
-                    Ok(Control::Log(l)) => l,
+                    Ok(LaunchReply::Log(l)) => l,
                     Ok(other) => return Err(launcher::agents::unexpected(&other)),
                     Err(e) => return Err(format!("{}: {e}", setup.nodes[c.0].name)),
                 };

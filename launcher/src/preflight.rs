@@ -77,7 +77,7 @@ fn version_probes(engine: Engine) -> Vec<VersionProbe> {
 
 /// The reachability round of node `i`'s request: where it listens, whom
 /// it connects to. [`requests`] carries it; the launcher sends it apart
-/// (`Control::Reach`), after every node's port checks.
+/// (`LaunchRequest::Reach`), after every node's port checks.
 pub fn reach_of(req: &PreflightRequest) -> (Option<SocketAddr>, Vec<ReachTarget>, u64) {
     (
         req.listen_port.map(|p| SocketAddr::new(req.fabric_ip, p)),

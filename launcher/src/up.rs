@@ -10,8 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use xfer::agent::ranks::{RankReport, RunState};
-use xfer_proto::control::Control;
-use xfer_proto::names::PROTOCOL_VERSION;
+use xfer_proto::launch::{LaunchReply, LaunchRequest};
 
 use crate::agents::{unexpected, Agents};
 use crate::check::{self, Checked};
@@ -132,10 +131,7 @@ async fn launch(
     );
     let started = agents
         .ask_all(
-            |i, _| Control::StartRank {
-                version: PROTOCOL_VERSION,
-                spec: Box::new(specs[i].clone()),
-            },
+            |i, _| LaunchRequest::StartRank(Box::new(specs[i].clone())),
             crate::agents::QUICK,
         )
         .await;
@@ -144,7 +140,7 @@ async fn launch(
         .iter()
         .zip(&started)
         .filter_map(|(n, r)| match r {
-            Ok(Control::Runs(_)) => None,
+            Ok(LaunchReply::Runs(_)) => None,
             Ok(other) => Some(format!("{}: {}", n.name, unexpected(other))),
             Err(e) => Some(format!("{}: {e}", n.name)),
         })
@@ -282,8 +278,7 @@ async fn launch(
 pub async fn query(agents: &Agents, run: &str) -> Vec<Option<RankReport>> {
     agents
         .ask_all(
-            |_, _| Control::RunQuery {
-                version: PROTOCOL_VERSION,
+            |_, _| LaunchRequest::RunQuery {
                 run: Some(run.to_string()),
             },
             crate::agents::QUICK,
@@ -291,7 +286,7 @@ pub async fn query(agents: &Agents, run: &str) -> Vec<Option<RankReport>> {
         .await
         .into_iter()
         .map(|a| match a {
-            Ok(Control::Runs(mut r)) if !r.is_empty() => Some(r.remove(0)),
+            Ok(LaunchReply::Runs(mut r)) if !r.is_empty() => Some(r.remove(0)),
             _ => None,
         })
         .collect()
@@ -307,8 +302,7 @@ pub async fn stop(
 ) -> Vec<Result<Vec<RankReport>, String>> {
     agents
         .ask_all(
-            |_, _| Control::StopRun {
-                version: PROTOCOL_VERSION,
+            |_, _| LaunchRequest::StopRun {
                 run: run.map(str::to_string),
                 grace_ms: grace.as_millis() as u64,
                 reason: reason.to_string(),
@@ -318,7 +312,7 @@ pub async fn stop(
         .await
         .into_iter()
         .map(|a| match a? {
-            Control::Runs(r) => Ok(r),
+            LaunchReply::Runs(r) => Ok(r),
             other => Err(unexpected(&other)),
         })
         .collect()

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use xfer::agent::sync::status::{AgentStatus, JobView, ModelState, ModelStatus};
+use xfer_proto::admin::JobState;
 
 use super::*;
 
@@ -65,7 +66,7 @@ impl Status {
             .map(|n| {
                 self.model(n, name)
                     .filter(|m| m.state == ModelState::Complete)
-                    .and_then(|m| m.root.clone())
+                    .and_then(|m| m.root.map(|r| r.to_hex()))
             })
             .collect();
         let first = roots.first()?.clone()?;
@@ -286,12 +287,12 @@ impl Cluster {
             |s| {
                 let job = s.job(source, id)?;
                 assert!(
-                    !job.state.starts_with("failed") && job.state != "cancelled",
+                    !matches!(job.state, JobState::Failed { .. } | JobState::Cancelled),
                     "job {id} ended {}: {s:#?}\n{}",
-                    job.state,
+                    job.shown(),
                     self.logs()
                 );
-                if job.state != "complete" {
+                if !matches!(job.state, JobState::Complete { .. }) {
                     return None;
                 }
                 s.complete_root(members, name)

@@ -17,12 +17,15 @@ use serde::Serialize;
 use crate::config::cluster::Cluster;
 use crate::hub::api::{self, RevisionInfo};
 use crate::store::ModelRecord;
+use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::chunkset::{ChunkMap, ChunkSet};
-use xfer_proto::control::Control;
 use xfer_proto::frame;
+use xfer_proto::hello::Hello;
+use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use xfer_proto::manifest::Manifest;
 use xfer_proto::names::ModelName;
-use xfer_proto::stream::{ChunkReply, ChunkRequest, RdmaReply, RdmaRequest};
+use xfer_proto::stream::{ChunkReply, ChunkRequest, RdmaReply, RdmaRequest, StreamRequest};
+use xfer_proto::transfer::TransferMsg;
 
 /// Most chunks [`manifest`] walks one by one; enough to cover every file
 /// boundary of anything a fuzzer produces.
@@ -34,9 +37,21 @@ pub fn wire(data: &[u8]) {
     if let Some(prefix) = data.get(..4).and_then(|p| <[u8; 4]>::try_from(p).ok()) {
         let _ = frame::frame_len(prefix);
     }
-    if let Some(m) = round_trip::<Control>(data) {
-        control(&m);
+    if let Some(h) = round_trip::<Hello>(data) {
+        let _ = h.check();
     }
+    if let Some(m) = round_trip::<TransferMsg>(data) {
+        transfer(&m);
+    }
+    round_trip::<AdminRequest>(data);
+    if let Some(r) = round_trip::<AdminReply>(data) {
+        let _ = r.kind();
+    }
+    round_trip::<LaunchRequest>(data);
+    if let Some(r) = round_trip::<LaunchReply>(data) {
+        let _ = r.kind();
+    }
+    round_trip::<StreamRequest>(data);
     round_trip::<ChunkRequest>(data);
     round_trip::<ChunkReply>(data);
     round_trip::<RdmaRequest>(data);
@@ -79,18 +94,18 @@ fn same<T: PartialEq>(a: &T, b: &T) -> bool {
     a == b
 }
 
-/// Uses a decoded control message the way a receiver would, after the
+/// Uses a decoded transfer message the way a receiver would, after the
 /// checks a receiver makes.
-fn control(m: &Control) {
+fn transfer(m: &TransferMsg) {
     let _ = m.kind();
     match m {
-        Control::Offer { manifest: m, .. } | Control::Have { manifest: m }
+        TransferMsg::Offer { manifest: m, .. } | TransferMsg::Have { manifest: m }
             if m.validate().is_ok() =>
         {
             use_manifest(m)
         }
-        Control::Bitfield { has } if has.is_well_formed() => use_set(has),
-        Control::Failed(r) => {
+        TransferMsg::Bitfield { has } if has.is_well_formed() => use_set(has),
+        TransferMsg::Failed(r) => {
             let _ = r.to_string();
         }
         _ => {}

@@ -437,7 +437,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                                     j.name,
                                     j.source_node,
                                     j.nodes.join(","),
-                                    j.state,
+                                    j.shown(),
                                     j.last_error
                                         .as_deref()
                                         .map(|e| format!(" (last error: {e})"))
@@ -650,7 +650,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode> {
                             None => println!(
                                 "{}: ok, root {}",
                                 n.addr,
-                                n.root.as_deref().unwrap_or("?")
+                                n.root.map_or("?".to_string(), |r| r.to_hex())
                             ),
                             Some(e) => println!("{}: FAILED: {e}", n.addr),
                         }

@@ -1,12 +1,68 @@
-//! The admin service's vocabulary: sync jobs as the CLI hands them to the
-//! agents ([`JobSpec`]), where they stand ([`JobState`]), and what an agent
-//! reports when asked ([`AgentStatus`]: its models and jobs).
+//! The admin service: the operator's requests ([`AdminRequest`]: hand over
+//! a sync job, report status, cancel a job, remove a model) and their
+//! replies ([`AdminReply`]), with the vocabulary they carry: sync jobs as
+//! the CLI hands them to the agents ([`JobSpec`]), where they stand
+//! ([`JobState`]), and what an agent reports when asked ([`AgentStatus`]:
+//! its models and jobs).
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::hash::Hash;
 use crate::names::ModelName;
+pub use crate::refusal::Refusal;
+
+/// CLI → agent, after a [`crate::hello::Hello`] for
+/// [`crate::hello::Service::Admin`]. Each is answered by one
+/// [`AdminReply`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum AdminRequest {
+    /// Own this sync job; you are `node` in it.
+    SyncJob { node: String, job: JobSpec },
+    /// Report your models and jobs.
+    Status,
+    /// Stop sync job `id`.
+    CancelJob { id: String },
+    /// Delete the model `name` from your root.
+    RemoveModel { name: ModelName },
+}
+
+/// Agent → CLI: the answer to an [`AdminRequest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum AdminReply {
+    /// Refused or failed. First, at tag 0, in every service's replies:
+    /// see [`crate::refusal::FailedReply`].
+    Failed(Refusal),
+    /// The job is stored (and started, on its source node).
+    JobAccepted {
+        id: String,
+    },
+    Status(AgentStatus),
+    /// `known` says whether this agent had the job.
+    JobCancelled {
+        id: String,
+        known: bool,
+    },
+    /// Removed (`existed` false: there was nothing to remove).
+    ModelRemoved {
+        name: ModelName,
+        existed: bool,
+    },
+}
+
+impl AdminReply {
+    /// The reply's name, for errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AdminReply::JobAccepted { .. } => "JobAccepted",
+            AdminReply::Status(_) => "Status",
+            AdminReply::JobCancelled { .. } => "JobCancelled",
+            AdminReply::ModelRemoved { .. } => "ModelRemoved",
+            AdminReply::Failed(_) => "Failed",
+        }
+    }
+}
 
 /// What the user asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -103,7 +159,7 @@ pub enum JobState {
     Syncing,
     /// Every member reported `root`.
     Complete {
-        root: String,
+        root: Hash,
     },
     Cancelled,
     /// Cannot go on without the user (bad source path, ...).
@@ -160,7 +216,7 @@ pub enum ModelState {
 pub struct ModelStatus {
     pub name: String,
     /// The root hash once complete (or of the transfer running).
-    pub root: Option<String>,
+    pub root: Option<Hash>,
     pub state: ModelState,
     pub bytes_total: u64,
     pub bytes_held: u64,
@@ -183,10 +239,41 @@ pub struct JobView {
     pub name: String,
     pub source_node: String,
     pub nodes: Vec<String>,
-    pub state: String,
+    /// The job's state in this agent's record of it. A member's record is
+    /// not updated by the source, so until it is final, `here` says more.
+    pub state: JobState,
+    /// The model's state on this node, for a job this node is a member of
+    /// but not the source of.
+    pub here: Option<ModelState>,
     pub last_error: Option<String>,
     pub rounds: u64,
     pub delivered: Vec<MemberTally>,
+}
+
+impl ModelState {
+    pub fn label(&self) -> &'static str {
+        match self {
+            ModelState::Queued => "queued",
+            ModelState::Syncing => "syncing",
+            ModelState::Verifying => "verifying",
+            ModelState::Repairing => "repairing",
+            ModelState::Complete => "complete",
+            ModelState::Failed => "failed",
+        }
+    }
+}
+
+impl JobView {
+    /// The state to show: the record's once final (or on the source), else
+    /// the model's state on this node.
+    pub fn shown(&self) -> String {
+        match (&self.state, self.here) {
+            (JobState::Failed { reason }, _) => format!("failed: {reason}"),
+            (s, _) if s.is_final() => s.label().to_string(),
+            (_, Some(here)) => here.label().to_string(),
+            (s, None) => s.label().to_string(),
+        }
+    }
 }
 
 /// The reply to a status query.

@@ -14,6 +14,12 @@ pub const MAX_FRAME: usize = 64 << 20;
 /// Largest first frame of a chunk stream: a [`crate::stream::StreamRequest`]
 /// is a few dozen bytes (an RDMA hello with 16 queue pairs about 200).
 pub const STREAM_REQUEST_LIMIT: usize = 4 << 10;
+/// Largest [`crate::hello::Hello`]: a version and a service tag.
+pub const HELLO_LIMIT: usize = 64;
+/// Largest admin or launch request: a sync job names its members, a rank
+/// its environment and argv; none comes near a mebibyte. (Transfer
+/// messages carry manifests, up to [`MAX_FRAME`].)
+pub const REQUEST_LIMIT: usize = 1 << 20;
 
 /// Why bytes could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

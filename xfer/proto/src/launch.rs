@@ -1,5 +1,6 @@
-//! The launch service's vocabulary: what the launcher asks a node to look
-//! at before a launch ([`PreflightRequest`]) and what the node found
+//! The launch service: the launcher's requests ([`LaunchRequest`]) and
+//! their replies ([`LaunchReply`]), with the vocabulary they carry: what
+//! the launcher asks a node to look at before a launch ([`PreflightRequest`]) and what the node found
 //! ([`NodeFacts`], every probe a [`Probe`] that says why it was skipped),
 //! the rank an agent starts ([`RankSpec`]) and how it is doing
 //! ([`RankReport`], [`LogChunk`]).
@@ -11,6 +12,67 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::refusal::Refusal;
+
+/// Launcher → agent (and agent → agent, to stop a group), after a
+/// [`crate::hello::Hello`] for [`crate::hello::Service::Launch`]. Each is
+/// answered by one [`LaunchReply`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum LaunchRequest {
+    /// Look at this node before a launch.
+    Preflight(Box<PreflightRequest>),
+    /// Listen on `listen` and connect to every peer for `window_ms` (run
+    /// on every node at once, after the port checks).
+    Reach {
+        listen: Option<SocketAddr>,
+        peers: Vec<ReachTarget>,
+        window_ms: u64,
+    },
+    /// Start your rank of a launch.
+    StartRank(Box<RankSpec>),
+    /// How the ranks of `run` are doing (None: every rank this agent knows).
+    RunQuery { run: Option<String> },
+    /// Stop a run's rank (`run` None: every live one), SIGKILL after
+    /// `grace_ms`; answered with `Runs` once stopped.
+    StopRun {
+        run: Option<String>,
+        grace_ms: u64,
+        reason: String,
+    },
+    /// Part of a rank's log.
+    ReadLog { run: String, offset: u64, max: u64 },
+}
+
+/// Agent → launcher: the answer to a [`LaunchRequest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum LaunchReply {
+    /// Refused or failed. First, at tag 0, in every service's replies:
+    /// see [`crate::refusal::FailedReply`].
+    Failed(Refusal),
+    PreflightReport(Box<NodeFacts>),
+    /// Whether it could listen, and each peer's result.
+    Reached {
+        listen: Probe<SocketAddr>,
+        reach: Vec<ReachFacts>,
+    },
+    /// Ranks, newest first.
+    Runs(Vec<RankReport>),
+    Log(Box<LogChunk>),
+}
+
+impl LaunchReply {
+    /// The reply's name, for errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LaunchReply::PreflightReport(_) => "PreflightReport",
+            LaunchReply::Reached { .. } => "Reached",
+            LaunchReply::Runs(_) => "Runs",
+            LaunchReply::Log(_) => "Log",
+            LaunchReply::Failed(_) => "Failed",
+        }
+    }
+}
 
 /// What the launcher asks one node to look at.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -378,4 +440,95 @@ pub struct Hint {
     pub line: String,
     /// What it means and what to do.
     pub hint: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{decode_frame, encode};
+
+    #[test]
+    fn launch_messages_round_trip() {
+        let facts = NodeFacts {
+            hostname: "n1".into(),
+            agent_version: "0.1.0".into(),
+            weights: WeightFacts {
+                problems: vec!["x: missing".into()],
+                ..WeightFacts::default()
+            },
+            disk: Probe::Ok(DiskFacts {
+                path: "/r".into(),
+                free_bytes: 1,
+                total_bytes: 2,
+            }),
+            memory: Probe::Skipped("why".into()),
+            gpus: Probe::Failed("nvidia-smi exited with 9".into()),
+            fabric: Probe::Ok(IfaceFacts {
+                name: "fab0".into(),
+                operstate: "up".into(),
+                carrier: Some(true),
+                mtu: 9000,
+                addrs: vec![("10.0.0.1".parse().unwrap(), 24)],
+            }),
+            interfaces: vec![],
+            default_route: Probe::Skipped("no IPv4 default route".into()),
+            ports: vec![PortFacts {
+                what: "api".into(),
+                port: 8000,
+                free: Probe::Ok(()),
+            }],
+            listen: Probe::Ok("10.0.0.1:29500".parse().unwrap()),
+            reach: vec![ReachFacts {
+                node: "n2".into(),
+                addr: "10.0.0.2:29500".parse().unwrap(),
+                result: Probe::Ok(120),
+            }],
+            versions: vec![VersionFacts {
+                what: "vllm".into(),
+                version: Probe::Ok("0.11.0".into()),
+            }],
+            rdma: Probe::Skipped("none".into()),
+        };
+        let spec = RankSpec {
+            run: "r1".into(),
+            node: "n1".into(),
+            rank: 0,
+            env: [("A".to_string(), "B".to_string())].into(),
+            procs: vec![ProcSpec {
+                argv: vec!["vllm".into()],
+                wait_tcp: Some("10.0.0.1:6379".parse().unwrap()),
+            }],
+            on_stop: vec![],
+            group: vec![GroupPeer {
+                node: "n2".into(),
+                addrs: vec!["10.0.0.2:7470".into()],
+            }],
+            wait_timeout_ms: 1,
+            grace_ms: 2,
+        };
+        for m in [
+            LaunchReply::PreflightReport(Box::new(facts)),
+            LaunchReply::Reached {
+                listen: Probe::Failed("in use".into()),
+                reach: vec![],
+            },
+        ] {
+            assert_eq!(
+                decode_frame::<LaunchReply>(&encode(&m)).unwrap(),
+                m,
+                "{}",
+                m.kind()
+            );
+        }
+        for m in [
+            LaunchRequest::StartRank(Box::new(spec)),
+            LaunchRequest::StopRun {
+                run: None,
+                grace_ms: 5,
+                reason: "down".into(),
+            },
+        ] {
+            assert_eq!(decode_frame::<LaunchRequest>(&encode(&m)).unwrap(), m);
+        }
+    }
 }

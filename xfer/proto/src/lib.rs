@@ -6,9 +6,11 @@
 //! - [`hash`]: the BLAKE3 chunk tree; [`relpath`]: the path rules;
 //!   [`manifest`]: a tree's description; [`chunkset`]: sets of chunks;
 //! - [`frame`]: the length prefix, [`frame::WireError`] and size limits;
-//! - [`control`]: the control-stream messages; [`admin`] and [`launch`]:
-//!   the types the admin and launch services carry; [`stream`]: the tagged
-//!   chunk-stream requests;
+//! - [`hello`]: the first frame of a control stream (version, service);
+//!   then one message vocabulary per service: [`transfer`] (push, swarm,
+//!   fetch), [`admin`] (sync jobs, status, cancel, rm) and [`launch`]
+//!   (preflight, ranks, logs), each refusable with a [`refusal::Refusal`];
+//! - [`stream`]: the tagged chunk-stream requests;
 //! - [`units`]: byte and rate formatting for messages.
 //!
 //! Every decoder here is strict and bounded: hostile input is an error
@@ -16,12 +18,14 @@
 
 pub mod admin;
 pub mod chunkset;
-pub mod control;
 pub mod frame;
 pub mod hash;
+pub mod hello;
 pub mod launch;
 pub mod manifest;
 pub mod names;
+pub mod refusal;
 pub mod relpath;
 pub mod stream;
+pub mod transfer;
 pub mod units;

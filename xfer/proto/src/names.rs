@@ -5,20 +5,28 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version spoken by this build, checked once per connection
 /// through the ALPN ([`alpn_offers`]). Version 2 tags every
-/// chunk-stream request ([`crate::stream::StreamRequest`]).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// chunk-stream request ([`crate::stream::StreamRequest`]); version 3
+/// opens every control stream with a [`crate::hello::Hello`] naming its
+/// service, followed by that service's own messages.
+pub const PROTOCOL_VERSION: u32 = 3;
 /// TLS ALPN identifier of this build's protocol version.
-pub const ALPN: &[u8] = b"xfer/2";
-/// ALPN of protocol version 1: still offered and accepted, only so that a
-/// node of that version is refused with a sentence naming both versions
-/// (a handshake without a common ALPN would fail with no such sentence).
+pub const ALPN: &[u8] = b"xfer/3";
+/// ALPNs of the older protocol versions, newest first: still offered and
+/// accepted, only so that a node of such a version is refused with a
+/// sentence naming both versions (a handshake without a common ALPN would
+/// fail with no such sentence).
+pub const ALPN_OLDER: &[&[u8]] = &[b"xfer/2", ALPN_V1];
+/// ALPN of protocol version 1.
 pub const ALPN_V1: &[u8] = b"xfer/1";
 
 /// The ALPN identifiers a node offers, newest first: TLS settles on the
 /// newest both ends know, and a node that then finds another version than
 /// its own refuses the connection with [`version_refusal`].
 pub fn alpn_offers() -> Vec<Vec<u8>> {
-    vec![ALPN.to_vec(), ALPN_V1.to_vec()]
+    std::iter::once(ALPN)
+        .chain(ALPN_OLDER.iter().copied())
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 /// The protocol version an ALPN identifier names (`xfer/N`).

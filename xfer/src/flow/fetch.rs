@@ -21,8 +21,9 @@ use crate::transport::quic::{self, read_frame, write_frame};
 use crate::transport::rdma::link::Nic;
 use crate::transport::Fetcher;
 use xfer_proto::chunkset::ChunkSet;
-use xfer_proto::control::Control;
-use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+use xfer_proto::hello::Service;
+use xfer_proto::names::ModelName;
+use xfer_proto::transfer::TransferMsg;
 
 /// What to fetch from where.
 #[derive(Debug, Clone)]
@@ -60,24 +61,16 @@ pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary> {
     let conn = quic::connect(&ep, addr, opts.connect_timeout)
         .await
         .map_err(anyhow::Error::msg)?;
-    let (mut send, mut recv) = conn
-        .open_bi()
+    let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
         .await
-        .map_err(|e| anyhow::anyhow!(quic::describe(addr, &e)))?;
-    write_frame(
-        &mut send,
-        &Control::Want {
-            version: PROTOCOL_VERSION,
-            name: name.clone(),
-        },
-    )
-    .await?;
-    let manifest = match read_frame::<Control>(&mut recv)
+        .map_err(anyhow::Error::msg)?;
+    write_frame(&mut send, &TransferMsg::Want { name: name.clone() }).await?;
+    let manifest = match read_frame::<TransferMsg>(&mut recv)
         .await
         .with_context(|| format!("{addr} closed the request"))?
     {
-        Control::Have { manifest } => manifest,
-        Control::Failed(r) => bail!("{addr}: {r}"),
+        TransferMsg::Have { manifest } => manifest,
+        TransferMsg::Failed(r) => bail!("{addr}: {r}"),
         other => bail!("{addr}: protocol error: unexpected {}", other.kind()),
     };
     manifest

@@ -28,6 +28,7 @@ use crate::hub::repo::RepoRef;
 use crate::store::hashcache::HashCache;
 use crate::store::scan::{scan_selected, SourceTree};
 use crate::util::progress::Progress;
+use xfer_proto::hash::Hash;
 use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
 
@@ -38,7 +39,7 @@ pub struct PullFanoutSummary {
     /// The name the agents hold it under (the cache folder's name).
     pub name: String,
     /// The root of the complete folder, as every agent reported it.
-    pub root: String,
+    pub root: Hash,
     /// Push rounds run, the last one with the complete folder.
     pub rounds: usize,
     /// Bytes the source sent over all rounds, summed over agents.
@@ -155,7 +156,7 @@ pub async fn pull_and_fan_out(
     Ok(PullFanoutSummary {
         pull: summary,
         name: name.to_string(),
-        root: last.root.clone(),
+        root: last.root,
         rounds,
         bytes_sent,
         source_sent_x: bytes_sent as f64 / total as f64,

@@ -2,7 +2,7 @@
 //!
 //! The pusher hashes the tree once, offers the manifest to every agent over
 //! its own QUIC connection (its own endpoint and socket), tells each who the
-//! other agents are ([`Control::Swarm`]), then serves the chunks each agent
+//! other agents are ([`TransferMsg::Swarm`]), then serves the chunks each agent
 //! asks for. Agents fetch most chunks from each other, so the source uploads
 //! about one copy whatever the number of agents; they decide what they still
 //! need, so a re-run after an interruption sends only what is missing.
@@ -26,8 +26,10 @@ use crate::transport::ChunkReader;
 use crate::util::progress::Progress;
 use crate::util::rate::RateLimiter;
 use xfer_proto::chunkset::ChunkMap;
-use xfer_proto::control::{Control, SwarmPeer};
-use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+use xfer_proto::hash::Hash;
+use xfer_proto::hello::Service;
+use xfer_proto::names::ModelName;
+use xfer_proto::transfer::{SwarmPeer, TransferMsg};
 
 /// What to push where.
 #[derive(Debug, Clone)]
@@ -49,7 +51,7 @@ pub struct PushOptions {
 #[derive(Debug, Serialize)]
 pub struct PushSummary {
     pub name: String,
-    pub root: String,
+    pub root: Hash,
     pub files: usize,
     pub bytes_total: u64,
     /// Chunk bytes the source sent, summed over nodes.
@@ -70,7 +72,7 @@ pub struct NodeSummary {
     pub addr: String,
     pub ok: bool,
     pub error: Option<String>,
-    pub root: Option<String>,
+    pub root: Option<Hash>,
     pub bytes_sent: u64,
     /// Of `bytes_sent`, what went by RDMA write (0: all over QUIC).
     pub bytes_sent_rdma: u64,
@@ -160,8 +162,7 @@ pub async fn deliver(
     let reader: Arc<dyn ChunkReader> =
         Arc::new(FileChunkReader::new(tree.sources.clone(), map.clone()));
     let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
-    let offer = Arc::new(Control::Offer {
-        version: PROTOCOL_VERSION,
+    let offer = Arc::new(TransferMsg::Offer {
         name: name.clone(),
         manifest: manifest.clone(),
     });
@@ -169,7 +170,7 @@ pub async fn deliver(
     let send_started = Instant::now();
     let mut tasks = Vec::new();
     for (addr, member) in opts.to.iter().zip(&members) {
-        let swarm = Control::Swarm {
+        let swarm = TransferMsg::Swarm {
             me: member.id,
             peers: members.clone(),
         };
@@ -194,7 +195,7 @@ pub async fn deliver(
     for mut t in tasks {
         let node = (&mut t.0).await?;
         if let Some(r) = &node.root {
-            if *r != root.to_hex() {
+            if *r != root {
                 anyhow::bail!("{} reports root {r}, expected {root}", node.addr);
             }
         }
@@ -203,7 +204,7 @@ pub async fn deliver(
     let bytes_sent = nodes.iter().map(|n| n.bytes_sent).sum();
     Ok(PushSummary {
         name: name.to_string(),
-        root: root.to_hex(),
+        root,
         files: manifest.file_count(),
         bytes_total: manifest.total_bytes(),
         bytes_sent,
@@ -233,9 +234,9 @@ async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree
 
 struct NodeCtx {
     addr: String,
-    swarm: Control,
+    swarm: TransferMsg,
     cred: Arc<Credential>,
-    offer: Arc<Control>,
+    offer: Arc<TransferMsg>,
     map: Arc<ChunkMap>,
     reader: Arc<dyn ChunkReader>,
     limiter: Option<Arc<RateLimiter>>,
@@ -283,17 +284,17 @@ impl NodeCtx {
             Some(reason) => quic::describe(addr, &reason),
             None => format!("{addr}: {e:#}"),
         };
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| quic::describe(addr, &e))?;
+        let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer).await?;
         write_frame(&mut send, self.offer.as_ref())
             .await
             .map_err(lost)?;
         write_frame(&mut send, &self.swarm).await.map_err(lost)?;
-        match read_frame::<Control>(&mut recv).await.map_err(lost)? {
-            Control::Accepted { held_bytes, .. } => {
+        match read_frame::<TransferMsg>(&mut recv).await.map_err(lost)? {
+            TransferMsg::Accepted { held_bytes, .. } => {
                 summary.bytes_skipped = held_bytes;
                 self.bar.set_position(held_bytes);
             }
-            Control::Failed(r) => return Err(format!("{addr}: {r}")),
+            TransferMsg::Failed(r) => return Err(format!("{addr}: {r}")),
             other => {
                 return Err(format!(
                     "{addr}: protocol error: unexpected {}",
@@ -316,8 +317,8 @@ impl NodeCtx {
             },
         )));
         let result = loop {
-            match read_frame::<Control>(&mut recv).await.map_err(lost) {
-                Ok(Control::Progress {
+            match read_frame::<TransferMsg>(&mut recv).await.map_err(lost) {
+                Ok(TransferMsg::Progress {
                     held_bytes,
                     from_source,
                     from_peers,
@@ -326,20 +327,20 @@ impl NodeCtx {
                     summary.from_source = from_source;
                     summary.from_peers = from_peers;
                 }
-                Ok(Control::PeerDropped { peer, reason }) => {
+                Ok(TransferMsg::PeerDropped { peer, reason }) => {
                     tracing::warn!("{addr} dropped peer {peer}: {reason}");
                     summary.dropped_peers.push(format!("{peer}: {reason}"));
                 }
-                Ok(Control::Done {
+                Ok(TransferMsg::Done {
                     root,
                     corrupt_chunks,
                     ..
                 }) => {
-                    summary.root = Some(root.to_hex());
+                    summary.root = Some(root);
                     summary.corrupt_chunks = corrupt_chunks;
                     break Ok(());
                 }
-                Ok(Control::Failed(r)) => break Err(format!("{addr}: {r}")),
+                Ok(TransferMsg::Failed(r)) => break Err(format!("{addr}: {r}")),
                 Ok(other) => {
                     break Err(format!(
                         "{addr}: protocol error: unexpected {}",

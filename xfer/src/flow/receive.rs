@@ -21,8 +21,8 @@ use crate::engine::scheduler::{self, Action, DropReason, Event, PeerId, Schedule
 use crate::store::{ChunkError, Transfer, Written};
 use crate::transport::{ChunkFetcher, FetchError};
 use xfer_proto::chunkset::ChunkSet;
-use xfer_proto::control::Refusal;
 use xfer_proto::hash::Hash;
+use xfer_proto::refusal::Refusal;
 
 /// How often written chunks are made durable against power loss.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);

@@ -1,10 +1,10 @@
 //! Peer links between the receivers of one transfer.
 //!
 //! The source tells each receiver who the other receivers are
-//! ([`Control::Swarm`]). Every receiver then opens one mutually authenticated
-//! QUIC connection to each other receiver and sends [`Control::Join`]; the
-//! other side answers with a [`Control::Bitfield`] of the chunks it has
-//! verified, then a [`Control::Has`] for each batch it verifies later, and
+//! ([`TransferMsg::Swarm`]). Every receiver then opens one mutually authenticated
+//! QUIC connection to each other receiver and sends [`TransferMsg::Join`]; the
+//! other side answers with a [`TransferMsg::Bitfield`] of the chunks it has
+//! verified, then a [`TransferMsg::Has`] for each batch it verifies later, and
 //! serves chunk requests on the same connection from its staging files
 //! ([`HeldChunkReader`]). Whatever arrives is checked against the manifest by
 //! the store before it is stored or served again, so a chunk is verified on
@@ -33,9 +33,10 @@ use crate::transport::rdma::link::{Nic, Offer};
 use crate::transport::serve::{serve, Serving};
 use crate::transport::Fetcher;
 use xfer_proto::chunkset::ChunkSet;
-use xfer_proto::control::{Control, Refusal, SwarmPeer};
 use xfer_proto::hash::Hash;
-use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+use xfer_proto::hello::Service;
+use xfer_proto::names::ModelName;
+use xfer_proto::transfer::{Refusal, SwarmPeer, TransferMsg};
 
 /// How long a joining peer waits for this node to start the same transfer
 /// (the source's offers reach the receivers at about the same time).
@@ -118,7 +119,7 @@ async fn source_for(
     }
 }
 
-/// Serving side: answers a peer's [`Control::Join`] on `conn`, then serves
+/// Serving side: answers a peer's [`TransferMsg::Join`] on `conn`, then serves
 /// it chunks and announces new ones until it disconnects (or, if this
 /// node's transfer fails or is superseded, until then).
 pub async fn serve_peer(
@@ -139,7 +140,7 @@ pub async fn serve_peer(
         Some(Source::Running(share)) => share,
         Some(Source::Held(m)) => {
             let has = ChunkSet::full(m.map.len());
-            write_frame(&mut send, &Control::Bitfield { has }).await?;
+            write_frame(&mut send, &TransferMsg::Bitfield { has }).await?;
             let rdma = Offer {
                 nic,
                 files: Some(m.paths),
@@ -152,7 +153,7 @@ pub async fn serve_peer(
                 "not receiving `{name}` with root {}; the source has not offered it here yet",
                 root.short()
             ));
-            write_frame(&mut send, &Control::Failed(r.clone())).await?;
+            write_frame(&mut send, &TransferMsg::Failed(r.clone())).await?;
             let _ = send.finish();
             anyhow::bail!(r);
         }
@@ -160,7 +161,7 @@ pub async fn serve_peer(
     // Subscribe before the snapshot, so no chunk falls between the two.
     let mut verified = share.verified.subscribe();
     let has = share.transfer.held();
-    write_frame(&mut send, &Control::Bitfield { has }).await?;
+    write_frame(&mut send, &TransferMsg::Bitfield { has }).await?;
     let map = Arc::new(share.transfer.map().clone());
     let reader = Arc::new(HeldChunkReader::new(share.transfer.clone()));
     // Still arriving: over RDMA, verified chunks go through a bounce pool.
@@ -191,7 +192,7 @@ async fn announce(
                 // Flush what was verified before the end.
                 let chunks = drain(verified, Vec::new());
                 if !chunks.is_empty() {
-                    write_frame(send, &Control::Has { chunks }).await?;
+                    write_frame(send, &TransferMsg::Has { chunks }).await?;
                 }
                 return Ok(());
             }
@@ -200,11 +201,11 @@ async fn announce(
         match first {
             Ok(c) => {
                 let chunks = drain(verified, vec![c]);
-                write_frame(send, &Control::Has { chunks }).await?;
+                write_frame(send, &TransferMsg::Has { chunks }).await?;
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 let has = share.transfer.held();
-                write_frame(send, &Control::Bitfield { has }).await?;
+                write_frame(send, &TransferMsg::Bitfield { has }).await?;
             }
             Err(broadcast::error::RecvError::Closed) => return Ok(()),
         }
@@ -335,9 +336,10 @@ async fn handshake(
     let conn = quic::connect(&plan.endpoint, addr, Duration::from_secs(5))
         .await
         .map_err(anyhow::Error::msg)?;
-    let (mut send, mut recv) = conn.open_bi().await?;
-    let join = Control::Join {
-        version: PROTOCOL_VERSION,
+    let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let join = TransferMsg::Join {
         name: plan.name.clone(),
         root: plan.root,
         from: plan.me,
@@ -349,10 +351,10 @@ async fn handshake(
         .await
         .map_err(|_| anyhow::anyhow!("{addr} did not answer the join"))??;
     match reply {
-        Control::Bitfield { has } if has.is_well_formed() && has.capacity() == plan.chunks => {
+        TransferMsg::Bitfield { has } if has.is_well_formed() && has.capacity() == plan.chunks => {
             Ok((conn, recv, has))
         }
-        Control::Failed(r) => {
+        TransferMsg::Failed(r) => {
             conn.close(0u32.into(), b"refused");
             anyhow::bail!("{addr} refused the join: {r}")
         }
@@ -371,22 +373,22 @@ async fn follow(
     tx: &mpsc::UnboundedSender<PeerUpdate<Fetcher>>,
 ) -> String {
     loop {
-        let msg = match read_frame::<Control>(recv).await {
+        let msg = match read_frame::<TransferMsg>(recv).await {
             Ok(m) => m,
             Err(e) => return format!("{e:#}"),
         };
         let update = match msg {
-            Control::Has { chunks: c } if c.iter().all(|&n| n < chunks) => PeerUpdate::Has {
+            TransferMsg::Has { chunks: c } if c.iter().all(|&n| n < chunks) => PeerUpdate::Has {
                 peer: id,
                 chunks: c,
             },
-            Control::Bitfield { has } if has.is_well_formed() && has.capacity() == chunks => {
+            TransferMsg::Bitfield { has } if has.is_well_formed() && has.capacity() == chunks => {
                 PeerUpdate::Has {
                     peer: id,
                     chunks: has.iter().collect(),
                 }
             }
-            Control::Failed(r) => return r.to_string(),
+            TransferMsg::Failed(r) => return r.to_string(),
             other => return format!("protocol error: unexpected {}", other.kind()),
         };
         if tx.send(update).is_err() {

@@ -32,10 +32,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::journal::{Journal, Record};
 use xfer_proto::chunkset::{ChunkMap, ChunkSet};
-use xfer_proto::control::Refusal;
 use xfer_proto::hash::{self, Hash};
 use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, ManifestDoc};
 use xfer_proto::names::ModelName;
+use xfer_proto::refusal::Refusal;
 use xfer_proto::relpath::RelPath;
 
 /// An agent's root directory.

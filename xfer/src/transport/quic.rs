@@ -25,6 +25,7 @@ use crate::config::auth::{Credential, SERVER_NAME};
 use crate::util::aligned::AlignedBuf;
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::frame;
+use xfer_proto::hello::{Hello, Service};
 use xfer_proto::manifest::ChunkId;
 use xfer_proto::names::{alpn_version, version_refusal, PROTOCOL_VERSION};
 use xfer_proto::stream::{ChunkReply, ChunkRequest, ResetCode, StreamRequest};
@@ -248,12 +249,38 @@ pub async fn write_frame<T: Serialize>(send: &mut quinn::SendStream, msg: &T) ->
 
 /// Reads one frame, refusing oversized or malformed ones.
 pub async fn read_frame<T: DeserializeOwned>(recv: &mut quinn::RecvStream) -> Result<T> {
+    read_frame_within(recv, frame::MAX_FRAME).await
+}
+
+/// [`read_frame`] for a message known to be at most `limit` bytes.
+pub async fn read_frame_within<T: DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+    limit: usize,
+) -> Result<T> {
     let mut prefix = [0u8; 4];
     recv.read_exact(&mut prefix).await?;
-    let len = frame::frame_len(prefix)?;
+    let len = frame::frame_len_within(prefix, limit)?;
     let mut body = vec![0u8; len];
     recv.read_exact(&mut body).await?;
     Ok(frame::decode(&body)?)
+}
+
+/// Opens a control stream on `conn` for `service`: the stream's first
+/// frame is this build's [`Hello`]. The error says why, in the words of
+/// [`describe`].
+pub async fn open_service(
+    conn: &Connection,
+    service: Service,
+) -> Result<(quinn::SendStream, quinn::RecvStream), String> {
+    let addr = conn.remote_address();
+    let (mut send, recv) = conn.open_bi().await.map_err(|e| describe(addr, &e))?;
+    write_frame(&mut send, &Hello::new(service))
+        .await
+        .map_err(|e| match conn.close_reason() {
+            Some(reason) => describe(addr, &reason),
+            None => format!("{addr}: {e:#}"),
+        })?;
+    Ok((send, recv))
 }
 
 /// Reads the first frame of a chunk stream: a tagged request, at most

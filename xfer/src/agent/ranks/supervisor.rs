@@ -23,8 +23,7 @@ use super::{
     check_run_id, signatures, LogChunk, ProcReport, ProcState, RankReport, RankSpec, RunState,
 };
 use crate::config::auth::Credential;
-use xfer_proto::control::Control;
-use xfer_proto::names::PROTOCOL_VERSION;
+use xfer_proto::launch::LaunchRequest;
 
 /// How much of the log a report scans for signatures.
 const SCAN_BYTES: u64 = 256 << 10;
@@ -272,8 +271,7 @@ impl Supervisor {
         run.note(&format!("rank failed: {why}; stopping the group"));
         tracing::warn!("run {}: {why}; stopping the group", run.spec.run);
         let grace = Duration::from_millis(run.spec.grace_ms);
-        let msg = Control::StopRun {
-            version: PROTOCOL_VERSION,
+        let msg = LaunchRequest::StopRun {
             run: Some(run.spec.run.clone()),
             grace_ms: run.spec.grace_ms,
             reason: format!("stopped because {why}"),
@@ -285,7 +283,7 @@ impl Supervisor {
                 let (id, node) = (run.spec.run.clone(), peer.node.clone());
                 tokio::spawn(async move {
                     let limit = grace + Duration::from_secs(15);
-                    match crate::agent::sync::client::ask(&cred, &addr, &msg, limit).await {
+                    match crate::agent::client::launch(&cred, &addr, &msg, limit).await {
                         Ok(_) => tracing::info!("run {id}: {node} ({addr}) stopped its rank"),
                         Err(e) => tracing::info!("run {id}: {node} at {addr}: {e}"),
                     }

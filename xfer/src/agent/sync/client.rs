@@ -13,64 +13,14 @@ use serde::Serialize;
 
 use super::job::{new_id, JobMember, JobSource, JobSpec};
 use super::status::{AgentStatus, ModelState, ModelStatus};
+use crate::agent::client::{admin, ASK_TIMEOUT};
 use crate::config::auth::Credential;
 use crate::config::cluster::{Cluster, Node};
 use crate::hub::repo::{RepoRef, RepoType};
-use crate::transport::quic::{self, read_frame, write_frame};
 use crate::transport::select::TransportChoice;
-use xfer_proto::control::Control;
-use xfer_proto::names::{ModelName, PROTOCOL_VERSION};
+use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
+use xfer_proto::names::ModelName;
 use xfer_proto::units::Bytes;
-
-/// How long one agent gets to answer a status query, connection included.
-pub const ASK_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Sends `msg` to the agent at `addr` and returns its one reply.
-pub async fn ask(
-    cred: &Credential,
-    addr: &str,
-    msg: &Control,
-    timeout: Duration,
-) -> Result<Control, String> {
-    ask_within(
-        cred,
-        addr,
-        msg,
-        timeout.min(ASK_TIMEOUT.max(Duration::from_secs(5))),
-        timeout,
-    )
-    .await
-}
-
-/// [`ask`], with its own limit for the connection: an agent that is down
-/// is known after `connect` even when the answer may take `timeout`.
-pub async fn ask_within(
-    cred: &Credential,
-    addr: &str,
-    msg: &Control,
-    connect: Duration,
-    timeout: Duration,
-) -> Result<Control, String> {
-    let exchange = async {
-        let sock = quic::resolve(addr).map_err(|e| format!("{e:#}"))?;
-        let ep = quic::client_endpoint(cred, sock).map_err(|e| format!("{e:#}"))?;
-        let conn = quic::connect(&ep, sock, connect).await?;
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| quic::describe(sock, &e))?;
-        write_frame(&mut send, msg)
-            .await
-            .map_err(|e| format!("{e:#}"))?;
-        let _ = send.finish();
-        let reply = read_frame::<Control>(&mut recv)
-            .await
-            .map_err(|e| format!("{sock}: {e:#}"))?;
-        conn.close(0u32.into(), b"done");
-        Ok(reply)
-    };
-    match tokio::time::timeout(timeout, exchange).await {
-        Ok(r) => r,
-        Err(_) => Err(format!("no answer within {}s", timeout.as_secs())),
-    }
-}
 
 /// What `xfer sync` was asked to do.
 #[derive(Debug, Clone)]
@@ -153,22 +103,26 @@ pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
     }
     let cred = Arc::new(cred);
     let asks = involved.iter().map(|n| {
-        let msg = Control::SyncJob {
-            version: PROTOCOL_VERSION,
+        let msg = AdminRequest::SyncJob {
             node: n.name.to_string(),
             job: spec.clone(),
         };
         let (cred, agent, node) = (cred.clone(), n.agent.clone(), n.name.to_string());
-        async move { (node, ask(&cred, &agent, &msg, Duration::from_secs(5)).await) }
+        async move {
+            (
+                node,
+                admin(&cred, &agent, &msg, Duration::from_secs(5)).await,
+            )
+        }
     });
     let replies = futures_join(asks).await;
     for (node, r) in replies {
         match r {
-            Ok(Control::JobAccepted { .. }) => {}
-            Ok(Control::Failed(why)) if node == spec.source_node => {
+            Ok(AdminReply::JobAccepted { .. }) => {}
+            Ok(AdminReply::Failed(why)) if node == spec.source_node => {
                 bail!("{node} refused the job: {why}")
             }
-            Ok(Control::Failed(why)) => eprintln!("warning: {node} refused the job: {why}"),
+            Ok(AdminReply::Failed(why)) => eprintln!("warning: {node} refused the job: {why}"),
             Ok(other) => bail!("{node} answered {} to a sync job; upgrade xfer there", other.kind()),
             Err(e) if node == spec.source_node => bail!(
                 "the source node {node} did not take the job: {e}; is its agent running?"
@@ -211,11 +165,8 @@ pub async fn status(cluster: &Cluster, nodes: &[String]) -> Result<Vec<NodeRepor
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         async move {
-            let q = Control::StatusQuery {
-                version: PROTOCOL_VERSION,
-            };
-            match ask(&cred, &agent, &q, ASK_TIMEOUT).await {
-                Ok(Control::StatusReport(s)) => NodeReport {
+            match admin(&cred, &agent, &AdminRequest::Status, ASK_TIMEOUT).await {
+                Ok(AdminReply::Status(s)) => NodeReport {
                     node,
                     agent,
                     reachable: true,
@@ -314,18 +265,11 @@ fn row(node: &str, m: &ModelStatus) -> [String; 8] {
     } else {
         format!("{:.1}%", m.bytes_held as f64 * 100.0 / m.bytes_total as f64)
     };
-    let state = serde_json::to_value(m.state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
     [
         node.to_string(),
         m.name.clone(),
-        m.root
-            .as_deref()
-            .map(|r| r[..12.min(r.len())].to_string())
-            .unwrap_or_else(|| "-".into()),
-        state,
+        m.root.map(|r| r.short()).unwrap_or_else(|| "-".into()),
+        m.state.label().to_string(),
         pct,
         if m.rate_bps > 0.0 {
             format!("{}/s", Bytes(m.rate_bps as u64))
@@ -361,14 +305,9 @@ pub async fn wait(
                 Some(m) => {
                     bar.set_length(m.bytes_total);
                     bar.set_position(m.bytes_held);
-                    bar.set_message(
-                        serde_json::to_value(m.state)
-                            .ok()
-                            .and_then(|v| v.as_str().map(String::from))
-                            .unwrap_or_default(),
-                    );
+                    bar.set_message(m.state.label());
                     if m.state == ModelState::Complete {
-                        roots.push(m.root.clone());
+                        roots.push(m.root);
                     }
                 }
                 None => bar.set_message(if r.reachable { "queued" } else { "unreachable" }),
@@ -380,18 +319,20 @@ pub async fn wait(
             .and_then(|r| r.status.as_ref())
             .and_then(|s| s.jobs.iter().find(|j| j.id == spec.id).cloned());
         if let Some(j) = &job {
-            if j.state.starts_with("failed") || j.state == "cancelled" {
-                bail!("job {} {}", spec.id, j.state);
+            if matches!(j.state, JobState::Failed { .. } | JobState::Cancelled) {
+                bail!("job {} {}", spec.id, j.shown());
             }
         }
         let all_done = roots.len() == names.len()
             && roots.iter().all(|r| r.is_some() && *r == roots[0])
-            && job.as_ref().is_some_and(|j| j.state == "complete");
+            && job
+                .as_ref()
+                .is_some_and(|j| matches!(j.state, JobState::Complete { .. }));
         if all_done {
             for b in &bars {
                 b.finish_with_message("complete");
             }
-            return Ok(roots[0].clone().unwrap_or_default());
+            return Ok(roots[0].map(|r| r.to_hex()).unwrap_or_default());
         }
         if started.elapsed() > Duration::from_secs(7 * 24 * 3600) {
             bail!("gave up waiting");
@@ -405,13 +346,10 @@ pub async fn cancel(cluster: &Cluster, id: &str) -> Result<Vec<(String, Result<b
     let cred = Arc::new(Credential::load(&cluster.key)?);
     let asks = cluster.nodes.iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
-        let msg = Control::CancelJob {
-            version: PROTOCOL_VERSION,
-            id: id.to_string(),
-        };
+        let msg = AdminRequest::CancelJob { id: id.to_string() };
         async move {
-            let r = match ask(&cred, &agent, &msg, ASK_TIMEOUT).await {
-                Ok(Control::JobCancelled { known, .. }) => Ok(known),
+            let r = match admin(&cred, &agent, &msg, ASK_TIMEOUT).await {
+                Ok(AdminReply::JobCancelled { known, .. }) => Ok(known),
                 Ok(other) => Err(format!("answered {}", other.kind())),
                 Err(e) => Err(e),
             };
@@ -430,14 +368,11 @@ pub async fn remove(
     let cred = Arc::new(Credential::load(&cluster.key)?);
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
-        let msg = Control::RemoveModel {
-            version: PROTOCOL_VERSION,
-            name: name.clone(),
-        };
+        let msg = AdminRequest::RemoveModel { name: name.clone() };
         async move {
-            let r = match ask(&cred, &agent, &msg, Duration::from_secs(30)).await {
-                Ok(Control::ModelRemoved { existed, .. }) => Ok(existed),
-                Ok(Control::Failed(why)) => Err(why.to_string()),
+            let r = match admin(&cred, &agent, &msg, Duration::from_secs(30)).await {
+                Ok(AdminReply::ModelRemoved { existed, .. }) => Ok(existed),
+                Ok(AdminReply::Failed(why)) => Err(why.to_string()),
                 Ok(other) => Err(format!("answered {}", other.kind())),
                 Err(e) => Err(e),
             };

@@ -140,7 +140,9 @@ mod tests {
         let dir = JobDir::new(t.path());
         let mut rec = JobRecord::new(spec());
         dir.save(&rec).unwrap();
-        rec.state = JobState::Complete { root: "r".into() };
+        rec.state = JobState::Complete {
+            root: xfer_proto::hash::Hash([7; 32]),
+        };
         dir.save(&rec).unwrap();
         let all = dir.all();
         assert_eq!(all.len(), 1);

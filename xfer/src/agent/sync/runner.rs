@@ -21,6 +21,7 @@ use crate::store::Store;
 use crate::transport::rdma::link::Nic;
 use crate::transport::select::TransportChoice;
 use crate::util::progress::Progress;
+use xfer_proto::hash::Hash;
 use xfer_proto::names::ModelName;
 
 /// Pause after a round that left a member incomplete, growing to this.
@@ -250,7 +251,7 @@ impl Runner {
     }
 
     /// One delivery to every member: the root and each member's outcome.
-    async fn round(&self, spec: &JobSpec) -> Result<(String, Vec<NodeSummary>), RoundError> {
+    async fn round(&self, spec: &JobSpec) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let nic = self.nic_for(spec).map_err(Fatal)?;
         let push = PushOptions {
             src: PathBuf::new(),
@@ -296,7 +297,7 @@ impl Runner {
         repo: &str,
         repo_type: &str,
         mut push: PushOptions,
-    ) -> Result<(String, Vec<NodeSummary>), RoundError> {
+    ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let mut env = HubEnv::from_process().map_err(Fatal)?;
         env.cache_root = self.store.root().to_path_buf();
         let opts = PullOptions {
@@ -326,13 +327,13 @@ impl Runner {
             .await
             .map_err(|e| Retry(e.to_string()))?
             .map_err(|e| Retry(format!("{e:#}")))?;
-            (tree.manifest.root().to_hex(), Vec::new(), tree.manifest)
+            (tree.manifest.root(), Vec::new(), tree.manifest)
         } else {
             let s =
                 crate::flow::pull_fanout::pull_and_fan_out(opts, env, push, Progress::new(false))
                     .await
                     .map_err(|e| Retry(format!("{e:#}")))?;
-            (s.root.clone(), s.nodes, s.manifest)
+            (s.root, s.nodes, s.manifest)
         };
         let mut nodes = nodes;
         if spec.is_member(&me) {
@@ -346,7 +347,7 @@ impl Runner {
                     .unwrap_or_default(),
                 ok: ok.is_ok(),
                 error: ok.err().map(|e| e.to_string()),
-                root: Some(root.clone()),
+                root: Some(root),
                 ..Default::default()
             });
         }

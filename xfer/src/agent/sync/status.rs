@@ -20,10 +20,8 @@ impl From<&JobRecord> for JobView {
             name: r.spec.name.to_string(),
             source_node: r.spec.source_node.clone(),
             nodes: r.spec.members.iter().map(|m| m.node.clone()).collect(),
-            state: match &r.state {
-                super::job::JobState::Failed { reason } => format!("failed: {reason}"),
-                s => s.label().to_string(),
-            },
+            state: r.state.clone(),
+            here: None,
             last_error: r.last_error.clone(),
             rounds: r.rounds,
             delivered: r.delivered.clone(),
@@ -171,7 +169,7 @@ impl Activity {
             let e = m.entry(name.clone()).or_default();
             let mut st = ModelStatus {
                 name: name.to_string(),
-                root: rec.map(|r| r.manifest.root.to_hex()),
+                root: rec.map(|r| r.manifest.root),
                 state: if rec.is_some() {
                     ModelState::Complete
                 } else if e.failed {
@@ -194,7 +192,7 @@ impl Activity {
                     let total = transfer.manifest().total_bytes();
                     let rate = e.sample.map(|(_, _, r)| r).unwrap_or(0.0);
                     st.state = ModelState::Syncing;
-                    st.root = Some(transfer.manifest().root().to_hex());
+                    st.root = Some(transfer.manifest().root());
                     st.bytes_total = total;
                     st.bytes_held = held;
                     st.rate_bps = rate;
@@ -217,10 +215,7 @@ impl Activity {
                 let source_here = j.me.as_deref() == Some(j.spec.source_node.as_str());
                 if !source_here && !j.state.is_final() {
                     if let Some(m) = out.iter().find(|m| m.name == j.spec.name.as_str()) {
-                        v.state = serde_json::to_value(m.state)
-                            .ok()
-                            .and_then(|s| s.as_str().map(str::to_string))
-                            .unwrap_or(v.state);
+                        v.here = Some(m.state);
                     }
                 }
                 v

@@ -1,0 +1,169 @@
+//! The transfer service: the messages of a push (offer, swarm, accepted,
+//! progress, done), of a peer link in a swarm (join, bitfield, has) and of
+//! a fetch of a held model (want, have), each refusable with a
+//! [`Refusal`].
+//!
+//! A transfer stream opens with [`crate::hello::Hello`] for
+//! [`crate::hello::Service::Transfer`]; its first [`TransferMsg`] is one of
+//! the openers (`Offer`, `Join`, `Want`).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::chunkset::ChunkSet;
+use crate::hash::Hash;
+use crate::manifest::Manifest;
+use crate::names::ModelName;
+pub use crate::refusal::Refusal;
+
+/// Messages on a transfer stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum TransferMsg {
+    /// Refused or failed. First, at tag 0, in every service's replies:
+    /// see [`crate::refusal::FailedReply`].
+    Failed(Refusal),
+    /// Source → receiver: store this tree under `name`.
+    Offer { name: ModelName, manifest: Manifest },
+    /// Receiver → source: accepted; this much is already held.
+    Accepted {
+        held_bytes: u64,
+        held_chunks: u64,
+        need_bytes: u64,
+    },
+    /// Receiver → source: the tree is complete and verified.
+    Done {
+        root: Hash,
+        received_bytes: u64,
+        corrupt_chunks: u64,
+    },
+    /// Peer → agent: send me the complete model `name` you hold.
+    Want { name: ModelName },
+    /// Agent → peer: this is the model; fetch its chunks on this connection.
+    Have { manifest: Manifest },
+    /// Source → receiver, right after `Offer`: you are `me` in a swarm of
+    /// these receivers; fetch from them too. Without it a receiver fetches
+    /// from the source alone.
+    Swarm { me: u32, peers: Vec<SwarmPeer> },
+    /// Receiver → receiver, opening a peer link: I am `from` in the swarm
+    /// for model `name` with root `root`; announce what you hold.
+    Join {
+        name: ModelName,
+        root: Hash,
+        from: u32,
+    },
+    /// Receiver → peer: the verified chunks I hold now (global numbers).
+    Bitfield { has: ChunkSet },
+    /// Receiver → peer: chunks verified since the last announcement.
+    Has { chunks: Vec<u64> },
+    /// Receiver → source: how far along this node is, and where its bytes
+    /// came from.
+    Progress {
+        held_bytes: u64,
+        from_source: u64,
+        from_peers: u64,
+    },
+    /// Receiver → source: a peer was excluded from this transfer.
+    PeerDropped { peer: SocketAddr, reason: String },
+}
+
+/// One member of a swarm, as the source lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwarmPeer {
+    pub id: u32,
+    pub addr: SocketAddr,
+}
+
+impl TransferMsg {
+    /// The message's name, for errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TransferMsg::Offer { .. } => "Offer",
+            TransferMsg::Accepted { .. } => "Accepted",
+            TransferMsg::Done { .. } => "Done",
+            TransferMsg::Failed(_) => "Failed",
+            TransferMsg::Want { .. } => "Want",
+            TransferMsg::Have { .. } => "Have",
+            TransferMsg::Swarm { .. } => "Swarm",
+            TransferMsg::Join { .. } => "Join",
+            TransferMsg::Bitfield { .. } => "Bitfield",
+            TransferMsg::Has { .. } => "Has",
+            TransferMsg::Progress { .. } => "Progress",
+            TransferMsg::PeerDropped { .. } => "PeerDropped",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{decode, decode_frame, encode, frame_len, WireError};
+    use crate::manifest::{ChunkId, MANIFEST_VERSION};
+    use crate::stream::ChunkRequest;
+
+    #[test]
+    fn messages_round_trip() {
+        let m = TransferMsg::Offer {
+            name: ModelName::new("llama-3").unwrap(),
+            manifest: Manifest {
+                version: MANIFEST_VERSION,
+                chunk_size: 1 << 22,
+                entries: vec![],
+            },
+        };
+        assert_eq!(decode_frame::<TransferMsg>(&encode(&m)).unwrap(), m);
+        let r = ChunkRequest {
+            chunk: ChunkId { file: 3, index: 9 },
+        };
+        assert_eq!(decode_frame::<ChunkRequest>(&encode(&r)).unwrap(), r);
+        let f = TransferMsg::Failed(Refusal::NoSpace {
+            need: 10,
+            have: 2,
+            path: "/x".into(),
+        });
+        assert_eq!(decode_frame::<TransferMsg>(&encode(&f)).unwrap(), f);
+    }
+
+    #[test]
+    fn malformed_input_is_an_error_not_a_panic() {
+        assert!(matches!(
+            frame_len([0xff; 4]),
+            Err(WireError::TooLarge { .. })
+        ));
+        assert!(decode_frame::<TransferMsg>(&[0, 0]).is_err());
+        assert!(decode_frame::<TransferMsg>(&[0, 0, 0, 2, 0xff, 0xff]).is_err());
+        let mut good = encode(&ChunkRequest {
+            chunk: ChunkId { file: 1, index: 1 },
+        });
+        good.push(0);
+        good[3] += 1;
+        assert!(matches!(
+            decode_frame::<ChunkRequest>(&good),
+            Err(WireError::Malformed(_))
+        ));
+        // A name that would escape the root is refused while decoding.
+        let evil = encode(&String::from("../etc"));
+        assert!(decode_frame::<ModelName>(&evil).is_err());
+        // Random bytes never panic.
+        let mut x = 12345u64;
+        for len in 0..300 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let _ = decode::<TransferMsg>(&bytes);
+        }
+    }
+
+    #[test]
+    fn model_names() {
+        assert!(ModelName::new("models--org--name").is_ok());
+        for bad in ["", ".xfer", "a/b", "..", "a b", &"x".repeat(201)] {
+            assert!(ModelName::new(bad).is_err(), "{bad}");
+        }
+    }
+}

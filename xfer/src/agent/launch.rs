@@ -1,0 +1,83 @@
+//! The launch service: the launcher's requests (and the agents' own group
+//! stops). A preflight gathers this node's facts, a reach probe listens
+//! and connects for a window, and the rank requests start, report, stop
+//! and read the logs of this node's ranks ([`super::ranks`]).
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::{answer, refuse, Ctx};
+use crate::transport::quic::read_frame_within;
+use xfer_proto::frame::REQUEST_LIMIT;
+use xfer_proto::launch::{LaunchReply, LaunchRequest};
+use xfer_proto::refusal::Refusal;
+
+/// Answers the one request on a launch stream.
+pub(super) async fn serve(
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    ctx: &Ctx,
+) -> Result<()> {
+    let request: LaunchRequest = match read_frame_within(&mut recv, REQUEST_LIMIT).await {
+        Ok(r) => r,
+        Err(e) => {
+            return refuse(
+                &mut send,
+                Refusal::Protocol(format!("unreadable launch request: {e:#}")),
+            )
+            .await
+        }
+    };
+    let reply = match request {
+        LaunchRequest::Preflight(request) => {
+            let status = ctx
+                .activity
+                .report(&ctx.store, ctx.runner.me(), &ctx.runner.records());
+            let states = status
+                .models
+                .iter()
+                .map(|m| (m.name.clone(), m.state.label().to_string()))
+                .collect();
+            let facts = super::preflight::gather(*request, ctx.store.clone(), states).await;
+            LaunchReply::PreflightReport(Box::new(facts))
+        }
+        LaunchRequest::Reach {
+            listen,
+            peers,
+            window_ms,
+        } => {
+            let window = Duration::from_millis(window_ms.min(60_000));
+            let (listen, reach) = super::preflight::reach::probe(listen, &peers, window).await;
+            LaunchReply::Reached { listen, reach }
+        }
+        LaunchRequest::StartRank(spec) => {
+            tracing::info!("starting rank {} of run {}", spec.rank, spec.run);
+            match ctx.ranks.start(*spec) {
+                Ok(report) => LaunchReply::Runs(vec![report]),
+                Err(e) => LaunchReply::Failed(Refusal::Busy(e)),
+            }
+        }
+        LaunchRequest::RunQuery { run } => LaunchReply::Runs(ctx.ranks.reports(run.as_deref())),
+        LaunchRequest::StopRun {
+            run,
+            grace_ms,
+            reason,
+        } => {
+            tracing::info!(
+                "stopping run {}: {reason}",
+                run.as_deref().unwrap_or("(all)")
+            );
+            let grace = Duration::from_millis(grace_ms.min(600_000));
+            LaunchReply::Runs(ctx.ranks.stop(run.as_deref(), grace, &reason).await)
+        }
+        LaunchRequest::ReadLog { run, offset, max } => {
+            match ctx.ranks.read_log(&run, offset, max) {
+                Ok(chunk) => LaunchReply::Log(Box::new(chunk)),
+                Err(e) => LaunchReply::Failed(Refusal::Protocol(e)),
+            }
+        }
+    };
+    answer(&conn, send, &reply).await
+}

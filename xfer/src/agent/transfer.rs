@@ -1,0 +1,296 @@
+//! The transfer service: moving models. A stream opens with one of
+//! - an offer: open a [`Transfer`] in the store and pull the missing
+//!   chunks from the offering source and, in a swarm, from the other
+//!   receivers ([`crate::flow::swarm`]), reporting progress back to the
+//!   source. A newer offer for the same model supersedes a running one (a
+//!   restarted push resumes instead of waiting for the old connection to
+//!   time out);
+//! - a join from another receiver: served from this node's verified chunks;
+//! - a want: serve a complete model this node holds.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio_util::sync::CancellationToken;
+
+use super::{refuse, Ctx};
+use crate::engine::policy;
+use crate::flow::receive::{receive, Links, Received, Tally, SOURCE};
+use crate::flow::swarm::{self, LinkPlan, Share};
+use crate::store::{Store, Transfer};
+use crate::transport::files::HeldModel;
+use crate::transport::quic::{read_frame, write_frame};
+use crate::transport::rdma::link::{Nic, Offer};
+use crate::transport::serve::{serve as serve_chunks, Serving};
+use crate::transport::Fetcher;
+use xfer_proto::chunkset::ChunkSet;
+use xfer_proto::names::ModelName;
+use xfer_proto::transfer::{Refusal, SwarmPeer, TransferMsg};
+
+/// How often a receiver reports its progress to the source.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
+/// Running jobs by model name: a token to cancel each, and a lock the job
+/// holds while it runs.
+#[derive(Default)]
+pub(super) struct Jobs {
+    by_name: Mutex<HashMap<ModelName, Job>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+struct Job {
+    id: u64,
+    cancel: CancellationToken,
+    slot: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Serves one transfer stream, whose first message is an opener.
+pub(super) async fn serve(
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    ctx: &Ctx,
+) -> Result<()> {
+    let opener: TransferMsg = match read_frame(&mut recv).await {
+        Ok(m) => m,
+        Err(e) => {
+            return refuse(
+                &mut send,
+                Refusal::Protocol(format!("unreadable offer: {e:#}")),
+            )
+            .await
+        }
+    };
+    let (name, manifest) = match opener {
+        TransferMsg::Offer { name, manifest } => (name, manifest),
+        TransferMsg::Want { name } => {
+            return serve_model(conn, send, ctx.store.clone(), name, ctx.nic.clone()).await
+        }
+        TransferMsg::Join { name, root, .. } => {
+            let (store, shares) = (ctx.store.clone(), ctx.shares.clone());
+            return swarm::serve_peer(conn, send, store, shares, name, root, ctx.nic.clone()).await;
+        }
+        other => {
+            return refuse(
+                &mut send,
+                Refusal::Protocol(format!("expected an offer, got {}", other.kind())),
+            )
+            .await;
+        }
+    };
+    if let Err(e) = manifest.validate() {
+        return refuse(&mut send, Refusal::BadManifest(e.to_string())).await;
+    }
+    let manifest = Arc::new(manifest);
+
+    // Supersede a running transfer of the same model, then wait for it.
+    let token = CancellationToken::new();
+    let jobs = &ctx.jobs;
+    let id = jobs.next_id.fetch_add(1, Ordering::Relaxed);
+    let slot = {
+        let mut map = jobs.by_name.lock().unwrap();
+        let slot = map.get(&name).map(|j| j.slot.clone()).unwrap_or_default();
+        let job = Job {
+            id,
+            cancel: token.clone(),
+            slot: slot.clone(),
+        };
+        if let Some(old) = map.insert(name.clone(), job) {
+            old.cancel.cancel();
+        }
+        slot
+    };
+    let _running = slot.lock().await;
+
+    let begun = {
+        let (store, name, manifest) = (ctx.store.clone(), name.clone(), manifest.clone());
+        tokio::task::spawn_blocking(move || store.begin(&name, manifest)).await?
+    };
+    let transfer = match begun {
+        Ok(t) => Arc::new(t),
+        Err(r) => return refuse(&mut send, r).await,
+    };
+    let held = transfer.held();
+    let held_bytes = transfer.held_bytes();
+    write_frame(
+        &mut send,
+        &TransferMsg::Accepted {
+            held_bytes,
+            held_chunks: held.count(),
+            need_bytes: manifest.total_bytes() - held_bytes,
+        },
+    )
+    .await?;
+    tracing::info!(
+        "receiving {name} ({} files, root {}) from {}",
+        manifest.file_count(),
+        manifest.root().short(),
+        conn.remote_address()
+    );
+    // The source sends its swarm right after the offer; an older or
+    // single-destination source sends none.
+    let swarm = match tokio::time::timeout(Duration::from_secs(5), read_frame(&mut recv)).await {
+        Ok(Ok(TransferMsg::Swarm { me, peers })) => Some((me, peers)),
+        _ => None,
+    };
+    let result = run_transfer(ctx, &conn, &mut send, transfer.clone(), swarm, token).await;
+    transfer.release();
+    {
+        let mut map = jobs.by_name.lock().unwrap();
+        if map.get(&name).is_some_and(|j| j.id == id) {
+            map.remove(&name);
+        }
+    }
+    let reply = match result {
+        Ok(r) => {
+            tracing::info!("{name} complete, root {}", r.root);
+            TransferMsg::Done {
+                root: r.root,
+                received_bytes: r.received_bytes,
+                corrupt_chunks: r.corrupt_chunks,
+            }
+        }
+        Err(r) => {
+            tracing::warn!("{name} failed: {r}");
+            TransferMsg::Failed(r)
+        }
+    };
+    write_frame(&mut send, &reply).await?;
+    let _ = send.finish();
+    Ok(())
+}
+
+/// Receives `transfer` from the source on `conn` and, with a swarm, from the
+/// other receivers, reporting progress on `send` while it runs.
+async fn run_transfer(
+    ctx: &Ctx,
+    conn: &quinn::Connection,
+    send: &mut quinn::SendStream,
+    transfer: Arc<Transfer>,
+    swarm: Option<(u32, Vec<SwarmPeer>)>,
+    token: CancellationToken,
+) -> Result<Received, Refusal> {
+    let name = transfer.name().clone();
+    let chunks = transfer.map().len();
+    let tally = Arc::new(Tally::default());
+    let mut cfg = ctx.cfg;
+    let mut links = Links::none();
+    links.tally = tally.clone();
+    ctx.activity
+        .receiving(&name, transfer.clone(), tally.clone());
+    let mut peers = Vec::new();
+    let mut addrs = HashMap::new();
+    let linking = CancellationToken::new();
+    let mut share = None;
+    // Only a source that sent a swarm (even of one) reads progress reports.
+    let reporting = swarm.is_some();
+    let swarm = swarm
+        .filter(|(me, members)| !transfer.is_complete() && members.iter().any(|p| p.id != *me));
+    if let Some((me, members)) = swarm {
+        cfg = policy::swarm_config(cfg, me);
+        addrs = members.iter().map(|p| (p.id, p.addr)).collect();
+        let (verified, _) = tokio::sync::broadcast::channel(4096);
+        let s = Arc::new(Share {
+            root: transfer.manifest().root(),
+            transfer: transfer.clone(),
+            verified: verified.clone(),
+            ended: CancellationToken::new(),
+        });
+        ctx.shares.publish(&name, s.clone());
+        share = Some(s);
+        let plan = LinkPlan {
+            endpoint: ctx.endpoint.clone(),
+            me,
+            peers: members,
+            name: name.clone(),
+            root: transfer.manifest().root(),
+            chunks,
+            chunk_size: transfer.map().chunk_size(),
+            nic: ctx.nic.clone(),
+        };
+        let (joined, updates) = swarm::link_peers(plan, linking.clone()).await;
+        tracing::info!("{name}: linked to {} peers", joined.len());
+        peers = joined;
+        links.updates = Some(updates);
+        links.verified = Some(verified);
+    }
+    // Partial peers first, then the source: see `receive`.
+    let source =
+        Fetcher::connect(conn.clone(), ctx.nic.as_ref(), transfer.map().chunk_size()).await;
+    peers.push((SOURCE, source, ChunkSet::full(chunks)));
+    let receiving = receive(transfer.clone(), peers, links, cfg, token);
+    tokio::pin!(receiving);
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    let result = loop {
+        tokio::select! {
+            r = &mut receiving => break r,
+            _ = tick.tick(), if reporting => {
+                // The source may be gone while peers still serve us.
+                let _ = report(send, &transfer, &tally, &addrs).await;
+            }
+        }
+    };
+    linking.cancel();
+    if let Some(s) = share {
+        s.ended.cancel();
+        ctx.shares.withdraw(&name, &s);
+    }
+    if reporting {
+        let _ = report(send, &transfer, &tally, &addrs).await;
+    }
+    ctx.activity
+        .ended(&name, result.as_ref().err().map(|r| r.to_string()));
+    result
+}
+
+/// Sends the source a progress report and any peers dropped since the last.
+async fn report(
+    send: &mut quinn::SendStream,
+    transfer: &Transfer,
+    tally: &Tally,
+    addrs: &HashMap<u32, SocketAddr>,
+) -> Result<()> {
+    for (peer, reason) in tally.take_dropped() {
+        if let Some(&addr) = addrs.get(&peer) {
+            write_frame(send, &TransferMsg::PeerDropped { peer: addr, reason }).await?;
+        }
+    }
+    let progress = TransferMsg::Progress {
+        held_bytes: transfer.held_bytes(),
+        from_source: tally.from_source.load(Ordering::Relaxed),
+        from_peers: tally.from_peers.load(Ordering::Relaxed),
+    };
+    write_frame(send, &progress).await
+}
+
+/// Serves a complete model this agent holds to a peer that asked for it.
+async fn serve_model(
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    store: Store,
+    name: ModelName,
+    nic: Option<Arc<dyn Nic>>,
+) -> Result<()> {
+    let Some(HeldModel {
+        manifest,
+        map,
+        reader,
+        paths,
+    }) = HeldModel::open(&store, &name)
+    else {
+        return refuse(&mut send, Refusal::NotHeld(name.to_string())).await;
+    };
+    write_frame(&mut send, &TransferMsg::Have { manifest }).await?;
+    let _ = send.finish();
+    tracing::info!("serving {name} to {}", conn.remote_address());
+    let rdma = Offer {
+        nic,
+        files: Some(paths),
+    };
+    serve_chunks(conn, Serving::new(map, reader, rdma)).await;
+    Ok(())
+}
