@@ -144,14 +144,14 @@ async fn read_reply(recv: &mut quinn::RecvStream) -> Reply {
 /// Opens a fresh connection, opens a transfer stream (this build's hello),
 /// writes `bytes` on it (then finishes it), and reads one reply frame.
 async fn send_raw(cred: &Credential, addr: SocketAddr, bytes: &[u8]) -> (Reply, Option<Reply>) {
-    send_after(cred, addr, Hello::new(Service::Transfer), bytes).await
+    send_after(cred, addr, &encode(&Hello::new(Service::Transfer)), bytes).await
 }
 
-/// [`send_raw`] after `hello`.
+/// [`send_raw`] after `hello`, the stream's first bytes.
 async fn send_after(
     cred: &Credential,
     addr: SocketAddr,
-    hello: Hello,
+    hello: &[u8],
     bytes: &[u8],
 ) -> (Reply, Option<Reply>) {
     let ep = client_endpoint(cred, addr).expect("client endpoint");
@@ -159,7 +159,7 @@ async fn send_after(
         .await
         .expect("connect with the right key");
     let (mut send, mut recv) = conn.open_bi().await.expect("open stream");
-    send.write_all(&encode(&hello)).await.expect("write");
+    send.write_all(hello).await.expect("write");
     send.write_all(bytes).await.expect("write");
     let _ = send.finish();
     let first = read_reply(&mut recv).await;
@@ -454,10 +454,10 @@ fn hostile_offers_are_refused_and_touch_nothing() {
         let (reply, _) = send_after(
             &cred,
             addr,
-            Hello {
+            &encode(&Hello {
                 version: PROTOCOL_VERSION + 1,
                 service: Service::Transfer,
-            },
+            }),
             &offer("m", manifest(vec![])),
         )
         .await;
@@ -468,6 +468,37 @@ fn hostile_offers_are_refused_and_touch_nothing() {
             ),
             "protocol version + 1: {reply:?}"
         );
+
+        // A hello naming no service, an oversized hello, and an admin
+        // request past its limit: each refused with a protocol refusal,
+        // none read into memory.
+        let mut unknown = encode(&Hello::new(Service::Admin));
+        *unknown.last_mut().unwrap() = 9;
+        let mut huge_hello = encode(&Hello::new(Service::Admin));
+        huge_hello[..4].copy_from_slice(&(1u32 << 20).to_be_bytes());
+        let huge_request = (64u32 << 20).to_be_bytes().to_vec();
+        for (what, hello, rest) in [
+            ("unknown service", unknown, vec![]),
+            ("1 MiB hello", huge_hello, vec![]),
+            (
+                "64 MiB admin request",
+                encode(&Hello::new(Service::Admin)),
+                huge_request,
+            ),
+        ] {
+            let (reply, _) = send_after(&cred, addr, &hello, &rest).await;
+            match reply {
+                Reply::Msg(TransferMsg::Failed(Refusal::Protocol(why))) => {
+                    eprintln!("{what}: {why}");
+                    assert!(
+                        why.contains("unreadable")
+                            && (what == "unknown service" || why.contains("limit")),
+                        "{what}: {why}"
+                    );
+                }
+                other => panic!("{what}: expected a protocol refusal, got {other:?}"),
+            }
+        }
 
         // A file that claims a terabyte, consistently with its chunk
         // hashes: valid, but it cannot fit.
