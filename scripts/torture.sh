@@ -31,9 +31,9 @@ esac
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-echo "== torture ($mode): cargo test --test torture_net --test torture_node --test fuzz_corpus" >&2
-XFER_TORTURE=$mode cargo test -p xfer --test torture_net --test torture_node --test fuzz_corpus \
-    -- --nocapture --test-threads=1 2>&1 | tee "$log" >&2 || status=$?
+echo "== torture ($mode): cargo test --test suite --test shaped_net -- torture_net:: torture_node:: fuzz_corpus::" >&2
+XFER_TORTURE=$mode cargo test -p xfer --test suite --test shaped_net \
+    -- --nocapture --test-threads=1 torture_net:: torture_node:: fuzz_corpus:: 2>&1 | tee "$log" >&2 || status=$?
 
 fuzz_table=""
 if [ "$mode" = long ]; then

@@ -1,7 +1,7 @@
 //! Mutual authentication: only holders of the cluster key can write to an
 //! agent, and a refused peer leaves nothing behind.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -10,7 +10,7 @@
 //! encoded from look-alike types with plain `String`s, which postcard
 //! encodes to the same bytes (checked below).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! fetched again and counted; a source that only sends garbage fails the
 //! push without placing anything.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::FileExt;
 use std::time::Duration;

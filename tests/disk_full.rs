@@ -4,7 +4,7 @@
 //!
 //! Needs root to mount a small tmpfs; without it the tests say why and pass.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

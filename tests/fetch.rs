@@ -1,7 +1,7 @@
 //! Agents serve the complete models they hold: `xfer fetch` copies one into
 //! a local root with the same verification and resume as a push.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

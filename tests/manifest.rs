@@ -2,7 +2,7 @@
 //! exactly what `b3sum` prints, and the JSON form must round-trip through
 //! `xfer verify --manifest`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

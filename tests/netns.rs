@@ -4,7 +4,7 @@
 //! to each other. Needs root; on a machine without it each test says why and
 //! returns.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

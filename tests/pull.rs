@@ -7,7 +7,7 @@
 //! Every test starts its own server (ports picked by the kernel) on repos it
 //! generates in its own temp dir, and runs the real `xfer` binary.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -3,7 +3,7 @@
 //! node ends with the same cache folder and root hash, and the real
 //! `huggingface_hub` loads the snapshot offline from each node's cache.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

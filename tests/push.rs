@@ -1,7 +1,7 @@
 //! End-to-end pushes to real agents: a full copy to two nodes, a no-op
 //! re-push, an incremental re-push, and unreachable agents.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

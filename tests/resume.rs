@@ -7,7 +7,7 @@
 //! bound `remaining + window * chunk_size` well below the tree's size, so
 //! the bound actually tests something.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! ports picked by the kernel), writes a cluster file naming them, and
 //! drives the real `xfer` binary against it.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

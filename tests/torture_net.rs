@@ -9,7 +9,7 @@
 //! runs the long version (30 kills, larger models, 10 s partitions).
 //! Needs root; elsewhere each case says why and returns.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

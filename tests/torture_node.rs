@@ -19,7 +19,7 @@
 //! case needs root (a loop-mounted ext4 image, else a tmpfs); without it, it
 //! says why and passes.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

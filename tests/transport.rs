@@ -3,7 +3,7 @@
 //! the transfer completes over QUIC; `rdma` refuses to start, with the
 //! reason, and touches nothing. Skipped (with a note) where RDMA exists.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

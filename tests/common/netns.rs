@@ -109,7 +109,10 @@ pub fn start_agent_env(
 /// A cluster of `n` agent hosts plus the source, or `None` (with a note)
 /// where network namespaces cannot be made.
 pub fn cluster(tag: &str, n: u32, rate_mbit: u32) -> Option<Cluster> {
-    let prefix = format!("x{tag}{}", std::process::id() % 10_000);
+    // Unique per process and per call: tests of one binary run at once.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let prefix = format!("x{tag}{}n{k}", std::process::id() % 10_000);
     match Cluster::up(&prefix, n, rate_mbit) {
         Ok(c) => Some(c),
         Err(e) => {

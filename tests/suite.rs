@@ -1,0 +1,23 @@
+//! The integration suite of `xfer`, one test binary: every module starts
+//! real `xfer` processes (agents, pushes, pulls against a Hub look-alike)
+//! on loopback, in temp dirs, each test on its own ports and folders so
+//! that all run in parallel. The tests that need network namespaces with
+//! shaped links are in `shaped_net.rs`; the launcher's are in `launch.rs`.
+
+mod common;
+
+mod auth;
+mod bad_manifest;
+mod corruption;
+mod disk_full;
+mod doctor;
+mod fetch;
+mod fuzz_corpus;
+mod manifest;
+mod pull;
+mod pull_fanout;
+mod push;
+mod resume;
+mod sync;
+mod torture_node;
+mod transport;
