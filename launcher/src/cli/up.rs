@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use launcher::agents::Agents;
 use launcher::config::Setup;
+use launcher::diagnose::Diagnosed;
 use launcher::up::UpOptions;
-use xfer::agent::ranks::RankReport;
 
 pub async fn up(
     setup: Setup,
@@ -51,7 +51,7 @@ pub async fn up(
             let failed = std::fs::read(&out.record)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| serde_json::from_value::<Vec<RankReport>>(v["failure"].clone()).ok())
+                .and_then(|v| serde_json::from_value::<Vec<Diagnosed>>(v["failure"].clone()).ok())
                 .unwrap_or_default();
             for f in failed.iter().take(3) {
                 print_failure(f);
@@ -62,7 +62,8 @@ pub async fn up(
     }
 }
 
-fn print_failure(r: &RankReport) {
+fn print_failure(d: &Diagnosed) {
+    let r = &d.report;
     eprintln!(
         "--- last lines of rank {} on {} ({}) ---",
         r.rank, r.node, r.log
@@ -70,7 +71,7 @@ fn print_failure(r: &RankReport) {
     for l in &r.tail {
         eprintln!("  {l}");
     }
-    for h in &r.hints {
+    for h in &d.hints {
         eprintln!("hint [{}]: {}\n  seen: {}", h.id, h.hint, h.line);
     }
 }

@@ -334,8 +334,6 @@ pub struct RankReport {
     pub log_bytes: u64,
     /// The last lines of the log.
     pub tail: Vec<String>,
-    /// Known failure signatures found in the log.
-    pub hints: Vec<Hint>,
 }
 
 /// A piece of a rank's log.
@@ -367,15 +365,4 @@ pub fn check_run_id(id: &str) -> Result<(), String> {
             id.escape_default()
         ))
     }
-}
-
-/// One signature found in a log.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hint {
-    /// A short name: "nccl-socket", "port-in-use", ...
-    pub id: String,
-    /// The log line that matched (trimmed).
-    pub line: String,
-    /// What it means and what to do.
-    pub hint: String,
 }
