@@ -248,26 +248,19 @@ pub fn load(path: impl AsRef<Path>) -> Result<Setup, LaunchError> {
 /// Checks `text`, a whole cluster file (`path` names it in messages).
 pub fn parse(text: &str, path: impl AsRef<Path>) -> Result<Setup, LaunchError> {
     let path = path.as_ref();
-    // The cluster's own checks come first: its syntax, nodes and fabric.
-    let cluster = Cluster::parse(text, path)?;
     let p = Parser { text, path };
-    let doc = DeTable::parse(text).map_err(|e| {
-        // Cluster::parse accepted the same text, so this is not expected.
-        p.err(e.span().map_or(0, |s| s.start), e.message().to_string())
-    })?;
-    let root = doc.get_ref();
-    let Some((key, value)) = root.iter().find(|(k, _)| k.get_ref() == "launch") else {
-        return Err(LaunchError::File {
+    // The cluster's own checks come first (its syntax, nodes and fabric),
+    // then [launch] from the same parse.
+    let (cluster, launch) = Cluster::parse_with_launch(text, path, |launch| {
+        match launch {
+        Some((header, table)) => p.launch(table, header),
+        None => Err(LaunchError::File {
             path: path.to_path_buf(),
             message: "no [launch] table; add one naming the engine and the model: [launch], then engine = \"vllm\" and model = \"Qwen/Qwen3-8B\" (or an absolute path)".into(),
-        });
-    };
-    let DeValue::Table(table) = value.get_ref() else {
-        // Cluster::parse refuses this already; kept for completeness.
-        return Err(p.err(value.span().start, "launch must be a [launch] table"));
-    };
-    let launch = p.launch(table, key.span().start)?;
-    p.resolve(&cluster, launch)
+        }),
+    }
+    })?;
+    p.resolve(&cluster, launch?)
 }
 
 /// A value and the byte offset where it is written.

@@ -3,15 +3,18 @@
 //! [`preflight`] says what to ask the nodes and judges their answers,
 //! [`specs`] turns the plan into the agents' rank specs. Those are pure.
 //! [`agents`] talks to the nodes' xfer agents, [`check`], [`up`] (with
-//! [`ready`] and [`record`]) drive a launch; `xfer-launch` (src/main.rs) is
-//! the command line over them.
+//! [`ready`] and [`record`]) drive a launch, [`diagnose`] reads a failed
+//! rank's log for the known [`signatures`]; `xfer-launch` (src/main.rs,
+//! src/cli/) is the command line over them.
 
 pub mod agents;
 pub mod check;
 pub mod config;
+pub mod diagnose;
 pub mod plan;
 pub mod preflight;
 pub mod ready;
 pub mod record;
+pub mod signatures;
 pub mod specs;
 pub mod up;

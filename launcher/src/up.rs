@@ -1,7 +1,8 @@
 //! `xfer-launch up`: check, then start every rank through its agent at
 //! once, and wait for the engine to be ready, or for the first rank to
 //! fail, or for the init timeout; on anything but ready the whole group is
-//! stopped and the failed ranks' last log lines shown.
+//! stopped and the failed ranks' last log lines shown, with the hints found
+//! in their logs ([`crate::diagnose`]).
 //!
 //! Once started, the agents own the ranks: if one dies later, its agent
 //! stops the others (see `xfer::agent::ranks`), with or without this process.
@@ -15,6 +16,7 @@ use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use crate::agents::{unexpected, Agents};
 use crate::check::{self, Checked};
 use crate::config::Setup;
+use crate::diagnose::{diagnose, Diagnosed};
 use crate::plan::{self, Plan};
 use crate::preflight;
 use crate::ready::{Api, Readiness};
@@ -111,7 +113,7 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
 }
 
 /// Why a launch failed, and the ranks to show (the most telling first).
-type Failure = (String, Vec<RankReport>);
+type Failure = (String, Vec<Diagnosed>);
 
 async fn launch(
     setup: &Setup,
@@ -217,6 +219,7 @@ async fn launch(
             } else {
                 "ranks failed"
             };
+            let failed = diagnose(agents, failed).await;
             return Err((format!("{label}: {}", whys.join("; ")), failed));
         }
         let last_health = match api.healthy().await {
@@ -232,17 +235,16 @@ async fn launch(
                 .map(|r| format!("{} ({} log bytes)", r.node, r.log_bytes))
                 .collect::<Vec<_>>()
                 .join(", ");
+            // The logs as the reports saw them, before the stop; ranks
+            // with a known signature first.
+            let mut all = diagnose(agents, reports.into_iter().flatten().collect()).await;
+            all.sort_by_key(|d| (d.hints.is_empty(), d.report.rank));
             return Err((
                 format!(
                     "not ready within {}s (last: {last_health}); ranks: {quiet}; stopped the group",
                     opts.init_timeout.as_secs()
                 ),
-                {
-                    // Ranks with a known signature first.
-                    let mut all: Vec<RankReport> = reports.into_iter().flatten().collect();
-                    all.sort_by_key(|r| (r.hints.is_empty(), r.rank));
-                    all
-                },
+                all,
             ));
         }
         if last_note.elapsed() > Duration::from_secs(15) {

@@ -13,6 +13,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
+use crate::admin::ModelState;
+use crate::hash::Hash;
 pub use crate::refusal::Refusal;
 
 /// Launcher → agent (and agent → agent, to stop a group), after a
@@ -180,10 +182,10 @@ pub struct WeightFacts {
     pub store_root: String,
     /// The store model holding the path (its top folder under the root).
     pub model: Option<String>,
-    /// "complete", "syncing", ... as `xfer status` says; None if not held.
-    pub state: Option<String>,
+    /// The model's state as `xfer status` says it; None if not held.
+    pub state: Option<ModelState>,
     /// The model's manifest root hash, when complete.
-    pub root: Option<String>,
+    pub root: Option<Hash>,
     pub bytes_total: u64,
     /// Bytes of the manifest's files under `path` present with their size.
     pub bytes_present: u64,
@@ -396,8 +398,6 @@ pub struct RankReport {
     pub log_bytes: u64,
     /// The last lines of the log.
     pub tail: Vec<String>,
-    /// Known failure signatures found in the log.
-    pub hints: Vec<Hint>,
 }
 
 /// A piece of a rank's log.
@@ -429,17 +429,6 @@ pub fn check_run_id(id: &str) -> Result<(), String> {
             id.escape_default()
         ))
     }
-}
-
-/// One signature found in a log.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hint {
-    /// A short name: "nccl-socket", "port-in-use", ...
-    pub id: String,
-    /// The log line that matched (trimmed).
-    pub line: String,
-    /// What it means and what to do.
-    pub hint: String,
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub(super) async fn serve(
             let states = status
                 .models
                 .iter()
-                .map(|m| (m.name.clone(), m.state.label().to_string()))
+                .map(|m| (m.name.clone(), m.state))
                 .collect();
             let facts = super::preflight::gather(*request, ctx.store.clone(), states).await;
             LaunchReply::PreflightReport(Box::new(facts))

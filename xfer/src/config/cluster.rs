@@ -186,11 +186,24 @@ impl Cluster {
     /// Checks `text`, a cluster file; `path` names it in messages and is the
     /// base a relative `key` is resolved against.
     pub fn parse(text: &str, path: impl AsRef<Path>) -> Result<Cluster, ClusterError> {
+        Self::parse_with_launch(text, path, |_| ()).map(|(c, ())| c)
+    }
+
+    /// Checks `text` like [`Cluster::parse`], then hands `launch` the
+    /// `[launch]` table as written (with its spans) and the byte offset of
+    /// its key, from the same parse, so the launcher that types the table
+    /// does not parse the file again. `launch` runs once the rest of the
+    /// file is valid, with `None` when there is no `[launch]`.
+    pub fn parse_with_launch<R>(
+        text: &str,
+        path: impl AsRef<Path>,
+        launch: impl FnOnce(Option<(usize, &DeTable<'_>)>) -> R,
+    ) -> Result<(Cluster, R), ClusterError> {
         Parser {
             text,
             path: path.as_ref(),
         }
-        .cluster()
+        .cluster(launch)
     }
 
     /// The node called `name`.
@@ -326,7 +339,10 @@ impl Parser<'_> {
         line_col(self.text, at).0
     }
 
-    fn cluster(&self) -> Result<Cluster, ClusterError> {
+    fn cluster<R>(
+        &self,
+        launch_fn: impl FnOnce(Option<(usize, &DeTable<'_>)>) -> R,
+    ) -> Result<(Cluster, R), ClusterError> {
         let doc = DeTable::parse(self.text).map_err(|e| self.syntax(&e))?;
         let root = doc.get_ref();
         if root.is_empty() {
@@ -340,6 +356,7 @@ impl Parser<'_> {
         let mut key = None;
         let mut defaults = Fields::default();
         let mut launch = None;
+        let mut launch_table = None;
         let mut node_vals: Option<&Val> = None;
         for (k, v) in in_file_order(root) {
             let name = k.get_ref().as_ref();
@@ -369,7 +386,7 @@ impl Parser<'_> {
                 }
                 "node" => node_vals = Some(v),
                 "launch" => {
-                    if !matches!(v.get_ref(), DeValue::Table(_)) {
+                    let DeValue::Table(t) = v.get_ref() else {
                         return Err(self.err(
                             v.span().start,
                             format!(
@@ -377,7 +394,7 @@ impl Parser<'_> {
                                 kind(v.get_ref())
                             ),
                         ));
-                    }
+                    };
                     let table = toml::Table::deserialize(ValueDeserializer::from(v.clone()))
                         .map_err(|e| {
                             self.err(
@@ -386,6 +403,7 @@ impl Parser<'_> {
                             )
                         })?;
                     launch = Some(table);
+                    launch_table = Some((k.span().start, t));
                 }
                 other => return Err(self.unknown_top(k.span().start, other)),
             }
@@ -488,12 +506,13 @@ impl Parser<'_> {
                 ));
             }
         }
-        Ok(Cluster {
+        let cluster = Cluster {
             key,
             nodes,
             launch,
             path: self.path.to_path_buf(),
-        })
+        };
+        Ok((cluster, launch_fn(launch_table)))
     }
 
     /// Applies `defaults` to one node's own fields and checks the fields

@@ -38,7 +38,7 @@ pub mod weights;
 pub async fn gather(
     req: PreflightRequest,
     store: crate::store::Store,
-    states: HashMap<String, String>,
+    states: HashMap<String, xfer_proto::admin::ModelState>,
 ) -> NodeFacts {
     let blocking = |what: &'static str| {
         move |e: tokio::task::JoinError| format!("the {what} probe failed: {e}; report this bug")

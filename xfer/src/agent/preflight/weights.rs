@@ -10,6 +10,7 @@ use std::path::{Component, Path, PathBuf};
 
 use super::WeightFacts;
 use crate::store::Store;
+use xfer_proto::admin::ModelState;
 use xfer_proto::manifest::{Entry, Manifest};
 use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
@@ -21,10 +22,10 @@ const COMMIT_PLACEHOLDER: &str = "<COMMIT>";
 const MAX_FILE_PROBLEMS: usize = 5;
 
 /// Looks at `model_path` on this node. `states` maps model names to what
-/// `xfer status` says of them ("complete", "syncing", ...).
+/// `xfer status` says of them.
 pub fn weights(
     store: &Store,
-    states: &HashMap<String, String>,
+    states: &HashMap<String, ModelState>,
     model_path: &str,
     revision: Option<&str>,
 ) -> WeightFacts {
@@ -73,19 +74,20 @@ pub fn weights(
     let record = ModelName::new(name).ok().and_then(|n| store.record(&n));
     f.state = states
         .get(name)
-        .cloned()
-        .or_else(|| record.as_ref().map(|_| "complete".to_string()));
-    f.root = record.as_ref().map(|r| r.manifest.root.to_hex());
-    let Some(state) = f.state.clone() else {
+        .copied()
+        .or_else(|| record.as_ref().map(|_| ModelState::Complete));
+    f.root = record.as_ref().map(|r| r.manifest.root);
+    let Some(state) = f.state else {
         f.problems.push(format!(
             "{name} is not held by the xfer agent on this node (root {}); run `xfer sync` to it",
             root.display()
         ));
         return f;
     };
-    if state != "complete" && state != "verifying" {
+    if !matches!(state, ModelState::Complete | ModelState::Verifying) {
         f.problems.push(format!(
-            "{name} is {state} on this node, not complete; see `xfer status` and wait for it or sync it again"
+            "{name} is {} on this node, not complete; see `xfer status` and wait for it or sync it again",
+            state.label()
         ));
     }
     let (Some(record), Some(_)) = (record, resolved) else {
@@ -287,9 +289,9 @@ mod tests {
         assert_eq!(f.path, snapshot(&store, COMMIT));
         assert_eq!(f.commit.as_deref(), Some(COMMIT));
         assert_eq!(f.model.as_deref(), Some(REPO));
-        assert_eq!(f.state.as_deref(), Some("complete"));
+        assert_eq!(f.state, Some(ModelState::Complete));
         let rec = store.record(&ModelName::new(REPO).unwrap()).unwrap();
-        assert_eq!(f.root, Some(rec.manifest.root.to_hex()));
+        assert_eq!(f.root, Some(rec.manifest.root));
         assert_eq!(f.bytes_total, 5010);
         assert_eq!(f.bytes_present, 5010);
         assert_eq!(f.store_root, store.root().display().to_string());
@@ -306,7 +308,7 @@ mod tests {
         let blobs = store.root().join(REPO).join("blobs");
         fs::remove_file(blobs.join("bbbb")).unwrap();
         fs::write(blobs.join("cccc"), b"short").unwrap();
-        let states = HashMap::from([(REPO.to_string(), "complete".to_string())]);
+        let states = HashMap::from([(REPO.to_string(), ModelState::Complete)]);
         let f = weights(&store, &states, &snapshot(&store, COMMIT), None);
         assert_eq!(
             f.problems,
@@ -357,7 +359,7 @@ mod tests {
         );
         // The model is still named, with its state.
         assert_eq!(f.model.as_deref(), Some(REPO));
-        assert_eq!(f.state.as_deref(), Some("complete"));
+        assert_eq!(f.state, Some(ModelState::Complete));
         assert_eq!(f.commit, None);
         // A commit as the revision needs no ref.
         let f = weights(
@@ -410,9 +412,9 @@ mod tests {
     fn a_model_still_syncing() {
         let (_dir, store) = hub_store();
         let path = format!("{}/models--Other--M", store.root().display());
-        let states = HashMap::from([("models--Other--M".to_string(), "syncing".to_string())]);
+        let states = HashMap::from([("models--Other--M".to_string(), ModelState::Syncing)]);
         let f = weights(&store, &states, &path, None);
-        assert_eq!(f.state.as_deref(), Some("syncing"));
+        assert_eq!(f.state, Some(ModelState::Syncing));
         assert_eq!(f.root, None);
         assert_eq!(f.problems.len(), 1);
         assert!(f.problems[0].starts_with("models--Other--M is syncing on this node, not complete"));

@@ -12,13 +12,13 @@
 //! rank, whether or not the launcher is still attached. Stopping is
 //! SIGTERM to each process group, SIGKILL after a grace period (SGLang's
 //! workers ignore SIGTERM), then the rank's `on_stop` commands (`ray stop`).
-//! [`signatures`] reads a rank's log for the known ways engines hang or die
-//! and says what to do about each.
+//! A report carries facts only (state, exits, the log's size and last
+//! lines); the launcher reads the log for the known ways engines hang or
+//! die.
 //!
 //! These types travel in postcard frames, which cannot carry serde's
 //! tagged or flattened forms, so they use none.
 
-pub mod signatures;
 pub mod supervisor;
 
 pub use xfer_proto::launch::*;
@@ -57,7 +57,6 @@ mod tests {
             log: "/l".into(),
             log_bytes: 9,
             tail: vec!["t".into()],
-            hints: vec![],
         };
         let bytes = postcard::to_stdvec(&r).unwrap();
         assert_eq!(postcard::from_bytes::<RankReport>(&bytes).unwrap(), r);

@@ -19,14 +19,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    check_run_id, signatures, LogChunk, ProcReport, ProcState, RankReport, RankSpec, RunState,
-};
+use super::{check_run_id, LogChunk, ProcReport, ProcState, RankReport, RankSpec, RunState};
 use crate::config::auth::Credential;
 use xfer_proto::launch::LaunchRequest;
 
-/// How much of the log a report scans for signatures.
-const SCAN_BYTES: u64 = 256 << 10;
+/// How much of the end of the log a report reads for its last lines.
+const TAIL_BYTES: u64 = 256 << 10;
 /// Lines of log in a report.
 const TAIL_LINES: usize = 25;
 /// The most log bytes one read returns.
@@ -561,7 +559,7 @@ impl Run {
             (inner.state.clone(), inner.procs.clone(), inner.failed_ms)
         };
         let log = self.log();
-        let (log_bytes, recent) = read_tail(&log, SCAN_BYTES);
+        let (log_bytes, recent) = read_tail(&log, TAIL_BYTES);
         let tail: Vec<String> = {
             let lines: Vec<&str> = recent.lines().collect();
             let from = lines.len().saturating_sub(TAIL_LINES);
@@ -587,7 +585,6 @@ impl Run {
             log: log.display().to_string(),
             log_bytes,
             tail,
-            hints: signatures::scan(&recent),
         }
     }
 }
@@ -807,8 +804,14 @@ mod tests {
             RunState::Failed(why) => assert!(why.contains("exited with code 17"), "{why}"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(r.hints.len(), 1, "{:?}", r.hints);
-        assert_eq!(r.hints[0].id, "port-in-use");
+        // The fact the launcher reads the port-in-use signature from.
+        assert!(
+            r.tail
+                .iter()
+                .any(|l| l == "OSError: [Errno 98] Address already in use"),
+            "{:?}",
+            r.tail
+        );
         for g in pids(r) {
             assert!(!group_has_live_member(g), "group {g} survived");
         }

@@ -5,10 +5,28 @@
 //! and the kernel print in the failures multi-node launches actually hit
 //! (wrong NIC, NCCL on TCP instead of RDMA, a port taken, out of memory, a
 //! Ray placement that never happens). Matching is plain substring search
-//! over the last part of the log, so it costs nothing and cannot misfire on
-//! regex syntax.
+//! over the last [`SCAN_BYTES`] of the log, so it costs nothing and cannot
+//! misfire on regex syntax.
+//!
+//! The agents only report facts (a rank's state, exit, log tail); the
+//! launcher reads the end of a failed rank's log through its agent
+//! ([`crate::diagnose`]) and scans it here.
 
-pub use xfer_proto::launch::Hint;
+use serde::{Deserialize, Serialize};
+
+/// How much of the end of a rank's log is scanned.
+pub const SCAN_BYTES: u64 = 256 << 10;
+
+/// One signature found in a log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hint {
+    /// A short name: "nccl-socket", "port-in-use", ...
+    pub id: String,
+    /// The log line that matched (trimmed).
+    pub line: String,
+    /// What it means and what to do.
+    pub hint: String,
+}
 
 struct Signature {
     id: &'static str,

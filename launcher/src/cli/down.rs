@@ -1,0 +1,47 @@
+//! `xfer-launch down`: stop every rank, and say what each node stopped.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use launcher::agents::Agents;
+use launcher::config::Setup;
+use xfer::agent::ranks::RunState;
+
+pub async fn down(
+    setup: Setup,
+    agents: Agents,
+    grace: Duration,
+    run: Option<String>,
+) -> Result<ExitCode, String> {
+    let answers = launcher::up::stop(&agents, run.as_deref(), grace, "xfer-launch down").await;
+    let mut failed = 0;
+    for (n, a) in setup.nodes.iter().zip(answers) {
+        match a {
+            Ok(reports) if reports.is_empty() => println!("{}: nothing running", n.name),
+            Ok(reports) => {
+                for r in reports {
+                    let procs = r.procs.len();
+                    let state = match &r.state {
+                        RunState::Stopped(_) => "stopped".to_string(),
+                        RunState::Failed(w) => format!("had failed: {w}"),
+                        s => format!("{s:?}"),
+                    };
+                    println!(
+                        "{}: run {} rank {} {state} ({procs} process(es))",
+                        n.name, r.run, r.rank
+                    );
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{}: agent {} did not answer: {e}", n.name, n.agent);
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(format!(
+            "{failed} agent(s) did not answer; their ranks may still run: start the agent again (it adopts its ranks) and run `xfer-launch down` again"
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}

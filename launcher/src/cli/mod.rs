@@ -1,0 +1,44 @@
+//! The commands of `xfer-launch` (binary only): [`args`] is the command
+//! line, each other module one command's body over the library (load the
+//! setup, talk to the agents, print). `main` parses and dispatches.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use launcher::agents::Agents;
+use launcher::config::Setup;
+
+mod args;
+mod check;
+mod down;
+mod logs;
+mod plan;
+mod up;
+
+pub use args::{Cli, Cmd};
+pub use check::check;
+pub use down::down;
+pub use logs::logs;
+pub use plan::plan;
+pub use up::up;
+
+/// Reads the cluster file and its `[launch]` table.
+fn load(cluster: &Path) -> Result<Setup, String> {
+    launcher::config::load(cluster).map_err(|e| e.to_string())
+}
+
+/// Loads the setup and the credential, and runs `f` on a runtime.
+pub fn with_agents<F, Fut>(cluster: &Path, f: F) -> Result<ExitCode, String>
+where
+    F: FnOnce(Setup, Agents) -> Fut,
+    Fut: std::future::Future<Output = Result<ExitCode, String>>,
+{
+    let setup = load(cluster)?;
+    let agents = Agents::new(&setup)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    rt.block_on(f(setup, agents))
+}

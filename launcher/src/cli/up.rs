@@ -1,0 +1,77 @@
+//! `xfer-launch up`: launch, then say how it went: the readiness
+//! measurement, or the failed ranks' last lines.
+
+use std::process::ExitCode;
+
+use launcher::agents::Agents;
+use launcher::config::Setup;
+use launcher::diagnose::Diagnosed;
+use launcher::up::UpOptions;
+
+pub async fn up(
+    setup: Setup,
+    agents: Agents,
+    opts: UpOptions,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let out = launcher::up::up(&setup, &agents, &opts).await?;
+    let record = out.record.display().to_string();
+    match out.result {
+        Ok(r) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"run": out.run, "record": record, "ready": true, "readiness": r})
+                );
+            }
+            let secs = std::fs::read(&out.record)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["time_to_ready_s"].as_f64())
+                .unwrap_or(0.0);
+            eprintln!(
+                "ready: run {} answers at {} after {secs:.1}s; first token in {:.0} ms, {} tokens in {:.2}s = {:.1} tokens/s",
+                out.run, r.url, r.first_token_ms, r.completion_tokens, r.completion_s, r.tokens_per_s
+            );
+            eprintln!("record: {record}");
+            eprintln!(
+                "the agents supervise the ranks now; stop them with `xfer-launch down --cluster {}`",
+                setup.path.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(why) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"run": out.run, "record": record, "ready": false, "error": why})
+                );
+            }
+            // Show the failing ranks from the record.
+            let failed = std::fs::read(&out.record)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| serde_json::from_value::<Vec<Diagnosed>>(v["failure"].clone()).ok())
+                .unwrap_or_default();
+            for f in failed.iter().take(3) {
+                print_failure(f);
+            }
+            eprintln!("record: {record}");
+            Err(format!("run {} did not come up: {why}", out.run))
+        }
+    }
+}
+
+fn print_failure(d: &Diagnosed) {
+    let r = &d.report;
+    eprintln!(
+        "--- last lines of rank {} on {} ({}) ---",
+        r.rank, r.node, r.log
+    );
+    for l in &r.tail {
+        eprintln!("  {l}");
+    }
+    for h in &d.hints {
+        eprintln!("hint [{}]: {}\n  seen: {}", h.id, h.hint, h.line);
+    }
+}

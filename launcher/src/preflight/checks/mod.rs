@@ -1,0 +1,21 @@
+//! The checks of the preflight table, one function each, in groups of
+//! related checks. Every function reads the nodes' facts from [`Ctx`] and
+//! appends its rows to [`Rows`]; [`crate::preflight::judge`] calls them in
+//! the order of [`crate::preflight::CHECKS`].
+//!
+//! [`Ctx`]: crate::preflight::Ctx
+//! [`Rows`]: crate::preflight::Rows
+
+mod agent;
+mod host;
+mod net;
+mod rdma;
+mod versions;
+mod weights;
+
+pub use agent::agent;
+pub use host::{disk, gpu, memory};
+pub use net::{fabric, links, ports, reach, route};
+pub use rdma::rdma;
+pub use versions::versions;
+pub use weights::weights;

@@ -1,0 +1,115 @@
+//! The `weights` check: the model is complete on every node, and the
+//! same model everywhere.
+
+use xfer_proto::admin::ModelState;
+use xfer_proto::units::Bytes;
+
+use crate::preflight::{by_value, short, spread, Ctx, Rows, Verdict};
+
+/// `weights`: every node holds the model complete and verified, and all
+/// hold the same one (one root hash, one commit).
+pub fn weights(ctx: &Ctx, rows: &mut Rows) {
+    let (setup, nodes, file) = (ctx.setup, &ctx.nodes, &ctx.file);
+    let sync_fix = |node: &str| {
+        format!(
+            "sync the model to it: `xfer sync {} --cluster {file} --nodes {node}` (or its ORG/NAME), then check again",
+            setup.model.path
+        )
+    };
+    for (n, f) in nodes {
+        let w = &f.weights;
+        let complete = w.state == Some(ModelState::Complete);
+        if w.problems.is_empty() && complete && w.root.is_some() {
+            rows.add(
+                "weights",
+                &n.name,
+                Verdict::Pass,
+                format!(
+                    "{} complete and verified, root {}, {}",
+                    w.path,
+                    w.root.map(|r| r.short()).unwrap_or_default(),
+                    Bytes(w.bytes_present)
+                ),
+                None,
+            );
+        } else {
+            let mut what: Vec<String> = w.problems.iter().take(4).cloned().collect();
+            if !complete {
+                what.insert(
+                    0,
+                    match &w.state {
+                        Some(s) => format!(
+                            "{} is {} ({} of {} present)",
+                            w.model.as_deref().unwrap_or(&w.path),
+                            s.label(),
+                            Bytes(w.bytes_present),
+                            Bytes(w.bytes_total)
+                        ),
+                        None => format!("{} is not held by this node's agent", w.path),
+                    },
+                );
+            }
+            what.dedup();
+            rows.add(
+                "weights",
+                &n.name,
+                Verdict::Fail,
+                what.join("; "),
+                Some(sync_fix(&n.name)),
+            );
+        }
+    }
+    // One root hash (and one commit) across nodes.
+    let roots = by_value(
+        nodes
+            .iter()
+            .filter_map(|(n, f)| f.weights.root.map(|r| (r, n.name.as_str()))),
+    );
+    if roots.len() > 1 {
+        let (major, _) = roots
+            .iter()
+            .max_by_key(|(r, ns)| (ns.len(), ns.contains(&setup.nodes[0].name.as_str()), *r))
+            .map(|(r, ns)| (*r, ns.clone()))
+            .unwrap_or_default();
+        let list = spread(&roots, |r| r.short(), ", root ");
+        let odd: Vec<&str> = roots
+            .iter()
+            .filter(|(r, _)| **r != major)
+            .flat_map(|(_, ns)| ns.iter().copied())
+            .collect();
+        rows.add(
+            "weights",
+            "*",
+            Verdict::Fail,
+            format!(
+                "the nodes hold different models at {}: root {}; {} differ",
+                setup.model.path,
+                list,
+                odd.join(", ")
+            ),
+            Some(format!(
+                "make every node hold the same model: `xfer sync` it again from the node with the intended version to {}",
+                odd.join(", ")
+            )),
+        );
+    }
+    let commits = by_value(
+        nodes
+            .iter()
+            .filter_map(|(n, f)| f.weights.commit.as_deref().map(|c| (c, n.name.as_str()))),
+    );
+    if commits.len() > 1 {
+        let list = spread(&commits, |c| short(c).to_string(), "; ");
+        rows.add(
+            "weights",
+            "*",
+            Verdict::Fail,
+            format!(
+                "refs/{} names different commits: {}",
+                setup.model.revision.as_deref().unwrap_or("main"),
+                list
+            ),
+            Some("pin one commit: set revision = \"<40-hex commit>\" in [launch], or sync the same revision to every node".into()),
+        );
+    }
+}

@@ -1,0 +1,339 @@
+//! Preflight: what to ask every node before a launch, and the verdict on
+//! what they answered.
+//!
+//! [`requests`] turns a [`Setup`] into one [`PreflightRequest`] per node
+//! (ports to find free, peers to reach over the fabric on the rendezvous
+//! port, versions to ask for, the RDMA device). The agents answer with
+//! facts ([`NodeFacts`]); [`judge`] turns all nodes' facts into rows of
+//! pass / warn / fail / skip, each saying what it saw and, when it is not a
+//! pass, what to do. Both are pure: the tests feed them facts.
+//!
+//! This file holds the requests, the row and verdict types, the table
+//! ([`render`]) and the helpers the checks share; each check is one
+//! function in [`checks`] (agent, weights, host: disk/memory/gpu,
+//! net: fabric/route/reach/links/ports, versions, rdma).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+use serde::Serialize;
+use xfer::agent::preflight::{
+    NodeFacts, PortNeed, PreflightRequest, Probe, RdmaNeed, ReachTarget, VersionProbe,
+};
+
+use crate::config::{Engine, RankNode, Setup};
+
+mod checks;
+#[cfg(test)]
+mod tests;
+
+/// How long the nodes try to reach each other.
+pub const REACH_WINDOW_MS: u64 = 3_000;
+/// Disk below this on a node's root fails the check; below `DISK_WARN` warns.
+pub const DISK_FAIL: u64 = 2 << 30;
+pub const DISK_WARN: u64 = 10 << 30;
+
+/// The port the ranks meet on, which the reachability probe uses.
+pub fn rendezvous_port(setup: &Setup) -> (u16, &'static str) {
+    match setup.engine {
+        Engine::Vllm | Engine::Custom => (setup.ports.master, "master"),
+        Engine::VllmRay => (setup.ports.ray, "ray"),
+        Engine::Sglang => (setup.ports.dist, "dist"),
+    }
+}
+
+/// The ports the engine binds on the head (the workers bind none of these).
+fn head_ports(setup: &Setup) -> Vec<PortNeed> {
+    let (rdv, what) = rendezvous_port(setup);
+    let mut ports = vec![PortNeed {
+        what: what.into(),
+        port: rdv,
+    }];
+    ports.push(PortNeed {
+        what: "api".into(),
+        port: setup.ports.api,
+    });
+    ports
+}
+
+/// The version probes for this engine.
+pub(crate) fn version_probes(engine: Engine) -> Vec<VersionProbe> {
+    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect();
+    match engine {
+        Engine::Vllm => vec![VersionProbe {
+            what: "vllm".into(),
+            argv: argv(&["vllm", "--version"]),
+        }],
+        Engine::VllmRay => vec![
+            VersionProbe {
+                what: "vllm".into(),
+                argv: argv(&["vllm", "--version"]),
+            },
+            VersionProbe {
+                what: "ray".into(),
+                argv: argv(&["ray", "--version"]),
+            },
+        ],
+        Engine::Sglang => vec![VersionProbe {
+            what: "sglang".into(),
+            argv: argv(&["python", "-c", "import sglang; print(sglang.__version__)"]),
+        }],
+        Engine::Custom => Vec::new(),
+    }
+}
+
+/// The reachability round of node `i`'s request: where it listens, whom
+/// it connects to. [`requests`] carries it; the launcher sends it apart
+/// (`LaunchRequest::Reach`), after every node's port checks.
+pub fn reach_of(req: &PreflightRequest) -> (Option<SocketAddr>, Vec<ReachTarget>, u64) {
+    (
+        req.listen_port.map(|p| SocketAddr::new(req.fabric_ip, p)),
+        req.peers.clone(),
+        req.window_ms,
+    )
+}
+
+/// One request per node, in rank order.
+pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
+    let (rdv, _) = rendezvous_port(setup);
+    setup
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(rank, node)| PreflightRequest {
+            node: node.name.clone(),
+            fabric_if: node.fabric_if.clone(),
+            fabric_ip: node.fabric_ip,
+            model_path: setup.model.path.clone(),
+            revision: setup.model.revision.clone(),
+            ports: if rank == 0 {
+                head_ports(setup)
+            } else {
+                Vec::new()
+            },
+            // Nobody would connect to a lone node's listener.
+            listen_port: (setup.nodes.len() > 1).then_some(rdv),
+            peers: setup
+                .nodes
+                .iter()
+                .filter(|p| p.name != node.name)
+                .map(|p| ReachTarget {
+                    node: p.name.clone(),
+                    addr: SocketAddr::new(p.fabric_ip, rdv),
+                })
+                .collect(),
+            window_ms: REACH_WINDOW_MS,
+            versions: version_probes(setup.engine),
+            rdma: node.rdma.as_ref().map(|r| RdmaNeed {
+                device: r.device.clone(),
+                gid_index: r.gid_index,
+            }),
+        })
+        .collect()
+}
+
+/// A verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Skip,
+    Warn,
+    Fail,
+}
+
+impl Verdict {
+    fn label(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Skip => "skip",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        }
+    }
+}
+
+/// One line of the check table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Row {
+    pub check: &'static str,
+    /// The node, or "*" for a comparison across nodes.
+    pub node: String,
+    pub verdict: Verdict,
+    pub detail: String,
+    /// What to do, for everything but a pass.
+    pub fix: Option<String>,
+}
+
+/// The checks, in the order the table lists them.
+pub const CHECKS: &[&str] = &[
+    "agent", "weights", "disk", "memory", "gpu", "fabric", "route", "reach", "links", "ports",
+    "versions", "rdma",
+];
+
+/// What every check reads: the setup and every node's answer.
+pub(crate) struct Ctx<'a> {
+    pub setup: &'a Setup,
+    /// Every node's answer, in rank order (`Err`: the agent did not answer).
+    pub answers: &'a [Result<NodeFacts, String>],
+    /// The nodes that answered, with their facts, in rank order.
+    pub nodes: Vec<(&'a RankNode, &'a NodeFacts)>,
+    /// The cluster file, for the `FILE:LINE` in the fixes.
+    pub file: String,
+}
+
+/// The rows the checks append to.
+#[derive(Default)]
+pub(crate) struct Rows(Vec<Row>);
+
+impl Rows {
+    /// Appends one row.
+    pub fn add(
+        &mut self,
+        check: &'static str,
+        node: &str,
+        verdict: Verdict,
+        detail: String,
+        fix: Option<String>,
+    ) {
+        self.0.push(Row {
+            check,
+            node: node.to_string(),
+            verdict,
+            detail,
+            fix,
+        })
+    }
+
+    /// The row of a probe that did not run (skip) or failed (fail, with `fix`).
+    pub fn skip_or_fail(
+        &mut self,
+        check: &'static str,
+        node: &str,
+        p: &Probe<impl Sized>,
+        fix: &str,
+    ) {
+        match p {
+            Probe::Skipped(why) => {
+                self.add(check, node, Verdict::Skip, format!("skipped: {why}"), None)
+            }
+            Probe::Failed(why) => self.add(
+                check,
+                node,
+                Verdict::Fail,
+                why.clone(),
+                Some(fix.to_string()),
+            ),
+            Probe::Ok(_) => {}
+        }
+    }
+}
+
+/// One check: reads the facts, appends its rows.
+type Check = fn(&Ctx, &mut Rows);
+
+/// The checks, as [`CHECKS`] names them, in its order.
+const JUDGES: [(&str, Check); 12] = [
+    ("agent", checks::agent),
+    ("weights", checks::weights),
+    ("disk", checks::disk),
+    ("memory", checks::memory),
+    ("gpu", checks::gpu),
+    ("fabric", checks::fabric),
+    ("route", checks::route),
+    ("reach", checks::reach),
+    ("links", checks::links),
+    ("ports", checks::ports),
+    ("versions", checks::versions),
+    ("rdma", checks::rdma),
+];
+
+/// The verdict on every node's answer (`Err`: the agent did not answer).
+/// `answers` is in rank order, like `setup.nodes`.
+pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
+    let ctx = Ctx {
+        setup,
+        answers,
+        nodes: setup
+            .nodes
+            .iter()
+            .zip(answers)
+            .filter_map(|(n, a)| a.as_ref().ok().map(|f| (n, f)))
+            .collect(),
+        file: setup.path.display().to_string(),
+    };
+    let mut rows = Rows::default();
+    for (_, check) in JUDGES {
+        check(&ctx, &mut rows);
+    }
+    let mut rows = rows.0;
+    let order = |c: &str| CHECKS.iter().position(|x| *x == c).unwrap_or(CHECKS.len());
+    rows.sort_by_key(|r| order(r.check));
+    rows
+}
+
+/// Node names grouped by the value each reported, values in order.
+pub(crate) fn by_value<'a, K: Ord>(
+    pairs: impl IntoIterator<Item = (K, &'a str)>,
+) -> BTreeMap<K, Vec<&'a str>> {
+    let mut m: BTreeMap<K, Vec<&'a str>> = BTreeMap::new();
+    for (k, node) in pairs {
+        m.entry(k).or_default().push(node);
+    }
+    m
+}
+
+/// "A on n1, n2; B on n3", each value shown by `show`, groups joined by `sep`.
+pub(crate) fn spread<K>(
+    groups: &BTreeMap<K, Vec<&str>>,
+    show: impl Fn(&K) -> String,
+    sep: &str,
+) -> String {
+    groups
+        .iter()
+        .map(|(k, ns)| format!("{} on {}", show(k), ns.join(", ")))
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
+/// The first 12 hex digits of a hash or commit.
+pub(crate) fn short(h: &str) -> &str {
+    &h[..h.len().min(12)]
+}
+
+/// Whether any row fails.
+pub fn failed(rows: &[Row]) -> bool {
+    rows.iter().any(|r| r.verdict == Verdict::Fail)
+}
+
+/// The table `xfer-launch check` prints.
+pub fn render(rows: &[Row]) -> String {
+    let wc = rows.iter().map(|r| r.check.len()).max().unwrap_or(5).max(5);
+    let wn = rows.iter().map(|r| r.node.len()).max().unwrap_or(4).max(4);
+    let mut o = String::new();
+    let _ = writeln!(o, "{:<4}  {:<wc$}  {:<wn$}  DETAIL", "", "CHECK", "NODE");
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "{:<4}  {:<wc$}  {:<wn$}  {}",
+            r.verdict.label(),
+            r.check,
+            r.node,
+            r.detail
+        );
+        if let Some(fix) = &r.fix {
+            let _ = writeln!(o, "{:<4}  {:<wc$}  {:<wn$}    fix: {fix}", "", "", "");
+        }
+    }
+    let count = |v| rows.iter().filter(|r| r.verdict == v).count();
+    let _ = writeln!(
+        o,
+        "{} passed, {} warnings, {} failed, {} skipped",
+        count(Verdict::Pass),
+        count(Verdict::Warn),
+        count(Verdict::Fail),
+        count(Verdict::Skip)
+    );
+    o
+}

@@ -1,0 +1,334 @@
+//! The preflight's verdicts on made-up facts: a healthy cluster, then one
+//! thing wrong at a time.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::*;
+use crate::config::tests::{setup, COMMIT};
+use xfer::agent::preflight::*;
+
+fn s() -> Setup {
+    setup(&format!(
+        "engine = \"vllm\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\""
+    ))
+}
+
+fn iface(name: &str, ip: IpAddr, mtu: u32) -> IfaceFacts {
+    IfaceFacts {
+        name: name.into(),
+        operstate: "up".into(),
+        carrier: Some(true),
+        mtu,
+        addrs: vec![(ip, 24)],
+    }
+}
+
+/// A healthy node as the agent would describe it.
+fn good(setup: &Setup, i: usize) -> NodeFacts {
+    let n = &setup.nodes[i];
+    let req = &requests(setup)[i];
+    let fabric = iface(&n.fabric_if, n.fabric_ip, 9000);
+    let mgmt_ip: IpAddr = format!("10.0.0.{}", i + 1).parse().unwrap();
+    NodeFacts {
+        hostname: n.name.clone(),
+        agent_version: "0.1.0".into(),
+        weights: WeightFacts {
+            path: setup.model.path.clone(),
+            commit: None,
+            store_root: "/var/lib/xfer/hub".into(),
+            model: Some("models--Qwen--Qwen3-8B".into()),
+            state: Some(xfer_proto::admin::ModelState::Complete),
+            root: Some(xfer_proto::hash::Hash([0xab; 32])),
+            bytes_total: 16 << 30,
+            bytes_present: 16 << 30,
+            problems: vec![],
+        },
+        disk: Probe::Ok(DiskFacts {
+            path: "/var/lib/xfer/hub".into(),
+            free_bytes: 500 << 30,
+            total_bytes: 1 << 40,
+        }),
+        memory: Probe::Ok(MemFacts {
+            mem_total: 128 << 30,
+            mem_available: 100 << 30,
+        }),
+        gpus: Probe::Ok(GpuFacts {
+            gpus: vec![GpuInfo {
+                index: 0,
+                name: "NVIDIA GB10".into(),
+                memory_total_mib: None,
+                memory_used_mib: None,
+            }],
+            processes: vec![],
+            driver: Some("580.95.05".into()),
+        }),
+        fabric: Probe::Ok(fabric.clone()),
+        interfaces: vec![iface("enP7s7", mgmt_ip, 1500), fabric],
+        default_route: Probe::Ok(RouteFacts {
+            iface: "enP7s7".into(),
+            gateway: None,
+            src: Some(mgmt_ip),
+        }),
+        ports: req
+            .ports
+            .iter()
+            .map(|p| PortFacts {
+                what: p.what.clone(),
+                port: p.port,
+                free: Probe::Ok(()),
+            })
+            .collect(),
+        listen: Probe::Ok(SocketAddr::new(n.fabric_ip, 29500)),
+        reach: req
+            .peers
+            .iter()
+            .map(|p| ReachFacts {
+                node: p.node.clone(),
+                addr: p.addr,
+                result: Probe::Ok(250),
+            })
+            .collect(),
+        versions: vec![VersionFacts {
+            what: "vllm".into(),
+            version: Probe::Ok("0.11.0".into()),
+        }],
+        rdma: Probe::Ok(RdmaFacts {
+            device: n
+                .rdma
+                .as_ref()
+                .map(|r| r.device.clone())
+                .unwrap_or_default(),
+            ports: vec![RdmaPort {
+                port: 1,
+                state: "4: ACTIVE".into(),
+                link_layer: "Ethernet".into(),
+                active_mtu: None,
+            }],
+            gid: None,
+        }),
+    }
+}
+
+fn judged(setup: &Setup, f: impl Fn(usize, &mut NodeFacts)) -> Vec<Row> {
+    let answers: Vec<Result<NodeFacts, String>> = (0..setup.nodes.len())
+        .map(|i| {
+            let mut facts = good(setup, i);
+            f(i, &mut facts);
+            Ok(facts)
+        })
+        .collect();
+    judge(setup, &answers)
+}
+
+fn fails(rows: &[Row]) -> Vec<(&str, &str, &str)> {
+    rows.iter()
+        .filter(|r| r.verdict == Verdict::Fail)
+        .map(|r| (r.check, r.node.as_str(), r.detail.as_str()))
+        .collect()
+}
+
+#[test]
+fn a_healthy_cluster_passes_and_flags_the_management_route() {
+    let s = s();
+    let rows = judged(&s, |_, _| {});
+    assert!(!failed(&rows), "{}", render(&rows));
+    let warn: Vec<&Row> = rows.iter().filter(|r| r.verdict == Verdict::Warn).collect();
+    assert_eq!(warn.len(), 2, "{}", render(&rows));
+    assert!(
+        warn[0].detail.contains("would pick 10.0.0.1"),
+        "{}",
+        warn[0].detail
+    );
+    assert!(
+        warn[0].detail.contains("pins 192.168.100.1"),
+        "{}",
+        warn[0].detail
+    );
+    // Every check has a row, in the table's order.
+    let checks: Vec<&str> = rows.iter().map(|r| r.check).collect();
+    let mut sorted = checks.clone();
+    sorted.sort_by_key(|c| CHECKS.iter().position(|x| x == c));
+    assert_eq!(checks, sorted);
+    for c in CHECKS {
+        assert!(checks.contains(c), "no {c} row");
+    }
+    assert!(render(&rows).contains("0 failed"));
+}
+
+#[test]
+fn the_weight_gate_names_the_node_and_what_is_missing() {
+    let s = s();
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            f.weights.state = Some(xfer_proto::admin::ModelState::Syncing);
+            f.weights.root = None;
+            f.weights.bytes_present = 4 << 30;
+            f.weights.problems = vec!["model-00003-of-00004.safetensors: missing".into()];
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!((f[0].0, f[0].1), ("weights", "spark-b"));
+    assert!(
+        f[0].2.contains("is syncing (4.0 GiB of 16.0 GiB present)"),
+        "{}",
+        f[0].2
+    );
+    assert!(f[0].2.contains("model-00003-of-00004.safetensors: missing"));
+
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            f.weights.root = Some(xfer_proto::hash::Hash([0xcd; 32]));
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!((f[0].0, f[0].1), ("weights", "*"));
+    assert!(f[0].2.contains("spark-b differ"), "{}", f[0].2);
+}
+
+#[test]
+fn an_unreachable_agent_fails_with_its_line() {
+    let s = s();
+    let answers = vec![Ok(good(&s, 0)), Err("no answer within 5s".to_string())];
+    let rows = judge(&s, &answers);
+    let f = fails(&rows);
+    assert!(f
+        .iter()
+        .any(|(c, n, d)| *c == "agent" && *n == "spark-b" && d.contains("no answer")));
+    let fix = rows
+        .iter()
+        .find(|r| r.check == "agent" && r.node == "spark-b")
+        .unwrap();
+    assert!(fix
+        .fix
+        .as_ref()
+        .unwrap()
+        .contains(&format!("cluster.toml:{}", s.nodes[1].line)));
+    // spark-a still reaches spark-b, whose agent said nothing: only agent fails.
+    assert_eq!(f.len(), 1, "{f:?}");
+}
+
+#[test]
+fn network_ports_versions_and_gpus_fail_clearly() {
+    let s = s();
+    let rows = judged(&s, |i, f| {
+        if i == 0 {
+            f.ports[1].free = Probe::Failed("in use by python3 (pid 4242)".into());
+            f.gpus = Probe::Ok(GpuFacts {
+                gpus: vec![],
+                processes: vec![GpuProcess {
+                    pid: 77,
+                    name: "python3".into(),
+                    used_mib: Some(90000),
+                }],
+                driver: None,
+            });
+        } else {
+            f.reach[0].result = Probe::Failed("timed out after 3s".into());
+            if let Probe::Ok(i) = &mut f.fabric {
+                i.mtu = 1500;
+            }
+            f.versions[0].version = Probe::Ok("0.10.2".into());
+        }
+    });
+    let f = fails(&rows);
+    let has = |c: &str, n: &str, needle: &str| {
+        f.iter()
+            .any(|(fc, fnode, d)| *fc == c && *fnode == n && d.contains(needle))
+    };
+    assert!(
+        has(
+            "ports",
+            "spark-a",
+            "api port 8000 in use by python3 (pid 4242)"
+        ),
+        "{f:?}"
+    );
+    assert!(
+        has("gpu", "spark-a", "python3 (pid 77, 90000 MiB)"),
+        "{f:?}"
+    );
+    assert!(
+        has(
+            "reach",
+            "spark-b",
+            "spark-a at 192.168.100.1:29500: timed out"
+        ),
+        "{f:?}"
+    );
+    assert!(
+        has("links", "*", "1500 on spark-b; 9000 on spark-a"),
+        "{f:?}"
+    );
+    assert!(
+        has("versions", "*", "0.10.2 on spark-b; 0.11.0 on spark-a"),
+        "{f:?}"
+    );
+    assert_eq!(f.len(), 5, "{f:?}");
+}
+
+#[test]
+fn a_fabric_ip_on_the_wrong_interface_says_where_it_is() {
+    let s = s();
+    let rows = judged(&s, |i, f| {
+        if i == 0 {
+            let wrong: IpAddr = "10.9.9.9".parse().unwrap();
+            if let Probe::Ok(x) = &mut f.fabric {
+                x.addrs = vec![(wrong, 24)];
+            }
+            f.interfaces[0].addrs.push((s.nodes[0].fabric_ip, 24));
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(
+        f[0].2.contains(
+            "192.168.100.1 is not on enp1s0f1np1 (it has 10.9.9.9/24); 192.168.100.1 is on enP7s7"
+        ),
+        "{}",
+        f[0].2
+    );
+}
+
+#[test]
+fn skipped_probes_say_why_and_never_pass() {
+    let s = s();
+    let rows = judged(&s, |_, f| {
+        f.gpus = Probe::Skipped("nvidia-smi not found on PATH; no NVIDIA GPU check".into());
+        f.rdma = Probe::Skipped("no rdma_device for this node in the cluster file".into());
+    });
+    let gpu: Vec<&Row> = rows.iter().filter(|r| r.check == "gpu").collect();
+    assert!(gpu.iter().all(
+        |r| r.verdict == Verdict::Skip && r.detail.starts_with("skipped: nvidia-smi not found")
+    ));
+    assert!(!failed(&rows));
+}
+
+#[test]
+fn requests_probe_the_rendezvous_port_and_bind_ports_on_the_head_only() {
+    let s = s();
+    let r = requests(&s);
+    assert_eq!(r[0].listen_port, Some(29500));
+    assert_eq!(r[0].peers[0].addr, "192.168.100.2:29500".parse().unwrap());
+    assert_eq!(
+        r[0].ports.iter().map(|p| p.port).collect::<Vec<_>>(),
+        [29500, 8000]
+    );
+    assert!(r[1].ports.is_empty());
+    assert_eq!(r[0].versions[0].argv, ["vllm", "--version"]);
+    assert_eq!(
+        r[1].rdma.as_ref().unwrap().device,
+        s.nodes[1].rdma.as_ref().unwrap().device
+    );
+    let sg = setup(&format!(
+        "engine = \"sglang\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\""
+    ));
+    assert_eq!(requests(&sg)[1].listen_port, Some(20000));
+}
+
+#[test]
+fn every_check_is_judged_in_the_order_of_the_table() {
+    let names: Vec<&str> = JUDGES.iter().map(|(name, _)| *name).collect();
+    assert_eq!(names, CHECKS);
+}
