@@ -1,3 +1,62 @@
-//! The `xfer` binary's own parts: the local multi-node demo ([`demo`]).
+//! The `xfer` binary's own layer: the arguments ([`args`]), one module per
+//! group of commands, and the local multi-node demo ([`demo`]). `main.rs`
+//! only parses, sets up logging and the runtime, and calls [`run`].
+//!
+//! - [`local`]: `keygen`, `manifest`, `verify`, `doctor` (no agent needed);
+//! - [`serve`]: `serve`, the node agent;
+//! - [`jobs`]: `sync`, `status`, `cancel`, `rm` (ask the cluster's agents);
+//! - [`transfer`]: `push`, `pull`, `fetch` (move a model themselves).
 
+pub mod args;
 pub mod demo;
+mod jobs;
+mod local;
+mod serve;
+mod transfer;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use args::{Cmd, DemoArgs};
+
+/// Runs one command to its exit code.
+pub async fn run(cmd: Cmd) -> Result<ExitCode> {
+    match cmd {
+        Cmd::Keygen(a) => local::keygen(a).await,
+        Cmd::Manifest(a) => local::manifest(a).await,
+        Cmd::Verify(a) => local::verify(a).await,
+        Cmd::Doctor(a) => local::doctor(a).await,
+        Cmd::Serve(a) => serve::serve(a).await,
+        Cmd::Sync(a) => jobs::sync(a).await,
+        Cmd::Status(a) => jobs::status(a).await,
+        Cmd::Cancel(a) => jobs::cancel(a).await,
+        Cmd::Rm(a) => jobs::rm(a).await,
+        Cmd::Push(a) => transfer::push(a).await,
+        Cmd::Pull(a) => transfer::pull(a).await,
+        Cmd::Fetch(a) => transfer::fetch(a).await,
+        Cmd::Demo(a) => demo_command(a).await,
+    }
+}
+
+/// `xfer demo`.
+async fn demo_command(args: DemoArgs) -> Result<ExitCode> {
+    let DemoArgs {
+        size,
+        nodes,
+        dir,
+        chunk_size,
+    } = args;
+    let ok = demo::run(&demo::DemoOptions {
+        size,
+        nodes,
+        dir,
+        chunk_size,
+    })
+    .await?;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

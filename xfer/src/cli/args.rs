@@ -1,0 +1,312 @@
+//! The `xfer` command line's arguments: one clap struct per command.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use xfer_proto::units::parse_size;
+
+#[derive(Parser)]
+#[command(
+    name = "xfer",
+    version,
+    about = "Move model checkpoints to every GPU node at line rate, verified chunk by chunk."
+)]
+pub struct Cli {
+    /// Log filter, e.g. `info` or `xfer=debug` (overrides RUST_LOG).
+    #[arg(long, global = true)]
+    pub log: Option<String>,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Create the cluster credential (copy the same file to every node).
+    Keygen(KeygenArgs),
+    /// Describe a directory: per-file BLAKE3 (as b3sum prints it) and the root hash.
+    Manifest(ManifestArgs),
+    /// Run the node agent: receive models into ROOT and serve them to peers.
+    Serve(ServeArgs),
+    /// Hand a sync job to the cluster's agents and return (they own it from then on).
+    Sync(SyncArgs),
+    /// One table of every node's models: root, state, progress, rate, ETA, last error.
+    Status(StatusArgs),
+    /// Stop a sync job on every node (what was delivered stays).
+    Cancel(CancelArgs),
+    /// Delete a model from the nodes' roots.
+    Rm(RmArgs),
+    /// Deliver a directory to one or more agents.
+    Push(PushArgs),
+    /// Download a Hugging Face repo (or HF_ENDPOINT's mirror) into the HF cache, verified.
+    Pull(PullArgs),
+    /// Copy a complete model from an agent into a local root (ROOT/NAME).
+    Fetch(FetchArgs),
+    /// Re-hash a received tree against its manifest.
+    Verify(VerifyArgs),
+    /// What this node offers the data plane: RDMA devices and their GIDs,
+    /// the interfaces a fabric could use, the UDP socket buffer limits.
+    Doctor(DoctorArgs),
+    /// Local multi-node demo: generate a model, start agents on 127.0.0.x, push, verify.
+    Demo(DemoArgs),
+}
+
+/// The arguments of `xfer keygen`.
+#[derive(clap::Args)]
+pub struct KeygenArgs {
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace an existing file.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The arguments of `xfer manifest`.
+#[derive(clap::Args)]
+pub struct ManifestArgs {
+    pub dir: PathBuf,
+    /// Print the full manifest as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+    pub chunk_size: u64,
+}
+
+/// The arguments of `xfer serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "0.0.0.0:7470")]
+    pub listen: std::net::SocketAddr,
+    #[arg(long)]
+    pub root: PathBuf,
+    #[arg(long, env = "XFER_KEY")]
+    pub key: PathBuf,
+    /// Chunk requests in flight per peer.
+    #[arg(long, default_value_t = 16)]
+    pub window: u32,
+    /// Re-hash complete models every SECS seconds and repair damaged
+    /// files from the other nodes of their jobs (0: never).
+    #[arg(long, default_value_t = 21600)]
+    pub verify_every: u64,
+    /// Serve Prometheus metrics at /metrics on PORT (127.0.0.1) or IP:PORT.
+    #[arg(long, value_parser = xfer::util::metrics::parse_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// The data plane: RDMA when this node has an active RDMA port (and
+    /// this build can drive it), else QUIC; `rdma` refuses without one.
+    #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
+    pub transport: xfer::transport::select::TransportChoice,
+}
+
+/// The arguments of `xfer sync`.
+#[derive(clap::Args)]
+pub struct SyncArgs {
+    /// An absolute path on the source node, or ORG/NAME[@REV] to pull from the Hub.
+    pub source: String,
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// Nodes that must end with the model (default: every node).
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// The node holding the path, or pulling the repo (default: the first of --nodes).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Name on the nodes (default: the folder's name; Hub repos use models--org--name).
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long, default_value = "model", value_parser = parse_repo_type)]
+    pub repo_type: xfer::hub::repo::RepoType,
+    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+    pub chunk_size: u64,
+    /// Cap the source's send rate, e.g. 500MiB (bytes per second).
+    #[arg(long, value_parser = parse_size)]
+    pub limit_rate: Option<u64>,
+    /// Follow the job with progress bars until it completes (Ctrl-C leaves it running).
+    #[arg(long)]
+    pub wait: bool,
+    /// The data plane the source node offers: RDMA where its agent has
+    /// it (auto), never (quic), or fail the job without it (rdma).
+    #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
+    pub transport: xfer::transport::select::TransportChoice,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `xfer status`.
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    #[arg(long)]
+    pub cluster: PathBuf,
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every second until interrupted.
+    #[arg(long)]
+    pub watch: bool,
+}
+
+/// The arguments of `xfer cancel`.
+#[derive(clap::Args)]
+pub struct CancelArgs {
+    pub job: String,
+    #[arg(long)]
+    pub cluster: PathBuf,
+}
+
+/// The arguments of `xfer rm`.
+#[derive(clap::Args)]
+pub struct RmArgs {
+    pub name: String,
+    #[arg(long)]
+    pub cluster: PathBuf,
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+/// The arguments of `xfer push`.
+#[derive(clap::Args)]
+pub struct PushArgs {
+    pub src: PathBuf,
+    /// Agents, comma separated: HOST[:PORT],...
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub to: Vec<String>,
+    #[arg(long, env = "XFER_KEY")]
+    pub key: PathBuf,
+    /// Name on the agents (default: the directory's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Print one JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+    pub chunk_size: u64,
+    /// Cap the total send rate, e.g. 500MiB (bytes per second).
+    #[arg(long, value_parser = parse_size)]
+    pub limit_rate: Option<u64>,
+    /// Seconds to wait for each agent to answer.
+    #[arg(long, default_value_t = 5)]
+    pub connect_timeout: u64,
+    /// Re-read every file instead of trusting the hash cache.
+    #[arg(long)]
+    pub rehash: bool,
+    /// The data plane: RDMA when this node has an active RDMA port (and
+    /// this build can drive it), else QUIC; `rdma` refuses without one.
+    #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
+    pub transport: xfer::transport::select::TransportChoice,
+}
+
+/// The arguments of `xfer pull`.
+#[derive(clap::Args)]
+pub struct PullArgs {
+    /// ORG/NAME[@REVISION] (a branch, tag or commit; default main).
+    pub repo: String,
+    #[arg(long, default_value = "model", value_parser = parse_repo_type)]
+    pub repo_type: xfer::hub::repo::RepoType,
+    /// Only files matching this glob (repeatable), e.g. '*.safetensors'.
+    #[arg(long)]
+    pub include: Vec<String>,
+    /// Skip files matching this glob (repeatable), e.g. 'original/*'.
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// Write plain files into DIR instead of the HF cache layout.
+    #[arg(long)]
+    pub local_dir: Option<PathBuf>,
+    /// Parallel HTTP connections (ranged requests across and within files).
+    #[arg(long, default_value_t = 16)]
+    pub connections: usize,
+    /// Bytes per ranged request.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    pub part_size: u64,
+    /// Also deliver to these agents while downloading: HOST[:PORT],...
+    /// (their --root can be their HF cache).
+    #[arg(long, value_delimiter = ',')]
+    pub to: Vec<String>,
+    /// The cluster credential, needed with --to.
+    #[arg(long, env = "XFER_KEY")]
+    pub key: Option<PathBuf>,
+    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+    pub chunk_size: u64,
+    /// Seconds to wait for each agent to answer.
+    #[arg(long, default_value_t = 5)]
+    pub connect_timeout: u64,
+    /// Print one JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// The data plane: RDMA when this node has an active RDMA port (and
+    /// this build can drive it), else QUIC; `rdma` refuses without one.
+    #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
+    pub transport: xfer::transport::select::TransportChoice,
+}
+
+/// The arguments of `xfer fetch`.
+#[derive(clap::Args)]
+pub struct FetchArgs {
+    pub name: String,
+    /// The agent holding the model: HOST[:PORT].
+    #[arg(long)]
+    pub from: String,
+    #[arg(long)]
+    pub root: PathBuf,
+    #[arg(long, env = "XFER_KEY")]
+    pub key: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value_t = 5)]
+    pub connect_timeout: u64,
+}
+
+/// The arguments of `xfer verify`.
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    pub dir: PathBuf,
+    /// Manifest from `xfer manifest --json` (default: the one the agent recorded).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `xfer doctor`.
+#[derive(clap::Args)]
+pub struct DoctorArgs {
+    /// Print one JSON object with the same data.
+    #[arg(long)]
+    pub json: bool,
+    /// The sysfs root to read (tests point it at a fake tree).
+    #[arg(long, default_value = "/sys", hide = true)]
+    pub sys: PathBuf,
+    /// The procfs root to read (tests point it at a fake tree).
+    #[arg(long, default_value = "/proc", hide = true)]
+    pub proc: PathBuf,
+}
+
+/// The arguments of `xfer demo`.
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub size: u64,
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    #[arg(long, default_value = "/tmp/xfer-demo")]
+    pub dir: PathBuf,
+    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+    pub chunk_size: u64,
+}
+
+pub fn parse_chunk(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    if xfer_proto::hash::is_valid_chunk_size(n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "{s} is not a power of two between 64KiB and 256MiB"
+        ))
+    }
+}
+
+pub fn parse_repo_type(s: &str) -> Result<xfer::hub::repo::RepoType, String> {
+    xfer::hub::repo::RepoType::parse(s)
+}

@@ -1,0 +1,238 @@
+//! The commands that move a model themselves: `push` (a local tree to
+//! agents), `pull` (a Hub repo into the HF cache, optionally fanned out)
+//! and `fetch` (a complete model from an agent).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::args::*;
+use xfer::util::progress::Progress;
+use xfer_proto::units::Bytes;
+
+/// `xfer push`.
+pub async fn push(args: PushArgs) -> Result<ExitCode> {
+    let PushArgs {
+        transport,
+        src,
+        to,
+        key,
+        name,
+        json,
+        chunk_size,
+        limit_rate,
+        connect_timeout,
+        rehash,
+    } = args;
+    let nic = xfer::transport::select::choose(transport)?;
+    let opts = xfer::flow::push::PushOptions {
+        src,
+        to,
+        key,
+        name,
+        chunk_size,
+        limit_rate,
+        connect_timeout: Duration::from_secs(connect_timeout),
+        rehash,
+        nic,
+    };
+    let progress = Progress::new(!json);
+    let s = xfer::flow::push::push(&opts, &progress).await?;
+    if json {
+        serde_json::to_writer(std::io::stdout().lock(), &s)?;
+        println!();
+    } else {
+        let send_s = (s.duration_s - s.hash_s).max(1e-9);
+        for n in &s.nodes {
+            match &n.error {
+                None => println!(
+                    "{}: ok, {} from the source, {} from peers, already held {}",
+                    n.addr,
+                    Bytes(n.bytes_sent),
+                    Bytes(n.from_peers),
+                    Bytes(n.bytes_skipped)
+                ),
+                Some(e) => println!("{}: FAILED: {e}", n.addr),
+            }
+        }
+        for n in &s.nodes {
+            for d in &n.dropped_peers {
+                println!("{}: excluded peer {d}", n.addr);
+            }
+        }
+        println!(
+            "root {}  {} files, {}; the source sent {} ({:.2}x the model) in {:.2}s ({:.0} MB/s)",
+            s.root,
+            s.files,
+            Bytes(s.bytes_total),
+            Bytes(s.bytes_sent),
+            s.source_sent_x,
+            send_s,
+            s.bytes_sent as f64 / send_s / 1e6
+        );
+    }
+    for n in s.nodes.iter().filter(|n| !n.ok) {
+        eprintln!("error: {}", n.error.as_deref().unwrap_or("failed"));
+    }
+    if !s.ok() {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `xfer pull`.
+pub async fn pull(args: PullArgs) -> Result<ExitCode> {
+    let PullArgs {
+        transport,
+        repo,
+        repo_type,
+        include,
+        exclude,
+        local_dir,
+        connections,
+        part_size,
+        to,
+        key,
+        chunk_size,
+        connect_timeout,
+        json,
+    } = args;
+    // The data plane matters only for the fan-out to agents.
+    let nic = if !to.is_empty() || transport == xfer::transport::select::TransportChoice::Rdma {
+        xfer::transport::select::choose(transport)?
+    } else {
+        None
+    };
+    let env = xfer::hub::env::HubEnv::from_process().map_err(anyhow::Error::msg)?;
+    let opts = xfer::hub::pull::PullOptions {
+        repo,
+        repo_type,
+        include,
+        exclude,
+        local_dir,
+        connections: connections.clamp(1, 256),
+        part_size: part_size.max(1 << 20),
+    };
+    let progress = Progress::new(!json);
+    if !to.is_empty() {
+        let Some(key) = key else {
+            anyhow::bail!("--to needs the cluster credential: pass --key FILE or set XFER_KEY");
+        };
+        let push = xfer::flow::push::PushOptions {
+            src: PathBuf::new(),
+            to,
+            key,
+            name: None,
+            chunk_size,
+            limit_rate: None,
+            connect_timeout: Duration::from_secs(connect_timeout),
+            rehash: false,
+            nic,
+        };
+        let s = xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, progress).await?;
+        if json {
+            serde_json::to_writer(std::io::stdout().lock(), &s)?;
+            println!();
+        } else {
+            println!(
+                "pulled {} ({}) in {:.2}s; delivered to {} agents in {} rounds, {:.2}s after the last byte",
+                s.pull.repo,
+                Bytes(s.pull.bytes_total),
+                s.pull.duration_s,
+                s.nodes.len(),
+                s.rounds,
+                s.tail_s
+            );
+            for n in &s.nodes {
+                match &n.error {
+                    None => println!(
+                        "{}: ok, root {}",
+                        n.addr,
+                        n.root.map_or("?".to_string(), |r| r.to_hex())
+                    ),
+                    Some(e) => println!("{}: FAILED: {e}", n.addr),
+                }
+            }
+            println!(
+                "root {}  {} on every node, {:.2}s in all",
+                s.root, s.name, s.duration_s
+            );
+        }
+        for n in s.nodes.iter().filter(|n| !n.ok) {
+            eprintln!("error: {}", n.error.as_deref().unwrap_or("failed"));
+        }
+        return Ok(if s.ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let (s, _) = xfer::hub::pull::pull(&opts, &env, &progress, None).await?;
+    if json {
+        serde_json::to_writer(std::io::stdout().lock(), &s)?;
+        println!();
+    } else {
+        let v = &s.verification;
+        println!(
+            "{}@{}: {} files, {}; downloaded {} in {:.2}s ({:.0} MB/s), {} already present",
+            s.repo,
+            &s.commit[..12],
+            s.files,
+            Bytes(s.bytes_total),
+            Bytes(s.bytes_downloaded),
+            s.duration_s,
+            s.rate_mb_s,
+            Bytes(s.bytes_present)
+        );
+        println!(
+            "verified: {} sha256, {} git sha1, {} already in the cache{}",
+            v.sha256_ok,
+            v.git_sha1_ok,
+            v.present,
+            if v.recovered > 0 {
+                format!(", {} re-downloaded after a mismatch", v.recovered)
+            } else {
+                String::new()
+            }
+        );
+        println!("{}", s.path);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `xfer fetch`.
+pub async fn fetch(args: FetchArgs) -> Result<ExitCode> {
+    let FetchArgs {
+        name,
+        from,
+        root,
+        key,
+        json,
+        connect_timeout,
+    } = args;
+    let opts = xfer::flow::fetch::FetchOptions {
+        from,
+        name,
+        root,
+        key,
+        connect_timeout: Duration::from_secs(connect_timeout),
+        nic: None,
+    };
+    let s = xfer::flow::fetch::fetch(&opts).await?;
+    if json {
+        serde_json::to_writer(std::io::stdout().lock(), &s)?;
+        println!();
+    } else {
+        println!(
+            "{}: root {}, received {}, already held {}, in {:.2}s",
+            s.path.display(),
+            s.root,
+            Bytes(s.bytes_received),
+            Bytes(s.bytes_skipped),
+            s.duration_s
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
