@@ -8,21 +8,11 @@ use crate::common;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use common::hub::*;
 use common::*;
 
-#[derive(Debug, Deserialize)]
-struct FanoutJson {
-    pull: PullJson,
-    name: String,
-    root: String,
-    rounds: usize,
-    source_sent_x: f64,
-    nodes: Vec<NodeJson>,
-    tail_s: f64,
-}
+/// What `xfer pull --to --json` prints, read through the product's type.
+use xfer::flow::pull_fanout::PullFanoutSummary as FanoutJson;
 
 #[test]
 fn pull_fans_out_to_agents_while_downloading() {
@@ -98,7 +88,7 @@ fn pull_fans_out_to_agents_while_downloading() {
     let want = walk(&source);
     for (a, n) in agents.iter().zip(&s.nodes) {
         assert!(n.ok, "{n:#?}");
-        assert_eq!(n.root.as_deref(), Some(s.root.as_str()), "{n:#?}");
+        assert_eq!(n.root, Some(s.root), "{n:#?}");
         let held = a.root.join("models--acme--fan");
         assert_eq!(walk(&held), want, "{} differs from the source", a.addr);
         assert_cache(&held, &src, &meta);

@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
-use xfer::agent::sync::status::{AgentStatus, JobView, ModelState, ModelStatus};
+use xfer::agent::sync::status::{JobView, ModelState, ModelStatus};
 use xfer_proto::admin::JobState;
 
 use super::*;
@@ -16,15 +15,8 @@ use super::*;
 /// How long a job may take before a test gives up.
 pub const JOB_DEADLINE: Duration = Duration::from_secs(60);
 
-/// One element of `xfer status --json`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Report {
-    pub node: String,
-    pub agent: String,
-    pub reachable: bool,
-    pub error: Option<String>,
-    pub status: Option<AgentStatus>,
-}
+/// One element of `xfer status --json`, read through the product's type.
+pub use xfer::agent::sync::client::NodeReport as Report;
 
 /// `xfer status --json`, parsed.
 #[derive(Debug, Clone)]

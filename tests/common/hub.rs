@@ -220,35 +220,8 @@ pub fn small_repo(repos: &Path, id: &str, seed: u64) -> PathBuf {
 // ---------------------------------------------------------------------------
 // Running `xfer pull`
 
-/// What `xfer pull --json` prints.
-#[derive(Debug, Deserialize)]
-pub struct PullJson {
-    pub repo: String,
-    pub revision: String,
-    pub commit: String,
-    pub path: String,
-    pub repo_dir: String,
-    pub files: usize,
-    pub bytes_total: u64,
-    pub bytes_downloaded: u64,
-    pub bytes_resumed: u64,
-    pub bytes_present: u64,
-    pub verification: VerificationJson,
-    pub retries: u64,
-    pub whole_streams: u64,
-    pub connections: usize,
-    pub duration_s: f64,
-    pub rate_mb_s: f64,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct VerificationJson {
-    pub sha256_ok: usize,
-    pub git_sha1_ok: usize,
-    pub present: usize,
-    pub recovered: u64,
-    pub all_verified: bool,
-}
+/// What `xfer pull --json` prints, read through the product's own type.
+pub use xfer::hub::pull::PullSummary as PullJson;
 
 /// The environment of one test's pulls: endpoint, cache, token.
 #[derive(Clone)]

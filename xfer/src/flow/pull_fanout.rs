@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use crate::flow::push::{self, NodeSummary, PushOptions};
@@ -33,7 +33,7 @@ use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
 
 /// The `--json` summary of `xfer pull --to`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct PullFanoutSummary {
     pub pull: PullSummary,
     /// The name the agents hold it under (the cache folder's name).
@@ -52,8 +52,18 @@ pub struct PullFanoutSummary {
     pub tail_s: f64,
     pub duration_s: f64,
     /// The complete folder's manifest, as the agents received it.
-    #[serde(skip)]
+    #[serde(skip, default = "no_manifest")]
     pub manifest: xfer_proto::manifest::Manifest,
+}
+
+/// What a summary read back from `--json` holds in place of the manifest,
+/// which the JSON does not carry.
+fn no_manifest() -> xfer_proto::manifest::Manifest {
+    xfer_proto::manifest::Manifest {
+        version: xfer_proto::manifest::MANIFEST_VERSION,
+        chunk_size: xfer_proto::manifest::DEFAULT_CHUNK_SIZE,
+        entries: Vec::new(),
+    }
 }
 
 impl PullFanoutSummary {

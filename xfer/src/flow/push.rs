@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::auth::Credential;
 use crate::store::hashcache::HashCache;
@@ -47,8 +47,8 @@ pub struct PushOptions {
     pub nic: Option<Arc<dyn Nic>>,
 }
 
-/// The `--json` summary.
-#[derive(Debug, Serialize)]
+/// The `--json` summary (read back by the integration tests).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct PushSummary {
     pub name: String,
     pub root: Hash,
@@ -67,7 +67,7 @@ pub struct PushSummary {
 }
 
 /// One destination's outcome.
-#[derive(Debug, Serialize, Clone, Default)]
+#[derive(Debug, Serialize, Deserialize, Clone, Default)]
 pub struct NodeSummary {
     pub addr: String,
     pub ok: bool,

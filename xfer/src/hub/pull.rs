@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use globset::{Glob, GlobSet, GlobSetBuilder};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::hub::api::{next_page, parse_tree_page, RemoteFile, RevisionInfo};
 use crate::hub::cache::RepoCache;
@@ -43,8 +43,8 @@ pub struct PullOptions {
     pub part_size: u64,
 }
 
-/// The `--json` summary.
-#[derive(Debug, Serialize, Default)]
+/// The `--json` summary (read back by the integration tests).
+#[derive(Debug, Serialize, Deserialize, Default)]
 pub struct PullSummary {
     pub repo: String,
     pub revision: String,
@@ -74,7 +74,7 @@ pub struct PullSummary {
 }
 
 /// How every file was checked.
-#[derive(Debug, Serialize, Default)]
+#[derive(Debug, Serialize, Deserialize, Default)]
 pub struct Verification {
     /// Files whose sha256 (LFS) matched the Hub's `lfs.oid`.
     pub sha256_ok: usize,

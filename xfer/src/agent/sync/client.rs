@@ -150,7 +150,7 @@ where
 }
 
 /// One node's answer to `xfer status`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct NodeReport {
     pub node: String,
     pub agent: String,
