@@ -1,81 +1,98 @@
 //! Process-wide counters of an agent, served in the Prometheus text format
 //! on `xfer serve --metrics ADDR` (127.0.0.1 unless an address says
-//! otherwise): verified bytes and chunks in, chunks that failed their check,
-//! chunk bytes served, and verified bytes per peer (rates come from
-//! Prometheus' `rate()`). Plain atomics; reading them never blocks a transfer.
+//! otherwise): verified bytes and chunks in, chunks that failed their
+//! check, chunk bytes served, and verified bytes per peer (rates come from
+//! Prometheus' `rate()`).
+//!
+//! The counters and their exposition are `prometheus-client`'s; the
+//! endpoint is a `hyper` HTTP/1 server answering `GET /metrics`. Counting
+//! is an atomic add, so it never blocks a transfer.
 
-use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::LazyLock;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Request, Response, StatusCode};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
-static BYTES_IN: AtomicU64 = AtomicU64::new(0);
-static CHUNKS_VERIFIED: AtomicU64 = AtomicU64::new(0);
-static CHUNKS_FAILED: AtomicU64 = AtomicU64::new(0);
-static BYTES_OUT: AtomicU64 = AtomicU64::new(0);
-static PER_PEER: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+/// The agent's counters, registered once.
+struct Metrics {
+    registry: Registry,
+    bytes_in: Counter,
+    chunks_verified: Counter,
+    chunks_failed: Counter,
+    bytes_out: Counter,
+    per_peer: Family<Vec<(String, String)>, Counter>,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    let mut registry = Registry::with_prefix("xfer");
+    let m = Metrics {
+        registry: Registry::default(),
+        bytes_in: Counter::default(),
+        chunks_verified: Counter::default(),
+        chunks_failed: Counter::default(),
+        bytes_out: Counter::default(),
+        per_peer: Family::default(),
+    };
+    registry.register(
+        "bytes_received",
+        "Verified chunk bytes stored",
+        m.bytes_in.clone(),
+    );
+    registry.register(
+        "chunks_verified",
+        "Chunks that passed their BLAKE3 check",
+        m.chunks_verified.clone(),
+    );
+    registry.register(
+        "chunks_failed",
+        "Chunks that failed their BLAKE3 check and were fetched again",
+        m.chunks_failed.clone(),
+    );
+    registry.register(
+        "bytes_sent",
+        "Chunk bytes served to sources' receivers and peers",
+        m.bytes_out.clone(),
+    );
+    registry.register(
+        "peer_bytes_received",
+        "Verified bytes by the peer they came from",
+        m.per_peer.clone(),
+    );
+    Metrics { registry, ..m }
+});
 
 /// A chunk of `bytes` from `peer` (a label: `source`, `peer3`) was verified
 /// and stored.
 pub fn verified(peer: &str, bytes: u64) {
-    BYTES_IN.fetch_add(bytes, Ordering::Relaxed);
-    CHUNKS_VERIFIED.fetch_add(1, Ordering::Relaxed);
-    *PER_PEER
-        .lock()
-        .unwrap()
-        .entry(peer.to_string())
-        .or_default() += bytes;
+    let m = &*METRICS;
+    m.bytes_in.inc_by(bytes);
+    m.chunks_verified.inc();
+    m.per_peer
+        .get_or_create(&vec![("peer".to_string(), peer.to_string())])
+        .inc_by(bytes);
 }
 
 /// A chunk failed its BLAKE3 check on arrival.
 pub fn failed() {
-    CHUNKS_FAILED.fetch_add(1, Ordering::Relaxed);
+    METRICS.chunks_failed.inc();
 }
 
 /// `bytes` of chunk data were sent to someone.
 pub fn served(bytes: u64) {
-    BYTES_OUT.fetch_add(bytes, Ordering::Relaxed);
+    METRICS.bytes_out.inc_by(bytes);
 }
 
 /// The counters in Prometheus' text exposition format.
 pub fn render() -> String {
     let mut s = String::new();
-    let mut counter = |name: &str, help: &str, v: u64| {
-        s.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
-        ));
-    };
-    counter(
-        "xfer_bytes_received_total",
-        "Verified chunk bytes stored.",
-        BYTES_IN.load(Ordering::Relaxed),
-    );
-    counter(
-        "xfer_chunks_verified_total",
-        "Chunks that passed their BLAKE3 check.",
-        CHUNKS_VERIFIED.load(Ordering::Relaxed),
-    );
-    counter(
-        "xfer_chunks_failed_total",
-        "Chunks that failed their BLAKE3 check and were fetched again.",
-        CHUNKS_FAILED.load(Ordering::Relaxed),
-    );
-    counter(
-        "xfer_bytes_sent_total",
-        "Chunk bytes served to sources' receivers and peers.",
-        BYTES_OUT.load(Ordering::Relaxed),
-    );
-    s.push_str(
-        "# HELP xfer_peer_bytes_received_total Verified bytes by the peer they came from.\n",
-    );
-    s.push_str("# TYPE xfer_peer_bytes_received_total counter\n");
-    for (peer, v) in PER_PEER.lock().unwrap().iter() {
-        s.push_str(&format!(
-            "xfer_peer_bytes_received_total{{peer=\"{peer}\"}} {v}\n"
-        ));
-    }
+    encode(&mut s, &METRICS.registry).expect("writing to a String cannot fail");
     s
 }
 
@@ -88,35 +105,45 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("--metrics {s}: give PORT (on 127.0.0.1) or IP:PORT"))
 }
 
+/// The one route: `GET /metrics`.
+async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let reply = if req.method() == Method::GET && req.uri().path() == "/metrics" {
+        Response::builder()
+            .header(
+                hyper::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+            .body(Full::new(Bytes::from(render())))
+    } else {
+        Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(Full::new(Bytes::from_static(b"try /metrics\n")))
+    };
+    Ok(reply.expect("a response of static parts"))
+}
+
 /// Serves `GET /metrics` on `addr` until the process ends.
 pub async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         anyhow::anyhow!("cannot serve metrics on {addr}: {e}; pick another --metrics port")
     })?;
     tracing::info!("metrics on http://{addr}/metrics");
+    serve_on(listener).await
+}
+
+/// Serves `GET /metrics` on a bound listener until the process ends.
+pub async fn serve_on(listener: tokio::net::TcpListener) -> anyhow::Result<()> {
     loop {
-        let (mut sock, _) = listener.accept().await?;
+        let (sock, _) = listener.accept().await?;
         tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let n =
-                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let (status, body) = if req.starts_with("GET /metrics") {
-                ("200 OK", render())
-            } else {
-                ("404 Not Found", "try /metrics\n".to_string())
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = sock.write_all(head.as_bytes()).await;
-            let _ = sock.write_all(body.as_bytes()).await;
+            let io = hyper_util::rt::TokioIo::new(sock);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(5))
+                .serve_connection(io, hyper::service::service_fn(answer));
+            if let Err(e) = conn.await {
+                tracing::debug!("metrics connection: {e}");
+            }
         });
     }
 }
@@ -132,10 +159,40 @@ mod tests {
         failed();
         served(7);
         let text = render();
-        assert!(text.contains("# TYPE xfer_bytes_received_total counter"));
-        assert!(text.contains("xfer_peer_bytes_received_total{peer=\"peer2\"}"));
+        assert!(
+            text.contains("# TYPE xfer_bytes_received counter"),
+            "{text}"
+        );
+        assert!(text.contains("xfer_bytes_received_total "), "{text}");
+        assert!(
+            text.contains("xfer_peer_bytes_received_total{peer=\"peer2\"}"),
+            "{text}"
+        );
         assert_eq!(parse_addr("9470").unwrap().to_string(), "127.0.0.1:9470");
         assert_eq!(parse_addr("0.0.0.0:9").unwrap().to_string(), "0.0.0.0:9");
         assert!(parse_addr("x").unwrap_err().contains("PORT"));
+    }
+
+    #[tokio::test]
+    async fn the_endpoint_answers_get_metrics_over_http() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_on(listener));
+        served(3);
+        let client = reqwest::Client::new();
+        let got = client
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.status(), 200);
+        let body = got.text().await.unwrap();
+        assert!(body.contains("xfer_bytes_sent_total"), "{body}");
+        let missing = client
+            .get(format!("http://{addr}/other"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(missing.status(), 404);
     }
 }
