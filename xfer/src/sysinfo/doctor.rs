@@ -26,7 +26,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::sysinfo::net;
-use crate::sysinfo::rdma::{is_zero_gid, numbered, read_attr};
+use crate::sysinfo::rdma::{self, is_zero_gid, numbered, read_attr, SysPort};
 use xfer_proto::launch::{IfaceFacts, Probe, RouteFacts};
 
 /// The socket buffer limit below which the report suggests raising it.
@@ -251,9 +251,9 @@ fn device(sys: &Path, dir: &Path, name: &str) -> RdmaDevice {
         .unwrap_or_default();
     netdevs.sort();
     let ports_dir = dir.join("ports");
-    let ports: Vec<RdmaPortReport> = numbered(&ports_dir)
-        .into_iter()
-        .map(|n| port(sys, dir, n, &netdevs))
+    let ports: Vec<RdmaPortReport> = rdma::ports(sys, name)
+        .iter()
+        .map(|p| port(sys, p, &netdevs))
         .collect();
     let problem = ports.is_empty().then(|| {
         format!(
@@ -269,9 +269,9 @@ fn device(sys: &Path, dir: &Path, name: &str) -> RdmaDevice {
     }
 }
 
-/// Port `n` of the device in `dir`.
-fn port(sys: &Path, dir: &Path, n: u32, netdevs: &[(String, u32)]) -> RdmaPortReport {
-    let pdir = dir.join("ports").join(n.to_string());
+/// One port, with its GIDs, netdev and MTU.
+fn port(sys: &Path, p: &SysPort, netdevs: &[(String, u32)]) -> RdmaPortReport {
+    let (pdir, n) = (&p.dir, p.number);
     let gids: Vec<GidEntry> = numbered(&pdir.join("gids"))
         .into_iter()
         .filter_map(|i| {
@@ -315,7 +315,7 @@ fn port(sys: &Path, dir: &Path, n: u32, netdevs: &[(String, u32)]) -> RdmaPortRe
         .as_ref()
         .and_then(|p| read_attr(p))
         .and_then(|s| s.parse().ok());
-    let link_layer = read_attr(&pdir.join("link_layer"));
+    let link_layer = p.link_layer.clone();
     let (mtu, mtu_note) = match (link_layer.as_deref(), &netdev, netdev_mtu) {
         (Some("InfiniBand"), _, _) => (None, "n/a in sysfs (ibv_devinfo shows it)".to_string()),
         (Some("Ethernet"), Some(nd), Some(m)) => match roce_mtu(m) {
@@ -354,7 +354,7 @@ fn port(sys: &Path, dir: &Path, n: u32, netdevs: &[(String, u32)]) -> RdmaPortRe
     };
     RdmaPortReport {
         port: n,
-        state: read_attr(&pdir.join("state")),
+        state: p.state.clone(),
         phys_state: read_attr(&pdir.join("phys_state")),
         link_layer,
         rate: read_attr(&pdir.join("rate")),

@@ -1,10 +1,80 @@
-//! The RDMA device the cluster file names for this node, read from sysfs
-//! (`class/infiniband/DEV/ports/N/{state,link_layer,gids/IDX}`): that it
-//! exists, that a port is ACTIVE, and the GID at the configured index.
-//! The sysfs root is a parameter so tests can build a fake tree.
+//! RDMA devices and ports as sysfs shows them
+//! (`class/infiniband/DEV/ports/N/{state,link_layer,gids/IDX}`), read in
+//! one place: [`devices`] and [`ports`] give typed [`SysPort`]s that the
+//! preflight probe ([`rdma`]), `xfer doctor` and the `--transport` choice
+//! all use. [`rdma`] checks the device the cluster file names for this
+//! node: that it exists, that a port is ACTIVE, and the GID at the
+//! configured index. The sysfs root is a parameter so tests can build a
+//! fake tree.
 
 use std::fs;
-use std::path::Path;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// One port of an RDMA device, as sysfs shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SysPort {
+    pub device: String,
+    pub number: u32,
+    /// `<sys>/class/infiniband/DEV/ports/N`.
+    pub dir: PathBuf,
+    /// As sysfs writes it ("4: ACTIVE"); None when unreadable.
+    pub state: Option<String>,
+    /// "InfiniBand" or "Ethernet" (RoCE); None when unreadable.
+    pub link_layer: Option<String>,
+}
+
+impl SysPort {
+    /// The state's name ("ACTIVE", "DOWN", ...) without its number.
+    pub fn state_name(&self) -> &str {
+        self.state.as_deref().map_or("unreadable", |s| {
+            s.split_once(':').map_or(s, |(_, n)| n).trim()
+        })
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.state_name() == "ACTIVE"
+    }
+
+    /// The GID at `index`, unless that entry is empty (all zero) or absent.
+    pub fn gid(&self, index: u32) -> Option<String> {
+        read_attr(&self.dir.join("gids").join(index.to_string())).filter(|g| !is_zero_gid(g))
+    }
+}
+
+/// `<sys>/class/infiniband`.
+pub fn class_dir(sys: &Path) -> PathBuf {
+    sys.join("class/infiniband")
+}
+
+/// The RDMA devices under `<sys>/class/infiniband`, by name; the error is
+/// the folder's (NotFound: no RDMA hardware or kernel support).
+pub fn devices(sys: &Path) -> io::Result<Vec<String>> {
+    let mut names: Vec<String> = fs::read_dir(class_dir(sys))?
+        .filter_map(|e| e.ok()?.file_name().to_str().map(str::to_string))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The ports of device `dev`, ascending (empty when it has none or the
+/// folder cannot be read).
+pub fn ports(sys: &Path, dev: &str) -> Vec<SysPort> {
+    let dir = class_dir(sys).join(dev).join("ports");
+    numbered(&dir)
+        .into_iter()
+        .map(|n| {
+            let pdir = dir.join(n.to_string());
+            SysPort {
+                device: dev.to_string(),
+                number: n,
+                state: read_attr(&pdir.join("state")),
+                link_layer: read_attr(&pdir.join("link_layer")),
+                dir: pdir,
+            }
+        })
+        .collect()
+}
 
 use xfer_proto::launch::{Probe, RdmaFacts, RdmaNeed, RdmaPort};
 
@@ -13,8 +83,8 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
     let Some(need) = need else {
         return Probe::Skipped("no rdma_device for this node in the cluster file".into());
     };
-    let class = sys.join("class/infiniband");
-    let Ok(entries) = fs::read_dir(&class) else {
+    let class = class_dir(sys);
+    let Ok(present) = devices(sys) else {
         return Probe::Failed(format!(
             "no RDMA devices: {} does not exist (no RDMA hardware or the kernel lacks RDMA support)",
             class.display()
@@ -23,10 +93,6 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
     let dev = &need.device;
     let dir = class.join(dev);
     if !dir.is_dir() {
-        let mut present: Vec<String> = entries
-            .filter_map(|e| e.ok()?.file_name().to_str().map(str::to_string))
-            .collect();
-        present.sort();
         let have = if present.is_empty() {
             "it has none".to_string()
         } else {
@@ -36,18 +102,15 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
             "no RDMA device {dev} on this node ({have}); fix rdma_device in the cluster file (`ibv_devices` lists them)"
         ));
     }
-    let numbers = numbered(&dir.join("ports"));
-    let ports: Vec<RdmaPort> = numbers
+    let found = ports(sys, dev);
+    let ports: Vec<RdmaPort> = found
         .iter()
-        .map(|&n| {
-            let pdir = dir.join("ports").join(n.to_string());
-            RdmaPort {
-                port: n,
-                state: read_attr(&pdir.join("state")).unwrap_or_else(|| "unknown".into()),
-                link_layer: read_attr(&pdir.join("link_layer")).unwrap_or_else(|| "unknown".into()),
-                // Not in sysfs (`ibv_devinfo` reports it).
-                active_mtu: None,
-            }
+        .map(|p| RdmaPort {
+            port: p.number,
+            state: p.state.clone().unwrap_or_else(|| "unknown".into()),
+            link_layer: p.link_layer.clone().unwrap_or_else(|| "unknown".into()),
+            // Not in sysfs (`ibv_devinfo` reports it).
+            active_mtu: None,
         })
         .collect();
     if ports.is_empty() {
@@ -56,11 +119,17 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
             dir.join("ports").display()
         ));
     }
-    let state_name = |s: &str| s.split_once(':').map_or(s, |(_, n)| n).trim().to_string();
-    let Some(active) = ports.iter().find(|p| state_name(&p.state) == "ACTIVE") else {
-        let parts: Vec<String> = ports
+    let Some(active) = found.iter().find(|p| p.is_active()) else {
+        let parts: Vec<String> = found
             .iter()
-            .map(|p| format!("port {} is {} ({})", p.port, state_name(&p.state), p.state))
+            .map(|p| {
+                format!(
+                    "port {} is {} ({})",
+                    p.number,
+                    p.state_name(),
+                    p.state.as_deref().unwrap_or("unknown")
+                )
+            })
             .collect();
         return Probe::Failed(format!(
             "{dev} {}; check the cable and the switch port",
@@ -69,22 +138,15 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
     };
     let gid = match need.gid_index {
         None => None,
-        Some(idx) => {
-            let path = dir
-                .join("ports")
-                .join(active.port.to_string())
-                .join("gids")
-                .join(idx.to_string());
-            match read_attr(&path) {
-                Some(g) if !is_zero_gid(&g) => Some(g),
-                _ => {
-                    return Probe::Failed(format!(
+        Some(idx) => match active.gid(idx) {
+            Some(g) => Some(g),
+            None => {
+                return Probe::Failed(format!(
                     "GID index {idx} of {dev} port {} is empty; `show_gids` lists the valid ones",
-                    active.port
+                    active.number
                 ))
-                }
             }
-        }
+        },
     };
     Probe::Ok(RdmaFacts {
         device: dev.clone(),

@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::rdma::link::Nic;
+use crate::sysinfo::rdma as sysfs;
 
 pub use xfer_proto::admin::TransportChoice;
 
@@ -37,49 +38,26 @@ pub enum Selected {
 /// The first active RDMA port under `sys` (normally `/sys`), or why there
 /// is none.
 pub fn active_port(sys: &Path) -> Result<ActivePort, String> {
-    let dir = sys.join("class/infiniband");
-    let entries = std::fs::read_dir(&dir).map_err(|_| {
+    let devices = sysfs::devices(sys).map_err(|_| {
         "no device (kernel lacks RDMA support: /sys/class/infiniband does not exist)".to_string()
     })?;
-    let mut devices: Vec<String> = entries
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    devices.sort();
     if devices.is_empty() {
         return Err("no device (/sys/class/infiniband is empty)".into());
     }
     let mut down = Vec::new();
     for d in &devices {
-        let ports = dir.join(d).join("ports");
-        let mut nums: Vec<u32> = std::fs::read_dir(&ports)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-            .collect();
-        nums.sort();
-        for n in nums {
-            let read = |f: &str| {
-                std::fs::read_to_string(ports.join(n.to_string()).join(f))
-                    .map(|s| s.trim().to_string())
-                    .unwrap_or_default()
-            };
-            let state = read("state");
-            if state.ends_with("ACTIVE") {
+        for p in sysfs::ports(sys, d) {
+            if p.is_active() {
                 return Ok(ActivePort {
-                    device: d.clone(),
-                    port: n,
-                    link_layer: read("link_layer"),
+                    device: p.device,
+                    port: p.number,
+                    link_layer: p.link_layer.unwrap_or_default(),
                 });
             }
             down.push(format!(
-                "{d} port {n} is {}",
-                if state.is_empty() {
-                    "unreadable".into()
-                } else {
-                    state
-                }
+                "{d} port {} is {}",
+                p.number,
+                p.state.as_deref().unwrap_or("unreadable")
             ));
         }
     }
