@@ -55,7 +55,7 @@ pub(super) async fn serve(
                     ctx.runner.forget_model(&name);
                     AdminReply::ModelRemoved { name, existed }
                 }
-                Err(r) => AdminReply::Failed(r),
+                Err(r) => AdminReply::Failed(r.into()),
             }
         }
     };

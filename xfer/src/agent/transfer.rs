@@ -112,7 +112,7 @@ pub(super) async fn serve(
     };
     let transfer = match begun {
         Ok(t) => Arc::new(t),
-        Err(r) => return refuse(&mut send, r).await,
+        Err(r) => return refuse(&mut send, r.into()).await,
     };
     let held = transfer.held();
     let held_bytes = transfer.held_bytes();

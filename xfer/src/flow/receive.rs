@@ -190,7 +190,7 @@ impl<F: ChunkFetcher> Driver<F> {
                     );
                     let t = self.transfer.clone();
                     if let Ok(Err(r)) = tokio::task::spawn_blocking(move || t.commit()).await {
-                        return Err(r);
+                        return Err(r.into());
                     }
                 }
                 _ = cancel.cancelled() => return Err(Refusal::Superseded),
@@ -245,7 +245,7 @@ impl<F: ChunkFetcher> Driver<F> {
                 let t = self.transfer.clone();
                 let finished = tokio::task::spawn_blocking(move || t.finish()).await;
                 let root = match finished {
-                    Ok(r) => r,
+                    Ok(r) => r.map_err(Refusal::from),
                     Err(e) => Err(Refusal::Io {
                         path: self.transfer.name().to_string(),
                         message: format!("finishing panicked: {e}"),
@@ -302,7 +302,7 @@ impl<F: ChunkFetcher> Driver<F> {
                         Ok(Ok(Written::Duplicate)) => Outcome::Stored(0),
                         Ok(Ok(_)) => Outcome::Stored(len as u64),
                         Ok(Err(ChunkError::Corrupt(_))) => Outcome::Corrupt,
-                        Ok(Err(ChunkError::Refused(r))) => Outcome::Refused(r),
+                        Ok(Err(ChunkError::Refused(r))) => Outcome::Refused(r.into()),
                         Err(e) => Outcome::Refused(Refusal::Io {
                             path: t.name().to_string(),
                             message: format!("writer panicked: {e}"),

@@ -15,6 +15,7 @@
 //! checks the chunk's BLAKE3 first. A file is renamed into place only when all
 //! its chunks are verified and fsynced, and never through a symlink.
 
+mod error;
 pub mod hashcache;
 pub mod journal;
 pub mod scan;
@@ -35,7 +36,8 @@ use xfer_proto::chunkset::{ChunkMap, ChunkSet};
 use xfer_proto::hash::{self, Hash};
 use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, ManifestDoc};
 use xfer_proto::names::ModelName;
-use xfer_proto::refusal::Refusal;
+
+pub use error::StoreError;
 use xfer_proto::relpath::RelPath;
 
 /// An agent's root directory.
@@ -96,8 +98,8 @@ impl Stamp {
     }
 }
 
-fn io_refusal(path: &Path, e: std::io::Error) -> Refusal {
-    Refusal::Io {
+fn io_refusal(path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Io {
         path: path.display().to_string(),
         message: e.to_string(),
     }
@@ -218,7 +220,7 @@ impl Store {
 
     /// Deletes model `name` (its files, record and staging). Refused while a
     /// transfer of it runs here.
-    pub fn remove(&self, name: &ModelName) -> Result<bool, Refusal> {
+    pub fn remove(&self, name: &ModelName) -> Result<bool, StoreError> {
         let lock_path = self.root.join(".xfer/staging").join(format!("{name}.lock"));
         let lock = OpenOptions::new()
             .create(true)
@@ -228,7 +230,7 @@ impl Store {
             .map_err(|e| io_refusal(&lock_path, e))?;
         // SAFETY: flock on an fd we own.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(Refusal::Busy(format!(
+            return Err(StoreError::Busy(format!(
                 "`{name}` is being transferred here; cancel its job first"
             )));
         }
@@ -244,7 +246,7 @@ impl Store {
 
     /// Starts (or resumes) receiving `manifest` as `name`. The manifest must
     /// already be validated.
-    pub fn begin(&self, name: &ModelName, manifest: Arc<Manifest>) -> Result<Transfer, Refusal> {
+    pub fn begin(&self, name: &ModelName, manifest: Arc<Manifest>) -> Result<Transfer, StoreError> {
         let staging = self.staging_dir(name);
         let lock_path = self.root.join(".xfer/staging").join(format!("{name}.lock"));
         let lock = OpenOptions::new()
@@ -259,7 +261,7 @@ impl Store {
         // SAFETY: flock on an fd we own.
         while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             if std::time::Instant::now() >= deadline {
-                return Err(Refusal::Busy(format!(
+                return Err(StoreError::Busy(format!(
                     "another transfer of `{name}` into {} is still running (lock {}); wait for it or stop it",
                     self.root.display(),
                     lock_path.display()
@@ -274,7 +276,7 @@ impl Store {
             &root_hash,
             crate::store::journal::boot_id(),
         )
-        .map_err(|e| Refusal::Io {
+        .map_err(|e| StoreError::Io {
             path: staging.display().to_string(),
             message: format!("{e:#}"),
         })?;
@@ -372,7 +374,7 @@ impl Store {
             .sum();
         let have = free_space(&staging).map_err(|e| io_refusal(&staging, e))?;
         if need > have {
-            return Err(Refusal::NoSpace {
+            return Err(StoreError::NoSpace {
                 need,
                 have,
                 path: self.root.display().to_string(),
@@ -481,7 +483,7 @@ pub enum ChunkError {
     #[error("chunk {0:?} failed its BLAKE3 check")]
     Corrupt(ChunkId),
     #[error("{0}")]
-    Refused(Refusal),
+    Refused(StoreError),
 }
 
 /// One model being received into a [`Store`].
@@ -540,7 +542,7 @@ impl Transfer {
         self.staging.join("data").join(file.to_string())
     }
 
-    fn handle(&self, file: u32) -> Result<Arc<StagedFile>, Refusal> {
+    fn handle(&self, file: u32) -> Result<Arc<StagedFile>, StoreError> {
         let mut slot = self.handles[file as usize].lock().unwrap();
         if let Some(f) = slot.as_ref() {
             return Ok(f.clone());
@@ -577,9 +579,9 @@ impl Transfer {
         }
     }
 
-    fn disk_refusal(&self, path: &Path, e: std::io::Error, need: u64) -> Refusal {
+    fn disk_refusal(&self, path: &Path, e: std::io::Error, need: u64) -> StoreError {
         if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) {
-            Refusal::NoSpace {
+            StoreError::NoSpace {
                 need,
                 have: free_space(&self.staging).unwrap_or(0),
                 path: self.store_root.display().to_string(),
@@ -594,7 +596,7 @@ impl Transfer {
     /// committed and renamed into place before this returns.
     pub fn write_chunk(&self, id: ChunkId, data: &[u8]) -> Result<Written, ChunkError> {
         let num = self.map.number(id).ok_or_else(|| {
-            ChunkError::Refused(Refusal::Protocol(format!(
+            ChunkError::Refused(StoreError::Invalid(format!(
                 "chunk {id:?} is not in the manifest"
             )))
         })?;
@@ -646,7 +648,7 @@ impl Transfer {
     /// A checkpoint: fsyncs the data written so far and marks it durable in
     /// the journal, so it survives a power cut too. Writers keep going
     /// meanwhile; the agent calls this every couple of seconds.
-    pub fn commit(&self) -> Result<(), Refusal> {
+    pub fn commit(&self) -> Result<(), StoreError> {
         let _one_at_a_time = self.checkpoint.lock().unwrap();
         let durable = self.journal.lock().unwrap().len();
         let dirty = std::mem::take(&mut self.state.lock().unwrap().dirty);
@@ -666,7 +668,7 @@ impl Transfer {
     }
 
     /// Moves a complete staging file to its final path.
-    fn place_file(&self, file: u32) -> Result<(), Refusal> {
+    fn place_file(&self, file: u32) -> Result<(), StoreError> {
         let entry = self.map_file(file);
         let from = self.data_path(file);
         let open = self.handles[file as usize].lock().unwrap().take();
@@ -680,7 +682,7 @@ impl Transfer {
         fs::set_permissions(&from, fs::Permissions::from_mode(mode))
             .map_err(|e| io_refusal(&from, e))?;
         let to = place(&self.final_dir, &entry.path, |to| fs::rename(&from, to))?;
-        let stamp = Stamp::of(&to).ok_or_else(|| Refusal::Io {
+        let stamp = Stamp::of(&to).ok_or_else(|| StoreError::Io {
             path: to.display().to_string(),
             message: "file vanished right after it was placed".into(),
         })?;
@@ -741,14 +743,14 @@ impl Transfer {
 
     /// Places empty files, directories and symlinks, records the complete
     /// model and removes the staging area. Call once every chunk is held.
-    pub fn finish(&self) -> Result<Hash, Refusal> {
+    pub fn finish(&self) -> Result<Hash, StoreError> {
         for (i, f) in self.manifest.files().enumerate() {
             let done = self.state.lock().unwrap().done[i];
             if !done {
                 if f.size == 0 {
                     self.place_file(i as u32)?;
                 } else {
-                    return Err(Refusal::Protocol(format!(
+                    return Err(StoreError::Invalid(format!(
                         "finish called while `{}` is incomplete",
                         f.path
                     )));
@@ -825,8 +827,8 @@ pub fn preallocate(f: &File, size: u64) -> std::io::Result<()> {
     Err(e)
 }
 
-fn unsafe_path(p: &Path, reason: &str) -> Refusal {
-    Refusal::Unsafe {
+fn unsafe_path(p: &Path, reason: &str) -> StoreError {
+    StoreError::Unsafe {
         path: p.display().to_string(),
         reason: reason.into(),
     }
@@ -834,7 +836,7 @@ fn unsafe_path(p: &Path, reason: &str) -> Refusal {
 
 /// Makes sure `p` is a real directory, creating it if missing. Refuses a
 /// symlink or a file in its place.
-fn ensure_dir(p: &Path) -> Result<(), Refusal> {
+fn ensure_dir(p: &Path) -> Result<(), StoreError> {
     match fs::symlink_metadata(p) {
         Ok(m) if m.file_type().is_symlink() => Err(unsafe_path(
             p,
@@ -854,7 +856,7 @@ fn ensure_dir(p: &Path) -> Result<(), Refusal> {
 }
 
 /// After a racing `create_dir`, checks what is there now.
-fn ensure_dir_exists_now(p: &Path) -> Result<(), Refusal> {
+fn ensure_dir_exists_now(p: &Path) -> Result<(), StoreError> {
     match fs::symlink_metadata(p) {
         Ok(m) if m.is_dir() && !m.file_type().is_symlink() => Ok(()),
         Ok(_) => Err(unsafe_path(
@@ -867,7 +869,7 @@ fn ensure_dir_exists_now(p: &Path) -> Result<(), Refusal> {
 
 /// Creates the directories leading to `rel` under `dir`, one by one and
 /// never through a symlink, and returns the path of `rel`.
-fn prepare(dir: &Path, rel: &RelPath) -> Result<PathBuf, Refusal> {
+fn prepare(dir: &Path, rel: &RelPath) -> Result<PathBuf, StoreError> {
     ensure_dir(dir)?;
     for anc in rel.ancestors() {
         ensure_dir(&dir.join(anc))?;
@@ -882,7 +884,7 @@ pub fn place(
     dir: &Path,
     rel: &RelPath,
     make: impl FnOnce(&Path) -> std::io::Result<()>,
-) -> Result<PathBuf, Refusal> {
+) -> Result<PathBuf, StoreError> {
     let to = prepare(dir, rel)?;
     if let Ok(m) = fs::symlink_metadata(&to) {
         if m.is_dir() {
@@ -902,7 +904,7 @@ pub fn place(
 }
 
 /// Makes sure the directory `rel` exists under `dir` (an existing one is fine).
-pub fn place_dir(dir: &Path, rel: &RelPath) -> Result<PathBuf, Refusal> {
+pub fn place_dir(dir: &Path, rel: &RelPath) -> Result<PathBuf, StoreError> {
     let to = prepare(dir, rel)?;
     ensure_dir(&to)?;
     Ok(to)
@@ -1058,7 +1060,7 @@ mod tests {
         ));
         assert!(matches!(
             t.write_chunk(ChunkId { file: 9, index: 0 }, &bad),
-            Err(ChunkError::Refused(Refusal::Protocol(_)))
+            Err(ChunkError::Refused(StoreError::Invalid(_)))
         ));
         assert_eq!(t.held().count(), 0);
         assert!(!dir.path().join("m/d/a.bin").exists());
@@ -1091,7 +1093,7 @@ mod tests {
         let r = place(&model, &RelPath::new("d/x").unwrap(), |p| {
             fs::write(p, b"x")
         });
-        assert!(matches!(r, Err(Refusal::Unsafe { .. })), "{r:?}");
+        assert!(matches!(r, Err(StoreError::Unsafe { .. })), "{r:?}");
         assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
     }
 
@@ -1099,6 +1101,6 @@ mod tests {
     fn a_second_concurrent_transfer_is_refused() {
         let (_dir, store, name, m, _) = setup();
         let _t = store.begin(&name, m.clone()).unwrap();
-        assert!(matches!(store.begin(&name, m), Err(Refusal::Busy(_))));
+        assert!(matches!(store.begin(&name, m), Err(StoreError::Busy(_))));
     }
 }
