@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use xfer::agent::preflight::NodeFacts;
+use xfer_proto::launch::NodeFacts;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 
 use crate::agents::{unexpected, Agents};
@@ -71,8 +71,8 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
                     f.listen = listen;
                     f.reach = reach;
                 }
-                Ok(other) => f.listen = xfer::agent::preflight::Probe::Failed(unexpected(&other)),
-                Err(e) => f.listen = xfer::agent::preflight::Probe::Failed(e),
+                Ok(other) => f.listen = xfer_proto::launch::Probe::Failed(unexpected(&other)),
+                Err(e) => f.listen = xfer_proto::launch::Probe::Failed(e),
             }
         }
     }

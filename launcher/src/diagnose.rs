@@ -8,7 +8,7 @@
 //! agent's `ReadLog`, the way `xfer-launch logs` reads it.
 
 use serde::{Deserialize, Serialize};
-use xfer::agent::ranks::RankReport;
+use xfer_proto::launch::RankReport;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 
 use crate::agents::{unexpected, Agents, QUICK};
@@ -84,7 +84,7 @@ fn tail_text(data: &[u8], cut: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xfer::agent::ranks::{ProcReport, ProcState, RunState};
+    use xfer_proto::launch::{ProcReport, ProcState, RunState};
 
     #[test]
     fn the_record_keeps_the_hints_beside_the_report_fields() {

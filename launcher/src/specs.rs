@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use xfer::agent::ranks::{GroupPeer, ProcSpec, RankSpec};
+use xfer_proto::launch::{GroupPeer, ProcSpec, RankSpec};
 
 use crate::config::{Engine, Setup};
 use crate::plan::Plan;

@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use xfer::agent::ranks::{RankReport, RunState};
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
+use xfer_proto::launch::{RankReport, RunState};
 
 use crate::agents::{unexpected, Agents};
 use crate::check::{self, Checked};

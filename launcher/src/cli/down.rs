@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use launcher::agents::Agents;
 use launcher::config::Setup;
-use xfer::agent::ranks::RunState;
+use xfer_proto::launch::RunState;
 
 pub async fn down(
     setup: Setup,

@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 
 use serde::Serialize;
-use xfer::agent::preflight::{
+use xfer_proto::launch::{
     NodeFacts, PortNeed, PreflightRequest, Probe, RdmaNeed, ReachTarget, VersionProbe,
 };
 

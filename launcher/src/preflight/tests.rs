@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::*;
 use crate::config::tests::{setup, COMMIT};
-use xfer::agent::preflight::*;
+use xfer_proto::launch::*;
 
 fn s() -> Setup {
     setup(&format!(

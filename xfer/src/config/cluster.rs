@@ -104,7 +104,7 @@ pub struct Rdma {
 pub struct Node {
     pub name: NodeName,
     /// Where its agent listens, normalized to `HOST:PORT` (`[V6]:PORT` for
-    /// IPv6; host names lower-cased). [`crate::transport::quic::resolve`]
+    /// IPv6; host names lower-cased). `transport::quic::resolve`
     /// takes it as is.
     pub agent: String,
     /// The node's model folder (its agent's `--root`); always absolute.

@@ -7,7 +7,7 @@
 //! file is checked against the Hub's sha256 or git sha1 before it is renamed
 //! into `blobs/` (or into `--local-dir`) and linked from the snapshot; the
 //! ref is written last, so an offline reader never sees a ref to a snapshot
-//! we did not finish. With `--to`, [`crate::flow::pull_fanout`] pushes the files
+//! we did not finish. With `--to`, `flow::pull_fanout` pushes the files
 //! to agents while the rest download.
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! The host checks: `disk`, `memory` and `gpu`, each node on its own.
 
-use xfer::agent::preflight::Probe;
+use xfer_proto::launch::Probe;
 use xfer_proto::units::Bytes;
 
 use crate::preflight::{Ctx, Rows, Verdict, DISK_FAIL, DISK_WARN};

@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use xfer::agent::preflight::Probe;
+use xfer_proto::launch::Probe;
 
 use crate::preflight::{by_value, rendezvous_port, spread, Ctx, Rows, Verdict};
 

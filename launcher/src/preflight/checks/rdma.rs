@@ -1,6 +1,6 @@
 //! The `rdma` check: the RDMA device named for each node, and its ports.
 
-use xfer::agent::preflight::Probe;
+use xfer_proto::launch::Probe;
 
 use crate::preflight::{Ctx, Rows, Verdict};
 

@@ -1,7 +1,7 @@
 //! The `versions` check: one engine build, and one NVIDIA driver, on
 //! every node.
 
-use xfer::agent::preflight::Probe;
+use xfer_proto::launch::Probe;
 
 use crate::preflight::{by_value, spread, version_probes, Ctx, Rows, Verdict};
 
