@@ -4,12 +4,10 @@
 
 use anyhow::Result;
 
-use super::{answer, refuse, Ctx};
+use super::{answer, read_or_refuse, Ctx};
 use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::frame::REQUEST_LIMIT;
 use xfer_proto::refusal::Refusal;
-
-use crate::transport::quic::read_frame_within;
 
 /// Answers the one request on an admin stream.
 pub(super) async fn serve(
@@ -18,16 +16,8 @@ pub(super) async fn serve(
     mut recv: quinn::RecvStream,
     ctx: &Ctx,
 ) -> Result<()> {
-    let request: AdminRequest = match read_frame_within(&mut recv, REQUEST_LIMIT).await {
-        Ok(r) => r,
-        Err(e) => {
-            return refuse(
-                &mut send,
-                Refusal::Protocol(format!("unreadable admin request: {e:#}")),
-            )
-            .await
-        }
-    };
+    let request: AdminRequest =
+        read_or_refuse(&mut send, &mut recv, REQUEST_LIMIT, "admin request").await?;
     let reply = match request {
         AdminRequest::SyncJob { node, job } => {
             let id = job.id.clone();

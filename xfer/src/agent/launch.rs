@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{answer, refuse, Ctx};
-use crate::transport::quic::read_frame_within;
+use super::{answer, read_or_refuse, Ctx};
 use xfer_proto::frame::REQUEST_LIMIT;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use xfer_proto::refusal::Refusal;
@@ -20,16 +19,8 @@ pub(super) async fn serve(
     mut recv: quinn::RecvStream,
     ctx: &Ctx,
 ) -> Result<()> {
-    let request: LaunchRequest = match read_frame_within(&mut recv, REQUEST_LIMIT).await {
-        Ok(r) => r,
-        Err(e) => {
-            return refuse(
-                &mut send,
-                Refusal::Protocol(format!("unreadable launch request: {e:#}")),
-            )
-            .await
-        }
-    };
+    let request: LaunchRequest =
+        read_or_refuse(&mut send, &mut recv, REQUEST_LIMIT, "launch request").await?;
     let reply = match request {
         LaunchRequest::Preflight(request) => {
             let status = ctx

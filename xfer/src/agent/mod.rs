@@ -200,16 +200,7 @@ struct Ctx {
 async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
     let (mut send, mut recv) =
         tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await??;
-    let hello: Hello = match read_frame_within(&mut recv, HELLO_LIMIT).await {
-        Ok(h) => h,
-        Err(e) => {
-            return refuse(
-                &mut send,
-                Refusal::Protocol(format!("unreadable hello: {e:#}")),
-            )
-            .await
-        }
-    };
+    let hello: Hello = read_or_refuse(&mut send, &mut recv, HELLO_LIMIT, "hello").await?;
     match hello.check() {
         Ok(Service::Transfer) => transfer::serve(conn, send, recv, &ctx).await,
         Ok(Service::Admin) => admin::serve(conn, send, recv, &ctx).await,
@@ -237,4 +228,24 @@ async fn refuse(send: &mut quinn::SendStream, r: Refusal) -> Result<()> {
     write_frame(send, &r.clone().into_failed()).await?;
     let _ = send.finish();
     anyhow::bail!("refused: {r}")
+}
+
+/// Reads the stream's next message, of at most `limit` bytes. One that
+/// cannot be read (oversized, malformed, cut short) is refused, naming
+/// `what`, and ends the session with that error.
+async fn read_or_refuse<T: serde::de::DeserializeOwned>(
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+    limit: usize,
+    what: &str,
+) -> Result<T> {
+    match read_frame_within(recv, limit).await {
+        Ok(m) => Ok(m),
+        Err(e) => {
+            let r = Refusal::Protocol(format!("unreadable {what}: {e:#}"));
+            refuse(send, r)
+                .await
+                .map(|()| unreachable!("refuse always fails"))
+        }
+    }
 }

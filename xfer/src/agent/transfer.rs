@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
-use super::{refuse, Ctx};
+use super::{read_or_refuse, refuse, Ctx};
 use crate::engine::policy;
 use crate::flow::receive::{receive, Links, Received, Tally, SOURCE};
 use crate::flow::swarm::{self, LinkPlan, Share};
@@ -28,6 +28,7 @@ use crate::transport::rdma::link::{Nic, Offer};
 use crate::transport::serve::{serve as serve_chunks, Serving};
 use crate::transport::Fetcher;
 use xfer_proto::chunkset::ChunkSet;
+use xfer_proto::frame::MAX_FRAME;
 use xfer_proto::names::ModelName;
 use xfer_proto::transfer::{Refusal, SwarmPeer, TransferMsg};
 
@@ -55,16 +56,7 @@ pub(super) async fn serve(
     mut recv: quinn::RecvStream,
     ctx: &Ctx,
 ) -> Result<()> {
-    let opener: TransferMsg = match read_frame(&mut recv).await {
-        Ok(m) => m,
-        Err(e) => {
-            return refuse(
-                &mut send,
-                Refusal::Protocol(format!("unreadable offer: {e:#}")),
-            )
-            .await
-        }
-    };
+    let opener: TransferMsg = read_or_refuse(&mut send, &mut recv, MAX_FRAME, "offer").await?;
     let (name, manifest) = match opener {
         TransferMsg::Offer { name, manifest } => (name, manifest),
         TransferMsg::Want { name } => {

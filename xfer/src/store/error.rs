@@ -5,23 +5,37 @@
 
 use xfer_proto::refusal::Refusal;
 
-/// Why the store refused or failed. Each says what to do.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// Why the store refused or failed. Each says what to do: its text is the
+/// [`Refusal`]'s of the same name, written once, there.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreError {
-    #[error("no space: need {need}, have {have} at {path}; free space there or start the agent with another --root", need = xfer_proto::units::Bytes(*need), have = xfer_proto::units::Bytes(*have))]
-    NoSpace { need: u64, have: u64, path: String },
-    #[error("disk error at {path}: {message}")]
-    Io { path: String, message: String },
-    #[error("refusing to write {path}: {reason}")]
-    Unsafe { path: String, reason: String },
+    NoSpace {
+        need: u64,
+        have: u64,
+        path: String,
+    },
+    Io {
+        path: String,
+        message: String,
+    },
+    Unsafe {
+        path: String,
+        reason: String,
+    },
     /// Something the caller asked that the manifest or the store's state
     /// does not allow (a chunk not in the manifest, a root that does not
     /// match).
-    #[error("protocol error: {0}")]
     Invalid(String),
-    #[error("busy: {0}")]
     Busy(String),
 }
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        Refusal::from(self.clone()).fmt(f)
+    }
+}
+
+impl std::error::Error for StoreError {}
 
 impl From<StoreError> for Refusal {
     fn from(e: StoreError) -> Refusal {
@@ -59,6 +73,7 @@ mod tests {
             StoreError::Busy("m is being received".into()),
         ] {
             let text = e.to_string();
+            assert!(!text.is_empty());
             assert_eq!(Refusal::from(e).to_string(), text);
         }
     }
