@@ -156,7 +156,7 @@ start_agent() {
     # ip netns exec, unshare and sh all exec, so $! is the agent itself.
     PATH=$STANDIN/bin:$PATH PYTHONPATH=$STANDIN/pylib \
         ip netns exec "$PREFIX-n$i" unshare --mount --propagation private sh -c \
-        "mount --bind '$TMP/node$i' '$MNT' && exec '$XFER' serve --listen 0.0.0.0:$AGENT_PORT --root '$MNT' --key '$KEY' --verify-every 0" \
+        "mount --bind '$TMP/node$i' '$MNT' && exec '$XFER' serve --allow-launch --listen 0.0.0.0:$AGENT_PORT --root '$MNT' --key '$KEY' --verify-every 0" \
         >"$out" 2>"$TMP/agent$i.log" </dev/null &
     pid=$!
     track "$pid"

@@ -177,7 +177,7 @@ impl Lab {
             std::env::var("PATH").unwrap_or_default()
         );
         let script = format!(
-            "mount --bind '{}' '{}' && exec '{}' serve --listen 0.0.0.0:{AGENT_PORT} --root '{}' --key '{}' --verify-every 0",
+            "mount --bind '{}' '{}' && exec '{}' serve --listen 0.0.0.0:{AGENT_PORT} --root '{}' --key '{}' --verify-every 0 --allow-launch",
             self.root_of(i).display(),
             self.mnt.display(),
             xfer_bin().display(),

@@ -14,6 +14,7 @@ mod doctor;
 mod fetch;
 mod fuzz_corpus;
 mod manifest;
+mod permits;
 mod pull;
 mod pull_fanout;
 mod push;

@@ -157,7 +157,10 @@ impl Cluster {
     }
 
     pub fn spawn(&self, name: &str, listen: &str, root: &Path) -> Agent {
-        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        // Sync sources live in the test's folder, outside every root.
+        let export = self.dir.path().to_str().expect("a UTF-8 temp path");
+        let mut extra: Vec<&str> = vec!["--export", export];
+        extra.extend(self.extra.iter().map(String::as_str));
         // The source's hash cache stays in the node's folder.
         let xdg = self.dir.path().join("nodes").join(name).join("xdg-cache");
         Agent::start_cmd(listen, root, &self.key, &extra, |c| {

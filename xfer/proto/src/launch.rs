@@ -93,7 +93,7 @@ pub struct PreflightRequest {
     pub ports: Vec<PortNeed>,
     /// The reachability probe: listen on `fabric_ip:listen_port` while
     /// connecting to every peer, for `window_ms` at most. The launcher
-    /// leaves these empty and sends a separate `Control::Reach` to every
+    /// leaves these empty and sends a separate `LaunchRequest::Reach` to every
     /// node once every node's ports were checked, so that no port check
     /// ever sees another node's probe listener (nodes may share a host).
     pub listen_port: Option<u16>,

@@ -32,6 +32,10 @@ pub enum Refusal {
     CorruptSource { strikes: u32 },
     #[error("busy: {0}")]
     Busy(String),
+    /// The agent's operator has not allowed this (`--allow-launch`,
+    /// `--allow-exec`, `--export`); the text names the node and the switch.
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 /// A refusal as every service's reply encodes it. [`crate::transfer::TransferMsg`],

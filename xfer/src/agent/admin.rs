@@ -7,7 +7,6 @@ use anyhow::Result;
 use super::{answer, read_or_refuse, Ctx};
 use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::frame::REQUEST_LIMIT;
-use xfer_proto::refusal::Refusal;
 
 /// Answers the one request on an admin stream.
 pub(super) async fn serve(
@@ -23,7 +22,7 @@ pub(super) async fn serve(
             let id = job.id.clone();
             match ctx.runner.accept(node, job) {
                 Ok(()) => AdminReply::JobAccepted { id },
-                Err(e) => AdminReply::Failed(Refusal::Protocol(e)),
+                Err(r) => AdminReply::Failed(r),
             }
         }
         AdminRequest::Status => AdminReply::Status(ctx.activity.report(

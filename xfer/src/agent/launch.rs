@@ -31,7 +31,11 @@ pub(super) async fn serve(
                 .iter()
                 .map(|m| (m.name.clone(), m.state))
                 .collect();
-            let facts = super::preflight::gather(*request, ctx.store.clone(), states).await;
+            let node = request.node.clone();
+            let permits = ctx.permits.clone();
+            let may_run = move |argv: &[String]| permits.may_run(&node, argv);
+            let facts =
+                super::preflight::gather(*request, ctx.store.clone(), states, &may_run).await;
             LaunchReply::PreflightReport(Box::new(facts))
         }
         LaunchRequest::Reach {
@@ -44,10 +48,35 @@ pub(super) async fn serve(
             LaunchReply::Reached { listen, reach }
         }
         LaunchRequest::StartRank(spec) => {
-            tracing::info!("starting rank {} of run {}", spec.rank, spec.run);
-            match ctx.ranks.start(*spec) {
-                Ok(report) => LaunchReply::Runs(vec![report]),
-                Err(e) => LaunchReply::Failed(Refusal::Busy(e)),
+            let peer = conn.remote_address();
+            let allowed = spec
+                .procs
+                .iter()
+                .map(|p| &p.argv)
+                .chain(&spec.on_stop)
+                .try_for_each(|argv| ctx.permits.may_run(&spec.node, argv));
+            match allowed {
+                Err(why) => {
+                    tracing::warn!(
+                        "refused rank {} of run {} for {peer}: {why}",
+                        spec.rank,
+                        spec.run
+                    );
+                    LaunchReply::Failed(Refusal::Forbidden(why))
+                }
+                Ok(()) => {
+                    let argv: Vec<String> = spec.procs.iter().map(|p| p.argv.join(" ")).collect();
+                    tracing::info!(
+                        "starting rank {} of run {} for {peer}: {}",
+                        spec.rank,
+                        spec.run,
+                        argv.join(" ; ")
+                    );
+                    match ctx.ranks.start(*spec) {
+                        Ok(report) => LaunchReply::Runs(vec![report]),
+                        Err(e) => LaunchReply::Failed(Refusal::Busy(e)),
+                    }
+                }
             }
         }
         LaunchRequest::RunQuery { run } => LaunchReply::Runs(ctx.ranks.reports(run.as_deref())),

@@ -12,6 +12,7 @@
 mod admin;
 pub mod client;
 mod launch;
+pub mod permit;
 pub mod preflight;
 pub mod ranks;
 pub mod sync;
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use crate::agent::permit::Permits;
 use crate::agent::ranks::supervisor::Supervisor;
 use crate::agent::sync::runner::Runner;
 use crate::agent::sync::status::Activity;
@@ -50,6 +52,8 @@ pub struct AgentOptions {
     pub metrics: Option<SocketAddr>,
     /// The RDMA NIC transfers use (`--transport`); `None`: QUIC only.
     pub nic: Option<Arc<dyn Nic>>,
+    /// What callers may do beyond moving models.
+    pub permits: Permits,
 }
 
 /// Refused connections, logged so that a storm of them cannot grow the
@@ -126,11 +130,13 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         });
     }
     let ranks = Supervisor::open(&opts.root, cred.clone());
+    let permits = Arc::new(opts.permits);
     let runner = Runner::new(
         store.clone(),
         opts.key.clone(),
         activity.clone(),
         opts.nic.clone(),
+        permits.clone(),
     );
     runner.resume_all();
     if let Some(every) = opts.verify_every {
@@ -152,6 +158,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         runner,
         ranks,
         nic: opts.nic,
+        permits,
     });
     let refusals = Arc::new(Mutex::new(RefusalLog::default()));
     while let Some(incoming) = ep.accept().await {
@@ -192,6 +199,7 @@ struct Ctx {
     runner: Arc<Runner>,
     ranks: Arc<Supervisor>,
     nic: Option<Arc<dyn Nic>>,
+    permits: Arc<Permits>,
 }
 
 /// Reads the stream's [`Hello`] and hands the stream to its service. An

@@ -95,6 +95,18 @@ pub struct ServeArgs {
     /// this build can drive it), else QUIC; `rdma` refuses without one.
     #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
     pub transport: xfer::transport::select::TransportChoice,
+    /// Let `xfer-launch` start processes here: engine ranks, their stop
+    /// hooks and version probes (off: every such request is refused).
+    #[arg(long)]
+    pub allow_launch: bool,
+    /// With --allow-launch, start only this program (argv[0] as the
+    /// launcher sends it, e.g. `vllm`); repeat for more.
+    #[arg(long, value_name = "PROGRAM", requires = "allow_launch")]
+    pub allow_exec: Vec<String>,
+    /// Let sync jobs read their source folder under DIR too (besides the
+    /// root); repeat for more.
+    #[arg(long, value_name = "DIR")]
+    pub export: Vec<PathBuf>,
 }
 
 /// The arguments of `xfer sync`.

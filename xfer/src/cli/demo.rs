@@ -144,14 +144,26 @@ fn start_agent(
                 "sh",
             ]);
             c.arg(root).arg(at).arg(&exe);
-            c.args(["serve", "--listen", &format!("{ip}:0"), "--root"])
-                .arg(at);
+            c.args([
+                "serve",
+                "--allow-launch",
+                "--listen",
+                &format!("{ip}:0"),
+                "--root",
+            ])
+            .arg(at);
             c
         }
         None => {
             let mut c = Command::new(exe);
-            c.args(["serve", "--listen", &format!("{ip}:0"), "--root"])
-                .arg(root);
+            c.args([
+                "serve",
+                "--allow-launch",
+                "--listen",
+                &format!("{ip}:0"),
+                "--root",
+            ])
+            .arg(root);
             c
         }
     };

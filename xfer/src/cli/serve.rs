@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::args::*;
 
@@ -17,7 +17,24 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         verify_every,
         metrics,
         transport,
+        allow_launch,
+        allow_exec,
+        export,
     } = args;
+    let exports = export
+        .iter()
+        .map(|d| {
+            d.canonicalize()
+                .ok()
+                .filter(|c| c.is_dir())
+                .with_context(|| {
+                    format!(
+                        "--export {}: no such folder; create it or drop the flag",
+                        d.display()
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let nic = xfer::transport::select::choose(transport)?;
     let scheduler = xfer::engine::scheduler::Config {
         window: window.max(1),
@@ -31,6 +48,11 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         verify_every: (verify_every > 0).then(|| Duration::from_secs(verify_every)),
         metrics,
         nic,
+        permits: xfer::agent::permit::Permits {
+            launch: allow_launch,
+            exec: allow_exec,
+            exports,
+        },
     })
     .await?;
     Ok(ExitCode::SUCCESS)

@@ -39,6 +39,7 @@ pub async fn gather(
     req: PreflightRequest,
     store: crate::store::Store,
     states: HashMap<String, xfer_proto::admin::ModelState>,
+    may_run: &(dyn Fn(&[String]) -> Result<(), String> + Sync),
 ) -> NodeFacts {
     let blocking = |what: &'static str| {
         move |e: tokio::task::JoinError| format!("the {what} probe failed: {e}; report this bug")
@@ -86,7 +87,18 @@ pub async fn gather(
         .versions
         .iter()
         .cloned()
-        .map(|v| tokio::spawn(async move { versions::run(&v, versions::DEFAULT_TIMEOUT).await }))
+        .map(|v| {
+            let allowed = may_run(&v.argv);
+            tokio::spawn(async move {
+                match allowed {
+                    Ok(()) => versions::run(&v, versions::DEFAULT_TIMEOUT).await,
+                    Err(why) => VersionFacts {
+                        what: v.what,
+                        version: Probe::Failed(why),
+                    },
+                }
+            })
+        })
         .collect();
     let listen = req.listen_port.map(|p| SocketAddr::new(req.fabric_ip, p));
     let (listen, reach) =
@@ -189,7 +201,7 @@ mod tests {
             }],
             rdma: None,
         };
-        let f = gather(req, store, HashMap::new()).await;
+        let f = gather(req.clone(), store.clone(), HashMap::new(), &|_| Ok(())).await;
         assert_eq!(f.ports[0].free, Probe::Ok(()), "{:?}", f.ports);
         assert_eq!(
             f.listen,

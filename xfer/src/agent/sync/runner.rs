@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::job::{JobDir, JobRecord, JobSource, JobSpec, JobState, MemberTally};
 use super::status::Activity;
+use crate::agent::permit::Permits;
 use crate::flow::push::{NodeSummary, PushOptions};
 use crate::hub::env::HubEnv;
 use crate::hub::pull::PullOptions;
@@ -23,6 +24,7 @@ use crate::transport::select::TransportChoice;
 use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
 use xfer_proto::names::ModelName;
+use xfer_proto::refusal::Refusal;
 
 /// Pause after a round that left a member incomplete, growing to this.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -38,6 +40,8 @@ pub struct Runner {
     me: Mutex<Option<String>>,
     /// The agent's RDMA NIC, for the transfers of its jobs.
     nic: Option<Arc<dyn Nic>>,
+    /// Where a job's source folder may lie (`--export`).
+    permits: Arc<Permits>,
 }
 
 impl Runner {
@@ -46,6 +50,7 @@ impl Runner {
         key: PathBuf,
         activity: Arc<Activity>,
         nic: Option<Arc<dyn Nic>>,
+        permits: Arc<Permits>,
     ) -> Arc<Runner> {
         let jobs = JobDir::new(store.root());
         Arc::new(Runner {
@@ -56,6 +61,7 @@ impl Runner {
             running: Mutex::default(),
             me: Mutex::default(),
             nic,
+            permits,
         })
     }
 
@@ -79,12 +85,22 @@ impl Runner {
 
     /// Takes a job handed over by `xfer sync`; `node` is this node's name in
     /// it. Starts it if this node is its source.
-    pub fn accept(self: &Arc<Self>, node: String, spec: JobSpec) -> Result<(), String> {
-        spec.validate()?;
+    pub fn accept(self: &Arc<Self>, node: String, spec: JobSpec) -> Result<(), Refusal> {
+        spec.validate().map_err(Refusal::Protocol)?;
         if node != spec.source_node && !spec.is_member(&node) {
-            return Err(format!(
+            return Err(Refusal::Protocol(format!(
                 "node {node} is neither the source nor a member of the job"
-            ));
+            )));
+        }
+        // The source reads the folder: only under the root or an export.
+        // (A path that does not exist yet fails the job's first round,
+        // which says so.)
+        if let JobSource::Path(p) = &spec.source {
+            if node == spec.source_node && p.exists() {
+                self.permits
+                    .may_read(&node, self.store.root(), p)
+                    .map_err(Refusal::Forbidden)?;
+            }
         }
         *self.me.lock().unwrap() = Some(node.clone());
         let mut rec = self
@@ -96,11 +112,9 @@ impl Runner {
         if rec.state.is_final() && !matches!(rec.state, JobState::Complete { .. }) {
             rec.state = JobState::Queued;
         }
-        self.jobs.save(&rec).map_err(|e| {
-            format!(
-                "cannot save the job under {}: {e}",
-                self.store.root().display()
-            )
+        self.jobs.save(&rec).map_err(|e| Refusal::Io {
+            path: self.store.root().display().to_string(),
+            message: format!("cannot save the job: {e}"),
         })?;
         if self.is_source(&rec) && !rec.state.is_final() {
             self.start(rec.spec.id.clone());
@@ -274,10 +288,11 @@ impl Runner {
                         spec.source_node
                     )));
                 }
-                let opts = PushOptions {
-                    src: src.clone(),
-                    ..push
-                };
+                let src = self
+                    .permits
+                    .may_read(&spec.source_node, self.store.root(), src)
+                    .map_err(Fatal)?;
+                let opts = PushOptions { src, ..push };
                 let s = crate::flow::push::push(&opts, &quiet)
                     .await
                     .map_err(|e| Retry(format!("{e:#}")))?;

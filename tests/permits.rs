@@ -1,0 +1,169 @@
+//! What an authenticated caller may do beyond moving models, each attack
+//! performed against a real agent: starting a process (a rank, a version
+//! probe) on an agent without `--allow-launch`, or with `--allow-exec`
+//! naming other programs, and syncing from a folder outside the root and
+//! the exports. Each must be refused with one line naming the node and the
+//! switch, and leave nothing behind.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common;
+use common::cluster::Cluster;
+use common::*;
+use xfer::agent::client;
+use xfer::config::auth::Credential;
+use xfer_proto::launch::*;
+
+/// A rank whose one process writes `id` to `out`.
+fn id_rank(run: &str, out: &Path) -> LaunchRequest {
+    let argv = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("id > '{}'; exec sleep 600", out.display()),
+    ];
+    LaunchRequest::StartRank(Box::new(RankSpec {
+        run: run.into(),
+        node: "n1".into(),
+        rank: 0,
+        env: Default::default(),
+        procs: vec![ProcSpec {
+            argv,
+            wait_tcp: None,
+        }],
+        on_stop: vec![],
+        group: vec![],
+        wait_timeout_ms: 1_000,
+        grace_ms: 1_000,
+    }))
+}
+
+/// A preflight that asks for the output of `id` as a "version".
+fn id_probe(out: &Path) -> LaunchRequest {
+    LaunchRequest::Preflight(Box::new(PreflightRequest {
+        node: "n1".into(),
+        fabric_if: "lo".into(),
+        fabric_ip: "127.0.0.1".parse().unwrap(),
+        model_path: "/nonexistent".into(),
+        revision: None,
+        ports: vec![],
+        listen_port: None,
+        peers: vec![],
+        window_ms: 0,
+        versions: vec![VersionProbe {
+            what: "engine".into(),
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("id > '{}'; echo 1.0", out.display()),
+            ],
+        }],
+        rdma: None,
+    }))
+}
+
+fn ask(cred: &Credential, agent: &Agent, req: &LaunchRequest) -> LaunchReply {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(client::launch(
+        cred,
+        &agent.addr,
+        req,
+        Duration::from_secs(30),
+    ))
+    .expect("the agent answers")
+}
+
+fn refusal(reply: LaunchReply) -> String {
+    match reply {
+        LaunchReply::Failed(Refusal::Forbidden(why)) => why,
+        other => panic!("expected a Forbidden refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_agent_starts_no_process_unless_its_operator_allowed_launches() {
+    let t = tempdir("permit-launch");
+    let key = t.path().join("cluster.key");
+    keygen(&key);
+    let cred = Credential::load(&key).unwrap();
+    let (root, out) = (t.path().join("root"), t.path().join("id.out"));
+    std::fs::create_dir_all(&root).unwrap();
+
+    // Off by default: neither a rank nor a version probe runs.
+    let agent = Agent::start("127.0.0.61:0", &root, &key);
+    let why = refusal(ask(&cred, &agent, &id_rank("r1", &out)));
+    assert!(why.starts_with("n1: launching is off"), "{why}");
+    assert!(why.contains("--allow-launch"), "{why}");
+    let LaunchReply::PreflightReport(facts) = ask(&cred, &agent, &id_probe(&out)) else {
+        panic!("no preflight report");
+    };
+    match &facts.versions[0].version {
+        Probe::Failed(why) => assert!(why.contains("--allow-launch"), "{why}"),
+        other => panic!("the version probe ran: {other:?}"),
+    }
+    drop(agent);
+
+    // Allowed, but only `vllm`: `sh` is refused, naming the flag to add.
+    let agent = Agent::start_with(
+        "127.0.0.61:0",
+        &root,
+        &key,
+        &["--allow-launch", "--allow-exec", "vllm"],
+    );
+    let why = refusal(ask(&cred, &agent, &id_rank("r2", &out)));
+    assert!(why.contains("--allow-exec sh"), "{why}");
+    drop(agent);
+    assert!(!out.exists(), "a refused request ran `id`");
+    assert!(
+        !root.join(".xfer/ranks").exists()
+            || std::fs::read_dir(root.join(".xfer/ranks"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "a refused rank left a run record"
+    );
+
+    // The control: with launches allowed, the same request does run.
+    let agent = Agent::start_with("127.0.0.61:0", &root, &key, &["--allow-launch"]);
+    assert!(matches!(
+        ask(&cred, &agent, &id_rank("r3", &out)),
+        LaunchReply::Runs(_)
+    ));
+    wait_until(
+        "the rank to write id's output",
+        Duration::from_secs(30),
+        || std::fs::read_to_string(&out).is_ok_and(|s| s.contains("uid=")),
+    );
+    let stop = LaunchRequest::StopRun {
+        run: Some("r3".into()),
+        grace_ms: 100,
+        reason: "test over".into(),
+    };
+    assert!(matches!(ask(&cred, &agent, &stop), LaunchReply::Runs(_)));
+}
+
+#[test]
+fn a_sync_from_outside_the_root_and_the_exports_is_refused() {
+    let c = Cluster::start("permit-export", 62, &["a", "b"], &[]);
+    let r = run(
+        c.cmd("sync", &["--json"])
+            .arg("/etc")
+            .args(["--from", "a", "--nodes", "b"]),
+        Duration::from_secs(30),
+    );
+    assert!(!r.success(), "syncing /etc was accepted: {}", r.stdout);
+    assert!(
+        r.stderr.contains("/etc is outside a's root") && r.stderr.contains("--export /etc"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    for n in ["a", "b"] {
+        assert!(!c.root(n).join("etc").exists(), "{n} holds /etc");
+    }
+    // A folder the cluster's agents export (the test's own) still syncs.
+    let src = c.dir.path().join("m");
+    gen_model(&src, 2 * MIB, 7);
+    let (id, _) = c.sync(&src, &["--from", "a", "--nodes", "b"]);
+    c.wait_complete(&id, "a", &["b"], "m");
+}

@@ -1,0 +1,135 @@
+//! What an agent lets an authenticated caller do beyond moving models,
+//! each off unless its operator switched it on (`xfer serve`):
+//! - start processes (a rank's engine, its stop hooks, the preflight's
+//!   version probes) only with `--allow-launch`, and with `--allow-exec
+//!   PROGRAM` only those programs;
+//! - read a sync job's source folder only under the agent's root or under
+//!   a folder named with `--export DIR`.
+//!
+//! Every refusal is one line naming the node and the switch that would
+//! allow it.
+
+use std::path::{Path, PathBuf};
+
+/// The operator's switches.
+#[derive(Clone, Debug, Default)]
+pub struct Permits {
+    /// `--allow-launch`.
+    pub launch: bool,
+    /// `--allow-exec`: the programs (argv[0], as the launcher sends it)
+    /// that may be started; empty: any, once launching is on.
+    pub exec: Vec<String>,
+    /// `--export`: folders (canonical) a sync job may read from, besides
+    /// the root.
+    pub exports: Vec<PathBuf>,
+}
+
+impl Permits {
+    /// Whether `argv` may be started on `node`, or why not.
+    pub fn may_run(&self, node: &str, argv: &[String]) -> Result<(), String> {
+        if !self.launch {
+            return Err(format!(
+                "{node}: launching is off on this agent (it starts no engine, stop hook or version probe); start it with `xfer serve --allow-launch` (docs/launcher.md#allowing-launches)"
+            ));
+        }
+        let Some(program) = argv.first() else {
+            return Err(format!(
+                "{node}: an empty command line; fix the launch template"
+            ));
+        };
+        if !self.exec.is_empty() && !self.exec.iter().any(|e| e == program) {
+            return Err(format!(
+                "{node}: `{program}` is not in this agent's --allow-exec list ({}); add `--allow-exec {program}` to its `xfer serve`",
+                self.exec.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// The canonical form of `path`, if a sync job on `node` may read it:
+    /// it must lie under `root` or under an export.
+    pub fn may_read(&self, node: &str, root: &Path, path: &Path) -> Result<PathBuf, String> {
+        let real = path.canonicalize().map_err(|e| {
+            format!(
+                "{}: {e} on {node}; fix the path and run xfer sync again",
+                path.display()
+            )
+        })?;
+        let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        if real.starts_with(&root) || self.exports.iter().any(|e| real.starts_with(e)) {
+            return Ok(real);
+        }
+        let exports = if self.exports.is_empty() {
+            "none".to_string()
+        } else {
+            self.exports
+                .iter()
+                .map(|e| e.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Err(format!(
+            "{} is outside {node}'s root ({}) and its exports ({exports}); start the agent on {node} with `--export {}` to allow syncing from there",
+            path.display(),
+            root.display(),
+            path.display()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn launching_is_off_unless_switched_on_and_then_limited_to_the_list() {
+        let off = Permits::default();
+        let why = off.may_run("n1", &argv(&["sh", "-c", "id"])).unwrap_err();
+        assert!(why.starts_with("n1: launching is off"), "{why}");
+        assert!(why.contains("--allow-launch"), "{why}");
+        let any = Permits {
+            launch: true,
+            ..Permits::default()
+        };
+        assert!(any.may_run("n1", &argv(&["sh"])).is_ok());
+        assert!(any.may_run("n1", &[]).is_err());
+        let listed = Permits {
+            launch: true,
+            exec: argv(&["vllm"]),
+            ..Permits::default()
+        };
+        assert!(listed.may_run("n1", &argv(&["vllm", "serve"])).is_ok());
+        let why = listed
+            .may_run("n1", &argv(&["sh", "-c", "id"]))
+            .unwrap_err();
+        assert!(why.contains("--allow-exec sh"), "{why}");
+    }
+
+    #[test]
+    fn a_sync_source_must_lie_under_the_root_or_an_export() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        let shared = t.path().join("shared");
+        for d in [&root, &shared, &root.join("m"), &shared.join("m")] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let p = Permits::default();
+        assert!(p.may_read("n1", &root, &root.join("m")).is_ok());
+        let why = p.may_read("n1", &root, Path::new("/etc")).unwrap_err();
+        assert!(why.contains("outside n1's root"), "{why}");
+        assert!(why.contains("--export /etc"), "{why}");
+        // A link inside the root to a folder outside is judged by its target.
+        std::os::unix::fs::symlink("/etc", root.join("etc")).unwrap();
+        assert!(p.may_read("n1", &root, &root.join("etc")).is_err());
+        let exported = Permits {
+            exports: vec![shared.canonicalize().unwrap()],
+            ..Permits::default()
+        };
+        assert!(exported.may_read("n1", &root, &shared.join("m")).is_ok());
+        assert!(exported.may_read("n1", &root, Path::new("/etc")).is_err());
+    }
+}
