@@ -1,5 +1,8 @@
 //! The names every node shares: the protocol version, the TLS ALPN, the
-//! default port, and the validated names of models.
+//! default port, and the validated names of nodes and models.
+
+use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +53,61 @@ pub fn version_refusal(peer: &str, theirs: u32) -> String {
 
 /// The port an agent listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7470;
+
+/// Longest node name, in characters.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// A node's name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeName(String);
+
+impl NodeName {
+    /// Checks a name; the error says what is wrong with it.
+    pub fn new(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("node name is empty; name it, e.g. name = \"spark-a\"".into());
+        }
+        if let Some(c) = s
+            .chars()
+            .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(format!(
+                "node name {s:?} contains {c:?}; use only letters, digits, '.', '_' and '-'"
+            ));
+        }
+        if s.len() > MAX_NAME_LEN {
+            return Err(format!(
+                "node name {s:?} is {} characters long; use at most {MAX_NAME_LEN}",
+                s.len()
+            ));
+        }
+        Ok(Self(s.to_string()))
+    }
+
+    /// The name as written.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for NodeName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for NodeName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::new(s)
+    }
+}
 
 /// A model's name on the receiving node: one path component.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

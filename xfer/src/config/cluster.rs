@@ -19,7 +19,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
@@ -27,67 +26,14 @@ use toml::Spanned;
 
 use crate::util::tomltext::{and_list, in_file_order, kind, line_col, suggest};
 use xfer_proto::names::DEFAULT_PORT;
+pub use xfer_proto::names::{NodeName, MAX_NAME_LEN};
 
-/// Longest node name, in characters.
-pub const MAX_NAME_LEN: usize = 64;
 /// Where the commented example of the format lives, for error messages.
 const EXAMPLE: &str = "docs/cluster.example.toml";
 /// Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
 const MAX_IFNAME_LEN: usize = 15;
 /// RDMA device names are at most 63 bytes (IB_DEVICE_NAME_MAX - 1).
 const MAX_RDMA_NAME_LEN: usize = 63;
-
-/// A node's name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NodeName(String);
-
-impl NodeName {
-    /// Checks a name; the error says what is wrong with it.
-    pub fn new(s: &str) -> Result<Self, String> {
-        if s.is_empty() {
-            return Err("node name is empty; name it, e.g. name = \"spark-a\"".into());
-        }
-        if let Some(c) = s
-            .chars()
-            .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-        {
-            return Err(format!(
-                "node name {s:?} contains {c:?}; use only letters, digits, '.', '_' and '-'"
-            ));
-        }
-        if s.len() > MAX_NAME_LEN {
-            return Err(format!(
-                "node name {s:?} is {} characters long; use at most {MAX_NAME_LEN}",
-                s.len()
-            ));
-        }
-        Ok(Self(s.to_string()))
-    }
-
-    /// The name as written.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for NodeName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl AsRef<str> for NodeName {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for NodeName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::new(s)
-    }
-}
 
 /// A node's RDMA device.
 #[derive(Clone, Debug, PartialEq, Eq)]
