@@ -229,7 +229,10 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
     let admin_requests = vec![
         AdminRequest::Status,
         AdminRequest::CancelJob { id: "j1".into() },
-        AdminRequest::RemoveModel { name: name.clone() },
+        AdminRequest::RemoveModel {
+            name: name.clone(),
+            force: false,
+        },
     ];
     let admin_replies = vec![
         AdminReply::JobAccepted { id: "j1".into() },

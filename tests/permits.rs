@@ -167,3 +167,61 @@ fn a_sync_from_outside_the_root_and_the_exports_is_refused() {
     let (id, _) = c.sync(&src, &["--from", "a", "--nodes", "b"]);
     c.wait_complete(&id, "a", &["b"], "m");
 }
+
+#[test]
+fn a_job_id_that_is_a_path_reads_and_writes_nothing_outside_the_jobs_folder() {
+    let c = Cluster::start("permit-cancel", 63, &["a"], &[]);
+    // `<root>/.xfer/jobs/../../x.json` is `<root>/x.json`.
+    let planted = c.root("a").join("x.json");
+    std::fs::write(&planted, b"planted").unwrap();
+    let cred = Credential::load(&c.key).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for id in ["../../x", "/etc/passwd", "a/../../x"] {
+        let req = xfer_proto::admin::AdminRequest::CancelJob { id: id.into() };
+        let reply = rt
+            .block_on(client::admin(
+                &cred,
+                &c.member("a").addr,
+                &req,
+                Duration::from_secs(10),
+            ))
+            .expect("the agent answers");
+        match reply {
+            xfer_proto::admin::AdminReply::Failed(Refusal::Protocol(why)) => {
+                assert!(why.contains("job id"), "{id}: {why}")
+            }
+            other => panic!("{id}: expected a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(std::fs::read(&planted).unwrap(), b"planted");
+    // The CLI says so before it asks anyone.
+    let r = run(&mut c.cmd("cancel", &["../../x"]), Duration::from_secs(30));
+    assert!(!r.success());
+    assert!(r.stderr.contains("job id `../../x`"), "{}", r.stderr);
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+}
+
+#[test]
+fn rm_deletes_a_folder_xfer_did_not_place_only_with_force() {
+    let c = Cluster::start("permit-rm", 64, &["a"], &[]);
+    let notes = c.root("a").join("notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    std::fs::write(notes.join("keep.txt"), b"mine").unwrap();
+    let r = run(
+        &mut c.cmd("rm", &["notes", "--yes"]),
+        Duration::from_secs(30),
+    );
+    assert!(!r.success(), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("a: FAILED") && r.stdout.contains("--force"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(std::fs::read(notes.join("keep.txt")).unwrap(), b"mine");
+    let r = run(
+        &mut c.cmd("rm", &["notes", "--yes", "--force"]),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer rm --force");
+    assert!(!notes.exists());
+}

@@ -616,6 +616,7 @@ fn storm(addr: SocketAddr, pid: u32, key: &Path, other: &Path, victim: &str, n: 
 
         let harm = AdminRequest::RemoveModel {
             name: ModelName::new(victim).unwrap(),
+            force: true,
         };
         let intruders = [
             (Intruder::NoCert, None),

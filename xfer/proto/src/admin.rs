@@ -24,8 +24,9 @@ pub enum AdminRequest {
     Status,
     /// Stop sync job `id`.
     CancelJob { id: String },
-    /// Delete the model `name` from your root.
-    RemoveModel { name: ModelName },
+    /// Delete the model `name` from your root. Without `force`, only a
+    /// model this agent holds a record of (or is receiving).
+    RemoveModel { name: ModelName, force: bool },
 }
 
 /// Agent → CLI: the answer to an [`AdminRequest`].
@@ -117,15 +118,7 @@ impl JobSpec {
     /// Checks what an agent cannot trust blindly: the id (it names a file)
     /// and that the source node and members make sense.
     pub fn validate(&self) -> Result<(), String> {
-        let id_ok = !self.id.is_empty()
-            && self.id.len() <= 64
-            && self
-                .id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
-        if !id_ok {
-            return Err(format!("job id `{}` is not [A-Za-z0-9-]{{1,64}}", self.id));
-        }
+        check_job_id(&self.id)?;
         if self.members.is_empty() {
             return Err("a job needs at least one node".into());
         }
@@ -147,6 +140,22 @@ impl JobSpec {
     /// The members other than `node`, and `node` itself when it is one.
     pub fn is_member(&self, node: &str) -> bool {
         self.members.iter().any(|m| m.node == node)
+    }
+}
+
+/// Checks a job id, which names a file in the agents' jobs folder: 1-64
+/// of `[A-Za-z0-9-]`, so no id can point outside it.
+pub fn check_job_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "job id `{}` is not [A-Za-z0-9-]{{1,64}}; list the jobs with `xfer status`",
+            id.escape_default()
+        ))
     }
 }
 

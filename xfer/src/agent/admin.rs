@@ -5,8 +5,9 @@
 use anyhow::Result;
 
 use super::{answer, read_or_refuse, Ctx};
-use xfer_proto::admin::{AdminReply, AdminRequest};
+use xfer_proto::admin::{check_job_id, AdminReply, AdminRequest};
 use xfer_proto::frame::REQUEST_LIMIT;
+use xfer_proto::refusal::Refusal;
 
 /// Answers the one request on an admin stream.
 pub(super) async fn serve(
@@ -30,14 +31,17 @@ pub(super) async fn serve(
             ctx.runner.me(),
             &ctx.runner.records(),
         )),
-        AdminRequest::CancelJob { id } => {
-            let known = ctx.runner.cancel(&id);
-            AdminReply::JobCancelled { id, known }
-        }
-        AdminRequest::RemoveModel { name } => {
+        AdminRequest::CancelJob { id } => match check_job_id(&id) {
+            Err(why) => AdminReply::Failed(Refusal::Protocol(why)),
+            Ok(()) => {
+                let known = ctx.runner.cancel(&id);
+                AdminReply::JobCancelled { id, known }
+            }
+        },
+        AdminRequest::RemoveModel { name, force } => {
             let store = ctx.store.clone();
             let n = name.clone();
-            match tokio::task::spawn_blocking(move || store.remove(&n)).await? {
+            match tokio::task::spawn_blocking(move || store.remove(&n, force)).await? {
                 Ok(existed) => {
                     tracing::info!("removed {name}");
                     ctx.activity.forget(&name);

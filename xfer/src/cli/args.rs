@@ -176,6 +176,10 @@ pub struct RmArgs {
     /// Do not ask for confirmation.
     #[arg(long)]
     pub yes: bool,
+    /// Delete the folder even where xfer did not place it (no model
+    /// record on that node).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// The arguments of `xfer push`.

@@ -124,6 +124,7 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
 /// `xfer cancel`.
 pub async fn cancel(args: CancelArgs) -> Result<ExitCode> {
     let CancelArgs { job, cluster } = args;
+    xfer_proto::admin::check_job_id(&job).map_err(anyhow::Error::msg)?;
     let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
     let replies = xfer::agent::sync::client::cancel(&cluster, &job).await?;
     let mut known = 0;
@@ -150,6 +151,7 @@ pub async fn rm(args: RmArgs) -> Result<ExitCode> {
         cluster,
         nodes,
         yes,
+        force,
     } = args;
     let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
     let name = xfer_proto::names::ModelName::new(&name).map_err(anyhow::Error::msg)?;
@@ -172,7 +174,7 @@ pub async fn rm(args: RmArgs) -> Result<ExitCode> {
             anyhow::bail!("not confirmed; nothing deleted");
         }
     }
-    let replies = xfer::agent::sync::client::remove(&cluster, &nodes, &name).await?;
+    let replies = xfer::agent::sync::client::remove(&cluster, &nodes, &name, force).await?;
     let mut failed = false;
     for (node, r) in &replies {
         match r {

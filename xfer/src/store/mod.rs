@@ -220,7 +220,9 @@ impl Store {
 
     /// Deletes model `name` (its files, record and staging). Refused while a
     /// transfer of it runs here.
-    pub fn remove(&self, name: &ModelName) -> Result<bool, StoreError> {
+    /// Without `force`, a folder under the root that xfer did not place
+    /// (no model record, nothing being received) is refused, not deleted.
+    pub fn remove(&self, name: &ModelName, force: bool) -> Result<bool, StoreError> {
         let lock_path = self.root.join(".xfer/staging").join(format!("{name}.lock"));
         let lock = OpenOptions::new()
             .create(true)
@@ -235,6 +237,13 @@ impl Store {
             )));
         }
         let dir = self.model_dir(name);
+        let ours = self.record_path(name).exists() || self.staging_dir(name).exists();
+        if dir.exists() && !ours && !force {
+            return Err(StoreError::Invalid(format!(
+                "{} was not placed by xfer (no model record of `{name}` on this node); pass --force to delete it anyway",
+                dir.display()
+            )));
+        }
         let existed = dir.exists() || self.record_path(name).exists();
         let _ = fs::remove_file(self.record_path(name));
         let _ = fs::remove_dir_all(self.staging_dir(name));

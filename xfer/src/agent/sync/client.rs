@@ -350,6 +350,7 @@ pub async fn cancel(cluster: &Cluster, id: &str) -> Result<Vec<(String, Result<b
         async move {
             let r = match admin(&cred, &agent, &msg, ASK_TIMEOUT).await {
                 Ok(AdminReply::JobCancelled { known, .. }) => Ok(known),
+                Ok(AdminReply::Failed(why)) => Err(why.to_string()),
                 Ok(other) => Err(format!("answered {}", other.kind())),
                 Err(e) => Err(e),
             };
@@ -364,11 +365,15 @@ pub async fn remove(
     cluster: &Cluster,
     nodes: &[String],
     name: &ModelName,
+    force: bool,
 ) -> Result<Vec<(String, Result<bool, String>)>> {
     let cred = Arc::new(Credential::load(&cluster.key)?);
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
-        let msg = AdminRequest::RemoveModel { name: name.clone() };
+        let msg = AdminRequest::RemoveModel {
+            name: name.clone(),
+            force,
+        };
         async move {
             let r = match admin(&cred, &agent, &msg, Duration::from_secs(30)).await {
                 Ok(AdminReply::ModelRemoved { existed, .. }) => Ok(existed),

@@ -52,12 +52,18 @@ impl JobDir {
         }
     }
 
-    fn path(&self, id: &str) -> PathBuf {
-        self.dir.join(format!("{id}.json"))
+    /// The record's file; None for an id that could name a file outside
+    /// the jobs folder.
+    fn path(&self, id: &str) -> Option<PathBuf> {
+        xfer_proto::admin::check_job_id(id).ok()?;
+        Some(self.dir.join(format!("{id}.json")))
     }
 
     /// Writes a record atomically.
     pub fn save(&self, rec: &JobRecord) -> std::io::Result<()> {
+        let path = self.path(&rec.spec.id).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "invalid job id")
+        })?;
         std::fs::create_dir_all(&self.dir)?;
         let tmp = self.dir.join(format!(".{}.tmp", rec.spec.id));
         let bytes = serde_json::to_vec_pretty(rec).expect("plain data");
@@ -67,17 +73,19 @@ impl JobDir {
             f.write_all(&bytes)?;
             f.sync_all()?;
         }
-        std::fs::rename(&tmp, self.path(&rec.spec.id))
+        std::fs::rename(&tmp, path)
     }
 
     pub fn load(&self, id: &str) -> Option<JobRecord> {
-        let bytes = std::fs::read(self.path(id)).ok()?;
+        let bytes = std::fs::read(self.path(id)?).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
     /// Deletes a record (a missing one is fine).
     pub fn remove(&self, id: &str) {
-        let _ = std::fs::remove_file(self.path(id));
+        if let Some(p) = self.path(id) {
+            let _ = std::fs::remove_file(p);
+        }
     }
 
     /// Every readable record (unreadable ones are logged and skipped).
