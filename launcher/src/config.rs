@@ -45,8 +45,8 @@ use serde::Serialize;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 use xfer::config::cluster::{Cluster, ClusterError, Node};
+use xfer::config::tomltext::{and_list, in_file_order, kind, line_col, suggest};
 use xfer::hub::repo::{RepoRef, RepoType};
-use xfer::util::tomltext::{and_list, in_file_order, kind, line_col, suggest};
 
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub const DEFAULT_API_PORT: u16 = 8000;

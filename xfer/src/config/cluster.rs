@@ -24,7 +24,7 @@ use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
 
-use crate::util::tomltext::{and_list, in_file_order, kind, line_col, suggest};
+use crate::config::tomltext::{and_list, in_file_order, kind, line_col, suggest};
 use xfer_proto::names::DEFAULT_PORT;
 pub use xfer_proto::names::{NodeName, MAX_NAME_LEN};
 
@@ -1424,8 +1424,8 @@ root = "/r"
         assert_eq!(suggest("Name", NODE_KEYS, ALIASES), Some("name"));
         assert_eq!(suggest("address", NODE_KEYS, ALIASES), Some("agent"));
         assert_eq!(suggest("gpu", NODE_KEYS, ALIASES), None);
-        assert_eq!(crate::util::tomltext::edit_distance("nmae", "name"), 1);
-        assert_eq!(crate::util::tomltext::edit_distance("", "abc"), 3);
+        assert_eq!(crate::config::tomltext::edit_distance("nmae", "name"), 1);
+        assert_eq!(crate::config::tomltext::edit_distance("", "abc"), 3);
         assert_eq!(line_col("ab\ncd\né x", 9), (3, 3));
         assert_eq!(line_col("ab", 99), (1, 3));
     }

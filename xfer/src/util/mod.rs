@@ -1,9 +1,7 @@
 //! Small parts with no knowledge of xfer's domain: aligned buffers, the
-//! send-rate limiter, progress bars, the metrics counters and the TOML
-//! span reader.
+//! send-rate limiter, progress bars and the metrics counters.
 
 pub mod aligned;
 pub mod metrics;
 pub mod progress;
 pub mod rate;
-pub mod tomltext;
