@@ -120,3 +120,93 @@ fn keygen_does_not_overwrite() {
         "the key must be private"
     );
 }
+
+/// A key file that other users can read is refused by every command that
+/// loads it, in one line with the fix; the file is left as it was.
+#[test]
+fn a_key_open_to_other_users_is_refused_not_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempdir("auth-mode");
+    let key = t.path().join("cluster.key");
+    keygen(&key);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let before = std::fs::read(&key).unwrap();
+    let root = t.path().join("root");
+    let serve = run(
+        xfer()
+            .args(["serve", "--listen", "127.0.0.22:0", "--root"])
+            .arg(&root)
+            .arg("--key")
+            .arg(&key),
+        Duration::from_secs(20),
+    );
+    let src = t.path().join("src");
+    gen_model(&src, 64 * KIB, 3);
+    let push = push(&src, &["127.0.0.22:7470"], &key, &[]);
+    for (what, r) in [("serve", &serve), ("push", &push)] {
+        assert!(!r.success(), "{what}: {r:#?}");
+        assert!(
+            r.stderr.contains("mode 644") && r.stderr.contains("chmod 600"),
+            "{what}: {}",
+            r.stderr
+        );
+        let errors = r.stderr.lines().filter(|l| l.starts_with("error:")).count();
+        assert_eq!(errors, 1, "{what}: one error line: {}", r.stderr);
+    }
+    assert!(!serve.stdout.contains("listening"), "{serve:#?}");
+    assert_eq!(std::fs::read(&key).unwrap(), before);
+}
+
+/// `xfer keygen` never writes through a symlink, with or without --force,
+/// and never replaces a file without --force.
+#[test]
+fn keygen_never_writes_through_a_symlink_or_over_a_file() {
+    let t = tempdir("auth-keygen");
+    let victim = t.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let link = t.path().join("cluster.key");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    for extra in [&[][..], &["--force"][..]] {
+        let r = run(
+            xfer().arg("keygen").arg("--out").arg(&link).args(extra),
+            Duration::from_secs(20),
+        );
+        assert!(!r.success(), "{extra:?}: {r:#?}");
+        assert!(r.stderr.contains("symlink"), "{extra:?}: {}", r.stderr);
+    }
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    let r = run(
+        xfer().arg("keygen").arg("--out").arg(&victim),
+        Duration::from_secs(20),
+    );
+    assert!(!r.success() && r.stderr.contains("--force"), "{r:#?}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+/// An agent refuses a root that every local user may write to.
+#[test]
+fn an_agent_refuses_a_root_writable_by_every_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempdir("auth-root");
+    let key = t.path().join("cluster.key");
+    keygen(&key);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let r = run(
+        xfer()
+            .args(["serve", "--listen", "127.0.0.23:0", "--root"])
+            .arg(&root)
+            .arg("--key")
+            .arg(&key),
+        Duration::from_secs(20),
+    );
+    assert!(!r.success(), "{r:#?}");
+    assert!(r.stderr.contains("chmod o-w"), "{}", r.stderr);
+    let errors = r.stderr.lines().filter(|l| l.starts_with("error:")).count();
+    assert_eq!(errors, 1, "one error line: {}", r.stderr);
+    assert!(
+        !root.join(".xfer").exists(),
+        "the agent wrote into the root"
+    );
+}

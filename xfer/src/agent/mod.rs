@@ -101,6 +101,7 @@ impl RefusalLog {
 /// Runs the agent until the process is stopped.
 pub async fn run(opts: AgentOptions) -> Result<()> {
     let cred = Arc::new(Credential::load(&opts.key)?);
+    refuse_shared_root(&opts.root)?;
     let store = Store::open(&opts.root)?;
     let ep = quic::server_endpoint(opts.listen, &cred)?;
     println!(
@@ -184,6 +185,24 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
             // Give the peer a moment to read our last message and close.
             let _ = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
         });
+    }
+    Ok(())
+}
+
+/// A root every local user may write to would let any of them plant
+/// symlinks for the agent to follow: refused (an existing root only; a
+/// missing one is created with the agent's umask).
+fn refuse_shared_root(root: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(root) {
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o002 != 0 {
+            anyhow::bail!(
+                "--root {} is writable by every user (mode {mode:o}), so any of them could plant symlinks the agent would follow; run `chmod o-w {}`",
+                root.display(),
+                root.display()
+            );
+        }
     }
     Ok(())
 }

@@ -40,8 +40,15 @@ impl std::fmt::Debug for Credential {
     }
 }
 
-/// Writes a new credential to `out` (mode 0600). Refuses to overwrite.
+/// Writes a new credential to `out` (mode 0600). Refuses to overwrite an
+/// existing file unless `force`, and never writes through a symlink.
 pub fn keygen(out: &Path, force: bool) -> Result<Credential> {
+    if fs::symlink_metadata(out).is_ok_and(|m| m.file_type().is_symlink()) {
+        bail!(
+            "{} is a symlink; xfer keygen never writes through one. Remove it, or give --out the real path",
+            out.display()
+        );
+    }
     if out.exists() && !force {
         bail!(
             "{} already exists; it may be the key your agents use. Pass --force to replace it",
@@ -49,11 +56,15 @@ pub fn keygen(out: &Path, force: bool) -> Result<Credential> {
         );
     }
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
+    let mut opts = fs::OpenOptions::new();
+    opts.write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    if force {
+        opts.create(true).truncate(true);
+    } else {
+        // Exclusive: a file that appeared since the check is not replaced.
+        opts.create_new(true);
+    }
+    let mut f = opts
         .open(out)
         .with_context(|| format!("cannot write {}", out.display()))?;
     f.set_permissions(fs::Permissions::from_mode(0o600))?;
@@ -77,15 +88,6 @@ impl Credential {
                 path.display()
             )
         })?;
-        if let Ok(meta) = fs::metadata(path) {
-            if meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(
-                    "{} is readable by other users; run `chmod 600 {}`",
-                    path.display(),
-                    path.display()
-                );
-            }
-        }
         let der = rustls_pemfile::private_key(&mut text.as_bytes())
             .ok()
             .flatten()
@@ -103,6 +105,15 @@ impl Credential {
         };
         let ca_key = KeyPair::from_pkcs8_der_and_sign_algo(&pkcs8, &PKCS_ECDSA_P256_SHA256)
             .with_context(|| format!("{} is not an xfer cluster key", path.display()))?;
+        // A key others can read is a key others hold: refused, not warned of.
+        let mode = fs::metadata(path)?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            bail!(
+                "{} is open to other users (mode {mode:o}), and anyone who can read it can join the cluster; run `chmod 600 {}`",
+                path.display(),
+                path.display()
+            );
+        }
         Ok(Credential { ca_key })
     }
 
