@@ -225,3 +225,30 @@ fn rm_deletes_a_folder_xfer_did_not_place_only_with_force() {
     r.assert_ok("xfer rm --force");
     assert!(!notes.exists());
 }
+
+#[test]
+fn a_hub_token_is_never_sent_over_plain_http_to_another_machine() {
+    let t = tempdir("permit-token");
+    let cache = t.path().join("hub");
+    // 192.0.2.1 (TEST-NET-1) is never reached: the pull must stop first.
+    let r = run(
+        xfer()
+            .args(["pull", "acme/model", "--json"])
+            .env("HF_ENDPOINT", "http://192.0.2.1:9")
+            .env("HF_TOKEN", "hf_secret_value")
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_HOME", t.path().join("hf-home")),
+        Duration::from_secs(30),
+    );
+    assert!(!r.success(), "{r:#?}");
+    assert!(
+        r.stderr.contains("plain http") && r.stderr.contains("unset HF_TOKEN"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("hf_secret_value") && !r.stdout.contains("hf_secret_value"));
+    assert!(
+        !cache.exists() || std::fs::read_dir(&cache).unwrap().next().is_none(),
+        "the refused pull wrote into the cache"
+    );
+}

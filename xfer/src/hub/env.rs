@@ -7,13 +7,31 @@ use std::path::{Path, PathBuf};
 /// The default Hub.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
+/// A Hugging Face access token. Its `Debug` form never shows it, so no
+/// log line or error dump can leak it; [`Token::expose`] is the one way to
+/// the text, for the `Authorization` header.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
 /// What the environment says about the Hub.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HubEnv {
     /// `HF_ENDPOINT`, without a trailing `/`.
     pub endpoint: String,
     /// The access token, if any.
-    pub token: Option<String>,
+    pub token: Option<Token>,
     /// Where the `models--org--name` folders live.
     pub cache_root: PathBuf,
 }
@@ -67,14 +85,38 @@ impl HubEnv {
                 }
             }
         };
+        let token = token
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .map(Token);
+        if token.is_some() && !token_may_go_to(&endpoint) {
+            return Err(format!(
+                "HF_ENDPOINT {endpoint} is plain http and a Hugging Face token is set, which would cross the network unencrypted; use an https endpoint, or unset HF_TOKEN (and HF_TOKEN_PATH) for this mirror"
+            ));
+        }
         Ok(HubEnv {
             endpoint,
-            token: token
-                .map(|t| t.trim().to_string())
-                .filter(|t| !t.is_empty()),
+            token,
             cache_root,
         })
     }
+}
+
+/// Whether a token may be sent to `endpoint`: over https, or over plain
+/// http only to this machine (a loopback address or `localhost`).
+fn token_may_go_to(endpoint: &str) -> bool {
+    let Some(rest) = endpoint.strip_prefix("http://") else {
+        return true;
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A token file's contents; a missing file is no token.
@@ -126,16 +168,16 @@ mod tests {
         let h = home.to_str().unwrap();
         let o = other.to_str().unwrap();
 
-        let e = env(&[("HF_HOME", h), ("HF_ENDPOINT", "http://mirror:8090/")]).unwrap();
-        assert_eq!(e.endpoint, "http://mirror:8090");
+        let e = env(&[("HF_HOME", h), ("HF_ENDPOINT", "http://127.0.0.1:8090/")]).unwrap();
+        assert_eq!(e.endpoint, "http://127.0.0.1:8090");
         assert_eq!(e.cache_root, home.join("hub"));
-        assert_eq!(e.token.as_deref(), Some("hf_home_token"));
+        assert_eq!(e.token.as_ref().map(Token::expose), Some("hf_home_token"));
 
         let e = env(&[("HF_HOME", h), ("HF_TOKEN_PATH", o)]).unwrap();
-        assert_eq!(e.token.as_deref(), Some("hf_path_token"));
+        assert_eq!(e.token.as_ref().map(Token::expose), Some("hf_path_token"));
 
         let e = env(&[("HF_HOME", h), ("HF_TOKEN_PATH", o), ("HF_TOKEN", "hf_env")]).unwrap();
-        assert_eq!(e.token.as_deref(), Some("hf_env"));
+        assert_eq!(e.token.as_ref().map(Token::expose), Some("hf_env"));
 
         let e = env(&[("HF_HOME", h), ("HF_HUB_CACHE", "/fast/hub")]).unwrap();
         assert_eq!(e.cache_root, PathBuf::from("/fast/hub"));
@@ -155,5 +197,36 @@ mod tests {
         assert!(e.contains("HF_ENDPOINT") && e.contains("https://"), "{e}");
         let e = env(&[]).unwrap_err();
         assert!(e.contains("HF_HUB_CACHE"), "{e}");
+    }
+
+    #[test]
+    fn a_token_goes_over_plain_http_only_to_this_machine_and_never_shows_in_debug() {
+        for local in [
+            "http://127.0.0.1:8080",
+            "http://localhost:1",
+            "http://[::1]:9/hub",
+            "https://hf-mirror.com",
+        ] {
+            let e = env(&[
+                ("HOME", "/h"),
+                ("HF_ENDPOINT", local),
+                ("HF_TOKEN", "hf_secret"),
+            ])
+            .unwrap_or_else(|e| panic!("{local}: {e}"));
+            assert!(!format!("{e:?}").contains("hf_secret"), "{e:?}");
+        }
+        let why = env(&[
+            ("HOME", "/h"),
+            ("HF_ENDPOINT", "http://mirror.example:8080"),
+            ("HF_TOKEN", "hf_secret"),
+        ])
+        .unwrap_err();
+        assert!(
+            why.contains("plain http") && why.contains("unset HF_TOKEN"),
+            "{why}"
+        );
+        assert!(!why.contains("hf_secret"), "{why}");
+        // Without a token a plain-http mirror is fine.
+        assert!(env(&[("HOME", "/h"), ("HF_ENDPOINT", "http://mirror.example")]).is_ok());
     }
 }

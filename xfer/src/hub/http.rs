@@ -53,7 +53,7 @@ pub struct Resolved {
 pub struct HubHttp {
     client: reqwest::Client,
     endpoint: Url,
-    token: Option<String>,
+    token: Option<super::env::Token>,
 }
 
 impl HubHttp {
@@ -97,7 +97,7 @@ impl HubHttp {
             .request(method, url.clone())
             .header(ACCEPT_ENCODING, "identity");
         if let (Some(t), true) = (&self.token, self.same_origin(url)) {
-            rb = rb.header(AUTHORIZATION, format!("Bearer {t}"));
+            rb = rb.header(AUTHORIZATION, format!("Bearer {}", t.expose()));
         }
         rb
     }
