@@ -252,9 +252,17 @@ async fn answer<T: serde::Serialize>(
 /// `Failed(Refusal)` at the same tag, so one frame serves all
 /// ([`xfer_proto::refusal::FailedReply`]).
 async fn refuse(send: &mut quinn::SendStream, r: Refusal) -> Result<()> {
-    write_frame(send, &r.clone().into_failed()).await?;
+    Err(refusal_sent(send, r).await)
+}
+
+/// Sends `r` as the stream's last reply; returns the error that ends the
+/// session (the write's, if even that failed).
+async fn refusal_sent(send: &mut quinn::SendStream, r: Refusal) -> anyhow::Error {
+    if let Err(e) = write_frame(send, &r.clone().into_failed()).await {
+        return e;
+    }
     let _ = send.finish();
-    anyhow::bail!("refused: {r}")
+    anyhow::anyhow!("refused: {r}")
 }
 
 /// Reads the stream's next message, of at most `limit` bytes. One that
@@ -270,9 +278,7 @@ async fn read_or_refuse<T: serde::de::DeserializeOwned>(
         Ok(m) => Ok(m),
         Err(e) => {
             let r = Refusal::Protocol(format!("unreadable {what}: {e:#}"));
-            refuse(send, r)
-                .await
-                .map(|()| unreachable!("refuse always fails"))
+            Err(refusal_sent(send, r).await)
         }
     }
 }

@@ -134,7 +134,8 @@ fn start_agent(
     shared: Option<(&[&str], &Path)>,
 ) -> Result<Agent> {
     let exe = std::env::current_exe()?;
-    let mut cmd = match shared {
+    // The agent sees its root at `at` inside a mount namespace, or as is.
+    let (mut cmd, agent_root) = match shared {
         Some((unshare, at)) => {
             let mut c = Command::new("unshare");
             c.args(unshare).args([
@@ -144,29 +145,18 @@ fn start_agent(
                 "sh",
             ]);
             c.arg(root).arg(at).arg(&exe);
-            c.args([
-                "serve",
-                "--allow-launch",
-                "--listen",
-                &format!("{ip}:0"),
-                "--root",
-            ])
-            .arg(at);
-            c
+            (c, at)
         }
-        None => {
-            let mut c = Command::new(exe);
-            c.args([
-                "serve",
-                "--allow-launch",
-                "--listen",
-                &format!("{ip}:0"),
-                "--root",
-            ])
-            .arg(root);
-            c
-        }
+        None => (Command::new(exe), root),
     };
+    cmd.args([
+        "serve",
+        "--allow-launch",
+        "--listen",
+        &format!("{ip}:0"),
+        "--root",
+    ])
+    .arg(agent_root);
     let mut child = cmd
         .arg("--key")
         .arg(key)
