@@ -66,6 +66,7 @@ fn ask(cred: &Credential, agent: &Agent, req: &LaunchRequest) -> LaunchReply {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(client::launch(
         cred,
+        "n1",
         &agent.addr,
         req,
         Duration::from_secs(30),
@@ -181,6 +182,7 @@ fn a_job_id_that_is_a_path_reads_and_writes_nothing_outside_the_jobs_folder() {
         let reply = rt
             .block_on(client::admin(
                 &cred,
+                "a",
                 &c.member("a").addr,
                 &req,
                 Duration::from_secs(10),

@@ -22,3 +22,4 @@ mod resume;
 mod sync;
 mod torture_node;
 mod transport;
+mod trust;

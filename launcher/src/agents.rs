@@ -44,7 +44,8 @@ impl Agents {
         let mut set = tokio::task::JoinSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
             let (cred, addr, m) = (self.cred.clone(), n.agent.clone(), msg(i, n));
-            set.spawn(async move { (i, ask(&cred, &addr, &m, timeout).await) });
+            let node = n.name.to_string();
+            set.spawn(async move { (i, ask(&cred, &node, &addr, &m, timeout).await) });
         }
         let mut out: Vec<Result<LaunchReply, String>> = (0..self.nodes.len())
             .map(|_| Err("no answer".into()))
@@ -64,17 +65,19 @@ impl Agents {
         msg: &LaunchRequest,
         timeout: Duration,
     ) -> Result<LaunchReply, String> {
-        ask(&self.cred, &self.nodes[i].agent, msg, timeout).await
+        let n = &self.nodes[i];
+        ask(&self.cred, n.name.as_str(), &n.agent, msg, timeout).await
     }
 }
 
 async fn ask(
     cred: &Credential,
+    node: &str,
     addr: &str,
     msg: &LaunchRequest,
     timeout: Duration,
 ) -> Result<LaunchReply, String> {
-    match xfer::agent::client::launch(cred, addr, msg, timeout).await? {
+    match xfer::agent::client::launch(cred, node, addr, msg, timeout).await? {
         LaunchReply::Failed(r) => Err(refusal(&r)),
         other => Ok(other),
     }

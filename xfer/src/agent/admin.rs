@@ -1,10 +1,12 @@
 //! The admin service: the operator's requests. A sync job is stored and,
 //! on its source node, started; a status query reports every model and
-//! job; a cancel stops a job; an rm deletes a model from the root.
+//! job; a cancel stops a job; an rm deletes a model from the root. Any
+//! member of the cluster may ask for the status; the rest is an
+//! operator's ([`super::permit::operator_only`]).
 
 use anyhow::Result;
 
-use super::{answer, read_or_refuse, Ctx};
+use super::{answer, read_or_refuse, Caller, Ctx};
 use xfer_proto::admin::{check_job_id, AdminReply, AdminRequest};
 use xfer_proto::frame::REQUEST_LIMIT;
 use xfer_proto::refusal::Refusal;
@@ -15,15 +17,35 @@ pub(super) async fn serve(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     ctx: &Ctx,
+    caller: &Caller,
 ) -> Result<()> {
     let request: AdminRequest =
         read_or_refuse(&mut send, &mut recv, REQUEST_LIMIT, "admin request").await?;
+    let me = ctx.runner.me().unwrap_or_else(|| "this node".into());
+    let what = match &request {
+        AdminRequest::Status => None,
+        AdminRequest::SyncJob { .. } => Some("hand it a sync job"),
+        AdminRequest::CancelJob { .. } => Some("cancel a sync job"),
+        AdminRequest::RemoveModel { .. } => Some("remove a model"),
+    };
+    if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
+        return answer(&conn, send, &AdminReply::Failed(r)).await;
+    }
     let reply = match request {
         AdminRequest::SyncJob { node, job } => {
             let id = job.id.clone();
-            match ctx.runner.accept(node, job) {
-                Ok(()) => AdminReply::JobAccepted { id },
-                Err(r) => AdminReply::Failed(r),
+            let named = ctx.cred.facts().me.map(|me| me.name);
+            match named.filter(|n| n.as_str() != node) {
+                Some(n) => AdminReply::Failed(Refusal::Forbidden(format!(
+                    "this agent is node {n}, and the job calls it {node}; fix the cluster file's address of {node}"
+                ))),
+                None => match ctx.runner.accept(node, job) {
+                    Ok(()) => {
+                        tracing::info!("accepted sync job {id} from {caller}");
+                        AdminReply::JobAccepted { id }
+                    }
+                    Err(r) => AdminReply::Failed(r),
+                },
             }
         }
         AdminRequest::Status => AdminReply::Status(ctx.activity.report(

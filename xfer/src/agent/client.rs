@@ -1,7 +1,9 @@
 //! The typed client of an agent's admin and launch services: one request,
 //! one reply, over the cluster's mutually authenticated QUIC. The CLI's
 //! `sync`, `status`, `cancel` and `rm`, the launcher and the agents'
-//! own group stops all ask through here.
+//! own group stops all ask through here. Each asks a node by its name in
+//! the cluster file: with issued credentials the answer is taken only
+//! from an agent whose certificate carries that name.
 
 use std::time::Duration;
 
@@ -24,15 +26,17 @@ fn connect_limit(timeout: Duration) -> Duration {
     timeout.min(ASK_TIMEOUT.max(Duration::from_secs(5)))
 }
 
-/// Asks the admin service of the agent at `addr`.
+/// Asks the admin service of `node`'s agent at `addr`.
 pub async fn admin(
     cred: &Credential,
+    node: &str,
     addr: &str,
     req: &AdminRequest,
     timeout: Duration,
 ) -> Result<AdminReply, String> {
     exchange(
         cred,
+        node,
         addr,
         Service::Admin,
         req,
@@ -42,15 +46,17 @@ pub async fn admin(
     .await
 }
 
-/// Asks the launch service of the agent at `addr`.
+/// Asks the launch service of `node`'s agent at `addr`.
 pub async fn launch(
     cred: &Credential,
+    node: &str,
     addr: &str,
     req: &LaunchRequest,
     timeout: Duration,
 ) -> Result<LaunchReply, String> {
     exchange(
         cred,
+        node,
         addr,
         Service::Launch,
         req,
@@ -64,6 +70,7 @@ pub async fn launch(
 /// `connect`, the whole exchange `timeout`.
 async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
     cred: &Credential,
+    node: &str,
     addr: &str,
     service: Service,
     req: &Req,
@@ -74,6 +81,10 @@ async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
         let sock = quic::resolve(addr).map_err(|e| format!("{e:#}"))?;
         let ep = quic::client_endpoint(cred, sock).map_err(|e| format!("{e:#}"))?;
         let conn = quic::connect(&ep, sock, connect).await?;
+        if let Err(why) = cred.check_node(quic::peer_certificate(&conn).as_ref(), node) {
+            conn.close(0u32.into(), b"not the node asked for");
+            return Err(format!("{addr}: {why}"));
+        }
         let (mut send, mut recv) = quic::open_service(&conn, service).await?;
         write_frame(&mut send, req)
             .await

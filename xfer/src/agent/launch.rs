@@ -1,13 +1,15 @@
 //! The launch service: the launcher's requests (and the agents' own group
 //! stops). A preflight gathers this node's facts, a reach probe listens
 //! and connects for a window, and the rank requests start, report, stop
-//! and read the logs of this node's ranks ([`super::ranks`]).
+//! and read the logs of this node's ranks ([`super::ranks`]). All of it is
+//! an operator's, except that a node may ask about and stop the runs it
+//! is a member of (a failed rank stops its group).
 
 use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{answer, read_or_refuse, Ctx};
+use super::{answer, read_or_refuse, Caller, Ctx};
 use xfer_proto::frame::REQUEST_LIMIT;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use xfer_proto::refusal::Refusal;
@@ -18,9 +20,27 @@ pub(super) async fn serve(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     ctx: &Ctx,
+    caller: &Caller,
 ) -> Result<()> {
     let request: LaunchRequest =
         read_or_refuse(&mut send, &mut recv, REQUEST_LIMIT, "launch request").await?;
+    let me = ctx.runner.me().unwrap_or_else(|| "this node".into());
+    let own_run = |run: &Option<String>| {
+        let node = caller.peer.name();
+        matches!((run, node), (Some(run), Some(node)) if ctx.ranks.in_group(run, node.as_str()))
+    };
+    let what = match &request {
+        LaunchRequest::StopRun { run, .. } if own_run(run) => None,
+        LaunchRequest::StopRun { .. } => Some("stop a run it is not a member of"),
+        LaunchRequest::RunQuery { .. } => Some("ask about runs"),
+        LaunchRequest::Preflight(_) => Some("run a preflight"),
+        LaunchRequest::Reach { .. } => Some("run a reach probe"),
+        LaunchRequest::StartRank(_) => Some("start a rank"),
+        LaunchRequest::ReadLog { .. } => Some("read a rank's log"),
+    };
+    if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
+        return answer(&conn, send, &LaunchReply::Failed(r)).await;
+    }
     let reply = match request {
         LaunchRequest::Preflight(request) => {
             let status = ctx
@@ -48,7 +68,7 @@ pub(super) async fn serve(
             LaunchReply::Reached { listen, reach }
         }
         LaunchRequest::StartRank(spec) => {
-            let peer = conn.remote_address();
+            let peer = caller;
             let allowed = spec
                 .procs
                 .iter()
@@ -86,7 +106,7 @@ pub(super) async fn serve(
             reason,
         } => {
             tracing::info!(
-                "stopping run {}: {reason}",
+                "stopping run {} for {caller}: {reason}",
                 run.as_deref().unwrap_or("(all)")
             );
             let grace = Duration::from_millis(grace_ms.min(600_000));

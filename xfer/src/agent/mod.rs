@@ -29,6 +29,7 @@ use crate::agent::permit::Permits;
 use crate::agent::ranks::supervisor::Supervisor;
 use crate::agent::sync::runner::Runner;
 use crate::agent::sync::status::Activity;
+use crate::config::auth::identity::{Peer, Role};
 use crate::config::auth::Credential;
 use crate::engine::scheduler;
 use crate::flow::swarm::Shares;
@@ -101,6 +102,13 @@ impl RefusalLog {
 /// Runs the agent until the process is stopped.
 pub async fn run(opts: AgentOptions) -> Result<()> {
     let cred = Arc::new(Credential::load(&opts.key)?);
+    let facts = cred.facts();
+    if let Some(me) = facts.me.as_ref().filter(|me| me.role == Role::Operator) {
+        anyhow::bail!(
+            "{} is the credential of {me}, which may launch and remove on every node; an agent runs with its node's own credential: `xfer ca issue NODE --out FILE` (role node)",
+            opts.key.display()
+        );
+    }
     refuse_shared_root(&opts.root)?;
     let store = Store::open(&opts.root)?;
     let ep = quic::server_endpoint(opts.listen, &cred)?;
@@ -110,6 +118,22 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         opts.root.display(),
         cred.cluster_id().short()
     );
+    match (&facts.me, facts.not_after) {
+        (Some(me), Some(until)) => tracing::info!(
+            "this agent is {me}; its certificate is valid until {} (UTC){}",
+            until.date(),
+            if facts.rotating {
+                "; trusting the old and the new CA (rotation)"
+            } else {
+                ""
+            }
+        ),
+        _ => tracing::info!(
+            "simple mode: every holder of {} is equivalent to root on this node",
+            opts.key.display()
+        ),
+    }
+    reload_on_hangup(cred.clone(), opts.key.clone());
     use std::io::Write;
     std::io::stdout().flush()?;
     if let Some(addr) = opts.metrics {
@@ -150,6 +174,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         });
     }
     let ctx = Arc::new(Ctx {
+        cred: cred.clone(),
         store,
         jobs: transfer::Jobs::default(),
         shares: Arc::default(),
@@ -189,6 +214,30 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     Ok(())
 }
 
+/// `kill -HUP` (`systemctl reload`) makes the agent read its credential
+/// again: a renewed certificate, or a rotation's new trust anchors, take
+/// effect for every new handshake while transfers run on.
+fn reload_on_hangup(cred: Arc<Credential>, path: PathBuf) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        return;
+    };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match cred.reload() {
+                Ok(f) => tracing::info!(
+                    "reloaded {}: cluster {}{}",
+                    path.display(),
+                    f.cluster.short(),
+                    f.not_after
+                        .map(|t| format!(", valid until {} (UTC)", t.date()))
+                        .unwrap_or_default()
+                ),
+                Err(e) => tracing::error!("kept the loaded credential: {e:#}"),
+            }
+        }
+    });
+}
+
 /// A root every local user may write to would let any of them plant
 /// symlinks for the agent to follow: refused (an existing root only; a
 /// missing one is created with the agent's umask).
@@ -209,6 +258,7 @@ fn refuse_shared_root(root: &std::path::Path) -> Result<()> {
 
 /// What every service handler shares.
 struct Ctx {
+    cred: Arc<Credential>,
     store: Store,
     jobs: transfer::Jobs,
     shares: Arc<Shares>,
@@ -228,11 +278,42 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
     let (mut send, mut recv) =
         tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await??;
     let hello: Hello = read_or_refuse(&mut send, &mut recv, HELLO_LIMIT, "hello").await?;
+    let peer = match ctx.cred.peer(quic::peer_certificate(&conn).as_ref()) {
+        Ok(peer) => peer,
+        Err(why) => return refuse(&mut send, Refusal::Forbidden(why)).await,
+    };
+    let caller = Caller {
+        peer,
+        addr: conn.remote_address(),
+    };
     match hello.check() {
         Ok(Service::Transfer) => transfer::serve(conn, send, recv, &ctx).await,
-        Ok(Service::Admin) => admin::serve(conn, send, recv, &ctx).await,
-        Ok(Service::Launch) => launch::serve(conn, send, recv, &ctx).await,
+        Ok(Service::Admin) => admin::serve(conn, send, recv, &ctx, &caller).await,
+        Ok(Service::Launch) => launch::serve(conn, send, recv, &ctx, &caller).await,
         Err(r) => refuse(&mut send, r).await,
+    }
+}
+
+/// Who asked: the identity its certificate states, and where from.
+struct Caller {
+    peer: Peer,
+    addr: SocketAddr,
+}
+
+impl std::fmt::Display for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at {}", self.peer, self.addr)
+    }
+}
+
+impl Caller {
+    /// `Ok` if the caller may do `what` on this node (`me`); a refusal is
+    /// logged with the caller's name.
+    fn operator_only(&self, me: &str, what: &str) -> Result<(), Refusal> {
+        permit::operator_only(me, &self.peer, what).map_err(|why| {
+            tracing::warn!("refused {self}: {why}");
+            Refusal::Forbidden(why)
+        })
     }
 }
 

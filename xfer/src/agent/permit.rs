@@ -6,10 +6,27 @@
 //! - read a sync job's source folder only under the agent's root or under
 //!   a folder named with `--export DIR`.
 //!
-//! Every refusal is one line naming the node and the switch that would
-//! allow it.
+//! And what a caller's certificate lets it ask ([`operator_only`]): with
+//! issued credentials, a node may move models, report and stop the runs
+//! it belongs to; only an operator may sync, remove, launch or read logs.
+//!
+//! Every refusal is one line naming the node and the switch or the
+//! credential that would allow it.
 
 use std::path::{Path, PathBuf};
+
+use crate::config::auth::identity::Peer;
+
+/// `Ok` if `peer` may do `what` on `node`, which only an operator may.
+pub fn operator_only(node: &str, peer: &Peer, what: &str) -> Result<(), String> {
+    if peer.is_operator() {
+        return Ok(());
+    }
+    let name = peer.name().map_or("NAME", |n| n.as_str());
+    Err(format!(
+        "{node}: only an operator may {what}, and the caller is {peer}; ask with an operator credential (`xfer ca issue {name}-op --role operator`)"
+    ))
+}
 
 /// The operator's switches.
 #[derive(Clone, Debug, Default)]

@@ -22,8 +22,12 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Cmd {
-    /// Create the cluster credential (copy the same file to every node).
+    /// Simple mode: create one cluster key for every node (equivalent to
+    /// root on every node; `xfer ca` gives each node its own identity).
     Keygen(KeygenArgs),
+    /// The cluster CA, kept by the operator: init, issue, rotate.
+    #[command(subcommand)]
+    Ca(CaCmd),
     /// Describe a directory: per-file BLAKE3 (as b3sum prints it) and the root hash.
     Manifest(ManifestArgs),
     /// Run the node agent: receive models into ROOT and serve them to peers.
@@ -49,6 +53,47 @@ pub enum Cmd {
     Doctor(DoctorArgs),
     /// Local multi-node demo: generate a model, start agents on 127.0.0.x, push, verify.
     Demo(DemoArgs),
+}
+
+/// `xfer ca`: the operator's certificate authority.
+#[derive(Subcommand)]
+pub enum CaCmd {
+    /// Create the CA (its key never leaves this folder).
+    Init {
+        /// The CA folder (created 0700).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Replace an existing CA (every credential it issued stops working).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Write the credential of one node (its name in the cluster file) or operator.
+    Issue {
+        /// The node's name in the cluster file, or the operator's name.
+        name: String,
+        #[arg(long)]
+        dir: PathBuf,
+        /// Where to write the credential (mode 0600).
+        #[arg(long)]
+        out: PathBuf,
+        /// `node` (an agent: moves models) or `operator` (syncs, removes, launches).
+        #[arg(long, default_value = "node", value_parser = ["node", "operator"])]
+        role: String,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = xfer::config::auth::ca::DEFAULT_DAYS)]
+        days: u32,
+        /// Replace an existing file (a renewal).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Replace the CA key. Old and new are both trusted until `--finish`.
+    Rotate {
+        #[arg(long)]
+        dir: PathBuf,
+        /// End the rotation: credentials issued from now on trust only the new CA.
+        #[arg(long)]
+        finish: bool,
+    },
 }
 
 /// The arguments of `xfer keygen`.

@@ -3,11 +3,13 @@
 //! only parses, sets up logging and the runtime, and calls [`run`].
 //!
 //! - [`local`]: `keygen`, `manifest`, `verify`, `doctor` (no agent needed);
+//! - [`ca`]: `ca init`, `ca issue`, `ca rotate` (the operator's CA);
 //! - [`serve`]: `serve`, the node agent;
 //! - [`jobs`]: `sync`, `status`, `cancel`, `rm` (ask the cluster's agents);
 //! - [`transfer`]: `push`, `pull`, `fetch` (move a model themselves).
 
 pub mod args;
+mod ca;
 pub mod demo;
 mod jobs;
 mod local;
@@ -24,6 +26,7 @@ use args::{Cmd, DemoArgs};
 pub async fn run(cmd: Cmd) -> Result<ExitCode> {
     match cmd {
         Cmd::Keygen(a) => local::keygen(a).await,
+        Cmd::Ca(c) => ca::run(c),
         Cmd::Manifest(a) => local::manifest(a).await,
         Cmd::Verify(a) => local::verify(a).await,
         Cmd::Doctor(a) => local::doctor(a).await,

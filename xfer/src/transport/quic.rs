@@ -17,6 +17,7 @@ use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{
     Connection, ConnectionError, Endpoint, IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt,
 };
+use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -190,6 +191,15 @@ pub async fn connect(
 /// version (the reason says both versions).
 pub const VERSION_CLOSE: u32 = 0x5645;
 
+/// The peer's verified leaf certificate, once the handshake is done.
+pub fn peer_certificate(conn: &Connection) -> Option<CertificateDer<'static>> {
+    let certs = conn
+        .peer_identity()?
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .ok()?;
+    certs.into_iter().next()
+}
+
 /// The protocol version the peer's ALPN named, once the handshake is done.
 pub fn peer_version(conn: &Connection) -> Option<u32> {
     let data = conn.handshake_data()?;
@@ -226,7 +236,7 @@ pub fn describe(addr: SocketAddr, e: &ConnectionError) -> String {
         || text.contains("alert");
     if auth {
         return format!(
-            "authentication with {addr} failed ({text}): both ends must use the same cluster key (--key, made once by `xfer keygen` and copied to every node)"
+            "authentication with {addr} failed ({text}): both ends must hold credentials of one cluster (issued by its CA with `xfer ca issue`, not expired, or in simple mode the same `xfer keygen` key)"
         );
     }
     match e {

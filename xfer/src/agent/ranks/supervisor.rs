@@ -148,6 +148,16 @@ impl Supervisor {
         runs.iter().map(|r| r.report()).collect()
     }
 
+    /// Whether `node` is one of the nodes of run `run` (a node may ask
+    /// the others of its own runs to stop).
+    pub fn in_group(&self, run: &str, node: &str) -> bool {
+        self.runs
+            .lock()
+            .unwrap()
+            .get(run)
+            .is_some_and(|r| r.spec.group.iter().any(|p| p.node == node))
+    }
+
     /// Stops one run, or every live run, and reports them once stopped.
     pub async fn stop(&self, run: Option<&str>, grace: Duration, reason: &str) -> Vec<RankReport> {
         let runs: Vec<Arc<Run>> = self
@@ -281,7 +291,7 @@ impl Supervisor {
                 let (id, node) = (run.spec.run.clone(), peer.node.clone());
                 tokio::spawn(async move {
                     let limit = grace + Duration::from_secs(15);
-                    match crate::agent::client::launch(&cred, &addr, &msg, limit).await {
+                    match crate::agent::client::launch(&cred, &node, &addr, &msg, limit).await {
                         Ok(_) => tracing::info!("run {id}: {node} ({addr}) stopped its rank"),
                         Err(e) => tracing::info!("run {id}: {node} at {addr}: {e}"),
                     }

@@ -109,10 +109,8 @@ pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
         };
         let (cred, agent, node) = (cred.clone(), n.agent.clone(), n.name.to_string());
         async move {
-            (
-                node,
-                admin(&cred, &agent, &msg, Duration::from_secs(5)).await,
-            )
+            let reply = admin(&cred, &node, &agent, &msg, Duration::from_secs(5)).await;
+            (node, reply)
         }
     });
     let replies = futures_join(asks).await;
@@ -165,7 +163,7 @@ pub async fn status(cluster: &Cluster, nodes: &[String]) -> Result<Vec<NodeRepor
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         async move {
-            match admin(&cred, &agent, &AdminRequest::Status, ASK_TIMEOUT).await {
+            match admin(&cred, &node, &agent, &AdminRequest::Status, ASK_TIMEOUT).await {
                 Ok(AdminReply::Status(s)) => NodeReport {
                     node,
                     agent,
@@ -348,7 +346,7 @@ pub async fn cancel(cluster: &Cluster, id: &str) -> Result<Vec<(String, Result<b
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         let msg = AdminRequest::CancelJob { id: id.to_string() };
         async move {
-            let r = match admin(&cred, &agent, &msg, ASK_TIMEOUT).await {
+            let r = match admin(&cred, &node, &agent, &msg, ASK_TIMEOUT).await {
                 Ok(AdminReply::JobCancelled { known, .. }) => Ok(known),
                 Ok(AdminReply::Failed(why)) => Err(why.to_string()),
                 Ok(other) => Err(format!("answered {}", other.kind())),
@@ -375,7 +373,7 @@ pub async fn remove(
             force,
         };
         async move {
-            let r = match admin(&cred, &agent, &msg, Duration::from_secs(30)).await {
+            let r = match admin(&cred, &node, &agent, &msg, Duration::from_secs(30)).await {
                 Ok(AdminReply::ModelRemoved { existed, .. }) => Ok(existed),
                 Ok(AdminReply::Failed(why)) => Err(why.to_string()),
                 Ok(other) => Err(format!("answered {}", other.kind())),

@@ -1,0 +1,392 @@
+//! Issued credentials (`xfer ca`), each attack performed with real agents:
+//! a node's credential (a stolen node disk) asking a node to run `id`, to
+//! sync `/etc` or to remove a model; an agent answering for another node;
+//! an agent started with an operator's credential; and a CA rotation while
+//! a transfer runs, after which the old CA is refused everywhere.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::common;
+use common::cluster::{status, write_cluster_file, Status, JOB_DEADLINE};
+use common::*;
+use xfer::agent::client;
+use xfer::agent::sync::status::ModelState;
+use xfer::config::auth::Credential;
+use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
+use xfer_proto::launch::*;
+
+/// A CA folder and the credentials issued from it, all via the CLI.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn init(t: &Path) -> Pki {
+        let dir = t.join("ca");
+        run(
+            xfer().args(["ca", "init", "--dir"]).arg(&dir),
+            Duration::from_secs(20),
+        )
+        .assert_ok("xfer ca init");
+        Pki { dir }
+    }
+
+    /// `xfer ca issue NAME --role ROLE`, written (again) to `t/NAME.cred`.
+    fn issue(&self, name: &str, role: &str) -> PathBuf {
+        let out = self.dir.parent().unwrap().join(format!("{name}.cred"));
+        run(
+            xfer()
+                .args(["ca", "issue", name, "--role", role, "--force", "--dir"])
+                .arg(&self.dir)
+                .arg("--out")
+                .arg(&out),
+            Duration::from_secs(20),
+        )
+        .assert_ok("xfer ca issue");
+        out
+    }
+
+    fn rotate(&self, finish: bool) {
+        let mut cmd = xfer();
+        cmd.args(["ca", "rotate", "--dir"]).arg(&self.dir);
+        if finish {
+            cmd.arg("--finish");
+        }
+        run(&mut cmd, Duration::from_secs(20)).assert_ok("xfer ca rotate");
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Runtime::new().unwrap().block_on(f)
+}
+
+fn launch(cred: &Path, node: &str, agent: &Agent, req: &LaunchRequest) -> LaunchReply {
+    let cred = Credential::load(cred).unwrap();
+    block_on(client::launch(
+        &cred,
+        node,
+        &agent.addr,
+        req,
+        Duration::from_secs(30),
+    ))
+    .expect("the agent answers")
+}
+
+fn admin(cred: &Path, node: &str, agent: &Agent, req: &AdminRequest) -> AdminReply {
+    let cred = Credential::load(cred).unwrap();
+    block_on(client::admin(
+        &cred,
+        node,
+        &agent.addr,
+        req,
+        Duration::from_secs(30),
+    ))
+    .expect("the agent answers")
+}
+
+/// A rank whose one process writes `id` to `out`.
+fn id_rank(run: &str, out: &Path) -> LaunchRequest {
+    LaunchRequest::StartRank(Box::new(RankSpec {
+        run: run.into(),
+        node: "a".into(),
+        rank: 0,
+        env: Default::default(),
+        procs: vec![ProcSpec {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("id > '{}'; exec sleep 600", out.display()),
+            ],
+            wait_tcp: None,
+        }],
+        on_stop: vec![],
+        group: vec![],
+        wait_timeout_ms: 1_000,
+        grace_ms: 1_000,
+    }))
+}
+
+fn forbidden(what: &str, reply: impl std::fmt::Debug) -> String {
+    let text = format!("{reply:?}");
+    assert!(
+        text.contains("Forbidden") && text.contains("only an operator may"),
+        "{what}: expected an operator-only refusal, got {text}"
+    );
+    text
+}
+
+/// Waits until `f` holds, polling an event the test can see (a log line,
+/// a status); panics with `what` after `limit`.
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn hang_up(agent: &Agent) {
+    let ok = std::process::Command::new("kill")
+        .args(["-HUP", &agent.pid().unwrap().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -HUP");
+}
+
+/// Sends SIGHUP and waits for the agent to say it reloaded.
+fn reload(agent: &Agent) {
+    let before = agent.log().matches("reloaded").count();
+    hang_up(agent);
+    wait_until(
+        "the agent to reload its credential",
+        Duration::from_secs(30),
+        || agent.log().matches("reloaded").count() > before,
+    );
+    assert!(
+        !agent.log().contains("kept the loaded credential"),
+        "{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn a_node_credential_moves_models_but_cannot_launch_sync_or_remove() {
+    let t = tempdir("trust-roles");
+    let pki = Pki::init(t.path());
+    let (a_cred, b_cred, op) = (
+        pki.issue("a", "node"),
+        pki.issue("b", "node"),
+        pki.issue("op", "operator"),
+    );
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let export = t.path().display().to_string();
+    let a = Agent::start_with(
+        "127.0.0.71:0",
+        &root,
+        &a_cred,
+        &["--allow-launch", "--export", &export, "--export", "/etc"],
+    );
+    let out = t.path().join("id.out");
+
+    // Node b's credential: everything an operator's is refused, logged
+    // with b's name, and nothing runs.
+    forbidden("rank", launch(&b_cred, "a", &a, &id_rank("r1", &out)));
+    let probe = LaunchRequest::RunQuery { run: None };
+    forbidden("run query", launch(&b_cred, "a", &a, &probe));
+    let stop_all = LaunchRequest::StopRun {
+        run: None,
+        grace_ms: 0,
+        reason: "attack".into(),
+    };
+    forbidden("stop all", launch(&b_cred, "a", &a, &stop_all));
+    let rm = AdminRequest::RemoveModel {
+        name: xfer_proto::names::ModelName::new("m").unwrap(),
+        force: true,
+    };
+    forbidden("rm", admin(&b_cred, "a", &a, &rm));
+    assert!(!out.exists(), "a node's credential ran `id`");
+    assert!(a.log().contains("refused node b at"), "{}", a.log());
+
+    // Through the CLI, with b's credential as the cluster file's key: a
+    // sync from /etc is refused (a's exports allow /etc: the role is what
+    // refuses it), the status is not.
+    let file = t.path().join("cluster-b.toml");
+    write_cluster_file(&file, &b_cred, &[("a", &a.addr, &root)]);
+    let r = run(
+        xfer()
+            .args(["sync", "/etc", "--from", "a", "--nodes", "a", "--cluster"])
+            .arg(&file),
+        Duration::from_secs(30),
+    );
+    assert!(
+        !r.success(),
+        "a node's credential synced /etc: {}",
+        r.stdout
+    );
+    assert!(r.stderr.contains("only an operator may"), "{}", r.stderr);
+    assert!(!root.join("etc").exists());
+    let s = status(&file);
+    assert!(s.report("a").reachable, "{s:#?}");
+
+    // The operator's credential may launch: the check is the role's.
+    let reply = launch(&op, "a", &a, &id_rank("r2", &out));
+    assert!(matches!(reply, LaunchReply::Runs(_)), "{reply:?}");
+    wait_until(
+        "the operator's rank to run id",
+        Duration::from_secs(30),
+        || std::fs::read_to_string(&out).is_ok_and(|s| s.contains("uid=")),
+    );
+    let stop = LaunchRequest::StopRun {
+        run: Some("r2".into()),
+        grace_ms: 1_000,
+        reason: "test over".into(),
+    };
+    launch(&op, "a", &a, &stop);
+}
+
+#[test]
+fn a_node_answers_only_for_itself_and_an_agent_refuses_an_operator_credential() {
+    let t = tempdir("trust-names");
+    let pki = Pki::init(t.path());
+    let (b_cred, op) = (pki.issue("b", "node"), pki.issue("op", "operator"));
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let b = Agent::start("127.0.0.72:0", &root, &b_cred);
+
+    // The cluster file says a is at b's address: b's answers are not
+    // taken as a's.
+    let file = t.path().join("cluster.toml");
+    write_cluster_file(&file, &op, &[("a", &b.addr, &root)]);
+    let s = status(&file);
+    let a = s.report("a");
+    assert!(!a.reachable, "b answered for a: {s:#?}");
+    let why = a.error.clone().unwrap_or_default();
+    assert!(why.contains("answered for a is node b"), "{why}");
+
+    // An agent never runs with an operator's credential.
+    let r = run(
+        xfer()
+            .args(["serve", "--listen", "127.0.0.72:0", "--root"])
+            .arg(&root)
+            .arg("--key")
+            .arg(&op),
+        Duration::from_secs(20),
+    );
+    assert!(!r.success());
+    assert!(
+        r.stderr
+            .contains("an agent runs with its node's own credential"),
+        "{}",
+        r.stderr
+    );
+}
+
+fn job_state(s: &Status, id: &str) -> Option<JobState> {
+    s.job("a", id).map(|j| j.state.clone())
+}
+
+fn unreachable_everywhere(s: &Status) -> bool {
+    s.0.iter().all(|r| {
+        !r.reachable
+            && r.error
+                .as_deref()
+                .is_some_and(|e| e.contains("authentication"))
+    })
+}
+
+#[test]
+fn a_ca_rotation_while_a_transfer_runs_needs_no_flag_day() {
+    let t = tempdir("trust-rotate");
+    let pki = Pki::init(t.path());
+    let (a_cred, b_cred) = (pki.issue("a", "node"), pki.issue("b", "node"));
+    let old_op = pki.issue("old-op", "operator");
+    let (ra, rb) = (t.path().join("ra"), t.path().join("rb"));
+    let export = t.path().display().to_string();
+    let a = Agent::start_with("127.0.0.73:0", &ra, &a_cred, &["--export", &export]);
+    let b = Agent::start("127.0.0.74:0", &rb, &b_cred);
+    let nodes = [("a", a.addr.as_str(), ra.as_path()), ("b", &b.addr, &rb)];
+    let old_file = t.path().join("old.toml");
+    write_cluster_file(&old_file, &old_op, &nodes);
+
+    let src = t.path().join("src/m96");
+    gen_model(&src, 96 * MIB, 73);
+    let r = run(
+        xfer()
+            .args([
+                "sync",
+                "--json",
+                "--from",
+                "a",
+                "--nodes",
+                "b",
+                "--limit-rate",
+                "8MiB",
+            ])
+            .arg("--cluster")
+            .arg(&old_file)
+            .arg(&src),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer sync");
+    let id = r.json::<serde_json::Value>()["job"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_until("b to receive the first bytes", JOB_DEADLINE, || {
+        status(&old_file)
+            .model("b", "m96")
+            .is_some_and(|m| m.state == ModelState::Syncing && m.bytes_held > 0)
+    });
+
+    // Rotate while the job runs: new CA, every agent reissued and
+    // reloaded one at a time.
+    pki.rotate(false);
+    let b_new = pki.issue("b", "node");
+    assert_eq!(b_new, b_cred);
+    reload(&b);
+    // a (old certificate) and b (new) still talk; the old operator
+    // reaches both; so does a new one.
+    let s = status(&old_file);
+    assert!(s.0.iter().all(|r| r.reachable), "{s:#?}");
+    pki.issue("a", "node");
+    reload(&a);
+    let new_op = pki.issue("new-op", "operator");
+    let new_file = t.path().join("new.toml");
+    write_cluster_file(&new_file, &new_op, &nodes);
+    let s = status(&new_file);
+    assert!(s.0.iter().all(|r| r.reachable), "{s:#?}");
+    assert!(
+        !matches!(job_state(&s, &id), Some(JobState::Complete { .. })),
+        "the transfer ended before the rotation; it must run through it: {s:#?}"
+    );
+
+    // The transfer finishes, verified, on the new credentials.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let root = loop {
+        let s = status(&new_file);
+        if let Some(JobState::Complete { .. }) = job_state(&s, &id) {
+            if let Some(root) = s.complete_root(&["b"], "m96") {
+                break root;
+            }
+        }
+        assert!(
+            !matches!(job_state(&s, &id), Some(JobState::Failed { .. })),
+            "the job failed during the rotation: {s:#?}\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        assert!(Instant::now() < deadline, "no completion: {s:#?}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(root, manifest_root(&src));
+    assert_same_tree(&src, &b.model_dir("m96"));
+
+    // Cut-over: reissue and reload again; the old CA is refused everywhere.
+    pki.rotate(true);
+    pki.issue("a", "node");
+    pki.issue("b", "node");
+    reload(&a);
+    reload(&b);
+    let final_op = pki.issue("final-op", "operator");
+    let final_file = t.path().join("final.toml");
+    write_cluster_file(&final_file, &final_op, &nodes);
+    let s = status(&final_file);
+    assert!(s.0.iter().all(|r| r.reachable), "{s:#?}");
+    let r = run(
+        xfer()
+            .args(["status", "--json", "--cluster"])
+            .arg(&old_file),
+        Duration::from_secs(20),
+    );
+    let old: Status = Status(serde_json::from_str(&r.stdout).unwrap_or_default());
+    assert!(
+        !old.0.is_empty() && unreachable_everywhere(&old),
+        "the old CA's operator still gets answers: {}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    let _ = Credential::load(&old_op).unwrap();
+}
