@@ -35,6 +35,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         group: vec![],
         wait_timeout_ms: 1_000,
         grace_ms: 1_000,
+        weights: None,
     }))
 }
 
@@ -252,5 +253,65 @@ fn a_hub_token_is_never_sent_over_plain_http_to_another_machine() {
     assert!(
         !cache.exists() || std::fs::read_dir(&cache).unwrap().next().is_none(),
         "the refused pull wrote into the cache"
+    );
+}
+
+/// The agent checks the launcher's weight gate again before it starts a
+/// rank: a gate naming another root (the model changed since the
+/// preflight, or a caller skipped it) starts nothing.
+#[test]
+fn an_agent_starts_no_rank_on_weights_it_does_not_hold_verified() {
+    let t = tempdir("permit-weights");
+    let key = t.path().join("cluster.key");
+    keygen(&key);
+    let cred = Credential::load(&key).unwrap();
+    let (root, out) = (t.path().join("root"), t.path().join("id.out"));
+    std::fs::create_dir_all(&root).unwrap();
+    let agent = Agent::start_with("127.0.0.62:0", &root, &key, &["--allow-launch"]);
+    let src = t.path().join("m");
+    gen_model(&src, 2 * MIB, 62);
+    let pushed = push_ok(&src, &[&agent.addr], &key, &[]);
+    let path = root.join("m").display().to_string();
+    let with_gate = |run: &str, root: xfer_proto::hash::Hash| {
+        let LaunchRequest::StartRank(mut spec) = id_rank(run, &out) else {
+            unreachable!()
+        };
+        spec.weights = Some(WeightGate {
+            path: path.clone(),
+            root,
+        });
+        LaunchRequest::StartRank(spec)
+    };
+
+    let other = xfer_proto::hash::Hash::from(blake3::hash(b"another model"));
+    let why = refusal(ask(&cred, &agent, &with_gate("w1", other)));
+    assert!(why.contains("not starting rank 0"), "{why}");
+    assert!(why.contains(&other.short().to_string()), "{why}");
+    let missing = WeightGate {
+        path: root.join("absent").display().to_string(),
+        root: pushed.root,
+    };
+    let LaunchRequest::StartRank(mut spec) = id_rank("w2", &out) else {
+        unreachable!()
+    };
+    spec.weights = Some(missing);
+    let why = refusal(ask(&cred, &agent, &LaunchRequest::StartRank(spec)));
+    assert!(why.contains("not held by the xfer agent"), "{why}");
+    assert!(
+        !out.exists(),
+        "a rank started on weights the agent does not hold"
+    );
+
+    // The root it holds: the rank starts.
+    let reply = ask(&cred, &agent, &with_gate("w3", pushed.root));
+    assert!(matches!(reply, LaunchReply::Runs(_)), "{reply:?}");
+    ask(
+        &cred,
+        &agent,
+        &LaunchRequest::StopRun {
+            run: Some("w3".into()),
+            grace_ms: 1_000,
+            reason: "test over".into(),
+        },
     );
 }

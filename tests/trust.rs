@@ -104,6 +104,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         group: vec![],
         wait_timeout_ms: 1_000,
         grace_ms: 1_000,
+        weights: None,
     }))
 }
 

@@ -27,6 +27,24 @@ pub struct Checked {
     pub model_path: String,
 }
 
+impl Checked {
+    /// What every node's agent must still hold when it starts its rank:
+    /// the model path and the one root the gate saw on every node.
+    pub fn weight_gate(&self) -> Option<xfer_proto::launch::WeightGate> {
+        let mut roots = self
+            .nodes
+            .iter()
+            .map(|(_, f)| f.as_ref().ok().and_then(|f| f.weights.root));
+        let first = roots.next()??;
+        roots
+            .all(|r| r == Some(first))
+            .then(|| xfer_proto::launch::WeightGate {
+                path: self.model_path.clone(),
+                root: first,
+            })
+    }
+}
+
 /// Runs the preflight on every node.
 pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     let reqs = preflight::requests(setup);

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use xfer_proto::launch::{GroupPeer, ProcSpec, RankSpec};
+use xfer_proto::launch::{GroupPeer, ProcSpec, RankSpec, WeightGate};
 
 use crate::config::{Engine, Setup};
 use crate::plan::Plan;
@@ -34,11 +34,13 @@ fn peer_addrs(n: &crate::config::RankNode) -> Vec<String> {
     addrs
 }
 
-/// The specs of every rank, in rank order.
+/// The specs of every rank, in rank order. `weights` is what the gate
+/// passed, for each agent to check again before it starts its rank.
 pub fn rank_specs(
     setup: &Setup,
     plan: &Plan,
     run: &str,
+    weights: Option<WeightGate>,
     init_timeout: Duration,
     grace: Duration,
 ) -> Vec<RankSpec> {
@@ -84,6 +86,7 @@ pub fn rank_specs(
                     .collect(),
                 wait_timeout_ms: init_timeout.as_millis() as u64,
                 grace_ms: grace.as_millis() as u64,
+                weights: weights.clone(),
             }
         })
         .collect()
@@ -100,7 +103,14 @@ mod tests {
             "engine = \"vllm-ray\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\"\npp = 2"
         ));
         let p = crate::plan::plan(&s);
-        let specs = rank_specs(&s, &p, "r", Duration::from_secs(60), Duration::from_secs(5));
+        let specs = rank_specs(
+            &s,
+            &p,
+            "r",
+            None,
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        );
         let head: SocketAddr = "192.168.100.1:6379".parse().unwrap();
         assert_eq!(specs[0].procs.len(), 2);
         assert_eq!(specs[0].procs[0].wait_tcp, None);
@@ -128,7 +138,14 @@ mod tests {
             "engine = \"vllm\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\""
         ));
         let p = crate::plan::plan(&s);
-        let specs = rank_specs(&s, &p, "r", Duration::from_secs(60), Duration::from_secs(5));
+        let specs = rank_specs(
+            &s,
+            &p,
+            "r",
+            None,
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        );
         for (spec, r) in specs.iter().zip(&p.ranks) {
             assert_eq!(spec.procs.len(), 1);
             assert_eq!(spec.procs[0].argv, r.argv);

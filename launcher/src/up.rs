@@ -121,10 +121,17 @@ async fn launch(
     opts: &UpOptions,
     plan: &Plan,
     run: &str,
-    _checked: &Checked,
+    checked: &Checked,
 ) -> Result<(f64, Readiness), Failure> {
     let t0 = Instant::now();
-    let specs = specs::rank_specs(setup, plan, run, opts.init_timeout, opts.grace);
+    let specs = specs::rank_specs(
+        setup,
+        plan,
+        run,
+        checked.weight_gate(),
+        opts.init_timeout,
+        opts.grace,
+    );
     eprintln!(
         "starting run {run}: {} on {} node(s), plan {}",
         plan.engine.as_str(),

@@ -313,6 +313,19 @@ pub struct RankSpec {
     /// SIGTERM to SIGKILL, when the rank stops because one of its processes
     /// failed.
     pub grace_ms: u64,
+    /// The weights the launcher's gate found on every node: the agent
+    /// checks again, right before it starts anything, that it holds them
+    /// complete and verified with this root.
+    pub weights: Option<WeightGate>,
+}
+
+/// The weights a rank must run on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightGate {
+    /// The model path, `<COMMIT>` resolved.
+    pub path: String,
+    /// The manifest root every node holds.
+    pub root: Hash,
 }
 
 /// Another rank's agent.
@@ -494,6 +507,7 @@ mod tests {
             }],
             wait_timeout_ms: 1,
             grace_ms: 2,
+            weights: None,
         };
         for m in [
             LaunchReply::PreflightReport(Box::new(facts)),

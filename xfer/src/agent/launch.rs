@@ -10,8 +10,9 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::{answer, read_or_refuse, Caller, Ctx};
+use xfer_proto::admin::ModelState;
 use xfer_proto::frame::REQUEST_LIMIT;
-use xfer_proto::launch::{LaunchReply, LaunchRequest};
+use xfer_proto::launch::{LaunchReply, LaunchRequest, RankSpec};
 use xfer_proto::refusal::Refusal;
 
 /// Answers the one request on a launch stream.
@@ -74,7 +75,8 @@ pub(super) async fn serve(
                 .iter()
                 .map(|p| &p.argv)
                 .chain(&spec.on_stop)
-                .try_for_each(|argv| ctx.permits.may_run(&spec.node, argv));
+                .try_for_each(|argv| ctx.permits.may_run(&spec.node, argv))
+                .and_then(|()| weights_still_held(ctx, &spec));
             match allowed {
                 Err(why) => {
                     tracing::warn!(
@@ -120,4 +122,45 @@ pub(super) async fn serve(
         }
     };
     answer(&conn, send, &reply).await
+}
+
+/// The launcher's weight gate, checked again here, right before a rank
+/// starts: this node must hold the weights at the gate's path, complete
+/// and verified, with the root every node had. A model removed, resynced
+/// or damaged since the preflight stops the launch here.
+fn weights_still_held(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
+    let Some(gate) = &spec.weights else {
+        return Ok(());
+    };
+    let status = ctx
+        .activity
+        .report(&ctx.store, ctx.runner.me(), &ctx.runner.records());
+    let states = status
+        .models
+        .iter()
+        .map(|m| (m.name.clone(), m.state))
+        .collect();
+    let facts = super::preflight::weights::weights(&ctx.store, &states, &gate.path, None);
+    let node = &spec.node;
+    if let Some(problem) = facts.problems.first() {
+        return Err(format!(
+            "{node}: not starting rank {} on {}: {problem}",
+            spec.rank, gate.path
+        ));
+    }
+    let held = matches!(
+        facts.state,
+        Some(ModelState::Complete | ModelState::Verifying)
+    );
+    if !held || facts.root != Some(gate.root) {
+        return Err(format!(
+            "{node}: not starting rank {} on {}: it is {} with root {}, where the launch checked root {}; wait for xfer sync to finish, then run xfer-launch up again",
+            spec.rank,
+            gate.path,
+            facts.state.map_or("not held", |s| s.label()),
+            facts.root.map_or("none".to_string(), |r| r.short().to_string()),
+            gate.root.short()
+        ));
+    }
+    Ok(())
 }

@@ -740,6 +740,7 @@ mod tests {
             group: vec![],
             wait_timeout_ms: 5_000,
             grace_ms: 300,
+            weights: None,
         }
     }
 
