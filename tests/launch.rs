@@ -464,6 +464,10 @@ fn check_flags_the_management_route_and_up_pins_every_rank_to_the_fabric() {
         .next()
         .unwrap()
         .path();
+    // It holds the plan, and so the `[launch.env]` values: owner only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&rec).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", rec.display());
     let rec: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(rec).unwrap()).unwrap();
     assert_eq!(rec["outcome"], "ready");

@@ -3,7 +3,8 @@
 //! probe) on an agent without `--allow-launch`, or with `--allow-exec`
 //! naming other programs, and syncing from a folder outside the root and
 //! the exports. Each must be refused with one line naming the node and the
-//! switch, and leave nothing behind.
+//! switch, and leave nothing behind. And a rank record planted to point at
+//! an unrelated process must never get that process signalled.
 
 use std::path::Path;
 use std::time::Duration;
@@ -117,8 +118,8 @@ fn an_agent_starts_no_process_unless_its_operator_allowed_launches() {
     drop(agent);
     assert!(!out.exists(), "a refused request ran `id`");
     assert!(
-        !root.join(".xfer/ranks").exists()
-            || std::fs::read_dir(root.join(".xfer/ranks"))
+        !root.join(".xfer/runs").exists()
+            || std::fs::read_dir(root.join(".xfer/runs"))
                 .unwrap()
                 .next()
                 .is_none(),
@@ -314,4 +315,179 @@ fn an_agent_starts_no_rank_on_weights_it_does_not_hold_verified() {
             reason: "test over".into(),
         },
     );
+}
+
+/// A rank of one `sleep 600`, with `env`.
+fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
+    RankSpec {
+        run: run.into(),
+        node: "n1".into(),
+        rank: 0,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        procs: vec![ProcSpec {
+            argv: vec!["sleep".into(), "600".into()],
+            wait_tcp: None,
+        }],
+        on_stop: vec![],
+        group: vec![],
+        wait_timeout_ms: 1_000,
+        grace_ms: 1_000,
+        weights: None,
+    }
+}
+
+/// Plants a live `rank.json` for run `run` whose one process is `pid`,
+/// where the agent keeps its ranks (`<root>/.xfer/runs/<run>/`).
+fn plant_rank(root: &Path, run: &str, pid: u32, boot_id: &str, start: u64) {
+    let dir = root.join(".xfer/runs").join(run);
+    std::fs::create_dir_all(&dir).unwrap();
+    let rec = serde_json::json!({
+        "spec": sleep_spec(run, &[]),
+        "started_unix": 1,
+        "state": RunState::Running,
+        "procs": [ProcState::Running { pid }],
+        "failed_ms": null,
+        "boot_id": boot_id,
+        "starts": [start],
+    });
+    std::fs::write(dir.join("rank.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
+}
+
+fn stop_all() -> LaunchRequest {
+    LaunchRequest::StopRun {
+        run: None,
+        grace_ms: 200,
+        reason: "xfer-launch down".into(),
+    }
+}
+
+fn runs(reply: LaunchReply) -> Vec<RankReport> {
+    match reply {
+        LaunchReply::Runs(r) => r,
+        other => panic!("expected the runs, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_planted_rank_record_never_gets_an_unrelated_process_signalled() {
+    use xfer::sysinfo::proc;
+    let t = tempdir("permit-stale");
+    let key = t.path().join("cluster.key");
+    keygen(&key);
+    let cred = Credential::load(&key).unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+
+    // The victim leads its own process group, as a rank's process would.
+    let mut victim = Proc::spawn(std::process::Command::new("setsid").args(["sleep", "1000"]));
+    let pid = victim.pid();
+    wait_until(
+        "the victim to lead its own group",
+        Duration::from_secs(10),
+        || proc::stat(pid).unwrap().is_some_and(|s| s.pgrp == pid),
+    );
+    let start = proc::start_ticks(pid).unwrap().unwrap();
+    let boot = proc::boot_id().unwrap();
+    // (a) as if written before a reboot; (b) this boot, but the pid is now
+    // another process than the one recorded.
+    plant_rank(
+        &root,
+        "other-boot",
+        pid,
+        "00000000-0000-0000-0000-000000000000",
+        start,
+    );
+    plant_rank(&root, "reused-pid", pid, &boot, start + 1);
+
+    let agent = Agent::start_with("127.0.0.66:0", &root, &key, &["--allow-launch"]);
+    let reports = runs(ask(&cred, &agent, &stop_all()));
+    let mut seen: Vec<&str> = reports.iter().map(|r| r.run.as_str()).collect();
+    seen.sort();
+    assert_eq!(seen, ["other-boot", "reused-pid"], "{reports:?}");
+    for r in &reports {
+        let RunState::Failed(why) = &r.state else {
+            panic!("{}: {:?}", r.run, r.state);
+        };
+        assert!(why.starts_with("stale record: "), "{why}");
+        assert!(why.contains("never signalled"), "{why}");
+        let cause = match r.run.as_str() {
+            "other-boot" => "written in another boot",
+            _ => &format!("pid {pid} is now another process"),
+        };
+        assert!(why.contains(cause), "{}: {why}", r.run);
+    }
+    assert!(victim.running(), "the agent killed an unrelated process");
+    // A query says the same, and the agent logged why.
+    let reports = runs(ask(&cred, &agent, &LaunchRequest::RunQuery { run: None }));
+    assert_eq!(reports.len(), 2);
+    assert!(reports
+        .iter()
+        .all(|r| matches!(&r.state, RunState::Failed(w) if w.starts_with("stale record"))));
+    let log = agent.log();
+    assert!(
+        log.contains("stale record") && log.contains("another boot"),
+        "{log}"
+    );
+    // A second stop signals nothing either.
+    runs(ask(&cred, &agent, &stop_all()));
+    assert!(victim.running(), "the agent killed an unrelated process");
+    drop(agent);
+    victim.kill9();
+}
+
+#[test]
+fn a_restarted_agent_still_stops_the_rank_it_started_and_keeps_its_record_private() {
+    use std::os::unix::fs::PermissionsExt;
+    use xfer::sysinfo::proc;
+    let t = tempdir("permit-adopt");
+    let key = t.path().join("cluster.key");
+    keygen(&key);
+    let cred = Credential::load(&key).unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+
+    let mut agent = Agent::start_with("127.0.0.66:0", &root, &key, &["--allow-launch"]);
+    let start = LaunchRequest::StartRank(Box::new(sleep_spec(
+        "r1",
+        &[("XFER_TEST_SECRET", "s3cret-value")],
+    )));
+    runs(ask(&cred, &agent, &start));
+    let query = LaunchRequest::RunQuery {
+        run: Some("r1".into()),
+    };
+    let mut pid = 0;
+    wait_until("the rank to run", Duration::from_secs(30), || {
+        match runs(ask(&cred, &agent, &query))[0].procs[0].state {
+            ProcState::Running { pid: p } => {
+                pid = p;
+                true
+            }
+            _ => false,
+        }
+    });
+    // The record holds the env value; only the agent's user may read it.
+    let dir = root.join(".xfer/runs/r1");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&dir.join("rank.json")), 0o600);
+    assert_eq!(mode(&dir.join("rank.log")), 0o600);
+    let rec = std::fs::read_to_string(dir.join("rank.json")).unwrap();
+    assert!(rec.contains("s3cret-value") && rec.contains(&proc::boot_id().unwrap()));
+    assert!(!agent.log().contains("s3cret-value"), "{}", agent.log());
+
+    // A new agent adopts the rank, and stopping it reaches the process.
+    agent.kill9();
+    let agent = Agent::start_with("127.0.0.66:0", &root, &key, &["--allow-launch"]);
+    let reports = runs(ask(&cred, &agent, &stop_all()));
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(
+        reports[0].state,
+        RunState::Stopped("xfer-launch down".into())
+    );
+    wait_until("the adopted rank to end", Duration::from_secs(10), || {
+        proc::stat(pid).unwrap().is_none_or(|s| s.state == 'Z')
+    });
 }

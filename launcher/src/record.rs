@@ -42,15 +42,14 @@ pub fn default_dir() -> PathBuf {
     PathBuf::from(".xfer-launch")
 }
 
-/// Writes the record atomically.
+/// Writes the record atomically, mode 0600: the plan holds the
+/// `[launch.env]` values.
 pub fn write(path: &Path, rec: &Record) -> Result<(), String> {
-    if let Some(dir) = path.parent() {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}; pass --record FILE", dir.display()))?;
     }
-    let tmp = path.with_extension("json.tmp");
     let body = serde_json::to_vec_pretty(rec).expect("a record always serializes");
-    std::fs::write(&tmp, body)
-        .and_then(|_| std::fs::rename(&tmp, path))
+    xfer::util::private::write_atomic(path, &body)
         .map_err(|e| format!("cannot write {}: {e}; pass --record FILE", path.display()))
 }

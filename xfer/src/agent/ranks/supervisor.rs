@@ -9,6 +9,21 @@
 //! agent that restarts while a rank runs adopts it from `rank.json`
 //! (polling its process groups instead of waiting on children), so `down`
 //! still works.
+//!
+//! A pid names a process only until the number is handed out again, and
+//! every number starts over at a reboot, so `rank.json` also holds this
+//! boot's id and each process's start time ([`crate::sysinfo::proc`]).
+//! A process group is signalled only while its leader is still the
+//! process recorded (same boot, same start time), checked again before
+//! every signal; an adopted record from another boot, or whose leader's
+//! pid now belongs to another process, is stale: reported, logged and
+//! never signalled. Once a leader has exited, the group's other members
+//! are signalled one by one, each checked the same way, from the list
+//! taken while the leader was alive. This agent's own children are
+//! reaped only once their rank has stopped, so their pids cannot be
+//! handed out again while the agent may still signal them. The run
+//! folder is mode 0700 and `rank.json` 0600: the spec holds the
+//! `[launch.env]` values.
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -21,6 +36,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{check_run_id, LogChunk, ProcReport, ProcState, RankReport, RankSpec, RunState};
 use crate::config::auth::Credential;
+use crate::sysinfo::proc;
+use crate::util::private;
 use xfer_proto::launch::LaunchRequest;
 
 /// How much of the end of the log a report reads for its last lines.
@@ -37,15 +54,27 @@ pub struct Supervisor {
     dir: PathBuf,
     cred: Arc<Credential>,
     runs: Mutex<HashMap<String, Arc<Run>>>,
+    /// This boot's id, or why it cannot be read (then no adopted process
+    /// is ever signalled, and no rank starts).
+    boot: Result<String, String>,
 }
 
 struct Run {
     spec: RankSpec,
     dir: PathBuf,
     started_unix: u64,
+    /// The boot the record was written in.
+    boot_id: Option<String>,
+    /// `Ok` when that boot is this one: the recorded pids may be checked.
+    same_boot: Result<(), String>,
+    /// Why an adopted record was not trusted: its processes were never
+    /// signalled. Such a run is in every reply to a stop of all runs.
+    stale: Option<String>,
     inner: Mutex<Inner>,
     /// Fired when stopping begins: processes still waiting never start.
     stopping: CancellationToken,
+    /// Fired when stopping ends: this agent's children may be reaped.
+    stopped: CancellationToken,
     /// Held while stopping, so two stops do not interleave.
     halt: tokio::sync::Mutex<()>,
 }
@@ -53,10 +82,19 @@ struct Run {
 struct Inner {
     state: RunState,
     procs: Vec<ProcState>,
+    /// Each process's start time (clock ticks since boot); `None` for one
+    /// never started, or no longer known to be the process recorded: its
+    /// group is never signalled.
+    starts: Vec<Option<u64>>,
+    /// The members of each group (pgid -> pid and start time), listed
+    /// while its leader was verified: signalled one by one, each checked,
+    /// once the leader has exited.
+    members: HashMap<u32, Vec<(u32, u64)>>,
     failed_ms: Option<u64>,
 }
 
-/// What `rank.json` holds.
+/// What `rank.json` holds. A record without `boot_id` or `starts` (from
+/// an older xfer) is stale on adoption.
 #[derive(Serialize, Deserialize)]
 struct Record {
     spec: RankSpec,
@@ -65,16 +103,37 @@ struct Record {
     procs: Vec<ProcState>,
     #[serde(default)]
     failed_ms: Option<u64>,
+    #[serde(default)]
+    boot_id: Option<String>,
+    #[serde(default)]
+    starts: Vec<Option<u64>>,
+}
+
+/// Whether a recorded group leader is still the process recorded.
+enum Leader {
+    /// The same process (it may be a zombie not yet reaped).
+    Ours,
+    /// No process has the pid now.
+    Gone,
+    /// Another process has the pid, or it cannot be checked: why.
+    Unknown(String),
 }
 
 impl Supervisor {
     /// Opens `<root>/.xfer/runs`, adopting ranks whose processes outlived
     /// an earlier agent.
     pub fn open(root: &Path, cred: Arc<Credential>) -> Arc<Supervisor> {
+        let boot = proc::boot_id().map_err(|e| {
+            format!("cannot read this machine's boot id (/proc/sys/kernel/random/boot_id): {e}")
+        });
+        if let Err(e) = &boot {
+            tracing::warn!("{e}; no rank will start, and no recorded process is signalled");
+        }
         let sup = Arc::new(Supervisor {
             dir: root.join(".xfer").join("runs"),
             cred,
             runs: Mutex::default(),
+            boot,
         });
         sup.adopt_all();
         sup
@@ -89,6 +148,9 @@ impl Supervisor {
                 spec.rank, spec.run
             ));
         }
+        let boot = self.boot.clone().map_err(|e| {
+            format!("{e}; the agent starts no process it could not tell apart later from another with the same pid")
+        })?;
         let run = {
             let mut runs = self.runs.lock().unwrap();
             if let Some((id, _)) = runs.iter().find(|(_, r)| r.state().is_live()) {
@@ -101,12 +163,18 @@ impl Supervisor {
                 });
             }
             let dir = self.dir.join(&spec.run);
-            std::fs::create_dir_all(&dir)
+            private::create_dir(&self.dir)
+                .and_then(|_| private::create_dir(&dir))
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
             let run = Arc::new(Run {
                 started_unix: now_unix(),
+                boot_id: Some(boot),
+                same_boot: Ok(()),
+                stale: None,
                 inner: Mutex::new(Inner {
                     state: RunState::Running,
+                    starts: vec![None; spec.procs.len()],
+                    members: HashMap::new(),
                     procs: spec
                         .procs
                         .iter()
@@ -122,6 +190,7 @@ impl Supervisor {
                 dir,
                 spec,
                 stopping: CancellationToken::new(),
+                stopped: CancellationToken::new(),
                 halt: tokio::sync::Mutex::new(()),
             });
             runs.insert(run.spec.run.clone(), run.clone());
@@ -159,13 +228,19 @@ impl Supervisor {
     }
 
     /// Stops one run, or every live run, and reports them once stopped.
+    /// Stopping every run also reports the stale records this agent
+    /// adopted and never signalled.
     pub async fn stop(&self, run: Option<&str>, grace: Duration, reason: &str) -> Vec<RankReport> {
         let runs: Vec<Arc<Run>> = self
             .runs
             .lock()
             .unwrap()
             .values()
-            .filter(|r| run.map_or(r.state().is_live(), |id| r.spec.run == id))
+            .filter(|r| {
+                run.map_or(r.state().is_live() || r.stale.is_some(), |id| {
+                    r.spec.run == id
+                })
+            })
             .cloned()
             .collect();
         let halts = runs.iter().map(|r| {
@@ -228,10 +303,10 @@ impl Supervisor {
                 return;
             }
             match run.spawn(i) {
-                Ok(child) => {
+                Ok(pid) => {
                     let sup = self.clone();
                     let watched = run.clone();
-                    tokio::spawn(async move { sup.watch(watched, i, child).await });
+                    tokio::spawn(async move { sup.watch(watched, i, pid).await });
                 }
                 Err(e) => {
                     run.set_proc(i, ProcState::NotStarted { why: e.clone() });
@@ -242,16 +317,15 @@ impl Supervisor {
         }
     }
 
-    async fn watch(self: Arc<Self>, run: Arc<Run>, i: usize, mut child: tokio::process::Child) {
-        let pid = child.id().unwrap_or(0);
-        let status = child.wait().await;
-        let (code, signal) = match &status {
-            Ok(s) => {
-                use std::os::unix::process::ExitStatusExt;
-                (s.code(), s.signal())
-            }
-            Err(_) => (None, None),
-        };
+    /// Waits for this agent's child `pid` to exit, without reaping it:
+    /// the zombie keeps its pid (and so its process group's id) from being
+    /// handed out again until the rank has stopped.
+    async fn watch(self: Arc<Self>, run: Arc<Run>, i: usize, pid: u32) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(wait_exit(pid));
+        });
+        let (code, signal) = rx.await.unwrap_or((None, None));
         run.set_proc(i, ProcState::Exited { pid, code, signal });
         if run.state() == RunState::Running {
             let how = match (code, signal) {
@@ -265,6 +339,11 @@ impl Supervisor {
             );
             self.failed(&run, why).await;
         }
+        run.stopped.cancelled().await;
+        // The group has been stopped; from here its leader's pid is free
+        // and never signalled again.
+        run.inner.lock().unwrap().starts[i] = None;
+        reap(pid);
     }
 
     /// A process of `run` failed: tell the group, then stop this rank.
@@ -307,75 +386,182 @@ impl Supervisor {
         };
         for e in entries.flatten() {
             let dir = e.path();
-            let Ok(text) = std::fs::read(dir.join("rank.json")) else {
+            let path = dir.join("rank.json");
+            let Ok(text) = std::fs::read(&path) else {
                 continue;
             };
-            let Ok(rec) = serde_json::from_slice::<Record>(&text) else {
-                continue;
-            };
-            if check_run_id(&rec.spec.run).is_err() {
-                continue;
-            }
-            let alive: Vec<bool> = rec.procs.iter().map(group_alive).collect();
-            let live = rec.state.is_live() && alive.iter().any(|a| *a);
-            let state = match (&rec.state, live) {
-                (s, _) if !s.is_live() => rec.state.clone(),
-                (_, true) => RunState::Running,
-                (_, false) => {
-                    RunState::Failed("its processes ended while the agent was down".into())
+            let rec = match serde_json::from_slice::<Record>(&text) {
+                Ok(rec) => rec,
+                Err(err) => {
+                    tracing::warn!(
+                        "ignoring {}: {err}; no process it names is signalled",
+                        path.display()
+                    );
+                    continue;
                 }
             };
-            let run = Arc::new(Run {
-                spec: rec.spec,
-                dir,
-                started_unix: rec.started_unix,
-                inner: Mutex::new(Inner {
-                    state,
-                    procs: rec.procs,
-                    failed_ms: rec.failed_ms,
-                }),
-                stopping: CancellationToken::new(),
-                halt: tokio::sync::Mutex::new(()),
-            });
-            run.save();
-            if live {
-                tracing::info!("adopted run {} (rank {})", run.spec.run, run.spec.rank);
-                let sup = self.clone();
-                let polled = run.clone();
-                tokio::spawn(async move { sup.poll_adopted(polled).await });
+            if check_run_id(&rec.spec.run).is_err() || rec.procs.len() != rec.spec.procs.len() {
+                tracing::warn!(
+                    "ignoring {}: not a rank record; no process it names is signalled",
+                    path.display()
+                );
+                continue;
             }
-            self.runs.lock().unwrap().insert(run.spec.run.clone(), run);
+            if let Some(run) = self.adopt(dir, rec) {
+                self.runs.lock().unwrap().insert(run.spec.run.clone(), run);
+            }
         }
     }
 
-    /// Watches processes that are not this agent's children.
+    /// Takes over a rank from its record. A live record whose processes
+    /// cannot be verified (another boot, no boot id or start times, a pid
+    /// that now belongs to another process) is stale: failed, reported
+    /// as such, and never signalled.
+    fn adopt(self: &Arc<Self>, dir: PathBuf, rec: Record) -> Option<Arc<Run>> {
+        let same_boot = match (&self.boot, &rec.boot_id) {
+            (Err(e), _) => Err(e.clone()),
+            (Ok(_), None) => {
+                Err("rank.json records no boot id (it was written by an older xfer)".to_string())
+            }
+            (Ok(now), Some(then)) if now != then => Err(format!(
+                "rank.json was written in another boot (boot id {then}; this boot is {now})"
+            )),
+            (Ok(_), Some(_)) => Ok(()),
+        };
+        let mut starts = rec.starts.clone();
+        starts.resize(rec.procs.len(), None);
+        let mut procs = rec.procs.clone();
+        let mut stale: Vec<String> = Vec::new();
+        let mut alive = false;
+        if rec.state.is_live() {
+            for (i, p) in rec.procs.iter().enumerate() {
+                let pid = match *p {
+                    ProcState::Running { pid } | ProcState::Exited { pid, .. } if pid > 0 => pid,
+                    _ => continue,
+                };
+                let why = match check_leader(&same_boot, pid, starts[i]) {
+                    Leader::Ours if group_has_live_member(pid) => {
+                        alive = true;
+                        continue;
+                    }
+                    Leader::Ours => continue,
+                    Leader::Gone if !group_has_live_member(pid) => continue,
+                    Leader::Gone => format!(
+                        "the leader of process group {pid} has exited and the group's other members cannot be told apart from unrelated processes"
+                    ),
+                    Leader::Unknown(why) => why,
+                };
+                starts[i] = None;
+                if !stale.contains(&why) {
+                    stale.push(why);
+                }
+            }
+        }
+        let live = rec.state.is_live() && alive;
+        let stale = (!stale.is_empty()).then(|| stale.join("; "));
+        let state = if !rec.state.is_live() {
+            rec.state.clone()
+        } else if live {
+            RunState::Running
+        } else {
+            for p in procs.iter_mut() {
+                if let ProcState::Running { pid } = *p {
+                    *p = ProcState::Exited {
+                        pid,
+                        code: None,
+                        signal: None,
+                    };
+                }
+            }
+            match &stale {
+                Some(why) => RunState::Failed(format!(
+                    "stale record: {why}; its processes were never signalled"
+                )),
+                None => RunState::Failed("its processes ended while the agent was down".into()),
+            }
+        };
+        let run = Arc::new(Run {
+            spec: rec.spec,
+            dir,
+            started_unix: rec.started_unix,
+            boot_id: rec.boot_id,
+            same_boot,
+            stale: if live { None } else { stale.clone() },
+            inner: Mutex::new(Inner {
+                state,
+                procs,
+                starts,
+                members: HashMap::new(),
+                failed_ms: rec.failed_ms,
+            }),
+            stopping: CancellationToken::new(),
+            stopped: CancellationToken::new(),
+            halt: tokio::sync::Mutex::new(()),
+        });
+        if let Some(why) = &stale {
+            run.note(&format!(
+                "the agent restarted and does not trust this record: {why}; those processes are never signalled"
+            ));
+            tracing::warn!(
+                "run {} (rank {}): stale record in {}: {why}; those processes are never signalled",
+                run.spec.run,
+                run.spec.rank,
+                run.dir.display()
+            );
+        }
+        run.save();
+        if live {
+            tracing::info!("adopted run {} (rank {})", run.spec.run, run.spec.rank);
+            let sup = self.clone();
+            let polled = run.clone();
+            tokio::spawn(async move { sup.poll_adopted(polled).await });
+        } else {
+            run.stopped.cancel();
+        }
+        Some(run)
+    }
+
+    /// Watches processes that are not this agent's children, listing the
+    /// members of their groups while each leader is verified.
     async fn poll_adopted(self: Arc<Self>, run: Arc<Run>) {
         loop {
-            tokio::time::sleep(Duration::from_millis(500)).await;
             if run.state() != RunState::Running {
                 return;
             }
-            let procs = run.inner.lock().unwrap().procs.clone();
-            for (i, p) in procs.iter().enumerate() {
-                if let ProcState::Running { pid } = *p {
-                    if !group_alive(p) {
-                        run.set_proc(
-                            i,
-                            ProcState::Exited {
-                                pid,
-                                code: None,
-                                signal: None,
-                            },
-                        );
-                        let why = format!(
-                            "rank {} on {}: `{}` (pid {pid}) exited while the agent was restarting",
-                            run.spec.rank, run.spec.node, run.spec.procs[i].argv[0]
-                        );
-                        self.failed(&run, why).await;
-                        return;
-                    }
+            run.list_members();
+            for (i, pid, start) in run.leaders() {
+                if !matches!(
+                    run.inner.lock().unwrap().procs[i],
+                    ProcState::Running { .. }
+                ) {
+                    continue;
                 }
+                let how = match run.leader(pid, start) {
+                    Leader::Ours if group_has_live_member(pid) => continue,
+                    Leader::Ours | Leader::Gone => "exited".to_string(),
+                    Leader::Unknown(why) => {
+                        if start.is_some() {
+                            run.distrust(i, pid, &why);
+                        }
+                        format!("is no longer known to be running ({why})")
+                    }
+                };
+                run.set_proc(
+                    i,
+                    ProcState::Exited {
+                        pid,
+                        code: None,
+                        signal: None,
+                    },
+                );
+                let why = format!(
+                    "rank {} on {}: `{}` (pid {pid}) {how} while the agent was restarting",
+                    run.spec.rank, run.spec.node, run.spec.procs[i].argv[0]
+                );
+                self.failed(&run, why).await;
+                return;
             }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 }
@@ -394,36 +580,44 @@ impl Run {
         self.save();
     }
 
+    /// Opens the rank's log to append (created mode 0600: engines print
+    /// their environment), never through a symlink.
+    fn open_log(&self) -> std::io::Result<std::fs::File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(self.log())
+    }
+
     /// Appends an agent line to the rank's log.
     fn note(&self, line: &str) {
         use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log())
-        {
+        if let Ok(mut f) = self.open_log() {
             let _ = writeln!(f, "[xfer agent] {line}");
         }
     }
 
-    fn spawn(&self, i: usize) -> Result<tokio::process::Child, String> {
+    /// Starts process `i` as the leader of its own process group, and
+    /// records its pid and start time.
+    fn spawn(&self, i: usize) -> Result<u32, String> {
+        use std::os::unix::process::CommandExt;
         let argv = &self.spec.procs[i].argv;
         let open = || {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.log())
+            self.open_log()
                 .map_err(|e| format!("cannot open {}: {e}", self.log().display()))
         };
         self.note(&format!("starting {}", shell_words(argv)));
-        let mut cmd = tokio::process::Command::new(&argv[0]);
+        // A std child: dropping it neither kills nor reaps; `watch` waits.
+        let mut cmd = std::process::Command::new(&argv[0]);
         cmd.args(&argv[1..])
             .envs(&self.spec.env)
             .stdin(std::process::Stdio::null())
             .stdout(open()?)
             .stderr(open()?)
-            .process_group(0)
-            .kill_on_drop(false);
+            .process_group(0);
         let child = cmd.spawn().map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => format!(
                 "`{}` is not on the PATH of the xfer agent on {}; install the engine there or start the agent with its PATH",
@@ -431,9 +625,34 @@ impl Run {
             ),
             _ => format!("cannot start `{}` on {}: {e}", argv[0], self.spec.node),
         })?;
-        let pid = child.id().unwrap_or(0);
-        self.set_proc(i, ProcState::Running { pid });
-        Ok(child)
+        let pid = child.id();
+        drop(child);
+        // Unreaped, the child's /proc entry stays until `watch` reaps it.
+        let start = match proc::start_ticks(pid) {
+            Ok(Some(t)) => t,
+            other => {
+                // SAFETY: our unreaped child: its pid is still its own.
+                unsafe {
+                    libc::killpg(pid as i32, libc::SIGKILL);
+                }
+                reap(pid);
+                let why = match other {
+                    Err(e) => e.to_string(),
+                    _ => "no /proc entry".to_string(),
+                };
+                return Err(format!(
+                    "cannot read the start time of `{}` (pid {pid}): {why}; killed it, since it could not be stopped safely later",
+                    argv[0]
+                ));
+            }
+        };
+        {
+            let mut inner = self.inner.lock().unwrap();
+            inner.procs[i] = ProcState::Running { pid };
+            inner.starts[i] = Some(start);
+        }
+        self.save();
+        Ok(pid)
     }
 
     /// Stops every process group of the rank: SIGTERM, SIGKILL after
@@ -441,6 +660,7 @@ impl Run {
     async fn halt(&self, grace: Duration, last: RunState) {
         let _one = self.halt.lock().await;
         if !self.state().is_live() {
+            self.stopped.cancel();
             return;
         }
         let reason = match &last {
@@ -450,6 +670,7 @@ impl Run {
         self.inner.lock().unwrap().state = RunState::Stopping(reason.clone());
         self.stopping.cancel();
         self.note(&format!("stopping: {reason}"));
+        self.list_members();
         self.signal_all(libc::SIGTERM);
         let deadline = tokio::time::Instant::now() + grace;
         while tokio::time::Instant::now() < deadline && self.any_group_alive() {
@@ -472,6 +693,7 @@ impl Run {
         self.note("stopped");
         self.inner.lock().unwrap().state = last;
         self.save();
+        self.stopped.cancel();
     }
 
     async fn run_on_stop(&self, argv: &[String]) {
@@ -479,13 +701,7 @@ impl Run {
             return;
         }
         self.note(&format!("running {}", shell_words(argv)));
-        let log = || {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.log())
-        };
-        let (Ok(out), Ok(err)) = (log(), log()) else {
+        let (Ok(out), Ok(err)) = (self.open_log(), self.open_log()) else {
             return;
         };
         let mut cmd = tokio::process::Command::new(&argv[0]);
@@ -508,33 +724,108 @@ impl Run {
         }
     }
 
-    fn pgids(&self) -> Vec<i32> {
-        self.inner
-            .lock()
-            .unwrap()
+    /// The started processes: index, pid and recorded start time.
+    fn leaders(&self) -> Vec<(usize, u32, Option<u64>)> {
+        let inner = self.inner.lock().unwrap();
+        inner
             .procs
             .iter()
-            .filter_map(|p| match *p {
+            .enumerate()
+            .filter_map(|(i, p)| match *p {
                 ProcState::Running { pid } | ProcState::Exited { pid, .. } if pid > 0 => {
-                    Some(pid as i32)
+                    Some((i, pid, inner.starts.get(i).copied().flatten()))
                 }
                 _ => None,
             })
             .collect()
     }
 
-    fn signal_all(&self, sig: i32) {
-        for pgid in self.pgids() {
-            // SAFETY: killpg only sends a signal; ESRCH (group gone) is fine.
-            unsafe {
-                libc::killpg(pgid, sig);
+    /// Whether `pid` is still the process started at `start` in the boot
+    /// the record was written in.
+    fn leader(&self, pid: u32, start: Option<u64>) -> Leader {
+        check_leader(&self.same_boot, pid, start)
+    }
+
+    /// Stops trusting process `i`: its group is never signalled again.
+    fn distrust(&self, i: usize, pid: u32, why: &str) {
+        {
+            let mut inner = self.inner.lock().unwrap();
+            inner.starts[i] = None;
+            inner.members.remove(&pid);
+        }
+        self.note(&format!("not signalling process group {pid}: {why}"));
+        tracing::warn!(
+            "run {}: not signalling process group {pid}: {why}",
+            self.spec.run
+        );
+        self.save();
+    }
+
+    /// Lists the members of every group whose leader is verified, checking
+    /// the leader again afterwards (so the list is of the group recorded).
+    fn list_members(&self) {
+        for (_, pid, start) in self.leaders() {
+            if !matches!(self.leader(pid, start), Leader::Ours) {
+                continue;
+            }
+            let members = group_members(pid);
+            let still = matches!(self.leader(pid, start), Leader::Ours);
+            let mut inner = self.inner.lock().unwrap();
+            if still {
+                inner.members.insert(pid, members);
             }
         }
     }
 
+    /// Members listed for group `pgid` that are still those processes.
+    fn listed_members(&self, pgid: u32) -> Vec<u32> {
+        let listed = self.inner.lock().unwrap().members.get(&pgid).cloned();
+        listed
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&(pid, start)| {
+                matches!(proc::stat(pid), Ok(Some(s)) if s.start_ticks == start && s.pgrp == pgid && s.state != 'Z')
+            })
+            .map(|(pid, _)| pid)
+            .collect()
+    }
+
+    /// Signals every process group of the rank whose leader is still the
+    /// process recorded; a group whose leader has exited, member by member
+    /// from the list; nothing else.
+    fn signal_all(&self, sig: i32) {
+        for (i, pid, start) in self.leaders() {
+            match self.leader(pid, start) {
+                // SAFETY: killpg only sends a signal; ESRCH (group gone) is fine.
+                Leader::Ours => unsafe {
+                    libc::killpg(pid as i32, sig);
+                },
+                Leader::Gone => {
+                    for m in self.listed_members(pid) {
+                        // SAFETY: as above, to one process just checked.
+                        unsafe {
+                            libc::kill(m as i32, sig);
+                        }
+                    }
+                }
+                Leader::Unknown(why) => {
+                    if start.is_some() {
+                        self.distrust(i, pid, &why);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a group the rank may signal still has a live member.
     fn any_group_alive(&self) -> bool {
-        let procs = self.inner.lock().unwrap().procs.clone();
-        procs.iter().any(group_alive)
+        self.leaders()
+            .into_iter()
+            .any(|(_, pid, start)| match self.leader(pid, start) {
+                Leader::Ours => group_has_live_member(pid),
+                Leader::Gone => !self.listed_members(pid).is_empty(),
+                Leader::Unknown(_) => false,
+            })
     }
 
     fn save(&self) {
@@ -546,14 +837,14 @@ impl Run {
                 state: inner.state.clone(),
                 procs: inner.procs.clone(),
                 failed_ms: inner.failed_ms,
+                boot_id: self.boot_id.clone(),
+                starts: inner.starts.clone(),
             }
         };
         let path = self.dir.join("rank.json");
-        let tmp = self.dir.join("rank.json.tmp");
         let written = serde_json::to_vec_pretty(&rec)
             .map_err(std::io::Error::other)
-            .and_then(|b| std::fs::write(&tmp, b))
-            .and_then(|_| std::fs::rename(&tmp, &path));
+            .and_then(|b| private::write_atomic(&path, &b));
         if let Err(e) = written {
             tracing::warn!(
                 "cannot record run {} in {}: {e}",
@@ -599,49 +890,84 @@ impl Run {
     }
 }
 
-/// Whether the process group led by a started process still has members
-/// (its leader may have exited while forked workers live on).
-fn group_alive(p: &ProcState) -> bool {
-    let pid = match *p {
-        ProcState::Running { pid } | ProcState::Exited { pid, .. } => pid,
-        _ => return false,
+/// Whether `pid` is still the process started at `start`, in a record
+/// whose boot is this one (`same_boot`).
+fn check_leader(same_boot: &Result<(), String>, pid: u32, start: Option<u64>) -> Leader {
+    if let Err(e) = same_boot {
+        return Leader::Unknown(e.clone());
+    }
+    let Some(start) = start else {
+        return Leader::Unknown(format!("no start time is recorded for pid {pid}"));
     };
-    if pid == 0 {
-        return false;
+    match proc::start_ticks(pid) {
+        Ok(Some(t)) if t == start => Leader::Ours,
+        Ok(Some(t)) => Leader::Unknown(format!(
+            "pid {pid} is now another process (started at tick {t}; the recorded one at tick {start})"
+        )),
+        Ok(None) => Leader::Gone,
+        Err(e) => Leader::Unknown(format!("cannot read /proc/{pid}/stat: {e}")),
     }
-    // SAFETY: signal 0 only checks that the group exists.
-    let r = unsafe { libc::killpg(pid as i32, 0) };
-    if r != 0 {
-        return false;
-    }
-    // A zombie leader keeps the group "existing" until reaped; count the
-    // group as alive only if some member is not a zombie.
-    group_has_live_member(pid)
 }
 
+/// The processes in group `pgid` (zombies too), with their start times.
+fn group_members(pgid: u32) -> Vec<(u32, u64)> {
+    let Ok(pids) = proc::pids() else {
+        return Vec::new();
+    };
+    pids.filter_map(|pid| match proc::stat(pid) {
+        Ok(Some(s)) if s.pgrp == pgid => Some((pid, s.start_ticks)),
+        _ => None,
+    })
+    .collect()
+}
+
+/// Whether group `pgid` has a member that is not a zombie (a zombie
+/// leader keeps the group existing until it is reaped).
 fn group_has_live_member(pgid: u32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(pids) = proc::pids() else {
         return true;
     };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
+    pids.filter_map(|pid| proc::stat(pid).ok().flatten())
+        .any(|s| s.pgrp == pgid && s.state != 'Z')
+}
+
+/// Waits until this agent's child `pid` exits, leaving it unreaped; its
+/// exit code or signal.
+fn wait_exit(pid: u32) -> (Option<i32>, Option<i32>) {
+    loop {
+        // SAFETY: a zeroed siginfo_t is valid; waitid fills it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waits on our own child; WNOWAIT leaves it a zombie.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Fields after the last ')': state ppid pgrp ...
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let mut f = rest.split_whitespace();
-        let (state, _ppid, pgrp) = (f.next(), f.next(), f.next());
-        if pgrp.and_then(|g| g.parse::<u32>().ok()) == Some(pgid) && state != Some("Z") {
-            return true;
+        if r == 0 {
+            // SAFETY: filled by a successful waitid for a child's exit.
+            let status = unsafe { info.si_status() };
+            return match info.si_code {
+                libc::CLD_EXITED => (Some(status), None),
+                libc::CLD_KILLED | libc::CLD_DUMPED => (None, Some(status)),
+                _ => (None, None),
+            };
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return (None, None);
         }
     }
-    false
+}
+
+/// Reaps this agent's exited child `pid`.
+fn reap(pid: u32) {
+    let mut status = 0;
+    // SAFETY: reaps our own child, which has exited (or is being killed).
+    unsafe {
+        libc::waitpid(pid as i32, &mut status, 0);
+    }
 }
 
 /// The last `max` bytes of a file as text, and the file's size.
@@ -882,8 +1208,197 @@ mod tests {
         assert_eq!(r.state, RunState::Running);
         let chunk = s2.read_log("a1", 0, 100).unwrap();
         assert!(String::from_utf8_lossy(&chunk.data).contains("starting"));
-        s2.stop(None, Duration::from_millis(300), "down").await;
+        // The record names the process for good, and only its owner reads it.
+        let run_dir = dir.path().join(".xfer/runs/a1");
+        let rec: Record =
+            serde_json::from_slice(&std::fs::read(run_dir.join("rank.json")).unwrap()).unwrap();
+        assert_eq!(rec.boot_id, Some(proc::boot_id().unwrap()));
+        assert_eq!(rec.starts, vec![proc::start_ticks(pid).unwrap()]);
+        assert_eq!(mode(&run_dir), 0o700);
+        assert_eq!(mode(&run_dir.join("rank.json")), 0o600);
+        assert_eq!(mode(&run_dir.join("rank.log")), 0o600);
+        let reports = s2.stop(None, Duration::from_millis(300), "down").await;
+        assert_eq!(reports[0].state, RunState::Stopped("down".into()));
         assert!(!group_has_live_member(pid));
         drop(s);
+    }
+
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    /// An unrelated process: `sleep` leading its own process group.
+    struct Victim(std::process::Child);
+
+    impl Victim {
+        fn start() -> Victim {
+            use std::os::unix::process::CommandExt;
+            let child = std::process::Command::new("sleep")
+                .arg("1000")
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            Victim(child)
+        }
+        fn pid(&self) -> u32 {
+            self.0.id()
+        }
+        fn start_ticks(&self) -> u64 {
+            proc::start_ticks(self.pid()).unwrap().unwrap()
+        }
+        fn alive(&mut self) -> bool {
+            self.0.try_wait().unwrap().is_none()
+        }
+    }
+
+    impl Drop for Victim {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Writes a live `rank.json` for run `run` whose one process is `pid`,
+    /// with the identity fields given (`None`: left out, as an older xfer
+    /// wrote it).
+    fn plant(root: &Path, run: &str, pid: u32, boot: Option<&str>, start: Option<u64>) {
+        let dir = root.join(".xfer/runs").join(run);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rec = serde_json::json!({
+            "spec": spec(run, &["exec sleep 30"]),
+            "started_unix": 1,
+            "state": RunState::Running,
+            "procs": [ProcState::Running { pid }],
+        });
+        if let Some(b) = boot {
+            rec["boot_id"] = b.into();
+        }
+        if let Some(t) = start {
+            rec["starts"] = serde_json::json!([t]);
+        }
+        std::fs::write(dir.join("rank.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
+    }
+
+    fn failed_why(r: &RankReport) -> &str {
+        match &r.state {
+            RunState::Failed(why) => why,
+            other => panic!("{}: {other:?}", r.run),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_that_names_another_process_is_stale_and_never_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = Victim::start();
+        let boot = proc::boot_id().unwrap();
+        let zero = "00000000-0000-0000-0000-000000000000";
+        plant(
+            dir.path(),
+            "boot",
+            v.pid(),
+            Some(zero),
+            Some(v.start_ticks()),
+        );
+        plant(
+            dir.path(),
+            "start",
+            v.pid(),
+            Some(&boot),
+            Some(v.start_ticks() + 1),
+        );
+        plant(dir.path(), "old", v.pid(), None, None);
+        let s = sup(dir.path());
+        let reports = s.stop(None, Duration::from_millis(300), "down").await;
+        let mut runs: Vec<&str> = reports.iter().map(|r| r.run.as_str()).collect();
+        runs.sort();
+        assert_eq!(runs, ["boot", "old", "start"]);
+        for r in &reports {
+            let why = failed_why(r);
+            assert!(why.starts_with("stale record: "), "{why}");
+            assert!(why.contains("never signalled"), "{why}");
+            let expect = match r.run.as_str() {
+                "boot" => "written in another boot",
+                "start" => "is now another process",
+                _ => "records no boot id",
+            };
+            assert!(why.contains(expect), "{}: {why}", r.run);
+            assert!(
+                matches!(r.procs[0].state, ProcState::Exited { code: None, .. }),
+                "{r:?}"
+            );
+        }
+        assert!(v.alive(), "an unrelated process was killed");
+        // Rewritten as ended: the next agent has nothing to adopt either.
+        let s2 = sup(dir.path());
+        assert!(s2
+            .stop(None, Duration::from_millis(300), "down")
+            .await
+            .is_empty());
+        assert!(v.alive());
+    }
+
+    #[tokio::test]
+    async fn the_leader_is_checked_again_before_every_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = Victim::start();
+        let boot = proc::boot_id().unwrap();
+        // A record that does name the victim: it is adopted as running.
+        plant(dir.path(), "a", v.pid(), Some(&boot), Some(v.start_ticks()));
+        let s = sup(dir.path());
+        assert_eq!(s.reports(Some("a"))[0].state, RunState::Running);
+        // As if it exited later and its pid went to another process.
+        let run = s.runs.lock().unwrap().get("a").cloned().unwrap();
+        run.inner.lock().unwrap().starts[0] = Some(v.start_ticks() + 1);
+        let r = &s.stop(Some("a"), Duration::from_millis(300), "down").await[0];
+        assert!(!r.state.is_live(), "{r:?}");
+        assert!(v.alive(), "an unrelated process was killed");
+        let log = std::fs::read_to_string(&r.log).unwrap();
+        assert!(
+            log.contains(&format!("not signalling process group {}", v.pid())),
+            "{log}"
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_boot_id_nothing_adopted_is_signalled_and_nothing_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = Victim::start();
+        let boot = proc::boot_id().unwrap();
+        plant(dir.path(), "a", v.pid(), Some(&boot), Some(v.start_ticks()));
+        let cred = crate::config::auth::keygen(&dir.path().join("key"), true).unwrap();
+        let s = Arc::new(Supervisor {
+            dir: dir.path().join(".xfer/runs"),
+            cred: Arc::new(cred),
+            runs: Mutex::default(),
+            boot: Err("cannot read this machine's boot id: test".into()),
+        });
+        s.adopt_all();
+        let reports = s.stop(None, Duration::from_millis(300), "down").await;
+        let why = failed_why(&reports[0]);
+        assert!(why.contains("cannot read this machine's boot id"), "{why}");
+        assert!(v.alive(), "an unrelated process was killed");
+        let refused = s.start(spec("b", &["exec sleep 30"])).unwrap_err();
+        assert!(refused.contains("boot id"), "{refused}");
+    }
+
+    #[tokio::test]
+    async fn a_leader_that_exits_leaves_its_group_stoppable_until_the_rank_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sup(dir.path());
+        // The leader forks a worker that ignores SIGTERM, then fails.
+        s.start(spec(
+            "f1",
+            &["(trap '' TERM; echo worker; exec sleep 30) & sleep 0.5; exit 3"],
+        ))
+        .unwrap();
+        until("failed", || !s.reports(Some("f1"))[0].state.is_live()).await;
+        let r = &s.reports(Some("f1"))[0];
+        assert!(failed_why(r).contains("exited with code 3"), "{r:?}");
+        let log = std::fs::read_to_string(&r.log).unwrap();
+        assert!(log.contains("worker"), "{log}");
+        for g in pids(r) {
+            assert!(!group_has_live_member(g), "group {g} survived");
+        }
     }
 }
