@@ -1,7 +1,9 @@
-//! Small parts with no knowledge of xfer's domain: aligned buffers, the
+//! Small parts with no knowledge of xfer's domain: aligned buffers, files
+//! beneath a root that no planted symlink redirects, the
 //! send-rate limiter, progress bars and the metrics counters.
 
 pub mod aligned;
+pub mod beneath;
 pub mod metrics;
 pub mod progress;
 pub mod rate;
