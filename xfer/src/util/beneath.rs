@@ -392,6 +392,25 @@ impl Root {
         dir.sync_all()
     }
 
+    /// Renames the file `rel` to `to`, a path outside the root's state that
+    /// the caller has checked (the source is reached without symlinks).
+    pub fn rename_to(&self, rel: &Path, to: &Path) -> io::Result<()> {
+        let (parent, name) = split(rel)?;
+        let dir = self.dir(parent)?;
+        let to_c = cstr(to.as_os_str())?;
+        // SAFETY: renameat with a valid dirfd and NUL-terminated names.
+        cvt(unsafe {
+            libc::renameat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::AT_FDCWD,
+                to_c.as_ptr(),
+            )
+        })
+        .map(|_| ())
+        .map_err(|e| self.explain(rel, e))
+    }
+
     /// Removes the file (or symlink) `rel`.
     pub fn remove_file(&self, rel: &Path) -> io::Result<()> {
         let (parent, name) = split(rel)?;
