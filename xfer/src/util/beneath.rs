@@ -301,9 +301,9 @@ impl Root {
         self.open_at(rel, libc::O_RDWR | libc::O_CREAT, 0o644)
     }
 
-    /// Opens the existing file `rel` for appending.
+    /// Opens `rel` for appending, creating it (empty) if missing.
     pub fn open_append(&self, rel: &Path) -> io::Result<File> {
-        self.open_at(rel, libc::O_WRONLY | libc::O_APPEND, 0)
+        self.open_at(rel, libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT, 0o644)
     }
 
     /// Opens the existing file `rel` for writing with `O_DIRECT` (fails on

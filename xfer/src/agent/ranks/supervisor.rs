@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{check_run_id, LogChunk, ProcReport, ProcState, RankReport, RankSpec, RunState};
 use crate::config::auth::Credential;
+use crate::util::beneath::Root;
 use xfer_proto::launch::LaunchRequest;
 
 /// How much of the end of the log a report reads for its last lines.
@@ -31,9 +32,13 @@ const TAIL_LINES: usize = 25;
 pub const MAX_LOG_READ: u64 = 1 << 20;
 /// How long each `on_stop` command may take.
 const ON_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Where runs live, relative to the agent's root.
+const RUNS: &str = ".xfer/runs";
 
 /// The ranks this agent runs.
 pub struct Supervisor {
+    /// The agent's root; runs live in `.xfer/runs` beneath it.
+    root: PathBuf,
     dir: PathBuf,
     cred: Arc<Credential>,
     runs: Mutex<HashMap<String, Arc<Run>>>,
@@ -41,6 +46,10 @@ pub struct Supervisor {
 
 struct Run {
     spec: RankSpec,
+    /// The agent's root, and the run's folder relative to it (opened
+    /// through [`Root`], never through a planted symlink), and in full.
+    root: PathBuf,
+    rel: PathBuf,
     dir: PathBuf,
     started_unix: u64,
     inner: Mutex<Inner>,
@@ -72,7 +81,8 @@ impl Supervisor {
     /// an earlier agent.
     pub fn open(root: &Path, cred: Arc<Credential>) -> Arc<Supervisor> {
         let sup = Arc::new(Supervisor {
-            dir: root.join(".xfer").join("runs"),
+            root: root.to_path_buf(),
+            dir: root.join(RUNS),
             cred,
             runs: Mutex::default(),
         });
@@ -101,7 +111,9 @@ impl Supervisor {
                 });
             }
             let dir = self.dir.join(&spec.run);
-            std::fs::create_dir_all(&dir)
+            let rel = Path::new(RUNS).join(&spec.run);
+            Root::open(&self.root)
+                .and_then(|r| r.create_dir_all(&rel))
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
             let run = Arc::new(Run {
                 started_unix: now_unix(),
@@ -119,6 +131,8 @@ impl Supervisor {
                         .collect(),
                     failed_ms: None,
                 }),
+                root: self.root.clone(),
+                rel,
                 dir,
                 spec,
                 stopping: CancellationToken::new(),
@@ -175,7 +189,8 @@ impl Supervisor {
             format!("no run {run} on this node; `xfer-launch logs` lists the runs")
         })?;
         let path = r.log();
-        let mut f = std::fs::File::open(&path)
+        let mut f = Root::open(&r.root)
+            .and_then(|fs| fs.open_read(&r.rel.join("rank.log")))
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let size = f.metadata().map(|m| m.len()).unwrap_or(0);
         let offset = offset.min(size);
@@ -295,11 +310,19 @@ impl Supervisor {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return;
         };
+        let Ok(fs) = Root::open(&self.root) else {
+            return;
+        };
         for e in entries.flatten() {
             let dir = e.path();
-            let Ok(text) = std::fs::read(dir.join("rank.json")) else {
+            let rel = Path::new(RUNS).join(e.file_name());
+            let mut text = Vec::new();
+            let read = fs
+                .open_read(&rel.join("rank.json"))
+                .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut text));
+            if read.is_err() {
                 continue;
-            };
+            }
             let Ok(rec) = serde_json::from_slice::<Record>(&text) else {
                 continue;
             };
@@ -317,6 +340,8 @@ impl Supervisor {
             };
             let run = Arc::new(Run {
                 spec: rec.spec,
+                root: self.root.clone(),
+                rel,
                 dir,
                 started_unix: rec.started_unix,
                 inner: Mutex::new(Inner {
@@ -379,6 +404,12 @@ impl Run {
         self.dir.join("rank.log")
     }
 
+    /// Opens the rank's log for appending (creating it), never through a
+    /// planted symlink.
+    fn open_log(&self) -> std::io::Result<std::fs::File> {
+        Root::open(&self.root)?.open_append(&self.rel.join("rank.log"))
+    }
+
     fn set_proc(&self, i: usize, s: ProcState) {
         self.inner.lock().unwrap().procs[i] = s;
         self.save();
@@ -387,11 +418,7 @@ impl Run {
     /// Appends an agent line to the rank's log.
     fn note(&self, line: &str) {
         use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log())
-        {
+        if let Ok(mut f) = self.open_log() {
             let _ = writeln!(f, "[xfer agent] {line}");
         }
     }
@@ -399,10 +426,7 @@ impl Run {
     fn spawn(&self, i: usize) -> Result<tokio::process::Child, String> {
         let argv = &self.spec.procs[i].argv;
         let open = || {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.log())
+            self.open_log()
                 .map_err(|e| format!("cannot open {}: {e}", self.log().display()))
         };
         self.note(&format!("starting {}", shell_words(argv)));
@@ -469,12 +493,7 @@ impl Run {
             return;
         }
         self.note(&format!("running {}", shell_words(argv)));
-        let log = || {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.log())
-        };
+        let log = || self.open_log();
         let (Ok(out), Ok(err)) = (log(), log()) else {
             return;
         };
@@ -538,17 +557,14 @@ impl Run {
                 failed_ms: inner.failed_ms,
             }
         };
-        let path = self.dir.join("rank.json");
-        let tmp = self.dir.join("rank.json.tmp");
         let written = serde_json::to_vec_pretty(&rec)
             .map_err(std::io::Error::other)
-            .and_then(|b| std::fs::write(&tmp, b))
-            .and_then(|_| std::fs::rename(&tmp, &path));
+            .and_then(|b| Root::open(&self.root)?.write_durable(&self.rel.join("rank.json"), &b));
         if let Err(e) = written {
             tracing::warn!(
                 "cannot record run {} in {}: {e}",
                 self.spec.run,
-                path.display()
+                self.dir.join("rank.json").display()
             );
         }
     }
