@@ -15,6 +15,7 @@ mod fetch;
 mod fuzz_corpus;
 mod manifest;
 mod permits;
+mod planted;
 mod pull;
 mod pull_fanout;
 mod push;

@@ -8,12 +8,15 @@
 //! across a power cut. When the journal is reopened after a reboot (the boot
 //! id differs), only records covered by the last `Synced` mark are kept. A
 //! torn tail or a record that does not fit the manifest is ignored.
+//!
+//! The journal lives beneath the agent's root and is opened through
+//! [`Root`], so a symlink planted in its place is never followed.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::{Read, Result, Write};
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use crate::util::beneath::Root;
 
 use xfer_proto::hash::Hash;
 use xfer_proto::manifest::ChunkId;
@@ -77,14 +80,21 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Opens the journal at `path` for `root` on the boot `boot`. Returns the
-    /// records that can be trusted, or none if the journal was missing or
+    /// Opens the journal at `path` beneath `fs` for `root` on the boot
+    /// `boot`. Returns the records that can be trusted, or none if the
+    /// journal was missing, unreadable (a symlink, say: it is replaced) or
     /// belonged to another manifest (then it is started afresh).
-    pub fn open(path: &Path, root: &Hash, boot: [u8; 16]) -> Result<(Journal, Vec<Record>)> {
+    pub fn open(
+        fs: &Root,
+        path: &Path,
+        root: &Hash,
+        boot: [u8; 16],
+    ) -> Result<(Journal, Vec<Record>)> {
         let mut buf = Vec::new();
-        if let Ok(mut f) = File::open(path) {
-            f.read_to_end(&mut buf)
-                .with_context(|| format!("cannot read journal {}", path.display()))?;
+        if let Ok(mut f) = fs.open_read(path) {
+            if f.read_to_end(&mut buf).is_err() {
+                buf.clear();
+            }
         }
         let mut records = Vec::new();
         if buf.len() >= HEADER_LEN && &buf[..8] == MAGIC && buf[8..40] == root.0 {
@@ -105,10 +115,8 @@ impl Journal {
                 records.truncate(durable.min(records.len()));
             }
         }
-        // Rewrite the journal with exactly the trusted records and this boot.
-        let tmp = path.with_extension("tmp");
-        let mut f = File::create(&tmp)
-            .with_context(|| format!("cannot create journal {}", tmp.display()))?;
+        // Rewrite the journal with exactly the trusted records and this boot,
+        // durably (its `.tmp` is created exclusively, then renamed in).
         let mut out = Vec::with_capacity(HEADER_LEN + records.len() * RECORD_LEN);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&root.0);
@@ -116,10 +124,8 @@ impl Journal {
         for r in &records {
             out.extend_from_slice(&r.encode());
         }
-        f.write_all(&out)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        let file = OpenOptions::new().append(true).open(path)?;
+        fs.write_durable(path, &out)?;
+        let file = fs.open_append(path)?;
         let n = records.len() as u32;
         records.retain(|r| !matches!(r, Record::Synced(_) | Record::FileDone(u32::MAX)));
         Ok((Journal { file, records: n }, records))
@@ -162,35 +168,40 @@ mod tests {
     #[test]
     fn records_survive_a_process_crash_and_torn_tails_are_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("j");
+        let fs = Root::open(dir.path()).unwrap();
+        let p = Path::new("j");
         let root = Hash([7; 32]);
-        let (mut j, old) = Journal::open(&p, &root, BOOT).unwrap();
+        let (mut j, old) = Journal::open(&fs, p, &root, BOOT).unwrap();
         assert!(old.is_empty());
         let c = Record::Chunk(ChunkId { file: 1, index: 2 });
         j.append(&[c, Record::FileDone(3)]).unwrap();
         drop(j);
-        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join(p))
+            .unwrap();
         f.write_all(&[1, 0, 0]).unwrap();
         drop(f);
-        let (mut j, recs) = Journal::open(&p, &root, BOOT).unwrap();
+        let (mut j, recs) = Journal::open(&fs, p, &root, BOOT).unwrap();
         assert_eq!(
             recs,
             [c, Record::FileDone(3)],
             "same boot: unsynced records count"
         );
         j.append(&[Record::FileDone(4)]).unwrap();
-        let (_, recs) = Journal::open(&p, &root, BOOT).unwrap();
+        let (_, recs) = Journal::open(&fs, p, &root, BOOT).unwrap();
         assert_eq!(recs.len(), 3, "the torn tail must not shift later records");
-        let (_, recs) = Journal::open(&p, &Hash([8; 32]), BOOT).unwrap();
+        let (_, recs) = Journal::open(&fs, p, &Hash([8; 32]), BOOT).unwrap();
         assert!(recs.is_empty(), "another manifest starts afresh");
     }
 
     #[test]
     fn after_a_reboot_only_synced_records_count() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("j");
+        let fs = Root::open(dir.path()).unwrap();
+        let p = Path::new("j");
         let root = Hash([7; 32]);
-        let (mut j, _) = Journal::open(&p, &root, BOOT).unwrap();
+        let (mut j, _) = Journal::open(&fs, p, &root, BOOT).unwrap();
         let c = |i| Record::Chunk(ChunkId { file: 0, index: i });
         j.append(&[c(0), c(1)]).unwrap();
         let durable = j.len();
@@ -198,7 +209,7 @@ mod tests {
         j.sync(durable).unwrap();
         j.append(&[c(3)]).unwrap();
         drop(j);
-        let (_, recs) = Journal::open(&p, &root, [2; 16]).unwrap();
+        let (_, recs) = Journal::open(&fs, p, &root, [2; 16]).unwrap();
         assert_eq!(recs, [c(0), c(1)]);
     }
 }

@@ -14,6 +14,11 @@
 //! [`Transfer::write_chunk`] is the only way bytes reach the disk, and it
 //! checks the chunk's BLAKE3 first. A file is renamed into place only when all
 //! its chunks are verified and fsynced, and never through a symlink.
+//!
+//! Everything under `<root>/.xfer` is opened through [`Root`]: a symlink
+//! planted anywhere there is refused (never followed), temporary files are
+//! created exclusively, and every rename that makes a record or journal
+//! durable is followed by an fsync of its directory.
 
 mod error;
 pub mod hashcache;
@@ -22,9 +27,9 @@ pub mod scan;
 pub mod verify;
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -32,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::store::journal::{Journal, Record};
+use crate::util::beneath::{Planted, Root};
 use xfer_proto::chunkset::{ChunkMap, ChunkSet};
 use xfer_proto::hash::{self, Hash};
 use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, ManifestDoc};
@@ -44,6 +50,8 @@ use xfer_proto::relpath::RelPath;
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    /// `root`, for everything under `.xfer`.
+    fs: Root,
 }
 
 /// What `<root>/.xfer/models/<name>.json` holds.
@@ -99,6 +107,12 @@ impl Stamp {
 }
 
 fn io_refusal(path: &Path, e: std::io::Error) -> StoreError {
+    if let Some(p) = Planted::of(&e) {
+        return StoreError::Unsafe {
+            path: p.path.display().to_string(),
+            reason: p.reason(),
+        };
+    }
     StoreError::Io {
         path: path.display().to_string(),
         message: e.to_string(),
@@ -111,21 +125,44 @@ impl Store {
     /// Opens (creating if needed) the store at `root`.
     pub fn open(root: &Path) -> anyhow::Result<Store> {
         use anyhow::Context;
-        for d in [
-            root.to_path_buf(),
-            root.join(".xfer/staging"),
-            root.join(".xfer/models"),
-        ] {
-            fs::create_dir_all(&d).with_context(|| {
-                format!(
-                    "cannot create {}; check --root and its permissions",
-                    d.display()
-                )
-            })?;
+        let cannot = |d: &Path| {
+            format!(
+                "cannot create {}; check --root and its permissions",
+                d.display()
+            )
+        };
+        fs::create_dir_all(root).with_context(|| cannot(root))?;
+        let fs = Root::open(root).with_context(|| cannot(root))?;
+        for d in [".xfer/staging", ".xfer/models"] {
+            if let Err(e) = fs.create_dir_all(Path::new(d)) {
+                if Planted::of(&e).is_some() {
+                    anyhow::bail!("{e}");
+                }
+                return Err(e).with_context(|| cannot(&root.join(d)));
+            }
         }
         Ok(Store {
             root: root.to_path_buf(),
+            fs,
         })
+    }
+
+    fn record_rel(name: &ModelName) -> PathBuf {
+        Path::new(".xfer/models").join(format!("{name}.json"))
+    }
+
+    fn staging_rel(name: &ModelName) -> PathBuf {
+        Path::new(".xfer/staging").join(name.as_str())
+    }
+
+    fn lock_rel(name: &ModelName) -> PathBuf {
+        Path::new(".xfer/staging").join(format!("{name}.lock"))
+    }
+
+    /// Writes the record of `name`, durably.
+    fn write_record(&self, name: &ModelName, rec: &ModelRecord) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(rec).expect("record serializes");
+        self.fs.write_durable(&Self::record_rel(name), &bytes)
     }
 
     pub fn root(&self) -> &Path {
@@ -148,7 +185,11 @@ impl Store {
 
     /// Reads the record of a complete model, if there is a valid one.
     pub fn record(&self, name: &ModelName) -> Option<ModelRecord> {
-        ModelRecord::load(&self.record_path(name)).ok()
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        let mut f = self.fs.open_read(&Self::record_rel(name)).ok()?;
+        f.read_to_end(&mut bytes).ok()?;
+        ModelRecord::parse(&bytes, &self.record_path(name)).ok()
     }
 
     /// Every complete model recorded here, by name.
@@ -193,14 +234,7 @@ impl Store {
             manifest: manifest.to_doc(),
             stamps,
         };
-        let path = self.record_path(name);
-        fs::create_dir_all(path.parent().expect("records live in a folder"))?;
-        let tmp = path.with_extension("json.tmp");
-        write_durable(
-            &tmp,
-            &serde_json::to_vec(&record).expect("record serializes"),
-        )?;
-        fs::rename(&tmp, &path)
+        self.write_record(name, &record)
     }
 
     /// Makes the next transfer of `name` fetch `paths` again even if their
@@ -212,10 +246,7 @@ impl Store {
         for p in paths {
             rec.stamps.remove(p);
         }
-        let path = self.record_path(name);
-        let tmp = path.with_extension("json.tmp");
-        write_durable(&tmp, &serde_json::to_vec(&rec).expect("record serializes"))?;
-        fs::rename(&tmp, &path)
+        self.write_record(name, &rec)
     }
 
     /// Deletes model `name` (its files, record and staging). Refused while a
@@ -223,12 +254,10 @@ impl Store {
     /// Without `force`, a folder under the root that xfer did not place
     /// (no model record, nothing being received) is refused, not deleted.
     pub fn remove(&self, name: &ModelName, force: bool) -> Result<bool, StoreError> {
-        let lock_path = self.root.join(".xfer/staging").join(format!("{name}.lock"));
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
+        let lock_path = self.root.join(Self::lock_rel(name));
+        let lock = self
+            .fs
+            .open_rw(&Self::lock_rel(name))
             .map_err(|e| io_refusal(&lock_path, e))?;
         // SAFETY: flock on an fd we own.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -245,10 +274,12 @@ impl Store {
             )));
         }
         let existed = dir.exists() || self.record_path(name).exists();
-        let _ = fs::remove_file(self.record_path(name));
-        let _ = fs::remove_dir_all(self.staging_dir(name));
+        let _ = self.fs.remove_file(&Self::record_rel(name));
+        let _ = self.fs.remove_dir_all(&Self::staging_rel(name));
         if dir.exists() {
-            fs::remove_dir_all(&dir).map_err(|e| io_refusal(&dir, e))?;
+            self.fs
+                .remove_dir_all(Path::new(name.as_str()))
+                .map_err(|e| io_refusal(&dir, e))?;
         }
         Ok(existed)
     }
@@ -257,12 +288,10 @@ impl Store {
     /// already be validated.
     pub fn begin(&self, name: &ModelName, manifest: Arc<Manifest>) -> Result<Transfer, StoreError> {
         let staging = self.staging_dir(name);
-        let lock_path = self.root.join(".xfer/staging").join(format!("{name}.lock"));
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
+        let lock_path = self.root.join(Self::lock_rel(name));
+        let lock = self
+            .fs
+            .open_rw(&Self::lock_rel(name))
             .map_err(|e| io_refusal(&lock_path, e))?;
         // A transfer of this model that was just superseded may take a moment
         // to let go; wait a little before calling the model busy.
@@ -278,17 +307,18 @@ impl Store {
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        fs::create_dir_all(staging.join("data")).map_err(|e| io_refusal(&staging, e))?;
+        let staging_rel = Self::staging_rel(name);
+        self.fs
+            .create_dir_all(&staging_rel.join("data"))
+            .map_err(|e| io_refusal(&staging, e))?;
         let root_hash = manifest.root();
         let (journal, records) = Journal::open(
-            &staging.join("journal"),
+            &self.fs,
+            &staging_rel.join("journal"),
             &root_hash,
             crate::store::journal::boot_id(),
         )
-        .map_err(|e| StoreError::Io {
-            path: staging.display().to_string(),
-            message: format!("{e:#}"),
-        })?;
+        .map_err(|e| io_refusal(&staging, e))?;
         let map = ChunkMap::new(&manifest);
         let final_dir = self.model_dir(name);
         let files: Vec<&FileEntry> = manifest.files().collect();
@@ -319,8 +349,14 @@ impl Store {
         }
         for (i, f) in files.iter().enumerate() {
             let range = map.file_range(i as u32);
-            let data = staging.join("data").join(i.to_string());
-            let staged = fs::metadata(&data).ok().map(|m| m.len()) == Some(f.size);
+            let data = staging_rel.join("data").join(i.to_string());
+            let staged = self
+                .fs
+                .open_read(&data)
+                .and_then(|d| d.metadata())
+                .ok()
+                .map(|m| m.len())
+                == Some(f.size);
             if staged {
                 for num in range.filter(|&c| journaled.contains(c)) {
                     held.insert(num);
@@ -402,9 +438,11 @@ impl Store {
             manifest: manifest.clone(),
             map,
             store_root: self.root.clone(),
+            fs: self.fs.clone(),
             staging,
+            staging_rel,
             final_dir,
-            record_path: self.record_path(name),
+            record_rel: Self::record_rel(name),
             handles: (0..n).map(|_| Mutex::new(None)).collect(),
             recording: (0..n).map(|_| Mutex::new(())).collect(),
             file_entries: manifest
@@ -502,9 +540,14 @@ pub struct Transfer {
     manifest: Arc<Manifest>,
     map: ChunkMap,
     store_root: PathBuf,
+    /// The store's root, for everything under `.xfer`.
+    fs: Root,
     staging: PathBuf,
+    /// `staging`, relative to the root.
+    staging_rel: PathBuf,
     final_dir: PathBuf,
-    record_path: PathBuf,
+    /// The model record, relative to the root.
+    record_rel: PathBuf,
     handles: Vec<Mutex<Option<Arc<StagedFile>>>>,
     /// Per file: held while a written chunk is recorded (and, if it
     /// completes the file, while the file is placed), so a second copy of
@@ -551,28 +594,26 @@ impl Transfer {
         self.staging.join("data").join(file.to_string())
     }
 
+    /// [`Self::data_path`], relative to the root.
+    fn data_rel(&self, file: u32) -> PathBuf {
+        self.staging_rel.join("data").join(file.to_string())
+    }
+
     fn handle(&self, file: u32) -> Result<Arc<StagedFile>, StoreError> {
         let mut slot = self.handles[file as usize].lock().unwrap();
         if let Some(f) = slot.as_ref() {
             return Ok(f.clone());
         }
         let path = self.data_path(file);
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
+        let f = self
+            .fs
+            .open_rw(&self.data_rel(file))
             .map_err(|e| io_refusal(&path, e))?;
         let size = self.map_file(file).size;
         if f.metadata().map_err(|e| io_refusal(&path, e))?.len() != size {
             preallocate(&f, size).map_err(|e| self.disk_refusal(&path, e, size))?;
         }
-        let direct = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .ok();
+        let direct = self.fs.open_direct(&self.data_rel(file)).ok();
         let f = Arc::new(StagedFile {
             buffered: f,
             direct,
@@ -681,16 +722,23 @@ impl Transfer {
         let entry = self.map_file(file);
         let from = self.data_path(file);
         let open = self.handles[file as usize].lock().unwrap().take();
-        let synced = match open {
-            Some(f) => f.buffered.sync_all(),
-            None if entry.size == 0 => File::create(&from).and_then(|f| f.sync_all()),
-            None => File::open(&from).and_then(|f| f.sync_all()),
-        };
-        synced.map_err(|e| io_refusal(&from, e))?;
+        let rel = self.data_rel(file);
+        let staged = match open {
+            Some(f) => f.buffered.try_clone(),
+            None if entry.size == 0 => self.fs.open_rw(&rel),
+            None => self.fs.open_read(&rel),
+        }
+        .and_then(|f| f.sync_all().map(|_| f))
+        .map_err(|e| io_refusal(&from, e))?;
         let mode = if entry.executable { 0o755 } else { 0o644 };
-        fs::set_permissions(&from, fs::Permissions::from_mode(mode))
+        // On the open file: a path could have been swapped for a link.
+        staged
+            .set_permissions(fs::Permissions::from_mode(mode))
             .map_err(|e| io_refusal(&from, e))?;
-        let to = place(&self.final_dir, &entry.path, |to| fs::rename(&from, to))?;
+        drop(staged);
+        let to = place(&self.final_dir, &entry.path, |to| {
+            self.fs.rename_to(&rel, to)
+        })?;
         let stamp = Stamp::of(&to).ok_or_else(|| StoreError::Io {
             path: to.display().to_string(),
             message: "file vanished right after it was placed".into(),
@@ -730,7 +778,7 @@ impl Transfer {
         if done {
             return placed();
         }
-        match File::open(&staged) {
+        match self.fs.open_read(&self.data_rel(id.file)) {
             Ok(f) => Ok((f, staged)),
             // Renamed into place since the check above.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => placed(),
@@ -788,19 +836,13 @@ impl Transfer {
             manifest: self.manifest.to_doc(),
             stamps,
         };
-        let tmp = self.record_path.with_extension("json.tmp");
         let bytes = serde_json::to_vec(&record).expect("record serializes");
-        write_durable(&tmp, &bytes).map_err(|e| io_refusal(&tmp, e))?;
-        fs::rename(&tmp, &self.record_path).map_err(|e| io_refusal(&self.record_path, e))?;
-        let _ = fs::remove_dir_all(&self.staging);
+        self.fs
+            .write_durable(&self.record_rel, &bytes)
+            .map_err(|e| io_refusal(&self.fs.show(&self.record_rel), e))?;
+        let _ = self.fs.remove_dir_all(&self.staging_rel);
         Ok(record.manifest.root)
     }
-}
-
-fn write_durable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let f = File::create(path)?;
-    f.write_all_at(bytes, 0)?;
-    f.sync_all()
 }
 
 /// Starts writing a just-written range back to disk without waiting, so the

@@ -1,8 +1,10 @@
-//! Small parts with no knowledge of xfer's domain: aligned buffers, the
-//! send-rate limiter, progress bars, the metrics counters and files only
-//! their owner may read.
+//! Small parts with no knowledge of xfer's domain: aligned buffers, files
+//! beneath a root that no planted symlink redirects, files only their
+//! owner may read, the send-rate limiter, progress bars and the metrics
+//! counters.
 
 pub mod aligned;
+pub mod beneath;
 pub mod metrics;
 pub mod private;
 pub mod progress;

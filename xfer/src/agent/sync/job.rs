@@ -1,11 +1,14 @@
 //! A sync job as the agents own it: what to deliver (a folder on one node,
 //! or a Hub repo that one node pulls), to which nodes, and where it stands.
 //! Every member agent keeps the job in `<root>/.xfer/jobs/<id>.json`, so a
-//! restarted agent carries on without being told again.
+//! restarted agent carries on without being told again. The folder is
+//! reached through [`Root`]: no symlink planted in it is ever followed.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::util::beneath::Root;
 
 pub use xfer_proto::admin::{JobMember, JobSource, JobSpec, JobState, MemberTally};
 
@@ -42,49 +45,59 @@ impl JobRecord {
 /// The jobs folder of an agent root.
 #[derive(Clone, Debug)]
 pub struct JobDir {
+    root: PathBuf,
     dir: PathBuf,
 }
+
+/// The jobs folder, relative to the root.
+const JOBS: &str = ".xfer/jobs";
 
 impl JobDir {
     pub fn new(root: &Path) -> JobDir {
         JobDir {
-            dir: root.join(".xfer/jobs"),
+            root: root.to_path_buf(),
+            dir: root.join(JOBS),
         }
     }
 
-    /// The record's file; None for an id that could name a file outside
-    /// the jobs folder.
-    fn path(&self, id: &str) -> Option<PathBuf> {
+    /// The record's file, relative to the root; None for an id that could
+    /// name a file outside the jobs folder.
+    fn rel(&self, id: &str) -> Option<PathBuf> {
         xfer_proto::admin::check_job_id(id).ok()?;
-        Some(self.dir.join(format!("{id}.json")))
+        Some(Path::new(JOBS).join(format!("{id}.json")))
     }
 
-    /// Writes a record atomically.
+    /// Reads the file `rel` beneath the root, never through a symlink.
+    fn read(&self, rel: &Path) -> std::io::Result<Vec<u8>> {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        Root::open(&self.root)?
+            .open_read(rel)?
+            .read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Writes a record atomically and durably (`<id>.json.tmp`, created
+    /// exclusively, fsynced, renamed in, the folder fsynced).
     pub fn save(&self, rec: &JobRecord) -> std::io::Result<()> {
-        let path = self.path(&rec.spec.id).ok_or_else(|| {
+        let rel = self.rel(&rec.spec.id).ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "invalid job id")
         })?;
-        std::fs::create_dir_all(&self.dir)?;
-        let tmp = self.dir.join(format!(".{}.tmp", rec.spec.id));
         let bytes = serde_json::to_vec_pretty(rec).expect("plain data");
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, path)
+        Root::open(&self.root)?.write_durable(&rel, &bytes)
     }
 
     pub fn load(&self, id: &str) -> Option<JobRecord> {
-        let bytes = std::fs::read(self.path(id)?).ok()?;
+        let bytes = self.read(&self.rel(id)?).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
     /// Deletes a record (a missing one is fine).
     pub fn remove(&self, id: &str) {
-        if let Some(p) = self.path(id) {
-            let _ = std::fs::remove_file(p);
+        if let Some(rel) = self.rel(id) {
+            if let Ok(root) = Root::open(&self.root) {
+                let _ = root.remove_file(&rel);
+            }
         }
     }
 
@@ -97,7 +110,8 @@ impl JobDir {
             .filter_map(|e| e.ok())
             .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
             .filter_map(|e| {
-                let r = std::fs::read(e.path())
+                let r = self
+                    .read(&Path::new(JOBS).join(e.file_name()))
                     .ok()
                     .and_then(|b| serde_json::from_slice::<JobRecord>(&b).ok());
                 if r.is_none() {
