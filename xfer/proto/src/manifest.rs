@@ -733,11 +733,17 @@ pub(crate) mod tests {
         let started = std::time::Instant::now();
         let (r, bytes) = counting::allocated_by(|| frame::decode::<Manifest>(&body));
         assert!(r.is_err(), "{r:?}");
-        assert!(bytes < 64 << 10, "decoding the claim allocated {bytes} bytes");
+        assert!(
+            bytes < 64 << 10,
+            "decoding the claim allocated {bytes} bytes"
+        );
         let (r, bytes) =
             counting::allocated_by(|| frame::decode::<crate::transfer::TransferMsg>(&offer));
         assert!(r.is_err(), "{r:?}");
-        assert!(bytes < 64 << 10, "decoding the offer allocated {bytes} bytes");
+        assert!(
+            bytes < 64 << 10,
+            "decoding the offer allocated {bytes} bytes"
+        );
         // The same claim followed by more (tiny) entries than the limit:
         // refused at the limit, not when the bytes run out, having
         // allocated no more than the limit's worth.
@@ -773,10 +779,15 @@ pub(crate) mod tests {
         let (r, bytes) = counting::allocated_by(|| frame::decode::<Manifest>(&body));
         let e = r.unwrap_err().to_string();
         assert!(
-            e.contains("a manifest with 1000001 entries: more than the limit of 1000000 (MAX_ENTRIES)"),
+            e.contains(
+                "a manifest with 1000001 entries: more than the limit of 1000000 (MAX_ENTRIES)"
+            ),
             "{e}"
         );
-        assert!(bytes < 64 << 10, "refusing the claim allocated {bytes} bytes");
+        assert!(
+            bytes < 64 << 10,
+            "refusing the claim allocated {bytes} bytes"
+        );
 
         // One file claiming 2^32 chunk hashes, the bytes for them not sent.
         let mut body = claiming(1);
@@ -786,7 +797,10 @@ pub(crate) mod tests {
         body.extend([0u8; 64]);
         let (r, bytes) = counting::allocated_by(|| frame::decode::<Manifest>(&body));
         assert!(r.is_err(), "{r:?}");
-        assert!(bytes < 64 << 10, "decoding the claim allocated {bytes} bytes");
+        assert!(
+            bytes < 64 << 10,
+            "decoding the claim allocated {bytes} bytes"
+        );
         // Stated and over the limit.
         let mut body = claiming(1);
         body.extend(postcard::to_stdvec(&(0u32, "a", 1u64 << 40, [0u8; 32], false)).unwrap());

@@ -34,6 +34,11 @@ use xfer_proto::stream::{ChunkReply, ChunkRequest, ResetCode, StreamRequest};
 pub use xfer_proto::names::DEFAULT_PORT;
 /// Largest UDP payload MTU discovery may reach; see `transport_config`.
 pub const MAX_MTU: u16 = 6500;
+/// Bidirectional streams a peer may hold open at once on one connection
+/// (each side grants the other this many). Sixteen times the default
+/// request window, and it bounds what one connection can pin: its streams'
+/// state, and the agent reads at most one frame per stream.
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 /// UDP socket buffer size we ask for.
 const SOCKET_BUFFER: usize = 32 << 20;
 
@@ -43,7 +48,12 @@ pub fn transport_config() -> TransportConfig {
     t.stream_receive_window(VarInt::from_u32(32 << 20));
     t.receive_window(VarInt::from_u32(256 << 20));
     t.send_window(256 << 20);
-    t.max_concurrent_bidi_streams(VarInt::from_u32(1024));
+    // Streams the peer may hold open at once (quinn's default: 100 each).
+    // A peer opens one per chunk request in flight (`--window`, default
+    // 16; an RDMA ring's slots, default 16) plus a control stream; more
+    // wait for credit, they do not fail. Was 1024; see the constant.
+    t.max_concurrent_bidi_streams(VarInt::from_u32(MAX_CONCURRENT_STREAMS));
+    // xfer opens no unidirectional streams: a peer may open none.
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
     t.keep_alive_interval(Some(Duration::from_secs(2)));
     t.max_idle_timeout(Some(
