@@ -54,10 +54,29 @@ pub fn frame_len_within(prefix: [u8; 4], limit: usize) -> Result<usize, WireErro
     Ok(len)
 }
 
+thread_local! {
+    /// Why the decoder running on this thread refused, in its own words.
+    static REFUSED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Records why a decoder refuses its input. postcard keeps no message of a
+/// decoder's own error (it says only "Serde Deserialization Error"), so a
+/// decoder that refuses with a reason (a count over its limit, say) also
+/// leaves it here, for [`decode`] to report.
+pub(crate) fn refused_because(why: &str) {
+    REFUSED.with(|r| *r.borrow_mut() = Some(why.to_string()));
+}
+
 /// Decodes a frame body; the whole body must be consumed.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
-    let (msg, rest) =
-        postcard::take_from_bytes(body).map_err(|e| WireError::Malformed(e.to_string()))?;
+    REFUSED.with(|r| r.borrow_mut().take());
+    let (msg, rest) = postcard::take_from_bytes(body).map_err(|e| {
+        let why = REFUSED.with(|r| r.borrow_mut().take());
+        WireError::Malformed(match why {
+            Some(why) if matches!(e, postcard::Error::SerdeDeCustom) => why,
+            _ => e.to_string(),
+        })
+    })?;
     if !rest.is_empty() {
         return Err(WireError::Malformed(format!(
             "{} trailing bytes",

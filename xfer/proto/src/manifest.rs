@@ -23,11 +23,14 @@ pub const MANIFEST_VERSION: u32 = 1;
 /// Default chunk size: 4 MiB. See docs/how-it-works.md, "Chunk size: 4 MiB", for the
 /// measurement behind it.
 pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
-/// Most entries a manifest may hold.
+/// Most entries (files, symlinks and empty directories) a manifest may
+/// hold; a larger count is refused while decoding, before the entries are
+/// read, and again by [`Manifest::validate`].
 pub const MAX_ENTRIES: usize = 1_000_000;
 /// Largest single file: 1 PiB.
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
-/// Most chunks in one manifest.
+/// Most chunks in one manifest (64 TiB at the 4 MiB default); one file
+/// claiming more chunk hashes is refused while decoding.
 pub const MAX_TOTAL_CHUNKS: u64 = 1 << 24;
 /// Longest symlink target.
 pub const MAX_LINK_LEN: usize = 4096;
@@ -40,7 +43,9 @@ pub struct FileEntry {
     /// Whole-file BLAKE3, as `b3sum` prints it.
     pub hash: Hash,
     pub executable: bool,
-    /// One hash per chunk; see [`crate::hash::hash_chunk`].
+    /// One hash per chunk; see [`crate::hash::hash_chunk`]. Decoding
+    /// refuses more than [`MAX_TOTAL_CHUNKS`] before reading them.
+    #[serde(deserialize_with = "bounded::chunk_hashes")]
     pub chunks: Vec<Hash>,
 }
 
@@ -75,7 +80,95 @@ impl Entry {
 pub struct Manifest {
     pub version: u32,
     pub chunk_size: u64,
+    /// Decoding refuses more than [`MAX_ENTRIES`] before reading them.
+    #[serde(deserialize_with = "bounded::entries")]
     pub entries: Vec<Entry>,
+}
+
+/// Decoding a manifest's lists with their counts checked first.
+///
+/// A peer's manifest states how many entries (and, per file, how many
+/// chunk hashes) follow, as a varint. serde's own `Vec` decoding already
+/// caps what it reserves up front at 1 MiB whatever the claim (and
+/// postcard states no count at all when fewer bytes remain than the claim),
+/// so a claim alone cannot make us allocate; but each decoded entry takes
+/// several times its wire size in memory, so a 64 MiB frame of tiny
+/// entries would become gigabytes before [`Manifest::validate`] could
+/// count them. These decoders refuse a claim over the limit before reading
+/// an element, and stop at the limit when the claim was not stated.
+mod bounded {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
+
+    use super::{Entry, MAX_ENTRIES, MAX_TOTAL_CHUNKS};
+    use crate::hash::Hash;
+
+    /// What serde reserves up front at most, as in its own `Vec` decoding.
+    const MAX_PREALLOC_BYTES: usize = 1 << 20;
+
+    struct Bounded<T> {
+        max: usize,
+        what: &'static str,
+        limit: &'static str,
+        item: PhantomData<T>,
+    }
+
+    impl<T> Bounded<T> {
+        fn too_many<E: de::Error>(&self, n: impl fmt::Display) -> E {
+            let why = format!(
+                "a manifest with {n} {}: more than the limit of {} ({})",
+                self.what, self.max, self.limit
+            );
+            crate::frame::refused_because(&why);
+            E::custom(why)
+        }
+    }
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Bounded<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "at most {} {}", self.max, self.what)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let hint = seq.size_hint();
+            if let Some(n) = hint.filter(|&n| n > self.max) {
+                return Err(self.too_many(n));
+            }
+            let reserve = hint
+                .unwrap_or(0)
+                .min(MAX_PREALLOC_BYTES / std::mem::size_of::<T>().max(1));
+            let mut out = Vec::with_capacity(reserve);
+            while let Some(item) = seq.next_element()? {
+                if out.len() == self.max {
+                    return Err(self.too_many(format!("more than {}", self.max)));
+                }
+                out.push(item);
+            }
+            Ok(out)
+        }
+    }
+
+    pub fn entries<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Entry>, D::Error> {
+        d.deserialize_seq(Bounded {
+            max: MAX_ENTRIES,
+            what: "entries",
+            limit: "MAX_ENTRIES",
+            item: PhantomData,
+        })
+    }
+
+    pub fn chunk_hashes<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Hash>, D::Error> {
+        d.deserialize_seq(Bounded {
+            max: MAX_TOTAL_CHUNKS as usize,
+            what: "chunk hashes in one file",
+            limit: "MAX_TOTAL_CHUNKS",
+            item: PhantomData,
+        })
+    }
 }
 
 /// Identifies one chunk: the file's index among the manifest's files, and the
@@ -573,5 +666,156 @@ pub(crate) mod tests {
         std::fs::write(&p, serde_json::to_vec(&doc).unwrap()).unwrap();
         let err = format!("{:#}", Manifest::load_json(&p).unwrap_err());
         assert!(err.contains("altered"), "{err}");
+    }
+
+    /// Counts the bytes this thread allocates, so a test can tell that a
+    /// decode allocated next to nothing.
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static ALLOCATED: Cell<usize> = const { Cell::new(0) };
+        }
+
+        pub struct Counting;
+
+        fn count(n: usize) {
+            let _ = ALLOCATED.try_with(|a| a.set(a.get().saturating_add(n)));
+        }
+
+        // SAFETY: forwards to the system allocator unchanged.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+                count(l.size());
+                System.alloc(l)
+            }
+            unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+                count(l.size());
+                System.alloc_zeroed(l)
+            }
+            unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+                count(new);
+                System.realloc(p, l, new)
+            }
+            unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+                System.dealloc(p, l)
+            }
+        }
+
+        #[global_allocator]
+        static GLOBAL: Counting = Counting;
+
+        /// `f`'s result and the bytes this thread allocated while it ran.
+        pub fn allocated_by<R>(f: impl FnOnce() -> R) -> (R, usize) {
+            let before = ALLOCATED.with(Cell::get);
+            let r = f();
+            (r, ALLOCATED.with(Cell::get) - before)
+        }
+    }
+
+    /// The start of a postcard manifest claiming `entries` entries.
+    fn claiming(entries: u64) -> Vec<u8> {
+        let mut b = postcard::to_stdvec(&(MANIFEST_VERSION, hash::MIN_CHUNK_SIZE)).unwrap();
+        // A sequence length is a varint, as a u64 is.
+        b.extend(postcard::to_stdvec(&entries).unwrap());
+        b
+    }
+
+    #[test]
+    fn a_claim_of_2_pow_32_entries_is_refused_quickly_without_allocating() {
+        use crate::frame;
+        // Alone, and inside the offer that carries a manifest.
+        let mut body = claiming(1 << 32);
+        body.extend([0u8; 64]);
+        let mut offer = postcard::to_stdvec(&(1u32, "m")).unwrap(); // Offer
+        offer.extend(&body);
+        let started = std::time::Instant::now();
+        let (r, bytes) = counting::allocated_by(|| frame::decode::<Manifest>(&body));
+        assert!(r.is_err(), "{r:?}");
+        assert!(
+            bytes < 64 << 10,
+            "decoding the claim allocated {bytes} bytes"
+        );
+        let (r, bytes) =
+            counting::allocated_by(|| frame::decode::<crate::transfer::TransferMsg>(&offer));
+        assert!(r.is_err(), "{r:?}");
+        assert!(
+            bytes < 64 << 10,
+            "decoding the offer allocated {bytes} bytes"
+        );
+        // The same claim followed by more (tiny) entries than the limit:
+        // refused at the limit, not when the bytes run out, having
+        // allocated no more than the limit's worth.
+        let mut big = claiming(1 << 32);
+        for _ in 0..=MAX_ENTRIES {
+            big.extend([2, 1, b'a']); // Dir { path: "a" }
+        }
+        let (r, bytes) = counting::allocated_by(|| frame::decode::<Manifest>(&big));
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("more than 1000000 entries: more than the limit of 1000000 (MAX_ENTRIES)"),
+            "{e}"
+        );
+        let worth = MAX_ENTRIES * (std::mem::size_of::<Entry>() + 1);
+        assert!(
+            bytes < 3 * worth,
+            "decoding allocated {bytes} bytes, the limit's worth is {worth}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_stated_count_over_the_limit_is_refused_before_any_entry_is_read() {
+        use crate::frame;
+        let mut body = claiming(MAX_ENTRIES as u64 + 1);
+        // Enough bytes that the claim is stated (postcard states no count
+        // when fewer bytes remain than it claims).
+        body.resize(body.len() + MAX_ENTRIES + 1, 0);
+        let (r, bytes) = counting::allocated_by(|| frame::decode::<Manifest>(&body));
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "a manifest with 1000001 entries: more than the limit of 1000000 (MAX_ENTRIES)"
+            ),
+            "{e}"
+        );
+        assert!(
+            bytes < 64 << 10,
+            "refusing the claim allocated {bytes} bytes"
+        );
+
+        // One file claiming 2^32 chunk hashes, the bytes for them not sent.
+        let mut body = claiming(1);
+        let path = postcard::to_stdvec(&(0u32, "a", 1u64 << 40, [0u8; 32], false)).unwrap();
+        body.extend(path);
+        body.extend(postcard::to_stdvec(&(1u64 << 32)).unwrap());
+        body.extend([0u8; 64]);
+        let (r, bytes) = counting::allocated_by(|| frame::decode::<Manifest>(&body));
+        assert!(r.is_err(), "{r:?}");
+        assert!(
+            bytes < 64 << 10,
+            "decoding the claim allocated {bytes} bytes"
+        );
+        // Stated and over the limit.
+        let mut body = claiming(1);
+        body.extend(postcard::to_stdvec(&(0u32, "a", 1u64 << 40, [0u8; 32], false)).unwrap());
+        body.extend(postcard::to_stdvec(&(MAX_TOTAL_CHUNKS + 1)).unwrap());
+        body.resize(body.len() + MAX_TOTAL_CHUNKS as usize + 1, 0);
+        let e = frame::decode::<Manifest>(&body).unwrap_err().to_string();
+        assert!(e.contains("(MAX_TOTAL_CHUNKS)"), "{e}");
+    }
+
+    #[test]
+    fn a_manifest_at_the_limit_still_decodes() {
+        let m = manifest(vec![file("a", &big(), hash::MIN_CHUNK_SIZE)]);
+        let bytes = postcard::to_stdvec(&m).unwrap();
+        assert_eq!(crate::frame::decode::<Manifest>(&bytes).unwrap(), m);
+        let json = serde_json::to_vec(&m).unwrap();
+        assert_eq!(serde_json::from_slice::<Manifest>(&json).unwrap(), m);
     }
 }

@@ -11,6 +11,7 @@
 
 mod admin;
 pub mod client;
+pub mod guard;
 mod launch;
 pub mod permit;
 pub mod preflight;
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use crate::agent::guard::{Admit, Guard};
 use crate::agent::permit::Permits;
 use crate::agent::ranks::supervisor::Supervisor;
 use crate::agent::sync::runner::Runner;
@@ -55,6 +57,8 @@ pub struct AgentOptions {
     pub nic: Option<Arc<dyn Nic>>,
     /// What callers may do beyond moving models.
     pub permits: Permits,
+    /// Per-source caps and Retry before the handshake.
+    pub guard: guard::GuardConfig,
 }
 
 /// Refused connections, logged so that a storm of them cannot grow the
@@ -65,6 +69,8 @@ struct RefusalLog {
     window: Option<std::time::Instant>,
     shown: u32,
     hidden: u64,
+    /// The source of the last refusal not logged one by one.
+    last_hidden: Option<SocketAddr>,
 }
 
 impl RefusalLog {
@@ -78,9 +84,9 @@ impl RefusalLog {
             .window
             .is_none_or(|w| now.duration_since(w) >= Self::WINDOW)
         {
-            if self.hidden > 0 {
+            if let (true, Some(last)) = (self.hidden > 0, self.last_hidden) {
                 tracing::warn!(
-                    "refused {} more connections in the last {} s (not logged one by one)",
+                    "refused {} more connections in the last {} s (not logged one by one; the last from {last})",
                     self.hidden,
                     Self::WINDOW.as_secs()
                 );
@@ -95,6 +101,7 @@ impl RefusalLog {
             tracing::warn!("refused connection from {remote}: {why}");
         } else {
             self.hidden += 1;
+            self.last_hidden = Some(remote);
         }
     }
 }
@@ -187,19 +194,39 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         permits,
     });
     let refusals = Arc::new(Mutex::new(RefusalLog::default()));
+    let guard = Guard::new(opts.guard);
     while let Some(incoming) = ep.accept().await {
+        let remote = incoming.remote_address();
+        // Decided before any cryptography: see `guard`.
+        let validated = incoming.remote_address_validated();
+        let mut admitted = match guard.admit(remote.ip(), validated, incoming.may_retry()) {
+            Admit::Accept(a) => a,
+            Admit::Retry => {
+                if let Err(e) = incoming.retry() {
+                    e.into_incoming().ignore();
+                }
+                continue;
+            }
+            Admit::Refuse(why) => {
+                incoming.refuse();
+                refusals.lock().unwrap().refused(remote, &why);
+                continue;
+            }
+        };
         let ctx = ctx.clone();
         let refusals = refusals.clone();
         tokio::spawn(async move {
-            let remote = incoming.remote_address();
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {
+                    admitted.handshake_done(false);
                     let why = quic::describe(remote, &e);
                     refusals.lock().unwrap().refused(remote, &why);
                     return;
                 }
             };
+            // Mutually authenticated: the handshake's token goes back.
+            admitted.handshake_done(true);
             if let Err(why) = quic::refuse_other_version(&conn, &format!("the node at {remote}")) {
                 refusals.lock().unwrap().refused(remote, &why);
                 return;
@@ -209,6 +236,8 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
             }
             // Give the peer a moment to read our last message and close.
             let _ = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
+            // Until here the connection counts against its source.
+            drop(admitted);
         });
     }
     Ok(())

@@ -23,12 +23,12 @@ use crate::flow::receive::{receive, Links, Received, Tally, SOURCE};
 use crate::flow::swarm::{self, LinkPlan, Share};
 use crate::store::{Store, Transfer};
 use crate::transport::files::HeldModel;
-use crate::transport::quic::{read_frame, write_frame};
+use crate::transport::quic::{read_frame_within, write_frame};
 use crate::transport::rdma::link::{Nic, Offer};
 use crate::transport::serve::{serve as serve_chunks, Serving};
 use crate::transport::Fetcher;
 use xfer_proto::chunkset::ChunkSet;
-use xfer_proto::frame::MAX_FRAME;
+use xfer_proto::frame::{MAX_FRAME, REQUEST_LIMIT};
 use xfer_proto::names::ModelName;
 use xfer_proto::transfer::{Refusal, SwarmPeer, TransferMsg};
 
@@ -124,8 +124,13 @@ pub(super) async fn serve(
         conn.remote_address()
     );
     // The source sends its swarm right after the offer; an older or
-    // single-destination source sends none.
-    let swarm = match tokio::time::timeout(Duration::from_secs(5), read_frame(&mut recv)).await {
+    // single-destination source sends none. A swarm is a few bytes a node,
+    // so it is read within the request limit, not the manifest's.
+    let swarm = tokio::time::timeout(
+        Duration::from_secs(5),
+        read_frame_within(&mut recv, REQUEST_LIMIT),
+    );
+    let swarm = match swarm.await {
         Ok(Ok(TransferMsg::Swarm { me, peers })) => Some((me, peers)),
         _ => None,
     };

@@ -152,6 +152,21 @@ pub struct ServeArgs {
     /// root); repeat for more.
     #[arg(long, value_name = "DIR")]
     pub export: Vec<PathBuf>,
+    /// When an incoming connection must answer a QUIC Retry (prove its
+    /// address) before its handshake; see `agent::guard`. Hidden: for
+    /// measurements and tests.
+    #[arg(long, value_enum, hide = true, default_value_t = xfer::agent::guard::RetryPolicy::Always)]
+    pub retry: xfer::agent::guard::RetryPolicy,
+    /// Connections one source IP may hold (hidden; for tests).
+    #[arg(long, hide = true, default_value_t = xfer::agent::guard::MAX_CONNECTIONS_PER_SOURCE)]
+    pub max_connections_per_source: usize,
+    /// Failed handshakes one source IP may start in a burst; 0: no limit
+    /// (hidden; for tests and measurements).
+    #[arg(long, hide = true, default_value_t = xfer::agent::guard::HANDSHAKE_BURST)]
+    pub handshake_burst: u32,
+    /// Refill rate of that burst, per second (hidden).
+    #[arg(long, hide = true, default_value_t = xfer::agent::guard::HANDSHAKES_PER_SECOND)]
+    pub handshakes_per_second: u32,
 }
 
 /// The arguments of `xfer sync`.

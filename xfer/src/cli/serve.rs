@@ -20,6 +20,10 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         allow_launch,
         allow_exec,
         export,
+        retry,
+        max_connections_per_source,
+        handshake_burst,
+        handshakes_per_second,
     } = args;
     let exports = export
         .iter()
@@ -52,6 +56,13 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
             launch: allow_launch,
             exec: allow_exec,
             exports,
+        },
+        guard: xfer::agent::guard::GuardConfig {
+            retry,
+            max_connections_per_source: max_connections_per_source.max(1),
+            handshake_burst,
+            handshakes_per_second: handshakes_per_second.max(1),
+            ..Default::default()
         },
     })
     .await?;

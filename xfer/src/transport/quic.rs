@@ -35,6 +35,11 @@ use xfer_proto::stream::{ChunkReply, ChunkRequest, ResetCode, StreamRequest};
 pub use xfer_proto::names::DEFAULT_PORT;
 /// Largest UDP payload MTU discovery may reach; see `transport_config`.
 pub const MAX_MTU: u16 = 6500;
+/// Bidirectional streams a peer may hold open at once on one connection
+/// (each side grants the other this many). Sixteen times the default
+/// request window, and it bounds what one connection can pin: its streams'
+/// state, and the agent reads at most one frame per stream.
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 /// UDP socket buffer size we ask for.
 const SOCKET_BUFFER: usize = 32 << 20;
 
@@ -44,7 +49,12 @@ pub fn transport_config() -> TransportConfig {
     t.stream_receive_window(VarInt::from_u32(32 << 20));
     t.receive_window(VarInt::from_u32(256 << 20));
     t.send_window(256 << 20);
-    t.max_concurrent_bidi_streams(VarInt::from_u32(1024));
+    // Streams the peer may hold open at once (quinn's default: 100 each).
+    // A peer opens one per chunk request in flight (`--window`, default
+    // 16; an RDMA ring's slots, default 16) plus a control stream; more
+    // wait for credit, they do not fail. Was 1024; see the constant.
+    t.max_concurrent_bidi_streams(VarInt::from_u32(MAX_CONCURRENT_STREAMS));
+    // xfer opens no unidirectional streams: a peer may open none.
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
     t.keep_alive_interval(Some(Duration::from_secs(2)));
     t.max_idle_timeout(Some(
@@ -270,9 +280,39 @@ pub async fn read_frame_within<T: DeserializeOwned>(
     let mut prefix = [0u8; 4];
     recv.read_exact(&mut prefix).await?;
     let len = frame::frame_len_within(prefix, limit)?;
-    let mut body = vec![0u8; len];
-    recv.read_exact(&mut body).await?;
+    let body = read_body(recv, len).await?;
     Ok(frame::decode(&body)?)
+}
+
+/// Most bytes a frame's buffer grows by ahead of the bytes received: a
+/// peer that claims a 64 MiB frame and sends nothing more costs us this,
+/// not the claim.
+pub const FRAME_READ_STEP: usize = 64 << 10;
+
+/// Reads a frame body of `len` bytes (already checked against the
+/// service's limit) into a buffer that grows with the bytes that actually
+/// arrive, [`FRAME_READ_STEP`] at a time, never to the claimed length up
+/// front; its capacity is at most `len`.
+async fn read_body(recv: &mut quinn::RecvStream, len: usize) -> Result<Vec<u8>> {
+    let mut body = Vec::with_capacity(len.min(FRAME_READ_STEP));
+    while body.len() < len {
+        let missing = len - body.len();
+        if body.capacity() == body.len() {
+            // Double (an honest large frame costs few copies), never past
+            // the claim: the capacity stays within twice what arrived
+            // (or one step, at first).
+            body.reserve_exact(missing.min(body.len().max(FRAME_READ_STEP)));
+        }
+        let room = (body.capacity() - body.len()).min(missing);
+        match recv.read_chunk(room, true).await? {
+            Some(piece) => body.extend_from_slice(&piece.bytes),
+            None => anyhow::bail!(
+                "the stream ended after {} of the frame's {len} bytes",
+                body.len()
+            ),
+        }
+    }
+    Ok(body)
 }
 
 /// Opens a control stream on `conn` for `service`: the stream's first
@@ -296,12 +336,7 @@ pub async fn open_service(
 /// Reads the first frame of a chunk stream: a tagged request, at most
 /// [`frame::STREAM_REQUEST_LIMIT`] bytes.
 pub async fn read_stream_request(recv: &mut quinn::RecvStream) -> Result<StreamRequest> {
-    let mut prefix = [0u8; 4];
-    recv.read_exact(&mut prefix).await?;
-    let len = frame::frame_len_within(prefix, frame::STREAM_REQUEST_LIMIT)?;
-    let mut body = vec![0u8; len];
-    recv.read_exact(&mut body).await?;
-    Ok(frame::decode(&body)?)
+    read_frame_within(recv, frame::STREAM_REQUEST_LIMIT).await
 }
 
 /// Fetches chunks over one QUIC connection: one bidirectional stream per chunk.
