@@ -148,7 +148,8 @@ impl HubHttp {
         )))
     }
 
-    /// `GET url` of a JSON API, retried; returns the body and headers.
+    /// `GET url` of a JSON API, retried; returns the body (at most
+    /// [`API_REPLY_LIMIT`]) and headers.
     /// `repo` and `what` name the request in errors.
     pub async fn get_api(
         &self,
@@ -164,11 +165,8 @@ impl HubHttp {
                 return Err(refused(&resp, repo, what, &at));
             }
             let headers = resp.headers().clone();
-            let body = resp.bytes().await.map_err(|e| Failure::Transient {
-                why: format!("{}: reply cut short: {}", host_of(&at), error_chain(&e)),
-                wait: None,
-            })?;
-            Ok((body.to_vec(), headers))
+            let body = read_limited(resp, &at, what).await?;
+            Ok((body, headers))
         })
         .await
     }
@@ -302,4 +300,124 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+/// The largest JSON API reply read: a tree page or a model's info is far
+/// smaller; a bigger body is not a Hub's.
+pub const API_REPLY_LIMIT: usize = 64 << 20;
+
+/// Reads a reply's body as it arrives, refusing it once it passes
+/// [`API_REPLY_LIMIT`] (or says it will, in its `content-length`).
+async fn read_limited(
+    mut resp: reqwest::Response,
+    at: &Url,
+    what: &str,
+) -> Result<Vec<u8>, Failure> {
+    let too_big = || {
+        Failure::Fatal(format!(
+            "{}: the reply to {what} is larger than {} MiB, which no Hub API reply is; check HF_ENDPOINT",
+            host_of(at),
+            API_REPLY_LIMIT >> 20
+        ))
+    };
+    if resp
+        .content_length()
+        .is_some_and(|n| n > API_REPLY_LIMIT as u64)
+    {
+        return Err(too_big());
+    }
+    let mut body = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(part)) => {
+                if body.len() + part.len() > API_REPLY_LIMIT {
+                    return Err(too_big());
+                }
+                body.extend_from_slice(&part);
+            }
+            Ok(None) => return Ok(body),
+            Err(e) => {
+                return Err(Failure::Transient {
+                    why: format!("{}: reply cut short: {}", host_of(at), error_chain(&e)),
+                    wait: None,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server that answers every request with `head` and then streams
+    /// `body_len` bytes of `[` (so far more than the limit never ends).
+    async fn serve(head: String, body_len: usize) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let head = head.clone();
+                tokio::spawn(async move {
+                    let mut req = [0u8; 4096];
+                    let _ = sock.read(&mut req).await;
+                    if sock.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let block = vec![b'['; 1 << 20];
+                    let mut left = body_len;
+                    while left > 0 {
+                        let n = left.min(block.len());
+                        if sock.write_all(&block[..n]).await.is_err() {
+                            return;
+                        }
+                        left -= n;
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    fn client(endpoint: &str) -> HubHttp {
+        let env = HubEnv::from_lookup(&|k| match k {
+            "HF_ENDPOINT" => Some(endpoint.to_string()),
+            "HF_HUB_CACHE" => Some("/nonexistent-cache".to_string()),
+            _ => None,
+        })
+        .unwrap();
+        HubHttp::new(&env).unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_api_reply_over_the_limit_is_refused_as_it_arrives() {
+        let over = API_REPLY_LIMIT + (8 << 20);
+        // Said up front in the content-length: refused before the body.
+        let said = serve(
+            format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {over}\r\n\r\n"),
+            over,
+        )
+        .await;
+        // Not said (chunked): refused once the bytes pass the limit.
+        let unsaid = serve(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n".into(),
+            over,
+        )
+        .await;
+        for endpoint in [said, unsaid] {
+            let url = format!("{endpoint}/api/models/a/b");
+            match client(&endpoint)
+                .get_api(&url, "a/b", "the model info")
+                .await
+            {
+                Err(Failure::Fatal(why)) => {
+                    assert!(why.contains("larger than 64 MiB"), "{why}");
+                    assert!(why.contains("HF_ENDPOINT"), "{why}");
+                }
+                Err(Failure::Transient { why, .. }) => panic!("retried: {why}"),
+                Ok((body, _)) => panic!("read {} bytes", body.len()),
+            }
+        }
+    }
 }
