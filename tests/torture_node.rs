@@ -1129,3 +1129,60 @@ fn connections_per_source_are_capped() {
         "the refusal is not logged with its source: {log}"
     );
 }
+
+/// A peer with the key that opens a stream and then goes silent (after
+/// the hello, or half-way through its request) is refused once the first
+/// message has not arrived whole in time, and the agent goes on serving.
+#[test]
+fn a_silent_stream_is_refused_and_closed() {
+    use xfer::transport::quic;
+    use xfer_proto::admin::AdminReply;
+    use xfer_proto::hello::Service;
+
+    let t = tempdir("torture-silent");
+    let key = t.path().join("key");
+    keygen(&key);
+    let agent = Agent::start_with(
+        "127.0.86.1:0",
+        &t.path().join("root"),
+        &key,
+        &["--first-message-timeout", "1"],
+    );
+    let addr: SocketAddr = agent.addr.parse().unwrap();
+    runtime().block_on(async {
+        let ep = cluster_endpoint(&key, "127.0.86.10");
+        let conn = step("connect", quic::connect(&ep, addr, Duration::from_secs(5)))
+            .await
+            .unwrap();
+        // Silent after the hello.
+        let (_send, mut recv) = step("open", quic::open_service(&conn, Service::Admin))
+            .await
+            .unwrap();
+        let reply: AdminReply = step("the refusal", quic::read_frame(&mut recv))
+            .await
+            .expect("a refusal frame");
+        let AdminReply::Failed(r) = reply else {
+            panic!("expected a refusal, got {reply:?}")
+        };
+        assert!(
+            r.to_string()
+                .contains("no complete admin request within 1s"),
+            "{r}"
+        );
+        // Half a request (a length prefix for 100 bytes, then 10), on a
+        // new connection: a refusal ends its session.
+        let conn = step("connect", quic::connect(&ep, addr, Duration::from_secs(5)))
+            .await
+            .unwrap();
+        let (mut send, mut recv) = step("open", quic::open_service(&conn, Service::Admin))
+            .await
+            .unwrap();
+        send.write_all(&100u32.to_be_bytes()).await.unwrap();
+        send.write_all(&[0u8; 10]).await.unwrap();
+        let reply: AdminReply = step("the refusal", quic::read_frame(&mut recv))
+            .await
+            .expect("a refusal frame");
+        assert!(matches!(reply, AdminReply::Failed(_)), "{reply:?}");
+        answers_status(&ep, addr).await;
+    });
+}

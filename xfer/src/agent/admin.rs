@@ -20,7 +20,7 @@ pub(super) async fn serve(
     caller: &Caller,
 ) -> Result<()> {
     let request: AdminRequest =
-        read_or_refuse(&mut send, &mut recv, REQUEST_LIMIT, "admin request").await?;
+        read_or_refuse(ctx, &mut send, &mut recv, REQUEST_LIMIT, "admin request").await?;
     let me = ctx.runner.me().unwrap_or_else(|| "this node".into());
     let what = match &request {
         AdminRequest::Status => None,

@@ -24,7 +24,7 @@ pub(super) async fn serve(
     caller: &Caller,
 ) -> Result<()> {
     let request: LaunchRequest =
-        read_or_refuse(&mut send, &mut recv, REQUEST_LIMIT, "launch request").await?;
+        read_or_refuse(ctx, &mut send, &mut recv, REQUEST_LIMIT, "launch request").await?;
     let me = ctx.runner.me().unwrap_or_else(|| "this node".into());
     let own_run = |run: &Option<String>| {
         let node = caller.peer.name();

@@ -59,6 +59,8 @@ pub struct AgentOptions {
     pub permits: Permits,
     /// Per-source caps and Retry before the handshake.
     pub guard: guard::GuardConfig,
+    /// How long a stream's first message may take ([`FIRST_MESSAGE_TIMEOUT`]).
+    pub first_message_timeout: Duration,
 }
 
 /// Refused connections, logged so that a storm of them cannot grow the
@@ -105,6 +107,12 @@ impl RefusalLog {
         }
     }
 }
+
+/// How long the first message of a stream (its hello, then its request or
+/// offer) may take to arrive whole: a peer that goes silent is refused and
+/// gives its stream and connection slot back. Generous for a 64 MiB offer
+/// over a slow link.
+pub const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs the agent until the process is stopped.
 pub async fn run(opts: AgentOptions) -> Result<()> {
@@ -181,6 +189,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         });
     }
     let ctx = Arc::new(Ctx {
+        first_message_timeout: opts.first_message_timeout,
         cred: cred.clone(),
         store,
         jobs: transfer::Jobs::default(),
@@ -287,6 +296,7 @@ fn refuse_shared_root(root: &std::path::Path) -> Result<()> {
 
 /// What every service handler shares.
 struct Ctx {
+    first_message_timeout: Duration,
     cred: Arc<Credential>,
     store: Store,
     jobs: transfer::Jobs,
@@ -306,7 +316,7 @@ struct Ctx {
 async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
     let (mut send, mut recv) =
         tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await??;
-    let hello: Hello = read_or_refuse(&mut send, &mut recv, HELLO_LIMIT, "hello").await?;
+    let hello: Hello = read_or_refuse(&ctx, &mut send, &mut recv, HELLO_LIMIT, "hello").await?;
     let peer = match ctx.cred.peer(quic::peer_certificate(&conn).as_ref()) {
         Ok(peer) => peer,
         Err(why) => return refuse(&mut send, Refusal::Forbidden(why)).await,
@@ -379,16 +389,20 @@ async fn refusal_sent(send: &mut quinn::SendStream, r: Refusal) -> anyhow::Error
 /// cannot be read (oversized, malformed, cut short) is refused, naming
 /// `what`, and ends the session with that error.
 async fn read_or_refuse<T: serde::de::DeserializeOwned>(
+    ctx: &Ctx,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
     limit: usize,
     what: &str,
 ) -> Result<T> {
-    match read_frame_within(recv, limit).await {
-        Ok(m) => Ok(m),
-        Err(e) => {
-            let r = Refusal::Protocol(format!("unreadable {what}: {e:#}"));
-            Err(refusal_sent(send, r).await)
-        }
-    }
+    let within = ctx.first_message_timeout;
+    let why = match tokio::time::timeout(within, read_frame_within(recv, limit)).await {
+        Ok(Ok(m)) => return Ok(m),
+        Ok(Err(e)) => format!("unreadable {what}: {e:#}"),
+        Err(_) => format!(
+            "no complete {what} within {}s; the stream is closed (send the whole message at once)",
+            within.as_secs()
+        ),
+    };
+    Err(refusal_sent(send, Refusal::Protocol(why)).await)
 }

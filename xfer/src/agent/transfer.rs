@@ -56,7 +56,7 @@ pub(super) async fn serve(
     mut recv: quinn::RecvStream,
     ctx: &Ctx,
 ) -> Result<()> {
-    let opener: TransferMsg = read_or_refuse(&mut send, &mut recv, MAX_FRAME, "offer").await?;
+    let opener: TransferMsg = read_or_refuse(ctx, &mut send, &mut recv, MAX_FRAME, "offer").await?;
     let (name, manifest) = match opener {
         TransferMsg::Offer { name, manifest } => (name, manifest),
         TransferMsg::Want { name } => {

@@ -167,6 +167,10 @@ pub struct ServeArgs {
     /// Refill rate of that burst, per second (hidden).
     #[arg(long, hide = true, default_value_t = xfer::agent::guard::HANDSHAKES_PER_SECOND)]
     pub handshakes_per_second: u32,
+    /// Seconds a stream's first message may take to arrive whole (hidden;
+    /// for tests).
+    #[arg(long, hide = true, default_value_t = xfer::agent::FIRST_MESSAGE_TIMEOUT.as_secs())]
+    pub first_message_timeout: u64,
 }
 
 /// The arguments of `xfer sync`.

@@ -24,6 +24,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         max_connections_per_source,
         handshake_burst,
         handshakes_per_second,
+        first_message_timeout,
     } = args;
     let exports = export
         .iter()
@@ -64,6 +65,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
             handshakes_per_second: handshakes_per_second.max(1),
             ..Default::default()
         },
+        first_message_timeout: Duration::from_secs(first_message_timeout.max(1)),
     })
     .await?;
     Ok(ExitCode::SUCCESS)
