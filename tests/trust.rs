@@ -391,3 +391,67 @@ fn a_ca_rotation_while_a_transfer_runs_needs_no_flag_day() {
     );
     let _ = Credential::load(&old_op).unwrap();
 }
+
+#[test]
+fn an_agent_given_the_cluster_file_accepts_only_the_nodes_it_lists() {
+    let t = tempdir("trust-members");
+    let pki = Pki::init(t.path());
+    let (a_cred, b_cred, c_cred) = (
+        pki.issue("a", "node"),
+        pki.issue("b", "node"),
+        pki.issue("c", "node"),
+    );
+    let op = pki.issue("op", "operator");
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let file = t.path().join("cluster.toml");
+    write_cluster_file(
+        &file,
+        &op,
+        &[
+            ("a", "127.0.0.75:7470", &root),
+            ("b", "127.0.0.76:7470", &root),
+        ],
+    );
+    let members = file.display().to_string();
+    let a = Agent::start_with("127.0.0.75:0", &root, &a_cred, &["--cluster", &members]);
+
+    // c holds a certificate of this CA, but the cluster file has no c.
+    let reply = admin(&c_cred, "a", &a, &AdminRequest::Status);
+    let text = format!("{reply:?}");
+    assert!(
+        text.contains("Forbidden")
+            && text.contains("node c at")
+            && text.contains("is not a node of"),
+        "{text}"
+    );
+    assert!(a.log().contains("refused node c at"), "{}", a.log());
+    // b is listed; the operator is not a node and passes.
+    assert!(matches!(
+        admin(&b_cred, "a", &a, &AdminRequest::Status),
+        AdminReply::Status(_)
+    ));
+    assert!(matches!(
+        admin(&op, "a", &a, &AdminRequest::Status),
+        AdminReply::Status(_)
+    ));
+
+    // An agent whose own name the file does not list does not start.
+    let r = run(
+        xfer()
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.77:0",
+                "--cluster",
+                &members,
+                "--root",
+            ])
+            .arg(&root)
+            .arg("--key")
+            .arg(&c_cred),
+        Duration::from_secs(20),
+    );
+    assert!(!r.success());
+    assert!(r.stderr.contains("does not list"), "{}", r.stderr);
+}

@@ -40,6 +40,7 @@ use crate::transport::quic::{self, read_frame_within, write_frame};
 use crate::transport::rdma::link::Nic;
 use xfer_proto::frame::HELLO_LIMIT;
 use xfer_proto::hello::{Hello, Service};
+use xfer_proto::names::NodeName;
 use xfer_proto::refusal::Refusal;
 
 /// How the agent is started.
@@ -61,6 +62,9 @@ pub struct AgentOptions {
     pub guard: guard::GuardConfig,
     /// How long a stream's first message may take ([`FIRST_MESSAGE_TIMEOUT`]).
     pub first_message_timeout: Duration,
+    /// `--cluster FILE`: the file and the node names it lists; a node
+    /// certificate of another name is refused.
+    pub members: Option<(PathBuf, Vec<NodeName>)>,
 }
 
 /// Refused connections, logged so that a storm of them cannot grow the
@@ -123,6 +127,15 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
             "{} is the credential of {me}, which may launch and remove on every node; an agent runs with its node's own credential: `xfer ca issue NODE --out FILE` (role node)",
             opts.key.display()
         );
+    }
+    if let (Some(me), Some((file, members))) = (&facts.me, &opts.members) {
+        if !members.contains(&me.name) {
+            anyhow::bail!(
+                "this agent is {me}, which {} does not list; add a [[node]] named {} there, or give this agent its own node's credential",
+                file.display(),
+                me.name
+            );
+        }
     }
     refuse_shared_root(&opts.root)?;
     let store = Store::open(&opts.root)?;
@@ -189,6 +202,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         });
     }
     let ctx = Arc::new(Ctx {
+        members: opts.members,
         first_message_timeout: opts.first_message_timeout,
         cred: cred.clone(),
         store,
@@ -296,6 +310,7 @@ fn refuse_shared_root(root: &std::path::Path) -> Result<()> {
 
 /// What every service handler shares.
 struct Ctx {
+    members: Option<(PathBuf, Vec<NodeName>)>,
     first_message_timeout: Duration,
     cred: Arc<Credential>,
     store: Store,
@@ -325,6 +340,16 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         peer,
         addr: conn.remote_address(),
     };
+    if let (Peer::Issued(id), Some((file, members))) = (&caller.peer, &ctx.members) {
+        if id.role == Role::Node && !members.contains(&id.name) {
+            let why = format!(
+                "{caller} is not a node of this agent's cluster file {}; add it there and restart this agent, or reissue that node's credential under its listed name",
+                file.display()
+            );
+            tracing::warn!("refused {caller}: {why}");
+            return refuse(&mut send, Refusal::Forbidden(why)).await;
+        }
+    }
     match hello.check() {
         Ok(Service::Transfer) => transfer::serve(conn, send, recv, &ctx).await,
         Ok(Service::Admin) => admin::serve(conn, send, recv, &ctx, &caller).await,

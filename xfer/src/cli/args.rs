@@ -152,6 +152,10 @@ pub struct ServeArgs {
     /// root); repeat for more.
     #[arg(long, value_name = "DIR")]
     pub export: Vec<PathBuf>,
+    /// With issued credentials: accept node certificates only for the
+    /// nodes this cluster file lists (operators are not nodes, and pass).
+    #[arg(long, value_name = "FILE")]
+    pub cluster: Option<PathBuf>,
     /// When an incoming connection must answer a QUIC Retry (prove its
     /// address) before its handshake; see `agent::guard`. Hidden: for
     /// measurements and tests.

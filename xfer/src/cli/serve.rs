@@ -25,7 +25,18 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         handshake_burst,
         handshakes_per_second,
         first_message_timeout,
+        cluster,
     } = args;
+    let members = match &cluster {
+        None => None,
+        Some(file) => Some(
+            xfer::config::cluster::Cluster::load(file)?
+                .nodes
+                .into_iter()
+                .map(|n| n.name)
+                .collect(),
+        ),
+    };
     let exports = export
         .iter()
         .map(|d| {
@@ -66,6 +77,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
             ..Default::default()
         },
         first_message_timeout: Duration::from_secs(first_message_timeout.max(1)),
+        members: members.map(|m| (cluster.unwrap_or_default(), m)),
     })
     .await?;
     Ok(ExitCode::SUCCESS)
