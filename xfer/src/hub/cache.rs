@@ -111,7 +111,7 @@ impl RepoCache {
         if CUT_BEFORE_REF.with(|c| c.get()) {
             return Err(std::io::Error::other("power cut (test)"));
         }
-        root.write_durable(&Path::new("refs").join(rel.as_str()), commit.as_bytes())
+        root.write_durable_shared(&Path::new("refs").join(rel.as_str()), commit.as_bytes())
     }
 
     /// The commit `refs/<revision>` names, if recorded.

@@ -343,10 +343,22 @@ impl Root {
     /// replaced, not followed) and fsyncs the directory. Missing parent
     /// directories are created.
     pub fn write_durable(&self, rel: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.write_durable_via(rel, bytes, ".tmp")
+    }
+
+    /// [`Self::write_durable`] for a file other processes may replace at
+    /// the same moment (an HF cache ref, written by every `xfer pull` and
+    /// `huggingface_hub` of the repo): the temporary name carries this
+    /// process's id, so two writers never take each other's.
+    pub fn write_durable_shared(&self, rel: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.write_durable_via(rel, bytes, &format!(".{}.tmp", std::process::id()))
+    }
+
+    fn write_durable_via(&self, rel: &Path, bytes: &[u8], suffix: &str) -> io::Result<()> {
         let (parent, name) = split(rel)?;
         let tmp = cstr(&{
             let mut t = std::ffi::OsString::from(std::ffi::OsStr::from_bytes(name.as_bytes()));
-            t.push(".tmp");
+            t.push(suffix);
             t
         })?;
         let _one_writer = REPLACING.lock().unwrap_or_else(|p| p.into_inner());
@@ -537,6 +549,26 @@ mod tests {
             .collect();
         assert_eq!(names, ["victim"]);
         assert_eq!(fs::read(&victim).unwrap(), b"keep me");
+    }
+
+    #[test]
+    fn a_shared_write_leaves_other_writers_temporaries_alone() {
+        let (root, _outside, _victim) = setup();
+        for r in roots(root.path()) {
+            let refs = root.path().join("refs");
+            fs::create_dir_all(&refs).unwrap();
+            // Another process's write in flight, under either naming.
+            fs::write(refs.join("main.tmp"), b"theirs").unwrap();
+            fs::write(refs.join("main.1.tmp"), b"theirs too").unwrap();
+            r.write_durable_shared(Path::new("refs/main"), b"ours")
+                .unwrap();
+            assert_eq!(fs::read(refs.join("main")).unwrap(), b"ours");
+            assert_eq!(fs::read(refs.join("main.tmp")).unwrap(), b"theirs");
+            assert_eq!(fs::read(refs.join("main.1.tmp")).unwrap(), b"theirs too");
+            let own = refs.join(format!("main.{}.tmp", std::process::id()));
+            assert!(!own.exists(), "our temporary was left behind");
+            fs::remove_dir_all(&refs).unwrap();
+        }
     }
 
     #[test]
