@@ -65,15 +65,7 @@ fn id_probe(out: &Path) -> LaunchRequest {
 }
 
 fn ask(cred: &Credential, agent: &Agent, req: &LaunchRequest) -> LaunchReply {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(client::launch(
-        cred,
-        "n1",
-        &agent.addr,
-        req,
-        Duration::from_secs(30),
-    ))
-    .expect("the agent answers")
+    ask_launch(cred, "n1", agent, req)
 }
 
 fn refusal(reply: LaunchReply) -> String {

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use crate::common;
 use common::cluster::{status, write_cluster_file, Status, JOB_DEADLINE};
 use common::*;
-use xfer::agent::client;
 use xfer::agent::sync::status::ModelState;
 use xfer::config::auth::Credential;
 use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
@@ -57,32 +56,12 @@ impl Pki {
     }
 }
 
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Runtime::new().unwrap().block_on(f)
-}
-
 fn launch(cred: &Path, node: &str, agent: &Agent, req: &LaunchRequest) -> LaunchReply {
-    let cred = Credential::load(cred).unwrap();
-    block_on(client::launch(
-        &cred,
-        node,
-        &agent.addr,
-        req,
-        Duration::from_secs(30),
-    ))
-    .expect("the agent answers")
+    ask_launch(&Credential::load(cred).unwrap(), node, agent, req)
 }
 
 fn admin(cred: &Path, node: &str, agent: &Agent, req: &AdminRequest) -> AdminReply {
-    let cred = Credential::load(cred).unwrap();
-    block_on(client::admin(
-        &cred,
-        node,
-        &agent.addr,
-        req,
-        Duration::from_secs(30),
-    ))
-    .expect("the agent answers")
+    ask_admin(&Credential::load(cred).unwrap(), node, agent, req)
 }
 
 /// A rank whose one process writes `id` to `out`.
@@ -115,16 +94,6 @@ fn forbidden(what: &str, reply: impl std::fmt::Debug) -> String {
         "{what}: expected an operator-only refusal, got {text}"
     );
     text
-}
-
-/// Waits until `f` holds, polling an event the test can see (a log line,
-/// a status); panics with `what` after `limit`.
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn hang_up(agent: &Agent) {
@@ -325,8 +294,7 @@ fn a_ca_rotation_while_a_transfer_runs_needs_no_flag_day() {
     // Rotate while the job runs: new CA, every agent reissued and
     // reloaded one at a time.
     pki.rotate(false);
-    let b_new = pki.issue("b", "node");
-    assert_eq!(b_new, b_cred);
+    pki.issue("b", "node");
     reload(&b);
     // a (old certificate) and b (new) still talk; the old operator
     // reaches both; so does a new one.
@@ -389,7 +357,6 @@ fn a_ca_rotation_while_a_transfer_runs_needs_no_flag_day() {
         r.stdout,
         r.stderr
     );
-    let _ = Credential::load(&old_op).unwrap();
 }
 
 #[test]

@@ -125,3 +125,32 @@ impl Drop for Agent {
         self.kill9();
     }
 }
+
+/// Asks `node`'s agent at `agent.addr` one launch request through the
+/// product's typed client; panics if no answer comes.
+pub fn ask_launch(
+    cred: &xfer::config::auth::Credential,
+    node: &str,
+    agent: &Agent,
+    req: &xfer_proto::launch::LaunchRequest,
+) -> xfer_proto::launch::LaunchReply {
+    let ask = xfer::agent::client::launch(cred, node, &agent.addr, req, Duration::from_secs(30));
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(ask)
+        .expect("the agent answers")
+}
+
+/// [`ask_launch`] for the admin service.
+pub fn ask_admin(
+    cred: &xfer::config::auth::Credential,
+    node: &str,
+    agent: &Agent,
+    req: &xfer_proto::admin::AdminRequest,
+) -> xfer_proto::admin::AdminReply {
+    let ask = xfer::agent::client::admin(cred, node, &agent.addr, req, Duration::from_secs(30));
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(ask)
+        .expect("the agent answers")
+}

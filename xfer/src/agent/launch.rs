@@ -44,14 +44,7 @@ pub(super) async fn serve(
     }
     let reply = match request {
         LaunchRequest::Preflight(request) => {
-            let status = ctx
-                .activity
-                .report(&ctx.store, ctx.runner.me(), &ctx.runner.records());
-            let states = status
-                .models
-                .iter()
-                .map(|m| (m.name.clone(), m.state))
-                .collect();
+            let states = model_states(ctx);
             let node = request.node.clone();
             let permits = ctx.permits.clone();
             let may_run = move |argv: &[String]| permits.may_run(&node, argv);
@@ -132,15 +125,8 @@ fn weights_still_held(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
     let Some(gate) = &spec.weights else {
         return Ok(());
     };
-    let status = ctx
-        .activity
-        .report(&ctx.store, ctx.runner.me(), &ctx.runner.records());
-    let states = status
-        .models
-        .iter()
-        .map(|m| (m.name.clone(), m.state))
-        .collect();
-    let facts = super::preflight::weights::weights(&ctx.store, &states, &gate.path, None);
+    let facts =
+        super::preflight::weights::weights(&ctx.store, &model_states(ctx), &gate.path, None);
     let node = &spec.node;
     if let Some(problem) = facts.problems.first() {
         return Err(format!(
@@ -163,4 +149,15 @@ fn weights_still_held(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// What `xfer status` says of each model on this node, by name: the
+/// weight checks read it.
+fn model_states(ctx: &Ctx) -> std::collections::HashMap<String, ModelState> {
+    ctx.activity
+        .report(&ctx.store, ctx.runner.me(), &ctx.runner.records())
+        .models
+        .into_iter()
+        .map(|m| (m.name, m.state))
+        .collect()
 }
