@@ -18,7 +18,7 @@ use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, MANIFEST_VERSION
 use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
 use xfer_proto::stream::{ChunkReply, ChunkRequest, RdmaReply, RdmaRequest};
-use xfer_proto::transfer::{Refusal, SwarmPeer, TransferMsg};
+use xfer_proto::transfer::{FallbackRoute, Refusal, SwarmPeer, TransferMsg};
 
 type Target = fn(&[u8]);
 
@@ -200,10 +200,17 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
         TransferMsg::Swarm {
             me: 1,
             peers: vec![
-                SwarmPeer { id: 0, addr: peer },
+                SwarmPeer {
+                    id: 0,
+                    label: "n0".into(),
+                    addr: peer,
+                    fallback: None,
+                },
                 SwarmPeer {
                     id: 2,
+                    label: "[fd00::1]:7470".into(),
                     addr: "[fd00::1]:7470".parse().unwrap(),
+                    fallback: Some(peer),
                 },
             ],
         },
@@ -225,6 +232,12 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
             peer,
             reason: "slow".into(),
         },
+        TransferMsg::Fallback(FallbackRoute {
+            from: "n1".into(),
+            to: "n2".into(),
+            data: peer,
+            error: "timed out".into(),
+        }),
     ];
     let admin_requests = vec![
         AdminRequest::Status,

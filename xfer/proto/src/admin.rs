@@ -5,6 +5,7 @@
 //! ([`JobState`]), and what an agent reports when asked ([`AgentStatus`]:
 //! its models and jobs).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -12,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::hash::Hash;
 use crate::names::ModelName;
 pub use crate::refusal::Refusal;
+use crate::transfer::FallbackRoute;
 
 /// CLI → agent, after a [`crate::hello::Hello`] for
 /// [`crate::hello::Service::Admin`]. Each is answered by one
@@ -91,8 +93,13 @@ pub enum JobSource {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobMember {
     pub node: String,
-    /// `HOST:PORT` of its agent.
+    /// `HOST:PORT` of its agent: management traffic only.
     pub agent: String,
+    /// `HOST:PORT` its data goes to (its `fabric_ip`), when it has one;
+    /// else the source asks the agent for the address it advertises, and
+    /// uses `agent` if it advertises none.
+    #[serde(default)]
+    pub data: Option<String>,
 }
 
 /// What `xfer sync` hands to the agents.
@@ -239,6 +246,10 @@ pub struct ModelStatus {
     pub last_error: Option<String>,
     /// Files repaired from peers since the agent started.
     pub repaired_files: u64,
+    /// Pairs of nodes whose data for this model went over management
+    /// (this node's own links, and, on a job's source, every member's).
+    #[serde(default)]
+    pub fallbacks: Vec<FallbackRoute>,
 }
 
 /// A job as one agent knows it.
@@ -290,6 +301,10 @@ impl JobView {
 pub struct AgentStatus {
     /// The node's name as its jobs call it, if it knows one.
     pub node: Option<String>,
+    /// The data address this agent advertises (`--data`, `--fabric-if`);
+    /// `None`: its agent address carries data too.
+    #[serde(default)]
+    pub data: Option<SocketAddr>,
     pub root: String,
     pub models: Vec<ModelStatus>,
     pub jobs: Vec<JobView>,

@@ -65,13 +65,49 @@ pub enum TransferMsg {
     },
     /// Receiver → source: a peer was excluded from this transfer.
     PeerDropped { peer: SocketAddr, reason: String },
+    /// Receiver → source: this node reaches a peer over its management
+    /// address, because the peer's data address failed.
+    Fallback(FallbackRoute),
 }
 
 /// One member of a swarm, as the source lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SwarmPeer {
     pub id: u32,
+    /// What the member is called in messages: its node name in a sync
+    /// job, its agent address in a push.
+    pub label: String,
+    /// Where its data goes: its data address (its fabric), or its agent
+    /// address when it has none.
     pub addr: SocketAddr,
+    /// Its agent (management) address when that differs from `addr`: the
+    /// way to it when `addr` cannot be reached.
+    pub fallback: Option<SocketAddr>,
+}
+
+/// A pair of nodes whose data goes over management because one's data
+/// address could not be reached. Shown in push output and `xfer status`,
+/// never silent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FallbackRoute {
+    /// The node that connects (a receiver, or the source).
+    pub from: String,
+    /// The node it connects to.
+    pub to: String,
+    /// The data address that failed.
+    pub data: SocketAddr,
+    /// Why it failed.
+    pub error: String,
+}
+
+impl std::fmt::Display for FallbackRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} → {} over management: fabric {} unreachable ({}); check the fabric link and `fabric_ip`",
+            self.from, self.to, self.data, self.error
+        )
+    }
 }
 
 impl TransferMsg {
@@ -90,6 +126,7 @@ impl TransferMsg {
             TransferMsg::Has { .. } => "Has",
             TransferMsg::Progress { .. } => "Progress",
             TransferMsg::PeerDropped { .. } => "PeerDropped",
+            TransferMsg::Fallback(_) => "Fallback",
         }
     }
 }

@@ -7,7 +7,7 @@
 use anyhow::Result;
 
 use super::{answer, read_or_refuse, Caller, Ctx};
-use xfer_proto::admin::{check_job_id, AdminReply, AdminRequest};
+use xfer_proto::admin::{check_job_id, AdminReply, AdminRequest, AgentStatus};
 use xfer_proto::frame::REQUEST_LIMIT;
 use xfer_proto::refusal::Refusal;
 
@@ -48,11 +48,12 @@ pub(super) async fn serve(
                 },
             }
         }
-        AdminRequest::Status => AdminReply::Status(ctx.activity.report(
-            &ctx.store,
-            ctx.runner.me(),
-            &ctx.runner.records(),
-        )),
+        AdminRequest::Status => AdminReply::Status(AgentStatus {
+            data: ctx.data,
+            ..ctx
+                .activity
+                .report(&ctx.store, ctx.runner.me(), &ctx.runner.records())
+        }),
         AdminRequest::CancelJob { id } => match check_job_id(&id) {
             Err(why) => AdminReply::Failed(Refusal::Protocol(why)),
             Ok(()) => {

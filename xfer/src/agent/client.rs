@@ -5,6 +5,7 @@
 //! the cluster file: with issued credentials the answer is taken only
 //! from an agent whose certificate carries that name.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -36,7 +37,7 @@ pub async fn admin(
 ) -> Result<AdminReply, String> {
     exchange(
         cred,
-        node,
+        Some(node),
         addr,
         Service::Admin,
         req,
@@ -56,7 +57,7 @@ pub async fn launch(
 ) -> Result<LaunchReply, String> {
     exchange(
         cred,
-        node,
+        Some(node),
         addr,
         Service::Launch,
         req,
@@ -66,11 +67,39 @@ pub async fn launch(
     .await
 }
 
+/// The data address the agent at `addr` advertises (its `--data` or
+/// `--fabric-if`), asked over management; `None` if it advertises none.
+/// `node`: its name, when known, checked like [`admin`]'s; a push to bare
+/// addresses knows none (the address is only used to connect, mutually
+/// authenticated, and what comes over it is verified chunk by chunk).
+pub async fn advertised_data(
+    cred: &Credential,
+    node: Option<&str>,
+    addr: &str,
+) -> Result<Option<SocketAddr>, String> {
+    let reply = exchange(
+        cred,
+        node,
+        addr,
+        Service::Admin,
+        &AdminRequest::Status,
+        ASK_TIMEOUT,
+        ASK_TIMEOUT,
+    )
+    .await?;
+    match reply {
+        AdminReply::Status(s) => Ok(s.data),
+        AdminReply::Failed(r) => Err(r.to_string()),
+        other => Err(format!("answered {} to a status query", other.kind())),
+    }
+}
+
 /// One request and its reply on a fresh connection: connecting may take
-/// `connect`, the whole exchange `timeout`.
+/// `connect`, the whole exchange `timeout`. `node`: the name the answering
+/// agent's certificate must carry (`None`: any node of the cluster).
 async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
     cred: &Credential,
-    node: &str,
+    node: Option<&str>,
     addr: &str,
     service: Service,
     req: &Req,
@@ -81,7 +110,12 @@ async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
         let sock = quic::resolve(addr).map_err(|e| format!("{e:#}"))?;
         let ep = quic::client_endpoint(cred, sock).map_err(|e| format!("{e:#}"))?;
         let conn = quic::connect(&ep, sock, connect).await?;
-        if let Err(why) = cred.check_node(quic::peer_certificate(&conn).as_ref(), node) {
+        let leaf = quic::peer_certificate(&conn);
+        let checked = match node {
+            Some(node) => cred.check_node(leaf.as_ref(), node),
+            None => cred.peer(leaf.as_ref()).map(|_| ()),
+        };
+        if let Err(why) = checked {
             conn.close(0u32.into(), b"not the node asked for");
             return Err(format!("{addr}: {why}"));
         }
@@ -100,5 +134,31 @@ async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
     match tokio::time::timeout(timeout, exchange).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {}s", timeout.as_secs())),
+    }
+}
+
+/// Fills in the data address of every destination that has none with the
+/// one its agent advertises, asking them all at once. An agent that cannot
+/// be asked keeps its agent address for data (the push then says why it
+/// cannot be reached).
+pub async fn learn_data_addrs(
+    cred: &std::sync::Arc<Credential>,
+    dests: &mut [crate::flow::route::Destination],
+) {
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, d) in dests.iter().enumerate().filter(|(_, d)| d.data.is_none()) {
+        let (cred, name, agent) = (cred.clone(), d.name.clone(), d.agent.clone());
+        asks.spawn(async move {
+            let found = advertised_data(&cred, name.as_deref(), &agent).await;
+            if let Err(e) = &found {
+                tracing::debug!("{agent}: no advertised data address ({e})");
+            }
+            (i, found.ok().flatten())
+        });
+    }
+    while let Some(Ok((i, found))) = asks.join_next().await {
+        if let Some(a) = found {
+            dests[i].data = Some(a.to_string());
+        }
     }
 }

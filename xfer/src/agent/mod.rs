@@ -47,6 +47,9 @@ use xfer_proto::refusal::Refusal;
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
     pub listen: SocketAddr,
+    /// This node's data address (`--data`, `--fabric-if`): advertised in
+    /// its status, and listened on when `listen` does not cover it.
+    pub data: Option<SocketAddr>,
     pub root: PathBuf,
     pub key: PathBuf,
     pub scheduler: scheduler::Config,
@@ -140,11 +143,19 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     refuse_shared_root(&opts.root)?;
     let store = Store::open(&opts.root)?;
     let ep = quic::server_endpoint(opts.listen, &cred)?;
+    let listen = ep.local_addr()?;
+    // A data address the listening socket does not take gets its own.
+    let data_ep = match opts.data {
+        Some(d) if !covers(listen, d) => Some(quic::server_endpoint(d, &cred).map_err(|e| {
+            anyhow::anyhow!("--data {d}: cannot listen there ({e:#}); give an address of this node's fabric interface")
+        })?),
+        _ => None,
+    };
     println!(
-        "xfer agent listening on {} root {} cluster {}",
-        ep.local_addr()?,
+        "xfer agent listening on {listen} root {} cluster {}{}",
         opts.root.display(),
-        cred.cluster_id().short()
+        cred.cluster_id().short(),
+        opts.data.map(|d| format!(" data {d}")).unwrap_or_default()
     );
     match (&facts.me, facts.not_after) {
         (Some(me), Some(until)) => tracing::info!(
@@ -210,6 +221,8 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         shares: Arc::default(),
         cfg: opts.scheduler,
         endpoint: ep.clone(),
+        data_endpoint: data_ep.clone(),
+        data: opts.data,
         activity,
         runner,
         ranks,
@@ -218,6 +231,32 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     });
     let refusals = Arc::new(Mutex::new(RefusalLog::default()));
     let guard = Guard::new(opts.guard);
+    if let Some(data_ep) = data_ep {
+        tokio::spawn(accept_all(
+            data_ep,
+            ctx.clone(),
+            guard.clone(),
+            refusals.clone(),
+        ));
+    }
+    accept_all(ep, ctx, guard, refusals).await;
+    Ok(())
+}
+
+/// Whether a socket bound to `listen` takes packets sent to `data`.
+fn covers(listen: SocketAddr, data: SocketAddr) -> bool {
+    listen.port() == data.port()
+        && (listen.ip() == data.ip()
+            || (listen.ip().is_unspecified() && listen.is_ipv4() == data.is_ipv4()))
+}
+
+/// Accepts connections on `ep` until it closes, each in its own task.
+async fn accept_all(
+    ep: quinn::Endpoint,
+    ctx: Arc<Ctx>,
+    guard: Arc<Guard>,
+    refusals: Arc<Mutex<RefusalLog>>,
+) {
     while let Some(incoming) = ep.accept().await {
         let remote = incoming.remote_address();
         // Decided before any cryptography: see `guard`.
@@ -263,7 +302,6 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
             drop(admitted);
         });
     }
-    Ok(())
 }
 
 /// `kill -HUP` (`systemctl reload`) makes the agent read its credential
@@ -318,6 +356,10 @@ struct Ctx {
     shares: Arc<Shares>,
     cfg: scheduler::Config,
     endpoint: quinn::Endpoint,
+    /// The socket of the data address when `endpoint`'s does not take it.
+    data_endpoint: Option<quinn::Endpoint>,
+    /// The data address this agent advertises.
+    data: Option<SocketAddr>,
     activity: Arc<Activity>,
     runner: Arc<Runner>,
     ranks: Arc<Supervisor>,

@@ -199,9 +199,16 @@ async fn run_transfer(
         });
         ctx.shares.publish(&name, s.clone());
         share = Some(s);
+        let label = members
+            .iter()
+            .find(|p| p.id == me)
+            .map_or_else(|| format!("peer {me}"), |p| p.label.clone());
         let plan = LinkPlan {
-            endpoint: ctx.endpoint.clone(),
+            endpoint: ctx.data_endpoint.as_ref().unwrap_or(&ctx.endpoint).clone(),
+            fallback_endpoint: ctx.endpoint.clone(),
             me,
+            label,
+            tally: tally.clone(),
             peers: members,
             name: name.clone(),
             root: transfer.manifest().root(),
@@ -222,12 +229,13 @@ async fn run_transfer(
     let receiving = receive(transfer.clone(), peers, links, cfg, token);
     tokio::pin!(receiving);
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    let mut told = 0;
     let result = loop {
         tokio::select! {
             r = &mut receiving => break r,
             _ = tick.tick(), if reporting => {
                 // The source may be gone while peers still serve us.
-                let _ = report(send, &transfer, &tally, &addrs).await;
+                let _ = report(send, &transfer, &tally, &addrs, &mut told).await;
             }
         }
     };
@@ -237,20 +245,26 @@ async fn run_transfer(
         ctx.shares.withdraw(&name, &s);
     }
     if reporting {
-        let _ = report(send, &transfer, &tally, &addrs).await;
+        let _ = report(send, &transfer, &tally, &addrs, &mut told).await;
     }
     ctx.activity
         .ended(&name, result.as_ref().err().map(|r| r.to_string()));
     result
 }
 
-/// Sends the source a progress report and any peers dropped since the last.
+/// Sends the source a progress report, any peers dropped since the last,
+/// and the links gone over management since the `told`th.
 async fn report(
     send: &mut quinn::SendStream,
     transfer: &Transfer,
     tally: &Tally,
     addrs: &HashMap<u32, SocketAddr>,
+    told: &mut usize,
 ) -> Result<()> {
+    for route in tally.fallbacks_from(*told) {
+        write_frame(send, &TransferMsg::Fallback(route)).await?;
+        *told += 1;
+    }
     for (peer, reason) in tally.take_dropped() {
         if let Some(&addr) = addrs.get(&peer) {
             write_frame(send, &TransferMsg::PeerDropped { peer: addr, reason }).await?;

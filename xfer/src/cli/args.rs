@@ -120,8 +120,18 @@ pub struct ManifestArgs {
 /// The arguments of `xfer serve`.
 #[derive(clap::Args)]
 pub struct ServeArgs {
+    /// Where the agent listens (management; with 0.0.0.0 the fabric too).
     #[arg(long, default_value = "0.0.0.0:7470")]
     pub listen: std::net::SocketAddr,
+    /// This node's data address, IP[:PORT] (the port defaults to
+    /// --listen's): advertised to sources, and listened on too when
+    /// --listen does not cover it. Models from other nodes come here.
+    #[arg(long, value_name = "ADDR", conflicts_with = "fabric_if")]
+    pub data: Option<String>,
+    /// Take the data address from this interface's first address (IPv4
+    /// first), with --listen's port.
+    #[arg(long, value_name = "IFACE")]
+    pub fabric_if: Option<String>,
     #[arg(long)]
     pub root: PathBuf,
     #[arg(long, env = "XFER_KEY")]
@@ -254,7 +264,11 @@ pub struct RmArgs {
 #[derive(clap::Args)]
 pub struct PushArgs {
     pub src: PathBuf,
-    /// Agents, comma separated: HOST[:PORT],...
+    /// Agents, comma separated: AGENT[/DATA],... Each is its agent's
+    /// address, then optionally a slash and its data (fabric) address, whose
+    /// port defaults to the agent's: 10.0.0.2:7470/192.168.100.2. Without a
+    /// data address, the one the agent advertises (serve --data or
+    /// --fabric-if), else the agent address.
     #[arg(long, value_delimiter = ',', required = true)]
     pub to: Vec<String>,
     #[arg(long, env = "XFER_KEY")]
@@ -304,8 +318,8 @@ pub struct PullArgs {
     /// Bytes per ranged request.
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub part_size: u64,
-    /// Also deliver to these agents while downloading: HOST[:PORT],...
-    /// (their --root can be their HF cache).
+    /// Also deliver to these agents while downloading: AGENT[/DATA],... as
+    /// push --to takes them (their --root can be their HF cache).
     #[arg(long, value_delimiter = ',')]
     pub to: Vec<String>,
     /// The cluster credential, needed with --to.

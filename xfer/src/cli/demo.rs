@@ -229,7 +229,12 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
     );
     let popts = PushOptions {
         src: src.clone(),
-        to: agents.iter().map(|a| a.addr.clone()).collect(),
+        to: agents
+            .iter()
+            .map(|a| xfer::flow::route::Destination::agent(&a.addr))
+            .collect(),
+        me: None,
+        routes: None,
         key: key.clone(),
         name: None,
         chunk_size: opts.chunk_size,

@@ -11,6 +11,8 @@ use super::args::*;
 pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
     let ServeArgs {
         listen,
+        data,
+        fabric_if,
         root,
         key,
         window,
@@ -51,13 +53,23 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
                 })
         })
         .collect::<Result<Vec<_>>>()?;
-    let nic = xfer::transport::select::choose(transport)?;
+    let data = data_addr(listen, data.as_deref(), fabric_if.as_deref())?;
+    // RDMA only on the fabric the data address is on.
+    let fabric = fabric_if.or_else(|| {
+        let ip = data?.ip();
+        xfer::sysinfo::net::interfaces()
+            .into_iter()
+            .find(|i| i.addrs.iter().any(|(a, _)| *a == ip))
+            .map(|i| i.name)
+    });
+    let nic = xfer::transport::select::choose_on(transport, fabric.as_deref())?;
     let scheduler = xfer::engine::scheduler::Config {
         window: window.max(1),
         ..Default::default()
     };
     xfer::agent::run(xfer::agent::AgentOptions {
         listen,
+        data,
         root,
         key,
         scheduler,
@@ -81,4 +93,44 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
     })
     .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The data address `--data` or `--fabric-if` names, with `--listen`'s port
+/// unless `--data` gives one.
+fn data_addr(
+    listen: std::net::SocketAddr,
+    data: Option<&str>,
+    fabric_if: Option<&str>,
+) -> Result<Option<std::net::SocketAddr>> {
+    use std::net::{IpAddr, SocketAddr};
+    if let Some(d) = data {
+        if let Ok(a) = d.parse::<SocketAddr>() {
+            return Ok(Some(a));
+        }
+        let ip: IpAddr = d.trim_start_matches('[').trim_end_matches(']').parse().map_err(|_| {
+            anyhow::anyhow!("--data {d}: not IP[:PORT]; give this node's address on its fabric, e.g. --data 192.168.100.1")
+        })?;
+        return Ok(Some(SocketAddr::new(ip, listen.port())));
+    }
+    let Some(name) = fabric_if else {
+        return Ok(None);
+    };
+    let ifaces = xfer::sysinfo::net::interfaces();
+    let Some(iface) = ifaces.iter().find(|i| i.name == name) else {
+        let names: Vec<&str> = ifaces.iter().map(|i| i.name.as_str()).collect();
+        anyhow::bail!(
+            "--fabric-if {name}: no such interface on this node (it has: {}); name the fabric's interface, or give --data IP",
+            names.join(", ")
+        );
+    };
+    let mut addrs: Vec<IpAddr> = iface.addrs.iter().map(|(a, _)| *a).collect();
+    // IPv4 first; an IPv6 link-local address is no use to other nodes.
+    addrs.retain(|a| !matches!(a, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80));
+    addrs.sort_by_key(|a| a.is_ipv6());
+    match addrs.first() {
+        Some(ip) => Ok(Some(SocketAddr::new(*ip, listen.port()))),
+        None => anyhow::bail!(
+            "--fabric-if {name}: the interface has no address; give it one (`ip addr add`), or give --data IP"
+        ),
+    }
 }

@@ -27,9 +27,12 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         rehash,
     } = args;
     let nic = xfer::transport::select::choose(transport)?;
+    let to = destinations(&to, &key).await?;
     let opts = xfer::flow::push::PushOptions {
         src,
         to,
+        me: None,
+        routes: None,
         key,
         name,
         chunk_size,
@@ -62,6 +65,11 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
                 println!("{}: excluded peer {d}", n.addr);
             }
         }
+        let mut notes: Vec<&String> = s.nodes.iter().flat_map(|n| &n.notes).collect();
+        notes.dedup();
+        for line in notes {
+            println!("{line}");
+        }
         println!(
             "root {}  {} files, {}; the source sent {} ({:.2}x the model) in {:.2}s ({:.0} MB/s)",
             s.root,
@@ -80,6 +88,21 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `--to` list as destinations, each with its data address: the one
+/// given after a slash, or the one its agent advertises.
+async fn destinations(
+    to: &[String],
+    key: &std::path::Path,
+) -> Result<Vec<xfer::flow::route::Destination>> {
+    let mut dests = to
+        .iter()
+        .map(|s| xfer::flow::route::Destination::parse(s))
+        .collect::<Result<Vec<_>>>()?;
+    let cred = std::sync::Arc::new(xfer::config::auth::Credential::load(key)?);
+    xfer::agent::client::learn_data_addrs(&cred, &mut dests).await;
+    Ok(dests)
 }
 
 /// `xfer pull`.
@@ -120,9 +143,12 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         let Some(key) = key else {
             anyhow::bail!("--to needs the cluster credential: pass --key FILE or set XFER_KEY");
         };
+        let to = destinations(&to, &key).await?;
         let push = xfer::flow::push::PushOptions {
             src: PathBuf::new(),
             to,
+            me: None,
+            routes: None,
             key,
             name: None,
             chunk_size,

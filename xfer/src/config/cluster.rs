@@ -59,9 +59,21 @@ pub struct Node {
     pub fabric_if: Option<String>,
     /// This node's address on `fabric_if`.
     pub fabric_ip: Option<IpAddr>,
+    /// The port its agent takes data on at `fabric_ip` (`data_port`;
+    /// default: the agent's port).
+    pub data_port: u16,
     pub rdma: Option<Rdma>,
     /// The line of the node's `[[node]]` header, for messages about it.
     pub line: usize,
+}
+
+impl Node {
+    /// Where its data goes: `fabric_ip:data_port`, or `None` when the node
+    /// has no fabric (its agent address then carries data too).
+    pub fn data_addr(&self) -> Option<String> {
+        self.fabric_ip
+            .map(|ip| std::net::SocketAddr::new(ip, self.data_port).to_string())
+    }
 }
 
 /// A parsed, checked cluster file.
@@ -195,6 +207,7 @@ const NODE_KEYS: &[&str] = &[
     "root",
     "fabric_if",
     "fabric_ip",
+    "data_port",
     "rdma_device",
     "gid_index",
 ];
@@ -242,6 +255,7 @@ struct Fields {
     root: Option<At<PathBuf>>,
     fabric_if: Option<At<String>>,
     fabric_ip: Option<At<IpAddr>>,
+    data_port: Option<At<u16>>,
     rdma_device: Option<At<String>>,
     gid_index: Option<At<u32>>,
 }
@@ -553,12 +567,22 @@ impl Parser<'_> {
             ));
         }
         let gid_index = own.gid_index.or_else(|| defaults.gid_index.clone());
+        let data_port = own.data_port.or_else(|| defaults.data_port.clone());
+        if let (Some(p), None) = (&data_port, &own.fabric_ip) {
+            return Err(self.err(
+                p.at,
+                format!(
+                    "{who} sets data_port but has no fabric_ip; add fabric_ip = \"ADDRESS\" (its data address) or drop data_port"
+                ),
+            ));
+        }
         let node = Node {
             name: name.v,
             agent: format!("{}:{port}", agent.v.host),
             root: root.v,
             fabric_if: fabric_if.map(|i| i.v),
             fabric_ip: own.fabric_ip.map(|ip| ip.v),
+            data_port: data_port.map_or(port, |p| p.v),
             rdma: rdma_device.map(|d| Rdma {
                 device: d.v,
                 gid_index: gid_index.map(|g| g.v),
@@ -598,7 +622,7 @@ impl Parser<'_> {
                         at,
                     });
                 }
-                "port" => {
+                "port" | "data_port" => {
                     let n = self.integer(key, v, "7470")?;
                     let p = match u16::try_from(n) {
                         Ok(0) => {
@@ -613,7 +637,11 @@ impl Parser<'_> {
                             )))
                         }
                     };
-                    f.port = Some(At { v: p, at });
+                    if key == "port" {
+                        f.port = Some(At { v: p, at });
+                    } else {
+                        f.data_port = Some(At { v: p, at });
+                    }
                 }
                 "root" => {
                     let s = self.string(key, v, "\"/var/lib/xfer/hub\"")?;
@@ -1006,6 +1034,37 @@ root = "/r"
         assert_eq!(a.rdma.as_ref().unwrap().gid_index, Some(3));
         assert_eq!(b.rdma.as_ref().unwrap().gid_index, Some(1));
         assert_eq!(c.launch, None);
+        // Data rides the fabric; management and fabric are different subnets.
+        assert_eq!(a.data_addr().as_deref(), Some("192.168.100.1:7470"));
+        assert_eq!(b.data_addr().as_deref(), Some("192.168.100.2:7470"));
+    }
+
+    #[test]
+    fn data_port_defaults_to_the_agent_port_and_needs_a_fabric() {
+        let c = Cluster::parse(
+            "key = \"k\"\n[[node]]\nname = \"a\"\nagent = \"10.0.0.1:7471\"\nroot = \"/r\"\nfabric_if = \"eth1\"\nfabric_ip = \"fd00::1\"\n[[node]]\nname = \"b\"\nagent = \"10.0.0.2\"\nroot = \"/r\"\nfabric_if = \"eth1\"\nfabric_ip = \"192.168.1.2\"\ndata_port = 9000\n[[node]]\nname = \"c\"\nagent = \"10.0.0.3\"\nroot = \"/r\"\n",
+            "cluster.toml",
+        )
+        .unwrap();
+        let data: Vec<Option<String>> = c.nodes.iter().map(|n| n.data_addr()).collect();
+        assert_eq!(
+            data,
+            [
+                Some("[fd00::1]:7471".to_string()),
+                Some("192.168.1.2:9000".to_string()),
+                None
+            ]
+        );
+        let e = Cluster::parse(
+            "key = \"k\"\n[[node]]\nname = \"a\"\nagent = \"10.0.0.1\"\nroot = \"/r\"\ndata_port = 9000\n",
+            "cluster.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "cluster.toml:6:13: node \"a\" sets data_port but has no fabric_ip; add fabric_ip = \"ADDRESS\" (its data address) or drop data_port"
+        );
     }
 
     #[test]

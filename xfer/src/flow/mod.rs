@@ -8,4 +8,5 @@ pub mod fetch;
 pub mod pull_fanout;
 pub mod push;
 pub mod receive;
+pub mod route;
 pub mod swarm;

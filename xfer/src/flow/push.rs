@@ -6,6 +6,12 @@
 //! asks for. Agents fetch most chunks from each other, so the source uploads
 //! about one copy whatever the number of agents; they decide what they still
 //! need, so a re-run after an interruption sends only what is missing.
+//!
+//! Each agent is reached at its data address when it has one
+//! ([`Destination`]), and every receiver is told the others' data
+//! addresses, so the chunks ride the fabric; a data address that cannot be
+//! reached falls back to the management address, reported as a
+//! [`FallbackRoute`] (in the summary's notes and to [`PushOptions::routes`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +22,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::config::auth::Credential;
+use crate::flow::route::{self, Destination};
 use crate::store::hashcache::HashCache;
 use crate::store::scan::{scan_cached, SourceTree};
 use crate::transport::files::FileChunkReader;
@@ -29,13 +36,21 @@ use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::hash::Hash;
 use xfer_proto::hello::Service;
 use xfer_proto::names::ModelName;
-use xfer_proto::transfer::{SwarmPeer, TransferMsg};
+use xfer_proto::transfer::{FallbackRoute, SwarmPeer, TransferMsg};
+
+/// Notes kept per node: one per pair at most, and a receiver cannot grow
+/// the summary without bound.
+const MAX_NOTES: usize = 64;
 
 /// What to push where.
 #[derive(Debug, Clone)]
 pub struct PushOptions {
     pub src: PathBuf,
-    pub to: Vec<String>,
+    pub to: Vec<Destination>,
+    /// What notes call the source (its node name); `None`: "source".
+    pub me: Option<String>,
+    /// Told of every pair whose data goes over management.
+    pub routes: Option<RouteSink>,
     pub key: PathBuf,
     pub name: Option<String>,
     pub chunk_size: u64,
@@ -45,6 +60,17 @@ pub struct PushOptions {
     pub rehash: bool,
     /// The RDMA NIC receivers may fetch over; `None`: QUIC only.
     pub nic: Option<Arc<dyn Nic>>,
+}
+
+/// Where a push reports its fallbacks to management as they happen (an
+/// agent's status shows them while the transfer runs).
+#[derive(Clone)]
+pub struct RouteSink(pub Arc<dyn Fn(FallbackRoute) + Send + Sync>);
+
+impl std::fmt::Debug for RouteSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RouteSink")
+    }
 }
 
 /// The `--json` summary (read back by the integration tests).
@@ -70,6 +96,14 @@ pub struct PushSummary {
 #[derive(Debug, Serialize, Deserialize, Clone, Default)]
 pub struct NodeSummary {
     pub addr: String,
+    /// Its data address, when it has one apart from `addr`.
+    pub data_addr: Option<String>,
+    /// How the source reached it: `fabric` (its data address, or its only
+    /// address) or `management` (its data address failed).
+    pub over: Over,
+    /// Every pair of nodes whose data for it went over management, one
+    /// line each (the source's link to it, and its own links to peers).
+    pub notes: Vec<String>,
     pub ok: bool,
     pub error: Option<String>,
     pub root: Option<Hash>,
@@ -85,6 +119,17 @@ pub struct NodeSummary {
     pub dropped_peers: Vec<String>,
     pub corrupt_chunks: u64,
     pub duration_s: f64,
+}
+
+/// Which network a node's data went over.
+#[derive(Debug, Serialize, Deserialize, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Over {
+    /// Its data address (or, without one, its only address).
+    #[default]
+    Fabric,
+    /// Its management address, because the data address failed.
+    Management,
 }
 
 impl PushSummary {
@@ -122,14 +167,18 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
     .await
 }
 
-/// The swarm: every destination with its peer id (its index in `to`, from 1).
-fn members(to: &[String]) -> Result<Vec<SwarmPeer>> {
+/// The swarm: every destination with its peer id (its index in `to`, from
+/// 1), its data address and its management one to fall back to.
+fn members(to: &[Destination]) -> Result<Vec<SwarmPeer>> {
     to.iter()
         .enumerate()
-        .map(|(i, addr)| {
+        .map(|(i, d)| {
+            let (addr, fallback) = d.resolve()?;
             Ok(SwarmPeer {
                 id: i as u32 + 1,
-                addr: quic::resolve(addr)?,
+                label: d.label().to_string(),
+                addr,
+                fallback,
             })
         })
         .collect()
@@ -169,13 +218,15 @@ pub async fn deliver(
     let root = manifest.root();
     let send_started = Instant::now();
     let mut tasks = Vec::new();
-    for (addr, member) in opts.to.iter().zip(&members) {
+    for (dest, member) in opts.to.iter().zip(&members) {
         let swarm = TransferMsg::Swarm {
             me: member.id,
             peers: members.clone(),
         };
         let ctx = NodeCtx {
-            addr: addr.clone(),
+            dest: dest.clone(),
+            me: opts.me.clone().unwrap_or_else(|| "source".into()),
+            routes: opts.routes.clone(),
             swarm,
             cred: cred.clone(),
             offer: offer.clone(),
@@ -187,7 +238,7 @@ pub async fn deliver(
                 files: Some(tree.sources.clone()),
             },
             timeout: opts.connect_timeout,
-            bar: progress.bytes(addr, manifest.total_bytes()),
+            bar: progress.bytes(dest.label(), manifest.total_bytes()),
         };
         tasks.push(AbortOnDrop(tokio::spawn(ctx.run())));
     }
@@ -233,7 +284,10 @@ async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree
 }
 
 struct NodeCtx {
-    addr: String,
+    dest: Destination,
+    /// What notes call the source.
+    me: String,
+    routes: Option<RouteSink>,
     swarm: TransferMsg,
     cred: Arc<Credential>,
     offer: Arc<TransferMsg>,
@@ -246,12 +300,26 @@ struct NodeCtx {
 }
 
 impl NodeCtx {
+    /// Records a pair whose data goes over management: never silent.
+    fn note(&self, summary: &mut NodeSummary, route: FallbackRoute) {
+        let line = route.to_string();
+        if summary.notes.contains(&line) || summary.notes.len() >= MAX_NOTES {
+            return;
+        }
+        tracing::warn!("{line}");
+        summary.notes.push(line);
+        if let Some(sink) = &self.routes {
+            (sink.0)(route);
+        }
+    }
+
     async fn run(self) -> NodeSummary {
         let started = Instant::now();
         let sent = Arc::new(AtomicU64::new(0));
         let rdma_sent = Arc::new(AtomicU64::new(0));
         let mut summary = NodeSummary {
-            addr: self.addr.clone(),
+            addr: self.dest.agent.clone(),
+            data_addr: self.dest.data.clone(),
             ..Default::default()
         };
         let bar = self.bar.clone();
@@ -277,9 +345,35 @@ impl NodeCtx {
         rdma_sent: &Arc<AtomicU64>,
         summary: &mut NodeSummary,
     ) -> Result<(), String> {
-        let addr = quic::resolve(&self.addr).map_err(|e| format!("{e:#}"))?;
-        let ep = quic::client_endpoint(&self.cred, addr).map_err(|e| format!("{e:#}"))?;
-        let conn = quic::connect(&ep, addr, self.timeout).await?;
+        let (data, fallback) = self.dest.resolve().map_err(|e| format!("{e:#}"))?;
+        let ep = quic::client_endpoint(&self.cred, data).map_err(|e| format!("{e:#}"))?;
+        let fallback_ep = match fallback {
+            Some(f) if f.is_ipv4() != data.is_ipv4() => {
+                Some(quic::client_endpoint(&self.cred, f).map_err(|e| format!("{e:#}"))?)
+            }
+            _ => None,
+        };
+        let connected = route::connect(
+            &ep,
+            data,
+            fallback.map(|f| (fallback_ep.as_ref().unwrap_or(&ep), f)),
+            self.timeout,
+        )
+        .await?;
+        let conn = connected.conn;
+        let addr = conn.remote_address();
+        if let Some(error) = connected.fell_back {
+            summary.over = Over::Management;
+            self.note(
+                summary,
+                FallbackRoute {
+                    from: self.me.clone(),
+                    to: self.dest.label().to_string(),
+                    data,
+                    error,
+                },
+            );
+        }
         let lost = |e: anyhow::Error| match conn.close_reason() {
             Some(reason) => quic::describe(addr, &reason),
             None => format!("{addr}: {e:#}"),
@@ -331,6 +425,7 @@ impl NodeCtx {
                     tracing::warn!("{addr} dropped peer {peer}: {reason}");
                     summary.dropped_peers.push(format!("{peer}: {reason}"));
                 }
+                Ok(TransferMsg::Fallback(route)) => self.note(summary, route),
                 Ok(TransferMsg::Done {
                     root,
                     corrupt_chunks,
@@ -351,6 +446,7 @@ impl NodeCtx {
             }
         };
         tracing::debug!("{addr}: {:?}", conn.stats().path);
+        drop(fallback_ep);
         conn.close(0u32.into(), b"done");
         drop(serving);
         let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;

@@ -23,6 +23,7 @@ use crate::transport::{ChunkFetcher, FetchError};
 use xfer_proto::chunkset::ChunkSet;
 use xfer_proto::hash::Hash;
 use xfer_proto::refusal::Refusal;
+use xfer_proto::transfer::FallbackRoute;
 
 /// How often written chunks are made durable against power loss.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
@@ -64,9 +65,36 @@ pub struct Tally {
     pub from_peers: AtomicU64,
     /// Peers dropped, with why; drained by the reporter.
     dropped: Mutex<Vec<(PeerId, String)>>,
+    /// This node's links to peers that go over management, in the order
+    /// they were made (at most one per peer and [`MAX_FALLBACKS`]).
+    fallbacks: Mutex<Vec<FallbackRoute>>,
 }
 
+/// Fallbacks a tally keeps: a swarm of thousands cannot grow it unbounded.
+pub const MAX_FALLBACKS: usize = 64;
+
 impl Tally {
+    /// Records a link that goes over management; false if already known.
+    pub fn fell_back(&self, route: FallbackRoute) -> bool {
+        let mut all = self.fallbacks.lock().unwrap();
+        if all.len() >= MAX_FALLBACKS || all.iter().any(|r| r.to == route.to) {
+            return false;
+        }
+        all.push(route);
+        true
+    }
+
+    /// The fallbacks from the `skip`th on.
+    pub fn fallbacks_from(&self, skip: usize) -> Vec<FallbackRoute> {
+        self.fallbacks
+            .lock()
+            .unwrap()
+            .iter()
+            .skip(skip)
+            .cloned()
+            .collect()
+    }
+
     /// Peers dropped since the last call.
     pub fn take_dropped(&self) -> Vec<(PeerId, String)> {
         std::mem::take(&mut self.dropped.lock().unwrap())

@@ -15,7 +15,6 @@
 //! [`serve_peer`] (the serving side, driven by the agent).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,7 +24,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::scheduler::PeerId;
-use crate::flow::receive::PeerUpdate;
+use crate::flow::receive::{PeerUpdate, Tally};
+use crate::flow::route;
 use crate::store::{Store, Transfer};
 use crate::transport::files::{HeldChunkReader, HeldModel};
 use crate::transport::quic::{self, read_frame, write_frame};
@@ -36,7 +36,7 @@ use xfer_proto::chunkset::ChunkSet;
 use xfer_proto::hash::Hash;
 use xfer_proto::hello::Service;
 use xfer_proto::names::ModelName;
-use xfer_proto::transfer::{Refusal, SwarmPeer, TransferMsg};
+use xfer_proto::transfer::{FallbackRoute, Refusal, SwarmPeer, TransferMsg};
 
 /// How long a joining peer waits for this node to start the same transfer
 /// (the source's offers reach the receivers at about the same time).
@@ -225,9 +225,16 @@ fn drain(rx: &mut broadcast::Receiver<u64>, mut chunks: Vec<u64>) -> Vec<u64> {
 /// What a receiver needs to link to the rest of its swarm.
 #[derive(Debug, Clone)]
 pub struct LinkPlan {
-    /// The agent's endpoint (it connects from its listening socket).
+    /// The agent's endpoint for data addresses (it connects from its
+    /// listening socket, or its data address's own).
     pub endpoint: Endpoint,
+    /// The endpoint for peers' management addresses, to fall back to.
+    pub fallback_endpoint: Endpoint,
     pub me: u32,
+    /// What fallback notes call this node.
+    pub label: String,
+    /// Where the links that go over management are recorded.
+    pub tally: Arc<Tally>,
     pub peers: Vec<SwarmPeer>,
     pub name: ModelName,
     pub root: Hash,
@@ -286,7 +293,7 @@ async fn keep_linked(
     let id = peer.id as PeerId;
     while !cancel.is_cancelled() {
         let linked = tokio::select! {
-            r = handshake(&plan, peer.addr) => r,
+            r = handshake(&plan, &peer) => r,
             _ = cancel.cancelled() => return,
         };
         match linked {
@@ -328,14 +335,33 @@ async fn keep_linked(
     }
 }
 
-/// Connects to a peer, joins, and reads its bitfield.
+/// Connects to a peer (its data address, else its management address,
+/// recorded in the tally), joins, and reads its bitfield.
 async fn handshake(
     plan: &LinkPlan,
-    addr: SocketAddr,
+    peer: &SwarmPeer,
 ) -> Result<(Connection, quinn::RecvStream, ChunkSet)> {
-    let conn = quic::connect(&plan.endpoint, addr, Duration::from_secs(5))
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let connected = route::connect(
+        &plan.endpoint,
+        peer.addr,
+        peer.fallback.map(|f| (&plan.fallback_endpoint, f)),
+        Duration::from_secs(5),
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    let conn = connected.conn;
+    let addr = conn.remote_address();
+    if let Some(error) = connected.fell_back {
+        let route = FallbackRoute {
+            from: plan.label.clone(),
+            to: peer.label.clone(),
+            data: peer.addr,
+            error,
+        };
+        if plan.tally.fell_back(route.clone()) {
+            tracing::warn!("{route}");
+        }
+    }
     let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
         .await
         .map_err(anyhow::Error::msg)?;

@@ -36,6 +36,26 @@ impl SysPort {
         self.state_name() == "ACTIVE"
     }
 
+    /// The network interfaces this port's GIDs are bound to
+    /// (`gid_attrs/ndevs/IDX`; RoCE), and the device's own
+    /// (`device/net/*`), sorted and deduplicated.
+    pub fn netdevs(&self) -> Vec<String> {
+        let ndevs = self.dir.join("gid_attrs/ndevs");
+        let mut out: Vec<String> = numbered(&ndevs)
+            .into_iter()
+            .filter_map(|i| read_attr(&ndevs.join(i.to_string())))
+            .collect();
+        if let Some(dev_dir) = self.dir.parent().and_then(Path::parent) {
+            if let Ok(entries) = fs::read_dir(dev_dir.join("device/net")) {
+                out.extend(entries.filter_map(|e| e.ok()?.file_name().into_string().ok()));
+            }
+        }
+        out.retain(|n| !n.is_empty());
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The GID at `index`, unless that entry is empty (all zero) or absent.
     pub fn gid(&self, index: u32) -> Option<String> {
         read_attr(&self.dir.join("gids").join(index.to_string())).filter(|g| !is_zero_gid(g))

@@ -7,6 +7,11 @@
 //! The look at the hardware is sysfs only (`/sys/class/infiniband`), so it
 //! is the same with or without the `rdma` feature; [`choose`] then opens
 //! the device (feature `rdma`) and hands the command its [`Nic`].
+//!
+//! Given the interface of the node's data address (its fabric), only an
+//! RDMA port on that interface will do: the data rides the fabric, so a
+//! port on another network is no RDMA for it ("no active RDMA port on the
+//! fabric interface eth1 (mlx5_0 port 1 is on eth0)").
 
 use std::path::Path;
 use std::sync::Arc;
@@ -38,6 +43,12 @@ pub enum Selected {
 /// The first active RDMA port under `sys` (normally `/sys`), or why there
 /// is none.
 pub fn active_port(sys: &Path) -> Result<ActivePort, String> {
+    active_port_on(sys, None)
+}
+
+/// The first active RDMA port whose netdev is `fabric` (any, with `None`),
+/// or why there is none.
+pub fn active_port_on(sys: &Path, fabric: Option<&str>) -> Result<ActivePort, String> {
     let devices = sysfs::devices(sys).map_err(|_| {
         "no device (kernel lacks RDMA support: /sys/class/infiniband does not exist)".to_string()
     })?;
@@ -45,8 +56,24 @@ pub fn active_port(sys: &Path) -> Result<ActivePort, String> {
         return Err("no device (/sys/class/infiniband is empty)".into());
     }
     let mut down = Vec::new();
+    let mut elsewhere = Vec::new();
     for d in &devices {
         for p in sysfs::ports(sys, d) {
+            if let (true, Some(want)) = (p.is_active(), fabric) {
+                let on = p.netdevs();
+                if !on.iter().any(|n| n == want) {
+                    elsewhere.push(format!(
+                        "{d} port {} is on {}",
+                        p.number,
+                        if on.is_empty() {
+                            "no interface".to_string()
+                        } else {
+                            on.join(", ")
+                        }
+                    ));
+                    continue;
+                }
+            }
             if p.is_active() {
                 return Ok(ActivePort {
                     device: p.device,
@@ -60,6 +87,13 @@ pub fn active_port(sys: &Path) -> Result<ActivePort, String> {
                 p.state.as_deref().unwrap_or("unreadable")
             ));
         }
+    }
+    if let Some(want) = fabric.filter(|_| !elsewhere.is_empty()) {
+        elsewhere.extend(down);
+        return Err(format!(
+            "no active port on the fabric interface {want} ({})",
+            elsewhere.join(", ")
+        ));
     }
     Err(format!("no active port ({})", down.join(", ")))
 }
@@ -77,10 +111,19 @@ fn unusable(_port: &ActivePort) -> Option<String> {
 
 /// Picks the data plane for `choice`, looking at the hardware under `sys`.
 pub fn select(choice: TransportChoice, sys: &Path) -> Result<Selected, String> {
+    select_on(choice, sys, None)
+}
+
+/// [`select`] for a node whose data address is on interface `fabric`.
+pub fn select_on(
+    choice: TransportChoice,
+    sys: &Path,
+    fabric: Option<&str>,
+) -> Result<Selected, String> {
     if choice == TransportChoice::Quic {
         return Ok(Selected::Quic { fallback: None });
     }
-    let why = match active_port(sys) {
+    let why = match active_port_on(sys, fabric) {
         Ok(p) => match unusable(&p) {
             None => return Ok(Selected::Rdma(p)),
             Some(w) => format!("{} port {} is active, but {w}", p.device, p.port),
@@ -106,8 +149,17 @@ fn without_rdma(choice: TransportChoice, why: String) -> Result<Selected, String
 /// With `auto`, prints why it falls back (to stderr, one line); with
 /// `rdma`, returns why it cannot.
 pub fn choose(choice: TransportChoice) -> anyhow::Result<Option<Arc<dyn Nic>>> {
+    choose_on(choice, None)
+}
+
+/// [`choose`] for a node whose data address is on interface `fabric`: only
+/// an RDMA port on it is taken.
+pub fn choose_on(
+    choice: TransportChoice,
+    fabric: Option<&str>,
+) -> anyhow::Result<Option<Arc<dyn Nic>>> {
     let sys = Path::new("/sys");
-    let mut selected = select(choice, sys).map_err(anyhow::Error::msg)?;
+    let mut selected = select_on(choice, sys, fabric).map_err(anyhow::Error::msg)?;
     if let Selected::Rdma(port) = &selected {
         match open_nic(sys, port) {
             Ok(nic) => {
@@ -198,6 +250,51 @@ mod tests {
         std::fs::create_dir_all(&p).unwrap();
         std::fs::write(p.join("state"), format!("{state}\n")).unwrap();
         std::fs::write(p.join("link_layer"), "Ethernet\n").unwrap();
+    }
+
+    /// Binds GID 0 of `dev` port `n` to netdev `iface` (RoCE).
+    fn bound(sys: &Path, dev: &str, n: u32, iface: &str) {
+        let d = sys
+            .join("class/infiniband")
+            .join(dev)
+            .join("ports")
+            .join(n.to_string())
+            .join("gid_attrs/ndevs");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("0"), format!("{iface}\n")).unwrap();
+    }
+
+    #[test]
+    fn the_port_on_the_fabric_interface_is_chosen_and_no_other() {
+        let sys = tempfile::tempdir().unwrap();
+        // mlx5_0 sits on the management network, mlx5_1 on the fabric.
+        port(sys.path(), "mlx5_0", 1, "4: ACTIVE");
+        bound(sys.path(), "mlx5_0", 1, "eno1");
+        port(sys.path(), "mlx5_1", 1, "4: ACTIVE");
+        bound(sys.path(), "mlx5_1", 1, "enp1s0f1np1");
+        assert_eq!(active_port(sys.path()).unwrap().device, "mlx5_0");
+        let p = active_port_on(sys.path(), Some("enp1s0f1np1")).unwrap();
+        assert_eq!((p.device.as_str(), p.port), ("mlx5_1", 1));
+        // A fabric with no RDMA port: named, with where the ports are.
+        let e = active_port_on(sys.path(), Some("eth9")).unwrap_err();
+        assert_eq!(
+            e,
+            "no active port on the fabric interface eth9 (mlx5_0 port 1 is on eno1, mlx5_1 port 1 is on enp1s0f1np1)"
+        );
+        match select_on(TransportChoice::Auto, sys.path(), Some("eth9")).unwrap() {
+            Selected::Quic { fallback: Some(w) } => {
+                assert!(
+                    w.starts_with("rdma: no active port on the fabric interface eth9"),
+                    "{w}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = select_on(TransportChoice::Rdma, sys.path(), Some("eth9")).unwrap_err();
+        assert!(
+            e.starts_with("--transport rdma: no active port on the fabric interface eth9"),
+            "{e}"
+        );
     }
 
     #[test]

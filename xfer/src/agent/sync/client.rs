@@ -90,6 +90,7 @@ pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
             .map(|n| JobMember {
                 node: n.name.to_string(),
                 agent: n.agent.clone(),
+                data: n.data_addr(),
             })
             .collect(),
         chunk_size: req.chunk_size,
@@ -249,6 +250,22 @@ pub fn render(reports: &[NodeReport]) -> String {
             .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
+    }
+    // Never silent: every pair whose data went over management.
+    let mut seen = Vec::new();
+    for m in reports
+        .iter()
+        .filter_map(|r| r.status.as_ref())
+        .flat_map(|s| &s.models)
+    {
+        for f in &m.fallbacks {
+            let line = format!("{}: {f}", m.name);
+            if !seen.contains(&line) {
+                out.push_str(&line);
+                out.push('\n');
+                seen.push(line);
+            }
+        }
     }
     out
 }

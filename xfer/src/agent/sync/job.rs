@@ -149,6 +149,7 @@ mod tests {
             members: vec![JobMember {
                 node: "b".into(),
                 agent: "10.0.0.2:7470".into(),
+                data: None,
             }],
             chunk_size: 4 << 20,
             limit_rate: None,

@@ -11,10 +11,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio_util::sync::CancellationToken;
 
-use super::job::{JobDir, JobRecord, JobSource, JobSpec, JobState, MemberTally};
+use super::job::{JobDir, JobMember, JobRecord, JobSource, JobSpec, JobState, MemberTally};
 use super::status::Activity;
 use crate::agent::permit::Permits;
-use crate::flow::push::{NodeSummary, PushOptions};
+use crate::config::auth::Credential;
+use crate::flow::push::{NodeSummary, PushOptions, RouteSink};
+use crate::flow::route::Destination;
 use crate::hub::env::HubEnv;
 use crate::hub::pull::PullOptions;
 use crate::hub::repo::RepoType;
@@ -267,9 +269,19 @@ impl Runner {
     /// One delivery to every member: the root and each member's outcome.
     async fn round(&self, spec: &JobSpec) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let nic = self.nic_for(spec).map_err(Fatal)?;
+        let mut to: Vec<Destination> = spec.members.iter().map(destination).collect();
+        if let Ok(cred) = Credential::load(&self.key) {
+            crate::agent::client::learn_data_addrs(&Arc::new(cred), &mut to).await;
+        }
+        let activity = self.activity.clone();
+        let name = spec.name.clone();
         let push = PushOptions {
             src: PathBuf::new(),
-            to: spec.members.iter().map(|m| m.agent.clone()).collect(),
+            to,
+            me: Some(spec.source_node.clone()),
+            routes: Some(RouteSink(Arc::new(move |route| {
+                activity.fell_back(&name, route)
+            }))),
             key: self.key.clone(),
             name: Some(spec.name.to_string()),
             chunk_size: spec.chunk_size,
@@ -325,12 +337,7 @@ impl Runner {
             part_size: crate::hub::download::DEFAULT_PART_SIZE,
         };
         let me = self.me().unwrap_or_default();
-        push.to = spec
-            .members
-            .iter()
-            .filter(|m| m.node != me)
-            .map(|m| m.agent.clone())
-            .collect();
+        push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));
         let (root, nodes, manifest) = if push.to.is_empty() {
             let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None)
                 .await
@@ -434,11 +441,13 @@ impl Runner {
             .forget_files(name, &paths)
             .context("cannot update the model's record")?;
         let me = self.me();
-        let mut peers: Vec<(String, String)> = Vec::new();
+        // Each peer's data address first, then its agent address.
+        let mut peers: Vec<(String, Vec<String>)> = Vec::new();
         for rec in self.jobs.all().iter().filter(|r| &r.spec.name == name) {
             for m in &rec.spec.members {
-                if Some(&m.node) != me.as_ref() && !peers.iter().any(|(_, a)| a == &m.agent) {
-                    peers.push((m.node.clone(), m.agent.clone()));
+                if Some(&m.node) != me.as_ref() && !peers.iter().any(|(n, _)| n == &m.node) {
+                    let addrs = m.data.iter().chain([&m.agent]).cloned().collect();
+                    peers.push((m.node.clone(), addrs));
                 }
             }
         }
@@ -447,18 +456,40 @@ impl Runner {
             "no other node is known to hold {name}; push it again"
         );
         let mut last = None;
-        for (node, agent) in peers {
-            let opts = crate::flow::fetch::FetchOptions {
-                from: agent.clone(),
-                name: name.to_string(),
-                root: self.store.root().to_path_buf(),
-                key: self.key.clone(),
-                connect_timeout: Duration::from_secs(5),
-                nic: self.nic.clone(),
-            };
-            match crate::flow::fetch::fetch(&opts).await {
-                Ok(_) => return Ok(node),
-                Err(e) => last = Some(format!("{node}: {e:#}")),
+        for (node, addrs) in peers {
+            let mut data_failed: Option<String> = None;
+            for (i, addr) in addrs.iter().enumerate() {
+                let opts = crate::flow::fetch::FetchOptions {
+                    from: addr.clone(),
+                    name: name.to_string(),
+                    root: self.store.root().to_path_buf(),
+                    key: self.key.clone(),
+                    connect_timeout: Duration::from_secs(5),
+                    nic: self.nic.clone(),
+                };
+                match crate::flow::fetch::fetch(&opts).await {
+                    Ok(_) => {
+                        if let (Some(error), Ok(data)) =
+                            (data_failed, crate::transport::quic::resolve(&addrs[0]))
+                        {
+                            let route = xfer_proto::transfer::FallbackRoute {
+                                from: me.clone().unwrap_or_else(|| "this node".into()),
+                                to: node.clone(),
+                                data,
+                                error,
+                            };
+                            tracing::warn!("repair: {route}");
+                            self.activity.fell_back(name, route);
+                        }
+                        return Ok(node);
+                    }
+                    Err(e) => {
+                        if i == 0 && addrs.len() > 1 {
+                            data_failed = Some(format!("{e:#}"));
+                        }
+                        last = Some(format!("{node}: {e:#}"));
+                    }
+                }
             }
         }
         anyhow::bail!("{}", last.unwrap_or_default())
@@ -470,6 +501,16 @@ enum RoundError {
     Fatal(String),
 }
 use RoundError::{Fatal, Retry};
+
+/// Where a member's data goes: its data address from the cluster file, if
+/// the job has one (else the one its agent advertises, asked per round).
+fn destination(m: &JobMember) -> Destination {
+    Destination {
+        agent: m.agent.clone(),
+        data: m.data.clone(),
+        name: Some(m.node.clone()),
+    }
+}
 
 /// The member name of `addr` in `spec` (or `addr` itself).
 fn node_of(spec: &JobSpec, addr: &str) -> String {

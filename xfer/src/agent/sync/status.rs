@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::job::JobRecord;
-use crate::flow::receive::Tally;
+use crate::flow::receive::{Tally, MAX_FALLBACKS};
 use crate::store::{Store, Transfer};
 pub use xfer_proto::admin::{AgentStatus, JobView, ModelState, ModelStatus};
 use xfer_proto::names::ModelName;
+use xfer_proto::transfer::FallbackRoute;
 
 impl From<&JobRecord> for JobView {
     fn from(r: &JobRecord) -> JobView {
@@ -51,6 +52,17 @@ struct Entry {
     held: (u64, u64),
     /// The last (time, held bytes) sample, for the rate.
     sample: Option<(Instant, u64, f64)>,
+    /// Pairs whose data for this model went over management: this node's
+    /// links of past transfers, and, as a job's source, its members'.
+    routes: Vec<FallbackRoute>,
+}
+
+impl Entry {
+    fn add_route(&mut self, route: FallbackRoute) {
+        if self.routes.len() < MAX_FALLBACKS && !self.routes.contains(&route) {
+            self.routes.push(route);
+        }
+    }
 }
 
 /// The agent's live view of its models.
@@ -66,6 +78,15 @@ impl Activity {
         e.live = Some(Live::Receiving { transfer, tally });
         e.failed = false;
         e.sample = None;
+        // A new transfer finds its own way; old fallbacks would mislead.
+        e.routes.clear();
+    }
+
+    /// A pair whose data for `name` goes over management (told to a job's
+    /// source by its push).
+    pub fn fell_back(&self, name: &ModelName, route: FallbackRoute) {
+        let mut m = self.models.lock().unwrap();
+        m.entry(name.clone()).or_default().add_route(route);
     }
 
     pub fn verifying(&self, name: &ModelName) {
@@ -100,6 +121,9 @@ impl Activity {
                 tally.from_peers.load(std::sync::atomic::Ordering::Relaxed),
             );
             e.held = (transfer.held_bytes(), transfer.manifest().total_bytes());
+            for r in tally.fallbacks_from(0) {
+                e.add_route(r);
+            }
         }
         e.live = None;
         e.failed = error.is_some();
@@ -185,6 +209,7 @@ impl Activity {
                 from_peers: e.from.1,
                 last_error: e.last_error.clone(),
                 repaired_files: e.repaired,
+                fallbacks: e.routes.clone(),
             };
             match &e.live {
                 Some(Live::Receiving { transfer, tally }) => {
@@ -199,6 +224,11 @@ impl Activity {
                     st.eta_s = (rate > 0.0).then(|| (total - held) as f64 / rate);
                     st.from_source = tally.from_source.load(std::sync::atomic::Ordering::Relaxed);
                     st.from_peers = tally.from_peers.load(std::sync::atomic::Ordering::Relaxed);
+                    for r in tally.fallbacks_from(0) {
+                        if !st.fallbacks.contains(&r) {
+                            st.fallbacks.push(r);
+                        }
+                    }
                 }
                 Some(Live::Verifying) => st.state = ModelState::Verifying,
                 Some(Live::Repairing) => st.state = ModelState::Repairing,
@@ -223,6 +253,7 @@ impl Activity {
             .collect();
         AgentStatus {
             node,
+            data: None,
             root: store.root().display().to_string(),
             models: out,
             jobs,

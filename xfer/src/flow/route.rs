@@ -1,0 +1,197 @@
+//! Which way a node's data goes. Every byte between nodes goes to the
+//! node's *data address* (its `fabric_ip`, or whatever its agent was told
+//! with `--data`/`--fabric-if`); the management address carries only the
+//! operator's commands. A node whose data address cannot be reached is
+//! reached over management instead, and that is never silent: the caller
+//! gets the reason, to show as a [`FallbackRoute`].
+//!
+//! [`Destination`] is how a push names one node (`AGENT[/DATA]`), and
+//! [`connect`] opens the connection the data goes over.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use quinn::{Connection, Endpoint};
+
+use crate::transport::quic;
+
+/// One node a push delivers to: its agent (management) address and, when
+/// known, its data address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    /// `HOST[:PORT]` of its agent.
+    pub agent: String,
+    /// `HOST[:PORT]` its data goes to; `None`: the agent address.
+    pub data: Option<String>,
+    /// What messages call it (its node name); `None`: its agent address.
+    pub name: Option<String>,
+}
+
+impl Destination {
+    /// A destination reached at its agent address alone.
+    pub fn agent(agent: &str) -> Destination {
+        Destination {
+            agent: agent.to_string(),
+            data: None,
+            name: None,
+        }
+    }
+
+    /// Parses `AGENT[/DATA]` as `xfer push --to` takes it: the agent's
+    /// address, then, after a slash, its data address, whose port defaults
+    /// to the agent's (`10.0.0.2:7470/192.168.100.2`).
+    pub fn parse(s: &str) -> Result<Destination> {
+        let (agent, data) = match s.split_once('/') {
+            None => (s, None),
+            Some((a, d)) => (a, Some(d)),
+        };
+        if agent.is_empty() || data.is_some_and(|d| d.is_empty() || d.contains('/')) {
+            anyhow::bail!(
+                "`{s}` is not AGENT[/DATA]; write the agent's address, then optionally a slash and its data address, e.g. 10.0.0.2:7470/192.168.100.2"
+            );
+        }
+        let agent_addr = quic::resolve(agent).with_context(|| format!("--to {s}"))?;
+        let data = match data {
+            None => None,
+            Some(d) => {
+                let with_port = if has_port(d) {
+                    d.to_string()
+                } else {
+                    let host = d.trim_start_matches('[').trim_end_matches(']');
+                    match host.parse::<std::net::IpAddr>() {
+                        Ok(ip) => SocketAddr::new(ip, agent_addr.port()).to_string(),
+                        Err(_) => format!("{host}:{}", agent_addr.port()),
+                    }
+                };
+                quic::resolve(&with_port).with_context(|| format!("--to {s}: the data address"))?;
+                Some(with_port)
+            }
+        };
+        Ok(Destination {
+            agent: agent.to_string(),
+            data,
+            name: None,
+        })
+    }
+
+    /// What messages call it.
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.agent)
+    }
+
+    /// Its data and management addresses, resolved: where to connect
+    /// first, and where to fall back to (`None` when they are the same).
+    pub fn resolve(&self) -> Result<(SocketAddr, Option<SocketAddr>)> {
+        let agent = quic::resolve(&self.agent)?;
+        match &self.data {
+            None => Ok((agent, None)),
+            Some(d) => {
+                let data = quic::resolve(d)?;
+                Ok((data, (data != agent).then_some(agent)))
+            }
+        }
+    }
+}
+
+/// Whether `addr` names a port: `H:P`, `[V6]:P` (a bare IPv6 has none).
+fn has_port(addr: &str) -> bool {
+    addr.parse::<SocketAddr>().is_ok()
+        || addr
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.contains(':') && p.parse::<u16>().is_ok())
+}
+
+/// A connection for data, and why it goes over management if it does.
+pub struct Connected {
+    pub conn: Connection,
+    /// `Some(why)`: the data address failed and this is the management one.
+    pub fell_back: Option<String>,
+}
+
+/// Connects for data: to `data` on `ep`, and, if that fails and a
+/// `fallback` (endpoint, management address) is given, there instead.
+/// Each attempt may take `timeout`.
+pub async fn connect(
+    ep: &Endpoint,
+    data: SocketAddr,
+    fallback: Option<(&Endpoint, SocketAddr)>,
+    timeout: Duration,
+) -> Result<Connected, String> {
+    let why = match quic::connect(ep, data, timeout).await {
+        Ok(conn) => {
+            return Ok(Connected {
+                conn,
+                fell_back: None,
+            })
+        }
+        Err(e) => e,
+    };
+    let Some((fep, addr)) = fallback else {
+        return Err(why);
+    };
+    tracing::warn!("data address {data} unreachable ({why}); trying management address {addr}");
+    match quic::connect(fep, addr, timeout).await {
+        Ok(conn) => Ok(Connected {
+            conn,
+            fell_back: Some(short_reason(&why, timeout)),
+        }),
+        Err(e) => Err(format!(
+            "neither the data address {data} ({why}) nor the management address {addr} ({e}) answered"
+        )),
+    }
+}
+
+/// The cause of a failed connect, without the advice meant for a lone
+/// agent address.
+fn short_reason(why: &str, timeout: Duration) -> String {
+    if why.starts_with("no agent answered") {
+        format!("no answer within {}s", timeout.as_secs())
+    } else {
+        why.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_parse_with_and_without_a_data_address() {
+        let d = Destination::parse("127.0.0.1:7470").unwrap();
+        assert_eq!(d, Destination::agent("127.0.0.1:7470"));
+        assert_eq!(
+            d.resolve().unwrap(),
+            ("127.0.0.1:7470".parse().unwrap(), None)
+        );
+        let d = Destination::parse("127.0.0.1:7470/127.0.0.2").unwrap();
+        assert_eq!(d.data.as_deref(), Some("127.0.0.2:7470"));
+        assert_eq!(
+            d.resolve().unwrap(),
+            (
+                "127.0.0.2:7470".parse().unwrap(),
+                Some("127.0.0.1:7470".parse().unwrap())
+            )
+        );
+        let d = Destination::parse("127.0.0.1:7471/[::1]").unwrap();
+        assert_eq!(d.data.as_deref(), Some("[::1]:7471"));
+        let d = Destination::parse("127.0.0.1/127.0.0.2:9000").unwrap();
+        assert_eq!(d.data.as_deref(), Some("127.0.0.2:9000"));
+        // The same address twice needs no fallback.
+        let d = Destination::parse("127.0.0.1:7470/127.0.0.1").unwrap();
+        assert_eq!(d.resolve().unwrap().1, None);
+    }
+
+    #[test]
+    fn malformed_destinations_name_the_syntax() {
+        for bad in ["/127.0.0.2", "127.0.0.1/", "127.0.0.1/a/b"] {
+            let e = Destination::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("AGENT[/DATA]"), "{bad}: {e}");
+        }
+        let e = format!(
+            "{:#}",
+            Destination::parse("127.0.0.1/no such host!").unwrap_err()
+        );
+        assert!(e.contains("the data address"), "{e}");
+    }
+}
