@@ -7,8 +7,9 @@
 //! under 3% of the model's bytes, and the transfer takes about S/B of the
 //! fabric, which management (10x slower) could not come near.
 //!
-//! A node whose fabric is cut falls back to management, completes, and
-//! says so (`over management`) in the push summary and in `xfer status`.
+//! A node whose fabric is cut (link down, or every packet dropped) falls
+//! back to management, completes, and says so (`over management`) in the
+//! push summary, the push's human output and `xfer status`.
 //! A receiver keeps at most `--peers K` peer links.
 //!
 //! Speed figures are asserted only where the issue names them (generously:
@@ -335,59 +336,71 @@ fn fallback_lines(text: &str) -> Vec<&str> {
 
 #[test]
 fn a_node_whose_fabric_is_cut_falls_back_to_management_and_says_so() {
-    let n = 3;
+    let n = 4;
     let Some(f) = Fab::start("fc", n, 0..=n) else {
         return;
     };
-    let cut = 2u32;
-    let cut_fabric = format!("{}:7470", f.c.fabric_ip(cut));
-    f.c.cut_fabric(cut);
+    // Both ways a fabric fails, before anything is sent: h2's eth1 goes
+    // down (a pulled cable: h2 has no route to the fabric, the others'
+    // packets to it go nowhere), h3's stays up but drops everything (nft;
+    // only time-outs). h1 and h4 keep theirs.
+    let cut = [2u32, 3];
+    f.c.cut_fabric(2);
+    f.c.drop_fabric(3);
+    let fabric_of = |i: u32| format!("{}:7470", f.c.fabric_ip(i));
     let to = data_addrs(&f.c, 1..=n);
     let t0 = Instant::now();
 
-    // 1. push --json: the cut node completes over management and the
+    // 1. push --json: the cut nodes complete over management and the
     //    summary says so.
     let src = f.model("m1", 8 * MIB, 171);
     let bytes = tree_bytes(&src);
-    let down0 = f.c.qdisc_bytes_down(cut, "eth0");
+    let down0: Vec<u64> = cut
+        .iter()
+        .map(|&i| f.c.qdisc_bytes_down(i, "eth0"))
+        .collect();
     let r = run(
         &mut push_from_source(&f.c, &src, &to, &f.key, &f.t.path().join("xdg0")),
         Duration::from_secs(180),
     );
-    let down1 = f.c.qdisc_bytes_down(cut, "eth0");
-    r.assert_ok("xfer push with one fabric cut");
+    let down1: Vec<u64> = cut
+        .iter()
+        .map(|&i| f.c.qdisc_bytes_down(i, "eth0"))
+        .collect();
+    r.assert_ok("xfer push with two fabrics cut");
     let (v, s) = push_json(&r);
     for (k, i) in (1..=n).enumerate() {
         assert!(s.nodes[k].ok, "{:#?}", s.nodes[k]);
         assert_same_tree(&src, &f.root(i).join("m1"));
     }
-    let j = &v["nodes"][(cut - 1) as usize];
-    eprintln!("fabric: the cut node's summary: {j:#}");
-    assert_eq!(j["over"].as_str(), Some("management"), "{j:#}");
-    let notes: Vec<&str> = j["notes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no notes list: {j:#}"))
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    assert!(
-        notes
+    for (c, &i) in cut.iter().enumerate() {
+        let j = &v["nodes"][(i - 1) as usize];
+        eprintln!("fabric: cut node h{i}'s summary: {j:#}");
+        assert_eq!(j["over"].as_str(), Some("management"), "h{i}: {j:#}");
+        let notes: Vec<&str> = j["notes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("h{i}: no notes list: {j:#}"))
             .iter()
-            .any(|n| n.contains("over management") && n.contains(&cut_fabric)),
-        "no note names the cut fabric {cut_fabric} and `over management`: {notes:#?}"
-    );
-    for (k, i) in (1..=n).enumerate() {
-        if i != cut {
-            let j = &v["nodes"][k];
-            assert_eq!(j["over"].as_str(), Some("fabric"), "host {i}: {j:#}");
-        }
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("over management") && n.contains(&fabric_of(i))),
+            "h{i}: no note names its cut fabric {} and `over management`: {notes:#?}",
+            fabric_of(i)
+        );
+        // The bytes really came over management (its eth0 download).
+        let got = down1[c] - down0[c];
+        assert!(
+            got >= bytes * 9 / 10,
+            "h{i} took only {got} bytes over management for a {bytes}-byte model"
+        );
     }
-    // The bytes really came over management (the cut node's eth0 download).
-    assert!(
-        down1 - down0 >= bytes * 9 / 10,
-        "the cut node took only {} bytes over management for a {bytes}-byte model",
-        down1 - down0
-    );
+    for i in [1u32, 4] {
+        let j = &v["nodes"][(i - 1) as usize];
+        assert_eq!(j["over"].as_str(), Some("fabric"), "h{i}: {j:#}");
+    }
 
     // 2. The human push output prints each note on a line of its own.
     let src2 = f.model("m2", 8 * MIB, 172);
@@ -398,40 +411,46 @@ fn a_node_whose_fabric_is_cut_falls_back_to_management_and_says_so() {
         .args(["--to", &to.join(","), "--chunk-size", "1MiB", "--key"])
         .arg(&f.key);
     let r = run(&mut cmd, Duration::from_secs(180));
-    r.assert_ok("xfer push (human output) with one fabric cut");
+    r.assert_ok("xfer push (human output) with two fabrics cut");
     let out = format!("{}{}", r.stdout, r.stderr);
     let lines = fallback_lines(&out);
     eprintln!("fabric: the human push output's fallback lines: {lines:#?}");
-    assert!(
-        lines.iter().any(|l| l.contains(&cut_fabric)),
-        "the push output has no `over management` line naming {cut_fabric}:\n{out}"
-    );
+    for i in cut {
+        assert!(
+            lines.iter().any(|l| l.contains(&fabric_of(i))),
+            "the push output has no `over management` line naming {}:\n{out}",
+            fabric_of(i)
+        );
+    }
 
     // 3. A sync over the cluster file: `xfer status` (in the root
-    //    namespace) says the cut node fell back.
+    //    namespace) says the cut nodes fell back.
     let src3 = f.model("m3", 8 * MIB, 173);
-    let nodes = "h1,h2,h3";
-    let r = run(&mut f.sync_cmd(&src3, nodes), Duration::from_secs(180));
-    r.assert_ok("xfer sync --wait with one fabric cut");
-    for i in 1..=n {
-        assert_same_tree(&src3, &f.root(i).join("m3"));
-    }
-    let s = status(&f.file);
     let nodes: Vec<String> = (1..=n).map(|i| format!("h{i}")).collect();
-    for name in &nodes {
+    let r = run(
+        &mut f.sync_cmd(&src3, &nodes.join(",")),
+        Duration::from_secs(180),
+    );
+    r.assert_ok("xfer sync --wait with two fabrics cut");
+    let s = status(&f.file);
+    for (k, name) in nodes.iter().enumerate() {
         assert_eq!(
             s.model(name, "m3").map(|m| m.state),
             Some(ModelState::Complete),
             "{s:#?}"
         );
+        assert_same_tree(&src3, &f.root(k as u32 + 1).join("m3"));
     }
     let text = status_text(&f.file);
     let lines = fallback_lines(&text);
     eprintln!("fabric: xfer status's fallback lines: {lines:#?}");
-    assert!(
-        lines.iter().any(|l| l.contains(&cut_fabric)),
-        "xfer status has no `over management` line naming {cut_fabric}:\n{text}"
-    );
+    for i in cut {
+        assert!(
+            lines.iter().any(|l| l.contains(&fabric_of(i))),
+            "xfer status has no `over management` line naming {}:\n{text}",
+            fabric_of(i)
+        );
+    }
     eprintln!(
         "fabric: fallback test (3 transfers of 8 MiB) took {:.1} s",
         t0.elapsed().as_secs_f64()
