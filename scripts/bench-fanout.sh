@@ -22,6 +22,19 @@
 # Each run appends n,rate,size_mib,ideal_s,xfer_s,rsync_s,source_x to
 # $FANOUT_DIR/results.csv.
 #
+# Two networks (MGMT_MBIT set): every host gets a management link (eth0,
+# 10.78.0.x) at MGMT_MBIT and a fabric (eth1, 10.79.0.x) at RATE_MBIT, both
+# tbf-shaped both ways (netcluster.sh FABRIC_MBIT). Agents listen on
+# 0.0.0.0:PORT (one socket, both networks); the push names each node as
+# MGMT:PORT/FABRIC_IP (agent address / data address), so every chunk should
+# ride the fabric; rsync's daemons and clients use the fabric addresses, as
+# a user would. S/B is the fabric's. The result block adds the bytes tc
+# counted on all management links and on all fabric links (every host's
+# upload, so each packet counts once), in MiB, as % of S and as x S, for
+# both tools. DATA_ADDRS=0 pushes with plain --to MGMT:PORT instead (what
+# an xfer without data addresses does: everything over management).
+#   MGMT_MBIT=40 scripts/bench-fanout.sh 4 400 256
+#
 # Runtime: a run takes about (xfer + rsync) transfer time + ~15 s of setup
 # and checks. While xfer still delivers as a star both tools need ~N*S/B, so
 # `plot` at its defaults (S/B = 21.5 s; N = 1+2+4+8) needs ~2*15*21.5 s plus
@@ -32,7 +45,8 @@
 # [/var/tmp/xfer-fanout] (source tree cache, host roots h<i>/, results.csv;
 # disk, not tmpfs), PREFIX [xfo] (namespace names, see netcluster.sh),
 # PORT [17490] (xfer UDP; rsync daemons use PORT+1 TCP), PUSH_TIMEOUT
-# [4*N*S/B + 120 s], PLOT_NS ["1 2 4 8"], KEEP_RUN [0] keeps logs and JSON.
+# [4*N*S/B + 120 s], PLOT_NS ["1 2 4 8"], KEEP_RUN [0] keeps logs and JSON,
+# MGMT_MBIT [unset: one network] and DATA_ADDRS [1] (see above).
 # Needs root (network namespaces; apt-get for missing tools).
 
 set -euo pipefail
@@ -46,7 +60,7 @@ LOG_TAG=fanout
 # shellcheck source=scripts/lib-bench.sh
 source "$SCRIPT_DIR/lib-bench.sh"
 
-usage() { sed -n '2,36p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,50p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
 FANOUT_DIR=${FANOUT_DIR:-/var/tmp/xfer-fanout}
 BENCH_DIR=$FANOUT_DIR # gen_tree caches the source trees here
@@ -59,6 +73,8 @@ NC=$SCRIPT_DIR/netcluster.sh
 RUN=$FANOUT_DIR/run
 RESULTS=$FANOUT_DIR/results.csv
 CSV_HEADER=n,rate,size_mib,ideal_s,xfer_s,rsync_s,source_x
+MGMT_MBIT=${MGMT_MBIT:-}
+DATA_ADDRS=${DATA_ADDRS:-1}
 
 posint() { [[ $1 =~ ^[0-9]+$ && $1 -ge 1 ]]; }
 check_rate_size() { # check_rate_size RATE SIZE
@@ -129,8 +145,21 @@ verify_tree() {
         die "$what: $dir differs from the source (b3sum lists in $RUN/fp-source.txt and $out)"
     fi
 }
-# uplink_bytes: bytes host 0 has sent so far, by its tbf qdisc.
-uplink_bytes() { "$NC" exec 0 tc -s qdisc show dev eth0 | awk '/Sent/ { print $2; exit }'; }
+# uplink_bytes: bytes host 0 has sent so far, by its tbf qdisc(s).
+uplink_bytes() {
+    if [ -n "$MGMT_MBIT" ]; then
+        echo $(($("$NC" bytes 0 eth0) + $("$NC" bytes 0 eth1)))
+    else
+        "$NC" bytes 0 eth0
+    fi
+}
+# link_bytes N IF: bytes all hosts 0..N have sent on IF (eth0: management,
+# eth1: fabric), by their tbf qdiscs; each packet between hosts counts once.
+link_bytes() {
+    local n=$1 dev=$2 i sum=0
+    for ((i = 0; i <= n; i++)); do sum=$((sum + $("$NC" bytes "$i" "$dev"))); done
+    echo "$sum"
+}
 
 # ---------------------------------------------------------------- one run ----
 
@@ -160,6 +189,9 @@ run_one() {
     bytes=$(tree_bytes "$src")
     files=$(find "$src" -type f | wc -l)
     fingerprint "$src" >"$RUN/fp-source.txt"
+    if [ -n "$MGMT_MBIT" ]; then
+        posint "$MGMT_MBIT" || die "MGMT_MBIT must be a positive integer (got '$MGMT_MBIT')"
+    fi
     local ideal timeout_s
     ideal=$(calc "$bytes / ($rate * 1e6 / 8)")
     timeout_s=${PUSH_TIMEOUT:-$(awk -v s="$ideal" -v n="$n" 'BEGIN { printf "%d", 4 * n * s + 120 }')}
@@ -170,14 +202,33 @@ run_one() {
     unset XFER_CONGESTION XFER_KEY RUST_LOG
     export XDG_CACHE_HOME=$RUN/cache # with --rehash: every push hashes the tree anew
 
-    log "cluster: hosts 0..$n ($PREFIX-h*), $rate Mbit/s per link; tree $src: $bytes bytes, $files files; S/B $(fmt %.2f "$ideal") s"
     CLUSTER_UP=1
-    "$NC" up "$n" "$rate"
-
-    local ips=() to=""
+    # ips: where each tool sends data (the fabric when there is one);
+    # listen: where agents listen; to: what the push is given.
+    local ips=() to="" listen=() nets
+    if [ -n "$MGMT_MBIT" ]; then
+        nets="management $MGMT_MBIT Mbit/s (eth0) + fabric $rate Mbit/s (eth1) per host"
+        log "cluster: hosts 0..$n ($PREFIX-h*), $nets; tree $src: $bytes bytes, $files files; S/B of the fabric $(fmt %.2f "$ideal") s"
+        MGMT_NET=10.78.0 FABRIC_NET=10.79.0 FABRIC_MBIT=$rate ROOT_ATTACH=0 "$NC" up "$n" "$MGMT_MBIT"
+    else
+        nets="$rate Mbit/s per link"
+        log "cluster: hosts 0..$n ($PREFIX-h*), $nets; tree $src: $bytes bytes, $files files; S/B $(fmt %.2f "$ideal") s"
+        MGMT_NET=10.78.0 ROOT_ATTACH=0 "$NC" up "$n" "$rate"
+    fi
     for ((i = 1; i <= n; i++)); do
-        ips[i]=$("$NC" ip "$i")
-        to+="${to:+,}${ips[i]}:$PORT"
+        if [ -n "$MGMT_MBIT" ]; then
+            ips[i]=$("$NC" fip "$i")
+            listen[i]=0.0.0.0:$PORT
+            if [ "$DATA_ADDRS" = 1 ]; then
+                to+="${to:+,}$("$NC" ip "$i"):$PORT/${ips[i]}"
+            else
+                to+="${to:+,}$("$NC" ip "$i"):$PORT"
+            fi
+        else
+            ips[i]=$("$NC" ip "$i")
+            listen[i]=${ips[i]}:$PORT
+            to+="${to:+,}${ips[i]}:$PORT"
+        fi
         mkdir -p "$FANOUT_DIR/h$i/xfer" "$FANOUT_DIR/h$i/rsync"
     done
     sync
@@ -185,7 +236,7 @@ run_one() {
     # ---- xfer: one agent per node, one push from host 0
     local apid=()
     for ((i = 1; i <= n; i++)); do
-        "$NC" exec "$i" "$xfer" serve --listen "${ips[i]}:$PORT" --root "$FANOUT_DIR/h$i/xfer" --key "$key" \
+        "$NC" exec "$i" "$xfer" serve --listen "${listen[i]}" --root "$FANOUT_DIR/h$i/xfer" --key "$key" \
             >"$RUN/agent-$i.out" 2>"$RUN/agent-$i.err" &
         apid[i]=$!
         track "${apid[i]}"
@@ -201,8 +252,12 @@ run_one() {
     done
 
     log "xfer: pushing to $n agents (timeout ${timeout_s}s)"
-    local up0 up1 t0 t1 rc=0
+    local up0 up1 t0 t1 rc=0 mg0=0 mg1=0 fb0=0 fb1=0
     up0=$(uplink_bytes)
+    if [ -n "$MGMT_MBIT" ]; then
+        mg0=$(link_bytes "$n" eth0)
+        fb0=$(link_bytes "$n" eth1)
+    fi
     t0=$EPOCHREALTIME
     # In the background and waited for, so a TERM or INT reaches the trap at once.
     /usr/bin/time -f '%e %M' -o "$RUN/push.time" \
@@ -214,6 +269,10 @@ run_one() {
     t1=$EPOCHREALTIME
     untrack "$ppid"
     up1=$(uplink_bytes)
+    if [ -n "$MGMT_MBIT" ]; then
+        mg1=$(link_bytes "$n" eth0)
+        fb1=$(link_bytes "$n" eth1)
+    fi
     local x_wall x_up_x
     x_wall=$(calc "$t1 - $t0")
     x_up_x=$(calc "($up1 - $up0) / $bytes")
@@ -279,8 +338,12 @@ EOF
     done
 
     log "rsync: $n parallel rsync -a --whole-file clients from host 0"
-    local cpid=() crc=() failed=""
+    local cpid=() crc=() failed="" rmg0=0 rmg1=0 rfb0=0 rfb1=0
     up0=$(uplink_bytes)
+    if [ -n "$MGMT_MBIT" ]; then
+        rmg0=$(link_bytes "$n" eth0)
+        rfb0=$(link_bytes "$n" eth1)
+    fi
     t0=$EPOCHREALTIME
     for ((i = 1; i <= n; i++)); do
         /usr/bin/time -f '%e %M' -o "$RUN/rsync-$i.time" \
@@ -297,6 +360,10 @@ EOF
     done
     t1=$EPOCHREALTIME
     up1=$(uplink_bytes)
+    if [ -n "$MGMT_MBIT" ]; then
+        rmg1=$(link_bytes "$n" eth0)
+        rfb1=$(link_bytes "$n" eth1)
+    fi
     [ -z "$failed" ] || die "rsync failed:$failed"
     local r_s r_up_x
     r_s=$(calc "$t1 - $t0")
@@ -309,7 +376,7 @@ EOF
     local rows=() node nsent nsrc npeer ndur
     rows+=("node"$'\t'"addr"$'\t'"xfer_s"$'\t'"sent_MiB"$'\t'"from_source_MiB"$'\t'"from_peers_MiB"$'\t'"agent_rss_MiB"$'\t'"rsync_s"$'\t'"rsync_rss_MiB")
     for ((i = 1; i <= n; i++)); do
-        node=$(jq -c --arg p "${ips[i]}:" 'first(.nodes[] | select(.addr | startswith($p))) // {}' "$RUN/push.json")
+        node=$(jq -c --argjson k "$((i - 1))" '.nodes[$k] // {}' "$RUN/push.json")
         read -r nsent nsrc npeer ndur < <(jq -r '[.bytes_sent // "-", .from_source // "-", .from_peers // "-", .duration_s // "n/a"] | @tsv' <<<"$node")
         rows+=("$i"$'\t'"${ips[i]}:$PORT"$'\t'"$(fmt %.2f "$ndur")"$'\t'"$(mib "$nsent")"$'\t'"$(mib "$nsrc")"$'\t'"$(mib "$npeer")"$'\t'"$(fmt %.1f "$(calc "${rss[i]:-0} / 1024")")"$'\t'"$(awk 'END { print $1 }' "$RUN/rsync-$i.time")"$'\t'"$(fmt %.1f "$(calc "$(awk 'END { print $2 }' "$RUN/rsync-$i.time") / 1024")")")
     done
@@ -317,8 +384,8 @@ EOF
     stamp=$(date -u +%Y%m%dT%H%M%SZ)
     {
         echo
-        printf '== xfer fan-out: N=%d nodes, %d Mbit/s per link, %d MiB tree (%d bytes, %d files), xfer %s, %d cores, %s ==\n' \
-            "$n" "$rate" "$size" "$bytes" "$files" "$XFER_REV" "$(nproc)" "$stamp"
+        printf '== xfer fan-out: N=%d nodes, %s, %d MiB tree (%d bytes, %d files), xfer %s, %d cores, %s ==\n' \
+            "$n" "$nets" "$size" "$bytes" "$files" "$XFER_REV" "$(nproc)" "$stamp"
         printf '%-34s %8.2f s\n' "ideal S/B" "$ideal"
         printf '%-34s %8.2f s  %5.2f x S/B\n' "xfer push, transfer (dur - hash)" "$x_s" "$(calc "$x_s / $ideal")"
         printf '%-34s %8.2f s  %5.2f x S/B  (hash_s %.2f)\n' "xfer push, whole command" "$x_wall" "$(calc "$x_wall / $ideal")" "$j_hash"
@@ -326,6 +393,15 @@ EOF
         printf '%-34s %8s\n' "rsync / xfer (transfer)" "$(ratio "$r_s" "$x_s")"
         printf '%-34s %8.2f x S  (%s)\n' "source sent by xfer" "$src_x" "$src_x_from"
         printf '%-34s %8.2f x S  xfer, %.2f x S rsync (packets incl. headers)\n' "source uplink on the wire (tc)" "$x_up_x" "$r_up_x"
+        if [ -n "$MGMT_MBIT" ]; then
+            printf '%-34s %8s\n' "xfer push given" "$(if [ "$DATA_ADDRS" = 1 ]; then echo "MGMT:$PORT/FABRIC (data addresses)"; else echo "MGMT:$PORT only (DATA_ADDRS=0)"; fi)"
+            printf '%-34s %8.1f MiB  %6.2f %% of S  xfer, %.1f MiB (%.2f %%) rsync\n' "management links (tc, all hosts)" \
+                "$(calc "($mg1 - $mg0) / 1048576")" "$(calc "100 * ($mg1 - $mg0) / $bytes")" \
+                "$(calc "($rmg1 - $rmg0) / 1048576")" "$(calc "100 * ($rmg1 - $rmg0) / $bytes")"
+            printf '%-34s %8.1f MiB  %6.2f x S    xfer, %.1f MiB (%.2f x S) rsync\n' "fabric links (tc, all hosts)" \
+                "$(calc "($fb1 - $fb0) / 1048576")" "$(calc "($fb1 - $fb0) / $bytes")" \
+                "$(calc "($rfb1 - $rfb0) / 1048576")" "$(calc "($rfb1 - $rfb0) / $bytes")"
+        fi
         printf '%-34s %8.1f MiB\n' "peak RSS xfer pusher" "$(calc "$push_rss / 1024")"
         printf '%s\n' "${rows[@]}" | column -t -s $'\t'
     } | tee -a "$FANOUT_DIR/summary.txt"
