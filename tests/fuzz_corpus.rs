@@ -18,7 +18,7 @@ use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, MANIFEST_VERSION
 use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
 use xfer_proto::stream::{ChunkReply, ChunkRequest, RdmaReply, RdmaRequest};
-use xfer_proto::transfer::{FallbackRoute, Refusal, SwarmPeer, TransferMsg};
+use xfer_proto::transfer::{FallbackRoute, HomeSlots, Refusal, SwarmPeer, TransferMsg};
 
 type Target = fn(&[u8]);
 
@@ -213,6 +213,10 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
                     fallback: Some(peer),
                 },
             ],
+            homes: Some(HomeSlots {
+                of: 16,
+                slots: vec![3, 7],
+            }),
         },
         TransferMsg::Join {
             name: name.clone(),
@@ -227,7 +231,20 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
             held_bytes: 1,
             from_source: 2,
             from_peers: 3,
+            links: 4,
+            max_links: 5,
         },
+        TransferMsg::Links {
+            add: vec![SwarmPeer {
+                id: 3,
+                label: "n3".into(),
+                addr: peer,
+                fallback: None,
+            }],
+            remove: vec![1, 2],
+        },
+        TransferMsg::Feed(None),
+        TransferMsg::Slow { peer: 2 },
         TransferMsg::PeerDropped {
             peer,
             reason: "slow".into(),

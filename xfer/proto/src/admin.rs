@@ -119,6 +119,10 @@ pub struct JobSpec {
     /// The data plane the source node offers (`xfer sync --transport`).
     #[serde(default)]
     pub transport: TransportChoice,
+    /// Peer links per receiver, at most (`xfer sync --peers`); `None`:
+    /// the source's default.
+    #[serde(default)]
+    pub peers: Option<u32>,
 }
 
 impl JobSpec {

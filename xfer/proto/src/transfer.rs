@@ -41,10 +41,16 @@ pub enum TransferMsg {
     Want { name: ModelName },
     /// Agent → peer: this is the model; fetch its chunks on this connection.
     Have { manifest: Manifest },
-    /// Source → receiver, right after `Offer`: you are `me` in a swarm of
-    /// these receivers; fetch from them too. Without it a receiver fetches
-    /// from the source alone.
-    Swarm { me: u32, peers: Vec<SwarmPeer> },
+    /// Source → receiver, right after `Offer`: you are `me` in a swarm;
+    /// link to these peers (`peers` lists you too, for your label), and
+    /// fetch from the source as home to `homes` (`None`: fetch from peers
+    /// only). Later changes come as `Links` and `Feed`. Without it a
+    /// receiver fetches from the source alone.
+    Swarm {
+        me: u32,
+        peers: Vec<SwarmPeer>,
+        homes: Option<HomeSlots>,
+    },
     /// Receiver → receiver, opening a peer link: I am `from` in the swarm
     /// for model `name` with root `root`; announce what you hold.
     Join {
@@ -56,18 +62,49 @@ pub enum TransferMsg {
     Bitfield { has: ChunkSet },
     /// Receiver → peer: chunks verified since the last announcement.
     Has { chunks: Vec<u64> },
-    /// Receiver → source: how far along this node is, and where its bytes
-    /// came from.
+    /// Receiver → source: how far along this node is, where its bytes
+    /// came from, and how many peer links it holds (now, and at most).
     Progress {
         held_bytes: u64,
         from_source: u64,
         from_peers: u64,
+        links: u32,
+        max_links: u32,
     },
     /// Receiver → source: a peer was excluded from this transfer.
     PeerDropped { peer: SocketAddr, reason: String },
     /// Receiver → source: this node reaches a peer over its management
     /// address, because the peer's data address failed.
     Fallback(FallbackRoute),
+    /// Source → receiver: link to `add`, drop the links to `remove` (the
+    /// swarm's peer graph was rewired).
+    Links { add: Vec<SwarmPeer>, remove: Vec<u32> },
+    /// Source → receiver: fetch from the source as home to these chunks
+    /// from now on (`None`: no longer fetch from the source).
+    Feed(Option<HomeSlots>),
+    /// Receiver → source: peer `peer` serves far slower than the others.
+    Slow { peer: u32 },
+}
+
+/// The chunks a receiver fetches from the source: chunk `c` is in slot
+/// `c mod of`, and the receiver is home to `slots`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeSlots {
+    pub of: u32,
+    pub slots: Vec<u32>,
+}
+
+impl HomeSlots {
+    /// Most slots a swarm may have (a source assigns one per feeder).
+    pub const MAX: u32 = 1 << 16;
+
+    /// Whether it is usable: `of` in 1..=MAX, slots below `of`, no more
+    /// than `of` of them.
+    pub fn is_well_formed(&self) -> bool {
+        (1..=Self::MAX).contains(&self.of)
+            && self.slots.len() <= self.of as usize
+            && self.slots.iter().all(|&s| s < self.of)
+    }
 }
 
 /// One member of a swarm, as the source lists it.
@@ -127,6 +164,9 @@ impl TransferMsg {
             TransferMsg::Progress { .. } => "Progress",
             TransferMsg::PeerDropped { .. } => "PeerDropped",
             TransferMsg::Fallback(_) => "Fallback",
+            TransferMsg::Links { .. } => "Links",
+            TransferMsg::Feed(_) => "Feed",
+            TransferMsg::Slow { .. } => "Slow",
         }
     }
 }

@@ -19,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{read_or_refuse, refuse, Ctx};
 use crate::engine::policy;
-use crate::flow::receive::{receive, Links, Received, Tally, SOURCE};
+use crate::engine::scheduler::{self, Homes};
+use crate::flow::receive::{receive, Links, PeerUpdate, Received, Tally, SOURCE};
 use crate::flow::swarm::{self, LinkPlan, Share};
 use crate::store::{Store, Transfer};
 use crate::transport::files::HeldModel;
@@ -30,7 +31,7 @@ use crate::transport::Fetcher;
 use xfer_proto::chunkset::ChunkSet;
 use xfer_proto::frame::{MAX_FRAME, REQUEST_LIMIT};
 use xfer_proto::names::ModelName;
-use xfer_proto::transfer::{Refusal, SwarmPeer, TransferMsg};
+use xfer_proto::transfer::{HomeSlots, Refusal, SwarmPeer, TransferMsg};
 
 /// How often a receiver reports its progress to the source.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
@@ -62,9 +63,10 @@ pub(super) async fn serve(
         TransferMsg::Want { name } => {
             return serve_model(conn, send, ctx.store.clone(), name, ctx.nic.clone()).await
         }
-        TransferMsg::Join { name, root, .. } => {
+        TransferMsg::Join { name, root, from } => {
             let (store, shares) = (ctx.store.clone(), ctx.shares.clone());
-            return swarm::serve_peer(conn, send, store, shares, name, root, ctx.nic.clone()).await;
+            return swarm::serve_peer(conn, send, store, shares, name, root, from, ctx.nic.clone())
+                .await;
         }
         other => {
             return refuse(
@@ -131,10 +133,10 @@ pub(super) async fn serve(
         read_frame_within(&mut recv, REQUEST_LIMIT),
     );
     let swarm = match swarm.await {
-        Ok(Ok(TransferMsg::Swarm { me, peers })) => Some((me, peers)),
+        Ok(Ok(TransferMsg::Swarm { me, peers, homes })) => Some(SwarmPlan { me, peers, homes }),
         _ => None,
     };
-    let result = run_transfer(ctx, &conn, &mut send, transfer.clone(), swarm, token).await;
+    let result = run_transfer(ctx, &conn, &mut send, recv, transfer.clone(), swarm, token).await;
     transfer.release();
     {
         let mut map = jobs.by_name.lock().unwrap();
@@ -161,14 +163,37 @@ pub(super) async fn serve(
     Ok(())
 }
 
-/// Receives `transfer` from the source on `conn` and, with a swarm, from the
-/// other receivers, reporting progress on `send` while it runs.
+/// A receiver's place in a swarm, as the source's `Swarm` gave it.
+struct SwarmPlan {
+    me: u32,
+    /// Its first peers, and itself.
+    peers: Vec<SwarmPeer>,
+    /// The chunks it fetches from the source; `None`: from peers only.
+    homes: Option<HomeSlots>,
+}
+
+/// Homes as the scheduler takes them; a malformed set is none.
+fn homes_of(h: Option<HomeSlots>) -> Homes {
+    match h.filter(HomeSlots::is_well_formed) {
+        Some(h) => Homes {
+            of: h.of,
+            slots: h.slots,
+        },
+        None => Homes::default(),
+    }
+}
+
+/// Receives `transfer` from the source on `conn` and, with a swarm, from
+/// the peers the source links this node to, reporting progress on `send`
+/// and applying the source's rewiring (`Links`, `Feed`) read from `recv`
+/// while it runs.
 async fn run_transfer(
     ctx: &Ctx,
     conn: &quinn::Connection,
     send: &mut quinn::SendStream,
+    recv: quinn::RecvStream,
     transfer: Arc<Transfer>,
-    swarm: Option<(u32, Vec<SwarmPeer>)>,
+    swarm: Option<SwarmPlan>,
     token: CancellationToken,
 ) -> Result<Received, Refusal> {
     let name = transfer.name().clone();
@@ -183,12 +208,20 @@ async fn run_transfer(
     let mut addrs = HashMap::new();
     let linking = CancellationToken::new();
     let mut share = None;
+    let mut linker = None;
     // Only a source that sent a swarm (even of one) reads progress reports.
     let reporting = swarm.is_some();
-    let swarm = swarm
-        .filter(|(me, members)| !transfer.is_complete() && members.iter().any(|p| p.id != *me));
-    if let Some((me, members)) = swarm {
-        cfg = policy::swarm_config(cfg, me);
+    let swarm = swarm.filter(|p| !transfer.is_complete() && p.peers.iter().any(|m| m.id != p.me));
+    let source =
+        Fetcher::connect(conn.clone(), ctx.nic.as_ref(), transfer.map().chunk_size()).await;
+    let mut fed = true;
+    let (control_tx, mut control) = tokio::sync::mpsc::unbounded_channel();
+    if let Some(SwarmPlan { me, peers: members, homes }) = swarm {
+        cfg = scheduler::Config {
+            // A peer that finished is asked like any other, not rationed.
+            source: Some(SOURCE),
+            ..policy::swarm_config(cfg, me)
+        };
         addrs = members.iter().map(|p| (p.id, p.addr)).collect();
         let (verified, _) = tokio::sync::broadcast::channel(4096);
         let s = Arc::new(Share {
@@ -196,6 +229,7 @@ async fn run_transfer(
             transfer: transfer.clone(),
             verified: verified.clone(),
             ended: CancellationToken::new(),
+            tally: tally.clone(),
         });
         ctx.shares.publish(&name, s.clone());
         share = Some(s);
@@ -216,26 +250,85 @@ async fn run_transfer(
             chunk_size: transfer.map().chunk_size(),
             nic: ctx.nic.clone(),
         };
-        let (joined, updates) = swarm::link_peers(plan, linking.clone()).await;
+        let (joined, updates, l) = swarm::link_peers(plan, linking.clone()).await;
         tracing::info!("{name}: linked to {} peers", joined.len());
         peers = joined;
+        linker = Some(l);
         links.updates = Some(updates);
         links.verified = Some(verified);
+        fed = homes.is_some();
+        links.homes = Some(homes_of(homes));
+        // The source's rewiring, read apart so no read is ever cut short.
+        let mut recv = recv;
+        let stop = linking.clone();
+        tokio::spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    m = read_frame_within::<TransferMsg>(&mut recv, REQUEST_LIMIT) => m,
+                    _ = stop.cancelled() => return,
+                };
+                let Ok(m) = msg else { return };
+                if control_tx.send(m).is_err() {
+                    return;
+                }
+            }
+        });
     }
     // Partial peers first, then the source: see `receive`.
-    let source =
-        Fetcher::connect(conn.clone(), ctx.nic.as_ref(), transfer.map().chunk_size()).await;
-    peers.push((SOURCE, source, ChunkSet::full(chunks)));
+    if fed {
+        peers.push((SOURCE, source.clone(), ChunkSet::full(chunks)));
+    }
     let receiving = receive(transfer.clone(), peers, links, cfg, token);
     tokio::pin!(receiving);
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     let mut told = 0;
+    let mut source_lost = false;
     let result = loop {
         tokio::select! {
             r = &mut receiving => break r,
+            _ = conn.closed(), if !source_lost && linker.is_some() => {
+                // Peers may still finish it; if they cannot, it ends.
+                source_lost = true;
+                if let Some(l) = &linker {
+                    l.tell(PeerUpdate::CoordinatorLost);
+                }
+            }
             _ = tick.tick(), if reporting => {
                 // The source may be gone while peers still serve us.
                 let _ = report(send, &transfer, &tally, &addrs, &mut told).await;
+            }
+            Some(msg) = control.recv() => {
+                let Some(linker) = linker.as_mut() else { continue };
+                match msg {
+                    TransferMsg::Links { add, remove } => {
+                        for id in remove {
+                            linker.remove(id);
+                        }
+                        for p in add {
+                            addrs.insert(p.id, p.addr);
+                            linker.add(p);
+                        }
+                    }
+                    TransferMsg::Feed(homes) => {
+                        let feeding = homes.is_some();
+                        if feeding && !fed {
+                            linker.tell(PeerUpdate::Joined {
+                                peer: SOURCE,
+                                fetcher: source.clone(),
+                                has: ChunkSet::full(chunks),
+                            });
+                        }
+                        linker.tell(PeerUpdate::Homes(homes_of(homes)));
+                        if !feeding && fed {
+                            linker.tell(PeerUpdate::Gone {
+                                peer: SOURCE,
+                                why: "the source feeds other receivers".into(),
+                            });
+                        }
+                        fed = feeding;
+                    }
+                    other => tracing::debug!("{name}: ignored {} from the source", other.kind()),
+                }
             }
         }
     };
@@ -265,15 +358,21 @@ async fn report(
         write_frame(send, &TransferMsg::Fallback(route)).await?;
         *told += 1;
     }
+    for peer in tally.take_slow() {
+        write_frame(send, &TransferMsg::Slow { peer }).await?;
+    }
     for (peer, reason) in tally.take_dropped() {
         if let Some(&addr) = addrs.get(&peer) {
             write_frame(send, &TransferMsg::PeerDropped { peer: addr, reason }).await?;
         }
     }
+    let (links, max_links) = tally.links();
     let progress = TransferMsg::Progress {
         held_bytes: transfer.held_bytes(),
         from_source: tally.from_source.load(Ordering::Relaxed),
         from_peers: tally.from_peers.load(Ordering::Relaxed),
+        links,
+        max_links,
     };
     write_frame(send, &progress).await
 }

@@ -210,6 +210,9 @@ pub struct SyncArgs {
     /// Cap the source's send rate, e.g. 500MiB (bytes per second).
     #[arg(long, value_parser = parse_size)]
     pub limit_rate: Option<u64>,
+    /// Peer links each receiver keeps at most (2-64; default 8).
+    #[arg(long, value_parser = parse_peers)]
+    pub peers: Option<u32>,
     /// Follow the job with progress bars until it completes (Ctrl-C leaves it running).
     #[arg(long)]
     pub wait: bool,
@@ -290,6 +293,10 @@ pub struct PushArgs {
     /// Re-read every file instead of trusting the hash cache.
     #[arg(long)]
     pub rehash: bool,
+    /// Peer links each receiver keeps at most (2-64); the swarm's graph is
+    /// a random regular one of this degree, rewired when a node dies.
+    #[arg(long, default_value_t = xfer::engine::topology::DEFAULT_DEGREE, value_parser = parse_peers)]
+    pub peers: u32,
     /// The data plane: RDMA when this node has an active RDMA port (and
     /// this build can drive it), else QUIC; `rdma` refuses without one.
     #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
@@ -407,4 +414,15 @@ pub fn parse_chunk(s: &str) -> Result<u64, String> {
 
 pub fn parse_repo_type(s: &str) -> Result<xfer::hub::repo::RepoType, String> {
     xfer::hub::repo::RepoType::parse(s)
+}
+
+/// `--peers K`: 2 to 64 links per receiver.
+fn parse_peers(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(k) if (2..=64).contains(&k) => Ok(k),
+        _ => Err(format!(
+            "{s} is not a peer count; give 2 to 64 links per receiver (default {})",
+            xfer::engine::topology::DEFAULT_DEGREE
+        )),
+    }
 }

@@ -242,6 +242,7 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
         connect_timeout: Duration::from_secs(5),
         rehash: true,
         nic: None,
+        peers: xfer::engine::topology::DEFAULT_DEGREE,
     };
     let summary = push(&popts, &Progress::new(true)).await?;
     let manifest = xfer::store::scan::scan(&src, opts.chunk_size, &|_| {})?.manifest;

@@ -24,6 +24,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         wait,
         json,
         transport,
+        peers,
     } = args;
     let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
     let req = xfer::agent::sync::client::SyncRequest {
@@ -35,6 +36,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         chunk_size,
         limit_rate,
         transport,
+        peers,
     };
     let spec = xfer::agent::sync::client::sync(&cluster, &req).await?;
     if !wait {

@@ -25,6 +25,7 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         limit_rate,
         connect_timeout,
         rehash,
+        peers,
     } = args;
     let nic = xfer::transport::select::choose(transport)?;
     let to = destinations(&to, &key).await?;
@@ -40,6 +41,7 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         connect_timeout: Duration::from_secs(connect_timeout),
         rehash,
         nic,
+        peers,
     };
     let progress = Progress::new(!json);
     let s = xfer::flow::push::push(&opts, &progress).await?;
@@ -156,6 +158,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             connect_timeout: Duration::from_secs(connect_timeout),
             rehash: false,
             nic,
+            peers: xfer::engine::topology::DEFAULT_DEGREE,
         };
         let s = xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, progress).await?;
         if json {

@@ -9,3 +9,4 @@ pub mod policy;
 pub mod scheduler;
 #[cfg(any(test, feature = "test-support"))]
 pub mod sim;
+pub mod topology;

@@ -102,6 +102,11 @@ pub struct Config {
     /// reaching us: without them a receiver may wait for a swarm it never
     /// hears from.
     pub seed_lead: u32,
+    /// The source's peer id, when the runtime knows it: then only the
+    /// source is a seed, and a peer that joins holding everything (a
+    /// receiver that finished) is asked like any partial peer, not
+    /// rationed by homes. `None`: every peer that joins complete is a seed.
+    pub source: Option<PeerId>,
 }
 
 impl Default for Config {
@@ -116,7 +121,26 @@ impl Default for Config {
             tie_break: 0,
             endgame: 0,
             seed_lead: 16,
+            source: None,
         }
+    }
+}
+
+/// The chunks a receiver fetching from a seed is home to, as the swarm's
+/// coordinator assigned them ([`crate::engine::topology`]): chunk `c` is
+/// in slot `c mod of`, and the receiver owns `slots`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Homes {
+    /// Slots in all.
+    pub of: u32,
+    /// The slots owned, sorted.
+    pub slots: Vec<u32>,
+}
+
+impl Homes {
+    /// Whether chunk `c` is homed here.
+    pub fn contains(&self, chunk: u64) -> bool {
+        self.of > 0 && self.slots.contains(&((chunk % u64::from(self.of)) as u32))
     }
 }
 
@@ -140,6 +164,16 @@ pub enum Event {
     /// it is asked only for chunks no other peer can serve, and is no longer
     /// a home for chunks fetched from the seed.
     PeerSlow { peer: PeerId },
+    /// The swarm's coordinator assigned this receiver's home chunks (empty:
+    /// it no longer fetches from the seed). From then on homes are only
+    /// these, never computed from the roster, and the scheduler never
+    /// reports [`StuckReason::NoSource`]: the coordinator decides who
+    /// serves whom and may link new peers at any time.
+    Homes(Homes),
+    /// The coordinator (the source) is gone: no new links or homes will
+    /// come. From then on the transfer is stuck ([`StuckReason::NoSource`])
+    /// once nothing is in flight and nothing can be asked of any peer.
+    CoordinatorLost,
 }
 
 /// Something the runtime should do.
@@ -279,6 +313,8 @@ pub struct Scheduler {
     roster_frozen: bool,
     /// Roster length when last sorted.
     roster_sorted: usize,
+    /// Homes assigned by the coordinator ([`Event::Homes`]), if any.
+    assigned: Option<Homes>,
 }
 
 impl Scheduler {
@@ -329,6 +365,7 @@ impl Scheduler {
             roster_frozen: false,
             // Never equal to a real length: the first rehome adds `me`.
             roster_sorted: usize::MAX,
+            assigned: None,
         };
         s.settle();
         s
@@ -428,6 +465,14 @@ impl Scheduler {
                     self.remove_peer(i);
                 }
             }
+            Event::Homes(homes) => {
+                self.assigned = Some(homes);
+                self.rehome();
+            }
+            Event::CoordinatorLost => {
+                self.assigned = None;
+                self.seeded = true;
+            }
             Event::PeerSlow { peer } => {
                 if let Some(i) = self.slot(peer) {
                     if !self.peers[i].slow {
@@ -454,7 +499,7 @@ impl Scheduler {
                 self.remove_peer(i);
             }
         }
-        let seed = has.is_complete();
+        let seed = has.is_complete() && self.cfg.source.is_none_or(|s| s == peer);
         self.seeded |= seed;
         self.live_seeds += seed as u32;
         let i = match self.slot(peer) {
@@ -520,6 +565,18 @@ impl Scheduler {
     /// the roster, so homes are balanced) while that one is homeable, else
     /// the homeable receiver with the highest rendezvous hash.
     fn rehome(&mut self) {
+        if let Some(homes) = &self.assigned {
+            let held = &self.held;
+            self.mine_head = 0;
+            self.mine = self
+                .order
+                .iter()
+                .copied()
+                .filter(|&c| homes.contains(c) && !held.contains(c))
+                .collect();
+            self.mine.sort_unstable();
+            return;
+        }
         let Some(me) = self.cfg.me else { return };
         if !self.roster_frozen {
             return;
@@ -988,7 +1045,7 @@ impl Scheduler {
             self.epoch += 1;
             self.fill_from_peers(true);
         }
-        if self.requests == 0 && self.queued == 0 && !self.gated {
+        if self.requests == 0 && self.queued == 0 && !self.gated && self.assigned.is_none() {
             if let Some((c, p)) = self.pick_from_seed(true) {
                 self.request(c, p);
             }
@@ -1001,7 +1058,7 @@ impl Scheduler {
                 }
             }
         }
-        if self.seeded && self.requests == 0 && !self.gated {
+        if self.seeded && self.requests == 0 && !self.gated && self.assigned.is_none() {
             let missing = self.missing;
             self.stop(StuckReason::NoSource { missing });
         }

@@ -44,6 +44,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use crate::engine::policy;
 use crate::engine::scheduler::{self, Action, Event, PeerId, Scheduler, StuckReason};
+use crate::engine::topology::{self, Topology};
 use xfer_proto::chunkset::ChunkSet;
 
 /// One node's link and behaviour.
@@ -96,6 +97,10 @@ pub struct Setup {
     pub sched: scheduler::Config,
     /// Give up at this virtual time (seconds).
     pub until: f64,
+    /// The peer graph: `None`, the full mesh with every receiver fetching
+    /// from the source; `Some`, bounded links and feeders, as the source's
+    /// [`Topology`] decides (see the module docs).
+    pub topology: Option<topology::Config>,
 }
 
 /// What happened to one receiver.
@@ -117,6 +122,10 @@ pub struct NodeReport {
     pub stuck: Option<StuckReason>,
     /// Alive at the end.
     pub alive: bool,
+    /// Most peer links it had at once (the source not counted).
+    pub max_peers: usize,
+    /// Whether it was ever told to fetch from the source.
+    pub fed: bool,
 }
 
 /// The outcome of a run.
@@ -132,6 +141,8 @@ pub struct Report {
     pub events: u64,
     /// Virtual time of the last event (seconds).
     pub end: f64,
+    /// Most peer links any receiver had at once.
+    pub max_peers: usize,
 }
 
 /// A tiny xorshift64* generator, for scripted randomness in tests.
@@ -183,6 +194,10 @@ enum Ev {
     Announce(usize, u64),
     Die(usize),
     Return(usize),
+    /// A topology action reaches a receiver (an index into `Sim::told`).
+    Told(usize),
+    /// A topology event reaches the source (an index into `Sim::tell`).
+    Tell(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,6 +246,10 @@ struct Node {
     /// The product's slow-peer detector, fed with each peer transfer.
     speed: policy::SlowPeerDetector,
     report: NodeReport,
+    /// With a topology: the receivers it is linked to now, and whether the
+    /// source is its peer.
+    links: Vec<usize>,
+    fed: bool,
 }
 
 struct Sim {
@@ -247,6 +266,13 @@ struct Sim {
     stamp: u32,
     /// Largest receiver latency: announcements take `latency(sender)` plus this.
     max_latency: f64,
+    /// The source's topology, if the links are bounded.
+    topo: Option<Topology>,
+    /// Topology actions on their way to a receiver: (receiver, its epoch
+    /// when sent, action).
+    told: Vec<(usize, u32, topology::Action)>,
+    /// Topology events on their way to the source.
+    tell: Vec<topology::Event>,
 }
 
 /// Runs one simulation to the end (every live receiver complete or stuck, or
@@ -276,6 +302,8 @@ pub fn run(setup: Setup) -> Report {
             dropped: Vec::new(),
             speed: policy::SlowPeerDetector::default(),
             report: NodeReport::default(),
+            links: Vec::new(),
+            fed: false,
         });
     }
     let max_latency = setup
@@ -294,6 +322,9 @@ pub fn run(setup: Setup) -> Report {
         source_done: 0,
         stamp: 0,
         max_latency,
+        topo: None,
+        told: Vec::new(),
+        tell: Vec::new(),
     };
     for i in 1..=n {
         let spec = sim.nodes[i].spec;
@@ -307,6 +338,10 @@ pub fn run(setup: Setup) -> Report {
     for i in 1..=n {
         sim.start(i);
     }
+    if let Some(cfg) = sim.setup.topology {
+        sim.topo = Some(Topology::new(cfg, (1..=n).map(|i| i as u32)));
+        sim.topology_acts();
+    }
     let until = ns(sim.setup.until);
     while let Some(Reverse((t, _, ev))) = sim.heap.pop() {
         if t > until {
@@ -317,6 +352,11 @@ pub fn run(setup: Setup) -> Report {
         sim.dispatch(ev);
     }
     let source_uploaded = sim.nodes[0].report.uploaded;
+    let max_peers = sim.nodes[1..]
+        .iter()
+        .map(|n| n.report.max_peers)
+        .max()
+        .unwrap_or(0);
     let source_done = sim.source_done as f64 / NS;
     Report {
         nodes: sim
@@ -333,6 +373,7 @@ pub fn run(setup: Setup) -> Report {
         source_done,
         events: sim.events,
         end: sim.now as f64 / NS,
+        max_peers,
     }
 }
 
@@ -355,11 +396,28 @@ impl Sim {
     }
 
     /// (Re)starts receiver `i` with the chunks it holds: a fresh scheduler
-    /// that meets every live receiver, then the source.
+    /// that meets every live receiver, then the source (with a topology: no
+    /// one until the source's actions reach it).
     fn start(&mut self, i: usize) {
         // The receiver's settings in a swarm, exactly as the agents make them.
-        let cfg = policy::swarm_config(self.setup.sched, i as PeerId);
+        let mut cfg = if self.setup.topology.is_some() {
+            policy::bounded_swarm_config(self.setup.sched, i as PeerId)
+        } else {
+            policy::swarm_config(self.setup.sched, i as PeerId)
+        };
+        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+        if self.setup.topology.is_some() {
+            if let Some(v) = env("T_WIN") { cfg.window = v; }
+            if let Some(v) = env("T_MIF") { cfg.max_in_flight = v; }
+            if let Some(v) = env("T_SW") { cfg.seed_window = v; }
+            if let Some(v) = env("T_EG") { cfg.endgame = v; }
+        }
         let mut s = Scheduler::new(self.nodes[i].held.clone(), cfg);
+        if self.setup.topology.is_some() {
+            self.nodes[i].sched = Some(s);
+            self.act(i);
+            return;
+        }
         for j in 1..self.nodes.len() {
             if j != i && self.nodes[j].alive {
                 s.handle(Event::PeerJoined {
@@ -705,14 +763,28 @@ impl Sim {
                 }
                 let peer = r as PeerId;
                 // Receivers that hold the chunk are not told: their scheduler
-                // never looks at who holds a chunk it has.
-                for q in 1..self.nodes.len() {
-                    if q != r && self.nodes[q].alive && !self.nodes[q].held.contains(chunk) {
+                // never looks at who holds a chunk it has. With a topology,
+                // only its peers are told.
+                let to: Vec<usize> = if self.topo.is_some() {
+                    self.nodes[r].links.clone()
+                } else {
+                    (1..self.nodes.len()).filter(|&q| q != r).collect()
+                };
+                for q in to {
+                    if self.nodes[q].alive && !self.nodes[q].held.contains(chunk) {
                         self.feed(q, Event::PeerHas { peer, chunk });
                     }
                 }
             }
             Ev::Die(i) => self.die(i),
+            Ev::Told(k) => self.told(k),
+            Ev::Tell(k) => {
+                let ev = self.tell[k].clone();
+                if let Some(t) = self.topo.as_mut() {
+                    t.handle(ev);
+                }
+                self.topology_acts();
+            }
             Ev::Return(i) => {
                 if self.nodes[i].alive {
                     return;
@@ -721,6 +793,13 @@ impl Sim {
                 self.nodes[i].epoch += 1;
                 self.nodes[i].report.done_at = None;
                 self.nodes[i].report.stuck = None;
+                if self.topo.is_some() {
+                    // It reconnects to the source, which links it anew.
+                    self.start(i);
+                    let t = self.now + self.latency(i, 0);
+                    self.tell(t, topology::Event::Joined(i as u32));
+                    return;
+                }
                 let has = self.nodes[i].held.clone();
                 for q in 1..self.nodes.len() {
                     if q != i && self.nodes[q].alive {
@@ -748,6 +827,11 @@ impl Sim {
         if self.nodes[r].speed.record(s as PeerId, bytes, took) {
             self.nodes[r].report.slow.push(s as PeerId);
             self.feed(r, Event::PeerSlow { peer: s as PeerId });
+            if self.topo.is_some() {
+                let t = self.now + self.latency(r, 0);
+                let (reporter, peer) = (r as u32, s as u32);
+                self.tell(t, topology::Event::Slow { reporter, peer });
+            }
         }
     }
 
@@ -775,9 +859,107 @@ impl Sim {
             self.reshare_node(n);
             self.serve(n);
         }
+        if self.topo.is_some() {
+            // Its peers see their links break; the source hears later.
+            self.nodes[i].fed = false;
+            for q in std::mem::take(&mut self.nodes[i].links) {
+                self.nodes[q].links.retain(|&x| x != i);
+                self.feed(q, Event::PeerGone { peer: i as PeerId });
+            }
+            let t = self.now + self.latency(i, 0);
+            self.tell(t, topology::Event::Gone(i as u32));
+            return;
+        }
         for q in 1..self.nodes.len() {
             if q != i && self.nodes[q].alive {
                 self.feed(q, Event::PeerGone { peer: i as PeerId });
+            }
+        }
+    }
+
+    fn tell(&mut self, t: u64, ev: topology::Event) {
+        self.tell.push(ev);
+        let k = self.tell.len() - 1;
+        self.at(t, Ev::Tell(k));
+    }
+
+    /// Sends the topology's pending actions to the receivers concerned, one
+    /// latency away.
+    fn topology_acts(&mut self) {
+        while let Some(a) = self.topo.as_mut().and_then(|t| t.poll_action()) {
+            let to: Vec<usize> = match a {
+                topology::Action::Link { a, b } | topology::Action::Unlink { a, b } => {
+                    vec![a as usize, b as usize]
+                }
+                topology::Action::Feed { node, .. } | topology::Action::Unfeed { node } => {
+                    vec![node as usize]
+                }
+            };
+            for n in to {
+                self.told.push((n, self.nodes[n].epoch, a.clone()));
+                let k = self.told.len() - 1;
+                let t = self.now + self.latency(0, n);
+                self.at(t, Ev::Told(k));
+            }
+        }
+    }
+
+    /// Receiver `n` applies a topology action, as its runtime would: links
+    /// are made (each end meets the other with its bitfield) or broken, and
+    /// the source becomes its peer or stops being one.
+    fn told(&mut self, k: usize) {
+        let (n, epoch, ref a) = self.told[k];
+        if !self.nodes[n].alive || self.nodes[n].epoch != epoch {
+            return;
+        }
+        match a.clone() {
+            topology::Action::Link { a, b } => {
+                let other = (a + b) as usize - n;
+                if !self.nodes[other].alive || self.nodes[n].links.contains(&other) {
+                    return;
+                }
+                self.nodes[n].links.push(other);
+                let d = self.nodes[n].links.len();
+                let r = &mut self.nodes[n].report;
+                r.max_peers = r.max_peers.max(d);
+                let has = self.nodes[other].held.clone();
+                let peer = other as PeerId;
+                self.feed(n, Event::PeerJoined { peer, has });
+            }
+            topology::Action::Unlink { a, b } => {
+                let other = (a + b) as usize - n;
+                if !self.nodes[n].links.contains(&other) {
+                    return;
+                }
+                self.nodes[n].links.retain(|&x| x != other);
+                self.cut(other, n);
+                self.feed(n, Event::PeerGone { peer: other as PeerId });
+            }
+            topology::Action::Feed { homes, .. } => {
+                self.nodes[n].report.fed = true;
+                self.feed(n, Event::Homes(homes));
+                if !self.nodes[n].fed && self.nodes[0].alive {
+                    self.nodes[n].fed = true;
+                    let has = self.nodes[0].held.clone();
+                    self.feed(n, Event::PeerJoined { peer: 0, has });
+                }
+            }
+            topology::Action::Unfeed { .. } => {
+                if self.nodes[n].fed {
+                    self.nodes[n].fed = false;
+                    self.feed(n, Event::Homes(scheduler::Homes::default()));
+                    self.cut(0, n);
+                    self.feed(n, Event::PeerGone { peer: 0 });
+                }
+            }
+        }
+    }
+
+    /// Aborts every transfer from `from` to `to` (their link is gone).
+    fn cut(&mut self, from: usize, to: usize) {
+        for f in self.open_flows(to) {
+            if self.flows[f].from == from {
+                self.abort(f);
             }
         }
     }
@@ -819,6 +1001,7 @@ mod tests {
             receivers,
             sched: sched(),
             until: 3600.0,
+            topology: None,
         }
     }
 
@@ -989,5 +1172,95 @@ mod tests {
         );
         assert!(droppers > 0);
         assert!(r.nodes.iter().all(|x| x.dropped.iter().all(|&p| p == 6)));
+    }
+
+    /// Equal links, `n` receivers, links and feeders as the source's
+    /// topology decides (K = 8, 16 feeders).
+    fn bounded(n: usize, chunks: u64) -> Setup {
+        Setup {
+            chunks,
+            topology: Some(topology::Config::default()),
+            ..equal(n)
+        }
+    }
+
+    /// Checks the degree bound on every receiver; returns the most links seen.
+    fn degree_held(r: &Report) -> usize {
+        let k = topology::DEFAULT_DEGREE as usize;
+        for (i, x) in r.nodes.iter().enumerate() {
+            assert!(x.max_peers <= k, "receiver {i}: {} links > {k}", x.max_peers);
+        }
+        assert_eq!(r.max_peers, r.nodes.iter().map(|x| x.max_peers).max().unwrap());
+        r.max_peers
+    }
+
+    fn check_bounded(n: usize, chunks: u64, limit: f64) {
+        let mut s = bounded(n, chunks);
+        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+        if let Some(v) = env("T_FEED") { s.topology.as_mut().unwrap().feeders = v; }
+        if let Some(v) = env("T_DEG") { s.topology.as_mut().unwrap().degree = v; }
+        if let Some(v) = env("T_SLOTS") { for r in &mut s.receivers { r.slots = v; } }
+        if let Some(v) = env("T_SRCSLOTS") { s.source.slots = v; }
+        if let Some(v) = env("T_CHUNKS") { s.chunks = v as u64; }
+        let (r, took) = timed(&s);
+        let ratio = worst(&s, &r, 0..n);
+        let src = source_multiple(&s, &r);
+        let k = degree_held(&r);
+        let fed = r.nodes.iter().filter(|x| x.fed).count();
+        eprintln!(
+            "bounded degree, N={n}, S={chunks}: slowest receiver {ratio:.3} x LB, \
+             source uploaded {src:.3} x S, at most {k} peers, {fed} fed \
+             ({} events, {took:.2?})",
+            r.events
+        );
+        let lb = bound(&s, 0);
+        let mut d: Vec<f64> = r.nodes.iter().map(|x| x.done_at.unwrap_or(0.0) / lb).collect();
+        d.sort_by(f64::total_cmp);
+        eprintln!("DIAG source_done {:.3} min {:.3} p10 {:.3} p50 {:.3} p90 {:.3} max {:.3}",
+            r.source_done / lb, d[0], d[n / 10], d[n / 2], d[n * 9 / 10], d[n - 1]);
+        assert!(ratio <= limit, "N={n}: {ratio:.3} x LB > {limit}");
+        assert!(src <= 1.3, "N={n}: source uploaded {src:.3} x S");
+        assert_eq!(fed, topology::DEFAULT_FEEDERS as usize);
+    }
+
+    #[test]
+    fn bounded_degree_256() {
+        check_bounded(256, CHUNKS, 1.15);
+    }
+
+    #[test]
+    fn bounded_degree_1024() {
+        check_bounded(1024, CHUNKS, 1.15);
+    }
+
+    #[test]
+    fn bounded_degree_a_tenth_die() {
+        let n = 256;
+        let mut s = bounded(n, CHUNKS);
+        let lb = bound(&s, 0);
+        let mut rng = XorShift::new(7);
+        let mut dead = Vec::new();
+        while dead.len() < n / 10 {
+            let i = rng.below(n as u64) as usize;
+            if !dead.contains(&i) {
+                dead.push(i);
+                s.receivers[i].dies_at = Some(lb * (0.2 + 0.6 * rng.unit()));
+            }
+        }
+        let (r, took) = timed(&s);
+        let survivors = worst(&s, &r, (0..n).filter(|i| !dead.contains(i)));
+        let src = source_multiple(&s, &r);
+        let k = degree_held(&r);
+        let dead_feeders = dead.iter().filter(|&&i| r.nodes[i].fed).count();
+        eprintln!(
+            "bounded degree, {} of {n} die ({dead_feeders} feeders): survivors \
+             {survivors:.3} x LB, source {src:.3} x S, at most {k} peers ({took:.2?})",
+            dead.len()
+        );
+        assert!(survivors <= 1.3, "survivors {survivors:.3}");
+        assert!(src <= 1.3, "source uploaded {src:.3} x S");
+        for &i in &dead {
+            assert!(!r.nodes[i].alive);
+        }
     }
 }

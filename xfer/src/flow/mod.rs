@@ -4,6 +4,7 @@
 //! from a peer ([`fetch`]) and a Hub pull fanned out to agents while it
 //! downloads ([`pull_fanout`]).
 
+pub mod coordinator;
 pub mod fetch;
 pub mod pull_fanout;
 pub mod push;

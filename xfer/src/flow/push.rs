@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 
 use crate::config::auth::Credential;
+use crate::flow::coordinator::Coordinator;
 use crate::flow::route::{self, Destination};
 use crate::store::hashcache::HashCache;
 use crate::store::scan::{scan_cached, SourceTree};
@@ -60,6 +62,8 @@ pub struct PushOptions {
     pub rehash: bool,
     /// The RDMA NIC receivers may fetch over; `None`: QUIC only.
     pub nic: Option<Arc<dyn Nic>>,
+    /// Peer links per receiver, at most (`--peers`).
+    pub peers: u32,
 }
 
 /// Where a push reports its fallbacks to management as they happen (an
@@ -117,6 +121,8 @@ pub struct NodeSummary {
     pub from_peers: u64,
     /// Peers this node excluded, with why (e.g. they served corrupt chunks).
     pub dropped_peers: Vec<String>,
+    /// The most peer links it held at once (either way), as it reported.
+    pub max_peer_links: u32,
     pub corrupt_chunks: u64,
     pub duration_s: f64,
 }
@@ -218,12 +224,14 @@ pub async fn deliver(
     let root = manifest.root();
     let send_started = Instant::now();
     let mut tasks = Vec::new();
-    for (dest, member) in opts.to.iter().zip(&members) {
-        let swarm = TransferMsg::Swarm {
-            me: member.id,
-            peers: members.clone(),
-        };
+    let (coordinator, outboxes) = Coordinator::new(members.clone(), opts.peers, root);
+    let coordinator = Arc::new(coordinator);
+    for ((dest, member), outbox) in opts.to.iter().zip(&members).zip(outboxes) {
+        let swarm = coordinator.swarm_for(member.id);
         let ctx = NodeCtx {
+            id: member.id,
+            coordinator: coordinator.clone(),
+            outbox,
             dest: dest.clone(),
             me: opts.me.clone().unwrap_or_else(|| "source".into()),
             routes: opts.routes.clone(),
@@ -284,6 +292,11 @@ async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree
 }
 
 struct NodeCtx {
+    /// Its id in the swarm.
+    id: u32,
+    coordinator: Arc<Coordinator>,
+    /// The source's rewiring for it, to send on its control stream.
+    outbox: mpsc::UnboundedReceiver<TransferMsg>,
     dest: Destination,
     /// What notes call the source.
     me: String,
@@ -323,6 +336,7 @@ impl NodeCtx {
             ..Default::default()
         };
         let bar = self.bar.clone();
+        let (id, coordinator) = (self.id, self.coordinator.clone());
         match self.deliver(&sent, &rdma_sent, &mut summary).await {
             Ok(()) => {
                 summary.ok = true;
@@ -331,6 +345,8 @@ impl NodeCtx {
             Err(e) => {
                 summary.error = Some(e.clone());
                 bar.abandon_with_message("failed");
+                // Its peers get other links; its homes go to another.
+                coordinator.gone(id);
             }
         }
         summary.bytes_sent = sent.load(Ordering::Relaxed);
@@ -340,7 +356,7 @@ impl NodeCtx {
     }
 
     async fn deliver(
-        self,
+        mut self,
         sent: &Arc<AtomicU64>,
         rdma_sent: &Arc<AtomicU64>,
         summary: &mut NodeSummary,
@@ -383,6 +399,15 @@ impl NodeCtx {
             .await
             .map_err(lost)?;
         write_frame(&mut send, &self.swarm).await.map_err(lost)?;
+        // From here on only the rewiring is written, by its own task.
+        let mut outbox = std::mem::replace(&mut self.outbox, mpsc::unbounded_channel().1);
+        let _writer = AbortOnDrop(tokio::spawn(async move {
+            while let Some(msg) = outbox.recv().await {
+                if write_frame(&mut send, &msg).await.is_err() {
+                    return;
+                }
+            }
+        }));
         match read_frame::<TransferMsg>(&mut recv).await.map_err(lost)? {
             TransferMsg::Accepted { held_bytes, .. } => {
                 summary.bytes_skipped = held_bytes;
@@ -416,11 +441,15 @@ impl NodeCtx {
                     held_bytes,
                     from_source,
                     from_peers,
+                    links: _,
+                    max_links,
                 }) => {
                     self.bar.set_position(held_bytes);
                     summary.from_source = from_source;
                     summary.from_peers = from_peers;
+                    summary.max_peer_links = summary.max_peer_links.max(max_links);
                 }
+                Ok(TransferMsg::Slow { peer }) => self.coordinator.slow(self.id, peer),
                 Ok(TransferMsg::PeerDropped { peer, reason }) => {
                     tracing::warn!("{addr} dropped peer {peer}: {reason}");
                     summary.dropped_peers.push(format!("{peer}: {reason}"));

@@ -17,7 +17,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::policy::SlowPeerDetector;
-use crate::engine::scheduler::{self, Action, DropReason, Event, PeerId, Scheduler, StuckReason};
+use crate::engine::scheduler::{
+    self, Action, DropReason, Event, Homes, PeerId, Scheduler, StuckReason,
+};
 use crate::store::{ChunkError, Transfer, Written};
 use crate::transport::{ChunkFetcher, FetchError};
 use xfer_proto::chunkset::ChunkSet;
@@ -54,6 +56,11 @@ pub enum PeerUpdate<F> {
     Has { peer: PeerId, chunks: Vec<u64> },
     /// The link broke.
     Gone { peer: PeerId, why: String },
+    /// The swarm's coordinator (the source) assigned the chunks this node
+    /// fetches from the source (none: it fetches from peers only).
+    Homes(Homes),
+    /// The source's control connection is gone: no rewiring will come.
+    CoordinatorLost,
 }
 
 /// Counters a running transfer keeps for whoever reports on it.
@@ -65,9 +72,29 @@ pub struct Tally {
     pub from_peers: AtomicU64,
     /// Peers dropped, with why; drained by the reporter.
     dropped: Mutex<Vec<(PeerId, String)>>,
+    /// Peers found slow; drained by the reporter (the source rewires).
+    slow: Mutex<Vec<PeerId>>,
     /// This node's links to peers that go over management, in the order
     /// they were made (at most one per peer and [`MAX_FALLBACKS`]).
     fallbacks: Mutex<Vec<FallbackRoute>>,
+    links: Mutex<LinkSet>,
+}
+
+/// The peers a node is linked with, either way, and the most at once.
+#[derive(Debug, Default)]
+struct LinkSet {
+    /// Peers this node fetches from.
+    out: std::collections::HashSet<PeerId>,
+    /// Peers fetching from this node, with how many links each.
+    inc: HashMap<PeerId, u32>,
+    max: u32,
+}
+
+impl LinkSet {
+    fn now(&self) -> u32 {
+        let extra = self.inc.keys().filter(|p| !self.out.contains(p)).count();
+        (self.out.len() + extra) as u32
+    }
 }
 
 /// Fallbacks a tally keeps: a swarm of thousands cannot grow it unbounded.
@@ -84,6 +111,37 @@ impl Tally {
         true
     }
 
+    /// A link with `peer` is up: one this node fetches over (`incoming`
+    /// false), or one `peer` fetches from this node over.
+    pub fn link_up(&self, peer: PeerId, incoming: bool) {
+        let mut l = self.links.lock().unwrap();
+        if incoming {
+            *l.inc.entry(peer).or_default() += 1;
+        } else {
+            l.out.insert(peer);
+        }
+        l.max = l.max.max(l.now());
+    }
+
+    /// That link is down.
+    pub fn link_down(&self, peer: PeerId, incoming: bool) {
+        let mut l = self.links.lock().unwrap();
+        if !incoming {
+            l.out.remove(&peer);
+        } else if let Some(n) = l.inc.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                l.inc.remove(&peer);
+            }
+        }
+    }
+
+    /// Peers linked now either way, and the most at once so far.
+    pub fn links(&self) -> (u32, u32) {
+        let l = self.links.lock().unwrap();
+        (l.now(), l.max)
+    }
+
     /// The fallbacks from the `skip`th on.
     pub fn fallbacks_from(&self, skip: usize) -> Vec<FallbackRoute> {
         self.fallbacks
@@ -93,6 +151,11 @@ impl Tally {
             .skip(skip)
             .cloned()
             .collect()
+    }
+
+    /// Peers found slow since the last call.
+    pub fn take_slow(&self) -> Vec<PeerId> {
+        std::mem::take(&mut self.slow.lock().unwrap())
     }
 
     /// Peers dropped since the last call.
@@ -110,6 +173,9 @@ pub struct Links<F> {
     /// announcing to peers.
     pub verified: Option<broadcast::Sender<u64>>,
     pub tally: Arc<Tally>,
+    /// The chunks the coordinator made this node home to, before any peer
+    /// joins; `None`: homes from the roster (a swarm without one).
+    pub homes: Option<Homes>,
 }
 
 impl<F> Links<F> {
@@ -118,6 +184,7 @@ impl<F> Links<F> {
             updates: None,
             verified: None,
             tally: Arc::default(),
+            homes: None,
         }
     }
 }
@@ -162,6 +229,9 @@ pub async fn receive<F: ChunkFetcher>(
         last_loss: String::new(),
         dropped_corrupt: None,
     };
+    if let Some(homes) = links.homes {
+        driver.sched.handle(Event::Homes(homes));
+    }
     for (id, f, has) in peers {
         driver.fetchers.insert(id, f);
         driver.sched.handle(Event::PeerJoined { peer: id, has });
@@ -373,6 +443,7 @@ impl<F: ChunkFetcher> Driver<F> {
                             "peer {peer} serves far slower than the others; preferring them"
                         );
                         self.sched.handle(Event::PeerSlow { peer });
+                        self.tally.slow.lock().unwrap().push(peer);
                     }
                 }
                 self.sched.handle(Event::Verified { peer, chunk });
@@ -432,6 +503,8 @@ impl<F: ChunkFetcher> Driver<F> {
                     self.sched.handle(Event::PeerGone { peer });
                 }
             }
+            PeerUpdate::Homes(homes) => self.sched.handle(Event::Homes(homes)),
+            PeerUpdate::CoordinatorLost => self.sched.handle(Event::CoordinatorLost),
         }
     }
 }

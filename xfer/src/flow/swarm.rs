@@ -58,6 +58,17 @@ pub struct Share {
     pub verified: broadcast::Sender<u64>,
     /// Cancelled when the transfer ends, whatever the outcome.
     pub ended: CancellationToken,
+    /// Where the links peers open to us are counted.
+    pub tally: Arc<Tally>,
+}
+
+/// Counts a peer's link to us while it lives.
+struct Incoming(Arc<Tally>, PeerId);
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.0.link_down(self.1, true);
+    }
 }
 
 /// The transfers this node is running, by model name.
@@ -129,6 +140,7 @@ pub async fn serve_peer(
     shares: Arc<Shares>,
     name: ModelName,
     root: Hash,
+    from: u32,
     nic: Option<Arc<dyn Nic>>,
 ) -> Result<()> {
     tracing::debug!(
@@ -158,6 +170,8 @@ pub async fn serve_peer(
             anyhow::bail!(r);
         }
     };
+    share.tally.link_up(from, true);
+    let _counted = Incoming(share.tally.clone(), from);
     // Subscribe before the snapshot, so no chunk falls between the two.
     let mut verified = share.verified.subscribe();
     let has = share.transfer.held();
@@ -248,27 +262,81 @@ pub struct LinkPlan {
 
 type Joined = (PeerId, Fetcher, ChunkSet);
 
-/// Fetching side: links to every other member of the swarm. Returns the
-/// peers linked within a short wait (to join the scheduler before the
-/// source, so they form its home roster) and a channel of later changes:
-/// late joins, announcements, departures, and re-joins of peers that come
-/// back. Links are kept (and broken ones retried) until `cancel`.
+/// This receiver's peer links, as the source rewires them: [`Linker::add`]
+/// links (and keeps re-linking) a peer, [`Linker::remove`] drops one, whose
+/// departure then reaches the transfer as [`PeerUpdate::Gone`].
+pub struct Linker {
+    plan: Arc<LinkPlan>,
+    tx: mpsc::UnboundedSender<PeerUpdate<Fetcher>>,
+    links: HashMap<u32, CancellationToken>,
+    cancel: CancellationToken,
+}
+
+impl Linker {
+    /// Links `peer` (a no-op for this node or a peer already linked).
+    pub fn add(&mut self, peer: SwarmPeer) {
+        if peer.id == self.plan.me || self.links.contains_key(&peer.id) {
+            return;
+        }
+        let token = self.cancel.child_token();
+        self.links.insert(peer.id, token.clone());
+        tokio::spawn(keep_linked(
+            self.plan.clone(),
+            peer,
+            None,
+            self.tx.clone(),
+            token,
+        ));
+    }
+
+    /// Passes `update` to the transfer as if a link had sent it (the
+    /// source's own joins and departures, and homes, go this way).
+    pub fn tell(&self, update: PeerUpdate<Fetcher>) {
+        let _ = self.tx.send(update);
+    }
+
+    /// Drops the link to peer `id`.
+    pub fn remove(&mut self, id: u32) {
+        if let Some(token) = self.links.remove(&id) {
+            token.cancel();
+        }
+    }
+}
+
+/// Fetching side: links to the peers in `plan`. Returns the peers linked
+/// within a short wait (to join the scheduler before the source), a
+/// channel of later changes (late joins, announcements, departures,
+/// re-joins of peers that come back) and the [`Linker`] that adds and
+/// drops links later. Links are kept (and broken ones retried) until
+/// `cancel` or their removal.
 pub async fn link_peers(
     plan: LinkPlan,
     cancel: CancellationToken,
-) -> (Vec<Joined>, mpsc::UnboundedReceiver<PeerUpdate<Fetcher>>) {
+) -> (
+    Vec<Joined>,
+    mpsc::UnboundedReceiver<PeerUpdate<Fetcher>>,
+    Linker,
+) {
     let (tx, rx) = mpsc::unbounded_channel();
     let plan = Arc::new(plan);
+    let mut linker = Linker {
+        plan: plan.clone(),
+        tx: tx.clone(),
+        links: HashMap::new(),
+        cancel: cancel.clone(),
+    };
     let mut firsts = Vec::new();
     for peer in plan.peers.iter().filter(|p| p.id != plan.me) {
         let (first_tx, first_rx) = oneshot::channel();
         firsts.push(first_rx);
+        let token = cancel.child_token();
+        linker.links.insert(peer.id, token.clone());
         tokio::spawn(keep_linked(
             plan.clone(),
             peer.clone(),
-            first_tx,
+            Some(first_tx),
             tx.clone(),
-            cancel.clone(),
+            token,
         ));
     }
     let deadline = tokio::time::Instant::now() + FIRST_LINKS_WAIT;
@@ -278,18 +346,18 @@ pub async fn link_peers(
             joined.push(j);
         }
     }
-    (joined, rx)
+    (joined, rx, linker)
 }
 
-/// One peer link, re-established whenever it breaks, until `cancel`.
+/// One peer link, re-established whenever it breaks, until `cancel` (the
+/// transfer ended, or the source unlinked us).
 async fn keep_linked(
     plan: Arc<LinkPlan>,
     peer: SwarmPeer,
-    first: oneshot::Sender<Joined>,
+    mut first: Option<oneshot::Sender<Joined>>,
     tx: mpsc::UnboundedSender<PeerUpdate<Fetcher>>,
     cancel: CancellationToken,
 ) {
-    let mut first = Some(first);
     let id = peer.id as PeerId;
     while !cancel.is_cancelled() {
         let linked = tokio::select! {
@@ -312,13 +380,12 @@ async fn keep_linked(
                         has,
                     });
                 }
+                plan.tally.link_up(id, false);
                 let why = tokio::select! {
                     why = follow(&mut recv, id, plan.chunks, &tx) => why,
-                    _ = cancel.cancelled() => {
-                        conn.close(0u32.into(), b"done");
-                        return;
-                    }
+                    _ = cancel.cancelled() => "unlinked by the source".to_string(),
                 };
+                plan.tally.link_down(id, false);
                 conn.close(0u32.into(), b"link ended");
                 let _ = tx.send(PeerUpdate::Gone { peer: id, why });
             }

@@ -37,6 +37,8 @@ pub struct SyncRequest {
     pub limit_rate: Option<u64>,
     /// The data plane the source node offers.
     pub transport: TransportChoice,
+    /// Peer links per receiver, at most.
+    pub peers: Option<u32>,
 }
 
 /// Builds the job and hands it to every agent involved. Returns the job.
@@ -96,6 +98,7 @@ pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
         chunk_size: req.chunk_size,
         limit_rate: req.limit_rate,
         transport: req.transport,
+        peers: req.peers,
     };
     spec.validate().map_err(anyhow::Error::msg)?;
     let mut involved: Vec<&Node> = members.clone();

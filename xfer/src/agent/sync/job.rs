@@ -154,6 +154,7 @@ mod tests {
             chunk_size: 4 << 20,
             limit_rate: None,
             transport: TransportChoice::Auto,
+            peers: None,
         }
     }
 

@@ -289,6 +289,7 @@ impl Runner {
             connect_timeout: Duration::from_secs(5),
             rehash: false,
             nic,
+            peers: spec.peers.unwrap_or(crate::engine::topology::DEFAULT_DEGREE),
         };
         let quiet = Progress::new(false);
         match &spec.source {

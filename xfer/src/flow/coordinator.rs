@@ -1,0 +1,137 @@
+//! The source's side of a swarm's peer graph: one [`Topology`] (the
+//! sans-IO policy the simulator drives too) fed with what the source
+//! learns (a receiver is gone, a receiver found a peer slow), and its
+//! actions sent to the receivers concerned on their control streams
+//! (`Links`, `Feed`). Each receiver starts from [`Coordinator::swarm_for`]:
+//! its first peers and, if it feeds from the source, its home chunks.
+
+use std::sync::Mutex;
+
+use tokio::sync::mpsc;
+
+use crate::engine::topology::{self, Action, Event, Topology};
+use xfer_proto::hash::Hash;
+use xfer_proto::transfer::{HomeSlots, SwarmPeer, TransferMsg};
+
+/// Coordinates the peer graph of one push.
+pub struct Coordinator {
+    topo: Mutex<Topology>,
+    /// By peer id - 1.
+    members: Vec<SwarmPeer>,
+    outboxes: Vec<mpsc::UnboundedSender<TransferMsg>>,
+}
+
+impl Coordinator {
+    /// The graph of `members` (ids 1..=N in order) with at most `degree`
+    /// links each, seeded by the model's `root` (so a re-run draws the
+    /// same graph); returns it and each member's outbox, to drain onto its
+    /// control stream.
+    pub fn new(
+        members: Vec<SwarmPeer>,
+        degree: u32,
+        root: Hash,
+    ) -> (Coordinator, Vec<mpsc::UnboundedReceiver<TransferMsg>>) {
+        let seed = u64::from_le_bytes(root.0[..8].try_into().expect("32-byte hash"));
+        let cfg = topology::Config {
+            degree,
+            seed,
+            ..Default::default()
+        };
+        let mut topo = Topology::new(cfg, members.iter().map(|m| m.id));
+        // The start is told whole in each `Swarm`.
+        while topo.poll_action().is_some() {}
+        let (outboxes, inboxes) = members.iter().map(|_| mpsc::unbounded_channel()).unzip();
+        (
+            Coordinator {
+                topo: Mutex::new(topo),
+                members,
+                outboxes,
+            },
+            inboxes,
+        )
+    }
+
+    fn member(&self, id: u32) -> Option<&SwarmPeer> {
+        self.members.get((id as usize).checked_sub(1)?)
+    }
+
+    /// The `Swarm` that starts member `id`: its peers (and itself, for its
+    /// label) and its homes if it feeds from the source.
+    pub fn swarm_for(&self, id: u32) -> TransferMsg {
+        let topo = self.topo.lock().unwrap();
+        let mut peers: Vec<SwarmPeer> = topo
+            .peers(id)
+            .into_iter()
+            .filter_map(|p| self.member(p).cloned())
+            .collect();
+        peers.extend(self.member(id).cloned());
+        TransferMsg::Swarm {
+            me: id,
+            peers,
+            homes: homes(topo.homes(id)),
+        }
+    }
+
+    /// Member `id`'s control connection is gone (it failed or was lost).
+    pub fn gone(&self, id: u32) {
+        self.handle(Event::Gone(id));
+    }
+
+    /// Member `reporter` found its link to `peer` far slower than others.
+    pub fn slow(&self, reporter: u32, peer: u32) {
+        if self.member(peer).is_some() {
+            self.handle(Event::Slow { reporter, peer });
+        }
+    }
+
+    fn handle(&self, event: Event) {
+        let mut topo = self.topo.lock().unwrap();
+        topo.handle(event);
+        while let Some(action) = topo.poll_action() {
+            match action {
+                Action::Link { a, b } => {
+                    self.tell_link(a, b, true);
+                    self.tell_link(b, a, true);
+                }
+                Action::Unlink { a, b } => {
+                    self.tell_link(a, b, false);
+                    self.tell_link(b, a, false);
+                }
+                Action::Feed { node, homes: h } => self.tell(node, TransferMsg::Feed(homes(h))),
+                Action::Unfeed { node } => self.tell(node, TransferMsg::Feed(None)),
+            }
+        }
+    }
+
+    fn tell_link(&self, to: u32, peer: u32, up: bool) {
+        let msg = match (up, self.member(peer)) {
+            (true, Some(p)) => TransferMsg::Links {
+                add: vec![p.clone()],
+                remove: Vec::new(),
+            },
+            (false, _) => TransferMsg::Links {
+                add: Vec::new(),
+                remove: vec![peer],
+            },
+            (true, None) => return,
+        };
+        self.tell(to, msg);
+    }
+
+    fn tell(&self, to: u32, msg: TransferMsg) {
+        if let Some(out) = (to as usize)
+            .checked_sub(1)
+            .and_then(|i| self.outboxes.get(i))
+        {
+            let _ = out.send(msg);
+        }
+    }
+}
+
+/// The wire form of a receiver's homes; none when it owns no slot.
+fn homes(h: crate::engine::scheduler::Homes) -> Option<HomeSlots> {
+    (!h.slots.is_empty()).then_some(HomeSlots {
+        of: h.of,
+        slots: h.slots,
+    })
+}
