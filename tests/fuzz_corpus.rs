@@ -217,6 +217,7 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
                 of: 16,
                 slots: vec![3, 7],
             }),
+            bounded: true,
         },
         TransferMsg::Join {
             name: name.clone(),

@@ -44,12 +44,14 @@ pub enum TransferMsg {
     /// Source → receiver, right after `Offer`: you are `me` in a swarm;
     /// link to these peers (`peers` lists you too, for your label), and
     /// fetch from the source as home to `homes` (`None`: fetch from peers
-    /// only). Later changes come as `Links` and `Feed`. Without it a
-    /// receiver fetches from the source alone.
+    /// only). `bounded`: the swarm is larger than one receiver's links
+    /// (each sees only a few peers). Later changes come as `Links` and
+    /// `Feed`. Without it a receiver fetches from the source alone.
     Swarm {
         me: u32,
         peers: Vec<SwarmPeer>,
         homes: Option<HomeSlots>,
+        bounded: bool,
     },
     /// Receiver → receiver, opening a peer link: I am `from` in the swarm
     /// for model `name` with root `root`; announce what you hold.
@@ -78,7 +80,10 @@ pub enum TransferMsg {
     Fallback(FallbackRoute),
     /// Source → receiver: link to `add`, drop the links to `remove` (the
     /// swarm's peer graph was rewired).
-    Links { add: Vec<SwarmPeer>, remove: Vec<u32> },
+    Links {
+        add: Vec<SwarmPeer>,
+        remove: Vec<u32>,
+    },
     /// Source → receiver: fetch from the source as home to these chunks
     /// from now on (`None`: no longer fetch from the source).
     Feed(Option<HomeSlots>),

@@ -133,7 +133,17 @@ pub(super) async fn serve(
         read_frame_within(&mut recv, REQUEST_LIMIT),
     );
     let swarm = match swarm.await {
-        Ok(Ok(TransferMsg::Swarm { me, peers, homes })) => Some(SwarmPlan { me, peers, homes }),
+        Ok(Ok(TransferMsg::Swarm {
+            me,
+            peers,
+            homes,
+            bounded,
+        })) => Some(SwarmPlan {
+            me,
+            peers,
+            homes,
+            bounded,
+        }),
         _ => None,
     };
     let result = run_transfer(ctx, &conn, &mut send, recv, transfer.clone(), swarm, token).await;
@@ -170,6 +180,8 @@ struct SwarmPlan {
     peers: Vec<SwarmPeer>,
     /// The chunks it fetches from the source; `None`: from peers only.
     homes: Option<HomeSlots>,
+    /// It sees only a few of the swarm's receivers.
+    bounded: bool,
 }
 
 /// Homes as the scheduler takes them; a malformed set is none.
@@ -216,11 +228,23 @@ async fn run_transfer(
         Fetcher::connect(conn.clone(), ctx.nic.as_ref(), transfer.map().chunk_size()).await;
     let mut fed = true;
     let (control_tx, mut control) = tokio::sync::mpsc::unbounded_channel();
-    if let Some(SwarmPlan { me, peers: members, homes }) = swarm {
+    if let Some(SwarmPlan {
+        me,
+        peers: members,
+        homes,
+        bounded,
+    }) = swarm
+    {
+        // The policy the simulator measured for each kind of swarm.
+        let policy = if bounded {
+            policy::bounded_swarm_config(cfg, me)
+        } else {
+            policy::swarm_config(cfg, me)
+        };
         cfg = scheduler::Config {
             // A peer that finished is asked like any other, not rationed.
             source: Some(SOURCE),
-            ..policy::swarm_config(cfg, me)
+            ..policy
         };
         addrs = members.iter().map(|p| (p.id, p.addr)).collect();
         let (verified, _) = tokio::sync::broadcast::channel(4096);

@@ -37,6 +37,19 @@
 //!   receiver with nothing in flight, nothing to ask of partial peers and no
 //!   home chunk waiting may take one chunk of another home from the seed, so
 //!   nothing waits forever on a home that never delivers.
+//! - **Assigned homes.** With bounded peer sets a receiver sees only its few
+//!   peers, so homes cannot be computed from a roster: the swarm's
+//!   coordinator ([`crate::engine::topology`], at the source) tells each
+//!   receiver that fetches from the seed which chunks are its own
+//!   ([`Event::Homes`]: chunk `c` is home here if slot `c mod of` is ours),
+//!   and a receiver never told so has no seed among its peers. All
+//!   feeders agree because one coordinator assigns every slot once. Then
+//!   the roster is not used, no chunk of another home is taken when idle
+//!   (every slot has a live feeder; taking others' would make the source
+//!   send chunks twice), requests to a seed count toward `max_in_flight`
+//!   (so the source's transfer keeps its share of a feeder's download),
+//!   and the scheduler never reports [`StuckReason::NoSource`] (the
+//!   coordinator links new peers when old ones go).
 //! - **Slow start.** In a swarm, a receiver holding `k` chunks has at most
 //!   `k + 1` requests in flight to partial peers: early on, when few chunks
 //!   exist, their copies go to many receivers rather than a few.
@@ -55,7 +68,8 @@
 //!   transfer with a reason.
 //! - **Windows.** Up to `window` requests per partial peer, `seed_window` per
 //!   seed, and `max_in_flight` to partial peers in all (requests to a seed do
-//!   not count, so a busy swarm never starves the source of work).
+//!   not count, so a busy swarm never starves the source of work; with
+//!   assigned homes they do, see above).
 //! - **Endgame.** When `endgame` or fewer chunks are missing, a chunk already
 //!   in flight is also requested from one other holder; the first copy wins
 //!   and the other request is cancelled ([`Action::Cancel`]).
@@ -726,7 +740,16 @@ impl Scheduler {
         if self.cfg.me.is_some() && self.peer_requests as u64 > held {
             return false;
         }
-        self.cfg.max_in_flight == 0 || self.peer_requests < self.cfg.max_in_flight as usize
+        // With assigned homes, requests to a seed take their place in the
+        // limit too: the source's transfer to a feeder then gets at least
+        // its share of the feeder's download (see the module docs).
+        let seed_requests = if self.assigned.is_some() {
+            self.requests - self.peer_requests
+        } else {
+            0
+        };
+        self.cfg.max_in_flight == 0
+            || self.peer_requests + seed_requests < self.cfg.max_in_flight as usize
     }
 
     fn window(&self, p: &Peer) -> u32 {
@@ -1494,5 +1517,59 @@ mod tests {
             }
         }
         assert_eq!(got, [2, 3, 4, 6, 7]);
+    }
+
+    #[test]
+    fn assigned_homes_replace_the_roster_and_losing_the_seed_is_not_stuck() {
+        // Receiver 2 with peers 1 and 3 only; the coordinator makes it home
+        // to slot 1 of 4: chunks 1 and 5 of 8.
+        let mut s = Scheduler::new(
+            ChunkSet::empty(8),
+            Config {
+                window: 1,
+                seed_window: 1,
+                max_in_flight: 2,
+                me: Some(2),
+                seed_lead: 0,
+                ..Config::default()
+            },
+        );
+        for peer in [1, 3] {
+            s.handle(Event::PeerJoined {
+                peer,
+                has: ChunkSet::empty(8),
+            });
+        }
+        assert_eq!(drain(&mut s), [], "no seed: nothing to do, not stuck");
+        s.handle(Event::Homes(Homes {
+            of: 4,
+            slots: vec![1],
+        }));
+        s.handle(Event::PeerJoined {
+            peer: 0,
+            has: ChunkSet::full(8),
+        });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 0, chunk: 1 }]);
+        // The seed request takes one of the two places in flight.
+        s.handle(Event::PeerHas { peer: 1, chunk: 0 });
+        s.handle(Event::PeerHas { peer: 3, chunk: 2 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 1, chunk: 0 }]);
+        s.handle(Event::Verified { peer: 0, chunk: 1 });
+        assert_eq!(
+            drain(&mut s),
+            [
+                Action::Fetch { peer: 3, chunk: 2 },
+                Action::Fetch { peer: 0, chunk: 5 }
+            ]
+        );
+        // Unfed: the seed goes, nothing is stuck, and nothing else of the
+        // seed's is asked (no idle fetch of another home's chunk).
+        s.handle(Event::Homes(Homes::default()));
+        s.handle(Event::PeerGone { peer: 0 });
+        s.handle(Event::Verified { peer: 1, chunk: 0 });
+        s.handle(Event::Verified { peer: 3, chunk: 2 });
+        assert_eq!(drain(&mut s), []);
+        s.handle(Event::PeerHas { peer: 1, chunk: 7 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 1, chunk: 7 }]);
     }
 }

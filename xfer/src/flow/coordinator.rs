@@ -69,6 +69,7 @@ impl Coordinator {
             me: id,
             peers,
             homes: homes(topo.homes(id)),
+            bounded: self.members.len() > topo.config().degree as usize + 1,
         }
     }
 
@@ -81,6 +82,22 @@ impl Coordinator {
     pub fn slow(&self, reporter: u32, peer: u32) {
         if self.member(peer).is_some() {
             self.handle(Event::Slow { reporter, peer });
+        }
+    }
+
+    /// Member `reporter` excluded the peer at `addr` (it served corrupt
+    /// chunks): to the graph that peer is as slow as can be, so it stops
+    /// feeding and its homes go to another.
+    pub fn dropped(&self, reporter: u32, addr: std::net::SocketAddr) {
+        if let Some(m) = self
+            .members
+            .iter()
+            .find(|m| m.addr == addr || m.fallback == Some(addr))
+        {
+            self.handle(Event::Slow {
+                reporter,
+                peer: m.id,
+            });
         }
     }
 

@@ -453,6 +453,7 @@ impl NodeCtx {
                 Ok(TransferMsg::PeerDropped { peer, reason }) => {
                     tracing::warn!("{addr} dropped peer {peer}: {reason}");
                     summary.dropped_peers.push(format!("{peer}: {reason}"));
+                    self.coordinator.dropped(self.id, peer);
                 }
                 Ok(TransferMsg::Fallback(route)) => self.note(summary, route),
                 Ok(TransferMsg::Done {

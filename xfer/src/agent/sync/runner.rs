@@ -289,7 +289,9 @@ impl Runner {
             connect_timeout: Duration::from_secs(5),
             rehash: false,
             nic,
-            peers: spec.peers.unwrap_or(crate::engine::topology::DEFAULT_DEGREE),
+            peers: spec
+                .peers
+                .unwrap_or(crate::engine::topology::DEFAULT_DEGREE),
         };
         let quiet = Progress::new(false);
         match &spec.source {
