@@ -5,7 +5,9 @@
 #
 #   loopback  xfer push to one agent on 127.0.0.1 vs `rsync -a --whole-file` to
 #             an rsync daemon on 127.0.0.1; median MB/s of RUNS alternating
-#             runs, CPU seconds per GB (both ends), peak RSS of both xfer ends,
+#             runs, CPU seconds per GB delivered summed over every process
+#             (xfer: pusher + agent; rsync: client + daemon and the children
+#             it forks), peak RSS of both xfer ends,
 #             and one extra push at half the size to show memory stays flat.
 #   shaped    two network namespaces joined by a veth pair shaped to 1 Gbit/s
 #             with tbf (see scripts/lib-netns.sh): iperf3 TCP as the reference,
@@ -30,6 +32,7 @@
 #   PORT_BASE [17480]       xfer agent UDP port; rsyncd uses +1, iperf3 +2
 #   PUSH_TIMEOUT [900]      seconds before a push counts as stalled
 #   KEEP_RUN [0]            1 keeps the scratch directory (logs, JSON) on exit
+#   XFER [unset]            run this xfer binary instead of building one
 #
 # The source tree stays in the page cache (warmed once with cat); the
 # destination is emptied and `sync`ed before every run. Nothing drops caches.
@@ -41,7 +44,7 @@ set -euo pipefail
 shopt -s inherit_errexit
 export LC_ALL=C
 
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; }
 
 PART=${1:-all}
 case $PART in
@@ -151,11 +154,17 @@ if port_busy t "$RPORT"; then die "TCP port $RPORT is in use; set PORT_BASE"; fi
 rm -rf "$RUN"
 mkdir -p "$RUN"
 
-log "building xfer (release)"
-(cd "$REPO" && cargo build --release -p xfer >&2)
-TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
-# Run a private copy, so a rebuild elsewhere cannot swap the binary mid-run.
-cp "$TARGET_DIR/release/xfer" "$RUN/xfer"
+if [ -n "${XFER:-}" ]; then
+    [ -x "$XFER" ] || die "XFER=$XFER is not an executable"
+    log "using XFER=$XFER (not building)"
+    cp "$XFER" "$RUN/xfer"
+else
+    log "building xfer (release)"
+    (cd "$REPO" && cargo build --release -p xfer >&2)
+    TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
+    # Run a private copy, so a rebuild elsewhere cannot swap the binary mid-run.
+    cp "$TARGET_DIR/release/xfer" "$RUN/xfer"
+fi
 XFER=$RUN/xfer
 KEY=$RUN/cluster.key
 "$XFER" keygen --out "$KEY" >/dev/null
@@ -172,6 +181,7 @@ GIT_REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$REPO" status --porcelain -- xfer/src 2>/dev/null)" ]; then
     GIT_REV="$GIT_REV+dirty"
 fi
+if [ -n "${XFER:-}" ]; then GIT_REV="XFER=$XFER"; fi
 
 # ---------------------------------------------------------------- helpers ----
 
@@ -334,13 +344,15 @@ if want loopback; then
     warm "$SRC"
     BYTES=$(tree_bytes "$SRC")
     log "loopback: $BYTES bytes, $RUNS runs each, alternating xfer / rsync"
-    xm=() xo=() xd=() xc=() xrp=() xra=() rm_=() rd=() rc_=() rr=()
+    xm=() xo=() xd=() xc=() xcp=() xca=() xrp=() xra=() rm_=() rd=() rc_=() rcc=() rcd=() rr=()
     for ((run = 1; run <= RUNS; run++)); do
         if xfer_push_once "xfer loopback #$run" "" "" 127.0.0.1 "$SRC" 4MiB cubic "$RUN/dst-xfer"; then
             xm+=("$(calc "$X_BYTES / $X_WALL / 1e6")")
             xo+=("$(calc "$X_BYTES / $X_XFER_S / 1e6")")
             xd+=("$(calc "$X_BYTES / ($X_WALL + $X_SYNC) / 1e6")")
             xc+=("$(calc "$X_CPU / ($X_BYTES / 1e9)")")
+            xcp+=("$(calc "($X_USER + $X_SYS) / ($X_BYTES / 1e9)")")
+            xca+=("$(calc "$X_CPU_AGENT / ($X_BYTES / 1e9)")")
             xrp+=("$X_RSS_PUSH")
             xra+=("$X_RSS_AGENT")
         fi
@@ -350,6 +362,8 @@ if want loopback; then
             rm_+=("$(calc "$BYTES / $R_WALL / 1e6")")
             rd+=("$(calc "$BYTES / ($R_WALL + $R_SYNC) / 1e6")")
             rc_+=("$(calc "$R_CPU / ($BYTES / 1e9)")")
+            rcc+=("$(calc "($R_USER + $R_SYS) / ($BYTES / 1e9)")")
+            rcd+=("$(calc "$R_CPU_DAEMON / ($BYTES / 1e9)")")
             rr+=("$R_RSS")
         fi
         rm -rf "$RUN/dst-rsync"
@@ -358,11 +372,15 @@ if want loopback; then
     R[lo_x_only]=$(median "${xo[@]}")
     R[lo_x_dur]=$(median "${xd[@]}")
     R[lo_x_cpu]=$(median "${xc[@]}")
+    R[lo_x_cpu_p]=$(median "${xcp[@]}")
+    R[lo_x_cpu_a]=$(median "${xca[@]}")
     R[lo_x_rss_p]=$(maxof "${xrp[@]}")
     R[lo_x_rss_a]=$(maxof "${xra[@]}")
     R[lo_r_mbs]=$(median "${rm_[@]}")
     R[lo_r_dur]=$(median "${rd[@]}")
     R[lo_r_cpu]=$(median "${rc_[@]}")
+    R[lo_r_cpu_c]=$(median "${rcc[@]}")
+    R[lo_r_cpu_d]=$(median "${rcd[@]}")
     R[lo_r_rss]=$(maxof "${rr[@]}")
 
     warm "$SRC_HALF"
@@ -496,12 +514,13 @@ if want loopback; then
     row loopback "MB/s, whole command (hashing incl.), median" "$(fmt %.0f "${R[lo_x_mbs]}")" "rsync $(fmt %.0f "${R[lo_r_mbs]}")" "$(ratio "${R[lo_x_mbs]}" "${R[lo_r_mbs]}")"
     row loopback "MB/s, transfer only (duration_s - hash_s)" "$(fmt %.0f "${R[lo_x_only]}")" "-" "-"
     row loopback "MB/s, including a trailing sync" "$(fmt %.0f "${R[lo_x_dur]}")" "rsync $(fmt %.0f "${R[lo_r_dur]}")" "$(ratio "${R[lo_x_dur]}" "${R[lo_r_dur]}")"
-    row loopback "CPU s per GB, both ends, median" "$(fmt %.2f "${R[lo_x_cpu]}")" "rsync $(fmt %.2f "${R[lo_r_cpu]}")" "$(ratio "${R[lo_x_cpu]}" "${R[lo_r_cpu]}")"
+    row loopback "CPU s per GB delivered, all processes, median" "$(fmt %.2f "${R[lo_x_cpu]}")" "rsync $(fmt %.2f "${R[lo_r_cpu]}")" "$(ratio "${R[lo_x_cpu]}" "${R[lo_r_cpu]}")"
+    row loopback "  of which pusher / agent (rsync: client / daemon)" "$(fmt %.2f "${R[lo_x_cpu_p]}") / $(fmt %.2f "${R[lo_x_cpu_a]}")" "rsync $(fmt %.2f "${R[lo_r_cpu_c]}") / $(fmt %.2f "${R[lo_r_cpu_d]}")" "-"
     row memory "peak RSS MiB pusher, $HALF_MB vs $SIZE_MB MiB" "$(mib "${R[half_rss_p]:-n/a}") / $(mib "${R[lo_x_rss_p]}")" "rsync client $(mib "${R[lo_r_rss]}")" "-"
     row memory "peak RSS MiB agent, $HALF_MB vs $SIZE_MB MiB" "$(mib "${R[half_rss_a]:-n/a}") / $(mib "${R[lo_x_rss_a]}")" "-" "-"
     md "Loopback push, $SIZE_MB MiB, MB/s (whole command, hashing incl.)" "$(fmt %.0f "${R[lo_x_mbs]}")" "rsync $(fmt %.0f "${R[lo_r_mbs]}")" "$(ratio "${R[lo_x_mbs]}" "${R[lo_r_mbs]}")"
     md "Loopback push, transfer only, MB/s" "$(fmt %.0f "${R[lo_x_only]}")" "" ""
-    md "Loopback CPU s/GB (both ends)" "$(fmt %.2f "${R[lo_x_cpu]}")" "rsync $(fmt %.2f "${R[lo_r_cpu]}")" "$(ratio "${R[lo_x_cpu]}" "${R[lo_r_cpu]}")"
+    md "Loopback CPU s per GB delivered, all processes (pusher + agent; rsync client + daemon)" "$(fmt %.2f "${R[lo_x_cpu]}") ($(fmt %.2f "${R[lo_x_cpu_p]}") + $(fmt %.2f "${R[lo_x_cpu_a]}"))" "rsync $(fmt %.2f "${R[lo_r_cpu]}") ($(fmt %.2f "${R[lo_r_cpu_c]}") + $(fmt %.2f "${R[lo_r_cpu_d]}"))" "$(ratio "${R[lo_x_cpu]}" "${R[lo_r_cpu]}")"
     md "Peak RSS pusher / agent, $HALF_MB → $SIZE_MB MiB" "$(mib "${R[half_rss_p]:-n/a}")/$(mib "${R[half_rss_a]:-n/a}") → $(mib "${R[lo_x_rss_p]}")/$(mib "${R[lo_x_rss_a]}") MiB" "" ""
 fi
 if want shaped; then
