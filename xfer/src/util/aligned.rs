@@ -9,6 +9,7 @@
 //! about a quarter of a receiving node's CPU. Reused, its pages stay mapped.
 
 use std::alloc::{alloc, dealloc, Layout};
+use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
@@ -16,10 +17,15 @@ use std::sync::Mutex;
 /// chunks in flight on four transfers, or of 16 MiB chunks on one. Beyond
 /// it, freed buffers go back to the allocator.
 const POOL_BYTES: usize = 256 << 20;
+/// Smaller buffers (small files) go straight back to the allocator, which
+/// serves them from its heap without faults anyway.
+const POOL_MIN: usize = 256 << 10;
 
-/// Freed allocations by size, kept for the next buffer of the same size.
+/// Freed allocations by size, kept for the next buffer of the same size;
+/// the oldest make room for newer ones (a file's last chunk has a size of
+/// its own, which must not crowd out the common size).
 struct Pool {
-    free: Vec<(usize, NonNull<u8>)>,
+    free: VecDeque<(usize, NonNull<u8>)>,
     bytes: usize,
 }
 
@@ -27,7 +33,7 @@ struct Pool {
 unsafe impl Send for Pool {}
 
 static POOL: Mutex<Pool> = Mutex::new(Pool {
-    free: Vec::new(),
+    free: VecDeque::new(),
     bytes: 0,
 });
 
@@ -58,14 +64,14 @@ impl AlignedBuf {
         // A chunk-sized buffer sits on huge pages where it can: the copy
         // into it, the hash over it and the `O_DIRECT` write pinning it
         // then walk 2 MiB pages, not 4 KiB ones.
-        let align = if size >= HUGE_PAGE { HUGE_PAGE } else { ALIGN };
-        let layout = Layout::from_size_align(size, align).expect("valid layout");
+        let layout = layout_of(size);
+        let align = layout.align();
         let reused = {
             let mut pool = POOL.lock().unwrap();
             let found = pool.free.iter().rposition(|&(s, _)| s == size);
-            found.map(|i| {
+            found.and_then(|i| {
                 pool.bytes -= size;
-                pool.free.swap_remove(i).1
+                pool.free.remove(i).map(|(_, p)| p)
             })
         };
         let ptr = match reused {
@@ -137,18 +143,33 @@ impl AsRef<[u8]> for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         let size = self.layout.size();
-        {
+        let mut evicted = Vec::new();
+        if (POOL_MIN..=POOL_BYTES).contains(&size) {
             let mut pool = POOL.lock().unwrap();
-            if pool.bytes + size <= POOL_BYTES {
-                pool.bytes += size;
-                pool.free.push((size, self.ptr));
-                return;
+            while pool.bytes + size > POOL_BYTES {
+                let Some(old) = pool.free.pop_front() else {
+                    break;
+                };
+                pool.bytes -= old.0;
+                evicted.push(old);
             }
+            pool.bytes += size;
+            pool.free.push_back((size, self.ptr));
+        } else {
+            evicted.push((size, self.ptr));
         }
-        // SAFETY: allocated in `with_capacity` with exactly this layout
-        // (every pooled allocation of one size has the same alignment).
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        for (size, ptr) in evicted {
+            // SAFETY: allocated in `with_capacity` with the layout of this
+            // size (its alignment follows from its size).
+            unsafe { dealloc(ptr.as_ptr(), layout_of(size)) }
+        }
     }
+}
+
+/// The layout of a buffer of `size` bytes (a multiple of [`ALIGN`]).
+fn layout_of(size: usize) -> Layout {
+    let align = if size >= HUGE_PAGE { HUGE_PAGE } else { ALIGN };
+    Layout::from_size_align(size, align).expect("valid layout")
 }
 
 /// Whether `data` written at `offset` meets `O_DIRECT`'s alignment rules.
@@ -185,7 +206,7 @@ mod tests {
     #[test]
     fn a_freed_buffer_is_reused_empty() {
         // A size no other test asks for, so the pooled buffer is this one.
-        let len = 7 * ALIGN + 123;
+        let len = POOL_MIN + 7 * ALIGN + 123;
         let mut b = AlignedBuf::with_capacity(len);
         b.extend_from_slice(&[9; 100]);
         let first = b.as_ref().as_ptr();
