@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks for `xfer push`, side by side with the usual tools.
 #
-#   scripts/bench-push.sh [loopback|shaped|hash|chunks|all|clean]   (default: all)
+#   scripts/bench-push.sh [loopback|shaped|hash|chunks|connections|all|clean]   (default: all)
 #
 #   loopback  xfer push to one agent on 127.0.0.1 vs `rsync -a --whole-file` to
 #             an rsync daemon on 127.0.0.1; median MB/s of RUNS alternating
@@ -14,6 +14,10 @@
 #             then xfer goodput with cubic and bbr, at each MTU in SHAPED_MTUS.
 #   hash      `xfer manifest` vs `b3sum --num-threads 2` over the same files.
 #   chunks    loopback push and manifest hashing at each of CHUNK_SIZES.
+#   connections  loopback push with --connections at each of CONNECTIONS
+#             (interleaved, RUNS rounds): MB/s and CPU seconds per GB
+#             delivered (pusher + agent). On 2 cores more connections cannot
+#             go faster; the figure to watch is that CPU per GB does not grow.
 #   clean     remove BENCH_DIR (the cached source trees) and exit.
 #
 # Environment (defaults in brackets):
@@ -25,6 +29,7 @@
 #   SHAPED_CCS ["cubic bbr"]   values of XFER_CONGESTION to try
 #   IPERF_SECS [5]          iperf3 reference duration
 #   CHUNK_SIZES ["1MiB 4MiB 16MiB"], CHUNK_RUNS [RUNS]
+#   CONNECTIONS ["1 2 4"]   values of --connections for the connections part
 #   HASH_THREADS [2]        b3sum --num-threads
 #   TBF_RATE [1gbit] TBF_BURST [256kb] TBF_LATENCY [50ms]  (lib-netns.sh)
 #   BENCH_DIR [/var/tmp/xfer-bench]  cached source trees and scratch space;
@@ -44,11 +49,11 @@ set -euo pipefail
 shopt -s inherit_errexit
 export LC_ALL=C
 
-usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; }
 
 PART=${1:-all}
 case $PART in
-loopback | shaped | hash | chunks | all | clean) ;;
+loopback | shaped | hash | chunks | connections | all | clean) ;;
 -h | --help | help)
     usage
     exit 0
@@ -75,6 +80,7 @@ SHAPED_CCS=${SHAPED_CCS:-cubic bbr}
 IPERF_SECS=${IPERF_SECS:-5}
 CHUNK_SIZES=${CHUNK_SIZES:-1MiB 4MiB 16MiB}
 CHUNK_RUNS=${CHUNK_RUNS:-$RUNS}
+CONNECTIONS=${CONNECTIONS:-1 2 4}
 HASH_THREADS=${HASH_THREADS:-2}
 BENCH_DIR=${BENCH_DIR:-/var/tmp/xfer-bench}
 PORT_BASE=${PORT_BASE:-17480}
@@ -154,10 +160,11 @@ if port_busy t "$RPORT"; then die "TCP port $RPORT is in use; set PORT_BASE"; fi
 rm -rf "$RUN"
 mkdir -p "$RUN"
 
-if [ -n "${XFER:-}" ]; then
-    [ -x "$XFER" ] || die "XFER=$XFER is not an executable"
-    log "using XFER=$XFER (not building)"
-    cp "$XFER" "$RUN/xfer"
+XFER_GIVEN=${XFER:-}
+if [ -n "$XFER_GIVEN" ]; then
+    [ -x "$XFER_GIVEN" ] || die "XFER=$XFER_GIVEN is not an executable"
+    log "using XFER=$XFER_GIVEN (not building)"
+    cp "$XFER_GIVEN" "$RUN/xfer"
 else
     log "building xfer (release)"
     (cd "$REPO" && cargo build --release -p xfer >&2)
@@ -175,13 +182,16 @@ unset XFER_CONGESTION XFER_KEY RUST_LOG
 export XDG_CACHE_HOME=$RUN/cache
 PUSH_EXTRA=()
 if "$XFER" push --help 2>/dev/null | grep -q -- '--rehash'; then PUSH_EXTRA+=(--rehash); fi
+if want connections && ! "$XFER" push --help 2>/dev/null | grep -q -- '--connections'; then
+    die "this xfer has no push --connections; build a newer one (or drop the connections part)"
+fi
 
 CLK_TCK=$(getconf CLK_TCK)
 GIT_REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$REPO" status --porcelain -- xfer/src 2>/dev/null)" ]; then
     GIT_REV="$GIT_REV+dirty"
 fi
-if [ -n "${XFER:-}" ]; then GIT_REV="XFER=$XFER"; fi
+if [ -n "$XFER_GIVEN" ]; then GIT_REV="XFER=$XFER_GIVEN"; fi
 
 # ---------------------------------------------------------------- helpers ----
 
@@ -502,6 +512,36 @@ if want chunks; then
     done
 fi
 
+# ---------------------------------------------------------------- (e) ----
+
+if want connections; then
+    SRC=$(gen_tree "$SIZE_MB")
+    warm "$SRC"
+    log "connections: --connections $CONNECTIONS, $RUNS rounds, interleaved within each round"
+    declare -A KM=() KC=()
+    base_extra=("${PUSH_EXTRA[@]}")
+    for ((run = 1; run <= RUNS; run++)); do
+        for k in $CONNECTIONS; do
+            PUSH_EXTRA=("${base_extra[@]}" --connections "$k")
+            if xfer_push_once "xfer connections $k #$run" "" "" 127.0.0.1 "$SRC" 4MiB cubic "$RUN/dst-xfer"; then
+                used=$(jq -r '[.nodes[0].bytes_per_connection[]? | select(. > 0)] | length' "$RUN/push.json")
+                [ "$used" = "$k" ] || note "connections $k #$run: bytes went over $used connections"
+                KM[$k]+=" $(calc "$X_BYTES / $X_XFER_S / 1e6")"
+                KC[$k]+=" $(calc "$X_CPU / ($X_BYTES / 1e9)")"
+            fi
+            rm -rf "$RUN/dst-xfer"
+        done
+    done
+    PUSH_EXTRA=("${base_extra[@]}")
+    for k in $CONNECTIONS; do
+        # shellcheck disable=SC2086 # the lists are space separated on purpose
+        {
+            R[k_mbs_$k]=$(median ${KM[$k]:-})
+            R[k_cpu_$k]=$(median ${KC[$k]:-})
+        }
+    done
+fi
+
 # ---------------------------------------------------------------- report ----
 
 mib() { if [[ $1 == n/a || -z $1 ]]; then echo n/a; else echo $((($1 + 512) / 1024)); fi; }
@@ -556,6 +596,18 @@ if want chunks; then
     md "Chunk ${CHUNK_SIZES// / \/ }: loopback push MB/s" "$cpush" "" ""
     md "Chunk ${CHUNK_SIZES// / \/ }: hashing GB/s" "$chash" "" ""
     md "Chunk ${CHUNK_SIZES// / \/ }: peak RSS pusher/agent MiB" "$crss" "" ""
+fi
+
+if want connections; then
+    first=${CONNECTIONS%% *}
+    kmbs="" kcpu=""
+    for k in $CONNECTIONS; do
+        row connections "--connections $k: MB/s transfer only / CPU s per GB (pusher + agent)" "$(fmt %.0f "${R[k_mbs_$k]}") / $(fmt %.2f "${R[k_cpu_$k]}")" "-" "$(ratio "${R[k_cpu_$k]}" "${R[k_cpu_$first]}") CPU vs $first"
+        kmbs+="${kmbs:+ / }$(fmt %.0f "${R[k_mbs_$k]}")"
+        kcpu+="${kcpu:+ / }$(fmt %.2f "${R[k_cpu_$k]}")"
+    done
+    md "Loopback, --connections ${CONNECTIONS// / \/ }: MB/s (transfer only)" "$kmbs" "" ""
+    md "Loopback, --connections ${CONNECTIONS// / \/ }: CPU s per GB (pusher + agent)" "$kcpu" "" ""
 fi
 
 {
