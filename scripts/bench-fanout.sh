@@ -15,7 +15,9 @@
 #   ideal  S/B, S = tree bytes, B = RATE*1e6/8 bytes/s: the source uploads
 #          every byte at least once, and every node downloads S at B.
 # Every copy is compared with the source by b3sum (the run fails otherwise).
-# Also shown: source bytes sent as a multiple of S (source_sent_x from the
+# Also shown: CPU seconds per GB delivered (N x S), for xfer summed over the
+# pusher and every agent, for rsync over its clients and daemons (with the
+# children they fork); source bytes sent as a multiple of S (source_sent_x from the
 # JSON when xfer reports it, else bytes_sent / bytes_total), the source's
 # uplink bytes counted by tc, per-node from_source/from_peers when the JSON
 # has them, and the peak RSS of every agent (VmHWM) and of the pusher.
@@ -60,7 +62,7 @@ LOG_TAG=fanout
 # shellcheck source=scripts/lib-bench.sh
 source "$SCRIPT_DIR/lib-bench.sh"
 
-usage() { sed -n '2,50p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,52p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
 FANOUT_DIR=${FANOUT_DIR:-/var/tmp/xfer-fanout}
 BENCH_DIR=$FANOUT_DIR # gen_tree caches the source trees here
@@ -182,6 +184,7 @@ run_one() {
     rm -rf "$RUN" "$FANOUT_DIR"/h[0-9]*
     mkdir -p "$RUN"
     local t_start=$EPOCHREALTIME
+    CLK_TCK=$(getconf CLK_TCK)
 
     local src bytes files
     src=$(gen_tree "$size")
@@ -252,7 +255,8 @@ run_one() {
     done
 
     log "xfer: pushing to $n agents (timeout ${timeout_s}s)"
-    local up0 up1 t0 t1 rc=0 mg0=0 mg1=0 fb0=0 fb1=0
+    local up0 up1 t0 t1 rc=0 mg0=0 mg1=0 fb0=0 fb1=0 a0=()
+    for ((i = 1; i <= n; i++)); do a0[i]=$(proc_ticks "${apid[i]}"); done
     up0=$(uplink_bytes)
     if [ -n "$MGMT_MBIT" ]; then
         mg0=$(link_bytes "$n" eth0)
@@ -260,7 +264,7 @@ run_one() {
     fi
     t0=$EPOCHREALTIME
     # In the background and waited for, so a TERM or INT reaches the trap at once.
-    /usr/bin/time -f '%e %M' -o "$RUN/push.time" \
+    /usr/bin/time -f '%e %M %U %S' -o "$RUN/push.time" \
         "$NC" exec 0 timeout -s INT "$timeout_s" "$xfer" push "$src" --to "$to" --key "$key" --json --rehash \
         >"$RUN/push.json" 2>"$RUN/push.err" &
     local ppid=$!
@@ -294,10 +298,14 @@ run_one() {
         src_x=$(jq -r '.bytes_sent / .bytes_total' "$RUN/push.json")
         src_x_from="bytes_sent/bytes_total; this xfer's JSON has no source_sent_x"
     fi
-    local x_s push_rss rss=()
+    local x_s push_rss rss=() x_cpu
     x_s=$(calc "$j_dur - $j_hash")
     push_rss=$(awk 'END { print $2 }' "$RUN/push.time")
+    # CPU seconds of every xfer process: the pusher (user + sys, from time)
+    # and each agent's utime + stime during the push.
+    x_cpu=$(awk 'END { print $3 + $4 }' "$RUN/push.time")
     for ((i = 1; i <= n; i++)); do
+        x_cpu=$(calc "$x_cpu + ($(proc_ticks "${apid[i]}") - ${a0[i]}) / $CLK_TCK")
         rss[i]=$(awk '/^VmHWM:/ { print $2 }' "/proc/${apid[i]}/status" 2>/dev/null || echo 0)
         stop_pid "${apid[i]}"
         if grep -Eq ' (WARN|ERROR) ' "$RUN/agent-$i.err"; then
@@ -338,7 +346,8 @@ EOF
     done
 
     log "rsync: $n parallel rsync -a --whole-file clients from host 0"
-    local cpid=() crc=() failed="" rmg0=0 rmg1=0 rfb0=0 rfb1=0
+    local cpid=() crc=() failed="" rmg0=0 rmg1=0 rfb0=0 rfb1=0 d0=()
+    for ((i = 1; i <= n; i++)); do d0[i]=$(proc_ticks "${dpid[i]}" 1); done
     up0=$(uplink_bytes)
     if [ -n "$MGMT_MBIT" ]; then
         rmg0=$(link_bytes "$n" eth0)
@@ -346,7 +355,7 @@ EOF
     fi
     t0=$EPOCHREALTIME
     for ((i = 1; i <= n; i++)); do
-        /usr/bin/time -f '%e %M' -o "$RUN/rsync-$i.time" \
+        /usr/bin/time -f '%e %M %U %S' -o "$RUN/rsync-$i.time" \
             "$NC" exec 0 timeout -s INT "$timeout_s" rsync -a --whole-file "$src/" "rsync://${ips[i]}:$RPORT/fanout/$MODEL_NAME/" \
             >"$RUN/rsync-$i.out" 2>&1 &
         cpid[i]=$!
@@ -365,9 +374,18 @@ EOF
         rfb1=$(link_bytes "$n" eth1)
     fi
     [ -z "$failed" ] || die "rsync failed:$failed"
-    local r_s r_up_x
+    local r_s r_up_x r_cpu=0
     r_s=$(calc "$t1 - $t0")
     r_up_x=$(calc "($up1 - $up0) / $bytes")
+    # CPU seconds of every rsync process: the clients (from time) and each
+    # daemon with the children it forked per connection, once reaped.
+    for ((i = 1; i <= n; i++)); do
+        for ((tries = 0; tries < 200; tries++)); do
+            if ! pgrep -P "${dpid[i]}" >/dev/null; then break; fi
+            sleep 0.05
+        done
+        r_cpu=$(calc "$r_cpu + $(awk 'END { print $3 + $4 }' "$RUN/rsync-$i.time") + ($(proc_ticks "${dpid[i]}" 1) - ${d0[i]}) / $CLK_TCK")
+    done
     for ((i = 1; i <= n; i++)); do stop_pid "${dpid[i]}"; done
     for ((i = 1; i <= n; i++)); do verify_tree "rsync node $i" "$FANOUT_DIR/h$i/rsync/$MODEL_NAME"; done
     log "rsync: $(fmt %.2f "$r_s") s; $n copies verified"
@@ -393,6 +411,8 @@ EOF
         printf '%-34s %8s\n' "rsync / xfer (transfer)" "$(ratio "$r_s" "$x_s")"
         printf '%-34s %8.2f x S  (%s)\n' "source sent by xfer" "$src_x" "$src_x_from"
         printf '%-34s %8.2f x S  xfer, %.2f x S rsync (packets incl. headers)\n' "source uplink on the wire (tc)" "$x_up_x" "$r_up_x"
+        printf '%-34s %8.2f s  xfer (pusher + %d agents), %.2f s rsync (clients + daemons)\n' "CPU per GB delivered (N x S)" \
+            "$(calc "$x_cpu / ($n * $bytes / 1e9)")" "$n" "$(calc "$r_cpu / ($n * $bytes / 1e9)")"
         if [ -n "$MGMT_MBIT" ]; then
             printf '%-34s %8s\n' "xfer push given" "$(if [ "$DATA_ADDRS" = 1 ]; then echo "MGMT:$PORT/FABRIC (data addresses)"; else echo "MGMT:$PORT only (DATA_ADDRS=0)"; fi)"
             printf '%-34s %8.1f MiB  %6.2f %% of S  xfer, %.1f MiB (%.2f %%) rsync\n' "management links (tc, all hosts)" \

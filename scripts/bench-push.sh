@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Benchmarks for `xfer push`, side by side with the usual tools.
 #
-#   scripts/bench-push.sh [loopback|shaped|hash|chunks|all|clean]   (default: all)
+#   scripts/bench-push.sh [loopback|shaped|hash|chunks|connections|all|clean]   (default: all)
 #
 #   loopback  xfer push to one agent on 127.0.0.1 vs `rsync -a --whole-file` to
 #             an rsync daemon on 127.0.0.1; median MB/s of RUNS alternating
-#             runs, CPU seconds per GB (both ends), peak RSS of both xfer ends,
+#             runs, CPU seconds per GB delivered summed over every process
+#             (xfer: pusher + agent; rsync: client + daemon and the children
+#             it forks), peak RSS of both xfer ends,
 #             and one extra push at half the size to show memory stays flat.
 #   shaped    two network namespaces joined by a veth pair shaped to 1 Gbit/s
 #             with tbf (see scripts/lib-netns.sh): iperf3 TCP as the reference,
 #             then xfer goodput with cubic and bbr, at each MTU in SHAPED_MTUS.
 #   hash      `xfer manifest` vs `b3sum --num-threads 2` over the same files.
 #   chunks    loopback push and manifest hashing at each of CHUNK_SIZES.
+#   connections  loopback push with --connections at each of CONNECTIONS
+#             (interleaved, RUNS rounds): MB/s and CPU seconds per GB
+#             delivered (pusher + agent). On 2 cores more connections cannot
+#             go faster; the figure to watch is that CPU per GB does not grow.
 #   clean     remove BENCH_DIR (the cached source trees) and exit.
 #
 # Environment (defaults in brackets):
@@ -23,6 +29,7 @@
 #   SHAPED_CCS ["cubic bbr"]   values of XFER_CONGESTION to try
 #   IPERF_SECS [5]          iperf3 reference duration
 #   CHUNK_SIZES ["1MiB 4MiB 16MiB"], CHUNK_RUNS [RUNS]
+#   CONNECTIONS ["1 2 4"]   values of --connections for the connections part
 #   HASH_THREADS [2]        b3sum --num-threads
 #   TBF_RATE [1gbit] TBF_BURST [256kb] TBF_LATENCY [50ms]  (lib-netns.sh)
 #   BENCH_DIR [/var/tmp/xfer-bench]  cached source trees and scratch space;
@@ -30,6 +37,7 @@
 #   PORT_BASE [17480]       xfer agent UDP port; rsyncd uses +1, iperf3 +2
 #   PUSH_TIMEOUT [900]      seconds before a push counts as stalled
 #   KEEP_RUN [0]            1 keeps the scratch directory (logs, JSON) on exit
+#   XFER [unset]            run this xfer binary instead of building one
 #
 # The source tree stays in the page cache (warmed once with cat); the
 # destination is emptied and `sync`ed before every run. Nothing drops caches.
@@ -41,11 +49,11 @@ set -euo pipefail
 shopt -s inherit_errexit
 export LC_ALL=C
 
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; }
 
 PART=${1:-all}
 case $PART in
-loopback | shaped | hash | chunks | all | clean) ;;
+loopback | shaped | hash | chunks | connections | all | clean) ;;
 -h | --help | help)
     usage
     exit 0
@@ -72,6 +80,7 @@ SHAPED_CCS=${SHAPED_CCS:-cubic bbr}
 IPERF_SECS=${IPERF_SECS:-5}
 CHUNK_SIZES=${CHUNK_SIZES:-1MiB 4MiB 16MiB}
 CHUNK_RUNS=${CHUNK_RUNS:-$RUNS}
+CONNECTIONS=${CONNECTIONS:-1 2 4}
 HASH_THREADS=${HASH_THREADS:-2}
 BENCH_DIR=${BENCH_DIR:-/var/tmp/xfer-bench}
 PORT_BASE=${PORT_BASE:-17480}
@@ -151,11 +160,18 @@ if port_busy t "$RPORT"; then die "TCP port $RPORT is in use; set PORT_BASE"; fi
 rm -rf "$RUN"
 mkdir -p "$RUN"
 
-log "building xfer (release)"
-(cd "$REPO" && cargo build --release -p xfer >&2)
-TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
-# Run a private copy, so a rebuild elsewhere cannot swap the binary mid-run.
-cp "$TARGET_DIR/release/xfer" "$RUN/xfer"
+XFER_GIVEN=${XFER:-}
+if [ -n "$XFER_GIVEN" ]; then
+    [ -x "$XFER_GIVEN" ] || die "XFER=$XFER_GIVEN is not an executable"
+    log "using XFER=$XFER_GIVEN (not building)"
+    cp "$XFER_GIVEN" "$RUN/xfer"
+else
+    log "building xfer (release)"
+    (cd "$REPO" && cargo build --release -p xfer >&2)
+    TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
+    # Run a private copy, so a rebuild elsewhere cannot swap the binary mid-run.
+    cp "$TARGET_DIR/release/xfer" "$RUN/xfer"
+fi
 XFER=$RUN/xfer
 KEY=$RUN/cluster.key
 "$XFER" keygen --out "$KEY" >/dev/null
@@ -166,12 +182,16 @@ unset XFER_CONGESTION XFER_KEY RUST_LOG
 export XDG_CACHE_HOME=$RUN/cache
 PUSH_EXTRA=()
 if "$XFER" push --help 2>/dev/null | grep -q -- '--rehash'; then PUSH_EXTRA+=(--rehash); fi
+if want connections && ! "$XFER" push --help 2>/dev/null | grep -q -- '--connections'; then
+    die "this xfer has no push --connections; build a newer one (or drop the connections part)"
+fi
 
 CLK_TCK=$(getconf CLK_TCK)
 GIT_REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$REPO" status --porcelain -- xfer/src 2>/dev/null)" ]; then
     GIT_REV="$GIT_REV+dirty"
 fi
+if [ -n "$XFER_GIVEN" ]; then GIT_REV="XFER=$XFER_GIVEN"; fi
 
 # ---------------------------------------------------------------- helpers ----
 
@@ -334,13 +354,15 @@ if want loopback; then
     warm "$SRC"
     BYTES=$(tree_bytes "$SRC")
     log "loopback: $BYTES bytes, $RUNS runs each, alternating xfer / rsync"
-    xm=() xo=() xd=() xc=() xrp=() xra=() rm_=() rd=() rc_=() rr=()
+    xm=() xo=() xd=() xc=() xcp=() xca=() xrp=() xra=() rm_=() rd=() rc_=() rcc=() rcd=() rr=()
     for ((run = 1; run <= RUNS; run++)); do
         if xfer_push_once "xfer loopback #$run" "" "" 127.0.0.1 "$SRC" 4MiB cubic "$RUN/dst-xfer"; then
             xm+=("$(calc "$X_BYTES / $X_WALL / 1e6")")
             xo+=("$(calc "$X_BYTES / $X_XFER_S / 1e6")")
             xd+=("$(calc "$X_BYTES / ($X_WALL + $X_SYNC) / 1e6")")
             xc+=("$(calc "$X_CPU / ($X_BYTES / 1e9)")")
+            xcp+=("$(calc "($X_USER + $X_SYS) / ($X_BYTES / 1e9)")")
+            xca+=("$(calc "$X_CPU_AGENT / ($X_BYTES / 1e9)")")
             xrp+=("$X_RSS_PUSH")
             xra+=("$X_RSS_AGENT")
         fi
@@ -350,6 +372,8 @@ if want loopback; then
             rm_+=("$(calc "$BYTES / $R_WALL / 1e6")")
             rd+=("$(calc "$BYTES / ($R_WALL + $R_SYNC) / 1e6")")
             rc_+=("$(calc "$R_CPU / ($BYTES / 1e9)")")
+            rcc+=("$(calc "($R_USER + $R_SYS) / ($BYTES / 1e9)")")
+            rcd+=("$(calc "$R_CPU_DAEMON / ($BYTES / 1e9)")")
             rr+=("$R_RSS")
         fi
         rm -rf "$RUN/dst-rsync"
@@ -358,11 +382,15 @@ if want loopback; then
     R[lo_x_only]=$(median "${xo[@]}")
     R[lo_x_dur]=$(median "${xd[@]}")
     R[lo_x_cpu]=$(median "${xc[@]}")
+    R[lo_x_cpu_p]=$(median "${xcp[@]}")
+    R[lo_x_cpu_a]=$(median "${xca[@]}")
     R[lo_x_rss_p]=$(maxof "${xrp[@]}")
     R[lo_x_rss_a]=$(maxof "${xra[@]}")
     R[lo_r_mbs]=$(median "${rm_[@]}")
     R[lo_r_dur]=$(median "${rd[@]}")
     R[lo_r_cpu]=$(median "${rc_[@]}")
+    R[lo_r_cpu_c]=$(median "${rcc[@]}")
+    R[lo_r_cpu_d]=$(median "${rcd[@]}")
     R[lo_r_rss]=$(maxof "${rr[@]}")
 
     warm "$SRC_HALF"
@@ -484,6 +512,36 @@ if want chunks; then
     done
 fi
 
+# ---------------------------------------------------------------- (e) ----
+
+if want connections; then
+    SRC=$(gen_tree "$SIZE_MB")
+    warm "$SRC"
+    log "connections: --connections $CONNECTIONS, $RUNS rounds, interleaved within each round"
+    declare -A KM=() KC=()
+    base_extra=("${PUSH_EXTRA[@]}")
+    for ((run = 1; run <= RUNS; run++)); do
+        for k in $CONNECTIONS; do
+            PUSH_EXTRA=("${base_extra[@]}" --connections "$k")
+            if xfer_push_once "xfer connections $k #$run" "" "" 127.0.0.1 "$SRC" 4MiB cubic "$RUN/dst-xfer"; then
+                used=$(jq -r '[.nodes[0].bytes_per_connection[]? | select(. > 0)] | length' "$RUN/push.json")
+                [ "$used" = "$k" ] || note "connections $k #$run: bytes went over $used connections"
+                KM[$k]+=" $(calc "$X_BYTES / $X_XFER_S / 1e6")"
+                KC[$k]+=" $(calc "$X_CPU / ($X_BYTES / 1e9)")"
+            fi
+            rm -rf "$RUN/dst-xfer"
+        done
+    done
+    PUSH_EXTRA=("${base_extra[@]}")
+    for k in $CONNECTIONS; do
+        # shellcheck disable=SC2086 # the lists are space separated on purpose
+        {
+            R[k_mbs_$k]=$(median ${KM[$k]:-})
+            R[k_cpu_$k]=$(median ${KC[$k]:-})
+        }
+    done
+fi
+
 # ---------------------------------------------------------------- report ----
 
 mib() { if [[ $1 == n/a || -z $1 ]]; then echo n/a; else echo $((($1 + 512) / 1024)); fi; }
@@ -496,12 +554,13 @@ if want loopback; then
     row loopback "MB/s, whole command (hashing incl.), median" "$(fmt %.0f "${R[lo_x_mbs]}")" "rsync $(fmt %.0f "${R[lo_r_mbs]}")" "$(ratio "${R[lo_x_mbs]}" "${R[lo_r_mbs]}")"
     row loopback "MB/s, transfer only (duration_s - hash_s)" "$(fmt %.0f "${R[lo_x_only]}")" "-" "-"
     row loopback "MB/s, including a trailing sync" "$(fmt %.0f "${R[lo_x_dur]}")" "rsync $(fmt %.0f "${R[lo_r_dur]}")" "$(ratio "${R[lo_x_dur]}" "${R[lo_r_dur]}")"
-    row loopback "CPU s per GB, both ends, median" "$(fmt %.2f "${R[lo_x_cpu]}")" "rsync $(fmt %.2f "${R[lo_r_cpu]}")" "$(ratio "${R[lo_x_cpu]}" "${R[lo_r_cpu]}")"
+    row loopback "CPU s per GB delivered, all processes, median" "$(fmt %.2f "${R[lo_x_cpu]}")" "rsync $(fmt %.2f "${R[lo_r_cpu]}")" "$(ratio "${R[lo_x_cpu]}" "${R[lo_r_cpu]}")"
+    row loopback "  of which pusher / agent (rsync: client / daemon)" "$(fmt %.2f "${R[lo_x_cpu_p]}") / $(fmt %.2f "${R[lo_x_cpu_a]}")" "rsync $(fmt %.2f "${R[lo_r_cpu_c]}") / $(fmt %.2f "${R[lo_r_cpu_d]}")" "-"
     row memory "peak RSS MiB pusher, $HALF_MB vs $SIZE_MB MiB" "$(mib "${R[half_rss_p]:-n/a}") / $(mib "${R[lo_x_rss_p]}")" "rsync client $(mib "${R[lo_r_rss]}")" "-"
     row memory "peak RSS MiB agent, $HALF_MB vs $SIZE_MB MiB" "$(mib "${R[half_rss_a]:-n/a}") / $(mib "${R[lo_x_rss_a]}")" "-" "-"
     md "Loopback push, $SIZE_MB MiB, MB/s (whole command, hashing incl.)" "$(fmt %.0f "${R[lo_x_mbs]}")" "rsync $(fmt %.0f "${R[lo_r_mbs]}")" "$(ratio "${R[lo_x_mbs]}" "${R[lo_r_mbs]}")"
     md "Loopback push, transfer only, MB/s" "$(fmt %.0f "${R[lo_x_only]}")" "" ""
-    md "Loopback CPU s/GB (both ends)" "$(fmt %.2f "${R[lo_x_cpu]}")" "rsync $(fmt %.2f "${R[lo_r_cpu]}")" "$(ratio "${R[lo_x_cpu]}" "${R[lo_r_cpu]}")"
+    md "Loopback CPU s per GB delivered, all processes (pusher + agent; rsync client + daemon)" "$(fmt %.2f "${R[lo_x_cpu]}") ($(fmt %.2f "${R[lo_x_cpu_p]}") + $(fmt %.2f "${R[lo_x_cpu_a]}"))" "rsync $(fmt %.2f "${R[lo_r_cpu]}") ($(fmt %.2f "${R[lo_r_cpu_c]}") + $(fmt %.2f "${R[lo_r_cpu_d]}"))" "$(ratio "${R[lo_x_cpu]}" "${R[lo_r_cpu]}")"
     md "Peak RSS pusher / agent, $HALF_MB → $SIZE_MB MiB" "$(mib "${R[half_rss_p]:-n/a}")/$(mib "${R[half_rss_a]:-n/a}") → $(mib "${R[lo_x_rss_p]}")/$(mib "${R[lo_x_rss_a]}") MiB" "" ""
 fi
 if want shaped; then
@@ -537,6 +596,18 @@ if want chunks; then
     md "Chunk ${CHUNK_SIZES// / \/ }: loopback push MB/s" "$cpush" "" ""
     md "Chunk ${CHUNK_SIZES// / \/ }: hashing GB/s" "$chash" "" ""
     md "Chunk ${CHUNK_SIZES// / \/ }: peak RSS pusher/agent MiB" "$crss" "" ""
+fi
+
+if want connections; then
+    first=${CONNECTIONS%% *}
+    kmbs="" kcpu=""
+    for k in $CONNECTIONS; do
+        row connections "--connections $k: MB/s transfer only / CPU s per GB (pusher + agent)" "$(fmt %.0f "${R[k_mbs_$k]}") / $(fmt %.2f "${R[k_cpu_$k]}")" "-" "$(ratio "${R[k_cpu_$k]}" "${R[k_cpu_$first]}") CPU vs $first"
+        kmbs+="${kmbs:+ / }$(fmt %.0f "${R[k_mbs_$k]}")"
+        kcpu+="${kcpu:+ / }$(fmt %.2f "${R[k_cpu_$k]}")"
+    done
+    md "Loopback, --connections ${CONNECTIONS// / \/ }: MB/s (transfer only)" "$kmbs" "" ""
+    md "Loopback, --connections ${CONNECTIONS// / \/ }: CPU s per GB (pusher + agent)" "$kcpu" "" ""
 fi
 
 {

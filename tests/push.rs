@@ -242,3 +242,60 @@ fn dead_agent_fails_fast_and_names_the_address() {
     assert_eq!(s.bytes_sent, tree_bytes(&src));
     assert_same_tree(&src, &live.model_dir("m"));
 }
+
+/// `--connections 3`: the pusher opens two more connections to the agent,
+/// each from a socket of its own, the agent attaches them to the running
+/// transfer and fetches chunks over all three (each carried some of the
+/// bytes), and the copy is identical. Out-of-range counts are refused in
+/// one line that names the range.
+#[test]
+fn push_over_three_connections_uses_all_three() {
+    let t = tempdir("push-conns");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("m");
+    gen_model(&src, 16 * MIB, 1);
+    let a = Agent::start("127.0.0.6:0", &t.path().join("root"), &key);
+    let total = tree_bytes(&src);
+
+    // Small chunks, and a rate cap so the push lasts about a second: time
+    // for the extra connections to attach and carry their share.
+    let s = push_ok(
+        &src,
+        &[&a.addr],
+        &key,
+        &[
+            "--connections",
+            "3",
+            "--chunk-size",
+            "256KiB",
+            "--limit-rate",
+            "16MiB",
+        ],
+    );
+    let n = s.node(&a.addr);
+    assert_eq!(n.bytes_per_connection.len(), 3, "{n:#?}");
+    assert!(n.bytes_per_connection.iter().all(|&b| b > 0), "{n:#?}");
+    assert_eq!(
+        n.bytes_per_connection.iter().sum::<u64>(),
+        n.bytes_sent,
+        "{n:#?}"
+    );
+    assert_eq!(n.from_source, total, "{n:#?}");
+    assert_same_tree(&src, &a.model_dir("m"));
+
+    // One connection unless asked: the summary counts just it.
+    let b = Agent::start("127.0.0.7:0", &t.path().join("root-b"), &key);
+    let s = push_ok(&src, &[&b.addr], &key, &["--connections", "1"]);
+    assert_eq!(s.node(&b.addr).bytes_per_connection, vec![total]);
+
+    for bad in ["0", "65", "many"] {
+        let r = push(&src, &[&a.addr], &key, &["--connections", bad]);
+        assert_eq!(r.status.code(), Some(2), "{r:#?}");
+        let first = r.stderr.lines().next().unwrap_or_default();
+        assert!(
+            first.contains("--connections") && first.contains("pass --connections 1 to 64"),
+            "{r:#?}"
+        );
+    }
+}

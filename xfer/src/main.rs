@@ -12,6 +12,7 @@ use clap::Parser;
 use cli::args::{Cli, Cmd};
 
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = Cli::parse();
     let default = match cli.cmd {
         Cmd::Serve(_) => "info",
@@ -37,5 +38,20 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// glibc hands the free top of a heap back to the kernel once it exceeds
+/// 128 KiB, in every thread's arena. On the data path that is a madvise
+/// per burst of packets and a page fault per 4 KiB when the next burst
+/// reuses the memory: a tenth of a receiving node's CPU, measured. Keep up
+/// to 64 MiB free per arena instead (the heap then stays at its working
+/// size, which a transfer reaches within its first chunks anyway).
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a tunable of the allocator, before any
+    // thread but this one exists.
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
     }
 }

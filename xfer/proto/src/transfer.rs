@@ -89,6 +89,13 @@ pub enum TransferMsg {
     Feed(Option<HomeSlots>),
     /// Receiver → source: peer `peer` serves far slower than the others.
     Slow { peer: u32 },
+    /// Source → receiver, opening an extra connection (`--connections`):
+    /// fetch chunks of the transfer of `name` (root `root`) that this
+    /// source started over this connection too.
+    Lane { name: ModelName, root: Hash },
+    /// Receiver → source: the connection is in use; the transfer now has
+    /// `lanes` connections to the source.
+    LaneAttached { lanes: u32 },
 }
 
 /// The chunks a receiver fetches from the source: chunk `c` is in slot
@@ -172,6 +179,8 @@ impl TransferMsg {
             TransferMsg::Links { .. } => "Links",
             TransferMsg::Feed(_) => "Feed",
             TransferMsg::Slow { .. } => "Slow",
+            TransferMsg::Lane { .. } => "Lane",
+            TransferMsg::LaneAttached { .. } => "LaneAttached",
         }
     }
 }
@@ -204,6 +213,11 @@ mod tests {
             path: "/x".into(),
         });
         assert_eq!(decode_frame::<TransferMsg>(&encode(&f)).unwrap(), f);
+        let l = TransferMsg::Lane {
+            name: ModelName::new("llama-3").unwrap(),
+            root: Hash([7; 32]),
+        };
+        assert_eq!(decode_frame::<TransferMsg>(&encode(&l)).unwrap(), l);
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub struct AgentOptions {
     pub guard: guard::GuardConfig,
     /// How long a stream's first message may take ([`FIRST_MESSAGE_TIMEOUT`]).
     pub first_message_timeout: Duration,
+    /// QUIC connections per peer for the pushes of this agent's sync jobs
+    /// (`--connections`).
+    pub connections: usize,
     /// `--cluster FILE`: the file and the node names it lists; a node
     /// certificate of another name is refused.
     pub members: Option<(PathBuf, Vec<NodeName>)>,
@@ -201,6 +204,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         activity.clone(),
         opts.nic.clone(),
         permits.clone(),
+        opts.connections,
     );
     runner.resume_all();
     if let Some(every) = opts.verify_every {

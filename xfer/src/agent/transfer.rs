@@ -24,12 +24,15 @@ use crate::flow::receive::{receive, Links, PeerUpdate, Received, Tally, SOURCE};
 use crate::flow::swarm::{self, LinkPlan, Share};
 use crate::store::{Store, Transfer};
 use crate::transport::files::HeldModel;
+use crate::transport::lanes::{Lanes, MAX_CONNECTIONS};
+use crate::transport::quic;
 use crate::transport::quic::{read_frame_within, write_frame};
 use crate::transport::rdma::link::{Nic, Offer};
 use crate::transport::serve::{serve as serve_chunks, Serving};
 use crate::transport::Fetcher;
 use xfer_proto::chunkset::ChunkSet;
 use xfer_proto::frame::{MAX_FRAME, REQUEST_LIMIT};
+use xfer_proto::hash::Hash;
 use xfer_proto::names::ModelName;
 use xfer_proto::transfer::{HomeSlots, Refusal, SwarmPeer, TransferMsg};
 
@@ -48,6 +51,10 @@ struct Job {
     id: u64,
     cancel: CancellationToken,
     slot: Arc<tokio::sync::Mutex<()>>,
+    /// The connections to the source (`--connections`), the first being
+    /// the one the offer came on; the source may attach more.
+    lanes: Lanes,
+    root: Hash,
 }
 
 /// Serves one transfer stream, whose first message is an opener.
@@ -68,6 +75,7 @@ pub(super) async fn serve(
             return swarm::serve_peer(conn, send, store, shares, name, root, from, ctx.nic.clone())
                 .await;
         }
+        TransferMsg::Lane { name, root } => return attach_lane(conn, send, ctx, name, root).await,
         other => {
             return refuse(
                 &mut send,
@@ -85,6 +93,7 @@ pub(super) async fn serve(
     let token = CancellationToken::new();
     let jobs = &ctx.jobs;
     let id = jobs.next_id.fetch_add(1, Ordering::Relaxed);
+    let lanes = Lanes::new(conn.clone());
     let slot = {
         let mut map = jobs.by_name.lock().unwrap();
         let slot = map.get(&name).map(|j| j.slot.clone()).unwrap_or_default();
@@ -92,6 +101,8 @@ pub(super) async fn serve(
             id,
             cancel: token.clone(),
             slot: slot.clone(),
+            lanes: lanes.clone(),
+            root: manifest.root(),
         };
         if let Some(old) = map.insert(name.clone(), job) {
             old.cancel.cancel();
@@ -146,7 +157,7 @@ pub(super) async fn serve(
         }),
         _ => None,
     };
-    let result = run_transfer(ctx, &conn, &mut send, recv, transfer.clone(), swarm, token).await;
+    let result = run_transfer(ctx, lanes, &mut send, recv, transfer.clone(), swarm, token).await;
     transfer.release();
     {
         let mut map = jobs.by_name.lock().unwrap();
@@ -201,7 +212,7 @@ fn homes_of(h: Option<HomeSlots>) -> Homes {
 /// while it runs.
 async fn run_transfer(
     ctx: &Ctx,
-    conn: &quinn::Connection,
+    lanes: Lanes,
     send: &mut quinn::SendStream,
     recv: quinn::RecvStream,
     transfer: Arc<Transfer>,
@@ -224,8 +235,8 @@ async fn run_transfer(
     // Only a source that sent a swarm (even of one) reads progress reports.
     let reporting = swarm.is_some();
     let swarm = swarm.filter(|p| !transfer.is_complete() && p.peers.iter().any(|m| m.id != p.me));
-    let source =
-        Fetcher::connect(conn.clone(), ctx.nic.as_ref(), transfer.map().chunk_size()).await;
+    let conn = lanes.primary();
+    let source = Fetcher::connect_lanes(lanes, ctx.nic.as_ref(), transfer.map().chunk_size()).await;
     let mut fed = true;
     let (control_tx, mut control) = tokio::sync::mpsc::unbounded_channel();
     if let Some(SwarmPlan {
@@ -399,6 +410,60 @@ async fn report(
         max_links,
     };
     write_frame(send, &progress).await
+}
+
+/// Attaches `conn` to the running transfer of `name` as one more
+/// connection to its source, and holds it until it closes. Only the
+/// source's own node may: the same address and certificate as the
+/// connection the offer came on.
+async fn attach_lane(
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    ctx: &Ctx,
+    name: ModelName,
+    root: Hash,
+) -> Result<()> {
+    let lanes = {
+        let map = ctx.jobs.by_name.lock().unwrap();
+        map.get(&name)
+            .filter(|j| j.root == root)
+            .map(|j| j.lanes.clone())
+    };
+    let Some(lanes) = lanes else {
+        let why = format!(
+            "no transfer of {name} with root {} is running here to add a connection to",
+            root.short()
+        );
+        return refuse(&mut send, Refusal::Protocol(why)).await;
+    };
+    let source = lanes.primary();
+    if source.remote_address().ip() != conn.remote_address().ip()
+        || quic::peer_certificate(&source) != quic::peer_certificate(&conn)
+    {
+        let why = format!(
+            "{} is not the source of the transfer of {name}; only its source may add connections to it",
+            conn.remote_address()
+        );
+        return refuse(&mut send, Refusal::Forbidden(why)).await;
+    }
+    if lanes.len() >= MAX_CONNECTIONS {
+        let why =
+            format!("the transfer of {name} has {MAX_CONNECTIONS} connections, the most one may");
+        return refuse(&mut send, Refusal::Busy(why)).await;
+    }
+    let n = lanes.add(conn.clone());
+    tracing::debug!(
+        "{name}: connection {n} to the source {}",
+        conn.remote_address()
+    );
+    write_frame(&mut send, &TransferMsg::LaneAttached { lanes: n as u32 }).await?;
+    // Until the source closes it (the transfer ended) or the transfer's
+    // own connection goes.
+    tokio::select! {
+        _ = conn.closed() => {}
+        _ = source.closed() => {}
+    }
+    Ok(())
 }
 
 /// Serves a complete model this agent holds to a peer that asked for it.

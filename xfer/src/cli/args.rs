@@ -166,6 +166,10 @@ pub struct ServeArgs {
     /// nodes this cluster file lists (operators are not nodes, and pass).
     #[arg(long, value_name = "FILE")]
     pub cluster: Option<PathBuf>,
+    /// QUIC connections to each receiving node when this agent's sync jobs
+    /// push, 1 to 64 (default: one per two cores, at most 4).
+    #[arg(long, value_parser = xfer::transport::lanes::parse_connections, default_value_t = xfer::transport::lanes::default_connections())]
+    pub connections: usize,
     /// When an incoming connection must answer a QUIC Retry (prove its
     /// address) before its handshake; see `agent::guard`. Hidden: for
     /// measurements and tests.
@@ -301,6 +305,10 @@ pub struct PushArgs {
     /// this build can drive it), else QUIC; `rdma` refuses without one.
     #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
     pub transport: xfer::transport::select::TransportChoice,
+    /// QUIC connections to each agent, 1 to 64, each on its own socket so
+    /// they spread over cores (default: one per two cores, at most 4).
+    #[arg(long, value_parser = xfer::transport::lanes::parse_connections, default_value_t = xfer::transport::lanes::default_connections())]
+    pub connections: usize,
 }
 
 /// The arguments of `xfer pull`.

@@ -241,6 +241,7 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
         limit_rate: None,
         connect_timeout: Duration::from_secs(5),
         rehash: true,
+        connections: 1,
         nic: None,
         peers: xfer::engine::topology::DEFAULT_DEGREE,
     };

@@ -28,6 +28,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         handshakes_per_second,
         first_message_timeout,
         cluster,
+        connections,
     } = args;
     let members = match &cluster {
         None => None,
@@ -90,6 +91,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         },
         first_message_timeout: Duration::from_secs(first_message_timeout.max(1)),
         members: members.map(|m| (cluster.unwrap_or_default(), m)),
+        connections,
     })
     .await?;
     Ok(ExitCode::SUCCESS)

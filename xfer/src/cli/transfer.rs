@@ -26,6 +26,7 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         connect_timeout,
         rehash,
         peers,
+        connections,
     } = args;
     let nic = xfer::transport::select::choose(transport)?;
     let to = destinations(&to, &key).await?;
@@ -40,6 +41,7 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         limit_rate,
         connect_timeout: Duration::from_secs(connect_timeout),
         rehash,
+        connections,
         nic,
         peers,
     };
@@ -157,6 +159,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             limit_rate: None,
             connect_timeout: Duration::from_secs(connect_timeout),
             rehash: false,
+            connections: xfer::transport::lanes::default_connections(),
             nic,
             peers: xfer::engine::topology::DEFAULT_DEGREE,
         };

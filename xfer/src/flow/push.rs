@@ -13,14 +13,16 @@
 //! reached falls back to the management address, reported as a
 //! [`FallbackRoute`] (in the summary's notes and to [`PushOptions::routes`]).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::auth::Credential;
 use crate::flow::coordinator::Coordinator;
@@ -58,6 +60,9 @@ pub struct PushOptions {
     pub chunk_size: u64,
     pub limit_rate: Option<u64>,
     pub connect_timeout: Duration,
+    /// QUIC connections per agent (`--connections`): the first, and as
+    /// many more that the agent fetches over too.
+    pub connections: usize,
     /// Ignore the hash cache and re-read every file.
     pub rehash: bool,
     /// The RDMA NIC receivers may fetch over; `None`: QUIC only.
@@ -125,6 +130,9 @@ pub struct NodeSummary {
     pub max_peer_links: u32,
     pub corrupt_chunks: u64,
     pub duration_s: f64,
+    /// Chunk bytes sent over each QUIC connection to it, the first being
+    /// the one the offer went on (`--connections`).
+    pub bytes_per_connection: Vec<u64>,
 }
 
 /// Which network a node's data went over.
@@ -246,6 +254,7 @@ pub async fn deliver(
                 files: Some(tree.sources.clone()),
             },
             timeout: opts.connect_timeout,
+            connections: opts.connections.max(1),
             bar: progress.bytes(dest.label(), manifest.total_bytes()),
         };
         tasks.push(AbortOnDrop(tokio::spawn(ctx.run())));
@@ -309,10 +318,96 @@ struct NodeCtx {
     limiter: Option<Arc<RateLimiter>>,
     rdma: Offer,
     timeout: Duration,
+    connections: usize,
     bar: indicatif::ProgressBar,
 }
 
 impl NodeCtx {
+    /// What a connection to the agent serves; its chunk bytes count in
+    /// `sent` and in a counter of its own, pushed onto `per_conn`.
+    fn serving(
+        &self,
+        sent: &Arc<AtomicU64>,
+        rdma_sent: &Arc<AtomicU64>,
+        per_conn: &Mutex<Vec<Arc<AtomicU64>>>,
+    ) -> Serving {
+        let (total, mine) = (sent.clone(), Arc::new(AtomicU64::new(0)));
+        per_conn.lock().unwrap().push(mine.clone());
+        Serving {
+            map: self.map.clone(),
+            reader: self.reader.clone(),
+            limiter: self.limiter.clone(),
+            on_sent: Arc::new(move |n| {
+                total.fetch_add(n, Ordering::Relaxed);
+                mine.fetch_add(n, Ordering::Relaxed);
+            }),
+            rdma: self.rdma.clone(),
+            rdma_sent: rdma_sent.clone(),
+        }
+    }
+
+    /// Opens the agent's connections after the first (`--connections`),
+    /// each from an endpoint (a socket) of its own, attaches each to the
+    /// transfer, and serves chunks on them until `done`. One that cannot
+    /// be opened is only logged: the transfer runs on the others.
+    async fn extra_lanes(
+        &self,
+        addr: SocketAddr,
+        sent: Arc<AtomicU64>,
+        rdma_sent: Arc<AtomicU64>,
+        per_conn: Arc<Mutex<Vec<Arc<AtomicU64>>>>,
+        done: CancellationToken,
+    ) {
+        let TransferMsg::Offer { name, manifest } = self.offer.as_ref() else {
+            return;
+        };
+        let lane = TransferMsg::Lane {
+            name: name.clone(),
+            root: manifest.root(),
+        };
+        let mut open = Vec::new();
+        for i in 1..self.connections {
+            let opened = async {
+                let ep = quic::client_endpoint(&self.cred, addr).map_err(|e| format!("{e:#}"))?;
+                let conn = quic::connect(&ep, addr, self.timeout).await?;
+                let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer).await?;
+                write_frame(&mut send, &lane)
+                    .await
+                    .map_err(|e| format!("{e:#}"))?;
+                match read_frame::<TransferMsg>(&mut recv)
+                    .await
+                    .map_err(|e| format!("{e:#}"))?
+                {
+                    TransferMsg::LaneAttached { .. } => Ok((ep, conn, send)),
+                    TransferMsg::Failed(r) => Err(r.to_string()),
+                    other => Err(format!("protocol error: unexpected {}", other.kind())),
+                }
+            };
+            let (ep, conn, send) = tokio::select! {
+                r = opened => match r {
+                    Ok(lane) => lane,
+                    Err(e) => {
+                        tracing::warn!("{addr}: connection {} of {} not opened: {e}", i + 1, self.connections);
+                        break;
+                    }
+                },
+                _ = done.cancelled() => break,
+            };
+            let serving = AbortOnDrop(tokio::spawn(serve(
+                conn.clone(),
+                self.serving(&sent, &rdma_sent, &per_conn),
+            )));
+            open.push((ep, conn, send, serving));
+        }
+        done.cancelled().await;
+        for (_, conn, _, _) in &open {
+            conn.close(0u32.into(), b"done");
+        }
+        for (ep, _, _, _) in &open {
+            let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
+        }
+    }
+
     /// Records a pair whose data goes over management: never silent.
     fn note(&self, summary: &mut NodeSummary, route: FallbackRoute) {
         let line = route.to_string();
@@ -421,22 +516,49 @@ impl NodeCtx {
                 ))
             }
         }
-        let counter = sent.clone();
+        let per_conn: Arc<Mutex<Vec<Arc<AtomicU64>>>> = Arc::default();
         let serving = AbortOnDrop(tokio::spawn(serve(
             conn.clone(),
-            Serving {
-                map: self.map.clone(),
-                reader: self.reader.clone(),
-                limiter: self.limiter.clone(),
-                on_sent: Arc::new(move |n| {
-                    counter.fetch_add(n, Ordering::Relaxed);
-                }),
-                rdma: self.rdma.clone(),
-                rdma_sent: rdma_sent.clone(),
-            },
+            self.serving(sent, rdma_sent, &per_conn),
         )));
-        let result = loop {
-            match read_frame::<TransferMsg>(&mut recv).await.map_err(lost) {
+        let done = CancellationToken::new();
+        let lanes = self.extra_lanes(
+            addr,
+            sent.clone(),
+            rdma_sent.clone(),
+            per_conn.clone(),
+            done.clone(),
+        );
+        let progress = async {
+            let result = self.follow(&mut recv, addr, &lost, summary).await;
+            done.cancel();
+            result
+        };
+        let (result, ()) = tokio::join!(progress, lanes);
+        tracing::debug!("{addr}: {:?}", conn.stats().path);
+        drop(fallback_ep);
+        conn.close(0u32.into(), b"done");
+        drop(serving);
+        summary.bytes_per_connection = per_conn
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
+        result
+    }
+
+    /// Reads the agent's reports on `recv` until it is done or fails.
+    async fn follow(
+        &self,
+        recv: &mut quinn::RecvStream,
+        addr: SocketAddr,
+        lost: &(dyn Fn(anyhow::Error) -> String + Sync),
+        summary: &mut NodeSummary,
+    ) -> Result<(), String> {
+        loop {
+            match read_frame::<TransferMsg>(recv).await.map_err(lost) {
                 Ok(TransferMsg::Progress {
                     held_bytes,
                     from_source,
@@ -474,12 +596,6 @@ impl NodeCtx {
                 }
                 Err(e) => break Err(e),
             }
-        };
-        tracing::debug!("{addr}: {:?}", conn.stats().path);
-        drop(fallback_ep);
-        conn.close(0u32.into(), b"done");
-        drop(serving);
-        let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
-        result
+        }
     }
 }

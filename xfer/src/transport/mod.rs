@@ -11,6 +11,7 @@
 //! otherwise), and [`serve`] answers both on the serving node.
 
 pub mod files;
+pub mod lanes;
 pub mod quic;
 pub mod rdma;
 pub mod select;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use lanes::Lanes;
 use quic::QuicFetcher;
 use rdma::link::Nic;
 use rdma::plane::{PlaneConfig, RdmaFetcher};
@@ -78,13 +80,25 @@ impl Fetcher {
         nic: Option<&Arc<dyn Nic>>,
         chunk_size: u64,
     ) -> Fetcher {
+        Fetcher::connect_lanes(Lanes::new(conn), nic, chunk_size).await
+    }
+
+    /// [`Fetcher::connect`] on the first of `lanes`; over QUIC, chunk
+    /// requests spread over all of them, including lanes added later.
+    pub async fn connect_lanes(
+        lanes: Lanes,
+        nic: Option<&Arc<dyn Nic>>,
+        chunk_size: u64,
+    ) -> Fetcher {
+        let quic = |lanes| Fetcher::Quic(QuicFetcher::over(lanes));
         let Some(nic) = nic else {
-            return Fetcher::quic(conn);
+            return quic(lanes);
         };
         let Ok(slot) = u32::try_from(chunk_size) else {
             tracing::warn!("rdma: chunks of {chunk_size} bytes do not fit a ring slot; using QUIC");
-            return Fetcher::quic(conn);
+            return quic(lanes);
         };
+        let conn = lanes.primary();
         match rdma::link::open(&conn, nic.as_ref(), PlaneConfig::new(slot)).await {
             Ok(plane) => {
                 tracing::info!("rdma: data plane up with {}", conn.remote_address());
@@ -92,7 +106,7 @@ impl Fetcher {
             }
             Err(why) => {
                 tracing::warn!("rdma: {why}; using QUIC with {}", conn.remote_address());
-                Fetcher::quic(conn)
+                quic(lanes)
             }
         }
     }

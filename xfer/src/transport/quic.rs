@@ -21,6 +21,7 @@ use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::lanes::Lanes;
 use super::{ChunkFetcher, ChunkReader, FetchError};
 use crate::config::auth::{Credential, SERVER_NAME};
 use crate::util::aligned::AlignedBuf;
@@ -339,56 +340,83 @@ pub async fn read_stream_request(recv: &mut quinn::RecvStream) -> Result<StreamR
     read_frame_within(recv, frame::STREAM_REQUEST_LIMIT).await
 }
 
-/// Fetches chunks over one QUIC connection: one bidirectional stream per chunk.
+/// Fetches chunks from one peer over one or more QUIC connections
+/// ([`Lanes`]): one bidirectional stream per chunk, on the lane with the
+/// fewest requests in flight.
 #[derive(Clone, Debug)]
 pub struct QuicFetcher {
-    conn: Connection,
+    lanes: Lanes,
 }
 
 impl QuicFetcher {
     pub fn new(conn: Connection) -> Self {
-        QuicFetcher { conn }
+        QuicFetcher {
+            lanes: Lanes::new(conn),
+        }
+    }
+
+    /// Over `lanes`, which may grow while the fetcher is in use.
+    pub fn over(lanes: Lanes) -> Self {
+        QuicFetcher { lanes }
     }
 }
 
 impl ChunkFetcher for QuicFetcher {
     async fn fetch(&self, chunk: ChunkId, len: usize) -> Result<Bytes, FetchError> {
-        let lost = |e: &dyn std::fmt::Display| FetchError::Connection(e.to_string());
-        let (mut send, mut recv) = self.conn.open_bi().await.map_err(|e| lost(&e))?;
-        write_frame(&mut send, &StreamRequest::Chunk(ChunkRequest { chunk }))
-            .await
-            .map_err(|e| lost(&e))?;
-        let _ = send.finish();
-        let reply: ChunkReply = read_frame(&mut recv).await.map_err(|e| {
-            if self.conn.close_reason().is_some() {
-                lost(&e)
-            } else {
-                FetchError::Protocol(format!("{e:#}"))
+        loop {
+            let lane = self.lanes.take();
+            match fetch_on(&lane.conn, chunk, len).await {
+                // An extra lane that closed is dropped (by `take`) and the
+                // request goes to another; the first lane is the peer.
+                Err(FetchError::Connection(why)) if !lane.primary => {
+                    tracing::debug!(
+                        "a connection to {} closed: {why}",
+                        lane.conn.remote_address()
+                    );
+                }
+                r => return r,
             }
-        })?;
-        match reply {
-            ChunkReply::Unavailable(why) => Err(FetchError::Unavailable(chunk, why)),
-            ChunkReply::Data => {
-                // Gather the stream's buffers into one page-aligned buffer
-                // (one copy), which the store can write with O_DIRECT.
-                let mut buf = AlignedBuf::with_capacity(len);
-                while buf.remaining() > 0 {
-                    match recv
-                        .read_chunk(buf.remaining(), true)
-                        .await
-                        .map_err(|e| lost(&e))?
-                    {
-                        Some(piece) => buf.extend_from_slice(&piece.bytes),
-                        None => {
-                            return Err(FetchError::Protocol(format!(
-                                "chunk {chunk:?} ended after {} of {len} bytes",
-                                buf.len()
-                            )))
-                        }
+        }
+    }
+}
+
+/// Fetches chunk `chunk` (`len` bytes) on a stream of its own on `conn`.
+async fn fetch_on(conn: &Connection, chunk: ChunkId, len: usize) -> Result<Bytes, FetchError> {
+    let lost = |e: &dyn std::fmt::Display| FetchError::Connection(e.to_string());
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| lost(&e))?;
+    write_frame(&mut send, &StreamRequest::Chunk(ChunkRequest { chunk }))
+        .await
+        .map_err(|e| lost(&e))?;
+    let _ = send.finish();
+    let reply: ChunkReply = read_frame(&mut recv).await.map_err(|e| {
+        if conn.close_reason().is_some() {
+            lost(&e)
+        } else {
+            FetchError::Protocol(format!("{e:#}"))
+        }
+    })?;
+    match reply {
+        ChunkReply::Unavailable(why) => Err(FetchError::Unavailable(chunk, why)),
+        ChunkReply::Data => {
+            // Gather the stream's buffers into one page-aligned buffer
+            // (one copy), which the store can write with O_DIRECT.
+            let mut buf = AlignedBuf::with_capacity(len);
+            while buf.remaining() > 0 {
+                match recv
+                    .read_chunk(buf.remaining(), true)
+                    .await
+                    .map_err(|e| lost(&e))?
+                {
+                    Some(piece) => buf.extend_from_slice(&piece.bytes),
+                    None => {
+                        return Err(FetchError::Protocol(format!(
+                            "chunk {chunk:?} ended after {} of {len} bytes",
+                            buf.len()
+                        )))
                     }
                 }
-                Ok(Bytes::from_owner(buf))
             }
+            Ok(Bytes::from_owner(buf))
         }
     }
 }

@@ -44,6 +44,8 @@ pub struct Runner {
     nic: Option<Arc<dyn Nic>>,
     /// Where a job's source folder may lie (`--export`).
     permits: Arc<Permits>,
+    /// QUIC connections per receiving node (`--connections`).
+    connections: usize,
 }
 
 impl Runner {
@@ -53,6 +55,7 @@ impl Runner {
         activity: Arc<Activity>,
         nic: Option<Arc<dyn Nic>>,
         permits: Arc<Permits>,
+        connections: usize,
     ) -> Arc<Runner> {
         let jobs = JobDir::new(store.root());
         Arc::new(Runner {
@@ -64,6 +67,7 @@ impl Runner {
             me: Mutex::default(),
             nic,
             permits,
+            connections,
         })
     }
 
@@ -288,6 +292,7 @@ impl Runner {
             limit_rate: spec.limit_rate,
             connect_timeout: Duration::from_secs(5),
             rehash: false,
+            connections: self.connections,
             nic,
             peers: spec
                 .peers
