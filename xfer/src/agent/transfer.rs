@@ -72,8 +72,8 @@ pub(super) async fn serve(
         }
         TransferMsg::Join { name, root, from } => {
             let (store, shares) = (ctx.store.clone(), ctx.shares.clone());
-            return swarm::serve_peer(conn, send, store, shares, name, root, from, ctx.nic.clone())
-                .await;
+            let join = swarm::Joining { name, root, from };
+            return swarm::serve_peer(conn, send, store, shares, join, ctx.nic.clone()).await;
         }
         TransferMsg::Lane { name, root } => return attach_lane(conn, send, ctx, name, root).await,
         other => {

@@ -130,6 +130,14 @@ async fn source_for(
     }
 }
 
+/// A peer's [`TransferMsg::Join`]: it is `from` in the swarm of `name`
+/// with root `root`.
+pub struct Joining {
+    pub name: ModelName,
+    pub root: Hash,
+    pub from: u32,
+}
+
 /// Serving side: answers a peer's [`TransferMsg::Join`] on `conn`, then serves
 /// it chunks and announces new ones until it disconnects (or, if this
 /// node's transfer fails or is superseded, until then).
@@ -138,11 +146,10 @@ pub async fn serve_peer(
     mut send: quinn::SendStream,
     store: Store,
     shares: Arc<Shares>,
-    name: ModelName,
-    root: Hash,
-    from: u32,
+    join: Joining,
     nic: Option<Arc<dyn Nic>>,
 ) -> Result<()> {
+    let Joining { name, root, from } = join;
     tracing::debug!(
         "join for {name} root {} from {}",
         root.short(),
