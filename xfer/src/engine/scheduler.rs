@@ -996,7 +996,11 @@ impl Scheduler {
             &self.mine[self.mine_head..]
         };
         let lead = self.cfg.seed_lead as u64;
-        let gate = if any || self.cfg.me.is_none() || lead == 0 {
+        // The lead paces the seed by what the swarm shows us; a feeder the
+        // coordinator made home to some chunks, with no partial peer
+        // linked (none it can reach), has nothing shown: no pacing.
+        let alone = self.assigned.is_some() && !self.peers.iter().any(|p| p.alive && !p.seed);
+        let gate = if any || self.cfg.me.is_none() || lead == 0 || alone {
             u64::MAX
         } else {
             self.seen + lead.min(self.seen + 1)
@@ -1574,5 +1578,30 @@ mod tests {
         assert_eq!(drain(&mut s), []);
         s.handle(Event::PeerHas { peer: 1, chunk: 7 });
         assert_eq!(drain(&mut s), [Action::Fetch { peer: 1, chunk: 7 }]);
+    }
+
+    #[test]
+    fn a_feeder_that_reaches_no_peer_still_gets_everything_from_the_seed() {
+        // Home to chunk 1 of 2 (slot 1 of 2), with the agents' mesh policy
+        // (a seed lead of 16), and its one peer never linked: it must not
+        // wait for a swarm it cannot see.
+        let mut s = Scheduler::new(
+            ChunkSet::empty(2),
+            crate::engine::policy::swarm_config(Config::default(), 2),
+        );
+        s.handle(Event::Homes(Homes {
+            of: 2,
+            slots: vec![1],
+        }));
+        s.handle(Event::PeerJoined {
+            peer: 0,
+            has: ChunkSet::full(2),
+        });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 0, chunk: 1 }]);
+        s.handle(Event::Verified { peer: 0, chunk: 1 });
+        // Idle: the other home's chunk comes from the seed too.
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 0, chunk: 0 }]);
+        s.handle(Event::Verified { peer: 0, chunk: 0 });
+        assert_eq!(drain(&mut s), [Action::Complete]);
     }
 }
