@@ -1119,7 +1119,7 @@ name = "b"
         );
         assert_eq!(
             refused("key = \"/k\"\n[defaults]\ncolour = \"red\"\n"),
-            "cluster.toml:3:1: unknown key \"colour\" in [defaults]; [defaults] takes port, root, fabric_if, rdma_device and gid_index"
+            "cluster.toml:3:1: unknown key \"colour\" in [defaults]; [defaults] takes port, root, fabric_if, data_port, rdma_device and gid_index"
         );
         assert_eq!(
             refused("key = \"/k\"\n[defaults]\nname = \"a\"\n"),

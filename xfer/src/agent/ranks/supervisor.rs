@@ -650,8 +650,11 @@ impl Run {
             let mut inner = self.inner.lock().unwrap();
             inner.procs[i] = ProcState::Running { pid };
             inner.starts[i] = Some(start);
+            // Recorded before anyone can see it running: an agent killed
+            // right after a query saw the pid still leaves a record that
+            // names it, for the next agent to adopt.
+            self.save_with(&inner);
         }
-        self.save();
         Ok(pid)
     }
 
@@ -829,17 +832,20 @@ impl Run {
     }
 
     fn save(&self) {
-        let rec = {
-            let inner = self.inner.lock().unwrap();
-            Record {
-                spec: self.spec.clone(),
-                started_unix: self.started_unix,
-                state: inner.state.clone(),
-                procs: inner.procs.clone(),
-                failed_ms: inner.failed_ms,
-                boot_id: self.boot_id.clone(),
-                starts: inner.starts.clone(),
-            }
+        let inner = self.inner.lock().unwrap();
+        self.save_with(&inner);
+    }
+
+    /// [`Run::save`] with the state already locked.
+    fn save_with(&self, inner: &Inner) {
+        let rec = Record {
+            spec: self.spec.clone(),
+            started_unix: self.started_unix,
+            state: inner.state.clone(),
+            procs: inner.procs.clone(),
+            failed_ms: inner.failed_ms,
+            boot_id: self.boot_id.clone(),
+            starts: inner.starts.clone(),
         };
         let path = self.dir.join("rank.json");
         let written = serde_json::to_vec_pretty(&rec)
