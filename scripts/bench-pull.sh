@@ -4,7 +4,7 @@
 # connection's rate, as public CDNs do; then the time to get a repo onto 2
 # nodes, pull-then-push against pull-with-fan-out, over shaped netns links.
 #
-#   scripts/bench-pull.sh [all|pull|fanout]     (default: all)
+#   scripts/bench-pull.sh [all|pull|fanout|mirror]     (default: all)
 #
 #   pull    A multi-shard repo of SIZE_MIB (bench/model-2g). Each run
 #           downloads it into a fresh empty HF_HUB_CACHE with `hf download`
@@ -26,6 +26,15 @@
 #           against F_ideal = S / link rate and ideal = max(D, F_ideal).
 #           Every agent's folder must equal host 0's (b3sum and diff -r
 #           --no-dereference) and every node must report the same root.
+#   mirror  A fast LAN mirror, no rate cap: a MIRROR_SIZE_MIB repo
+#           (bench/model-256m, MIRROR_SHARDS shards) served first by
+#           tests/hub_server.py (honours Range), then by a real olah mirror
+#           (scripts/olah-mirror.sh; olah 0.5.4 answers a Range request on a
+#           local mirror with the whole file). MIRROR_RUNS runs per server,
+#           the first right after the server started (cold), the order
+#           alternating, fresh caches, page cache dropped before each. Both
+#           clients at their defaults, as a new user runs them. Floor: xfer
+#           pull <= 1.0 x hf download in every run (PASS / BELOW FLOOR).
 #
 # Prints one summary block (Markdown) to paste into a README, appends it to
 # $PULL_DIR/summary.txt and one row per part to $PULL_DIR/results.csv.
@@ -40,7 +49,9 @@
 # created with huggingface_hub if missing], PULL_DIR [/var/tmp/xfer-bench-pull]
 # (repos, caches, agent roots, results; disk, not tmpfs), PREFIX [xfp],
 # PORT [17590] (agents, UDP), PULL_TIMEOUT [derived from the sizes and
-# rates], KEEP_RUN [0] (1 keeps logs and JSON in $PULL_DIR/run).
+# rates], KEEP_RUN [0] (1 keeps logs and JSON in $PULL_DIR/run),
+# MIRROR_SIZE_MIB [256], MIRROR_SHARDS [2], MIRROR_RUNS [3], MIRROR_PORT
+# [17591] (olah), OLAH [1] (0 skips the olah mirror).
 #
 # Runtime at the defaults on 2 cores: 2.6 min for `all` with RUNS=1, of which
 # ~20 s make the repos the first time (random data and the server's hashes,
@@ -62,7 +73,7 @@ usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$SELF" | sed 's/^# \{0,1\}//'; 
 
 PART=${1:-all}
 case $PART in
-all | pull | fanout) ;;
+all | pull | fanout | mirror) ;;
 -h | --help | help)
     usage
     exit 0
@@ -91,6 +102,12 @@ PULL_DIR=${PULL_DIR:-/var/tmp/xfer-bench-pull}
 export PREFIX=${PREFIX:-xfp}
 PORT=${PORT:-17590}
 KEEP_RUN=${KEEP_RUN:-0}
+MIRROR_SIZE_MIB=${MIRROR_SIZE_MIB:-256}
+MIRROR_SHARDS=${MIRROR_SHARDS:-2}
+MIRROR_RUNS=${MIRROR_RUNS:-3}
+MIRROR_PORT=${MIRROR_PORT:-17591}
+OLAH=${OLAH:-1}
+MIRROR_REPO=bench/model-256m
 
 PULL_REPO=bench/model-2g
 FAN_REPO=bench/model-1g
@@ -104,7 +121,7 @@ RESULTS=$PULL_DIR/results.csv
 CSV_HEADER=stamp,xfer_rev,part,size_mib,shards,rate_Bps,connections,runs,hf_s,xfer_s,hf_over_xfer,link_mbit,d_s,f_ideal_s,ideal_s,seq_s,pipe_s,seq_over_ideal,pipe_over_ideal
 
 posint() { [[ $1 =~ ^[0-9]+$ && $1 -ge 1 ]]; }
-for v in SIZE_MIB SHARDS RATE CONNECTIONS RUNS LINK_MBIT FAN_RATE FAN_SIZE_MIB FAN_SHARDS PORT; do
+for v in SIZE_MIB SHARDS RATE CONNECTIONS RUNS LINK_MBIT FAN_RATE FAN_SIZE_MIB FAN_SHARDS PORT MIRROR_SIZE_MIB MIRROR_SHARDS MIRROR_RUNS MIRROR_PORT; do
     posint "${!v}" || die "$v must be a positive integer (got '${!v}')"
 done
 [ "$PORT" -le 65535 ] || die "PORT must be at most 65535 (got $PORT)"
@@ -124,7 +141,7 @@ preflight() {
     need timeout coreutils
     need flock util-linux
     need diff diffutils
-    if [ "$PART" != pull ]; then
+    if [ "$PART" = fanout ] || [ "$PART" = all ]; then
         [ -x "$NC" ] || die "$NC missing or not executable"
         need ip iproute2
         need tc iproute2
@@ -136,8 +153,9 @@ preflight() {
     local avail need_mb=0
     avail=$(df -Pm "$PULL_DIR" | awk 'NR == 2 { print $4 }')
     # repo + 2 caches for pull; repo + cache + 2 agent copies for fanout (+ slack)
-    [ "$PART" = fanout ] || need_mb=$((SIZE_MIB * 3 + 512))
-    [ "$PART" = pull ] || need_mb=$((need_mb + FAN_SIZE_MIB * 4 + 512))
+    if [ "$PART" = pull ] || [ "$PART" = all ]; then need_mb=$((SIZE_MIB * 3 + 512)); fi
+    if [ "$PART" = fanout ] || [ "$PART" = all ]; then need_mb=$((need_mb + FAN_SIZE_MIB * 4 + 512)); fi
+    if [ "$PART" = mirror ] || [ "$PART" = all ]; then need_mb=$((need_mb + MIRROR_SIZE_MIB * 5 + 512)); fi
     [ "$avail" -gt "$need_mb" ] || die "need ~$need_mb MiB free in $PULL_DIR, have $avail; lower SIZE_MIB/FAN_SIZE_MIB or set PULL_DIR"
 }
 
@@ -252,6 +270,7 @@ cleanup() {
     set +e
     trap - EXIT INT TERM
     stop_all
+    if [ -n "${OLAH_WORK:-}" ]; then "$SCRIPT_DIR/olah-mirror.sh" stop "$OLAH_WORK" 2>/dev/null || true; fi
     if [ "$rc" != 0 ] && [ "$A_DONE" = 1 ] && [ "$REPORTED" = 0 ]; then
         log "part A finished before the failure; its results:"
         B_DONE=0
@@ -642,6 +661,69 @@ part_fanout() {
     B_DONE=1
 }
 
+# ----------------------------------------------------- part C: mirror ----
+
+# mirror_run SERVER RUN: one hf download and one xfer pull of MIRROR_REPO
+# from $HUB_URL, order alternating by RUN; appends to C_ROWS.
+C_ROWS=() C_FAIL=0
+mirror_run() {
+    local server=$1 r=$2 order tool hf_s="" xfer_s="" src=$REPOS/$MIRROR_REPO
+    if ((r % 2)); then order="hf xfer"; else order="xfer hf"; fi
+    for tool in $order; do
+        local cache=$CACHES/c-$tool label=c-$server$r-$tool envw=()
+        fresh_dir "$cache"
+        rm -rf "$RUN/xdg"
+        drop_caches
+        mapfile -t envw < <(client_env "$cache")
+        if [ "$tool" = hf ]; then
+            run_timed "$label" 600 env "${CLEAN_ENV[@]}" "${envw[@]}" "$HF_BIN" download "$MIRROR_REPO" --quiet
+            [ "$T_RC" = 0 ] || die "hf download from $server exited $T_RC: $(fail_tail "$label")"
+            hf_s=$T_S
+        else
+            run_timed "$label" 600 env "${CLEAN_ENV[@]}" "${envw[@]}" "$XFER_BIN" pull "$MIRROR_REPO" --json
+            [ "$T_RC" = 0 ] || die "xfer pull from $server exited $T_RC: $(fail_tail "$label")"
+            jq -e '.verification.all_verified == true' "$RUN/$label.out" >/dev/null ||
+                die "xfer pull from $server is not all_verified: $(head -c 600 "$RUN/$label.out")"
+            xfer_s=$T_S
+        fi
+        same_fp "mirror $server run $r $tool snapshot" "$RUN/fp-c-source.txt" "$(snapshot "$cache" "$MIRROR_REPO")" -L
+    done
+    rm -rf "$CACHES"/c-*
+    local x
+    x=$(ratio "$xfer_s" "$hf_s")
+    awk -v a="$xfer_s" -v b="$hf_s" 'BEGIN { exit !(a <= b) }' || C_FAIL=1
+    local cold=""
+    [ "$r" != 1 ] || cold=" (cold)"
+    C_ROWS+=("| $server | $r$cold | $(fmt %.2f "$hf_s") | $(fmt %.2f "$xfer_s") | $x |")
+    log "mirror $server run $r$cold: hf $(fmt %.2f "$hf_s") s, xfer $(fmt %.2f "$xfer_s") s, xfer/hf $x"
+}
+
+C_DONE=0
+part_mirror() {
+    local src=$REPOS/$MIRROR_REPO r
+    fingerprint "$src" >"$RUN/fp-c-source.txt"
+    C_BYTES=$(tree_bytes "$src")
+    log "part C: $MIRROR_REPO, $C_BYTES bytes, no rate cap"
+    start_hub hub-c 0
+    log "hub server at $HUB_URL (root namespace), no rate cap"
+    for ((r = 1; r <= MIRROR_RUNS; r++)); do mirror_run hub_server.py "$r"; done
+    stop_pid "$HUB_PID"
+    if [ "$OLAH" = 1 ]; then
+        local work=$PULL_DIR/olah out
+        out=$("$SCRIPT_DIR/olah-mirror.sh" start "$work" "$MIRROR_PORT" "$MIRROR_REPO" "$src" 2>"$RUN/olah-start.err") ||
+            die "olah-mirror.sh start failed: $(tail -n 3 "$RUN/olah-start.err" | tr '\n' ' ')"
+        HUB_URL=$(awk '/^READY / { print $2; exit }' <<<"$out")
+        HUB_HOST=""
+        OLAH_WORK=$work
+        log "olah mirror at $HUB_URL"
+        for ((r = 1; r <= MIRROR_RUNS; r++)); do mirror_run olah "$r"; done
+        "$SCRIPT_DIR/olah-mirror.sh" stop "$work" 2>/dev/null || true
+        OLAH_WORK=""
+    fi
+    if [ "$C_FAIL" = 0 ]; then C_VERDICT=PASS; else C_VERDICT="BELOW FLOOR"; fi
+    C_DONE=1
+}
+
 # -------------------------------------------------------------- report ----
 
 REPORTED=0
@@ -675,6 +757,17 @@ report() {
             echo "Both snapshots verified against the source (b3sum); ${A_LAYOUT:-}."
             printf '%s,%s,pull,%d,%d,%d,%d,%d,%.3f,%.3f,%s,,,,,,,,\n' "$stamp" "$XFER_REV" "$SIZE_MIB" "$SHARDS" "$RATE" "$CONNECTIONS" "$RUNS" \
                 "$A_HF" "$A_XFER" "$A_RATIO" >>"$RESULTS"
+        fi
+        if [ "$C_DONE" = 1 ]; then
+            echo
+            printf 'A fast local mirror: a %d MiB repo (%d shards), no rate cap, fresh cache and page cache dropped per run;\n' "$MIRROR_SIZE_MIB" "$MIRROR_SHARDS"
+            echo 'both clients at their defaults; run 1 right after the server started.'
+            echo
+            echo '| server | run | hf download s | xfer pull s | xfer / hf |'
+            echo '|---|---|---:|---:|---:|'
+            printf '%s\n' "${C_ROWS[@]}"
+            echo
+            echo "Floor: xfer / hf <= 1.00 in every run: $C_VERDICT."
         fi
         if [ "$B_DONE" = 1 ]; then
             echo
@@ -723,14 +816,21 @@ main() {
     drop_caches
     [ "$DROP_OK" = 1 ] || log "warning: cannot write /proc/sys/vm/drop_caches; runs read the repo from the page cache"
 
-    [ "$PART" = fanout ] || gen_repo "$PULL_REPO" "$SIZE_MIB" "$SHARDS"
-    [ "$PART" = pull ] || gen_repo "$FAN_REPO" "$FAN_SIZE_MIB" "$FAN_SHARDS"
-    [ "$PART" = fanout ] || part_pull
-    [ "$PART" = pull ] || part_fanout
+    want() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
+    if want pull; then gen_repo "$PULL_REPO" "$SIZE_MIB" "$SHARDS"; fi
+    if want fanout; then gen_repo "$FAN_REPO" "$FAN_SIZE_MIB" "$FAN_SHARDS"; fi
+    if want mirror; then gen_repo "$MIRROR_REPO" "$MIRROR_SIZE_MIB" "$MIRROR_SHARDS"; fi
+    if want pull; then part_pull; fi
+    if want mirror; then part_mirror; fi
+    if want fanout; then part_fanout; fi
     report
     log "took $(fmt %.0f "$(calc "$EPOCHREALTIME - $t_start")") s; rows appended to $RESULTS, summary to $PULL_DIR/summary.txt"
     if [ "$A_DONE" = 1 ] && [ "$A_VERDICT" != PASS ]; then
         log "xfer pull is below the ${FLOOR}x floor against hf download"
+        exit 3
+    fi
+    if [ "$C_DONE" = 1 ] && [ "$C_VERDICT" != PASS ]; then
+        log "xfer pull was slower than hf download from a fast mirror in some run"
         exit 3
     fi
 }

@@ -23,9 +23,9 @@ use tokio::sync::Notify;
 
 use crate::flow::push::{self, NodeSummary, PushOptions};
 use crate::hub::env::HubEnv;
-use crate::hub::pull::{self, OnPlaced, PullOptions, PullSummary};
+use crate::hub::pull::{self, OnPlaced, PlacedFile, PullOptions, PullSummary};
 use crate::hub::repo::RepoRef;
-use crate::store::hashcache::HashCache;
+use crate::store::hashcache::{FileStamp, HashCache};
 use crate::store::scan::{scan_selected, SourceTree};
 use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
@@ -75,7 +75,7 @@ impl PullFanoutSummary {
 /// Pulls `opts` and delivers the result to `push.to` while it downloads.
 /// `push.src` and `push.name` are set here.
 pub async fn pull_and_fan_out(
-    opts: PullOptions,
+    mut opts: PullOptions,
     env: HubEnv,
     mut push: PushOptions,
     progress: Progress,
@@ -99,11 +99,18 @@ pub async fn pull_and_fan_out(
     push.name = Some(name.to_string());
     crate::config::auth::Credential::load(&push.key)?;
 
+    // The pull hashes chunks as it downloads; the rounds take them from here.
+    opts.chunk_size = Some(push.chunk_size);
+    let hashes = Arc::new(Mutex::new(HashCache::for_tree(&root)));
     let ready: Arc<Mutex<BTreeSet<RelPath>>> = Default::default();
     let grew = Arc::new(Notify::new());
     let on_placed: OnPlaced = {
         let (ready, grew, root) = (ready.clone(), grew.clone(), root.clone());
+        let hashes = hashes.clone();
         Arc::new(move |placed| {
+            for f in placed {
+                record_chunks(&hashes, f);
+            }
             let mut set = ready.lock().unwrap();
             for f in placed {
                 set.extend(f.visible.iter().filter_map(|p| relative(&root, p)));
@@ -138,7 +145,7 @@ pub async fn pull_and_fan_out(
         if set.len() == pushed {
             continue;
         }
-        let tree = select(&root, push.chunk_size, set.clone()).await?;
+        let tree = select(&root, push.chunk_size, set.clone(), &hashes).await?;
         let s = push::deliver(&push, &name, &tree, 0.0, &quiet).await?;
         rounds += 1;
         bytes_sent += s.bytes_sent;
@@ -157,7 +164,7 @@ pub async fn pull_and_fan_out(
     if !local_dir && revision != summary.commit {
         set.insert(RelPath::new(&format!("refs/{revision}")).map_err(anyhow::Error::msg)?);
     }
-    let tree = select(&root, push.chunk_size, set).await?;
+    let tree = select(&root, push.chunk_size, set, &hashes).await?;
     let last = push::deliver(&push, &name, &tree, 0.0, &progress).await?;
     rounds += 1;
     bytes_sent += last.bytes_sent;
@@ -183,16 +190,39 @@ fn relative(root: &Path, path: &Path) -> Option<RelPath> {
     RelPath::new(rel.to_str()?).ok()
 }
 
-/// The manifest of `root` restricted to `paths`, hashing only files not
-/// hashed in an earlier round.
-async fn select(root: &Path, chunk_size: u64, paths: BTreeSet<RelPath>) -> Result<SourceTree> {
+/// Keeps the chunk hashes the pull computed for `f`, under the path the
+/// scan of the folder will look them up by.
+fn record_chunks(hashes: &Mutex<HashCache>, f: &PlacedFile) {
+    let Some((chunk_size, chunks)) = &f.chunks else {
+        return;
+    };
+    let Ok(path) = f.content.canonicalize() else {
+        return;
+    };
+    if let Some(stamp) = FileStamp::of(&path) {
+        hashes
+            .lock()
+            .unwrap()
+            .put(&path, &stamp, *chunk_size, chunks.clone());
+    }
+}
+
+/// The manifest of `root` restricted to `paths`, hashing only files whose
+/// chunk hashes neither the pull nor an earlier round recorded.
+async fn select(
+    root: &Path,
+    chunk_size: u64,
+    paths: BTreeSet<RelPath>,
+    hashes: &Arc<Mutex<HashCache>>,
+) -> Result<SourceTree> {
     let root = root.to_path_buf();
+    let hashes = hashes.clone();
     tokio::task::spawn_blocking(move || {
-        let mut cache = HashCache::for_tree(&root);
+        let mut cache = hashes.lock().unwrap();
         let tree = scan_selected(
             &root,
             chunk_size,
-            Some(&mut cache),
+            Some(&mut *cache),
             &|p| paths.contains(p),
             &|_| {},
         );
@@ -202,4 +232,44 @@ async fn select(root: &Path, chunk_size: u64, paths: BTreeSet<RelPath>) -> Resul
         tree
     })
     .await?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::manifest::Entry;
+
+    #[tokio::test]
+    async fn a_round_takes_the_chunk_hashes_the_pull_computed_without_reading_the_file() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("blobs")).unwrap();
+        let blob = root.join("blobs/abc");
+        std::fs::write(&blob, vec![1u8; 3 * 65536]).unwrap();
+        // Hashes no read of the file could produce: if the round used them,
+        // it did not hash the file again.
+        let planted = vec![Hash([7; 32]), Hash([8; 32]), Hash([9; 32])];
+        let hashes = Arc::new(Mutex::new(HashCache::default()));
+        record_chunks(
+            &hashes,
+            &PlacedFile {
+                path: RelPath::new("x").unwrap(),
+                visible: vec![blob.clone()],
+                content: blob.clone(),
+                chunks: Some((65536, planted.clone())),
+            },
+        );
+        let only: BTreeSet<RelPath> = [RelPath::new("blobs/abc").unwrap()].into();
+        let tree = select(&root, 65536, only.clone(), &hashes).await.unwrap();
+        let Entry::File(f) = &tree.manifest.entries[0] else {
+            panic!("{:?}", tree.manifest.entries)
+        };
+        assert_eq!(f.chunks, planted);
+        // At another chunk size they do not apply: the file is hashed.
+        let tree = select(&root, 131072, only, &hashes).await.unwrap();
+        let Entry::File(f) = &tree.manifest.entries[0] else {
+            panic!()
+        };
+        assert_eq!(f.hash, Hash::from(blake3::hash(&vec![1u8; 3 * 65536])));
+    }
 }

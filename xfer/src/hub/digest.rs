@@ -1,12 +1,17 @@
 //! Checking a downloaded file against the hash the Hub lists for it: the
 //! sha256 (`lfs.oid`) of an LFS file, or the git blob sha1 (`oid`) of a
-//! regular one. Streams the file; never holds it in memory.
+//! regular one. [`Digester`] takes the bytes in order as they land, so a
+//! download is checked in the same pass that writes it, and it can produce
+//! the file's BLAKE3 chunk hashes (what a push sends) from that same pass.
+//! Never holds a file in memory.
 
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
+use blake3::hazmat::HasherExt as _;
 use sha1::Digest as _;
+use xfer_proto::hash::{self as chunk_hash, Hash};
 
 /// The hash a file must have.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,45 +38,181 @@ impl Expected {
     }
 }
 
+/// The Hub hash of a file and, optionally, its BLAKE3 chunk hashes,
+/// computed from its bytes fed in order.
+pub struct Digester {
+    expected: Expected,
+    size: u64,
+    at: u64,
+    sha256: sha2::Sha256,
+    sha1: sha1::Sha1,
+    chunks: Option<Chunks>,
+}
+
+/// BLAKE3 chunk hashes in the making: the manifest's layout (see
+/// `xfer_proto::hash::hash_chunk`).
+struct Chunks {
+    size: u64,
+    count: u64,
+    done: Vec<Hash>,
+    current: blake3::Hasher,
+    in_current: u64,
+}
+
+impl Chunks {
+    fn new(file_size: u64, size: u64) -> Chunks {
+        let count = chunk_hash::chunk_count(file_size, size);
+        let mut c = Chunks {
+            size,
+            count,
+            done: Vec::with_capacity(count as usize),
+            current: blake3::Hasher::new(),
+            in_current: 0,
+        };
+        c.start(0);
+        c
+    }
+
+    fn start(&mut self, index: u64) {
+        self.current = blake3::Hasher::new();
+        if self.count > 1 {
+            self.current.set_input_offset(index * self.size);
+        }
+        self.in_current = 0;
+    }
+
+    fn update(&mut self, mut bytes: &[u8], file_size: u64) {
+        while !bytes.is_empty() {
+            let index = self.done.len() as u64;
+            let len = (file_size - index * self.size).min(self.size);
+            let take = ((len - self.in_current) as usize).min(bytes.len());
+            self.current.update(&bytes[..take]);
+            self.in_current += take as u64;
+            bytes = &bytes[take..];
+            if self.in_current == len {
+                let h = if self.count > 1 {
+                    Hash(self.current.finalize_non_root())
+                } else {
+                    self.current.finalize().into()
+                };
+                self.done.push(h);
+                self.start(index + 1);
+            }
+        }
+    }
+}
+
+/// What a finished [`Digester`] found.
+pub struct Digest {
+    /// `Err` says which hash differed, for the user.
+    pub verdict: Result<(), String>,
+    /// The BLAKE3 chunk hashes, if asked for (and the file matched).
+    pub chunks: Option<(u64, Vec<Hash>)>,
+}
+
+impl Digester {
+    /// For a file of `size` bytes that must have `expected`; with
+    /// `chunk_size`, also its BLAKE3 chunk hashes at that chunk size.
+    pub fn new(expected: &Expected, size: u64, chunk_size: Option<u64>) -> Digester {
+        let mut sha1 = sha1::Sha1::new();
+        if matches!(expected, Expected::GitSha1(_)) {
+            sha1.update(format!("blob {size}\0").as_bytes());
+        }
+        Digester {
+            expected: expected.clone(),
+            size,
+            at: 0,
+            sha256: sha2::Sha256::new(),
+            sha1,
+            chunks: chunk_size.map(|c| Chunks::new(size, c)),
+        }
+    }
+
+    /// How many bytes from the start have been fed.
+    pub fn at(&self) -> u64 {
+        self.at
+    }
+
+    /// Feeds the next bytes of the file (those at [`Digester::at`]).
+    /// Bytes past the file's size are a caller bug and are refused.
+    pub fn update(&mut self, bytes: &[u8]) {
+        assert!(
+            self.at + bytes.len() as u64 <= self.size,
+            "fed past the end"
+        );
+        match self.expected {
+            Expected::GitSha1(_) => self.sha1.update(bytes),
+            Expected::Sha256(_) => self.sha256.update(bytes),
+        }
+        if let Some(c) = &mut self.chunks {
+            c.update(bytes, self.size);
+        }
+        self.at += bytes.len() as u64;
+    }
+
+    /// Compares with the expected hash; `what` names the file in the error.
+    /// A file not fed to its end is a mismatch.
+    pub fn finish(self, what: &Path) -> Digest {
+        if self.at != self.size {
+            return Digest {
+                verdict: Err(format!(
+                    "{} was hashed to byte {} of {}",
+                    what.display(),
+                    self.at,
+                    self.size
+                )),
+                chunks: None,
+            };
+        }
+        let got = match self.expected {
+            Expected::GitSha1(_) => hex::encode(self.sha1.finalize()),
+            Expected::Sha256(_) => hex::encode(self.sha256.finalize()),
+        };
+        if !got.eq_ignore_ascii_case(self.expected.etag()) {
+            return Digest {
+                verdict: Err(format!(
+                    "{} has {} {got}, the Hub lists {}",
+                    what.display(),
+                    self.expected.kind(),
+                    self.expected.etag()
+                )),
+                chunks: None,
+            };
+        }
+        Digest {
+            verdict: Ok(()),
+            chunks: self.chunks.map(|c| (c.size, c.done)),
+        }
+    }
+}
+
+/// Feeds `d` from `file` up to byte `upto`, reading through `buf`.
+pub fn feed_from(d: &mut Digester, file: &File, upto: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    while d.at() < upto {
+        let n = ((upto - d.at()) as usize).min(buf.len());
+        file.read_exact_at(&mut buf[..n], d.at())?;
+        d.update(&buf[..n]);
+    }
+    Ok(())
+}
+
 /// Hashes `path` and compares; the error says which hash differed.
 pub fn check(path: &Path, expected: &Expected) -> Result<(), String> {
     let mut f = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let len = f.metadata().map_err(|e| e.to_string())?.len();
+    let mut d = Digester::new(expected, len, None);
     let mut buf = vec![0u8; 1 << 20];
-    let mut sha256 = sha2::Sha256::new();
-    let mut sha1 = sha1::Sha1::new();
-    let git = matches!(expected, Expected::GitSha1(_));
-    if git {
-        sha1.update(format!("blob {len}\0").as_bytes());
-    }
     loop {
         let n = f
             .read(&mut buf)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if n == 0 {
+        if n == 0 || d.at() + n as u64 > len {
             break;
         }
-        if git {
-            sha1.update(&buf[..n]);
-        } else {
-            sha256.update(&buf[..n]);
-        }
+        d.update(&buf[..n]);
     }
-    let got = if git {
-        hex::encode(sha1.finalize())
-    } else {
-        hex::encode(sha256.finalize())
-    };
-    if got.eq_ignore_ascii_case(expected.etag()) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} has {} {got}, the Hub lists {}",
-            path.display(),
-            expected.kind(),
-            expected.etag()
-        ))
-    }
+    d.finish(path).verdict
 }
 
 #[cfg(test)]
@@ -101,5 +242,48 @@ mod tests {
             &Expected::GitSha1("e69de29bb2d1d6434b8b29ae775ad8c2e48c5391".into()),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn chunk_hashes_from_the_stream_equal_the_scanners() {
+        // 3.5 chunks of 64 KiB fed in odd pieces.
+        let cs = 64 * 1024;
+        let data: Vec<u8> = (0..(cs * 7 / 2) as u32)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        use sha2::Digest as _;
+        let sha = Expected::Sha256(hex::encode(sha2::Sha256::digest(&data)));
+        let mut d = Digester::new(&sha, data.len() as u64, Some(cs as u64));
+        for piece in data.chunks(10_007) {
+            d.update(piece);
+        }
+        let out = d.finish(Path::new("f"));
+        out.verdict.unwrap();
+        let (size, chunks) = out.chunks.unwrap();
+        assert_eq!(size, cs as u64);
+        let want: Vec<Hash> = data
+            .chunks(cs)
+            .enumerate()
+            .map(|(i, c)| chunk_hash::hash_chunk(c, i as u64, 4, cs as u64))
+            .collect();
+        assert_eq!(chunks, want);
+        assert_eq!(
+            chunk_hash::file_hash_from_chunks(&chunks),
+            Hash::from(blake3::hash(&data))
+        );
+        // One chunk: the file hash itself; a short feed is a mismatch.
+        let mut d = Digester::new(&sha, data.len() as u64, Some(1 << 20));
+        d.update(&data);
+        assert_eq!(
+            d.finish(Path::new("f")).chunks.unwrap().1,
+            vec![Hash::from(blake3::hash(&data))]
+        );
+        let mut d = Digester::new(&sha, data.len() as u64, None);
+        d.update(&data[..100]);
+        assert!(d
+            .finish(Path::new("f"))
+            .verdict
+            .unwrap_err()
+            .contains("byte 100"));
     }
 }

@@ -10,8 +10,12 @@
 //! A server that answers a Range request with `200` and the whole body
 //! (stock olah, some mirrors) switches that file to one sequential stream,
 //! written from offset 0, so nothing is ever written at the wrong place.
-//! When a file's last byte is written, a [`Finisher`] verifies and places it;
-//! a file that fails its hash is downloaded once more, from scratch.
+//! Each file is hashed as its bytes land: whenever the written prefix grows,
+//! a blocking task feeds it to the file's [`Digester`] (sha256 or git sha1,
+//! and BLAKE3 chunk hashes if asked), reading it back from the page cache
+//! just after it was written. When the last byte is written only the tail
+//! is left to hash, then a [`Finisher`] checks the digest and places the
+//! file; a file that fails its hash is downloaded once more, from scratch.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -27,8 +31,10 @@ use reqwest::{StatusCode, Url};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::digest::{self, Digest, Digester, Expected};
 use super::http::{error_chain, host_of, Failure, HubHttp};
 use super::parts::Parts;
+use super::ranges::{Ask, RangeHosts};
 use super::retry;
 
 /// Bytes per ranged request.
@@ -42,8 +48,10 @@ pub struct FileJob {
     /// `…/resolve/{commit}/{path}`.
     pub url: String,
     pub size: u64,
-    /// The hash the file must have, naming its sidecar's owner.
-    pub etag: String,
+    /// The hash the file must have (its etag names the sidecar's owner).
+    pub expected: Expected,
+    /// Also compute the file's BLAKE3 chunk hashes at this chunk size.
+    pub chunk_size: Option<u64>,
     /// Where the bytes go until verified.
     pub incomplete: PathBuf,
     /// The resume record next to it.
@@ -60,10 +68,10 @@ pub enum Verdict {
     Fatal(String),
 }
 
-/// Verifies and places a file whose bytes are all written. Called on a
-/// blocking thread, once per completed download of the file.
+/// Places a file whose bytes are all written and hashed, if its digest
+/// matched. Called on a blocking thread, once per completed download.
 pub trait Finisher: Send + Sync + 'static {
-    fn finish(&self, index: usize, job: &FileJob) -> Verdict;
+    fn finish(&self, index: usize, job: &FileJob, digest: Digest) -> Verdict;
 }
 
 /// Counters for the summary and the bars.
@@ -114,6 +122,20 @@ struct FileState {
     placed: AtomicBool,
     /// Held while the sidecar is written or removed.
     sidecar_io: Mutex<()>,
+    /// The file's bytes hashed so far, in order.
+    digest: Mutex<Digester>,
+    /// A task is feeding `digest` (at most one per file).
+    hashing: AtomicBool,
+    /// Downloads of this file started over; changed only under `digest`'s
+    /// lock, so a catch-up that read the prefix of an earlier download
+    /// never feeds it to the new digest.
+    generation: AtomicU64,
+}
+
+impl FileState {
+    fn fresh_digest(&self) -> Digester {
+        Digester::new(&self.job.expected, self.job.size, self.job.chunk_size)
+    }
 }
 
 struct Shared {
@@ -129,6 +151,7 @@ struct Shared {
     stats: Arc<Stats>,
     finisher: Arc<dyn Finisher>,
     watch: Arc<dyn Watch>,
+    ranges: RangeHosts,
 }
 
 /// Opens (or resumes) the incomplete files of `jobs`, with the sidecars'
@@ -160,7 +183,7 @@ fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<F
         let resumed = (len == job.size)
             .then(|| std::fs::read(&job.sidecar).ok())
             .flatten()
-            .and_then(|b| Parts::decode(&b, &job.etag, job.size));
+            .and_then(|b| Parts::decode(&b, job.expected.etag(), job.size));
         let parts = match resumed {
             Some(p) => {
                 stats.resumed.fetch_add(p.written(), Ordering::Relaxed);
@@ -170,11 +193,15 @@ fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<F
                 file.set_len(0)
                     .and_then(|_| crate::store::preallocate(&file, job.size))
                     .map_err(|e| disk_error(&job.incomplete, job.size, e))?;
-                Parts::new(&job.etag, job.size, part_size)
+                Parts::new(job.expected.etag(), job.size, part_size)
             }
         };
+        let digest = Mutex::new(Digester::new(&job.expected, job.size, job.chunk_size));
         out.push(FileState {
             job,
+            digest,
+            hashing: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
             file,
             parts: Mutex::new(parts),
             dirty: AtomicBool::new(true),
@@ -235,6 +262,7 @@ pub async fn download(
         finisher,
         watch,
         opts,
+        ranges: RangeHosts::default(),
     });
     // Files already complete (resumed, or empty) finish first.
     for f in 0..shared.files.len() {
@@ -338,7 +366,19 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
     let s = shared.clone();
     let verdict = tokio::task::spawn_blocking(move || {
         let st = &s.files[f];
-        s.finisher.finish(f, &st.job)
+        // Only the bytes after the last catch-up are left to hash.
+        let digest = {
+            let mut d = st.digest.lock().unwrap();
+            let mut buf = vec![0u8; HASH_BUF];
+            if let Err(e) = digest::feed_from(&mut d, &st.file, st.job.size, &mut buf) {
+                return Verdict::Fatal(format!(
+                    "cannot read back {}: {e}",
+                    st.job.incomplete.display()
+                ));
+            }
+            std::mem::replace(&mut *d, st.fresh_digest()).finish(&st.job.incomplete)
+        };
+        s.finisher.finish(f, &st.job, digest)
     })
     .await
     .unwrap_or_else(|e| Verdict::Fatal(format!("verifying crashed: {e}")));
@@ -363,6 +403,12 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
                 p.reset();
                 p.len()
             };
+            // The digest restarts at 0 for the new download.
+            {
+                let mut d = st.digest.lock().unwrap();
+                *d = st.fresh_digest();
+                st.generation.fetch_add(1, Ordering::SeqCst);
+            }
             st.streaming.store(false, Ordering::Release);
             st.finishing.store(false, Ordering::Release);
             st.dirty.store(true, Ordering::Release);
@@ -405,7 +451,7 @@ async fn url_of(shared: &Shared, f: usize) -> Result<Url, Failure> {
 
 /// Brings part `i` of file `f` to completion, retrying transient failures
 /// (the retry count restarts whenever bytes arrive).
-async fn fetch_part(shared: &Shared, f: usize, i: usize) -> Result<(), String> {
+async fn fetch_part(shared: &Arc<Shared>, f: usize, i: usize) -> Result<(), String> {
     let st = &shared.files[f];
     let mut tries = 0u32;
     loop {
@@ -455,10 +501,34 @@ async fn fetch_part(shared: &Shared, f: usize, i: usize) -> Result<(), String> {
 }
 
 /// One request for `[from, to)` of part `i`, streamed to disk.
-async fn attempt(shared: &Shared, f: usize, i: usize, from: u64, to: u64) -> Result<(), Failure> {
+async fn attempt(
+    shared: &Arc<Shared>,
+    f: usize,
+    i: usize,
+    from: u64,
+    to: u64,
+) -> Result<(), Failure> {
     let st = &shared.files[f];
     let url = url_of(shared, f).await?;
+    let host = host_of(&url);
+    let mut probe = None;
+    if !st.whole.load(Ordering::Acquire) {
+        match shared.ranges.ask(&host).await {
+            Ask::Part => {}
+            Ask::Probe(p) => probe = Some(p),
+            Ask::Whole => mark_whole(shared, f, &host),
+        }
+    }
     let whole = st.whole.load(Ordering::Acquire);
+    // One whole-file stream per file: claim it before asking, so the other
+    // connections do not each make the server send the whole file.
+    let mut claim = None;
+    if whole {
+        if st.streaming.swap(true, Ordering::AcqRel) {
+            return Ok(()); // another connection streams it
+        }
+        claim = Some(Claim(&st.streaming));
+    }
     let range = (!whole).then_some((from, to));
     let mut resp = match shared
         .http
@@ -476,6 +546,9 @@ async fn attempt(shared: &Shared, f: usize, i: usize, from: u64, to: u64) -> Res
         }
         Err(e) => return Err(e),
     };
+    if let Some(p) = probe.take() {
+        p.learnt(resp.status() == StatusCode::PARTIAL_CONTENT);
+    }
     let mut offset = if resp.status() == StatusCode::PARTIAL_CONTENT {
         let start = content_range_start(resp.headers());
         if start != Some(from) {
@@ -490,17 +563,13 @@ async fn attempt(shared: &Shared, f: usize, i: usize, from: u64, to: u64) -> Res
         from
     } else {
         // The whole body from byte 0: this connection streams the file.
-        if st.streaming.swap(true, Ordering::AcqRel) {
-            return Ok(()); // another connection already does
+        if claim.is_none() {
+            if st.streaming.swap(true, Ordering::AcqRel) {
+                return Ok(()); // another connection already does
+            }
+            claim = Some(Claim(&st.streaming));
         }
-        if !st.whole.swap(true, Ordering::AcqRel) {
-            shared.stats.whole_streams.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(
-                "{} ignores Range requests; downloading {} as one stream",
-                host_of(&url),
-                st.job.path
-            );
-        }
+        mark_whole(shared, f, &host);
         0
     };
     let streaming =
@@ -574,10 +643,29 @@ async fn attempt(shared: &Shared, f: usize, i: usize, from: u64, to: u64) -> Res
         Ok(())
     }
     .await;
-    if streaming {
-        st.streaming.store(false, Ordering::Release);
-    }
+    drop(claim);
     result
+}
+
+/// Releases a file's whole-file stream when its request ends, however.
+struct Claim<'a>(&'a AtomicBool);
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// File `f` comes from `host`, which ignores Range: one stream from now on.
+fn mark_whole(shared: &Shared, f: usize, host: &str) {
+    let st = &shared.files[f];
+    if !st.whole.swap(true, Ordering::AcqRel) {
+        shared.stats.whole_streams.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            "{host} ignores Range requests; downloading {} as one stream",
+            st.job.path
+        );
+    }
 }
 
 /// Bytes gathered from the network before one positioned write.
@@ -587,7 +675,7 @@ const WRITE_BUF: usize = 1 << 20;
 /// written in part `i` (or the whole-file prefix), so the sidecar never
 /// counts a byte that is not in the file.
 fn flush(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     f: usize,
     i: usize,
     streaming: bool,
@@ -614,7 +702,65 @@ fn flush(
     st.dirty.store(true, Ordering::Release);
     shared.watch.written(f, buf.len() as u64);
     buf.clear();
+    hash_behind(shared, f);
     Ok(())
+}
+
+/// Starts writing `[from, to)` of `file` to disk without waiting, so the
+/// fsync before the file is placed has little left to do.
+fn start_writeback(file: &File, from: u64, to: u64) {
+    if to > from {
+        // SAFETY: a hint on an fd we own; failure only loses the head start.
+        unsafe {
+            libc::sync_file_range(
+                file.as_raw_fd(),
+                from as libc::off64_t,
+                (to - from) as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+    }
+}
+
+/// Bytes read back per step when hashing.
+const HASH_BUF: usize = 1 << 20;
+
+/// Makes sure a task feeds file `f`'s written prefix to its digest: starts
+/// one unless one runs (which looks again before it stops, so no write is
+/// missed).
+fn hash_behind(shared: &Arc<Shared>, f: usize) {
+    let st = &shared.files[f];
+    if st.hashing.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let s = shared.clone();
+    tokio::task::spawn_blocking(move || {
+        let st = &s.files[f];
+        let mut buf = vec![0u8; HASH_BUF];
+        loop {
+            if !st.finishing.load(Ordering::SeqCst) {
+                let generation = st.generation.load(Ordering::SeqCst);
+                let upto = st.parts.lock().unwrap().prefix();
+                let mut d = st.digest.lock().unwrap();
+                if st.generation.load(Ordering::SeqCst) == generation {
+                    // An error here is met again, and reported, when the
+                    // file is finished.
+                    let from = d.at();
+                    let _ = digest::feed_from(&mut d, &st.file, upto, &mut buf);
+                    start_writeback(&st.file, from, d.at());
+                }
+            }
+            st.hashing.store(false, Ordering::SeqCst);
+            if st.finishing.load(Ordering::SeqCst) {
+                return;
+            }
+            let upto = st.parts.lock().unwrap().prefix();
+            let behind = upto > st.digest.lock().unwrap().at();
+            if !behind || st.hashing.swap(true, Ordering::SeqCst) {
+                return;
+            }
+        }
+    });
 }
 
 fn parse_url(s: &str) -> Url {

@@ -15,5 +15,6 @@ pub mod env;
 pub mod http;
 pub mod parts;
 pub mod pull;
+pub mod ranges;
 pub mod repo;
 pub mod retry;

@@ -21,12 +21,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::hub::api::{next_page, parse_tree_page, RemoteFile, RevisionInfo};
 use crate::hub::cache::RepoCache;
-use crate::hub::digest::{self, Expected};
+use crate::hub::digest::{Digest, Expected};
 use crate::hub::download::{self, FileJob, Finisher, Stats, Verdict, Watch};
 use crate::hub::env::HubEnv;
 use crate::hub::http::HubHttp;
 use crate::hub::repo::{RepoRef, RepoType};
 use crate::util::progress::Progress;
+use xfer_proto::hash::Hash;
 use xfer_proto::relpath::RelPath;
 use xfer_proto::units::Bytes;
 
@@ -41,6 +42,9 @@ pub struct PullOptions {
     pub local_dir: Option<PathBuf>,
     pub connections: usize,
     pub part_size: u64,
+    /// Also compute each file's BLAKE3 chunk hashes at this chunk size, in
+    /// the same pass as its Hub hash (for a fan-out, which sends them).
+    pub chunk_size: Option<u64>,
 }
 
 /// The `--json` summary (read back by the integration tests).
@@ -275,6 +279,8 @@ pub async fn pull(
             present.push(PlacedFile {
                 path: f.path.clone(),
                 visible: layout.visible(f),
+                content: layout.final_path(f),
+                chunks: None,
             });
         } else {
             todo.push(f.clone());
@@ -299,7 +305,8 @@ pub async fn pull(
                 path: f.path.to_string(),
                 url: repo.resolve_url(ep, &commit, f.path.as_str()),
                 size: f.size,
-                etag: f.expected.etag().to_string(),
+                expected: f.expected.clone(),
+                chunk_size: opts.chunk_size,
                 incomplete,
                 sidecar,
             }
@@ -361,6 +368,11 @@ pub struct PlacedFile {
     /// What became visible: the blob and its snapshot link, or the file in
     /// the local dir.
     pub visible: Vec<PathBuf>,
+    /// The file holding the bytes (the blob, or the file in the local dir).
+    pub content: PathBuf,
+    /// Its BLAKE3 chunk hashes and their chunk size, when the pull computed
+    /// them (`PullOptions::chunk_size`) as it downloaded.
+    pub chunks: Option<(u64, Vec<Hash>)>,
 }
 
 /// Every file of the listing, following `Link: rel="next"` pages (kept on
@@ -478,9 +490,9 @@ struct Placer {
 }
 
 impl Finisher for Placer {
-    fn finish(&self, index: usize, job: &FileJob) -> Verdict {
+    fn finish(&self, index: usize, job: &FileJob, digest: Digest) -> Verdict {
         let f = &self.files[index];
-        if let Err(why) = digest::check(&job.incomplete, &f.expected) {
+        if let Err(why) = digest.verdict {
             return Verdict::Mismatch(format!("{}: {why}", f.path));
         }
         if let Err(e) = self.layout.place(f, &job.incomplete) {
@@ -512,6 +524,8 @@ impl Finisher for Placer {
                 PlacedFile {
                     path: g.path.clone(),
                     visible: self.layout.visible(g),
+                    content: self.layout.final_path(g),
+                    chunks: digest.chunks.clone(),
                 }
             })
             .collect();

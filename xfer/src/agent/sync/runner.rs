@@ -343,6 +343,7 @@ impl Runner {
             local_dir: None,
             connections: 16,
             part_size: crate::hub::download::DEFAULT_PART_SIZE,
+            chunk_size: None,
         };
         let me = self.me().unwrap_or_default();
         push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));
