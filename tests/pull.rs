@@ -290,6 +290,29 @@ fn a_server_ignoring_range_is_read_as_whole_streams() {
     );
 }
 
+/// Partial downloads of files this revision no longer has (the repo
+/// changed on the server after an interrupted pull) are removed once the
+/// pull completes; a running pull's lock keeps its own.
+#[test]
+fn incomplete_files_of_an_older_revision_are_cleaned_up() {
+    let t = tempdir("pull-leftovers");
+    let repos = t.path().join("repos");
+    let src = small_repo(&repos, "acme/tiny", 5);
+    let server = HubServer::start(&repos, &[]);
+    let env = PullEnv::new(&server.endpoint(), t.path());
+    let meta = server.repo("acme/tiny");
+    let blobs = env.repo_dir("acme/tiny").join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let old = "0".repeat(64);
+    for ext in ["xfer.incomplete", "xfer.parts"] {
+        std::fs::write(blobs.join(format!("{old}.{ext}")), b"left by a killed pull").unwrap();
+    }
+    let s = env.pull_ok("acme/tiny", &[]);
+    assert_eq!(s.stale_removed, 2, "{s:#?}");
+    assert_eq!(s.tree_cache, format!("trees/{}.json", meta.commit));
+    assert_cache(&env.repo_dir("acme/tiny"), &src, &meta);
+}
+
 /// 5a. A body corrupted once fails its sha256, is downloaded again and
 ///     passes.
 #[test]
@@ -529,6 +552,7 @@ fn local_dir_gets_plain_files_and_metadata_and_a_rerun_fetches_nothing() {
         want_files.insert(path.clone());
         want_files.insert(format!(".cache/huggingface/download/{path}.metadata"));
     }
+    want_files.insert(format!(".cache/huggingface/trees/{}.json", meta.commit));
     let got_files: BTreeSet<String> = walk(&local)
         .into_iter()
         .filter(|(p, n)| !matches!(n, Node::Dir) && p != ".cache/huggingface/.gitignore")
@@ -639,6 +663,29 @@ fn the_real_client_reads_and_verifies_our_cache() {
     let r = hf_cli(&env, &verify);
     r.assert_ok("hf cache verify");
 
+    // `trees/<commit>.json` is the listing huggingface_hub writes itself.
+    let theirs = t.path().join("hf-cache");
+    let r = hf_cli(
+        &env,
+        &[
+            "download",
+            "acme/tiny",
+            "--cache-dir",
+            theirs.to_str().unwrap(),
+        ],
+    );
+    r.assert_ok("hf download into a cache of its own");
+    let json = |p: PathBuf| -> serde_json::Value {
+        let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        serde_json::from_slice(&b).unwrap()
+    };
+    let tree_in = |cache: &Path| {
+        cache
+            .join("models--acme--tiny/trees")
+            .join(format!("{}.json", meta.commit))
+    };
+    assert_eq!(json(tree_in(&theirs)), json(tree_in(&env.cache)));
+
     // A re-run finds everything in place, and so does the real client
     // online: it fetches no byte again.
     let s = env.pull_ok("acme/tiny", &[]);
@@ -671,6 +718,10 @@ fn the_real_client_reads_and_verifies_our_cache() {
         ],
     );
     r.assert_ok("hf cache verify --local-dir");
+    assert_eq!(
+        json(local.join(format!(".cache/huggingface/trees/{}.json", meta.commit))),
+        json(tree_in(&env.cache))
+    );
     server.reset_stats();
     let r = hf_cli(&env, &["download", "acme/tiny", "--local-dir", ld]);
     r.assert_ok("hf download --local-dir");

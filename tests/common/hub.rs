@@ -396,9 +396,31 @@ pub fn assert_cache(repo_dir: &Path, src: &Path, want: &RepoMeta) {
     let top = listing(repo_dir);
     assert_eq!(
         top,
-        ["blobs", "refs", "snapshots"].map(String::from).into(),
+        ["blobs", "refs", "snapshots", "trees"]
+            .map(String::from)
+            .into(),
         "nothing else in {}",
         repo_dir.display()
+    );
+    // The listing huggingface_hub keeps, one per commit, naming every file.
+    assert_eq!(
+        listing(&repo_dir.join("trees")),
+        BTreeSet::from([format!("{}.json", want.commit)])
+    );
+    let tree: serde_json::Value = serde_json::from_slice(
+        &fs::read(repo_dir.join("trees").join(format!("{}.json", want.commit))).unwrap(),
+    )
+    .unwrap();
+    let listed: BTreeSet<String> = tree["files"]
+        .as_object()
+        .expect("trees/<commit>.json has files")
+        .keys()
+        .cloned()
+        .collect();
+    assert!(
+        want.files.keys().all(|p| listed.contains(p)),
+        "trees/{}.json must list every file: {listed:?}",
+        want.commit
     );
 }
 

@@ -161,6 +161,7 @@ pub async fn pull_and_fan_out(
     let ((summary, _), downloaded_at) = pulled;
 
     let mut set = ready.lock().unwrap().clone();
+    set.insert(RelPath::new(&summary.tree_cache).map_err(anyhow::Error::msg)?);
     if !local_dir && revision != summary.commit {
         set.insert(RelPath::new(&format!("refs/{revision}")).map_err(anyhow::Error::msg)?);
     }

@@ -44,6 +44,9 @@ pub struct TreeEntry {
     #[serde(default)]
     pub oid: String,
     pub lfs: Option<LfsInfo>,
+    /// The Xet hash, on Xet-backed repos.
+    #[serde(default, rename = "xetHash")]
+    pub xet_hash: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -59,6 +62,21 @@ pub struct RemoteFile {
     pub path: RelPath,
     pub size: u64,
     pub expected: Expected,
+    /// The listing's own fields, as `huggingface_hub` caches them in
+    /// `trees/<commit>.json`.
+    pub listed: Listed,
+}
+
+/// One file of the tree listing as the Hub gave it (see
+/// [`RemoteFile::listed`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Listed {
+    pub size: u64,
+    /// The git blob sha1 (of the pointer, for an LFS file).
+    pub blob_id: String,
+    /// The LFS sha256 and size.
+    pub lfs: Option<(String, u64)>,
+    pub xet_hash: Option<String>,
 }
 
 /// Parses one page of the tree listing into files (folders are dropped;
@@ -71,7 +89,7 @@ pub fn parse_tree_page(body: &[u8]) -> Result<Vec<RemoteFile>, String> {
     for e in entries.into_iter().filter(|e| e.kind == "file") {
         let path = RelPath::new(&e.path)
             .map_err(|why| format!("the Hub listed an unsafe path `{}`: {why}", e.path))?;
-        let (size, expected) = match e.lfs {
+        let (size, expected) = match &e.lfs {
             Some(lfs) => (lfs.size, Expected::Sha256(hex_of(&lfs.oid, 64, &e.path)?)),
             None => (e.size, Expected::GitSha1(hex_of(&e.oid, 40, &e.path)?)),
         };
@@ -81,10 +99,21 @@ pub fn parse_tree_page(body: &[u8]) -> Result<Vec<RemoteFile>, String> {
                 e.path
             ));
         }
+        let listed = Listed {
+            size: e.size,
+            blob_id: e.oid.clone(),
+            lfs: e.lfs.as_ref().map(|l| (l.oid.clone(), l.size)),
+            // Kept only when it looks like one (huggingface_hub drops the
+            // tree cache otherwise).
+            xet_hash: e
+                .xet_hash
+                .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())),
+        };
         files.push(RemoteFile {
             path,
             size,
             expected,
+            listed,
         });
     }
     Ok(files)
@@ -252,6 +281,7 @@ mod tests {
             path: RelPath::new("x").unwrap(),
             size: MAX_FILE_SIZE,
             expected: Expected::GitSha1(g.clone()),
+            listed: Listed::default(),
         };
         assert_eq!(total_size(&vec![pib.clone(); 3]), Ok(3 * MAX_FILE_SIZE));
         let e = total_size(&vec![pib; 1 << 14]).unwrap_err();

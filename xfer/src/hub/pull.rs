@@ -26,6 +26,7 @@ use crate::hub::download::{self, FileJob, Finisher, Stats, Verdict, Watch};
 use crate::hub::env::HubEnv;
 use crate::hub::http::HubHttp;
 use crate::hub::repo::{RepoRef, RepoType};
+use crate::hub::{leftovers, tree_cache};
 use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
 use xfer_proto::relpath::RelPath;
@@ -72,6 +73,10 @@ pub struct PullSummary {
     /// Files whose server ignored Range and were fetched as one stream.
     pub whole_streams: u64,
     pub connections: usize,
+    /// `trees/<commit>.json`, relative to the repo folder (or local dir).
+    pub tree_cache: String,
+    /// Incomplete files of earlier revisions removed after this pull.
+    pub stale_removed: usize,
     pub duration_s: f64,
     /// Downloaded bytes per second over the whole run, in MB/s.
     pub rate_mb_s: f64,
@@ -119,6 +124,30 @@ impl Layout {
 
     fn meta_dir(&self, dir: &Path) -> PathBuf {
         dir.join(".cache/huggingface/download")
+    }
+
+    /// The folder the pull writes into: the repo's cache folder, or the dir.
+    fn root(&self) -> &Path {
+        match self {
+            Layout::Cache { cache, .. } => cache.dir(),
+            Layout::LocalDir { dir, .. } => dir,
+        }
+    }
+
+    /// Where `huggingface_hub` keeps `trees/<commit>.json`.
+    fn tree_folder(&self) -> PathBuf {
+        match self {
+            Layout::Cache { cache, .. } => cache.dir().to_path_buf(),
+            Layout::LocalDir { dir, .. } => dir.join(".cache/huggingface"),
+        }
+    }
+
+    /// Where incomplete files and their sidecars live.
+    fn incomplete_dir(&self) -> PathBuf {
+        match self {
+            Layout::Cache { cache, .. } => cache.dir().join("blobs"),
+            Layout::LocalDir { dir, .. } => self.meta_dir(dir),
+        }
     }
 
     fn incomplete(&self, f: &RemoteFile) -> (PathBuf, PathBuf) {
@@ -223,7 +252,8 @@ pub async fn pull(
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let commit = RevisionInfo::parse(&body).map_err(anyhow::Error::msg)?.sha;
-    let files = list_files(&http, &repo, ep, &commit).await?;
+    let all_files = list_files(&http, &repo, ep, &commit).await?;
+    let files = all_files.clone();
     let listed = files.len();
     let files: Vec<RemoteFile> = files
         .into_iter()
@@ -338,6 +368,21 @@ pub async fn pull(
     .map_err(anyhow::Error::msg)?;
     bars.total.finish_and_clear();
 
+    // The listing, as huggingface_hub caches it, then the ref, last.
+    let tree_at =
+        tree_cache::write(&layout.tree_folder(), &commit, &all_files).with_context(|| {
+            format!(
+                "cannot write the tree listing in {}",
+                layout.tree_folder().display()
+            )
+        })?;
+    summary.tree_cache = tree_at
+        .strip_prefix(layout.root())
+        .unwrap_or(&tree_at)
+        .display()
+        .to_string();
+    summary.stale_removed =
+        leftovers::remove_stale(&layout.incomplete_dir(), &Default::default()).len();
     if let Layout::Cache { cache, .. } = &layout {
         if repo.revision != commit {
             cache
