@@ -503,7 +503,7 @@ fn a_hub_repo_lands_in_every_nodes_cache() {
         );
     }
     assert_eq!(
-        server.stats()["resolve_head"],
+        server.stats()["resolve_get"],
         meta.files.len(),
         "the repo was pulled once, by a"
     );

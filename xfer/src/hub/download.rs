@@ -426,27 +426,15 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
     }
 }
 
-/// The URL of file `f`'s bytes, resolving it on first use.
-async fn url_of(shared: &Shared, f: usize) -> Result<Url, Failure> {
-    let st = &shared.files[f];
-    let mut slot = st.url.lock().await;
-    if let Some(u) = slot.as_ref() {
-        return Ok(u.clone());
+/// Fails when the size a server gives for file `f` is not the listing's.
+fn check_size(st: &FileState, said: Option<u64>) -> Result<(), Failure> {
+    match said {
+        Some(size) if size != st.job.size => Err(Failure::Fatal(format!(
+            "the server says {} has {size} bytes but the file listing said {}; the repository changed while pulling: run again",
+            st.job.path, st.job.size
+        ))),
+        _ => Ok(()),
     }
-    let r = shared
-        .http
-        .resolve(&st.job.url, &shared.opts.repo, &st.job.path)
-        .await?;
-    if let Some(size) = r.size {
-        if size != st.job.size {
-            return Err(Failure::Fatal(format!(
-                "the server says {} has {size} bytes but the file listing said {}; the repository changed while pulling: run again",
-                st.job.path, st.job.size
-            )));
-        }
-    }
-    *slot = Some(r.url.clone());
-    Ok(r.url)
 }
 
 /// Brings part `i` of file `f` to completion, retrying transient failures
@@ -509,8 +497,15 @@ async fn attempt(
     to: u64,
 ) -> Result<(), Failure> {
     let st = &shared.files[f];
-    let url = url_of(shared, f).await?;
-    let host = host_of(&url);
+    // The file's first request also finds where its bytes are (no HEAD):
+    // the others wait for it, then go straight there.
+    let mut slot = Some(st.url.lock().await);
+    let stored = slot.as_ref().and_then(|s| (**s).clone());
+    if stored.is_some() {
+        slot = None;
+    }
+    let resolve_url = parse_url(&st.job.url);
+    let host = host_of(stored.as_ref().unwrap_or(&resolve_url));
     let mut probe = None;
     if !st.whole.load(Ordering::Acquire) {
         match shared.ranges.ask(&host).await {
@@ -530,13 +525,27 @@ async fn attempt(
         claim = Some(Claim(&st.streaming));
     }
     let range = (!whole).then_some((from, to));
-    let mut resp = match shared
-        .http
-        .get_bytes(&url, range, &shared.opts.repo, &st.job.path)
-        .await
-    {
+    let (repo, path) = (&shared.opts.repo, &st.job.path);
+    let sent = match &stored {
+        Some(url) => shared
+            .http
+            .get_bytes(url, range, repo, path)
+            .await
+            .map(|r| (url.clone(), r, None)),
+        None => {
+            shared
+                .http
+                .get_resolving(&st.job.url, range, repo, path)
+                .await
+        }
+    };
+    let (url, mut resp, linked) = match sent {
         Ok(r) => r,
-        Err(Failure::Fatal(why)) if host_of(&url) != host_of(&parse_url(&st.job.url)) => {
+        Err(Failure::Fatal(why))
+            if stored
+                .as_ref()
+                .is_some_and(|u| host_of(u) != host_of(&resolve_url)) =>
+        {
             // A presigned CDN URL can expire mid-pull: resolve afresh once.
             *st.url.lock().await = None;
             return Err(Failure::Transient {
@@ -546,6 +555,10 @@ async fn attempt(
         }
         Err(e) => return Err(e),
     };
+    if let Some(mut guard) = slot.take() {
+        check_size(st, linked.or_else(|| total_size(&resp)))?;
+        *guard = Some(url.clone());
+    }
     if let Some(p) = probe.take() {
         p.learnt(resp.status() == StatusCode::PARTIAL_CONTENT);
     }
@@ -768,6 +781,22 @@ fn parse_url(s: &str) -> Url {
 }
 
 /// The first byte of a `Content-Range: bytes a-b/total` header.
+/// The file's whole size as a reply states it: the total of a
+/// `Content-Range`, or the length of a `200`.
+fn total_size(resp: &reqwest::Response) -> Option<u64> {
+    let h = resp.headers();
+    if resp.status() == StatusCode::PARTIAL_CONTENT {
+        let v = h.get(reqwest::header::CONTENT_RANGE)?.to_str().ok()?;
+        v.rsplit_once('/')?.1.trim().parse().ok()
+    } else {
+        h.get(reqwest::header::CONTENT_LENGTH)?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()
+    }
+}
+
 fn content_range_start(h: &reqwest::header::HeaderMap) -> Option<u64> {
     let v = h.get(reqwest::header::CONTENT_RANGE)?.to_str().ok()?;
     v.trim()

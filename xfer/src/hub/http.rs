@@ -35,19 +35,6 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// What `HEAD …/resolve/…` says about one file.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    /// Where the bytes are: the CDN's presigned URL after a redirect to
-    /// another host, else the resolve URL (after same-host redirects).
-    pub url: Url,
-    /// `X-Linked-Etag` or `ETag`, unquoted.
-    pub etag: Option<String>,
-    /// `X-Linked-Size` or `Content-Length`.
-    pub size: Option<u64>,
-    pub commit: Option<String>,
-}
-
 /// A client for one endpoint and token.
 #[derive(Clone)]
 pub struct HubHttp {
@@ -171,37 +158,39 @@ impl HubHttp {
         .await
     }
 
-    /// `HEAD …/resolve/…`, retried: where the file's bytes are and what the
-    /// Hub says they are.
-    pub async fn resolve(&self, url: &str, repo: &str, path: &str) -> Result<Resolved, Failure> {
+    /// One try of `GET …/resolve/…` for the bytes `[from, to)` (or the
+    /// whole file), which also finds where they are: same-origin redirects
+    /// (renamed repos) are followed, and a redirect off the endpoint's
+    /// origin (the CDN's presigned URL) is followed once, without the token.
+    /// Returns the URL that served the bytes, for the file's other ranges,
+    /// the reply, and the size the redirect named (`X-Linked-Size`). No HEAD
+    /// first: that would cost a round trip per file, and a mirror such as
+    /// olah reads and hashes the whole file to answer one.
+    pub async fn get_resolving(
+        &self,
+        url: &str,
+        range: Option<(u64, u64)>,
+        repo: &str,
+        path: &str,
+    ) -> Result<(Url, Response, Option<u64>), Failure> {
         let url = parse(url)?;
-        retrying(|| async {
-            let (at, resp) = self.send(Method::HEAD, url.clone(), None, true).await?;
-            let status = resp.status();
-            if !(status.is_success() || status.is_redirection()) {
+        let (at, resp) = self.send(Method::GET, url, range, true).await?;
+        if resp.status().is_redirection() {
+            let linked = resp
+                .headers()
+                .get("x-linked-size")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|s| s.parse().ok());
+            let (at, resp) = self.send(Method::GET, at, range, false).await?;
+            if !resp.status().is_success() {
                 return Err(refused(&resp, repo, path, &at));
             }
-            let h = resp.headers();
-            let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
-            let etag = text("x-linked-etag")
-                .or_else(|| text("etag"))
-                .map(|e| e.trim_start_matches("W/").trim_matches('"').to_string());
-            let size = text("x-linked-size")
-                .or_else(|| {
-                    status
-                        .is_success()
-                        .then(|| text("content-length"))
-                        .flatten()
-                })
-                .and_then(|s| s.parse().ok());
-            Ok(Resolved {
-                url: at,
-                etag,
-                size,
-                commit: text("x-repo-commit").map(str::to_string),
-            })
-        })
-        .await
+            return Ok((at, resp, linked));
+        }
+        if !resp.status().is_success() {
+            return Err(refused(&resp, repo, path, &at));
+        }
+        Ok((at, resp, None))
     }
 
     /// One try of `GET url` for the bytes `[from, to)` (or the whole file
