@@ -5,6 +5,7 @@
 //! - [`names`]: the protocol version, ALPN, default port, model names;
 //! - [`hash`]: the BLAKE3 chunk tree; [`relpath`]: the path rules;
 //!   [`manifest`]: a tree's description; [`chunkset`]: sets of chunks;
+//!   [`draft`]: a manifest that grows while its source downloads;
 //! - [`frame`]: the length prefix, [`frame::WireError`] and size limits;
 //! - [`hello`]: the first frame of a control stream (version, service);
 //!   then one message vocabulary per service: [`transfer`] (push, swarm,
@@ -18,6 +19,7 @@
 
 pub mod admin;
 pub mod chunkset;
+pub mod draft;
 pub mod frame;
 pub mod hash;
 pub mod hello;
