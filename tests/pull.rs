@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use common::hub::*;
 use common::*;
+use xfer_proto::relpath::RelPath as RelPathOf;
 
 /// The number of tree entries (files and folders) of a repo.
 fn tree_entries(meta: &RepoMeta) -> usize {
@@ -308,6 +309,108 @@ fn incomplete_files_of_an_older_revision_are_cleaned_up() {
     assert_eq!(s.stale_removed, 2, "{s:#?}");
     assert_eq!(s.tree_cache, format!("trees/{}.json", meta.commit));
     assert_cache(&env.repo_dir("acme/tiny"), &src, &meta);
+}
+
+/// Streaming's puller side (issue 17): asked for chunk hashes, a pull
+/// announces the draft of its files, each chunk's BLAKE3 hash as it lands
+/// and a seal per file; a file corrupted once is withdrawn and announced
+/// again under the next generation. Applied in order to a draft, the
+/// announcements give every file's BLAKE3 hash, as `b3sum` of the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest() {
+    use std::sync::{Arc, Mutex};
+    use xfer::hub::announce::{DraftUpdate, OnDraft};
+    use xfer_proto::draft::Applied;
+    use xfer_proto::manifest::Entry;
+
+    let t = tempdir("pull-draft");
+    let repos = t.path().join("repos");
+    let src = small_repo(&repos, "acme/tiny", 11);
+    let bad = "model-00001-of-00002.safetensors";
+    let server = HubServer::start(&repos, &["--fault", &format!("corrupt-once:{bad}")]);
+    let env = xfer::hub::env::HubEnv {
+        endpoint: server.endpoint(),
+        token: None,
+        cache_root: t.path().join("cache"),
+    };
+    let opts = xfer::hub::pull::PullOptions {
+        repo: "acme/tiny".into(),
+        repo_type: xfer::hub::repo::RepoType::Model,
+        include: Vec::new(),
+        exclude: Vec::new(),
+        local_dir: None,
+        connections: 4,
+        part_size: 1 << 20,
+        chunk_size: Some(64 * 1024),
+    };
+    let seen: Arc<Mutex<Vec<DraftUpdate>>> = Default::default();
+    let on: OnDraft = {
+        let seen = seen.clone();
+        Arc::new(move |u| seen.lock().unwrap().push(u))
+    };
+    let progress = xfer::util::progress::Progress::new(false);
+    let (s, _) = xfer::hub::pull::pull(&opts, &env, &progress, None, Some(on))
+        .await
+        .unwrap();
+    assert!(s.verification.all_verified, "{s:#?}");
+    assert_eq!(s.verification.recovered, 1, "{s:#?}");
+
+    let updates = std::mem::take(&mut *seen.lock().unwrap());
+    let DraftUpdate::Listed(mut draft) = updates[0].clone() else {
+        panic!("the listing comes first: {:?}", updates[0])
+    };
+    let mut withdrawn = Vec::new();
+    for u in &updates[1..] {
+        let DraftUpdate::Event(e) = u else {
+            panic!("one listing only: {u:?}")
+        };
+        match draft.apply(e) {
+            Ok(Applied::Withdrawn(f, _)) => withdrawn.push(f),
+            Ok(Applied::Stale) => panic!("a stale announcement: {e:?}"),
+            Ok(_) => {}
+            Err(why) => panic!("{why}: {e:?}"),
+        }
+    }
+    let bad_index = draft.index_of(&RelPathOf::new(bad).unwrap()).unwrap();
+    assert_eq!(withdrawn, vec![bad_index], "the corrupted file, once");
+    assert_eq!(draft.generation(bad_index), Some(1));
+    let manifest = draft.manifest().expect("every file sealed");
+    assert_eq!(manifest.file_count(), server.repo("acme/tiny").files.len());
+    for e in &manifest.entries {
+        let Entry::File(f) = e else { panic!("{e:?}") };
+        let bytes = fs::read(src.join(f.path.as_str())).unwrap();
+        assert_eq!(
+            f.hash,
+            blake3::hash(&bytes).into(),
+            "{}: the announced chunks are the file's",
+            f.path.as_str()
+        );
+    }
+
+    // A re-run finds every file in place: each is hashed once, checked
+    // against its Hub hash, and announced sealed, giving the same manifest.
+    let (s, _) = xfer::hub::pull::pull(&opts, &env, &progress, None, Some(on_again(&seen)))
+        .await
+        .unwrap();
+    assert_eq!(s.bytes_downloaded, 0, "{s:#?}");
+    let updates = std::mem::take(&mut *seen.lock().unwrap());
+    let DraftUpdate::Listed(mut again) = updates[0].clone() else {
+        panic!("{:?}", updates[0])
+    };
+    for u in &updates[1..] {
+        let DraftUpdate::Event(e) = u else {
+            panic!("{u:?}")
+        };
+        again.apply(e).unwrap();
+    }
+    assert_eq!(again.manifest().expect("all sealed"), manifest);
+}
+
+fn on_again(
+    seen: &std::sync::Arc<std::sync::Mutex<Vec<xfer::hub::announce::DraftUpdate>>>,
+) -> xfer::hub::announce::OnDraft {
+    let seen = seen.clone();
+    std::sync::Arc::new(move |u| seen.lock().unwrap().push(u))
 }
 
 /// 5a. A body corrupted once fails its sha256, is downloaded again and

@@ -202,7 +202,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    let (s, _) = xfer::hub::pull::pull(&opts, &env, &progress, None).await?;
+    let (s, _) = xfer::hub::pull::pull(&opts, &env, &progress, None, None).await?;
     if json {
         serde_json::to_writer(std::io::stdout().lock(), &s)?;
         println!();

@@ -124,7 +124,7 @@ pub async fn pull_and_fan_out(
         let progress = progress.clone();
         // Dropped (a cancelled sync job) stops the download too.
         push::AbortOnDrop(tokio::spawn(async move {
-            let r = pull::pull(&opts, &env, &progress, Some(on_placed)).await;
+            let r = pull::pull(&opts, &env, &progress, Some(on_placed), None).await;
             (r, Instant::now())
         }))
     };

@@ -133,6 +133,15 @@ impl Digester {
         self.at
     }
 
+    /// The BLAKE3 hashes of the chunks fed whole so far (none when chunk
+    /// hashes were not asked for).
+    pub fn chunks_done(&self) -> &[Hash] {
+        self.chunks
+            .as_ref()
+            .map(|c| c.done.as_slice())
+            .unwrap_or(&[])
+    }
+
     /// Feeds the next bytes of the file (those at [`Digester::at`]).
     /// Bytes past the file's size are a caller bug and are refused.
     pub fn update(&mut self, bytes: &[u8]) {

@@ -22,7 +22,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -102,6 +102,10 @@ pub trait Watch: Send + Sync + 'static {
     fn written(&self, index: usize, n: u64);
     /// File `index` is verified and placed, or starts over (`ok == false`).
     fn finished(&self, index: usize, ok: bool);
+    /// Chunks `first..first + hashes.len()` of file `index` have these
+    /// BLAKE3 hashes (only with [`FileJob::chunk_size`]), in order, before
+    /// the file's `finished`.
+    fn hashed(&self, _index: usize, _first: u32, _hashes: &[xfer_proto::hash::Hash]) {}
 }
 
 struct FileState {
@@ -130,6 +134,9 @@ struct FileState {
     /// lock, so a catch-up that read the prefix of an earlier download
     /// never feeds it to the new digest.
     generation: AtomicU64,
+    /// Chunk hashes of this download already told to the [`Watch`];
+    /// changed only under `digest`'s lock.
+    announced: AtomicUsize,
 }
 
 impl FileState {
@@ -202,6 +209,7 @@ fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<F
             digest,
             hashing: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            announced: AtomicUsize::new(0),
             file,
             parts: Mutex::new(parts),
             dirty: AtomicBool::new(true),
@@ -376,6 +384,7 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
                     st.job.incomplete.display()
                 ));
             }
+            announce(&s, f, &d);
             std::mem::replace(&mut *d, st.fresh_digest()).finish(&st.job.incomplete)
         };
         s.finisher.finish(f, &st.job, digest)
@@ -407,6 +416,7 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
             {
                 let mut d = st.digest.lock().unwrap();
                 *d = st.fresh_digest();
+                st.announced.store(0, Ordering::SeqCst);
                 st.generation.fetch_add(1, Ordering::SeqCst);
             }
             st.streaming.store(false, Ordering::Release);
@@ -719,6 +729,18 @@ fn flush(
     Ok(())
 }
 
+/// Tells the watch the chunk hashes `d` completed since the last call; the
+/// caller holds file `f`'s digest lock, so they go out in order.
+fn announce(shared: &Shared, f: usize, d: &Digester) {
+    let st = &shared.files[f];
+    let done = d.chunks_done();
+    let told = st.announced.load(Ordering::SeqCst);
+    if done.len() > told {
+        shared.watch.hashed(f, told as u32, &done[told..]);
+        st.announced.store(done.len(), Ordering::SeqCst);
+    }
+}
+
 /// Starts writing `[from, to)` of `file` to disk without waiting, so the
 /// fsync before the file is placed has little left to do.
 fn start_writeback(file: &File, from: u64, to: u64) {
@@ -761,6 +783,7 @@ fn hash_behind(shared: &Arc<Shared>, f: usize) {
                     let from = d.at();
                     let _ = digest::feed_from(&mut d, &st.file, upto, &mut buf);
                     start_writeback(&st.file, from, d.at());
+                    announce(&s, f, &d);
                 }
             }
             st.hashing.store(false, Ordering::SeqCst);

@@ -7,6 +7,7 @@
 //! the on-disk cache layout that vLLM and transformers read offline
 //! ([`cache`]).
 
+pub mod announce;
 pub mod api;
 pub mod cache;
 pub mod digest;

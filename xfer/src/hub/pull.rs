@@ -19,15 +19,17 @@ use anyhow::{bail, Context, Result};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
+use crate::hub::announce::{self, Announcer, DraftUpdate, OnDraft};
 use crate::hub::api::{next_page, parse_tree_page, RemoteFile, RevisionInfo};
 use crate::hub::cache::RepoCache;
-use crate::hub::digest::{Digest, Expected};
+use crate::hub::digest::{Digest, Digester, Expected};
 use crate::hub::download::{self, FileJob, Finisher, Stats, Verdict, Watch};
 use crate::hub::env::HubEnv;
 use crate::hub::http::HubHttp;
 use crate::hub::repo::{RepoRef, RepoType};
 use crate::hub::{leftovers, tree_cache};
 use crate::util::progress::Progress;
+use xfer_proto::draft::Draft;
 use xfer_proto::hash::Hash;
 use xfer_proto::relpath::RelPath;
 use xfer_proto::units::Bytes;
@@ -236,6 +238,7 @@ pub async fn pull(
     env: &HubEnv,
     progress: &Progress,
     on_placed: Option<OnPlaced>,
+    on_draft: Option<OnDraft>,
 ) -> Result<(PullSummary, Vec<RemoteFile>)> {
     let started = Instant::now();
     let repo = RepoRef::parse(&opts.repo, opts.repo_type).map_err(anyhow::Error::msg)?;
@@ -295,6 +298,17 @@ pub async fn pull(
         Layout::LocalDir { dir, .. } => summary.path = dir.display().to_string(),
     }
 
+    // A streaming fan-out hears of the files first (with chunk hashes).
+    let draft = match (&on_draft, opts.chunk_size) {
+        (Some(on), Some(cs)) => {
+            let d = Draft::new(cs, files.iter().map(|f| (f.path.clone(), f.size)).collect())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", repo.id))?;
+            on(DraftUpdate::Listed(d.clone()));
+            Some((on.clone(), d, cs))
+        }
+        _ => None,
+    };
+
     // Files already in place are only linked; the rest are fetched.
     // They are reported in one batch, so a fan-out's first round has them all.
     let mut todo = Vec::new();
@@ -314,6 +328,16 @@ pub async fn pull(
             });
         } else {
             todo.push(f.clone());
+        }
+    }
+    if let Some((on, d, cs)) = &draft {
+        for f in files.iter().filter(|f| layout.present(f)) {
+            let path = layout.final_path(f);
+            let (expected, size, cs) = (f.expected.clone(), f.size, *cs);
+            let got = tokio::task::spawn_blocking(move || hash_whole(&path, &expected, size, cs))
+                .await??;
+            let index = d.index_of(&f.path).expect("listed");
+            announce::announce_sealed(on, index, 0, &got);
         }
     }
     if let (Some(cb), false) = (&on_placed, present.is_empty()) {
@@ -352,6 +376,25 @@ pub async fn pull(
         on_placed,
     });
     let bars = Arc::new(Bars::new(progress, &todo, &repo.id));
+    let watch: Arc<dyn Watch> = match &draft {
+        Some((on, d, _)) => {
+            let jobs: Vec<(RelPath, Vec<RelPath>)> = todo
+                .iter()
+                .map(|f| {
+                    let blob = layout.incomplete(f).0;
+                    let twins = finisher
+                        .same_blob
+                        .iter()
+                        .filter(|t| layout.incomplete(t).0 == blob)
+                        .map(|t| t.path.clone())
+                        .collect();
+                    (f.path.clone(), twins)
+                })
+                .collect();
+            Arc::new(Announcer::new(bars.clone(), on.clone(), d, &jobs))
+        }
+        None => bars.clone(),
+    };
     download::download(
         http,
         jobs,
@@ -361,7 +404,7 @@ pub async fn pull(
             repo: repo.id.clone(),
         },
         finisher.clone(),
-        bars.clone(),
+        watch,
         stats.clone(),
     )
     .await
@@ -402,6 +445,27 @@ pub async fn pull(
     summary.duration_s = started.elapsed().as_secs_f64();
     summary.rate_mb_s = summary.bytes_downloaded as f64 / 1e6 / summary.duration_s.max(1e-9);
     Ok((summary, files))
+}
+
+/// The chunk hashes of a file already in place, checked against its Hub
+/// hash (the cache may hold a damaged copy).
+fn hash_whole(path: &Path, expected: &Expected, size: u64, chunk_size: u64) -> Result<Vec<Hash>> {
+    use std::io::Read;
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut d = Digester::new(expected, size, Some(chunk_size));
+    let mut buf = vec![0u8; 1 << 20];
+    while d.at() < size {
+        let n = ((size - d.at()) as usize).min(buf.len());
+        file.read_exact(&mut buf[..n])
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        d.update(&buf[..n]);
+    }
+    let out = d.finish(path);
+    if let Err(why) = out.verdict {
+        bail!("{why}; the cached copy is damaged: delete it and pull again");
+    }
+    Ok(out.chunks.map(|(_, c)| c).unwrap_or_default())
 }
 
 /// Told of files as soon as they are in their final place.

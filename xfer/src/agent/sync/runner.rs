@@ -348,7 +348,7 @@ impl Runner {
         let me = self.me().unwrap_or_default();
         push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));
         let (root, nodes, manifest) = if push.to.is_empty() {
-            let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None)
+            let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
                 .await
                 .map_err(|e| Retry(format!("{e:#}")))?;
             let dir = self.store.model_dir(&spec.name);

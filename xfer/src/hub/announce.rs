@@ -1,0 +1,135 @@
+//! What a pull tells a streaming fan-out (issue 17), in the vocabulary of
+//! [`xfer_proto::draft`]: first the draft of the files it pulls (paths and
+//! sizes from the listing), then, per file, each chunk's BLAKE3 hash as the
+//! download's single hashing pass completes it, and the file's seal once
+//! its Hub hash matched, or its withdrawal when it did not (the new
+//! download's chunks then come under the next generation). Files already in
+//! the cache are hashed once and sealed at the start; a file whose blob
+//! other paths share seals them too.
+//!
+//! An [`Announcer`] sits between the downloader and the pull's progress
+//! bars as their [`Watch`]; it only adds the announcements.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use xfer_proto::draft::{Draft, DraftEvent, FileIndex};
+use xfer_proto::hash::Hash;
+use xfer_proto::relpath::RelPath;
+
+use super::download::Watch;
+
+/// What the pull says, in order.
+#[derive(Debug, Clone)]
+pub enum DraftUpdate {
+    /// The files it pulls; every later event's file index is into this.
+    Listed(Draft),
+    Event(DraftEvent),
+}
+
+/// Told of every [`DraftUpdate`], from the pull's tasks and threads.
+pub type OnDraft = Arc<dyn Fn(DraftUpdate) + Send + Sync>;
+
+/// One downloaded file as the draft knows it.
+struct Job {
+    file: FileIndex,
+    /// Paths sharing its blob, sealed with it.
+    twins: Vec<FileIndex>,
+    generation: AtomicU32,
+    /// Its chunk hashes so far, kept only when twins need them.
+    hashes: Mutex<Vec<Hash>>,
+}
+
+/// The downloader's [`Watch`] that also announces.
+pub struct Announcer {
+    inner: Arc<dyn Watch>,
+    on: OnDraft,
+    jobs: Vec<Job>,
+}
+
+impl Announcer {
+    /// For downloads of `jobs` (paths, in the downloader's order), each
+    /// with the paths sharing its blob, over `draft`'s files.
+    pub fn new(
+        inner: Arc<dyn Watch>,
+        on: OnDraft,
+        draft: &Draft,
+        jobs: &[(RelPath, Vec<RelPath>)],
+    ) -> Announcer {
+        let index = |p: &RelPath| {
+            draft
+                .index_of(p)
+                .expect("the draft lists every pulled file")
+        };
+        Announcer {
+            inner,
+            on,
+            jobs: jobs
+                .iter()
+                .map(|(p, twins)| Job {
+                    file: index(p),
+                    twins: twins.iter().map(index).collect(),
+                    generation: AtomicU32::new(0),
+                    hashes: Mutex::new(Vec::new()),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Announces a file whose chunk hashes are all known and whose Hub hash
+/// matched (one already in the cache, or a twin of one just placed).
+pub fn announce_sealed(on: &OnDraft, file: FileIndex, generation: u32, hashes: &[Hash]) {
+    if !hashes.is_empty() {
+        on(DraftUpdate::Event(DraftEvent::Hashed {
+            file,
+            generation,
+            first: 0,
+            hashes: hashes.to_vec(),
+        }));
+    }
+    on(DraftUpdate::Event(DraftEvent::Sealed { file, generation }));
+}
+
+impl Watch for Announcer {
+    fn written(&self, index: usize, n: u64) {
+        self.inner.written(index, n);
+    }
+
+    fn hashed(&self, index: usize, first: u32, hashes: &[Hash]) {
+        let job = &self.jobs[index];
+        if !job.twins.is_empty() {
+            job.hashes.lock().unwrap().extend_from_slice(hashes);
+        }
+        (self.on)(DraftUpdate::Event(DraftEvent::Hashed {
+            file: job.file,
+            generation: job.generation.load(Ordering::SeqCst),
+            first,
+            hashes: hashes.to_vec(),
+        }));
+        self.inner.hashed(index, first, hashes);
+    }
+
+    fn finished(&self, index: usize, ok: bool) {
+        let job = &self.jobs[index];
+        let generation = job.generation.load(Ordering::SeqCst);
+        if ok {
+            (self.on)(DraftUpdate::Event(DraftEvent::Sealed {
+                file: job.file,
+                generation,
+            }));
+            let hashes = std::mem::take(&mut *job.hashes.lock().unwrap());
+            for &twin in &job.twins {
+                announce_sealed(&self.on, twin, 0, &hashes);
+            }
+        } else {
+            (self.on)(DraftUpdate::Event(DraftEvent::Withdrawn {
+                file: job.file,
+                generation,
+            }));
+            job.hashes.lock().unwrap().clear();
+            job.generation.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.finished(index, ok);
+    }
+}
