@@ -257,28 +257,16 @@ impl Draft {
         if !self.files.iter().all(|f| f.sealed) {
             return None;
         }
-        Some(Manifest {
-            version: MANIFEST_VERSION,
-            chunk_size: self.chunk_size,
-            entries: self
-                .files
-                .iter()
-                .map(|f| {
-                    let chunks: Vec<Hash> = f.hashes.iter().map(|h| h.expect("sealed")).collect();
-                    Entry::File(FileEntry {
-                        path: f.path.clone(),
-                        size: f.size,
-                        hash: hash::file_hash_from_chunks(&chunks),
-                        executable: false,
-                        chunks,
-                    })
-                })
-                .collect(),
-        })
+        Some(self.with_chunks(|f| f.hashes.iter().map(|h| h.expect("sealed")).collect()))
     }
 
     /// The files' shape as a manifest with placeholder hashes, for checks.
     fn shape(&self) -> Manifest {
+        self.with_chunks(|f| vec![Hash([0; 32]); f.hashes.len()])
+    }
+
+    /// A manifest of the files with the chunk hashes `chunks` gives.
+    fn with_chunks(&self, chunks: impl Fn(&DraftFile) -> Vec<Hash>) -> Manifest {
         Manifest {
             version: MANIFEST_VERSION,
             chunk_size: self.chunk_size,
@@ -286,7 +274,7 @@ impl Draft {
                 .files
                 .iter()
                 .map(|f| {
-                    let chunks = vec![Hash([0; 32]); f.hashes.len()];
+                    let chunks = chunks(f);
                     Entry::File(FileEntry {
                         path: f.path.clone(),
                         size: f.size,
