@@ -945,14 +945,26 @@ fn a_thousand_64_mib_claims() {
         // streams.
         let mut endpoints = Vec::new();
         let mut held = Vec::new();
+        let mut handshake_retries = 0u32;
         for s in 0..SOURCES {
             let ep = cluster_endpoint(&key, &format!("127.0.84.{}", 10 + s));
             for i in 0..PER_SOURCE {
                 // Generous: the test is about memory, not latency, on a
                 // machine other work may share.
-                let conn = step("connect", quic::connect(&ep, addr, Duration::from_secs(20)))
-                    .await
-                    .unwrap_or_else(|e| panic!("source {s}, connection {i}: {e}"));
+                // About one run in four, one of these thousand handshakes
+                // gets no answer within quinn's idle timeout (no UDP drops
+                // counted, nothing in the agent's log; not understood yet).
+                // The test is about memory: such a handshake is tried
+                // again, at most twice, and the retries are reported.
+                let mut tries = 0;
+                let conn = loop {
+                    tries += 1;
+                    match step("connect", quic::connect(&ep, addr, Duration::from_secs(20))).await {
+                        Ok(c) => break c,
+                        Err(e) if tries < 3 && e.contains("timed out") => handshake_retries += 1,
+                        Err(e) => panic!("source {s}, connection {i}, try {tries}: {e}"),
+                    }
+                };
                 let (mut send, recv) = step("open", quic::open_service(&conn, Service::Transfer))
                     .await
                     .unwrap();
@@ -1028,6 +1040,7 @@ fn a_thousand_64_mib_claims() {
             &[
                 ("connections", (SOURCES * PER_SOURCE + 2).to_string()),
                 ("claims_64mib", (SOURCES * PER_SOURCE + opened).to_string()),
+                ("handshake_retries", handshake_retries.to_string()),
                 ("streams_on_one_connection", opened.to_string()),
                 ("chunk_streams", served.to_string()),
                 ("rss_before_mib", (rss_before / 1024).to_string()),
@@ -1036,6 +1049,10 @@ fn a_thousand_64_mib_claims() {
                 ("vm_data_before_mib", (data_before / 1024).to_string()),
                 ("vm_data_mib", (data / 1024).to_string()),
             ],
+        );
+        assert!(
+            handshake_retries <= 5,
+            "{handshake_retries} of the 1,000 handshakes had to be tried again"
         );
         assert!(
             hwm < RSS_BOUND_MIB << 10,
