@@ -253,8 +253,9 @@ struct Peer {
 /// No peer (an index into `Scheduler::peers`).
 const NONE: u32 = u32::MAX;
 
-/// A 64-bit mix (splitmix64's finaliser): tie-break keys and rendezvous hashes.
-fn mix(mut x: u64) -> u64 {
+/// A 64-bit mix (splitmix64's finaliser): tie-break keys and rendezvous
+/// hashes here, and the topology's random cycles.
+pub(crate) fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -1140,12 +1140,11 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_tenth_of_the_nodes_die_and_one_returns() {
-        let n = 64;
-        let mut s = equal(n);
-        let lb = bound(&s, 0);
-        let mut rng = XorShift::new(11);
+    /// Kills a tenth of `s`'s receivers at random times in the middle of
+    /// the transfer (bound `lb`); the first killed comes back near the end.
+    fn a_tenth_die_and_one_returns(s: &mut Setup, lb: f64, seed: u64) -> (Vec<usize>, usize) {
+        let n = s.receivers.len();
+        let mut rng = XorShift::new(seed);
         let mut dead = Vec::new();
         while dead.len() < n / 10 {
             let i = rng.below(n as u64) as usize;
@@ -1156,6 +1155,15 @@ mod tests {
         }
         let back = dead[0];
         s.receivers[back].returns_at = Some(lb * 0.9);
+        (dead, back)
+    }
+
+    #[test]
+    fn a_tenth_of_the_nodes_die_and_one_returns() {
+        let n = 64;
+        let mut s = equal(n);
+        let lb = bound(&s, 0);
+        let (dead, back) = a_tenth_die_and_one_returns(&mut s, lb, 11);
         let (r, took) = timed(&s);
         let survivors = worst(&s, &r, (0..n).filter(|i| !dead.contains(i)));
         let returned = worst(&s, &r, std::iter::once(back));
@@ -1274,17 +1282,7 @@ mod tests {
         let n = 256;
         let mut s = bounded(n, CHUNKS);
         let lb = bound(&s, 0);
-        let mut rng = XorShift::new(7);
-        let mut dead = Vec::new();
-        while dead.len() < n / 10 {
-            let i = rng.below(n as u64) as usize;
-            if !dead.contains(&i) {
-                dead.push(i);
-                s.receivers[i].dies_at = Some(lb * (0.2 + 0.6 * rng.unit()));
-            }
-        }
-        let back = dead[0];
-        s.receivers[back].returns_at = Some(lb * 0.9);
+        let (dead, back) = a_tenth_die_and_one_returns(&mut s, lb, 7);
         let (r, took) = timed(&s);
         let survivors = worst(&s, &r, (0..n).filter(|i| !dead.contains(i)));
         let returned = worst(&s, &r, std::iter::once(back));

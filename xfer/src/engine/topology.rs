@@ -81,7 +81,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
-use super::scheduler::Homes;
+use super::scheduler::{mix, Homes};
 
 /// A receiver, as numbered by the runtime (the source is not one).
 pub type NodeId = u32;
@@ -142,13 +142,6 @@ pub enum Action {
 
 /// No node (an index).
 const NONE: u32 = u32::MAX;
-
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
 
 #[derive(Debug)]
 struct Node {
