@@ -22,7 +22,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -126,22 +126,29 @@ struct FileState {
     placed: AtomicBool,
     /// Held while the sidecar is written or removed.
     sidecar_io: Mutex<()>,
-    /// The file's bytes hashed so far, in order.
-    digest: Mutex<Digester>,
-    /// A task is feeding `digest` (at most one per file).
+    /// The file's bytes hashed so far, in order. Locked before `parts`
+    /// when both are (a catch-up reads the prefix under it).
+    trail: Mutex<Trail>,
+    /// A task is feeding `trail` (at most one per file).
     hashing: AtomicBool,
-    /// Downloads of this file started over; changed only under `digest`'s
-    /// lock, so a catch-up that read the prefix of an earlier download
-    /// never feeds it to the new digest.
-    generation: AtomicU64,
-    /// Chunk hashes of this download already told to the [`Watch`];
-    /// changed only under `digest`'s lock.
-    announced: AtomicUsize,
+}
+
+/// One download's single hashing pass.
+struct Trail {
+    digest: Digester,
+    /// Chunk hashes already told to the [`Watch`].
+    announced: usize,
+    /// The read-back buffer, kept between catch-ups, freed when done.
+    buf: Vec<u8>,
 }
 
 impl FileState {
-    fn fresh_digest(&self) -> Digester {
-        Digester::new(&self.job.expected, self.job.size, self.job.chunk_size)
+    fn fresh_trail(&self) -> Trail {
+        Trail {
+            digest: Digester::new(&self.job.expected, self.job.size, self.job.chunk_size),
+            announced: 0,
+            buf: Vec::new(),
+        }
     }
 }
 
@@ -203,13 +210,15 @@ fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<F
                 Parts::new(job.expected.etag(), job.size, part_size)
             }
         };
-        let digest = Mutex::new(Digester::new(&job.expected, job.size, job.chunk_size));
+        let trail = Mutex::new(Trail {
+            digest: Digester::new(&job.expected, job.size, job.chunk_size),
+            announced: 0,
+            buf: Vec::new(),
+        });
         out.push(FileState {
             job,
-            digest,
+            trail,
             hashing: AtomicBool::new(false),
-            generation: AtomicU64::new(0),
-            announced: AtomicUsize::new(0),
             file,
             parts: Mutex::new(parts),
             dirty: AtomicBool::new(true),
@@ -376,16 +385,18 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
         let st = &s.files[f];
         // Only the bytes after the last catch-up are left to hash.
         let digest = {
-            let mut d = st.digest.lock().unwrap();
-            let mut buf = vec![0u8; HASH_BUF];
-            if let Err(e) = digest::feed_from(&mut d, &st.file, st.job.size, &mut buf) {
+            let mut t = st.trail.lock().unwrap();
+            if let Err(e) = catch_up(&s, f, &mut t, st.job.size) {
                 return Verdict::Fatal(format!(
                     "cannot read back {}: {e}",
                     st.job.incomplete.display()
                 ));
             }
-            announce(&s, f, &d);
-            std::mem::replace(&mut *d, st.fresh_digest()).finish(&st.job.incomplete)
+            // `finishing` keeps catch-ups off the fresh trail until the
+            // download starts over (or for good, once placed).
+            std::mem::replace(&mut *t, st.fresh_trail())
+                .digest
+                .finish(&st.job.incomplete)
         };
         s.finisher.finish(f, &st.job, digest)
     })
@@ -412,15 +423,10 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
                 p.reset();
                 p.len()
             };
-            // The digest restarts at 0 for the new download.
-            {
-                let mut d = st.digest.lock().unwrap();
-                *d = st.fresh_digest();
-                st.announced.store(0, Ordering::SeqCst);
-                st.generation.fetch_add(1, Ordering::SeqCst);
-            }
+            // The trail is fresh since the finish; catch-ups resume once
+            // `finishing` is off, and see the reset prefix.
             st.streaming.store(false, Ordering::Release);
-            st.finishing.store(false, Ordering::Release);
+            st.finishing.store(false, Ordering::SeqCst);
             st.dirty.store(true, Ordering::Release);
             shared.queue.lock().unwrap().extend((0..n).map(|i| (f, i)));
             shared.wake.notify_waiters();
@@ -729,16 +735,28 @@ fn flush(
     Ok(())
 }
 
-/// Tells the watch the chunk hashes `d` completed since the last call; the
-/// caller holds file `f`'s digest lock, so they go out in order.
-fn announce(shared: &Shared, f: usize, d: &Digester) {
+/// Feeds file `f`'s trail up to byte `upto`, starts the writeback of what
+/// it fed, and tells the watch the chunk hashes it completed (in order: the
+/// caller holds the trail's lock).
+fn catch_up(shared: &Shared, f: usize, t: &mut Trail, upto: u64) -> std::io::Result<()> {
     let st = &shared.files[f];
-    let done = d.chunks_done();
-    let told = st.announced.load(Ordering::SeqCst);
-    if done.len() > told {
-        shared.watch.hashed(f, told as u32, &done[told..]);
-        st.announced.store(done.len(), Ordering::SeqCst);
+    let from = t.digest.at();
+    if upto > from && t.buf.is_empty() {
+        t.buf = vec![0u8; HASH_BUF];
     }
+    let fed = digest::feed_from(&mut t.digest, &st.file, upto, &mut t.buf);
+    start_writeback(&st.file, from, t.digest.at());
+    let done = t.digest.chunks_done();
+    if done.len() > t.announced {
+        shared
+            .watch
+            .hashed(f, t.announced as u32, &done[t.announced..]);
+        t.announced = done.len();
+    }
+    if t.digest.at() == st.job.size {
+        t.buf = Vec::new();
+    }
+    fed
 }
 
 /// Starts writing `[from, to)` of `file` to disk without waiting, so the
@@ -771,27 +789,25 @@ fn hash_behind(shared: &Arc<Shared>, f: usize) {
     let s = shared.clone();
     tokio::task::spawn_blocking(move || {
         let st = &s.files[f];
-        let mut buf = vec![0u8; HASH_BUF];
         loop {
-            if !st.finishing.load(Ordering::SeqCst) {
-                let generation = st.generation.load(Ordering::SeqCst);
-                let upto = st.parts.lock().unwrap().prefix();
-                let mut d = st.digest.lock().unwrap();
-                if st.generation.load(Ordering::SeqCst) == generation {
+            {
+                // Checked under the trail's lock, as the finish and the
+                // restart change it: never feed a finished or fresh trail
+                // the bytes of a download that is over.
+                let mut t = st.trail.lock().unwrap();
+                if !st.finishing.load(Ordering::SeqCst) {
+                    let upto = st.parts.lock().unwrap().prefix();
                     // An error here is met again, and reported, when the
                     // file is finished.
-                    let from = d.at();
-                    let _ = digest::feed_from(&mut d, &st.file, upto, &mut buf);
-                    start_writeback(&st.file, from, d.at());
-                    announce(&s, f, &d);
+                    let _ = catch_up(&s, f, &mut t, upto);
                 }
             }
             st.hashing.store(false, Ordering::SeqCst);
-            if st.finishing.load(Ordering::SeqCst) {
-                return;
-            }
-            let upto = st.parts.lock().unwrap().prefix();
-            let behind = upto > st.digest.lock().unwrap().at();
+            let behind = {
+                let t = st.trail.lock().unwrap();
+                !st.finishing.load(Ordering::SeqCst)
+                    && st.parts.lock().unwrap().prefix() > t.digest.at()
+            };
             if !behind || st.hashing.swap(true, Ordering::SeqCst) {
                 return;
             }
