@@ -16,16 +16,22 @@
 #           never beat largest shard / RATE; xfer splits files into ranged
 #           parts over CONNECTIONS connections. Both snapshots must hold the
 #           source's bytes (b3sum).
-#   fanout  scripts/netcluster.sh cluster of hosts 0..2 (PREFIX xfp), links
-#           shaped to LINK_MBIT; the server runs inside host 0 (its loopback
-#           is unshaped) with FAN_RATE per connection; agents on hosts 1, 2.
-#           A FAN_SIZE_MIB repo (bench/model-1g) is moved three ways:
+#   fanout  scripts/netcluster.sh cluster of hosts 0..max(FAN_NODES) (PREFIX
+#           xfp), links shaped to LINK_MBIT; the server runs inside host 0
+#           (its loopback is unshaped) with FAN_RATE per connection; agents
+#           on hosts 1..N. A FAN_SIZE_MIB repo (bench/model-1g) is moved, for
+#           each node count N in FAN_NODES, four ways:
 #             D           xfer pull alone on host 0
 #             sequential  xfer pull, then xfer push of models--bench--model-1g
-#             pipelined   xfer pull --to h1,h2 (fan-out while downloading)
+#             files       xfer pull --to --fan-out files (whole files in push
+#                         rounds while the rest downloads: the older way)
+#             streamed    xfer pull --to (each verified chunk as it lands)
 #           against F_ideal = S / link rate and ideal = max(D, F_ideal).
-#           Every agent's folder must equal host 0's (b3sum and diff -r
-#           --no-dereference) and every node must report the same root.
+#           Goal: streamed <= 1.10 x ideal for 2 nodes, 1.15 x for more, and
+#           every node's first_byte_s (first downloaded byte to its first
+#           verified chunk) under 1 s. Every agent's folder must equal host
+#           0's (b3sum and diff -r --no-dereference) and every way must
+#           deliver the same root.
 #   mirror  A fast LAN mirror, no rate cap: a MIRROR_SIZE_MIB repo
 #           (bench/model-256m, MIRROR_SHARDS shards) served first by
 #           tests/hub_server.py (honours Range), then by a real olah mirror
@@ -42,7 +48,7 @@
 #
 # Env [default]: SIZE_MIB [2048], SHARDS [4], RATE [40000000 bytes/s per
 # connection], CONNECTIONS [16] (xfer pull --connections), RUNS [1],
-# LINK_MBIT [400], FAN_RATE [4000000: 16 x 4 MB/s = 64 MB/s, near the
+# LINK_MBIT [400], FAN_NODES ["2 4"], FAN_RATE [4000000: 16 x 4 MB/s = 64 MB/s, near the
 # 50 MB/s links, so download and fan-out take about as long], FAN_SIZE_MIB
 # [1024], FAN_SHARDS [4], XFER [target/release/xfer; built once with `cargo
 # build --release -p xfer` if missing], HF_VENV [/var/tmp/xfer-venv-hf;
@@ -97,6 +103,12 @@ LINK_MBIT=${LINK_MBIT:-400}
 FAN_RATE=${FAN_RATE:-4000000}
 FAN_SIZE_MIB=${FAN_SIZE_MIB:-1024}
 FAN_SHARDS=${FAN_SHARDS:-4}
+FAN_NODES=${FAN_NODES:-2 4}
+FAN_MAX_NODES=0
+for n in $FAN_NODES; do
+    [[ $n =~ ^[0-9]+$ && $n -ge 1 && $n -le 8 ]] || { echo "FAN_NODES: node counts 1..8 (got '$n')" >&2; exit 2; }
+    [ "$n" -le "$FAN_MAX_NODES" ] || FAN_MAX_NODES=$n
+done
 HF_VENV=${HF_VENV:-/var/tmp/xfer-venv-hf}
 PULL_DIR=${PULL_DIR:-/var/tmp/xfer-bench-pull}
 export PREFIX=${PREFIX:-xfp}
@@ -154,7 +166,7 @@ preflight() {
     avail=$(df -Pm "$PULL_DIR" | awk 'NR == 2 { print $4 }')
     # repo + 2 caches for pull; repo + cache + 2 agent copies for fanout (+ slack)
     if [ "$PART" = pull ] || [ "$PART" = all ]; then need_mb=$((SIZE_MIB * 3 + 512)); fi
-    if [ "$PART" = fanout ] || [ "$PART" = all ]; then need_mb=$((need_mb + FAN_SIZE_MIB * 4 + 512)); fi
+    if [ "$PART" = fanout ] || [ "$PART" = all ]; then need_mb=$((need_mb + FAN_SIZE_MIB * (2 + FAN_MAX_NODES) + 512)); fi
     if [ "$PART" = mirror ] || [ "$PART" = all ]; then need_mb=$((need_mb + MIRROR_SIZE_MIB * 5 + 512)); fi
     [ "$avail" -gt "$need_mb" ] || die "need ~$need_mb MiB free in $PULL_DIR, have $avail; lower SIZE_MIB/FAN_SIZE_MIB or set PULL_DIR"
 }
@@ -493,25 +505,24 @@ part_pull() {
 
 # ----------------------------------------------------- part B: fanout ----
 
-# start_agents LABEL: fresh roots and one xfer serve per host 1..2, logs in
-# $RUN/agent-I-LABEL.{out,err}.
-AGENT_PID=() AGENT_LOG=()
+# start_agents N LABEL: fresh roots and one xfer serve per host 1..N, logs
+# in $RUN/agent-I-LABEL.{out,err}.
+AGENT_PID=() AGENT_LOG=() AGENTS_N=0
 start_agents() {
-    local i tries
-    for i in 1 2; do
-        if [ -n "${AGENT_PID[i]:-}" ]; then stop_pid "${AGENT_PID[i]}"; fi
-        rm -rf "$PULL_DIR/h$i"
-        mkdir -p "$PULL_DIR/h$i"
-    done
+    local n=$1 i tries
+    stop_agents
+    for ((i = 1; i <= FAN_MAX_NODES; i++)); do rm -rf "$PULL_DIR/h$i"; done
+    for ((i = 1; i <= n; i++)); do mkdir -p "$PULL_DIR/h$i"; done
     sync
-    for i in 1 2; do
-        AGENT_LOG[i]=agent-$i-$1
+    AGENTS_N=$n
+    for ((i = 1; i <= n; i++)); do
+        AGENT_LOG[i]=agent-$i-$2
         "$NC" exec "$i" "$XFER_BIN" serve --listen "$("$NC" ip "$i"):$PORT" --root "$PULL_DIR/h$i" --key "$KEY" \
             >"$RUN/${AGENT_LOG[i]}.out" 2>"$RUN/${AGENT_LOG[i]}.err" &
         AGENT_PID[i]=$!
         track "${AGENT_PID[i]}"
     done
-    for i in 1 2; do
+    for ((i = 1; i <= n; i++)); do
         for ((tries = 0; tries < 150; tries++)); do
             if grep -qs 'xfer agent listening' "$RUN/${AGENT_LOG[i]}.out"; then break; fi
             kill -0 "${AGENT_PID[i]}" 2>/dev/null || die "agent on host $i exited at start: $(fail_tail "${AGENT_LOG[i]}")"
@@ -522,7 +533,7 @@ start_agents() {
 }
 stop_agents() {
     local i
-    for i in 1 2; do
+    for ((i = 1; i <= AGENTS_N; i++)); do
         if [ -n "${AGENT_PID[i]:-}" ]; then
             if grep -Eq ' (WARN|ERROR) ' "$RUN/${AGENT_LOG[i]}.err"; then
                 log "note: agent $i logged: $(grep -E ' (WARN|ERROR) ' "$RUN/${AGENT_LOG[i]}.err" | head -n 2 | tr '\n' ' ')"
@@ -532,11 +543,11 @@ stop_agents() {
         fi
     done
 }
-# verify_agents WHAT CACHE: both agents' NAME folders equal host 0's.
+# verify_agents WHAT CACHE: every agent's NAME folder equals host 0's.
 verify_agents() {
     local what=$1 folder=$2/$FAN_NAME i
     fingerprint "$folder" >"$RUN/fp-b-folder.txt"
-    for i in 1 2; do
+    for ((i = 1; i <= AGENTS_N; i++)); do
         same_fp "$what agent $i" "$RUN/fp-b-folder.txt" "$PULL_DIR/h$i/$FAN_NAME"
         diff -r --no-dereference "$folder" "$PULL_DIR/h$i/$FAN_NAME" >"$RUN/diff-$what-$i.txt" 2>&1 ||
             die "$what: agent $i's folder differs from host 0's: $(head -n 4 "$RUN/diff-$what-$i.txt" | tr '\n' ' ')"
@@ -554,10 +565,40 @@ b_check_pull() { # b_check_pull LABEL JQ-PATH-TO-PULL-SUMMARY
     jq -e --argjson b "$B_BYTES" "$2 | .verification.all_verified == true and .bytes_total == \$b" "$RUN/$1.out" >/dev/null ||
         die "$1: xfer pull's JSON is not all_verified with bytes_total $B_BYTES: $(head -c 600 "$RUN/$1.out")"
 }
+# b_check_nodes LABEL N: the JSON of a push or pull --to lists N nodes,
+# all ok with the summary's root.
+b_check_nodes() {
+    jq -e --argjson n "$2" '(.nodes | length == $n) and ([.nodes[].ok] | all) and ([.nodes[].root] | unique | length == 1) and (.nodes[0].root == .root)' "$RUN/$1.out" >/dev/null ||
+        die "$1: not $2 nodes, all ok with one root: $(jq -c '[.root, [.nodes[]? | {addr, ok, root, error}]]' "$RUN/$1.out" 2>/dev/null || head -c 400 "$RUN/$1.out")"
+}
 
+# b_pipelined N R MODE: xfer pull --to the N agents, --fan-out MODE; the
+# seconds, the download's, and for `stream` the slowest node's first_byte_s.
+b_pipelined() {
+    local n=$1 r=$2 mode=$3 cache=$CACHES/b label=b$2-n$1-$3 to="" i
+    for ((i = 1; i <= n; i++)); do to+="${to:+,}$("$NC" ip "$i"):$PORT"; done
+    fresh_dir "$cache"
+    rm -rf "$RUN/xdg"
+    start_agents "$n" "run$r-n$n-$mode"
+    drop_caches
+    b_pull "$label" "$cache" --to "$to" --key "$KEY" --fan-out "$mode"
+    [ "$T_RC" = 0 ] || die "xfer pull --to --fan-out $mode exited $T_RC: $(jq -c '[.nodes[]? | select(.ok | not) | {addr, error}]' "$RUN/$label.out" 2>/dev/null || true) $(fail_tail "$label")"
+    b_check_pull "$label" .pull
+    b_check_nodes "$label" "$n"
+    stop_agents
+    verify_agents "$label" "$cache"
+    same_fp "$label snapshot" "$RUN/fp-b-source.txt" "$(snapshot "$cache" "$FAN_REPO")" -L
+    P_S=$T_S
+    read -r P_DL P_SRCX P_FIRST < <(jq -r '[.pull.duration_s, .source_sent_x, ([.nodes[].first_byte_s // 0] | max)] | @tsv' "$RUN/$label.out")
+    P_ROOT=$(jq -r .root "$RUN/$label.out")
+    rm -rf "$cache"
+}
+
+# Results per node count N: arrays of per-run figures, by "N" key.
+declare -A B_D B_SEQ B_SEQ_PULL B_SEQ_PUSH B_FILES B_STREAM B_STREAM_DL B_FIRST B_SRCX
 B_DONE=0
 part_fanout() {
-    local src=$REPOS/$FAN_REPO i r
+    local src=$REPOS/$FAN_REPO i r n
     FAN_NAME=models--${FAN_REPO//\//--}
     B_BYTES=$(tree_bytes "$src")
     fingerprint "$src" >"$RUN/fp-b-source.txt"
@@ -568,17 +609,14 @@ part_fanout() {
     local busy
     busy=$(ip netns list 2>/dev/null | awk '{ print $1 }' | grep -E "^$PREFIX-h[0-9]+$" | while read -r h; do ip netns pids "$h"; done || true)
     [ -z "$busy" ] || die "namespaces $PREFIX-h* exist with processes in them (another run?); pick another PREFIX"
-    log "part B: $FAN_REPO, $B_BYTES bytes; hosts 0..2 ($PREFIX-h*), $LINK_MBIT Mbit/s links; server in host 0 at $(fmt %.1f "$(calc "$FAN_RATE / 1e6")") MB/s per connection"
+    log "part B: $FAN_REPO, $B_BYTES bytes; hosts 0..$FAN_MAX_NODES ($PREFIX-h*), $LINK_MBIT Mbit/s links; server in host 0 at $(fmt %.1f "$(calc "$FAN_RATE / 1e6")") MB/s per connection; node counts: $FAN_NODES"
     CLUSTER_UP=1
-    "$NC" up 2 "$LINK_MBIT"
+    "$NC" up "$FAN_MAX_NODES" "$LINK_MBIT"
     KEY=$RUN/cluster.key
     "$XFER_BIN" keygen --out "$KEY" >/dev/null
     start_hub hub-b "$FAN_RATE" 0
     log "hub server at $HUB_URL inside $PREFIX-h0"
-    local to="" h
-    for i in 1 2; do to+="${to:+,}$("$NC" ip "$i"):$PORT"; done
 
-    B_D=() B_SEQ=() B_SEQ_PULL=() B_SEQ_PUSH=() B_PIPE=() B_PIPE_DL=() B_TAIL=() B_ROUNDS=() B_SRCX=() B_PIPE_RSS=()
     for ((r = 1; r <= RUNS; r++)); do
         local cache=$CACHES/b
         # D: the download alone
@@ -589,75 +627,54 @@ part_fanout() {
         [ "$T_RC" = 0 ] || die "xfer pull (D) exited $T_RC: $(fail_tail "b$r-d")"
         b_check_pull "b$r-d" .
         same_fp "run $r D snapshot" "$RUN/fp-b-source.txt" "$(snapshot "$cache" "$FAN_REPO")" -L
-        B_D+=("$T_S")
-        log "run $r D: xfer pull alone $(fmt %.2f "$T_S") s ($(mb_s "$B_BYTES" "$T_S") MB/s)"
+        local d=$T_S
+        log "run $r D: xfer pull alone $(fmt %.2f "$d") s ($(mb_s "$B_BYTES" "$d") MB/s)"
+        for n in $FAN_NODES; do
+            B_D[$n]+="$d "
+            # sequential: pull, then push the cache folder
+            local to="" t0 t1
+            for ((i = 1; i <= n; i++)); do to+="${to:+,}$("$NC" ip "$i"):$PORT"; done
+            fresh_dir "$cache"
+            rm -rf "$RUN/xdg"
+            start_agents "$n" "run$r-n$n-sequential"
+            drop_caches
+            t0=$EPOCHREALTIME
+            b_pull "b$r-n$n-seq-pull" "$cache"
+            [ "$T_RC" = 0 ] || die "xfer pull (sequential) exited $T_RC: $(fail_tail "b$r-n$n-seq-pull")"
+            B_SEQ_PULL[$n]+="$T_S "
+            run_timed "b$r-n$n-seq-push" "$B_TMO" "$NC" exec 0 env "${CLEAN_ENV[@]}" "XDG_CACHE_HOME=$RUN/xdg" \
+                "$XFER_BIN" push "$cache/$FAN_NAME" --to "$to" --key "$KEY" --name "$FAN_NAME" --json
+            t1=$EPOCHREALTIME
+            [ "$T_RC" = 0 ] || die "xfer push (sequential) exited $T_RC: $(fail_tail "b$r-n$n-seq-push")"
+            B_SEQ_PUSH[$n]+="$T_S "
+            local seq
+            seq=$(elapsed "$t0" "$t1")
+            B_SEQ[$n]+="$seq "
+            b_check_pull "b$r-n$n-seq-pull" .
+            b_check_nodes "b$r-n$n-seq-push" "$n"
+            stop_agents
+            verify_agents "run$r-n$n-sequential" "$cache"
+            local seq_root
+            seq_root=$(jq -r .root "$RUN/b$r-n$n-seq-push.out")
+            rm -rf "$cache"
+            log "run $r, $n nodes, sequential: $(fmt %.2f "$seq") s; every agent verified"
 
-        # sequential: pull, then push the cache folder
-        fresh_dir "$cache"
-        rm -rf "$RUN/xdg"
-        start_agents "run$r-sequential"
-        drop_caches
-        local t0 t1
-        t0=$EPOCHREALTIME
-        b_pull "b$r-seq-pull" "$cache"
-        [ "$T_RC" = 0 ] || die "xfer pull (sequential) exited $T_RC: $(fail_tail "b$r-seq-pull")"
-        B_SEQ_PULL+=("$T_S")
-        run_timed "b$r-seq-push" "$B_TMO" "$NC" exec 0 env "${CLEAN_ENV[@]}" "XDG_CACHE_HOME=$RUN/xdg" \
-            "$XFER_BIN" push "$cache/$FAN_NAME" --to "$to" --key "$KEY" --name "$FAN_NAME" --json
-        t1=$EPOCHREALTIME
-        [ "$T_RC" = 0 ] || die "xfer push (sequential) exited $T_RC: $(jq -c '[.nodes[]? | select(.ok | not) | {addr, error}]' "$RUN/b$r-seq-push.out" 2>/dev/null || true) $(fail_tail "b$r-seq-push")"
-        B_SEQ_PUSH+=("$T_S")
-        B_SEQ+=("$(elapsed "$t0" "$t1")")
-        b_check_pull "b$r-seq-pull" .
-        jq -e '([.nodes[].ok] | all) and ([.nodes[].root] | unique | length == 1) and (.nodes[0].root == .root)' "$RUN/b$r-seq-push.out" >/dev/null ||
-            die "sequential push: not every node ok with the same root: $(jq -c '[.root, [.nodes[] | {addr, ok, root, error}]]' "$RUN/b$r-seq-push.out")"
-        stop_agents
-        verify_agents "run$r-sequential" "$cache"
-        same_fp "run $r sequential snapshot" "$RUN/fp-b-source.txt" "$(snapshot "$cache" "$FAN_REPO")" -L
-        B_SEQ_ROOT=$(jq -r .root "$RUN/b$r-seq-push.out")
-        log "run $r sequential: $(fmt %.2f "${B_SEQ[-1]}") s (pull $(fmt %.2f "${B_SEQ_PULL[-1]}") + push $(fmt %.2f "${B_SEQ_PUSH[-1]}")); both agents verified"
+            b_pipelined "$n" "$r" files
+            B_FILES[$n]+="$P_S "
+            [ "$P_ROOT" = "$seq_root" ] || die "$n nodes: files delivered root $P_ROOT, sequential $seq_root"
+            log "run $r, $n nodes, pull --to --fan-out files: $(fmt %.2f "$P_S") s (download $(fmt %.2f "$P_DL") s)"
 
-        # pipelined: pull --to
-        fresh_dir "$cache"
-        rm -rf "$RUN/xdg"
-        start_agents "run$r-pipelined"
-        drop_caches
-        b_pull "b$r-pipe" "$cache" --to "$to" --key "$KEY"
-        if [ "$T_RC" != 0 ]; then
-            die "xfer pull --to exited $T_RC: $(jq -c '[.nodes[]? | select(.ok | not) | {addr, error}]' "$RUN/b$r-pipe.out" 2>/dev/null || true) $(fail_tail "b$r-pipe")"
-        fi
-        B_PIPE+=("$T_S") B_PIPE_RSS+=("$T_RSS")
-        b_check_pull "b$r-pipe" .pull
-        jq -e '.nodes | length == 2' "$RUN/b$r-pipe.out" >/dev/null || die "xfer pull --to reports $(jq '.nodes | length' "$RUN/b$r-pipe.out") nodes, expected 2"
-        jq -e '([.nodes[].ok] | all) and ([.nodes[].root] | unique | length == 1) and (.nodes[0].root == .root)' "$RUN/b$r-pipe.out" >/dev/null ||
-            die "pull --to: not every node ok with the same root: $(jq -c '[.root, [.nodes[] | {addr, ok, root, error}]]' "$RUN/b$r-pipe.out")"
-        stop_agents
-        verify_agents "run$r-pipelined" "$cache"
-        same_fp "run $r pipelined snapshot" "$RUN/fp-b-source.txt" "$(snapshot "$cache" "$FAN_REPO")" -L
-        B_PIPE_ROOT=$(jq -r .root "$RUN/b$r-pipe.out")
-        # The tail is duration_s - pull.duration_s: the JSON's tail_s starts
-        # only when the round loop notices the end of the download, which is
-        # after the round that was running then.
-        local tail rounds srcx dl jtail
-        read -r tail rounds srcx dl jtail < <(jq -r '[.duration_s - .pull.duration_s, .rounds, .source_sent_x, .pull.duration_s, .tail_s] | @tsv' "$RUN/b$r-pipe.out")
-        B_TAIL+=("$tail") B_ROUNDS+=("$rounds") B_SRCX+=("$srcx") B_PIPE_DL+=("$dl")
-        log "run $r pipelined: $(fmt %.2f "$T_S") s (download $(fmt %.2f "$dl") s, agents complete $(fmt %.2f "$tail") s later (JSON tail_s $(fmt %.2f "$jtail")); $rounds rounds; source sent $(fmt %.2f "$srcx") x S); both agents verified"
-        if [ "$B_SEQ_ROOT" = "$B_PIPE_ROOT" ]; then
-            B_ROOTS="sequential and pipelined delivered the same root ${B_PIPE_ROOT:0:16}"
-        else
-            B_ROOTS="roots differ: sequential ${B_SEQ_ROOT:0:16}, pipelined ${B_PIPE_ROOT:0:16}"
-            log "note: $B_ROOTS"
-        fi
-        rm -rf "$cache"
+            b_pipelined "$n" "$r" stream
+            B_STREAM[$n]+="$P_S " B_STREAM_DL[$n]+="$P_DL " B_FIRST[$n]+="$P_FIRST " B_SRCX[$n]+="$P_SRCX "
+            [ "$P_ROOT" = "$seq_root" ] || die "$n nodes: stream delivered root $P_ROOT, sequential $seq_root"
+            log "run $r, $n nodes, pull --to (stream): $(fmt %.2f "$P_S") s (download $(fmt %.2f "$P_DL") s; slowest first_byte_s $(fmt %.2f "$P_FIRST"); source sent $(fmt %.2f "$P_SRCX") x S)"
+        done
     done
+    stop_agents
     stop_pid "$HUB_PID"
     kill_ns_leftovers
     "$NC" down
     CLUSTER_UP=0
-    B_DM=$(median "${B_D[@]}")
-    B_IDEAL=$(maxof "$B_DM" "$B_F_IDEAL")
-    B_SEQM=$(median "${B_SEQ[@]}")
-    B_PIPEM=$(median "${B_PIPE[@]}")
     B_DONE=1
 }
 
@@ -770,28 +787,42 @@ report() {
             echo "Floor: xfer / hf <= 1.00 in every run: $C_VERDICT."
         fi
         if [ "$B_DONE" = 1 ]; then
-            echo
-            printf 'Delivery of a %d MiB repo to 2 nodes, %d Mbit/s links (tc tbf, netns); server inside host 0 at\n' "$FAN_SIZE_MIB" "$LINK_MBIT"
-            printf '%s MB/s per connection, xfer pull --connections %d (download bound %.2f s); median of %d run(s).\n' \
-                "$(fmt %.1f "$(calc "$FAN_RATE / 1e6")")" "$CONNECTIONS" "$B_D_BOUND" "$RUNS"
-            echo
-            echo '| | seconds | x ideal |'
-            echo '|---|---:|---:|'
-            printf '| D: xfer pull alone | %.2f | %s |\n' "$B_DM" "$(ratio "$B_DM" "$B_IDEAL")"
-            printf '| F_ideal: S / link rate | %.2f | %s |\n' "$B_F_IDEAL" "$(ratio "$B_F_IDEAL" "$B_IDEAL")"
-            printf '| ideal = max(D, F_ideal) | %.2f | 1.00 |\n' "$B_IDEAL"
-            printf '| sequential: pull, then push (%.2f + %.2f) | %.2f | **%s** |\n' "$(median "${B_SEQ_PULL[@]}")" "$(median "${B_SEQ_PUSH[@]}")" \
-                "$B_SEQM" "$(ratio "$B_SEQM" "$B_IDEAL")"
-            printf '| pipelined: pull --to (download %.2f + tail %.2f, %s rounds) | %.2f | **%s** |\n' "$(median "${B_PIPE_DL[@]}")" \
-                "$(median "${B_TAIL[@]}")" "$(maxof "${B_ROUNDS[@]}")" \
-                "$B_PIPEM" "$(ratio "$B_PIPEM" "$B_IDEAL")"
-            echo
-            printf 'sequential / pipelined: %sx. Source sent %.2f x S in the pipelined run; peak RSS of pull --to %s MiB.\n' \
-                "$(ratio "$B_SEQM" "$B_PIPEM")" "$(median "${B_SRCX[@]}")" "$(mib "$(median "${B_PIPE_RSS[@]}")")"
-            echo "Both agents' folders equal host 0's (b3sum, diff -r --no-dereference); every node reported one root; ${B_ROOTS:-}."
-            printf '%s,%s,fanout,%d,%d,%d,%d,%d,,,,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n' "$stamp" "$XFER_REV" "$FAN_SIZE_MIB" "$FAN_SHARDS" \
-                "$FAN_RATE" "$CONNECTIONS" "$RUNS" "$LINK_MBIT" "$B_DM" "$B_F_IDEAL" "$B_IDEAL" "$B_SEQM" "$B_PIPEM" \
-                "$(ratio "$B_SEQM" "$B_IDEAL")" "$(ratio "$B_PIPEM" "$B_IDEAL")" >>"$RESULTS"
+            local n
+            for n in $FAN_NODES; do
+                # shellcheck disable=SC2086
+                local dm seqm filesm streamm ideal firstm
+                dm=$(median ${B_D[$n]}) seqm=$(median ${B_SEQ[$n]}) filesm=$(median ${B_FILES[$n]}) streamm=$(median ${B_STREAM[$n]})
+                firstm=$(maxof ${B_FIRST[$n]})
+                ideal=$(maxof "$dm" "$B_F_IDEAL")
+                local goal=1.10
+                [ "$n" -le 2 ] || goal=1.15
+                local verdict=PASS
+                awk -v a="$streamm" -v b="$ideal" -v g="$goal" 'BEGIN { exit !(a <= g * b) }' || verdict="ABOVE GOAL"
+                echo
+                printf 'Delivery of a %d MiB repo to %d nodes, %d Mbit/s links (tc tbf, netns); server inside host 0 at\n' "$FAN_SIZE_MIB" "$n" "$LINK_MBIT"
+                printf '%s MB/s per connection, xfer pull --connections %d (download bound %.2f s); median of %d run(s).\n' \
+                    "$(fmt %.1f "$(calc "$FAN_RATE / 1e6")")" "$CONNECTIONS" "$B_D_BOUND" "$RUNS"
+                echo
+                echo '| | seconds | x ideal |'
+                echo '|---|---:|---:|'
+                printf '| D: xfer pull alone | %.2f | %s |\n' "$dm" "$(ratio "$dm" "$ideal")"
+                printf '| F_ideal: S / link rate | %.2f | %s |\n' "$B_F_IDEAL" "$(ratio "$B_F_IDEAL" "$ideal")"
+                printf '| ideal = max(D, F_ideal) | %.2f | 1.00 |\n' "$ideal"
+                # shellcheck disable=SC2086
+                printf '| sequential: pull, then push (%.2f + %.2f) | %.2f | %s |\n' "$(median ${B_SEQ_PULL[$n]})" "$(median ${B_SEQ_PUSH[$n]})" \
+                    "$seqm" "$(ratio "$seqm" "$ideal")"
+                printf '| file by file: pull --to --fan-out files | %.2f | %s |\n' "$filesm" "$(ratio "$filesm" "$ideal")"
+                # shellcheck disable=SC2086
+                printf '| streamed: pull --to (download %.2f) | %.2f | **%s** |\n' "$(median ${B_STREAM_DL[$n]})" "$streamm" "$(ratio "$streamm" "$ideal")"
+                echo
+                # shellcheck disable=SC2086
+                printf 'Goal <= %s x ideal: %s (per run: %s). Slowest first_byte_s %.2f s (goal < 1 s). Source sent %.2f x S streaming.\n' \
+                    "$goal" "$verdict" "$(for x in ${B_STREAM[$n]}; do printf '%s ' "$(ratio "$x" "$ideal")"; done)" "$firstm" "$(median ${B_SRCX[$n]})"
+                echo "Every agent's folder equals host 0's (b3sum, diff -r --no-dereference); all three ways delivered one root."
+                printf '%s,%s,fanout-%d,%d,%d,%d,%d,%d,,,,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n' "$stamp" "$XFER_REV" "$n" "$FAN_SIZE_MIB" "$FAN_SHARDS" \
+                    "$FAN_RATE" "$CONNECTIONS" "$RUNS" "$LINK_MBIT" "$dm" "$B_F_IDEAL" "$ideal" "$seqm" "$streamm" \
+                    "$(ratio "$seqm" "$ideal")" "$(ratio "$streamm" "$ideal")" >>"$RESULTS"
+            done
         fi
     } | tee -a "$PULL_DIR/summary.txt"
 }

@@ -30,6 +30,9 @@ faults, one fault per request, specs tried in command-line order:
   503-api:N                                  first N /api/ requests
   ignore-range                               Range ignored: always 200 + whole file
   corrupt:PATH | corrupt-once:PATH           byte at size//2 of PATH sent XOR 0xFF
+  hold:PATH:GATE                             bytes of PATH from size//2 on wait until
+                                             the file GATE exists (a download parked
+                                             half-way, for streaming tests)
 Prints `READY <hub_port> <cdn_port>` once both listen; runs until SIGTERM/SIGINT.
 """
 
@@ -215,10 +218,14 @@ class Faults:
         self.ignore_range = False
         self.corrupt = {}         # PATH -> once?
         self.corrupt_done = set()  # PATHs whose corrupt-once was spent
+        self.holds = {}           # PATH -> GATE file
         for spec in specs:
             kind, _, rest = spec.partition(":")
             if kind in ("corrupt", "corrupt-once") and rest:
                 self.corrupt[rest] = kind == "corrupt-once"
+            elif kind == "hold" and ":" in rest:
+                path, _, gate = rest.partition(":")
+                self.holds[path] = gate
             elif kind == "ignore-range":
                 self.ignore_range = True
             elif kind == "503-api":
@@ -568,8 +575,18 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_range(self, e, pos, stop, cut, key):
         slice_ = rate_slice(self.cfg.rate) if self.cfg.rate else 4 * MIB
+        gate = self.cfg.faults.holds.get(e.path)
+        hold_at = e.size // 2 if gate else None
         with open(e.abspath, "rb") as f:
             while pos < stop:
+                if hold_at is not None and pos + slice_ > hold_at:
+                    if pos < hold_at:
+                        slice_ = hold_at - pos  # up to the hold, then wait
+                    else:
+                        while not os.path.exists(gate):
+                            time.sleep(0.02)
+                        hold_at = None
+                        slice_ = rate_slice(self.cfg.rate) if self.cfg.rate else 4 * MIB
                 if pos == cut:
                     b = os.pread(f.fileno(), 1, pos)
                     self.throttle(1)

@@ -356,7 +356,7 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
     assert_eq!(s.verification.recovered, 1, "{s:#?}");
 
     let updates = std::mem::take(&mut *seen.lock().unwrap());
-    let DraftUpdate::Listed(mut draft) = updates[0].clone() else {
+    let DraftUpdate::Listed { mut draft, .. } = updates[0].clone() else {
         panic!("the listing comes first: {:?}", updates[0])
     };
     let mut withdrawn = Vec::new();
@@ -371,14 +371,20 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
             Err(why) => panic!("{why}: {e:?}"),
         }
     }
-    let bad_index = draft.index_of(&RelPathOf::new(bad).unwrap()).unwrap();
+    // The draft lists contents as the cache holds them: blobs by hash.
+    let repo_dir = t.path().join("cache/models--acme--tiny");
+    let bad_blob = fs::read_link(repo_dir.join("snapshots").join(&s.commit).join(bad)).unwrap();
+    let bad_blob = format!("blobs/{}", bad_blob.file_name().unwrap().to_str().unwrap());
+    let bad_index = draft.index_of(&RelPathOf::new(&bad_blob).unwrap()).unwrap();
     assert_eq!(withdrawn, vec![bad_index], "the corrupted file, once");
     assert_eq!(draft.generation(bad_index), Some(1));
     let manifest = draft.manifest().expect("every file sealed");
-    assert_eq!(manifest.file_count(), server.repo("acme/tiny").files.len());
+    let blobs = fs::read_dir(repo_dir.join("blobs")).unwrap().count();
+    assert_eq!(manifest.file_count(), blobs, "one file per blob");
+    let _ = &src;
     for e in &manifest.entries {
         let Entry::File(f) = e else { panic!("{e:?}") };
-        let bytes = fs::read(src.join(f.path.as_str())).unwrap();
+        let bytes = fs::read(repo_dir.join(f.path.as_str())).unwrap();
         assert_eq!(
             f.hash,
             blake3::hash(&bytes).into(),
@@ -394,7 +400,10 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
         .unwrap();
     assert_eq!(s.bytes_downloaded, 0, "{s:#?}");
     let updates = std::mem::take(&mut *seen.lock().unwrap());
-    let DraftUpdate::Listed(mut again) = updates[0].clone() else {
+    let DraftUpdate::Listed {
+        draft: mut again, ..
+    } = updates[0].clone()
+    else {
         panic!("{:?}", updates[0])
     };
     for u in &updates[1..] {

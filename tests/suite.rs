@@ -18,6 +18,7 @@ mod permits;
 mod planted;
 mod pull;
 mod pull_fanout;
+mod pull_stream;
 mod push;
 mod resume;
 mod sync;

@@ -97,6 +97,15 @@ struct DraftFile {
     sealed: bool,
 }
 
+/// A draft as the source offers it: the files' paths and sizes, and the
+/// chunk size (the events then fill in the rest).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DraftListing {
+    pub chunk_size: u64,
+    /// Sorted by path, as [`Draft::listing`] gives them.
+    pub files: Vec<(RelPath, u64)>,
+}
+
 /// The growing manifest.
 #[derive(Clone, Debug)]
 pub struct Draft {
@@ -133,6 +142,51 @@ impl Draft {
         // The shape (paths, sizes, counts, chunk size) is a manifest's.
         draft.shape().validate()?;
         Ok(draft)
+    }
+
+    /// The draft a receiver builds from the source's listing.
+    pub fn from_listing(listing: &DraftListing) -> Result<Draft, DraftError> {
+        Draft::new(listing.chunk_size, listing.files.clone())
+    }
+
+    /// What a receiver needs to build the same draft.
+    pub fn listing(&self) -> DraftListing {
+        DraftListing {
+            chunk_size: self.chunk_size,
+            files: self
+                .files
+                .iter()
+                .map(|f| (f.path.clone(), f.size))
+                .collect(),
+        }
+    }
+
+    /// A name for this draft that both ends compute alike and a re-run of
+    /// the same pull finds again (its staged chunks are kept under it):
+    /// the root of its shape, keyed by `salt` (the commit).
+    pub fn id(&self, salt: &str) -> Hash {
+        let shape = self.shape().root();
+        let mut h = blake3::Hasher::new();
+        h.update(b"xfer draft\0");
+        h.update(salt.as_bytes());
+        h.update(&shape.0);
+        Hash::from(h.finalize())
+    }
+
+    pub fn file_count(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Draft-wide chunk numbers of `file`.
+    pub fn chunks_of(&self, file: FileIndex) -> Range<u64> {
+        self.files
+            .get(file as usize)
+            .map_or(0..0, |f| f.offset..f.offset + f.hashes.len() as u64)
+    }
+
+    /// Whether every file is sealed (the root is known).
+    pub fn is_sealed_all(&self) -> bool {
+        self.files.iter().all(|f| f.sealed)
     }
 
     /// Draft-wide chunk count.
@@ -260,8 +314,9 @@ impl Draft {
         Some(self.with_chunks(|f| f.hashes.iter().map(|h| h.expect("sealed")).collect()))
     }
 
-    /// The files' shape as a manifest with placeholder hashes, for checks.
-    fn shape(&self) -> Manifest {
+    /// The files' shape as a manifest with placeholder hashes: paths,
+    /// sizes and chunk layout, for the store's chunk map.
+    pub fn shape(&self) -> Manifest {
         self.with_chunks(|f| vec![Hash([0; 32]); f.hashes.len()])
     }
 

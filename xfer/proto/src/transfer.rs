@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::chunkset::ChunkSet;
+use crate::draft::{DraftEvent, DraftListing};
 use crate::hash::Hash;
 use crate::manifest::Manifest;
 use crate::names::ModelName;
@@ -96,6 +97,18 @@ pub enum TransferMsg {
     /// Receiver → source: the connection is in use; the transfer now has
     /// `lanes` connections to the source.
     LaneAttached { lanes: u32 },
+    /// Source → receiver, an opener like `Offer`: store under `name` the
+    /// files the source is still downloading. Their chunk hashes, seals
+    /// and withdrawals follow as `Draft` messages; the root is known once
+    /// every file is sealed. `id` names the draft where a root would (peer
+    /// links, extra connections, the receiver's journal).
+    OfferDraft {
+        name: ModelName,
+        id: Hash,
+        listing: DraftListing,
+    },
+    /// Source → receiver: what the download learnt about a drafted file.
+    Draft(DraftEvent),
 }
 
 /// The chunks a receiver fetches from the source: chunk `c` is in slot
@@ -181,6 +194,8 @@ impl TransferMsg {
             TransferMsg::Slow { .. } => "Slow",
             TransferMsg::Lane { .. } => "Lane",
             TransferMsg::LaneAttached { .. } => "LaneAttached",
+            TransferMsg::OfferDraft { .. } => "OfferDraft",
+            TransferMsg::Draft(_) => "Draft",
         }
     }
 }

@@ -31,8 +31,10 @@ use crate::transport::rdma::link::{Nic, Offer};
 use crate::transport::serve::{serve as serve_chunks, Serving};
 use crate::transport::Fetcher;
 use xfer_proto::chunkset::ChunkSet;
+use xfer_proto::draft::Draft;
 use xfer_proto::frame::{MAX_FRAME, REQUEST_LIMIT};
 use xfer_proto::hash::Hash;
+use xfer_proto::manifest::Manifest;
 use xfer_proto::names::ModelName;
 use xfer_proto::transfer::{HomeSlots, Refusal, SwarmPeer, TransferMsg};
 
@@ -65,8 +67,17 @@ pub(super) async fn serve(
     ctx: &Ctx,
 ) -> Result<()> {
     let opener: TransferMsg = read_or_refuse(ctx, &mut send, &mut recv, MAX_FRAME, "offer").await?;
-    let (name, manifest) = match opener {
-        TransferMsg::Offer { name, manifest } => (name, manifest),
+    let (name, plan) = match opener {
+        TransferMsg::Offer { name, manifest } => {
+            if let Err(e) = manifest.validate() {
+                return refuse(&mut send, Refusal::BadManifest(e.to_string())).await;
+            }
+            (name, Plan::Manifest(Arc::new(manifest)))
+        }
+        TransferMsg::OfferDraft { name, id, listing } => match Draft::from_listing(&listing) {
+            Ok(draft) => (name, Plan::Draft(id, draft)),
+            Err(e) => return refuse(&mut send, Refusal::BadManifest(e.to_string())).await,
+        },
         TransferMsg::Want { name } => {
             return serve_model(conn, send, ctx.store.clone(), name, ctx.nic.clone()).await
         }
@@ -84,10 +95,10 @@ pub(super) async fn serve(
             .await;
         }
     };
-    if let Err(e) = manifest.validate() {
-        return refuse(&mut send, Refusal::BadManifest(e.to_string())).await;
-    }
-    let manifest = Arc::new(manifest);
+    let key = match &plan {
+        Plan::Manifest(m) => m.root(),
+        Plan::Draft(id, _) => *id,
+    };
 
     // Supersede a running transfer of the same model, then wait for it.
     let token = CancellationToken::new();
@@ -102,7 +113,7 @@ pub(super) async fn serve(
             cancel: token.clone(),
             slot: slot.clone(),
             lanes: lanes.clone(),
-            root: manifest.root(),
+            root: key,
         };
         if let Some(old) = map.insert(name.clone(), job) {
             old.cancel.cancel();
@@ -112,13 +123,18 @@ pub(super) async fn serve(
     let _running = slot.lock().await;
 
     let begun = {
-        let (store, name, manifest) = (ctx.store.clone(), name.clone(), manifest.clone());
-        tokio::task::spawn_blocking(move || store.begin(&name, manifest)).await?
+        let (store, name) = (ctx.store.clone(), name.clone());
+        tokio::task::spawn_blocking(move || match plan {
+            Plan::Manifest(m) => store.begin(&name, m),
+            Plan::Draft(id, d) => store.begin_draft(&name, id, d),
+        })
+        .await?
     };
     let transfer = match begun {
         Ok(t) => Arc::new(t),
         Err(r) => return refuse(&mut send, r.into()).await,
     };
+    let manifest = transfer.manifest().clone();
     let held = transfer.held();
     let held_bytes = transfer.held_bytes();
     write_frame(
@@ -131,9 +147,10 @@ pub(super) async fn serve(
     )
     .await?;
     tracing::info!(
-        "receiving {name} ({} files, root {}) from {}",
+        "receiving {name} ({} files, {} {}) from {}",
         manifest.file_count(),
-        manifest.root().short(),
+        if transfer.is_draft() { "draft" } else { "root" },
+        key.short(),
         conn.remote_address()
     );
     // The source sends its swarm right after the offer; an older or
@@ -182,6 +199,14 @@ pub(super) async fn serve(
     write_frame(&mut send, &reply).await?;
     let _ = send.finish();
     Ok(())
+}
+
+/// What an offer asks this node to store.
+enum Plan {
+    Manifest(Arc<Manifest>),
+    /// A pull's files while it still downloads them: the draft's id and
+    /// its listing.
+    Draft(Hash, Draft),
 }
 
 /// A receiver's place in a swarm, as the source's `Swarm` gave it.
@@ -238,7 +263,15 @@ async fn run_transfer(
     let conn = lanes.primary();
     let source = Fetcher::connect_lanes(lanes, ctx.nic.as_ref(), transfer.map().chunk_size()).await;
     let mut fed = true;
+    let draft = transfer.is_draft();
     let (control_tx, mut control) = tokio::sync::mpsc::unbounded_channel();
+    // A draft's events reach the transfer through the linker, or, with no
+    // peers to link to, through a channel of their own.
+    let mut draft_tx = None;
+    if draft {
+        cfg.growing = true;
+        cfg.source = Some(SOURCE);
+    }
     if let Some(SwarmPlan {
         me,
         peers: members,
@@ -255,12 +288,13 @@ async fn run_transfer(
         cfg = scheduler::Config {
             // A peer that finished is asked like any other, not rationed.
             source: Some(SOURCE),
+            growing: draft,
             ..policy
         };
         addrs = members.iter().map(|p| (p.id, p.addr)).collect();
         let (verified, _) = tokio::sync::broadcast::channel(4096);
         let s = Arc::new(Share {
-            root: transfer.manifest().root(),
+            root: transfer.key(),
             transfer: transfer.clone(),
             verified: verified.clone(),
             ended: CancellationToken::new(),
@@ -280,7 +314,7 @@ async fn run_transfer(
             tally: tally.clone(),
             peers: members,
             name: name.clone(),
-            root: transfer.manifest().root(),
+            root: transfer.key(),
             chunks,
             chunk_size: transfer.map().chunk_size(),
             nic: ctx.nic.clone(),
@@ -293,13 +327,22 @@ async fn run_transfer(
         links.verified = Some(verified);
         fed = homes.is_some();
         links.homes = Some(homes_of(homes));
-        // The source's rewiring, read apart so no read is ever cut short.
+    } else if draft {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        links.updates = Some(rx);
+        draft_tx = Some(tx);
+    }
+    if linker.is_some() || draft {
+        // The source's rewiring and draft events, read apart so no read is
+        // ever cut short. A draft event carries a file's chunk hashes so
+        // far, up to the manifest's limit.
+        let limit = if draft { MAX_FRAME } else { REQUEST_LIMIT };
         let mut recv = recv;
         let stop = linking.clone();
         tokio::spawn(async move {
             loop {
                 let msg = tokio::select! {
-                    m = read_frame_within::<TransferMsg>(&mut recv, REQUEST_LIMIT) => m,
+                    m = read_frame_within::<TransferMsg>(&mut recv, limit) => m,
                     _ = stop.cancelled() => return,
                 };
                 let Ok(m) = msg else { return };
@@ -321,18 +364,37 @@ async fn run_transfer(
     let result = loop {
         tokio::select! {
             r = &mut receiving => break r,
-            _ = conn.closed(), if !source_lost && linker.is_some() => {
-                // Peers may still finish it; if they cannot, it ends.
+            _ = conn.closed(), if !source_lost && (linker.is_some() || draft) => {
                 source_lost = true;
+                // Only the source seals a draft: without it, it cannot end.
+                if !transfer.is_sealed() {
+                    break Err(Refusal::SourceLost(
+                        "the pull streaming it stopped before every file was sealed; run it again to resume (staged chunks are kept)".into(),
+                    ));
+                }
+                // Peers may still finish it; if they cannot, it ends.
                 if let Some(l) = &linker {
                     l.tell(PeerUpdate::CoordinatorLost);
                 }
+            }
+            _ = tally.first_chunk.notified(), if reporting => {
+                let _ = report(send, &transfer, &tally, &addrs, &mut told).await;
             }
             _ = tick.tick(), if reporting => {
                 // The source may be gone while peers still serve us.
                 let _ = report(send, &transfer, &tally, &addrs, &mut told).await;
             }
             Some(msg) = control.recv() => {
+                if let TransferMsg::Draft(ev) = msg {
+                    match (&linker, &draft_tx) {
+                        (Some(l), _) => l.tell(PeerUpdate::Draft(ev)),
+                        (None, Some(tx)) => {
+                            let _ = tx.send(PeerUpdate::Draft(ev));
+                        }
+                        (None, None) => {}
+                    }
+                    continue;
+                }
                 let Some(linker) = linker.as_mut() else { continue };
                 match msg {
                     TransferMsg::Links { add, remove } => {

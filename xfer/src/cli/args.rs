@@ -345,6 +345,10 @@ pub struct PullArgs {
     /// Seconds to wait for each agent to answer.
     #[arg(long, default_value_t = 5)]
     pub connect_timeout: u64,
+    /// With --to: `stream` sends each verified chunk as it lands; `files`
+    /// sends whole files in push rounds (the older way, to compare).
+    #[arg(long, value_enum, default_value = "stream")]
+    pub fan_out: xfer::flow::pull_fanout::FanOut,
     /// Print one JSON summary on stdout.
     #[arg(long)]
     pub json: bool,

@@ -11,6 +11,7 @@
 pub mod args;
 mod ca;
 pub mod demo;
+pub mod demo_hub;
 mod jobs;
 mod local;
 mod serve;

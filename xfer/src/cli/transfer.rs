@@ -124,6 +124,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         key,
         chunk_size,
         connect_timeout,
+        fan_out,
         json,
     } = args;
     // The data plane matters only for the fan-out to agents.
@@ -164,7 +165,8 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             nic,
             peers: xfer::engine::topology::DEFAULT_DEGREE,
         };
-        let s = xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, progress).await?;
+        let s =
+            xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, fan_out, progress).await?;
         if json {
             serde_json::to_writer(std::io::stdout().lock(), &s)?;
             println!();

@@ -124,6 +124,13 @@ pub struct Config {
     /// receiver that finished) is asked like any partial peer, not
     /// rationed by homes. `None`: every peer that joins complete is a seed.
     pub source: Option<PeerId>,
+    /// The source is still getting its chunks (a pull streaming to the
+    /// swarm): it joins as a seed with the chunks it has (it is `source`,
+    /// which must be set), announces the rest with `PeerHas` as it gets
+    /// them, and may withdraw some ([`Event::Withdrawn`]). Nothing is
+    /// stuck for want of a source until [`Event::SourceComplete`], and the
+    /// seed lead does not apply (the source's chunks do not come in order).
+    pub growing: bool,
 }
 
 impl Default for Config {
@@ -139,6 +146,7 @@ impl Default for Config {
             endgame: 0,
             seed_lead: 16,
             source: None,
+            growing: false,
         }
     }
 }
@@ -187,6 +195,13 @@ pub enum Event {
     /// reports [`StuckReason::NoSource`]: the coordinator decides who
     /// serves whom and may link new peers at any time.
     Homes(Homes),
+    /// The growing source withdrew chunks `first..end` (the download they
+    /// came from failed its Hub hash): whoever held them no longer does,
+    /// and they are fetched again once the source announces them anew.
+    Withdrawn { first: u64, end: u64 },
+    /// The growing source has every chunk: from now on a missing chunk
+    /// nobody can serve is stuck, as in any transfer.
+    SourceComplete,
     /// The coordinator (the source) is gone: no new links or homes will
     /// come. From then on the transfer is stuck ([`StuckReason::NoSource`])
     /// once nothing is in flight and nothing can be asked of any peer.
@@ -333,6 +348,10 @@ pub struct Scheduler {
     roster_sorted: usize,
     /// Homes assigned by the coordinator ([`Event::Homes`]), if any.
     assigned: Option<Homes>,
+    /// [`Action::Complete`] was given (a withdrawal may take it back).
+    completed: bool,
+    /// With `cfg.growing`: the source said it has every chunk.
+    source_complete: bool,
 }
 
 impl Scheduler {
@@ -384,6 +403,8 @@ impl Scheduler {
             // Never equal to a real length: the first rehome adds `me`.
             roster_sorted: usize::MAX,
             assigned: None,
+            completed: false,
+            source_complete: false,
         };
         s.settle();
         s
@@ -411,9 +432,13 @@ impl Scheduler {
                 self.join(peer, has);
             }
             Event::PeerHas { peer, chunk } => {
-                self.peer_has(peer, chunk);
-                return;
+                // A growing seed's new chunk may be asked for at once.
+                if !self.peer_has(peer, chunk) {
+                    return;
+                }
             }
+            Event::Withdrawn { first, end } => self.withdraw(first, end),
+            Event::SourceComplete => self.source_complete = true,
             Event::Verified { peer, chunk } => {
                 self.finish_request(peer, chunk);
                 self.verified += 1;
@@ -517,7 +542,11 @@ impl Scheduler {
                 self.remove_peer(i);
             }
         }
-        let seed = has.is_complete() && self.cfg.source.is_none_or(|s| s == peer);
+        let seed = if self.cfg.growing {
+            self.cfg.source == Some(peer)
+        } else {
+            has.is_complete() && self.cfg.source.is_none_or(|s| s == peer)
+        };
         self.seeded |= seed;
         self.live_seeds += seed as u32;
         let i = match self.slot(peer) {
@@ -648,13 +677,14 @@ impl Scheduler {
         new
     }
 
-    fn peer_has(&mut self, peer: PeerId, chunk: u64) {
+    /// Whether the chunk came from a live seed (which a settle may use).
+    fn peer_has(&mut self, peer: PeerId, chunk: u64) -> bool {
         let Some(i) = self.slot(peer) else {
-            return;
+            return false;
         };
         let p = &mut self.peers[i];
         if !p.alive || chunk >= p.has.capacity() || !p.has.insert(chunk) || p.seed {
-            return;
+            return p.alive && p.seed;
         }
         let c = chunk as usize;
         self.holders[c].push(i as u32);
@@ -682,9 +712,54 @@ impl Scheduler {
             || !self.room()
             || self.peers[i].in_flight >= self.cfg.window
         {
-            return;
+            return false;
         }
         self.request(chunk, i as u32);
+        false
+    }
+
+    /// The growing source withdrew `first..end`: nobody holds them now.
+    fn withdraw(&mut self, first: u64, end: u64) {
+        let end = end.min(self.held.capacity());
+        for c in first..end {
+            if self.held.contains(c) {
+                self.held.remove(c);
+                self.missing += 1;
+                self.order.push(c);
+            }
+            for p in &mut self.peers {
+                p.has.remove(c);
+            }
+            self.holders[c as usize].clear();
+            self.failures.remove(&c);
+            self.rebucket(c);
+        }
+        if self.completed && self.missing > 0 {
+            self.completed = false;
+            self.finished = false;
+        }
+        // Home chunks before the head were skipped as held: start over.
+        if self.assigned.is_some() || self.roster_frozen {
+            self.rehome();
+        } else {
+            let held = &self.held;
+            self.mine = self
+                .order
+                .iter()
+                .copied()
+                .filter(|&c| !held.contains(c))
+                .collect();
+            self.mine_head = 0;
+        }
+    }
+
+    /// Whether a live seed can serve `chunk` now (a growing one may not).
+    fn seed_has(&self, chunk: u64) -> bool {
+        !self.cfg.growing
+            || self
+                .peers
+                .iter()
+                .any(|p| p.alive && p.seed && p.has.contains(chunk))
     }
 
     fn slot(&self, id: PeerId) -> Option<usize> {
@@ -1001,7 +1076,7 @@ impl Scheduler {
         // coordinator made home to some chunks, with no partial peer
         // linked (none it can reach), has nothing shown: no pacing.
         let alone = self.assigned.is_some() && !self.peers.iter().any(|p| p.alive && !p.seed);
-        let gate = if any || self.cfg.me.is_none() || lead == 0 || alone {
+        let gate = if any || self.cfg.me.is_none() || lead == 0 || alone || self.cfg.growing {
             u64::MAX
         } else {
             self.seen + lead.min(self.seen + 1)
@@ -1015,7 +1090,11 @@ impl Scheduler {
                 break;
             }
             let ci = c as usize;
-            if self.holders[ci].is_empty() && self.owner[ci] == NONE && !self.held.contains(c) {
+            if self.holders[ci].is_empty()
+                && self.owner[ci] == NONE
+                && !self.held.contains(c)
+                && self.seed_has(c)
+            {
                 found = Some(c);
                 break;
             }
@@ -1060,6 +1139,7 @@ impl Scheduler {
         }
         if self.missing == 0 {
             self.finished = true;
+            self.completed = true;
             self.actions.push_back(Action::Complete);
             return;
         }
@@ -1076,7 +1156,11 @@ impl Scheduler {
             self.epoch += 1;
             self.fill_from_peers(true);
         }
-        if self.requests == 0 && self.queued == 0 && !self.gated {
+        // While a growing source still announces chunks, every receiver is
+        // often idle: another home's chunk is left to its home (who relays
+        // it), or each new chunk would leave the source once per receiver.
+        let growing = self.cfg.growing && !self.source_complete;
+        if self.requests == 0 && self.queued == 0 && !self.gated && !growing {
             if let Some((c, p)) = self.pick_from_seed(true) {
                 self.request(c, p);
             }
@@ -1089,7 +1173,7 @@ impl Scheduler {
                 }
             }
         }
-        if self.seeded && self.requests == 0 && !self.gated && self.assigned.is_none() {
+        if self.seeded && self.requests == 0 && !self.gated && self.assigned.is_none() && !growing {
             let missing = self.missing;
             self.stop(StuckReason::NoSource { missing });
         }
@@ -1148,6 +1232,54 @@ mod tests {
 
     fn started(len: u64, window: u32) -> Scheduler {
         Scheduler::new(ChunkSet::empty(len), cfg(window))
+    }
+
+    #[test]
+    fn a_growing_source_is_asked_as_it_announces_and_never_stuck_before_it_is_complete() {
+        let mut s = Scheduler::new(
+            ChunkSet::empty(4),
+            Config {
+                window: 4,
+                source: Some(9),
+                growing: true,
+                ..Config::default()
+            },
+        );
+        s.handle(Event::PeerJoined {
+            peer: 9,
+            has: ChunkSet::empty(4),
+        });
+        assert_eq!(
+            drain(&mut s),
+            [],
+            "nothing announced: nothing asked, nothing stuck"
+        );
+        s.handle(Event::PeerHas { peer: 9, chunk: 2 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 9, chunk: 2 }]);
+        s.handle(Event::Verified { peer: 9, chunk: 2 });
+        assert_eq!(drain(&mut s), [], "waiting for the download, not stuck");
+        for c in [0, 1, 3] {
+            s.handle(Event::PeerHas { peer: 9, chunk: c });
+        }
+        let asked = drain(&mut s);
+        assert_eq!(asked.len(), 3, "{asked:?}");
+        for c in [0, 1, 3] {
+            s.handle(Event::Verified { peer: 9, chunk: c });
+        }
+        assert_eq!(drain(&mut s), [Action::Complete]);
+        // The file of chunks 2..4 failed its Hub hash: they are taken back
+        // and asked for again once announced anew.
+        s.handle(Event::Withdrawn { first: 2, end: 4 });
+        assert_eq!(drain(&mut s), []);
+        s.handle(Event::PeerHas { peer: 9, chunk: 3 });
+        assert_eq!(drain(&mut s), [Action::Fetch { peer: 9, chunk: 3 }]);
+        s.handle(Event::Verified { peer: 9, chunk: 3 });
+        s.handle(Event::SourceComplete);
+        assert_eq!(
+            drain(&mut s),
+            [Action::Stuck(StuckReason::NoSource { missing: 1 })],
+            "once complete, a chunk nobody has is stuck"
+        );
     }
 
     #[test]

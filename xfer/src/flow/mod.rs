@@ -10,4 +10,5 @@ pub mod pull_fanout;
 pub mod push;
 pub mod receive;
 pub mod route;
+pub mod stream;
 pub mod swarm;

@@ -19,9 +19,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
 
 use crate::flow::push::{self, NodeSummary, PushOptions};
+use crate::flow::stream::{self, DraftFeed};
+use crate::hub::announce::{DraftUpdate, OnDraft};
 use crate::hub::env::HubEnv;
 use crate::hub::pull::{self, OnPlaced, PlacedFile, PullOptions, PullSummary};
 use crate::hub::repo::RepoRef;
@@ -48,6 +49,9 @@ pub struct PullFanoutSummary {
     pub source_sent_x: f64,
     /// The final round's outcome per agent.
     pub nodes: Vec<NodeSummary>,
+    /// The stream's outcome per agent (the files' contents, chunk by
+    /// chunk while they downloaded).
+    pub streamed: Vec<NodeSummary>,
     /// Seconds from the last downloaded byte to every agent complete.
     pub tail_s: f64,
     pub duration_s: f64,
@@ -72,12 +76,23 @@ impl PullFanoutSummary {
     }
 }
 
+/// How `xfer pull --to` overlaps the download and the fan-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FanOut {
+    /// Chunk by chunk: each verified chunk goes out as it lands.
+    #[default]
+    Stream,
+    /// File by file, in push rounds (the older way, kept to compare).
+    Files,
+}
+
 /// Pulls `opts` and delivers the result to `push.to` while it downloads.
 /// `push.src` and `push.name` are set here.
 pub async fn pull_and_fan_out(
     mut opts: PullOptions,
     env: HubEnv,
     mut push: PushOptions,
+    mode: FanOut,
     progress: Progress,
 ) -> Result<PullFanoutSummary> {
     let started = Instant::now();
@@ -99,14 +114,15 @@ pub async fn pull_and_fan_out(
     push.name = Some(name.to_string());
     crate::config::auth::Credential::load(&push.key)?;
 
-    // The pull hashes chunks as it downloads; the rounds take them from here.
+    // The pull hashes chunks as it downloads; the final round takes them
+    // from here instead of reading the files again.
     opts.chunk_size = Some(push.chunk_size);
     let hashes = Arc::new(Mutex::new(HashCache::for_tree(&root)));
     let ready: Arc<Mutex<BTreeSet<RelPath>>> = Default::default();
-    let grew = Arc::new(Notify::new());
+    let grew = Arc::new(tokio::sync::Notify::new());
     let on_placed: OnPlaced = {
-        let (ready, grew, root) = (ready.clone(), grew.clone(), root.clone());
-        let hashes = hashes.clone();
+        let (ready, root, hashes) = (ready.clone(), root.clone(), hashes.clone());
+        let grew = grew.clone();
         Arc::new(move |placed| {
             for f in placed {
                 record_chunks(&hashes, f);
@@ -118,22 +134,178 @@ pub async fn pull_and_fan_out(
             grew.notify_one();
         })
     };
+    // The pull's announcements feed the stream; its listing starts it.
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let first_byte: Arc<Mutex<Option<Instant>>> = Default::default();
+    let on_draft: OnDraft = {
+        let first_byte = first_byte.clone();
+        let feed: Arc<Mutex<Option<Arc<DraftFeed>>>> = Default::default();
+        let listed_tx = Mutex::new(Some(listed_tx));
+        Arc::new(move |update| match update {
+            DraftUpdate::Listed {
+                draft,
+                commit,
+                paths,
+            } => {
+                let f = DraftFeed::new(draft, &commit);
+                *feed.lock().unwrap() = Some(f.clone());
+                if let Some(tx) = listed_tx.lock().unwrap().take() {
+                    let _ = tx.send((f, paths));
+                }
+            }
+            DraftUpdate::FirstByte => {
+                first_byte.lock().unwrap().get_or_insert_with(Instant::now);
+            }
+            DraftUpdate::Event(ev) => {
+                if let Some(f) = feed.lock().unwrap().as_ref() {
+                    if let Err(e) = f.push(ev) {
+                        tracing::error!("the pull's announcement was refused: {e}");
+                    }
+                }
+            }
+        })
+    };
     let revision = repo.revision.clone();
     let local_dir = opts.local_dir.is_some();
     let mut pulling = {
         let progress = progress.clone();
         // Dropped (a cancelled sync job) stops the download too.
         push::AbortOnDrop(tokio::spawn(async move {
-            let r = pull::pull(&opts, &env, &progress, Some(on_placed), None).await;
+            let on_draft = (mode == FanOut::Stream).then_some(on_draft);
+            let r = pull::pull(&opts, &env, &progress, Some(on_placed), on_draft).await;
             (r, Instant::now())
         }))
     };
 
+    let (summary, downloaded_at, streamed, mut bytes_sent, mut rounds) = match mode {
+        FanOut::Stream => {
+            let (summary, at, streamed) =
+                streamed(&mut pulling, listed, &push, &name, &progress).await?;
+            let sent = streamed.iter().map(|n| n.bytes_sent).sum();
+            (summary, at, streamed, sent, 0)
+        }
+        FanOut::Files => {
+            let (summary, at, sent, rounds) =
+                by_file(&mut pulling, &grew, &ready, &root, &push, &name, &hashes).await?;
+            (summary, at, Vec::new(), sent, rounds)
+        }
+    };
+
+    // The rest of the folder (snapshot links, the listing, the ref) and
+    // whatever an agent that failed the stream still lacks.
+    let mut set = ready.lock().unwrap().clone();
+    set.insert(RelPath::new(&summary.tree_cache).map_err(anyhow::Error::msg)?);
+    if !local_dir && revision != summary.commit {
+        set.insert(RelPath::new(&format!("refs/{revision}")).map_err(anyhow::Error::msg)?);
+    }
+    let tree = select(&root, push.chunk_size, set, &hashes).await?;
     let quiet = Progress::new(false);
-    let mut rounds = 0;
-    let mut bytes_sent = 0;
-    let mut pushed = 0;
-    let pulled = loop {
+    let last = push::deliver(&push, &name, &tree, 0.0, &quiet).await?;
+    bytes_sent += last.bytes_sent;
+    rounds += 1;
+    // Per node: how soon its first chunk followed the first byte, and how
+    // long after the last one it held everything.
+    let first_byte = *first_byte.lock().unwrap();
+    let mut nodes = last.nodes;
+    for (n, st) in nodes.iter_mut().zip(&streamed) {
+        let since = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => Some(b.saturating_duration_since(a).as_secs_f64()),
+            _ => None,
+        };
+        n.first_byte_s = since(first_byte, st.first_chunk_at);
+        n.tail_s = since(Some(downloaded_at), st.done_at.or(n.done_at));
+    }
+    let total = tree.manifest.total_bytes().max(1);
+    tracing::info!("{name}: streamed, then completed in a final round");
+    Ok(PullFanoutSummary {
+        pull: summary,
+        name: name.to_string(),
+        root: last.root,
+        rounds,
+        bytes_sent,
+        source_sent_x: bytes_sent as f64 / total as f64,
+        nodes,
+        streamed,
+        tail_s: downloaded_at.elapsed().as_secs_f64(),
+        duration_s: started.elapsed().as_secs_f64(),
+        manifest: tree.manifest,
+    })
+}
+
+/// The pull's task: its summary and when the download ended.
+type Pulling = push::AbortOnDrop<(
+    Result<(PullSummary, Vec<crate::hub::api::RemoteFile>)>,
+    Instant,
+)>;
+
+/// Streams the pull's files to the agents chunk by chunk, from its listing
+/// on; returns when the pull is done and every agent has the contents.
+async fn streamed(
+    pulling: &mut Pulling,
+    listed: tokio::sync::oneshot::Receiver<(Arc<DraftFeed>, Vec<crate::hub::announce::DraftPaths>)>,
+    push: &PushOptions,
+    name: &ModelName,
+    progress: &Progress,
+) -> Result<(PullSummary, Instant, Vec<NodeSummary>)> {
+    // The stream starts with the listing, before the first byte.
+    let (feed, streaming, pulled) = tokio::select! {
+        r = &mut pulling.0 => {
+            // Failed (or had nothing to list) before the listing.
+            let (r, _) = r.context("the download task failed")?;
+            r?;
+            anyhow::bail!("the pull ended without listing its files");
+        }
+        l = listed => {
+            let (feed, paths) = l.context("the pull ended without listing its files")?;
+            let (push2, name2, feed2, progress2) = (push.clone(), name.clone(), feed.clone(), progress.clone());
+            let streaming = push::AbortOnDrop(tokio::spawn(async move {
+                stream::stream(&push2, &name2, feed2, paths, &progress2).await
+            }));
+            let (r, at) = (&mut pulling.0).await.context("the download task failed")?;
+            (feed, streaming, (r, at))
+        }
+    };
+    // A failed pull ends the stream (dropping it closes the connections);
+    // the agents keep their staged chunks for a re-run.
+    let ((summary, _), downloaded_at) = (pulled.0?, pulled.1);
+    let draft_manifest = feed
+        .manifest()
+        .context("the pull finished with files it never sealed")?;
+    let mut streaming = streaming;
+    let streamed = (&mut streaming.0)
+        .await
+        .context("the stream task failed")??;
+    for n in &streamed {
+        match (&n.error, n.root) {
+            (Some(e), _) => tracing::warn!("{}: {e} (the final round retries)", n.addr),
+            (None, Some(r)) if r != draft_manifest.root() => {
+                anyhow::bail!(
+                    "{} reports root {r}, expected {}",
+                    n.addr,
+                    draft_manifest.root()
+                )
+            }
+            _ => {}
+        }
+    }
+
+    Ok((summary, downloaded_at, streamed))
+}
+
+/// Pushes the pull's placed files to the agents in rounds, one whenever
+/// more are placed, until the download ends.
+async fn by_file(
+    pulling: &mut Pulling,
+    grew: &tokio::sync::Notify,
+    ready: &Mutex<BTreeSet<RelPath>>,
+    root: &Path,
+    push: &PushOptions,
+    name: &ModelName,
+    hashes: &Arc<Mutex<HashCache>>,
+) -> Result<(PullSummary, Instant, u64, usize)> {
+    let quiet = Progress::new(false);
+    let (mut rounds, mut bytes_sent, mut pushed) = (0, 0, 0);
+    let (pulled, at) = loop {
         tokio::select! {
             r = &mut pulling.0 => {
                 let (r, at) = r.context("the download task failed")?;
@@ -145,44 +317,17 @@ pub async fn pull_and_fan_out(
         if set.len() == pushed {
             continue;
         }
-        let tree = select(&root, push.chunk_size, set.clone(), &hashes).await?;
-        let s = push::deliver(&push, &name, &tree, 0.0, &quiet).await?;
+        let tree = select(root, push.chunk_size, set.clone(), hashes).await?;
+        let s = push::deliver(push, name, &tree, 0.0, &quiet).await?;
         rounds += 1;
         bytes_sent += s.bytes_sent;
         for n in s.nodes.iter().filter(|n| !n.ok) {
-            tracing::warn!(
-                "{}: {} (the next round retries)",
-                n.addr,
-                n.error.as_deref().unwrap_or("failed")
-            );
+            let why = n.error.as_deref().unwrap_or("failed");
+            tracing::warn!("{}: {why} (the next round retries)", n.addr);
         }
         pushed = set.len();
     };
-    let ((summary, _), downloaded_at) = pulled;
-
-    let mut set = ready.lock().unwrap().clone();
-    set.insert(RelPath::new(&summary.tree_cache).map_err(anyhow::Error::msg)?);
-    if !local_dir && revision != summary.commit {
-        set.insert(RelPath::new(&format!("refs/{revision}")).map_err(anyhow::Error::msg)?);
-    }
-    let tree = select(&root, push.chunk_size, set, &hashes).await?;
-    let last = push::deliver(&push, &name, &tree, 0.0, &progress).await?;
-    rounds += 1;
-    bytes_sent += last.bytes_sent;
-    let total = tree.manifest.total_bytes().max(1);
-    tracing::info!("{name}: delivered in {rounds} rounds");
-    Ok(PullFanoutSummary {
-        pull: summary,
-        name: name.to_string(),
-        root: last.root,
-        rounds,
-        bytes_sent,
-        source_sent_x: bytes_sent as f64 / total as f64,
-        nodes: last.nodes,
-        tail_s: downloaded_at.elapsed().as_secs_f64(),
-        duration_s: started.elapsed().as_secs_f64(),
-        manifest: tree.manifest,
-    })
+    Ok((pulled.0, at, bytes_sent, rounds))
 }
 
 /// `path` inside `root`, as a tree path.

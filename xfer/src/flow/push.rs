@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::auth::Credential;
 use crate::flow::coordinator::Coordinator;
 use crate::flow::route::{self, Destination};
+use crate::flow::stream::DraftFeed;
 use crate::store::hashcache::HashCache;
 use crate::store::scan::{scan_cached, SourceTree};
 use crate::transport::files::FileChunkReader;
@@ -133,6 +134,19 @@ pub struct NodeSummary {
     /// Chunk bytes sent over each QUIC connection to it, the first being
     /// the one the offer went on (`--connections`).
     pub bytes_per_connection: Vec<u64>,
+    /// In `xfer pull --to`: seconds from the first byte downloaded from
+    /// the Hub to this node's first verified chunk.
+    #[serde(default)]
+    pub first_byte_s: Option<f64>,
+    /// In `xfer pull --to`: seconds from the last byte downloaded to this
+    /// node holding everything.
+    #[serde(default)]
+    pub tail_s: Option<f64>,
+    /// When it first reported a verified chunk, and when it was done.
+    #[serde(skip)]
+    pub first_chunk_at: Option<Instant>,
+    #[serde(skip)]
+    pub done_at: Option<Instant>,
 }
 
 /// Which network a node's data went over.
@@ -218,56 +232,30 @@ pub async fn deliver(
     hash_s: f64,
     progress: &Progress,
 ) -> Result<PushSummary> {
-    let cred = Arc::new(Credential::load(&opts.key)?);
-    let members = members(&opts.to)?;
     let manifest = &tree.manifest;
     let map = Arc::new(ChunkMap::new(manifest));
-    let reader: Arc<dyn ChunkReader> =
-        Arc::new(FileChunkReader::new(tree.sources.clone(), map.clone()));
-    let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
-    let offer = Arc::new(TransferMsg::Offer {
-        name: name.clone(),
-        manifest: manifest.clone(),
-    });
     let root = manifest.root();
+    let plan = Plan {
+        offer: TransferMsg::Offer {
+            name: name.clone(),
+            manifest: manifest.clone(),
+        },
+        name: name.clone(),
+        key: root,
+        reader: Arc::new(FileChunkReader::new(tree.sources.clone(), map.clone())),
+        map,
+        rdma_files: Some(tree.sources.clone()),
+        total_bytes: manifest.total_bytes(),
+        events: None,
+    };
     let send_started = Instant::now();
-    let mut tasks = Vec::new();
-    let (coordinator, outboxes) = Coordinator::new(members.clone(), opts.peers, root);
-    let coordinator = Arc::new(coordinator);
-    for ((dest, member), outbox) in opts.to.iter().zip(&members).zip(outboxes) {
-        let swarm = coordinator.swarm_for(member.id);
-        let ctx = NodeCtx {
-            id: member.id,
-            coordinator: coordinator.clone(),
-            outbox,
-            dest: dest.clone(),
-            me: opts.me.clone().unwrap_or_else(|| "source".into()),
-            routes: opts.routes.clone(),
-            swarm,
-            cred: cred.clone(),
-            offer: offer.clone(),
-            map: map.clone(),
-            reader: reader.clone(),
-            limiter: limiter.clone(),
-            rdma: Offer {
-                nic: opts.nic.clone(),
-                files: Some(tree.sources.clone()),
-            },
-            timeout: opts.connect_timeout,
-            connections: opts.connections.max(1),
-            bar: progress.bytes(dest.label(), manifest.total_bytes()),
-        };
-        tasks.push(AbortOnDrop(tokio::spawn(ctx.run())));
-    }
-    let mut nodes = Vec::new();
-    for mut t in tasks {
-        let node = (&mut t.0).await?;
+    let nodes = deliver_plan(opts, plan, progress).await?;
+    for node in &nodes {
         if let Some(r) = &node.root {
             if *r != root {
                 anyhow::bail!("{} reports root {r}, expected {root}", node.addr);
             }
         }
-        nodes.push(node);
     }
     let bytes_sent = nodes.iter().map(|n| n.bytes_sent).sum();
     Ok(PushSummary {
@@ -282,6 +270,75 @@ pub async fn deliver(
         duration_s: send_started.elapsed().as_secs_f64() + hash_s,
         nodes,
     })
+}
+
+/// What a delivery offers: a hashed tree, or a draft that grows while it
+/// is delivered ([`crate::flow::stream`]).
+pub(crate) struct Plan {
+    /// The opener: `Offer` or `OfferDraft`.
+    pub offer: TransferMsg,
+    pub name: ModelName,
+    /// The manifest's root, or the draft's id.
+    pub key: Hash,
+    pub map: Arc<ChunkMap>,
+    pub reader: Arc<dyn ChunkReader>,
+    /// The files an RDMA data plane may register (`None`: QUIC only).
+    pub rdma_files: Option<Vec<PathBuf>>,
+    pub total_bytes: u64,
+    /// A draft's events, sent to every receiver after its swarm.
+    pub events: Option<Arc<DraftFeed>>,
+}
+
+/// Offers `plan` to every agent in `opts.to` and serves their chunks
+/// until each is done or failed: the outcome per agent, in `to`'s order.
+pub(crate) async fn deliver_plan(
+    opts: &PushOptions,
+    plan: Plan,
+    progress: &Progress,
+) -> Result<Vec<NodeSummary>> {
+    let cred = Arc::new(Credential::load(&opts.key)?);
+    let members = members(&opts.to)?;
+    let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
+    let offer = Arc::new(plan.offer);
+    let lane = Arc::new(TransferMsg::Lane {
+        name: plan.name.clone(),
+        root: plan.key,
+    });
+    let mut tasks = Vec::new();
+    let (coordinator, outboxes) = Coordinator::new(members.clone(), opts.peers, plan.key);
+    let coordinator = Arc::new(coordinator);
+    for ((dest, member), outbox) in opts.to.iter().zip(&members).zip(outboxes) {
+        let swarm = coordinator.swarm_for(member.id);
+        let ctx = NodeCtx {
+            id: member.id,
+            coordinator: coordinator.clone(),
+            outbox,
+            dest: dest.clone(),
+            me: opts.me.clone().unwrap_or_else(|| "source".into()),
+            routes: opts.routes.clone(),
+            swarm,
+            cred: cred.clone(),
+            offer: offer.clone(),
+            lane: lane.clone(),
+            events: plan.events.clone(),
+            map: plan.map.clone(),
+            reader: plan.reader.clone(),
+            limiter: limiter.clone(),
+            rdma: Offer {
+                nic: plan.rdma_files.as_ref().and(opts.nic.clone()),
+                files: plan.rdma_files.clone(),
+            },
+            timeout: opts.connect_timeout,
+            connections: opts.connections.max(1),
+            bar: progress.bytes(dest.label(), plan.total_bytes),
+        };
+        tasks.push(AbortOnDrop(tokio::spawn(ctx.run())));
+    }
+    let mut nodes = Vec::new();
+    for mut t in tasks {
+        nodes.push((&mut t.0).await?);
+    }
+    Ok(nodes)
 }
 
 async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree> {
@@ -313,6 +370,10 @@ struct NodeCtx {
     swarm: TransferMsg,
     cred: Arc<Credential>,
     offer: Arc<TransferMsg>,
+    /// What attaches an extra connection to this transfer.
+    lane: Arc<TransferMsg>,
+    /// A draft's events, to send after the swarm.
+    events: Option<Arc<DraftFeed>>,
     map: Arc<ChunkMap>,
     reader: Arc<dyn ChunkReader>,
     limiter: Option<Arc<RateLimiter>>,
@@ -320,6 +381,49 @@ struct NodeCtx {
     timeout: Duration,
     connections: usize,
     bar: indicatif::ProgressBar,
+}
+
+/// Writes the source's later messages to one receiver: the coordinator's
+/// rewiring as it comes, and every event of a draft in order, until both
+/// are over or the stream breaks.
+async fn write_control(
+    mut send: quinn::SendStream,
+    mut outbox: mpsc::UnboundedReceiver<TransferMsg>,
+    events: Option<Arc<DraftFeed>>,
+) {
+    let mut grew = events.as_ref().map(|f| f.subscribe());
+    let mut sent = 0;
+    let mut rewiring = true;
+    loop {
+        if let Some(feed) = &events {
+            for ev in feed.events_from(sent) {
+                if write_frame(&mut send, &TransferMsg::Draft(ev))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                sent += 1;
+            }
+        }
+        tokio::select! {
+            m = outbox.recv(), if rewiring => match m {
+                Some(msg) => {
+                    if write_frame(&mut send, &msg).await.is_err() {
+                        return;
+                    }
+                }
+                None => rewiring = false,
+            },
+            r = async { grew.as_mut().expect("guarded").changed().await }, if grew.is_some() => {
+                if r.is_err() {
+                    // The feed is gone: what it had is sent on the next pass.
+                    grew = None;
+                }
+            }
+            else => return,
+        }
+    }
 }
 
 impl NodeCtx {
@@ -358,20 +462,14 @@ impl NodeCtx {
         per_conn: Arc<Mutex<Vec<Arc<AtomicU64>>>>,
         done: CancellationToken,
     ) {
-        let TransferMsg::Offer { name, manifest } = self.offer.as_ref() else {
-            return;
-        };
-        let lane = TransferMsg::Lane {
-            name: name.clone(),
-            root: manifest.root(),
-        };
+        let lane = self.lane.as_ref();
         let mut open = Vec::new();
         for i in 1..self.connections {
             let opened = async {
                 let ep = quic::client_endpoint(&self.cred, addr).map_err(|e| format!("{e:#}"))?;
                 let conn = quic::connect(&ep, addr, self.timeout).await?;
                 let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer).await?;
-                write_frame(&mut send, &lane)
+                write_frame(&mut send, lane)
                     .await
                     .map_err(|e| format!("{e:#}"))?;
                 match read_frame::<TransferMsg>(&mut recv)
@@ -494,15 +592,14 @@ impl NodeCtx {
             .await
             .map_err(lost)?;
         write_frame(&mut send, &self.swarm).await.map_err(lost)?;
-        // From here on only the rewiring is written, by its own task.
-        let mut outbox = std::mem::replace(&mut self.outbox, mpsc::unbounded_channel().1);
-        let _writer = AbortOnDrop(tokio::spawn(async move {
-            while let Some(msg) = outbox.recv().await {
-                if write_frame(&mut send, &msg).await.is_err() {
-                    return;
-                }
-            }
-        }));
+        // From here on only the rewiring (and a draft's events) is
+        // written, by its own task.
+        let outbox = std::mem::replace(&mut self.outbox, mpsc::unbounded_channel().1);
+        let _writer = AbortOnDrop(tokio::spawn(write_control(
+            send,
+            outbox,
+            self.events.clone(),
+        )));
         match read_frame::<TransferMsg>(&mut recv).await.map_err(lost)? {
             TransferMsg::Accepted { held_bytes, .. } => {
                 summary.bytes_skipped = held_bytes;
@@ -567,6 +664,9 @@ impl NodeCtx {
                     max_links,
                 }) => {
                     self.bar.set_position(held_bytes);
+                    if held_bytes > summary.bytes_skipped && summary.first_chunk_at.is_none() {
+                        summary.first_chunk_at = Some(Instant::now());
+                    }
                     summary.from_source = from_source;
                     summary.from_peers = from_peers;
                     summary.max_peer_links = summary.max_peer_links.max(max_links);
@@ -585,6 +685,7 @@ impl NodeCtx {
                 }) => {
                     summary.root = Some(root);
                     summary.corrupt_chunks = corrupt_chunks;
+                    summary.done_at = Some(Instant::now());
                     break Ok(());
                 }
                 Ok(TransferMsg::Failed(r)) => break Err(format!("{addr}: {r}")),

@@ -20,9 +20,10 @@ use crate::engine::policy::SlowPeerDetector;
 use crate::engine::scheduler::{
     self, Action, DropReason, Event, Homes, PeerId, Scheduler, StuckReason,
 };
-use crate::store::{ChunkError, Transfer, Written};
+use crate::store::{ChunkError, DraftChange, Transfer, Written};
 use crate::transport::{ChunkFetcher, FetchError};
 use xfer_proto::chunkset::ChunkSet;
+use xfer_proto::draft::DraftEvent;
 use xfer_proto::hash::Hash;
 use xfer_proto::refusal::Refusal;
 use xfer_proto::transfer::FallbackRoute;
@@ -61,6 +62,8 @@ pub enum PeerUpdate<F> {
     Homes(Homes),
     /// The source's control connection is gone: no rewiring will come.
     CoordinatorLost,
+    /// What the source's download learnt (a draft's transfer only).
+    Draft(DraftEvent),
 }
 
 /// Counters a running transfer keeps for whoever reports on it.
@@ -70,6 +73,9 @@ pub struct Tally {
     pub from_source: AtomicU64,
     /// Verified bytes that came from other peers.
     pub from_peers: AtomicU64,
+    /// Told once, when the first fetched chunk is verified (the reporter
+    /// tells the source at once, for its `first_byte_s`).
+    pub first_chunk: tokio::sync::Notify,
     /// Peers dropped, with why; drained by the reporter.
     dropped: Mutex<Vec<(PeerId, String)>>,
     /// Peers found slow; drained by the reporter (the source rewires).
@@ -193,6 +199,9 @@ enum Outcome {
     /// Stored, with its length; 0 if another copy got there first.
     Stored(u64),
     Corrupt,
+    /// A draft's chunk whose hash is not announced (its file was withdrawn
+    /// while it was fetched): asked for again once it is.
+    Unannounced,
     Fetch(FetchError),
     Refused(Refusal),
 }
@@ -228,12 +237,20 @@ pub async fn receive<F: ChunkFetcher>(
         corrupt_chunks: 0,
         last_loss: String::new(),
         dropped_corrupt: None,
+        hashed: None,
+        pending: Vec::new(),
+        waiting_for_seal: false,
+        told_complete: false,
     };
+    if driver.transfer.is_draft() {
+        driver.hashed = Some(ChunkSet::empty(driver.transfer.map().len()));
+    }
     if let Some(homes) = links.homes {
         driver.sched.handle(Event::Homes(homes));
     }
     for (id, f, has) in peers {
         driver.fetchers.insert(id, f);
+        let has = driver.announced(id, has);
         driver.sched.handle(Event::PeerJoined { peer: id, has });
     }
     let result = driver.run(cancel).await;
@@ -262,6 +279,17 @@ struct Driver<F> {
     last_loss: String,
     /// Strikes of the last peer dropped for serving corrupt chunks.
     dropped_corrupt: Option<u32>,
+    /// A draft's chunks whose hashes are announced (the source has them);
+    /// `None` for a manifest's transfer, where every chunk's is known.
+    hashed: Option<ChunkSet>,
+    /// Peers' announcements of chunks whose hashes this node has not heard
+    /// yet (the source's events may trail a fast peer's): held back until
+    /// it has, so every chunk asked for can be checked.
+    pending: Vec<(PeerId, u64)>,
+    /// Every chunk is held but the draft is not sealed yet.
+    waiting_for_seal: bool,
+    /// The scheduler was told the growing source has every chunk.
+    told_complete: bool,
 }
 
 impl<F: ChunkFetcher> Driver<F> {
@@ -275,7 +303,15 @@ impl<F: ChunkFetcher> Driver<F> {
             }
             tokio::select! {
                 Some((peer, chunk, outcome, took)) = self.rx.recv() => self.report(peer, chunk, outcome, took)?,
-                Some(update) = next_update(&mut self.updates) => self.update(update),
+                Some(update) = next_update(&mut self.updates) => {
+                    if let PeerUpdate::Draft(ev) = update {
+                        if let Some(done) = self.draft_event(ev).await {
+                            return done;
+                        }
+                    } else {
+                        self.update(update);
+                    }
+                }
                 _ = tick.tick() => {
                     tracing::debug!(
                         "{}: {} of {} chunks held, {} in flight, {} MiB from the source, {} MiB from peers",
@@ -329,32 +365,12 @@ impl<F: ChunkFetcher> Driver<F> {
                 });
             }
             Action::Complete => {
-                // Let copies still being written land, and count them, so
-                // the tally is exact and nothing writes after `finish`.
-                for (_, stop) in self.running.drain() {
-                    stop.cancel();
+                // A draft's files may still be waiting for their seals.
+                if !self.transfer.is_sealed() {
+                    self.waiting_for_seal = true;
+                    return None;
                 }
-                while self.tasks.join_next().await.is_some() {}
-                while let Ok((peer, _, outcome, _)) = self.rx.try_recv() {
-                    if let Outcome::Stored(n) = outcome {
-                        self.count(peer, n);
-                    }
-                }
-                let t = self.transfer.clone();
-                let finished = tokio::task::spawn_blocking(move || t.finish()).await;
-                let root = match finished {
-                    Ok(r) => r.map_err(Refusal::from),
-                    Err(e) => Err(Refusal::Io {
-                        path: self.transfer.name().to_string(),
-                        message: format!("finishing panicked: {e}"),
-                    }),
-                };
-                return Some(root.map(|root| Received {
-                    root,
-                    received_bytes: self.tally.from_source.load(Ordering::Relaxed)
-                        + self.tally.from_peers.load(Ordering::Relaxed),
-                    corrupt_chunks: self.corrupt_chunks,
-                }));
+                return Some(self.complete().await);
             }
             Action::Stuck(StuckReason::ChunkKeepsFailing { chunk, failures }) => {
                 let id = self.transfer.map().id(chunk);
@@ -375,6 +391,37 @@ impl<F: ChunkFetcher> Driver<F> {
             }
         }
         None
+    }
+
+    /// Every chunk is held (and a draft sealed): lets the copies still
+    /// being written land, and places what is left.
+    async fn complete(&mut self) -> Result<Received, Refusal> {
+        // Let copies still being written land, and count them, so
+        // the tally is exact and nothing writes after `finish`.
+        for (_, stop) in self.running.drain() {
+            stop.cancel();
+        }
+        while self.tasks.join_next().await.is_some() {}
+        while let Ok((peer, _, outcome, _)) = self.rx.try_recv() {
+            if let Outcome::Stored(n) = outcome {
+                self.count(peer, n);
+            }
+        }
+        let t = self.transfer.clone();
+        let finished = tokio::task::spawn_blocking(move || t.finish()).await;
+        let root = match finished {
+            Ok(r) => r.map_err(Refusal::from),
+            Err(e) => Err(Refusal::Io {
+                path: self.transfer.name().to_string(),
+                message: format!("finishing panicked: {e}"),
+            }),
+        };
+        root.map(|root| Received {
+            root,
+            received_bytes: self.tally.from_source.load(Ordering::Relaxed)
+                + self.tally.from_peers.load(Ordering::Relaxed),
+            corrupt_chunks: self.corrupt_chunks,
+        })
     }
 
     fn spawn_fetch(&mut self, fetcher: F, peer: PeerId, chunk: u64) {
@@ -400,6 +447,7 @@ impl<F: ChunkFetcher> Driver<F> {
                         Ok(Ok(Written::Duplicate)) => Outcome::Stored(0),
                         Ok(Ok(_)) => Outcome::Stored(len as u64),
                         Ok(Err(ChunkError::Corrupt(_))) => Outcome::Corrupt,
+                        Ok(Err(ChunkError::Unannounced(_))) => Outcome::Unannounced,
                         Ok(Err(ChunkError::Refused(r))) => Outcome::Refused(r.into()),
                         Err(e) => Outcome::Refused(Refusal::Io {
                             path: t.name().to_string(),
@@ -459,6 +507,7 @@ impl<F: ChunkFetcher> Driver<F> {
                 );
                 self.sched.handle(Event::Corrupt { peer, chunk });
             }
+            Outcome::Unannounced => self.sched.handle(Event::FetchFailed { peer, chunk }),
             Outcome::Fetch(FetchError::Connection(why)) => {
                 self.last_loss = why;
                 self.fetchers.remove(&peer);
@@ -482,7 +531,15 @@ impl<F: ChunkFetcher> Driver<F> {
         } else {
             &self.tally.from_peers
         };
-        counter.fetch_add(n, Ordering::Relaxed);
+        let before = counter.fetch_add(n, Ordering::Relaxed);
+        let other = if peer == SOURCE {
+            &self.tally.from_peers
+        } else {
+            &self.tally.from_source
+        };
+        if n > 0 && before == 0 && other.load(Ordering::Relaxed) == 0 {
+            self.tally.first_chunk.notify_one();
+        }
     }
 
     /// Feeds a change in the swarm to the scheduler.
@@ -490,11 +547,16 @@ impl<F: ChunkFetcher> Driver<F> {
         match update {
             PeerUpdate::Joined { peer, fetcher, has } => {
                 self.fetchers.insert(peer, fetcher);
+                let has = self.announced(peer, has);
                 self.sched.handle(Event::PeerJoined { peer, has });
             }
             PeerUpdate::Has { peer, chunks } => {
                 for chunk in chunks {
-                    self.sched.handle(Event::PeerHas { peer, chunk });
+                    if self.hashed.as_ref().is_none_or(|h| h.contains(chunk)) {
+                        self.sched.handle(Event::PeerHas { peer, chunk });
+                    } else if self.pending.len() < PENDING_MAX {
+                        self.pending.push((peer, chunk));
+                    }
                 }
             }
             PeerUpdate::Gone { peer, why } => {
@@ -505,9 +567,106 @@ impl<F: ChunkFetcher> Driver<F> {
             }
             PeerUpdate::Homes(homes) => self.sched.handle(Event::Homes(homes)),
             PeerUpdate::CoordinatorLost => self.sched.handle(Event::CoordinatorLost),
+            PeerUpdate::Draft(_) => unreachable!("draft events are applied in `draft_event`"),
         }
     }
+
+    /// Of what `peer` holds, what the scheduler may know of: for a draft,
+    /// the chunks whose hashes are announced; a peer's others wait in
+    /// `pending` (the source announces its own as it hashes them).
+    fn announced(&mut self, peer: PeerId, has: ChunkSet) -> ChunkSet {
+        let Some(hashed) = &self.hashed else {
+            return has;
+        };
+        let mut known = ChunkSet::empty(has.capacity());
+        for c in has.iter() {
+            if hashed.contains(c) {
+                known.insert(c);
+            } else if peer != SOURCE && self.pending.len() < PENDING_MAX {
+                self.pending.push((peer, c));
+            }
+        }
+        known
+    }
+
+    /// Applies one event of the source's draft to the store, then tells
+    /// the scheduler what changed; `Some` ends the transfer.
+    async fn draft_event(&mut self, ev: DraftEvent) -> Option<Result<Received, Refusal>> {
+        let t = self.transfer.clone();
+        let changes = match tokio::task::spawn_blocking(move || t.apply_draft(&ev)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(ChunkError::Refused(r))) => return Some(Err(r.into())),
+            Ok(Err(e)) => return Some(Err(Refusal::Protocol(e.to_string()))),
+            Err(e) => {
+                return Some(Err(Refusal::Io {
+                    path: self.transfer.name().to_string(),
+                    message: format!("applying the draft panicked: {e}"),
+                }))
+            }
+        };
+        for change in changes {
+            match change {
+                DraftChange::Hashed { chunks, adopted } => {
+                    for &chunk in &adopted {
+                        self.sched.handle(Event::Verified {
+                            peer: SOURCE,
+                            chunk,
+                        });
+                        if let Some(v) = &self.verified {
+                            let _ = v.send(chunk);
+                        }
+                    }
+                    if let Some(h) = &mut self.hashed {
+                        for c in chunks.clone() {
+                            h.insert(c);
+                        }
+                    }
+                    for chunk in chunks.clone() {
+                        self.sched.handle(Event::PeerHas {
+                            peer: SOURCE,
+                            chunk,
+                        });
+                    }
+                    let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+                        .into_iter()
+                        .partition(|(_, c)| chunks.contains(c));
+                    self.pending = later;
+                    for (peer, chunk) in now {
+                        self.sched.handle(Event::PeerHas { peer, chunk });
+                    }
+                }
+                DraftChange::Dropped(chunks) => {
+                    if let Some(h) = &mut self.hashed {
+                        for c in chunks.clone() {
+                            h.remove(c);
+                        }
+                    }
+                    self.pending.retain(|(_, c)| !chunks.contains(c));
+                    self.waiting_for_seal = false;
+                    self.sched.handle(Event::Withdrawn {
+                        first: chunks.start,
+                        end: chunks.end,
+                    });
+                }
+                DraftChange::Sealed(_) | DraftChange::Stale => {}
+            }
+        }
+        if self.transfer.is_sealed() {
+            if !self.told_complete {
+                self.told_complete = true;
+                self.sched.handle(Event::SourceComplete);
+            }
+            if self.waiting_for_seal {
+                return Some(self.complete().await);
+            }
+        }
+        None
+    }
 }
+
+/// Announcements a receiver holds back at most (a peer cannot grow it
+/// without bound; one dropped only delays that chunk to the source's).
+const PENDING_MAX: usize = 1 << 20;
 
 /// The next swarm update, or never if there is no swarm.
 async fn next_update<F>(

@@ -22,9 +22,26 @@ use super::download::Watch;
 /// What the pull says, in order.
 #[derive(Debug, Clone)]
 pub enum DraftUpdate {
-    /// The files it pulls; every later event's file index is into this.
-    Listed(Draft),
+    /// The files it pulls, by where their contents go relative to the
+    /// pull's folder (in the Hub cache, `blobs/<hash>`: paths that share
+    /// a blob are one file); every later event's file index is into this.
+    /// `paths` gives, per file in the draft's order, where its bytes are.
+    Listed {
+        draft: Draft,
+        commit: String,
+        paths: Vec<DraftPaths>,
+    },
     Event(DraftEvent),
+    /// The first downloaded byte landed (what `first_byte_s` counts from).
+    FirstByte,
+}
+
+/// Where one drafted file's bytes are on the pulling node: at `content`
+/// once it is placed, in `incomplete` while it downloads.
+#[derive(Debug, Clone)]
+pub struct DraftPaths {
+    pub content: std::path::PathBuf,
+    pub incomplete: std::path::PathBuf,
 }
 
 /// Told of every [`DraftUpdate`], from the pull's tasks and threads.
@@ -45,6 +62,8 @@ pub struct Announcer {
     inner: Arc<dyn Watch>,
     on: OnDraft,
     jobs: Vec<Job>,
+    /// Whether [`DraftUpdate::FirstByte`] was said.
+    started: std::sync::atomic::AtomicBool,
 }
 
 impl Announcer {
@@ -73,6 +92,7 @@ impl Announcer {
                     hashes: Mutex::new(Vec::new()),
                 })
                 .collect(),
+            started: Default::default(),
         }
     }
 }
@@ -93,6 +113,9 @@ pub fn announce_sealed(on: &OnDraft, file: FileIndex, generation: u32, hashes: &
 
 impl Watch for Announcer {
     fn written(&self, index: usize, n: u64) {
+        if n > 0 && !self.started.swap(true, Ordering::SeqCst) {
+            (self.on)(DraftUpdate::FirstByte);
+        }
         self.inner.written(index, n);
     }
 

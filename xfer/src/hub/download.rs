@@ -314,16 +314,21 @@ async fn flush_sidecars(shared: Arc<Shared>) {
 /// counts are already written, so a crash never claims more than is there.
 fn save_sidecars(shared: &Shared) {
     for st in &shared.files {
-        let _io = st.sidecar_io.lock().unwrap();
-        if st.placed.load(Ordering::Acquire) || !st.dirty.swap(false, Ordering::AcqRel) {
-            continue;
-        }
-        let bytes = st.parts.lock().unwrap().encode();
-        let tmp = st.job.sidecar.with_extension("tmp");
-        let ok = std::fs::write(&tmp, &bytes).and_then(|_| std::fs::rename(&tmp, &st.job.sidecar));
-        if let Err(e) = ok {
-            tracing::warn!("cannot save {}: {e}", st.job.sidecar.display());
-        }
+        save_sidecar(st);
+    }
+}
+
+/// Rewrites one file's sidecar if it moved.
+fn save_sidecar(st: &FileState) {
+    let _io = st.sidecar_io.lock().unwrap();
+    if st.placed.load(Ordering::Acquire) || !st.dirty.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    let bytes = st.parts.lock().unwrap().encode();
+    let tmp = st.job.sidecar.with_extension("tmp");
+    let ok = std::fs::write(&tmp, &bytes).and_then(|_| std::fs::rename(&tmp, &st.job.sidecar));
+    if let Err(e) = ok {
+        tracing::warn!("cannot save {}: {e}", st.job.sidecar.display());
     }
 }
 
@@ -748,6 +753,9 @@ fn catch_up(shared: &Shared, f: usize, t: &mut Trail, upto: u64) -> std::io::Res
     start_writeback(&st.file, from, t.digest.at());
     let done = t.digest.chunks_done();
     if done.len() > t.announced {
+        // What a fan-out is told of, a re-run after a crash resumes from:
+        // the agents keep those chunks, so the download must not redo them.
+        save_sidecar(st);
         shared
             .watch
             .hashed(f, t.announced as u32, &done[t.announced..]);

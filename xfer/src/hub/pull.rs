@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
-use crate::hub::announce::{self, Announcer, DraftUpdate, OnDraft};
+use crate::hub::announce::{self, Announcer, DraftPaths, DraftUpdate, OnDraft};
 use crate::hub::api::{next_page, parse_tree_page, RemoteFile, RevisionInfo};
 use crate::hub::cache::RepoCache;
 use crate::hub::digest::{Digest, Digester, Expected};
@@ -129,6 +129,23 @@ impl Layout {
     }
 
     /// The folder the pull writes into: the repo's cache folder, or the dir.
+    /// Where `f`'s contents go, relative to [`Self::root`].
+    fn content_rel(&self, f: &RemoteFile) -> Result<RelPath> {
+        let path = self.final_path(f);
+        let rel = path
+            .strip_prefix(self.root())
+            .ok()
+            .and_then(|p| p.to_str())
+            .and_then(|p| RelPath::new(p).ok());
+        rel.with_context(|| {
+            format!(
+                "{} is not a path inside {}",
+                path.display(),
+                self.root().display()
+            )
+        })
+    }
+
     fn root(&self) -> &Path {
         match self {
             Layout::Cache { cache, .. } => cache.dir(),
@@ -301,9 +318,13 @@ pub async fn pull(
     // A streaming fan-out hears of the files first (with chunk hashes).
     let draft = match (&on_draft, opts.chunk_size) {
         (Some(on), Some(cs)) => {
-            let d = Draft::new(cs, files.iter().map(|f| (f.path.clone(), f.size)).collect())
-                .map_err(|e| anyhow::anyhow!("{}: {e}", repo.id))?;
-            on(DraftUpdate::Listed(d.clone()));
+            let (d, paths) =
+                draft_of(&layout, &files, cs).map_err(|e| anyhow::anyhow!("{}: {e}", repo.id))?;
+            on(DraftUpdate::Listed {
+                draft: d.clone(),
+                commit: commit.clone(),
+                paths,
+            });
             Some((on.clone(), d, cs))
         }
         _ => None,
@@ -331,12 +352,16 @@ pub async fn pull(
         }
     }
     if let Some((on, d, cs)) = &draft {
+        let mut sealed = std::collections::HashSet::new();
         for f in files.iter().filter(|f| layout.present(f)) {
+            let index = d.index_of(&layout.content_rel(f)?).expect("listed");
+            if !sealed.insert(index) {
+                continue;
+            }
             let path = layout.final_path(f);
             let (expected, size, cs) = (f.expected.clone(), f.size, *cs);
             let got = tokio::task::spawn_blocking(move || hash_whole(&path, &expected, size, cs))
                 .await??;
-            let index = d.index_of(&f.path).expect("listed");
             announce::announce_sealed(on, index, 0, &got);
         }
     }
@@ -378,19 +403,11 @@ pub async fn pull(
     let bars = Arc::new(Bars::new(progress, &todo, &repo.id));
     let watch: Arc<dyn Watch> = match &draft {
         Some((on, d, _)) => {
-            let jobs: Vec<(RelPath, Vec<RelPath>)> = todo
+            // Paths sharing a blob are one file of the draft.
+            let jobs = todo
                 .iter()
-                .map(|f| {
-                    let blob = layout.incomplete(f).0;
-                    let twins = finisher
-                        .same_blob
-                        .iter()
-                        .filter(|t| layout.incomplete(t).0 == blob)
-                        .map(|t| t.path.clone())
-                        .collect();
-                    (f.path.clone(), twins)
-                })
-                .collect();
+                .map(|f| Ok((layout.content_rel(f)?, Vec::new())))
+                .collect::<Result<Vec<_>>>()?;
             Arc::new(Announcer::new(bars.clone(), on.clone(), d, &jobs))
         }
         None => bars.clone(),
@@ -445,6 +462,41 @@ pub async fn pull(
     summary.duration_s = started.elapsed().as_secs_f64();
     summary.rate_mb_s = summary.bytes_downloaded as f64 / 1e6 / summary.duration_s.max(1e-9);
     Ok((summary, files))
+}
+
+/// The draft of `files`: one file per content path (paths sharing a blob
+/// are one), with where each one's bytes are, in the draft's order.
+fn draft_of(
+    layout: &Layout,
+    files: &[RemoteFile],
+    chunk_size: u64,
+) -> Result<(Draft, Vec<DraftPaths>)> {
+    let mut unique = std::collections::BTreeMap::new();
+    for f in files {
+        unique.entry(layout.content_rel(f)?).or_insert_with(|| {
+            let paths = DraftPaths {
+                content: layout.final_path(f),
+                incomplete: layout.incomplete(f).0,
+            };
+            (f.size, paths)
+        });
+    }
+    let draft = Draft::new(
+        chunk_size,
+        unique
+            .iter()
+            .map(|(p, (size, _))| (p.clone(), *size))
+            .collect(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut paths = vec![None; draft.file_count()];
+    for (p, (_, at)) in unique {
+        paths[draft.index_of(&p).expect("listed") as usize] = Some(at);
+    }
+    Ok((
+        draft,
+        paths.into_iter().map(|p| p.expect("every file")).collect(),
+    ))
 }
 
 /// The chunk hashes of a file already in place, checked against its Hub

@@ -20,6 +20,7 @@
 //! created exclusively, and every rename that makes a record or journal
 //! durable is followed by an fsync of its directory.
 
+mod draft;
 mod error;
 pub mod hashcache;
 pub mod journal;
@@ -43,6 +44,7 @@ use xfer_proto::hash::{self, Hash};
 use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, ManifestDoc};
 use xfer_proto::names::ModelName;
 
+pub use draft::DraftChange;
 pub use error::StoreError;
 use xfer_proto::relpath::RelPath;
 
@@ -287,6 +289,29 @@ impl Store {
     /// Starts (or resumes) receiving `manifest` as `name`. The manifest must
     /// already be validated.
     pub fn begin(&self, name: &ModelName, manifest: Arc<Manifest>) -> Result<Transfer, StoreError> {
+        let root = manifest.root();
+        self.begin_with(name, manifest, root, None)
+    }
+
+    /// Starts (or resumes) receiving the files of `draft` (a pull still
+    /// downloading them) as `name`; `id` is the draft's, which a resumed
+    /// transfer must match. See [`draft`] for what differs.
+    pub fn begin_draft(
+        &self,
+        name: &ModelName,
+        id: Hash,
+        draft: xfer_proto::draft::Draft,
+    ) -> Result<Transfer, StoreError> {
+        self.begin_with(name, Arc::new(draft.shape()), id, Some(draft))
+    }
+
+    fn begin_with(
+        &self,
+        name: &ModelName,
+        manifest: Arc<Manifest>,
+        key: Hash,
+        plan: Option<xfer_proto::draft::Draft>,
+    ) -> Result<Transfer, StoreError> {
         let staging = self.staging_dir(name);
         let lock_path = self.root.join(Self::lock_rel(name));
         let lock = self
@@ -311,11 +336,10 @@ impl Store {
         self.fs
             .create_dir_all(&staging_rel.join("data"))
             .map_err(|e| io_refusal(&staging, e))?;
-        let root_hash = manifest.root();
         let (journal, records) = Journal::open(
             &self.fs,
             &staging_rel.join("journal"),
-            &root_hash,
+            &key,
             crate::store::journal::boot_id(),
         )
         .map_err(|e| io_refusal(&staging, e))?;
@@ -368,7 +392,20 @@ impl Store {
                 done[i] = true;
             }
         }
+        // A draft's journaled chunks are only candidates: their hashes are
+        // not known yet (and may be of a withdrawn download), so each is
+        // read back and checked once its hash is announced.
+        let mut candidates = ChunkSet::empty(map.len());
+        if plan.is_some() {
+            for c in held.iter() {
+                candidates.insert(c);
+            }
+            held = ChunkSet::empty(map.len());
+        }
         // Files of an earlier complete model that are unchanged on disk.
+        // A draft's hashes are not known yet: such a file is held on
+        // trust, and taken back if an announced hash differs (`draft`).
+        let mut on_trust: Vec<Option<Vec<Hash>>> = vec![None; n];
         let mut stamps = BTreeMap::new();
         if let Some(rec) = self.record(name) {
             let old: BTreeMap<&RelPath, &Hash> = rec
@@ -381,11 +418,23 @@ impl Store {
                 let Some(recorded) = rec.stamps.get(&f.path) else {
                     continue;
                 };
-                if old.get(&f.path) == Some(&&f.hash)
-                    && Stamp::of(&f.path.under(&final_dir)).as_ref() == Some(recorded)
+                let same = match &plan {
+                    Some(_) => rec
+                        .manifest
+                        .manifest
+                        .files()
+                        .find(|o| o.path == f.path && o.size == f.size)
+                        .map(|o| o.chunks.clone()),
+                    None => (old.get(&f.path) == Some(&&f.hash)).then(Vec::new),
+                };
+                if let Some(chunks) =
+                    same.filter(|_| Stamp::of(&f.path.under(&final_dir)).as_ref() == Some(recorded))
                 {
                     done[i] = true;
                     stamps.insert(f.path.clone(), *recorded);
+                    if plan.is_some() {
+                        on_trust[i] = Some(chunks);
+                    }
                 }
             }
         }
@@ -462,6 +511,8 @@ impl Store {
                 stamps,
             }),
             lock: Mutex::new(Some(lock)),
+            key,
+            draft: plan.map(|d| Mutex::new(draft::DraftPart::new(d, candidates, on_trust))),
         };
         // Files fully staged but never placed (the agent died between the
         // last chunk and the rename, or placing failed): place them now.
@@ -529,6 +580,10 @@ pub enum Written {
 pub enum ChunkError {
     #[error("chunk {0:?} failed its BLAKE3 check")]
     Corrupt(ChunkId),
+    /// A draft's chunk whose hash the source has not announced (yet, or
+    /// any more: its file was withdrawn).
+    #[error("chunk {0:?} has no announced hash yet")]
+    Unannounced(ChunkId),
     #[error("{0}")]
     Refused(StoreError),
 }
@@ -561,11 +616,23 @@ pub struct Transfer {
     state: Mutex<State>,
     /// The staging lock; dropped by [`Transfer::release`].
     lock: Mutex<Option<File>>,
+    /// The manifest's root, or the draft's id: what the journal, peer
+    /// links and extra connections know this transfer by.
+    key: Hash,
+    /// For a draft: its hashes so far, seals and staged candidates
+    /// (`manifest` is then only its shape).
+    draft: Option<Mutex<draft::DraftPart>>,
 }
 
 impl Transfer {
+    /// The manifest; for a draft, its shape (placeholder hashes).
     pub fn manifest(&self) -> &Arc<Manifest> {
         &self.manifest
+    }
+
+    /// The manifest's root, or the draft's id.
+    pub fn key(&self) -> Hash {
+        self.key
     }
 
     pub fn map(&self) -> &ChunkMap {
@@ -654,7 +721,14 @@ impl Transfer {
         if data.len() as u64 != self.map.chunk_len(id) {
             return Err(ChunkError::Corrupt(id));
         }
-        let expected = file.chunks[id.index as usize];
+        let expected = match &self.draft {
+            None => file.chunks[id.index as usize],
+            Some(d) => d
+                .lock()
+                .unwrap()
+                .expected(num)
+                .ok_or(ChunkError::Unannounced(id))?,
+        };
         if hash::hash_chunk(
             data,
             id.index as u64,
@@ -673,6 +747,10 @@ impl Transfer {
         f.write_at(data, self.map.offset(id))
             .map_err(|e| ChunkError::Refused(self.disk_refusal(&path, e, data.len() as u64)))?;
         let _recording = self.recording[id.file as usize].lock().unwrap();
+        if !self.still_expected(num, expected) {
+            // Its file was withdrawn meanwhile: what was written is stale.
+            return Err(ChunkError::Unannounced(id));
+        }
         let complete = {
             let mut st = self.state.lock().unwrap();
             if !st.held.insert(num) {
@@ -688,7 +766,8 @@ impl Transfer {
             .unwrap()
             .append(&[Record::Chunk(id)])
             .map_err(|e| ChunkError::Refused(io_refusal(&self.staging.join("journal"), e)))?;
-        if complete {
+        // A draft's file waits for its seal (see `draft`).
+        if complete && self.may_place(id.file) {
             self.place_file(id.file).map_err(ChunkError::Refused)?;
             return Ok(Written::FilePlaced(id.file));
         }
@@ -801,6 +880,14 @@ impl Transfer {
     /// Places empty files, directories and symlinks, records the complete
     /// model and removes the staging area. Call once every chunk is held.
     pub fn finish(&self) -> Result<Hash, StoreError> {
+        if let Some(d) = &self.draft {
+            if !d.lock().unwrap().is_sealed_all() {
+                return Err(StoreError::Invalid(format!(
+                    "finish called on the draft of `{}` before every file was sealed",
+                    self.name
+                )));
+            }
+        }
         for (i, f) in self.manifest.files().enumerate() {
             let done = self.state.lock().unwrap().done[i];
             if !done {
@@ -832,10 +919,21 @@ impl Transfer {
         }
         self.commit()?;
         let stamps = self.state.lock().unwrap().stamps.clone();
-        let record = ModelRecord {
-            manifest: self.manifest.to_doc(),
-            stamps,
+        let manifest = match &self.draft {
+            None => self.manifest.to_doc(),
+            Some(d) => d
+                .lock()
+                .unwrap()
+                .manifest()
+                .ok_or_else(|| {
+                    StoreError::Invalid(format!(
+                        "finish called on the draft of `{}` before every file was sealed",
+                        self.name
+                    ))
+                })?
+                .to_doc(),
         };
+        let record = ModelRecord { manifest, stamps };
         let bytes = serde_json::to_vec(&record).expect("record serializes");
         self.fs
             .write_durable(&self.record_rel, &bytes)

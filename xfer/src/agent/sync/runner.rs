@@ -360,10 +360,15 @@ impl Runner {
             .map_err(|e| Retry(format!("{e:#}")))?;
             (tree.manifest.root(), Vec::new(), tree.manifest)
         } else {
-            let s =
-                crate::flow::pull_fanout::pull_and_fan_out(opts, env, push, Progress::new(false))
-                    .await
-                    .map_err(|e| Retry(format!("{e:#}")))?;
+            let s = crate::flow::pull_fanout::pull_and_fan_out(
+                opts,
+                env,
+                push,
+                crate::flow::pull_fanout::FanOut::Stream,
+                Progress::new(false),
+            )
+            .await
+            .map_err(|e| Retry(format!("{e:#}")))?;
             (s.root, s.nodes, s.manifest)
         };
         let mut nodes = nodes;
