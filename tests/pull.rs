@@ -361,8 +361,10 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
     };
     let mut withdrawn = Vec::new();
     for u in &updates[1..] {
-        let DraftUpdate::Event(e) = u else {
-            panic!("one listing only: {u:?}")
+        let e = match u {
+            DraftUpdate::Event(e) => e,
+            DraftUpdate::FirstByte => continue,
+            DraftUpdate::Listed { .. } => panic!("one listing only: {u:?}"),
         };
         match draft.apply(e) {
             Ok(Applied::Withdrawn(f, _)) => withdrawn.push(f),
@@ -407,10 +409,9 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
         panic!("{:?}", updates[0])
     };
     for u in &updates[1..] {
-        let DraftUpdate::Event(e) = u else {
-            panic!("{u:?}")
-        };
-        again.apply(e).unwrap();
+        if let DraftUpdate::Event(e) = u {
+            again.apply(e).unwrap();
+        }
     }
     assert_eq!(again.manifest().expect("all sealed"), manifest);
 }

@@ -328,11 +328,17 @@ fn a_killed_puller_resumes_and_agents_keep_their_chunks() {
         s.pull.bytes_downloaded
     );
     assert!(s.pull.bytes_resumed > 0, "{s:#?}");
-    let streamed: u64 = s.streamed.iter().map(|n| n.bytes_sent).sum();
-    assert!(
-        streamed + 2 * MIB < w.meta.total(),
-        "the staged chunks were sent again ({streamed} bytes): {s:#?}"
-    );
+    // Each agent had staged (and verified) at least the parked file's
+    // first chunks: the re-run's stream brings it less than the whole.
+    for n in &s.streamed {
+        let got = n.from_source + n.from_peers;
+        assert!(
+            got + 3 * MIB <= w.meta.total(),
+            "{}: received {got} of {} again: its staged chunks were not kept: {s:#?}",
+            n.addr,
+            w.meta.total()
+        );
+    }
     w.assert_identical_caches(&s);
 }
 

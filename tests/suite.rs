@@ -9,6 +9,7 @@ mod common;
 mod auth;
 mod bad_manifest;
 mod corruption;
+mod demo;
 mod disk_full;
 mod doctor;
 mod fetch;

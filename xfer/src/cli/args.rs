@@ -411,6 +411,10 @@ pub struct DemoArgs {
     pub dir: PathBuf,
     #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
     pub chunk_size: u64,
+    /// The local Hub look-alike's cap per connection (bytes per second),
+    /// as a CDN caps each connection; the pull uses 8.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    pub hub_rate: u64,
 }
 
 pub fn parse_chunk(s: &str) -> Result<u64, String> {

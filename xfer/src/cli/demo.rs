@@ -1,10 +1,17 @@
 //! `xfer demo`: a local multi-node run with no setup.
 //!
-//! Generates a model-like tree (safetensors shards, config files, a nested
-//! folder, an empty file), starts agents on 127.0.0.2, 127.0.0.3, ... as real
-//! child processes, pushes the model to all of them with progress bars (the
-//! agents pass chunks to each other), then verifies every node and prints
-//! its root hash, where its bytes came from, and how much the source sent.
+//! Generates a model-like repo (safetensors shards, config files, a nested
+//! folder, an empty file) and serves it from a local Hub look-alike
+//! ([`super::demo_hub`]) that caps each connection like a CDN. Then, with
+//! agents on 127.0.0.2, 127.0.0.3, ... as real child processes:
+//!
+//! 1. the download alone: `xfer pull` into a scratch cache;
+//! 2. S/B: that folder pushed to as many fresh agents (the fan-out alone);
+//! 3. streamed: `xfer pull --to` the demo's agents, every verified chunk
+//!    fanned out while its file still downloads;
+//!
+//! and prints the three times and the streamed one's ratio to the larger of
+//! the first two, with each node's root and where its bytes came from.
 //!
 //! It ends with the launcher: it writes the cluster file of these nodes
 //! (fabric = loopback, a vLLM launch of the demo model) and runs
@@ -23,7 +30,14 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use rand::{RngCore, SeedableRng};
 
+use std::time::Instant;
+
+use super::demo_hub::DemoHub;
+use xfer::flow::pull_fanout::{pull_and_fan_out, FanOut};
 use xfer::flow::push::{push, PushOptions};
+use xfer::hub::env::HubEnv;
+use xfer::hub::pull::PullOptions;
+use xfer::hub::repo::RepoType;
 use xfer::store::verify::verify;
 use xfer::util::progress::Progress;
 use xfer_proto::units::Bytes;
@@ -35,6 +49,8 @@ pub struct DemoOptions {
     pub nodes: usize,
     pub dir: PathBuf,
     pub chunk_size: u64,
+    /// The Hub look-alike's cap per connection, bytes per second.
+    pub hub_rate: u64,
 }
 
 const MARKER: &str = ".xfer-demo";
@@ -178,6 +194,11 @@ fn start_agent(
     })
 }
 
+/// The demo's repo on its Hub look-alike.
+const REPO: &str = "xfer-demo/model";
+/// Its folder in an HF cache (and on the agents).
+const CACHE_NAME: &str = "models--xfer-demo--model";
+
 /// Runs the demo and returns whether every node verified.
 pub async fn run(opts: &DemoOptions) -> Result<bool> {
     if opts.nodes == 0 || opts.nodes > 200 {
@@ -197,29 +218,66 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
     fs::write(dir.join(MARKER), "")?;
     let key = dir.join("cluster.key");
     xfer::config::auth::keygen(&key, false)?;
-    let src = dir.join("source/demo-model");
+    let src = dir.join("repos").join(REPO);
     println!(
-        "generating a {} model-like tree in {}",
+        "generating a {} model-like repo in {}",
         Bytes(opts.size),
         src.display()
     );
     generate_model(&src, opts.size, 42)?;
+    let hub = DemoHub::start(&src, REPO, opts.hub_rate).await?;
+    println!(
+        "serving it as {REPO} from a local Hub look-alike at {}, each connection capped at {}/s like a CDN",
+        hub.endpoint(),
+        Bytes(opts.hub_rate)
+    );
 
-    let hub = dir.join("hub");
+    // 1. The download alone.
+    println!("\n1. the download alone: xfer pull into a scratch cache");
+    let alone = dir.join("alone-cache");
+    let t = Instant::now();
+    let (pulled, _) = xfer::hub::pull::pull(
+        &pull_options(None),
+        &hub_env(&hub, &alone),
+        &Progress::new(true),
+        None,
+        None,
+    )
+    .await?;
+    let download_s = t.elapsed().as_secs_f64();
+    println!("   {} in {download_s:.2}s", Bytes(pulled.bytes_downloaded));
+
+    // 2. S/B: the same folder pushed to fresh nodes.
+    println!(
+        "\n2. S/B: xfer push of that folder to {} fresh nodes",
+        opts.nodes
+    );
+    let sb_dir = dir.join("s-over-b");
+    let fresh = start_nodes(&sb_dir, opts.nodes, &key, None)?;
+    let mut popts = push_options(&fresh, &key, opts.chunk_size);
+    popts.src = alone.join(CACHE_NAME);
+    let pushed = push(&popts, &Progress::new(true)).await?;
+    let fan_out_s = pushed.duration_s - pushed.hash_s;
+    let mut all_ok = pushed.ok();
+    println!("   {fan_out_s:.2}s (+{:.2}s hashing)", pushed.hash_s);
+    drop(fresh);
+    let _ = fs::remove_dir_all(&sb_dir);
+    let _ = fs::remove_dir_all(&alone);
+
+    // 3. Streamed: pull once, every chunk fanned out as it lands.
+    let shared = dir.join("hub");
     let ns = mount_namespace();
     if ns.is_some() {
-        fs::create_dir_all(&hub)?;
+        fs::create_dir_all(&shared)?;
     }
-    let mut agents = Vec::new();
-    for i in 0..opts.nodes {
-        let ip = format!("127.0.0.{}", i + 2);
-        let root = dir.join(format!("node{}", i + 1));
-        fs::create_dir_all(&root)?;
-        let shared = ns.as_deref().map(|u| (u, hub.as_path()));
-        agents.push(start_agent(&ip, &root, &key, shared)?);
-    }
+    let agents = start_nodes(
+        dir,
+        opts.nodes,
+        &key,
+        ns.as_deref().map(|u| (u, shared.as_path())),
+    )?;
     println!(
-        "started {} agents: {}",
+        "\n3. streamed: xfer pull --to {} agents ({}): each verified chunk goes out as it lands",
         agents.len(),
         agents
             .iter()
@@ -227,71 +285,126 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let popts = PushOptions {
-        src: src.clone(),
+    let t = Instant::now();
+    let s = pull_and_fan_out(
+        pull_options(Some(opts.chunk_size)),
+        hub_env(&hub, &dir.join("source-cache")),
+        push_options(&agents, &key, opts.chunk_size),
+        FanOut::Stream,
+        Progress::new(true),
+    )
+    .await?;
+    let total_s = t.elapsed().as_secs_f64();
+    all_ok &= s.ok();
+    println!();
+    println!(
+        "{:<18} {:<8} {:<66} {:>10} {:>11} {:>11}",
+        "node", "verify", "root", "first (s)", "from source", "from peers"
+    );
+    for (a, (n, st)) in agents.iter().zip(s.nodes.iter().zip(&s.streamed)) {
+        let report = verify(&a.root.join(&s.name), &s.manifest)?;
+        all_ok &= report.ok && n.ok;
+        println!(
+            "{:<18} {:<8} {:<66} {:>10} {:>11} {:>11}",
+            a.addr,
+            if report.ok && n.ok { "ok" } else { "FAILED" },
+            report.root,
+            n.first_byte_s.map_or("-".into(), |f| format!("{f:.2}")),
+            Bytes(st.from_source + n.from_source).to_string(),
+            Bytes(st.from_peers + n.from_peers).to_string()
+        );
+        if let Some(e) = n.error.as_ref().or(st.error.as_ref()) {
+            println!("  error: {e}");
+        }
+    }
+    let ideal = download_s.max(fan_out_s);
+    println!();
+    println!(
+        "download alone {download_s:.2}s, S/B {fan_out_s:.2}s (push to {} nodes), streamed pull to {} nodes {total_s:.2}s = {:.2} x max(download, S/B); pulling then pushing takes {:.2}s = {:.2} x",
+        opts.nodes,
+        opts.nodes,
+        total_s / ideal,
+        download_s + fan_out_s,
+        (download_s + fan_out_s) / ideal
+    );
+    println!(
+        "root {}; the source sent {:.2}x the model, the nodes passed the rest to each other; every node holds the cache huggingface_hub loads offline",
+        s.root, s.source_sent_x
+    );
+    println!(
+        "the Hub look-alike served {} in all: the model once for the download alone and once for the streamed pull",
+        Bytes(hub.bytes_served())
+    );
+    if all_ok {
+        let model = format!("{CACHE_NAME}/snapshots/{}", s.pull.commit);
+        all_ok &= launch_check(
+            dir,
+            &agents,
+            &key,
+            ns.is_some().then_some(shared.as_path()),
+            &model,
+        );
+    }
+    Ok(all_ok)
+}
+
+/// The demo's pull: its repo, 8 connections, chunk hashes at `chunk_size`.
+fn pull_options(chunk_size: Option<u64>) -> PullOptions {
+    PullOptions {
+        repo: REPO.into(),
+        repo_type: RepoType::Model,
+        include: Vec::new(),
+        exclude: Vec::new(),
+        local_dir: None,
+        connections: 8,
+        part_size: 16 << 20,
+        chunk_size,
+    }
+}
+
+fn hub_env(hub: &DemoHub, cache: &Path) -> HubEnv {
+    HubEnv {
+        endpoint: hub.endpoint(),
+        token: None,
+        cache_root: cache.to_path_buf(),
+    }
+}
+
+/// Starts `n` agents on 127.0.0.2, ... with roots `dir/node1`, ...
+fn start_nodes(
+    dir: &Path,
+    n: usize,
+    key: &Path,
+    shared: Option<(&[&str], &Path)>,
+) -> Result<Vec<Agent>> {
+    (0..n)
+        .map(|i| {
+            let root = dir.join(format!("node{}", i + 1));
+            fs::create_dir_all(&root)?;
+            start_agent(&format!("127.0.0.{}", i + 2), &root, key, shared)
+        })
+        .collect()
+}
+
+fn push_options(agents: &[Agent], key: &Path, chunk_size: u64) -> PushOptions {
+    PushOptions {
+        src: PathBuf::new(),
         to: agents
             .iter()
             .map(|a| xfer::flow::route::Destination::agent(&a.addr))
             .collect(),
         me: None,
         routes: None,
-        key: key.clone(),
-        name: None,
-        chunk_size: opts.chunk_size,
+        key: key.to_path_buf(),
+        name: Some(CACHE_NAME.into()),
+        chunk_size,
         limit_rate: None,
         connect_timeout: Duration::from_secs(5),
         rehash: true,
         connections: 1,
         nic: None,
         peers: xfer::engine::topology::DEFAULT_DEGREE,
-    };
-    let summary = push(&popts, &Progress::new(true)).await?;
-    let manifest = xfer::store::scan::scan(&src, opts.chunk_size, &|_| {})?.manifest;
-    println!();
-    println!(
-        "{:<18} {:<8} {:<66} {:>11} {:>11}",
-        "node", "verify", "root", "from source", "from peers"
-    );
-    let mut all_ok = summary.ok();
-    for (a, n) in agents.iter().zip(&summary.nodes) {
-        let report = verify(&a.root.join(&summary.name), &manifest)?;
-        all_ok &= report.ok;
-        println!(
-            "{:<18} {:<8} {:<66} {:>11} {:>11}",
-            a.addr,
-            if report.ok { "ok" } else { "FAILED" },
-            report.root,
-            Bytes(n.from_source).to_string(),
-            Bytes(n.from_peers).to_string()
-        );
-        if let Some(e) = &n.error {
-            println!("  error: {e}");
-        }
     }
-    let send_s = summary.duration_s - summary.hash_s;
-    println!();
-    println!(
-        "source root {}\n{} to {} nodes in {:.2}s (+{:.2}s hashing): {:.0} MB/s per node, {:.0} MB/s delivered; the source sent {} ({:.2}x the model), the nodes passed the rest to each other",
-        summary.root,
-        Bytes(summary.bytes_total),
-        opts.nodes,
-        send_s,
-        summary.hash_s,
-        summary.bytes_total as f64 / send_s / 1e6,
-        (summary.bytes_total * opts.nodes as u64) as f64 / send_s / 1e6,
-        Bytes(summary.bytes_sent),
-        summary.bytes_sent as f64 / summary.bytes_total.max(1) as f64,
-    );
-    if all_ok {
-        all_ok &= launch_check(
-            dir,
-            &agents,
-            &key,
-            ns.is_some().then_some(hub.as_path()),
-            &summary.name,
-        );
-    }
-    Ok(all_ok)
 }
 
 /// Writes the cluster file of the demo's nodes and runs `xfer-launch check`

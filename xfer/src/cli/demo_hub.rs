@@ -21,9 +21,6 @@
 //! Revisions `main` and the commit resolve; any other is `RevisionNotFound`,
 //! another repo `RepoNotFound`, as the Hub says them (`X-Error-Code`).
 
-// Until `xfer demo` starts it, only the tests do: remove this then.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::fs::File;

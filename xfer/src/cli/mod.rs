@@ -50,12 +50,14 @@ async fn demo_command(args: DemoArgs) -> Result<ExitCode> {
         nodes,
         dir,
         chunk_size,
+        hub_rate,
     } = args;
     let ok = demo::run(&demo::DemoOptions {
         size,
         nodes,
         dir,
         chunk_size,
+        hub_rate,
     })
     .await?;
     Ok(if ok {

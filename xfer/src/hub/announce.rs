@@ -3,15 +3,15 @@
 //! sizes from the listing), then, per file, each chunk's BLAKE3 hash as the
 //! download's single hashing pass completes it, and the file's seal once
 //! its Hub hash matched, or its withdrawal when it did not (the new
-//! download's chunks then come under the next generation). Files already in
-//! the cache are hashed once and sealed at the start; a file whose blob
-//! other paths share seals them too.
+//! download's chunks then come under the next generation). The draft lists
+//! contents (in the Hub cache, blobs), so paths sharing a blob are one file.
+//! Files already in the cache are hashed once and sealed at the start.
 //!
 //! An [`Announcer`] sits between the downloader and the pull's progress
 //! bars as their [`Watch`]; it only adds the announcements.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use xfer_proto::draft::{Draft, DraftEvent, FileIndex};
 use xfer_proto::hash::Hash;
@@ -50,11 +50,7 @@ pub type OnDraft = Arc<dyn Fn(DraftUpdate) + Send + Sync>;
 /// One downloaded file as the draft knows it.
 struct Job {
     file: FileIndex,
-    /// Paths sharing its blob, sealed with it.
-    twins: Vec<FileIndex>,
     generation: AtomicU32,
-    /// Its chunk hashes so far, kept only when twins need them.
-    hashes: Mutex<Vec<Hash>>,
 }
 
 /// The downloader's [`Watch`] that also announces.
@@ -67,14 +63,9 @@ pub struct Announcer {
 }
 
 impl Announcer {
-    /// For downloads of `jobs` (paths, in the downloader's order), each
-    /// with the paths sharing its blob, over `draft`'s files.
-    pub fn new(
-        inner: Arc<dyn Watch>,
-        on: OnDraft,
-        draft: &Draft,
-        jobs: &[(RelPath, Vec<RelPath>)],
-    ) -> Announcer {
+    /// For downloads of `jobs` (the draft's paths, in the downloader's
+    /// order) over `draft`'s files.
+    pub fn new(inner: Arc<dyn Watch>, on: OnDraft, draft: &Draft, jobs: &[RelPath]) -> Announcer {
         let index = |p: &RelPath| {
             draft
                 .index_of(p)
@@ -85,11 +76,9 @@ impl Announcer {
             on,
             jobs: jobs
                 .iter()
-                .map(|(p, twins)| Job {
+                .map(|p| Job {
                     file: index(p),
-                    twins: twins.iter().map(index).collect(),
                     generation: AtomicU32::new(0),
-                    hashes: Mutex::new(Vec::new()),
                 })
                 .collect(),
             started: Default::default(),
@@ -121,9 +110,6 @@ impl Watch for Announcer {
 
     fn hashed(&self, index: usize, first: u32, hashes: &[Hash]) {
         let job = &self.jobs[index];
-        if !job.twins.is_empty() {
-            job.hashes.lock().unwrap().extend_from_slice(hashes);
-        }
         (self.on)(DraftUpdate::Event(DraftEvent::Hashed {
             file: job.file,
             generation: job.generation.load(Ordering::SeqCst),
@@ -141,16 +127,11 @@ impl Watch for Announcer {
                 file: job.file,
                 generation,
             }));
-            let hashes = std::mem::take(&mut *job.hashes.lock().unwrap());
-            for &twin in &job.twins {
-                announce_sealed(&self.on, twin, 0, &hashes);
-            }
         } else {
             (self.on)(DraftUpdate::Event(DraftEvent::Withdrawn {
                 file: job.file,
                 generation,
             }));
-            job.hashes.lock().unwrap().clear();
             job.generation.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.finished(index, ok);

@@ -103,8 +103,9 @@ pub trait Watch: Send + Sync + 'static {
     /// File `index` is verified and placed, or starts over (`ok == false`).
     fn finished(&self, index: usize, ok: bool);
     /// Chunks `first..first + hashes.len()` of file `index` have these
-    /// BLAKE3 hashes (only with [`FileJob::chunk_size`]), in order, before
-    /// the file's `finished`.
+    /// BLAKE3 hashes (only with [`FileJob::chunk_size`]), before the file's
+    /// `finished`: chunks past the written prefix as their part lands them
+    /// (a chunk may be told twice, with the same hash), the rest in order.
     fn hashed(&self, _index: usize, _first: u32, _hashes: &[xfer_proto::hash::Hash]) {}
 }
 
@@ -724,20 +725,58 @@ fn flush(
         .write_all_at(buf, at)
         .map_err(|e| Failure::Fatal(disk_error(&st.job.incomplete, st.job.size, e)))?;
     let upto = at + buf.len() as u64;
-    {
+    let ahead = {
         let mut p = st.parts.lock().unwrap();
         if streaming {
             p.advance_prefix(upto);
+            None
         } else {
             let start = p.start(i);
             p.advance(i, upto - start);
+            // A part past the written prefix: the in-order pass reaches it
+            // only when every part before it is done.
+            (p.prefix() < start).then_some(start)
         }
-    }
+    };
     st.dirty.store(true, Ordering::Release);
     shared.watch.written(f, buf.len() as u64);
     buf.clear();
+    if let (Some(start), Some(cs)) = (ahead, st.job.chunk_size) {
+        announce_landed(shared, f, start, at, upto, cs);
+    }
     hash_behind(shared, f);
     Ok(())
+}
+
+/// Announces the chunks of file `f` that the write `[from, upto)` of the
+/// part starting at `part_start` completed, ahead of the in-order pass
+/// (which needs every byte before them, and so would hold a fan-out back
+/// by up to a whole part's download): each is read back from the page
+/// cache and hashed now. Only for parts that start on a chunk boundary;
+/// the in-order pass still covers every chunk, for the sealed manifest.
+fn announce_landed(shared: &Shared, f: usize, part_start: u64, from: u64, upto: u64, cs: u64) {
+    let st = &shared.files[f];
+    if part_start % cs != 0 {
+        return;
+    }
+    let size = st.job.size;
+    let count = xfer_proto::hash::chunk_count(size, cs);
+    let mut k = from.max(part_start) / cs;
+    let mut buf = Vec::new();
+    while k < count && k * cs < upto {
+        let (start, end) = (k * cs, ((k + 1) * cs).min(size));
+        if start >= part_start && end <= upto && end > from {
+            buf.resize((end - start) as usize, 0);
+            // A read that fails is only a lost head start.
+            if st.file.read_exact_at(&mut buf, start).is_ok() {
+                let h = xfer_proto::hash::hash_chunk(&buf, k, count, cs);
+                // Announced means kept by the agents: a re-run must resume it.
+                save_sidecar(st);
+                shared.watch.hashed(f, k as u32, &[h]);
+            }
+        }
+        k += 1;
+    }
 }
 
 /// Feeds file `f`'s trail up to byte `upto`, starts the writeback of what

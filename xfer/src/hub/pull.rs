@@ -406,7 +406,7 @@ pub async fn pull(
             // Paths sharing a blob are one file of the draft.
             let jobs = todo
                 .iter()
-                .map(|f| Ok((layout.content_rel(f)?, Vec::new())))
+                .map(|f| layout.content_rel(f))
                 .collect::<Result<Vec<_>>>()?;
             Arc::new(Announcer::new(bars.clone(), on.clone(), d, &jobs))
         }

@@ -217,7 +217,8 @@ impl Activity {
                     let total = transfer.manifest().total_bytes();
                     let rate = e.sample.map(|(_, _, r)| r).unwrap_or(0.0);
                     st.state = ModelState::Syncing;
-                    st.root = Some(transfer.manifest().root());
+                    // A streamed pull's root is known only once it is sealed.
+                    st.root = (!transfer.is_draft()).then(|| transfer.manifest().root());
                     st.bytes_total = total;
                     st.bytes_held = held;
                     st.rate_bps = rate;
