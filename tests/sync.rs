@@ -548,3 +548,79 @@ fn sync_transport_rdma_fails_where_the_agent_has_no_rdma_and_quic_completes() {
     assert_eq!(root, source_root(&src));
     assert_same_tree(&src, &c.root("b").join("mt"));
 }
+
+/// 10. A Hub sync job streams, and resumes after both its source (the
+///     node pulling) and a member are `kill -9`'d mid-file: the download
+///     is parked half-way by the Hub look-alike until both are back, and
+///     the restarted job completes on every node without downloading the
+///     written half again.
+#[test]
+fn a_streamed_hub_job_resumes_after_its_source_and_a_member_restart() {
+    let t = tempdir("sync-hub-stream");
+    let repos = t.path().join("repos");
+    let big = "model-00001-of-00001.safetensors";
+    let size = 8 * MIB + 99;
+    let repo_src = gen_repo(
+        &repos,
+        "acme/parked",
+        19,
+        &[("config.json", 300), (big, size)],
+    );
+    let gate = t.path().join("gate");
+    let hold = format!("hold:{big}:{}", gate.display());
+    let server = HubServer::start(&repos, &["--rate", "20000000", "--fault", &hold]);
+    let hf_home = t.path().join("hf-home");
+    fs::create_dir_all(&hf_home).unwrap();
+    let env: Vec<(String, String)> = [
+        ("HF_ENDPOINT", server.endpoint()),
+        ("HF_HOME", hf_home.display().to_string()),
+        ("HF_HUB_DISABLE_XET", "1".into()),
+        ("HF_HUB_DISABLE_TELEMETRY", "1".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let mut c = Cluster::start_env("sync-hub-stream", 19, &["a", "b", "c"], &[], env);
+    let name = "models--acme--parked";
+    let r = run(
+        c.cmd("sync", &["--json"])
+            .arg("acme/parked")
+            .args(["--from", "a", "--nodes", "a,b,c"]),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer sync acme/parked");
+    let v: serde_json::Value = r.json();
+    let id = v["job"].as_str().unwrap().to_string();
+    // The parked file's first half streams to the members.
+    c.poll("b to hold streamed chunks", Duration::from_secs(60), |s| {
+        let m = s.model("b", name)?;
+        (m.state == ModelState::Syncing && m.bytes_held >= 2 * MIB).then_some(())
+    });
+    let blob = |n: &str| {
+        c.root(n)
+            .join(name)
+            .join("blobs")
+            .join(&server.repo("acme/parked").files[big].etag)
+    };
+    assert!(!blob("b").exists(), "placed before its sha256 matched");
+    c.kill9("b");
+    c.kill9("a");
+    c.restart("a");
+    c.restart("b");
+    fs::write(&gate, b"go").unwrap();
+    let root = c.wait_complete(&id, "a", &["a", "b", "c"], name);
+    let meta = server.repo("acme/parked");
+    for n in ["a", "b", "c"] {
+        let dir = c.root(n).join(name);
+        assert_eq!(manifest_root(&dir), root, "{n}");
+        assert_cache(&dir, &repo_src, &meta);
+    }
+    // Half the file was written (and announced) before the kill: the
+    // restarted pull resumes after it, so little is served twice.
+    let served = server.stats()["bytes_served"].as_u64().unwrap();
+    assert!(
+        served <= meta.total() + 2 * MIB,
+        "the Hub served {served} bytes for a {} byte repo",
+        meta.total()
+    );
+}
