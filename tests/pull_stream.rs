@@ -342,9 +342,9 @@ fn a_killed_puller_resumes_and_agents_keep_their_chunks() {
     w.assert_identical_caches(&s);
 }
 
-/// `kill -9` of one agent mid-stream, restarted at once: the pull
-/// completes (the final round brings it what it lacks from its journal),
-/// and nothing is downloaded from the Hub twice.
+/// `kill -9` of one agent mid-stream, restarted at once: the source offers
+/// it the stream again, it resumes from its journal (it receives less than
+/// the whole), the pull completes, and nothing is downloaded twice.
 #[test]
 fn a_killed_agent_restarts_and_the_pull_completes() {
     let mut w = Swarm::start("stream-kill-agent", 2, &[format!("hold:{BIG}:GATE")]);
@@ -358,5 +358,16 @@ fn a_killed_agent_restarts_and_the_pull_completes() {
     r.assert_ok("xfer pull --to");
     let s: FanoutJson = r.json();
     assert_eq!(s.pull.bytes_downloaded, w.meta.total(), "{s:#?}");
+    let back = &s.streamed[1];
+    assert!(
+        back.ok,
+        "the restarted agent finished the stream: {back:#?}"
+    );
+    let got = back.from_source + back.from_peers;
+    assert!(
+        got + 3 * MIB <= w.meta.total(),
+        "the restarted agent received {got} of {}: it did not resume from its journal: {s:#?}",
+        w.meta.total()
+    );
     w.assert_identical_caches(&s);
 }

@@ -78,6 +78,14 @@ impl Coordinator {
         self.handle(Event::Gone(id));
     }
 
+    /// Member `id` is back (a restarted agent offered the transfer again):
+    /// it is linked in anew; its `Swarm` is [`Self::swarm_for`] again.
+    pub fn rejoined(&self, id: u32) {
+        if self.member(id).is_some() {
+            self.handle(Event::Joined(id));
+        }
+    }
+
     /// Member `reporter` found its link to `peer` far slower than others.
     pub fn slow(&self, reporter: u32, peer: u32) {
         if self.member(peer).is_some() {

@@ -41,7 +41,7 @@ use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::hash::Hash;
 use xfer_proto::hello::Service;
 use xfer_proto::names::ModelName;
-use xfer_proto::transfer::{FallbackRoute, SwarmPeer, TransferMsg};
+use xfer_proto::transfer::{FallbackRoute, HomeSlots, SwarmPeer, TransferMsg};
 
 /// Notes kept per node: one per pair at most, and a receiver cannot grow
 /// the summary without bound.
@@ -312,7 +312,7 @@ pub(crate) async fn deliver_plan(
         let ctx = NodeCtx {
             id: member.id,
             coordinator: coordinator.clone(),
-            outbox,
+            outbox: Arc::new(tokio::sync::Mutex::new(outbox)),
             dest: dest.clone(),
             me: opts.me.clone().unwrap_or_else(|| "source".into()),
             routes: opts.routes.clone(),
@@ -362,7 +362,7 @@ struct NodeCtx {
     id: u32,
     coordinator: Arc<Coordinator>,
     /// The source's rewiring for it, to send on its control stream.
-    outbox: mpsc::UnboundedReceiver<TransferMsg>,
+    outbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<TransferMsg>>>,
     dest: Destination,
     /// What notes call the source.
     me: String,
@@ -383,14 +383,55 @@ struct NodeCtx {
     bar: indicatif::ProgressBar,
 }
 
+/// Why one attempt to deliver to a node ended early.
+enum Attempt {
+    /// The agent refused, broke the protocol, or the destination is wrong:
+    /// final.
+    Refused(String),
+    /// The agent could not be reached, or the connection was lost.
+    Lost(String),
+}
+
+/// `swarm`, with the receiver fetching from the source whatever no peer
+/// has: a receiver offered a stream again rejoins the graph without homes
+/// (slots never move to a newcomer), and its peers may be done by then.
+fn fed_by_source(swarm: TransferMsg) -> TransferMsg {
+    match swarm {
+        TransferMsg::Swarm {
+            me,
+            peers,
+            homes: None,
+            bounded,
+        } => TransferMsg::Swarm {
+            me,
+            peers,
+            homes: Some(HomeSlots {
+                of: 1,
+                slots: vec![0],
+            }),
+            bounded,
+        },
+        other => other,
+    }
+}
+
+/// How often a streamed delivery offers its draft again to an agent it
+/// lost while the download runs, and how many times once it is over
+/// (then the final round brings the agent what it lacks, but without its
+/// staged chunks).
+const STREAM_RETRY_EVERY: Duration = Duration::from_secs(1);
+const STREAM_RETRIES_AFTER: u32 = 2;
+
 /// Writes the source's later messages to one receiver: the coordinator's
 /// rewiring as it comes, and every event of a draft in order, until both
-/// are over or the stream breaks.
+/// are over or the stream breaks. Holds the outbox while it runs (a later
+/// attempt at the same receiver takes it over).
 async fn write_control(
     mut send: quinn::SendStream,
-    mut outbox: mpsc::UnboundedReceiver<TransferMsg>,
+    outbox: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<TransferMsg>>>,
     events: Option<Arc<DraftFeed>>,
 ) {
+    let mut outbox = outbox.lock().await;
     let mut grew = events.as_ref().map(|f| f.subscribe());
     let mut sent = 0;
     let mut rewiring = true;
@@ -519,7 +560,7 @@ impl NodeCtx {
         }
     }
 
-    async fn run(self) -> NodeSummary {
+    async fn run(mut self) -> NodeSummary {
         let started = Instant::now();
         let sent = Arc::new(AtomicU64::new(0));
         let rdma_sent = Arc::new(AtomicU64::new(0));
@@ -530,9 +571,37 @@ impl NodeCtx {
         };
         let bar = self.bar.clone();
         let (id, coordinator) = (self.id, self.coordinator.clone());
-        match self.deliver(&sent, &rdma_sent, &mut summary).await {
+        let (mut tries, mut tries_after) = (0, 0);
+        let outcome = loop {
+            match self.deliver(&sent, &rdma_sent, &mut summary).await {
+                // A streamed delivery outlives a restart of the agent: it
+                // is offered the draft again and resumes from its journal.
+                // While the download runs, and a few times after it.
+                Err(Attempt::Lost(why))
+                    if self.events.as_ref().is_some_and(|f| {
+                        !f.is_sealed_all() || tries_after < STREAM_RETRIES_AFTER
+                    }) =>
+                {
+                    tries += 1;
+                    if self.events.as_ref().is_some_and(|f| f.is_sealed_all()) {
+                        tries_after += 1;
+                    }
+                    tracing::warn!("{why}; offering the stream again (try {tries})");
+                    coordinator.gone(id);
+                    tokio::time::sleep(STREAM_RETRY_EVERY).await;
+                    coordinator.rejoined(id);
+                    self.swarm = fed_by_source(coordinator.swarm_for(id));
+                    // Rewiring meant for the lost connection is stale.
+                    while self.outbox.lock().await.try_recv().is_ok() {}
+                }
+                Err(Attempt::Lost(e) | Attempt::Refused(e)) => break Err(e),
+                Ok(()) => break Ok(()),
+            }
+        };
+        match outcome {
             Ok(()) => {
                 summary.ok = true;
+                summary.error = None;
                 bar.finish_with_message("verified");
             }
             Err(e) => {
@@ -549,16 +618,17 @@ impl NodeCtx {
     }
 
     async fn deliver(
-        mut self,
+        &mut self,
         sent: &Arc<AtomicU64>,
         rdma_sent: &Arc<AtomicU64>,
         summary: &mut NodeSummary,
-    ) -> Result<(), String> {
-        let (data, fallback) = self.dest.resolve().map_err(|e| format!("{e:#}"))?;
-        let ep = quic::client_endpoint(&self.cred, data).map_err(|e| format!("{e:#}"))?;
+    ) -> Result<(), Attempt> {
+        let refused = |e: anyhow::Error| Attempt::Refused(format!("{e:#}"));
+        let (data, fallback) = self.dest.resolve().map_err(refused)?;
+        let ep = quic::client_endpoint(&self.cred, data).map_err(refused)?;
         let fallback_ep = match fallback {
             Some(f) if f.is_ipv4() != data.is_ipv4() => {
-                Some(quic::client_endpoint(&self.cred, f).map_err(|e| format!("{e:#}"))?)
+                Some(quic::client_endpoint(&self.cred, f).map_err(refused)?)
             }
             _ => None,
         };
@@ -568,7 +638,8 @@ impl NodeCtx {
             fallback.map(|f| (fallback_ep.as_ref().unwrap_or(&ep), f)),
             self.timeout,
         )
-        .await?;
+        .await
+        .map_err(Attempt::Lost)?;
         let conn = connected.conn;
         let addr = conn.remote_address();
         if let Some(error) = connected.fell_back {
@@ -587,30 +658,37 @@ impl NodeCtx {
             Some(reason) => quic::describe(addr, &reason),
             None => format!("{addr}: {e:#}"),
         };
-        let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer).await?;
+        let lost_now = |e: anyhow::Error| Attempt::Lost(lost(e));
+        let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
+            .await
+            .map_err(Attempt::Lost)?;
         write_frame(&mut send, self.offer.as_ref())
             .await
-            .map_err(lost)?;
-        write_frame(&mut send, &self.swarm).await.map_err(lost)?;
+            .map_err(lost_now)?;
+        write_frame(&mut send, &self.swarm)
+            .await
+            .map_err(lost_now)?;
         // From here on only the rewiring (and a draft's events) is
         // written, by its own task.
-        let outbox = std::mem::replace(&mut self.outbox, mpsc::unbounded_channel().1);
         let _writer = AbortOnDrop(tokio::spawn(write_control(
             send,
-            outbox,
+            self.outbox.clone(),
             self.events.clone(),
         )));
-        match read_frame::<TransferMsg>(&mut recv).await.map_err(lost)? {
+        match read_frame::<TransferMsg>(&mut recv)
+            .await
+            .map_err(lost_now)?
+        {
             TransferMsg::Accepted { held_bytes, .. } => {
                 summary.bytes_skipped = held_bytes;
                 self.bar.set_position(held_bytes);
             }
-            TransferMsg::Failed(r) => return Err(format!("{addr}: {r}")),
+            TransferMsg::Failed(r) => return Err(Attempt::Refused(format!("{addr}: {r}"))),
             other => {
-                return Err(format!(
+                return Err(Attempt::Refused(format!(
                     "{addr}: protocol error: unexpected {}",
                     other.kind()
-                ))
+                )))
             }
         }
         let per_conn: Arc<Mutex<Vec<Arc<AtomicU64>>>> = Arc::default();
@@ -653,7 +731,7 @@ impl NodeCtx {
         addr: SocketAddr,
         lost: &(dyn Fn(anyhow::Error) -> String + Sync),
         summary: &mut NodeSummary,
-    ) -> Result<(), String> {
+    ) -> Result<(), Attempt> {
         loop {
             match read_frame::<TransferMsg>(recv).await.map_err(lost) {
                 Ok(TransferMsg::Progress {
@@ -688,14 +766,14 @@ impl NodeCtx {
                     summary.done_at = Some(Instant::now());
                     break Ok(());
                 }
-                Ok(TransferMsg::Failed(r)) => break Err(format!("{addr}: {r}")),
+                Ok(TransferMsg::Failed(r)) => break Err(Attempt::Refused(format!("{addr}: {r}"))),
                 Ok(other) => {
-                    break Err(format!(
+                    break Err(Attempt::Refused(format!(
                         "{addr}: protocol error: unexpected {}",
                         other.kind()
-                    ))
+                    )))
                 }
-                Err(e) => break Err(e),
+                Err(e) => break Err(Attempt::Lost(e)),
             }
         }
     }

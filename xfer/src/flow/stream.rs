@@ -87,6 +87,11 @@ impl DraftFeed {
         self.state.lock().unwrap().draft.expected(chunk).is_some()
     }
 
+    /// Whether every file is sealed (the download is over).
+    pub fn is_sealed_all(&self) -> bool {
+        self.state.lock().unwrap().draft.is_sealed_all()
+    }
+
     /// The manifest, once every file is sealed.
     pub fn manifest(&self) -> Option<Manifest> {
         self.state.lock().unwrap().draft.manifest()
