@@ -23,6 +23,22 @@ use common::hub::*;
 use common::*;
 
 /// `xfer manifest`'s root of a source folder.
+/// The environment of agents that pull from `server`, with their own
+/// `HF_HOME` under `dir`.
+fn hub_agent_env(server: &HubServer, dir: &Path) -> Vec<(String, String)> {
+    let hf_home = dir.join("hf-home");
+    fs::create_dir_all(&hf_home).unwrap();
+    [
+        ("HF_ENDPOINT", server.endpoint()),
+        ("HF_HOME", hf_home.display().to_string()),
+        ("HF_HUB_DISABLE_XET", "1".into()),
+        ("HF_HUB_DISABLE_TELEMETRY", "1".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
 fn source_root(src: &Path) -> String {
     manifest_root(src)
 }
@@ -459,17 +475,7 @@ fn a_hub_repo_lands_in_every_nodes_cache() {
     let repos = t.path().join("repos");
     let repo_src = small_repo(&repos, "acme/tiny", 18);
     let server = HubServer::start(&repos, &[]);
-    let hf_home = t.path().join("hf-home");
-    fs::create_dir_all(&hf_home).unwrap();
-    let env: Vec<(String, String)> = [
-        ("HF_ENDPOINT", server.endpoint()),
-        ("HF_HOME", hf_home.display().to_string()),
-        ("HF_HUB_DISABLE_XET", "1".into()),
-        ("HF_HUB_DISABLE_TELEMETRY", "1".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    let env = hub_agent_env(&server, t.path());
     let c = Cluster::start_env("sync-hub", 18, &["a", "b"], &[], env);
 
     let r = run(
@@ -569,17 +575,7 @@ fn a_streamed_hub_job_resumes_after_its_source_and_a_member_restart() {
     let gate = t.path().join("gate");
     let hold = format!("hold:{big}:{}", gate.display());
     let server = HubServer::start(&repos, &["--rate", "20000000", "--fault", &hold]);
-    let hf_home = t.path().join("hf-home");
-    fs::create_dir_all(&hf_home).unwrap();
-    let env: Vec<(String, String)> = [
-        ("HF_ENDPOINT", server.endpoint()),
-        ("HF_HOME", hf_home.display().to_string()),
-        ("HF_HUB_DISABLE_XET", "1".into()),
-        ("HF_HUB_DISABLE_TELEMETRY", "1".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    let env = hub_agent_env(&server, t.path());
     let mut c = Cluster::start_env("sync-hub-stream", 19, &["a", "b", "c"], &[], env);
     let name = "models--acme--parked";
     let r = run(
