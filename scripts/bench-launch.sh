@@ -34,7 +34,15 @@
 # preflight and its 3 s reach window, plus the agent round trips and the
 # extra 32-token completion), which should not grow with L.
 #
-# Env (defaults in brackets): NODES ["2 4"], LOADS ["0 10"], RUNS [3],
+# ENGINE=vllm runs the same rounds with real vLLM (the CPU build of
+# scripts/engines.sh, which this installs if missing) instead of the
+# stand-in: tensor parallelism 2 over 2 nodes, the tiny random Llama of
+# scripts/tiny_llama.py pushed to both; L does not apply. Its table adds
+# the first completion's latency, on both paths (for `up`, the record's
+# first_token_ms of its 1-token completion). Runtime: ~2 min a round.
+#
+# Env (defaults in brackets): ENGINE [standin], NODES ["2 4"; vllm: 2],
+# LOADS ["0 10"; vllm: 0], RUNS [3],
 # UP_TIMEOUT [60] (xfer-launch up --timeout), PREFIX [xbl] (namespace and
 # nftables names, see launchnet.sh), SKIP_BUILD [0] (1: use the binaries in
 # $CARGO_TARGET_DIR/release as they are), KEEP_RUN [0] (1: keep the scratch
@@ -67,10 +75,27 @@ esac
 
 [ "$(id -u)" = 0 ] || die "run as root (network namespaces, mounts)"
 
-NODES=${NODES:-2 4}
-LOADS=${LOADS:-0 10}
+ENGINE=${ENGINE:-standin}
+case $ENGINE in
+standin)
+    NODES=${NODES:-2 4}
+    LOADS=${LOADS:-0 10}
+    UP_TIMEOUT=${UP_TIMEOUT:-60}
+    ENGINE_BIN=$REPO/tests/standin/bin
+    ENGINE_PYPATH=$REPO/tests/standin/pylib
+    ;;
+vllm)
+    NODES=${NODES:-2}
+    LOADS=0
+    UP_TIMEOUT=${UP_TIMEOUT:-300}
+    "$SCRIPT_DIR/engines.sh" install || die "cannot install the real engines (scripts/engines.sh)"
+    VENV=$(dirname "$(dirname "$("$SCRIPT_DIR/engines.sh" python)")")
+    ENGINE_BIN=$VENV/bin
+    ENGINE_PYPATH=
+    ;;
+*) die "ENGINE must be standin or vllm" ;;
+esac
 RUNS=${RUNS:-3}
-UP_TIMEOUT=${UP_TIMEOUT:-60}
 export PREFIX=${PREFIX:-xbl}
 SKIP_BUILD=${SKIP_BUILD:-0}
 KEEP_RUN=${KEEP_RUN:-0}
@@ -137,11 +162,16 @@ XL=$TMP/xfer-launch
 export XDG_STATE_HOME=$TMP/state XDG_CACHE_HOME=$TMP/cache # run records, hash cache
 unset RUST_LOG
 
-# A small model folder with what engines look for.
+# A small model folder with what engines look for (for real vLLM, the tiny
+# random Llama).
 SRC=$TMP/model-src
-mkdir -p "$SRC"
-printf '{"architectures": ["BenchForCausalLM"]}\n' >"$SRC/config.json"
-head -c $((3 << 20)) /dev/urandom >"$SRC/model.safetensors"
+if [ "$ENGINE" = vllm ]; then
+    "$SCRIPT_DIR/engines.sh" model "$SRC" >/dev/null 2>&1 || die "cannot make the tiny model (scripts/engines.sh model)"
+else
+    mkdir -p "$SRC"
+    printf '{"architectures": ["BenchForCausalLM"]}\n' >"$SRC/config.json"
+    head -c $((3 << 20)) /dev/urandom >"$SRC/model.safetensors"
+fi
 
 # ---------------------------------------------------------------- cluster ----
 
@@ -154,7 +184,7 @@ start_agent() {
     mkdir -p "$TMP/node$i"
     : >"$out"
     # ip netns exec, unshare and sh all exec, so $! is the agent itself.
-    PATH=$STANDIN/bin:$PATH PYTHONPATH=$STANDIN/pylib \
+    PATH=$ENGINE_BIN:$PATH PYTHONPATH=$ENGINE_PYPATH \
         ip netns exec "$PREFIX-n$i" unshare --mount --propagation private sh -c \
         "mount --bind '$TMP/node$i' '$MNT' && exec '$XFER' serve --allow-launch --listen 0.0.0.0:$AGENT_PORT --root '$MNT' --key '$KEY' --verify-every 0" \
         >"$out" 2>"$TMP/agent$i.log" </dev/null &
@@ -207,7 +237,12 @@ write_config() {
                 "$i" "$i" "$AGENT_PORT" "$MNT" "$(fabric_if "$i")" "$i"
         done
         printf '\n[launch]\nengine = "vllm"\nmodel = "%s/%s"\n' "$MNT" "$MODEL_NAME"
-        printf '\n[launch.env]\nSTANDIN_PLAN = "%s"\nSTANDIN_LOAD_SECS = "%s"\n' "$PLAN" "$load"
+        if [ "$ENGINE" = vllm ]; then
+            printf 'tp = 2\npp = %d\nextra_args = ["--dtype", "float32", "--max-model-len", "256", "--enforce-eager"]\n' $((n / 2))
+            printf '\n[launch.env]\nVLLM_CPU_KVCACHE_SPACE = "1"\nVLLM_CPU_OMP_THREADS_BIND = "nobind"\nOMP_NUM_THREADS = "1"\n'
+        else
+            printf '\n[launch.env]\nSTANDIN_PLAN = "%s"\nSTANDIN_LOAD_SECS = "%s"\n' "$PLAN" "$load"
+        fi
     } >"$CLUSTER"
     "$XL" plan --cluster "$CLUSTER" --json >"$PLAN" 2>"$TMP/plan.err" ||
         die "xfer-launch plan failed: $(tail -n3 "$TMP/plan.err")"
@@ -229,8 +264,8 @@ read_plan() {
         idx=${node#n}
         mapfile -d '' -t "RANKCMD_$r" < <(
             printf '%s\0' nsenter -t "${AGENTS[idx - 1]}" -m -n env -i \
-                "PATH=$STANDIN/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-                "PYTHONPATH=$STANDIN/pylib"
+                "PATH=$ENGINE_BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+                "PYTHONPATH=$ENGINE_PYPATH"
             jq -j --argjson r "$r" '.ranks[$r] | ([.env | to_entries[] | "\(.key)=\(.value)"] + .argv)[] | (., "\u0000")' "$PLAN"
         )
     done
@@ -257,6 +292,8 @@ time_up() { # TAG; also sets READY_S, the record's time_to_ready_s
     "$XL" up --cluster "$CLUSTER" --timeout "$UP_TIMEOUT" --grace 2 --record "$TMP/$1.json" >"$TMP/$1.out" 2>&1 || rc=$?
     SECS=$(elapsed "$t0" "$EPOCHREALTIME")
     READY_S=$(jq -r '.time_to_ready_s // "n/a"' "$TMP/$1.json" 2>/dev/null || echo n/a)
+    FIRST_S=$(jq -r '(.readiness.first_token_ms // empty) / 1000' "$TMP/$1.json" 2>/dev/null || echo n/a)
+    [ -n "$FIRST_S" ] || FIRST_S=n/a
     if [ "$rc" != 0 ]; then
         note "$1: xfer-launch up exited $rc: $(tail -n2 "$TMP/$1.out" | tr '\n' ' ')"
         return 1
@@ -332,10 +369,12 @@ time_by_hand() {
         sleep 0.25
     done
     if [ "$ok" = 1 ]; then
-        local body
+        local body t1
         body=$(jq -cn --arg m "$MODEL_PATH" '{model: $m, prompt: "Hello", max_tokens: 1, temperature: 0}')
-        if curl -sf --max-time 30 -H 'content-type: application/json' -d "$body" "$API/v1/completions" >"$TMP/$tag-completion.json"; then
+        t1=$EPOCHREALTIME
+        if curl -sf --max-time 120 -H 'content-type: application/json' -d "$body" "$API/v1/completions" >"$TMP/$tag-completion.json"; then
             ok=3
+            HAND_FIRST_S=$(elapsed "$t1" "$EPOCHREALTIME")
         fi
     fi
     SECS=$(elapsed "$t0" "$EPOCHREALTIME")
@@ -371,24 +410,34 @@ for n in $NODES; do
     cluster_up "$n"
     for load in $LOADS; do
         write_config "$n" "$load"
-        chk=() ups=() downs=() hands=()
+        chk=() ups=() downs=() hands=() firsts=() hfirsts=()
         for ((run = 1; run <= RUNS; run++)); do
             tag=n$n-l$load-r$run
-            c=n/a u=n/a d=n/a h=n/a READY_S=n/a
+            c=n/a u=n/a d=n/a h=n/a READY_S=n/a FIRST_S=n/a HAND_FIRST_S=n/a
             if time_check "$tag-check"; then c=$SECS; chk+=("$c"); fi
-            if time_up "$tag-up"; then u=$SECS; ups+=("$u"); fi
+            if time_up "$tag-up"; then
+                u=$SECS
+                ups+=("$u")
+                [ "$FIRST_S" = n/a ] || firsts+=("$FIRST_S")
+            fi
             if time_down "$tag-down" && [ "$u" != n/a ]; then d=$SECS; downs+=("$d"); fi
             wait_api_gone
-            if time_by_hand "$tag-hand" "$n"; then h=$SECS; hands+=("$h"); fi
+            if time_by_hand "$tag-hand" "$n"; then
+                h=$SECS
+                hands+=("$h")
+                hfirsts+=("$HAND_FIRST_S")
+            fi
             wait_api_gone
-            log "$(printf 'N=%s L=%-3s #%d  check %5s  up %6s (ready %5s after its check)  down %5s  by hand %6s' \
-                "$n" "$load" "$run" "$(fmt %.2f "$c")" "$(fmt %.2f "$u")" "$(fmt %.2f "$READY_S")" "$(fmt %.2f "$d")" "$(fmt %.2f "$h")")"
+            log "$(printf 'N=%s L=%-3s #%d  check %5s  up %6s (ready %5s after its check; 1st completion %5s)  down %5s  by hand %6s (1st completion %5s)' \
+                "$n" "$load" "$run" "$(fmt %.2f "$c")" "$(fmt %.2f "$u")" "$(fmt %.2f "$READY_S")" "$(fmt %.2f "$FIRST_S")" "$(fmt %.2f "$d")" "$(fmt %.2f "$h")" "$(fmt %.2f "$HAND_FIRST_S")")"
         done
         k=$n/$load
         R[check_$k]=$(median "${chk[@]}")
         R[up_$k]=$(median "${ups[@]}")
         R[down_$k]=$(median "${downs[@]}")
         R[hand_$k]=$(median "${hands[@]}")
+        R[first_$k]=$(median "${firsts[@]}")
+        R[hfirst_$k]=$(median "${hfirsts[@]}")
     done
     cluster_down
 done
@@ -408,7 +457,7 @@ for n in $NODES; do
         else
             o=n/a
         fi
-        ROWS+=("$n"$'\t'"$load"$'\t'"$(fmt %.2f "${R[check_$k]}")"$'\t'"$(fmt %.2f "$u")"$'\t'"$(fmt %.2f "$h")"$'\t'"$(ratio "$u" "$h")"$'\t'"$(fmt %+.2f "$o")"$'\t'"$(fmt %.2f "${R[down_$k]}")")
+        ROWS+=("$n"$'\t'"$load"$'\t'"$(fmt %.2f "${R[check_$k]}")"$'\t'"$(fmt %.2f "$u")"$'\t'"$(fmt %.2f "$h")"$'\t'"$(ratio "$u" "$h")"$'\t'"$(fmt %+.2f "$o")"$'\t'"$(fmt %.2f "${R[down_$k]}")"$'\t'"$(fmt %.2f "${R[first_$k]}")"$'\t'"$(fmt %.2f "${R[hfirst_$k]}")")
     done
 done
 
@@ -427,9 +476,10 @@ fi
 
 {
     echo
-    echo "== xfer-launch vs by hand: xfer $GIT_REV, host cores: $CORES, RUNS=$RUNS (medians), stand-in vLLM, $(date -u +%Y-%m-%dT%H:%MZ) =="
+    if [ "$ENGINE" = vllm ]; then what="real vLLM $("$ENGINE_BIN/python" -c 'import vllm.version as v; print(v.__version__)' 2>/dev/null) (CPU, tp 2)"; else what="stand-in vLLM"; fi
+    echo "== xfer-launch vs by hand: xfer $GIT_REV, host cores: $CORES, RUNS=$RUNS (medians), $what, $(date -u +%Y-%m-%dT%H:%MZ) =="
     {
-        printf 'N\tL s\tcheck s\tup s\tby-hand s\tup/by-hand\toverhead s\tdown s\n'
+        printf 'N\tL s\tcheck s\tup s\tby-hand s\tup/by-hand\toverhead s\tdown s\t1st up s\t1st hand s\n'
         printf '%s\n' "${ROWS[@]}"
     } | column -t -s $'\t'
     echo "Summary: xfer-launch up costs $ospan over launching the plan by hand ($rspan of the by-hand time); check takes $(fmt %.2f "$c_lo") s at N=$n_lo and $(fmt %.2f "$c_hi") s at N=$n_hi."

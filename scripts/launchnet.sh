@@ -17,8 +17,10 @@
 # The root namespace reaches every 10.79.i.2, but an nftables table
 # `inet $PREFIX` drops whatever it would forward to or from the management
 # links, so nodes reach each other only over the fabric (and nothing beyond
-# the root namespace). `down` deletes the namespaces (and with them every
-# veth) and that table; nothing else on the machine is touched.
+# the root namespace). Each node gets /etc/netns/NODE/resolv.conf (no name
+# server: lookups fail at once). `down` deletes the namespaces (and with
+# them every veth), those files and that table; nothing else on the
+# machine is touched.
 # Needs root, iproute2 and nft. Env: PREFIX (default xln; a-z0-9, <= 8 chars).
 set -euo pipefail
 
@@ -41,7 +43,10 @@ nodes() {
 
 down() {
     local i l
-    for i in $(nodes); do ip netns del "$(node "$i")" 2>/dev/null || true; done
+    for i in $(nodes); do
+        ip netns del "$(node "$i")" 2>/dev/null || true
+        rm -rf "/etc/netns/$(node "$i")"
+    done
     ip netns del "$SW" 2>/dev/null || true
     # Root ends whose node namespace someone else removed are gone with it;
     # any left over (a half-done `up`) go here.
@@ -93,6 +98,12 @@ EOF
         ip -n "$SW" link set "p$i" master br0 up
         ip -n "$ns" addr add "10.80.0.$i/24" dev "$(fabif "$i")"
         ip -n "$ns" link set "$(fabif "$i")" up
+        # No name server is reachable from a node: make lookups fail at
+        # once, as on a cluster whose DNS answers, instead of waiting for
+        # the host's resolver twice 5 s (torch.distributed looks up every
+        # peer's name; `ip netns exec` mounts this over /etc/resolv.conf).
+        mkdir -p "/etc/netns/$ns"
+        printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"/etc/netns/$ns/resolv.conf"
     done
     trap - EXIT
     command -v ping >/dev/null || { echo "$ME: ping not found (apt-get install iputils-ping); not waiting" >&2; return 0; }

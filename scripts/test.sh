@@ -34,6 +34,12 @@ if ! "$hf_venv/bin/python" -c 'import huggingface_hub' 2>/dev/null || [ ! -x "$h
 fi
 # olah, a real Hub mirror, in its own venv (a no-op when it is there).
 scripts/olah-mirror.sh install
+# Real engines for the launcher's tests (tests/engines.rs, the SGLang parser
+# test): vLLM's CPU build, Ray and SGLang, in one venv outside the tree
+# (about 3 minutes and 6 GB the first time, a no-op after). If PyPI cannot
+# be reached the rest of the suite still runs, and those tests fail, each
+# saying the engines are missing: they are never skipped.
+scripts/engines.sh install || echo "engines: install failed (above); tests/engines.rs will fail saying so" >&2
 
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt

@@ -13,8 +13,18 @@ fn the_demo_streams_its_model_to_every_node_and_prints_the_ratio() {
     let t = tempdir("demo");
     let dir = t.path().join("demo");
     let mut c = xfer();
-    c.args(["demo", "--size", "40MiB", "--nodes", "2", "--dir"])
-        .arg(&dir);
+    // The real-engine step (vLLM across two nodes) is tested in
+    // tests/engines.rs; here the demo stops at the check.
+    c.args([
+        "demo",
+        "--size",
+        "40MiB",
+        "--nodes",
+        "2",
+        "--no-engine",
+        "--dir",
+    ])
+    .arg(&dir);
     let r = run(&mut c, Duration::from_secs(300));
     r.assert_ok("xfer demo");
     let out = &r.stdout;

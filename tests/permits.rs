@@ -37,6 +37,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         wait_timeout_ms: 1_000,
         grace_ms: 1_000,
         weights: None,
+        evict_page_cache: false,
     }))
 }
 
@@ -59,6 +60,7 @@ fn id_probe(out: &Path) -> LaunchRequest {
                 "-c".into(),
                 format!("id > '{}'; echo 1.0", out.display()),
             ],
+            python_of: None,
         }],
         rdma: None,
     }))
@@ -328,6 +330,7 @@ fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
         wait_timeout_ms: 1_000,
         grace_ms: 1_000,
         weights: None,
+        evict_page_cache: false,
     }
 }
 

@@ -84,6 +84,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         wait_timeout_ms: 1_000,
         grace_ms: 1_000,
         weights: None,
+        evict_page_cache: false,
     }))
 }
 

@@ -68,20 +68,52 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
             other => Err(unexpected(&other)),
         })
         .collect();
-    // Then every node listens and connects at once.
-    let reached = agents
-        .ask_all(
-            |i, _| {
-                let (listen, peers, window_ms) = preflight::reach_of(&reqs[i]);
-                LaunchRequest::Reach {
-                    listen,
-                    peers,
-                    window_ms,
+    // Then every node listens and connects at once, and, at the same
+    // time, meets the others with the engine's own library (the store on
+    // another port than the reach round's).
+    let rendezvous = preflight::rendezvous_requests(setup);
+    let reach_round = agents.ask_all(
+        |i, _| {
+            let (listen, peers, window_ms) = preflight::reach_of(&reqs[i]);
+            LaunchRequest::Reach {
+                listen,
+                peers,
+                window_ms,
+            }
+        },
+        Duration::from_millis(preflight::REACH_WINDOW_MS) + crate::agents::QUICK,
+    );
+    let rendezvous_round = async {
+        if rendezvous.is_empty() {
+            return Vec::new();
+        }
+        agents
+            .ask_all(
+                |i, _| LaunchRequest::Rendezvous(Box::new(rendezvous[i].clone())),
+                Duration::from_millis(preflight::RENDEZVOUS_TIMEOUT_MS) + crate::agents::QUICK,
+            )
+            .await
+    };
+    let (reached, met) = tokio::join!(reach_round, rendezvous_round);
+    for (f, m) in facts.iter_mut().zip(met) {
+        if let Ok(f) = f {
+            f.rendezvous = match m {
+                Ok(LaunchReply::Rendezvoused(p)) => p,
+                Ok(other) => xfer_proto::launch::Probe::Failed(unexpected(&other)),
+                Err(e) => xfer_proto::launch::Probe::Failed(e),
+            };
+        }
+    }
+    if rendezvous.is_empty() {
+        for f in facts.iter_mut().flatten() {
+            f.rendezvous = xfer_proto::launch::Probe::Skipped(match setup.engine {
+                crate::config::Engine::Custom => {
+                    "a custom engine may not use torch.distributed".into()
                 }
-            },
-            Duration::from_millis(preflight::REACH_WINDOW_MS) + crate::agents::QUICK,
-        )
-        .await;
+                _ => "a single node has no peer to meet".into(),
+            });
+        }
+    }
     for (f, r) in facts.iter_mut().zip(reached) {
         if let Ok(f) = f {
             match r {

@@ -21,6 +21,25 @@ pub struct Diagnosed {
     pub report: RankReport,
     /// Known failure signatures found in the end of the log.
     pub hints: Vec<Hint>,
+    /// The last line of the first Python traceback in the end of the log
+    /// ([`crate::traceback`]).
+    #[serde(default)]
+    pub root_cause: Option<String>,
+}
+
+/// `why`, with the root cause of the first of `ranks` (most telling
+/// first) whose log has one: "...; root cause on n1 (rank 0): KeyError: 'x'".
+pub fn with_root_cause(why: String, ranks: &[Diagnosed]) -> String {
+    match ranks
+        .iter()
+        .find_map(|d| d.root_cause.as_ref().map(|c| (d, c)))
+    {
+        Some((d, cause)) => format!(
+            "{why}; root cause on {} (rank {}): {cause}",
+            d.report.node, d.report.rank
+        ),
+        None => why,
+    }
 }
 
 /// Each report with its hints, in the same order.
@@ -33,7 +52,12 @@ pub async fn diagnose(agents: &Agents, reports: Vec<RankReport>) -> Vec<Diagnose
             Err(_) => report.tail.join("\n"),
         };
         let hints = signatures::scan(&text);
-        out.push(Diagnosed { report, hints });
+        let root_cause = crate::traceback::root_cause(&text);
+        out.push(Diagnosed {
+            report,
+            hints,
+            root_cause,
+        });
     }
     out
 }
@@ -109,11 +133,19 @@ mod tests {
                 tail: vec!["OSError: [Errno 98] Address already in use".into()],
             },
             hints: signatures::scan("OSError: [Errno 98] Address already in use\n"),
+            root_cause: Some("OSError: [Errno 98] Address already in use".into()),
         };
         let json = serde_json::to_value(&d).unwrap();
         assert_eq!(json["rank"], 1);
         assert_eq!(json["hints"][0]["id"], "port-in-use");
-        assert_eq!(serde_json::from_value::<Diagnosed>(json).unwrap(), d);
+        assert_eq!(
+            serde_json::from_value::<Diagnosed>(json).unwrap(),
+            d.clone()
+        );
+        assert_eq!(
+            with_root_cause("a rank failed: exited with 1".into(), &[d]),
+            "a rank failed: exited with 1; root cause on a (rank 1): OSError: [Errno 98] Address already in use"
+        );
     }
 
     #[test]

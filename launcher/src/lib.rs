@@ -4,7 +4,8 @@
 //! [`specs`] turns the plan into the agents' rank specs. Those are pure.
 //! [`agents`] talks to the nodes' xfer agents, [`check`], [`up`] (with
 //! [`ready`] and [`record`]) drive a launch, [`diagnose`] reads a failed
-//! rank's log for the known [`signatures`]; `xfer-launch` (src/main.rs,
+//! rank's log for the known [`signatures`] and its root cause
+//! ([`traceback`]); `xfer-launch` (src/main.rs,
 //! src/cli/) is the command line over them.
 
 pub mod agents;
@@ -17,4 +18,5 @@ pub mod ready;
 pub mod record;
 pub mod signatures;
 pub mod specs;
+pub mod traceback;
 pub mod up;

@@ -63,6 +63,7 @@ fn main() -> ExitCode {
             grace,
             record,
             api_url,
+            evict_page_cache,
             json,
         } => {
             let opts = UpOptions {
@@ -70,6 +71,7 @@ fn main() -> ExitCode {
                 grace: Duration::from_secs(grace),
                 record,
                 api_url,
+                evict_page_cache,
             };
             with_agents(&cluster, |s, a| cli::up(s, a, opts, json))
         }

@@ -211,7 +211,7 @@ fn rank_plan(setup: &Setup, rank: usize, node: &RankNode) -> RankPlan {
         Engine::Sglang => {
             let mut a = argv!["python", "-m", "sglang.launch_server", "--model-path"];
             a.push(model);
-            a.extend(argv!["--tp", setup.tp]);
+            a.extend(argv!["--tp-size", setup.tp]);
             // Left out at 1 so the common TP-only launch is exactly the
             // documented command (and older SGLang without --pp-size runs it).
             if setup.pp > 1 {
@@ -647,7 +647,7 @@ mod tests {
                     "sglang.launch_server",
                     "--model-path",
                     "/models/qwen3-8b",
-                    "--tp",
+                    "--tp-size",
                     "2",
                     "--nnodes",
                     "2",
@@ -675,7 +675,7 @@ mod tests {
         // Pipeline parallel across the nodes adds --pp-size.
         let p = plan_of("engine = \"sglang\"\nmodel = \"/m\"");
         let a = &p.ranks[0].argv;
-        assert_eq!(a[5..9], v(&["--tp", "1", "--pp-size", "2"]));
+        assert_eq!(a[5..9], v(&["--tp-size", "1", "--pp-size", "2"]));
     }
 
     #[test]

@@ -74,7 +74,12 @@ const SIGNATURES: &[Signature] = &[
     Signature {
         id: "oom-killer",
         all: &["Out of memory: Killed process"],
-        hint: "the kernel's OOM killer stopped a process: free memory on this node (drop the page cache: `sync; echo 1 > /proc/sys/vm/drop_caches`), or lower the memory the engine takes",
+        hint: "the kernel's OOM killer stopped a process: free memory on this node (`xfer-launch up --evict-page-cache` drops the model's pages from the page cache first), or lower the memory the engine takes",
+    },
+    Signature {
+        id: "killed",
+        all: &["[xfer agent]", "was killed by signal 9"],
+        hint: "a rank's process was killed with SIGKILL, the whole group was stopped with it: by the kernel's OOM killer (look for \"Out of memory: Killed process\" in `dmesg` or the journal, then free memory or start with `xfer-launch up --evict-page-cache`), or by someone on that node",
     },
     Signature {
         id: "ray-placement",

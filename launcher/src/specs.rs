@@ -87,6 +87,8 @@ pub fn rank_specs(
                 wait_timeout_ms: init_timeout.as_millis() as u64,
                 grace_ms: grace.as_millis() as u64,
                 weights: weights.clone(),
+                // Set by `up` per node (unified memory, or asked for).
+                evict_page_cache: false,
             }
         })
         .collect()

@@ -16,7 +16,7 @@ use xfer_proto::launch::{RankReport, RunState};
 use crate::agents::{unexpected, Agents};
 use crate::check::{self, Checked};
 use crate::config::Setup;
-use crate::diagnose::{diagnose, Diagnosed};
+use crate::diagnose::{diagnose, with_root_cause, Diagnosed};
 use crate::plan::{self, Plan};
 use crate::preflight;
 use crate::ready::{Api, Readiness};
@@ -33,6 +33,9 @@ pub struct UpOptions {
     pub record: Option<PathBuf>,
     /// The API's base URL (default: http://HEAD_AGENT_HOST:API_PORT).
     pub api_url: Option<String>,
+    /// Drop the model's pages from every node's page cache before the
+    /// ranks start (always done on nodes with unified memory).
+    pub evict_page_cache: bool,
 }
 
 /// What became of the launch.
@@ -112,6 +115,12 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
     })
 }
 
+/// How often `up` asks the agents how the ranks are doing while it waits.
+const RANK_POLL: Duration = Duration::from_secs(1);
+
+/// How long the ranks get to fail on their own after a failed completion.
+const FAILURE_SETTLE: Duration = Duration::from_secs(10);
+
 /// Why a launch failed, and the ranks to show (the most telling first).
 type Failure = (String, Vec<Diagnosed>);
 
@@ -124,7 +133,7 @@ async fn launch(
     checked: &Checked,
 ) -> Result<(f64, Readiness), Failure> {
     let t0 = Instant::now();
-    let specs = specs::rank_specs(
+    let mut specs = specs::rank_specs(
         setup,
         plan,
         run,
@@ -132,6 +141,10 @@ async fn launch(
         opts.init_timeout,
         opts.grace,
     );
+    for (spec, (_, facts)) in specs.iter_mut().zip(&checked.nodes) {
+        let unified = facts.as_ref().is_ok_and(|f| f.unified_memory == Some(true));
+        spec.evict_page_cache = opts.evict_page_cache || unified;
+    }
     eprintln!(
         "starting run {run}: {} on {} node(s), plan {}",
         plan.engine.as_str(),
@@ -185,9 +198,17 @@ async fn launch(
     );
     let deadline = t0 + opts.init_timeout;
     let mut last_note = Instant::now();
+    let mut last_query: Option<Instant> = None;
     loop {
-        // A rank that stopped ends the launch.
-        let reports = query(agents, run).await;
+        // A rank that stopped ends the launch. Asked once a second, not at
+        // every health poll: each question is a mutually authenticated
+        // QUIC handshake on both sides, CPU the loading engine wants.
+        let reports = if last_query.is_none_or(|t| t.elapsed() >= RANK_POLL) {
+            last_query = Some(Instant::now());
+            query(agents, run).await
+        } else {
+            Vec::new()
+        };
         if let Some(bad) = reports.iter().flatten().find(|r| !r.state.is_live()) {
             let why = match &bad.state {
                 RunState::Failed(w) | RunState::Stopped(w) => w.clone(),
@@ -227,7 +248,8 @@ async fn launch(
                 "ranks failed"
             };
             let failed = diagnose(agents, failed).await;
-            return Err((format!("{label}: {}", whys.join("; ")), failed));
+            let why = with_root_cause(format!("{label}: {}", whys.join("; ")), &failed);
+            return Err((why, failed));
         }
         let last_health = match api.healthy().await {
             Ok(()) => break,
@@ -246,13 +268,11 @@ async fn launch(
             // with a known signature first.
             let mut all = diagnose(agents, reports.into_iter().flatten().collect()).await;
             all.sort_by_key(|d| (d.hints.is_empty(), d.report.rank));
-            return Err((
-                format!(
-                    "not ready within {}s (last: {last_health}); ranks: {quiet}; stopped the group",
-                    opts.init_timeout.as_secs()
-                ),
-                all,
-            ));
+            let why = format!(
+                "not ready within {}s (last: {last_health}); ranks: {quiet}; stopped the group",
+                opts.init_timeout.as_secs()
+            );
+            return Err((with_root_cause(why, &all), all));
         }
         if last_note.elapsed() > Duration::from_secs(15) {
             eprintln!(
@@ -266,6 +286,18 @@ async fn launch(
     let readiness = match api.measure().await {
         Ok(r) => r,
         Err(e) => {
+            // The engine usually dies of it: give its ranks a moment to
+            // fail on their own, so that the first to fail is known.
+            let settle = Instant::now() + FAILURE_SETTLE;
+            while Instant::now() < settle
+                && query(agents, run)
+                    .await
+                    .iter()
+                    .flatten()
+                    .all(|r| r.state.is_live())
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             stop_run(
                 agents,
                 run,
@@ -273,10 +305,21 @@ async fn launch(
                 "the engine failed its first completion",
             )
             .await;
-            return Err((
-                format!("/health answered 200 but a completion failed: {e}"),
-                Vec::new(),
-            ));
+            let mut ranks: Vec<RankReport> =
+                query(agents, run).await.into_iter().flatten().collect();
+            ranks.sort_by_key(|r| {
+                (
+                    !matches!(r.state, RunState::Failed(_)),
+                    r.failed_ms.unwrap_or(u64::MAX),
+                    r.rank,
+                )
+            });
+            let ranks = diagnose(agents, ranks).await;
+            let why = with_root_cause(
+                format!("/health answered 200 but the first completion failed: {e}"),
+                &ranks,
+            );
+            return Err((why, ranks));
         }
     };
     Ok((t0.elapsed().as_secs_f64(), readiness))

@@ -50,6 +50,11 @@ pub enum Cmd {
         /// The API's base URL for the readiness probe (default: http://HEAD_AGENT_HOST:API_PORT).
         #[arg(long)]
         api_url: Option<String>,
+        /// Drop the model's pages from every node's page cache before the
+        /// ranks start (posix_fadvise DONTNEED on its files; never a global
+        /// drop). Always done on nodes with unified memory (GB10, GH200).
+        #[arg(long)]
+        evict_page_cache: bool,
         /// Print the outcome as JSON on stdout.
         #[arg(long)]
         json: bool,

@@ -71,6 +71,9 @@ fn print_failure(d: &Diagnosed) {
     for l in &r.tail {
         eprintln!("  {l}");
     }
+    if let Some(cause) = &d.root_cause {
+        eprintln!("root cause: {cause}");
+    }
     for h in &d.hints {
         eprintln!("hint [{}]: {}\n  seen: {}", h.id, h.hint, h.line);
     }

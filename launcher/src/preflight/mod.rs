@@ -19,7 +19,8 @@ use std::net::SocketAddr;
 
 use serde::Serialize;
 use xfer_proto::launch::{
-    NodeFacts, PortNeed, PreflightRequest, Probe, RdmaNeed, ReachTarget, VersionProbe,
+    NodeFacts, PortNeed, PreflightRequest, Probe, RdmaNeed, ReachTarget, RendezvousRequest,
+    VersionProbe,
 };
 
 use crate::config::{Engine, RankNode, Setup};
@@ -57,30 +58,78 @@ fn head_ports(setup: &Setup) -> Vec<PortNeed> {
     ports
 }
 
-/// The version probes for this engine.
+/// The version probes for this engine. The engines' Python packages are
+/// asked through the Python that runs them (`python_of`: the agent reads
+/// the module's version file, in milliseconds, where `vllm --version`
+/// imports all of vLLM for ten seconds); the command is the fallback.
 pub(crate) fn version_probes(engine: Engine) -> Vec<VersionProbe> {
-    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect();
+    let probe = |what: &str, python_of: Option<&str>, argv: &[&str]| VersionProbe {
+        what: what.into(),
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        python_of: python_of.map(str::to_string),
+    };
+    let torch = |of: &str| {
+        probe(
+            "torch",
+            Some(of),
+            &["python3", "-c", "import torch; print(torch.__version__)"],
+        )
+    };
     match engine {
-        Engine::Vllm => vec![VersionProbe {
-            what: "vllm".into(),
-            argv: argv(&["vllm", "--version"]),
-        }],
-        Engine::VllmRay => vec![
-            VersionProbe {
-                what: "vllm".into(),
-                argv: argv(&["vllm", "--version"]),
-            },
-            VersionProbe {
-                what: "ray".into(),
-                argv: argv(&["ray", "--version"]),
-            },
+        Engine::Vllm => vec![
+            probe("vllm", Some("vllm"), &["vllm", "--version"]),
+            torch("vllm"),
         ],
-        Engine::Sglang => vec![VersionProbe {
-            what: "sglang".into(),
-            argv: argv(&["python", "-c", "import sglang; print(sglang.__version__)"]),
-        }],
+        Engine::VllmRay => vec![
+            probe("vllm", Some("vllm"), &["vllm", "--version"]),
+            probe("ray", Some("ray"), &["ray", "--version"]),
+            torch("vllm"),
+        ],
+        Engine::Sglang => vec![
+            probe(
+                "sglang",
+                Some("python3"),
+                &["python3", "-c", "import sglang; print(sglang.__version__)"],
+            ),
+            torch("python3"),
+        ],
         Engine::Custom => Vec::new(),
     }
+}
+
+/// How long the rendezvous probe may take: a Gloo all-reduce between
+/// nodes that can meet takes well under a second after torch's import.
+pub const RENDEZVOUS_TIMEOUT_MS: u64 = 25_000;
+
+/// The rendezvous probe of every node, in rank order (empty for a custom
+/// engine, which may not use torch, and for a single node): a Gloo
+/// all-reduce through a store on the head's fabric address at the API
+/// port (free on the head, and not the reach round's port, so both rounds
+/// run at once), in the Python that runs the engine.
+pub fn rendezvous_requests(setup: &Setup) -> Vec<RendezvousRequest> {
+    let python_of = match setup.engine {
+        Engine::Vllm | Engine::VllmRay => "vllm",
+        Engine::Sglang => "python3",
+        Engine::Custom => return Vec::new(),
+    };
+    if setup.nodes.len() < 2 {
+        return Vec::new();
+    }
+    let head = SocketAddr::new(setup.nodes[0].fabric_ip, setup.ports.api);
+    setup
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(rank, n)| RendezvousRequest {
+            node: n.name.clone(),
+            python_of: python_of.into(),
+            rank: rank as u32,
+            world: setup.nodes.len() as u32,
+            master: head,
+            fabric_if: n.fabric_if.clone(),
+            timeout_ms: RENDEZVOUS_TIMEOUT_MS,
+        })
+        .collect()
 }
 
 /// The reachability round of node `i`'s request: where it listens, whom
@@ -168,8 +217,20 @@ pub struct Row {
 
 /// The checks, in the order the table lists them.
 pub const CHECKS: &[&str] = &[
-    "agent", "weights", "disk", "memory", "gpu", "fabric", "route", "reach", "links", "ports",
-    "versions", "rdma",
+    "agent",
+    "weights",
+    "disk",
+    "memory",
+    "cache",
+    "gpu",
+    "fabric",
+    "route",
+    "reach",
+    "rendezvous",
+    "links",
+    "ports",
+    "versions",
+    "rdma",
 ];
 
 /// What every check reads: the setup and every node's answer.
@@ -234,15 +295,17 @@ impl Rows {
 type Check = fn(&Ctx, &mut Rows);
 
 /// The checks, as [`CHECKS`] names them, in its order.
-const JUDGES: [(&str, Check); 12] = [
+const JUDGES: [(&str, Check); 14] = [
     ("agent", checks::agent),
     ("weights", checks::weights),
     ("disk", checks::disk),
     ("memory", checks::memory),
+    ("cache", checks::cache),
     ("gpu", checks::gpu),
     ("fabric", checks::fabric),
     ("route", checks::route),
     ("reach", checks::reach),
+    ("rendezvous", checks::rendezvous),
     ("links", checks::links),
     ("ports", checks::ports),
     ("versions", checks::versions),

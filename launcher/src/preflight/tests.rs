@@ -88,10 +88,23 @@ fn good(setup: &Setup, i: usize) -> NodeFacts {
                 result: Probe::Ok(250),
             })
             .collect(),
-        versions: vec![VersionFacts {
-            what: "vllm".into(),
-            version: Probe::Ok("0.11.0".into()),
-        }],
+        versions: vec![
+            VersionFacts {
+                what: "vllm".into(),
+                version: Probe::Ok("0.11.0".into()),
+            },
+            VersionFacts {
+                what: "torch".into(),
+                version: Probe::Ok("2.13.0+cu130".into()),
+            },
+        ],
+        page_cache: Probe::Ok(PageCacheFacts {
+            resident_bytes: 4 << 30,
+            total_bytes: 16 << 30,
+            files: 4,
+        }),
+        unified_memory: Some(true),
+        rendezvous: Probe::Ok(120),
         rdma: Probe::Ok(RdmaFacts {
             device: n
                 .rdma
@@ -331,4 +344,59 @@ fn requests_probe_the_rendezvous_port_and_bind_ports_on_the_head_only() {
 fn every_check_is_judged_in_the_order_of_the_table() {
     let names: Vec<&str> = JUDGES.iter().map(|(name, _)| *name).collect();
     assert_eq!(names, CHECKS);
+}
+
+#[test]
+fn the_rendezvous_and_the_page_cache_are_reported_per_node() {
+    let s = s();
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            f.rendezvous = Probe::Failed(
+                "the Gloo all-reduce did not finish within 22.0s: a rank waits for a peer it cannot reach".into(),
+            );
+            f.unified_memory = Some(false);
+        }
+    });
+    let bad = fails(&rows);
+    assert_eq!(bad.len(), 1, "{}", render(&rows));
+    assert_eq!(bad[0].0, "rendezvous");
+    assert_eq!(bad[0].1, s.nodes[1].name);
+    assert!(
+        bad[0].2.contains("did not finish within 22.0s"),
+        "{}",
+        bad[0].2
+    );
+    let fix = rows
+        .iter()
+        .find(|r| r.check == "rendezvous" && r.verdict == Verdict::Fail)
+        .and_then(|r| r.fix.clone())
+        .unwrap();
+    assert!(fix.contains("firewall"), "{fix}");
+    let cache: Vec<&Row> = rows.iter().filter(|r| r.check == "cache").collect();
+    assert_eq!(cache.len(), 2);
+    assert!(
+        cache[0]
+            .detail
+            .contains("(25 %, 4 files) in the page cache; unified memory"),
+        "{}",
+        cache[0].detail
+    );
+    assert!(
+        cache[1].detail.contains("GPU memory is separate"),
+        "{}",
+        cache[1].detail
+    );
+    // The torch version is compared like the engine's.
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            f.versions[1].version = Probe::Ok("2.12.0+cu128".into());
+        }
+    });
+    let bad = fails(&rows);
+    assert!(
+        bad.iter()
+            .any(|(c, _, d)| *c == "versions" && d.contains("torch differs")),
+        "{}",
+        render(&rows)
+    );
 }

@@ -44,6 +44,9 @@ pub enum LaunchRequest {
     },
     /// Part of a rank's log.
     ReadLog { run: String, offset: u64, max: u64 },
+    /// Meet the other nodes with the engine's own collective library (a
+    /// Gloo all-reduce in the engine's Python), run on every node at once.
+    Rendezvous(Box<RendezvousRequest>),
 }
 
 /// Agent → launcher: the answer to a [`LaunchRequest`].
@@ -61,6 +64,9 @@ pub enum LaunchReply {
     /// Ranks, newest first.
     Runs(Vec<RankReport>),
     Log(Box<LogChunk>),
+    /// The rendezvous: the all-reduce's time in milliseconds, or why it
+    /// failed.
+    Rendezvoused(Probe<u64>),
 }
 
 impl LaunchReply {
@@ -71,6 +77,7 @@ impl LaunchReply {
             LaunchReply::Reached { .. } => "Reached",
             LaunchReply::Runs(_) => "Runs",
             LaunchReply::Log(_) => "Log",
+            LaunchReply::Rendezvoused(_) => "Rendezvoused",
             LaunchReply::Failed(_) => "Failed",
         }
     }
@@ -124,9 +131,30 @@ pub struct ReachTarget {
 /// stdout (warnings come first; see [`versions`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionProbe {
-    /// "vllm", "sglang", "torch", ...
+    /// "vllm", "sglang", "torch", ...: with `python_of`, the Python module.
     pub what: String,
     pub argv: Vec<String>,
+    /// Ask the Python that runs this program (a script on PATH, by its
+    /// `#!` line) for the version of the module `what`, with the agent's
+    /// own snippet, which reads the module's version file and imports
+    /// nothing heavy. A program that is no Python script falls back to
+    /// `argv`. (`vllm --version` imports all of vLLM: ten seconds.)
+    pub python_of: Option<String>,
+}
+
+/// The rendezvous probe of one node: what a rank of the engine does at
+/// init, reduced to one Gloo all-reduce of `world` ranks through a
+/// TCP store on `master`, over `fabric_if` (`GLOO_SOCKET_IFNAME`), in the
+/// Python that runs `python_of` (the engine's launcher script).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RendezvousRequest {
+    pub node: String,
+    pub python_of: String,
+    pub rank: u32,
+    pub world: u32,
+    pub master: SocketAddr,
+    pub fabric_if: String,
+    pub timeout_ms: u64,
 }
 
 /// The RDMA device the cluster file names for this node.
@@ -169,6 +197,13 @@ pub struct NodeFacts {
     pub reach: Vec<ReachFacts>,
     pub versions: Vec<VersionFacts>,
     pub rdma: Probe<RdmaFacts>,
+    /// The model's bytes in the page cache.
+    pub page_cache: Probe<PageCacheFacts>,
+    /// Whether the GPUs share the host's memory (GB10, GH200, GB200): then
+    /// the page cache competes with GPU allocations. None: no GPU seen.
+    pub unified_memory: Option<bool>,
+    /// The rendezvous probe (filled in by the launcher's second round).
+    pub rendezvous: Probe<u64>,
 }
 
 /// The model at the plan's path on this node.
@@ -205,6 +240,15 @@ pub struct DiskFacts {
 pub struct MemFacts {
     pub mem_total: u64,
     pub mem_available: u64,
+}
+
+/// How much of the model sits in this node's page cache (`mincore` over
+/// its files): on unified-memory machines that memory is the GPU's too.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageCacheFacts {
+    pub resident_bytes: u64,
+    pub total_bytes: u64,
+    pub files: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -317,6 +361,9 @@ pub struct RankSpec {
     /// checks again, right before it starts anything, that it holds them
     /// complete and verified with this root.
     pub weights: Option<WeightGate>,
+    /// Drop the model's pages from the page cache before starting
+    /// (`posix_fadvise(DONTNEED)` on the gate's files; never a global drop).
+    pub evict_page_cache: bool,
 }
 
 /// The weights a rank must run on.
@@ -490,6 +537,9 @@ mod tests {
                 version: Probe::Ok("0.11.0".into()),
             }],
             rdma: Probe::Skipped("none".into()),
+            page_cache: Probe::Skipped("none".into()),
+            unified_memory: None,
+            rendezvous: Probe::Ok(42),
         };
         let spec = RankSpec {
             run: "r1".into(),
@@ -508,6 +558,7 @@ mod tests {
             wait_timeout_ms: 1,
             grace_ms: 2,
             weights: None,
+            evict_page_cache: true,
         };
         for m in [
             LaunchReply::PreflightReport(Box::new(facts)),

@@ -12,7 +12,7 @@ use anyhow::Result;
 use super::{answer, read_or_refuse, Caller, Ctx};
 use xfer_proto::admin::ModelState;
 use xfer_proto::frame::REQUEST_LIMIT;
-use xfer_proto::launch::{LaunchReply, LaunchRequest, RankSpec};
+use xfer_proto::launch::{LaunchReply, LaunchRequest, Probe, RankSpec};
 use xfer_proto::refusal::Refusal;
 
 /// Answers the one request on a launch stream.
@@ -38,6 +38,7 @@ pub(super) async fn serve(
         LaunchRequest::Reach { .. } => Some("run a reach probe"),
         LaunchRequest::StartRank(_) => Some("start a rank"),
         LaunchRequest::ReadLog { .. } => Some("read a rank's log"),
+        LaunchRequest::Rendezvous(_) => Some("run a rendezvous probe"),
     };
     if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
         return answer(&conn, send, &LaunchReply::Failed(r)).await;
@@ -87,6 +88,23 @@ pub(super) async fn serve(
                         spec.run,
                         argv.join(" ; ")
                     );
+                    if let (true, Some(gate)) = (spec.evict_page_cache, &spec.weights) {
+                        let dir = std::path::PathBuf::from(&gate.path);
+                        let evicted = tokio::task::spawn_blocking(move || {
+                            crate::sysinfo::pagecache::evict_model(&dir)
+                        })
+                        .await;
+                        match evicted {
+                            Ok(Ok(bytes)) => tracing::info!(
+                                "dropped {} of {} from the page cache before rank {}",
+                                xfer_proto::units::Bytes(bytes),
+                                gate.path,
+                                spec.rank
+                            ),
+                            Ok(Err(why)) => tracing::warn!("{why}"),
+                            Err(e) => tracing::warn!("the page-cache eviction failed: {e}"),
+                        }
+                    }
                     match ctx.ranks.start(*spec) {
                         Ok(report) => LaunchReply::Runs(vec![report]),
                         Err(e) => LaunchReply::Failed(Refusal::Busy(e)),
@@ -106,6 +124,17 @@ pub(super) async fn serve(
             );
             let grace = Duration::from_millis(grace_ms.min(600_000));
             LaunchReply::Runs(ctx.ranks.stop(run.as_deref(), grace, &reason).await)
+        }
+        LaunchRequest::Rendezvous(req) => {
+            match ctx
+                .permits
+                .may_run(&req.node, std::slice::from_ref(&req.python_of))
+            {
+                Err(why) => LaunchReply::Rendezvoused(Probe::Failed(why)),
+                Ok(()) => {
+                    LaunchReply::Rendezvoused(super::preflight::rendezvous::probe(&req).await)
+                }
+            }
         }
         LaunchRequest::ReadLog { run, offset, max } => {
             match ctx.ranks.read_log(&run, offset, max) {

@@ -415,6 +415,10 @@ pub struct DemoArgs {
     /// as a CDN caps each connection; the pull uses 8.
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub hub_rate: u64,
+    /// Stop after `xfer-launch check`, even when a real vLLM is installed
+    /// (otherwise the demo ends by serving a tiny model across two nodes).
+    #[arg(long)]
+    pub no_engine: bool,
 }
 
 pub fn parse_chunk(s: &str) -> Result<u64, String> {

@@ -51,6 +51,8 @@ pub struct DemoOptions {
     pub chunk_size: u64,
     /// The Hub look-alike's cap per connection, bytes per second.
     pub hub_rate: u64,
+    /// End by serving a tiny model with real vLLM when it is installed.
+    pub engine: bool,
 }
 
 const MARKER: &str = ".xfer-demo";
@@ -165,6 +167,10 @@ fn start_agent(
         }
         None => (Command::new(exe), root),
     };
+    // The engines on the agents' PATH, when they are installed.
+    if let Some(path) = super::demo_engine::agent_path() {
+        cmd.env("PATH", path);
+    }
     cmd.args([
         "serve",
         "--allow-launch",
@@ -344,6 +350,29 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
             ns.is_some().then_some(shared.as_path()),
             &model,
         );
+    }
+    let launcher = std::env::current_exe()
+        .ok()
+        .map(|e| e.with_file_name("xfer-launch"))
+        .filter(|p| p.exists());
+    if let (true, true, Some(launcher), true) = (
+        all_ok,
+        opts.engine,
+        launcher,
+        ns.is_some() && agents.len() >= 2,
+    ) {
+        let two = &agents[..2];
+        let mut popts = push_options(two, &key, opts.chunk_size);
+        popts.src = dir.join("tiny-llama-src");
+        popts.name = Some("tiny".into());
+        let pushing = async { Ok(push(&popts, &Progress::new(true)).await?.ok()) };
+        let nodes: Vec<super::demo_engine::Node> = two
+            .iter()
+            .map(|a| super::demo_engine::Node { addr: &a.addr })
+            .collect();
+        all_ok &=
+            super::demo_engine::serve_tiny_model(dir, &launcher, &key, &shared, &nodes, pushing)
+                .await;
     }
     Ok(all_ok)
 }

@@ -11,6 +11,7 @@
 pub mod args;
 mod ca;
 pub mod demo;
+pub mod demo_engine;
 pub mod demo_hub;
 mod jobs;
 mod local;
@@ -51,6 +52,7 @@ async fn demo_command(args: DemoArgs) -> Result<ExitCode> {
         dir,
         chunk_size,
         hub_rate,
+        no_engine,
     } = args;
     let ok = demo::run(&demo::DemoOptions {
         size,
@@ -58,6 +60,7 @@ async fn demo_command(args: DemoArgs) -> Result<ExitCode> {
         dir,
         chunk_size,
         hub_rate,
+        engine: !no_engine,
     })
     .await?;
     Ok(if ok {

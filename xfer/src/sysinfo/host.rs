@@ -108,6 +108,23 @@ pub fn gpus() -> Probe<GpuFacts> {
     })
 }
 
+/// Whether the GPUs share the host's memory: the Grace-based superchips
+/// and the GB10 of DGX Spark, which `nvidia-smi` names, or a GPU that
+/// reports no memory of its own. None when there is no GPU to say.
+pub fn unified_memory(gpus: &Probe<GpuFacts>) -> Option<bool> {
+    let Probe::Ok(g) = gpus else { return None };
+    if g.gpus.is_empty() {
+        return None;
+    }
+    Some(g.gpus.iter().any(|gpu| {
+        let name = gpu.name.to_ascii_uppercase();
+        ["GB10", "GH200", "GB200", "GB300"]
+            .iter()
+            .any(|chip| name.contains(chip))
+            || gpu.memory_total_mib.is_none()
+    }))
+}
+
 /// Runs `nvidia-smi ARGS`, returning its stdout, or the probe outcome
 /// that says why there is none.
 fn nvidia_smi(args: &[&str]) -> Result<String, Probe<GpuFacts>> {
@@ -341,6 +358,23 @@ mod tests {
             }]
         );
         assert_eq!(driver.as_deref(), Some("580.95.05"));
+        let facts = |gpus| {
+            Probe::Ok(GpuFacts {
+                gpus,
+                processes: vec![],
+                driver: None,
+            })
+        };
+        assert_eq!(unified_memory(&facts(gpus)), Some(true));
+        let (h100, _) = parse_gpus("0, NVIDIA H100 80GB HBM3, 81559, 0, 580.95.05\n").unwrap();
+        assert_eq!(unified_memory(&facts(h100)), Some(false));
+        let (gh200, _) = parse_gpus("0, NVIDIA GH200 480GB, 97871, 0, 580.95.05\n").unwrap();
+        assert_eq!(unified_memory(&facts(gh200)), Some(true));
+        assert_eq!(unified_memory(&facts(vec![])), None);
+        assert_eq!(
+            unified_memory(&Probe::Skipped("no nvidia-smi".into())),
+            None
+        );
     }
 
     #[test]

@@ -7,5 +7,6 @@
 pub mod doctor;
 pub mod host;
 pub mod net;
+pub mod pagecache;
 pub mod proc;
 pub mod rdma;

@@ -52,12 +52,12 @@ pub fn memory(ctx: &Ctx, rows: &mut Rows) {
                 let (v, fix) = if m.mem_available < share {
                     (
                         Verdict::Fail,
-                        Some("free memory on this node (stop other processes; drop the page cache: `sync; echo 1 > /proc/sys/vm/drop_caches`), or spread the model over more nodes".to_string()),
+                        Some("free memory on this node (stop other processes; drop the model's pages from the page cache with `xfer-launch up --evict-page-cache`), or spread the model over more nodes".to_string()),
                     )
                 } else if (m.mem_available as f64) < share as f64 * 1.2 {
                     (
                         Verdict::Warn,
-                        Some("little headroom: the OOM killer may stop a rank while it loads; free memory or drop the page cache".to_string()),
+                        Some("little headroom: the OOM killer may stop a rank while it loads; free memory, or start with `xfer-launch up --evict-page-cache`".to_string()),
                     )
                 } else {
                     (Verdict::Pass, None)
@@ -76,6 +76,54 @@ pub fn memory(ctx: &Ctx, rows: &mut Rows) {
                 );
             }
             p => rows.skip_or_fail("memory", &n.name, p, "check /proc/meminfo on this node"),
+        }
+    }
+}
+
+/// `cache`: how much of the model sits in the page cache, and whether the
+/// node's memory is unified (there the cache competes with the GPU's
+/// allocations, and `up` drops the model's pages before it starts).
+pub fn cache(ctx: &Ctx, rows: &mut Rows) {
+    for (n, f) in &ctx.nodes {
+        let memory = match f.unified_memory {
+            Some(true) => "unified memory: `up` drops these pages before it starts",
+            Some(false) => "GPU memory is separate",
+            None => "no GPU seen",
+        };
+        match &f.page_cache {
+            Probe::Ok(c) => {
+                let pct = if c.total_bytes == 0 {
+                    0.0
+                } else {
+                    100.0 * c.resident_bytes as f64 / c.total_bytes as f64
+                };
+                rows.add(
+                    "cache",
+                    &n.name,
+                    Verdict::Pass,
+                    format!(
+                        "{} of {} of the model ({pct:.0} %, {} files) in the page cache; {memory}",
+                        Bytes(c.resident_bytes),
+                        Bytes(c.total_bytes),
+                        c.files
+                    ),
+                    None,
+                );
+            }
+            Probe::Skipped(why) => rows.add(
+                "cache",
+                &n.name,
+                Verdict::Skip,
+                format!("skipped: {why}"),
+                None,
+            ),
+            Probe::Failed(why) => rows.add(
+                "cache",
+                &n.name,
+                Verdict::Warn,
+                format!("{why}; {memory}"),
+                Some("check that the agent may read the model's files".into()),
+            ),
         }
     }
 }

@@ -14,8 +14,8 @@ mod versions;
 mod weights;
 
 pub use agent::agent;
-pub use host::{disk, gpu, memory};
-pub use net::{fabric, links, ports, reach, route};
+pub use host::{cache, disk, gpu, memory};
+pub use net::{fabric, links, ports, reach, rendezvous, route};
 pub use rdma::rdma;
 pub use versions::versions;
 pub use weights::weights;

@@ -182,6 +182,50 @@ pub fn reach(ctx: &Ctx, rows: &mut Rows) {
     }
 }
 
+/// `rendezvous`: the nodes meet with the engine's own library (a Gloo
+/// all-reduce in its Python), which TCP to one port does not prove.
+pub fn rendezvous(ctx: &Ctx, rows: &mut Rows) {
+    let (setup, nodes) = (ctx.setup, &ctx.nodes);
+    let Some(head) = setup.nodes.first() else {
+        return;
+    };
+    for (n, f) in nodes {
+        match &f.rendezvous {
+            Probe::Ok(ms) => rows.add(
+                "rendezvous",
+                &n.name,
+                Verdict::Pass,
+                format!(
+                    "Gloo all-reduce of {} ranks over {} in {ms} ms",
+                    setup.nodes.len(),
+                    n.fabric_if
+                ),
+                None,
+            ),
+            Probe::Skipped(why) => rows.add(
+                "rendezvous",
+                &n.name,
+                Verdict::Skip,
+                format!("skipped: {why}"),
+                None,
+            ),
+            Probe::Failed(why) => rows.add(
+                "rendezvous",
+                &n.name,
+                Verdict::Fail,
+                format!(
+                    "torch.distributed (Gloo) over {} did not meet the other ranks at {}:{}: {why}",
+                    n.fabric_if, head.fabric_ip, setup.ports.api
+                ),
+                Some(format!(
+                    "the engine's ranks would hang the same way: Gloo and NCCL connect between the fabric addresses on ports of their own, so check that {} on {} is the interface that reaches the other nodes and that no firewall (`nft list ruleset`) drops connections between the fabric addresses",
+                    n.fabric_if, n.name
+                )),
+            ),
+        }
+    }
+}
+
 /// `links`: one MTU on the fabric.
 pub fn links(ctx: &Ctx, rows: &mut Rows) {
     let nodes = &ctx.nodes;

@@ -22,9 +22,10 @@ use std::time::Duration;
 
 pub use xfer_proto::launch::*;
 
-use crate::sysinfo::{host, net, rdma};
+use crate::sysinfo::{host, net, pagecache, rdma};
 
 pub mod reach;
+pub mod rendezvous;
 pub mod versions;
 pub mod weights;
 
@@ -119,6 +120,11 @@ pub async fn gather(
     let gpus = gpus
         .await
         .unwrap_or_else(|e| Probe::Failed(blocking("GPU")(e)));
+    let unified_memory = host::unified_memory(&gpus);
+    let model_dir = std::path::PathBuf::from(&weights.path);
+    let page_cache = tokio::task::spawn_blocking(move || pagecache::model_resident(&model_dir))
+        .await
+        .unwrap_or_else(|e| Probe::Failed(blocking("page cache")(e)));
     let (disk, memory, default_route, rdma, interfaces) = match host.await {
         Ok(h) => h,
         Err(e) => {
@@ -147,6 +153,9 @@ pub async fn gather(
         reach,
         versions: version_facts,
         rdma,
+        page_cache,
+        unified_memory,
+        rendezvous: Probe::Skipped("not asked".into()),
     }
 }
 
@@ -198,6 +207,7 @@ mod tests {
             versions: vec![VersionProbe {
                 what: "engine".into(),
                 argv: vec!["sh".into(), "-c".into(), "echo 1.2.3".into()],
+                python_of: None,
             }],
             rdma: None,
         };

@@ -16,14 +16,17 @@ use super::{Probe, ReachFacts, ReachTarget};
 pub const RETRY: Duration = Duration::from_millis(100);
 
 /// Listens on `listen` and connects to every peer, for `window` at most.
-/// Returns once the window is over (when listening: a slow peer may still
-/// be trying to reach this node), or once every peer answered when not.
+/// Every peer connects to every other, so a listening node returns once
+/// it reached every peer and accepted as many connections as it has
+/// peers, or when the window is over (a slow peer may still be trying to
+/// reach it); a node that does not listen, once every peer answered.
 pub async fn probe(
     listen: Option<SocketAddr>,
     peers: &[ReachTarget],
     window: Duration,
 ) -> (Probe<SocketAddr>, Vec<ReachFacts>) {
     let deadline = Instant::now() + window;
+    let expected = peers.len();
     let (listened, acceptor) = match listen {
         None => (
             Probe::Skipped("no listen port in the request; peers cannot test this node".into()),
@@ -33,11 +36,12 @@ pub async fn probe(
             Ok(l) => (
                 Probe::Ok(addr),
                 Some(tokio::spawn(async move {
-                    // Accept and drop until the window ends; an accept
-                    // error (out of fds) only pauses it.
-                    loop {
+                    // Accept and drop until every peer came or the window
+                    // ends; an accept error (out of fds) only pauses it.
+                    let mut accepted = 0;
+                    while accepted < expected {
                         match timeout_at(deadline, l.accept()).await {
-                            Ok(Ok(_)) => {}
+                            Ok(Ok(_)) => accepted += 1,
                             Ok(Err(_)) => sleep_until(Instant::now() + RETRY).await,
                             Err(_) => break,
                         }
@@ -65,7 +69,6 @@ pub async fn probe(
         });
     }
     if let Some(a) = acceptor {
-        sleep_until(deadline).await;
         let _ = a.await;
     }
     (listened, reach)
@@ -160,7 +163,8 @@ mod tests {
         // B starts a little later: A must retry until B listens.
         let node_b = async {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            probe(
+            let t = std::time::Instant::now();
+            let r = probe(
                 Some(b),
                 &[ReachTarget {
                     node: "a".into(),
@@ -168,9 +172,10 @@ mod tests {
                 }],
                 window,
             )
-            .await
+            .await;
+            (r, t.elapsed())
         };
-        let ((la, ra), (lb, rb)) = tokio::join!(node_a, node_b);
+        let ((la, ra), ((lb, rb), b_took)) = tokio::join!(node_a, node_b);
         assert_eq!(la, Probe::Ok(a));
         assert_eq!(lb, Probe::Ok(b));
         assert!(matches!(ra[0].result, Probe::Ok(_)), "{ra:?}");
@@ -181,8 +186,11 @@ mod tests {
             "{ra:?}"
         );
         assert!(matches!(rb[0].result, Probe::Ok(_)), "{rb:?}");
-        // Each listened for its whole window.
-        assert!(start.elapsed() >= Duration::from_millis(1800));
+        // A listened for its whole window (the silent peer never came);
+        // B stopped once A had come and it had reached A, before its own
+        // window was over.
+        assert!(start.elapsed() >= Duration::from_millis(1500));
+        assert!(b_took < window, "{b_took:?}");
     }
 
     #[tokio::test]

@@ -28,14 +28,94 @@ pub async fn run(p: &VersionProbe, timeout: Duration) -> VersionFacts {
 }
 
 async fn version(p: &VersionProbe, timeout: Duration) -> Probe<String> {
-    let Some((argv0, args)) = p.argv.split_first() else {
+    if p.argv.is_empty() {
         return Probe::Failed(format!(
             "no command to ask the {} version; fix the launcher's version probe",
             p.what
         ));
+    }
+    if let Some(mut python) = p.python_of.as_deref().and_then(python_of) {
+        python.extend(["-c".into(), MODULE_VERSION.into(), p.what.clone()]);
+        if let Probe::Ok(v) = last_line(&python, &[], timeout).await {
+            return Probe::Ok(v);
+        }
+    }
+    last_line(&p.argv, &[], timeout).await
+}
+
+/// Finds the version of the module named by its argument without
+/// importing the package (vLLM's import takes seconds): from the
+/// package's `version.py` or `_version.py` (torch keeps its `+cu130`
+/// there), else its distribution's metadata, else by importing it.
+const MODULE_VERSION: &str = r#"
+import importlib.util, importlib.metadata as md, os, re, sys
+name = sys.argv[1]
+spec = importlib.util.find_spec(name)
+if spec is None:
+    sys.exit(f"{name} is not installed for {sys.executable}")
+pat = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+for d in spec.submodule_search_locations or []:
+    for f in ("version.py", "_version.py"):
+        try:
+            with open(os.path.join(d, f)) as fh:
+                m = pat.search(fh.read())
+        except OSError:
+            continue
+        if m:
+            print(m.group(1))
+            sys.exit(0)
+try:
+    print(md.version(name))
+except md.PackageNotFoundError:
+    print(__import__(name).__version__)
+"#;
+
+/// The interpreter of `program` as found on PATH, when it is a script
+/// (`#!/venv/bin/python3`, `#!/usr/bin/env python3`): what the ranks that
+/// run `program` run in. None when it is not found or no script.
+pub fn python_of(program: &str) -> Option<Vec<String>> {
+    let path = if program.contains('/') {
+        std::path::PathBuf::from(program)
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())?
+    };
+    let mut head = [0u8; 256];
+    let n = {
+        use std::io::Read;
+        std::fs::File::open(&path).ok()?.read(&mut head).ok()?
+    };
+    let first = head[..n].split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(first.strip_prefix(b"#!")?).ok()?;
+    let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+    // `/venv/bin/python3` or `/usr/bin/env python3`: a Python, or nothing.
+    let python = |w: &String| {
+        std::path::Path::new(w)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("python"))
+    };
+    let is_python = match words.as_slice() {
+        [interp, ..] if python(interp) => true,
+        [env, arg, ..] if env.ends_with("/env") => python(arg),
+        _ => false,
+    };
+    is_python.then_some(words)
+}
+
+/// Runs `argv` (with `env` added) with stdin closed, for `timeout` at most,
+/// and returns the last non-empty line of its stdout, or why there is none.
+pub async fn last_line(
+    argv: &[String],
+    env: &[(String, String)],
+    timeout: Duration,
+) -> Probe<String> {
+    let Some((argv0, args)) = argv.split_first() else {
+        return Probe::Failed("no command to run; report this bug".into());
     };
     let mut child = match Command::new(argv0)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -83,7 +163,7 @@ async fn version(p: &VersionProbe, timeout: Duration) -> Probe<String> {
             return Probe::Failed(format!(
                 "{argv0} did not finish within {}s and was killed; run `{}` on this node to see where it hangs",
                 timeout.as_secs_f64(),
-                p.argv.join(" ")
+                argv.join(" ")
             ));
         }
     };
@@ -117,7 +197,7 @@ async fn version(p: &VersionProbe, timeout: Duration) -> Probe<String> {
             last(&stderr)
                 .map(|l| format!(" (stderr: {l})"))
                 .unwrap_or_default(),
-            p.argv.join(" ")
+            argv.join(" ")
         )),
     }
 }
@@ -152,6 +232,7 @@ mod tests {
         VersionProbe {
             what: "vllm".into(),
             argv: vec!["sh".into(), "-c".into(), script.into()],
+            python_of: None,
         }
     }
 
@@ -185,6 +266,7 @@ mod tests {
         let missing = VersionProbe {
             what: "sglang".into(),
             argv: vec!["no-such-engine-xyz".into(), "--version".into()],
+            python_of: None,
         };
         assert_eq!(
             run(&missing, DEFAULT_TIMEOUT).await.version,
@@ -193,11 +275,58 @@ mod tests {
         let empty = VersionProbe {
             what: "torch".into(),
             argv: vec![],
+            python_of: None,
         };
         assert!(matches!(
             run(&empty, DEFAULT_TIMEOUT).await.version,
             Probe::Failed(_)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_python_script_is_asked_through_its_interpreter() {
+        let dir = std::env::temp_dir().join(format!("xfer-pyof-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("fakemod")).unwrap();
+        std::fs::write(
+            dir.join("fakemod/__init__.py"),
+            "raise SystemExit('imported')\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("fakemod/version.py"),
+            "__version__ = '9.8.7+cu130'\n",
+        )
+        .unwrap();
+        let script = dir.join("engine");
+        std::fs::write(&script, "#!/usr/bin/env python3\nprint('slow path')\n").unwrap();
+        let shell = dir.join("shell-engine");
+        std::fs::write(&shell, "#!/bin/sh\necho 1\n").unwrap();
+        assert_eq!(
+            python_of(script.to_str().unwrap()),
+            Some(vec!["/usr/bin/env".to_string(), "python3".to_string()])
+        );
+        assert_eq!(python_of(shell.to_str().unwrap()), None);
+        assert_eq!(python_of("no-such-engine-xyz"), None);
+        // The version file is read, the package is not imported (its
+        // __init__ would exit), and the command is not run.
+        let mut argv = python_of(script.to_str().unwrap()).unwrap();
+        argv.extend(["-c".into(), MODULE_VERSION.into(), "fakemod".into()]);
+        let env = [("PYTHONPATH".to_string(), dir.display().to_string())];
+        assert_eq!(
+            last_line(&argv, &env, DEFAULT_TIMEOUT).await,
+            Probe::Ok("9.8.7+cu130".into())
+        );
+        // Not installed: the snippet fails, and `version` falls back to argv.
+        let p = VersionProbe {
+            what: "no_such_module_xyz".into(),
+            argv: vec!["sh".into(), "-c".into(), "echo 1.2.3".into()],
+            python_of: Some(script.display().to_string()),
+        };
+        assert_eq!(
+            run(&p, DEFAULT_TIMEOUT).await.version,
+            Probe::Ok("1.2.3".into())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

@@ -1073,6 +1073,7 @@ mod tests {
             wait_timeout_ms: 5_000,
             grace_ms: 300,
             weights: None,
+            evict_page_cache: false,
         }
     }
 

@@ -1,0 +1,764 @@
+//! `xfer-launch` with real engines: vLLM's CPU build (multiprocess and on
+//! a real Ray cluster) and torch.distributed, on a 2-node namespace
+//! cluster with a management NIC (the default route, which cannot reach
+//! the other node) and a fabric NIC per node (`scripts/launchnet.sh`).
+//! The weights are a tiny random Llama (`scripts/tiny_llama.py`),
+//! delivered by `xfer push` and gated by the launcher.
+//!
+//! Each of the seed's hangs is first shown for real, started by hand
+//! without xfer and bounded by a timeout (the bound proves the hang), then
+//! caught by `xfer-launch check`, with `up` starting nothing.
+//!
+//! The engines come from `scripts/engines.sh install` (scripts/test.sh
+//! runs it). When they are missing these tests fail, saying so: they are
+//! never skipped silently. Needs root (namespaces, mounts).
+
+#[macro_use]
+mod launchlab;
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use launchlab::*;
+
+/// The venv of scripts/engines.sh, or a failure that says how to get it.
+fn venv() -> PathBuf {
+    let v = PathBuf::from(
+        std::env::var("XFER_ENGINES_VENV").unwrap_or_else(|_| "/var/tmp/xfer-venv-engines".into()),
+    );
+    let ok = Command::new(v.join("bin/python"))
+        .args(["-c", "import vllm.version, ray, torch"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "the real engines are not installed in {}: run `scripts/engines.sh install` (scripts/test.sh does; it needs PyPI)",
+        v.display()
+    );
+    v
+}
+
+/// The tiny Llama, made once per test binary.
+fn tiny_model() -> &'static Path {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tiny-llama");
+        let out = Command::new(repo().join("scripts/engines.sh"))
+            .args(["model", dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && dir.join("model.safetensors").exists(),
+            "cannot make the tiny model: {}",
+            text(&out.stderr)
+        );
+        dir
+    })
+}
+
+/// What every process of a test carries in its environment, so that its
+/// leftovers can be found (namespaces share one PID space; vLLM renames
+/// its workers, so their command lines do not say).
+fn marker(tag: &str) -> String {
+    format!("XFER_ENGINE_TEST={tag}")
+}
+
+/// Live processes whose environment holds `marker`.
+fn marked(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    let me = std::process::id();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let mut env = Vec::new();
+        if std::fs::File::open(e.path().join("environ"))
+            .and_then(|mut f| f.read_to_end(&mut env))
+            .is_err()
+        {
+            continue;
+        }
+        let zombie = std::fs::read_to_string(e.path().join("stat"))
+            .map(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        if !zombie && env.split(|b| *b == 0).any(|v| v == marker.as_bytes()) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits (for an event: the processes' exit) until nothing carries `marker`.
+fn assert_none_marked(marker: &str, within: Duration) {
+    let t = Instant::now();
+    while !marked(marker).is_empty() && t.elapsed() < within {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let left = marked(marker);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+fn kill_marked(marker: &str) {
+    for pid in marked(marker) {
+        // SAFETY: signalling a pid we just found carrying our marker.
+        unsafe { libc_kill(pid as i32, 9) };
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// vLLM's CPU settings for this 2-core machine.
+const VLLM_CPU_ENV: &[(&str, &str)] = &[
+    ("VLLM_CPU_KVCACHE_SPACE", "1"),
+    ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+    ("OMP_NUM_THREADS", "1"),
+];
+const VLLM_CPU_ARGS: &str =
+    r#"["--dtype", "float32", "--max-model-len", "256", "--enforce-eager"]"#;
+
+/// A 2-node lab with real engines on the agents' PATH and the tiny model
+/// pushed to both under `tiny`.
+fn real_lab(prefix: &str) -> Lab {
+    let venv = venv();
+    let model = tiny_model().to_path_buf();
+    let lab = Lab::with_engine(prefix, 2, &[1, 2], venv.join("bin"), None);
+    lab.push(&model, "tiny", &[1, 2]);
+    lab
+}
+
+/// The [launch] body for real vLLM on the tiny model.
+fn real_launch(lab: &Lab, engine: &str, tp: u32, pp: u32, tag: &str) -> String {
+    let mut l = format!(
+        "engine = \"{engine}\"\nmodel = \"{}/tiny\"\ntp = {tp}\npp = {pp}\nextra_args = {VLLM_CPU_ARGS}\n\n[launch.env]\n",
+        lab.mnt.display()
+    );
+    for (k, v) in VLLM_CPU_ENV {
+        l += &format!("{k} = \"{v}\"\n");
+    }
+    l += &format!("XFER_ENGINE_TEST = \"{tag}\"\n");
+    l
+}
+
+/// `xfer-launch up` with a timeout fit for this machine.
+fn up(lab: &Lab, file: &Path, more: &[&str]) -> std::process::Output {
+    let mut args = vec!["up", "--timeout", "300", "--grace", "5"];
+    args.extend(more);
+    lab.xl(&args, file)
+}
+
+/// A completion through the head's API, from the root namespace.
+fn complete(lab: &Lab, prompt: &str) -> serde_json::Value {
+    let url = format!("http://{}:8000/v1/completions", lab.mgmt_ip(1));
+    let body = serde_json::json!({
+        "model": format!("{}/tiny", lab.mnt.display()),
+        "prompt": prompt,
+        "max_tokens": 4,
+    });
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-m",
+            "120",
+            "-H",
+            "content-type: application/json",
+            "-d",
+        ])
+        .arg(body.to_string())
+        .arg(&url)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{url}: {e}: {}", text(&out.stdout)))
+}
+
+/// No rank of any run on any node.
+fn assert_no_runs(lab: &Lab) {
+    for i in 1..=2 {
+        let runs = lab.root_of(i).join(".xfer/runs");
+        let n = std::fs::read_dir(&runs).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(n, 0, "node {i} started a rank ({})", runs.display());
+    }
+}
+
+/// A process started by hand inside node `i`, in its own process group.
+fn by_hand(lab: &Lab, i: usize, env: &[(&str, String)], argv: &[&str], log: &Path) -> Child {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &lab.ns(i)]).args(argv);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let f = std::fs::File::create(log).unwrap();
+    cmd.stdin(Stdio::null())
+        .stdout(f.try_clone().unwrap())
+        .stderr(f)
+        .process_group(0)
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `needle` in the file at `log`, at most `within`.
+fn wait_for_line(log: &Path, needle: &str, within: Duration) -> bool {
+    let t = Instant::now();
+    loop {
+        if std::fs::read_to_string(log).is_ok_and(|s| s.contains(needle)) {
+            return true;
+        }
+        if t.elapsed() >= within {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Kills whatever carries the marker when the test ends, passed or not
+/// (a failed test must not leave an engine running into the next one).
+struct Reaper(String);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        kill_marked(&self.0);
+    }
+}
+
+fn health(lab: &Lab, i: usize) -> bool {
+    Command::new("curl")
+        .args(["-sf", "-m", "2"])
+        .arg(format!("http://{}:8000/health", lab.mgmt_ip(i)))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn real_vllm_tp2_comes_up_over_the_fabric_answers_and_leaves_nothing() {
+    need_root!();
+    let lab = real_lab("xra");
+    let tag = marker("tp2");
+    let _reaper = Reaper(tag.clone());
+    let file = lab.cluster_file("c.toml", &real_launch(&lab, "vllm", 2, 1, "tp2"), |i| {
+        lab.fabric(i)
+    });
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}{}", text(&out.stderr));
+    let versions = rows(&shown, "versions").join("\n");
+    assert!(versions.contains("vllm 0.32.0 on every node"), "{shown}");
+    assert!(versions.contains("torch 2.13.0"), "{shown}");
+    let rdv = rows(&shown, "rendezvous");
+    assert_eq!(rdv.len(), 2, "{shown}");
+    assert!(
+        rdv.iter().all(|r| r.contains("Gloo all-reduce of 2 ranks")),
+        "{shown}"
+    );
+    assert_eq!(rows(&shown, "cache").len(), 2, "{shown}");
+
+    let out = up(&lab, &file, &["--evict-page-cache"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("ready: run "), "{err}");
+    let answer = complete(&lab, "the quick brown");
+    assert_eq!(answer["usage"]["completion_tokens"], 4, "{answer}");
+    assert!(answer["choices"][0]["text"].is_string(), "{answer}");
+    // Both ranks run, each pinned to its own fabric.
+    let logs = lab.xl(&["logs"], &file);
+    let logs = text(&logs.stdout);
+    assert!(logs.contains("[n2]"), "{logs}");
+    assert!(logs.contains("world_size=2"), "{logs}");
+    assert!(!marked(&tag).is_empty());
+    for i in 1..=2 {
+        let agent = std::fs::read_to_string(lab.dir.join(format!("agent{i}.log"))).unwrap();
+        assert!(agent.contains("from the page cache before rank"), "{agent}");
+    }
+
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    assert_none_marked(&tag, Duration::from_secs(60));
+}
+
+#[test]
+fn real_vllm_pp2_failing_in_the_engine_names_its_root_cause() {
+    need_root!();
+    let lab = real_lab("xrb");
+    let tag = marker("pp2");
+    let _reaper = Reaper(tag.clone());
+    let file = lab.cluster_file("c.toml", &real_launch(&lab, "vllm", 1, 2, "pp2"), |i| {
+        lab.fabric(i)
+    });
+    let out = up(&lab, &file, &[]);
+    let err = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    // The one line that says why: vLLM's scheduler KeyError, not the
+    // API's "See stack trace (above) for the root cause".
+    let last = err
+        .lines()
+        .rfind(|l| l.contains("did not come up"))
+        .unwrap_or_default();
+    assert!(last.contains("the first completion failed"), "{err}");
+    assert!(
+        last.contains("root cause on n1 (rank 0): KeyError: 'cmpl-"),
+        "{err}"
+    );
+    assert_none_marked(&tag, Duration::from_secs(60));
+}
+
+#[test]
+fn a_rank_killed_while_the_head_loads_takes_the_group_down_with_its_hint() {
+    need_root!();
+    let lab = real_lab("xrc");
+    let tag = marker("kill");
+    let _reaper = Reaper(tag.clone());
+    let file = lab.cluster_file("c.toml", &real_launch(&lab, "vllm", 2, 1, "kill"), |i| {
+        lab.fabric(i)
+    });
+    let mut upping = Command::new(launch_bin())
+        .args([
+            "up",
+            "--cluster",
+            file.to_str().unwrap(),
+            "--timeout",
+            "300",
+            "--grace",
+            "5",
+        ])
+        .env("XDG_STATE_HOME", lab.dir.join("state"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Rank 1's vllm, once it has joined the head's rendezvous (the head
+    // is loading then: it answers no /health yet).
+    let rank_log = |i: usize| {
+        std::fs::read_dir(lab.root_of(i).join(".xfer/runs"))
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(|e| e.ok())
+            .map(|e| e.path().join("rank.log"))
+    };
+    let t = Instant::now();
+    let log = loop {
+        if let Some(l) = rank_log(2).filter(|l| wait_for_line(l, "world_size=2", Duration::ZERO)) {
+            break l;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(240),
+            "rank 1 never joined"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!health(&lab, 1), "the head was ready already");
+    let main = std::fs::read_to_string(log.with_file_name("rank.json")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&main).unwrap();
+    let pid = rec["procs"][0]["Running"]["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no running pid in {main}"));
+    // SAFETY: the pid of rank 1's vllm, from its agent's record.
+    unsafe { libc_kill(pid as i32, 9) };
+    let mut err = String::new();
+    upping
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = upping.wait().unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("was killed by signal 9"), "{err}");
+    assert!(err.contains("hint [killed]"), "{err}");
+    assert_none_marked(&tag, Duration::from_secs(60));
+}
+
+/// vLLM on a real Ray cluster (`vllm-ray`): the launcher starts Ray on
+/// both nodes, each registered at its fabric address. vLLM's CPU build then
+/// refuses the Ray executor ("current platform cpu does not support ray"),
+/// so serving on Ray needs a GPU; `up` names that root cause in one line
+/// and leaves nothing behind.
+#[test]
+fn vllm_on_a_real_ray_cluster_meets_at_the_fabric_and_its_refusal_is_named() {
+    need_root!();
+    let lab = real_lab("xrd");
+    let tag = marker("ray");
+    let _reaper = Reaper(tag.clone());
+    let mut launch = real_launch(&lab, "vllm-ray", 2, 1, "ray");
+    launch += "RAY_DISABLE_USAGE_STATS = \"1\"\n";
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    let upping = Command::new(launch_bin())
+        .args([
+            "up",
+            "--cluster",
+            file.to_str().unwrap(),
+            "--timeout",
+            "300",
+            "--grace",
+            "5",
+        ])
+        .env("XDG_STATE_HOME", lab.dir.join("state"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The Ray cluster as Ray sees it, while the launch runs: every live
+    // node's address, asked of the head's GCS on its fabric address.
+    let script = "import ray\n\
+                  ray.init(address='10.80.0.1:6379', logging_level='error')\n\
+                  print(' '.join(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))\n";
+    let python = venv().join("bin/python");
+    let t = Instant::now();
+    let nodes = loop {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &lab.ns(1)])
+            .arg(&python)
+            .args(["-c", script])
+            .env("RAY_DISABLE_USAGE_STATS", "1")
+            .output()
+            .unwrap();
+        let seen = text(&out.stdout).trim().to_string();
+        if seen.split(' ').count() == 2 {
+            break seen;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(240),
+            "Ray never had 2 nodes: {seen} {}",
+            text(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(
+        nodes, "10.80.0.1 10.80.0.2",
+        "Ray's nodes are not on the fabric"
+    );
+    let out = upping.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let last = err
+        .lines()
+        .rfind(|l| l.contains("did not come up"))
+        .unwrap_or_default();
+    assert!(
+        last.contains(
+            "root cause on n1 (rank 0): ValueError: current platform cpu does not support ray"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("running ray stop --force"), "{err}");
+    assert_none_marked(&tag, Duration::from_secs(60));
+}
+
+/// The seed's hang: a vLLM rank pinned to the management NIC. By hand it
+/// joins the rendezvous and never comes up; `check` refuses that cluster
+/// file (reach and rendezvous rows) and `up` starts nothing.
+#[test]
+fn a_rank_on_the_management_nic_hangs_by_hand_and_check_refuses_it() {
+    need_root!();
+    let lab = real_lab("xre");
+    let tag = marker("mgmt");
+    let _reaper = Reaper(tag.clone());
+    let vllm = venv().join("bin/vllm");
+    let mut ranks = Vec::new();
+    for (i, ip, nic) in [(1, "10.80.0.1", "fab0"), (2, "10.79.2.2", "mgmt0")] {
+        let mut env: Vec<(&str, String)> = VLLM_CPU_ENV
+            .iter()
+            .map(|(k, v)| (*k, v.to_string()))
+            .collect();
+        env.push(("VLLM_HOST_IP", ip.into()));
+        env.push(("GLOO_SOCKET_IFNAME", nic.into()));
+        env.push(("XFER_ENGINE_TEST", "mgmt".into()));
+        let model = lab.root_of(i).join("tiny");
+        let mut argv = vec![
+            vllm.to_str().unwrap().to_string(),
+            "serve".into(),
+            model.display().to_string(),
+        ];
+        argv.extend(
+            "--dtype float32 --max-model-len 256 --enforce-eager -tp 2 --nnodes 2 --master-addr 10.80.0.1 --master-port 29500"
+                .split(' ')
+                .map(String::from),
+        );
+        argv.extend(["--node-rank".into(), (i - 1).to_string()]);
+        if i == 2 {
+            argv.push("--headless".into());
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let log = lab.dir.join(format!("hand{i}.log"));
+        ranks.push((by_hand(&lab, i, &env, &argv, &log), log));
+    }
+    // Both ranks reach torch.distributed's init...
+    for (_, log) in &ranks {
+        assert!(
+            wait_for_line(log, "world_size=2", Duration::from_secs(180)),
+            "{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+    // ...and then nothing: no error, no API, within a bound well above the
+    // 10-15 s a good pair takes from here to ready on this machine.
+    let bound = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < bound {
+        assert!(!health(&lab, 1), "the head came up: no hang");
+        for (c, log) in ranks.iter_mut() {
+            assert!(
+                c.try_wait().unwrap().is_none(),
+                "a rank ended instead of hanging: {}",
+                std::fs::read_to_string(&*log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    kill_marked(&tag);
+    for (c, _) in ranks.iter_mut() {
+        let _ = c.wait();
+    }
+    assert_none_marked(&tag, Duration::from_secs(30));
+
+    // The same pinning, in a cluster file.
+    let file = lab.cluster_file("c.toml", &real_launch(&lab, "vllm", 2, 1, "mgmt"), |i| {
+        if i == 2 {
+            "fabric_if = \"mgmt0\"\nfabric_ip = \"10.79.2.2\"".into()
+        } else {
+            lab.fabric(i)
+        }
+    });
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    let fails: Vec<&str> = shown.lines().filter(|l| l.contains("FAIL")).collect();
+    assert!(fails.iter().any(|l| l.contains(" reach ")), "{shown}");
+    assert!(fails.iter().any(|l| l.contains(" rendezvous ")), "{shown}");
+    assert!(shown.contains("fix:"), "{shown}");
+    let out = up(&lab, &file, &[]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("refusing to start"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_no_runs(&lab);
+}
+
+/// torch.distributed (Gloo) on a fabric whose firewall lets the store's
+/// port through but drops every other connection between the nodes: TCP
+/// to the rendezvous port connects (the reach row passes), yet the ranks
+/// never meet. By hand it fails or hangs; the rendezvous row catches it.
+#[test]
+fn a_fabric_that_passes_only_the_rendezvous_port_is_caught_by_the_gloo_probe() {
+    need_root!();
+    let lab = real_lab("xrf");
+    let _reaper = Reaper(marker("gloo"));
+    let file = lab.cluster_file("c.toml", &real_launch(&lab, "vllm", 2, 1, "gloo"), |i| {
+        lab.fabric(i)
+    });
+    // Each node accepts from the fabric only new connections to the ports
+    // the checks and the store use, and drops the rest (Gloo's own
+    // ephemeral ports).
+    for i in 1..=2 {
+        let nft = format!(
+            "table inet gate {{\n chain input {{\n  type filter hook input priority filter; policy accept;\n  iifname \"{nic}\" tcp dport {{ 7470, 29500, 8000 }} accept\n  iifname \"{nic}\" ct state established,related accept\n  iifname \"{nic}\" tcp flags syn drop\n }}\n}}\n",
+            nic = lab.fabric_if(i)
+        );
+        let mut c = Command::new("ip")
+            .args(["netns", "exec", &lab.ns(i), "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        c.stdin.take().unwrap().write_all(nft.as_bytes()).unwrap();
+        assert!(c.wait().unwrap().success(), "{nft}");
+    }
+
+    // By hand: the store on the head connects, the all-reduce never does.
+    let script = "import datetime, torch, torch.distributed as d, sys\n\
+                  r = int(sys.argv[1])\n\
+                  d.init_process_group('gloo', init_method='tcp://10.80.0.1:29500', rank=r, world_size=2, timeout=datetime.timedelta(seconds=25))\n\
+                  x = torch.ones(1); d.all_reduce(x); print('met', x.item())\n";
+    let python = venv().join("bin/python");
+    let mut hand = Vec::new();
+    for (i, nic) in [(1, "fab0"), (2, "enp1s0f1")] {
+        let log = lab.dir.join(format!("gloo{i}.log"));
+        let env = [
+            ("GLOO_SOCKET_IFNAME", nic.to_string()),
+            ("XFER_ENGINE_TEST", "gloo".to_string()),
+        ];
+        let rank = (i - 1).to_string();
+        hand.push((
+            by_hand(
+                &lab,
+                i,
+                &env,
+                &[python.to_str().unwrap(), "-c", script, &rank],
+                &log,
+            ),
+            log,
+        ));
+    }
+    let bound = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < bound
+        && hand
+            .iter_mut()
+            .any(|(c, _)| c.try_wait().unwrap().is_none())
+    {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for (c, log) in hand.iter_mut() {
+        let out = std::fs::read_to_string(&*log).unwrap_or_default();
+        assert!(!out.contains("met 2.0"), "the ranks met: {out}");
+        if let Some(s) = c.try_wait().unwrap() {
+            assert!(!s.success(), "{out}");
+        }
+    }
+    kill_marked(&marker("gloo"));
+    for (c, _) in hand.iter_mut() {
+        let _ = c.wait();
+    }
+    assert_none_marked(&marker("gloo"), Duration::from_secs(30));
+
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    assert!(
+        rows(&shown, "reach").iter().all(|r| r.contains("pass")),
+        "the reach row should pass: {shown}"
+    );
+    let rdv = rows(&shown, "rendezvous");
+    assert!(rdv.iter().any(|r| r.contains("FAIL")), "{shown}");
+    assert!(shown.contains("firewall"), "{shown}");
+    let out = up(&lab, &file, &[]);
+    assert_ne!(out.status.code(), Some(0));
+    assert_no_runs(&lab);
+}
+
+/// The seed's Ray hang: a head started without --node-ip-address takes
+/// the default route's (management) address; the worker joins, and a call
+/// across the nodes hangs. xfer's plan always pins the address; `check`
+/// shows what Ray would pick by itself and refuses to start beside the
+/// Ray head already holding its port.
+#[test]
+fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_beside_it() {
+    need_root!();
+    let lab = real_lab("xrg");
+    let _reaper = Reaper(marker("rayhand"));
+    let ray = venv().join("bin/ray");
+    let ray = ray.to_str().unwrap();
+    let env = [
+        ("XFER_ENGINE_TEST", "rayhand".to_string()),
+        ("RAY_DISABLE_USAGE_STATS", "1".to_string()),
+        ("RAY_memory_monitor_refresh_ms", "0".to_string()),
+    ];
+    let head_log = lab.dir.join("rayhead.log");
+    let mut head = by_hand(
+        &lab,
+        1,
+        &env,
+        &[
+            ray,
+            "start",
+            "--head",
+            "--port",
+            "6379",
+            "--block",
+            "--num-cpus",
+            "1",
+        ],
+        &head_log,
+    );
+    assert!(
+        wait_for_line(&head_log, "Ray runtime started", Duration::from_secs(120)),
+        "{}",
+        std::fs::read_to_string(&head_log).unwrap_or_default()
+    );
+    let head_text = std::fs::read_to_string(&head_log).unwrap();
+    assert!(
+        head_text.contains("10.79.1.2"),
+        "the head did not take the management address: {head_text}"
+    );
+    let worker_log = lab.dir.join("rayworker.log");
+    let mut worker = by_hand(
+        &lab,
+        2,
+        &env,
+        &[
+            ray,
+            "start",
+            "--address",
+            "10.80.0.1:6379",
+            "--node-ip-address",
+            "10.80.0.2",
+            "--block",
+            "--num-cpus",
+            "1",
+            "--resources",
+            "{\"far\": 1}",
+        ],
+        &worker_log,
+    );
+    assert!(
+        wait_for_line(&worker_log, "Ray runtime started", Duration::from_secs(120)),
+        "{}",
+        std::fs::read_to_string(&worker_log).unwrap_or_default()
+    );
+    // A task that must run on the worker, on an object the driver put on
+    // the head: the worker's node must fetch it from the head's object
+    // manager, at the management address it cannot reach. It never returns.
+    let script = "import ray, sys\n\
+                  ray.init(address='10.79.1.2:6379')\n\
+                  big = ray.put(b'x' * (8 << 20))\n\
+                  @ray.remote(resources={'far': 1})\n\
+                  def f(b): return len(b)\n\
+                  try:\n    print('got', ray.get(f.remote(big), timeout=20))\n\
+                  except ray.exceptions.GetTimeoutError:\n    print('hung'); sys.exit(3)\n";
+    let python = venv().join("bin/python");
+    let driver = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1)])
+        .arg(&python)
+        .args(["-c", script])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let said = format!("{}{}", text(&driver.stdout), text(&driver.stderr));
+    assert!(!said.contains("got "), "the call returned: {said}");
+    assert!(said.contains("hung"), "{said}");
+    assert_ne!(driver.status.code(), Some(0), "{said}");
+
+    // Now xfer: the plan pins the fabric, and check will not start beside
+    // the hand-started head that holds the Ray port.
+    let file = lab.cluster_file(
+        "c.toml",
+        &real_launch(&lab, "vllm-ray", 2, 1, "rayhand"),
+        |i| lab.fabric(i),
+    );
+    let plan = lab.xl(&["plan"], &file);
+    assert!(
+        text(&plan.stdout).contains("--node-ip-address 10.80.0.1"),
+        "{}",
+        text(&plan.stdout)
+    );
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    let ports = rows(&shown, "ports").join("\n");
+    assert!(
+        ports.contains("FAIL") && ports.contains("6379") && ports.contains("in use by"),
+        "{shown}"
+    );
+    let route = rows(&shown, "route").join("\n");
+    assert!(route.contains("10.79.1.2"), "{shown}");
+    let out = up(&lab, &file, &[]);
+    assert_ne!(out.status.code(), Some(0));
+    assert_no_runs(&lab);
+    kill_marked(&marker("rayhand"));
+    let _ = head.wait();
+    let _ = worker.wait();
+    assert_none_marked(&marker("rayhand"), Duration::from_secs(60));
+}

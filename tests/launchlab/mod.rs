@@ -1,0 +1,406 @@
+//! The launch lab the launcher's end-to-end tests share (tests/launch.rs
+//! with the stand-in engine, tests/engines.rs with real vLLM and Ray): a
+//! cluster of network namespaces with two NICs per node
+//! (`scripts/launchnet.sh`), real `xfer serve` agents in them, each in its
+//! own mount namespace so that every node has its own root at the same
+//! absolute path, a cluster key, model folders and cluster files.
+//!
+//! The labs share the address ranges, so they run one at a time (in one
+//! test binary; cargo runs the binaries one after another).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+pub const AGENT_PORT: u16 = 7470;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn launch_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_xfer-launch")
+}
+
+/// The `xfer` binary, built next to `xfer-launch`.
+pub fn xfer_bin() -> PathBuf {
+    let p = Path::new(launch_bin()).with_file_name("xfer");
+    if !p.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let ok = Command::new(cargo)
+            .args(["build", "-q", "-p", "xfer", "--bin", "xfer"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok && p.exists(), "cannot build {}", p.display());
+    }
+    p
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Why these tests cannot run here, if they cannot.
+pub fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } != 0 {
+        return Some("needs root for network namespaces and mounts".into());
+    }
+    for tool in ["ip", "unshare", "mount", "python3", "nft"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !found {
+            return Some(format!(
+                "{tool} is not installed (scripts/test.sh installs it)"
+            ));
+        }
+    }
+    None
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    pub fn libc_geteuid() -> u32;
+}
+
+macro_rules! need_root {
+    () => {
+        if let Some(why) = unavailable() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+/// A launch cluster: namespaces, agents, a key, a model, a cluster file.
+pub struct Lab {
+    pub prefix: String,
+    pub dir: PathBuf,
+    /// The path every node's root is mounted at, inside its agent.
+    pub mnt: PathBuf,
+    pub n: usize,
+    /// Put first on the agents' PATH: the stand-in's or a real engine's.
+    engine_bin: PathBuf,
+    /// The stand-in's Python modules (it plays `sglang` too).
+    pythonpath: Option<PathBuf>,
+    pub agents: Vec<Option<Child>>,
+    _guard: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Lab {
+    pub fn script() -> PathBuf {
+        repo().join("scripts/launchnet.sh")
+    }
+
+    /// `n` nodes; agents on the nodes listed in `with_agents`.
+    pub fn up(prefix: &str, n: usize, with_agents: &[usize]) -> Lab {
+        let standin = repo().join("tests/standin");
+        Lab::with_engine(
+            prefix,
+            n,
+            with_agents,
+            standin.join("bin"),
+            Some(standin.join("pylib")),
+        )
+    }
+
+    /// `n` nodes whose agents find the engine in `engine_bin` first.
+    pub fn with_engine(
+        prefix: &str,
+        n: usize,
+        with_agents: &[usize],
+        engine_bin: PathBuf,
+        pythonpath: Option<PathBuf>,
+    ) -> Lab {
+        let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = std::env::temp_dir().join(format!("xfer-launch-it-{prefix}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        std::fs::create_dir_all(dir.join("out")).unwrap();
+        let out = Command::new(Self::script())
+            .args(["up", &n.to_string()])
+            .env("PREFIX", prefix)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "launchnet up: {}", text(&out.stderr));
+        let key = dir.join("cluster.key");
+        let k = Command::new(xfer_bin())
+            .args(["keygen", "--out", key.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(k.status.success(), "{}", text(&k.stderr));
+        let mut lab = Lab {
+            prefix: prefix.to_string(),
+            mnt: dir.join("mnt"),
+            dir,
+            n,
+            engine_bin,
+            pythonpath,
+            agents: Vec::new(),
+            _guard: guard,
+        };
+        for i in 1..=n {
+            std::fs::create_dir_all(lab.root_of(i)).unwrap();
+            let a = with_agents.contains(&i).then(|| lab.start_agent(i));
+            lab.agents.push(a);
+        }
+        lab
+    }
+
+    pub fn ns(&self, i: usize) -> String {
+        format!("{}-n{i}", self.prefix)
+    }
+
+    pub fn mgmt_ip(&self, i: usize) -> String {
+        format!("10.79.{i}.2")
+    }
+
+    pub fn fabric_ip(&self, i: usize) -> String {
+        format!("10.80.0.{i}")
+    }
+
+    pub fn fabric_if(&self, i: usize) -> &'static str {
+        if i % 2 == 1 {
+            "fab0"
+        } else {
+            "enp1s0f1"
+        }
+    }
+
+    /// Node `i`'s own root folder, as seen from the host.
+    pub fn root_of(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("node{i}"))
+    }
+
+    pub fn out_dir(&self) -> PathBuf {
+        self.dir.join("out")
+    }
+
+    pub fn key(&self) -> PathBuf {
+        self.dir.join("cluster.key")
+    }
+
+    /// Runs `xfer serve` inside node `i`, in a mount namespace where the
+    /// node's root is at `mnt`, with the stand-in engine on its PATH.
+    pub fn start_agent(&self, i: usize) -> Child {
+        let path = format!(
+            "{}:{}",
+            self.engine_bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let script = format!(
+            "mount --bind '{}' '{}' && exec '{}' serve --listen 0.0.0.0:{AGENT_PORT} --root '{}' --key '{}' --verify-every 0 --allow-launch",
+            self.root_of(i).display(),
+            self.mnt.display(),
+            xfer_bin().display(),
+            self.mnt.display(),
+            self.key().display()
+        );
+        let mut cmd = Command::new("ip");
+        if let Some(py) = &self.pythonpath {
+            cmd.env("PYTHONPATH", py);
+        }
+        let mut child = cmd
+            .args(["netns", "exec", &self.ns(i)])
+            .args([
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .env("PATH", path)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(
+                std::fs::File::create(self.dir.join(format!("agent{i}.log"))).unwrap(),
+            ))
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.contains("listening"),
+            "agent {i} did not start: {line}{}",
+            std::fs::read_to_string(self.dir.join(format!("agent{i}.log"))).unwrap_or_default()
+        );
+        child
+    }
+
+    /// Pushes a model folder to the agents of `nodes` under `name`.
+    pub fn push(&self, src: &Path, name: &str, nodes: &[usize]) {
+        let to: Vec<String> = nodes
+            .iter()
+            .map(|i| format!("{}:{AGENT_PORT}", self.mgmt_ip(*i)))
+            .collect();
+        let out = Command::new(xfer_bin())
+            .args(["push", src.to_str().unwrap(), "--name", name, "--key"])
+            .arg(self.key())
+            .args(["--to", &to.join(",")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "push: {}", text(&out.stderr));
+    }
+
+    /// A small model folder with the files engines look for.
+    pub fn model(&self, tag: &str) -> PathBuf {
+        let m = self.dir.join(format!("model-{tag}"));
+        std::fs::create_dir_all(&m).unwrap();
+        std::fs::write(m.join("config.json"), format!("{{\"tag\": \"{tag}\"}}\n")).unwrap();
+        let mut w = Vec::with_capacity(3 << 20);
+        let mut x: u64 = tag.bytes().fold(7, |a, b| a * 31 + b as u64);
+        while w.len() < 3 << 20 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.extend_from_slice(&x.to_le_bytes());
+        }
+        std::fs::write(m.join("model.safetensors"), w).unwrap();
+        m
+    }
+
+    /// Writes a cluster file: every node by its management address, with
+    /// `node_extra(i)` lines, and `launch` as the [launch] table's body.
+    pub fn cluster_file(
+        &self,
+        name: &str,
+        launch: &str,
+        node_extra: impl Fn(usize) -> String,
+    ) -> PathBuf {
+        let mut f = format!("key = \"{}\"\n", self.key().display());
+        for i in 1..=self.n {
+            f += &format!(
+                "\n[[node]]\nname = \"n{i}\"\nagent = \"{}:{AGENT_PORT}\"\nroot = \"{}\"\n{}\n",
+                self.mgmt_ip(i),
+                self.mnt.display(),
+                node_extra(i)
+            );
+        }
+        f += &format!("\n[launch]\n{launch}\n");
+        let p = self.dir.join(name);
+        std::fs::write(&p, f).unwrap();
+        p
+    }
+
+    /// The usual fabric lines of node `i`.
+    pub fn fabric(&self, i: usize) -> String {
+        format!(
+            "fabric_if = \"{}\"\nfabric_ip = \"{}\"",
+            self.fabric_if(i),
+            self.fabric_ip(i)
+        )
+    }
+
+    /// A [launch] body for `engine` on the model `name`, with the stand-in
+    /// told to check against the plan and to write what it got.
+    pub fn launch(&self, engine: &str, name: &str, env: &[(&str, &str)]) -> String {
+        let mut l = format!(
+            "engine = \"{engine}\"\nmodel = \"{}/{name}\"\n",
+            self.mnt.display()
+        );
+        if engine == "vllm-ray" {
+            l += &format!("pp = {}\n", self.n);
+        }
+        l += "\n[launch.env]\n";
+        l += &format!(
+            "STANDIN_PLAN = \"{}\"\nSTANDIN_OUT = \"{}\"\n",
+            self.dir.join("plan.json").display(),
+            self.out_dir().display()
+        );
+        for (k, v) in env {
+            l += &format!("{k} = \"{v}\"\n");
+        }
+        l
+    }
+
+    /// `xfer-launch plan --json` of `file`, saved where the stand-in reads it.
+    pub fn save_plan(&self, file: &Path) {
+        let out = self.xl(&["plan", "--json"], file);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        std::fs::write(self.dir.join("plan.json"), &out.stdout).unwrap();
+    }
+
+    pub fn xl(&self, args: &[&str], file: &Path) -> Output {
+        let mut a: Vec<&str> = vec![args[0], "--cluster", file.to_str().unwrap()];
+        a.extend(&args[1..]);
+        Command::new(launch_bin())
+            .args(&a)
+            .env("XDG_STATE_HOME", self.dir.join("state"))
+            .output()
+            .unwrap()
+    }
+
+    /// What the stand-in processes reported (one JSON per process).
+    pub fn standins(&self) -> Vec<serde_json::Value> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(self.out_dir()).unwrap().flatten() {
+            if e.path().extension().is_some_and(|x| x == "json") {
+                let t = std::fs::read_to_string(e.path()).unwrap();
+                v.push(serde_json::from_str(&t).unwrap_or_else(|e| panic!("{t}: {e}")));
+            }
+        }
+        v
+    }
+
+    /// Stand-in processes that are still alive.
+    pub fn alive(&self) -> Vec<u64> {
+        self.standins()
+            .iter()
+            .filter_map(|s| s["pid"].as_u64())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| {
+                        !s.rsplit_once(')')
+                            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                    })
+                    .unwrap_or(false)
+            })
+            .collect()
+    }
+
+    /// Waits until no stand-in process is alive.
+    pub fn assert_none_alive(&self, within: Duration) {
+        let t = Instant::now();
+        while !self.alive().is_empty() && t.elapsed() < within {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(self.alive().is_empty(), "still running: {:?}", self.alive());
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for pid in self.alive() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        for a in self.agents.iter_mut().flatten() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+        let _ = Command::new(Self::script())
+            .arg("down")
+            .env("PREFIX", &self.prefix)
+            .status();
+    }
+}
+
+/// The rows of a check for one check name.
+pub fn rows<'a>(out: &'a str, check: &str) -> Vec<&'a str> {
+    out.lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some(check))
+        .collect()
+}

@@ -1,0 +1,129 @@
+//! The rendezvous probe: proof that the engine's ranks will meet, not
+//! just that TCP connects. Every node runs, at once, what a rank does at
+//! init reduced to its core: `torch.distributed` with Gloo, through a TCP
+//! store on the head's fabric address, pinned to the fabric interface
+//! (`GLOO_SOCKET_IFNAME`), then one all-reduce whose sum every rank checks.
+//! It runs in the engine's own Python (the interpreter of its launcher
+//! script), with the agent's own snippet: nothing the launcher sends is
+//! executed.
+//!
+//! A wrong interface, a firewall that lets the store's port through but
+//! not Gloo's own connections, or a host name that resolves to loopback
+//! show up here in seconds, where the engine would hang after loading.
+
+use std::time::Duration;
+
+use super::versions::{last_line, python_of};
+use super::{Probe, RendezvousRequest};
+
+/// The snippet: argv is MASTER RANK WORLD TIMEOUT_S; prints the
+/// milliseconds from the first store contact to the all-reduce's end.
+const GLOO_ALL_REDUCE: &str = r#"
+import datetime, sys, time
+master, rank, world, timeout_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as e:
+    sys.exit(f"no torch.distributed in {sys.executable}: {e}")
+t0 = time.monotonic()
+dist.init_process_group("gloo", init_method="tcp://" + master, rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=timeout_s))
+x = torch.tensor([float(rank + 1)])
+dist.all_reduce(x)
+want = world * (world + 1) / 2
+if x.item() != want:
+    sys.exit(f"the all-reduce gave {x.item()}, not {want}: a rank of another launch joined")
+dist.barrier()
+dist.destroy_process_group()
+print(int((time.monotonic() - t0) * 1000))
+"#;
+
+/// Runs this node's part of the rendezvous.
+pub async fn probe(req: &RendezvousRequest) -> Probe<u64> {
+    let Some(mut argv) = python_of(&req.python_of) else {
+        return Probe::Skipped(format!(
+            "{}: not found on the agent's PATH, or not a Python script",
+            req.python_of
+        ));
+    };
+    let timeout = Duration::from_millis(req.timeout_ms.clamp(1_000, 600_000));
+    // torch's own timeout first, so that it says what it waited for;
+    // the kill after it ends a hang it does not notice.
+    let inner = timeout
+        .saturating_sub(Duration::from_secs(3))
+        .max(Duration::from_secs(1));
+    argv.extend([
+        "-c".into(),
+        GLOO_ALL_REDUCE.into(),
+        req.master.to_string(),
+        req.rank.to_string(),
+        req.world.to_string(),
+        format!("{:.1}", inner.as_secs_f64()),
+    ]);
+    let env = [
+        ("GLOO_SOCKET_IFNAME".to_string(), req.fabric_if.clone()),
+        ("TORCH_CPP_LOG_LEVEL".to_string(), "ERROR".to_string()),
+    ];
+    match last_line(&argv, &env, timeout).await {
+        Probe::Ok(line) => match line.parse::<u64>() {
+            Ok(ms) => Probe::Ok(ms),
+            Err(_) => Probe::Failed(format!("the Gloo probe printed {line:?}, not a time")),
+        },
+        Probe::Failed(why)
+            if why.contains(" exited with ") && why.contains(": no torch.distributed in ") =>
+        {
+            Probe::Skipped(shorten(&why))
+        }
+        Probe::Failed(why) => Probe::Failed(shorten(&why)),
+        Probe::Skipped(why) => Probe::Skipped(why),
+    }
+}
+
+/// The Gloo probe's failure without the Python executable's path and the
+/// snippet itself (which a timeout message would repeat).
+fn shorten(why: &str) -> String {
+    if why.contains("did not finish within") {
+        let secs = why
+            .split("did not finish within ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .unwrap_or("?");
+        return format!("the Gloo all-reduce did not finish within {secs}: a rank waits for a peer it cannot reach");
+    }
+    match why.split_once(": ") {
+        Some((_, rest)) if why.starts_with('/') || why.starts_with("python") => rest.to_string(),
+        _ => why.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_drop_the_interpreter_and_the_snippet() {
+        assert_eq!(
+            shorten("/v/bin/python3 exited with 1: RuntimeError: Connection refused"),
+            "RuntimeError: Connection refused"
+        );
+        assert!(shorten(
+            "/v/bin/python3 did not finish within 9s and was killed; run `/v/bin/python3 -c ...` on this node"
+        )
+        .starts_with("the Gloo all-reduce did not finish within 9s"));
+    }
+
+    #[tokio::test]
+    async fn a_program_that_is_not_there_is_skipped() {
+        let req = RendezvousRequest {
+            node: "a".into(),
+            python_of: "no-such-engine-xyz".into(),
+            rank: 0,
+            world: 2,
+            master: "127.0.0.1:1".parse().unwrap(),
+            fabric_if: "lo".into(),
+            timeout_ms: 1_000,
+        };
+        assert!(matches!(probe(&req).await, Probe::Skipped(_)));
+    }
+}
