@@ -21,10 +21,15 @@
 # server: lookups fail at once). `down` deletes the namespaces (and with
 # them every veth), those files and that table; nothing else on the
 # machine is touched.
-# Needs root, iproute2 and nft. Env: PREFIX (default xln; a-z0-9, <= 8 chars).
+# Needs root, iproute2 and nft. Env: PREFIX (default xln; a-z0-9, <= 8 chars);
+# MGMT_NET (default 10.79: node i's management link is MGMT_NET.i.0/24) and
+# FABRIC_NET (default 10.80.0: node i is FABRIC_NET.i), so that two
+# clusters with other prefixes and networks can be up at once.
 set -euo pipefail
 
 PREFIX=${PREFIX:-xln}
+MGMT_NET=${MGMT_NET:-10.79}
+FABRIC_NET=${FABRIC_NET:-10.80.0}
 SW="$PREFIX-sw"
 ME=$(basename "$0")
 
@@ -63,9 +68,10 @@ up() {
     command -v nft >/dev/null || { echo "$ME: nft not found (apt-get install nftables)" >&2; exit 1; }
     down
     # Refuse to shadow networks the machine already uses.
-    if ip -4 route show | grep -Eq '^10\.(79|80)\.'; then
-        echo "$ME: the root namespace already routes 10.79.x or 10.80.x; not touching it:" >&2
-        ip -4 route show | grep -E '^10\.(79|80)\.' >&2
+    local taken="^(${MGMT_NET//./\\.}|${FABRIC_NET//./\\.})\\."
+    if ip -4 route show | grep -Eq "$taken"; then
+        echo "$ME: the root namespace already routes $MGMT_NET.x or $FABRIC_NET.x; not touching it:" >&2
+        ip -4 route show | grep -E "$taken" >&2
         exit 1
     fi
     trap 'down' EXIT   # a half-built cluster is removed
@@ -88,15 +94,15 @@ EOF
         ip -n "$ns" link set lo up
         # Management: one end here (the root namespace), the other in the node.
         ip link add "$(mlink "$i")" type veth peer name mgmt0 netns "$ns"
-        ip -n "$ns" addr add "10.79.$i.2/24" dev mgmt0
+        ip -n "$ns" addr add "$MGMT_NET.$i.2/24" dev mgmt0
         ip -n "$ns" link set mgmt0 up
-        ip addr add "10.79.$i.1/24" dev "$(mlink "$i")"
+        ip addr add "$MGMT_NET.$i.1/24" dev "$(mlink "$i")"
         ip link set "$(mlink "$i")" up
-        ip -n "$ns" route add default via "10.79.$i.1" dev mgmt0
+        ip -n "$ns" route add default via "$MGMT_NET.$i.1" dev mgmt0
         # Fabric: into the bridge.
         ip -n "$ns" link add "$(fabif "$i")" mtu "$mtu" type veth peer name "p$i" netns "$SW" mtu "$mtu"
         ip -n "$SW" link set "p$i" master br0 up
-        ip -n "$ns" addr add "10.80.0.$i/24" dev "$(fabif "$i")"
+        ip -n "$ns" addr add "$FABRIC_NET.$i/24" dev "$(fabif "$i")"
         ip -n "$ns" link set "$(fabif "$i")" up
         # No name server is reachable from a node: make lookups fail at
         # once, as on a cluster whose DNS answers, instead of waiting for
@@ -108,13 +114,13 @@ EOF
     trap - EXIT
     command -v ping >/dev/null || { echo "$ME: ping not found (apt-get install iputils-ping); not waiting" >&2; return 0; }
     for _ in $(seq 50); do
-        if ping -c1 -W1 "10.79.$n.2" >/dev/null 2>&1 &&
-            ip netns exec "$(node 1)" ping -c1 -W1 "10.80.0.$n" >/dev/null 2>&1; then
+        if ping -c1 -W1 "$MGMT_NET.$n.2" >/dev/null 2>&1 &&
+            ip netns exec "$(node 1)" ping -c1 -W1 "$FABRIC_NET.$n" >/dev/null 2>&1; then
             return 0
         fi
         sleep 0.1
     done
-    echo "$ME: the cluster is up but the root cannot reach 10.79.$n.2 or node 1 cannot reach 10.80.0.$n" >&2
+    echo "$ME: the cluster is up but the root cannot reach $MGMT_NET.$n.2 or node 1 cannot reach $FABRIC_NET.$n" >&2
     exit 1
 }
 

@@ -59,9 +59,20 @@ echo "== cargo build -p xfer --features rdma"
 cargo build -p xfer --features rdma
 echo "== cargo test"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+engines_log=$(mktemp)
+trap 'rm -f "$log" "$engines_log"' EXIT
 status=0
+cargo test --workspace --no-run
+cargo test -p launcher --test engines --no-run
+# The real-engine tests (tests/engines.rs: vLLM, Ray, torch.distributed)
+# run beside the rest: they use networks of their own and spend most of
+# their minutes waiting on vLLM's start. Their output follows the rest's.
+cargo test -p launcher --test engines --no-fail-fast >"$engines_log" 2>&1 &
+engines=$!
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
+wait "$engines" || status=1
+echo "== tests/engines.rs (ran beside the rest)"
+tee -a "$log" <"$engines_log"
 # One closing line over all test binaries (cargo's own last line is the
 # doc-test summary, which has no tests).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

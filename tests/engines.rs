@@ -121,6 +121,13 @@ extern "C" {
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
+/// Networks of their own, apart from tests/launch.rs's and the netns
+/// tests', so that scripts/test.sh can run this binary beside the rest.
+const NETS: Nets = Nets {
+    mgmt: "10.83",
+    fabric: "10.84.0",
+};
+
 /// vLLM's CPU settings for this 2-core machine.
 const VLLM_CPU_ENV: &[(&str, &str)] = &[
     ("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -135,7 +142,7 @@ const VLLM_CPU_ARGS: &str =
 fn real_lab(prefix: &str) -> Lab {
     let venv = venv();
     let model = tiny_model().to_path_buf();
-    let lab = Lab::with_engine(prefix, 2, &[1, 2], venv.join("bin"), None);
+    let lab = Lab::with_engine(prefix, 2, &[1, 2], venv.join("bin"), None, NETS);
     lab.push(&model, "tiny", &[1, 2]);
     lab
 }
@@ -158,6 +165,18 @@ fn up(lab: &Lab, file: &Path, more: &[&str]) -> std::process::Output {
     let mut args = vec!["up", "--timeout", "300", "--grace", "5"];
     args.extend(more);
     lab.xl(&args, file)
+}
+
+/// `xfer-launch up` as a child, its output piped, while the test watches.
+fn up_in_background(lab: &Lab, file: &Path) -> Child {
+    Command::new(launch_bin())
+        .args(["up", "--timeout", "300", "--grace", "5", "--cluster"])
+        .arg(file)
+        .env("XDG_STATE_HOME", lab.dir.join("state"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// A completion through the head's API, from the root namespace.
@@ -324,21 +343,7 @@ fn a_rank_killed_while_the_head_loads_takes_the_group_down_with_its_hint() {
     let file = lab.cluster_file("c.toml", &real_launch(&lab, "vllm", 2, 1, "kill"), |i| {
         lab.fabric(i)
     });
-    let mut upping = Command::new(launch_bin())
-        .args([
-            "up",
-            "--cluster",
-            file.to_str().unwrap(),
-            "--timeout",
-            "300",
-            "--grace",
-            "5",
-        ])
-        .env("XDG_STATE_HOME", lab.dir.join("state"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut upping = up_in_background(&lab, &file);
     // Rank 1's vllm, once it has joined the head's rendezvous (the head
     // is loading then: it answers no /health yet).
     let rank_log = |i: usize| {
@@ -395,21 +400,7 @@ fn vllm_on_a_real_ray_cluster_meets_at_the_fabric_and_its_refusal_is_named() {
     let mut launch = real_launch(&lab, "vllm-ray", 2, 1, "ray");
     launch += "RAY_DISABLE_USAGE_STATS = \"1\"\n";
     let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
-    let upping = Command::new(launch_bin())
-        .args([
-            "up",
-            "--cluster",
-            file.to_str().unwrap(),
-            "--timeout",
-            "300",
-            "--grace",
-            "5",
-        ])
-        .env("XDG_STATE_HOME", lab.dir.join("state"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let upping = up_in_background(&lab, &file);
     // The Ray cluster as Ray sees it, while the launch runs: every live
     // node's address, asked of the head's GCS on its fabric address.
     let script = "import ray\n\
@@ -421,7 +412,7 @@ fn vllm_on_a_real_ray_cluster_meets_at_the_fabric_and_its_refusal_is_named() {
         let out = Command::new("ip")
             .args(["netns", "exec", &lab.ns(1)])
             .arg(&python)
-            .args(["-c", script])
+            .args(["-c", &lab.here(script)])
             .env("RAY_DISABLE_USAGE_STATS", "1")
             .output()
             .unwrap();
@@ -437,7 +428,8 @@ fn vllm_on_a_real_ray_cluster_meets_at_the_fabric_and_its_refusal_is_named() {
         std::thread::sleep(Duration::from_millis(500));
     };
     assert_eq!(
-        nodes, "10.80.0.1 10.80.0.2",
+        nodes,
+        lab.here("10.80.0.1 10.80.0.2"),
         "Ray's nodes are not on the fabric"
     );
     let out = upping.wait_with_output().unwrap();
@@ -468,12 +460,12 @@ fn a_rank_on_the_management_nic_hangs_by_hand_and_check_refuses_it() {
     let _reaper = Reaper(tag.clone());
     let vllm = venv().join("bin/vllm");
     let mut ranks = Vec::new();
-    for (i, ip, nic) in [(1, "10.80.0.1", "fab0"), (2, "10.79.2.2", "mgmt0")] {
+    for (i, ip, nic) in [(1, lab.fabric_ip(1), "fab0"), (2, lab.mgmt_ip(2), "mgmt0")] {
         let mut env: Vec<(&str, String)> = VLLM_CPU_ENV
             .iter()
             .map(|(k, v)| (*k, v.to_string()))
             .collect();
-        env.push(("VLLM_HOST_IP", ip.into()));
+        env.push(("VLLM_HOST_IP", ip));
         env.push(("GLOO_SOCKET_IFNAME", nic.into()));
         env.push(("XFER_ENGINE_TEST", "mgmt".into()));
         let model = lab.root_of(i).join("tiny");
@@ -483,7 +475,7 @@ fn a_rank_on_the_management_nic_hangs_by_hand_and_check_refuses_it() {
             model.display().to_string(),
         ];
         argv.extend(
-            "--dtype float32 --max-model-len 256 --enforce-eager -tp 2 --nnodes 2 --master-addr 10.80.0.1 --master-port 29500"
+            lab.here("--dtype float32 --max-model-len 256 --enforce-eager -tp 2 --nnodes 2 --master-addr 10.80.0.1 --master-port 29500")
                 .split(' ')
                 .map(String::from),
         );
@@ -526,7 +518,7 @@ fn a_rank_on_the_management_nic_hangs_by_hand_and_check_refuses_it() {
     // The same pinning, in a cluster file.
     let file = lab.cluster_file("c.toml", &real_launch(&lab, "vllm", 2, 1, "mgmt"), |i| {
         if i == 2 {
-            "fabric_if = \"mgmt0\"\nfabric_ip = \"10.79.2.2\"".into()
+            lab.here("fabric_if = \"mgmt0\"\nfabric_ip = \"10.79.2.2\"")
         } else {
             lab.fabric(i)
         }
@@ -583,6 +575,8 @@ fn a_fabric_that_passes_only_the_rendezvous_port_is_caught_by_the_gloo_probe() {
                   r = int(sys.argv[1])\n\
                   d.init_process_group('gloo', init_method='tcp://10.80.0.1:29500', rank=r, world_size=2, timeout=datetime.timedelta(seconds=25))\n\
                   x = torch.ones(1); d.all_reduce(x); print('met', x.item())\n";
+    let script = lab.here(script);
+    let script = script.as_str();
     let python = venv().join("bin/python");
     let mut hand = Vec::new();
     for (i, nic) in [(1, "fab0"), (2, "enp1s0f1")] {
@@ -680,7 +674,7 @@ fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_besi
     );
     let head_text = std::fs::read_to_string(&head_log).unwrap();
     assert!(
-        head_text.contains("10.79.1.2"),
+        head_text.contains(&lab.mgmt_ip(1)),
         "the head did not take the management address: {head_text}"
     );
     let worker_log = lab.dir.join("rayworker.log");
@@ -692,9 +686,9 @@ fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_besi
             ray,
             "start",
             "--address",
-            "10.80.0.1:6379",
+            &lab.here("10.80.0.1:6379"),
             "--node-ip-address",
-            "10.80.0.2",
+            &lab.fabric_ip(2),
             "--block",
             "--num-cpus",
             "1",
@@ -718,6 +712,8 @@ fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_besi
                   def f(b): return len(b)\n\
                   try:\n    print('got', ray.get(f.remote(big), timeout=20))\n\
                   except ray.exceptions.GetTimeoutError:\n    print('hung'); sys.exit(3)\n";
+    let script = lab.here(script);
+    let script = script.as_str();
     let python = venv().join("bin/python");
     let driver = Command::new("ip")
         .args(["netns", "exec", &lab.ns(1)])
@@ -740,7 +736,7 @@ fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_besi
     );
     let plan = lab.xl(&["plan"], &file);
     assert!(
-        text(&plan.stdout).contains("--node-ip-address 10.80.0.1"),
+        text(&plan.stdout).contains(&lab.here("--node-ip-address 10.80.0.1")),
         "{}",
         text(&plan.stdout)
     );
@@ -753,7 +749,7 @@ fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_besi
         "{shown}"
     );
     let route = rows(&shown, "route").join("\n");
-    assert!(route.contains("10.79.1.2"), "{shown}");
+    assert!(route.contains(&lab.mgmt_ip(1)), "{shown}");
     let out = up(&lab, &file, &[]);
     assert_ne!(out.status.code(), Some(0));
     assert_no_runs(&lab);

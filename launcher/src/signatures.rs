@@ -121,7 +121,8 @@ pub fn scan(log: &str) -> Vec<Hint> {
     found.into_iter().flatten().collect()
 }
 
-fn clip(s: &str, max: usize) -> String {
+/// `s` cut to at most `max` bytes (at a character boundary), with `…`.
+pub(crate) fn clip(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }

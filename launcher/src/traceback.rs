@@ -48,21 +48,9 @@ fn exception_after(lines: &[&str], start: usize) -> Option<String> {
         }
         // A traceback has frames before its exception; a header followed
         // at once by another unindented line is not one.
-        return (frames > 0).then(|| clip(body.trim_end()));
+        return (frames > 0).then(|| crate::signatures::clip(body.trim_end(), 300));
     }
     None
-}
-
-fn clip(s: &str) -> String {
-    const MAX: usize = 300;
-    if s.len() <= MAX {
-        return s.to_string();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]

@@ -81,6 +81,20 @@ macro_rules! need_root {
     };
 }
 
+/// A lab's two networks: node i is at `mgmt`.i.2 (management, the default
+/// route) and `fabric`.i (the fabric).
+#[derive(Clone, Copy)]
+pub struct Nets {
+    pub mgmt: &'static str,
+    pub fabric: &'static str,
+}
+
+/// launchnet.sh's defaults (tests/launch.rs).
+pub const DEFAULT_NETS: Nets = Nets {
+    mgmt: "10.79",
+    fabric: "10.80.0",
+};
+
 /// A launch cluster: namespaces, agents, a key, a model, a cluster file.
 pub struct Lab {
     pub prefix: String,
@@ -88,6 +102,8 @@ pub struct Lab {
     /// The path every node's root is mounted at, inside its agent.
     pub mnt: PathBuf,
     pub n: usize,
+    /// The lab's networks (scripts/launchnet.sh's MGMT_NET, FABRIC_NET).
+    pub nets: Nets,
     /// Put first on the agents' PATH: the stand-in's or a real engine's.
     engine_bin: PathBuf,
     /// The stand-in's Python modules (it plays `sglang` too).
@@ -110,6 +126,7 @@ impl Lab {
             with_agents,
             standin.join("bin"),
             Some(standin.join("pylib")),
+            DEFAULT_NETS,
         )
     }
 
@@ -120,6 +137,7 @@ impl Lab {
         with_agents: &[usize],
         engine_bin: PathBuf,
         pythonpath: Option<PathBuf>,
+        nets: Nets,
     ) -> Lab {
         let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let dir = std::env::temp_dir().join(format!("xfer-launch-it-{prefix}"));
@@ -129,6 +147,8 @@ impl Lab {
         let out = Command::new(Self::script())
             .args(["up", &n.to_string()])
             .env("PREFIX", prefix)
+            .env("MGMT_NET", nets.mgmt)
+            .env("FABRIC_NET", nets.fabric)
             .output()
             .unwrap();
         assert!(out.status.success(), "launchnet up: {}", text(&out.stderr));
@@ -145,6 +165,7 @@ impl Lab {
             n,
             engine_bin,
             pythonpath,
+            nets,
             agents: Vec::new(),
             _guard: guard,
         };
@@ -161,11 +182,18 @@ impl Lab {
     }
 
     pub fn mgmt_ip(&self, i: usize) -> String {
-        format!("10.79.{i}.2")
+        format!("{}.{i}.2", self.nets.mgmt)
     }
 
     pub fn fabric_ip(&self, i: usize) -> String {
-        format!("10.80.0.{i}")
+        format!("{}.{i}", self.nets.fabric)
+    }
+
+    /// `s` with the default networks' addresses (10.79.*, 10.80.0.*)
+    /// moved to this lab's, for scripts written with the defaults.
+    pub fn here(&self, s: &str) -> String {
+        s.replace("10.80.0.", &format!("{}.", self.nets.fabric))
+            .replace("10.79.", &format!("{}.", self.nets.mgmt))
     }
 
     pub fn fabric_if(&self, i: usize) -> &'static str {
