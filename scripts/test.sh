@@ -63,11 +63,11 @@ engines_log=$(mktemp)
 trap 'rm -f "$log" "$engines_log"' EXIT
 status=0
 cargo test --workspace --no-run
-cargo test -p launcher --test engines --no-run
+cargo test --workspace --test engines --no-run
 # The real-engine tests (tests/engines.rs: vLLM, Ray, torch.distributed)
 # run beside the rest: they use networks of their own and spend most of
 # their minutes waiting on vLLM's start. Their output follows the rest's.
-cargo test -p launcher --test engines --no-fail-fast >"$engines_log" 2>&1 &
+cargo test --workspace --test engines --no-fail-fast >"$engines_log" 2>&1 &
 engines=$!
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
 wait "$engines" || status=1

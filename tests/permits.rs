@@ -66,6 +66,19 @@ fn id_probe(out: &Path) -> LaunchRequest {
     }))
 }
 
+/// A rendezvous probe of one rank in `program`'s Python.
+fn rendezvous(program: &str) -> LaunchRequest {
+    LaunchRequest::Rendezvous(Box::new(xfer_proto::launch::RendezvousRequest {
+        node: "n1".into(),
+        python_of: program.into(),
+        rank: 0,
+        world: 1,
+        master: "127.0.0.61:1".parse().unwrap(),
+        fabric_if: "lo".into(),
+        timeout_ms: 5_000,
+    }))
+}
+
 fn ask(cred: &Credential, agent: &Agent, req: &LaunchRequest) -> LaunchReply {
     ask_launch(cred, "n1", agent, req)
 }
@@ -98,6 +111,13 @@ fn an_agent_starts_no_process_unless_its_operator_allowed_launches() {
         Probe::Failed(why) => assert!(why.contains("--allow-launch"), "{why}"),
         other => panic!("the version probe ran: {other:?}"),
     }
+    // Nor the rendezvous probe, which would run the engine's Python.
+    match ask(&cred, &agent, &rendezvous("python3")) {
+        LaunchReply::Rendezvoused(Probe::Failed(why)) => {
+            assert!(why.contains("--allow-launch"), "{why}")
+        }
+        other => panic!("the rendezvous probe ran: {other:?}"),
+    }
     drop(agent);
 
     // Allowed, but only `vllm`: `sh` is refused, naming the flag to add.
@@ -109,6 +129,12 @@ fn an_agent_starts_no_process_unless_its_operator_allowed_launches() {
     );
     let why = refusal(ask(&cred, &agent, &id_rank("r2", &out)));
     assert!(why.contains("--allow-exec sh"), "{why}");
+    match ask(&cred, &agent, &rendezvous("python3")) {
+        LaunchReply::Rendezvoused(Probe::Failed(why)) => {
+            assert!(why.contains("--allow-exec python3"), "{why}")
+        }
+        other => panic!("the rendezvous probe ran: {other:?}"),
+    }
     drop(agent);
     assert!(!out.exists(), "a refused request ran `id`");
     assert!(

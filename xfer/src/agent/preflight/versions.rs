@@ -70,10 +70,16 @@ except md.PackageNotFoundError:
     print(__import__(name).__version__)
 "#;
 
-/// The interpreter of `program` as found on PATH, when it is a script
-/// (`#!/venv/bin/python3`, `#!/usr/bin/env python3`): what the ranks that
-/// run `program` run in. None when it is not found or no script.
+/// The interpreter of `program` as found on PATH, when it is a Python
+/// script (`#!/venv/bin/python3`, `#!/usr/bin/env python3`), or `program`
+/// itself when it is a Python: what the ranks that run `program` run in.
+/// None when it is not found or no Python.
 pub fn python_of(program: &str) -> Option<Vec<String>> {
+    // A Python itself (SGLang runs as `python3 -m sglang.launch_server`).
+    let named = std::path::Path::new(program).file_name()?.to_string_lossy();
+    if named.starts_with("python") && !named.ends_with(".py") {
+        return Some(vec![program.to_string()]);
+    }
     let path = if program.contains('/') {
         std::path::PathBuf::from(program)
     } else {
@@ -306,6 +312,7 @@ mod tests {
             Some(vec!["/usr/bin/env".to_string(), "python3".to_string()])
         );
         assert_eq!(python_of(shell.to_str().unwrap()), None);
+        assert_eq!(python_of("python3"), Some(vec!["python3".to_string()]));
         assert_eq!(python_of("no-such-engine-xyz"), None);
         // The version file is read, the package is not imported (its
         // __init__ would exit), and the command is not run.
