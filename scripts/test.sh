@@ -10,9 +10,12 @@ cd "$(dirname "$0")/.."
 # (mount for the full-disk test), iputils-ping (netns cluster checks), GNU
 # time (peak RSS), python3 and git-lfs (the Hub test server and the olah
 # mirror of the pull tests), and libibverbs-dev, librdmacm-dev and
-# libclang-dev (rdma-sys, to build the RDMA backend: feature `rdma`).
+# libclang-dev (rdma-sys, to build the RDMA backend: feature `rdma`), and
+# docker.io and busybox-static (tests/images.rs: one private dockerd per
+# namespace host, test images from a static busybox).
 packages=(b3sum rsync iperf3 nftables iproute2 iputils-ping util-linux time
-  python3 python3-venv curl git git-lfs libibverbs-dev librdmacm-dev libclang-dev)
+  python3 python3-venv curl git git-lfs libibverbs-dev librdmacm-dev libclang-dev
+  docker.io busybox-static)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -41,6 +44,24 @@ scripts/olah-mirror.sh install
 # saying the engines are missing: they are never skipped.
 scripts/engines.sh install || echo "engines: install failed (above); tests/engines.rs will fail saying so" >&2
 
+# A running dockerd (the host's own, with its defaults) loads br_netfilter
+# and sets the FORWARD policy to DROP; the suite must pass beside one, so
+# one is started when none is running, and only that one is stopped at the
+# end. The image tests start their own, one per namespace host.
+started_dockerd=""
+stop_dockerd() {
+  [ -n "$started_dockerd" ] || return 0
+  kill "$started_dockerd" 2>/dev/null || true
+  wait "$started_dockerd" 2>/dev/null || true
+}
+trap stop_dockerd EXIT
+if ! docker info >/dev/null 2>&1 && command -v dockerd >/dev/null; then
+  echo "starting dockerd (stopped at the end)"
+  dockerd --pidfile /run/xfer-test-dockerd.pid >/var/tmp/xfer-test-dockerd.log 2>&1 &
+  started_dockerd=$!
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+fi
+
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
 
@@ -60,7 +81,7 @@ cargo build -p xfer --features rdma
 echo "== cargo test"
 log=$(mktemp)
 engines_log=$(mktemp)
-trap 'rm -f "$log" "$engines_log"' EXIT
+trap 'rm -f "$log" "$engines_log"; stop_dockerd' EXIT
 status=0
 cargo test --workspace --no-run
 cargo test --workspace --test engines --no-run

@@ -356,3 +356,155 @@ fn vllm_on_ray_starts_the_ray_head_first_and_stops_ray_after() {
         );
     }
 }
+
+/// Stops the lab's dockerds (the nodes' and the operator's) on drop.
+struct Dockerds(Vec<std::path::PathBuf>);
+
+impl Drop for Dockerds {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = Command::new(repo().join("scripts/dockerd.sh"))
+                .arg("stop")
+                .arg(d)
+                .status();
+        }
+    }
+}
+
+/// `docker -H unix://DIR/docker.sock ARGS`, its stdout.
+fn docker(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new("docker")
+        .env(
+            "DOCKER_HOST",
+            format!("unix://{}/docker.sock", dir.display()),
+        )
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+#[test]
+fn ranks_run_in_the_image_on_every_node_and_down_removes_every_container() {
+    need_root!();
+    let script = repo().join("scripts/dockerd.sh");
+    let installed = Command::new(&script).arg("install").status().unwrap();
+    assert!(installed.success(), "scripts/dockerd.sh install failed");
+    let mut lab = Lab::up("xli", 2, &[]);
+    let op = lab.dir.join("docker-op");
+    let _stop = Dockerds(vec![lab.docker_dir(1), lab.docker_dir(2), op.clone()]);
+    for i in 1..=2 {
+        let a = lab.start_agent_with_docker(i);
+        lab.agents[i - 1] = Some(a);
+    }
+    // The operator's engine holds the stand-in's image, built here.
+    let out = Command::new(&script)
+        .arg("start")
+        .arg(&op)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let sock = text(&out.stdout).trim().to_string();
+    let out = Command::new(&script)
+        .args(["images", &sock])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    lab.push(&lab.model("a"), "tiny", &[1, 2]);
+    let to = format!(
+        "{}:{AGENT_PORT},{}:{AGENT_PORT}",
+        lab.mgmt_ip(1),
+        lab.mgmt_ip(2)
+    );
+    let out = Command::new(xfer_bin())
+        .env("DOCKER_HOST", &sock)
+        .args([
+            "image",
+            "push",
+            "xt/standin:1",
+            "--json",
+            "--to",
+            &to,
+            "--key",
+        ])
+        .arg(lab.key())
+        .arg("--cache")
+        .arg(lab.dir.join("cache"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "image push: {}", text(&out.stderr));
+    let pushed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = pushed["id"].as_str().unwrap().to_string();
+
+    let launch = format!(
+        "engine = \"vllm\"\nmodel = \"{}/tiny\"\nimage = \"xt/standin:1\"\ngpus = \"none\"\nshm_size = \"64MiB\"\n",
+        lab.mnt.display()
+    );
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}{}", text(&out.stderr));
+    let image = rows(&shown, "image");
+    assert!(
+        image.iter().all(|r| r.starts_with("pass")) && shown.contains(&id[7..19]),
+        "{shown}"
+    );
+
+    // Up: every rank in a container of the image, on the host network.
+    let out = lab.xl(&["up", "--timeout", "60", "--grace", "2"], &file);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("ready: run ") && err.contains("tokens/s"),
+        "{err}"
+    );
+    for i in 1..=2 {
+        let names = docker(
+            &lab.docker_dir(i),
+            &["ps", "--format", "{{.Names}} {{.Image}}"],
+        );
+        assert!(
+            names
+                .lines()
+                .any(|l| l.starts_with("xfer-") && l.ends_with("xt/standin:1")),
+            "node {i}: {names}"
+        );
+    }
+    let out = lab.xl(&["logs"], &file);
+    let logs = text(&out.stdout);
+    assert!(logs.contains("[n1] ") && logs.contains("[n2] "), "{logs}");
+    assert!(
+        logs.contains("docker run --rm --init --name xfer-"),
+        "{logs}"
+    );
+
+    let out = lab.xl(&["down", "--grace", "2"], &file);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for i in 1..=2 {
+        let left = docker(&lab.docker_dir(i), &["ps", "-aq"]);
+        assert!(left.trim().is_empty(), "node {i} kept containers: {left}");
+    }
+
+    // The gate: a node without the image fails the check, named, with the fix.
+    docker(&lab.docker_dir(2), &["rmi", "xt/standin:1"]);
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    let image = rows(&shown, "image");
+    assert!(
+        image
+            .iter()
+            .any(|r| r.starts_with("FAIL") && r.contains("n2 lacks image xt/standin:1")),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("fix: load it: `xfer image push xt/standin:1 --cluster")
+            && shown.contains("--nodes n2`"),
+        "{shown}"
+    );
+}

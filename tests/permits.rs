@@ -38,6 +38,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         grace_ms: 1_000,
         weights: None,
         evict_page_cache: false,
+        container: None,
     }))
 }
 
@@ -63,6 +64,7 @@ fn id_probe(out: &Path) -> LaunchRequest {
             python_of: None,
         }],
         rdma: None,
+        image: None,
     }))
 }
 
@@ -357,6 +359,7 @@ fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
         grace_ms: 1_000,
         weights: None,
         evict_page_cache: false,
+        container: None,
     }
 }
 

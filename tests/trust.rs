@@ -85,6 +85,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         grace_ms: 1_000,
         weights: None,
         evict_page_cache: false,
+        container: None,
     }))
 }
 
@@ -158,6 +159,8 @@ fn a_node_credential_moves_models_but_cannot_launch_sync_or_remove() {
         force: true,
     };
     forbidden("rm", admin(&b_cred, "a", &a, &rm));
+    let image = AdminRequest::LoadImage(Box::new(tiny_image()));
+    forbidden("image load", admin(&b_cred, "a", &a, &image));
     assert!(!out.exists(), "a node's credential ran `id`");
     assert!(a.log().contains("refused node b at"), "{}", a.log());
 
@@ -196,6 +199,44 @@ fn a_node_credential_moves_models_but_cannot_launch_sync_or_remove() {
         reason: "test over".into(),
     };
     launch(&op, "a", &a, &stop);
+
+    // Even an operator loads no image and runs no rank in one where the
+    // agent's operator named no container engine.
+    let reply = format!("{:?}", admin(&op, "a", &a, &image));
+    assert!(
+        reply.contains("Forbidden") && reply.contains("--container-engine docker"),
+        "{reply}"
+    );
+    let LaunchRequest::StartRank(mut rank) = id_rank("r3", &out) else {
+        unreachable!()
+    };
+    rank.container = Some(ContainerSpec {
+        image: "xt/app:1".into(),
+        image_id: None,
+        gpus: GpuAccess::None,
+        shm_bytes: None,
+    });
+    let reply = format!(
+        "{:?}",
+        launch(&op, "a", &a, &LaunchRequest::StartRank(rank))
+    );
+    assert!(reply.contains("--container-engine docker"), "{reply}");
+}
+
+/// A one-layer image description (no blob of it is anywhere).
+fn tiny_image() -> xfer_proto::image::ImageDesc {
+    use xfer_proto::image::{BlobRef, Digest, ImageDesc};
+    ImageDesc {
+        reference: "xt/app:1".into(),
+        config: BlobRef {
+            digest: Digest([1; 32]),
+            size: 10,
+        },
+        layers: vec![BlobRef {
+            digest: Digest([2; 32]),
+            size: 20,
+        }],
+    }
 }
 
 #[test]

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use xfer_proto::launch::NodeFacts;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
+use xfer_proto::launch::{NodeFacts, Probe};
 
 use crate::agents::{unexpected, Agents};
 use crate::config::{Setup, COMMIT_PLACEHOLDER};
@@ -42,6 +42,23 @@ impl Checked {
                 path: self.model_path.clone(),
                 root: first,
             })
+    }
+
+    /// The id of `[launch] image` the gate saw on every node (`None` when
+    /// a node does not hold it or the nodes differ).
+    pub fn image_id(&self) -> Option<xfer_proto::image::Digest> {
+        let mut ids = self.nodes.iter().map(|(_, f)| match f {
+            Ok(NodeFacts {
+                containers: Probe::Ok(c),
+                ..
+            }) => match &c.image {
+                Some(Probe::Ok(id)) => Some(*id),
+                _ => None,
+            },
+            _ => None,
+        });
+        let first = ids.next()??;
+        ids.all(|id| id == Some(first)).then_some(first)
     }
 }
 

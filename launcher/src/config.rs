@@ -23,6 +23,9 @@
 //! dist_port = 20000              # sglang: --dist-init-addr
 //! extra_args = ["--max-model-len", "32768"]
 //! template = "..."               # custom engine only
+//! image = "xt/vllm:0.11"         # (optional) run every rank in this image
+//! gpus = "all"                   # with image: "all" | "none" | ["/dev/nvidia0", ...]
+//! shm_size = "16GiB"             # with image: the containers' /dev/shm
 //!
 //! [launch.env]
 //! NCCL_DEBUG = "INFO"
@@ -35,6 +38,11 @@
 //! nodes, so the path keeps a `<COMMIT>` placeholder that `xfer-launch check`
 //! is to resolve from `refs/<revision>`. Engines need the model at the same
 //! absolute path on every node, so nodes whose roots differ are refused.
+//!
+//! With `image`, every rank runs inside that container image, which each
+//! agent starts itself (`xfer serve --container-engine docker`): the
+//! launcher only says which image, which GPUs (`gpus`: `--gpus all`, none,
+//! or `--device` each) and how much shared memory (`shm_size`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -47,6 +55,7 @@ use toml::Spanned;
 use xfer::config::cluster::{Cluster, ClusterError, Node};
 use xfer::config::tomltext::{and_list, in_file_order, kind, line_col, suggest};
 use xfer::hub::repo::{RepoRef, RepoType};
+use xfer_proto::launch::GpuAccess;
 
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub const DEFAULT_API_PORT: u16 = 8000;
@@ -187,6 +196,18 @@ pub struct ModelPath {
     pub revision: Option<String>,
 }
 
+/// How the ranks run in a container (`[launch] image`); the agents build
+/// the `docker run` themselves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerConfig {
+    /// The image reference, as `docker images` lists it.
+    pub image: String,
+    /// How the GPUs reach the container (default [`GpuAccess::All`]).
+    pub gpus: GpuAccess,
+    /// `--shm-size`, in bytes (default: the engine's).
+    pub shm_bytes: Option<u64>,
+}
+
 /// A checked `[launch]` table bound to its nodes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Setup {
@@ -201,6 +222,8 @@ pub struct Setup {
     pub env: BTreeMap<String, String>,
     /// Set exactly when `engine` is [`Engine::Custom`].
     pub template: Option<Template>,
+    /// Set when `[launch] image` is: every rank runs in that image.
+    pub container: Option<ContainerConfig>,
     /// The cluster credential (resolved against the file's folder).
     pub key: PathBuf,
     /// The cluster file.
@@ -298,6 +321,9 @@ struct Launch {
     extra_args: Vec<At<String>>,
     env: BTreeMap<String, String>,
     template: Option<At<Template>>,
+    image: Option<At<String>>,
+    gpus: Option<At<GpuAccess>>,
+    shm_size: Option<At<u64>>,
 }
 
 /// Keys of `[launch]`.
@@ -316,6 +342,9 @@ const LAUNCH_KEYS: &[&str] = &[
     "extra_args",
     "env",
     "template",
+    "image",
+    "gpus",
+    "shm_size",
 ];
 /// Keys of a `model = { ... }` table.
 const MODEL_KEYS: &[&str] = &["path", "repo", "revision"];
@@ -340,6 +369,14 @@ const ALIASES: &[(&str, &str)] = &[
     ("port", "api_port"),
     ("head_node", "head"),
     ("master", "head"),
+    ("container", "image"),
+    ("container_image", "image"),
+    ("docker_image", "image"),
+    ("gpu", "gpus"),
+    ("devices", "gpus"),
+    ("shm", "shm_size"),
+    ("shm_bytes", "shm_size"),
+    ("shared_memory", "shm_size"),
 ];
 /// Environment variables the launcher sets per node from the cluster file.
 const RESERVED_ENV: &[(&str, &str)] = &[
@@ -397,6 +434,9 @@ impl Parser<'_> {
             extra_args: Vec::new(),
             env: BTreeMap::new(),
             template: None,
+            image: None,
+            gpus: None,
+            shm_size: None,
         };
         for (k, v) in in_file_order(table) {
             let key: &str = k.get_ref();
@@ -536,6 +576,31 @@ impl Parser<'_> {
                     }
                 }
                 "env" => l.env = self.env(v)?,
+                "image" => {
+                    let s = self.string(key, v, "\"nvcr.io/nvidia/vllm:25.09-py3\"")?;
+                    xfer_proto::image::check_reference(s).map_err(|e| {
+                        self.err(
+                            at,
+                            format!("image: {e}; write the reference the image has in `docker images` on the operator's machine, like image = \"nvcr.io/nvidia/vllm:25.09-py3\""),
+                        )
+                    })?;
+                    l.image = Some(At {
+                        v: s.to_string(),
+                        at,
+                    });
+                }
+                "gpus" => {
+                    l.gpus = Some(At {
+                        v: self.gpus(v)?,
+                        at,
+                    })
+                }
+                "shm_size" => {
+                    l.shm_size = Some(At {
+                        v: self.shm_size(v)?,
+                        at,
+                    })
+                }
                 "template" => {
                     l.template = Some(At {
                         v: self.template(v)?,
@@ -767,6 +832,115 @@ impl Parser<'_> {
         Ok(env)
     }
 
+    /// `gpus = "all" | "none" | ["DEVICE", ...]`.
+    fn gpus(&self, v: &Val) -> Result<GpuAccess, LaunchError> {
+        let at = v.span().start;
+        const FORMS: &str = "gpus = \"all\" (--gpus all, the NVIDIA runtime), gpus = \"none\", or a list of devices, like gpus = [\"nvidia.com/gpu=all\"] or [\"/dev/nvidia0\"]";
+        match v.get_ref() {
+            DeValue::String(s) => match s.as_ref() {
+                "all" => Ok(GpuAccess::All),
+                "none" => Ok(GpuAccess::None),
+                other => {
+                    let hint = suggest(
+                        other,
+                        &["all", "none"],
+                        &[
+                            ("yes", "all"),
+                            ("no", "none"),
+                            ("true", "all"),
+                            ("false", "none"),
+                        ],
+                    )
+                    .map(|n| format!("did you mean \"{n}\"? "))
+                    .unwrap_or_default();
+                    Err(self.err(
+                        at,
+                        format!("gpus = {other:?} is not a choice; {hint}write {FORMS}"),
+                    ))
+                }
+            },
+            DeValue::Array(items) => {
+                if items.is_empty() {
+                    return Err(self.err(
+                        at,
+                        "gpus is an empty list; write gpus = \"none\" for no GPU, or list the devices",
+                    ));
+                }
+                let mut devices = Vec::with_capacity(items.len());
+                for item in items.iter() {
+                    let d = self.string("a device in gpus", item, "\"/dev/nvidia0\"")?;
+                    if d.is_empty()
+                        || d.starts_with('-')
+                        || d.contains(|c: char| c.is_whitespace() || c == '\0')
+                    {
+                        return Err(self.err(
+                            item.span().start,
+                            format!("gpus lists {d:?}, which is not a device; write a CDI name or a path, like \"nvidia.com/gpu=all\" or \"/dev/nvidia0\""),
+                        ));
+                    }
+                    devices.push(d.to_string());
+                }
+                Ok(GpuAccess::Devices(devices))
+            }
+            other => Err(self.err(at, format!("gpus is {}; write {FORMS}", kind(other)))),
+        }
+    }
+
+    /// `shm_size = "16GiB"` (or a number of bytes).
+    fn shm_size(&self, v: &Val) -> Result<u64, LaunchError> {
+        let at = v.span().start;
+        let n = match v.get_ref() {
+            DeValue::String(s) => xfer_proto::units::parse_size(s)
+                .map_err(|e| self.err(at, format!("shm_size: {e}")))?,
+            DeValue::Integer(i) => u64::try_from(int_value(i)).map_err(|_| {
+                self.err(
+                    at,
+                    "shm_size is negative; write a size, like shm_size = \"16GiB\"",
+                )
+            })?,
+            other => {
+                return Err(self.err(
+                    at,
+                    format!(
+                        "shm_size is {}; write a size, like shm_size = \"16GiB\"",
+                        kind(other)
+                    ),
+                ))
+            }
+        };
+        if n == 0 {
+            return Err(self.err(
+                at,
+                "shm_size is 0; write a size, like shm_size = \"16GiB\", or remove shm_size for the engine's default",
+            ));
+        }
+        Ok(n)
+    }
+
+    /// The container settings: `gpus` and `shm_size` only with `image`.
+    fn container(&self, l: &Launch) -> Result<Option<ContainerConfig>, LaunchError> {
+        let Some(image) = &l.image else {
+            if let Some(s) = &l.shm_size {
+                return Err(self.err(
+                    s.at,
+                    "shm_size only applies to the ranks' containers, but [launch] has no image; add image = \"NAME:TAG\", or remove shm_size",
+                ));
+            }
+            if let Some(g) = &l.gpus {
+                return Err(self.err(
+                    g.at,
+                    "gpus only applies to the ranks' containers, but [launch] has no image (on the host every rank sees every GPU); add image = \"NAME:TAG\", or remove gpus",
+                ));
+            }
+            return Ok(None);
+        };
+        Ok(Some(ContainerConfig {
+            image: image.v.clone(),
+            gpus: l.gpus.as_ref().map_or(GpuAccess::All, |g| g.v.clone()),
+            shm_bytes: l.shm_size.as_ref().map(|s| s.v),
+        }))
+    }
+
     fn template(&self, v: &Val) -> Result<Template, LaunchError> {
         let at = v.span().start;
         let words: Vec<String> = match v.get_ref() {
@@ -944,6 +1118,7 @@ impl Parser<'_> {
         }
 
         let model = self.model_path(&picked, model_spec)?;
+        let container = self.container(&l)?;
         Ok(Setup {
             engine,
             nodes,
@@ -954,6 +1129,7 @@ impl Parser<'_> {
             extra_args: l.extra_args.into_iter().map(|a| a.v).collect(),
             env: l.env,
             template: l.template.map(|t| t.v),
+            container,
             key: cluster.key.clone(),
             path: cluster.path.clone(),
         })
@@ -1539,6 +1715,79 @@ env = { NCCL_DEBUG = "INFO", NCCL_IB_TIMEOUT = 22 }"#,
             ("engine = \"vllm\"\nmodel = \"/m\"\nenv = { X = true }", "env X is a boolean; write it as a string"),
         ] {
             let msg = refused(launch);
+            assert!(msg.contains(want), "{launch}\n=> {msg}");
+            assert!(msg.starts_with("cluster.toml:"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn an_image_runs_every_rank_in_a_container() {
+        let s = setup("engine = \"vllm\"\nmodel = \"/m\"");
+        assert_eq!(s.container, None, "on the host without an image");
+        let s =
+            setup("engine = \"vllm\"\nmodel = \"/m\"\nimage = \"nvcr.io/nvidia/vllm:25.09-py3\"");
+        assert_eq!(
+            s.container,
+            Some(ContainerConfig {
+                image: "nvcr.io/nvidia/vllm:25.09-py3".into(),
+                gpus: GpuAccess::All,
+                shm_bytes: None,
+            }),
+            "gpus default to all"
+        );
+        let s = setup(
+            "engine = \"sglang\"\nmodel = \"/m\"\nimage = \"xt/app:1\"\ngpus = [\"nvidia.com/gpu=all\", \"/dev/nvidia0\"]\nshm_size = \"16GiB\"",
+        );
+        let c = s.container.unwrap();
+        assert_eq!(
+            c.gpus,
+            GpuAccess::Devices(vec!["nvidia.com/gpu=all".into(), "/dev/nvidia0".into()])
+        );
+        assert_eq!(c.shm_bytes, Some(16 << 30));
+        let c = setup("engine = \"vllm\"\nmodel = \"/m\"\nimage = \"xt/app:1\"\ngpus = \"none\"\nshm_size = 1048576")
+            .container
+            .unwrap();
+        assert_eq!((c.gpus, c.shm_bytes), (GpuAccess::None, Some(1 << 20)));
+    }
+
+    #[test]
+    fn container_mistakes_name_the_line_and_the_fix() {
+        let text = file("engine = \"vllm\"\nmodel = \"/m\"\nimage = \"-rm\"");
+        let line = line_of(&text, "image = ");
+        assert_eq!(
+            refused_file(&text),
+            format!("cluster.toml:{line}:9: image: `-rm` is not an image reference (NAME[:TAG] of a-z, 0-9, . _ - / : @); write the reference the image has in `docker images` on the operator's machine, like image = \"nvcr.io/nvidia/vllm:25.09-py3\"")
+        );
+        let text = file("engine = \"vllm\"\nmodel = \"/m\"\nshm_size = \"16GiB\"");
+        let line = line_of(&text, "shm_size = ");
+        assert_eq!(
+            refused_file(&text),
+            format!("cluster.toml:{line}:12: shm_size only applies to the ranks' containers, but [launch] has no image; add image = \"NAME:TAG\", or remove shm_size")
+        );
+        for (launch, want) in [
+            ("image = \"a b\"", "image: `a b` is not an image reference"),
+            ("image = 3", "image is an integer; write a quoted string, like \"nvcr.io/nvidia/vllm:25.09-py3\""),
+            ("image = \"x:1\"\ngpus = \"al\"", "gpus = \"al\" is not a choice; did you mean \"all\"? write gpus = \"all\""),
+            ("image = \"x:1\"\ngpus = \"some\"", "gpus = \"some\" is not a choice; write gpus = \"all\" (--gpus all, the NVIDIA runtime), gpus = \"none\", or a list of devices"),
+            ("image = \"x:1\"\ngpus = 2", "gpus is an integer; write gpus = \"all\""),
+            ("image = \"x:1\"\ngpus = []", "gpus is an empty list; write gpus = \"none\" for no GPU"),
+            ("image = \"x:1\"\ngpus = [\"--privileged\"]", "gpus lists \"--privileged\", which is not a device"),
+            ("image = \"x:1\"\ngpus = [\"/dev/a b\"]", "gpus lists \"/dev/a b\", which is not a device"),
+            ("image = \"x:1\"\ngpus = [0]", "a device in gpus is an integer; write a quoted string"),
+            ("image = \"x:1\"\nshm_size = \"lots\"", "shm_size: `lots` is not a size; write e.g. 4MiB, 512M or 2GiB"),
+            ("image = \"x:1\"\nshm_size = \"16 parsecs\"", "shm_size: unknown unit in `16 parsecs`"),
+            ("image = \"x:1\"\nshm_size = \"0\"", "shm_size is 0; write a size"),
+            ("image = \"x:1\"\nshm_size = -1", "shm_size is negative"),
+            ("image = \"x:1\"\nshm_size = true", "shm_size is a boolean; write a size, like shm_size = \"16GiB\""),
+            ("gpus = \"all\"", "gpus only applies to the ranks' containers, but [launch] has no image (on the host every rank sees every GPU); add image = \"NAME:TAG\", or remove gpus"),
+            ("imag = \"x:1\"", "unknown key \"imag\" in [launch]; did you mean \"image\"?"),
+            ("container = \"x:1\"", "unknown key \"container\" in [launch]; did you mean \"image\"?"),
+            ("gpu = \"all\"", "unknown key \"gpu\" in [launch]; did you mean \"gpus\"?"),
+            ("shm = \"1G\"", "unknown key \"shm\" in [launch]; did you mean \"shm_size\"?"),
+            ("shm_sise = \"1G\"", "unknown key \"shm_sise\" in [launch]; did you mean \"shm_size\"?"),
+            ("zzz = 1", "[launch] takes engine, model, revision, tp, pp, head, nodes, master_port, api_port, ray_port, dist_port, extra_args, env, template, image, gpus and shm_size"),
+        ] {
+            let msg = refused(&format!("engine = \"vllm\"\nmodel = \"/m\"\n{launch}"));
             assert!(msg.contains(want), "{launch}\n=> {msg}");
             assert!(msg.starts_with("cluster.toml:"), "{msg}");
         }

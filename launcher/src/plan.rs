@@ -22,12 +22,19 @@
 //!   off). Ray workers inherit the environment of `ray start`, not of the
 //!   head's shell, so the whole environment goes on every node's `ray start`.
 //! - then `[launch.env]`.
+//!
+//! With `[launch] image` the commands are the same: each agent runs every
+//! one inside the image ([`PlanContainer`]), which `xfer-launch plan`
+//! says in one line.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use serde::Serialize;
+
+use xfer_proto::launch::GpuAccess;
+use xfer_proto::units::Bytes;
 
 use crate::config::{Engine, Piece, RankNode, Setup, Var};
 
@@ -63,6 +70,47 @@ pub struct RankPlan {
     pub argv: Vec<String>,
 }
 
+/// The image every rank runs in (`[launch] image`): each agent runs the
+/// rank's commands in it, with host network and IPC, the GPUs passed
+/// through, and the model's folder mounted read-only at the same path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlanContainer {
+    pub image: String,
+    /// `"all"`, `"none"`, or the devices passed with `--device`.
+    #[serde(serialize_with = "gpus_json")]
+    pub gpus: GpuAccess,
+    /// `--shm-size`, in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shm_bytes: Option<u64>,
+}
+
+fn gpus_json<S: serde::Serializer>(g: &GpuAccess, s: S) -> Result<S::Ok, S::Error> {
+    match g {
+        GpuAccess::None => s.serialize_str("none"),
+        GpuAccess::All => s.serialize_str("all"),
+        GpuAccess::Devices(d) => d.serialize(s),
+    }
+}
+
+impl PlanContainer {
+    /// The one line `xfer-launch plan` prints of it.
+    pub fn describe(&self) -> String {
+        let gpus = match &self.gpus {
+            GpuAccess::None => "no gpus".to_string(),
+            GpuAccess::All => "gpus all".to_string(),
+            GpuAccess::Devices(d) => format!("devices {}", d.join(" ")),
+        };
+        let shm = self
+            .shm_bytes
+            .map(|b| format!(", shm {}", Bytes(b)))
+            .unwrap_or_default();
+        format!(
+            "in image {} (each agent's docker or podman: host network and IPC, {gpus}{shm}, model mounted read-only); the commands below run inside it",
+            self.image
+        )
+    }
+}
+
 /// What the launch runs, everywhere.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PlanBody {
@@ -78,6 +126,10 @@ pub struct PlanBody {
     pub api_port: u16,
     /// What to know before running it (an unresolved model commit...).
     pub notes: Vec<String>,
+    /// The image every rank runs in; absent: on the host (and absent
+    /// from the JSON, so a plan without an image keeps its digest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<PlanContainer>,
     /// In rank order; `ranks[0]` is the head.
     pub ranks: Vec<RankPlan>,
 }
@@ -123,6 +175,11 @@ pub fn plan(setup: &Setup) -> Plan {
         head_ip: head.fabric_ip.to_string(),
         api_port: setup.ports.api,
         notes,
+        container: setup.container.as_ref().map(|c| PlanContainer {
+            image: c.image.clone(),
+            gpus: c.gpus.clone(),
+            shm_bytes: c.shm_bytes,
+        }),
         ranks,
     };
     let digest = digest(&body);
@@ -398,6 +455,9 @@ pub fn render_text(plan: &Plan) -> String {
         Engine::Custom => "run every block, one per node".to_string(),
     };
     let _ = writeln!(o, "# order: {order}");
+    if let Some(c) = &plan.container {
+        let _ = writeln!(o, "# {}", c.describe());
+    }
     for n in &plan.notes {
         let _ = writeln!(o, "# NOTE: {n}");
     }
@@ -837,6 +897,47 @@ extra_args = ["--verbose"]"#,
         assert_eq!(json["engine"], "vllm");
         assert_eq!(json["ranks"][1]["role"], "worker");
         assert_eq!(json["ranks"][1]["argv"][0], "vllm");
+    }
+
+    #[test]
+    fn a_plan_in_an_image_says_so_in_one_line_and_in_its_json() {
+        let host = plan_of("engine = \"vllm\"\nmodel = \"/m\"");
+        let p = plan_of(
+            "engine = \"vllm\"\nmodel = \"/m\"\nimage = \"xt/app:1\"\nshm_size = \"16GiB\"",
+        );
+        // The commands are the engine's own; the agents wrap them.
+        assert_eq!(p.ranks, host.ranks);
+        assert_ne!(p.digest, host.digest, "the image is part of what runs");
+        let text = render_text(&p);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("in image")).collect();
+        assert_eq!(
+            lines,
+            ["# in image xt/app:1 (each agent's docker or podman: host network and IPC, gpus all, shm 16.0 GiB, model mounted read-only); the commands below run inside it"]
+        );
+        assert!(!render_text(&host).contains("in image"));
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            json["container"],
+            serde_json::json!({ "image": "xt/app:1", "gpus": "all", "shm_bytes": 17179869184u64 })
+        );
+        // Without an image the JSON (and so the digest) is as before.
+        assert!(serde_json::to_value(&host)
+            .unwrap()
+            .get("container")
+            .is_none());
+        let p = plan_of("engine = \"vllm\"\nmodel = \"/m\"\nimage = \"xt/app:1\"\ngpus = [\"/dev/nvidia0\", \"/dev/nvidia1\"]");
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            json["container"],
+            serde_json::json!({ "image": "xt/app:1", "gpus": ["/dev/nvidia0", "/dev/nvidia1"] })
+        );
+        assert!(render_text(&p).contains("(each agent's docker or podman: host network and IPC, devices /dev/nvidia0 /dev/nvidia1, model mounted read-only)"));
+        let p = plan_of("engine = \"vllm\"\nmodel = \"/m\"\nimage = \"xt/app:1\"\ngpus = \"none\"");
+        assert_eq!(
+            serde_json::to_value(&p).unwrap()["container"]["gpus"],
+            "none"
+        );
+        assert!(render_text(&p).contains("host network and IPC, no gpus, model"));
     }
 
     #[test]

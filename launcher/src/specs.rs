@@ -4,12 +4,16 @@
 //! then its `argv`, every one long-running. With Ray, a worker's
 //! `ray start` and the head's `vllm serve` wait until the Ray head accepts
 //! connections, so all ranks can be started at once; `ray stop --force`
-//! runs after the processes are stopped. Pure.
+//! runs after the processes are stopped. With `[launch] image` every
+//! process runs in the image: the argv stays the engine's command line,
+//! the agent wraps it in its `docker run`, and there is no stop hook
+//! (removing the containers stops everything in them). Pure.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use xfer_proto::launch::{GroupPeer, ProcSpec, RankSpec, WeightGate};
+use xfer_proto::image::Digest;
+use xfer_proto::launch::{ContainerSpec, GroupPeer, ProcSpec, RankSpec, WeightGate};
 
 use crate::config::{Engine, Setup};
 use crate::plan::Plan;
@@ -34,16 +38,24 @@ fn peer_addrs(n: &crate::config::RankNode) -> Vec<String> {
     addrs
 }
 
-/// The specs of every rank, in rank order. `weights` is what the gate
-/// passed, for each agent to check again before it starts its rank.
+/// The specs of every rank, in rank order. `weights` and `image_id` are
+/// what the gates passed, for each agent to check again before it starts
+/// its rank.
 pub fn rank_specs(
     setup: &Setup,
     plan: &Plan,
     run: &str,
     weights: Option<WeightGate>,
+    image_id: Option<Digest>,
     init_timeout: Duration,
     grace: Duration,
 ) -> Vec<RankSpec> {
+    let container = setup.container.as_ref().map(|c| ContainerSpec {
+        image: c.image.clone(),
+        image_id,
+        gpus: c.gpus.clone(),
+        shm_bytes: c.shm_bytes,
+    });
     let ray_head = SocketAddr::new(setup.nodes[0].fabric_ip, setup.ports.ray);
     plan.ranks
         .iter()
@@ -70,7 +82,9 @@ pub fn rank_specs(
                 rank: r.rank as u32,
                 env: r.env.clone(),
                 procs,
-                on_stop: if ray {
+                // In a container, the agent's removal of the containers
+                // stops Ray with everything else.
+                on_stop: if ray && container.is_none() {
                     vec![vec!["ray".into(), "stop".into(), "--force".into()]]
                 } else {
                     Vec::new()
@@ -89,6 +103,7 @@ pub fn rank_specs(
                 weights: weights.clone(),
                 // Set by `up` per node (unified memory, or asked for).
                 evict_page_cache: false,
+                container: container.clone(),
             }
         })
         .collect()
@@ -109,6 +124,7 @@ mod tests {
             &s,
             &p,
             "r",
+            None,
             None,
             Duration::from_secs(60),
             Duration::from_secs(5),
@@ -135,6 +151,59 @@ mod tests {
     }
 
     #[test]
+    fn in_an_image_the_argv_is_the_engines_and_nothing_runs_on_stop() {
+        let s = setup(&format!(
+            "engine = \"vllm-ray\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\"\npp = 2\nimage = \"xt/app:1\"\ngpus = [\"nvidia.com/gpu=all\"]\nshm_size = \"16GiB\""
+        ));
+        let p = crate::plan::plan(&s);
+        let id = Digest([7; 32]);
+        let specs = rank_specs(
+            &s,
+            &p,
+            "r",
+            None,
+            Some(id),
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        );
+        let want = ContainerSpec {
+            image: "xt/app:1".into(),
+            image_id: Some(id),
+            gpus: xfer_proto::launch::GpuAccess::Devices(vec!["nvidia.com/gpu=all".into()]),
+            shm_bytes: Some(16 << 30),
+        };
+        for (spec, r) in specs.iter().zip(&p.ranks) {
+            assert_eq!(spec.container.as_ref(), Some(&want));
+            // Removing the containers stops Ray: no `ray stop` on the host.
+            assert!(spec.on_stop.is_empty(), "{:?}", spec.on_stop);
+            // The engine's own command line: the agent wraps it.
+            let argvs: Vec<&Vec<String>> = spec.procs.iter().map(|p| &p.argv).collect();
+            let planned: Vec<&Vec<String>> = r
+                .pre
+                .iter()
+                .chain(Some(&r.argv).filter(|a| !a.is_empty()))
+                .collect();
+            assert_eq!(argvs, planned);
+            assert_eq!(spec.procs[0].argv[0], "ray");
+        }
+        // The same launch on the host has no container and stops Ray.
+        let host = setup(&format!(
+            "engine = \"vllm-ray\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\"\npp = 2"
+        ));
+        let specs = rank_specs(
+            &host,
+            &crate::plan::plan(&host),
+            "r",
+            None,
+            None,
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        );
+        assert!(specs.iter().all(|s| s.container.is_none()));
+        assert_eq!(specs[0].on_stop, [["ray", "stop", "--force"]]);
+    }
+
+    #[test]
     fn multiprocess_ranks_start_at_once() {
         let s = setup(&format!(
             "engine = \"vllm\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\""
@@ -144,6 +213,7 @@ mod tests {
             &s,
             &p,
             "r",
+            None,
             None,
             Duration::from_secs(60),
             Duration::from_secs(5),

@@ -138,6 +138,7 @@ async fn launch(
         plan,
         run,
         checked.weight_gate(),
+        checked.image_id(),
         opts.init_timeout,
         opts.grace,
     );

@@ -14,6 +14,7 @@
 pub mod agents;
 pub mod cluster;
 pub mod disk;
+pub mod docker;
 pub mod hub;
 pub mod journal;
 pub mod netns;

@@ -220,25 +220,84 @@ impl Lab {
     /// Runs `xfer serve` inside node `i`, in a mount namespace where the
     /// node's root is at `mnt`, with the stand-in engine on its PATH.
     pub fn start_agent(&self, i: usize) -> Child {
+        let ns = self.ns(i);
+        self.spawn_agent(i, &["ip", "netns", "exec", &ns], "", "")
+    }
+
+    /// [`Lab::start_agent`] with a private dockerd of its own, started
+    /// in the agent's network and mount namespaces (so that the node's
+    /// root is at `mnt` for its containers too), its state under
+    /// `dir/docker<i>`, and `--container-engine docker`. Entered with
+    /// nsenter, not `ip netns exec`, whose fresh /sys hides the cgroups
+    /// dockerd needs: the cgroup tree is carried over a new sysfs by hand.
+    /// Stop the dockerd with [`Lab::stop_docker`].
+    pub fn start_agent_with_docker(&self, i: usize) -> Child {
+        let d = self.docker_dir(i);
+        std::fs::create_dir_all(d.join("cg")).unwrap();
+        let prelude = format!(
+            "mount --rbind /sys/fs/cgroup '{cg}' && mount -t sysfs sysfs /sys && mount --rbind '{cg}' /sys/fs/cgroup && ",
+            cg = d.join("cg").display()
+        );
+        let after_mount = format!(
+            "'{}' start '{}' >/dev/null && export DOCKER_HOST=unix://{}/docker.sock && ",
+            repo().join("scripts/dockerd.sh").display(),
+            d.display(),
+            d.display()
+        );
+        let net = format!("--net=/run/netns/{}", self.ns(i));
+        self.spawn_agent_with(
+            i,
+            &["nsenter", &net],
+            &prelude,
+            &after_mount,
+            " --container-engine docker",
+        )
+    }
+
+    /// Node `i`'s dockerd folder (its socket is `docker.sock` there).
+    pub fn docker_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("docker{i}"))
+    }
+
+    /// Stops node `i`'s dockerd.
+    pub fn stop_docker(&self, i: usize) {
+        let _ = Command::new(repo().join("scripts/dockerd.sh"))
+            .arg("stop")
+            .arg(self.docker_dir(i))
+            .status();
+    }
+
+    fn spawn_agent(&self, i: usize, enter: &[&str], prelude: &str, extra: &str) -> Child {
+        self.spawn_agent_with(i, enter, prelude, "", extra)
+    }
+
+    fn spawn_agent_with(
+        &self,
+        i: usize,
+        enter: &[&str],
+        prelude: &str,
+        after_mount: &str,
+        extra: &str,
+    ) -> Child {
         let path = format!(
             "{}:{}",
             self.engine_bin.display(),
             std::env::var("PATH").unwrap_or_default()
         );
         let script = format!(
-            "mount --bind '{}' '{}' && exec '{}' serve --listen 0.0.0.0:{AGENT_PORT} --root '{}' --key '{}' --verify-every 0 --allow-launch",
+            "{prelude}mount --bind '{}' '{}' && {after_mount}exec '{}' serve --listen 0.0.0.0:{AGENT_PORT} --root '{}' --key '{}' --verify-every 0 --allow-launch{extra}",
             self.root_of(i).display(),
             self.mnt.display(),
             xfer_bin().display(),
             self.mnt.display(),
             self.key().display()
         );
-        let mut cmd = Command::new("ip");
+        let mut cmd = Command::new(enter[0]);
         if let Some(py) = &self.pythonpath {
             cmd.env("PYTHONPATH", py);
         }
         let mut child = cmd
-            .args(["netns", "exec", &self.ns(i)])
+            .args(&enter[1..])
             .args([
                 "unshare",
                 "--mount",

@@ -9,8 +9,8 @@
 //! - [`util`], [`sysinfo`], [`config`]: small parts, host readers, the
 //!   cluster file and credentials;
 //! - [`engine`]: the sans-IO scheduler and swarm policy;
-//! - [`store`], [`hub`]: the model store on disk, and pulling from the
-//!   Hugging Face Hub into its cache;
+//! - [`store`], [`hub`], [`image`]: the model store on disk, pulling from
+//!   the Hugging Face Hub into its cache, and container images as blobs;
 //! - [`transport`]: QUIC and RDMA connections and chunk serving;
 //! - [`flow`]: transfers end to end (receive, swarm, push, fetch, fan-out);
 //! - [`agent`]: the node agent (`xfer serve`), its services and clients.
@@ -23,6 +23,7 @@ pub mod engine;
 pub mod flow;
 pub mod fuzzing;
 pub mod hub;
+pub mod image;
 pub mod store;
 pub mod sysinfo;
 pub mod transport;

@@ -10,8 +10,9 @@
 //!
 //! This file holds the requests, the row and verdict types, the table
 //! ([`render`]) and the helpers the checks share; each check is one
-//! function in [`checks`] (agent, weights, host: disk/memory/gpu,
-//! net: fabric/route/reach/links/ports, versions, rdma).
+//! function in [`checks`] (agent, weights, containers: containers/image,
+//! host: disk/memory/gpu, net: fabric/route/reach/links/ports, versions,
+//! rdma).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -178,6 +179,7 @@ pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
                 device: r.device.clone(),
                 gid_index: r.gid_index,
             }),
+            image: setup.container.as_ref().map(|c| c.image.clone()),
         })
         .collect()
 }
@@ -219,6 +221,8 @@ pub struct Row {
 pub const CHECKS: &[&str] = &[
     "agent",
     "weights",
+    "containers",
+    "image",
     "disk",
     "memory",
     "cache",
@@ -295,9 +299,11 @@ impl Rows {
 type Check = fn(&Ctx, &mut Rows);
 
 /// The checks, as [`CHECKS`] names them, in its order.
-const JUDGES: [(&str, Check); 14] = [
+const JUDGES: [(&str, Check); 16] = [
     ("agent", checks::agent),
     ("weights", checks::weights),
+    ("containers", checks::containers),
+    ("image", checks::image),
     ("disk", checks::disk),
     ("memory", checks::memory),
     ("cache", checks::cache),

@@ -5,6 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::*;
 use crate::config::tests::{setup, COMMIT};
+use xfer_proto::image::Digest;
 use xfer_proto::launch::*;
 
 fn s() -> Setup {
@@ -105,6 +106,12 @@ fn good(setup: &Setup, i: usize) -> NodeFacts {
         }),
         unified_memory: Some(true),
         rendezvous: Probe::Ok(120),
+        containers: Probe::Ok(ContainerFacts {
+            engine: "docker".into(),
+            version: "20.10.24".into(),
+            nvidia_runtime: Probe::Ok("nvidia".into()),
+            image: setup.container.as_ref().map(|_| Probe::Ok(Digest([7; 32]))),
+        }),
         rdma: Probe::Ok(RdmaFacts {
             device: n
                 .rdma
@@ -399,4 +406,286 @@ fn the_rendezvous_and_the_page_cache_are_reported_per_node() {
         "{}",
         render(&rows)
     );
+}
+
+/// The two nodes, their ranks in `xt/app:1`, with `more` in [launch].
+fn in_image(more: &str) -> Setup {
+    setup(&format!(
+        "engine = \"vllm\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\"\nimage = \"xt/app:1\"\n{more}"
+    ))
+}
+
+/// The rows of one check.
+fn rows_of<'a>(rows: &'a [Row], check: &str) -> Vec<&'a Row> {
+    rows.iter().filter(|r| r.check == check).collect()
+}
+
+/// Node `i`'s container facts, to change.
+fn engine_of(f: &mut NodeFacts) -> &mut ContainerFacts {
+    match &mut f.containers {
+        Probe::Ok(c) => c,
+        other => panic!("no engine: {other:?}"),
+    }
+}
+
+#[test]
+fn without_an_image_the_container_rows_only_report() {
+    let s = s();
+    assert!(requests(&s).iter().all(|r| r.image.is_none()));
+    // Not even an agent without an engine fails a launch on the host.
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            f.containers = Probe::Skipped("no container engine on this agent; start it with `xfer serve --container-engine docker`".into());
+        }
+    });
+    assert!(!failed(&rows), "{}", render(&rows));
+    let c = rows_of(&rows, "containers");
+    assert_eq!(c.len(), 2);
+    assert!(c.iter().all(|r| r.verdict == Verdict::Skip), "{c:?}");
+    assert_eq!(
+        c[0].detail,
+        "skipped: no [launch] image; the ranks run on the host (docker 20.10.24 on this agent)"
+    );
+    assert_eq!(
+        c[1].detail,
+        "skipped: no [launch] image; the ranks run on the host"
+    );
+    let img = rows_of(&rows, "image");
+    assert_eq!(img.len(), 1);
+    assert_eq!((img[0].node.as_str(), img[0].verdict), ("*", Verdict::Skip));
+}
+
+#[test]
+fn one_image_id_everywhere_passes_the_gate() {
+    let s = in_image("");
+    assert!(requests(&s)
+        .iter()
+        .all(|r| r.image.as_deref() == Some("xt/app:1")));
+    let rows = judged(&s, |_, _| {});
+    assert!(!failed(&rows), "{}", render(&rows));
+    let c = rows_of(&rows, "containers");
+    assert_eq!(c.len(), 2);
+    for r in &c {
+        assert_eq!(r.verdict, Verdict::Pass);
+        assert_eq!(r.detail, "docker 20.10.24; nvidia runtime: nvidia");
+    }
+    let img = rows_of(&rows, "image");
+    assert_eq!(img.len(), 1, "{img:?}");
+    assert_eq!(img[0].verdict, Verdict::Pass);
+    assert_eq!(img[0].node, "*");
+    assert_eq!(
+        img[0].detail,
+        "image xt/app:1 is 070707070707 on all 2 node(s)"
+    );
+    // `up` hands that id to every agent.
+    let checked = crate::check::Checked {
+        ok: true,
+        rows: rows.clone(),
+        nodes: (0..2)
+            .map(|i| (s.nodes[i].name.clone(), Ok(good(&s, i))))
+            .collect(),
+        model_path: s.model.path.clone(),
+    };
+    assert_eq!(checked.image_id(), Some(Digest([7; 32])));
+}
+
+#[test]
+fn an_agent_without_a_container_engine_fails_with_the_switch() {
+    let s = in_image("");
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            f.containers = Probe::Skipped(
+                "no container engine on this agent; start it with `xfer serve --container-engine docker`".into(),
+            );
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!((f[0].0, f[0].1), ("containers", "spark-b"));
+    assert_eq!(
+        f[0].2,
+        "image xt/app:1 needs a container engine: no container engine on this agent; start it with `xfer serve --container-engine docker`"
+    );
+    let row = rows_of(&rows, "containers")[1];
+    assert!(
+        row.fix
+            .as_deref()
+            .unwrap()
+            .contains("restart the agent on spark-b with `xfer serve --container-engine docker`"),
+        "{row:?}"
+    );
+    // The gate never passes a node it could not look in.
+    let img = rows_of(&rows, "image");
+    assert_eq!(img.len(), 1, "{img:?}");
+    assert_eq!(
+        (img[0].node.as_str(), img[0].verdict),
+        ("spark-b", Verdict::Skip)
+    );
+    // An engine that does not answer fails the same row.
+    let rows = judged(&s, |i, f| {
+        if i == 0 {
+            f.containers = Probe::Failed(
+                "Cannot connect to the Docker daemon at unix:///var/run/docker.sock".into(),
+            );
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!((f[0].0, f[0].1), ("containers", "spark-a"));
+    assert!(
+        f[0].2
+            .contains("does not answer: Cannot connect to the Docker daemon"),
+        "{}",
+        f[0].2
+    );
+}
+
+#[test]
+fn a_missing_nvidia_runtime_warns_only_where_gpus_would_use_it() {
+    let no_runtime = |f: &mut NodeFacts| {
+        engine_of(f).nvidia_runtime = Probe::Failed(
+            "no nvidia runtime (runtimes: io.containerd.runc.v2, runc); install the NVIDIA Container Toolkit".into(),
+        );
+    };
+    let rows = judged(&in_image(""), |_, f| no_runtime(f));
+    assert!(!failed(&rows), "{}", render(&rows));
+    let c = rows_of(&rows, "containers");
+    assert!(c.iter().all(|r| r.verdict == Verdict::Warn), "{c:?}");
+    assert!(
+        c[0].detail
+            .starts_with("docker 20.10.24; nvidia runtime: no nvidia runtime (runtimes: "),
+        "{}",
+        c[0].detail
+    );
+    assert!(c[0]
+        .fix
+        .as_deref()
+        .unwrap()
+        .contains("nvidia-ctk runtime configure"));
+    // Without GPUs on the node, or with gpus = "none", nothing needs it.
+    let rows = judged(&in_image(""), |i, f| {
+        no_runtime(f);
+        if i == 1 {
+            f.gpus = Probe::Skipped("nvidia-smi not found on PATH".into());
+        }
+    });
+    let c = rows_of(&rows, "containers");
+    assert_eq!((c[0].verdict, c[1].verdict), (Verdict::Warn, Verdict::Pass));
+    let rows = judged(&in_image("gpus = \"none\""), |_, f| no_runtime(f));
+    assert!(rows_of(&rows, "containers")
+        .iter()
+        .all(|r| r.verdict == Verdict::Pass));
+    // Podman passes GPUs by CDI: a skipped probe is shown, not warned of.
+    let rows = judged(&in_image(""), |_, f| {
+        let e = engine_of(f);
+        e.engine = "podman".into();
+        e.version = "4.3.1".into();
+        e.nvidia_runtime = Probe::Skipped("podman passes GPUs by CDI".into());
+    });
+    let c = rows_of(&rows, "containers");
+    assert_eq!(c[0].verdict, Verdict::Pass);
+    assert_eq!(
+        c[0].detail,
+        "podman 4.3.1; nvidia runtime: skipped: podman passes GPUs by CDI"
+    );
+}
+
+#[test]
+fn the_image_gate_names_the_node_that_lacks_it() {
+    let s = in_image("");
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            engine_of(f).image = Some(Probe::Failed(
+                "image xt/app:1 is not loaded in docker".into(),
+            ));
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!((f[0].0, f[0].1), ("image", "spark-b"));
+    assert_eq!(
+        f[0].2,
+        "spark-b lacks image xt/app:1: image xt/app:1 is not loaded in docker"
+    );
+    let row = rows_of(&rows, "image")[0];
+    assert_eq!(
+        row.fix.as_deref(),
+        Some("load it: `xfer image push xt/app:1 --cluster cluster.toml --nodes spark-b` (from the machine that holds the image), then check again")
+    );
+    // No pass for the nodes that hold it while one does not.
+    assert!(rows_of(&rows, "image")
+        .iter()
+        .all(|r| r.verdict != Verdict::Pass));
+    // An agent that did not look is not taken as holding it.
+    let rows = judged(&s, |i, f| {
+        if i == 0 {
+            engine_of(f).image = None;
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!((f[0].0, f[0].1), ("image", "spark-a"));
+    assert!(
+        f[0].2.contains("did not look up image xt/app:1"),
+        "{}",
+        f[0].2
+    );
+}
+
+#[test]
+fn the_image_gate_names_the_odd_node_when_ids_differ() {
+    let s = in_image("");
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            engine_of(f).image = Some(Probe::Ok(Digest([0xab; 32])));
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!((f[0].0, f[0].1), ("image", "*"));
+    assert_eq!(
+        f[0].2,
+        "the nodes hold different images under xt/app:1: 070707070707 on spark-a; abababababab on spark-b; spark-b differ"
+    );
+    let row = rows_of(&rows, "image")[0];
+    assert!(
+        row.fix
+            .as_deref()
+            .unwrap()
+            .contains("`xfer image push xt/app:1 --cluster cluster.toml`"),
+        "{row:?}"
+    );
+    // Of three nodes, the one against the other two is named, head or not.
+    let text = crate::config::tests::file(&format!(
+        "engine = \"vllm\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\"\nimage = \"xt/app:1\""
+    ))
+    .replace(
+        "\n[launch]",
+        "\n[[node]]\nname = \"spark-c\"\nagent = \"10.0.0.3\"\nfabric_if = \"eth1\"\nfabric_ip = \"192.168.100.3\"\n\n[launch]",
+    );
+    let s3 = crate::config::parse(&text, "cluster.toml").unwrap();
+    let rows = judged(&s3, |i, f| {
+        if i == 0 {
+            engine_of(f).image = Some(Probe::Ok(Digest([0xab; 32])));
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert!(f[0].2.ends_with("; spark-a differ"), "{}", f[0].2);
+    // No id for `up` to hand on.
+    let checked = crate::check::Checked {
+        ok: false,
+        rows: rows.clone(),
+        nodes: (0..3)
+            .map(|i| {
+                let mut facts = good(&s3, i);
+                if i == 0 {
+                    engine_of(&mut facts).image = Some(Probe::Ok(Digest([0xab; 32])));
+                }
+                (s3.nodes[i].name.clone(), Ok(facts))
+            })
+            .collect(),
+        model_path: s3.model.path.clone(),
+    };
+    assert_eq!(checked.image_id(), None);
 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::hash::Hash;
+use crate::image::{ImageDesc, ImageLoadReport, ImageStatus};
 use crate::names::ModelName;
 pub use crate::refusal::Refusal;
 use crate::transfer::FallbackRoute;
@@ -29,6 +30,10 @@ pub enum AdminRequest {
     /// Delete the model `name` from your root. Without `force`, only a
     /// model this agent holds a record of (or is receiving).
     RemoveModel { name: ModelName, force: bool },
+    /// Check the blobs of this image (each a model you hold, see
+    /// [`crate::image`]) against their sha256 digests and load the image
+    /// into your container engine.
+    LoadImage(Box<ImageDesc>),
 }
 
 /// Agent → CLI: the answer to an [`AdminRequest`].
@@ -52,6 +57,7 @@ pub enum AdminReply {
         name: ModelName,
         existed: bool,
     },
+    ImageLoaded(Box<ImageLoadReport>),
 }
 
 impl AdminReply {
@@ -62,6 +68,7 @@ impl AdminReply {
             AdminReply::Status(_) => "Status",
             AdminReply::JobCancelled { .. } => "JobCancelled",
             AdminReply::ModelRemoved { .. } => "ModelRemoved",
+            AdminReply::ImageLoaded(_) => "ImageLoaded",
             AdminReply::Failed(_) => "Failed",
         }
     }
@@ -312,4 +319,6 @@ pub struct AgentStatus {
     pub root: String,
     pub models: Vec<ModelStatus>,
     pub jobs: Vec<JobView>,
+    /// The images this agent loaded (their blobs are among `models`).
+    pub images: Vec<ImageStatus>,
 }

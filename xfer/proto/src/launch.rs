@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::admin::ModelState;
 use crate::hash::Hash;
+use crate::image::Digest;
 pub use crate::refusal::Refusal;
 
 /// Launcher → agent (and agent → agent, to stop a group), after a
@@ -110,6 +111,9 @@ pub struct PreflightRequest {
     pub versions: Vec<VersionProbe>,
     /// The configured RDMA device, if any.
     pub rdma: Option<RdmaNeed>,
+    /// The image the ranks run in (`[launch] image`): look up its id in
+    /// this node's container engine.
+    pub image: Option<String>,
 }
 
 /// A port the engine needs.
@@ -204,6 +208,22 @@ pub struct NodeFacts {
     pub unified_memory: Option<bool>,
     /// The rendezvous probe (filled in by the launcher's second round).
     pub rendezvous: Probe<u64>,
+    /// The container engine (`xfer serve --container-engine`).
+    pub containers: Probe<ContainerFacts>,
+}
+
+/// This node's container engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerFacts {
+    /// "docker" or "podman".
+    pub engine: String,
+    /// The engine's server version.
+    pub version: String,
+    /// Whether the NVIDIA container runtime is configured: its name
+    /// (`nvidia`), or why not / why it cannot be known.
+    pub nvidia_runtime: Probe<String>,
+    /// The id of the launch's image in this engine; `None`: none asked.
+    pub image: Option<Probe<Digest>>,
 }
 
 /// The model at the plan's path on this node.
@@ -364,6 +384,36 @@ pub struct RankSpec {
     /// Drop the model's pages from the page cache before starting
     /// (`posix_fadvise(DONTNEED)` on the gate's files; never a global drop).
     pub evict_page_cache: bool,
+    /// Run every process inside this image (`[launch] image`).
+    pub container: Option<ContainerSpec>,
+}
+
+/// How a rank's processes run in a container, in the form NVIDIA's
+/// guides use: host network and IPC, the GPUs passed through, the model's
+/// folder mounted read-only at the same path, the rank's environment
+/// passed explicitly. The agent builds the command line itself
+/// (`agent::containers`): a launcher names no flag, mount or program.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    pub image: String,
+    /// The id the launcher's gate found on every node, checked again
+    /// right before the rank starts.
+    pub image_id: Option<Digest>,
+    pub gpus: GpuAccess,
+    /// `--shm-size`, in bytes.
+    pub shm_bytes: Option<u64>,
+}
+
+/// How the GPUs reach a container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GpuAccess {
+    /// No GPU (CPU engines, tests).
+    None,
+    /// `--gpus all` (Docker with the NVIDIA runtime).
+    All,
+    /// `--device` each (CDI names such as `nvidia.com/gpu=all`, or
+    /// `/dev/...` paths).
+    Devices(Vec<String>),
 }
 
 /// The weights a rank must run on.
@@ -540,6 +590,12 @@ mod tests {
             page_cache: Probe::Skipped("none".into()),
             unified_memory: None,
             rendezvous: Probe::Ok(42),
+            containers: Probe::Ok(ContainerFacts {
+                engine: "docker".into(),
+                version: "20.10.24".into(),
+                nvidia_runtime: Probe::Skipped("no nvidia runtime".into()),
+                image: Some(Probe::Ok(Digest([7; 32]))),
+            }),
         };
         let spec = RankSpec {
             run: "r1".into(),
@@ -559,6 +615,12 @@ mod tests {
             grace_ms: 2,
             weights: None,
             evict_page_cache: true,
+            container: Some(ContainerSpec {
+                image: "xt/app:1".into(),
+                image_id: Some(Digest([7; 32])),
+                gpus: GpuAccess::Devices(vec!["nvidia.com/gpu=all".into()]),
+                shm_bytes: Some(1 << 30),
+            }),
         };
         for m in [
             LaunchReply::PreflightReport(Box::new(facts)),

@@ -11,6 +11,7 @@
 //!   then one message vocabulary per service: [`transfer`] (push, swarm,
 //!   fetch), [`admin`] (sync jobs, status, cancel, rm) and [`launch`]
 //!   (preflight, ranks, logs), each refusable with a [`refusal::Refusal`];
+//! - [`image`]: container images as content-addressed blobs;
 //! - [`stream`]: the tagged chunk-stream requests;
 //! - [`units`]: byte and rate formatting for messages.
 //!
@@ -23,6 +24,7 @@ pub mod draft;
 pub mod frame;
 pub mod hash;
 pub mod hello;
+pub mod image;
 pub mod launch;
 pub mod manifest;
 pub mod names;

@@ -36,6 +36,11 @@ pub enum Refusal {
     /// `--allow-exec`, `--export`); the text names the node and the switch.
     #[error("{0}")]
     Forbidden(String),
+    /// An image could not be loaded (a blob missing or damaged, the
+    /// container engine failed); the text names the node, the cause and
+    /// the fix.
+    #[error("{0}")]
+    Image(String),
 }
 
 /// A refusal as every service's reply encodes it. [`crate::transfer::TransferMsg`],

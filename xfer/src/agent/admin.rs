@@ -1,6 +1,7 @@
 //! The admin service: the operator's requests. A sync job is stored and,
 //! on its source node, started; a status query reports every model and
-//! job; a cancel stops a job; an rm deletes a model from the root. Any
+//! job; a cancel stops a job; an rm deletes a model from the root; an
+//! image load puts delivered blobs into the container engine. Any
 //! member of the cluster may ask for the status; the rest is an
 //! operator's ([`super::permit::operator_only`]).
 
@@ -27,6 +28,7 @@ pub(super) async fn serve(
         AdminRequest::SyncJob { .. } => Some("hand it a sync job"),
         AdminRequest::CancelJob { .. } => Some("cancel a sync job"),
         AdminRequest::RemoveModel { .. } => Some("remove a model"),
+        AdminRequest::LoadImage(_) => Some("load an image"),
     };
     if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
         return answer(&conn, send, &AdminReply::Failed(r)).await;
@@ -50,6 +52,7 @@ pub(super) async fn serve(
         }
         AdminRequest::Status => AdminReply::Status(AgentStatus {
             data: ctx.data,
+            images: super::images::status(&ctx.store, ctx.permits.engine()).await,
             ..ctx
                 .activity
                 .report(&ctx.store, ctx.runner.me(), &ctx.runner.records())
@@ -72,6 +75,16 @@ pub(super) async fn serve(
                     AdminReply::ModelRemoved { name, existed }
                 }
                 Err(r) => AdminReply::Failed(r.into()),
+            }
+        }
+        AdminRequest::LoadImage(desc) => {
+            tracing::info!("loading image {} for {caller}", desc.reference);
+            match super::images::load(&ctx.store, ctx.permits.engine(), &me, *desc).await {
+                Ok(report) => AdminReply::ImageLoaded(Box::new(report)),
+                Err(r) => {
+                    tracing::warn!("{r}");
+                    AdminReply::Failed(r)
+                }
             }
         }
     };

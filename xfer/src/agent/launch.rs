@@ -49,8 +49,13 @@ pub(super) async fn serve(
             let node = request.node.clone();
             let permits = ctx.permits.clone();
             let may_run = move |argv: &[String]| permits.may_run(&node, argv);
-            let facts =
+            let image = request.image.clone();
+            let mut facts =
                 super::preflight::gather(*request, ctx.store.clone(), states, &may_run).await;
+            facts.containers = match ctx.permits.engine() {
+                None => Probe::Skipped(super::images::engine_off(&me)),
+                Some(engine) => engine.facts(image.as_deref()).await,
+            };
             LaunchReply::PreflightReport(Box::new(facts))
         }
         LaunchRequest::Reach {
@@ -71,16 +76,17 @@ pub(super) async fn serve(
                 .chain(&spec.on_stop)
                 .try_for_each(|argv| ctx.permits.may_run(&spec.node, argv))
                 .and_then(|()| weights_still_held(ctx, &spec));
+            let (rank, run) = (spec.rank, spec.run.clone());
+            let allowed = match allowed {
+                Ok(()) => in_container(ctx, *spec).await,
+                Err(why) => Err(why),
+            };
             match allowed {
                 Err(why) => {
-                    tracing::warn!(
-                        "refused rank {} of run {} for {peer}: {why}",
-                        spec.rank,
-                        spec.run
-                    );
+                    tracing::warn!("refused rank {rank} of run {run} for {peer}: {why}");
                     LaunchReply::Failed(Refusal::Forbidden(why))
                 }
-                Ok(()) => {
+                Ok(spec) => {
                     let argv: Vec<String> = spec.procs.iter().map(|p| p.argv.join(" ")).collect();
                     tracing::info!(
                         "starting rank {} of run {} for {peer}: {}",
@@ -105,7 +111,7 @@ pub(super) async fn serve(
                             Err(e) => tracing::warn!("the page-cache eviction failed: {e}"),
                         }
                     }
-                    match ctx.ranks.start(*spec) {
+                    match ctx.ranks.start(spec) {
                         Ok(report) => LaunchReply::Runs(vec![report]),
                         Err(e) => LaunchReply::Failed(Refusal::Busy(e)),
                     }
@@ -178,6 +184,36 @@ fn weights_still_held(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The spec as this agent runs it: inside its image when it names one
+/// (the image checked again, right before the start, to be the id the
+/// launch's gate saw on every node).
+async fn in_container(ctx: &Ctx, spec: RankSpec) -> Result<RankSpec, String> {
+    let Some(c) = spec.container.clone() else {
+        return Ok(spec);
+    };
+    let node = spec.node.clone();
+    let Some(engine) = ctx.permits.engine() else {
+        return Err(super::images::engine_off(&node));
+    };
+    let now = engine
+        .image_id(&c.image)
+        .await
+        .map_err(|e| format!("{node}: {e}"))?;
+    if let Some(want) = c.image_id {
+        if now != Some(want) {
+            return Err(format!(
+                "{node}: not starting rank {}: image {} is {} here, where the launch checked {}; run `xfer image push {} --cluster FILE`, then xfer-launch up again",
+                spec.rank,
+                c.image,
+                now.map_or("not loaded".to_string(), |d| d.short()),
+                want.short(),
+                c.image
+            ));
+        }
+    }
+    super::containers::wrap(spec, &c, engine, ctx.store.root())
 }
 
 /// What `xfer status` says of each model on this node, by name: the

@@ -11,7 +11,9 @@
 
 mod admin;
 pub mod client;
+pub mod containers;
 pub mod guard;
+mod images;
 mod launch;
 pub mod permit;
 pub mod preflight;

@@ -4,7 +4,10 @@
 //!   version probes) only with `--allow-launch`, and with `--allow-exec
 //!   PROGRAM` only those programs;
 //! - read a sync job's source folder only under the agent's root or under
-//!   a folder named with `--export DIR`.
+//!   a folder named with `--export DIR`;
+//! - load images and run ranks in containers only with
+//!   `--container-engine docker|podman` (the engine's daemon is root on
+//!   the node: the agent builds every engine command itself).
 //!
 //! And what a caller's certificate lets it ask ([`operator_only`]): with
 //! issued credentials, a node may move models, report and stop the runs
@@ -39,6 +42,16 @@ pub struct Permits {
     /// `--export`: folders (canonical) a sync job may read from, besides
     /// the root.
     pub exports: Vec<PathBuf>,
+    /// `--container-engine`: the engine images are loaded into and ranks
+    /// run in; `None`: no image is loaded and no rank runs in one.
+    pub containers: Option<xfer_proto::image::ContainerEngine>,
+}
+
+impl Permits {
+    /// The container engine, if the operator named one.
+    pub fn engine(&self) -> Option<crate::image::engine::Engine> {
+        self.containers.map(crate::image::engine::Engine::new)
+    }
 }
 
 impl Permits {

@@ -44,6 +44,9 @@ pub enum Cmd {
     Push(PushArgs),
     /// Download a Hugging Face repo (or HF_ENDPOINT's mirror) into the HF cache, verified.
     Pull(PullArgs),
+    /// Container images: deliver a local image to nodes like a model.
+    #[command(subcommand)]
+    Image(ImageCmd),
     /// Copy a complete model from an agent into a local root (ROOT/NAME).
     Fetch(FetchArgs),
     /// Re-hash a received tree against its manifest.
@@ -162,6 +165,12 @@ pub struct ServeArgs {
     /// root); repeat for more.
     #[arg(long, value_name = "DIR")]
     pub export: Vec<PathBuf>,
+    /// Let operators load images into this container engine (`xfer image
+    /// push`) and, with --allow-launch, run ranks in them (`[launch]
+    /// image`). The engine is the one DOCKER_HOST (or podman's default)
+    /// names.
+    #[arg(long, value_enum, value_name = "ENGINE")]
+    pub container_engine: Option<xfer_proto::image::ContainerEngine>,
     /// With issued credentials: accept node certificates only for the
     /// nodes this cluster file lists (operators are not nodes, and pass).
     #[arg(long, value_name = "FILE")]
@@ -307,6 +316,60 @@ pub struct PushArgs {
     pub transport: xfer::transport::select::TransportChoice,
     /// QUIC connections to each agent, 1 to 64, each on its own socket so
     /// they spread over cores (default: one per two cores, at most 4).
+    #[arg(long, value_parser = xfer::transport::lanes::parse_connections, default_value_t = xfer::transport::lanes::default_connections())]
+    pub connections: usize,
+}
+
+/// `xfer image`.
+#[derive(Subcommand)]
+pub enum ImageCmd {
+    /// Deliver a local image (its layers as content-addressed blobs,
+    /// through the swarm) and load it into every node's container engine.
+    Push(ImagePushArgs),
+}
+
+/// The arguments of `xfer image push`.
+#[derive(clap::Args)]
+pub struct ImagePushArgs {
+    /// The local image: NAME[:TAG], as `docker images` lists it.
+    pub image: String,
+    /// The cluster file: every node in it (or --nodes), with its key.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// With --cluster: only these nodes.
+    #[arg(long, value_delimiter = ',', requires = "cluster")]
+    pub nodes: Vec<String>,
+    /// Agents, comma separated: AGENT[/DATA],... as `xfer push --to`.
+    #[arg(long, value_delimiter = ',')]
+    pub to: Vec<String>,
+    /// The cluster credential (with --to; --cluster names its own).
+    #[arg(long, env = "XFER_KEY")]
+    pub key: Option<PathBuf>,
+    /// The local engine the image is saved from.
+    #[arg(long, value_enum, default_value = "docker")]
+    pub engine: xfer_proto::image::ContainerEngine,
+    /// Where the image's blobs are kept between pushes (default
+    /// $XDG_CACHE_HOME/xfer/images or ~/.cache/xfer/images).
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+    /// Print one JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+    pub chunk_size: u64,
+    /// Cap the total send rate, e.g. 500MiB (bytes per second).
+    #[arg(long, value_parser = parse_size)]
+    pub limit_rate: Option<u64>,
+    /// Seconds to wait for each agent to answer.
+    #[arg(long, default_value_t = 5)]
+    pub connect_timeout: u64,
+    /// Peer links each receiver keeps at most (2-64).
+    #[arg(long, default_value_t = xfer::engine::topology::DEFAULT_DEGREE, value_parser = parse_peers)]
+    pub peers: u32,
+    /// The data plane, as with `xfer push`.
+    #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
+    pub transport: xfer::transport::select::TransportChoice,
+    /// QUIC connections to each agent, 1 to 64.
     #[arg(long, value_parser = xfer::transport::lanes::parse_connections, default_value_t = xfer::transport::lanes::default_connections())]
     pub connections: usize,
 }

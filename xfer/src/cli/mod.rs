@@ -6,13 +6,15 @@
 //! - [`ca`]: `ca init`, `ca issue`, `ca rotate` (the operator's CA);
 //! - [`serve`]: `serve`, the node agent;
 //! - [`jobs`]: `sync`, `status`, `cancel`, `rm` (ask the cluster's agents);
-//! - [`transfer`]: `push`, `pull`, `fetch` (move a model themselves).
+//! - [`transfer`]: `push`, `pull`, `fetch` (move a model themselves);
+//! - [`image`]: `image push` (a container image, as blobs, to nodes).
 
 pub mod args;
 mod ca;
 pub mod demo;
 pub mod demo_engine;
 pub mod demo_hub;
+mod image;
 mod jobs;
 mod local;
 mod serve;
@@ -40,6 +42,7 @@ pub async fn run(cmd: Cmd) -> Result<ExitCode> {
         Cmd::Push(a) => transfer::push(a).await,
         Cmd::Pull(a) => transfer::pull(a).await,
         Cmd::Fetch(a) => transfer::fetch(a).await,
+        Cmd::Image(args::ImageCmd::Push(a)) => image::push(a).await,
         Cmd::Demo(a) => demo_command(a).await,
     }
 }

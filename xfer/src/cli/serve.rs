@@ -29,6 +29,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         first_message_timeout,
         cluster,
         connections,
+        container_engine,
     } = args;
     let members = match &cluster {
         None => None,
@@ -81,6 +82,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
             launch: allow_launch,
             exec: allow_exec,
             exports,
+            containers: container_engine,
         },
         guard: xfer::agent::guard::GuardConfig {
             retry,

@@ -96,7 +96,7 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
 
 /// The `--to` list as destinations, each with its data address: the one
 /// given after a slash, or the one its agent advertises.
-async fn destinations(
+pub(super) async fn destinations(
     to: &[String],
     key: &std::path::Path,
 ) -> Result<Vec<xfer::flow::route::Destination>> {

@@ -194,6 +194,50 @@ impl Store {
         ModelRecord::parse(&bytes, &self.record_path(name)).ok()
     }
 
+    /// Opens `rel` of model `name` for reading, never through a symlink.
+    pub fn open_model_file(&self, name: &ModelName, rel: &str) -> std::io::Result<File> {
+        self.fs.open_read(&Path::new(name.as_str()).join(rel))
+    }
+
+    /// Writes `.xfer/<area>/<file>` durably: the records other layers keep
+    /// beside the store's (the images an agent loaded).
+    pub fn write_note(&self, area: &str, file: &str, bytes: &[u8]) -> std::io::Result<()> {
+        let dir = Path::new(".xfer").join(area);
+        self.fs.create_dir_all(&dir)?;
+        self.fs.write_durable(&dir.join(file), bytes)
+    }
+
+    /// Every `.xfer/<area>/*.json` written by [`Store::write_note`], by file name.
+    pub fn read_notes(&self, area: &str) -> Vec<(String, Vec<u8>)> {
+        use std::io::Read;
+        let dir = Path::new(".xfer").join(area);
+        let Ok(entries) = fs::read_dir(self.root.join(&dir)) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, Vec<u8>)> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let file = e.file_name().to_str()?.to_string();
+                if !file.ends_with(".json") {
+                    return None;
+                }
+                let mut bytes = Vec::new();
+                let mut f = self.fs.open_read(&dir.join(&file)).ok()?;
+                f.by_ref().take(1 << 20).read_to_end(&mut bytes).ok()?;
+                Some((file, bytes))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Removes `.xfer/<area>/<file>`, if there.
+    pub fn remove_note(&self, area: &str, file: &str) {
+        let _ = self
+            .fs
+            .remove_file(&Path::new(".xfer").join(area).join(file));
+    }
+
     /// Every complete model recorded here, by name.
     pub fn models(&self) -> Vec<(ModelName, ModelRecord)> {
         let Ok(entries) = fs::read_dir(self.root.join(".xfer/models")) else {

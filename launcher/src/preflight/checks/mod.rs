@@ -7,6 +7,7 @@
 //! [`Rows`]: crate::preflight::Rows
 
 mod agent;
+mod containers;
 mod host;
 mod net;
 mod rdma;
@@ -14,6 +15,7 @@ mod versions;
 mod weights;
 
 pub use agent::agent;
+pub use containers::{containers, image};
 pub use host::{cache, disk, gpu, memory};
 pub use net::{fabric, links, ports, reach, rendezvous, route};
 pub use rdma::rdma;

@@ -156,6 +156,8 @@ pub async fn gather(
         page_cache,
         unified_memory,
         rendezvous: Probe::Skipped("not asked".into()),
+        // Filled in by the launch service, which knows the engine.
+        containers: Probe::Skipped("not asked".into()),
     }
 }
 
@@ -210,6 +212,7 @@ mod tests {
                 python_of: None,
             }],
             rdma: None,
+            image: None,
         };
         let f = gather(req.clone(), store.clone(), HashMap::new(), &|_| Ok(())).await;
         assert_eq!(f.ports[0].free, Probe::Ok(()), "{:?}", f.ports);

@@ -1074,6 +1074,7 @@ mod tests {
             grace_ms: 300,
             weights: None,
             evict_page_cache: false,
+            container: None,
         }
     }
 

@@ -233,7 +233,11 @@ pub fn render(reports: &[NodeReport]) -> String {
                 String::new(),
             ]);
         }
-        for m in &s.models {
+        // A complete blob of an image shows as its image, below.
+        for m in s.models.iter().filter(|m| {
+            m.state != ModelState::Complete
+                || xfer_proto::image::Digest::of_model(&m.name).is_none()
+        }) {
             rows.push(row(&r.node, m));
         }
     }
@@ -254,6 +258,7 @@ pub fn render(reports: &[NodeReport]) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    out.push_str(&render_images(reports));
     // Never silent: every pair whose data went over management.
     let mut seen = Vec::new();
     for m in reports
@@ -269,6 +274,51 @@ pub fn render(reports: &[NodeReport]) -> String {
                 seen.push(line);
             }
         }
+    }
+    out
+}
+
+/// The images table: one line per node and image it loaded.
+fn render_images(reports: &[NodeReport]) -> String {
+    let mut rows = vec![[
+        "NODE".to_string(),
+        "IMAGE".into(),
+        "ID".into(),
+        "SIZE".into(),
+        "LAYERS".into(),
+        "STATE".into(),
+    ]];
+    for r in reports {
+        for i in r.status.iter().flat_map(|s| &s.images) {
+            let state = match &i.engine_id {
+                None => "loaded (no engine to ask now)".to_string(),
+                Some(Ok(id)) if *id == i.id => "loaded".to_string(),
+                Some(Ok(id)) => format!("the engine now holds {} under this name", id.short()),
+                Some(Err(e)) => e.clone(),
+            };
+            rows.push([
+                r.node.clone(),
+                i.reference.clone(),
+                i.id.short(),
+                Bytes(i.bytes).to_string(),
+                i.layers.to_string(),
+                state,
+            ]);
+        }
+    }
+    if rows.len() == 1 {
+        return String::new();
+    }
+    let widths: Vec<usize> = (0..6)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::from("\n");
+    for r in &rows {
+        let line: Vec<String> = (0..6)
+            .map(|i| format!("{:<w$}", r[i], w = widths[i]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
     }
     out
 }

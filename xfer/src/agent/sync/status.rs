@@ -258,6 +258,7 @@ impl Activity {
             root: store.root().display().to_string(),
             models: out,
             jobs,
+            images: Vec::new(),
         }
     }
 }

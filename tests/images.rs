@@ -1,0 +1,279 @@
+//! `xfer image push` against real Docker: one private `dockerd` per
+//! network-namespace host (`tests/common/docker.rs`), test images built
+//! locally (no pulls), the layers delivered as blobs through the swarm and
+//! loaded by every node's agent into its own engine. Needs root and
+//! Docker (`scripts/dockerd.sh install`); each test skips with a note
+//! without them.
+
+mod common;
+
+use std::time::Duration;
+
+use common::docker::ImageLab;
+use common::*;
+use serde_json::Value;
+
+/// The blob entry of `digest` in a push summary.
+fn blob<'a>(summary: &'a Value, digest: &str) -> &'a Value {
+    summary["blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["digest"] == digest)
+        .unwrap_or_else(|| panic!("no blob {digest} in {summary}"))
+}
+
+#[test]
+fn an_image_reaches_three_nodes_runs_there_and_a_shared_layer_is_not_sent_again() {
+    // 40 MiB over 400 Mbit/s links: enough chunks, and a link slow enough,
+    // for the swarm to matter (a 10 MiB layer at 1 Gbit/s went from the
+    // source to two nodes of three).
+    let Some(mut lab) = ImageLab::up("img", 3, 400, 40) else {
+        return;
+    };
+    for i in 1..=3 {
+        lab.start_agent(i, true, &[]);
+    }
+    let id = lab.engines[0].image_id("xt/app:1").expect("the test image");
+    let r = lab.push("xt/app:1", &[1, 2, 3]);
+    r.assert_ok("image push");
+    let s: Value = r.json();
+    assert_eq!(s["id"], id.as_str());
+    for n in s["nodes"].as_array().unwrap() {
+        assert_eq!(n["ok"], true, "{n}");
+        assert_eq!(n["id"], id.as_str(), "{n}");
+    }
+    // Every engine holds it under the same id, and a container of it runs.
+    for i in 1..=3 {
+        let e = &lab.engines[i];
+        assert_eq!(
+            e.image_id("xt/app:1").as_deref(),
+            Some(id.as_str()),
+            "host {i}"
+        );
+        let out = e.run(&[
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            "xt/app:1",
+            "/bin/sh",
+            "-c",
+            "echo ran on $(hostname)",
+        ]);
+        assert!(
+            out.success() && out.stdout.contains("ran on"),
+            "host {i}: {out:?}"
+        );
+    }
+    let total = s["bytes_total"].as_u64().unwrap();
+    let sent_x = s["bytes_sent"].as_u64().unwrap() as f64 / total as f64;
+    eprintln!("first image to 3 nodes: the source sent {sent_x:.2} x the image");
+    assert!(
+        sent_x < 1.5,
+        "a swarm: the source sends about one copy, not three: {s}"
+    );
+
+    // A second image on the same base: the base layer is not sent again.
+    let base = lab.engines[0].layers("xt/app:1")[0].clone();
+    assert_eq!(
+        lab.engines[0].layers("xt/app:2")[0],
+        base,
+        "the images share their base"
+    );
+    let r2 = lab.push("xt/app:2", &[1, 2, 3]);
+    r2.assert_ok("second image push");
+    let s2: Value = r2.json();
+    let b = blob(&s2, &base);
+    assert_eq!(b["bytes_sent"], 0, "the shared base layer went again: {s2}");
+    assert_eq!(
+        b["bytes_skipped"].as_u64().unwrap(),
+        3 * b["size"].as_u64().unwrap(),
+        "every node held it: {s2}"
+    );
+    assert!(s2["bytes_sent"].as_u64().unwrap() < b["size"].as_u64().unwrap());
+    let id2 = lab.engines[0].image_id("xt/app:2").unwrap();
+    for i in 1..=3 {
+        assert_eq!(
+            lab.engines[i].image_id("xt/app:2").as_deref(),
+            Some(id2.as_str())
+        );
+    }
+
+    // The same image again: nothing is saved or sent, and it stays loaded.
+    let s3: Value = lab.push("xt/app:1", &[1, 2, 3]).json();
+    assert_eq!(s3["cached"], true, "{s3}");
+    assert_eq!(s3["bytes_sent"], 0, "{s3}");
+
+    // `xfer status` shows the images beside the models.
+    let cluster_file = lab.tmp.path().join("cluster.toml");
+    let mut toml = format!("key = \"{}\"\n", lab.key.display());
+    for i in 1..=3 {
+        toml.push_str(&format!(
+            "\n[[node]]\nname = \"h{i}\"\nagent = \"{}:7470\"\nroot = \"{}\"\n",
+            lab.c.ip(i),
+            lab.root(i).display()
+        ));
+    }
+    std::fs::write(&cluster_file, toml).unwrap();
+    let st = run(
+        lab.c
+            .xfer(0)
+            .args(["status", "--cluster"])
+            .arg(&cluster_file),
+        Duration::from_secs(60),
+    );
+    st.assert_ok("status");
+    for i in 1..=3 {
+        for (image, id) in [("xt/app:1", &id), ("xt/app:2", &id2)] {
+            let line = st
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("h{i} ")) && l.contains(image))
+                .unwrap_or_else(|| panic!("no {image} on h{i}: {}", st.stdout));
+            assert!(
+                line.contains(&id[7..19]) && line.contains("loaded"),
+                "{line}"
+            );
+        }
+    }
+    assert!(
+        !st.stdout.contains(&format!("sha256-{}", &base[7..])),
+        "complete blobs show as their images, not as models: {}",
+        st.stdout
+    );
+}
+
+#[test]
+fn a_killed_push_resumes_and_a_flipped_byte_in_a_layer_is_caught() {
+    // 48 MiB over 200 Mbit/s: about two seconds on the wire.
+    let Some(mut lab) = ImageLab::up("imk", 2, 200, 48) else {
+        return;
+    };
+    lab.start_agent(1, true, &[]);
+    lab.start_agent(2, true, &[]);
+    let id = lab.engines[0].image_id("xt/app:1").unwrap();
+    let base = lab.engines[0].layers("xt/app:1")[0].clone();
+    let base_model = format!("sha256-{}", &base[7..]);
+
+    // kill -9 once host 1 holds part of the base layer.
+    let p = Proc::spawn(&mut lab.push_cmd("xt/app:1", &[1]));
+    let journal = lab
+        .root(1)
+        .join(".xfer/staging")
+        .join(&base_model)
+        .join("journal");
+    // The operator's blob of the base layer is saved before any of it is
+    // sent: its manifest reads the node's journal (chunk records, not the
+    // header or a sync mark).
+    let blob_dir = lab.cache.join(&base_model);
+    wait_until("the base layer saved", Duration::from_secs(120), || {
+        blob_dir.join("blob").exists()
+    });
+    let manifest = scan(&blob_dir, MIB);
+    wait_until(
+        "4 MiB of the base layer on host 1",
+        Duration::from_secs(120),
+        || journal_held_bytes(&journal, &manifest) >= 4 * MIB,
+    );
+    let first = p.kill9();
+    assert!(!first.success());
+    let held = journal_held_bytes(&journal, &manifest);
+    assert!(
+        held < manifest.total_bytes(),
+        "the push ended before the kill"
+    );
+    let r = lab.push("xt/app:1", &[1]);
+    r.assert_ok("the re-run");
+    let s: Value = r.json();
+    let b = blob(&s, &base);
+    assert!(
+        b["bytes_skipped"].as_u64().unwrap() >= held,
+        "the re-run resumed less than the {held} bytes host 1 journaled: {s}"
+    );
+    assert_eq!(
+        lab.engines[1].image_id("xt/app:1").as_deref(),
+        Some(id.as_str())
+    );
+
+    // A byte flipped in the operator's copy of the top layer: the swarm
+    // carries it faithfully (its BLAKE3 is of the flipped bytes), and the
+    // node's sha256 check refuses it, naming the node and the layer.
+    let top = lab.engines[0].layers("xt/app:1")[1].clone();
+    let blob_file = lab.cache.join(format!("sha256-{}", &top[7..])).join("blob");
+    let mut bytes = std::fs::read(&blob_file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x20;
+    std::fs::write(&blob_file, &bytes).unwrap();
+    let bad = lab.push("xt/app:1", &[2]);
+    assert!(!bad.success(), "{bad:?}");
+    let err = bad
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or("");
+    assert!(
+        err.contains(&lab.c.ip(2))
+            && err.contains(&top[..19])
+            && err.contains("does not match its digest")
+            && err.contains("xfer image push"),
+        "{bad:?}"
+    );
+    assert_eq!(
+        lab.engines[2].image_id("xt/app:1"),
+        None,
+        "the damaged image was loaded"
+    );
+    assert!(
+        !lab.root(2).join(format!("sha256-{}", &top[7..])).exists(),
+        "the damaged blob stays on the node"
+    );
+    // Repaired at the source, it goes through.
+    bytes[mid] ^= 0x20;
+    std::fs::write(&blob_file, &bytes).unwrap();
+    lab.push("xt/app:1", &[2]).assert_ok("after the repair");
+    assert_eq!(
+        lab.engines[2].image_id("xt/app:1").as_deref(),
+        Some(id.as_str())
+    );
+}
+
+#[test]
+fn bad_inputs_get_one_line_with_the_cause_and_the_fix() {
+    let Some(mut lab) = ImageLab::up("imb", 2, 1000, 8) else {
+        return;
+    };
+    // Host 1 has no engine switched on; host 2's engine has a tiny disk.
+    lab.start_agent(1, false, &[]);
+    let small = lab.tmp.path().join("small");
+    let disk = SmallDisk::mount(&small, 24).expect("a small disk");
+    let ns = format!("{}-h2", lab.c.prefix);
+    lab.engines[2] = common::docker::Dockerd::start(&disk.dir.join("docker"), Some(&ns))
+        .expect("a dockerd on the small disk");
+    lab.start_agent(2, true, &[]);
+
+    let missing = lab.push("xt/nothing:1", &[2]);
+    assert!(!missing.success());
+    assert!(
+        missing.stderr.contains("does not exist locally")
+            && missing.stderr.contains("build or pull it"),
+        "{missing:?}"
+    );
+
+    let off = lab.push("xt/app:1", &[1]);
+    assert!(!off.success());
+    assert!(off.stderr.contains("--container-engine docker"), "{off:?}");
+
+    // 8 MiB base plus the rest: docker load needs room for it twice
+    // (the tar and the layer); 24 MiB of ext4 holds the blobs, not that.
+    let big = lab.push("xt/standin:1", &[2]);
+    assert!(!big.success(), "{big:?}");
+    assert!(
+        big.stderr.contains("disk is full") && big.stderr.contains("free space"),
+        "{big:?}"
+    );
+    // The engine goes before its disk.
+    lab.agents[2] = None;
+    lab.engines.pop();
+    drop(disk);
+}

@@ -1,0 +1,232 @@
+//! Ranks in containers (`[launch] image`): the `docker run` form of a
+//! rank's processes, which this agent builds itself from the typed
+//! [`ContainerSpec`] so that a launcher names no flag, mount or program of
+//! the engine's.
+//!
+//! Each process becomes, in the form NVIDIA's guides use:
+//!
+//! ```text
+//! docker run --rm --init --name xfer-<run>-r<rank>-<i> --label xfer.run=<run>
+//!     --network host --ipc host [--gpus all | --device D ...] [--shm-size N]
+//!     -v MODEL:MODEL:ro --env KEY ... --entrypoint ARGV0 IMAGE ARGV1...
+//! ```
+//!
+//! `MODEL` is the top folder of the weights under this agent's root (all
+//! of an HF cache repo, whose snapshots link into its `blobs/`), the only
+//! host path a container sees. Every key of the rank's environment is
+//! passed by name, its value taken from the `docker` client's environment
+//! (which the supervisor sets), so no value shows in `ps`. The stop hook
+//! removes every container of the rank, on `down` and on any failure,
+//! and outlives an agent restart in the rank's record.
+
+use std::path::{Component, Path};
+
+use crate::image::engine::{Engine, RUN_LABEL};
+use xfer_proto::launch::{ContainerSpec, GpuAccess, ProcSpec, RankSpec};
+
+/// The container name of process `i` of a rank.
+pub fn container_name(run: &str, rank: u32, i: usize) -> String {
+    format!("xfer-{run}-r{rank}-{i}")
+}
+
+/// The spec with every process run inside `c.image`, and the stop hooks
+/// replaced by the removal of those containers (`ray stop` and the like
+/// act inside a container that removal ends anyway).
+pub fn wrap(
+    mut spec: RankSpec,
+    c: &ContainerSpec,
+    engine: Engine,
+    root: &Path,
+) -> Result<RankSpec, String> {
+    let node = spec.node.clone();
+    xfer_proto::image::check_reference(&c.image).map_err(|e| format!("{node}: {e}"))?;
+    for key in spec.env.keys() {
+        let ok = key
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+        if !ok || key.is_empty() {
+            return Err(format!(
+                "{node}: `{}` is not an environment variable name; fix [launch.env]",
+                key.escape_default()
+            ));
+        }
+    }
+    let mount = match &spec.weights {
+        None => None,
+        Some(gate) => {
+            Some(model_folder(root, Path::new(&gate.path)).map_err(|e| format!("{node}: {e}"))?)
+        }
+    };
+    let program = engine.program().to_string();
+    let mut names = Vec::new();
+    let procs = std::mem::take(&mut spec.procs);
+    for (i, p) in procs.into_iter().enumerate() {
+        let Some((argv0, rest)) = p.argv.split_first() else {
+            return Err(format!(
+                "{node}: an empty command line; fix the launch template"
+            ));
+        };
+        let name = container_name(&spec.run, spec.rank, i);
+        let mut argv: Vec<String> = vec![
+            program.clone(),
+            "run".into(),
+            "--rm".into(),
+            "--init".into(),
+            "--name".into(),
+            name.clone(),
+            "--label".into(),
+            format!("{RUN_LABEL}={}", spec.run),
+            "--network".into(),
+            "host".into(),
+            "--ipc".into(),
+            "host".into(),
+        ];
+        match &c.gpus {
+            GpuAccess::None => {}
+            GpuAccess::All => argv.extend(["--gpus".into(), "all".into()]),
+            GpuAccess::Devices(ds) => {
+                for d in ds {
+                    if d.starts_with('-') || d.is_empty() {
+                        return Err(format!("{node}: `{d}` is not a device; fix [launch] gpus"));
+                    }
+                    argv.extend(["--device".into(), d.clone()]);
+                }
+            }
+        }
+        if let Some(shm) = c.shm_bytes {
+            argv.extend(["--shm-size".into(), format!("{shm}b")]);
+        }
+        if let Some(dir) = &mount {
+            argv.extend(["-v".into(), format!("{dir}:{dir}:ro")]);
+        }
+        for key in spec.env.keys() {
+            argv.extend(["--env".into(), key.clone()]);
+        }
+        argv.extend(["--entrypoint".into(), argv0.clone(), c.image.clone()]);
+        argv.extend(rest.iter().cloned());
+        names.push(name);
+        spec.procs.push(ProcSpec {
+            argv,
+            wait_tcp: p.wait_tcp,
+        });
+    }
+    let mut rm = vec![program, "rm".into(), "-f".into()];
+    rm.extend(names);
+    spec.on_stop = vec![rm];
+    Ok(spec)
+}
+
+/// The folder to mount for weights at `path`: its first component under
+/// `root`, refused when the path leaves the root.
+fn model_folder(root: &Path, path: &Path) -> Result<String, String> {
+    let rel = path.strip_prefix(root).map_err(|_| {
+        format!(
+            "the weights {} are outside the agent's root {}; only a model under the root is mounted into a container",
+            path.display(),
+            root.display()
+        )
+    })?;
+    match rel.components().next() {
+        Some(Component::Normal(top)) if !rel.components().any(|c| c == Component::ParentDir) => {
+            let dir = root.join(top);
+            let s = dir
+                .to_str()
+                .ok_or_else(|| format!("{} is not UTF-8", dir.display()))?;
+            if s.contains(':') || s.contains(',') {
+                return Err(format!(
+                    "{s} holds ':' or ',', which a container mount cannot name; rename the model"
+                ));
+            }
+            Ok(s.to_string())
+        }
+        _ => Err(format!(
+            "the weights {} do not name a model under the agent's root {}",
+            path.display(),
+            root.display()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::image::{ContainerEngine, Digest};
+    use xfer_proto::launch::WeightGate;
+
+    fn spec() -> RankSpec {
+        RankSpec {
+            run: "r1".into(),
+            node: "n1".into(),
+            rank: 1,
+            env: [("VLLM_HOST_IP".to_string(), "10.0.0.2".to_string())].into(),
+            procs: vec![ProcSpec {
+                argv: vec!["vllm".into(), "serve".into(), "/root/m/snapshots/c".into()],
+                wait_tcp: None,
+            }],
+            on_stop: vec![vec!["ray".into(), "stop".into()]],
+            group: vec![],
+            wait_timeout_ms: 1,
+            grace_ms: 1,
+            weights: Some(WeightGate {
+                path: "/root/m/snapshots/c".into(),
+                root: xfer_proto::hash::Hash([1; 32]),
+            }),
+            evict_page_cache: false,
+            container: None,
+        }
+    }
+
+    fn container() -> ContainerSpec {
+        ContainerSpec {
+            image: "xt/app:1".into(),
+            image_id: Some(Digest([2; 32])),
+            gpus: GpuAccess::All,
+            shm_bytes: Some(1 << 30),
+        }
+    }
+
+    #[test]
+    fn a_rank_runs_in_the_image_as_nvidia_guides_run_it() {
+        let engine = Engine::new(ContainerEngine::Docker);
+        let s = wrap(spec(), &container(), engine, Path::new("/root")).unwrap();
+        let argv = s.procs[0].argv.join(" ");
+        assert_eq!(
+            argv,
+            "docker run --rm --init --name xfer-r1-r1-0 --label xfer.run=r1 --network host --ipc host \
+             --gpus all --shm-size 1073741824b -v /root/m:/root/m:ro --env VLLM_HOST_IP \
+             --entrypoint vllm xt/app:1 serve /root/m/snapshots/c"
+        );
+        assert_eq!(s.on_stop, vec![vec!["docker", "rm", "-f", "xfer-r1-r1-0"]]);
+        assert_eq!(
+            s.env,
+            spec().env,
+            "values reach docker through its environment"
+        );
+    }
+
+    #[test]
+    fn nothing_outside_the_root_is_mounted_and_no_flag_is_smuggled() {
+        let engine = Engine::new(ContainerEngine::Docker);
+        let mut outside = spec();
+        outside.weights.as_mut().unwrap().path = "/etc".into();
+        let e = wrap(outside, &container(), engine, Path::new("/root")).unwrap_err();
+        assert!(e.contains("outside the agent's root"), "{e}");
+        let mut up = spec();
+        up.weights.as_mut().unwrap().path = "/root/../etc".into();
+        assert!(wrap(up, &container(), engine, Path::new("/root")).is_err());
+        let flag = ContainerSpec {
+            image: "--privileged".into(),
+            ..container()
+        };
+        assert!(wrap(spec(), &flag, engine, Path::new("/root")).is_err());
+        let dev = ContainerSpec {
+            gpus: GpuAccess::Devices(vec!["--privileged".into()]),
+            ..container()
+        };
+        assert!(wrap(spec(), &dev, engine, Path::new("/root")).is_err());
+        let mut env = spec();
+        env.env.insert("A=B".into(), "x".into());
+        assert!(wrap(env, &container(), engine, Path::new("/root")).is_err());
+    }
+}

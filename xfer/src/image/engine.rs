@@ -1,0 +1,251 @@
+//! The container engine's command line (`docker`, or `podman`, which takes
+//! the same verbs): the only code that runs it. It asks the engine's
+//! version, its runtimes and an image's id, starts `save` and `load`, and
+//! removes a run's containers; and it turns the engine's own error text
+//! into one line naming the cause and the fix ([`Engine::explain`]).
+//!
+//! The engine is whichever one the environment selects (`DOCKER_HOST`,
+//! `CONTAINER_HOST`), so that every node's agent talks to its own.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use xfer_proto::image::{ContainerEngine, Digest};
+use xfer_proto::launch::{ContainerFacts, Probe};
+
+/// How long a quick query (`version`, `inspect`, `info`) may take.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The label every container of a launch carries: its run id.
+pub const RUN_LABEL: &str = "xfer.run";
+
+/// One container engine's command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Engine {
+    pub kind: ContainerEngine,
+}
+
+impl Engine {
+    pub fn new(kind: ContainerEngine) -> Engine {
+        Engine { kind }
+    }
+
+    pub fn program(&self) -> &'static str {
+        self.kind.program()
+    }
+
+    /// A blocking command of the engine (for streams driven by a thread).
+    pub fn std_command(&self) -> std::process::Command {
+        let mut c = std::process::Command::new(self.program());
+        c.stdin(Stdio::null());
+        c
+    }
+
+    fn command(&self) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(self.program());
+        c.stdin(Stdio::null()).kill_on_drop(true);
+        c
+    }
+
+    /// Runs `args` and returns its stdout, or the explained failure.
+    async fn query(&self, args: &[&str]) -> Result<String, String> {
+        let out = tokio::time::timeout(QUERY_TIMEOUT, self.command().args(args).output()).await;
+        let out = match out {
+            Err(_) => {
+                return Err(format!(
+                    "`{} {}` took over {}s; check the engine (is its daemon hung?)",
+                    self.program(),
+                    args.join(" "),
+                    QUERY_TIMEOUT.as_secs()
+                ))
+            }
+            Ok(Err(e)) => return Err(self.spawn_error(&e)),
+            Ok(Ok(out)) => out,
+        };
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(self.explain(&String::from_utf8_lossy(&out.stderr)))
+        }
+    }
+
+    /// Why the engine could not even start.
+    pub fn spawn_error(&self, e: &std::io::Error) -> String {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "`{}` is not on this node's PATH; install it, or start the agent with the engine it has (`--container-engine docker|podman`)",
+                self.program()
+            )
+        } else {
+            format!("cannot run `{}`: {e}", self.program())
+        }
+    }
+
+    /// The engine's error text as one line with its fix.
+    pub fn explain(&self, stderr: &str) -> String {
+        let text = stderr.trim();
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim();
+        let lower = text.to_ascii_lowercase();
+        if lower.contains("no space left on device") {
+            format!(
+                "the {} engine's disk is full (no space left on device); free space in its data root (`{} info` shows it), then run `xfer image push` again",
+                self.program(),
+                self.program()
+            )
+        } else if lower.contains("cannot connect to the docker daemon")
+            || lower.contains("is the docker daemon running")
+            || lower.contains("cannot connect to podman")
+        {
+            let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
+            format!(
+                "the {} daemon is not reachable at {host}; start it (`systemctl start {}`), or set DOCKER_HOST for the agent",
+                self.program(),
+                self.program()
+            )
+        } else if lower.contains("permission denied") && lower.contains("sock") {
+            format!(
+                "no permission to use the {} daemon's socket; run the agent as a user in the `docker` group, or as root",
+                self.program()
+            )
+        } else if last.is_empty() {
+            format!("`{}` failed without saying why", self.program())
+        } else {
+            format!("{}: {last}", self.program())
+        }
+    }
+
+    /// The engine's server version.
+    pub async fn version(&self) -> Result<String, String> {
+        let format = match self.kind {
+            ContainerEngine::Docker => "{{.Server.Version}}",
+            ContainerEngine::Podman => "{{.Version.Version}}",
+        };
+        self.query(&["version", "--format", format]).await
+    }
+
+    /// Whether the NVIDIA container runtime is configured.
+    pub async fn nvidia_runtime(&self) -> Probe<String> {
+        match self.kind {
+            ContainerEngine::Podman => Probe::Skipped(
+                "podman passes GPUs by CDI (`nvidia-ctk cdi generate`), not by a runtime".into(),
+            ),
+            ContainerEngine::Docker => {
+                match self
+                    .query(&["info", "--format", "{{json .Runtimes}}"])
+                    .await
+                {
+                    Err(e) => Probe::Failed(e),
+                    Ok(json) => {
+                        let names: Vec<String> = serde_json::from_str::<
+                            serde_json::Map<String, serde_json::Value>,
+                        >(&json)
+                        .map(|m| m.keys().cloned().collect())
+                        .unwrap_or_default();
+                        match names.iter().find(|n| n.contains("nvidia")) {
+                            Some(n) => Probe::Ok(n.clone()),
+                            None => Probe::Failed(format!(
+                                "no nvidia runtime (runtimes: {}); install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker`",
+                                names.join(", ")
+                            )),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The id of `reference` in this engine; `None` when it does not hold it.
+    pub async fn image_id(&self, reference: &str) -> Result<Option<Digest>, String> {
+        let out = tokio::time::timeout(
+            QUERY_TIMEOUT,
+            self.command()
+                .args(["image", "inspect", "--format", "{{.Id}}", "--", reference])
+                .output(),
+        )
+        .await
+        .map_err(|_| format!("`{} image inspect` hung; check the engine", self.program()))?
+        .map_err(|e| self.spawn_error(&e))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            let lower = stderr.to_ascii_lowercase();
+            if lower.contains("no such image") || lower.contains("image not known") {
+                return Ok(None);
+            }
+            return Err(self.explain(&stderr));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        Digest::parse(text.trim())
+            .map(Some)
+            .map_err(|e| format!("`{} image inspect {reference}`: {e}", self.program()))
+    }
+
+    /// The preflight's view of this engine.
+    pub async fn facts(&self, image: Option<&str>) -> Probe<ContainerFacts> {
+        let version = match self.version().await {
+            Ok(v) => v,
+            Err(e) => return Probe::Failed(e),
+        };
+        let nvidia_runtime = self.nvidia_runtime().await;
+        let image = match image {
+            None => None,
+            Some(r) => Some(match self.image_id(r).await {
+                Ok(Some(id)) => Probe::Ok(id),
+                Ok(None) => Probe::Failed(format!("image {r} is not loaded in {}", self.program())),
+                Err(e) => Probe::Failed(e),
+            }),
+        };
+        Probe::Ok(ContainerFacts {
+            engine: self.program().to_string(),
+            version,
+            nvidia_runtime,
+            image,
+        })
+    }
+
+    /// Removes every container of run `run` (running or not); returns how
+    /// many there were.
+    pub async fn remove_run(&self, run: &str) -> Result<usize, String> {
+        let filter = format!("label={RUN_LABEL}={run}");
+        let ids = self.query(&["ps", "-aq", "--filter", &filter]).await?;
+        let ids: Vec<&str> = ids.split_whitespace().collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut args = vec!["rm", "-f"];
+        args.extend(&ids);
+        self.query(&args).await?;
+        Ok(ids.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_errors_name_the_cause_and_the_fix() {
+        let e = Engine::new(ContainerEngine::Docker);
+        let full = e
+            .explain("Error processing tar file(exit status 1): write /x: no space left on device");
+        assert!(
+            full.contains("disk is full") && full.contains("xfer image push"),
+            "{full}"
+        );
+        let down = e.explain(
+            "Cannot connect to the Docker daemon at unix:///x.sock. Is the docker daemon running?",
+        );
+        assert!(
+            down.contains("not reachable") && down.contains("start it"),
+            "{down}"
+        );
+        let other = e.explain("Error response from daemon: something odd\n");
+        assert_eq!(other, "docker: Error response from daemon: something odd");
+        let missing = e.spawn_error(&std::io::Error::from(std::io::ErrorKind::NotFound));
+        assert!(missing.contains("not on this node's PATH"), "{missing}");
+    }
+}
