@@ -92,6 +92,16 @@ fn an_image_reaches_three_nodes_runs_there_and_a_shared_layer_is_not_sent_again(
         "every node held it: {s2}"
     );
     assert!(s2["bytes_sent"].as_u64().unwrap() < b["size"].as_u64().unwrap());
+    // Nor streamed into the engines, which hold it from xt/app:1: each
+    // load carried the config and the new top layer only.
+    let top2 = lab.engines[0].layers("xt/app:2")[1].clone();
+    let fresh = blob(&s2, &top2)["size"].as_u64().unwrap()
+        + blob(&s2, &s2["id"].as_str().unwrap().to_string())["size"]
+            .as_u64()
+            .unwrap();
+    for n in s2["nodes"].as_array().unwrap() {
+        assert_eq!(n["loaded_bytes"].as_u64(), Some(fresh), "{n}");
+    }
     let id2 = lab.engines[0].image_id("xt/app:2").unwrap();
     for i in 1..=3 {
         assert_eq!(

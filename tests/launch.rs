@@ -390,7 +390,7 @@ fn docker(dir: &std::path::Path, args: &[&str]) -> String {
 }
 
 #[test]
-fn ranks_run_in_the_image_on_every_node_and_down_removes_every_container() {
+fn ranks_run_in_the_image_on_every_node_and_down_or_a_failure_removes_every_container() {
     need_root!();
     let script = repo().join("scripts/dockerd.sh");
     let installed = Command::new(&script).arg("install").status().unwrap();
@@ -489,6 +489,32 @@ fn ranks_run_in_the_image_on_every_node_and_down_removes_every_container() {
         let left = docker(&lab.docker_dir(i), &["ps", "-aq"]);
         assert!(left.trim().is_empty(), "node {i} kept containers: {left}");
     }
+
+    // A failure: node 2's container dies under the running group. Its
+    // agent sees the rank exit and stops the group, and every container
+    // of the run goes, on both nodes.
+    let out = lab.xl(&["up", "--timeout", "60", "--grace", "2"], &file);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let victim = docker(&lab.docker_dir(2), &["ps", "-q"]);
+    assert_eq!(victim.split_whitespace().count(), 1, "{victim}");
+    docker(&lab.docker_dir(2), &["kill", victim.trim()]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let left = || -> Vec<String> {
+        (1..=2)
+            .map(|i| docker(&lab.docker_dir(i), &["ps", "-aq"]))
+            .filter(|l| !l.trim().is_empty())
+            .collect()
+    };
+    while !left().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        left().is_empty(),
+        "containers left after a rank failed: {:?}",
+        left()
+    );
+    let out = lab.xl(&["down", "--grace", "2"], &file);
+    assert!(out.status.success(), "{}", text(&out.stderr));
 
     // The gate: a node without the image fails the check, named, with the fix.
     docker(&lab.docker_dir(2), &["rmi", "xt/standin:1"]);

@@ -6,10 +6,15 @@
 //! streams them into `docker load` (or `podman load`) as one tar while
 //! hashing each against its sha256 digest ([`crate::image::loadtar`]), and
 //! then asks the engine for the image's id, which must be the config's
-//! digest. A blob whose bytes do not match is removed, so that the next
-//! `xfer image push` sends it again. Records live in
+//! digest. Layers whose stacks the engine holds already (from an earlier
+//! image) are checked too but left out of the stream, so a re-delivery
+//! after a new top layer loads only that layer; should the engine refuse
+//! such a stream, the load is tried once more with every layer. A blob
+//! whose bytes do not match is removed, so that the next `xfer image
+//! push` sends it again. Records live in
 //! `<root>/.xfer/images/<id hex>.json`.
 
+use std::collections::BTreeSet;
 use std::io::Read;
 use std::process::Stdio;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -57,11 +62,26 @@ pub async fn load(
         .map_err(|e| Refusal::Image(format!("{node}: {e}")))?;
     let mut loaded_bytes = 0;
     if already != Some(desc.id()) {
-        let (s, d, e) = (store.clone(), desc.clone(), engine);
-        let node_s = node.to_string();
-        loaded_bytes = tokio::task::spawn_blocking(move || stream_load(&s, &node_s, &d, e))
-            .await
-            .map_err(|e| Refusal::Image(format!("{node}: the load task failed: {e}")))??;
+        // Layers the engine holds already are checked but not streamed.
+        let omit = match engine.held_chains().await {
+            Ok(held) => crate::image::omittable(&desc, &held),
+            Err(e) => {
+                tracing::warn!("cannot list the layers {engine_label} holds ({e}); sending all");
+                BTreeSet::new()
+            }
+        };
+        let mut result = load_blocking(store, node, &desc, engine, omit.clone()).await;
+        if let Err(Failure::Engine(why)) = &result {
+            if !omit.is_empty() {
+                tracing::warn!(
+                    "{} load without the {} layer(s) it held failed ({why}); sending every layer",
+                    engine.program(),
+                    omit.len()
+                );
+                result = load_blocking(store, node, &desc, engine, BTreeSet::new()).await;
+            }
+        }
+        loaded_bytes = result.map_err(Failure::into_refusal)?;
     }
     let load_s = started.elapsed().as_secs_f64();
     let id = engine
@@ -150,14 +170,44 @@ fn held(store: &Store, node: &str, d: &Digest, size: u64) -> Result<(), Refusal>
     }
 }
 
-/// Streams the image into `engine load` (blocking): returns the blob bytes
-/// written.
+/// Why a load failed: the engine's own refusal (which a load with every
+/// layer may not hit), or anything else.
+enum Failure {
+    Engine(Refusal),
+    Other(Refusal),
+}
+
+impl Failure {
+    fn into_refusal(self) -> Refusal {
+        match self {
+            Failure::Engine(r) | Failure::Other(r) => r,
+        }
+    }
+}
+
+/// [`stream_load`] on a blocking thread.
+async fn load_blocking(
+    store: &Store,
+    node: &str,
+    desc: &ImageDesc,
+    engine: Engine,
+    omit: BTreeSet<Digest>,
+) -> Result<u64, Failure> {
+    let (s, d, n) = (store.clone(), desc.clone(), node.to_string());
+    tokio::task::spawn_blocking(move || stream_load(&s, &n, &d, engine, &omit))
+        .await
+        .map_err(|e| Failure::Other(Refusal::Image(format!("{node}: the load task failed: {e}"))))?
+}
+
+/// Streams the image into `engine load` (blocking), leaving out the
+/// layers in `omit`: returns the blob bytes written.
 fn stream_load(
     store: &Store,
     node: &str,
     desc: &ImageDesc,
     engine: Engine,
-) -> Result<u64, Refusal> {
+    omit: &BTreeSet<Digest>,
+) -> Result<u64, Failure> {
     let mut child = engine
         .std_command()
         .arg("load")
@@ -165,7 +215,12 @@ fn stream_load(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| Refusal::Image(format!("{node}: {}", engine.spawn_error(&e))))?;
+        .map_err(|e| {
+            Failure::Other(Refusal::Image(format!(
+                "{node}: {}",
+                engine.spawn_error(&e)
+            )))
+        })?;
     let stdin = child.stdin.take().expect("piped");
     let mut stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
@@ -186,6 +241,7 @@ fn stream_load(
         desc,
         open,
         std::io::BufWriter::with_capacity(1 << 20, stdin),
+        omit,
     );
     if let Err(LoadTarError::Digest { what, want, got }) = &written {
         // Stop the engine before it takes anything, then drop the blob.
@@ -196,10 +252,10 @@ fn stream_load(
             "image {}: {what} {want} hashes to {got}; removed it ({removed:?})",
             desc.reference
         );
-        return Err(Refusal::Image(format!(
+        return Err(Failure::Other(Refusal::Image(format!(
             "{node}: {what} {want} of {} does not match its digest (its bytes hash to {got}); removed it from this node, run `xfer image push` again to resend it",
             desc.reference
-        )));
+        ))));
     }
     let status = child.wait();
     let (out, err) = (
@@ -216,14 +272,14 @@ fn stream_load(
             what,
             digest,
             source,
-        }) => Err(Refusal::Image(format!(
+        }) => Err(Failure::Other(Refusal::Image(format!(
             "{node}: cannot read {what} {digest:?}: {source}; run `xfer image push` again"
-        ))),
-        _ => Err(Refusal::Image(format!(
+        )))),
+        _ => Err(Failure::Engine(Refusal::Image(format!(
             "{node}: {} load failed: {}",
             engine.program(),
             engine.explain(&err)
-        ))),
+        )))),
     }
 }
 

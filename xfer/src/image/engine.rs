@@ -7,6 +7,7 @@
 //! The engine is whichever one the environment selects (`DOCKER_HOST`,
 //! `CONTAINER_HOST`), so that every node's agent talks to its own.
 
+use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -182,6 +183,30 @@ impl Engine {
         Digest::parse(text.trim())
             .map(Some)
             .map_err(|e| format!("`{} image inspect {reference}`: {e}", self.program()))
+    }
+
+    /// The chain ids of every layer stack this engine holds (see
+    /// [`super::chain_ids`]), read off every image's `RootFS.Layers`.
+    /// Podman's `load` wants every layer in the stream, so for podman this
+    /// is always empty.
+    pub async fn held_chains(&self) -> Result<BTreeSet<Digest>, String> {
+        let mut held = BTreeSet::new();
+        if self.kind != ContainerEngine::Docker {
+            return Ok(held);
+        }
+        let ids = self.query(&["image", "ls", "-aq", "--no-trunc"]).await?;
+        let ids: BTreeSet<&str> = ids.split_whitespace().collect();
+        if ids.is_empty() {
+            return Ok(held);
+        }
+        let mut args = vec!["image", "inspect", "--format", "{{json .RootFS.Layers}}"];
+        args.extend(ids);
+        for line in self.query(&args).await?.lines() {
+            let layers: Vec<Digest> = serde_json::from_str(line)
+                .map_err(|e| format!("`{} image inspect` printed `{line}`: {e}", self.program()))?;
+            held.extend(super::chain_ids(&layers));
+        }
+        Ok(held)
     }
 
     /// The preflight's view of this engine.

@@ -7,6 +7,7 @@
 //! the engine can take the image (it would refuse the layer too, but with
 //! a message naming neither the node nor the fix).
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{self, Read, Write};
 
@@ -38,23 +39,32 @@ pub enum LoadTarError {
 
 /// Writes `desc` as a `docker load` tar to `out`, each blob read from
 /// `open(digest)`. Returns the bytes of blobs written.
+///
+/// A layer in `omit` (one the engine holds already, see
+/// [`super::omittable`]) is checked against its digest all the same but
+/// left out of the tar; `manifest.json` still names it, and Docker takes it
+/// from its own store.
 pub fn write(
     desc: &ImageDesc,
     open: impl Fn(&Digest) -> io::Result<File>,
     out: impl Write,
+    omit: &BTreeSet<Digest>,
 ) -> Result<u64, LoadTarError> {
     let mut t = tar::Builder::new(out);
     let config_name = format!("{}.json", desc.id().hex());
     let mut layer_names = Vec::with_capacity(desc.layers.len());
     let mut written = 0u64;
-    append_blob(&mut t, &config_name, &desc.config, "config", &open)?;
+    append_blob(&mut t, &config_name, &desc.config, "config", &open, true)?;
     written += desc.config.size;
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = BTreeSet::new();
     for layer in &desc.layers {
         let name = format!("{}/layer.tar", layer.digest.hex());
         if seen.insert(layer.digest) {
-            append_blob(&mut t, &name, layer, "layer", &open)?;
-            written += layer.size;
+            let send = !omit.contains(&layer.digest);
+            append_blob(&mut t, &name, layer, "layer", &open, send)?;
+            if send {
+                written += layer.size;
+            }
         }
         layer_names.push(name);
     }
@@ -87,13 +97,15 @@ fn header(size: u64) -> tar::Header {
     h
 }
 
-/// One blob into the tar, hashed as it goes.
+/// One blob into the tar (or, without `send`, only read), hashed as it
+/// goes.
 fn append_blob<W: Write>(
     t: &mut tar::Builder<W>,
     name: &str,
     blob: &BlobRef,
     what: &'static str,
     open: &impl Fn(&Digest) -> io::Result<File>,
+    send: bool,
 ) -> Result<(), LoadTarError> {
     let file = open(&blob.digest).map_err(|source| LoadTarError::Blob {
         what,
@@ -106,8 +118,12 @@ fn append_blob<W: Write>(
         read: 0,
         error: None,
     };
-    let mut h = header(blob.size);
-    let sent = t.append_data(&mut h, name, &mut reader);
+    let sent = if send {
+        let mut h = header(blob.size);
+        t.append_data(&mut h, name, &mut reader)
+    } else {
+        io::copy(&mut reader, &mut io::sink()).map(|_| ())
+    };
     if let Some(source) = reader.error.take() {
         return Err(LoadTarError::Blob {
             what,
@@ -199,11 +215,26 @@ mod tests {
         let desc = image(src.path(), &[b"base", b"top", b"base"]);
         let open = |d: &Digest| File::open(crate::image::archive::blob_path(src.path(), d));
         let mut tar = Vec::new();
-        let n = write(&desc, open, &mut tar).unwrap();
+        let n = write(&desc, open, &mut tar, &BTreeSet::new()).unwrap();
         assert_eq!(n, desc.config.size + 4 + 3, "a repeated layer goes once");
         let back = tempfile::tempdir().unwrap();
         let again = crate::image::archive::unpack(&tar[..], back.path(), "xt/app:1").unwrap();
         assert_eq!(again, desc);
+
+        // Without the layers the engine holds: the manifest names them,
+        // the tar carries only the rest.
+        let omit: BTreeSet<Digest> = [desc.layers[0].digest].into();
+        let mut tar = Vec::new();
+        let n = write(&desc, open, &mut tar, &omit).unwrap();
+        assert_eq!(n, desc.config.size + 3);
+        let names: Vec<String> = tar::Archive::new(&tar[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        let base = format!("{}/layer.tar", desc.layers[0].digest.hex());
+        assert!(!names.contains(&base), "{names:?}");
+        assert_eq!(names.len(), 3, "config, top layer, manifest: {names:?}");
     }
 
     #[test]
@@ -213,7 +244,7 @@ mod tests {
         let p = crate::image::archive::blob_path(src.path(), &desc.layers[0].digest);
         std::fs::write(&p, b"base lazer").unwrap();
         let open = |d: &Digest| File::open(crate::image::archive::blob_path(src.path(), d));
-        let e = write(&desc, open, Vec::new()).unwrap_err();
+        let e = write(&desc, open, Vec::new(), &BTreeSet::new()).unwrap_err();
         match &e {
             LoadTarError::Digest { what, want, .. } => {
                 assert_eq!((*what, *want), ("layer", desc.layers[0].digest))
@@ -223,8 +254,16 @@ mod tests {
         std::fs::write(&p, b"short").unwrap();
         let open = |d: &Digest| File::open(crate::image::archive::blob_path(src.path(), d));
         assert!(matches!(
-            write(&desc, open, Vec::new()),
+            write(&desc, open, Vec::new(), &BTreeSet::new()),
             Err(LoadTarError::Blob { .. })
+        ));
+        // A layer left out of the stream is checked all the same.
+        std::fs::write(&p, b"base lazer").unwrap();
+        let open = |d: &Digest| File::open(crate::image::archive::blob_path(src.path(), d));
+        let omit: BTreeSet<Digest> = [desc.layers[0].digest].into();
+        assert!(matches!(
+            write(&desc, open, Vec::new(), &omit),
+            Err(LoadTarError::Digest { what: "layer", .. })
         ));
     }
 }
