@@ -96,7 +96,7 @@ fn an_image_reaches_three_nodes_runs_there_and_a_shared_layer_is_not_sent_again(
     // load carried the config and the new top layer only.
     let top2 = lab.engines[0].layers("xt/app:2")[1].clone();
     let fresh = blob(&s2, &top2)["size"].as_u64().unwrap()
-        + blob(&s2, &s2["id"].as_str().unwrap().to_string())["size"]
+        + blob(&s2, s2["id"].as_str().unwrap())["size"]
             .as_u64()
             .unwrap();
     for n in s2["nodes"].as_array().unwrap() {

@@ -6,6 +6,7 @@
 //! node's agent checks the blobs against their sha256 digests and loads
 //! the image into its own engine. Every node must report the image's id.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -39,7 +40,10 @@ pub struct ImagePushSummary {
     pub bytes_skipped: u64,
     /// Whether the local blob cache already held the image (no `docker save`).
     pub cached: bool,
+    /// `docker save` into the cache (0 when cached).
     pub save_s: f64,
+    /// From the first blob's push to the last's end: the pushes start while
+    /// the save still runs, so `save_s` and `push_s` overlap.
     pub push_s: f64,
     pub load_s: f64,
     pub duration_s: f64,
@@ -91,11 +95,68 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
         Some(c) => c.clone(),
         None => default_cache()?,
     };
-    let save_started = Instant::now();
-    let (desc, cached) = match archive::cached(&cache, &id, &reference) {
-        Some(d) => (d, true),
-        None => (save(engine, &reference, &cache).await?, false),
+    // The image's blobs, known before the save: its config (the id) and
+    // its layers. Each is pushed as soon as `docker save` has written it to
+    // the cache, while the save goes on with the next.
+    let layers = engine
+        .layers(&reference)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot ask the local engine for {reference}: {e}"))?;
+    let expected: BTreeSet<Digest> = layers.iter().copied().chain([id]).collect();
+    let nic = xfer::transport::select::choose(args.transport)?;
+    let progress = Progress::new(!args.json);
+    let mut delivery = Delivery {
+        nodes: dests
+            .iter()
+            .map(|d| NodeImage {
+                node: d.label().to_string(),
+                ok: true,
+                ..NodeImage::default()
+            })
+            .collect(),
+        dests: dests.clone(),
+        blobs: Vec::new(),
+        key: key.clone(),
+        nic,
+        progress,
+        cache: cache.clone(),
     };
+    let (tx, mut saved) = tokio::sync::mpsc::unbounded_channel::<Digest>();
+    let (saving, cached) = match archive::cached(&cache, &id, &reference) {
+        Some(d) => {
+            for b in d.blobs() {
+                let _ = tx.send(b.digest);
+            }
+            drop(tx);
+            (tokio::spawn(async move { Ok((d, Duration::ZERO)) }), true)
+        }
+        None => {
+            if !args.json {
+                eprintln!(
+                    "{reference} ({}): {} layers; saving, each blob pushed once saved",
+                    id.short(),
+                    layers.len()
+                );
+            }
+            let (r, c) = (reference.clone(), cache.clone());
+            let saving = tokio::spawn(async move {
+                let t = Instant::now();
+                let desc = save(engine, r, c, tx).await?;
+                Ok::<_, anyhow::Error>((desc, t.elapsed()))
+            });
+            (saving, false)
+        }
+    };
+    let mut pushed = BTreeSet::new();
+    let mut first_push: Option<Instant> = None;
+    while let Some(d) = saved.recv().await {
+        if expected.contains(&d) && pushed.insert(d) {
+            first_push.get_or_insert_with(Instant::now);
+            delivery.blob(&args, d, &reference).await?;
+        }
+    }
+    let (desc, save_took) = saving.await??;
+    let save_s = save_took.as_secs_f64();
     if desc.id() != id {
         bail!(
             "{} saved {reference} as {}, but it was {} a moment ago (retagged meanwhile?); run xfer image push again",
@@ -104,7 +165,6 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
             id.short()
         );
     }
-    let save_s = save_started.elapsed().as_secs_f64();
     if !args.json {
         eprintln!(
             "{reference} ({}): {} layers, {}{}",
@@ -114,86 +174,18 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
             if cached { ", blobs already saved" } else { "" }
         );
     }
-
-    // The blobs, each a model through the swarm.
-    let nic = xfer::transport::select::choose(args.transport)?;
-    let progress = Progress::new(!args.json);
-    let push_started = Instant::now();
-    let mut nodes: Vec<NodeImage> = dests
-        .iter()
-        .map(|d| NodeImage {
-            node: d.label().to_string(),
-            ok: true,
-            ..NodeImage::default()
-        })
-        .collect();
-    let mut blobs = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    let unique: Vec<_> = desc
-        .blobs()
-        .filter(|b| seen.insert(b.digest))
-        .cloned()
-        .collect();
-    for b in &unique {
-        let live: Vec<Destination> = dests
-            .iter()
-            .zip(&nodes)
-            .filter(|(_, n)| n.ok)
-            .map(|(d, _)| d.clone())
-            .collect();
-        if live.is_empty() {
-            break;
-        }
-        let opts = PushOptions {
-            src: archive::blob_path(&cache, &b.digest)
-                .parent()
-                .expect("a blob has a folder")
-                .to_path_buf(),
-            to: live,
-            me: None,
-            routes: None,
-            key: key.clone(),
-            name: Some(b.digest.model().to_string()),
-            chunk_size: args.chunk_size,
-            limit_rate: args.limit_rate,
-            connect_timeout: Duration::from_secs(args.connect_timeout),
-            rehash: false,
-            connections: args.connections,
-            nic: nic.clone(),
-            peers: args.peers,
-        };
-        let s: PushSummary = xfer::flow::push::push(&opts, &progress)
-            .await
-            .with_context(|| format!("pushing blob {:?} of {reference}", b.digest))?;
-        blobs.push(BlobSummary {
-            digest: b.digest,
-            size: b.size,
-            bytes_sent: s.bytes_sent,
-            bytes_skipped: s.bytes_skipped,
-        });
-        for ns in &s.nodes {
-            let Some(n) = nodes
-                .iter_mut()
-                .zip(&dests)
-                .find(|(_, d)| d.label() == ns.addr || d.agent == ns.addr)
-                .map(|(n, _)| n)
-            else {
-                continue;
-            };
-            n.bytes_sent += ns.bytes_sent;
-            n.from_peers += ns.from_peers;
-            n.bytes_skipped += ns.bytes_skipped;
-            if !ns.ok {
-                n.ok = false;
-                n.error = Some(format!(
-                    "{}: blob {:?} was not delivered: {}",
-                    n.node,
-                    b.digest,
-                    ns.error.as_deref().unwrap_or("failed")
-                ));
-            }
+    // Whatever the save named that was not expected (none, unless the
+    // image changed under the same id).
+    for b in desc.blobs() {
+        if pushed.insert(b.digest) {
+            first_push.get_or_insert_with(Instant::now);
+            delivery.blob(&args, b.digest, &reference).await?;
         }
     }
+    let push_started = first_push.unwrap_or_else(Instant::now);
+    let Delivery {
+        mut nodes, blobs, ..
+    } = delivery;
     let push_s = push_started.elapsed().as_secs_f64();
 
     // Every node loads it into its own engine, at once.
@@ -308,6 +300,85 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
     })
 }
 
+/// The blobs pushed so far, and what each node got.
+struct Delivery {
+    dests: Vec<Destination>,
+    nodes: Vec<NodeImage>,
+    blobs: Vec<BlobSummary>,
+    key: PathBuf,
+    nic: Option<std::sync::Arc<dyn xfer::transport::rdma::link::Nic>>,
+    progress: Progress,
+    cache: PathBuf,
+}
+
+impl Delivery {
+    /// Pushes blob `digest` from the cache, as a model through the swarm,
+    /// to every node that has not failed yet.
+    async fn blob(&mut self, args: &ImagePushArgs, digest: Digest, reference: &str) -> Result<()> {
+        let live: Vec<Destination> = self
+            .dests
+            .iter()
+            .zip(&self.nodes)
+            .filter(|(_, n)| n.ok)
+            .map(|(d, _)| d.clone())
+            .collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        let file = archive::blob_path(&self.cache, &digest);
+        let size = std::fs::metadata(&file)
+            .with_context(|| format!("blob {digest:?} of {reference} is not in the cache"))?
+            .len();
+        let opts = PushOptions {
+            src: file.parent().expect("a blob has a folder").to_path_buf(),
+            to: live,
+            me: None,
+            routes: None,
+            key: self.key.clone(),
+            name: Some(digest.model().to_string()),
+            chunk_size: args.chunk_size,
+            limit_rate: args.limit_rate,
+            connect_timeout: Duration::from_secs(args.connect_timeout),
+            rehash: false,
+            connections: args.connections,
+            nic: self.nic.clone(),
+            peers: args.peers,
+        };
+        let s: PushSummary = xfer::flow::push::push(&opts, &self.progress)
+            .await
+            .with_context(|| format!("pushing blob {digest:?} of {reference}"))?;
+        self.blobs.push(BlobSummary {
+            digest,
+            size,
+            bytes_sent: s.bytes_sent,
+            bytes_skipped: s.bytes_skipped,
+        });
+        for ns in &s.nodes {
+            let Some(n) = self
+                .nodes
+                .iter_mut()
+                .zip(&self.dests)
+                .find(|(_, d)| d.label() == ns.addr || d.agent == ns.addr)
+                .map(|(n, _)| n)
+            else {
+                continue;
+            };
+            n.bytes_sent += ns.bytes_sent;
+            n.from_peers += ns.from_peers;
+            n.bytes_skipped += ns.bytes_skipped;
+            if !ns.ok {
+                n.ok = false;
+                n.error = Some(format!(
+                    "{}: blob {digest:?} was not delivered: {}",
+                    n.node,
+                    ns.error.as_deref().unwrap_or("failed")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `msg` with the node's name in front, unless it already names it.
 fn with_node(node: &str, msg: String) -> String {
     if msg.starts_with(node) {
@@ -354,10 +425,16 @@ fn default_cache() -> Result<PathBuf> {
     Ok(base.join("xfer").join("images"))
 }
 
-/// `docker save` of `reference`, unpacked as it streams into `cache`.
-async fn save(engine: Engine, reference: &str, cache: &Path) -> Result<ImageDesc> {
-    let (r, c) = (reference.to_string(), cache.to_path_buf());
+/// `docker save` of `reference`, unpacked as it streams into `cache`;
+/// each blob's digest goes to `saved` once the blob is complete there.
+async fn save(
+    engine: Engine,
+    reference: String,
+    cache: PathBuf,
+    saved: tokio::sync::mpsc::UnboundedSender<Digest>,
+) -> Result<ImageDesc> {
     tokio::task::spawn_blocking(move || -> Result<ImageDesc> {
+        let r = reference;
         let mut child = engine
             .std_command()
             .args(["save", "--", &r])
@@ -373,7 +450,9 @@ async fn save(engine: Engine, reference: &str, cache: &Path) -> Result<ImageDesc
             let _ = stderr.by_ref().take(1 << 20).read_to_string(&mut s);
             s
         });
-        let unpacked = archive::unpack(stdout, &c, &r);
+        let unpacked = archive::unpack(stdout, &cache, &r, |d| {
+            let _ = saved.send(d);
+        });
         let status = child.wait()?;
         let err = err.join().unwrap_or_default();
         if !status.success() {
@@ -384,7 +463,7 @@ async fn save(engine: Engine, reference: &str, cache: &Path) -> Result<ImageDesc
             );
         }
         let desc = unpacked?;
-        archive::remember(&c, &desc)?;
+        archive::remember(&cache, &desc)?;
         Ok(desc)
     })
     .await?

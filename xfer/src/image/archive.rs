@@ -56,7 +56,15 @@ struct RootFs {
 /// Reads a `docker save` tar of one image from `tar`, keeping every blob
 /// under `dir` (existing blobs are kept as they are), and returns the
 /// image `reference` names.
-pub fn unpack(tar: impl Read, dir: &Path, reference: &str) -> Result<ImageDesc> {
+///
+/// `kept` hears of every blob as soon as it is complete under `dir`
+/// (before the image is known to be whole), so that it can be sent on.
+pub fn unpack(
+    tar: impl Read,
+    dir: &Path,
+    reference: &str,
+    mut kept: impl FnMut(Digest),
+) -> Result<ImageDesc> {
     check_reference(reference).map_err(anyhow::Error::msg)?;
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut archive = tar::Archive::new(tar);
@@ -88,6 +96,7 @@ pub fn unpack(tar: impl Read, dir: &Path, reference: &str) -> Result<ImageDesc> 
                 dir.display()
             )
         })?;
+        kept(digest);
         held.insert(path, (digest, size));
     }
     let manifest = manifest.context(
@@ -292,7 +301,7 @@ mod tests {
     fn a_legacy_save_becomes_blobs_named_by_their_digests() {
         let dir = tempfile::tempdir().unwrap();
         let (tar, id) = saved(&[b"base layer", b"top layer"], false);
-        let desc = unpack(&tar[..], dir.path(), "xt/app:1").unwrap();
+        let desc = unpack(&tar[..], dir.path(), "xt/app:1", |_| ()).unwrap();
         assert_eq!(desc.id(), id);
         assert_eq!(desc.layers.len(), 2);
         assert_eq!(desc.layers[1].digest, sha(b"top layer"));
@@ -322,14 +331,14 @@ mod tests {
     fn a_damaged_save_is_refused_with_its_cause() {
         let dir = tempfile::tempdir().unwrap();
         let (tar, _) = saved(&[b"base"], true);
-        let e = unpack(&tar[..], dir.path(), "xt/app:1")
+        let e = unpack(&tar[..], dir.path(), "xt/app:1", |_| ())
             .unwrap_err()
             .to_string();
         assert!(e.contains("run docker save again"), "{e}");
         let (mut tar, _) = saved(&[b"base"], false);
         tar.truncate(tar.len() / 2);
-        assert!(unpack(&tar[..], dir.path(), "xt/app:1").is_err());
-        let e = unpack(&b"not a tar at all"[..], dir.path(), "xt/app:1").unwrap_err();
+        assert!(unpack(&tar[..], dir.path(), "xt/app:1", |_| ()).is_err());
+        let e = unpack(&b"not a tar at all"[..], dir.path(), "xt/app:1", |_| ()).unwrap_err();
         assert!(
             format!("{e:#}").contains("manifest.json") || format!("{e:#}").contains("tar"),
             "{e:#}"

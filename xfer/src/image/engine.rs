@@ -209,6 +209,26 @@ impl Engine {
         Ok(held)
     }
 
+    /// The layers (diff ids, bottom first) of `reference` in this engine.
+    pub async fn layers(&self, reference: &str) -> Result<Vec<Digest>, String> {
+        let out = self
+            .query(&[
+                "image",
+                "inspect",
+                "--format",
+                "{{json .RootFS.Layers}}",
+                "--",
+                reference,
+            ])
+            .await?;
+        serde_json::from_str(&out).map_err(|e| {
+            format!(
+                "`{} image inspect {reference}` printed `{out}`: {e}",
+                self.program()
+            )
+        })
+    }
+
     /// The preflight's view of this engine.
     pub async fn facts(&self, image: Option<&str>) -> Probe<ContainerFacts> {
         let version = match self.version().await {

@@ -218,7 +218,8 @@ mod tests {
         let n = write(&desc, open, &mut tar, &BTreeSet::new()).unwrap();
         assert_eq!(n, desc.config.size + 4 + 3, "a repeated layer goes once");
         let back = tempfile::tempdir().unwrap();
-        let again = crate::image::archive::unpack(&tar[..], back.path(), "xt/app:1").unwrap();
+        let again =
+            crate::image::archive::unpack(&tar[..], back.path(), "xt/app:1", |_| ()).unwrap();
         assert_eq!(again, desc);
 
         // Without the layers the engine holds: the manifest names them,
