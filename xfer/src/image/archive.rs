@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use sha2::{Digest as _, Sha256};
 
 use xfer_proto::image::{check_reference, BlobRef, Digest, ImageDesc, BLOB_FILE, MAX_LAYERS};
 
@@ -198,21 +197,9 @@ fn keep_blob(r: &mut impl Read, dir: &Path) -> Result<(Digest, u64)> {
     fs::create_dir_all(&tmp_dir)?;
     let tmp = tempfile::NamedTempFile::new_in(&tmp_dir)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut n = 0u64;
-    loop {
-        let k = r.read(&mut buf)?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        out.write_all(&buf[..k])?;
-        n += k as u64;
-    }
+    let (digest, n) = super::sha256_copy(r, &mut out)?;
     out.flush()?;
     drop(out);
-    let digest = Digest(h.finalize().into());
     let dest = blob_path(dir, &digest);
     if dest.metadata().is_ok_and(|m| m.len() == n) {
         return Ok((digest, n));
@@ -258,6 +245,7 @@ fn desc_path(dir: &Path, id: &Digest) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest as _, Sha256};
 
     fn sha(b: &[u8]) -> Digest {
         Digest(Sha256::digest(b).into())

@@ -17,13 +17,14 @@ pub mod engine;
 pub mod loadtar;
 
 use std::collections::BTreeSet;
-use std::io::Read;
+use std::io::{Read, Write};
 
 use sha2::{Digest as _, Sha256};
 use xfer_proto::image::{Digest, ImageDesc};
 
-/// The sha256 of everything `r` yields, and how many bytes that was.
-pub fn sha256_of(mut r: impl Read) -> std::io::Result<(Digest, u64)> {
+/// Copies everything `r` yields into `w`, hashing it as it passes: its
+/// sha256 and how many bytes that was.
+pub fn sha256_copy(mut r: impl Read, mut w: impl Write) -> std::io::Result<(Digest, u64)> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
@@ -33,6 +34,7 @@ pub fn sha256_of(mut r: impl Read) -> std::io::Result<(Digest, u64)> {
             break;
         }
         h.update(&buf[..k]);
+        w.write_all(&buf[..k])?;
         n += k as u64;
     }
     Ok((Digest(h.finalize().into()), n))
