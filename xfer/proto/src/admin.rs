@@ -236,6 +236,10 @@ pub enum ModelState {
     Repairing,
     Complete,
     Failed,
+    /// A transfer of another manifest began replacing the model's files
+    /// and has not finished: neither version is complete here. The next
+    /// run of that transfer (or of the old one) completes it.
+    Replacing,
 }
 
 /// One model on one node.
@@ -290,6 +294,7 @@ impl ModelState {
             ModelState::Repairing => "repairing",
             ModelState::Complete => "complete",
             ModelState::Failed => "failed",
+            ModelState::Replacing => "replacing",
         }
     }
 }

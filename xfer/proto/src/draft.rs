@@ -27,6 +27,12 @@ use crate::manifest::{
 };
 use crate::relpath::RelPath;
 
+/// Most chunks a draft may have: as many hashes as one offer frame could
+/// carry (2 Mi; 8 TiB at the default 4 MiB chunk). A listing is a few bytes
+/// a file, so without this bound a 60-byte offer could make a receiver
+/// build chunk state for 2^24 chunks (about 1 GB) before any other check.
+pub const MAX_DRAFT_CHUNKS: u64 = (crate::frame::MAX_FRAME / 32) as u64;
+
 /// Index of a file in the draft (its position in the listing, sorted).
 pub type FileIndex = u32;
 
@@ -80,8 +86,10 @@ pub enum DraftError {
     AlreadySealed { path: RelPath },
     #[error("event for generation {got} of {path}, which is only at {now}")]
     FutureGeneration { path: RelPath, got: u32, now: u32 },
-    #[error("the listing has {0} chunks, more than the {MAX_TOTAL_CHUNKS} a manifest may")]
+    #[error("the listing has {0} chunks, more than the {MAX_DRAFT_CHUNKS} a draft may; stream it with a larger chunk size")]
     TooManyChunks(u64),
+    #[error("the listing's chunk size {0} is not a power of two between 64 KiB and 256 MiB")]
+    ChunkSize(u64),
     #[error("the listing: {0}")]
     Listing(#[from] ManifestError),
 }
@@ -117,12 +125,15 @@ impl Draft {
     /// A draft of `files` (path and size, any order; sorted here as a
     /// manifest is) at `chunk_size`. Checked like a manifest's entries.
     pub fn new(chunk_size: u64, mut files: Vec<(RelPath, u64)>) -> Result<Draft, DraftError> {
+        if !hash::is_valid_chunk_size(chunk_size) {
+            return Err(DraftError::ChunkSize(chunk_size));
+        }
         files.sort_by(|a, b| a.0.cmp(&b.0));
         let mut offset = 0u64;
         let mut out = Vec::with_capacity(files.len());
         for (path, size) in files {
             let count = hash::chunk_count(size, chunk_size);
-            if offset + count > MAX_TOTAL_CHUNKS {
+            if offset + count > MAX_DRAFT_CHUNKS.min(MAX_TOTAL_CHUNKS) {
                 return Err(DraftError::TooManyChunks(offset + count));
             }
             out.push(DraftFile {
@@ -147,6 +158,24 @@ impl Draft {
     /// The draft a receiver builds from the source's listing.
     pub fn from_listing(listing: &DraftListing) -> Result<Draft, DraftError> {
         Draft::new(listing.chunk_size, listing.files.clone())
+    }
+
+    /// Its total bytes and chunks, checked against [`MAX_DRAFT_CHUNKS`]
+    /// without allocating anything per chunk: a receiver asks this (and
+    /// checks its free space) before it builds the draft.
+    pub fn extent(listing: &DraftListing) -> Result<(u64, u64), DraftError> {
+        if !hash::is_valid_chunk_size(listing.chunk_size) {
+            return Err(DraftError::ChunkSize(listing.chunk_size));
+        }
+        let (mut bytes, mut chunks) = (0u64, 0u64);
+        for (_, size) in &listing.files {
+            bytes = bytes.saturating_add(*size);
+            chunks = chunks.saturating_add(hash::chunk_count(*size, listing.chunk_size));
+            if chunks > MAX_DRAFT_CHUNKS.min(MAX_TOTAL_CHUNKS) {
+                return Err(DraftError::TooManyChunks(chunks));
+            }
+        }
+        Ok((bytes, chunks))
     }
 
     /// What a receiver needs to build the same draft.

@@ -399,7 +399,7 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         }
     }
     match hello.check() {
-        Ok(Service::Transfer) => transfer::serve(conn, send, recv, &ctx).await,
+        Ok(Service::Transfer) => transfer::serve(conn, send, recv, &ctx, &caller).await,
         Ok(Service::Admin) => admin::serve(conn, send, recv, &ctx, &caller).await,
         Ok(Service::Launch) => launch::serve(conn, send, recv, &ctx, &caller).await,
         Err(r) => refuse(&mut send, r).await,

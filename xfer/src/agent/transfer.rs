@@ -17,7 +17,8 @@ use std::time::Duration;
 use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
-use super::{read_or_refuse, refuse, Ctx};
+use super::{read_or_refuse, refuse, Caller, Ctx};
+use crate::config::auth::identity::Peer;
 use crate::engine::policy;
 use crate::engine::scheduler::{self, Homes};
 use crate::flow::receive::{receive, Links, PeerUpdate, Received, Tally, SOURCE};
@@ -57,6 +58,8 @@ struct Job {
     /// the one the offer came on; the source may attach more.
     lanes: Lanes,
     root: Hash,
+    /// Who offered it.
+    by: Peer,
 }
 
 /// Serves one transfer stream, whose first message is an opener.
@@ -65,6 +68,7 @@ pub(super) async fn serve(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     ctx: &Ctx,
+    caller: &Caller,
 ) -> Result<()> {
     let opener: TransferMsg = read_or_refuse(ctx, &mut send, &mut recv, MAX_FRAME, "offer").await?;
     let (name, plan) = match opener {
@@ -74,10 +78,20 @@ pub(super) async fn serve(
             }
             (name, Plan::Manifest(Arc::new(manifest)))
         }
-        TransferMsg::OfferDraft { name, id, listing } => match Draft::from_listing(&listing) {
-            Ok(draft) => (name, Plan::Draft(id, draft)),
-            Err(e) => return refuse(&mut send, Refusal::BadManifest(e.to_string())).await,
-        },
+        TransferMsg::OfferDraft { name, id, listing } => {
+            // Bounds and free space first: nothing is built per chunk for
+            // a listing this node could not hold anyway.
+            let room = Draft::extent(&listing)
+                .map_err(|e| Refusal::BadManifest(e.to_string()))
+                .and_then(|(bytes, _)| ctx.store.room_for(&name, bytes).map_err(Refusal::from));
+            if let Err(r) = room {
+                return refuse(&mut send, r).await;
+            }
+            match Draft::from_listing(&listing) {
+                Ok(draft) => (name, Plan::Draft(id, draft)),
+                Err(e) => return refuse(&mut send, Refusal::BadManifest(e.to_string())).await,
+            }
+        }
         TransferMsg::Want { name } => {
             return serve_model(conn, send, ctx.store.clone(), name, ctx.nic.clone()).await
         }
@@ -100,11 +114,26 @@ pub(super) async fn serve(
         Plan::Draft(id, _) => *id,
     };
 
+    if let Err(why) = may_offer(ctx, caller, &name) {
+        tracing::warn!("refused an offer of {name} from {caller}: {why}");
+        return refuse(&mut send, Refusal::Forbidden(why)).await;
+    }
+
     // Supersede a running transfer of the same model, then wait for it.
     let token = CancellationToken::new();
     let jobs = &ctx.jobs;
     let id = jobs.next_id.fetch_add(1, Ordering::Relaxed);
     let lanes = Lanes::new(conn.clone());
+    let superseding = {
+        let map = jobs.by_name.lock().unwrap();
+        map.get(&name).map(|j| j.by.clone())
+    };
+    if let Some(running) = superseding {
+        if let Err(why) = may_supersede(ctx, caller, &name, &running) {
+            tracing::warn!("refused an offer of {name} from {caller}: {why}");
+            return refuse(&mut send, Refusal::Busy(why)).await;
+        }
+    }
     let slot = {
         let mut map = jobs.by_name.lock().unwrap();
         let slot = map.get(&name).map(|j| j.slot.clone()).unwrap_or_default();
@@ -114,6 +143,7 @@ pub(super) async fn serve(
             slot: slot.clone(),
             lanes: lanes.clone(),
             root: key,
+            by: caller.peer.clone(),
         };
         if let Some(old) = map.insert(name.clone(), job) {
             old.cancel.cancel();
@@ -199,6 +229,56 @@ pub(super) async fn serve(
     write_frame(&mut send, &reply).await?;
     let _ = send.finish();
     Ok(())
+}
+
+/// Whether `caller` may deliver `name` here. An operator (or, in simple
+/// mode, a holder of the cluster key) may deliver anything. A node
+/// credential may deliver a model this node does not hold, or resume one
+/// it is receiving; replacing a model held here (complete, or left half
+/// replaced) takes a transfer the operator started: an operator's push, or
+/// a sync job handed to this agent that names the caller as its source.
+fn may_offer(ctx: &Ctx, caller: &Caller, name: &ModelName) -> Result<(), String> {
+    if caller.peer.is_operator() || ctx.store.record_any(name).is_none() {
+        return Ok(());
+    }
+    if is_job_source(ctx, &caller.peer, name) {
+        return Ok(());
+    }
+    Err(format!(
+        "{caller} may not replace the model `{name}` held on this node; only an operator's push or an `xfer sync` job from that node may (push it with an operator credential, or run `xfer sync`)"
+    ))
+}
+
+/// Whether a new offer from `caller` may cut short the transfer of `name`
+/// that `running` offered: an operator's may, and so may the same peer (a
+/// restarted push) or the source of a sync job for it; no other node.
+fn may_supersede(
+    ctx: &Ctx,
+    caller: &Caller,
+    name: &ModelName,
+    running: &Peer,
+) -> Result<(), String> {
+    if caller.peer.is_operator()
+        || caller.peer == *running
+        || is_job_source(ctx, &caller.peer, name)
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "`{name}` is being received here from {running}; {caller} may not interrupt it (wait for it to end, or push as the operator)"
+    ))
+}
+
+/// Whether this agent holds a running sync job for `name` whose source is
+/// the node `peer` names.
+fn is_job_source(ctx: &Ctx, peer: &Peer, name: &ModelName) -> bool {
+    let Some(node) = peer.name() else {
+        return false;
+    };
+    ctx.runner
+        .records()
+        .iter()
+        .any(|j| !j.state.is_final() && j.spec.name == *name && j.spec.source_node == node.as_str())
 }
 
 /// What an offer asks this node to store.

@@ -24,28 +24,29 @@ mod draft;
 mod error;
 pub mod hashcache;
 pub mod journal;
+mod readback;
+mod record;
 pub mod scan;
 pub mod verify;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-
-use serde::{Deserialize, Serialize};
 
 use crate::store::journal::{Journal, Record};
 use crate::util::beneath::{Planted, Root};
 use xfer_proto::chunkset::{ChunkMap, ChunkSet};
 use xfer_proto::hash::{self, Hash};
-use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest, ManifestDoc};
+use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest};
 use xfer_proto::names::ModelName;
 
 pub use draft::DraftChange;
 pub use error::StoreError;
+pub use record::{ModelRecord, Stamp};
 use xfer_proto::relpath::RelPath;
 
 /// An agent's root directory.
@@ -56,56 +57,32 @@ pub struct Store {
     fs: Root,
 }
 
-/// What `<root>/.xfer/models/<name>.json` holds.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ModelRecord {
-    pub manifest: ManifestDoc,
-    /// Size and mtime of each final file when it was placed, to tell later
-    /// whether it was touched since.
-    pub stamps: BTreeMap<RelPath, Stamp>,
+/// Reads the record at `rel` (beneath `fs`), complete or being replaced.
+fn read_record(fs: &Root, rel: &Path) -> Option<ModelRecord> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let f = fs.open_read(rel).ok()?;
+    // A record is a manifest and its stamps: bounded like a manifest.
+    f.take(xfer_proto::frame::MAX_FRAME as u64 * 2)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    ModelRecord::parse(&bytes, &fs.show(rel)).ok()
 }
 
-impl ModelRecord {
-    /// Reads a record and checks its manifest and stated root.
-    pub fn load(path: &Path) -> anyhow::Result<ModelRecord> {
-        use anyhow::Context;
-        let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        Self::parse(&bytes, path)
+/// Marks the complete record at `rel` as being replaced by `by`, durably;
+/// a record of `by` itself is left alone unless `always` (a draft, whose
+/// root is not known yet).
+fn mark_replacing(fs: &Root, rel: &Path, by: Hash, always: bool) -> Result<(), StoreError> {
+    let Some(mut rec) = read_record(fs, rel).filter(ModelRecord::is_complete) else {
+        return Ok(());
+    };
+    if rec.manifest.root == by && !always {
+        return Ok(());
     }
-
-    /// [`ModelRecord::load`] on bytes already read; `path` names them in
-    /// messages.
-    pub fn parse(bytes: &[u8], path: &Path) -> anyhow::Result<ModelRecord> {
-        use anyhow::Context;
-        let rec: ModelRecord = serde_json::from_slice(bytes)
-            .with_context(|| format!("{} is damaged", path.display()))?;
-        let m = &rec.manifest.manifest;
-        m.validate()
-            .with_context(|| format!("{} is invalid", path.display()))?;
-        anyhow::ensure!(
-            m.root() == rec.manifest.root,
-            "{} was altered (root mismatch)",
-            path.display()
-        );
-        Ok(rec)
-    }
-}
-
-/// A file's identity on disk when it was last verified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Stamp {
-    pub size: u64,
-    pub mtime_ns: i128,
-}
-
-impl Stamp {
-    fn of(path: &Path) -> Option<Stamp> {
-        let m = fs::symlink_metadata(path).ok()?;
-        m.is_file().then(|| Stamp {
-            size: m.len(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-        })
-    }
+    rec.replacing = Some(by);
+    let bytes = serde_json::to_vec(&rec).expect("record serializes");
+    fs.write_durable(rel, &bytes)
+        .map_err(|e| io_refusal(&fs.show(rel), e))
 }
 
 fn io_refusal(path: &Path, e: std::io::Error) -> StoreError {
@@ -185,13 +162,33 @@ impl Store {
         self.root.join(".xfer/models").join(format!("{name}.json"))
     }
 
-    /// Reads the record of a complete model, if there is a valid one.
+    /// Reads the record of a complete model, if there is a valid one. A
+    /// record that a transfer of another manifest began replacing is not
+    /// one: see [`record`].
     pub fn record(&self, name: &ModelName) -> Option<ModelRecord> {
-        use std::io::Read;
-        let mut bytes = Vec::new();
-        let mut f = self.fs.open_read(&Self::record_rel(name)).ok()?;
-        f.read_to_end(&mut bytes).ok()?;
-        ModelRecord::parse(&bytes, &self.record_path(name)).ok()
+        self.record_any(name).filter(ModelRecord::is_complete)
+    }
+
+    /// Reads the record of `name`, complete or being replaced.
+    pub fn record_any(&self, name: &ModelName) -> Option<ModelRecord> {
+        read_record(&self.fs, &Self::record_rel(name))
+    }
+
+    /// Marks the record of `name`, if it is complete, as being replaced by
+    /// `by` (durably), unless `by` is its own root. Called before anything
+    /// writes over the model's files in place (a Hub pull into the root).
+    pub fn mark_replacing(&self, name: &ModelName, by: Hash) -> Result<(), StoreError> {
+        mark_replacing(&self.fs, &Self::record_rel(name), by, false)
+    }
+
+    /// Names whose record a transfer of another manifest began replacing
+    /// and did not finish.
+    pub fn replacing(&self) -> Vec<ModelName> {
+        self.records_any()
+            .into_iter()
+            .filter(|(_, r)| !r.is_complete())
+            .map(|(n, _)| n)
+            .collect()
     }
 
     /// Opens `rel` of model `name` for reading, never through a symlink.
@@ -240,6 +237,13 @@ impl Store {
 
     /// Every complete model recorded here, by name.
     pub fn models(&self) -> Vec<(ModelName, ModelRecord)> {
+        let mut out = self.records_any();
+        out.retain(|(_, r)| r.is_complete());
+        out
+    }
+
+    /// Every record here, complete or being replaced, by name.
+    fn records_any(&self) -> Vec<(ModelName, ModelRecord)> {
         let Ok(entries) = fs::read_dir(self.root.join(".xfer/models")) else {
             return Vec::new();
         };
@@ -248,7 +252,7 @@ impl Store {
             .filter_map(|e| {
                 let file = e.file_name().to_str()?.to_string();
                 let name = ModelName::new(file.strip_suffix(".json")?).ok()?;
-                let rec = self.record(&name)?;
+                let rec = self.record_any(&name)?;
                 Some((name, rec))
             })
             .collect();
@@ -279,6 +283,7 @@ impl Store {
         let record = ModelRecord {
             manifest: manifest.to_doc(),
             stamps,
+            replacing: None,
         };
         self.write_record(name, &record)
     }
@@ -286,7 +291,7 @@ impl Store {
     /// Makes the next transfer of `name` fetch `paths` again even if their
     /// size and mtime look untouched (a verify found them damaged).
     pub fn forget_files(&self, name: &ModelName, paths: &[RelPath]) -> std::io::Result<()> {
-        let Some(mut rec) = self.record(name) else {
+        let Some(mut rec) = self.record_any(name) else {
             return Ok(());
         };
         for p in paths {
@@ -328,6 +333,34 @@ impl Store {
                 .map_err(|e| io_refusal(&dir, e))?;
         }
         Ok(existed)
+    }
+
+    /// Checks, before anything is built for it, that `bytes` of model
+    /// `name` could fit: free space, plus what this node already holds of
+    /// `name` (staged files, and the files its record lists). The exact
+    /// check follows in [`Store::begin`]; this one keeps a listing that
+    /// claims terabytes from costing memory and CPU first.
+    pub fn room_for(&self, name: &ModelName, bytes: u64) -> Result<(), StoreError> {
+        let staging = self.staging_dir(name);
+        let have = free_space(&self.root).map_err(|e| io_refusal(&self.root, e))?;
+        let staged: u64 = fs::read_dir(staging.join("data"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .map(|m| m.len())
+            .sum();
+        let placed: u64 = self
+            .record_any(name)
+            .map_or(0, |r| r.stamps.values().map(|s| s.size).sum());
+        let have = have.saturating_add(staged).saturating_add(placed);
+        if bytes > have {
+            return Err(StoreError::NoSpace {
+                need: bytes,
+                have,
+                path: self.root.display().to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// Starts (or resumes) receiving `manifest` as `name`. The manifest must
@@ -380,10 +413,16 @@ impl Store {
         self.fs
             .create_dir_all(&staging_rel.join("data"))
             .map_err(|e| io_refusal(&staging, e))?;
+        // A draft's id is the source's choice: its journal lives in a
+        // namespace of its own (see `readback`).
+        let journal_key = match plan {
+            Some(_) => readback::draft_journal_key(&key),
+            None => key,
+        };
         let (journal, records) = Journal::open(
             &self.fs,
             &staging_rel.join("journal"),
-            &key,
+            &journal_key,
             crate::store::journal::boot_id(),
         )
         .map_err(|e| io_refusal(&staging, e))?;
@@ -395,10 +434,12 @@ impl Store {
         let mut done = vec![false; n];
 
         // Chunks recorded in the journal count while their staging file still
-        // has the right size. A file whose chunks were all recorded but whose
-        // staging file is gone was renamed into place just before a crash
-        // (renaming happens only after verification and fsync).
+        // has the right size. A file the journal says was placed (or whose
+        // chunks were all recorded while its staging file is gone: renamed
+        // into place just before a crash) is only a candidate: it is read
+        // back below, since its final file may hold other bytes by now.
         let mut journaled = ChunkSet::empty(map.len());
+        let mut placed_before = vec![false; n];
         for r in &records {
             match *r {
                 Record::Chunk(id) => {
@@ -406,12 +447,7 @@ impl Store {
                         journaled.insert(num);
                     }
                 }
-                Record::FileDone(f) if (f as usize) < n => {
-                    let p = files[f as usize].path.under(&final_dir);
-                    if Stamp::of(&p).is_some_and(|s| s.size == files[f as usize].size) {
-                        done[f as usize] = true;
-                    }
-                }
+                Record::FileDone(f) if (f as usize) < n => placed_before[f as usize] = true,
                 Record::FileDone(_) | Record::Synced(_) => {}
             }
         }
@@ -429,11 +465,8 @@ impl Store {
                 for num in range.filter(|&c| journaled.contains(c)) {
                     held.insert(num);
                 }
-            } else if !range.is_empty()
-                && range.clone().all(|c| journaled.contains(c))
-                && Stamp::of(&f.path.under(&final_dir)).is_some_and(|s| s.size == f.size)
-            {
-                done[i] = true;
+            } else if !range.is_empty() && range.clone().all(|c| journaled.contains(c)) {
+                placed_before[i] = true;
             }
         }
         // A draft's journaled chunks are only candidates: their hashes are
@@ -451,7 +484,9 @@ impl Store {
         // trust, and taken back if an announced hash differs (`draft`).
         let mut on_trust: Vec<Option<Vec<Hash>>> = vec![None; n];
         let mut stamps = BTreeMap::new();
-        if let Some(rec) = self.record(name) {
+        // A record being replaced still says which files are the old,
+        // verified ones (their stamps are unchanged); it certifies nothing.
+        if let Some(rec) = self.record_any(name) {
             let old: BTreeMap<&RelPath, &Hash> = rec
                 .manifest
                 .manifest
@@ -480,6 +515,33 @@ impl Store {
                         on_trust[i] = Some(chunks);
                     }
                 }
+            }
+        }
+        // Read back what the journal says was placed and is not held yet.
+        let readback: Vec<(usize, Option<Vec<Hash>>)> = {
+            use rayon::prelude::*;
+            let todo: Vec<usize> = (0..n)
+                .filter(|&i| placed_before[i] && !done[i] && files[i].size > 0)
+                .collect();
+            todo.into_par_iter()
+                .map(|i| {
+                    let rel = Path::new(name.as_str()).join(files[i].path.as_str());
+                    let got =
+                        readback::chunk_hashes(&self.fs, &rel, files[i].size, manifest.chunk_size);
+                    (i, got)
+                })
+                .collect()
+        };
+        for (i, got) in readback {
+            match (got, &plan) {
+                // A draft's hashes come later: hold it on trust, checked
+                // against each hash the source announces.
+                (Some(chunks), Some(_)) => {
+                    done[i] = true;
+                    on_trust[i] = Some(chunks);
+                }
+                (Some(chunks), None) if chunks == files[i].chunks => done[i] = true,
+                _ => {}
             }
         }
         for (i, d) in done.iter().enumerate() {
@@ -557,6 +619,7 @@ impl Store {
             lock: Mutex::new(Some(lock)),
             key,
             draft: plan.map(|d| Mutex::new(draft::DraftPart::new(d, candidates, on_trust))),
+            marked: Mutex::new(false),
         };
         // Files fully staged but never placed (the agent died between the
         // last chunk and the rename, or placing failed): place them now.
@@ -666,6 +729,9 @@ pub struct Transfer {
     /// For a draft: its hashes so far, seals and staged candidates
     /// (`manifest` is then only its shape).
     draft: Option<Mutex<draft::DraftPart>>,
+    /// Whether the name's record was marked as being replaced (held while
+    /// it is, so no file is renamed in before the mark is durable).
+    marked: Mutex<bool>,
 }
 
 impl Transfer {
@@ -859,6 +925,7 @@ impl Transfer {
             .set_permissions(fs::Permissions::from_mode(mode))
             .map_err(|e| io_refusal(&from, e))?;
         drop(staged);
+        self.mark_replacing()?;
         let to = place(&self.final_dir, &entry.path, |to| {
             self.fs.rename_to(&rel, to)
         })?;
@@ -876,6 +943,17 @@ impl Transfer {
             .unwrap()
             .append(&[Record::FileDone(file)])
             .map_err(|e| io_refusal(&self.staging.join("journal"), e))
+    }
+
+    /// Before the first file is renamed over the name's files: a complete
+    /// record of another manifest stops certifying them (see `record`).
+    fn mark_replacing(&self) -> Result<(), StoreError> {
+        let mut marked = self.marked.lock().unwrap();
+        if !*marked {
+            mark_replacing(&self.fs, &self.record_rel, self.key, self.draft.is_some())?;
+            *marked = true;
+        }
+        Ok(())
     }
 
     /// Opens the file that holds verified chunk `id`, for serving it to a
@@ -977,7 +1055,11 @@ impl Transfer {
                 })?
                 .to_doc(),
         };
-        let record = ModelRecord { manifest, stamps };
+        let record = ModelRecord {
+            manifest,
+            stamps,
+            replacing: None,
+        };
         let bytes = serde_json::to_vec(&record).expect("record serializes");
         self.fs
             .write_durable(&self.record_rel, &bytes)

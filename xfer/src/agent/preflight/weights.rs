@@ -110,7 +110,7 @@ pub fn weights(
         sub.join("/").len() + 1
     };
     let mut bad = Vec::new();
-    for (path, size) in wanted {
+    for (path, file, size) in wanted {
         f.bytes_total += size;
         // Follows the snapshot's symlinks into blobs/.
         let shown = path.as_str().get(strip..).unwrap_or(path.as_str());
@@ -120,7 +120,15 @@ pub fn weights(
             shown
         };
         match fs::metadata(path.under(&dir)) {
-            Ok(m) if m.is_file() && m.len() == size => f.bytes_present += size,
+            // The bytes the record verified, by their stamps: a file
+            // replaced or rewritten since is not vouched for.
+            Ok(m) if m.is_file() && m.len() == size => match record.changed(&dir, &file) {
+                None => f.bytes_present += size,
+                Some(why) => bad.push(format!(
+                    "{why}; run `xfer verify {}` or sync the model again",
+                    dir.display()
+                )),
+            },
             Ok(m) if m.is_file() => bad.push(format!(
                 "{shown}: {} bytes, the manifest says {size}",
                 m.len()
@@ -207,8 +215,8 @@ fn below(root: &Path, path: &Path) -> Option<Vec<String>> {
 }
 
 /// The manifest's files at or under `sub` (all when empty), with symlinks
-/// resolved to the size of the file they name: (path as listed, size).
-fn files_under(m: &Manifest, sub: &str) -> Vec<(RelPath, u64)> {
+/// resolved to the file they name: (path as listed, that file, its size).
+fn files_under(m: &Manifest, sub: &str) -> Vec<(RelPath, RelPath, u64)> {
     let under = |p: &RelPath| {
         sub.is_empty()
             || p.as_str() == sub
@@ -217,11 +225,11 @@ fn files_under(m: &Manifest, sub: &str) -> Vec<(RelPath, u64)> {
                 .is_some_and(|r| r.starts_with('/'))
     };
     let by_path: HashMap<&str, &Entry> = m.entries.iter().map(|e| (e.path().as_str(), e)).collect();
-    fn size_of<'a>(by_path: &HashMap<&str, &'a Entry>, mut e: &'a Entry) -> Option<u64> {
+    fn file_of<'a>(by_path: &HashMap<&str, &'a Entry>, mut e: &'a Entry) -> Option<(RelPath, u64)> {
         // Links to links, a few deep at most.
         for _ in 0..8 {
             match e {
-                Entry::File(f) => return Some(f.size),
+                Entry::File(f) => return Some((f.path.clone(), f.size)),
                 Entry::Symlink { path, target } => {
                     let to = path.resolve_link(target)?;
                     e = by_path.get(to.as_str())?;
@@ -234,7 +242,10 @@ fn files_under(m: &Manifest, sub: &str) -> Vec<(RelPath, u64)> {
     m.entries
         .iter()
         .filter(|e| under(e.path()))
-        .filter_map(|e| Some((e.path().clone(), size_of(&by_path, e)?)))
+        .filter_map(|e| {
+            let (file, size) = file_of(&by_path, e)?;
+            Some((e.path().clone(), file, size))
+        })
         .collect()
 }
 

@@ -347,6 +347,15 @@ impl Runner {
         };
         let me = self.me().unwrap_or_default();
         push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));
+        // The pull writes into the model's folder in place (a new revision
+        // moves `refs/`): the old record stops vouching for it first.
+        let by = Hash(blake3::derive_key(
+            "xfer 2026-12 hub pull",
+            spec.id.as_bytes(),
+        ));
+        self.store
+            .mark_replacing(&spec.name, by)
+            .map_err(|e| Retry(e.to_string()))?;
         let (root, nodes, manifest) = if push.to.is_empty() {
             let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
                 .await

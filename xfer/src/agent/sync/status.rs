@@ -176,8 +176,10 @@ impl Activity {
     pub fn report(&self, store: &Store, node: Option<String>, jobs: &[JobRecord]) -> AgentStatus {
         let mut out: Vec<ModelStatus> = Vec::new();
         let records: HashMap<ModelName, _> = store.models().into_iter().collect();
+        let replacing = store.replacing();
         let mut m = self.models.lock().unwrap();
         let mut names: Vec<ModelName> = records.keys().cloned().collect();
+        names.extend(replacing.iter().cloned());
         names.extend(m.keys().cloned());
         for j in jobs {
             // A finished job names nothing still to come (a removed model
@@ -196,6 +198,8 @@ impl Activity {
                 root: rec.map(|r| r.manifest.root),
                 state: if rec.is_some() {
                     ModelState::Complete
+                } else if replacing.contains(&name) {
+                    ModelState::Replacing
                 } else if e.failed {
                     ModelState::Failed
                 } else {

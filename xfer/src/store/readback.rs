@@ -1,0 +1,74 @@
+//! Reading back what a transfer placed before it was interrupted.
+//!
+//! A journal says a file was placed (`FileDone`, or every chunk recorded
+//! and the staging file gone), but not that the final file still holds
+//! those bytes: another transfer may have written over it since, or a peer
+//! that chose the same draft id may have placed it. So such a file counts
+//! as held only once its chunks are hashed again here and match the
+//! manifest being received (for a draft: the hashes the source announces).
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::util::beneath::Root;
+use xfer_proto::hash::{self, Hash};
+
+/// The BLAKE3 chunk hashes of the regular file `rel` (beneath `fs`, never
+/// through a symlink) if it is exactly `size` bytes; `None` if it is
+/// missing, another size or unreadable.
+pub(super) fn chunk_hashes(fs: &Root, rel: &Path, size: u64, chunk_size: u64) -> Option<Vec<Hash>> {
+    let f = fs.open_read(rel).ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() || meta.len() != size {
+        return None;
+    }
+    let count = hash::chunk_count(size, chunk_size);
+    let mut buf = vec![0u8; chunk_size.min(size) as usize];
+    let mut out = Vec::with_capacity(count as usize);
+    for index in 0..count {
+        let offset = index * chunk_size;
+        let len = chunk_size.min(size - offset) as usize;
+        f.read_exact_at(&mut buf[..len], offset).ok()?;
+        out.push(hash::hash_chunk(&buf[..len], index, count, chunk_size));
+    }
+    Some(out)
+}
+
+/// The key a draft's journal is opened under: its id, in a namespace of
+/// its own, so no draft id a peer picks can equal a manifest's root and
+/// resume that manifest's transfer from chunks the draft wrote.
+pub(super) fn draft_journal_key(id: &Hash) -> Hash {
+    Hash(blake3::derive_key("xfer 2026-12 draft journal", &id.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_match_the_manifest_and_wrong_sizes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = Root::open(dir.path()).unwrap();
+        let cs = hash::MIN_CHUNK_SIZE;
+        let data: Vec<u8> = (0..(2 * cs + 17) as usize).map(|i| i as u8).collect();
+        std::fs::write(dir.path().join("f"), &data).unwrap();
+        let entry = xfer_proto::manifest::file("f", &data, cs);
+        let xfer_proto::manifest::Entry::File(f) = entry else {
+            unreachable!()
+        };
+        let got = chunk_hashes(&fs, Path::new("f"), data.len() as u64, cs).unwrap();
+        assert_eq!(got, f.chunks);
+        assert!(chunk_hashes(&fs, Path::new("f"), data.len() as u64 + 1, cs).is_none());
+        std::os::unix::fs::symlink("f", dir.path().join("l")).unwrap();
+        assert!(
+            chunk_hashes(&fs, Path::new("l"), data.len() as u64, cs).is_none(),
+            "never through a symlink"
+        );
+    }
+
+    #[test]
+    fn a_draft_key_never_equals_the_id_it_comes_from() {
+        let id = Hash([9; 32]);
+        assert_ne!(draft_journal_key(&id), id);
+    }
+}
