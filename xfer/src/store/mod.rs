@@ -24,6 +24,8 @@ mod draft;
 mod error;
 pub mod hashcache;
 pub mod journal;
+#[cfg(test)]
+mod model_check;
 mod readback;
 mod record;
 pub mod scan;
@@ -70,13 +72,12 @@ fn read_record(fs: &Root, rel: &Path) -> Option<ModelRecord> {
 }
 
 /// Marks the complete record at `rel` as being replaced by `by`, durably;
-/// a record of `by` itself is left alone unless `always` (a draft, whose
-/// root is not known yet).
-fn mark_replacing(fs: &Root, rel: &Path, by: Hash, always: bool) -> Result<(), StoreError> {
+/// a record of `by` itself is left alone.
+fn mark_replacing(fs: &Root, rel: &Path, by: Hash) -> Result<(), StoreError> {
     let Some(mut rec) = read_record(fs, rel).filter(ModelRecord::is_complete) else {
         return Ok(());
     };
-    if rec.manifest.root == by && !always {
+    if rec.manifest.root == by {
         return Ok(());
     }
     rec.replacing = Some(by);
@@ -178,7 +179,7 @@ impl Store {
     /// `by` (durably), unless `by` is its own root. Called before anything
     /// writes over the model's files in place (a Hub pull into the root).
     pub fn mark_replacing(&self, name: &ModelName, by: Hash) -> Result<(), StoreError> {
-        mark_replacing(&self.fs, &Self::record_rel(name), by, false)
+        mark_replacing(&self.fs, &Self::record_rel(name), by)
     }
 
     /// Names whose record a transfer of another manifest began replacing
@@ -619,7 +620,7 @@ impl Store {
             lock: Mutex::new(Some(lock)),
             key,
             draft: plan.map(|d| Mutex::new(draft::DraftPart::new(d, candidates, on_trust))),
-            marked: Mutex::new(false),
+            replacing: Mutex::new(Replacing::Unknown),
         };
         // Files fully staged but never placed (the agent died between the
         // last chunk and the rename, or placing failed): place them now.
@@ -729,9 +730,23 @@ pub struct Transfer {
     /// For a draft: its hashes so far, seals and staged candidates
     /// (`manifest` is then only its shape).
     draft: Option<Mutex<draft::DraftPart>>,
-    /// Whether the name's record was marked as being replaced (held while
-    /// it is, so no file is renamed in before the mark is durable).
-    marked: Mutex<bool>,
+    /// The name's record as this transfer last wrote or read it; held
+    /// while a file is placed, so no file is renamed in before the record
+    /// stopped vouching for the file it replaces.
+    replacing: Mutex<Replacing>,
+}
+
+/// What placing a file does to the name's record.
+#[derive(Debug)]
+enum Replacing {
+    /// Not looked at yet.
+    Unknown,
+    /// No record, or a complete record of this very manifest: placing
+    /// verified bytes of it changes nothing it vouches for.
+    Nothing,
+    /// A record this transfer marked as being replaced (or found so): each
+    /// placed file's old stamp is dropped from it first.
+    Marked(ModelRecord),
 }
 
 impl Transfer {
@@ -787,7 +802,13 @@ impl Transfer {
             .open_rw(&self.data_rel(file))
             .map_err(|e| io_refusal(&path, e))?;
         let size = self.map_file(file).size;
-        if f.metadata().map_err(|e| io_refusal(&path, e))?.len() != size {
+        let len = f.metadata().map_err(|e| io_refusal(&path, e))?.len();
+        if len > size {
+            // Left by a transfer of another manifest: its tail would be
+            // placed with this file's verified chunks.
+            f.set_len(size).map_err(|e| io_refusal(&path, e))?;
+        }
+        if len != size {
             preallocate(&f, size).map_err(|e| self.disk_refusal(&path, e, size))?;
         }
         let direct = self.fs.open_direct(&self.data_rel(file)).ok();
@@ -925,10 +946,12 @@ impl Transfer {
             .set_permissions(fs::Permissions::from_mode(mode))
             .map_err(|e| io_refusal(&from, e))?;
         drop(staged);
-        self.mark_replacing()?;
+        let mut replacing = self.replacing.lock().unwrap();
+        self.before_placing(&mut replacing, &entry.path)?;
         let to = place(&self.final_dir, &entry.path, |to| {
             self.fs.rename_to(&rel, to)
         })?;
+        drop(replacing);
         let stamp = Stamp::of(&to).ok_or_else(|| StoreError::Io {
             path: to.display().to_string(),
             message: "file vanished right after it was placed".into(),
@@ -945,15 +968,46 @@ impl Transfer {
             .map_err(|e| io_refusal(&self.staging.join("journal"), e))
     }
 
-    /// Before the first file is renamed over the name's files: a complete
-    /// record of another manifest stops certifying them (see `record`).
-    fn mark_replacing(&self) -> Result<(), StoreError> {
-        let mut marked = self.marked.lock().unwrap();
-        if !*marked {
-            mark_replacing(&self.fs, &self.record_rel, self.key, self.draft.is_some())?;
-            *marked = true;
+    /// Before `path` is renamed over the name's files: a complete record of
+    /// another manifest stops certifying them (see `record`), and the old
+    /// file's stamp leaves the record, durably, so a resumed transfer never
+    /// takes the new bytes for the old file (a stamp cannot tell two writes
+    /// within one clock tick apart).
+    fn before_placing(&self, state: &mut Replacing, path: &RelPath) -> Result<(), StoreError> {
+        if matches!(state, Replacing::Unknown) {
+            *state = match read_record(&self.fs, &self.record_rel) {
+                None => Replacing::Nothing,
+                Some(rec)
+                    if rec.is_complete()
+                        && self.draft.is_none()
+                        && rec.manifest.root == self.key =>
+                {
+                    Replacing::Nothing
+                }
+                Some(mut rec) => {
+                    let was_complete = rec.is_complete();
+                    rec.replacing.get_or_insert(self.key);
+                    if was_complete {
+                        self.write_record(&rec)?;
+                    }
+                    Replacing::Marked(rec)
+                }
+            };
+        }
+        if let Replacing::Marked(rec) = state {
+            if rec.stamps.remove(path).is_some() {
+                self.write_record(rec)?;
+            }
         }
         Ok(())
+    }
+
+    /// Writes the name's record, durably.
+    fn write_record(&self, rec: &ModelRecord) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(rec).expect("record serializes");
+        self.fs
+            .write_durable(&self.record_rel, &bytes)
+            .map_err(|e| io_refusal(&self.fs.show(&self.record_rel), e))
     }
 
     /// Opens the file that holds verified chunk `id`, for serving it to a
@@ -1060,10 +1114,7 @@ impl Transfer {
             stamps,
             replacing: None,
         };
-        let bytes = serde_json::to_vec(&record).expect("record serializes");
-        self.fs
-            .write_durable(&self.record_rel, &bytes)
-            .map_err(|e| io_refusal(&self.fs.show(&self.record_rel), e))?;
+        self.write_record(&record)?;
         let _ = self.fs.remove_dir_all(&self.staging_rel);
         Ok(record.manifest.root)
     }
