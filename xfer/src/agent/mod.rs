@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::util::lograte::{LogBudget, Verdict};
 use anyhow::Result;
 
 use crate::agent::guard::{Admit, Guard};
@@ -78,44 +79,34 @@ pub struct AgentOptions {
 /// Refused connections, logged so that a storm of them cannot grow the
 /// log without bound: the first few of every window one line each, the
 /// rest as one count when the next window starts.
-#[derive(Default)]
 struct RefusalLog {
-    window: Option<std::time::Instant>,
-    shown: u32,
-    hidden: u64,
+    budget: LogBudget,
     /// The source of the last refusal not logged one by one.
     last_hidden: Option<SocketAddr>,
 }
 
-impl RefusalLog {
-    /// Refusals logged one by one per window.
-    const SHOWN: u32 = 5;
-    const WINDOW: Duration = Duration::from_secs(10);
-
-    fn refused(&mut self, remote: SocketAddr, why: &str) {
-        let now = std::time::Instant::now();
-        if self
-            .window
-            .is_none_or(|w| now.duration_since(w) >= Self::WINDOW)
-        {
-            if let (true, Some(last)) = (self.hidden > 0, self.last_hidden) {
-                tracing::warn!(
-                    "refused {} more connections in the last {} s (not logged one by one; the last from {last})",
-                    self.hidden,
-                    Self::WINDOW.as_secs()
-                );
-            }
-            *self = RefusalLog {
-                window: Some(now),
-                ..RefusalLog::default()
-            };
+impl Default for RefusalLog {
+    fn default() -> Self {
+        RefusalLog {
+            budget: LogBudget::new(5, Duration::from_secs(10)),
+            last_hidden: None,
         }
-        if self.shown < Self::SHOWN {
-            self.shown += 1;
-            tracing::warn!("refused connection from {remote}: {why}");
-        } else {
-            self.hidden += 1;
-            self.last_hidden = Some(remote);
+    }
+}
+
+impl RefusalLog {
+    fn refused(&mut self, remote: SocketAddr, why: &str) {
+        match self.budget.admit(std::time::Instant::now()) {
+            Verdict::Log { hidden } => {
+                if let (true, Some(last)) = (hidden > 0, self.last_hidden.take()) {
+                    tracing::warn!(
+                        "refused {hidden} more connections in the last {} s (not logged one by one; the last from {last})",
+                        self.budget.window().as_secs()
+                    );
+                }
+                tracing::warn!("refused connection from {remote}: {why}");
+            }
+            Verdict::Hide => self.last_hidden = Some(remote),
         }
     }
 }

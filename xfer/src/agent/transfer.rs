@@ -21,7 +21,7 @@ use super::{read_or_refuse, refuse, Caller, Ctx};
 use crate::config::auth::identity::Peer;
 use crate::engine::policy;
 use crate::engine::scheduler::{self, Homes};
-use crate::flow::receive::{receive, Links, PeerUpdate, Received, Tally, SOURCE};
+use crate::flow::receive::{receive, Links, PeerUpdate, Queued, Received, Tally, SOURCE};
 use crate::flow::swarm::{self, LinkPlan, Share};
 use crate::store::{Store, Transfer};
 use crate::transport::files::HeldModel;
@@ -38,6 +38,23 @@ use xfer_proto::hash::Hash;
 use xfer_proto::manifest::Manifest;
 use xfer_proto::names::ModelName;
 use xfer_proto::transfer::{HomeSlots, Refusal, SwarmPeer, TransferMsg};
+
+/// Bytes of the source's draft events read but not yet applied, at most:
+/// a source that floods events is read no faster than they are applied.
+const DRAFT_QUEUE_BYTES: u32 = 16 << 20;
+
+/// Messages from the source read but not yet handled, at most.
+const CONTROL_QUEUE: usize = 256;
+
+/// What a draft event weighs in the queue's budget: its hashes, and a
+/// little for the rest.
+fn draft_event_weight(ev: &xfer_proto::draft::DraftEvent) -> u32 {
+    let hashes = match ev {
+        xfer_proto::draft::DraftEvent::Hashed { hashes, .. } => hashes.len(),
+        _ => 0,
+    };
+    (hashes.saturating_mul(32).saturating_add(64)).min(u32::MAX as usize) as u32
+}
 
 /// How often a receiver reports its progress to the source.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
@@ -344,7 +361,7 @@ async fn run_transfer(
     let source = Fetcher::connect_lanes(lanes, ctx.nic.as_ref(), transfer.map().chunk_size()).await;
     let mut fed = true;
     let draft = transfer.is_draft();
-    let (control_tx, mut control) = tokio::sync::mpsc::unbounded_channel();
+    let (control_tx, mut control) = tokio::sync::mpsc::channel(CONTROL_QUEUE);
     // A draft's events reach the transfer through the linker, or, with no
     // peers to link to, through a channel of their own.
     let mut draft_tx = None;
@@ -419,6 +436,7 @@ async fn run_transfer(
         let limit = if draft { MAX_FRAME } else { REQUEST_LIMIT };
         let mut recv = recv;
         let stop = linking.clone();
+        let budget = Arc::new(tokio::sync::Semaphore::new(DRAFT_QUEUE_BYTES as usize));
         tokio::spawn(async move {
             loop {
                 let msg = tokio::select! {
@@ -426,7 +444,23 @@ async fn run_transfer(
                     _ = stop.cancelled() => return,
                 };
                 let Ok(m) = msg else { return };
-                if control_tx.send(m).is_err() {
+                // A draft event waits for its share of the budget before
+                // the next frame is read (see `Queued`).
+                let share = match &m {
+                    TransferMsg::Draft(ev) => {
+                        let bytes = draft_event_weight(ev).min(DRAFT_QUEUE_BYTES);
+                        let permit = tokio::select! {
+                            p = budget.clone().acquire_many_owned(bytes) => p,
+                            _ = stop.cancelled() => return,
+                        };
+                        match permit {
+                            Ok(p) => Queued::new(p),
+                            Err(_) => return,
+                        }
+                    }
+                    _ => Queued::default(),
+                };
+                if control_tx.send((m, share)).await.is_err() {
                     return;
                 }
             }
@@ -464,12 +498,12 @@ async fn run_transfer(
                 // The source may be gone while peers still serve us.
                 let _ = report(send, &transfer, &tally, &addrs, &mut told).await;
             }
-            Some(msg) = control.recv() => {
+            Some((msg, share)) = control.recv() => {
                 if let TransferMsg::Draft(ev) = msg {
                     match (&linker, &draft_tx) {
-                        (Some(l), _) => l.tell(PeerUpdate::Draft(ev)),
+                        (Some(l), _) => l.tell(PeerUpdate::Draft(ev, share)),
                         (None, Some(tx)) => {
-                            let _ = tx.send(PeerUpdate::Draft(ev));
+                            let _ = tx.send(PeerUpdate::Draft(ev, share));
                         }
                         (None, None) => {}
                     }

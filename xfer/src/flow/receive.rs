@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::util::lograte::{LogBudget, Verdict};
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -62,8 +63,27 @@ pub enum PeerUpdate<F> {
     Homes(Homes),
     /// The source's control connection is gone: no rewiring will come.
     CoordinatorLost,
-    /// What the source's download learnt (a draft's transfer only).
-    Draft(DraftEvent),
+    /// What the source's download learnt (a draft's transfer only), and
+    /// its share of the queue's budget, given back once it is applied.
+    Draft(DraftEvent, Queued),
+}
+
+/// A queued event's share of a bounded budget (bytes of draft events not
+/// yet applied): the reader of the source's stream waits for a share
+/// before it reads on, so a source that floods events is slowed to the
+/// pace they are applied at, and memory stays bounded.
+#[derive(Debug, Default)]
+pub struct Queued {
+    /// Released on drop.
+    _share: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Queued {
+    pub fn new(share: tokio::sync::OwnedSemaphorePermit) -> Queued {
+        Queued {
+            _share: Some(share),
+        }
+    }
 }
 
 /// Counters a running transfer keeps for whoever reports on it.
@@ -238,6 +258,7 @@ pub async fn receive<F: ChunkFetcher>(
         last_loss: String::new(),
         dropped_corrupt: None,
         hashed: None,
+        warnings: HashMap::new(),
         pending: Vec::new(),
         waiting_for_seal: false,
         told_complete: false,
@@ -282,6 +303,9 @@ struct Driver<F> {
     /// A draft's chunks whose hashes are announced (the source has them);
     /// `None` for a manifest's transfer, where every chunk's is known.
     hashed: Option<ChunkSet>,
+    /// Per peer, the budget of its failure warnings: a peer that fails
+    /// every request cannot flood the log.
+    warnings: HashMap<PeerId, LogBudget>,
     /// Peers' announcements of chunks whose hashes this node has not heard
     /// yet (the source's events may trail a fast peer's): held back until
     /// it has, so every chunk asked for can be checked.
@@ -304,8 +328,10 @@ impl<F: ChunkFetcher> Driver<F> {
             tokio::select! {
                 Some((peer, chunk, outcome, took)) = self.rx.recv() => self.report(peer, chunk, outcome, took)?,
                 Some(update) = next_update(&mut self.updates) => {
-                    if let PeerUpdate::Draft(ev) = update {
-                        if let Some(done) = self.draft_event(ev).await {
+                    if let PeerUpdate::Draft(ev, share) = update {
+                        let done = self.draft_event(ev).await;
+                        drop(share);
+                        if let Some(done) = done {
                             return done;
                         }
                     } else {
@@ -500,11 +526,12 @@ impl<F: ChunkFetcher> Driver<F> {
                 self.corrupt_chunks += 1;
                 crate::util::metrics::failed();
                 let id = self.transfer.map().id(chunk);
-                tracing::warn!(
-                    "chunk {}/{} from peer {peer} failed its BLAKE3 check; fetching it again",
-                    id.file,
-                    id.index
-                );
+                self.warn(peer, || {
+                    format!(
+                        "chunk {}/{} from peer {peer} failed its BLAKE3 check; fetching it again",
+                        id.file, id.index
+                    )
+                });
                 self.sched.handle(Event::Corrupt { peer, chunk });
             }
             Outcome::Unannounced => self.sched.handle(Event::FetchFailed { peer, chunk }),
@@ -514,7 +541,7 @@ impl<F: ChunkFetcher> Driver<F> {
                 self.sched.handle(Event::PeerGone { peer });
             }
             Outcome::Fetch(e) => {
-                tracing::warn!("fetch from peer {peer} failed: {e}");
+                self.warn(peer, || format!("fetch from peer {peer} failed: {e}"));
                 self.sched.handle(Event::FetchFailed { peer, chunk });
             }
             Outcome::Refused(r) => return Err(r),
@@ -524,6 +551,24 @@ impl<F: ChunkFetcher> Driver<F> {
 }
 
 impl<F: ChunkFetcher> Driver<F> {
+    /// Logs a warning about `peer` within its budget: a few lines every
+    /// ten seconds, then one line counting those not shown.
+    fn warn(&mut self, peer: PeerId, line: impl FnOnce() -> String) {
+        let budget = self
+            .warnings
+            .entry(peer)
+            .or_insert_with(|| LogBudget::new(5, Duration::from_secs(10)));
+        if let Verdict::Log { hidden } = budget.admit(std::time::Instant::now()) {
+            if hidden > 0 {
+                tracing::warn!(
+                    "{hidden} more failures from peer {peer} in the last {} s (not logged one by one)",
+                    budget.window().as_secs()
+                );
+            }
+            tracing::warn!("{}", line());
+        }
+    }
+
     /// Counts `n` stored bytes that came from `peer`.
     fn count(&mut self, peer: PeerId, n: u64) {
         let counter = if peer == SOURCE {
@@ -567,7 +612,7 @@ impl<F: ChunkFetcher> Driver<F> {
             }
             PeerUpdate::Homes(homes) => self.sched.handle(Event::Homes(homes)),
             PeerUpdate::CoordinatorLost => self.sched.handle(Event::CoordinatorLost),
-            PeerUpdate::Draft(_) => unreachable!("draft events are applied in `draft_event`"),
+            PeerUpdate::Draft(..) => unreachable!("draft events are applied in `draft_event`"),
         }
     }
 
