@@ -6,7 +6,9 @@
 //! - a draft offered under an id a peer chose (the root of the real
 //!   model) does not make the next push take its bytes as held;
 //! - a draft listing that claims a terabyte is refused before anything is
-//!   built for it, with the agent's memory bounded.
+//!   built for it, with the agent's memory bounded;
+//! - a source that floods draft events and fails every chunk request
+//!   raises neither the agent's memory nor its log without bound.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -221,6 +223,93 @@ impl ChunkReader for Forged {
     }
 }
 
+/// A hostile source of a draft: offered, accepted, serving its chunk
+/// requests from `reader`.
+struct DraftSource {
+    ep: quinn::Endpoint,
+    conn: quinn::Connection,
+    send: quinn::SendStream,
+    map: Arc<ChunkMap>,
+}
+
+impl DraftSource {
+    async fn offer(
+        cred: &Credential,
+        addr: SocketAddr,
+        name: &str,
+        id: Hash,
+        listing: DraftListing,
+        reader: impl FnOnce(Arc<ChunkMap>) -> Arc<dyn ChunkReader>,
+    ) -> DraftSource {
+        let draft = Draft::from_listing(&listing).unwrap();
+        let map = Arc::new(ChunkMap::new(&draft.shape()));
+        let ep = client_endpoint(cred, addr).unwrap();
+        let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        write_frame(&mut send, &Hello::new(Service::Transfer))
+            .await
+            .unwrap();
+        let offer = TransferMsg::OfferDraft {
+            name: ModelName::new(name).unwrap(),
+            id,
+            listing,
+        };
+        write_frame(&mut send, &offer).await.unwrap();
+        // A swarm of one, as a source with one destination sends it.
+        let swarm = TransferMsg::Swarm {
+            me: 0,
+            peers: Vec::new(),
+            homes: None,
+            bounded: false,
+        };
+        write_frame(&mut send, &swarm).await.unwrap();
+        match read_frame::<TransferMsg>(&mut recv).await.unwrap() {
+            TransferMsg::Accepted { .. } => {}
+            other => panic!("the draft was not accepted: {other:?}"),
+        }
+        // Progress reports are read and dropped, so they never block it.
+        tokio::spawn(async move { while read_frame::<TransferMsg>(&mut recv).await.is_ok() {} });
+        let serving = Serving::new(map.clone(), reader(map.clone()), Offer::none());
+        tokio::spawn(serve(conn.clone(), serving));
+        DraftSource {
+            ep,
+            conn,
+            send,
+            map,
+        }
+    }
+
+    async fn tell(&mut self, ev: DraftEvent) {
+        write_frame(&mut self.send, &TransferMsg::Draft(ev))
+            .await
+            .unwrap();
+    }
+
+    async fn hang_up(self) {
+        self.conn.close(0u32.into(), b"gone");
+        self.ep.wait_idle().await;
+    }
+}
+
+/// The chunk hashes of `data`, at [`CS`].
+fn hashes_of(data: &[u8]) -> Vec<Hash> {
+    let count = hash::chunk_count(data.len() as u64, CS);
+    data.chunks(CS as usize)
+        .enumerate()
+        .map(|(i, c)| hash::hash_chunk(c, i as u64, count, CS))
+        .collect()
+}
+
+fn listing(files: &[(&str, u64)]) -> DraftListing {
+    DraftListing {
+        chunk_size: CS,
+        files: files
+            .iter()
+            .map(|(p, s)| (RelPath::new(p).unwrap(), *s))
+            .collect(),
+    }
+}
+
 /// A lying source: offers a draft of `files` named `name` under `id`,
 /// announces and serves other bytes for file 0, seals it, and hangs up once
 /// the agent placed it.
@@ -232,72 +321,29 @@ async fn poison(
     files: &[(&str, u64)],
     placed: &Path,
 ) {
-    let listing = DraftListing {
-        chunk_size: CS,
-        files: files
-            .iter()
-            .map(|(p, s)| (RelPath::new(p).unwrap(), *s))
-            .collect(),
-    };
-    let draft = Draft::from_listing(&listing).unwrap();
-    let map = Arc::new(ChunkMap::new(&draft.shape()));
     let forged: Vec<Vec<u8>> = files
         .iter()
         .enumerate()
         .map(|(i, (_, s))| random_bytes(99, &format!("forged{i}"), *s as usize))
         .collect();
-    let ep = client_endpoint(cred, addr).unwrap();
-    let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    write_frame(&mut send, &Hello::new(Service::Transfer))
-        .await
-        .unwrap();
-    let offer = TransferMsg::OfferDraft {
-        name: ModelName::new(name).unwrap(),
-        id,
-        listing,
-    };
-    write_frame(&mut send, &offer).await.unwrap();
-    // A swarm of one, as a source with one destination sends it.
-    let swarm = TransferMsg::Swarm {
-        me: 0,
-        peers: Vec::new(),
-        homes: None,
-        bounded: false,
-    };
-    write_frame(&mut send, &swarm).await.unwrap();
-    match read_frame::<TransferMsg>(&mut recv).await.unwrap() {
-        TransferMsg::Accepted { .. } => {}
-        other => panic!("the draft was not accepted: {other:?}"),
-    }
-    let reader = Arc::new(Forged(forged.clone(), map.clone()));
-    tokio::spawn(serve(
-        conn.clone(),
-        Serving::new(map.clone(), reader, Offer::none()),
-    ));
-    let count = hash::chunk_count(files[0].1, CS);
-    let hashes = forged[0]
-        .chunks(CS as usize)
-        .enumerate()
-        .map(|(i, c)| hash::hash_chunk(c, i as u64, count, CS))
-        .collect();
-    let events = [
-        DraftEvent::Hashed {
-            file: 0,
-            generation: 0,
-            first: 0,
-            hashes,
-        },
-        DraftEvent::Sealed {
-            file: 0,
-            generation: 0,
-        },
-    ];
-    for ev in events {
-        write_frame(&mut send, &TransferMsg::Draft(ev))
-            .await
-            .unwrap();
-    }
+    let served = forged.clone();
+    let mut src = DraftSource::offer(cred, addr, name, id, listing(files), |map| {
+        Arc::new(Forged(served, map))
+    })
+    .await;
+    src.tell(DraftEvent::Hashed {
+        file: 0,
+        generation: 0,
+        first: 0,
+        hashes: hashes_of(&forged[0]),
+    })
+    .await;
+    src.tell(DraftEvent::Sealed {
+        file: 0,
+        generation: 0,
+    })
+    .await;
+    assert_eq!(src.map.files(), files.len());
     let want = forged[0].clone();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while std::fs::read(placed).ok().as_ref() != Some(&want) {
@@ -307,8 +353,79 @@ async fn poison(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    conn.close(0u32.into(), b"gone");
-    ep.wait_idle().await;
+    src.hang_up().await;
+}
+
+/// Answers every chunk request "not yet", counting them.
+struct NotYet(Arc<std::sync::atomic::AtomicU64>);
+
+impl ChunkReader for NotYet {
+    fn read_chunk(&self, _: ChunkId) -> Result<bytes::Bytes, String> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Err("not yet".into())
+    }
+}
+
+#[test]
+fn a_source_that_fails_every_request_cannot_flood_the_log_or_the_memory() {
+    let t = tempdir("integrity-flood");
+    let key = t.path().join("cluster.key");
+    keygen(&key);
+    let cred = Credential::load(&key).unwrap();
+    let b = Agent::start("127.0.0.155:0", &t.path().join("rb"), &key);
+    let addr: SocketAddr = b.addr.parse().unwrap();
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (size, events) = (256 * MIB, 1500);
+    let counter = asked.clone();
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(async move {
+            let mut src = DraftSource::offer(
+                &cred,
+                addr,
+                "flood",
+                Hash([5; 32]),
+                listing(&[("big.bin", size)]),
+                |_| Arc::new(NotYet(counter.clone())),
+            )
+            .await;
+            // The same announcement again and again: 4,096 hashes (128 KiB)
+            // an event, 190 MiB in all, as fast as the agent reads them.
+            let data = random_bytes(3, "flood", size as usize);
+            let hashes = hashes_of(&data);
+            drop(data);
+            for _ in 0..events {
+                src.tell(DraftEvent::Hashed {
+                    file: 0,
+                    generation: 0,
+                    first: 0,
+                    hashes: hashes.clone(),
+                })
+                .await;
+            }
+            // Then requests answered "not yet", thousands of them.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while counter.load(std::sync::atomic::Ordering::Relaxed) < 3000 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the agent stopped asking"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            src.hang_up().await;
+        });
+    let lines = b
+        .log()
+        .lines()
+        .filter(|l| l.contains("fetch from peer"))
+        .count();
+    assert!(
+        lines <= 10,
+        "{lines} warnings for {} failed requests",
+        asked.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    let rss = peak_rss(b.pid().unwrap());
+    assert!(rss < 200 * MIB, "the agent peaked at {} MiB", rss / MIB);
 }
 
 #[test]
