@@ -1,11 +1,13 @@
 //! Small parts with no knowledge of xfer's domain: aligned buffers, files
 //! beneath a root that no planted symlink redirects, files only their
-//! owner may read, the send-rate limiter, progress bars and the metrics
+//! owner may read, programs resolved to absolute paths, the send-rate
+//! limiter, progress bars and the metrics
 //! counters.
 
 pub mod aligned;
 pub mod beneath;
 pub mod metrics;
 pub mod private;
+pub mod program;
 pub mod progress;
 pub mod rate;
