@@ -220,8 +220,14 @@ mod tests {
         ] {
             let e = check_env(k, "/root/m/tools").unwrap_err();
             let msg = e.to_string();
-            assert!(msg.starts_with(&format!("[launch.env] sets {k}, which ")), "{msg}");
-            assert!(msg.contains("--allow-exec") && msg.contains("xfer serve"), "{msg}");
+            assert!(
+                msg.starts_with(&format!("[launch.env] sets {k}, which ")),
+                "{msg}"
+            );
+            assert!(
+                msg.contains("--allow-exec") && msg.contains("xfer serve"),
+                "{msg}"
+            );
             assert_eq!(msg.lines().count(), 1);
         }
         for k in [
@@ -269,9 +275,18 @@ mod tests {
             ("/dev/mem", "not a GPU or RDMA device node"),
             ("/dev/kmsg", "not a GPU or RDMA device node"),
             ("/dev/sda", "not a GPU or RDMA device node"),
-            ("/dev/sda:/dev/sda:rwm", "adds a container path or permissions"),
-            ("/dev/nvidia0:/dev/nvidia0:rwm", "adds a container path or permissions"),
-            ("/dev/nvidia0:/dev/mem", "adds a container path or permissions"),
+            (
+                "/dev/sda:/dev/sda:rwm",
+                "adds a container path or permissions",
+            ),
+            (
+                "/dev/nvidia0:/dev/nvidia0:rwm",
+                "adds a container path or permissions",
+            ),
+            (
+                "/dev/nvidia0:/dev/mem",
+                "adds a container path or permissions",
+            ),
             ("/dev/nvidia/../mem", "not a GPU or RDMA device node"),
             ("/dev/dri/../mem", "not a GPU or RDMA device node"),
             ("/dev/dri/by-path/x", "not a GPU or RDMA device node"),
@@ -281,11 +296,17 @@ mod tests {
             ("--privileged", "neither a device path nor a CDI name"),
             ("dev/mem", "neither a device path nor a CDI name"),
             ("nvidia.com/gpu", "neither a device path nor a CDI name"),
-            ("nvidia.com/gpu=/dev/mem", "neither a device path nor a CDI name"),
+            (
+                "nvidia.com/gpu=/dev/mem",
+                "neither a device path nor a CDI name",
+            ),
             ("", "neither a device path nor a CDI name"),
         ] {
             let msg = check_device(bad).unwrap_err().to_string();
-            assert!(msg.starts_with(&format!("gpus lists {bad:?}, which ")), "{msg}");
+            assert!(
+                msg.starts_with(&format!("gpus lists {bad:?}, which ")),
+                "{msg}"
+            );
             assert!(msg.contains(why), "{bad}: {msg}");
             assert!(msg.contains("nvidia.com/gpu=0"), "{msg}");
         }
