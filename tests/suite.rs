@@ -14,6 +14,7 @@ mod disk_full;
 mod doctor;
 mod fetch;
 mod fuzz_corpus;
+mod launch_env;
 mod manifest;
 mod permits;
 mod planted;
