@@ -151,16 +151,25 @@ fn a_rank_cannot_reach_a_planted_program_through_its_environment() {
     // The loader's keys, the same way.
     let so = format!("{tools}/evil.so");
     for (k, v) in [("LD_PRELOAD", so.as_str()), ("LD_LIBRARY_PATH", tools)] {
-        let why = refusal(start(&cred, &agent, spec("p2", &["sleep", "600"], &[(k, v)])));
+        let why = refusal(start(
+            &cred,
+            &agent,
+            spec("p2", &["sleep", "600"], &[(k, v)]),
+        ));
         assert!(
-            why.starts_with(&format!("n1: [launch.env] sets {k}, which makes the dynamic loader")),
+            why.starts_with(&format!(
+                "n1: [launch.env] sets {k}, which makes the dynamic loader"
+            )),
             "{why}"
         );
     }
     // Nor by its path, which is not the name the operator allowed.
     let planted = format!("{tools}/sleep");
     let why = refusal(start(&cred, &agent, spec("p3", &[&planted, "600"], &[])));
-    assert!(why.contains("is not in this agent's --allow-exec list"), "{why}");
+    assert!(
+        why.contains("is not in this agent's --allow-exec list"),
+        "{why}"
+    );
 
     // The preflight runs the allowed program, not a planted "Python" that
     // its `python_of` names.
@@ -280,7 +289,10 @@ fn a_container_rank_cannot_steer_the_engine_or_take_host_devices() {
             &agent,
             boxed("c1", &[(k, v)], &["/dev/nvidia0"]),
         ));
-        assert!(why.starts_with(&format!("n1: [launch.env] sets {k}, ")), "{why}");
+        assert!(
+            why.starts_with(&format!("n1: [launch.env] sets {k}, ")),
+            "{why}"
+        );
     }
     // Raw host devices, by path or with docker's permission suffix.
     for raw in ["/dev/mem", "/dev/sda:/dev/sda:rwm", "/dev/kmsg"] {
@@ -297,7 +309,10 @@ fn a_container_rank_cannot_steer_the_engine_or_take_host_devices() {
     }
     assert!(!marker.exists(), "the planted docker ran");
     let ran = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(!ran.contains(" run "), "a refused rank reached docker: {ran}");
+    assert!(
+        !ran.contains(" run "),
+        "a refused rank reached docker: {ran}"
+    );
 
     // The control: GPU devices pass, and the agent runs the engine it
     // resolved when it started, for the rank and for its stop hook.

@@ -29,6 +29,10 @@ pub mod rendezvous;
 pub mod versions;
 pub mod weights;
 
+/// Whether a command line may run here: as it is to run (its program by
+/// absolute path), or why not ([`crate::agent::permit::Permits::may_run`]).
+pub type MayRun = dyn Fn(&[String]) -> Result<Vec<String>, String> + Sync;
+
 /// Runs every probe of `req` on this node. `states` maps the store's
 /// models to what `xfer status` says of them ("complete", "syncing", ...).
 ///
@@ -40,7 +44,7 @@ pub async fn gather(
     req: PreflightRequest,
     store: crate::store::Store,
     states: HashMap<String, xfer_proto::admin::ModelState>,
-    may_run: &(dyn Fn(&[String]) -> Result<Vec<String>, String> + Sync),
+    may_run: &MayRun,
 ) -> NodeFacts {
     let blocking = |what: &'static str| {
         move |e: tokio::task::JoinError| format!("the {what} probe failed: {e}; report this bug")
