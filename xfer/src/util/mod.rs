@@ -1,8 +1,7 @@
 //! Small parts with no knowledge of xfer's domain: aligned buffers, files
 //! beneath a root that no planted symlink redirects, files only their
 //! owner may read, programs resolved to absolute paths, the send-rate
-//! limiter, progress bars and the metrics
-//! counters.
+//! limiter, progress bars and the metrics counters.
 
 pub mod aligned;
 pub mod beneath;
