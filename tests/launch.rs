@@ -349,9 +349,12 @@ fn vllm_on_ray_starts_the_ray_head_first_and_stops_ray_after() {
     let streamed = text(&followed.stdout);
     assert!(streamed.contains("[n1] [xfer agent] stopped"), "{streamed}");
     let logs = text(&lab.xl(&["logs"], &file).stdout);
+    // The hook runs from the absolute path the agent resolved on its PATH.
     for i in 1..=2 {
+        let hook = format!("[n{i}] [xfer agent] running /");
         assert!(
-            logs.contains(&format!("[n{i}] [xfer agent] running ray stop --force")),
+            logs.lines()
+                .any(|l| l.starts_with(&hook) && l.ends_with("/ray stop --force")),
             "{logs}"
         );
     }

@@ -15,6 +15,7 @@ mod doctor;
 mod fetch;
 mod fuzz_corpus;
 mod integrity;
+mod launch_env;
 mod manifest;
 mod permits;
 mod planted;

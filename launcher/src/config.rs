@@ -43,6 +43,11 @@
 //! agent starts itself (`xfer serve --container-engine docker`): the
 //! launcher only says which image, which GPUs (`gpus`: `--gpus all`, none,
 //! or `--device` each) and how much shared memory (`shm_size`).
+//!
+//! `[launch.env]` keys that change which code a process loads (`PATH`,
+//! `LD_*`, `DOCKER_*`, `PYTHONPATH`, ...) and `gpus` devices other than
+//! GPU and RDMA device nodes or CDI names are refused here with their
+//! line, as every agent refuses them ([`xfer_proto::launch_rules`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -56,6 +61,7 @@ use xfer::config::cluster::{Cluster, ClusterError, Node};
 use xfer::config::tomltext::{and_list, in_file_order, kind, line_col, suggest};
 use xfer::hub::repo::{RepoRef, RepoType};
 use xfer_proto::launch::GpuAccess;
+use xfer_proto::launch_rules;
 
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub const DEFAULT_API_PORT: u16 = 8000;
@@ -827,6 +833,8 @@ impl Parser<'_> {
                     format!("env {name} holds a NUL character, which no environment can carry"),
                 ));
             }
+            // What every agent refuses too (its check is the boundary).
+            launch_rules::check_env(name, &value).map_err(|e| self.err(at, e.to_string()))?;
             env.insert(name.to_string(), value);
         }
         Ok(env)
@@ -878,6 +886,8 @@ impl Parser<'_> {
                             format!("gpus lists {d:?}, which is not a device; write a CDI name or a path, like \"nvidia.com/gpu=all\" or \"/dev/nvidia0\""),
                         ));
                     }
+                    launch_rules::check_device(d)
+                        .map_err(|e| self.err(item.span().start, e.to_string()))?;
                     devices.push(d.to_string());
                 }
                 Ok(GpuAccess::Devices(devices))
@@ -1713,11 +1723,41 @@ env = { NCCL_DEBUG = "INFO", NCCL_IB_TIMEOUT = 22 }"#,
             ("engine = \"vllm\"\nmodel = \"/m\"\nnodes = []", "nodes is empty"),
             ("engine = \"vllm\"\nmodel = \"/m\"\nenv = { \"1X\" = \"a\" }", "env name \"1X\" is not a variable name"),
             ("engine = \"vllm\"\nmodel = \"/m\"\nenv = { X = true }", "env X is a boolean; write it as a string"),
+            ("engine = \"vllm\"\nmodel = \"/m\"\nenv = { PATH = \"/root/m/tools\" }", "[launch.env] sets PATH, which chooses the program a name runs, around the agent's --allow-exec; drop it, or set it in the environment of `xfer serve`"),
+            ("engine = \"vllm\"\nmodel = \"/m\"\nenv = { LD_PRELOAD = \"/root/m/x.so\" }", "[launch.env] sets LD_PRELOAD, which makes the dynamic loader map libraries"),
+            ("engine = \"vllm\"\nmodel = \"/m\"\nenv = { DOCKER_HOST = \"tcp://10.0.0.9:2375\" }", "[launch.env] sets DOCKER_HOST, which chooses the container client's daemon"),
         ] {
             let msg = refused(launch);
             assert!(msg.contains(want), "{launch}\n=> {msg}");
             assert!(msg.starts_with("cluster.toml:"), "{msg}");
         }
+    }
+
+    #[test]
+    fn env_keys_and_devices_around_allow_exec_are_refused_at_their_place() {
+        let text =
+            file("engine = \"vllm\"\nmodel = \"/m\"\n[launch.env]\nNCCL_DEBUG = \"INFO\"\nLD_PRELOAD = \"/root/m/x.so\"");
+        let line = line_of(&text, "LD_PRELOAD");
+        let msg = refused_file(&text);
+        assert!(
+            msg.starts_with(&format!(
+                "cluster.toml:{line}:1: [launch.env] sets LD_PRELOAD, which "
+            )),
+            "{msg}"
+        );
+        assert_eq!(msg.lines().count(), 1, "{msg}");
+        let text = file(
+            "engine = \"vllm\"\nmodel = \"/m\"\nimage = \"x:1\"\ngpus = [\"/dev/nvidia0\", \"/dev/mem\"]",
+        );
+        let line = line_of(&text, "gpus = ");
+        let msg = refused_file(&text);
+        assert!(
+            msg.starts_with(&format!("cluster.toml:{line}:25: gpus lists \"/dev/mem\", which is not a GPU or RDMA device node")),
+            "{msg}"
+        );
+        // What engines do set still passes.
+        let s = setup("engine = \"vllm\"\nmodel = \"/m\"\nimage = \"x:1\"\ngpus = [\"/dev/nvidia0\", \"/dev/nvidiactl\", \"/dev/infiniband/uverbs0\", \"nvidia.com/gpu=0\"]\nenv = { NCCL_DEBUG = \"INFO\", CUDA_VISIBLE_DEVICES = \"0\", NCCL_NET_PLUGIN = \"aws-ofi\" }");
+        assert_eq!(s.env.len(), 3);
     }
 
     #[test]
@@ -1773,6 +1813,9 @@ env = { NCCL_DEBUG = "INFO", NCCL_IB_TIMEOUT = 22 }"#,
             ("image = \"x:1\"\ngpus = []", "gpus is an empty list; write gpus = \"none\" for no GPU"),
             ("image = \"x:1\"\ngpus = [\"--privileged\"]", "gpus lists \"--privileged\", which is not a device"),
             ("image = \"x:1\"\ngpus = [\"/dev/a b\"]", "gpus lists \"/dev/a b\", which is not a device"),
+            ("image = \"x:1\"\ngpus = [\"/dev/nvidia0\", \"/dev/mem\"]", "gpus lists \"/dev/mem\", which is not a GPU or RDMA device node; list GPU or RDMA device nodes"),
+            ("image = \"x:1\"\ngpus = [\"/dev/sda:/dev/sda:rwm\"]", "gpus lists \"/dev/sda:/dev/sda:rwm\", which adds a container path or permissions to the host path"),
+            ("image = \"x:1\"\ngpus = [\"/dev/kmsg\"]", "gpus lists \"/dev/kmsg\", which is not a GPU or RDMA device node"),
             ("image = \"x:1\"\ngpus = [0]", "a device in gpus is an integer; write a quoted string"),
             ("image = \"x:1\"\nshm_size = \"lots\"", "shm_size: `lots` is not a size; write e.g. 4MiB, 512M or 2GiB"),
             ("image = \"x:1\"\nshm_size = \"16 parsecs\"", "shm_size: unknown unit in `16 parsecs`"),

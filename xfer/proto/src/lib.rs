@@ -11,6 +11,7 @@
 //!   then one message vocabulary per service: [`transfer`] (push, swarm,
 //!   fetch), [`admin`] (sync jobs, status, cancel, rm) and [`launch`]
 //!   (preflight, ranks, logs), each refusable with a [`refusal::Refusal`];
+//! - [`launch_rules`]: the environment keys and devices a rank may carry;
 //! - [`image`]: container images as content-addressed blobs;
 //! - [`stream`]: the tagged chunk-stream requests;
 //! - [`units`]: byte and rate formatting for messages.
@@ -26,6 +27,7 @@ pub mod hash;
 pub mod hello;
 pub mod image;
 pub mod launch;
+pub mod launch_rules;
 pub mod manifest;
 pub mod names;
 pub mod refusal;

@@ -15,14 +15,19 @@
 //! of an HF cache repo, whose snapshots link into its `blobs/`), the only
 //! host path a container sees. Every key of the rank's environment is
 //! passed by name, its value taken from the `docker` client's environment
-//! (which the supervisor sets), so no value shows in `ps`. The stop hook
-//! removes every container of the rank, on `down` and on any failure,
-//! and outlives an agent restart in the rank's record.
+//! (which the supervisor sets), so no value shows in `ps`; the keys that
+//! would steer the client itself (`DOCKER_*`, `LD_*`, `PATH`, ...) never
+//! get that far ([`xfer_proto::launch_rules`]). `docker` is the absolute
+//! path the agent resolved when it started, for the processes and for the
+//! stop hook, which removes every container of the rank, on `down` and on
+//! any failure, and outlives an agent restart in the rank's record.
+//! Devices are GPU and RDMA device nodes or CDI names only.
 
 use std::path::{Component, Path};
 
 use crate::image::engine::{Engine, RUN_LABEL};
 use xfer_proto::launch::{ContainerSpec, GpuAccess, ProcSpec, RankSpec};
+use xfer_proto::launch_rules;
 
 /// The container name of process `i` of a rank.
 pub fn container_name(run: &str, rank: u32, i: usize) -> String {
@@ -58,7 +63,7 @@ pub fn wrap(
             Some(model_folder(root, Path::new(&gate.path)).map_err(|e| format!("{node}: {e}"))?)
         }
     };
-    let program = engine.program().to_string();
+    let program = engine.bin();
     let mut names = Vec::new();
     let procs = std::mem::take(&mut spec.procs);
     for (i, p) in procs.into_iter().enumerate() {
@@ -87,9 +92,7 @@ pub fn wrap(
             GpuAccess::All => argv.extend(["--gpus".into(), "all".into()]),
             GpuAccess::Devices(ds) => {
                 for d in ds {
-                    if d.starts_with('-') || d.is_empty() {
-                        return Err(format!("{node}: `{d}` is not a device; fix [launch] gpus"));
-                    }
+                    launch_rules::check_device(d).map_err(|e| format!("{node}: {e}"))?;
                     argv.extend(["--device".into(), d.clone()]);
                 }
             }
@@ -186,18 +189,25 @@ mod tests {
         }
     }
 
+    /// The engine as an agent has it: resolved to an absolute path.
+    fn engine() -> Engine {
+        Engine::new(ContainerEngine::Docker).with_bin("/opt/bin/docker".into())
+    }
+
     #[test]
     fn a_rank_runs_in_the_image_as_nvidia_guides_run_it() {
-        let engine = Engine::new(ContainerEngine::Docker);
+        let engine = engine();
+        let docker = engine.bin();
+        assert_eq!(docker, "/opt/bin/docker");
         let s = wrap(spec(), &container(), engine, Path::new("/root")).unwrap();
         let argv = s.procs[0].argv.join(" ");
         assert_eq!(
             argv,
-            "docker run --rm --init --name xfer-r1-r1-0 --label xfer.run=r1 --network host --ipc host \
+            format!("{docker} run --rm --init --name xfer-r1-r1-0 --label xfer.run=r1 --network host --ipc host \
              --gpus all --shm-size 1073741824b -v /root/m:/root/m:ro --env VLLM_HOST_IP \
-             --entrypoint vllm xt/app:1 serve /root/m/snapshots/c"
+             --entrypoint vllm xt/app:1 serve /root/m/snapshots/c")
         );
-        assert_eq!(s.on_stop, vec![vec!["docker", "rm", "-f", "xfer-r1-r1-0"]]);
+        assert_eq!(s.on_stop, vec![vec![&*docker, "rm", "-f", "xfer-r1-r1-0"]]);
         assert_eq!(
             s.env,
             spec().env,
@@ -207,26 +217,42 @@ mod tests {
 
     #[test]
     fn nothing_outside_the_root_is_mounted_and_no_flag_is_smuggled() {
-        let engine = Engine::new(ContainerEngine::Docker);
+        let engine = &Engine::new(ContainerEngine::Docker);
         let mut outside = spec();
         outside.weights.as_mut().unwrap().path = "/etc".into();
-        let e = wrap(outside, &container(), engine, Path::new("/root")).unwrap_err();
+        let e = wrap(outside, &container(), engine.clone(), Path::new("/root")).unwrap_err();
         assert!(e.contains("outside the agent's root"), "{e}");
         let mut up = spec();
         up.weights.as_mut().unwrap().path = "/root/../etc".into();
-        assert!(wrap(up, &container(), engine, Path::new("/root")).is_err());
+        assert!(wrap(up, &container(), engine.clone(), Path::new("/root")).is_err());
         let flag = ContainerSpec {
             image: "--privileged".into(),
             ..container()
         };
-        assert!(wrap(spec(), &flag, engine, Path::new("/root")).is_err());
+        assert!(wrap(spec(), &flag, engine.clone(), Path::new("/root")).is_err());
         let dev = ContainerSpec {
             gpus: GpuAccess::Devices(vec!["--privileged".into()]),
             ..container()
         };
-        assert!(wrap(spec(), &dev, engine, Path::new("/root")).is_err());
+        assert!(wrap(spec(), &dev, engine.clone(), Path::new("/root")).is_err());
+        for raw in [
+            "/dev/mem",
+            "/dev/sda:/dev/sda:rwm",
+            "/dev/kmsg",
+            "/dev/nvidia0:/dev/mem",
+        ] {
+            let dev = ContainerSpec {
+                gpus: GpuAccess::Devices(vec!["/dev/nvidia0".into(), raw.into()]),
+                ..container()
+            };
+            let e = wrap(spec(), &dev, engine.clone(), Path::new("/root")).unwrap_err();
+            assert!(
+                e.starts_with(&format!("n1: gpus lists {raw:?}, which ")),
+                "{e}"
+            );
+        }
         let mut env = spec();
         env.env.insert("A=B".into(), "x".into());
-        assert!(wrap(env, &container(), engine, Path::new("/root")).is_err());
+        assert!(wrap(env, &container(), engine.clone(), Path::new("/root")).is_err());
     }
 }

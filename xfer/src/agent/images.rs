@@ -70,7 +70,7 @@ pub async fn load(
                 BTreeSet::new()
             }
         };
-        let mut result = load_blocking(store, node, &desc, engine, omit.clone()).await;
+        let mut result = load_blocking(store, node, &desc, engine.clone(), omit.clone()).await;
         if let Err(Failure::Engine(why)) = &result {
             if !omit.is_empty() {
                 tracing::warn!(
@@ -78,7 +78,7 @@ pub async fn load(
                     engine.program(),
                     omit.len()
                 );
-                result = load_blocking(store, node, &desc, engine, BTreeSet::new()).await;
+                result = load_blocking(store, node, &desc, engine.clone(), BTreeSet::new()).await;
             }
         }
         loaded_bytes = result.map_err(Failure::into_refusal)?;

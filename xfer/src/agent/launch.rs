@@ -69,19 +69,8 @@ pub(super) async fn serve(
         }
         LaunchRequest::StartRank(spec) => {
             let peer = caller;
-            let allowed = spec
-                .procs
-                .iter()
-                .map(|p| &p.argv)
-                .chain(&spec.on_stop)
-                .try_for_each(|argv| ctx.permits.may_run(&spec.node, argv))
-                .and_then(|()| weights_still_held(ctx, &spec));
             let (rank, run) = (spec.rank, spec.run.clone());
-            let allowed = match allowed {
-                Ok(()) => in_container(ctx, *spec).await,
-                Err(why) => Err(why),
-            };
-            match allowed {
+            match admit(ctx, *spec).await {
                 Err(why) => {
                     tracing::warn!("refused rank {rank} of run {run} for {peer}: {why}");
                     LaunchReply::Failed(Refusal::Forbidden(why))
@@ -137,7 +126,9 @@ pub(super) async fn serve(
                 .may_run(&req.node, std::slice::from_ref(&req.python_of))
             {
                 Err(why) => LaunchReply::Rendezvoused(Probe::Failed(why)),
-                Ok(()) => {
+                Ok(program) => {
+                    let mut req = *req;
+                    req.python_of = program[0].clone();
                     LaunchReply::Rendezvoused(super::preflight::rendezvous::probe(&req).await)
                 }
             }
@@ -150,6 +141,33 @@ pub(super) async fn serve(
         }
     };
     answer(&conn, send, &reply).await
+}
+
+/// The spec as this agent starts it, or why it starts nothing: every
+/// program allowed by `--allow-exec` and, on the host, replaced by its
+/// absolute path on the agent's own `PATH`; the environment and devices
+/// within [`xfer_proto::launch_rules`] (checked here whatever the launcher
+/// checked); the weights still held; in its container when it names one.
+async fn admit(ctx: &Ctx, mut spec: RankSpec) -> Result<RankSpec, String> {
+    let node = spec.node.clone();
+    let permits = &ctx.permits;
+    if spec.container.is_some() {
+        // The programs are the image's; the host runs the engine's own,
+        // resolved when the agent started.
+        for argv in spec.procs.iter().map(|p| &p.argv).chain(&spec.on_stop) {
+            permits.may_name(&node, argv)?;
+        }
+    } else {
+        for p in spec.procs.iter_mut() {
+            p.argv = permits.may_run(&node, &p.argv)?;
+        }
+        for argv in spec.on_stop.iter_mut() {
+            *argv = permits.may_run(&node, argv)?;
+        }
+    }
+    xfer_proto::launch_rules::check_spec(&spec).map_err(|e| format!("{node}: {e}"))?;
+    weights_still_held(ctx, &spec)?;
+    in_container(ctx, spec).await
 }
 
 /// The launcher's weight gate, checked again here, right before a rank

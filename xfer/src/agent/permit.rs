@@ -2,12 +2,16 @@
 //! each off unless its operator switched it on (`xfer serve`):
 //! - start processes (a rank's engine, its stop hooks, the preflight's
 //!   version probes) only with `--allow-launch`, and with `--allow-exec
-//!   PROGRAM` only those programs;
+//!   PROGRAM` only those programs: the name is checked, then resolved to
+//!   an absolute path on the agent's own `PATH` (never the rank's, which
+//!   [`xfer_proto::launch_rules`] keeps from setting one), and that path
+//!   is what starts;
 //! - read a sync job's source folder only under the agent's root or under
 //!   a folder named with `--export DIR`;
 //! - load images and run ranks in containers only with
 //!   `--container-engine docker|podman` (the engine's daemon is root on
-//!   the node: the agent builds every engine command itself).
+//!   the node: the agent builds every engine command itself, with the
+//!   engine's program resolved once, when the agent starts).
 //!
 //! And what a caller's certificate lets it ask ([`operator_only`]): with
 //! issued credentials, a node may move models, report and stop the runs
@@ -19,6 +23,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::auth::identity::Peer;
+use crate::util::program;
 
 /// `Ok` if `peer` may do `what` on `node`, which only an operator may.
 pub fn operator_only(node: &str, peer: &Peer, what: &str) -> Result<(), String> {
@@ -42,21 +47,42 @@ pub struct Permits {
     /// `--export`: folders (canonical) a sync job may read from, besides
     /// the root.
     pub exports: Vec<PathBuf>,
-    /// `--container-engine`: the engine images are loaded into and ranks
-    /// run in; `None`: no image is loaded and no rank runs in one.
-    pub containers: Option<xfer_proto::image::ContainerEngine>,
+    /// `--container-engine`, its program resolved when the agent started:
+    /// the engine images are loaded into and ranks run in; `None`: no
+    /// image is loaded and no rank runs in one.
+    pub containers: Option<crate::image::engine::Engine>,
 }
 
 impl Permits {
     /// The container engine, if the operator named one.
     pub fn engine(&self) -> Option<crate::image::engine::Engine> {
-        self.containers.map(crate::image::engine::Engine::new)
+        self.containers.clone()
     }
 }
 
 impl Permits {
-    /// Whether `argv` may be started on `node`, or why not.
-    pub fn may_run(&self, node: &str, argv: &[String]) -> Result<(), String> {
+    /// `argv` as it may be started on `node`: its program checked against
+    /// `--allow-exec` by the name given, then replaced by its absolute
+    /// path on this agent's own `PATH`; or why not.
+    pub fn may_run(&self, node: &str, argv: &[String]) -> Result<Vec<String>, String> {
+        self.may_name(node, argv)?;
+        let path = program::resolve(&argv[0]).map_err(|e| format!("{node}: {e}"))?;
+        let Some(path) = path.to_str() else {
+            return Err(format!(
+                "{node}: `{}` resolves to {}, which is not UTF-8; install it under a UTF-8 path",
+                argv[0],
+                path.display()
+            ));
+        };
+        let mut resolved = argv.to_vec();
+        resolved[0] = path.to_string();
+        Ok(resolved)
+    }
+
+    /// Whether a command line naming `argv[0]` may be started on `node`,
+    /// by its name alone: for a process inside a container, whose program
+    /// is the image's, not this host's. [`Permits::may_run`] for a host's.
+    pub fn may_name(&self, node: &str, argv: &[String]) -> Result<(), String> {
         if !self.launch {
             return Err(format!(
                 "{node}: launching is off on this agent (it starts no engine, stop hook or version probe); start it with `xfer serve --allow-launch` (docs/launcher.md#allowing-launches)"
@@ -129,14 +155,35 @@ mod tests {
         assert!(any.may_run("n1", &[]).is_err());
         let listed = Permits {
             launch: true,
-            exec: argv(&["vllm"]),
+            exec: argv(&["vllm", "sh"]),
             ..Permits::default()
         };
-        assert!(listed.may_run("n1", &argv(&["vllm", "serve"])).is_ok());
+        assert!(listed.may_name("n1", &argv(&["vllm", "serve"])).is_ok());
+        let why = listed.may_run("n1", &argv(&["id", "-u"])).unwrap_err();
+        assert!(why.contains("--allow-exec id"), "{why}");
+        // A path is not the name the operator allowed.
+        let why = listed.may_name("n1", &argv(&["/tmp/sh"])).unwrap_err();
+        assert!(why.contains("--allow-exec /tmp/sh"), "{why}");
+    }
+
+    #[test]
+    fn an_allowed_name_starts_as_its_absolute_path_on_the_agents_path() {
+        let listed = Permits {
+            launch: true,
+            exec: argv(&["sh", "no-such-engine-xyz"]),
+            ..Permits::default()
+        };
+        let run = listed.may_run("n1", &argv(&["sh", "-c", "true"])).unwrap();
+        assert_eq!(run[0], program::resolve("sh").unwrap().to_str().unwrap());
+        assert!(run[0].starts_with('/'), "{run:?}");
+        assert_eq!(run[1..], argv(&["-c", "true"]));
         let why = listed
-            .may_run("n1", &argv(&["sh", "-c", "id"]))
+            .may_run("n1", &argv(&["no-such-engine-xyz"]))
             .unwrap_err();
-        assert!(why.contains("--allow-exec sh"), "{why}");
+        assert!(
+            why.starts_with("n1: `no-such-engine-xyz` is not on the PATH of the xfer agent"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -138,10 +138,10 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
                     layers.len()
                 );
             }
-            let (r, c) = (reference.clone(), cache.clone());
+            let (r, c, e) = (reference.clone(), cache.clone(), engine.clone());
             let saving = tokio::spawn(async move {
                 let t = Instant::now();
-                let desc = save(engine, r, c, tx).await?;
+                let desc = save(e, r, c, tx).await?;
                 Ok::<_, anyhow::Error>((desc, t.elapsed()))
             });
             (saving, false)

@@ -55,6 +55,11 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
                 })
         })
         .collect::<Result<Vec<_>>>()?;
+    // The engine's program, resolved once on the agent's own PATH.
+    let containers = container_engine
+        .map(xfer::image::engine::Engine::resolved)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--container-engine: {e}"))?;
     let data = data_addr(listen, data.as_deref(), fabric_if.as_deref())?;
     // RDMA only on the fabric the data address is on.
     let fabric = fabric_if.or_else(|| {
@@ -82,7 +87,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
             launch: allow_launch,
             exec: allow_exec,
             exports,
-            containers: container_engine,
+            containers,
         },
         guard: xfer::agent::guard::GuardConfig {
             retry,

@@ -5,14 +5,22 @@
 //! into one line naming the cause and the fix ([`Engine::explain`]).
 //!
 //! The engine is whichever one the environment selects (`DOCKER_HOST`,
-//! `CONTAINER_HOST`), so that every node's agent talks to its own.
+//! `CONTAINER_HOST`), so that every node's agent talks to its own. An
+//! agent resolves the engine's program once, when it starts, on its own
+//! `PATH` ([`Engine::resolved`]), and runs that path from then on: a
+//! rank's environment, which its containers' client runs with, can then
+//! choose neither the program nor (see [`xfer_proto::launch_rules`]) the
+//! daemon.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use xfer_proto::image::{ContainerEngine, Digest};
 use xfer_proto::launch::{ContainerFacts, Probe};
+
+use crate::util::program::{self, ResolveError};
 
 /// How long a quick query (`version`, `inspect`, `info`) may take.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -21,29 +29,57 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(20);
 pub const RUN_LABEL: &str = "xfer.run";
 
 /// One container engine's command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Engine {
     pub kind: ContainerEngine,
+    /// The program run: its name, looked up on `PATH` at each start (the
+    /// operator's own `xfer image push`), or an agent's absolute path.
+    bin: PathBuf,
 }
 
 impl Engine {
+    /// The engine, its program looked up on `PATH` whenever it runs.
     pub fn new(kind: ContainerEngine) -> Engine {
-        Engine { kind }
+        Engine {
+            kind,
+            bin: PathBuf::from(kind.program()),
+        }
     }
 
+    /// The engine, its program resolved now on this process's own `PATH`
+    /// (an agent, at start).
+    pub fn resolved(kind: ContainerEngine) -> Result<Engine, ResolveError> {
+        Ok(Engine {
+            kind,
+            bin: program::resolve(kind.program())?,
+        })
+    }
+
+    /// The engine run from `bin` (tests).
+    #[cfg(test)]
+    pub fn with_bin(self, bin: PathBuf) -> Engine {
+        Engine { bin, ..self }
+    }
+
+    /// Its name, for messages.
     pub fn program(&self) -> &'static str {
         self.kind.program()
     }
 
+    /// The program run, as a command line's first word.
+    pub fn bin(&self) -> String {
+        self.bin.to_string_lossy().into_owned()
+    }
+
     /// A blocking command of the engine (for streams driven by a thread).
     pub fn std_command(&self) -> std::process::Command {
-        let mut c = std::process::Command::new(self.program());
+        let mut c = std::process::Command::new(&self.bin);
         c.stdin(Stdio::null());
         c
     }
 
     fn command(&self) -> tokio::process::Command {
-        let mut c = tokio::process::Command::new(self.program());
+        let mut c = tokio::process::Command::new(&self.bin);
         c.stdin(Stdio::null()).kill_on_drop(true);
         c
     }

@@ -1,12 +1,14 @@
 //! Small parts with no knowledge of xfer's domain: aligned buffers, files
 //! beneath a root that no planted symlink redirects, files only their
-//! owner may read, the send-rate limiter, progress bars, the metrics
-//! counters and a budget for repeated log lines.
+//! owner may read, programs resolved to absolute paths, the send-rate
+//! limiter, progress bars, the metrics counters and a budget for
+//! repeated log lines.
 
 pub mod aligned;
 pub mod beneath;
 pub mod lograte;
 pub mod metrics;
 pub mod private;
+pub mod program;
 pub mod progress;
 pub mod rate;

@@ -1,15 +1,17 @@
 //! Files and folders only their owner may read: the agent's rank records
 //! and the launcher's run records hold the `[launch.env]` values, which
 //! may be tokens. A private file is written whole to a fresh temporary
-//! (created exclusively, mode 0600, never through a symlink) and renamed
-//! over the old one; a private folder is mode 0700.
+//! (created exclusively, mode 0600, never through a symlink), fsynced,
+//! renamed over the old one, and its folder fsynced, so that the new
+//! contents survive a power cut (as [`super::beneath::Root::write_durable`]
+//! does, which writes mode 0644); a private folder is mode 0700.
 
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-/// Writes `body` to `path` (mode 0600) through `path` + `.tmp`. A
+/// Writes `body` to `path` (mode 0600) through `path` + `.tmp`, durably. A
 /// leftover temporary is removed first (unlinking removes a symlink, not
 /// what it points to), and the new one is created exclusively and without
 /// following a symlink, so a file planted there is never written through.
@@ -32,7 +34,17 @@ pub fn write_atomic(path: &Path, body: &[u8]) -> io::Result<()> {
     f.write_all(body)?;
     f.sync_all()?;
     drop(f);
-    fs::rename(tmp, path)
+    fs::rename(tmp, path)?;
+    sync_parent(path)
+}
+
+/// Fsyncs the folder holding `path`, so that a rename into it is durable.
+fn sync_parent(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    fs::File::open(dir)?.sync_all()
 }
 
 /// Creates `dir` (and its parents) with the last folder mode 0700, and

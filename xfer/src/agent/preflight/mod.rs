@@ -29,6 +29,10 @@ pub mod rendezvous;
 pub mod versions;
 pub mod weights;
 
+/// Whether a command line may run here: as it is to run (its program by
+/// absolute path), or why not ([`crate::agent::permit::Permits::may_run`]).
+pub type MayRun = dyn Fn(&[String]) -> Result<Vec<String>, String> + Sync;
+
 /// Runs every probe of `req` on this node. `states` maps the store's
 /// models to what `xfer status` says of them ("complete", "syncing", ...).
 ///
@@ -40,7 +44,7 @@ pub async fn gather(
     req: PreflightRequest,
     store: crate::store::Store,
     states: HashMap<String, xfer_proto::admin::ModelState>,
-    may_run: &(dyn Fn(&[String]) -> Result<(), String> + Sync),
+    may_run: &MayRun,
 ) -> NodeFacts {
     let blocking = |what: &'static str| {
         move |e: tokio::task::JoinError| format!("the {what} probe failed: {e}; report this bug")
@@ -88,11 +92,21 @@ pub async fn gather(
         .versions
         .iter()
         .cloned()
-        .map(|v| {
+        .map(|mut v| {
+            // Each program as `may_run` resolved it; an engine's Python
+            // only when its program may run too.
             let allowed = may_run(&v.argv);
+            v.python_of = v
+                .python_of
+                .take()
+                .and_then(|p| may_run(&[p]).ok())
+                .map(|mut p| p.remove(0));
             tokio::spawn(async move {
                 match allowed {
-                    Ok(()) => versions::run(&v, versions::DEFAULT_TIMEOUT).await,
+                    Ok(argv) => {
+                        v.argv = argv;
+                        versions::run(&v, versions::DEFAULT_TIMEOUT).await
+                    }
                     Err(why) => VersionFacts {
                         what: v.what,
                         version: Probe::Failed(why),
@@ -214,7 +228,10 @@ mod tests {
             rdma: None,
             image: None,
         };
-        let f = gather(req.clone(), store.clone(), HashMap::new(), &|_| Ok(())).await;
+        let f = gather(req.clone(), store.clone(), HashMap::new(), &|a| {
+            Ok(a.to_vec())
+        })
+        .await;
         assert_eq!(f.ports[0].free, Probe::Ok(()), "{:?}", f.ports);
         assert_eq!(
             f.listen,

@@ -22,8 +22,15 @@
 //! taken while the leader was alive. This agent's own children are
 //! reaped only once their rank has stopped, so their pids cannot be
 //! handed out again while the agent may still signal them. The run
-//! folder is mode 0700 and `rank.json` 0600: the spec holds the
+//! folder is mode 0700 and `rank.json` 0600 (written durably: renamed
+//! into place, then the folder fsynced): the spec holds the
 //! `[launch.env]` values.
+//!
+//! Every process starts from an absolute path (the launch service
+//! resolved each program on the agent's own `PATH` when it checked it;
+//! a name from an older record is resolved the same way here), never
+//! looked up on the rank's environment, and the environment it adds to
+//! the agent's is kept within [`xfer_proto::launch_rules`].
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -39,6 +46,7 @@ use crate::config::auth::Credential;
 use crate::sysinfo::proc;
 use crate::util::private;
 use xfer_proto::launch::LaunchRequest;
+use xfer_proto::launch_rules;
 
 /// How much of the end of the log a report reads for its last lines.
 const TAIL_BYTES: u64 = 256 << 10;
@@ -609,22 +617,19 @@ impl Run {
             self.open_log()
                 .map_err(|e| format!("cannot open {}: {e}", self.log().display()))
         };
+        let program = self.program(argv)?;
         self.note(&format!("starting {}", shell_words(argv)));
         // A std child: dropping it neither kills nor reaps; `watch` waits.
-        let mut cmd = std::process::Command::new(&argv[0]);
+        let mut cmd = std::process::Command::new(program);
         cmd.args(&argv[1..])
-            .envs(&self.spec.env)
+            .envs(self.env())
             .stdin(std::process::Stdio::null())
             .stdout(open()?)
             .stderr(open()?)
             .process_group(0);
-        let child = cmd.spawn().map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!(
-                "`{}` is not on the PATH of the xfer agent on {}; install the engine there or start the agent with its PATH",
-                argv[0], self.spec.node
-            ),
-            _ => format!("cannot start `{}` on {}: {e}", argv[0], self.spec.node),
-        })?;
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start `{}` on {}: {e}", argv[0], self.spec.node))?;
         let pid = child.id();
         drop(child);
         // Unreaped, the child's /proc entry stays until `watch` reaps it.
@@ -703,13 +708,17 @@ impl Run {
         if argv.is_empty() {
             return;
         }
+        let program = match self.program(argv) {
+            Ok(p) => p,
+            Err(e) => return self.note(&format!("cannot run `{}`: {e}", argv[0])),
+        };
         self.note(&format!("running {}", shell_words(argv)));
         let (Ok(out), Ok(err)) = (self.open_log(), self.open_log()) else {
             return;
         };
-        let mut cmd = tokio::process::Command::new(&argv[0]);
+        let mut cmd = tokio::process::Command::new(program);
         cmd.args(&argv[1..])
-            .envs(&self.spec.env)
+            .envs(self.env())
             .stdin(std::process::Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -725,6 +734,28 @@ impl Run {
             },
             Err(e) => self.note(&format!("cannot run `{}`: {e}", argv[0])),
         }
+    }
+
+    /// The program `argv` starts, by absolute path: as recorded, or a name
+    /// (from an older record) looked up on the agent's own `PATH`.
+    fn program(&self, argv: &[String]) -> Result<PathBuf, String> {
+        crate::util::program::resolve(&argv[0]).map_err(|e| format!("{}: {e}", self.spec.node))
+    }
+
+    /// What the rank adds to the agent's environment: its keys within
+    /// [`launch_rules`] (the launch service refused any other; a record
+    /// may be older than the rules).
+    fn env(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.spec
+            .env
+            .iter()
+            .filter(|(k, v)| match launch_rules::check_env(k, v) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("run {}: not passing {k}: {e}", self.spec.run);
+                    false
+                }
+            })
     }
 
     /// The started processes: index, pid and recorded start time.
