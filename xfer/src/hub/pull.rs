@@ -20,7 +20,9 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::hub::announce::{self, Announcer, DraftPaths, DraftUpdate, OnDraft};
-use crate::hub::api::{next_page, parse_tree_page, RemoteFile, RevisionInfo};
+use crate::hub::api::{
+    next_page, parse_tree_page_counted, ListingBudget, RemoteFile, RevisionInfo, MAX_PAGE_BYTES,
+};
 use crate::hub::cache::RepoCache;
 use crate::hub::digest::{Digest, Digester, Expected};
 use crate::hub::download::{self, FileJob, Finisher, Stats, Verdict, Watch};
@@ -537,7 +539,9 @@ pub struct PlacedFile {
 }
 
 /// Every file of the listing, following `Link: rel="next"` pages (kept on
-/// the endpoint's host).
+/// the endpoint's host), within a [`ListingBudget`] of entries and bytes
+/// and [`MAX_PAGE_BYTES`] a page: a Hub that pages forever is refused,
+/// its pages are not kept.
 async fn list_files(
     http: &HubHttp,
     repo: &RepoRef,
@@ -546,20 +550,26 @@ async fn list_files(
 ) -> Result<Vec<RemoteFile>> {
     let mut url = repo.tree_url(ep, commit);
     let mut files = Vec::new();
-    for page in 1.. {
+    let mut budget = ListingBudget::new(&repo.id);
+    loop {
         let (body, headers) = http
-            .get_api(
+            .get_api_within(
                 &url,
                 &repo.id,
                 &format!("the file list at {}", &commit[..12]),
+                MAX_PAGE_BYTES,
             )
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        files.extend(parse_tree_page(&body).map_err(anyhow::Error::msg)?);
+        let (page, entries) = parse_tree_page_counted(&body).map_err(anyhow::Error::msg)?;
+        budget
+            .take(body.len(), entries)
+            .map_err(anyhow::Error::msg)?;
+        files.extend(page);
         let link = headers.get("link").and_then(|l| l.to_str().ok());
         match link.and_then(|l| next_page(l, ep)) {
-            Some(next) if page < 100_000 => url = next,
-            _ => break,
+            Some(next) => url = next,
+            None => break,
         }
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
