@@ -14,6 +14,7 @@ mod disk_full;
 mod doctor;
 mod fetch;
 mod fuzz_corpus;
+mod hub_hostile;
 mod manifest;
 mod permits;
 mod planted;

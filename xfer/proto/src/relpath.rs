@@ -35,7 +35,7 @@ pub enum PathError {
     EmptyComponent(String),
     #[error("path `{0}` contains a NUL byte or backslash")]
     BadChar(String),
-    #[error("path `{0}` contains the control character {1:?}; rename it without control characters")]
+    #[error("path `{0}` contains the control character {1:?}; rename it at its source without control characters")]
     Control(String, char),
     #[error("path of {0} bytes is longer than {MAX_PATH_LEN}")]
     TooLong(usize),
@@ -246,7 +246,7 @@ mod tests {
         let e = RelPath::new("a\nb\u{1b}[31mRED").unwrap_err().to_string();
         assert_eq!(
             e,
-            "path `a\\nb\\u{1b}[31mRED` contains the control character '\\n'; rename it without control characters"
+            "path `a\\nb\\u{1b}[31mRED` contains the control character '\\n'; rename it at its source without control characters"
         );
         // Non-ASCII that is not a control character stays allowed.
         RelPath::new("modèle/权重.safetensors").unwrap();
