@@ -20,6 +20,7 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::hub::announce::{self, Announcer, DraftPaths, DraftUpdate, OnDraft};
+use crate::util::beneath::{create_dir_all_durable, rename_durable, write_file_durable};
 use crate::hub::api::{
     next_page, parse_tree_page_counted, ListingBudget, RemoteFile, RevisionInfo, MAX_PAGE_BYTES,
 };
@@ -212,13 +213,10 @@ impl Layout {
     fn place(&self, f: &RemoteFile, incomplete: &Path) -> std::io::Result<()> {
         let fin = self.final_path(f);
         if let Some(parent) = fin.parent() {
-            std::fs::create_dir_all(parent)?;
+            create_dir_all_durable(parent)?;
         }
         std::fs::File::open(incomplete)?.sync_all()?;
-        std::fs::rename(incomplete, &fin)?;
-        if let Some(parent) = fin.parent() {
-            std::fs::File::open(parent)?.sync_all()?;
-        }
+        rename_durable(incomplete, &fin)?;
         self.link(f)
     }
 
@@ -231,9 +229,6 @@ impl Layout {
             }
             Layout::LocalDir { dir, commit } => {
                 let meta = f.path.under(&self.meta_dir(dir));
-                if let Some(parent) = meta.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
                 let meta = meta.with_file_name(format!(
                     "{}.metadata",
                     meta.file_name().and_then(|n| n.to_str()).unwrap_or("file")
@@ -242,9 +237,10 @@ impl Layout {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_secs_f64())
                     .unwrap_or(0.0);
-                let tmp = meta.with_extension("xfer-tmp");
-                std::fs::write(&tmp, format!("{commit}\n{}\n{now}\n", f.expected.etag()))?;
-                std::fs::rename(&tmp, &meta)
+                // Durably, after the file itself: a `.metadata` never
+                // survives a power cut that its file did not.
+                let text = format!("{commit}\n{}\n{now}\n", f.expected.etag());
+                write_file_durable(&meta, text.as_bytes(), 0o644)
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Small parts with no knowledge of xfer's domain: aligned buffers, files
-//! beneath a root that no planted symlink redirects, files only their
-//! owner may read, the send-rate limiter, progress bars and the metrics
-//! counters.
+//! beneath a root that no planted symlink redirects (and durable writes),
+//! files only their owner may read, file stamps, the send-rate limiter,
+//! progress bars and the metrics counters.
 
 pub mod aligned;
 pub mod beneath;
@@ -9,3 +9,4 @@ pub mod metrics;
 pub mod private;
 pub mod progress;
 pub mod rate;
+pub mod stamp;
