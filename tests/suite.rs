@@ -8,6 +8,7 @@ mod common;
 
 mod auth;
 mod bad_manifest;
+mod ca_crash;
 mod corruption;
 mod demo;
 mod disk_full;
