@@ -17,8 +17,11 @@ fn a_rotation_that_lost_its_key_is_undone_by_the_next_rotate() {
     let ca = t.path().join("ca");
     let other = t.path().join("other");
     for d in [&ca, &other] {
-        run(xfer().args(["ca", "init", "--dir"]).arg(d), Duration::from_secs(20))
-            .assert_ok("xfer ca init");
+        run(
+            xfer().args(["ca", "init", "--dir"]).arg(d),
+            Duration::from_secs(20),
+        )
+        .assert_ok("xfer ca init");
     }
     let issue = |name: &str| {
         let out = t.path().join(format!("{name}.cred"));
@@ -55,5 +58,9 @@ fn a_rotation_that_lost_its_key_is_undone_by_the_next_rotate() {
     assert_ne!(new.cluster_id(), old.cluster_id());
     // The new credential chains to the old CA through cross.crt.
     let f = fs::read_to_string(t.path().join("new.cred")).unwrap();
-    assert_eq!(f.matches("BEGIN CERTIFICATE").count(), 4, "leaf, cross, new CA, old CA");
+    assert_eq!(
+        f.matches("BEGIN CERTIFICATE").count(),
+        4,
+        "leaf, cross, new CA, old CA"
+    );
 }

@@ -24,7 +24,10 @@ fn a_hub_path_with_control_characters_is_refused_and_nothing_is_created() {
     let env = PullEnv::new(&server.endpoint(), t.path());
 
     let r = env.pull("acme/evil", &[]);
-    let line = assert_error(&r, &["unsafe path", r"`a\nb\u{1b}[31mRED`", "control character"]);
+    let line = assert_error(
+        &r,
+        &["unsafe path", r"`a\nb\u{1b}[31mRED`", "control character"],
+    );
     eprintln!("{line}");
     assert!(
         !r.stderr.contains('\u{1b}'),
@@ -66,7 +69,10 @@ fn an_endless_listing_stops_at_its_bound_in_bounded_memory() {
         .env_remove("XFER_KEY")
         .args(["pull", "acme/endless", "--json"]);
     let r = run(&mut cmd, Duration::from_secs(300));
-    let line = assert_error(&r, &["acme/endless", "more than 200000 entries", "HF_ENDPOINT"]);
+    let line = assert_error(
+        &r,
+        &["acme/endless", "more than 200000 entries", "HF_ENDPOINT"],
+    );
     eprintln!("{line}");
     let stats = server.stats();
     let pages = stats["api_tree"].as_u64().unwrap();

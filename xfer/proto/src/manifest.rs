@@ -336,7 +336,11 @@ impl Manifest {
         for e in &self.entries {
             if let Entry::Symlink { path, target } = e {
                 if let Some(c) = control_char(target) {
-                    return Err(ManifestError::LinkControl(path.to_string(), shown(target), c));
+                    return Err(ManifestError::LinkControl(
+                        path.to_string(),
+                        shown(target),
+                        c,
+                    ));
                 }
                 let escape = || ManifestError::LinkEscape(path.to_string(), shown(target));
                 if target.len() > MAX_LINK_LEN || !dots_only_leading(target) {

@@ -97,12 +97,8 @@ pub fn parse_tree_page_counted(body: &[u8]) -> Result<(Vec<RemoteFile>, usize), 
     let listed = entries.len();
     let mut files = Vec::new();
     for e in entries.into_iter().filter(|e| e.kind == "file") {
-        let path = RelPath::new(&e.path).map_err(|why| {
-            format!(
-                "the Hub listed an unsafe path `{}`: {why}",
-                shown(&e.path)
-            )
-        })?;
+        let path = RelPath::new(&e.path)
+            .map_err(|why| format!("the Hub listed an unsafe path `{}`: {why}", shown(&e.path)))?;
         let (size, expected) = match &e.lfs {
             Some(lfs) => (lfs.size, Expected::Sha256(hex_of(&lfs.oid, 64, &e.path)?)),
             None => (e.size, Expected::GitSha1(hex_of(&e.oid, 40, &e.path)?)),
@@ -384,8 +380,14 @@ mod tests {
             b.take(100, 2).unwrap();
         }
         let e = b.take(1, 1).unwrap_err();
-        assert!(e.contains("o/m") && e.contains("more than 10 entries"), "{e}");
-        assert!(e.contains("after 6 pages") && e.contains("HF_ENDPOINT"), "{e}");
+        assert!(
+            e.contains("o/m") && e.contains("more than 10 entries"),
+            "{e}"
+        );
+        assert!(
+            e.contains("after 6 pages") && e.contains("HF_ENDPOINT"),
+            "{e}"
+        );
         let mut b = ListingBudget::with_bounds("o/m", 10, 2 << 20);
         b.take(2 << 20, 0).unwrap();
         let e = b.take(1, 0).unwrap_err();
@@ -395,10 +397,9 @@ mod tests {
         for _ in 0..100 {
             b.take(300 << 10, 1000).unwrap();
         }
-        let (files, n) = parse_tree_page_counted(
-            br#"[{"type":"directory","path":"d","oid":"x","size":0}]"#,
-        )
-        .unwrap();
+        let (files, n) =
+            parse_tree_page_counted(br#"[{"type":"directory","path":"d","oid":"x","size":0}]"#)
+                .unwrap();
         assert_eq!((files.len(), n), (0, 1), "folders count against the bound");
     }
 

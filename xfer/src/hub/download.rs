@@ -347,9 +347,9 @@ fn save_sidecar_as(st: &FileState, durable: bool) {
     }
     let bytes = st.parts.lock().unwrap().encode();
     let ok = if durable {
-        st.file.sync_data().and_then(|_| {
-            crate::util::beneath::write_file_durable(&st.job.sidecar, &bytes, 0o644)
-        })
+        st.file
+            .sync_data()
+            .and_then(|_| crate::util::beneath::write_file_durable(&st.job.sidecar, &bytes, 0o644))
     } else {
         st.unsynced.store(true, Ordering::Release);
         let tmp = st.job.sidecar.with_extension("tmp");

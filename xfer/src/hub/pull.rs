@@ -20,7 +20,6 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::hub::announce::{self, Announcer, DraftPaths, DraftUpdate, OnDraft};
-use crate::util::beneath::{create_dir_all_durable, rename_durable, write_file_durable};
 use crate::hub::api::{
     next_page, parse_tree_page_counted, ListingBudget, RemoteFile, RevisionInfo, MAX_PAGE_BYTES,
 };
@@ -31,6 +30,7 @@ use crate::hub::env::HubEnv;
 use crate::hub::http::HubHttp;
 use crate::hub::repo::{RepoRef, RepoType};
 use crate::hub::{leftovers, tree_cache};
+use crate::util::beneath::{create_dir_all_durable, rename_durable, write_file_durable};
 use crate::util::progress::Progress;
 use xfer_proto::draft::Draft;
 use xfer_proto::hash::Hash;

@@ -607,7 +607,9 @@ mod tests {
         assert!(base.join("a/b/c").is_dir());
         assert_eq!(synced(), [base.clone(), base.join("a"), base.join("a/b")]);
         // Again: nothing made, nothing synced.
-        assert!(create_dir_all_durable(&base.join("a/b/c")).unwrap().is_empty());
+        assert!(create_dir_all_durable(&base.join("a/b/c"))
+            .unwrap()
+            .is_empty());
         assert!(synced().is_empty());
         // Only the missing tail is made.
         let made = create_dir_all_durable(&base.join("a/x/y")).unwrap();
@@ -635,7 +637,10 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"two");
         assert_eq!(synced(), [base.join("d")]);
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o644);
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
         let left: Vec<_> = fs::read_dir(base.join("d")).unwrap().collect();
         assert_eq!(left.len(), 1, "no temporary left behind");
         // A symlink at the name is replaced, its target untouched.

@@ -36,8 +36,8 @@ use rcgen::{
 };
 
 use super::identity::{Identity, ORGANISATION};
-use crate::util::beneath::{create_dir_all_durable_mode, rename_durable, write_file_durable};
 use super::{key_id, write_private, SERVER_NAME};
+use crate::util::beneath::{create_dir_all_durable_mode, rename_durable, write_file_durable};
 use xfer_proto::hash::Hash;
 
 /// How long an issued certificate lasts unless `--days` says otherwise:

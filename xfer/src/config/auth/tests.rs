@@ -259,7 +259,10 @@ fn a_rotation_crashed_after_any_write_is_finished_by_the_next() {
 
         let r = ca.rotate().unwrap();
         let what = r.recovered.expect("the retry says what it did");
-        assert!(what.starts_with("finished the rotation"), "{writes}: {what}");
+        assert!(
+            what.starts_with("finished the rotation"),
+            "{writes}: {what}"
+        );
         assert!(what.contains(&r.id.short()), "{what}");
         assert_ne!(r.id, old_id);
         assert!(ca.rotate().is_err(), "{writes}: one rotation at a time");
@@ -308,7 +311,10 @@ fn a_rotation_whose_new_key_was_lost_is_undone_and_begun_again() {
     let r = ca.rotate().unwrap();
     let what = r.recovered.unwrap();
     assert!(what.starts_with("undid a rotation"), "{what}");
-    assert!(what.contains(&old_id.short()) && what.contains(&r.id.short()), "{what}");
+    assert!(
+        what.contains(&old_id.short()) && what.contains(&r.id.short()),
+        "{what}"
+    );
     let new_b = issue(&ca, dir.path(), "new-b", Role::Node);
     assert_eq!(new_b.cluster_id(), r.id);
     handshake(&old_a, &new_b).unwrap();
