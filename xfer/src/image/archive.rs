@@ -453,7 +453,7 @@ mod tests {
         damage(&top_path);
         let lookup = cached(dir.path(), &id, "xt/app:1");
         assert!(lookup.desc.is_none(), "a damaged blob must not be pushed");
-        assert_eq!(lookup.discarded, [top.clone()]);
+        assert_eq!(lookup.discarded, std::slice::from_ref(&top));
         assert!(!top_path.exists(), "the damaged blob is discarded");
         // The next save (what `xfer image push` runs on a miss) rebuilds it.
         let again = unpack(&tar[..], dir.path(), "xt/app:1", |_| ()).unwrap();
