@@ -697,3 +697,94 @@ fn a_model_folder_that_is_a_symlink_is_refused() {
     // No record of a model that was never placed.
     assert!(!root.join(".xfer/models/m.json").exists());
 }
+
+/// A path or link target with control characters (a newline, an escape
+/// sequence, DEL, a C1 CSI) is refused, whether it arrives as a path (which
+/// does not even decode) or as a link target (which decodes, then fails
+/// validation). Each refusal names the path escaped, the agent's log
+/// carries no raw control character, and no file or folder is created.
+#[test]
+fn control_characters_in_paths_are_refused_shown_escaped_and_create_nothing() {
+    let t = tempdir("bad-manifest-ctl");
+    let key = t.path().join("key");
+    keygen(&key);
+    let root = t.path().join("root");
+    let mut agent = Agent::start("127.0.0.34:0", &root, &key);
+    let addr: SocketAddr = agent.addr.parse().unwrap();
+    let small = b"injected".to_vec();
+    let evil = "a\nb\u{1b}[31mRED";
+    let shown = r"a\nb\u{1b}[31mRED";
+
+    let paths: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "a file named with a newline and ESC",
+            raw_offer("m", vec![RawEntry::File(raw_file(evil, &small))]),
+            shown,
+        ),
+        (
+            "a file with DEL in a folder's name",
+            raw_offer("m", vec![RawEntry::File(raw_file("d\u{7f}/x", &small))]),
+            r"d\u{7f}/x",
+        ),
+        (
+            "an empty folder named with a C1 CSI and a tab",
+            raw_offer(
+                "m",
+                vec![RawEntry::Dir {
+                    path: "\u{9b}31m\tx".into(),
+                }],
+            ),
+            r"\u{9b}31m\tx",
+        ),
+    ];
+    let link = manifest(vec![
+        Entry::File(file("a", &small)),
+        Entry::Symlink {
+            path: RelPath::new("l").unwrap(),
+            target: evil.into(),
+        },
+    ]);
+    let cred = Credential::load(&key).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for (what, bytes, shown) in &paths {
+            let (reply, _) = send_raw(&cred, addr, bytes).await;
+            eprintln!("{what}: {reply:?}");
+            match reply {
+                Reply::Msg(TransferMsg::Failed(Refusal::Protocol(why))) => {
+                    assert!(why.contains(shown), "{what}: `{why}` lacks `{shown}`");
+                    assert!(why.contains("control character"), "{what}: {why}");
+                    assert!(!why.chars().any(char::is_control), "{what}: {why:?}");
+                }
+                other => panic!("{what}: expected a protocol refusal, got {other:?}"),
+            }
+        }
+        let (reply, _) = send_raw(&cred, addr, &offer("m", link)).await;
+        eprintln!("link target: {reply:?}");
+        match reply {
+            Reply::Msg(TransferMsg::Failed(Refusal::BadManifest(why))) => {
+                assert!(why.contains(shown), "`{why}` lacks `{shown}`");
+                assert!(!why.chars().any(char::is_control), "{why:?}");
+            }
+            other => panic!("link target: expected BadManifest, got {other:?}"),
+        }
+    });
+    drop(rt);
+
+    assert!(agent.running(), "the agent died: {}", agent.log());
+    let log = agent.log();
+    assert!(
+        !log.contains('\u{1b}') && !log.contains('\u{9b}') && !log.contains('\u{7f}'),
+        "a raw control character reached the agent's log:\n{log:?}"
+    );
+    // No model folder, nothing named with a control character anywhere.
+    assert_eq!(listing(&root), [".xfer".to_string()].into());
+    for (rel, _) in walk(&root) {
+        assert!(!rel.chars().any(char::is_control), "created {rel:?}");
+    }
+    assert!(!root.join(".xfer/models/m.json").exists());
+}

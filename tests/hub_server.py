@@ -20,7 +20,9 @@ The commit is a sha1 over the sorted (path, tree oid) list; revisions `main`
 and the commit resolve, any other is RevisionNotFound.
 
 Options: --rate caps each connection's file bodies (token bucket);
---page-size / --foreign-next-links shape tree paging; --token/--gated gate a
+--page-size / --foreign-next-links shape tree paging; --endless-tree N makes
+every tree listing a hostile one, N made-up files a page and a next link
+forever; --token/--gated gate a
 repo (401 without a token, 403 with a wrong one); --alias OLD=NEW answers 307
 with a relative Location like the Hub for renamed repos; --fault SPEC injects
 faults, one fault per request, specs tried in command-line order:
@@ -462,6 +464,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def api_tree(self, repo, url, rev, sub, head):
         self.cfg.stats.add("api_tree")
+        if self.cfg.endless_tree:
+            return self.endless_tree(repo, url, head)
         recursive = self.query.get("recursive", ["false"])[0].lower() in ("true", "1")
         prefix = f"{sub}/" if sub else ""
         if sub and sub not in repo.dirs:
@@ -492,6 +496,17 @@ class Handler(BaseHTTPRequestHandler):
             link = f"{origin}{url.path}?{q + '&' if q else ''}cursor={cursor}"
             headers.append(("Link", f'<{link}>; rel="next"'))
         self.reply(200, page, headers, head=head)
+
+    def endless_tree(self, repo, url, head):
+        """A page of made-up files and a next link, whatever the cursor."""
+        page_no = int(self.query.get("page", ["0"])[0] or 0)
+        n = self.cfg.endless_tree
+        oid = "c" * 40
+        body = ("[" + ",".join(
+            f'{{"type":"file","oid":"{oid}","size":1,"path":"endless/{page_no:08}/{i:08}"}}'
+            for i in range(n)) + "]").encode()
+        link = f"{self.cfg.hub_origin}{url.path}?recursive=true&page={page_no + 1}"
+        self.reply(200, body, [("X-Repo-Commit", repo.commit), ("Link", f'<{link}>; rel="next"')], head=head)
 
     def resolve(self, repo, path, head):
         stats = self.cfg.stats
@@ -650,6 +665,7 @@ def main(argv=None):
     ap.add_argument("--rate", type=int, default=0, help="bytes/s per connection for file bodies (0 = unlimited)")
     ap.add_argument("--page-size", type=int, default=1000)
     ap.add_argument("--foreign-next-links", action="store_true")
+    ap.add_argument("--endless-tree", type=int, default=0, help="N made-up files a tree page, pages without end")
     ap.add_argument("--token")
     ap.add_argument("--gated", action="append", default=[])
     ap.add_argument("--alias", action="append", default=[], help="OLD/NAME=ORG/NAME")

@@ -8,12 +8,14 @@ mod common;
 
 mod auth;
 mod bad_manifest;
+mod ca_crash;
 mod corruption;
 mod demo;
 mod disk_full;
 mod doctor;
 mod fetch;
 mod fuzz_corpus;
+mod hub_hostile;
 mod integrity;
 mod launch_env;
 mod manifest;

@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::hash::{self, Hash};
-use crate::relpath::RelPath;
+use crate::relpath::{control_char, shown, RelPath};
 
 /// Manifest format version.
 pub const MANIFEST_VERSION: u32 = 1;
@@ -204,6 +204,8 @@ pub enum ManifestError {
     TreeMismatch(String),
     #[error("symlink `{0}` points outside the tree or through another symlink: `{1}`")]
     LinkEscape(String, String),
+    #[error("symlink `{0}` has the control character {2:?} in its target `{1}`; a link's target names a path of the tree")]
+    LinkControl(String, String, char),
     #[error("stated root {stated} does not match the computed root {computed}")]
     Root { stated: Hash, computed: Hash },
 }
@@ -333,7 +335,14 @@ impl Manifest {
         // not pass through another symlink (which could move it elsewhere).
         for e in &self.entries {
             if let Entry::Symlink { path, target } = e {
-                let escape = || ManifestError::LinkEscape(path.to_string(), target.clone());
+                if let Some(c) = control_char(target) {
+                    return Err(ManifestError::LinkControl(
+                        path.to_string(),
+                        shown(target),
+                        c,
+                    ));
+                }
+                let escape = || ManifestError::LinkEscape(path.to_string(), shown(target));
                 if target.len() > MAX_LINK_LEN || !dots_only_leading(target) {
                     return Err(escape());
                 }
@@ -506,6 +515,18 @@ pub(crate) mod tests {
         ] {
             let m = manifest(vec![link("d/l", target)]);
             assert!(m.validate().is_err(), "target {target:?} should be refused");
+        }
+        // A control character in a link's target: refused, shown escaped.
+        for target in ["x\ny", "\u{1b}[31mRED", "b\u{9b}"] {
+            let m = manifest(vec![link("d/l", target)]);
+            let e = m.validate().unwrap_err();
+            assert!(
+                matches!(e, ManifestError::LinkControl(..)),
+                "{target:?}: {e}"
+            );
+            let e = e.to_string();
+            assert!(!e.chars().any(char::is_control), "{e:?}");
+            assert!(e.contains(&target.escape_debug().to_string()), "{e}");
         }
         // A link whose target passes through another link.
         let chain = manifest(vec![link("a/b/s", "../../c"), link("a/b/x", "s/y")]);

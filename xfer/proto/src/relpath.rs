@@ -2,8 +2,11 @@
 //! outside it.
 //!
 //! A [`RelPath`] is a `/`-separated relative path with no empty, `.` or `..`
-//! components, no NUL or backslash, and bounded length. Every path a peer
-//! sends is parsed into one before it touches the filesystem.
+//! components, no NUL, backslash or other control character (C0, DEL, C1:
+//! a newline or an escape sequence in a name would forge log lines and
+//! drive terminals), and bounded length. Every path a peer or the Hub
+//! sends is parsed into one before it touches the filesystem, and every
+//! refusal shows the path escaped ([`shown`]), never raw.
 
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
@@ -32,6 +35,8 @@ pub enum PathError {
     EmptyComponent(String),
     #[error("path `{0}` contains a NUL byte or backslash")]
     BadChar(String),
+    #[error("path `{0}` contains the control character {1:?}; rename it at its source without control characters")]
+    Control(String, char),
     #[error("path of {0} bytes is longer than {MAX_PATH_LEN}")]
     TooLong(usize),
     #[error("path `{0}` is not valid UTF-8")]
@@ -48,15 +53,18 @@ impl RelPath {
             return Err(PathError::TooLong(s.len()));
         }
         if s.starts_with('/') {
-            return Err(PathError::Absolute(s.into()));
+            return Err(PathError::Absolute(shown(s)));
         }
         if s.contains('\0') || s.contains('\\') {
-            return Err(PathError::BadChar(s.escape_default().to_string()));
+            return Err(PathError::BadChar(shown(s)));
+        }
+        if let Some(c) = control_char(s) {
+            return Err(PathError::Control(shown(s), c));
         }
         for part in s.split('/') {
             match part {
-                "" | "." => return Err(PathError::EmptyComponent(s.into())),
-                ".." => return Err(PathError::Parent(s.into())),
+                "" | "." => return Err(PathError::EmptyComponent(shown(s))),
+                ".." => return Err(PathError::Parent(shown(s))),
                 p if p.len() > MAX_COMPONENT_LEN => return Err(PathError::TooLong(p.len())),
                 _ => {}
             }
@@ -71,12 +79,14 @@ impl RelPath {
             match c {
                 Component::Normal(p) => parts.push(
                     p.to_str()
-                        .ok_or_else(|| PathError::NotUtf8(path.display().to_string()))?,
+                        .ok_or_else(|| PathError::NotUtf8(shown(&path.to_string_lossy())))?,
                 ),
                 Component::RootDir | Component::Prefix(_) => {
-                    return Err(PathError::Absolute(path.display().to_string()))
+                    return Err(PathError::Absolute(shown(&path.to_string_lossy())))
                 }
-                Component::ParentDir => return Err(PathError::Parent(path.display().to_string())),
+                Component::ParentDir => {
+                    return Err(PathError::Parent(shown(&path.to_string_lossy())))
+                }
                 Component::CurDir => {}
             }
         }
@@ -113,7 +123,11 @@ impl RelPath {
     /// Returns the path it names inside the tree, or `None` if it escapes the
     /// tree or is absolute.
     pub fn resolve_link(&self, target: &str) -> Option<RelPath> {
-        if target.is_empty() || target.starts_with('/') || target.contains('\0') {
+        if target.is_empty()
+            || target.starts_with('/')
+            || target.contains('\0')
+            || control_char(target).is_some()
+        {
             return None;
         }
         let mut stack: Vec<&str> = match self.0.rsplit_once('/') {
@@ -131,6 +145,19 @@ impl RelPath {
         }
         RelPath::new(&stack.join("/")).ok()
     }
+}
+
+/// The first control character of `s` (C0 including newline, tab and
+/// ESC, DEL, or C1 U+0080 to U+009F), if any.
+pub fn control_char(s: &str) -> Option<char> {
+    s.chars().find(|c| c.is_control())
+}
+
+/// `s` as it may appear in a message: control characters, quotes and
+/// backslashes escaped as in Rust source (`a\nb\u{1b}[31m`), so that a
+/// hostile name can neither break a log line nor reach a terminal.
+pub fn shown(s: &str) -> String {
+    s.escape_debug().to_string()
 }
 
 impl fmt::Display for RelPath {
@@ -154,7 +181,11 @@ impl Serialize for RelPath {
 impl<'de> Deserialize<'de> for RelPath {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        RelPath::new(&s).map_err(serde::de::Error::custom)
+        RelPath::new(&s).map_err(|e| {
+            // postcard drops a custom error's text: keep it for the refusal.
+            crate::frame::refused_because(&e.to_string());
+            serde::de::Error::custom(e)
+        })
     }
 }
 
@@ -193,6 +224,39 @@ mod tests {
         }
         assert!(RelPath::new(&"a".repeat(300)).is_err());
         assert!(RelPath::new(&"a/".repeat(3000)).is_err());
+    }
+
+    #[test]
+    fn control_characters_are_refused_and_shown_escaped() {
+        for bad in [
+            "a\nb\u{1b}[31mRED",
+            "tab\there",
+            "del\u{7f}",
+            "c1\u{85}x",
+            "c1\u{9b}31m",
+            "dir/\rcarriage",
+        ] {
+            let e = RelPath::new(bad).unwrap_err().to_string();
+            assert!(
+                !e.chars().any(|c| c.is_control()),
+                "{bad:?}: the message itself carries a control character: {e:?}"
+            );
+            assert!(e.contains(&bad.escape_debug().to_string()), "{e}");
+        }
+        let e = RelPath::new("a\nb\u{1b}[31mRED").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "path `a\\nb\\u{1b}[31mRED` contains the control character '\\n'; rename it at its source without control characters"
+        );
+        // Non-ASCII that is not a control character stays allowed.
+        RelPath::new("modèle/权重.safetensors").unwrap();
+        // Other refusals show the path escaped too.
+        let e = RelPath::new("/etc/\u{1b}]0;x").unwrap_err().to_string();
+        assert!(e.contains("/etc/\\u{1b}]0;x"), "{e}");
+        // A link target with one cannot resolve.
+        let l = RelPath::new("d/l").unwrap();
+        assert!(l.resolve_link("x\ny").is_none());
+        assert!(l.resolve_link("../\u{9b}").is_none());
     }
 
     #[test]

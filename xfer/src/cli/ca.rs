@@ -47,7 +47,11 @@ pub fn run(cmd: CaCmd) -> Result<ExitCode> {
             );
         }
         CaCmd::Rotate { dir, finish: false } => {
-            let id = CaDir::new(&dir).rotate()?;
+            let rotated = CaDir::new(&dir).rotate()?;
+            let id = rotated.id;
+            if let Some(what) = &rotated.recovered {
+                println!("{what}");
+            }
             println!(
                 "new CA {}; the old one stays trusted. Next: reissue every credential (`xfer ca issue NAME --dir {} --out FILE --force`), reload each agent (`systemctl reload xfer-agent`, or kill -HUP), then `xfer ca rotate --finish --dir {}` and reissue once more",
                 id.short(),

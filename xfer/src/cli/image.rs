@@ -122,7 +122,15 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
         cache: cache.clone(),
     };
     let (tx, mut saved) = tokio::sync::mpsc::unbounded_channel::<Digest>();
-    let (saving, cached) = match archive::cached(&cache, &id, &reference) {
+    let lookup = archive::cached(&cache, &id, &reference);
+    for b in &lookup.discarded {
+        eprintln!(
+            "blob {} of {reference} in {} no longer hashes to its digest (damaged on disk); discarded, saving the image again",
+            b.digest,
+            cache.display()
+        );
+    }
+    let (saving, cached) = match lookup.desc {
         Some(d) => {
             for b in d.blobs() {
                 let _ = tx.send(b.digest);
@@ -290,6 +298,11 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
         );
     }
     let odd: Vec<&NodeImage> = summary.nodes.iter().filter(|n| !n.ok).collect();
+    if !odd.is_empty() {
+        // Whatever failed, the next push hashes every blob again before
+        // sending it, so damage the stamps missed cannot be sent twice.
+        archive::distrust(&cache, &desc);
+    }
     for n in &odd {
         eprintln!("error: {}", n.error.as_deref().unwrap_or("failed"));
     }

@@ -1,13 +1,15 @@
 //! The Hub's JSON API, as data: the revision reply, tree entries, the
 //! `Link: <...>; rel="next"` paging header (rewritten onto a mirror's host),
-//! and the `X-Error-Code` replies turned into errors that say what to do.
-//! No I/O here; the HTTP client feeds it.
+//! and the `X-Error-Code` replies turned into errors that say what to do,
+//! and the bounds of a whole listing ([`ListingBudget`]: a hostile Hub's
+//! endless pages stop there, not when memory runs out). No I/O here; the
+//! HTTP client feeds it.
 
 use serde::Deserialize;
 
 use super::digest::Expected;
 use xfer_proto::manifest::MAX_FILE_SIZE;
-use xfer_proto::relpath::RelPath;
+use xfer_proto::relpath::{shown, RelPath};
 
 /// `GET /api/models/{id}/revision/{rev}`, the part we use.
 #[derive(Debug, Deserialize)]
@@ -81,14 +83,22 @@ pub struct Listed {
 
 /// Parses one page of the tree listing into files (folders are dropped;
 /// they exist through their files). Paths are checked like any manifest
-/// path, so a hostile listing cannot write outside the snapshot.
+/// path, so a hostile listing cannot write outside the snapshot, nor put
+/// control characters in a name.
 pub fn parse_tree_page(body: &[u8]) -> Result<Vec<RemoteFile>, String> {
+    parse_tree_page_counted(body).map(|(files, _)| files)
+}
+
+/// [`parse_tree_page`], also returning how many entries (files and folders)
+/// the page held.
+pub fn parse_tree_page_counted(body: &[u8]) -> Result<(Vec<RemoteFile>, usize), String> {
     let entries: Vec<TreeEntry> = serde_json::from_slice(body)
         .map_err(|e| format!("the Hub's file listing is not what it should be: {e}"))?;
+    let listed = entries.len();
     let mut files = Vec::new();
     for e in entries.into_iter().filter(|e| e.kind == "file") {
         let path = RelPath::new(&e.path)
-            .map_err(|why| format!("the Hub listed an unsafe path `{}`: {why}", e.path))?;
+            .map_err(|why| format!("the Hub listed an unsafe path `{}`: {why}", shown(&e.path)))?;
         let (size, expected) = match &e.lfs {
             Some(lfs) => (lfs.size, Expected::Sha256(hex_of(&lfs.oid, 64, &e.path)?)),
             None => (e.size, Expected::GitSha1(hex_of(&e.oid, 40, &e.path)?)),
@@ -116,7 +126,71 @@ pub fn parse_tree_page(body: &[u8]) -> Result<Vec<RemoteFile>, String> {
             listed,
         });
     }
-    Ok(files)
+    Ok((files, listed))
+}
+
+/// Most entries (files and folders) a repo's listing may hold, over all its
+/// pages. The biggest real model repos list tens of thousands; each entry
+/// kept costs a few hundred bytes, so this bounds the listing's memory near
+/// 80 MB whatever a Hub sends.
+pub const MAX_LISTED_ENTRIES: usize = 200_000;
+/// Most bytes of listing replies, over all pages (a real entry is ~300
+/// bytes; this allows ~2.7 KiB per entry at the entry bound).
+pub const MAX_LISTING_BYTES: usize = 512 << 20;
+/// Largest single page: the Hub sends 1000 entries (~300 KiB) at most.
+pub const MAX_PAGE_BYTES: usize = 16 << 20;
+
+/// What a repo's listing has taken so far, against [`MAX_LISTED_ENTRIES`]
+/// and [`MAX_LISTING_BYTES`].
+#[derive(Debug, Clone)]
+pub struct ListingBudget {
+    repo: String,
+    max_entries: usize,
+    max_bytes: usize,
+    entries: usize,
+    bytes: usize,
+    pages: usize,
+}
+
+impl ListingBudget {
+    /// The budget of `repo`'s listing, at the default bounds.
+    pub fn new(repo: &str) -> Self {
+        Self::with_bounds(repo, MAX_LISTED_ENTRIES, MAX_LISTING_BYTES)
+    }
+
+    pub fn with_bounds(repo: &str, max_entries: usize, max_bytes: usize) -> Self {
+        ListingBudget {
+            repo: repo.to_string(),
+            max_entries,
+            max_bytes,
+            entries: 0,
+            bytes: 0,
+            pages: 0,
+        }
+    }
+
+    /// Counts a page of `bytes` bytes holding `entries` entries; an error
+    /// (naming the repo, the bound and the fix) once either total passes
+    /// its bound.
+    pub fn take(&mut self, bytes: usize, entries: usize) -> Result<(), String> {
+        self.pages += 1;
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.entries = self.entries.saturating_add(entries);
+        let over = if self.entries > self.max_entries {
+            Some(format!("more than {} entries", self.max_entries))
+        } else if self.bytes > self.max_bytes {
+            Some(format!("more than {} MiB of listing", self.max_bytes >> 20))
+        } else {
+            None
+        };
+        match over {
+            Some(what) => Err(format!(
+                "the Hub's file list of {} runs to {what} after {} pages, past what any real repo has, so the endpoint is broken or hostile: point HF_ENDPOINT at the Hub or a sound mirror",
+                self.repo, self.pages
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The listing's total size, or an error if it does not fit in a `u64`;
@@ -244,6 +318,17 @@ mod tests {
             let e = parse_tree_page(body.as_bytes()).unwrap_err();
             assert!(e.contains("unsafe path"), "{e}");
         }
+        // A name with a newline and an escape sequence: refused, and the
+        // message shows it escaped (JSON `\n` and `\u001b` decode to the
+        // raw characters).
+        let body = format!(
+            r#"[{{"type":"file","path":"a\nb\u001b[31mRED","oid":"{}","size":1}}]"#,
+            "c".repeat(40)
+        );
+        let e = parse_tree_page(body.as_bytes()).unwrap_err();
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert!(e.contains(r"`a\nb\u{1b}[31mRED`"), "{e}");
+        assert!(e.contains("control character"), "{e}");
         let bad = r#"[{"type":"file","path":"x","oid":"zz","size":1}]"#;
         assert!(parse_tree_page(bad.as_bytes())
             .unwrap_err()
@@ -286,6 +371,36 @@ mod tests {
         assert_eq!(total_size(&vec![pib.clone(); 3]), Ok(3 * MAX_FILE_SIZE));
         let e = total_size(&vec![pib; 1 << 14]).unwrap_err();
         assert!(e.contains("adds up to more than"), "{e}");
+    }
+
+    #[test]
+    fn a_listing_is_bounded_in_entries_and_bytes() {
+        let mut b = ListingBudget::with_bounds("o/m", 10, 1000);
+        for _ in 0..5 {
+            b.take(100, 2).unwrap();
+        }
+        let e = b.take(1, 1).unwrap_err();
+        assert!(
+            e.contains("o/m") && e.contains("more than 10 entries"),
+            "{e}"
+        );
+        assert!(
+            e.contains("after 6 pages") && e.contains("HF_ENDPOINT"),
+            "{e}"
+        );
+        let mut b = ListingBudget::with_bounds("o/m", 10, 2 << 20);
+        b.take(2 << 20, 0).unwrap();
+        let e = b.take(1, 0).unwrap_err();
+        assert!(e.contains("more than 2 MiB of listing"), "{e}");
+        // The default bounds leave room for the biggest real repos.
+        let mut b = ListingBudget::new("o/m");
+        for _ in 0..100 {
+            b.take(300 << 10, 1000).unwrap();
+        }
+        let (files, n) =
+            parse_tree_page_counted(br#"[{"type":"directory","path":"d","oid":"x","size":0}]"#)
+                .unwrap();
+        assert_eq!((files.len(), n), (0, 1), "folders count against the bound");
     }
 
     #[test]

@@ -114,6 +114,9 @@ struct FileState {
     file: File,
     parts: Mutex<Parts>,
     dirty: AtomicBool,
+    /// The sidecar was last written without fsync (on the hot path of
+    /// announcing chunks); the next periodic save makes it durable.
+    unsynced: AtomicBool,
     /// Resolved once, on first use; cleared if the CDN refuses a stale URL.
     url: tokio::sync::Mutex<Option<Url>>,
     /// The server ignores Range for this file: one stream, from 0.
@@ -176,7 +179,7 @@ fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<F
     let mut out = Vec::with_capacity(jobs.len());
     for job in jobs {
         if let Some(dir) = job.incomplete.parent() {
-            std::fs::create_dir_all(dir)
+            crate::util::beneath::create_dir_all_durable(dir)
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
         let file = OpenOptions::new()
@@ -223,6 +226,7 @@ fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<F
             file,
             parts: Mutex::new(parts),
             dirty: AtomicBool::new(true),
+            unsynced: AtomicBool::new(false),
             url: tokio::sync::Mutex::new(None),
             whole: AtomicBool::new(false),
             streaming: AtomicBool::new(false),
@@ -307,27 +311,50 @@ pub async fn download(
 async fn flush_sidecars(shared: Arc<Shared>) {
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        save_sidecars(&shared);
+        let s = shared.clone();
+        let _ = tokio::task::spawn_blocking(move || save_sidecars(&s)).await;
     }
 }
 
-/// Rewrites the sidecar of every file that moved, atomically. The bytes it
-/// counts are already written, so a crash never claims more than is there.
+/// Rewrites the sidecar of every file that moved, durably: the file's
+/// bytes are fdatasynced first, then the sidecar is written to a temporary,
+/// fsynced, renamed in and its folder fsynced. The bytes it counts are
+/// already written (and, after a power cut, on disk), so a crash never
+/// claims more than is there.
 fn save_sidecars(shared: &Shared) {
     for st in &shared.files {
-        save_sidecar(st);
+        save_sidecar_as(st, true);
     }
 }
 
-/// Rewrites one file's sidecar if it moved.
+/// Rewrites one file's sidecar if it moved, atomically but without fsync:
+/// called for every chunk announced, where an fsync each would slow the
+/// download. It survives the process's death (the page cache keeps it);
+/// the next [`save_sidecars`], within half a second, makes it durable.
 fn save_sidecar(st: &FileState) {
+    save_sidecar_as(st, false);
+}
+
+fn save_sidecar_as(st: &FileState, durable: bool) {
     let _io = st.sidecar_io.lock().unwrap();
-    if st.placed.load(Ordering::Acquire) || !st.dirty.swap(false, Ordering::AcqRel) {
+    if st.placed.load(Ordering::Acquire) {
+        return;
+    }
+    let moved = st.dirty.swap(false, Ordering::AcqRel);
+    let unsynced = durable && st.unsynced.swap(false, Ordering::AcqRel);
+    if !moved && !unsynced {
         return;
     }
     let bytes = st.parts.lock().unwrap().encode();
-    let tmp = st.job.sidecar.with_extension("tmp");
-    let ok = std::fs::write(&tmp, &bytes).and_then(|_| std::fs::rename(&tmp, &st.job.sidecar));
+    let ok = if durable {
+        st.file
+            .sync_data()
+            .and_then(|_| crate::util::beneath::write_file_durable(&st.job.sidecar, &bytes, 0o644))
+    } else {
+        st.unsynced.store(true, Ordering::Release);
+        let tmp = st.job.sidecar.with_extension("tmp");
+        std::fs::write(&tmp, &bytes).and_then(|_| std::fs::rename(&tmp, &st.job.sidecar))
+    };
     if let Err(e) = ok {
         tracing::warn!("cannot save {}: {e}", st.job.sidecar.display());
     }
@@ -385,7 +412,8 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
     // The sidecar now says "complete": if we die while verifying, the re-run
     // verifies again instead of downloading again.
     st.dirty.store(true, Ordering::Release);
-    save_sidecars(shared);
+    let s = shared.clone();
+    let _ = tokio::task::spawn_blocking(move || save_sidecars(&s)).await;
     let s = shared.clone();
     let verdict = tokio::task::spawn_blocking(move || {
         let st = &s.files[f];

@@ -144,6 +144,18 @@ impl HubHttp {
         repo: &str,
         what: &str,
     ) -> Result<(Vec<u8>, HeaderMap), Failure> {
+        self.get_api_within(url, repo, what, API_REPLY_LIMIT).await
+    }
+
+    /// [`Self::get_api`] with a smaller bound on the body (a page of the
+    /// file listing).
+    pub async fn get_api_within(
+        &self,
+        url: &str,
+        repo: &str,
+        what: &str,
+        limit: usize,
+    ) -> Result<(Vec<u8>, HeaderMap), Failure> {
         let url = parse(url)?;
         retrying(|| async {
             let (at, resp) = self.send(Method::GET, url.clone(), None, false).await?;
@@ -152,7 +164,7 @@ impl HubHttp {
                 return Err(refused(&resp, repo, what, &at));
             }
             let headers = resp.headers().clone();
-            let body = read_limited(resp, &at, what).await?;
+            let body = read_limited(resp, &at, what, limit).await?;
             Ok((body, headers))
         })
         .await
@@ -296,30 +308,28 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 pub const API_REPLY_LIMIT: usize = 64 << 20;
 
 /// Reads a reply's body as it arrives, refusing it once it passes
-/// [`API_REPLY_LIMIT`] (or says it will, in its `content-length`).
+/// `limit` (or says it will, in its `content-length`).
 async fn read_limited(
     mut resp: reqwest::Response,
     at: &Url,
     what: &str,
+    limit: usize,
 ) -> Result<Vec<u8>, Failure> {
     let too_big = || {
         Failure::Fatal(format!(
             "{}: the reply to {what} is larger than {} MiB, which no Hub API reply is; check HF_ENDPOINT",
             host_of(at),
-            API_REPLY_LIMIT >> 20
+            limit >> 20
         ))
     };
-    if resp
-        .content_length()
-        .is_some_and(|n| n > API_REPLY_LIMIT as u64)
-    {
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
         return Err(too_big());
     }
     let mut body = Vec::new();
     loop {
         match resp.chunk().await {
             Ok(Some(part)) => {
-                if body.len() + part.len() > API_REPLY_LIMIT {
+                if body.len() + part.len() > limit {
                     return Err(too_big());
                 }
                 body.extend_from_slice(&part);

@@ -20,7 +20,9 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::hub::announce::{self, Announcer, DraftPaths, DraftUpdate, OnDraft};
-use crate::hub::api::{next_page, parse_tree_page, RemoteFile, RevisionInfo};
+use crate::hub::api::{
+    next_page, parse_tree_page_counted, ListingBudget, RemoteFile, RevisionInfo, MAX_PAGE_BYTES,
+};
 use crate::hub::cache::RepoCache;
 use crate::hub::digest::{Digest, Digester, Expected};
 use crate::hub::download::{self, FileJob, Finisher, Stats, Verdict, Watch};
@@ -28,6 +30,7 @@ use crate::hub::env::HubEnv;
 use crate::hub::http::HubHttp;
 use crate::hub::repo::{RepoRef, RepoType};
 use crate::hub::{leftovers, tree_cache};
+use crate::util::beneath::{create_dir_all_durable, rename_durable, write_file_durable};
 use crate::util::progress::Progress;
 use xfer_proto::draft::Draft;
 use xfer_proto::hash::Hash;
@@ -210,13 +213,10 @@ impl Layout {
     fn place(&self, f: &RemoteFile, incomplete: &Path) -> std::io::Result<()> {
         let fin = self.final_path(f);
         if let Some(parent) = fin.parent() {
-            std::fs::create_dir_all(parent)?;
+            create_dir_all_durable(parent)?;
         }
         std::fs::File::open(incomplete)?.sync_all()?;
-        std::fs::rename(incomplete, &fin)?;
-        if let Some(parent) = fin.parent() {
-            std::fs::File::open(parent)?.sync_all()?;
-        }
+        rename_durable(incomplete, &fin)?;
         self.link(f)
     }
 
@@ -229,9 +229,6 @@ impl Layout {
             }
             Layout::LocalDir { dir, commit } => {
                 let meta = f.path.under(&self.meta_dir(dir));
-                if let Some(parent) = meta.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
                 let meta = meta.with_file_name(format!(
                     "{}.metadata",
                     meta.file_name().and_then(|n| n.to_str()).unwrap_or("file")
@@ -240,9 +237,10 @@ impl Layout {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_secs_f64())
                     .unwrap_or(0.0);
-                let tmp = meta.with_extension("xfer-tmp");
-                std::fs::write(&tmp, format!("{commit}\n{}\n{now}\n", f.expected.etag()))?;
-                std::fs::rename(&tmp, &meta)
+                // Durably, after the file itself: a `.metadata` never
+                // survives a power cut that its file did not.
+                let text = format!("{commit}\n{}\n{now}\n", f.expected.etag());
+                write_file_durable(&meta, text.as_bytes(), 0o644)
             }
         }
     }
@@ -537,7 +535,9 @@ pub struct PlacedFile {
 }
 
 /// Every file of the listing, following `Link: rel="next"` pages (kept on
-/// the endpoint's host).
+/// the endpoint's host), within a [`ListingBudget`] of entries and bytes
+/// and [`MAX_PAGE_BYTES`] a page: a Hub that pages forever is refused,
+/// its pages are not kept.
 async fn list_files(
     http: &HubHttp,
     repo: &RepoRef,
@@ -546,20 +546,26 @@ async fn list_files(
 ) -> Result<Vec<RemoteFile>> {
     let mut url = repo.tree_url(ep, commit);
     let mut files = Vec::new();
-    for page in 1.. {
+    let mut budget = ListingBudget::new(&repo.id);
+    loop {
         let (body, headers) = http
-            .get_api(
+            .get_api_within(
                 &url,
                 &repo.id,
                 &format!("the file list at {}", &commit[..12]),
+                MAX_PAGE_BYTES,
             )
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        files.extend(parse_tree_page(&body).map_err(anyhow::Error::msg)?);
+        let (page, entries) = parse_tree_page_counted(&body).map_err(anyhow::Error::msg)?;
+        budget
+            .take(body.len(), entries)
+            .map_err(anyhow::Error::msg)?;
+        files.extend(page);
         let link = headers.get("link").and_then(|l| l.to_str().ok());
         match link.and_then(|l| next_page(l, ep)) {
-            Some(next) if page < 100_000 => url = next,
-            _ => break,
+            Some(next) => url = next,
+            None => break,
         }
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));

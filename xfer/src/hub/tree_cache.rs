@@ -6,7 +6,6 @@
 //! Written once the pulled files are in place and before the ref.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -61,16 +60,7 @@ pub fn render(files: &[RemoteFile]) -> Vec<u8> {
 /// Writes the listing of `commit` under `folder`, atomically and durably.
 pub fn write(folder: &Path, commit: &str, files: &[RemoteFile]) -> std::io::Result<PathBuf> {
     let dest = path(folder, commit);
-    let dir = dest.parent().expect("has a parent");
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{commit}.json.xfer-tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&render(files))?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, &dest)?;
-    std::fs::File::open(dir)?.sync_all()?;
+    crate::util::beneath::write_file_durable(&dest, &render(files), 0o644)?;
     Ok(dest)
 }
 

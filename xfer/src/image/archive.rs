@@ -11,6 +11,15 @@
 //! each layer's digest its `rootfs.diff_ids` entry, or the save is
 //! refused as damaged. Memory stays bounded: metadata files are capped
 //! ([`MAX_JSON`]) and blobs go straight to disk.
+//!
+//! The cache is trusted only as far as it is checked: beside each blob a
+//! stamp (`.stamps/sha256-<hex>`: device, inode, size, mtime, ctime) records
+//! the file as it was when its digest was known. A blob whose stamp no
+//! longer matches is hashed again before it is used ([`cached`]), or
+//! replaced by the fresh copy of a save ([`unpack`]); one that no longer
+//! hashes to its digest is discarded, so the image is saved again rather
+//! than a damaged blob sent on every push. Blobs, stamps and image records
+//! are written durably (fsync, rename, folder fsync).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -20,6 +29,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use crate::util::beneath::{create_dir_all_durable, rename_durable, write_file_durable};
+use crate::util::stamp::FileStamp;
 use xfer_proto::image::{check_reference, BlobRef, Digest, ImageDesc, BLOB_FILE, MAX_LAYERS};
 
 /// The most a metadata file of a saved image (`manifest.json`, a config)
@@ -65,7 +76,7 @@ pub fn unpack(
     mut kept: impl FnMut(Digest),
 ) -> Result<ImageDesc> {
     check_reference(reference).map_err(anyhow::Error::msg)?;
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    create_dir_all_durable(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut archive = tar::Archive::new(tar);
     // Path in the tar → (digest, size) of what it held.
     let mut held: BTreeMap<String, (Digest, u64)> = BTreeMap::new();
@@ -172,10 +183,7 @@ pub fn unpack(
     // index) were kept as blobs too; drop the ones no image needs.
     for (path, (d, _)) in &held {
         if !desc.blobs().any(|b| b.digest == *d) {
-            let dirp = blob_path(dir, d);
-            if let Some(parent) = dirp.parent() {
-                let _ = fs::remove_dir_all(parent);
-            }
+            discard(dir, d);
             tracing::debug!("dropped {path} of the saved image: not a blob of the image");
         }
     }
@@ -189,53 +197,158 @@ fn named_digest(path: &str) -> Option<Digest> {
     Digest::parse(hex_part).ok()
 }
 
-/// Copies one entry into `dir` under its own sha256 (atomically: a
-/// temporary file renamed once complete and fsynced); a blob already there
-/// is kept and the copy dropped.
+/// Copies one entry into `dir` under its own sha256 (durably: a temporary
+/// file fsynced, renamed in, its folder fsynced); a blob already there is
+/// kept only if its stamp says it is unchanged since its digest was
+/// known, and otherwise replaced by this copy.
 fn keep_blob(r: &mut impl Read, dir: &Path) -> Result<(Digest, u64)> {
     let tmp_dir = dir.join(".incoming");
-    fs::create_dir_all(&tmp_dir)?;
+    create_dir_all_durable(&tmp_dir)?;
     let tmp = tempfile::NamedTempFile::new_in(&tmp_dir)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
     let (digest, n) = super::sha256_copy(r, &mut out)?;
     out.flush()?;
     drop(out);
     let dest = blob_path(dir, &digest);
-    if dest.metadata().is_ok_and(|m| m.len() == n) {
+    if stamp_holds(dir, &digest, n) {
         return Ok((digest, n));
     }
     tmp.as_file().sync_all()?;
     let parent = dest.parent().expect("a blob path has a folder");
-    fs::create_dir_all(parent)?;
-    tmp.persist(&dest).map_err(|e| e.error)?;
+    create_dir_all_durable(parent)?;
+    let tmp = tmp.into_temp_path();
+    rename_durable(&tmp, &dest)?;
+    // Renamed away: nothing is left for the guard to remove.
+    let _ = tmp.keep();
+    write_stamp(dir, &digest)?;
     Ok((digest, n))
 }
 
-/// The image described under `dir`'s `images/<id>.json`, if every blob it
-/// names is still there with its size (a re-push of the same image then
-/// skips `docker save`).
-pub fn cached(dir: &Path, id: &Digest, reference: &str) -> Option<ImageDesc> {
-    let text = fs::read(desc_path(dir, id)).ok()?;
-    let mut desc: ImageDesc = serde_json::from_slice(&text).ok()?;
-    let all_there = desc.blobs().all(|b| {
-        blob_path(dir, &b.digest)
-            .metadata()
-            .is_ok_and(|m| m.len() == b.size)
-    });
-    (all_there && desc.id() == *id).then(|| {
-        desc.reference = reference.to_string();
-        desc
-    })
+/// Where the stamp of blob `d` is kept.
+fn stamp_path(dir: &Path, d: &Digest) -> PathBuf {
+    dir.join(".stamps").join(d.model().as_str())
 }
 
-/// Records `desc` under `dir` (after its blobs).
+/// Records blob `d` as it is now (its digest just checked).
+fn write_stamp(dir: &Path, d: &Digest) -> Result<()> {
+    let stamp = FileStamp::of(&blob_path(dir, d))
+        .with_context(|| format!("blob {d} vanished from {}", dir.display()))?;
+    write_file_durable(&stamp_path(dir, d), &serde_json::to_vec(&stamp)?, 0o644)
+        .with_context(|| format!("cannot record blob {d} in {}", dir.display()))
+}
+
+/// Whether blob `d` is there with `size` bytes and unchanged since its
+/// stamp was written (so its digest still holds without reading it).
+fn stamp_holds(dir: &Path, d: &Digest, size: u64) -> bool {
+    let Some(now) = FileStamp::of(&blob_path(dir, d)) else {
+        return false;
+    };
+    let recorded = fs::read(stamp_path(dir, d))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<FileStamp>(&b).ok());
+    now.size() == size && recorded.as_ref() == Some(&now)
+}
+
+/// Removes blob `d` and its stamp from the cache.
+fn discard(dir: &Path, d: &Digest) {
+    let _ = fs::remove_file(stamp_path(dir, d));
+    if let Some(folder) = blob_path(dir, d).parent() {
+        let _ = fs::remove_dir_all(folder);
+    }
+}
+
+/// What the cache made of blob `b`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlobCheck {
+    /// There, and its bytes hash to its digest.
+    Sound,
+    /// Missing, or of another size.
+    Missing,
+    /// Its bytes no longer hash to its digest: discarded.
+    Damaged(Digest),
+}
+
+/// Checks blob `b` of the cache: trusted as it is while its stamp holds,
+/// hashed again otherwise (a damaged one is discarded; a sound one gets a
+/// fresh stamp).
+pub fn check_blob(dir: &Path, b: &BlobRef) -> BlobCheck {
+    let path = blob_path(dir, &b.digest);
+    if !path.metadata().is_ok_and(|m| m.len() == b.size) {
+        return BlobCheck::Missing;
+    }
+    if stamp_holds(dir, &b.digest, b.size) {
+        return BlobCheck::Sound;
+    }
+    let hashed = fs::File::open(&path).and_then(|f| super::sha256_copy(f, std::io::sink()));
+    match hashed {
+        Ok((d, n)) if d == b.digest && n == b.size => {
+            if let Err(e) = write_stamp(dir, &b.digest) {
+                tracing::warn!("{e:#}");
+            }
+            BlobCheck::Sound
+        }
+        Ok((d, _)) => {
+            discard(dir, &b.digest);
+            BlobCheck::Damaged(d)
+        }
+        Err(_) => BlobCheck::Missing,
+    }
+}
+
+/// What [`cached`] found.
+#[derive(Debug, Default)]
+pub struct CacheLookup {
+    /// The image, if every blob it names is there and sound (a re-push of
+    /// the same image then skips `docker save`).
+    pub desc: Option<ImageDesc>,
+    /// Blobs found damaged (bytes that no longer hash to their digest) and
+    /// discarded: the image must be saved again.
+    pub discarded: Vec<BlobRef>,
+}
+
+/// The image described under `dir`'s `images/<id>.json`, if every blob it
+/// names is still there and sound ([`check_blob`]).
+pub fn cached(dir: &Path, id: &Digest, reference: &str) -> CacheLookup {
+    let mut out = CacheLookup::default();
+    let Some(mut desc) = fs::read(desc_path(dir, id))
+        .ok()
+        .and_then(|text| serde_json::from_slice::<ImageDesc>(&text).ok())
+        .filter(|d| d.id() == *id)
+    else {
+        return out;
+    };
+    let mut all_sound = true;
+    for b in desc.blobs() {
+        match check_blob(dir, b) {
+            BlobCheck::Sound => {}
+            BlobCheck::Missing => all_sound = false,
+            BlobCheck::Damaged(_) => {
+                all_sound = false;
+                out.discarded.push(b.clone());
+            }
+        }
+    }
+    if all_sound {
+        desc.reference = reference.to_string();
+        out.desc = Some(desc);
+    }
+    out
+}
+
+/// Forgets the stamps of `desc`'s blobs, so that the next push hashes each
+/// again before sending it (after a node refused one as damaged: damage
+/// that left the stamp alone, such as a failing disk).
+pub fn distrust(dir: &Path, desc: &ImageDesc) {
+    for b in desc.blobs() {
+        let _ = fs::remove_file(stamp_path(dir, &b.digest));
+    }
+}
+
+/// Records `desc` under `dir` (after its blobs), durably.
 pub fn remember(dir: &Path, desc: &ImageDesc) -> Result<()> {
     let p = desc_path(dir, &desc.id());
-    fs::create_dir_all(p.parent().expect("has a folder"))?;
-    let tmp = p.with_extension("tmp");
-    fs::write(&tmp, serde_json::to_vec_pretty(desc)?)?;
-    fs::rename(&tmp, &p)?;
-    Ok(())
+    write_file_durable(&p, &serde_json::to_vec_pretty(desc)?, 0o644)
+        .with_context(|| format!("cannot write {}", p.display()))
 }
 
 fn desc_path(dir: &Path, id: &Digest) -> PathBuf {
@@ -305,14 +418,79 @@ mod tests {
         assert_eq!(kept.count(), 3);
         remember(dir.path(), &desc).unwrap();
         assert_eq!(
-            cached(dir.path(), &id, "other:2").unwrap().reference,
+            cached(dir.path(), &id, "other:2").desc.unwrap().reference,
             "other:2"
         );
         fs::remove_file(blob_path(dir.path(), &desc.layers[0].digest)).unwrap();
-        assert!(
-            cached(dir.path(), &id, "xt/app:1").is_none(),
-            "a blob went missing"
-        );
+        let lookup = cached(dir.path(), &id, "xt/app:1");
+        assert!(lookup.desc.is_none(), "a blob went missing");
+        assert!(lookup.discarded.is_empty());
+    }
+
+    /// Overwrites a blob with bytes of the same size (a damaged disk, a
+    /// stray write), flipping one byte in the middle.
+    fn damage(path: &Path) {
+        let mut b = fs::read(path).unwrap();
+        let mid = b.len() / 2;
+        b[mid] ^= 0xff;
+        fs::write(path, &b).unwrap();
+    }
+
+    /// Regression (issue 30, finding 9): a same-size damaged blob passed
+    /// `cached` (which checked sizes only), so every push sent it and every
+    /// load failed. Now it is hashed again, discarded, and the next save
+    /// rebuilds it; a save also replaces a damaged copy it finds.
+    #[test]
+    fn a_damaged_cached_blob_is_found_discarded_and_rebuilt_by_the_next_save() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tar, id) = saved(&[b"base layer bytes", b"top layer bytes"], false);
+        let desc = unpack(&tar[..], dir.path(), "xt/app:1", |_| ()).unwrap();
+        remember(dir.path(), &desc).unwrap();
+        let top = desc.layers[1].clone();
+        let top_path = blob_path(dir.path(), &top.digest);
+        assert!(cached(dir.path(), &id, "xt/app:1").desc.is_some());
+
+        damage(&top_path);
+        let lookup = cached(dir.path(), &id, "xt/app:1");
+        assert!(lookup.desc.is_none(), "a damaged blob must not be pushed");
+        assert_eq!(lookup.discarded, std::slice::from_ref(&top));
+        assert!(!top_path.exists(), "the damaged blob is discarded");
+        // The next save (what `xfer image push` runs on a miss) rebuilds it.
+        let again = unpack(&tar[..], dir.path(), "xt/app:1", |_| ()).unwrap();
+        assert_eq!(again, desc);
+        assert_eq!(fs::read(&top_path).unwrap(), b"top layer bytes");
+        assert!(cached(dir.path(), &id, "xt/app:1").desc.is_some());
+
+        // A save that finds a damaged copy in place replaces it (it used
+        // to keep any blob of the right size).
+        damage(&top_path);
+        unpack(&tar[..], dir.path(), "xt/app:1", |_| ()).unwrap();
+        assert_eq!(fs::read(&top_path).unwrap(), b"top layer bytes");
+        assert_eq!(check_blob(dir.path(), &top), BlobCheck::Sound);
+    }
+
+    /// A blob unchanged since its stamp is trusted without reading it;
+    /// `distrust` (after a node refused a blob) makes the next check hash
+    /// it again, which finds damage the stamp could not show.
+    #[test]
+    fn stamps_spare_rehashing_until_distrusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tar, id) = saved(&[b"only layer"], false);
+        let desc = unpack(&tar[..], dir.path(), "xt/app:1", |_| ()).unwrap();
+        remember(dir.path(), &desc).unwrap();
+        let layer = desc.layers[0].clone();
+        let path = blob_path(dir.path(), &layer.digest);
+        // Damage that leaves the stamp matching (as a failing disk would):
+        // the stamp is rewritten to the damaged file's.
+        damage(&path);
+        write_stamp(dir.path(), &layer.digest).unwrap();
+        assert_eq!(check_blob(dir.path(), &layer), BlobCheck::Sound);
+        distrust(dir.path(), &desc);
+        assert!(matches!(
+            check_blob(dir.path(), &layer),
+            BlobCheck::Damaged(d) if d != layer.digest
+        ));
+        assert!(cached(dir.path(), &id, "xt/app:1").desc.is_none());
     }
 
     #[test]

@@ -7,40 +7,17 @@
 //! set back by a user, so any write invalidates the entry. A stale entry could
 //! only ever cause the receiver's per-chunk check to fail, never a bad file;
 //! `--rehash` ignores the cache. The cache lives in
-//! `$XDG_CACHE_HOME/xfer` (default `~/.cache/xfer`), one file per tree.
+//! `$XDG_CACHE_HOME/xfer` (default `~/.cache/xfer`), one file per tree,
+//! replaced durably.
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::util::stamp::FileStamp;
 use xfer_proto::hash::Hash;
-
-/// What identifies a file's content without reading it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileStamp {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime_ns: i64,
-    ctime_ns: i64,
-}
-
-impl FileStamp {
-    /// The stamp of the file at `path` (following symlinks).
-    pub fn of(path: &Path) -> Option<FileStamp> {
-        let m = fs::metadata(path).ok()?;
-        Some(FileStamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.len(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
-        })
-    }
-}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Cached {
@@ -114,16 +91,11 @@ impl HashCache {
             return;
         }
         let entries: Vec<(&PathBuf, &Cached)> = self.entries.iter().collect();
+        // Durably (temporary, fsync, rename, folder fsync): a power cut
+        // leaves the old cache or the new one, never a torn file.
         let write = || -> std::io::Result<()> {
-            if let Some(dir) = file.parent() {
-                fs::create_dir_all(dir)?;
-            }
-            let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-            fs::write(
-                &tmp,
-                postcard::to_stdvec(&entries).map_err(std::io::Error::other)?,
-            )?;
-            fs::rename(&tmp, file)
+            let bytes = postcard::to_stdvec(&entries).map_err(std::io::Error::other)?;
+            crate::util::beneath::write_file_durable(file, &bytes, 0o644)
         };
         if let Err(e) = write() {
             tracing::warn!("cannot save hash cache {}: {e}", file.display());

@@ -18,6 +18,13 @@
 //! over the final name and fsyncs the directory, so after it returns the new
 //! contents survive a power cut; [`Root::create_dir_all`] fsyncs the parent
 //! of every directory it creates, for the same reason.
+//!
+//! Folders the operator names (an image cache, the CA folder, the Hub cache,
+//! the hash cache) are not agent state under a root; for them the same
+//! durability comes from plain-path helpers: [`sync_dir`],
+//! [`create_dir_all_durable`] (returns the folders it made, each fsynced
+//! into its parent), [`rename_durable`] (a rename, then its folders'
+//! fsync) and [`write_file_durable`] (temporary, fsync, rename, fsync).
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
@@ -458,10 +465,200 @@ impl Root {
 }
 
 #[cfg(test)]
+thread_local! {
+    /// Folders [`sync_dir`] fsynced on this thread, for tests.
+    static DIR_SYNCS: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Fsyncs the folder `dir`, so that its entries (a rename into it, a file
+/// or folder created in it) survive a power cut.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot sync {}: {e}", dir.display())))?;
+    #[cfg(test)]
+    DIR_SYNCS.with(|s| s.borrow_mut().push(dir.to_path_buf()));
+    Ok(())
+}
+
+/// Creates `dir` and whatever parents are missing, fsyncing the parent of
+/// each folder it creates (a new folder is only durable once its parent
+/// is). Returns the folders it created, outermost first; none if `dir`
+/// was there.
+pub fn create_dir_all_durable(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    create_dir_all_durable_mode(dir, 0o777)
+}
+
+/// [`create_dir_all_durable`] with `mode` (before the umask) for the
+/// folders it creates.
+pub fn create_dir_all_durable_mode(dir: &Path, mode: u32) -> io::Result<Vec<PathBuf>> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(d) = cur.filter(|d| !d.as_os_str().is_empty()) {
+        match std::fs::metadata(d) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} is not a folder; move it away", d.display()),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(d.to_path_buf()),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", d.display()))),
+        }
+        cur = d.parent();
+    }
+    let mut made = Vec::new();
+    for d in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(mode).create(&d) {
+            Ok(()) => made.push(d.clone()),
+            // Another process made it meanwhile: theirs to sync.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => continue,
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("cannot create {}: {e}", d.display()),
+                ))
+            }
+        }
+        sync_dir(d.parent().unwrap_or(Path::new(".")))?;
+    }
+    Ok(made)
+}
+
+/// Renames `from` to `to` and fsyncs `to`'s folder (and `from`'s, when it
+/// is another), so the rename survives a power cut.
+pub fn rename_durable(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::rename(from, to).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot rename {} to {}: {e}", from.display(), to.display()),
+        )
+    })?;
+    let to_dir = to.parent().unwrap_or(Path::new(""));
+    sync_dir(to_dir)?;
+    let from_dir = from.parent().unwrap_or(Path::new(""));
+    if from_dir != to_dir {
+        sync_dir(from_dir)?;
+    }
+    Ok(())
+}
+
+/// Replaces `path` with `bytes` (file mode `mode`), durably: a fresh
+/// temporary beside it (created exclusively, so never through a symlink)
+/// is written and fsynced, renamed over `path`, and the folder fsynced.
+/// Missing folders are created durably. Concurrent writers each use their
+/// own temporary; the last rename wins.
+pub fn write_file_durable(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new(""));
+    create_dir_all_durable(dir)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a file name is needed"))?;
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".");
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".tmp")
+        .tempfile_in(if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        })?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| {
+        io::Error::new(
+            e.error.kind(),
+            format!("cannot replace {}: {}", path.display(), e.error),
+        )
+    })?;
+    sync_dir(dir)
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::symlink;
+
+    /// The folders [`sync_dir`] fsynced since the last call, on this thread.
+    fn synced() -> Vec<PathBuf> {
+        DIR_SYNCS.with(|s| std::mem::take(&mut *s.borrow_mut()))
+    }
+
+    #[test]
+    fn new_folders_are_made_and_each_synced_into_its_parent() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().to_path_buf();
+        synced();
+        let made = create_dir_all_durable(&base.join("a/b/c")).unwrap();
+        assert_eq!(made, [base.join("a"), base.join("a/b"), base.join("a/b/c")]);
+        assert!(base.join("a/b/c").is_dir());
+        assert_eq!(synced(), [base.clone(), base.join("a"), base.join("a/b")]);
+        // Again: nothing made, nothing synced.
+        assert!(create_dir_all_durable(&base.join("a/b/c"))
+            .unwrap()
+            .is_empty());
+        assert!(synced().is_empty());
+        // Only the missing tail is made.
+        let made = create_dir_all_durable(&base.join("a/x/y")).unwrap();
+        assert_eq!(made, [base.join("a/x"), base.join("a/x/y")]);
+        assert_eq!(synced(), [base.join("a"), base.join("a/x")]);
+        // A file in the way is an error that names it.
+        fs::write(base.join("f"), b"").unwrap();
+        let e = create_dir_all_durable(&base.join("f/g")).unwrap_err();
+        assert!(e.to_string().contains("f/g"), "{e}");
+        let e = create_dir_all_durable(&base.join("f")).unwrap_err();
+        assert!(e.to_string().contains("f is not a folder"), "{e}");
+    }
+
+    #[test]
+    fn durable_writes_and_renames_sync_their_folders() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().to_path_buf();
+        synced();
+        let p = base.join("d/state.json");
+        write_file_durable(&p, b"one", 0o600).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"one");
+        // The new folder into its parent, then the rename into the folder.
+        assert_eq!(synced(), [base.clone(), base.join("d")]);
+        write_file_durable(&p, b"two", 0o644).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert_eq!(synced(), [base.join("d")]);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
+        let left: Vec<_> = fs::read_dir(base.join("d")).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary left behind");
+        // A symlink at the name is replaced, its target untouched.
+        fs::write(base.join("victim"), b"keep").unwrap();
+        fs::remove_file(&p).unwrap();
+        symlink(base.join("victim"), &p).unwrap();
+        write_file_durable(&p, b"three", 0o644).unwrap();
+        assert!(fs::symlink_metadata(&p).unwrap().is_file());
+        assert_eq!(fs::read(base.join("victim")).unwrap(), b"keep");
+        synced();
+        // A rename across folders syncs both.
+        create_dir_all_durable(&base.join("e")).unwrap();
+        synced();
+        rename_durable(&p, &base.join("e/moved")).unwrap();
+        assert_eq!(synced(), [base.join("e"), base.join("d")]);
+        rename_durable(&base.join("e/moved"), &base.join("e/again")).unwrap();
+        assert_eq!(synced(), [base.join("e")]);
+    }
 
     /// A root, and an outside folder holding `victim` with known bytes.
     fn setup() -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {

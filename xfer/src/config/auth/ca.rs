@@ -16,6 +16,15 @@
 //! new certificate, while new credentials trust both CAs: the cluster
 //! moves over one node at a time, without a flag day. The old private key
 //! is deleted when the rotation begins: only its certificate is needed.
+//!
+//! A rotation writes in an order a crash cannot break: the new key first
+//! (`next.key`), then `previous.crt` and `cross.crt`, then the new key
+//! renamed over `ca.key`, and the new `ca.crt` last, each durably
+//! (temporary, fsync, rename, folder fsync). The next `rotate` reads what
+//! a crash left and finishes it (a staged `next.key`, or a `ca.crt` that
+//! is not `ca.key`'s), or undoes it when its new key was never kept (a
+//! crash of an older xfer, which wrote `ca.crt` first); [`Rotated`] says
+//! which.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -28,6 +37,7 @@ use rcgen::{
 
 use super::identity::{Identity, ORGANISATION};
 use super::{key_id, write_private, SERVER_NAME};
+use crate::util::beneath::{create_dir_all_durable_mode, rename_durable, write_file_durable};
 use xfer_proto::hash::Hash;
 
 /// How long an issued certificate lasts unless `--days` says otherwise:
@@ -42,6 +52,46 @@ const KEY: &str = "ca.key";
 const CERT: &str = "ca.crt";
 const PREVIOUS: &str = "previous.crt";
 const CROSS: &str = "cross.crt";
+/// The new key of a rotation, before it replaces `ca.key`.
+const NEXT: &str = "next.key";
+/// Where an older xfer staged the new key.
+const LEGACY_NEXT: &str = "ca.key.new";
+
+#[cfg(test)]
+thread_local! {
+    /// Makes [`CaDir::rotate`] stop (as a crash would) after this many of
+    /// its durable writes.
+    static CRASH_AFTER: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes the next rotations on this thread stop after `n` durable writes
+/// (`None`: never).
+#[cfg(test)]
+pub(crate) fn crash_after(n: Option<u32>) {
+    CRASH_AFTER.with(|c| c.set(n));
+}
+
+/// A crash point of [`CaDir::rotate`] in tests: `Err` once the writes
+/// allowed by `CRASH_AFTER` are done.
+fn step() -> Result<()> {
+    #[cfg(test)]
+    if let Some(n) = CRASH_AFTER.with(|c| c.get()) {
+        if n == 0 {
+            bail!("crash (test)");
+        }
+        CRASH_AFTER.with(|c| c.set(Some(n - 1)));
+    }
+    Ok(())
+}
+
+/// What `rotate` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotated {
+    /// The CA key id now in `ca.key`.
+    pub id: Hash,
+    /// What it did about a rotation a crash interrupted, in one line.
+    pub recovered: Option<String>,
+}
 
 /// An operator's CA folder.
 pub struct CaDir {
@@ -169,7 +219,12 @@ impl CaDir {
 
     /// Begins a rotation: a new CA key replaces the old, whose certificate
     /// stays trusted (`previous.crt`) and signs the new one (`cross.crt`).
-    pub fn rotate(&self) -> Result<Hash> {
+    /// A rotation a crash interrupted is finished (or, if its new key was
+    /// lost, undone and begun afresh) instead; [`Rotated::recovered`] says so.
+    pub fn rotate(&self) -> Result<Rotated> {
+        if let Some(done) = self.recover()? {
+            return Ok(done);
+        }
         if self.path(PREVIOUS).exists() {
             bail!(
                 "a rotation is already under way in {}; reissue every credential, then run `xfer ca rotate --finish --dir {}`",
@@ -178,19 +233,127 @@ impl CaDir {
             );
         }
         let old_key = self.key()?;
-        let old = ca_certificate(&old_key)?;
         let new_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-        let cross = ca_params(&new_key)?.signed_by(&new_key, &old, &old_key)?;
-        write_public(&self.path(PREVIOUS), &old.pem())?;
-        write_public(&self.path(CROSS), &cross.pem())?;
-        write_public(&self.path(CERT), &ca_certificate(&new_key)?.pem())?;
-        // The new key replaces the old in place, atomically.
-        let tmp = self.path("ca.key.new");
-        let _ = fs::remove_file(&tmp);
-        write_private(&tmp, new_key.serialize_pem().as_bytes(), false)?;
-        fs::rename(&tmp, self.path(KEY))?;
-        super::sync_dir(&self.dir)?;
-        Ok(key_id(&new_key))
+        self.rotate_to(&old_key, &new_key)?;
+        Ok(Rotated {
+            id: key_id(&new_key),
+            recovered: None,
+        })
+    }
+
+    /// The rotation from `old_key` to `new_key`, in crash-safe order (see
+    /// the module header). Each step may be redone.
+    fn rotate_to(&self, old_key: &KeyPair, new_key: &KeyPair) -> Result<()> {
+        if !self.path(NEXT).exists() {
+            self.write(NEXT, new_key.serialize_pem().as_bytes(), 0o600)?;
+        }
+        step()?;
+        let old = ca_certificate(old_key)?;
+        let cross = ca_params(new_key)?.signed_by(new_key, &old, old_key)?;
+        self.write(PREVIOUS, old.pem().as_bytes(), 0o644)?;
+        step()?;
+        self.write(CROSS, cross.pem().as_bytes(), 0o644)?;
+        step()?;
+        rename_durable(&self.path(NEXT), &self.path(KEY))
+            .with_context(|| format!("cannot put the new CA key in {}", self.dir.display()))?;
+        step()?;
+        self.write(CERT, ca_certificate(new_key)?.pem().as_bytes(), 0o644)
+    }
+
+    /// One file of the folder, replaced durably.
+    fn write(&self, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
+        write_file_durable(&self.path(name), bytes, mode)
+            .with_context(|| format!("cannot write {}", self.path(name).display()))
+    }
+
+    /// Reads a staged next key, if one is there and whole.
+    fn staged_key(&self) -> Result<Option<KeyPair>> {
+        for name in [NEXT, LEGACY_NEXT] {
+            let path = self.path(name);
+            let Ok(text) = fs::read_to_string(&path) else {
+                continue;
+            };
+            match KeyPair::from_pem(&text) {
+                Ok(k) => {
+                    if name == LEGACY_NEXT {
+                        self.write(NEXT, text.as_bytes(), 0o600)?;
+                        fs::remove_file(&path)?;
+                    }
+                    return Ok(Some(k));
+                }
+                // Torn by a crash (an older xfer wrote it in place): the
+                // old key is still in ca.key, so this one was never used.
+                Err(_) => fs::remove_file(&path)
+                    .with_context(|| format!("cannot remove the torn {}", path.display()))?,
+            }
+        }
+        Ok(None)
+    }
+
+    /// Finishes or undoes a rotation a crash interrupted, judged from what
+    /// is on disk; `None` when there is none.
+    fn recover(&self) -> Result<Option<Rotated>> {
+        let staged = self.staged_key()?;
+        let key = self.key()?;
+        if let Some(next) = staged {
+            // Crashed before the new key was renamed in: ca.key is the old
+            // key, intact. Finish with the staged key.
+            self.rotate_to(&key, &next)?;
+            let id = key_id(&next);
+            return Ok(Some(Rotated {
+                id,
+                recovered: Some(format!(
+                    "finished the rotation to CA {} that a crash interrupted before its new key was in place",
+                    id.short()
+                )),
+            }));
+        }
+        let Some(previous) = self.read_public(PREVIOUS)? else {
+            return Ok(None);
+        };
+        let id = key_id(&key);
+        let cert = self.read_public(CERT)?.unwrap_or_default();
+        if cert_holds_key(&cert, &key) {
+            // A rotation under way, whole.
+            return Ok(None);
+        }
+        if cert_holds_key(&previous, &key) {
+            // ca.key is still the old key and the new key is gone (an older
+            // xfer wrote ca.crt first and crashed): undo, then rotate anew.
+            for name in [CROSS, PREVIOUS] {
+                fs::remove_file(self.path(name)).or_else(ignore_missing)?;
+            }
+            self.write(CERT, ca_certificate(&key)?.pem().as_bytes(), 0o644)?;
+            let new_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+            self.rotate_to(&key, &new_key)?;
+            let new_id = key_id(&new_key);
+            return Ok(Some(Rotated {
+                id: new_id,
+                recovered: Some(format!(
+                    "undid a rotation a crash interrupted after its new key was lost (CA {} was still in ca.key) and began a new one, to CA {}",
+                    id.short(),
+                    new_id.short()
+                )),
+            }));
+        }
+        // ca.key is the new key, ca.crt still the old CA's: crashed before
+        // the certificate was written. The cross certificate came before the
+        // key, so it is there.
+        if self.read_public(CROSS)?.is_none() {
+            bail!(
+                "{} holds a new CA key but neither its certificate nor cross.crt; restore the folder from a backup, or start over with `xfer ca init --force --dir {}` and reissue every credential",
+                self.dir.display(),
+                self.dir.display()
+            );
+        }
+        self.write(CERT, ca_certificate(&key)?.pem().as_bytes(), 0o644)?;
+        Ok(Some(Rotated {
+            id,
+            recovered: Some(format!(
+                "finished the rotation to CA {} that a crash interrupted before its certificate was written",
+                id.short()
+            )),
+        }))
     }
 
     /// Ends a rotation: the old CA is no longer trusted by credentials
@@ -200,6 +363,13 @@ impl CaDir {
             bail!(
                 "no rotation is under way in {}; start one with `xfer ca rotate --dir {}`",
                 self.dir.display(),
+                self.dir.display()
+            );
+        }
+        if let Some(r) = self.recover()? {
+            bail!(
+                "{}; reissue every credential and reload each agent before `xfer ca rotate --finish --dir {}`",
+                r.recovered.unwrap_or_default(),
                 self.dir.display()
             );
         }
@@ -244,32 +414,22 @@ fn ca_certificate(key: &KeyPair) -> Result<Certificate> {
 }
 
 fn make_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if !dir.exists() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-    }
+    create_dir_all_durable_mode(dir, 0o700)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(())
 }
 
-/// A public file of the CA folder, replaced atomically.
+/// Whether the PEM certificate `pem` is `key`'s (same public key).
+fn cert_holds_key(pem: &str, key: &KeyPair) -> bool {
+    let Some(Ok(der)) = rustls_pemfile::certs(&mut pem.as_bytes()).next() else {
+        return false;
+    };
+    x509_parser::parse_x509_certificate(&der)
+        .is_ok_and(|(_, c)| c.tbs_certificate.subject_pki.raw == key.public_key_der())
+}
+
+/// A public file of the CA folder, replaced durably.
 fn write_public(path: &Path, text: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = fs::remove_file(&tmp);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)?;
-    Ok(())
+    write_file_durable(path, text.as_bytes(), 0o644)
+        .with_context(|| format!("cannot write {}", path.display()))
 }

@@ -157,7 +157,7 @@ fn a_rotation_needs_no_flag_day() {
     let old_id = ca.init(false).unwrap();
     let old_a = issue(&ca, dir.path(), "old-a", Role::Node);
     let old_op = issue(&ca, dir.path(), "old-op", Role::Operator);
-    let new_id = ca.rotate().unwrap();
+    let new_id = ca.rotate().unwrap().id;
     assert_ne!(old_id, new_id);
     assert!(ca.rotate().is_err(), "one rotation at a time");
     let new_b = issue(&ca, dir.path(), "new-b", Role::Node);
@@ -236,4 +236,87 @@ fn an_issued_key_others_can_read_is_refused() {
     fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
     let e = format!("{:#}", Credential::load(&path).unwrap_err());
     assert!(e.contains("chmod 600"), "{e}");
+}
+
+/// Regression (issue 30, finding 10): `rotate` replaced `ca.crt` before it
+/// renamed the new key in, so a crash between them lost the key and the
+/// retry was refused. Now a crash after any of its writes leaves a CA
+/// whose key is never lost; the next `rotate` finishes the rotation, says
+/// so, and old and new credentials meet as in a whole rotation.
+#[test]
+fn a_rotation_crashed_after_any_write_is_finished_by_the_next() {
+    for writes in 0..4 {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = CaDir::new(&dir.path().join("ca"));
+        let old_id = ca.init(false).unwrap();
+        let old_a = issue(&ca, dir.path(), "old-a", Role::Node);
+        super::ca::crash_after(Some(writes));
+        let e = ca.rotate().unwrap_err().to_string();
+        super::ca::crash_after(None);
+        assert!(e.contains("crash"), "{e}");
+        // Whatever the crash left, some CA key is readable and issues.
+        issue(&ca, dir.path(), "mid", Role::Node);
+
+        let r = ca.rotate().unwrap();
+        let what = r.recovered.expect("the retry says what it did");
+        assert!(
+            what.starts_with("finished the rotation"),
+            "{writes}: {what}"
+        );
+        assert!(what.contains(&r.id.short()), "{what}");
+        assert_ne!(r.id, old_id);
+        assert!(ca.rotate().is_err(), "{writes}: one rotation at a time");
+        let new_b = issue(&ca, dir.path(), "new-b", Role::Node);
+        assert_eq!(new_b.cluster_id(), r.id, "{writes}");
+        assert!(new_b.facts().rotating);
+        handshake(&old_a, &new_b).unwrap();
+        handshake(&new_b, &old_a).unwrap();
+        ca.finish().unwrap();
+        let done = issue(&ca, dir.path(), "done", Role::Node);
+        handshake(&new_b, &done).unwrap();
+        assert!(handshake(&done, &old_a).is_err());
+        let left: Vec<String> = fs::read_dir(dir.path().join("ca"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let mut left = left;
+        left.sort();
+        assert_eq!(left, ["ca.crt", "ca.key"], "{writes}");
+    }
+}
+
+/// What an older xfer left when it crashed between writing the new
+/// `ca.crt` and keeping the new key: the old key in `ca.key`, a `ca.crt`
+/// of a key that is gone. The next `rotate` undoes that and begins a whole
+/// rotation; credentials of the old CA keep working with new ones.
+#[test]
+fn a_rotation_whose_new_key_was_lost_is_undone_and_begun_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cadir = dir.path().join("ca");
+    let ca = CaDir::new(&cadir);
+    let old_id = ca.init(false).unwrap();
+    let old_a = issue(&ca, dir.path(), "old-a", Role::Node);
+    // The older rotation's first writes: previous, cross, then ca.crt.
+    let old_crt = fs::read(cadir.join("ca.crt")).unwrap();
+    let lost = {
+        let other = tempfile::tempdir().unwrap();
+        let o = CaDir::new(other.path());
+        o.init(false).unwrap();
+        fs::read(other.path().join("ca.crt")).unwrap()
+    };
+    fs::write(cadir.join("previous.crt"), &old_crt).unwrap();
+    fs::write(cadir.join("cross.crt"), &lost).unwrap();
+    fs::write(cadir.join("ca.crt"), &lost).unwrap();
+
+    let r = ca.rotate().unwrap();
+    let what = r.recovered.unwrap();
+    assert!(what.starts_with("undid a rotation"), "{what}");
+    assert!(
+        what.contains(&old_id.short()) && what.contains(&r.id.short()),
+        "{what}"
+    );
+    let new_b = issue(&ca, dir.path(), "new-b", Role::Node);
+    assert_eq!(new_b.cluster_id(), r.id);
+    handshake(&old_a, &new_b).unwrap();
+    handshake(&new_b, &old_a).unwrap();
 }
