@@ -353,6 +353,7 @@ impl Runner {
             "xfer 2026-12 hub pull",
             spec.id.as_bytes(),
         ));
+        let held_before = self.store.record_any(&spec.name).is_some();
         self.store
             .mark_replacing(&spec.name, by)
             .map_err(|e| Retry(e.to_string()))?;
@@ -381,6 +382,13 @@ impl Runner {
             (s.root, s.nodes, s.manifest)
         };
         let mut nodes = nodes;
+        if !spec.is_member(&me) && held_before {
+            // Not a member, but it held the model: its record now vouches
+            // for what the pull just verified, not for the old revision.
+            self.store
+                .adopt(&spec.name, &manifest)
+                .map_err(|e| Retry(e.to_string()))?;
+        }
         if spec.is_member(&me) {
             let ok = self.store.adopt(&spec.name, &manifest);
             nodes.push(NodeSummary {
