@@ -11,7 +11,8 @@
 #             restarted and the push run again: the files its journal says
 #             were placed are read back and re-hashed before they count.
 #             Printed beside a full push into an empty root and `b3sum` of
-#             the bytes that were placed (the read-back's physical floor).
+#             the bytes that were placed, read from disk as the agent reads
+#             them (the read-back's physical floor).
 #
 #   scripts/bench-integrity.sh            SIZE_MB [1024] FILES [8] RUNS [3]
 #
@@ -142,6 +143,9 @@ for ((r = 0; r < RUNS; r++)); do
     stop_pid "$AGENT_PID"
     sync
     warm "$RUN/v1"
+    # The agent wrote them with O_DIRECT, so its read-back found them on
+    # disk, not in the page cache: so does b3sum (each evicted first).
+    for f in $placed; do dd if="$f" iflag=nocache count=0 status=none; done
     t0=$(date +%s.%N)
     # shellcheck disable=SC2086
     b3sum --num-threads 1 $placed >/dev/null

@@ -7,31 +7,30 @@
 //! as held only once its chunks are hashed again here and match the
 //! manifest being received (for a draft: the hashes the source announces).
 
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use crate::store::scan::{hash_chunks_of, hash_jobs};
 use crate::util::beneath::Root;
-use xfer_proto::hash::{self, Hash};
+use xfer_proto::hash::Hash;
 
 /// The BLAKE3 chunk hashes of the regular file `rel` (beneath `fs`, never
 /// through a symlink) if it is exactly `size` bytes; `None` if it is
-/// missing, another size or unreadable.
+/// missing, another size or unreadable. Hashed in spans on every core, as
+/// `xfer manifest` hashes a tree.
 pub(super) fn chunk_hashes(fs: &Root, rel: &Path, size: u64, chunk_size: u64) -> Option<Vec<Hash>> {
+    use rayon::prelude::*;
     let f = fs.open_read(rel).ok()?;
     let meta = f.metadata().ok()?;
     if !meta.is_file() || meta.len() != size {
         return None;
     }
-    let count = hash::chunk_count(size, chunk_size);
-    let mut buf = vec![0u8; chunk_size.min(size) as usize];
-    let mut out = Vec::with_capacity(count as usize);
-    for index in 0..count {
-        let offset = index * chunk_size;
-        let len = chunk_size.min(size - offset) as usize;
-        f.read_exact_at(&mut buf[..len], offset).ok()?;
-        out.push(hash::hash_chunk(&buf[..len], index, count, chunk_size));
-    }
-    Some(out)
+    let shown = fs.show(rel);
+    let spans: Vec<(u64, u64)> = hash_jobs(size, chunk_size).collect();
+    let parts: Vec<Vec<Hash>> = spans
+        .into_par_iter()
+        .map(|(first, n)| hash_chunks_of(&f, &shown, size, first, n, chunk_size).ok())
+        .collect::<Option<_>>()?;
+    Some(parts.into_iter().flatten().collect())
 }
 
 /// The key a draft's journal is opened under: its id, in a namespace of
@@ -44,6 +43,7 @@ pub(super) fn draft_journal_key(id: &Hash) -> Hash {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xfer_proto::hash;
 
     #[test]
     fn hashes_match_the_manifest_and_wrong_sizes_are_refused() {

@@ -175,10 +175,22 @@ pub(crate) fn hash_chunks(
     count: u64,
     chunk_size: u64,
 ) -> Result<Vec<Hash>> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    hash_chunks_of(&file, path, size, first, count, chunk_size)
+}
+
+/// [`hash_chunks`] of a file already open (`path` names it in messages).
+pub(crate) fn hash_chunks_of(
+    file: &File,
+    path: &Path,
+    size: u64,
+    first: u64,
+    count: u64,
+    chunk_size: u64,
+) -> Result<Vec<Hash>> {
     let chunks = hash::chunk_count(size, chunk_size);
     let offset = first * chunk_size;
     let len = (count * chunk_size).min(size - offset);
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let actual = file.metadata()?.len();
     if actual < offset + len {
         bail!(
@@ -194,7 +206,7 @@ pub(crate) fn hash_chunks(
     };
     if len < 64 * 1024 {
         let mut buf = vec![0u8; len as usize];
-        std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, offset)?;
+        std::os::unix::fs::FileExt::read_exact_at(file, &mut buf, offset)?;
         return Ok(hash_all(&buf));
     }
     // SAFETY: the map is read-only and dropped before returning; a concurrent
@@ -205,7 +217,7 @@ pub(crate) fn hash_chunks(
             .offset(offset)
             .len(len as usize)
             .populate()
-            .map(&file)
+            .map(file)
     }
     .with_context(|| format!("cannot map {}", path.display()))?;
     Ok(hash_all(&map))
