@@ -60,6 +60,10 @@ for ((i = 0; i < FILES; i++)); do
     head -c "${per}M" /dev/urandom >"$RUN/v1/model/$f"
     if ((i % 2)); then
         head -c "${per}M" /dev/urandom >"$RUN/v2/model/$f"
+        # Written a minute later, as an update is: rsync's quick check
+        # (size and mtime in whole seconds) would skip a same-size file
+        # written within the same second.
+        touch -d '+1 minute' "$RUN/v2/model/$f"
     else
         cp "$RUN/v1/model/$f" "$RUN/v2/model/$f"
     fi

@@ -518,20 +518,33 @@ impl Store {
                 }
             }
         }
-        // Read back what the journal says was placed and is not held yet.
+        // Read back what the journal says was placed and is not held yet,
+        // one file after the other (each on every core): reading several
+        // files at once defeats the disk's readahead.
         let readback: Vec<(usize, Option<Vec<Hash>>)> = {
-            use rayon::prelude::*;
             let todo: Vec<usize> = (0..n)
                 .filter(|&i| placed_before[i] && !done[i] && files[i].size > 0)
                 .collect();
-            todo.into_par_iter()
+            let started = std::time::Instant::now();
+            let bytes: u64 = todo.iter().map(|&i| files[i].size).sum();
+            let got: Vec<(usize, Option<Vec<Hash>>)> = todo
+                .into_iter()
                 .map(|i| {
                     let rel = Path::new(name.as_str()).join(files[i].path.as_str());
                     let got =
                         readback::chunk_hashes(&self.fs, &rel, files[i].size, manifest.chunk_size);
                     (i, got)
                 })
-                .collect()
+                .collect();
+            if !got.is_empty() {
+                tracing::info!(
+                    "{name}: read back {} file(s), {}, placed before an interruption, in {:.2} s",
+                    got.len(),
+                    xfer_proto::units::Bytes(bytes),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            got
         };
         for (i, got) in readback {
             match (got, &plan) {
