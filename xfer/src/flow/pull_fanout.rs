@@ -20,8 +20,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::flow::feed::DraftFeed;
 use crate::flow::push::{self, NodeSummary, PushOptions};
-use crate::flow::stream::{self, DraftFeed};
+use crate::flow::stream;
 use crate::hub::announce::{DraftUpdate, OnDraft};
 use crate::hub::env::HubEnv;
 use crate::hub::pull::{self, OnPlaced, PlacedFile, PullOptions, PullSummary};

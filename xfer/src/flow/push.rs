@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::auth::Credential;
 use crate::flow::coordinator::Coordinator;
+use crate::flow::feed::DraftFeed;
 use crate::flow::route::{self, Destination};
-use crate::flow::stream::DraftFeed;
 use crate::store::hashcache::HashCache;
 use crate::store::scan::{scan_cached, SourceTree};
 use crate::transport::files::FileChunkReader;
