@@ -81,7 +81,12 @@ fn mark_replacing(fs: &Root, rel: &Path, by: Hash) -> Result<(), StoreError> {
         return Ok(());
     }
     rec.replacing = Some(by);
-    let bytes = serde_json::to_vec(&rec).expect("record serializes");
+    write_record(fs, rel, &rec)
+}
+
+/// Writes the record at `rel` (beneath `fs`), durably.
+fn write_record(fs: &Root, rel: &Path, rec: &ModelRecord) -> Result<(), StoreError> {
+    let bytes = serde_json::to_vec(rec).expect("record serializes");
     fs.write_durable(rel, &bytes)
         .map_err(|e| io_refusal(&fs.show(rel), e))
 }
@@ -1017,10 +1022,7 @@ impl Transfer {
 
     /// Writes the name's record, durably.
     fn write_record(&self, rec: &ModelRecord) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec(rec).expect("record serializes");
-        self.fs
-            .write_durable(&self.record_rel, &bytes)
-            .map_err(|e| io_refusal(&self.fs.show(&self.record_rel), e))
+        write_record(&self.fs, &self.record_rel, rec)
     }
 
     /// Opens the file that holds verified chunk `id`, for serving it to a
