@@ -18,6 +18,7 @@ mod fuzz_corpus;
 mod hub_hostile;
 mod integrity;
 mod launch_env;
+mod layers;
 mod manifest;
 mod permits;
 mod planted;
