@@ -59,9 +59,9 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 use xfer::config::cluster::{Cluster, ClusterError, Node};
 use xfer::config::tomltext::{and_list, in_file_order, kind, line_col, suggest};
-use xfer::hub::repo::{RepoRef, RepoType};
 use xfer_proto::launch::GpuAccess;
 use xfer_proto::launch_rules;
+use xfer_proto::repo::{RepoRef, RepoType};
 
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub const DEFAULT_API_PORT: u16 = 8000;
@@ -742,7 +742,7 @@ impl Parser<'_> {
 
     /// `ORG/NAME[@REVISION]`.
     fn repo(&self, s: &str, at: usize) -> Result<ModelSpec, LaunchError> {
-        let r = RepoRef::parse(s, RepoType::Model).map_err(|e| self.err(at, e))?;
+        let r = RepoRef::parse(s, RepoType::Model).map_err(|e| self.err(at, e.to_string()))?;
         let rev = r.revision.clone();
         Ok(ModelSpec::Repo {
             repo: RepoRef {

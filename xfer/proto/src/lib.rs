@@ -32,6 +32,7 @@ pub mod manifest;
 pub mod names;
 pub mod refusal;
 pub mod relpath;
+pub mod repo;
 pub mod stream;
 pub mod transfer;
 pub mod units;
