@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use toml::de::DeValue;
-use xfer::config::toml_reader::{entries, int_value, kind, Val};
+use xfer::config::toml_reader::{entries, int_value, Val};
 use xfer_proto::launch_rules;
 
 use super::{LaunchError, Parser};
@@ -62,14 +62,9 @@ impl Parser<'_> {
             let value = match v.get_ref() {
                 DeValue::String(s) => s.to_string(),
                 DeValue::Integer(i) => int_value(i).to_string(),
-                other => {
-                    return Err(self.err(
-                        v.span().start,
-                        format!(
-                            "env {name} is {}; write it as a string, like {name} = \"1\"",
-                            kind(other)
-                        ),
-                    ))
+                _ => {
+                    let fix = format!("write it as a string, like {name} = \"1\"");
+                    return Err(self.r.wrong_kind(&format!("env {name}"), v, &fix).into());
                 }
             };
             if value.contains('\0') {

@@ -2,7 +2,7 @@
 //! the rule that the last two only come with an image.
 
 use toml::de::DeValue;
-use xfer::config::toml_reader::{did_you_mean, int_value, kind, Val};
+use xfer::config::toml_reader::{did_you_mean, int_value, Val};
 use xfer_proto::launch::GpuAccess;
 use xfer_proto::launch_rules;
 
@@ -78,7 +78,10 @@ impl Parser<'_> {
                 }
                 Ok(GpuAccess::Devices(devices))
             }
-            other => Err(self.err(at, format!("gpus is {}; write {FORMS}", kind(other)))),
+            _ => Err(self
+                .r
+                .wrong_kind("gpus", v, &format!("write {FORMS}"))
+                .into()),
         }
     }
 
@@ -94,14 +97,9 @@ impl Parser<'_> {
                     "shm_size is negative; write a size, like shm_size = \"16GiB\"",
                 )
             })?,
-            other => {
-                return Err(self.err(
-                    at,
-                    format!(
-                        "shm_size is {}; write a size, like shm_size = \"16GiB\"",
-                        kind(other)
-                    ),
-                ))
+            _ => {
+                let fix = "write a size, like shm_size = \"16GiB\"";
+                return Err(self.r.wrong_kind("shm_size", v, fix).into());
             }
         };
         if n == 0 {

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use toml::de::{DeTable, DeValue};
-use xfer::config::toml_reader::{and_list, did_you_mean, entries, int_value, kind, At, Val};
+use xfer::config::toml_reader::{and_list, did_you_mean, entries, int_value, At, Val};
 use xfer_proto::launch::GpuAccess;
 
 use super::model::ModelSpec;
@@ -282,14 +282,9 @@ impl Parser<'_> {
                 DeValue::String(s) => s.to_string(),
                 DeValue::Integer(i) => int_value(i).to_string(),
                 DeValue::Float(f) => f.as_str().to_string(),
-                other => {
-                    return Err(self.err(
-                        item.span().start,
-                        format!(
-                            "an item of extra_args is {}; write each argument as a string, like \"--enforce-eager\"",
-                            kind(other)
-                        ),
-                    ))
+                _ => {
+                    let fix = "write each argument as a string, like \"--enforce-eager\"";
+                    return Err(self.r.wrong_kind("an item of extra_args", item, fix).into());
                 }
             };
             if s.contains('\0') {

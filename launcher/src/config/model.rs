@@ -4,7 +4,7 @@
 
 use toml::de::{DeTable, DeValue};
 use xfer::config::cluster::Node;
-use xfer::config::toml_reader::{entries, kind, At, Val};
+use xfer::config::toml_reader::{entries, At, Val};
 use xfer_proto::repo::{is_commit_sha, RepoRef, RepoType};
 
 use super::{LaunchError, ModelPath, Parser, COMMIT_PLACEHOLDER};
@@ -29,13 +29,10 @@ impl Parser<'_> {
         match v.get_ref() {
             DeValue::String(s) => self.model_string(s, at),
             DeValue::Table(t) => self.model_table(t, at),
-            other => Err(self.err(
-                at,
-                format!(
-                    "model is {}; write an absolute path or ORG/NAME, like model = \"Qwen/Qwen3-8B\"",
-                    kind(other)
-                ),
-            )),
+            _ => {
+                let fix = "write an absolute path or ORG/NAME, like model = \"Qwen/Qwen3-8B\"";
+                Err(self.r.wrong_kind("model", v, fix).into())
+            }
         }
     }
 

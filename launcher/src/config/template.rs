@@ -3,7 +3,7 @@
 //! word's `{placeholder}`s ([`parse_template`]).
 
 use toml::de::DeValue;
-use xfer::config::toml_reader::{kind, suggest, Val};
+use xfer::config::toml_reader::{suggest, Val};
 
 use super::{LaunchError, Parser, Piece, Template, VARS};
 
@@ -58,7 +58,9 @@ impl Parser<'_> {
     pub(super) fn template(&self, v: &Val) -> Result<Template, LaunchError> {
         let at = v.span().start;
         let words: Vec<String> = match v.get_ref() {
-            DeValue::String(s) => split_words(s).map_err(|e| self.err(at, format!("template: {e}")))?,
+            DeValue::String(s) => {
+                split_words(s).map_err(|e| self.err(at, format!("template: {e}")))?
+            }
             DeValue::Array(items) => items
                 .iter()
                 .map(|item| {
@@ -67,14 +69,9 @@ impl Parser<'_> {
                         .map(str::to_string)
                 })
                 .collect::<Result<_, _>>()?,
-            other => {
-                return Err(self.err(
-                    at,
-                    format!(
-                        "template is {}; write the command as a string with placeholders, like template = \"my-engine --rank {{rank}} --head {{head_ip}}\"",
-                        kind(other)
-                    ),
-                ))
+            _ => {
+                let fix = "write the command as a string with placeholders, like template = \"my-engine --rank {rank} --head {head_ip}\"";
+                return Err(self.r.wrong_kind("template", v, fix).into());
             }
         };
         if words.is_empty() {

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 
 use crate::config::toml_reader::{
-    and_list, did_you_mean, entries, kind, value_at, At, Entry, TomlError, TomlReader, Val,
+    and_list, did_you_mean, entries, value_at, At, Entry, TomlError, TomlReader, Val,
 };
 use xfer_proto::names::DEFAULT_PORT;
 pub use xfer_proto::names::{NodeName, MAX_NAME_LEN};
@@ -354,27 +354,19 @@ impl Parser<'_> {
                     .iter()
                     .map(|v| match v.get_ref() {
                         DeValue::Table(t) => Ok((v.span().start, t)),
-                        other => Err(self.err(
-                            v.span().start,
-                            format!(
-                                "a node is {}; write each node as a [[node]] table",
-                                kind(other)
-                            ),
-                        )),
+                        _ => {
+                            let fix = "write each node as a [[node]] table";
+                            Err(ClusterError::from(self.r.wrong_kind("a node", v, fix)))
+                        }
                     })
                     .collect::<Result<_, _>>()?,
                 DeValue::Table(_) => return Err(self.err(
                     node_vals.span().start,
                     "[node] is a single table; write [[node]] (double brackets), once per machine",
                 )),
-                other => {
-                    return Err(self.err(
-                        node_vals.span().start,
-                        format!(
-                            "node is {}; write each node as a [[node]] table",
-                            kind(other)
-                        ),
-                    ))
+                _ => {
+                    let fix = "write each node as a [[node]] table";
+                    return Err(self.r.wrong_kind("node", node_vals, fix).into());
                 }
             };
         // Every value is checked alone before any node is put together, so

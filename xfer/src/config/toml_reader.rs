@@ -141,8 +141,14 @@ impl<'a> TomlReader<'a> {
     ) -> Result<&'v DeTable<'i>, TomlError> {
         match v.get_ref() {
             DeValue::Table(t) => Ok(t),
-            other => Err(self.err(v.span().start, format!("{key} is {}; {fix}", kind(other)))),
+            _ => Err(self.wrong_kind(key, v, fix)),
         }
+    }
+
+    /// "`what` is an integer; `fix`": a value of the wrong type, at it.
+    pub fn wrong_kind(&self, what: &str, v: &Val, fix: &str) -> TomlError {
+        let message = format!("{what} is {}; {fix}", kind(v.get_ref()));
+        self.err(v.span().start, message)
     }
 
     /// An array value: else "`key` is ...; `fix`".
@@ -154,7 +160,7 @@ impl<'a> TomlReader<'a> {
     ) -> Result<&'v [Val<'i>], TomlError> {
         match v.get_ref() {
             DeValue::Array(a) => Ok(&a[..]),
-            other => Err(self.err(v.span().start, format!("{key} is {}; {fix}", kind(other)))),
+            _ => Err(self.wrong_kind(key, v, fix)),
         }
     }
 
