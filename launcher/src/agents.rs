@@ -16,6 +16,7 @@ pub const QUICK: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct Agents {
     cred: Arc<Credential>,
+    /// The launch nodes, in rank order.
     pub nodes: Vec<RankNode>,
 }
 

@@ -11,12 +11,17 @@ use serde_json::json;
 /// What readiness measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct Readiness {
+    /// The API's base URL.
     pub url: String,
     /// The one-token completion's latency.
     pub first_token_ms: f64,
+    /// Tokens of the measuring completion.
     pub completion_tokens: u64,
+    /// How long it took.
     pub completion_s: f64,
+    /// `completion_tokens / completion_s`.
     pub tokens_per_s: f64,
+    /// What the engine answered.
     pub text: String,
 }
 
@@ -28,6 +33,7 @@ pub struct Api {
 }
 
 impl Api {
+    /// A client of the API at `base` (`http://HOST:PORT`), asking `model`.
     pub fn new(base: String, model: String) -> Api {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
@@ -37,6 +43,7 @@ impl Api {
         Api { base, model, http }
     }
 
+    /// The API's base URL.
     pub fn base(&self) -> &str {
         &self.base
     }

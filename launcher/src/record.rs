@@ -17,16 +17,23 @@ use crate::ready::Readiness;
 /// A launch, as recorded.
 #[derive(Debug, Serialize)]
 pub struct Record<'a> {
+    /// The run's id.
     pub run: &'a str,
+    /// The cluster file it was launched from.
     pub cluster_file: String,
+    /// When it started (seconds since the epoch).
     pub started_unix: u64,
     /// "starting", "ready", or "failed: why".
     pub outcome: String,
     /// The plan's BLAKE3 digest: the same digest, the same commands.
     pub config_digest: &'a str,
+    /// What every node runs.
     pub plan: &'a Plan,
+    /// What the check before it found.
     pub check: &'a Checked,
+    /// Seconds from start to ready, once ready.
     pub time_to_ready_s: Option<f64>,
+    /// What readiness measured, once ready.
     pub readiness: Option<Readiness>,
     /// The reports of the ranks that failed (the first failure first), or
     /// of every rank when the launch timed out.

@@ -49,6 +49,7 @@ pub struct Rdma {
 /// One machine of the cluster, with `[defaults]` already applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
+    /// Its `name`, unique in the file.
     pub name: NodeName,
     /// Where its agent listens, normalized to `HOST:PORT` (`[V6]:PORT` for
     /// IPv6; host names lower-cased). `transport::quic::resolve`
@@ -63,6 +64,7 @@ pub struct Node {
     /// The port its agent takes data on at `fabric_ip` (`data_port`;
     /// default: the agent's port).
     pub data_port: u16,
+    /// Its RDMA device and GID index, if it has one.
     pub rdma: Option<Rdma>,
     /// The line of the node's `[[node]]` header, for messages about it.
     pub line: usize,
@@ -95,15 +97,25 @@ pub struct Cluster {
 /// Why a cluster file was refused, or a node selection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// The file could not be read.
     #[error("cannot read cluster file {}: {err}; check the path (the format is in {EXAMPLE})", path.display())]
-    Read { path: PathBuf, err: std::io::Error },
+    Read {
+        /// The cluster file.
+        path: PathBuf,
+        /// What the system said.
+        err: std::io::Error,
+    },
     /// Something in the file, at its line and column.
     #[error(transparent)]
     Invalid(#[from] TomlError),
+    /// A selection named nodes the file does not have.
     #[error("{}: {}; the nodes are {}", path.display(), unknown_list(unknown), known.join(", "))]
     UnknownNodes {
+        /// The cluster file.
         path: PathBuf,
+        /// The names not in the file, in the order given.
         unknown: Vec<String>,
+        /// The names that are.
         known: Vec<String>,
     },
 }

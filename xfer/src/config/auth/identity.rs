@@ -51,7 +51,9 @@ impl fmt::Display for Role {
 /// A name and role, as an issued certificate states them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
+    /// The holder's name (a node, or an operator).
     pub name: NodeName,
+    /// What the holder may do.
     pub role: Role,
 }
 
