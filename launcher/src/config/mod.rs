@@ -49,11 +49,11 @@
 //! GPU and RDMA device nodes or CDI names are refused here with their
 //! line, as every agent refuses them ([`xfer_proto::launch_rules`]).
 //!
-//! The reading is split by table: [`launch`](self) walks `[launch]` key by
-//! key (`launch.rs`), the model (`model.rs`), `[launch.env]` (`env.rs`),
-//! the container keys (`image.rs`) and a custom `template` (`template.rs`)
-//! are checked each in their own file, and `resolve.rs` binds the result
-//! to the cluster's nodes. Positions and wording come from
+//! The reading is split by table: `launch.rs` walks `[launch]` key by
+//! key; the model (`model.rs`), `[launch.env]` (`env.rs`), the container
+//! keys (`image.rs`) and a custom `template` (`template.rs`) are checked
+//! each in their own file, and `resolve.rs` binds the result to the
+//! cluster's nodes. Positions and wording come from
 //! [`xfer::config::toml_reader`], the reader the cluster file uses.
 
 use std::collections::BTreeMap;
