@@ -89,6 +89,11 @@ const ALIASES: &[(&str, &str)] = &[
     ("shm_bytes", "shm_size"),
     ("shared_memory", "shm_size"),
 ];
+/// `v`, written at `at`.
+fn placed<T>(v: T, at: usize) -> Option<At<T>> {
+    Some(At { v, at })
+}
+
 impl Launch {
     fn new(header: usize) -> Launch {
         Launch {
@@ -124,64 +129,25 @@ impl Parser<'_> {
         for e in entries(table) {
             let (key, v, at) = (e.key, e.value, e.at);
             match key {
-                "engine" => {
-                    l.engine = Some(At {
-                        v: self.engine(v)?,
-                        at,
-                    })
-                }
-                "model" => {
-                    l.model = Some(At {
-                        v: self.model(v)?,
-                        at,
-                    })
-                }
+                "engine" => l.engine = placed(self.engine(v)?, at),
+                "model" => l.model = placed(self.model(v)?, at),
                 "revision" => {
                     let s = self.r.string(key, v, "\"main\"")?;
-                    l.revision = Some(At {
-                        v: self.revision(s, at)?,
-                        at,
-                    });
+                    l.revision = placed(self.revision(s, at)?, at);
                 }
                 "tp" => l.tp = Some(self.parallel(key, v)?),
                 "pp" => l.pp = Some(self.parallel(key, v)?),
-                "head" => {
-                    let s = self.r.string(key, v, "\"spark-a\"")?;
-                    l.head = Some(At {
-                        v: s.to_string(),
-                        at,
-                    });
-                }
+                "head" => l.head = placed(self.r.string(key, v, "\"spark-a\"")?.to_string(), at),
                 "nodes" => l.nodes = Some(self.node_names(v)?),
                 "master_port" | "api_port" | "ray_port" | "dist_port" => {
                     self.port(&mut l, key, v)?
                 }
                 "extra_args" => l.extra_args = self.extra_args(v)?,
                 "env" => l.env = self.env(v)?,
-                "image" => {
-                    l.image = Some(At {
-                        v: self.image(v)?,
-                        at,
-                    })
-                }
-                "gpus" => {
-                    l.gpus = Some(At {
-                        v: self.gpus(v)?,
-                        at,
-                    })
-                }
-                "shm_size" => {
-                    l.shm_size = Some(At {
-                        v: self.shm_size(v)?,
-                        at,
-                    })
-                }
-                "template" => {
-                    l.template = Some(At {
-                        v: self.template(v)?,
-                        at,
-                    })
-                }
+                "image" => l.image = placed(self.image(v)?, at),
+                "gpus" => l.gpus = placed(self.gpus(v)?, at),
+                "shm_size" => l.shm_size = placed(self.shm_size(v)?, at),
+                "template" => l.template = placed(self.template(v)?, at),
                 _ => {
                     let otherwise = || format!("[launch] takes {}", and_list(LAUNCH_KEYS));
                     return Err(self

@@ -314,11 +314,7 @@ impl LaunchError {
 /// Reads the cluster file at `path` and checks its `[launch]` table.
 pub fn load(path: impl AsRef<Path>) -> Result<Setup, LaunchError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|err| ClusterError::Read {
-        path: path.to_path_buf(),
-        err,
-    })?;
-    parse(&text, path)
+    parse(&Cluster::read(path)?, path)
 }
 
 /// Checks `text`, a whole cluster file (`path` names it in messages).

@@ -142,11 +142,16 @@ impl Cluster {
     /// Reads and checks the cluster file at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Cluster, ClusterError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|err| ClusterError::Read {
+        Self::parse(&Self::read(path)?, path)
+    }
+
+    /// The text of the cluster file at `path`, for a reader that parses it
+    /// with [`Cluster::parse_with_launch`].
+    pub fn read(path: &Path) -> Result<String, ClusterError> {
+        std::fs::read_to_string(path).map_err(|err| ClusterError::Read {
             path: path.to_path_buf(),
             err,
-        })?;
-        Self::parse(&text, path)
+        })
     }
 
     /// Checks `text`, a cluster file; `path` names it in messages and is the
