@@ -335,7 +335,7 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
     };
     let opts = xfer::hub::pull::PullOptions {
         repo: "acme/tiny".into(),
-        repo_type: xfer::hub::repo::RepoType::Model,
+        repo_type: xfer_proto::repo::RepoType::Model,
         include: Vec::new(),
         exclude: Vec::new(),
         local_dir: None,

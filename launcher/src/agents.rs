@@ -12,21 +12,30 @@ use crate::config::{RankNode, Setup};
 /// How long an agent gets to answer a quick question.
 pub const QUICK: Duration = Duration::from_secs(5);
 
+/// The cluster credential could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("{cause}; the cluster file {} names it as `key`", cluster_file.display())]
+pub struct CredentialError {
+    /// Why, with its causes.
+    pub cause: String,
+    /// The cluster file naming the credential.
+    pub cluster_file: std::path::PathBuf,
+}
+
 /// The agents of a launch and the credential to reach them.
 #[derive(Clone)]
 pub struct Agents {
     cred: Arc<Credential>,
+    /// The launch nodes, in rank order.
     pub nodes: Vec<RankNode>,
 }
 
 impl Agents {
     /// Loads the cluster credential named by the cluster file.
-    pub fn new(setup: &Setup) -> Result<Agents, String> {
-        let cred = Credential::load(&setup.key).map_err(|e| {
-            format!(
-                "{e:#}; the cluster file {} names it as `key`",
-                setup.path.display()
-            )
+    pub fn new(setup: &Setup) -> Result<Agents, CredentialError> {
+        let cred = Credential::load(&setup.key).map_err(|e| CredentialError {
+            cause: format!("{e:#}"),
+            cluster_file: setup.path.clone(),
         })?;
         Ok(Agents {
             cred: Arc::new(cred),

@@ -19,7 +19,9 @@ pub const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(90);
 /// Everything a check found.
 #[derive(Clone, Debug, Serialize)]
 pub struct Checked {
+    /// No row failed: the launch may start.
     pub ok: bool,
+    /// The check table, in the order it prints.
     pub rows: Vec<Row>,
     /// Node name and its facts (or why there are none), in rank order.
     pub nodes: Vec<(String, Result<NodeFacts, String>)>,

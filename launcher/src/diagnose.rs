@@ -17,6 +17,7 @@ use crate::signatures::{self, Hint, SCAN_BYTES};
 /// A rank's report and the signatures found in its log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Diagnosed {
+    /// What the rank's agent reported (state, exit, last log lines).
     #[serde(flatten)]
     pub report: RankReport,
     /// Known failure signatures found in the end of the log.

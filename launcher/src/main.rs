@@ -30,7 +30,7 @@
 //! engine with `{rank}`, `{nnodes}`, `{head_ip}`, `{fabric_ip}`,
 //! `{fabric_if}`, `{model}`, `{master_port}`, `{api_port}`, `{ray_port}`,
 //! `{dist_port}`, `{tp}`, `{pp}`, `{node}`, `{head}`) are described in
-//! `launcher/src/config.rs`; the environment every rank gets, and why, in
+//! `launcher/src/config/mod.rs`; the environment every rank gets, and why, in
 //! `launcher/src/plan.rs`.
 //!
 //! `plan` prints, per node, `env K=V ... COMMAND` lines ready to paste into

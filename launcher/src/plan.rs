@@ -49,16 +49,22 @@ macro_rules! argv {
 pub enum Role {
     /// Rank 0: the rendezvous address and the API server.
     Head,
+    /// Every other rank.
     Worker,
 }
 
 /// One node's part of the launch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RankPlan {
+    /// The node's name.
     pub node: String,
+    /// Its rank, 0 on the head.
     pub rank: usize,
+    /// Head or worker.
     pub role: Role,
+    /// Its fabric interface.
     pub fabric_if: String,
+    /// Its address on the fabric.
     pub fabric_ip: String,
     /// The environment of every command below (added to the inherited one).
     pub env: BTreeMap<String, String>,
@@ -75,6 +81,7 @@ pub struct RankPlan {
 /// through, and the model's folder mounted read-only at the same path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PlanContainer {
+    /// The image reference.
     pub image: String,
     /// `"all"`, `"none"`, or the devices passed with `--device`.
     #[serde(serialize_with = "gpus_json")]
@@ -114,13 +121,19 @@ impl PlanContainer {
 /// What the launch runs, everywhere.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PlanBody {
+    /// Which engine runs.
     pub engine: Engine,
     /// The model path every node loads; may hold `<COMMIT>`.
     pub model: String,
+    /// Tensor-parallel size.
     pub tp: u32,
+    /// Pipeline-parallel size.
     pub pp: u32,
+    /// How many nodes launch.
     pub nnodes: usize,
+    /// The head's name.
     pub head: String,
+    /// The head's fabric address.
     pub head_ip: String,
     /// Where the head serves the OpenAI-compatible API.
     pub api_port: u16,
@@ -137,6 +150,7 @@ pub struct PlanBody {
 /// The plan and its digest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Plan {
+    /// What runs.
     #[serde(flatten)]
     pub body: PlanBody,
     /// BLAKE3 (hex) of the body's JSON: serde_json's compact form of

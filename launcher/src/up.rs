@@ -40,9 +40,27 @@ pub struct UpOptions {
 
 /// What became of the launch.
 pub struct UpOutcome {
+    /// The run's id (as the agents know it).
     pub run: String,
+    /// Where the run record is.
     pub record: PathBuf,
+    /// Ready (and how), or why not: the message shown and recorded.
     pub result: Result<Readiness, String>,
+}
+
+/// Why `up` did not get as far as starting the ranks, or could not record
+/// how it went.
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    /// The checks failed (they are printed above); `failed` counts them.
+    #[error("refusing to start: {failed} check(s) failed (above); fix them and run `xfer-launch up` again")]
+    ChecksFailed {
+        /// How many checks failed.
+        failed: usize,
+    },
+    /// The run record could not be written.
+    #[error(transparent)]
+    Record(#[from] record::RecordError),
 }
 
 fn now_unix() -> u64 {
@@ -57,19 +75,17 @@ fn host_of(agent: &str) -> &str {
 }
 
 /// Runs the check; refuses to start on any failure.
-pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOutcome, String> {
+pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOutcome, UpError> {
     eprintln!("checking {} node(s)...", setup.nodes.len());
     let checked = check::run(setup, agents).await;
     eprint!("{}", preflight::render(&checked.rows));
     if !checked.ok {
-        let n = checked
+        let failed = checked
             .rows
             .iter()
             .filter(|r| r.verdict == preflight::Verdict::Fail)
             .count();
-        return Err(format!(
-            "refusing to start: {n} check(s) failed (above); fix them and run `xfer-launch up` again"
-        ));
+        return Err(UpError::ChecksFailed { failed });
     }
     let setup = check::settled(setup, &checked);
     let plan = plan::plan(&setup);

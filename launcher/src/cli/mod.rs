@@ -34,7 +34,7 @@ where
     Fut: std::future::Future<Output = Result<ExitCode, String>>,
 {
     let setup = load(cluster)?;
-    let agents = Agents::new(&setup)?;
+    let agents = Agents::new(&setup).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -14,7 +14,9 @@ pub async fn up(
     opts: UpOptions,
     json: bool,
 ) -> Result<ExitCode, String> {
-    let out = launcher::up::up(&setup, &agents, &opts).await?;
+    let out = launcher::up::up(&setup, &agents, &opts)
+        .await
+        .map_err(|e| e.to_string())?;
     let record = out.record.display().to_string();
     match out.result {
         Ok(r) => {

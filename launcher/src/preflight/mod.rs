@@ -34,6 +34,7 @@ mod tests;
 pub const REACH_WINDOW_MS: u64 = 3_000;
 /// Disk below this on a node's root fails the check; below `DISK_WARN` warns.
 pub const DISK_FAIL: u64 = 2 << 30;
+/// Disk below this on a node's root warns.
 pub const DISK_WARN: u64 = 10 << 30;
 
 /// The port the ranks meet on, which the reachability probe uses.
@@ -188,9 +189,13 @@ pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
+    /// Checked and fine.
     Pass,
+    /// Not checked (does not apply, or nothing to check it on).
     Skip,
+    /// The launch may start, but something looks wrong.
     Warn,
+    /// The launch would fail: it does not start.
     Fail,
 }
 
@@ -208,10 +213,13 @@ impl Verdict {
 /// One line of the check table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Row {
+    /// Which check.
     pub check: &'static str,
     /// The node, or "*" for a comparison across nodes.
     pub node: String,
+    /// How it went.
     pub verdict: Verdict,
+    /// What was found.
     pub detail: String,
     /// What to do, for everything but a pass.
     pub fix: Option<String>,

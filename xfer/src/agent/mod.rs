@@ -373,7 +373,7 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
     let hello: Hello = read_or_refuse(&ctx, &mut send, &mut recv, HELLO_LIMIT, "hello").await?;
     let peer = match ctx.cred.peer(quic::peer_certificate(&conn).as_ref()) {
         Ok(peer) => peer,
-        Err(why) => return refuse(&mut send, Refusal::Forbidden(why)).await,
+        Err(why) => return refuse(&mut send, Refusal::Forbidden(why.to_string())).await,
     };
     let caller = Caller {
         peer,

@@ -217,7 +217,7 @@ pub struct SyncArgs {
     #[arg(long)]
     pub name: Option<String>,
     #[arg(long, default_value = "model", value_parser = parse_repo_type)]
-    pub repo_type: xfer::hub::repo::RepoType,
+    pub repo_type: xfer_proto::repo::RepoType,
     #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
     pub chunk_size: u64,
     /// Cap the source's send rate, e.g. 500MiB (bytes per second).
@@ -380,7 +380,7 @@ pub struct PullArgs {
     /// ORG/NAME[@REVISION] (a branch, tag or commit; default main).
     pub repo: String,
     #[arg(long, default_value = "model", value_parser = parse_repo_type)]
-    pub repo_type: xfer::hub::repo::RepoType,
+    pub repo_type: xfer_proto::repo::RepoType,
     /// Only files matching this glob (repeatable), e.g. '*.safetensors'.
     #[arg(long)]
     pub include: Vec<String>,
@@ -495,8 +495,8 @@ pub fn parse_chunk(s: &str) -> Result<u64, String> {
     }
 }
 
-pub fn parse_repo_type(s: &str) -> Result<xfer::hub::repo::RepoType, String> {
-    xfer::hub::repo::RepoType::parse(s)
+pub fn parse_repo_type(s: &str) -> Result<xfer_proto::repo::RepoType, String> {
+    xfer_proto::repo::RepoType::parse(s)
 }
 
 /// `--peers K`: 2 to 64 links per receiver.

@@ -37,9 +37,9 @@ use xfer::flow::pull_fanout::{pull_and_fan_out, FanOut};
 use xfer::flow::push::{push, PushOptions};
 use xfer::hub::env::HubEnv;
 use xfer::hub::pull::PullOptions;
-use xfer::hub::repo::RepoType;
 use xfer::store::verify::verify;
 use xfer::util::progress::Progress;
+use xfer_proto::repo::RepoType;
 use xfer_proto::units::Bytes;
 
 /// Demo settings.

@@ -45,8 +45,8 @@ use sha1::Digest as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use xfer::hub::repo::{RepoRef, RepoType};
 use xfer_proto::relpath::RelPath;
+use xfer_proto::repo::{RepoRef, RepoType};
 
 /// File names stored in LFS whatever their size (`hub_server.py`'s
 /// `LFS_SUFFIXES`); files of [`LFS_MIN_SIZE`] or more are LFS too.

@@ -22,9 +22,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
-use toml::Spanned;
 
-use crate::config::tomltext::{and_list, in_file_order, kind, line_col, suggest};
+use crate::config::toml_reader::{
+    and_list, did_you_mean, entries, value_at, At, Entry, TomlError, TomlReader, Val,
+};
 use xfer_proto::names::DEFAULT_PORT;
 pub use xfer_proto::names::{NodeName, MAX_NAME_LEN};
 
@@ -48,6 +49,7 @@ pub struct Rdma {
 /// One machine of the cluster, with `[defaults]` already applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
+    /// Its `name`, unique in the file.
     pub name: NodeName,
     /// Where its agent listens, normalized to `HOST:PORT` (`[V6]:PORT` for
     /// IPv6; host names lower-cased). `transport::quic::resolve`
@@ -62,6 +64,7 @@ pub struct Node {
     /// The port its agent takes data on at `fabric_ip` (`data_port`;
     /// default: the agent's port).
     pub data_port: u16,
+    /// Its RDMA device and GID index, if it has one.
     pub rdma: Option<Rdma>,
     /// The line of the node's `[[node]]` header, for messages about it.
     pub line: usize,
@@ -94,20 +97,25 @@ pub struct Cluster {
 /// Why a cluster file was refused, or a node selection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// The file could not be read.
     #[error("cannot read cluster file {}: {err}; check the path (the format is in {EXAMPLE})", path.display())]
-    Read { path: PathBuf, err: std::io::Error },
-    /// Something in the file; `line` and `col` are 1-based.
-    #[error("{}:{line}:{col}: {message}", path.display())]
-    Invalid {
+    Read {
+        /// The cluster file.
         path: PathBuf,
-        line: usize,
-        col: usize,
-        message: String,
+        /// What the system said.
+        err: std::io::Error,
     },
+    /// Something in the file, at its line and column.
+    #[error(transparent)]
+    Invalid(#[from] TomlError),
+    /// A selection named nodes the file does not have.
     #[error("{}: {}; the nodes are {}", path.display(), unknown_list(unknown), known.join(", "))]
     UnknownNodes {
+        /// The cluster file.
         path: PathBuf,
+        /// The names not in the file, in the order given.
         unknown: Vec<String>,
+        /// The names that are.
         known: Vec<String>,
     },
 }
@@ -116,7 +124,7 @@ impl ClusterError {
     /// The line the error points at, if it is about the file's contents.
     pub fn line(&self) -> Option<usize> {
         match self {
-            Self::Invalid { line, .. } => Some(*line),
+            Self::Invalid(e) => Some(e.line),
             _ => None,
         }
     }
@@ -134,11 +142,16 @@ impl Cluster {
     /// Reads and checks the cluster file at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Cluster, ClusterError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|err| ClusterError::Read {
+        Self::parse(&Self::read(path)?, path)
+    }
+
+    /// The text of the cluster file at `path`, for a reader that parses it
+    /// with [`Cluster::parse_with_launch`].
+    pub fn read(path: &Path) -> Result<String, ClusterError> {
+        std::fs::read_to_string(path).map_err(|err| ClusterError::Read {
             path: path.to_path_buf(),
             err,
-        })?;
-        Self::parse(&text, path)
+        })
     }
 
     /// Checks `text`, a cluster file; `path` names it in messages and is the
@@ -158,8 +171,7 @@ impl Cluster {
         launch: impl FnOnce(Option<(usize, &DeTable<'_>)>) -> R,
     ) -> Result<(Cluster, R), ClusterError> {
         Parser {
-            text,
-            path: path.as_ref(),
+            r: TomlReader::new(text, path.as_ref()),
         }
         .cluster(launch)
     }
@@ -231,13 +243,6 @@ const ALIASES: &[(&str, &str)] = &[
     ("key_file", "key"),
 ];
 
-/// A checked value and the byte offset where it was written.
-#[derive(Clone, Debug)]
-struct At<T> {
-    v: T,
-    at: usize,
-}
-
 /// An agent address before the port default is applied.
 #[derive(Clone, Debug)]
 struct AgentAddr {
@@ -277,33 +282,24 @@ impl fmt::Display for Section {
     }
 }
 
-type Val<'i> = Spanned<DeValue<'i>>;
-
 struct Parser<'a> {
-    text: &'a str,
-    path: &'a Path,
+    r: TomlReader<'a>,
 }
 
 impl Parser<'_> {
     fn err(&self, at: usize, message: impl Into<String>) -> ClusterError {
-        let (line, col) = line_col(self.text, at);
-        ClusterError::Invalid {
-            path: self.path.to_path_buf(),
-            line,
-            col,
-            message: message.into(),
-        }
+        self.r.err(at, message).into()
     }
 
     fn line(&self, at: usize) -> usize {
-        line_col(self.text, at).0
+        self.r.line(at)
     }
 
     fn cluster<R>(
         &self,
         launch_fn: impl FnOnce(Option<(usize, &DeTable<'_>)>) -> R,
     ) -> Result<(Cluster, R), ClusterError> {
-        let doc = DeTable::parse(self.text).map_err(|e| self.syntax(&e))?;
+        let doc = self.r.parse(EXAMPLE)?;
         let root = doc.get_ref();
         if root.is_empty() {
             return Err(self.err(
@@ -318,43 +314,29 @@ impl Parser<'_> {
         let mut launch = None;
         let mut launch_table = None;
         let mut node_vals: Option<&Val> = None;
-        for (k, v) in in_file_order(root) {
-            let name = k.get_ref().as_ref();
-            match name {
+        for e in entries(root) {
+            let v = e.value;
+            match e.key {
                 "key" => {
-                    let s = self.string("key", v, "\"/etc/xfer/cluster.key\"")?;
+                    let s = self.r.string("key", v, "key = \"/etc/xfer/cluster.key\"")?;
                     if s.is_empty() {
                         return Err(self.err(
                             v.span().start,
                             "key is empty; name the file `xfer keygen --out FILE` wrote",
                         ));
                     }
-                    let base = self.path.parent().unwrap_or(Path::new(""));
+                    let base = self.r.path.parent().unwrap_or(Path::new(""));
                     key = Some(base.join(s));
                 }
                 "defaults" => {
-                    let DeValue::Table(t) = v.get_ref() else {
-                        return Err(self.err(
-                            v.span().start,
-                            format!(
-                                "defaults is {}; write it as a [defaults] table",
-                                kind(v.get_ref())
-                            ),
-                        ));
-                    };
+                    let t = self
+                        .r
+                        .table("defaults", v, "write it as a [defaults] table")?;
                     defaults = self.fields(t, Section::Defaults)?;
                 }
                 "node" => node_vals = Some(v),
                 "launch" => {
-                    let DeValue::Table(t) = v.get_ref() else {
-                        return Err(self.err(
-                            v.span().start,
-                            format!(
-                                "launch is {}; write it as a [launch] table",
-                                kind(v.get_ref())
-                            ),
-                        ));
-                    };
+                    let t = self.r.table("launch", v, "write it as a [launch] table")?;
                     let table = toml::Table::deserialize(ValueDeserializer::from(v.clone()))
                         .map_err(|e| {
                             self.err(
@@ -363,9 +345,9 @@ impl Parser<'_> {
                             )
                         })?;
                     launch = Some(table);
-                    launch_table = Some((k.span().start, t));
+                    launch_table = Some((e.key_at, t));
                 }
-                other => return Err(self.unknown_top(k.span().start, other)),
+                _ => return Err(self.unknown_top(&e)),
             }
         }
         let Some(key) = key else {
@@ -389,27 +371,19 @@ impl Parser<'_> {
                     .iter()
                     .map(|v| match v.get_ref() {
                         DeValue::Table(t) => Ok((v.span().start, t)),
-                        other => Err(self.err(
-                            v.span().start,
-                            format!(
-                                "a node is {}; write each node as a [[node]] table",
-                                kind(other)
-                            ),
-                        )),
+                        _ => {
+                            let fix = "write each node as a [[node]] table";
+                            Err(ClusterError::from(self.r.wrong_kind("a node", v, fix)))
+                        }
                     })
                     .collect::<Result<_, _>>()?,
                 DeValue::Table(_) => return Err(self.err(
                     node_vals.span().start,
                     "[node] is a single table; write [[node]] (double brackets), once per machine",
                 )),
-                other => {
-                    return Err(self.err(
-                        node_vals.span().start,
-                        format!(
-                            "node is {}; write each node as a [[node]] table",
-                            kind(other)
-                        ),
-                    ))
+                _ => {
+                    let fix = "write each node as a [[node]] table";
+                    return Err(self.r.wrong_kind("node", node_vals, fix).into());
                 }
             };
         // Every value is checked alone before any node is put together, so
@@ -445,7 +419,7 @@ impl Parser<'_> {
                 ));
             }
             agents.insert(node.agent.clone(), (name.clone(), self.line(agent_at)));
-            if let (Some(ip), Some(at)) = (node.fabric_ip, table_key_at(table, "fabric_ip")) {
+            if let (Some(ip), Some(at)) = (node.fabric_ip, value_at(table, "fabric_ip")) {
                 if let Some((other, line)) = fabric_ips.get(&ip) {
                     return Err(self.err(
                         at,
@@ -470,7 +444,7 @@ impl Parser<'_> {
             key,
             nodes,
             launch,
-            path: self.path.to_path_buf(),
+            path: self.r.path.to_path_buf(),
         };
         Ok((cluster, launch_fn(launch_table)))
     }
@@ -595,13 +569,12 @@ impl Parser<'_> {
     /// Reads and checks each field of a `[[node]]` or `[defaults]` table.
     fn fields(&self, table: &DeTable, section: Section) -> Result<Fields, ClusterError> {
         let mut f = Fields::default();
-        for (k, v) in in_file_order(table) {
-            let key = k.get_ref().as_ref();
-            let at = v.span().start;
+        for e in entries(table) {
+            let (key, v, at) = (e.key, e.value, e.at);
             let bad = |msg: String| self.err(at, msg);
             if section == Section::Defaults && PER_NODE_ONLY.contains(&key) {
                 return Err(self.err(
-                    k.span().start,
+                    e.key_at,
                     format!(
                         "{key} cannot go in [defaults]: it differs from node to node; set it in each [[node]]"
                     ),
@@ -609,21 +582,21 @@ impl Parser<'_> {
             }
             match key {
                 "name" => {
-                    let s = self.string(key, v, "\"spark-a\"")?;
+                    let s = self.r.string(key, v, "name = \"spark-a\"")?;
                     f.name = Some(At {
                         v: NodeName::new(s).map_err(bad)?,
                         at,
                     });
                 }
                 "agent" => {
-                    let s = self.string(key, v, "\"10.0.0.1:7470\"")?;
+                    let s = self.r.string(key, v, "agent = \"10.0.0.1:7470\"")?;
                     f.agent = Some(At {
                         v: parse_agent(s).map_err(bad)?,
                         at,
                     });
                 }
                 "port" | "data_port" => {
-                    let n = self.integer(key, v, "7470")?;
+                    let n = self.r.integer(key, v, "7470")?;
                     let p = match u16::try_from(n) {
                         Ok(0) => {
                             return Err(bad(format!(
@@ -644,7 +617,7 @@ impl Parser<'_> {
                     }
                 }
                 "root" => {
-                    let s = self.string(key, v, "\"/var/lib/xfer/hub\"")?;
+                    let s = self.r.string(key, v, "root = \"/var/lib/xfer/hub\"")?;
                     if !s.starts_with('/') {
                         let what = if s.is_empty() {
                             "root is empty".to_string()
@@ -661,7 +634,7 @@ impl Parser<'_> {
                     });
                 }
                 "fabric_if" => {
-                    let s = self.string(key, v, "\"enp1s0f1np1\"")?;
+                    let s = self.r.string(key, v, "fabric_if = \"enp1s0f1np1\"")?;
                     if !is_ifname(s) {
                         return Err(bad(format!(
                             "fabric_if {s:?} is not an interface name (at most {MAX_IFNAME_LEN} characters, no '/', ':' or spaces); use the name `ip -br link` shows on that node"
@@ -673,14 +646,14 @@ impl Parser<'_> {
                     });
                 }
                 "fabric_ip" => {
-                    let s = self.string(key, v, "\"192.168.100.1\"")?;
+                    let s = self.r.string(key, v, "fabric_ip = \"192.168.100.1\"")?;
                     f.fabric_ip = Some(At {
                         v: parse_fabric_ip(s).map_err(bad)?,
                         at,
                     });
                 }
                 "rdma_device" => {
-                    let s = self.string(key, v, "\"rocep1s0f1\"")?;
+                    let s = self.r.string(key, v, "rdma_device = \"rocep1s0f1\"")?;
                     if s.is_empty()
                         || s.len() > MAX_RDMA_NAME_LEN
                         || s.contains(|c: char| c == '/' || c.is_whitespace() || c.is_control())
@@ -695,7 +668,7 @@ impl Parser<'_> {
                     });
                 }
                 "gid_index" => {
-                    let n = self.integer(key, v, "3")?;
+                    let n = self.r.integer(key, v, "3")?;
                     if !(0..=255).contains(&n) {
                         return Err(bad(format!(
                             "gid_index {n} is out of range; GID indexes run 0-255 (see `show_gids` on that node)"
@@ -703,13 +676,13 @@ impl Parser<'_> {
                     }
                     f.gid_index = Some(At { v: n as u32, at });
                 }
-                other => return Err(self.unknown_in(k.span().start, other, section)),
+                _ => return Err(self.unknown_in(&e, section)),
             }
         }
         Ok(f)
     }
 
-    fn unknown_in(&self, at: usize, key: &str, section: Section) -> ClusterError {
+    fn unknown_in(&self, e: &Entry, section: Section) -> ClusterError {
         let allowed: Vec<&str> = match section {
             Section::Defaults => NODE_KEYS
                 .iter()
@@ -718,75 +691,26 @@ impl Parser<'_> {
                 .collect(),
             Section::Node(_) => NODE_KEYS.to_vec(),
         };
-        let hint = match suggest(key, &allowed, ALIASES) {
-            Some(s) => format!("did you mean {s:?}?"),
-            None => format!("{section} takes {}", and_list(&allowed)),
-        };
-        self.err(at, format!("unknown key {key:?} in {section}; {hint}"))
+        let table = section.to_string();
+        let otherwise = || format!("{section} takes {}", and_list(&allowed));
+        self.r
+            .unknown_key(e, &table, &allowed, ALIASES, otherwise)
+            .into()
     }
 
-    fn unknown_top(&self, at: usize, key: &str) -> ClusterError {
+    fn unknown_top(&self, e: &Entry) -> ClusterError {
+        let key = e.key;
         let hint = if NODE_KEYS.contains(&key) {
             format!(
                 "{key} is a node setting: put it in [defaults] (for every node) or in a [[node]] table"
             )
-        } else if let Some(s) = suggest(key, TOP_KEYS, ALIASES) {
-            format!("did you mean {s:?}?")
+        } else if let Some(s) = did_you_mean(key, TOP_KEYS, ALIASES) {
+            s
         } else {
             "the top level holds key, [defaults], [[node]] and [launch]".to_string()
         };
-        self.err(at, format!("unknown top-level key {key:?}; {hint}"))
+        self.err(e.key_at, format!("unknown top-level key {key:?}; {hint}"))
     }
-
-    /// A TOML syntax error, converted to the one-line form.
-    fn syntax(&self, e: &toml::de::Error) -> ClusterError {
-        let at = e.span().map_or(0, |s| s.start);
-        let what = e.message().trim().replace('\n', "; ");
-        let what = what.strip_suffix(", expected nothing").unwrap_or(&what);
-        if what == "duplicate key" {
-            let key = e.span().and_then(|s| self.text.get(s)).unwrap_or("");
-            let key = key.trim_matches(|c| c == '"' || c == '\'');
-            return self.err(at, format!("duplicate key {key:?}; keep one of them"));
-        }
-        self.err(at, format!("{what}; fix the TOML syntax (see {EXAMPLE})"))
-    }
-
-    fn string<'v>(&self, key: &str, v: &'v Val, example: &str) -> Result<&'v str, ClusterError> {
-        match v.get_ref() {
-            DeValue::String(s) => Ok(s),
-            other => Err(self.err(
-                v.span().start,
-                format!(
-                    "{key} is {}; write a quoted string, like {key} = {example}",
-                    kind(other)
-                ),
-            )),
-        }
-    }
-
-    fn integer(&self, key: &str, v: &Val, example: &str) -> Result<i128, ClusterError> {
-        match v.get_ref() {
-            // Beyond i128 is out of every range here anyway.
-            DeValue::Integer(i) => {
-                Ok(i128::from_str_radix(i.as_str(), i.radix()).unwrap_or(i128::MAX))
-            }
-            other => Err(self.err(
-                v.span().start,
-                format!(
-                    "{key} is {}; write a whole number, like {key} = {example}",
-                    kind(other)
-                ),
-            )),
-        }
-    }
-}
-
-/// Where the value of `key` is written in `table`.
-fn table_key_at(table: &DeTable, key: &str) -> Option<usize> {
-    table
-        .iter()
-        .find(|(k, _)| k.get_ref().as_ref() == key)
-        .map(|(_, v)| v.span().start)
 }
 
 /// `HOST[:PORT]`: an IPv4 address, a bracketed (or bare, portless) IPv6
@@ -908,6 +832,7 @@ fn is_ifname(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::toml_reader::{edit_distance, line_col, suggest};
 
     /// The one-line message for `text`, which must be refused.
     fn refused(text: &str) -> String {
@@ -1483,8 +1408,8 @@ root = "/r"
         assert_eq!(suggest("Name", NODE_KEYS, ALIASES), Some("name"));
         assert_eq!(suggest("address", NODE_KEYS, ALIASES), Some("agent"));
         assert_eq!(suggest("gpu", NODE_KEYS, ALIASES), None);
-        assert_eq!(crate::config::tomltext::edit_distance("nmae", "name"), 1);
-        assert_eq!(crate::config::tomltext::edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("nmae", "name"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
         assert_eq!(line_col("ab\ncd\né x", 9), (3, 3));
         assert_eq!(line_col("ab", 99), (1, 3));
     }

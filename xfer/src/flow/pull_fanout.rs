@@ -26,13 +26,13 @@ use crate::flow::stream;
 use crate::hub::announce::{DraftUpdate, OnDraft};
 use crate::hub::env::HubEnv;
 use crate::hub::pull::{self, OnPlaced, PlacedFile, PullOptions, PullSummary};
-use crate::hub::repo::RepoRef;
 use crate::store::hashcache::{FileStamp, HashCache};
 use crate::store::scan::{scan_selected, SourceTree};
 use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
 use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
+use xfer_proto::repo::RepoRef;
 
 /// The `--json` summary of `xfer pull --to`.
 #[derive(Debug, Serialize, Deserialize)]

@@ -23,7 +23,7 @@ impl RevisionInfo {
     pub fn parse(body: &[u8]) -> Result<Self, String> {
         let info: RevisionInfo = serde_json::from_slice(body)
             .map_err(|e| format!("the Hub's revision reply is not what it should be: {e}"))?;
-        let ok = info.sha.len() == 40 && info.sha.bytes().all(|b| b.is_ascii_hexdigit());
+        let ok = xfer_proto::repo::is_commit_sha(&info.sha);
         if !ok {
             return Err(format!(
                 "the Hub answered commit `{}`, not 40 hex digits",

@@ -1,5 +1,5 @@
 //! The Hugging Face Hub side of `xfer pull`: naming a repository and
-//! building its URLs ([`repo`]), the environment conventions of
+//! building its URLs (`xfer_proto::repo`), the environment conventions of
 //! `huggingface_hub` ([`env`]), the JSON API and its paging and errors as
 //! data ([`api`]), when to retry ([`retry`]), the HTTP client ([`http`]),
 //! ranged parallel downloads with a resume record ([`download`], [`parts`]),
@@ -18,6 +18,5 @@ pub mod leftovers;
 pub mod parts;
 pub mod pull;
 pub mod ranges;
-pub mod repo;
 pub mod retry;
 pub mod tree_cache;

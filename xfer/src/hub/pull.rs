@@ -28,13 +28,13 @@ use crate::hub::digest::{Digest, Digester, Expected};
 use crate::hub::download::{self, FileJob, Finisher, Stats, Verdict, Watch};
 use crate::hub::env::HubEnv;
 use crate::hub::http::HubHttp;
-use crate::hub::repo::{RepoRef, RepoType};
 use crate::hub::{leftovers, tree_cache};
 use crate::util::beneath::{create_dir_all_durable, rename_durable, write_file_durable};
 use crate::util::progress::Progress;
 use xfer_proto::draft::Draft;
 use xfer_proto::hash::Hash;
 use xfer_proto::relpath::RelPath;
+use xfer_proto::repo::{RepoRef, RepoType};
 use xfer_proto::units::Bytes;
 
 /// What to pull, and how.

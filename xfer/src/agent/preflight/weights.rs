@@ -172,9 +172,7 @@ fn resolve_commit(
             .filter(|s| !s.is_empty())
     };
     // Downloading by commit writes no ref: the revision is the commit.
-    let commit = commit.or_else(|| {
-        (rev.len() == 40 && rev.bytes().all(|b| b.is_ascii_hexdigit())).then(|| rev.to_string())
-    });
+    let commit = commit.or_else(|| xfer_proto::repo::is_commit_sha(rev).then(|| rev.to_string()));
     match commit {
         Some(c) if !c.contains('/') && c != "." && c != ".." => {
             Ok(Some((format!("{before}{c}{after}"), c)))

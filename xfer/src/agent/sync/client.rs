@@ -16,10 +16,10 @@ use super::status::{AgentStatus, ModelState, ModelStatus};
 use crate::agent::client::{admin, ASK_TIMEOUT};
 use crate::config::auth::Credential;
 use crate::config::cluster::{Cluster, Node};
-use crate::hub::repo::{RepoRef, RepoType};
 use crate::transport::select::TransportChoice;
 use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
 use xfer_proto::names::ModelName;
+use xfer_proto::repo::{RepoRef, RepoType};
 use xfer_proto::units::Bytes;
 
 /// What `xfer sync` was asked to do.

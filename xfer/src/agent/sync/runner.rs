@@ -19,7 +19,6 @@ use crate::flow::push::{NodeSummary, PushOptions, RouteSink};
 use crate::flow::route::Destination;
 use crate::hub::env::HubEnv;
 use crate::hub::pull::PullOptions;
-use crate::hub::repo::RepoType;
 use crate::store::Store;
 use crate::transport::rdma::link::Nic;
 use crate::transport::select::TransportChoice;
@@ -27,6 +26,7 @@ use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
 use xfer_proto::names::ModelName;
 use xfer_proto::refusal::Refusal;
+use xfer_proto::repo::RepoType;
 
 /// Pause after a round that left a member incomplete, growing to this.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);

@@ -100,13 +100,19 @@ pub struct CaDir {
 
 /// What `issue` wrote.
 pub struct Issued {
+    /// The name and role the certificate states.
     pub identity: Identity,
+    /// The cluster (the CA's key id) it belongs to.
     pub cluster: Hash,
+    /// When the certificate expires.
     pub not_after: time::OffsetDateTime,
+    /// Whether a CA rotation is under way (the credential carries the
+    /// cross-signed certificate).
     pub rotating: bool,
 }
 
 impl CaDir {
+    /// The CA folder at `dir` (nothing is read or created yet).
     pub fn new(dir: &Path) -> CaDir {
         CaDir {
             dir: dir.to_path_buf(),

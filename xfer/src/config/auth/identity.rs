@@ -51,7 +51,9 @@ impl fmt::Display for Role {
 /// A name and role, as an issued certificate states them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
+    /// The holder's name (a node, or an operator).
     pub name: NodeName,
+    /// What the holder may do.
     pub role: Role,
 }
 
@@ -98,11 +100,33 @@ impl fmt::Display for Peer {
     }
 }
 
+/// Why a certificate names no xfer identity.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// Not a certificate that parses (the parser's words).
+    #[error("unreadable certificate: {0}")]
+    Unreadable(String),
+    /// Its subject has no `O=xfer`.
+    #[error("the certificate was not issued by `xfer ca issue` (its subject has no O=xfer)")]
+    NotXfer,
+    /// Its subject has no common name.
+    #[error("the certificate names no node (no CN); reissue it with `xfer ca issue`")]
+    NoName,
+    /// Its common name is not a valid node name (why).
+    #[error("{0}")]
+    BadName(String),
+    /// Its subject has no known role.
+    #[error(
+        "the certificate names no role (OU node or operator); reissue it with `xfer ca issue`"
+    )]
+    NoRole,
+}
+
 /// Reads the identity from a leaf certificate (DER). The chain has been
 /// verified by rustls before this is asked; this only reads the subject.
-pub fn identity_of(der: &[u8]) -> Result<Identity, String> {
+pub fn identity_of(der: &[u8]) -> Result<Identity, IdentityError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der)
-        .map_err(|e| format!("unreadable certificate: {e}"))?;
+        .map_err(|e| IdentityError::Unreadable(e.to_string()))?;
     let subject = cert.subject();
     let first = |it: &mut dyn Iterator<Item = &x509_parser::x509::AttributeTypeAndValue>| {
         it.next().and_then(|a| a.as_str().ok()).map(str::to_string)
@@ -111,15 +135,13 @@ pub fn identity_of(der: &[u8]) -> Result<Identity, String> {
     let name = first(&mut subject.iter_common_name());
     let role = first(&mut subject.iter_organizational_unit());
     if org.as_deref() != Some(ORGANISATION) {
-        return Err(
-            "the certificate was not issued by `xfer ca issue` (its subject has no O=xfer)".into(),
-        );
+        return Err(IdentityError::NotXfer);
     }
-    let name =
-        name.ok_or("the certificate names no node (no CN); reissue it with `xfer ca issue`")?;
-    let name = NodeName::new(&name)?;
-    let role = role.as_deref().and_then(Role::parse).ok_or(
-        "the certificate names no role (OU node or operator); reissue it with `xfer ca issue`",
-    )?;
+    let name = name.ok_or(IdentityError::NoName)?;
+    let name = NodeName::new(&name).map_err(IdentityError::BadName)?;
+    let role = role
+        .as_deref()
+        .and_then(Role::parse)
+        .ok_or(IdentityError::NoRole)?;
     Ok(Identity { name, role })
 }

@@ -33,7 +33,7 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
 
-use self::identity::{identity_of, Identity, Peer, Role};
+use self::identity::{identity_of, Identity, IdentityError, Peer, Role};
 use self::live::{Live, Tls};
 use xfer_proto::hash::Hash;
 use xfer_proto::names::alpn_offers;
@@ -86,6 +86,33 @@ pub fn keygen(out: &Path, force: bool) -> Result<Credential> {
     );
     write_private(out, text.as_bytes(), force)?;
     Credential::load(out)
+}
+
+/// Why a peer is not who it may be, or not who was asked for.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// The peer sent no certificate.
+    #[error("the peer presented no certificate")]
+    NoCertificate,
+    /// With issued credentials, its certificate names no xfer identity.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// The agent asked for as `node` holds a certificate that is not a node's.
+    #[error("the agent that answered for {node} holds the certificate of {id}, not of a node; give that agent its node's credential (xfer ca issue {node})")]
+    NotANode {
+        /// The node asked for.
+        node: String,
+        /// Who answered.
+        id: Identity,
+    },
+    /// The agent asked for as `node` is another node.
+    #[error("the agent that answered for {node} is {id}; fix {node}'s address in the cluster file, or reissue that agent's credential")]
+    OtherNode {
+        /// The node asked for.
+        node: String,
+        /// Who answered.
+        id: Identity,
+    },
 }
 
 /// Writes a secret file: mode 0600, never through a symlink, and an
@@ -197,29 +224,30 @@ impl Credential {
     }
 
     /// Who the holder of `leaf` (the peer's verified certificate) is.
-    pub fn peer(&self, leaf: Option<&CertificateDer<'_>>) -> Result<Peer, String> {
+    pub fn peer(&self, leaf: Option<&CertificateDer<'_>>) -> Result<Peer, PeerError> {
         let Some(leaf) = leaf else {
-            return Err("the peer presented no certificate".into());
+            return Err(PeerError::NoCertificate);
         };
         match (identity_of(leaf), &self.facts().me) {
             (Ok(id), _) => Ok(Peer::Issued(id)),
             (Err(_), None) => Ok(Peer::ClusterKey),
-            (Err(e), Some(_)) => Err(e),
+            (Err(e), Some(_)) => Err(e.into()),
         }
     }
 
     /// Checks that the agent that answered (its verified certificate
     /// `leaf`) is `node`: with issued credentials a node's answers can
     /// only come from that node. Simple mode has no names to check.
-    pub fn check_node(&self, leaf: Option<&CertificateDer<'_>>, node: &str) -> Result<(), String> {
+    pub fn check_node(
+        &self,
+        leaf: Option<&CertificateDer<'_>>,
+        node: &str,
+    ) -> Result<(), PeerError> {
+        let node = node.to_string();
         match self.peer(leaf)? {
             Peer::ClusterKey => Ok(()),
-            Peer::Issued(id) if id.role != Role::Node => Err(format!(
-                "the agent that answered for {node} holds the certificate of {id}, not of a node; give that agent its node's credential (xfer ca issue {node})"
-            )),
-            Peer::Issued(id) if id.name.as_str() != node => Err(format!(
-                "the agent that answered for {node} is {id}; fix {node}'s address in the cluster file, or reissue that agent's credential"
-            )),
+            Peer::Issued(id) if id.role != Role::Node => Err(PeerError::NotANode { node, id }),
+            Peer::Issued(id) if id.name.as_str() != node => Err(PeerError::OtherNode { node, id }),
             Peer::Issued(_) => Ok(()),
         }
     }

@@ -1,7 +1,8 @@
 //! A Hub repository reference, `REPO[@REVISION]`, and the Hub URLs built
 //! from it. Revisions and paths are percent-encoded as `huggingface_hub`
 //! does: a revision with nothing kept (so `refs/pr/1` is one segment), a file
-//! path with its `/` separators kept.
+//! path with its `/` separators kept. Also the one check of a full commit
+//! id ([`is_commit_sha`]).
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
@@ -14,10 +15,17 @@ const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
 /// The same, keeping `/` (a file path).
 const PATH: &AsciiSet = &UNRESERVED.remove(b'/');
 
+/// Whether `s` is a full commit id: exactly 40 hex digits.
+pub fn is_commit_sha(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// The kind of repository.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RepoType {
+    /// A model repository (`models--ORG--NAME` in the cache).
     Model,
+    /// A dataset repository (`datasets--ORG--NAME` in the cache).
     Dataset,
 }
 
@@ -58,9 +66,24 @@ impl RepoType {
     }
 }
 
+/// Why `REPO[@REVISION]` is not a repository reference.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RepoRefError {
+    /// `REPO@` with nothing after the `@` (the whole text).
+    #[error("`{0}` has an empty revision after `@`; write REPO or REPO@REVISION")]
+    EmptyRevision(String),
+    /// The part before `@` is not `ORG/NAME` or `NAME`.
+    #[error("`{0}` is not a Hub repo id; write ORG/NAME, e.g. Qwen/Qwen3-8B (letters, digits, `-`, `_`, `.`)")]
+    BadId(String),
+    /// The revision holds control characters (shown escaped).
+    #[error("revision `{0}` has control characters")]
+    ControlCharacters(String),
+}
+
 /// `org/name` (or `name`) at a revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepoRef {
+    /// Model or dataset.
     pub repo_type: RepoType,
     /// `org/name` or `name`.
     pub id: String,
@@ -70,14 +93,10 @@ pub struct RepoRef {
 
 impl RepoRef {
     /// Parses `REPO[@REVISION]`.
-    pub fn parse(s: &str, repo_type: RepoType) -> Result<Self, String> {
+    pub fn parse(s: &str, repo_type: RepoType) -> Result<Self, RepoRefError> {
         let (id, revision) = match s.split_once('@') {
             Some((id, rev)) if !rev.is_empty() => (id, rev),
-            Some(_) => {
-                return Err(format!(
-                    "`{s}` has an empty revision after `@`; write REPO or REPO@REVISION"
-                ))
-            }
+            Some(_) => return Err(RepoRefError::EmptyRevision(s.to_string())),
             None => (s, "main"),
         };
         let parts: Vec<&str> = id.split('/').collect();
@@ -92,14 +111,11 @@ impl RepoRef {
                     .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         };
         if parts.len() > 2 || !parts.iter().all(ok_part) {
-            return Err(format!(
-                "`{id}` is not a Hub repo id; write ORG/NAME, e.g. Qwen/Qwen3-8B (letters, digits, `-`, `_`, `.`)"
-            ));
+            return Err(RepoRefError::BadId(id.to_string()));
         }
         if revision.chars().any(|c| c.is_control()) {
-            return Err(format!(
-                "revision `{}` has control characters",
-                revision.escape_default()
+            return Err(RepoRefError::ControlCharacters(
+                revision.escape_default().to_string(),
             ));
         }
         Ok(RepoRef {
@@ -186,6 +202,14 @@ mod tests {
             assert!(RepoRef::parse(bad, RepoType::Model).is_err(), "{bad:?}");
         }
         assert!(RepoType::parse("space").is_err());
+    }
+
+    #[test]
+    fn a_commit_sha_is_40_hex_digits() {
+        assert!(is_commit_sha("0123456789abcdef0123456789ABCDEF01234567"));
+        assert!(!is_commit_sha("0123456789abcdef0123456789abcdef0123456"));
+        assert!(!is_commit_sha("0123456789abcdef0123456789abcdef0123456g"));
+        assert!(!is_commit_sha("main"));
     }
 
     #[test]
