@@ -135,22 +135,21 @@ pub struct JobSpec {
 impl JobSpec {
     /// Checks what an agent cannot trust blindly: the id (it names a file)
     /// and that the source node and members make sense.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), JobSpecError> {
         check_job_id(&self.id)?;
         if self.members.is_empty() {
-            return Err("a job needs at least one node".into());
+            return Err(JobSpecError::NoMembers);
         }
         if let JobSource::Path(p) = &self.source {
             if !p.is_absolute() {
-                return Err(format!(
-                    "source {} is relative; give the absolute path on {}",
-                    p.display(),
-                    self.source_node
-                ));
+                return Err(JobSpecError::RelativeSource {
+                    path: p.clone(),
+                    node: self.source_node.clone(),
+                });
             }
         }
         if !crate::hash::is_valid_chunk_size(self.chunk_size) {
-            return Err(format!("chunk size {} is not valid", self.chunk_size));
+            return Err(JobSpecError::ChunkSize(self.chunk_size));
         }
         Ok(())
     }
@@ -161,19 +160,46 @@ impl JobSpec {
     }
 }
 
+/// What is wrong with a job ([`JobSpec::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobSpecError {
+    /// The id is not a safe file name.
+    #[error(transparent)]
+    Id(#[from] JobIdError),
+    /// The job names no node.
+    #[error("a job needs at least one node")]
+    NoMembers,
+    /// The source path is relative.
+    #[error("source {} is relative; give the absolute path on {node}", path.display())]
+    RelativeSource {
+        /// The path as given.
+        path: PathBuf,
+        /// The node the path is on.
+        node: String,
+    },
+    /// The chunk size is not one xfer uses.
+    #[error("chunk size {0} is not valid")]
+    ChunkSize(u64),
+}
+
+/// A job id that is not 1-64 of `[A-Za-z0-9-]` ([`check_job_id`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("job id `{0}` is not [A-Za-z0-9-]{{1,64}}; list the jobs with `xfer status`")]
+pub struct JobIdError(
+    /// The id as given, escaped for printing.
+    pub String,
+);
+
 /// Checks a job id, which names a file in the agents' jobs folder: 1-64
 /// of `[A-Za-z0-9-]`, so no id can point outside it.
-pub fn check_job_id(id: &str) -> Result<(), String> {
+pub fn check_job_id(id: &str) -> Result<(), JobIdError> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "job id `{}` is not [A-Za-z0-9-]{{1,64}}; list the jobs with `xfer status`",
-            id.escape_default()
-        ))
+        Err(JobIdError(id.escape_default().to_string()))
     }
 }
 

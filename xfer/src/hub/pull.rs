@@ -422,8 +422,7 @@ pub async fn pull(
         watch,
         stats.clone(),
     )
-    .await
-    .map_err(anyhow::Error::msg)?;
+    .await?;
     bars.total.finish_and_clear();
 
     // The listing, as huggingface_hub caches it, then the ref, last.

@@ -78,3 +78,22 @@ mod tests {
         }
     }
 }
+
+/// Why a held chunk's file could not be opened ([`super::Transfer::open_held`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenHeldError {
+    /// The manifest has no such chunk.
+    #[error("no such chunk")]
+    NoSuchChunk,
+    /// The chunk is not verified yet.
+    #[error("not held yet")]
+    NotHeld,
+    /// The file holding it could not be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The staging or placed file.
+        path: std::path::PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}

@@ -47,7 +47,7 @@ use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest};
 use xfer_proto::names::ModelName;
 
 pub use draft::DraftChange;
-pub use error::StoreError;
+pub use error::{OpenHeldError, StoreError};
 pub use record::{ModelRecord, Stamp};
 use xfer_proto::relpath::RelPath;
 
@@ -1028,12 +1028,12 @@ impl Transfer {
     /// Opens the file that holds verified chunk `id`, for serving it to a
     /// peer: the staging file while it is incomplete, the placed file after.
     /// Fails if the chunk is not held.
-    pub fn open_held(&self, id: ChunkId) -> Result<(File, PathBuf), String> {
-        let num = self.map.number(id).ok_or("no such chunk")?;
+    pub fn open_held(&self, id: ChunkId) -> Result<(File, PathBuf), OpenHeldError> {
+        let num = self.map.number(id).ok_or(OpenHeldError::NoSuchChunk)?;
         let done = {
             let st = self.state.lock().unwrap();
             if !st.held.contains(num) {
-                return Err("not held yet".into());
+                return Err(OpenHeldError::NotHeld);
             }
             st.done[id.file as usize]
         };
@@ -1043,7 +1043,7 @@ impl Transfer {
             let p = rel.under(&self.final_dir);
             File::open(&p)
                 .map(|f| (f, p.clone()))
-                .map_err(|e| format!("cannot open {}: {e}", p.display()))
+                .map_err(|source| OpenHeldError::Open { path: p, source })
         };
         if done {
             return placed();
@@ -1052,7 +1052,10 @@ impl Transfer {
             Ok(f) => Ok((f, staged)),
             // Renamed into place since the check above.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => placed(),
-            Err(e) => Err(format!("cannot open {}: {e}", staged.display())),
+            Err(source) => Err(OpenHeldError::Open {
+                path: staged,
+                source,
+            }),
         }
     }
 

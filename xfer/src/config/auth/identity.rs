@@ -117,7 +117,7 @@ pub fn identity_of(der: &[u8]) -> Result<Identity, String> {
     }
     let name =
         name.ok_or("the certificate names no node (no CN); reissue it with `xfer ca issue`")?;
-    let name = NodeName::new(&name)?;
+    let name = NodeName::new(&name).map_err(|e| e.to_string())?;
     let role = role.as_deref().and_then(Role::parse).ok_or(
         "the certificate names no role (OU node or operator); reissue it with `xfer ca issue`",
     )?;
