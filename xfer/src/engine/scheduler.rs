@@ -174,21 +174,52 @@ impl Homes {
 pub enum Event {
     /// A peer is connected and holds these chunks. A peer holding every chunk
     /// is a seed.
-    PeerJoined { peer: PeerId, has: ChunkSet },
+    PeerJoined {
+        /// The peer.
+        peer: PeerId,
+        /// The chunks it holds.
+        has: ChunkSet,
+    },
     /// A peer now also holds a chunk.
-    PeerHas { peer: PeerId, chunk: u64 },
+    PeerHas {
+        /// The peer.
+        peer: PeerId,
+        /// The chunk's number.
+        chunk: u64,
+    },
     /// A fetched chunk passed its check and is stored.
-    Verified { peer: PeerId, chunk: u64 },
+    Verified {
+        /// The peer it came from.
+        peer: PeerId,
+        /// The chunk's number.
+        chunk: u64,
+    },
     /// A fetched chunk failed its BLAKE3 check.
-    Corrupt { peer: PeerId, chunk: u64 },
+    Corrupt {
+        /// The peer it came from.
+        peer: PeerId,
+        /// The chunk's number.
+        chunk: u64,
+    },
     /// A fetch failed without data (stream reset, peer lacked it).
-    FetchFailed { peer: PeerId, chunk: u64 },
+    FetchFailed {
+        /// The peer asked.
+        peer: PeerId,
+        /// The chunk's number.
+        chunk: u64,
+    },
     /// A peer disconnected.
-    PeerGone { peer: PeerId },
+    PeerGone {
+        /// The peer.
+        peer: PeerId,
+    },
     /// The runtime measured this peer serving far slower than the others:
     /// it is asked only for chunks no other peer can serve, and is no longer
     /// a home for chunks fetched from the seed.
-    PeerSlow { peer: PeerId },
+    PeerSlow {
+        /// The peer.
+        peer: PeerId,
+    },
     /// The swarm's coordinator assigned this receiver's home chunks (empty:
     /// it no longer fetches from the seed). From then on homes are only
     /// these, never computed from the roster, and the scheduler never
@@ -198,7 +229,12 @@ pub enum Event {
     /// The growing source withdrew chunks `first..end` (the download they
     /// came from failed its Hub hash): whoever held them no longer does,
     /// and they are fetched again once the source announces them anew.
-    Withdrawn { first: u64, end: u64 },
+    Withdrawn {
+        /// First chunk withdrawn.
+        first: u64,
+        /// One past the last chunk withdrawn.
+        end: u64,
+    },
     /// The growing source has every chunk: from now on a missing chunk
     /// nobody can serve is stuck, as in any transfer.
     SourceComplete,
@@ -211,8 +247,11 @@ pub enum Event {
 /// Something the runtime should do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
+    /// Fetch a chunk from a peer.
     Fetch {
+        /// The peer to ask.
         peer: PeerId,
+        /// The chunk's number.
         chunk: u64,
     },
     /// An earlier `Fetch` of this chunk from this peer is no longer needed
@@ -220,11 +259,16 @@ pub enum Action {
     /// peer now holds). The runtime may abort it; if it still completes, its
     /// result is ignored.
     Cancel {
+        /// The peer asked.
         peer: PeerId,
+        /// The chunk's number.
         chunk: u64,
     },
+    /// Disconnect a peer and ask it for nothing more.
     DropPeer {
+        /// The peer.
         peer: PeerId,
+        /// Why.
         reason: DropReason,
     },
     /// Every chunk is held.
@@ -234,17 +278,30 @@ pub enum Action {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a peer was dropped.
 pub enum DropReason {
     /// Served more corrupt chunks than allowed (a partial peer: one).
-    Corrupt { strikes: u32 },
+    Corrupt {
+        /// Corrupt chunks it served.
+        strikes: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a transfer cannot go on.
 pub enum StuckReason {
     /// This chunk failed verification too many times.
-    ChunkKeepsFailing { chunk: u64, failures: u32 },
+    ChunkKeepsFailing {
+        /// The chunk's number.
+        chunk: u64,
+        /// How many times it failed.
+        failures: u32,
+    },
     /// Chunks are missing and no connected peer has them.
-    NoSource { missing: u64 },
+    NoSource {
+        /// How many chunks are missing.
+        missing: u64,
+    },
 }
 
 #[derive(Debug)]

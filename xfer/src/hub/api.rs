@@ -88,13 +88,17 @@ impl RevisionInfo {
 #[derive(Debug, Clone, Deserialize)]
 pub struct TreeEntry {
     #[serde(rename = "type")]
+    /// `file` or `directory`.
     pub kind: String,
+    /// The path in the repo, as the Hub gives it.
     pub path: String,
     #[serde(default)]
+    /// Size in bytes (of the LFS pointer, for an LFS file).
     pub size: u64,
     /// The git blob sha1.
     #[serde(default)]
     pub oid: String,
+    /// The LFS object, for a file stored in LFS.
     pub lfs: Option<LfsInfo>,
     /// The Xet hash, on Xet-backed repos.
     #[serde(default, rename = "xetHash")]
@@ -102,17 +106,22 @@ pub struct TreeEntry {
 }
 
 #[derive(Debug, Clone, Deserialize)]
+/// The LFS part of a tree entry.
 pub struct LfsInfo {
     /// The sha256 of the contents.
     pub oid: String,
+    /// The size of the contents.
     pub size: u64,
 }
 
 /// A file to download: where it goes, how big, and the hash it must have.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteFile {
+    /// Where it goes, relative to the snapshot.
     pub path: RelPath,
+    /// Size of its contents in bytes.
     pub size: u64,
+    /// The hash its contents must have.
     pub expected: Expected,
     /// The listing's own fields, as `huggingface_hub` caches them in
     /// `trees/<commit>.json`.
@@ -123,11 +132,13 @@ pub struct RemoteFile {
 /// [`RemoteFile::listed`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Listed {
+    /// The size listed.
     pub size: u64,
     /// The git blob sha1 (of the pointer, for an LFS file).
     pub blob_id: String,
     /// The LFS sha256 and size.
     pub lfs: Option<(String, u64)>,
+    /// The Xet hash, when it is 64 hex digits.
     pub xet_hash: Option<String>,
 }
 
@@ -206,6 +217,7 @@ impl ListingBudget {
         Self::with_bounds(repo, MAX_LISTED_ENTRIES, MAX_LISTING_BYTES)
     }
 
+    /// The budget of `repo`'s listing, at the given bounds.
     pub fn with_bounds(repo: &str, max_entries: usize, max_bytes: usize) -> Self {
         ListingBudget {
             repo: repo.to_string(),

@@ -47,6 +47,7 @@ pub struct FileJob {
     pub path: String,
     /// `…/resolve/{commit}/{path}`.
     pub url: String,
+    /// Size in bytes.
     pub size: u64,
     /// The hash the file must have (its etag names the sidecar's owner).
     pub expected: Expected,
@@ -71,6 +72,7 @@ pub enum Verdict {
 /// Places a file whose bytes are all written and hashed, if its digest
 /// matched. Called on a blocking thread, once per completed download.
 pub trait Finisher: Send + Sync + 'static {
+    /// Places file `index` if `digest` matched; says what happened.
     fn finish(&self, index: usize, job: &FileJob, digest: Digest) -> Verdict;
 }
 
@@ -81,6 +83,7 @@ pub struct Stats {
     pub downloaded: AtomicU64,
     /// Bytes the sidecars said were already there.
     pub resumed: AtomicU64,
+    /// Requests tried again after a transient failure.
     pub retries: AtomicU64,
     /// Files downloaded a second time after a hash mismatch.
     pub redownloads: AtomicU64,
@@ -91,8 +94,11 @@ pub struct Stats {
 /// Tuning.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// HTTP connections at once.
     pub connections: usize,
+    /// Bytes per ranged request.
     pub part_size: u64,
+    /// The repo's id, for messages.
     pub repo: String,
 }
 

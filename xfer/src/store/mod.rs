@@ -150,6 +150,7 @@ impl Store {
         self.fs.write_durable(&Self::record_rel(name), &bytes)
     }
 
+    /// The store's root folder.
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -705,12 +706,14 @@ pub enum Written {
 #[derive(Debug, thiserror::Error)]
 pub enum ChunkError {
     #[error("chunk {0:?} failed its BLAKE3 check")]
+    /// The chunk failed its BLAKE3 check.
     Corrupt(ChunkId),
     /// A draft's chunk whose hash the source has not announced (yet, or
     /// any more: its file was withdrawn).
     #[error("chunk {0:?} has no announced hash yet")]
     Unannounced(ChunkId),
     #[error("{0}")]
+    /// The store refused or failed.
     Refused(StoreError),
 }
 
@@ -778,10 +781,12 @@ impl Transfer {
         self.key
     }
 
+    /// The chunk numbering of the transfer's manifest.
     pub fn map(&self) -> &ChunkMap {
         &self.map
     }
 
+    /// The model's name.
     pub fn name(&self) -> &ModelName {
         &self.name
     }

@@ -396,6 +396,7 @@ pub struct QuicFetcher {
 }
 
 impl QuicFetcher {
+    /// Over `conn` alone.
     pub fn new(conn: Connection) -> Self {
         QuicFetcher {
             lanes: Lanes::new(conn),

@@ -325,6 +325,7 @@ struct Hub {
 }
 
 impl DoubleHub {
+    /// A hub whose fabrics draw their randomness from `seed`.
     pub fn new(seed: u64) -> DoubleHub {
         let hub = DoubleHub::default();
         hub.inner.lock().unwrap().seed = seed;

@@ -78,14 +78,18 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The serving node's answer to a [`Hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Answer {
+    /// The serving node's queue pairs.
     Accept(Local),
+    /// Why not.
     Refuse(String),
 }
 
 /// The serving node's answer to the ring's details.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Ready {
+    /// The send plane is up.
     Ready,
+    /// Why not.
     Refuse(String),
 }
 

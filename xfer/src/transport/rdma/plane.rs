@@ -49,6 +49,7 @@ pub struct PlaneConfig {
 }
 
 impl PlaneConfig {
+    /// The defaults, with ring slots of one chunk.
     pub fn new(chunk_size: u32) -> PlaneConfig {
         PlaneConfig {
             qps: 4,
@@ -63,9 +64,13 @@ impl PlaneConfig {
 /// The fetching node's ring, as the serving node needs to know it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RingInfo {
+    /// Its address in the fetching node's memory.
     pub addr: u64,
+    /// Its remote key.
     pub rkey: u32,
+    /// Number of slots.
     pub slots: u32,
+    /// Bytes per slot.
     pub slot_size: u32,
 }
 
@@ -160,6 +165,7 @@ impl RecvPlane {
         Ok(plane)
     }
 
+    /// The ring, as the serving node needs it.
     pub fn ring_info(&self) -> RingInfo {
         RingInfo {
             addr: self.region.addr,
@@ -368,6 +374,7 @@ pub struct RdmaFetcher {
 }
 
 impl RdmaFetcher {
+    /// Over `plane`, falling back to QUIC on `conn`.
     pub fn new(plane: Arc<RecvPlane>, conn: quinn::Connection) -> RdmaFetcher {
         RdmaFetcher {
             plane,
@@ -383,6 +390,7 @@ impl RdmaFetcher {
         self.over_rdma.load(Ordering::Relaxed)
     }
 
+    /// The receive plane.
     pub fn plane(&self) -> &Arc<RecvPlane> {
         &self.plane
     }

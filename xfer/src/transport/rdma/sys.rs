@@ -155,6 +155,7 @@ fn port_state_name(state: ibv_port_state::Type) -> String {
 /// The link layer of a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkLayer {
+    /// InfiniBand.
     InfiniBand,
     /// RoCE.
     Ethernet,
@@ -323,6 +324,7 @@ impl Device {
         })
     }
 
+    /// The device's name.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -332,10 +334,12 @@ impl Device {
         mtu_bytes(self.inner.mtu).unwrap_or(0)
     }
 
+    /// The port's link layer.
     pub fn link_layer(&self) -> LinkLayer {
         self.inner.link_layer
     }
 
+    /// The GID in use.
     pub fn gid(&self) -> [u8; 16] {
         self.inner.gid
     }
@@ -684,6 +688,7 @@ pub struct SysNic {
 }
 
 impl SysNic {
+    /// Opens device `name` ([`Device::open`]).
     pub fn open(name: &str, port: u8, gid_index: u32) -> Result<SysNic, SetupError> {
         Ok(SysNic {
             device: Device::open(name, port, gid_index)?,
