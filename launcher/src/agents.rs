@@ -86,7 +86,10 @@ async fn ask(
     msg: &LaunchRequest,
     timeout: Duration,
 ) -> Result<LaunchReply, String> {
-    match xfer::agent::client::launch(cred, node, addr, msg, timeout).await? {
+    match xfer::agent::client::launch(cred, node, addr, msg, timeout)
+        .await
+        .map_err(|e| e.to_string())?
+    {
         LaunchReply::Failed(r) => Err(refusal(&r)),
         other => Ok(other),
     }

@@ -22,14 +22,27 @@ use crate::transfer::FallbackRoute;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum AdminRequest {
     /// Own this sync job; you are `node` in it.
-    SyncJob { node: String, job: JobSpec },
+    SyncJob {
+        /// This agent's name in the job.
+        node: String,
+        /// The job.
+        job: JobSpec,
+    },
     /// Report your models and jobs.
     Status,
     /// Stop sync job `id`.
-    CancelJob { id: String },
+    CancelJob {
+        /// The job's id.
+        id: String,
+    },
     /// Delete the model `name` from your root. Without `force`, only a
     /// model this agent holds a record of (or is receiving).
-    RemoveModel { name: ModelName, force: bool },
+    RemoveModel {
+        /// The model's name.
+        name: ModelName,
+        /// Remove it even without a record of it.
+        force: bool,
+    },
     /// Check the blobs of this image (each a model you hold, see
     /// [`crate::image`]) against their sha256 digests and load the image
     /// into your container engine.
@@ -44,19 +57,26 @@ pub enum AdminReply {
     Failed(Refusal),
     /// The job is stored (and started, on its source node).
     JobAccepted {
+        /// The job's id.
         id: String,
     },
+    /// The agent's models and jobs.
     Status(AgentStatus),
     /// `known` says whether this agent had the job.
     JobCancelled {
+        /// The job's id.
         id: String,
+        /// Whether this agent had the job.
         known: bool,
     },
     /// Removed (`existed` false: there was nothing to remove).
     ModelRemoved {
+        /// The model's name.
         name: ModelName,
+        /// Whether there was anything to remove.
         existed: bool,
     },
+    /// The image is loaded into the container engine.
     ImageLoaded(Box<ImageLoadReport>),
 }
 
@@ -82,7 +102,9 @@ pub enum TransportChoice {
     /// RDMA when this node has an active RDMA port, else QUIC.
     #[default]
     Auto,
+    /// QUIC only.
     Quic,
+    /// RDMA only.
     Rdma,
 }
 
@@ -93,12 +115,18 @@ pub enum JobSource {
     Path(PathBuf),
     /// `ORG/NAME[@REV]` of the given type (`model`, `dataset`), pulled once
     /// by the source node into its root as an HF cache.
-    Hub { repo: String, repo_type: String },
+    Hub {
+        /// `ORG/NAME[@REV]`.
+        repo: String,
+        /// `model` or `dataset`.
+        repo_type: String,
+    },
 }
 
 /// One node of a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobMember {
+    /// The node's name in the cluster file.
     pub node: String,
     /// `HOST:PORT` of its agent: management traffic only.
     pub agent: String,
@@ -112,14 +140,17 @@ pub struct JobMember {
 /// What `xfer sync` hands to the agents.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
+    /// The job's id ([`check_job_id`]); it names a file in the agents' jobs folder.
     pub id: String,
     /// The model's name on every node (`<root>/<name>`).
     pub name: ModelName,
+    /// Where the bytes come from.
     pub source: JobSource,
     /// The node that reads the source and drives the job.
     pub source_node: String,
     /// Every node that must end with the model (may include the source node).
     pub members: Vec<JobMember>,
+    /// Chunk size of the model's manifest, in bytes.
     pub chunk_size: u64,
     /// Cap on the source's send rate, bytes per second.
     pub limit_rate: Option<u64>,
@@ -135,22 +166,21 @@ pub struct JobSpec {
 impl JobSpec {
     /// Checks what an agent cannot trust blindly: the id (it names a file)
     /// and that the source node and members make sense.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), JobSpecError> {
         check_job_id(&self.id)?;
         if self.members.is_empty() {
-            return Err("a job needs at least one node".into());
+            return Err(JobSpecError::NoMembers);
         }
         if let JobSource::Path(p) = &self.source {
             if !p.is_absolute() {
-                return Err(format!(
-                    "source {} is relative; give the absolute path on {}",
-                    p.display(),
-                    self.source_node
-                ));
+                return Err(JobSpecError::RelativeSource {
+                    path: p.clone(),
+                    node: self.source_node.clone(),
+                });
             }
         }
         if !crate::hash::is_valid_chunk_size(self.chunk_size) {
-            return Err(format!("chunk size {} is not valid", self.chunk_size));
+            return Err(JobSpecError::ChunkSize(self.chunk_size));
         }
         Ok(())
     }
@@ -161,19 +191,46 @@ impl JobSpec {
     }
 }
 
+/// What is wrong with a job ([`JobSpec::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobSpecError {
+    /// The id is not a safe file name.
+    #[error(transparent)]
+    Id(#[from] JobIdError),
+    /// The job names no node.
+    #[error("a job needs at least one node")]
+    NoMembers,
+    /// The source path is relative.
+    #[error("source {} is relative; give the absolute path on {node}", path.display())]
+    RelativeSource {
+        /// The path as given.
+        path: PathBuf,
+        /// The node the path is on.
+        node: String,
+    },
+    /// The chunk size is not one xfer uses.
+    #[error("chunk size {0} is not valid")]
+    ChunkSize(u64),
+}
+
+/// A job id that is not 1-64 of `[A-Za-z0-9-]` ([`check_job_id`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("job id `{0}` is not [A-Za-z0-9-]{{1,64}}; list the jobs with `xfer status`")]
+pub struct JobIdError(
+    /// The id as given, escaped for printing.
+    pub String,
+);
+
 /// Checks a job id, which names a file in the agents' jobs folder: 1-64
 /// of `[A-Za-z0-9-]`, so no id can point outside it.
-pub fn check_job_id(id: &str) -> Result<(), String> {
+pub fn check_job_id(id: &str) -> Result<(), JobIdError> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "job id `{}` is not [A-Za-z0-9-]{{1,64}}; list the jobs with `xfer status`",
-            id.escape_default()
-        ))
+        Err(JobIdError(id.escape_default().to_string()))
     }
 }
 
@@ -186,16 +243,20 @@ pub enum JobState {
     Syncing,
     /// Every member reported `root`.
     Complete {
+        /// The model's root hash.
         root: Hash,
     },
+    /// Stopped by `xfer cancel`.
     Cancelled,
     /// Cannot go on without the user (bad source path, ...).
     Failed {
+        /// Why, and what to do.
         reason: String,
     },
 }
 
 impl JobState {
+    /// Whether the job will not change state any more.
     pub fn is_final(&self) -> bool {
         matches!(
             self,
@@ -203,6 +264,7 @@ impl JobState {
         )
     }
 
+    /// The state's name, as `xfer status` prints it.
     pub fn label(&self) -> &'static str {
         match self {
             JobState::Queued => "queued",
@@ -217,9 +279,13 @@ impl JobState {
 /// What one member got in the last round.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberTally {
+    /// The member's node name.
     pub node: String,
+    /// Verified bytes it got from the source.
     pub from_source: u64,
+    /// Verified bytes it got from other members.
     pub from_peers: u64,
+    /// Whether it ended with the model complete.
     pub ok: bool,
 }
 
@@ -229,12 +295,15 @@ pub struct MemberTally {
 pub enum ModelState {
     /// A job names it here but nothing has arrived yet.
     Queued,
+    /// A transfer of it is running.
     Syncing,
     /// Re-hashing a complete model (periodic verify).
     Verifying,
     /// A verify found damage; fetching the damaged files from peers.
     Repairing,
+    /// Every file is here and verified.
     Complete,
+    /// The last transfer failed (see `last_error`).
     Failed,
     /// A transfer of another manifest began replacing the model's files
     /// and has not finished: neither version is complete here. The next
@@ -245,19 +314,26 @@ pub enum ModelState {
 /// One model on one node.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelStatus {
+    /// The model's name.
     pub name: String,
     /// The root hash once complete (or of the transfer running).
     pub root: Option<Hash>,
+    /// Where it stands.
     pub state: ModelState,
+    /// Bytes of the whole model.
     pub bytes_total: u64,
+    /// Verified bytes held here.
     pub bytes_held: u64,
     /// Bytes per second over the last few seconds.
     pub rate_bps: f64,
+    /// Seconds until complete at the current rate, if it is moving.
     pub eta_s: Option<f64>,
     /// Verified bytes of the running (or last) transfer from the source
     /// and from other nodes.
     pub from_source: u64,
+    /// Verified bytes from other nodes (see `from_source`).
     pub from_peers: u64,
+    /// Why the last transfer failed, if it did.
     pub last_error: Option<String>,
     /// Files repaired from peers since the agent started.
     pub repaired_files: u64,
@@ -270,9 +346,13 @@ pub struct ModelStatus {
 /// A job as one agent knows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobView {
+    /// The job's id.
     pub id: String,
+    /// The model's name.
     pub name: String,
+    /// The node that reads the source and drives the job.
     pub source_node: String,
+    /// The member nodes.
     pub nodes: Vec<String>,
     /// The job's state in this agent's record of it. A member's record is
     /// not updated by the source, so until it is final, `here` says more.
@@ -280,12 +360,16 @@ pub struct JobView {
     /// The model's state on this node, for a job this node is a member of
     /// but not the source of.
     pub here: Option<ModelState>,
+    /// Why the last round failed, if it did.
     pub last_error: Option<String>,
+    /// Rounds run so far.
     pub rounds: u64,
+    /// What each member got in the last round.
     pub delivered: Vec<MemberTally>,
 }
 
 impl ModelState {
+    /// The state's name, as `xfer status` prints it.
     pub fn label(&self) -> &'static str {
         match self {
             ModelState::Queued => "queued",
@@ -321,8 +405,11 @@ pub struct AgentStatus {
     /// `None`: its agent address carries data too.
     #[serde(default)]
     pub data: Option<SocketAddr>,
+    /// The agent's root folder.
     pub root: String,
+    /// Every model under the root.
     pub models: Vec<ModelStatus>,
+    /// Every job this agent knows.
     pub jobs: Vec<JobView>,
     /// The images this agent loaded (their blobs are among `models`).
     pub images: Vec<ImageStatus>,

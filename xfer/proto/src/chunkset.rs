@@ -18,6 +18,7 @@ pub struct ChunkMap {
 }
 
 impl ChunkMap {
+    /// The map of `manifest`'s chunks, in file order.
     pub fn new(manifest: &Manifest) -> Self {
         let mut starts = Vec::new();
         let mut sizes = Vec::new();
@@ -40,10 +41,12 @@ impl ChunkMap {
         *self.starts.last().unwrap_or(&0)
     }
 
+    /// Whether the manifest has no chunk.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Number of files in the manifest.
     pub fn files(&self) -> usize {
         self.sizes.len()
     }
@@ -98,6 +101,7 @@ pub struct ChunkSet {
 }
 
 impl ChunkSet {
+    /// A set of none of `len` chunks.
     pub fn empty(len: u64) -> Self {
         ChunkSet {
             len,
@@ -105,6 +109,7 @@ impl ChunkSet {
         }
     }
 
+    /// A set of all of `len` chunks.
     pub fn full(len: u64) -> Self {
         let mut s = Self::empty(len);
         for n in 0..len {
@@ -118,6 +123,7 @@ impl ChunkSet {
         self.len
     }
 
+    /// Whether chunk `n` is in the set.
     pub fn contains(&self, n: u64) -> bool {
         n < self.len && self.words[(n / 64) as usize] & (1 << (n % 64)) != 0
     }
@@ -132,20 +138,24 @@ impl ChunkSet {
         new
     }
 
+    /// Takes chunk `n` out of the set.
     pub fn remove(&mut self, n: u64) {
         if n < self.len {
             self.words[(n / 64) as usize] &= !(1 << (n % 64));
         }
     }
 
+    /// Number of chunks in the set.
     pub fn count(&self) -> u64 {
         self.words.iter().map(|w| w.count_ones() as u64).sum()
     }
 
+    /// Whether every chunk is in the set.
     pub fn is_complete(&self) -> bool {
         self.count() == self.len
     }
 
+    /// The chunk numbers in the set, ascending.
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         (0..self.len).filter(|&n| self.contains(n))
     }

@@ -25,8 +25,15 @@ pub const REQUEST_LIMIT: usize = 1 << 20;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
     #[error("frame of {len} bytes exceeds the {limit}-byte limit")]
-    TooLarge { len: usize, limit: usize },
+    /// The frame is longer than the limit.
+    TooLarge {
+        /// The frame's length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
     #[error("malformed message: {0}")]
+    /// The bytes do not decode as the message expected.
     Malformed(String),
 }
 

@@ -15,6 +15,16 @@ use std::fmt;
 use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, HasherExt, Mode};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// Text that is not a 64-digit hex hash ([`Hash::from_hex`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("`{text}` is not a 64-digit hex BLAKE3 hash ({why})")]
+pub struct HexHashError {
+    /// The text as given.
+    pub text: String,
+    /// What the hex decoder found wrong.
+    pub why: hex::FromHexError,
+}
+
 /// A 32-byte BLAKE3 output: a file hash, a chunk chaining value or a root.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Hash(pub [u8; 32]);
@@ -26,10 +36,12 @@ impl Hash {
     }
 
     /// Parses 64 hex digits.
-    pub fn from_hex(s: &str) -> Result<Self, String> {
+    pub fn from_hex(s: &str) -> Result<Self, HexHashError> {
         let mut out = [0u8; 32];
-        hex::decode_to_slice(s, &mut out)
-            .map_err(|e| format!("`{s}` is not a 64-digit hex BLAKE3 hash ({e})"))?;
+        hex::decode_to_slice(s, &mut out).map_err(|e| HexHashError {
+            text: s.to_string(),
+            why: e,
+        })?;
         Ok(Hash(out))
     }
 

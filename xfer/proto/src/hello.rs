@@ -23,7 +23,9 @@ pub enum Service {
 /// Opens a control stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
+    /// The opener's protocol version.
     pub version: u32,
+    /// The service the stream is for.
     pub service: Service,
 }
 

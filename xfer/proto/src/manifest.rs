@@ -38,10 +38,13 @@ pub const MAX_LINK_LEN: usize = 4096;
 /// One regular file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileEntry {
+    /// The file's path in the tree.
     pub path: RelPath,
+    /// Its size in bytes.
     pub size: u64,
     /// Whole-file BLAKE3, as `b3sum` prints it.
     pub hash: Hash,
+    /// Whether it has an execute bit.
     pub executable: bool,
     /// One hash per chunk; see [`crate::hash::hash_chunk`]. Decoding
     /// refuses more than [`MAX_TOTAL_CHUNKS`] before reading them.
@@ -53,19 +56,24 @@ pub struct FileEntry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Entry {
+    /// A regular file.
     File(FileEntry),
     /// A symlink kept as a link; `target` is relative and stays in the tree.
     Symlink {
+        /// The link's path in the tree.
         path: RelPath,
+        /// Where it points.
         target: String,
     },
     /// An empty directory.
     Dir {
+        /// The directory's path in the tree.
         path: RelPath,
     },
 }
 
 impl Entry {
+    /// The entry's path in the tree.
     pub fn path(&self) -> &RelPath {
         match self {
             Entry::File(f) => &f.path,
@@ -78,7 +86,9 @@ impl Entry {
 /// canonical.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// The manifest format version.
     pub version: u32,
+    /// Chunk size in bytes: a power of two.
     pub chunk_size: u64,
     /// Decoding refuses more than [`MAX_ENTRIES`] before reading them.
     #[serde(deserialize_with = "bounded::entries")]
@@ -175,7 +185,9 @@ mod bounded {
 /// chunk's index within that file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ChunkId {
+    /// The file's index among the manifest's files.
     pub file: u32,
+    /// The chunk's index within the file.
     pub index: u32,
 }
 
@@ -183,31 +195,55 @@ pub struct ChunkId {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ManifestError {
     #[error("unsupported manifest version {0} (this xfer reads version {MANIFEST_VERSION}); upgrade xfer on both ends")]
+    /// Another format version.
     Version(u32),
     #[error("chunk size {0} is not a power of two between 64 KiB and 256 MiB")]
+    /// A chunk size xfer does not use.
     ChunkSize(u64),
     #[error("{0} entries is more than the limit of {MAX_ENTRIES}")]
+    /// More entries than [`MAX_ENTRIES`].
     TooManyEntries(usize),
     #[error(
         "entries are not in strictly increasing path order at `{0}` (duplicate or unsorted path)"
     )]
+    /// Entries not sorted, or a path twice.
     Order(String),
     #[error("`{0}` is inside `{1}`, which is a file or symlink")]
+    /// An entry under a file or symlink.
     UnderNonDir(String, String),
     #[error("file `{0}` claims {1} bytes, more than the 1 PiB limit")]
+    /// A file over the 1 PiB limit.
     FileTooLarge(String, u64),
     #[error("file `{path}` has {got} chunk hashes but {want} chunks")]
-    ChunkCount { path: String, got: usize, want: u64 },
+    /// A file's chunk hashes do not match its size.
+    ChunkCount {
+        /// The file's path.
+        path: String,
+        /// Chunk hashes given.
+        got: usize,
+        /// Chunks its size needs.
+        want: u64,
+    },
     #[error("manifest has more than {MAX_TOTAL_CHUNKS} chunks")]
+    /// More chunks than [`MAX_TOTAL_CHUNKS`].
     TooManyChunks,
     #[error("file `{0}`: chunk hashes do not combine to the file hash")]
+    /// A file's chunk hashes do not combine to its hash.
     TreeMismatch(String),
     #[error("symlink `{0}` points outside the tree or through another symlink: `{1}`")]
+    /// A symlink that leaves the tree.
     LinkEscape(String, String),
     #[error("symlink `{0}` has the control character {2:?} in its target `{1}`; a link's target names a path of the tree")]
+    /// A symlink whose target holds a control character.
     LinkControl(String, String, char),
     #[error("stated root {stated} does not match the computed root {computed}")]
-    Root { stated: Hash, computed: Hash },
+    /// The stated root is not the manifest's.
+    Root {
+        /// The root given.
+        stated: Hash,
+        /// The root of the entries.
+        computed: Hash,
+    },
 }
 
 impl Manifest {
@@ -248,6 +284,7 @@ impl Manifest {
         })
     }
 
+    /// Number of regular files.
     pub fn file_count(&self) -> usize {
         self.files().count()
     }
@@ -417,10 +454,14 @@ pub fn dots_only_leading(target: &str) -> bool {
 /// The JSON form of a manifest, as `xfer manifest --json` prints it.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ManifestDoc {
+    /// The manifest's root hash.
     pub root: Hash,
+    /// Number of regular files.
     pub files: usize,
+    /// Total bytes of the files.
     pub bytes: u64,
     #[serde(flatten)]
+    /// The manifest itself.
     pub manifest: Manifest,
 }
 

@@ -61,25 +61,50 @@ pub const MAX_NAME_LEN: usize = 64;
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeName(String);
 
+/// Why a node name was refused ([`NodeName::new`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeNameError {
+    /// The name is empty.
+    #[error("node name is empty; name it, e.g. name = \"spark-a\"")]
+    Empty,
+    /// The name holds a character outside `A-Z a-z 0-9 . _ -`.
+    #[error("node name {name:?} contains {c:?}; use only letters, digits, '.', '_' and '-'")]
+    BadChar {
+        /// The name as given.
+        name: String,
+        /// The first character not allowed.
+        c: char,
+    },
+    /// The name is longer than [`MAX_NAME_LEN`].
+    #[error("node name {name:?} is {len} characters long; use at most {MAX_NAME_LEN}")]
+    TooLong {
+        /// The name as given.
+        name: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+}
+
 impl NodeName {
     /// Checks a name; the error says what is wrong with it.
-    pub fn new(s: &str) -> Result<Self, String> {
+    pub fn new(s: &str) -> Result<Self, NodeNameError> {
         if s.is_empty() {
-            return Err("node name is empty; name it, e.g. name = \"spark-a\"".into());
+            return Err(NodeNameError::Empty);
         }
         if let Some(c) = s
             .chars()
             .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
         {
-            return Err(format!(
-                "node name {s:?} contains {c:?}; use only letters, digits, '.', '_' and '-'"
-            ));
+            return Err(NodeNameError::BadChar {
+                name: s.to_string(),
+                c,
+            });
         }
         if s.len() > MAX_NAME_LEN {
-            return Err(format!(
-                "node name {s:?} is {} characters long; use at most {MAX_NAME_LEN}",
-                s.len()
-            ));
+            return Err(NodeNameError::TooLong {
+                name: s.to_string(),
+                len: s.len(),
+            });
         }
         Ok(Self(s.to_string()))
     }
@@ -103,8 +128,8 @@ impl AsRef<str> for NodeName {
 }
 
 impl FromStr for NodeName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = NodeNameError;
+    fn from_str(s: &str) -> Result<Self, NodeNameError> {
         Self::new(s)
     }
 }
@@ -114,8 +139,18 @@ impl FromStr for NodeName {
 #[serde(try_from = "String", into = "String")]
 pub struct ModelName(String);
 
+/// A model name that is not one safe path component ([`ModelName::new`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("model name `{0}` must be 1-200 characters of letters, digits and ._-+=@, not starting with `.`; pass --name")]
+pub struct ModelNameError(
+    /// The name as given, escaped for printing.
+    pub String,
+);
+
 impl ModelName {
-    pub fn new(s: &str) -> Result<Self, String> {
+    /// Checks a name: 1-200 of `A-Z a-z 0-9 . _ - + = @`, not starting
+    /// with `.`.
+    pub fn new(s: &str) -> Result<Self, ModelNameError> {
         let ok = !s.is_empty()
             && s.len() <= 200
             && !s.starts_with('.')
@@ -124,21 +159,19 @@ impl ModelName {
         if ok {
             Ok(ModelName(s.to_string()))
         } else {
-            Err(format!(
-                "model name `{}` must be 1-200 characters of letters, digits and ._-+=@, not starting with `.`; pass --name",
-                s.escape_default()
-            ))
+            Err(ModelNameError(s.escape_default().to_string()))
         }
     }
 
+    /// The name as written.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
 impl TryFrom<String> for ModelName {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = ModelNameError;
+    fn try_from(s: String) -> Result<Self, ModelNameError> {
         ModelName::new(&s)
     }
 }

@@ -7,30 +7,75 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum Refusal {
     #[error("protocol version {theirs} is not {ours}; run the same xfer version on every node")]
-    Version { ours: u32, theirs: u32 },
+    /// The peer speaks another protocol version.
+    Version {
+        /// This node's version.
+        ours: u32,
+        /// The peer's version.
+        theirs: u32,
+    },
     #[error("rejected manifest: {0}")]
+    /// The manifest failed its checks.
     BadManifest(String),
     #[error("rejected: {0}")]
+    /// The model name is not allowed.
     BadName(String),
     #[error("no space: need {need}, have {have} at {path}; free space there or start the agent with another --root", need = crate::units::Bytes(*need), have = crate::units::Bytes(*have))]
-    NoSpace { need: u64, have: u64, path: String },
+    /// Not enough free space.
+    NoSpace {
+        /// Bytes needed.
+        need: u64,
+        /// Bytes free.
+        have: u64,
+        /// Where.
+        path: String,
+    },
     #[error("disk error at {path}: {message}")]
-    Io { path: String, message: String },
+    /// A disk operation failed.
+    Io {
+        /// The file or folder.
+        path: String,
+        /// What the system said.
+        message: String,
+    },
     #[error("refusing to write {path}: {reason}")]
-    Unsafe { path: String, reason: String },
+    /// Writing there would be unsafe (a symlink, a path outside the root).
+    Unsafe {
+        /// The path.
+        path: String,
+        /// Why it is unsafe.
+        reason: String,
+    },
     #[error("protocol error: {0}")]
+    /// A message broke the protocol.
     Protocol(String),
     #[error("chunk {file}/{index} failed its BLAKE3 check {times} times; the source's copy may be changing or damaged")]
-    Corrupt { file: u32, index: u32, times: u32 },
+    /// A chunk kept failing its hash check.
+    Corrupt {
+        /// The file's index.
+        file: u32,
+        /// The chunk's index in the file.
+        index: u32,
+        /// How many times it failed.
+        times: u32,
+    },
     #[error("transfer superseded by a newer push of the same model")]
+    /// A newer push of the same model took over.
     Superseded,
     #[error("lost the source: {0}; run the push again to resume")]
+    /// The source went away.
     SourceLost(String),
     #[error("this agent holds no complete model named `{0}`; push it there first")]
+    /// This agent has no complete model of that name.
     NotHeld(String),
     #[error("the source sent {strikes} chunks that failed their BLAKE3 check and was dropped; its files may be changing while being sent, or its disk or memory is damaged (run `xfer verify` or `b3sum` there)")]
-    CorruptSource { strikes: u32 },
+    /// The source sent too many corrupt chunks and was dropped.
+    CorruptSource {
+        /// Corrupt chunks it sent.
+        strikes: u32,
+    },
     #[error("busy: {0}")]
+    /// The agent is busy with the same thing.
     Busy(String),
     /// The agent's operator has not allowed this (`--allow-launch`,
     /// `--allow-exec`, `--export`); the text names the node and the switch.
@@ -51,6 +96,7 @@ pub enum Refusal {
 /// [`crate::hello::Hello`], another version).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FailedReply {
+    /// The refusal.
     Failed(Refusal),
 }
 

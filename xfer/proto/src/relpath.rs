@@ -26,20 +26,28 @@ pub struct RelPath(String);
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PathError {
     #[error("empty path")]
+    /// The path is empty.
     Empty,
     #[error("absolute path `{0}` (paths must be relative to the model root)")]
+    /// The path is absolute.
     Absolute(String),
     #[error("path `{0}` climbs out of the tree with `..`")]
+    /// The path has a `..` component.
     Parent(String),
     #[error("path `{0}` has an empty or `.` component")]
+    /// The path has an empty or `.` component.
     EmptyComponent(String),
     #[error("path `{0}` contains a NUL byte or backslash")]
+    /// The path holds a NUL byte or backslash.
     BadChar(String),
     #[error("path `{0}` contains the control character {1:?}; rename it at its source without control characters")]
+    /// The path holds a control character.
     Control(String, char),
     #[error("path of {0} bytes is longer than {MAX_PATH_LEN}")]
+    /// The path, or one component, is too long.
     TooLong(usize),
     #[error("path `{0}` is not valid UTF-8")]
+    /// The path is not UTF-8.
     NotUtf8(String),
 }
 
@@ -93,6 +101,7 @@ impl RelPath {
         RelPath::new(&parts.join("/"))
     }
 
+    /// The path as written, `/`-separated.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -23,10 +23,21 @@ impl fmt::Display for Bytes {
     }
 }
 
+/// Text that is not a size ([`parse_size`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// The number part does not parse.
+    #[error("`{0}` is not a size; write e.g. 4MiB, 512M or 2GiB")]
+    NotANumber(String),
+    /// The unit is none of the known ones.
+    #[error("unknown unit in `{0}`; use B, KiB, MiB, GiB or TiB")]
+    UnknownUnit(String),
+}
+
 /// Parses `123`, `4k`, `4KiB`, `1.5G`, `512MB`... Decimal (`KB`, `MB`) and
 /// binary (`K`, `KiB`, `M`, `MiB`) suffixes are both accepted; a bare letter
 /// means binary.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -34,7 +45,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let (num, unit) = t.split_at(split);
     let n: f64 = num
         .parse()
-        .map_err(|_| format!("`{s}` is not a size; write e.g. 4MiB, 512M or 2GiB"))?;
+        .map_err(|_| SizeError::NotANumber(s.to_string()))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -45,11 +56,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "gb" => 1e9,
         "t" | "tib" => 1024.0f64.powi(4),
         "tb" => 1e12,
-        _ => {
-            return Err(format!(
-                "unknown unit in `{s}`; use B, KiB, MiB, GiB or TiB"
-            ))
-        }
+        _ => return Err(SizeError::UnknownUnit(s.to_string())),
     };
     Ok((n * mult).round() as u64)
 }

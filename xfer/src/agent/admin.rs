@@ -58,7 +58,7 @@ pub(super) async fn serve(
                 .report(&ctx.store, ctx.runner.me(), &ctx.runner.records())
         }),
         AdminRequest::CancelJob { id } => match check_job_id(&id) {
-            Err(why) => AdminReply::Failed(Refusal::Protocol(why)),
+            Err(why) => AdminReply::Failed(Refusal::Protocol(why.to_string())),
             Ok(()) => {
                 let known = ctx.runner.cancel(&id);
                 AdminReply::JobCancelled { id, known }

@@ -18,6 +18,48 @@ use xfer_proto::frame::MAX_FRAME;
 use xfer_proto::hello::Service;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 
+/// Why asking an agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    /// The address does not resolve, or no endpoint could be made for it.
+    #[error("{0:#}")]
+    Address(anyhow::Error),
+    /// Connecting failed.
+    #[error(transparent)]
+    Connect(#[from] quic::ConnectError),
+    /// The answering agent is not the node asked for.
+    #[error("{addr}: {why}")]
+    WrongNode {
+        /// The address asked.
+        addr: String,
+        /// What its certificate says instead.
+        why: crate::config::auth::PeerError,
+    },
+    /// The service's stream could not be opened.
+    #[error(transparent)]
+    Open(#[from] quic::OpenServiceError),
+    /// The request could not be sent.
+    #[error("{0:#}")]
+    Send(anyhow::Error),
+    /// The reply did not come, or is not the reply expected.
+    #[error("{sock}: {why:#}")]
+    Reply {
+        /// The agent's address.
+        sock: SocketAddr,
+        /// What went wrong.
+        why: anyhow::Error,
+    },
+    /// The whole exchange took longer than its timeout.
+    #[error("no answer within {0}s")]
+    Timeout(u64),
+    /// The agent refused the request.
+    #[error("{0}")]
+    Refused(xfer_proto::refusal::Refusal),
+    /// The agent answered with another kind of reply.
+    #[error("answered {0} to a status query")]
+    Unexpected(&'static str),
+}
+
 /// How long one agent gets to answer a status query, connection included.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -34,7 +76,7 @@ pub async fn admin(
     addr: &str,
     req: &AdminRequest,
     timeout: Duration,
-) -> Result<AdminReply, String> {
+) -> Result<AdminReply, AskError> {
     exchange(
         cred,
         Some(node),
@@ -54,7 +96,7 @@ pub async fn launch(
     addr: &str,
     req: &LaunchRequest,
     timeout: Duration,
-) -> Result<LaunchReply, String> {
+) -> Result<LaunchReply, AskError> {
     exchange(
         cred,
         Some(node),
@@ -76,7 +118,7 @@ pub async fn advertised_data(
     cred: &Credential,
     node: Option<&str>,
     addr: &str,
-) -> Result<Option<SocketAddr>, String> {
+) -> Result<Option<SocketAddr>, AskError> {
     let reply = exchange(
         cred,
         node,
@@ -89,8 +131,8 @@ pub async fn advertised_data(
     .await?;
     match reply {
         AdminReply::Status(s) => Ok(s.data),
-        AdminReply::Failed(r) => Err(r.to_string()),
-        other => Err(format!("answered {} to a status query", other.kind())),
+        AdminReply::Failed(r) => Err(AskError::Refused(r)),
+        other => Err(AskError::Unexpected(other.kind())),
     }
 }
 
@@ -105,10 +147,10 @@ async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
     req: &Req,
     connect: Duration,
     timeout: Duration,
-) -> Result<Reply, String> {
+) -> Result<Reply, AskError> {
     let exchange = async {
-        let sock = quic::resolve(addr).map_err(|e| format!("{e:#}"))?;
-        let ep = quic::client_endpoint(cred, sock).map_err(|e| format!("{e:#}"))?;
+        let sock = quic::resolve(addr).map_err(AskError::Address)?;
+        let ep = quic::client_endpoint(cred, sock).map_err(AskError::Address)?;
         let conn = quic::connect(&ep, sock, connect).await?;
         let leaf = quic::peer_certificate(&conn);
         let checked = match node {
@@ -117,23 +159,24 @@ async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
         };
         if let Err(why) = checked {
             conn.close(0u32.into(), b"not the node asked for");
-            return Err(format!("{addr}: {why}"));
+            return Err(AskError::WrongNode {
+                addr: addr.to_string(),
+                why,
+            });
         }
         let (mut send, mut recv) = quic::open_service(&conn, service).await?;
-        write_frame(&mut send, req)
-            .await
-            .map_err(|e| format!("{e:#}"))?;
+        write_frame(&mut send, req).await.map_err(AskError::Send)?;
         let _ = send.finish();
         // A status report lists every model and job: allow a full frame.
         let reply = read_frame_within::<Reply>(&mut recv, MAX_FRAME)
             .await
-            .map_err(|e| format!("{sock}: {e:#}"))?;
+            .map_err(|why| AskError::Reply { sock, why })?;
         conn.close(0u32.into(), b"done");
         Ok(reply)
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no answer within {}s", timeout.as_secs())),
+        Err(_) => Err(AskError::Timeout(timeout.as_secs())),
     }
 }
 

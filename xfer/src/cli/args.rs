@@ -485,7 +485,7 @@ pub struct DemoArgs {
 }
 
 pub fn parse_chunk(s: &str) -> Result<u64, String> {
-    let n = parse_size(s)?;
+    let n = parse_size(s).map_err(|e| e.to_string())?;
     if xfer_proto::hash::is_valid_chunk_size(n) {
         Ok(n)
     } else {

@@ -246,7 +246,7 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
             }
             Err(e) => {
                 n.ok = false;
-                n.error = Some(with_node(&label, e));
+                n.error = Some(with_node(&label, e.to_string()));
             }
         }
     }

@@ -584,7 +584,7 @@ impl Parser<'_> {
                 "name" => {
                     let s = self.r.string(key, v, "name = \"spark-a\"")?;
                     f.name = Some(At {
-                        v: NodeName::new(s).map_err(bad)?,
+                        v: NodeName::new(s).map_err(|e| bad(e.to_string()))?,
                         at,
                     });
                 }
@@ -1274,7 +1274,7 @@ root = "/r"
         );
         assert!(NodeName::new(&"n".repeat(64)).is_ok());
         assert_eq!(
-            NodeName::new(&"n".repeat(65)).unwrap_err(),
+            NodeName::new(&"n".repeat(65)).unwrap_err().to_string(),
             format!(
                 "node name {:?} is 65 characters long; use at most 64",
                 "n".repeat(65)

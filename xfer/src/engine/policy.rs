@@ -62,7 +62,9 @@ pub struct SlowPeerDetector {
 }
 
 impl SlowPeerDetector {
+    /// Chunks a peer must have served before it can be judged slow.
     pub const MIN_SAMPLES: u32 = 4;
+    /// How many times slower than the mean a peer must be to be slow.
     pub const SLOWER: f64 = 3.0;
 
     /// Records one chunk; true the first time `peer` qualifies as slow.

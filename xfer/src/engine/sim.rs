@@ -102,9 +102,13 @@ impl NodeSpec {
 /// What to simulate.
 #[derive(Debug, Clone)]
 pub struct Setup {
+    /// Chunks in the model.
     pub chunks: u64,
+    /// Bytes per chunk.
     pub chunk_bytes: u64,
+    /// The source node.
     pub source: NodeSpec,
+    /// The receiving nodes.
     pub receivers: Vec<NodeSpec>,
     /// The receivers' base scheduler settings; each node's swarm settings
     /// (`me`, `tie_break`, windows) come from [`policy::swarm_config`]
@@ -165,10 +169,12 @@ pub struct Report {
 pub struct XorShift(u64);
 
 impl XorShift {
+    /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         XorShift(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
 
+    /// The next pseudo-random number.
     pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;

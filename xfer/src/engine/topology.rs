@@ -123,21 +123,44 @@ pub enum Event {
     /// A receiver is gone (its control connection broke).
     Gone(NodeId),
     /// `reporter` measured its link to `peer` far slower than its others.
-    Slow { reporter: NodeId, peer: NodeId },
+    Slow {
+        /// The receiver that measured.
+        reporter: NodeId,
+        /// The peer it found slow.
+        peer: NodeId,
+    },
 }
 
 /// What the receivers should be told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// `a` and `b` become peers.
-    Link { a: NodeId, b: NodeId },
+    Link {
+        /// One end.
+        a: NodeId,
+        /// The other end.
+        b: NodeId,
+    },
     /// `a` and `b` are no longer peers.
-    Unlink { a: NodeId, b: NodeId },
+    Unlink {
+        /// One end.
+        a: NodeId,
+        /// The other end.
+        b: NodeId,
+    },
     /// `node` fetches from the source, as home to these chunks (replacing
     /// any homes it was given before).
-    Feed { node: NodeId, homes: Homes },
+    Feed {
+        /// The receiver.
+        node: NodeId,
+        /// The chunks it is home to.
+        homes: Homes,
+    },
     /// `node` no longer fetches from the source.
-    Unfeed { node: NodeId },
+    Unfeed {
+        /// The receiver.
+        node: NodeId,
+    },
 }
 
 /// No node (an index).
@@ -315,6 +338,7 @@ impl Topology {
         self.live.len()
     }
 
+    /// Whether no receiver is live.
     pub fn is_empty(&self) -> bool {
         self.live.is_empty()
     }

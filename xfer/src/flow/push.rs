@@ -508,8 +508,12 @@ impl NodeCtx {
         for i in 1..self.connections {
             let opened = async {
                 let ep = quic::client_endpoint(&self.cred, addr).map_err(|e| format!("{e:#}"))?;
-                let conn = quic::connect(&ep, addr, self.timeout).await?;
-                let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer).await?;
+                let conn = quic::connect(&ep, addr, self.timeout)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 write_frame(&mut send, lane)
                     .await
                     .map_err(|e| format!("{e:#}"))?;
@@ -661,7 +665,7 @@ impl NodeCtx {
         let lost_now = |e: anyhow::Error| Attempt::Lost(lost(e));
         let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
             .await
-            .map_err(Attempt::Lost)?;
+            .map_err(|e| Attempt::Lost(e.to_string()))?;
         write_frame(&mut send, self.offer.as_ref())
             .await
             .map_err(lost_now)?;

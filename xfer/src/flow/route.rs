@@ -125,7 +125,7 @@ pub async fn connect(
                 fell_back: None,
             })
         }
-        Err(e) => e,
+        Err(e) => e.to_string(),
     };
     let Some((fep, addr)) = fallback else {
         return Err(why);

@@ -27,10 +27,14 @@ pub enum DraftUpdate {
     /// a blob are one file); every later event's file index is into this.
     /// `paths` gives, per file in the draft's order, where its bytes are.
     Listed {
+        /// The draft manifest of the files.
         draft: Draft,
+        /// The commit pulled.
         commit: String,
+        /// Where each file's bytes are, in the draft's order.
         paths: Vec<DraftPaths>,
     },
+    /// A file's chunks were hashed, or its download was withdrawn.
     Event(DraftEvent),
     /// The first downloaded byte landed (what `first_byte_s` counts from).
     FirstByte,
@@ -40,7 +44,9 @@ pub enum DraftUpdate {
 /// once it is placed, in `incomplete` while it downloads.
 #[derive(Debug, Clone)]
 pub struct DraftPaths {
+    /// Where the file is once placed.
     pub content: std::path::PathBuf,
+    /// Where it is while it downloads.
     pub incomplete: std::path::PathBuf,
 }
 

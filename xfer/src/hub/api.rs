@@ -11,6 +11,60 @@ use super::digest::Expected;
 use xfer_proto::manifest::MAX_FILE_SIZE;
 use xfer_proto::relpath::{shown, RelPath};
 
+/// A Hub reply that is not what it should be.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The revision reply is not the JSON it should be.
+    #[error("the Hub's revision reply is not what it should be: {0}")]
+    RevisionReply(serde_json::Error),
+    /// The revision reply names something that is not a commit.
+    #[error("the Hub answered commit `{0}`, not 40 hex digits")]
+    NotACommit(String),
+    /// A listing page is not the JSON it should be.
+    #[error("the Hub's file listing is not what it should be: {0}")]
+    ListingReply(serde_json::Error),
+    /// The listing names a path that could leave the snapshot.
+    #[error("the Hub listed an unsafe path `{path}`: {why}")]
+    UnsafePath {
+        /// The path, shown safely.
+        path: String,
+        /// What is wrong with it.
+        why: xfer_proto::relpath::PathError,
+    },
+    /// The listing gives a file more than [`MAX_FILE_SIZE`] bytes.
+    #[error("the Hub listed `{path}` at {size} bytes, more than the 1 PiB limit")]
+    TooBig {
+        /// The file's path.
+        path: String,
+        /// The size listed.
+        size: u64,
+    },
+    /// The listing gives a file a hash that is not hex of the right length.
+    #[error("the Hub listed `{path}` with a malformed hash `{hash}`")]
+    MalformedHash {
+        /// The file's path.
+        path: String,
+        /// The hash listed (lower-cased, without `sha256:`).
+        hash: String,
+    },
+    /// The listing passed one of [`ListingBudget`]'s bounds.
+    #[error("the Hub's file list of {repo} runs to {what} after {pages} pages, past what any real repo has, so the endpoint is broken or hostile: point HF_ENDPOINT at the Hub or a sound mirror")]
+    ListingTooLong {
+        /// The repo.
+        repo: String,
+        /// Which bound it passed.
+        what: String,
+        /// Pages taken so far.
+        pages: usize,
+    },
+    /// The listed sizes add up to more than a `u64` holds.
+    #[error(
+        "the Hub's file list adds up to more than {} bytes; it cannot be real",
+        u64::MAX
+    )]
+    TotalOverflow,
+}
+
 /// `GET /api/models/{id}/revision/{rev}`, the part we use.
 #[derive(Debug, Deserialize)]
 pub struct RevisionInfo {
@@ -20,15 +74,11 @@ pub struct RevisionInfo {
 
 impl RevisionInfo {
     /// Parses a reply and checks the commit looks like one.
-    pub fn parse(body: &[u8]) -> Result<Self, String> {
-        let info: RevisionInfo = serde_json::from_slice(body)
-            .map_err(|e| format!("the Hub's revision reply is not what it should be: {e}"))?;
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let info: RevisionInfo = serde_json::from_slice(body).map_err(ApiError::RevisionReply)?;
         let ok = xfer_proto::repo::is_commit_sha(&info.sha);
         if !ok {
-            return Err(format!(
-                "the Hub answered commit `{}`, not 40 hex digits",
-                info.sha
-            ));
+            return Err(ApiError::NotACommit(info.sha));
         }
         Ok(info)
     }
@@ -38,13 +88,17 @@ impl RevisionInfo {
 #[derive(Debug, Clone, Deserialize)]
 pub struct TreeEntry {
     #[serde(rename = "type")]
+    /// `file` or `directory`.
     pub kind: String,
+    /// The path in the repo, as the Hub gives it.
     pub path: String,
     #[serde(default)]
+    /// Size in bytes (of the LFS pointer, for an LFS file).
     pub size: u64,
     /// The git blob sha1.
     #[serde(default)]
     pub oid: String,
+    /// The LFS object, for a file stored in LFS.
     pub lfs: Option<LfsInfo>,
     /// The Xet hash, on Xet-backed repos.
     #[serde(default, rename = "xetHash")]
@@ -52,17 +106,22 @@ pub struct TreeEntry {
 }
 
 #[derive(Debug, Clone, Deserialize)]
+/// The LFS part of a tree entry.
 pub struct LfsInfo {
     /// The sha256 of the contents.
     pub oid: String,
+    /// The size of the contents.
     pub size: u64,
 }
 
 /// A file to download: where it goes, how big, and the hash it must have.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteFile {
+    /// Where it goes, relative to the snapshot.
     pub path: RelPath,
+    /// Size of its contents in bytes.
     pub size: u64,
+    /// The hash its contents must have.
     pub expected: Expected,
     /// The listing's own fields, as `huggingface_hub` caches them in
     /// `trees/<commit>.json`.
@@ -73,11 +132,13 @@ pub struct RemoteFile {
 /// [`RemoteFile::listed`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Listed {
+    /// The size listed.
     pub size: u64,
     /// The git blob sha1 (of the pointer, for an LFS file).
     pub blob_id: String,
     /// The LFS sha256 and size.
     pub lfs: Option<(String, u64)>,
+    /// The Xet hash, when it is 64 hex digits.
     pub xet_hash: Option<String>,
 }
 
@@ -85,29 +146,27 @@ pub struct Listed {
 /// they exist through their files). Paths are checked like any manifest
 /// path, so a hostile listing cannot write outside the snapshot, nor put
 /// control characters in a name.
-pub fn parse_tree_page(body: &[u8]) -> Result<Vec<RemoteFile>, String> {
+pub fn parse_tree_page(body: &[u8]) -> Result<Vec<RemoteFile>, ApiError> {
     parse_tree_page_counted(body).map(|(files, _)| files)
 }
 
 /// [`parse_tree_page`], also returning how many entries (files and folders)
 /// the page held.
-pub fn parse_tree_page_counted(body: &[u8]) -> Result<(Vec<RemoteFile>, usize), String> {
-    let entries: Vec<TreeEntry> = serde_json::from_slice(body)
-        .map_err(|e| format!("the Hub's file listing is not what it should be: {e}"))?;
+pub fn parse_tree_page_counted(body: &[u8]) -> Result<(Vec<RemoteFile>, usize), ApiError> {
+    let entries: Vec<TreeEntry> = serde_json::from_slice(body).map_err(ApiError::ListingReply)?;
     let listed = entries.len();
     let mut files = Vec::new();
     for e in entries.into_iter().filter(|e| e.kind == "file") {
-        let path = RelPath::new(&e.path)
-            .map_err(|why| format!("the Hub listed an unsafe path `{}`: {why}", shown(&e.path)))?;
+        let path = RelPath::new(&e.path).map_err(|why| ApiError::UnsafePath {
+            path: shown(&e.path),
+            why,
+        })?;
         let (size, expected) = match &e.lfs {
             Some(lfs) => (lfs.size, Expected::Sha256(hex_of(&lfs.oid, 64, &e.path)?)),
             None => (e.size, Expected::GitSha1(hex_of(&e.oid, 40, &e.path)?)),
         };
         if size > MAX_FILE_SIZE {
-            return Err(format!(
-                "the Hub listed `{}` at {size} bytes, more than the 1 PiB limit",
-                e.path
-            ));
+            return Err(ApiError::TooBig { path: e.path, size });
         }
         let listed = Listed {
             size: e.size,
@@ -158,6 +217,7 @@ impl ListingBudget {
         Self::with_bounds(repo, MAX_LISTED_ENTRIES, MAX_LISTING_BYTES)
     }
 
+    /// The budget of `repo`'s listing, at the given bounds.
     pub fn with_bounds(repo: &str, max_entries: usize, max_bytes: usize) -> Self {
         ListingBudget {
             repo: repo.to_string(),
@@ -172,7 +232,7 @@ impl ListingBudget {
     /// Counts a page of `bytes` bytes holding `entries` entries; an error
     /// (naming the repo, the bound and the fix) once either total passes
     /// its bound.
-    pub fn take(&mut self, bytes: usize, entries: usize) -> Result<(), String> {
+    pub fn take(&mut self, bytes: usize, entries: usize) -> Result<(), ApiError> {
         self.pages += 1;
         self.bytes = self.bytes.saturating_add(bytes);
         self.entries = self.entries.saturating_add(entries);
@@ -184,10 +244,11 @@ impl ListingBudget {
             None
         };
         match over {
-            Some(what) => Err(format!(
-                "the Hub's file list of {} runs to {what} after {} pages, past what any real repo has, so the endpoint is broken or hostile: point HF_ENDPOINT at the Hub or a sound mirror",
-                self.repo, self.pages
-            )),
+            Some(what) => Err(ApiError::ListingTooLong {
+                repo: self.repo.clone(),
+                what,
+                pages: self.pages,
+            }),
             None => Ok(()),
         }
     }
@@ -195,26 +256,22 @@ impl ListingBudget {
 
 /// The listing's total size, or an error if it does not fit in a `u64`;
 /// once this passed, sums over any of its files cannot overflow.
-pub fn total_size(files: &[RemoteFile]) -> Result<u64, String> {
+pub fn total_size(files: &[RemoteFile]) -> Result<u64, ApiError> {
     files
         .iter()
         .try_fold(0u64, |sum, f| sum.checked_add(f.size))
-        .ok_or_else(|| {
-            format!(
-                "the Hub's file list adds up to more than {} bytes; it cannot be real",
-                u64::MAX
-            )
-        })
+        .ok_or(ApiError::TotalOverflow)
 }
 
-fn hex_of(s: &str, len: usize, path: &str) -> Result<String, String> {
+fn hex_of(s: &str, len: usize, path: &str) -> Result<String, ApiError> {
     let s = s.strip_prefix("sha256:").unwrap_or(s).to_ascii_lowercase();
     if s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(s)
     } else {
-        Err(format!(
-            "the Hub listed `{path}` with a malformed hash `{s}`"
-        ))
+        Err(ApiError::MalformedHash {
+            path: path.to_string(),
+            hash: s,
+        })
     }
 }
 
@@ -315,7 +372,7 @@ mod tests {
                 r#"[{{"type":"file","path":"{evil}","oid":"{}","size":1}}]"#,
                 "c".repeat(40)
             );
-            let e = parse_tree_page(body.as_bytes()).unwrap_err();
+            let e = parse_tree_page(body.as_bytes()).unwrap_err().to_string();
             assert!(e.contains("unsafe path"), "{e}");
         }
         // A name with a newline and an escape sequence: refused, and the
@@ -325,13 +382,14 @@ mod tests {
             r#"[{{"type":"file","path":"a\nb\u001b[31mRED","oid":"{}","size":1}}]"#,
             "c".repeat(40)
         );
-        let e = parse_tree_page(body.as_bytes()).unwrap_err();
+        let e = parse_tree_page(body.as_bytes()).unwrap_err().to_string();
         assert!(!e.chars().any(char::is_control), "{e:?}");
         assert!(e.contains(r"`a\nb\u{1b}[31mRED`"), "{e}");
         assert!(e.contains("control character"), "{e}");
         let bad = r#"[{"type":"file","path":"x","oid":"zz","size":1}]"#;
         assert!(parse_tree_page(bad.as_bytes())
             .unwrap_err()
+            .to_string()
             .contains("malformed hash"));
     }
 
@@ -346,7 +404,7 @@ mod tests {
             r#"[{{"type":"file","path":"a","oid":"{g}","size":18446744073709551615}},
                {{"type":"file","path":"b","oid":"{g}","size":18446744073709551615}}]"#
         );
-        let e = parse_tree_page(body.as_bytes()).unwrap_err();
+        let e = parse_tree_page(body.as_bytes()).unwrap_err().to_string();
         assert!(
             e.contains("`a` at 18446744073709551615 bytes, more than the 1 PiB limit"),
             "{e}"
@@ -368,8 +426,11 @@ mod tests {
             expected: Expected::GitSha1(g.clone()),
             listed: Listed::default(),
         };
-        assert_eq!(total_size(&vec![pib.clone(); 3]), Ok(3 * MAX_FILE_SIZE));
-        let e = total_size(&vec![pib; 1 << 14]).unwrap_err();
+        assert_eq!(
+            total_size(&vec![pib.clone(); 3]).unwrap(),
+            3 * MAX_FILE_SIZE
+        );
+        let e = total_size(&vec![pib; 1 << 14]).unwrap_err().to_string();
         assert!(e.contains("adds up to more than"), "{e}");
     }
 
@@ -379,7 +440,7 @@ mod tests {
         for _ in 0..5 {
             b.take(100, 2).unwrap();
         }
-        let e = b.take(1, 1).unwrap_err();
+        let e = b.take(1, 1).unwrap_err().to_string();
         assert!(
             e.contains("o/m") && e.contains("more than 10 entries"),
             "{e}"
@@ -390,7 +451,7 @@ mod tests {
         );
         let mut b = ListingBudget::with_bounds("o/m", 10, 2 << 20);
         b.take(2 << 20, 0).unwrap();
-        let e = b.take(1, 0).unwrap_err();
+        let e = b.take(1, 0).unwrap_err().to_string();
         assert!(e.contains("more than 2 MiB of listing"), "{e}");
         // The default bounds leave room for the biggest real repos.
         let mut b = ListingBudget::new("o/m");

@@ -47,6 +47,7 @@ impl RepoCache {
         }
     }
 
+    /// The repo's cache folder (`models--org--name`).
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use blake3::hazmat::HasherExt as _;
 use sha1::Digest as _;
@@ -102,10 +102,56 @@ impl Chunks {
     }
 }
 
+/// Why a file's hash check failed ([`Digester::finish`], [`check`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DigestError {
+    /// The file was not fed to its end.
+    #[error("{} was hashed to byte {at} of {size}", path.display())]
+    Short {
+        /// The file.
+        path: PathBuf,
+        /// Bytes hashed.
+        at: u64,
+        /// The file's size.
+        size: u64,
+    },
+    /// The hash differs from the listing's.
+    #[error("{} has {kind} {got}, the Hub lists {listed}", path.display())]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// Which hash (`git sha1` or `sha256`).
+        kind: &'static str,
+        /// The hash the file has.
+        got: String,
+        /// The hash the Hub lists.
+        listed: String,
+    },
+    /// The file could not be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The file's size could not be read.
+    #[error("{0}")]
+    Stat(std::io::Error),
+    /// The file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
 /// What a finished [`Digester`] found.
 pub struct Digest {
     /// `Err` says which hash differed, for the user.
-    pub verdict: Result<(), String>,
+    pub verdict: Result<(), DigestError>,
     /// The BLAKE3 chunk hashes, if asked for (and the file matched).
     pub chunks: Option<(u64, Vec<Hash>)>,
 }
@@ -164,12 +210,11 @@ impl Digester {
     pub fn finish(self, what: &Path) -> Digest {
         if self.at != self.size {
             return Digest {
-                verdict: Err(format!(
-                    "{} was hashed to byte {} of {}",
-                    what.display(),
-                    self.at,
-                    self.size
-                )),
+                verdict: Err(DigestError::Short {
+                    path: what.to_path_buf(),
+                    at: self.at,
+                    size: self.size,
+                }),
                 chunks: None,
             };
         }
@@ -179,12 +224,12 @@ impl Digester {
         };
         if !got.eq_ignore_ascii_case(self.expected.etag()) {
             return Digest {
-                verdict: Err(format!(
-                    "{} has {} {got}, the Hub lists {}",
-                    what.display(),
-                    self.expected.kind(),
-                    self.expected.etag()
-                )),
+                verdict: Err(DigestError::Mismatch {
+                    path: what.to_path_buf(),
+                    kind: self.expected.kind(),
+                    got,
+                    listed: self.expected.etag().to_string(),
+                }),
                 chunks: None,
             };
         }
@@ -207,15 +252,19 @@ pub fn feed_from(d: &mut Digester, file: &File, upto: u64, buf: &mut [u8]) -> st
 }
 
 /// Hashes `path` and compares; the error says which hash differed.
-pub fn check(path: &Path, expected: &Expected) -> Result<(), String> {
-    let mut f = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let len = f.metadata().map_err(|e| e.to_string())?.len();
+pub fn check(path: &Path, expected: &Expected) -> Result<(), DigestError> {
+    let mut f = File::open(path).map_err(|source| DigestError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let len = f.metadata().map_err(DigestError::Stat)?.len();
     let mut d = Digester::new(expected, len, None);
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let n = f.read(&mut buf).map_err(|source| DigestError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if n == 0 || d.at() + n as u64 > len {
             break;
         }
@@ -241,9 +290,9 @@ mod tests {
         check(&p, &git).unwrap();
         check(&p, &sha).unwrap();
         std::fs::write(&p, b"hellO\n").unwrap();
-        let e = check(&p, &git).unwrap_err();
+        let e = check(&p, &git).unwrap_err().to_string();
         assert!(e.contains("git sha1") && e.contains("ce013625"), "{e}");
-        assert!(check(&p, &sha).unwrap_err().contains("sha256"));
+        assert!(check(&p, &sha).unwrap_err().to_string().contains("sha256"));
         // Empty file: git's well-known empty blob.
         std::fs::write(&p, b"").unwrap();
         check(
@@ -293,6 +342,7 @@ mod tests {
             .finish(Path::new("f"))
             .verdict
             .unwrap_err()
+            .to_string()
             .contains("byte 100"));
     }
 }

@@ -47,6 +47,7 @@ pub struct FileJob {
     pub path: String,
     /// `…/resolve/{commit}/{path}`.
     pub url: String,
+    /// Size in bytes.
     pub size: u64,
     /// The hash the file must have (its etag names the sidecar's owner).
     pub expected: Expected,
@@ -71,6 +72,7 @@ pub enum Verdict {
 /// Places a file whose bytes are all written and hashed, if its digest
 /// matched. Called on a blocking thread, once per completed download.
 pub trait Finisher: Send + Sync + 'static {
+    /// Places file `index` if `digest` matched; says what happened.
     fn finish(&self, index: usize, job: &FileJob, digest: Digest) -> Verdict;
 }
 
@@ -81,6 +83,7 @@ pub struct Stats {
     pub downloaded: AtomicU64,
     /// Bytes the sidecars said were already there.
     pub resumed: AtomicU64,
+    /// Requests tried again after a transient failure.
     pub retries: AtomicU64,
     /// Files downloaded a second time after a hash mismatch.
     pub redownloads: AtomicU64,
@@ -91,8 +94,11 @@ pub struct Stats {
 /// Tuning.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// HTTP connections at once.
     pub connections: usize,
+    /// Bytes per ranged request.
     pub part_size: u64,
+    /// The repo's id, for messages.
     pub repo: String,
 }
 
@@ -165,22 +171,96 @@ struct Shared {
     unfinished: AtomicU64,
     wake: Notify,
     cancel: CancellationToken,
-    failure: Mutex<Option<String>>,
+    failure: Mutex<Option<DownloadError>>,
     stats: Arc<Stats>,
     finisher: Arc<dyn Finisher>,
     watch: Arc<dyn Watch>,
     ranges: RangeHosts,
 }
 
+/// Why a download stopped ([`download`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    /// An incomplete file's folder could not be created.
+    #[error("cannot create {}: {source}", dir.display())]
+    CreateDir {
+        /// The folder.
+        dir: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// An incomplete file could not be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The incomplete file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// Another pull holds the incomplete file's lock.
+    #[error("another xfer pull is downloading {file} into {}; wait for it to finish or stop it", path.display())]
+    Locked {
+        /// The file's path in the repo.
+        file: String,
+        /// The incomplete file.
+        path: PathBuf,
+    },
+    /// Writing to the disk failed.
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    /// A part failed too many times in a row.
+    #[error("{file}: {why} ({tries} tries in a row); run the same command again to resume")]
+    GaveUp {
+        /// The file's path in the repo.
+        file: String,
+        /// The last failure.
+        why: String,
+        /// How many tries failed in a row.
+        tries: u32,
+    },
+    /// A fatal failure of a request, a check or a placement, in words.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A write to a downloaded file that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// No space is left.
+    #[error("disk full: need {} more at {}; free space there or set HF_HUB_CACHE to a larger disk", xfer_proto::units::Bytes(*need), path.display())]
+    Full {
+        /// The file being written.
+        path: PathBuf,
+        /// Bytes the file needs.
+        need: u64,
+    },
+    /// Any other write failure.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file being written.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
 /// Opens (or resumes) the incomplete files of `jobs`, with the sidecars'
 /// progress. Fails with a clear message when one is locked by another pull
 /// or cannot be created.
-fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<FileState>, String> {
+fn open_files(
+    jobs: Vec<FileJob>,
+    part_size: u64,
+    stats: &Stats,
+) -> Result<Vec<FileState>, DownloadError> {
     let mut out = Vec::with_capacity(jobs.len());
     for job in jobs {
         if let Some(dir) = job.incomplete.parent() {
-            crate::util::beneath::create_dir_all_durable(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            crate::util::beneath::create_dir_all_durable(dir).map_err(|source| {
+                DownloadError::CreateDir {
+                    dir: dir.to_path_buf(),
+                    source,
+                }
+            })?;
         }
         let file = OpenOptions::new()
             .read(true)
@@ -188,14 +268,16 @@ fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<F
             .create(true)
             .truncate(false)
             .open(&job.incomplete)
-            .map_err(|e| format!("cannot open {}: {e}", job.incomplete.display()))?;
+            .map_err(|source| DownloadError::Open {
+                path: job.incomplete.clone(),
+                source,
+            })?;
         // SAFETY: flock on an fd we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(format!(
-                "another xfer pull is downloading {} into {}; wait for it to finish or stop it",
-                job.path,
-                job.incomplete.display()
-            ));
+            return Err(DownloadError::Locked {
+                file: job.path.clone(),
+                path: job.incomplete.clone(),
+            });
         }
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         let resumed = (len == job.size)
@@ -239,15 +321,17 @@ fn open_files(jobs: Vec<FileJob>, part_size: u64, stats: &Stats) -> Result<Vec<F
     Ok(out)
 }
 
-fn disk_error(path: &std::path::Path, need: u64, e: std::io::Error) -> String {
+fn disk_error(path: &std::path::Path, need: u64, e: std::io::Error) -> DiskError {
     if e.raw_os_error() == Some(libc::ENOSPC) {
-        format!(
-            "disk full: need {} more at {}; free space there or set HF_HUB_CACHE to a larger disk",
-            xfer_proto::units::Bytes(need),
-            path.display()
-        )
+        DiskError::Full {
+            path: path.to_path_buf(),
+            need,
+        }
     } else {
-        format!("cannot write {}: {e}", path.display())
+        DiskError::Write {
+            path: path.to_path_buf(),
+            source: e,
+        }
     }
 }
 
@@ -261,7 +345,7 @@ pub async fn download(
     finisher: Arc<dyn Finisher>,
     watch: Arc<dyn Watch>,
     stats: Arc<Stats>,
-) -> Result<(), String> {
+) -> Result<(), DownloadError> {
     let files = open_files(jobs, opts.part_size, &stats)?;
     let mut queue = VecDeque::new();
     for (f, st) in files.iter().enumerate() {
@@ -360,7 +444,7 @@ fn save_sidecar_as(st: &FileState, durable: bool) {
     }
 }
 
-fn fail(shared: &Shared, why: String) {
+fn fail(shared: &Shared, why: DownloadError) {
     let mut f = shared.failure.lock().unwrap();
     if f.is_none() {
         *f = Some(why);
@@ -467,12 +551,12 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
         }
         Verdict::Mismatch(why) => fail(
             shared,
-            format!(
+            DownloadError::Failed(format!(
                 "{why}, again after downloading it a second time: the server is serving corrupt data; \
                  report it to the mirror's operator or try another HF_ENDPOINT"
-            ),
+            )),
         ),
-        Verdict::Fatal(why) => fail(shared, why),
+        Verdict::Fatal(why) => fail(shared, DownloadError::Failed(why)),
     }
 }
 
@@ -489,7 +573,7 @@ fn check_size(st: &FileState, said: Option<u64>) -> Result<(), Failure> {
 
 /// Brings part `i` of file `f` to completion, retrying transient failures
 /// (the retry count restarts whenever bytes arrive).
-async fn fetch_part(shared: &Arc<Shared>, f: usize, i: usize) -> Result<(), String> {
+async fn fetch_part(shared: &Arc<Shared>, f: usize, i: usize) -> Result<(), DownloadError> {
     let st = &shared.files[f];
     let mut tries = 0u32;
     loop {
@@ -517,7 +601,7 @@ async fn fetch_part(shared: &Arc<Shared>, f: usize, i: usize) -> Result<(), Stri
         };
         match outcome {
             Ok(()) => continue,
-            Err(Failure::Fatal(why)) => return Err(why),
+            Err(Failure::Fatal(why)) => return Err(DownloadError::Failed(why)),
             Err(Failure::Transient { why, wait }) => {
                 if shared.stats.downloaded.load(Ordering::Relaxed) > before {
                     tries = 0;
@@ -525,10 +609,11 @@ async fn fetch_part(shared: &Arc<Shared>, f: usize, i: usize) -> Result<(), Stri
                 tries += 1;
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
                 if tries >= retry::MAX_TRIES {
-                    return Err(format!(
-                        "{}: {why} ({tries} tries in a row); run the same command again to resume",
-                        st.job.path
-                    ));
+                    return Err(DownloadError::GaveUp {
+                        file: st.job.path.clone(),
+                        why,
+                        tries,
+                    });
                 }
                 let pause = retry::backoff(tries, wait, rand::thread_rng().gen());
                 tracing::info!("{}: {why}; retrying in {pause:.1?}", st.job.path);
@@ -751,7 +836,7 @@ fn flush(
     let st = &shared.files[f];
     st.file
         .write_all_at(buf, at)
-        .map_err(|e| Failure::Fatal(disk_error(&st.job.incomplete, st.job.size, e)))?;
+        .map_err(|e| Failure::Fatal(disk_error(&st.job.incomplete, st.job.size, e).to_string()))?;
     let upto = at + buf.len() as u64;
     let ahead = {
         let mut p = st.parts.lock().unwrap();

@@ -14,6 +14,7 @@ pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 pub struct Token(String);
 
 impl Token {
+    /// The token's text, for the `Authorization` header only.
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -23,6 +24,28 @@ impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Token(<redacted>)")
     }
+}
+
+/// What is wrong with the Hub's environment ([`HubEnv::from_lookup`]).
+#[derive(Debug, thiserror::Error)]
+pub enum HubEnvError {
+    /// `HF_ENDPOINT` is not an http(s) URL.
+    #[error("HF_ENDPOINT `{0}` is not an http(s) URL; set it like https://hf-mirror.com")]
+    NotHttp(String),
+    /// Neither a cache folder nor a home to put one in is set.
+    #[error("cannot tell where the Hugging Face cache is: set HF_HUB_CACHE or HOME")]
+    NoCache,
+    /// The token file exists but cannot be read.
+    #[error("cannot read the Hugging Face token at {}: {source}; fix its permissions or set HF_TOKEN", path.display())]
+    TokenFile {
+        /// The token file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// A token is set and the endpoint is plain http to another machine.
+    #[error("HF_ENDPOINT {0} is plain http and a Hugging Face token is set, which would cross the network unencrypted; use an https endpoint, or unset HF_TOKEN (and HF_TOKEN_PATH) for this mirror")]
+    TokenOverHttp(String),
 }
 
 /// What the environment says about the Hub.
@@ -38,7 +61,7 @@ pub struct HubEnv {
 
 impl HubEnv {
     /// From the process environment.
-    pub fn from_process() -> Result<Self, String> {
+    pub fn from_process() -> Result<Self, HubEnvError> {
         Self::from_lookup(&|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
     }
 
@@ -48,15 +71,13 @@ impl HubEnv {
     ///   `$HF_HOME/token` (a missing file means no token);
     /// - cache: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
     ///   `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`.
-    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, HubEnvError> {
         let endpoint = lookup("HF_ENDPOINT")
             .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string())
             .trim_end_matches('/')
             .to_string();
         if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-            return Err(format!(
-                "HF_ENDPOINT `{endpoint}` is not an http(s) URL; set it like https://hf-mirror.com"
-            ));
+            return Err(HubEnvError::NotHttp(endpoint));
         }
         let home = lookup("HOME").map(PathBuf::from);
         let hf_home = lookup("HF_HOME").map(PathBuf::from).or_else(|| {
@@ -67,11 +88,7 @@ impl HubEnv {
         let cache_root = match (lookup("HF_HUB_CACHE"), &hf_home) {
             (Some(c), _) => PathBuf::from(c),
             (None, Some(h)) => h.join("hub"),
-            (None, None) => {
-                return Err(
-                    "cannot tell where the Hugging Face cache is: set HF_HUB_CACHE or HOME".into(),
-                )
-            }
+            (None, None) => return Err(HubEnvError::NoCache),
         };
         let token = match lookup("HF_TOKEN") {
             Some(t) => Some(t),
@@ -90,9 +107,7 @@ impl HubEnv {
             .filter(|t| !t.is_empty())
             .map(Token);
         if token.is_some() && !token_may_go_to(&endpoint) {
-            return Err(format!(
-                "HF_ENDPOINT {endpoint} is plain http and a Hugging Face token is set, which would cross the network unencrypted; use an https endpoint, or unset HF_TOKEN (and HF_TOKEN_PATH) for this mirror"
-            ));
+            return Err(HubEnvError::TokenOverHttp(endpoint));
         }
         Ok(HubEnv {
             endpoint,
@@ -120,14 +135,14 @@ fn token_may_go_to(endpoint: &str) -> bool {
 }
 
 /// A token file's contents; a missing file is no token.
-fn read_token(path: &Path) -> Result<Option<String>, String> {
+fn read_token(path: &Path) -> Result<Option<String>, HubEnvError> {
     match std::fs::read_to_string(path) {
         Ok(t) => Ok(Some(t)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!(
-            "cannot read the Hugging Face token at {}: {e}; fix its permissions or set HF_TOKEN",
-            path.display()
-        )),
+        Err(source) => Err(HubEnvError::TokenFile {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -136,7 +151,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn env(vars: &[(&str, &str)]) -> Result<HubEnv, String> {
+    fn env(vars: &[(&str, &str)]) -> Result<HubEnv, HubEnvError> {
         let map: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -193,9 +208,11 @@ mod tests {
 
     #[test]
     fn bad_endpoint_and_no_home_are_clear_errors() {
-        let e = env(&[("HOME", "/h"), ("HF_ENDPOINT", "hf-mirror.com")]).unwrap_err();
+        let e = env(&[("HOME", "/h"), ("HF_ENDPOINT", "hf-mirror.com")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("HF_ENDPOINT") && e.contains("https://"), "{e}");
-        let e = env(&[]).unwrap_err();
+        let e = env(&[]).unwrap_err().to_string();
         assert!(e.contains("HF_HUB_CACHE"), "{e}");
     }
 
@@ -220,7 +237,8 @@ mod tests {
             ("HF_ENDPOINT", "http://mirror.example:8080"),
             ("HF_TOKEN", "hf_secret"),
         ])
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             why.contains("plain http") && why.contains("unset HF_TOKEN"),
             "{why}"

@@ -21,7 +21,12 @@ const MAX_REDIRECTS: usize = 10;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
     /// Worth another try, after `wait` if the server said so.
-    Transient { why: String, wait: Option<Duration> },
+    Transient {
+        /// What went wrong.
+        why: String,
+        /// How long the server asked to wait.
+        wait: Option<Duration>,
+    },
     /// Trying again will not help; the message says what to do.
     Fatal(String),
 }
@@ -44,6 +49,7 @@ pub struct HubHttp {
 }
 
 impl HubHttp {
+    /// A client for the Hub `env` names.
     pub fn new(env: &HubEnv) -> anyhow::Result<HubHttp> {
         let endpoint = Url::parse(&env.endpoint).map_err(|e| {
             anyhow::anyhow!(

@@ -50,18 +50,22 @@ impl Parts {
         ok.then_some(p)
     }
 
+    /// The sidecar's bytes.
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("plain data")
     }
 
+    /// Number of parts.
     pub fn len(&self) -> usize {
         self.done.len()
     }
 
+    /// Whether there are no parts (never: an empty file has one).
     pub fn is_empty(&self) -> bool {
         self.size == 0
     }
 
+    /// The file's size.
     pub fn size(&self) -> u64 {
         self.size
     }
@@ -83,10 +87,12 @@ impl Parts {
         (start + self.done[i], start + self.part_len(i))
     }
 
+    /// Whether part `i` is all written.
     pub fn is_done(&self, i: usize) -> bool {
         self.done[i] == self.part_len(i)
     }
 
+    /// Whether every part is all written.
     pub fn is_complete(&self) -> bool {
         (0..self.len()).all(|i| self.is_done(i))
     }

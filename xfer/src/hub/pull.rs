@@ -40,13 +40,19 @@ use xfer_proto::units::Bytes;
 /// What to pull, and how.
 #[derive(Debug, Clone)]
 pub struct PullOptions {
+    /// `ORG/NAME[@REV]`, as given.
     pub repo: String,
+    /// Model or dataset.
     pub repo_type: RepoType,
+    /// Glob patterns: pull only the files matching one (empty: all).
     pub include: Vec<String>,
+    /// Glob patterns: skip the files matching one.
     pub exclude: Vec<String>,
     /// Write `<dir>/<path>` instead of the cache layout.
     pub local_dir: Option<PathBuf>,
+    /// HTTP connections at once.
     pub connections: usize,
+    /// Bytes per ranged request.
     pub part_size: u64,
     /// Also compute each file's BLAKE3 chunk hashes at this chunk size, in
     /// the same pass as its Hub hash (for a fan-out, which sends them).
@@ -56,16 +62,22 @@ pub struct PullOptions {
 /// The `--json` summary (read back by the integration tests).
 #[derive(Debug, Serialize, Deserialize, Default)]
 pub struct PullSummary {
+    /// The repo's id, `ORG/NAME`.
     pub repo: String,
+    /// The revision asked for.
     pub revision: String,
+    /// The commit it resolved to.
     pub commit: String,
+    /// The Hub pulled from.
     pub endpoint: String,
     /// The snapshot folder (or the local dir): what to hand to vLLM.
     pub path: String,
     /// The repository's cache folder (`models--org--name`); empty with
     /// `--local-dir`.
     pub repo_dir: String,
+    /// Files in the snapshot.
     pub files: usize,
+    /// Bytes in the snapshot.
     pub bytes_total: u64,
     /// Bytes fetched over HTTP in this run (re-downloads included).
     pub bytes_downloaded: u64,
@@ -73,15 +85,19 @@ pub struct PullSummary {
     pub bytes_resumed: u64,
     /// Bytes of files already in the cache, not fetched again.
     pub bytes_present: u64,
+    /// How the files were checked.
     pub verification: Verification,
+    /// Requests tried again after a transient failure.
     pub retries: u64,
     /// Files whose server ignored Range and were fetched as one stream.
     pub whole_streams: u64,
+    /// HTTP connections used.
     pub connections: usize,
     /// `trees/<commit>.json`, relative to the repo folder (or local dir).
     pub tree_cache: String,
     /// Incomplete files of earlier revisions removed after this pull.
     pub stale_removed: usize,
+    /// Wall time of the pull, in seconds.
     pub duration_s: f64,
     /// Downloaded bytes per second over the whole run, in MB/s.
     pub rate_mb_s: f64,
@@ -422,8 +438,7 @@ pub async fn pull(
         watch,
         stats.clone(),
     )
-    .await
-    .map_err(anyhow::Error::msg)?;
+    .await?;
     bars.total.finish_and_clear();
 
     // The listing, as huggingface_hub caches it, then the ref, last.
@@ -523,6 +538,7 @@ pub type OnPlaced = Arc<dyn Fn(&[PlacedFile]) + Send + Sync>;
 
 /// A file that just became visible in its final place.
 pub struct PlacedFile {
+    /// The file's path in the repo.
     pub path: RelPath,
     /// What became visible: the blob and its snapshot link, or the file in
     /// the local dir.

@@ -66,7 +66,9 @@ pub enum DraftChange {
     /// These chunks are announced (the source has them); `adopted` are
     /// those of them this node had staged already and that checked out.
     Hashed {
+        /// The chunks announced.
         chunks: Range<u64>,
+        /// Those this node had staged and that checked out.
         adopted: Vec<u64>,
     },
     /// Chunks this node held no longer count (a withdrawn download, or a

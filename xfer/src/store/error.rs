@@ -9,23 +9,34 @@ use xfer_proto::refusal::Refusal;
 /// [`Refusal`]'s of the same name, written once, there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreError {
+    /// Not enough free space.
     NoSpace {
+        /// Bytes needed.
         need: u64,
+        /// Bytes free.
         have: u64,
+        /// Where.
         path: String,
     },
+    /// A disk operation failed.
     Io {
+        /// The file or folder.
         path: String,
+        /// What the system said.
         message: String,
     },
+    /// Writing there would be unsafe (a symlink, a path outside the root).
     Unsafe {
+        /// The path.
         path: String,
+        /// Why it is unsafe.
         reason: String,
     },
     /// Something the caller asked that the manifest or the store's state
     /// does not allow (a chunk not in the manifest, a root that does not
     /// match).
     Invalid(String),
+    /// Another transfer of the same model holds it.
     Busy(String),
 }
 
@@ -77,4 +88,23 @@ mod tests {
             assert_eq!(Refusal::from(e).to_string(), text);
         }
     }
+}
+
+/// Why a held chunk's file could not be opened ([`super::Transfer::open_held`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenHeldError {
+    /// The manifest has no such chunk.
+    #[error("no such chunk")]
+    NoSuchChunk,
+    /// The chunk is not verified yet.
+    #[error("not held yet")]
+    NotHeld,
+    /// The file holding it could not be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The staging or placed file.
+        path: std::path::PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
 }

@@ -136,6 +136,7 @@ impl Journal {
         self.records
     }
 
+    /// Whether no record was written.
     pub fn is_empty(&self) -> bool {
         self.records == 0
     }

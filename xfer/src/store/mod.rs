@@ -26,8 +26,10 @@ pub mod hashcache;
 pub mod journal;
 #[cfg(test)]
 mod model_check;
+mod place;
 mod readback;
 mod record;
+mod resume;
 pub mod scan;
 pub mod verify;
 
@@ -47,7 +49,8 @@ use xfer_proto::manifest::{ChunkId, Entry, FileEntry, Manifest};
 use xfer_proto::names::ModelName;
 
 pub use draft::DraftChange;
-pub use error::StoreError;
+pub use error::{OpenHeldError, StoreError};
+pub use place::{place, place_dir};
 pub use record::{ModelRecord, Stamp};
 use xfer_proto::relpath::RelPath;
 
@@ -150,6 +153,7 @@ impl Store {
         self.fs.write_durable(&Self::record_rel(name), &bytes)
     }
 
+    /// The store's root folder.
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -396,85 +400,18 @@ impl Store {
         plan: Option<xfer_proto::draft::Draft>,
     ) -> Result<Transfer, StoreError> {
         let staging = self.staging_dir(name);
-        let lock_path = self.root.join(Self::lock_rel(name));
-        let lock = self
-            .fs
-            .open_rw(&Self::lock_rel(name))
-            .map_err(|e| io_refusal(&lock_path, e))?;
-        // A transfer of this model that was just superseded may take a moment
-        // to let go; wait a little before calling the model busy.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        // SAFETY: flock on an fd we own.
-        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            if std::time::Instant::now() >= deadline {
-                return Err(StoreError::Busy(format!(
-                    "another transfer of `{name}` into {} is still running (lock {}); wait for it or stop it",
-                    self.root.display(),
-                    lock_path.display()
-                )));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        let lock = self.lock_model(name)?;
         let staging_rel = Self::staging_rel(name);
-        self.fs
-            .create_dir_all(&staging_rel.join("data"))
-            .map_err(|e| io_refusal(&staging, e))?;
-        // A draft's id is the source's choice: its journal lives in a
-        // namespace of its own (see `readback`).
-        let journal_key = match plan {
-            Some(_) => readback::draft_journal_key(&key),
-            None => key,
-        };
-        let (journal, records) = Journal::open(
-            &self.fs,
-            &staging_rel.join("journal"),
-            &journal_key,
-            crate::store::journal::boot_id(),
-        )
-        .map_err(|e| io_refusal(&staging, e))?;
+        let (journal, records) = self.open_journal(&staging, &staging_rel, &key, plan.is_some())?;
         let map = ChunkMap::new(&manifest);
         let final_dir = self.model_dir(name);
         let files: Vec<&FileEntry> = manifest.files().collect();
         let n = files.len();
-        let mut held = ChunkSet::empty(map.len());
-        let mut done = vec![false; n];
 
-        // Chunks recorded in the journal count while their staging file still
-        // has the right size. A file the journal says was placed (or whose
-        // chunks were all recorded while its staging file is gone: renamed
-        // into place just before a crash) is only a candidate: it is read
-        // back below, since its final file may hold other bytes by now.
-        let mut journaled = ChunkSet::empty(map.len());
-        let mut placed_before = vec![false; n];
-        for r in &records {
-            match *r {
-                Record::Chunk(id) => {
-                    if let Some(num) = map.number(id) {
-                        journaled.insert(num);
-                    }
-                }
-                Record::FileDone(f) if (f as usize) < n => placed_before[f as usize] = true,
-                Record::FileDone(_) | Record::Synced(_) => {}
-            }
-        }
-        for (i, f) in files.iter().enumerate() {
-            let range = map.file_range(i as u32);
-            let data = staging_rel.join("data").join(i.to_string());
-            let staged = self
-                .fs
-                .open_read(&data)
-                .and_then(|d| d.metadata())
-                .ok()
-                .map(|m| m.len())
-                == Some(f.size);
-            if staged {
-                for num in range.filter(|&c| journaled.contains(c)) {
-                    held.insert(num);
-                }
-            } else if !range.is_empty() && range.clone().all(|c| journaled.contains(c)) {
-                placed_before[i] = true;
-            }
-        }
+        let resume::Journaled {
+            mut held,
+            placed_before,
+        } = self.journaled(&map, &files, &staging_rel, &records);
         // A draft's journaled chunks are only candidates: their hashes are
         // not known yet (and may be of a withdrawn download), so each is
         // read back and checked once its hash is announced.
@@ -485,72 +422,13 @@ impl Store {
             }
             held = ChunkSet::empty(map.len());
         }
-        // Files of an earlier complete model that are unchanged on disk.
-        // A draft's hashes are not known yet: such a file is held on
-        // trust, and taken back if an announced hash differs (`draft`).
-        let mut on_trust: Vec<Option<Vec<Hash>>> = vec![None; n];
-        let mut stamps = BTreeMap::new();
-        // A record being replaced still says which files are the old,
-        // verified ones (their stamps are unchanged); it certifies nothing.
-        if let Some(rec) = self.record_any(name) {
-            let old: BTreeMap<&RelPath, &Hash> = rec
-                .manifest
-                .manifest
-                .files()
-                .map(|f| (&f.path, &f.hash))
-                .collect();
-            for (i, f) in files.iter().enumerate() {
-                let Some(recorded) = rec.stamps.get(&f.path) else {
-                    continue;
-                };
-                let same = match &plan {
-                    Some(_) => rec
-                        .manifest
-                        .manifest
-                        .files()
-                        .find(|o| o.path == f.path && o.size == f.size)
-                        .map(|o| o.chunks.clone()),
-                    None => (old.get(&f.path) == Some(&&f.hash)).then(Vec::new),
-                };
-                if let Some(chunks) =
-                    same.filter(|_| Stamp::of(&f.path.under(&final_dir)).as_ref() == Some(recorded))
-                {
-                    done[i] = true;
-                    stamps.insert(f.path.clone(), *recorded);
-                    if plan.is_some() {
-                        on_trust[i] = Some(chunks);
-                    }
-                }
-            }
-        }
-        // Read back what the journal says was placed and is not held yet,
-        // one file after the other (each on every core): reading several
-        // files at once defeats the disk's readahead.
-        let readback: Vec<(usize, Option<Vec<Hash>>)> = {
-            let todo: Vec<usize> = (0..n)
-                .filter(|&i| placed_before[i] && !done[i] && files[i].size > 0)
-                .collect();
-            let started = std::time::Instant::now();
-            let bytes: u64 = todo.iter().map(|&i| files[i].size).sum();
-            let got: Vec<(usize, Option<Vec<Hash>>)> = todo
-                .into_iter()
-                .map(|i| {
-                    let rel = Path::new(name.as_str()).join(files[i].path.as_str());
-                    let got =
-                        readback::chunk_hashes(&self.fs, &rel, files[i].size, manifest.chunk_size);
-                    (i, got)
-                })
-                .collect();
-            if !got.is_empty() {
-                tracing::info!(
-                    "{name}: read back {} file(s), {}, placed before an interruption, in {:.2} s",
-                    got.len(),
-                    xfer_proto::units::Bytes(bytes),
-                    started.elapsed().as_secs_f64()
-                );
-            }
-            got
-        };
+        let resume::Unchanged {
+            mut done,
+            mut stamps,
+            mut on_trust,
+        } = self.unchanged(name, &files, &final_dir, plan.is_some());
+        let readback =
+            self.read_back_placed(name, &files, manifest.chunk_size, &placed_before, &done);
         for (i, got) in readback {
             match (got, &plan) {
                 // A draft's hashes come later: hold it on trust, checked
@@ -577,28 +455,7 @@ impl Store {
                 let _ = fs::remove_file(staging.join("data").join(i.to_string()));
             }
         }
-
-        // Space: every file not yet placed and not yet preallocated.
-        let need: u64 = files
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !done[*i])
-            .filter(|(i, f)| {
-                fs::metadata(staging.join("data").join(i.to_string()))
-                    .ok()
-                    .map(|m| m.len())
-                    != Some(f.size)
-            })
-            .map(|(_, f)| f.size)
-            .sum();
-        let have = free_space(&staging).map_err(|e| io_refusal(&staging, e))?;
-        if need > have {
-            return Err(StoreError::NoSpace {
-                need,
-                have,
-                path: self.root.display().to_string(),
-            });
-        }
+        self.check_space(&files, &done, &staging)?;
 
         let remaining: Vec<u64> = (0..n)
             .map(|i| {
@@ -705,12 +562,14 @@ pub enum Written {
 #[derive(Debug, thiserror::Error)]
 pub enum ChunkError {
     #[error("chunk {0:?} failed its BLAKE3 check")]
+    /// The chunk failed its BLAKE3 check.
     Corrupt(ChunkId),
     /// A draft's chunk whose hash the source has not announced (yet, or
     /// any more: its file was withdrawn).
     #[error("chunk {0:?} has no announced hash yet")]
     Unannounced(ChunkId),
     #[error("{0}")]
+    /// The store refused or failed.
     Refused(StoreError),
 }
 
@@ -778,10 +637,12 @@ impl Transfer {
         self.key
     }
 
+    /// The chunk numbering of the transfer's manifest.
     pub fn map(&self) -> &ChunkMap {
         &self.map
     }
 
+    /// The model's name.
     pub fn name(&self) -> &ModelName {
         &self.name
     }
@@ -1028,12 +889,12 @@ impl Transfer {
     /// Opens the file that holds verified chunk `id`, for serving it to a
     /// peer: the staging file while it is incomplete, the placed file after.
     /// Fails if the chunk is not held.
-    pub fn open_held(&self, id: ChunkId) -> Result<(File, PathBuf), String> {
-        let num = self.map.number(id).ok_or("no such chunk")?;
+    pub fn open_held(&self, id: ChunkId) -> Result<(File, PathBuf), OpenHeldError> {
+        let num = self.map.number(id).ok_or(OpenHeldError::NoSuchChunk)?;
         let done = {
             let st = self.state.lock().unwrap();
             if !st.held.contains(num) {
-                return Err("not held yet".into());
+                return Err(OpenHeldError::NotHeld);
             }
             st.done[id.file as usize]
         };
@@ -1043,7 +904,7 @@ impl Transfer {
             let p = rel.under(&self.final_dir);
             File::open(&p)
                 .map(|f| (f, p.clone()))
-                .map_err(|e| format!("cannot open {}: {e}", p.display()))
+                .map_err(|source| OpenHeldError::Open { path: p, source })
         };
         if done {
             return placed();
@@ -1052,7 +913,10 @@ impl Transfer {
             Ok(f) => Ok((f, staged)),
             // Renamed into place since the check above.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => placed(),
-            Err(e) => Err(format!("cannot open {}: {e}", staged.display())),
+            Err(source) => Err(OpenHeldError::Open {
+                path: staged,
+                source,
+            }),
         }
     }
 
@@ -1166,89 +1030,6 @@ pub fn preallocate(f: &File, size: u64) -> std::io::Result<()> {
         return f.set_len(size);
     }
     Err(e)
-}
-
-fn unsafe_path(p: &Path, reason: &str) -> StoreError {
-    StoreError::Unsafe {
-        path: p.display().to_string(),
-        reason: reason.into(),
-    }
-}
-
-/// Makes sure `p` is a real directory, creating it if missing. Refuses a
-/// symlink or a file in its place.
-fn ensure_dir(p: &Path) -> Result<(), StoreError> {
-    match fs::symlink_metadata(p) {
-        Ok(m) if m.file_type().is_symlink() => Err(unsafe_path(
-            p,
-            "it is a symlink; xfer never writes through links (remove it)",
-        )),
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(unsafe_path(
-            p,
-            "a file is in the way of a directory (remove it)",
-        )),
-        Err(e) if e.kind() == ErrorKind::NotFound => match fs::create_dir(p) {
-            Err(e) if e.kind() != ErrorKind::AlreadyExists => Err(io_refusal(p, e)),
-            _ => ensure_dir_exists_now(p),
-        },
-        Err(e) => Err(io_refusal(p, e)),
-    }
-}
-
-/// After a racing `create_dir`, checks what is there now.
-fn ensure_dir_exists_now(p: &Path) -> Result<(), StoreError> {
-    match fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() && !m.file_type().is_symlink() => Ok(()),
-        Ok(_) => Err(unsafe_path(
-            p,
-            "something other than a directory appeared here (remove it)",
-        )),
-        Err(e) => Err(io_refusal(p, e)),
-    }
-}
-
-/// Creates the directories leading to `rel` under `dir`, one by one and
-/// never through a symlink, and returns the path of `rel`.
-fn prepare(dir: &Path, rel: &RelPath) -> Result<PathBuf, StoreError> {
-    ensure_dir(dir)?;
-    for anc in rel.ancestors() {
-        ensure_dir(&dir.join(anc))?;
-    }
-    Ok(rel.under(dir))
-}
-
-/// Puts a file or symlink at `rel` under `dir` with `make(final_path)`
-/// (which must replace atomically, e.g. by rename). Refuses to go through a
-/// symlink or to replace a directory, so nothing outside `dir` is reached.
-pub fn place(
-    dir: &Path,
-    rel: &RelPath,
-    make: impl FnOnce(&Path) -> std::io::Result<()>,
-) -> Result<PathBuf, StoreError> {
-    let to = prepare(dir, rel)?;
-    if let Ok(m) = fs::symlink_metadata(&to) {
-        if m.is_dir() {
-            return Err(unsafe_path(
-                &to,
-                "a directory is in the way of a file (remove it)",
-            ));
-        }
-    }
-    make(&to).map_err(|e| io_refusal(&to, e))?;
-    if let Some(parent) = to.parent() {
-        if let Ok(d) = File::open(parent) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(to)
-}
-
-/// Makes sure the directory `rel` exists under `dir` (an existing one is fine).
-pub fn place_dir(dir: &Path, rel: &RelPath) -> Result<PathBuf, StoreError> {
-    let to = prepare(dir, rel)?;
-    ensure_dir(&to)?;
-    Ok(to)
 }
 
 #[cfg(test)]

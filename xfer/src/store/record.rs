@@ -24,6 +24,7 @@ use xfer_proto::relpath::RelPath;
 /// What `<root>/.xfer/models/<name>.json` holds.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ModelRecord {
+    /// The manifest, with its root and totals.
     pub manifest: ManifestDoc,
     /// Size and mtime of each final file when it was placed, to tell later
     /// whether it was touched since.
@@ -93,7 +94,9 @@ impl ModelRecord {
 /// A file's identity on disk when it was last verified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stamp {
+    /// Size in bytes.
     pub size: u64,
+    /// Modification time, in nanoseconds since the epoch.
     pub mtime_ns: i128,
 }
 

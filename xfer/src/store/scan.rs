@@ -24,7 +24,9 @@ use xfer_proto::relpath::RelPath;
 /// (indexed like [`Manifest::files`]).
 #[derive(Debug, Clone)]
 pub struct SourceTree {
+    /// The tree's manifest.
     pub manifest: Manifest,
+    /// Each file's path on disk, in manifest order.
     pub sources: Vec<PathBuf>,
 }
 

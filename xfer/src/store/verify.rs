@@ -18,20 +18,28 @@ use xfer_proto::manifest::{Entry, Manifest};
 /// What `xfer verify` found.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct VerifyReport {
+    /// The manifest's root.
     pub root: Hash,
+    /// Whether every file matched.
     pub ok: bool,
+    /// Files checked.
     pub files: usize,
+    /// Bytes checked.
     pub bytes: u64,
+    /// Files of the manifest that are not there.
     pub missing: Vec<String>,
+    /// Files whose content differs.
     pub mismatched: Vec<Mismatch>,
 }
 
 /// A file whose content differs from the manifest.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct Mismatch {
+    /// The file's path in the tree.
     pub path: String,
     /// Indices of chunks that differ; empty when the size is already wrong.
     pub bad_chunks: Vec<u32>,
+    /// What differs.
     pub reason: String,
 }
 

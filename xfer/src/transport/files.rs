@@ -111,7 +111,7 @@ impl HeldChunkReader {
 
 impl ChunkReader for HeldChunkReader {
     fn read_chunk(&self, id: ChunkId) -> Result<Bytes, String> {
-        let (f, path) = self.transfer.open_held(id)?;
+        let (f, path) = self.transfer.open_held(id).map_err(|e| e.to_string())?;
         map_chunk(&f, &path, &self.map, id, &self.corrupt_left)
     }
 }

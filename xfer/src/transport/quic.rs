@@ -177,24 +177,52 @@ pub fn client_endpoint(cred: &Credential, peer: SocketAddr) -> Result<Endpoint> 
     Ok(ep)
 }
 
+/// Why [`connect`] failed, in words that name the address and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The endpoint would not start the connection.
+    #[error("cannot connect to {addr}: {source}")]
+    Start {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// What quinn said.
+        source: quinn::ConnectError,
+    },
+    /// No handshake completed within the timeout.
+    #[error("no agent answered at {addr} within {secs}s; is `xfer serve` running there, and is UDP port {} open?", addr.port())]
+    NoAnswer {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// The timeout, in seconds.
+        secs: u64,
+    },
+    /// The handshake failed ([`describe`]'s line).
+    #[error("{0}")]
+    Handshake(String),
+    /// The agent speaks another protocol version ([`refuse_other_version`]'s line).
+    #[error("{0}")]
+    Version(String),
+}
+
 /// Connects to an agent, failing within `timeout` with a message that names
 /// the address and the likely fix.
 pub async fn connect(
     ep: &Endpoint,
     addr: SocketAddr,
     timeout: Duration,
-) -> Result<Connection, String> {
+) -> Result<Connection, ConnectError> {
     let connecting = ep
         .connect(addr, SERVER_NAME)
-        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        .map_err(|source| ConnectError::Start { addr, source })?;
     match tokio::time::timeout(timeout, connecting).await {
-        Err(_) => Err(format!(
-            "no agent answered at {addr} within {}s; is `xfer serve` running there, and is UDP port {} open?",
-            timeout.as_secs(),
-            addr.port()
-        )),
-        Ok(Err(e)) => Err(describe(addr, &e)),
-        Ok(Ok(c)) => refuse_other_version(&c, &format!("the agent at {addr}")).map(|()| c),
+        Err(_) => Err(ConnectError::NoAnswer {
+            addr,
+            secs: timeout.as_secs(),
+        }),
+        Ok(Err(e)) => Err(ConnectError::Handshake(describe(addr, &e))),
+        Ok(Ok(c)) => refuse_other_version(&c, &format!("the agent at {addr}"))
+            .map(|()| c)
+            .map_err(ConnectError::Version),
     }
 }
 
@@ -316,20 +344,39 @@ async fn read_body(recv: &mut quinn::RecvStream, len: usize) -> Result<Vec<u8>> 
     Ok(body)
 }
 
+/// Why [`open_service`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenServiceError {
+    /// The connection is gone ([`describe`]'s line).
+    #[error("{0}")]
+    Closed(String),
+    /// The hello could not be written.
+    #[error("{addr}: {why:#}")]
+    Hello {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// What went wrong.
+        why: anyhow::Error,
+    },
+}
+
 /// Opens a control stream on `conn` for `service`: the stream's first
 /// frame is this build's [`Hello`]. The error says why, in the words of
 /// [`describe`].
 pub async fn open_service(
     conn: &Connection,
     service: Service,
-) -> Result<(quinn::SendStream, quinn::RecvStream), String> {
+) -> Result<(quinn::SendStream, quinn::RecvStream), OpenServiceError> {
     let addr = conn.remote_address();
-    let (mut send, recv) = conn.open_bi().await.map_err(|e| describe(addr, &e))?;
+    let (mut send, recv) = conn
+        .open_bi()
+        .await
+        .map_err(|e| OpenServiceError::Closed(describe(addr, &e)))?;
     write_frame(&mut send, &Hello::new(service))
         .await
         .map_err(|e| match conn.close_reason() {
-            Some(reason) => describe(addr, &reason),
-            None => format!("{addr}: {e:#}"),
+            Some(reason) => OpenServiceError::Closed(describe(addr, &reason)),
+            None => OpenServiceError::Hello { addr, why: e },
         })?;
     Ok((send, recv))
 }
@@ -349,6 +396,7 @@ pub struct QuicFetcher {
 }
 
 impl QuicFetcher {
+    /// Over `conn` alone.
     pub fn new(conn: Connection) -> Self {
         QuicFetcher {
             lanes: Lanes::new(conn),
@@ -495,7 +543,8 @@ mod tests {
         let ep = client_endpoint(&cred, addr).unwrap();
         let err = connect(&ep, addr, Duration::from_secs(5))
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             format!(

@@ -227,7 +227,8 @@ fn open_nic(sys: &Path, port: &ActivePort) -> Result<Arc<dyn Nic>, String> {
         None => gid_index(sys, &port)?,
     };
     let number = u8::try_from(port.port).map_err(|_| format!("port {} out of range", port.port))?;
-    let nic = super::rdma::sys::SysNic::open(&port.device, number, index)?;
+    let nic =
+        super::rdma::sys::SysNic::open(&port.device, number, index).map_err(|e| e.to_string())?;
     Ok(Arc::new(nic))
 }
 

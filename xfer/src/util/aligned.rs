@@ -123,6 +123,7 @@ impl AlignedBuf {
         self.filled
     }
 
+    /// Whether nothing is filled yet.
     pub fn is_empty(&self) -> bool {
         self.filled == 0
     }

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 pub enum Verdict {
     /// Log it; `hidden` lines of the last window went unlogged before it
     /// (say so first when nonzero).
-    Log { hidden: u64 },
+    Log {
+        /// Lines hidden since the last one logged.
+        hidden: u64,
+    },
     /// Count it only.
     Hide,
 }
@@ -27,6 +30,7 @@ pub struct LogBudget {
 }
 
 impl LogBudget {
+    /// A budget of `shown` lines per `window`.
     pub fn new(shown: u32, window: Duration) -> LogBudget {
         LogBudget {
             shown,

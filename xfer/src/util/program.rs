@@ -16,13 +16,24 @@ use std::path::{Path, PathBuf};
 pub enum ResolveError {
     /// Nothing executable of that name in any folder of `PATH`.
     #[error("`{name}` is not on the PATH of the xfer agent ({path}); install it there, or start the agent with a PATH that holds it")]
-    NotFound { name: String, path: String },
+    NotFound {
+        /// The program's name.
+        name: String,
+        /// The agent's PATH.
+        path: String,
+    },
     /// A path that is not absolute (it would depend on the working folder).
     #[error("`{name}` is a relative path; name the program alone (it is looked up on the agent's PATH) or by its absolute path")]
-    Relative { name: String },
+    Relative {
+        /// The path given.
+        name: String,
+    },
     /// An absolute path that is not an executable file.
     #[error("{name} is not an executable file; fix the path, or install the program there")]
-    NotExecutable { name: String },
+    NotExecutable {
+        /// The path given.
+        name: String,
+    },
 }
 
 /// `name` as an absolute path: itself if absolute, else looked up on this

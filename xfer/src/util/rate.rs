@@ -12,6 +12,7 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
+    /// A limiter at `bytes_per_sec` (at least 1).
     pub fn new(bytes_per_sec: u64) -> Self {
         RateLimiter {
             bytes_per_sec: bytes_per_sec.max(1) as f64,

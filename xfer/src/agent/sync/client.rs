@@ -186,7 +186,7 @@ pub async fn status(cluster: &Cluster, nodes: &[String]) -> Result<Vec<NodeRepor
                     node,
                     agent,
                     reachable: false,
-                    error: Some(e),
+                    error: Some(e.to_string()),
                     status: None,
                 },
             }
@@ -420,7 +420,7 @@ pub async fn cancel(cluster: &Cluster, id: &str) -> Result<Vec<(String, Result<b
                 Ok(AdminReply::JobCancelled { known, .. }) => Ok(known),
                 Ok(AdminReply::Failed(why)) => Err(why.to_string()),
                 Ok(other) => Err(format!("answered {}", other.kind())),
-                Err(e) => Err(e),
+                Err(e) => Err(e.to_string()),
             };
             (node, r)
         }
@@ -447,7 +447,7 @@ pub async fn remove(
                 Ok(AdminReply::ModelRemoved { existed, .. }) => Ok(existed),
                 Ok(AdminReply::Failed(why)) => Err(why.to_string()),
                 Ok(other) => Err(format!("answered {}", other.kind())),
-                Err(e) => Err(e),
+                Err(e) => Err(e.to_string()),
             };
             (node, r)
         }

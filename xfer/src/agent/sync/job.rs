@@ -175,10 +175,10 @@ mod tests {
 
         let mut bad = spec();
         bad.id = "../x".into();
-        assert!(bad.validate().unwrap_err().contains("job id"));
+        assert!(bad.validate().unwrap_err().to_string().contains("job id"));
         let mut bad = spec();
         bad.source = JobSource::Path("rel".into());
-        assert!(bad.validate().unwrap_err().contains("relative"));
+        assert!(bad.validate().unwrap_err().to_string().contains("relative"));
         let mut bad = spec();
         bad.members.clear();
         assert!(bad.validate().is_err());

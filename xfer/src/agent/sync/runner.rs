@@ -92,7 +92,8 @@ impl Runner {
     /// Takes a job handed over by `xfer sync`; `node` is this node's name in
     /// it. Starts it if this node is its source.
     pub fn accept(self: &Arc<Self>, node: String, spec: JobSpec) -> Result<(), Refusal> {
-        spec.validate().map_err(Refusal::Protocol)?;
+        spec.validate()
+            .map_err(|e| Refusal::Protocol(e.to_string()))?;
         if node != spec.source_node && !spec.is_member(&node) {
             return Err(Refusal::Protocol(format!(
                 "node {node} is neither the source nor a member of the job"
@@ -333,7 +334,7 @@ impl Runner {
         repo_type: &str,
         mut push: PushOptions,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
-        let mut env = HubEnv::from_process().map_err(Fatal)?;
+        let mut env = HubEnv::from_process().map_err(|e| Fatal(e.to_string()))?;
         env.cache_root = self.store.root().to_path_buf();
         let opts = PullOptions {
             repo: repo.to_string(),

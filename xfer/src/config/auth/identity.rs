@@ -113,8 +113,8 @@ pub enum IdentityError {
     #[error("the certificate names no node (no CN); reissue it with `xfer ca issue`")]
     NoName,
     /// Its common name is not a valid node name (why).
-    #[error("{0}")]
-    BadName(String),
+    #[error(transparent)]
+    BadName(xfer_proto::names::NodeNameError),
     /// Its subject has no known role.
     #[error(
         "the certificate names no role (OU node or operator); reissue it with `xfer ca issue`"

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::link::{Local, Nic, PendingLink, QpInfo};
+use super::link::{Local, Nic, PendingLink, QpInfo, SetupError};
 use super::verbs::{Access, Completion, Region, Verbs, VerbsError, WcKind, WcStatus, WriteImm};
 
 #[derive(Debug)]
@@ -325,6 +325,7 @@ struct Hub {
 }
 
 impl DoubleHub {
+    /// A hub whose fabrics draw their randomness from `seed`.
     pub fn new(seed: u64) -> DoubleHub {
         let hub = DoubleHub::default();
         hub.inner.lock().unwrap().seed = seed;
@@ -349,7 +350,7 @@ impl DoubleHub {
 }
 
 impl Nic for DoubleHub {
-    fn prepare(&self, qps: u32) -> Result<Box<dyn PendingLink>, String> {
+    fn prepare(&self, qps: u32) -> Result<Box<dyn PendingLink>, SetupError> {
         let mut hub = self.inner.lock().unwrap();
         let base = hub.next_qpn + 0x10;
         hub.next_qpn += qps + 0x10;
@@ -388,13 +389,13 @@ impl PendingLink for Pending {
         }
     }
 
-    fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, String> {
+    fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, SetupError> {
         if remote.qps.len() != self.qps as usize {
-            return Err(format!(
+            return Err(SetupError::Unusable(format!(
                 "the peer has {} queue pairs and we have {}: both ends must create as many",
                 remote.qps.len(),
                 self.qps
-            ));
+            )));
         }
         let theirs = remote.qps.first().map_or(0, |q| q.qpn);
         let key = (self.base.min(theirs), self.base.max(theirs));

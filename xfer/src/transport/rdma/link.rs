@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::plane::{PlaneConfig, RecvPlane, RingInfo, SendPlane};
+use super::plane::{PlaneConfig, PlaneError, RecvPlane, RingInfo, SendPlane};
 use super::verbs::Verbs;
 use crate::transport::quic::{read_frame, write_frame};
 use crate::transport::ChunkReader;
@@ -34,10 +34,30 @@ use xfer_proto::stream::StreamRequest;
 
 pub use xfer_proto::stream::{Local, QpInfo, RdmaHello as Hello};
 
+/// Why a device or its queue pairs could not be set up. On the serving
+/// side its text is the refusal sent to the fetching node.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A verb failed.
+    #[error("{verb} failed: {err}; {hint}")]
+    Verb {
+        /// The verb and its arguments, e.g. `ibv_alloc_pd(mlx5_0)`.
+        verb: String,
+        /// What it returned.
+        err: std::io::Error,
+        /// What usually causes it.
+        hint: &'static str,
+    },
+    /// The device, port or request cannot carry the data plane; the text
+    /// says why and what to do.
+    #[error("{0}")]
+    Unusable(String),
+}
+
 /// A NIC that can make queue pairs for one connection.
 pub trait Nic: Send + Sync + std::fmt::Debug + 'static {
     /// Makes `qps` queue pairs, ready to be connected to a peer's.
-    fn prepare(&self, qps: u32) -> Result<Box<dyn PendingLink>, String>;
+    fn prepare(&self, qps: u32) -> Result<Box<dyn PendingLink>, SetupError>;
 }
 
 /// Queue pairs made but not yet connected.
@@ -45,7 +65,7 @@ pub trait PendingLink: Send {
     /// What to send the peer.
     fn local(&self) -> Local;
     /// Connects queue pair i to the peer's queue pair i.
-    fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, String>;
+    fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, SetupError>;
 }
 
 /// Queue pairs a fetching node may ask for.
@@ -58,15 +78,42 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The serving node's answer to a [`Hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Answer {
+    /// The serving node's queue pairs.
     Accept(Local),
+    /// Why not.
     Refuse(String),
 }
 
 /// The serving node's answer to the ring's details.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Ready {
+    /// The send plane is up.
     Ready,
+    /// Why not.
     Refuse(String),
+}
+
+/// Why the fetching side could not bring up the data plane ([`open`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// This node's device or queue pairs could not be set up.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    /// The receive ring could not be set up.
+    #[error(transparent)]
+    Plane(#[from] PlaneError),
+    /// The exchange's stream could not be opened.
+    #[error("{0}")]
+    Stream(quinn::ConnectionError),
+    /// The exchange broke off.
+    #[error("the exchange broke off ({0:#})")]
+    Exchange(anyhow::Error),
+    /// The serving node refused, in its words.
+    #[error("{0}")]
+    Refused(String),
+    /// The exchange took longer than [`EXCHANGE_TIMEOUT`].
+    #[error("the peer did not finish the queue-pair exchange within {} s", EXCHANGE_TIMEOUT.as_secs())]
+    Timeout,
 }
 
 /// The fetching side: brings up the data plane on `conn`, or says why not.
@@ -74,18 +121,18 @@ pub async fn open(
     conn: &quinn::Connection,
     nic: &dyn Nic,
     cfg: PlaneConfig,
-) -> Result<Arc<RecvPlane>, String> {
+) -> Result<Arc<RecvPlane>, OpenError> {
     let exchange = async {
         let pending = nic.prepare(cfg.qps)?;
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(OpenError::Stream)?;
         let hello = StreamRequest::RdmaHello(Hello {
             local: pending.local(),
         });
-        let io = |e: anyhow::Error| format!("the exchange broke off ({e:#})");
+        let io = OpenError::Exchange;
         write_frame(&mut send, &hello).await.map_err(io)?;
         let remote = match read_frame::<Answer>(&mut recv).await.map_err(io)? {
             Answer::Accept(l) => l,
-            Answer::Refuse(why) => return Err(why),
+            Answer::Refuse(why) => return Err(OpenError::Refused(why)),
         };
         let verbs = pending.connect(&remote)?;
         let plane = RecvPlane::new(verbs, cfg)?;
@@ -97,17 +144,12 @@ pub async fn open(
                 let _ = send.finish();
                 Ok(plane)
             }
-            Ready::Refuse(why) => Err(why),
+            Ready::Refuse(why) => Err(OpenError::Refused(why)),
         }
     };
     tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
         .await
-        .unwrap_or_else(|_| {
-            Err(format!(
-                "the peer did not finish the queue-pair exchange within {} s",
-                EXCHANGE_TIMEOUT.as_secs()
-            ))
-        })
+        .unwrap_or(Err(OpenError::Timeout))
 }
 
 /// What a serving node can offer on a connection.
@@ -144,10 +186,13 @@ pub async fn accept(
 ) -> Option<Arc<SendPlane>> {
     let exchange = async {
         let verbs = match admit(&hello, offer) {
-            Ok(nic) => nic.prepare(hello.local.qps.len() as u32).and_then(|p| {
-                let ours = p.local();
-                p.connect(&hello.local).map(|v| (v, ours))
-            }),
+            Ok(nic) => nic
+                .prepare(hello.local.qps.len() as u32)
+                .and_then(|p| {
+                    let ours = p.local();
+                    p.connect(&hello.local).map(|v| (v, ours))
+                })
+                .map_err(|e| e.to_string()),
             Err(why) => Err(why),
         };
         let (verbs, ours) = match verbs {
@@ -161,9 +206,12 @@ pub async fn accept(
         write_frame(&mut send, &Answer::Accept(ours)).await.ok()?;
         let ring: RingInfo = read_frame(&mut recv).await.ok()?;
         let cfg = PlaneConfig::new(ring.slot_size);
-        let plane = check_ring(&ring, &map).and_then(|()| match &offer.files {
-            Some(files) => SendPlane::new(verbs, files, map.clone(), ring, cfg),
-            None => SendPlane::bounced(verbs, reader, map.clone(), ring, cfg),
+        let plane = check_ring(&ring, &map).and_then(|()| {
+            match &offer.files {
+                Some(files) => SendPlane::new(verbs, files, map.clone(), ring, cfg),
+                None => SendPlane::bounced(verbs, reader, map.clone(), ring, cfg),
+            }
+            .map_err(|e| e.to_string())
         });
         let reply = match &plane {
             Ok(_) => Ready::Ready,

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use tokio::sync::{oneshot, Semaphore};
 
 use super::ring::{Landed, RecvRing, RingLayout, SendAction, SendQueues, WriteReq};
-use super::verbs::{Access, Completion, Region, Verbs, WcKind, WcStatus, WriteImm};
+use super::verbs::{Access, Completion, Region, Verbs, VerbsError, WcKind, WcStatus, WriteImm};
 use crate::transport::quic::{read_frame, write_frame, QuicFetcher};
 use crate::transport::{ChunkFetcher, ChunkReader, FetchError};
 use crate::util::aligned::AlignedBuf;
@@ -49,6 +49,7 @@ pub struct PlaneConfig {
 }
 
 impl PlaneConfig {
+    /// The defaults, with ring slots of one chunk.
     pub fn new(chunk_size: u32) -> PlaneConfig {
         PlaneConfig {
             qps: 4,
@@ -63,9 +64,13 @@ impl PlaneConfig {
 /// The fetching node's ring, as the serving node needs to know it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RingInfo {
+    /// Its address in the fetching node's memory.
     pub addr: u64,
+    /// Its remote key.
     pub rkey: u32,
+    /// Number of slots.
     pub slots: u32,
+    /// Bytes per slot.
     pub slot_size: u32,
 }
 
@@ -86,9 +91,54 @@ pub struct RecvPlane {
     cfg: PlaneConfig,
 }
 
+/// Why a plane could not be set up ([`RecvPlane::new`], [`SendPlane::new`],
+/// [`SendPlane::bounced`]). On the serving side its text is the refusal
+/// sent to the fetching node.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaneError {
+    /// Memory could not be registered with the NIC.
+    #[error("cannot register {what}: {err}")]
+    Register {
+        /// What: the receive ring, the bounce pool or a file's path.
+        what: String,
+        /// What the verbs said.
+        err: VerbsError,
+    },
+    /// A source file could not be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// A source file's size could not be read.
+    #[error("{0}")]
+    Stat(std::io::Error),
+    /// A source file could not be mapped.
+    #[error("cannot map {}: {source}", path.display())]
+    Map {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
+/// Why a chunk could not be copied into a bounce slot.
+#[derive(Debug, thiserror::Error)]
+enum FillError {
+    #[error("a chunk of {0} bytes does not fit a bounce slot")]
+    TooBig(usize),
+    #[error("the bounce pool closed")]
+    Closed,
+    #[error("bounce pool out of slots")]
+    OutOfSlots,
+}
+
 impl RecvPlane {
     /// Allocates and registers the ring and starts polling completions.
-    pub fn new(verbs: Arc<dyn Verbs>, cfg: PlaneConfig) -> Result<Arc<RecvPlane>, String> {
+    pub fn new(verbs: Arc<dyn Verbs>, cfg: PlaneConfig) -> Result<Arc<RecvPlane>, PlaneError> {
         let layout = RingLayout {
             slots: cfg.slots,
             slot_size: cfg.slot_size,
@@ -96,7 +146,10 @@ impl RecvPlane {
         let ring_mem = vec![0u8; layout.len() as usize].into_boxed_slice();
         let region = verbs
             .register(ring_mem.as_ptr() as u64, layout.len(), Access::RemoteWrite)
-            .map_err(|e| format!("cannot register the receive ring: {e}"))?;
+            .map_err(|err| PlaneError::Register {
+                what: "the receive ring".into(),
+                err,
+            })?;
         let plane = Arc::new(RecvPlane {
             verbs,
             ring_mem,
@@ -112,6 +165,7 @@ impl RecvPlane {
         Ok(plane)
     }
 
+    /// The ring, as the serving node needs it.
     pub fn ring_info(&self) -> RingInfo {
         RingInfo {
             addr: self.region.addr,
@@ -320,6 +374,7 @@ pub struct RdmaFetcher {
 }
 
 impl RdmaFetcher {
+    /// Over `plane`, falling back to QUIC on `conn`.
     pub fn new(plane: Arc<RecvPlane>, conn: quinn::Connection) -> RdmaFetcher {
         RdmaFetcher {
             plane,
@@ -335,6 +390,7 @@ impl RdmaFetcher {
         self.over_rdma.load(Ordering::Relaxed)
     }
 
+    /// The receive plane.
     pub fn plane(&self) -> &Arc<RecvPlane> {
         &self.plane
     }
@@ -437,12 +493,15 @@ impl Drop for BounceSlot<'_> {
 }
 
 impl BouncePool {
-    fn new(verbs: &dyn Verbs, slots: u32, slot_size: u32) -> Result<BouncePool, String> {
+    fn new(verbs: &dyn Verbs, slots: u32, slot_size: u32) -> Result<BouncePool, PlaneError> {
         let len = slots as usize * slot_size as usize;
         let mem = RawBuf::new(len);
         let region = verbs
             .register(mem.ptr as u64, len as u64, Access::LocalRead)
-            .map_err(|e| format!("cannot register the bounce pool: {e}"))?;
+            .map_err(|err| PlaneError::Register {
+                what: "the bounce pool".into(),
+                err,
+            })?;
         Ok(BouncePool {
             mem,
             region,
@@ -454,24 +513,21 @@ impl BouncePool {
 
     /// Takes a slot (waiting for one) and copies `bytes` into it: the
     /// address and key to write from, and the slot to hold until done.
-    async fn fill(&self, bytes: &[u8]) -> Result<(u64, u32, BounceSlot<'_>), String> {
+    async fn fill(&self, bytes: &[u8]) -> Result<(u64, u32, BounceSlot<'_>), FillError> {
         if bytes.len() > self.slot_size as usize {
-            return Err(format!(
-                "a chunk of {} bytes does not fit a bounce slot",
-                bytes.len()
-            ));
+            return Err(FillError::TooBig(bytes.len()));
         }
         let permit = self
             .permits
             .acquire()
             .await
-            .map_err(|_| "the bounce pool closed".to_string())?;
+            .map_err(|_| FillError::Closed)?;
         let index = self
             .free
             .lock()
             .unwrap()
             .pop()
-            .ok_or("bounce pool out of slots")?;
+            .ok_or(FillError::OutOfSlots)?;
         let slot = BounceSlot {
             pool: self,
             index,
@@ -514,12 +570,14 @@ impl SendPlane {
         map: Arc<ChunkMap>,
         ring: RingInfo,
         cfg: PlaneConfig,
-    ) -> Result<Arc<SendPlane>, String> {
+    ) -> Result<Arc<SendPlane>, PlaneError> {
         let mut sources = Vec::with_capacity(paths.len());
         for p in paths {
-            let f =
-                std::fs::File::open(p).map_err(|e| format!("cannot open {}: {e}", p.display()))?;
-            let len = f.metadata().map_err(|e| e.to_string())?.len();
+            let f = std::fs::File::open(p).map_err(|source| PlaneError::Open {
+                path: p.clone(),
+                source,
+            })?;
+            let len = f.metadata().map_err(PlaneError::Stat)?.len();
             if len == 0 {
                 sources.push(Source {
                     _map: None,
@@ -531,11 +589,16 @@ impl SendPlane {
             // opened read-only; the data plane only reads it, and the
             // chunk's BLAKE3 check on the fetching side catches a file
             // changed underneath.
-            let m = unsafe { memmap2::Mmap::map(&f) }
-                .map_err(|e| format!("cannot map {}: {e}", p.display()))?;
+            let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| PlaneError::Map {
+                path: p.clone(),
+                source,
+            })?;
             let region = verbs
                 .register(m.as_ptr() as u64, len, Access::LocalRead)
-                .map_err(|e| format!("cannot register {}: {e}", p.display()))?;
+                .map_err(|err| PlaneError::Register {
+                    what: p.display().to_string(),
+                    err,
+                })?;
             sources.push(Source {
                 _map: Some(m),
                 region: Some(region),
@@ -553,7 +616,7 @@ impl SendPlane {
         map: Arc<ChunkMap>,
         ring: RingInfo,
         cfg: PlaneConfig,
-    ) -> Result<Arc<SendPlane>, String> {
+    ) -> Result<Arc<SendPlane>, PlaneError> {
         let pool = BouncePool::new(verbs.as_ref(), BOUNCE_SLOTS, ring.slot_size)?;
         let cfg = PlaneConfig {
             signal_every: 1,
@@ -630,7 +693,7 @@ impl SendPlane {
                 }
                 match pool.fill(&bytes).await {
                     Ok((addr, lkey, slot)) => (addr, lkey, Some(slot)),
-                    Err(why) => return RdmaReply::Failed(why),
+                    Err(why) => return RdmaReply::Failed(why.to_string()),
                 }
             }
         };

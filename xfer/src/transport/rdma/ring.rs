@@ -19,7 +19,9 @@ use xfer_proto::manifest::ChunkId;
 /// The shape of a receive ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingLayout {
+    /// Number of slots.
     pub slots: u32,
+    /// Bytes per slot.
     pub slot_size: u32,
 }
 
@@ -29,10 +31,12 @@ impl RingLayout {
         u64::from(slot) * u64::from(self.slot_size)
     }
 
+    /// The ring's size in bytes.
     pub fn len(&self) -> u64 {
         self.offset(self.slots)
     }
 
+    /// Whether the ring has no slot.
     pub fn is_empty(&self) -> bool {
         self.slots == 0
     }
@@ -51,15 +55,20 @@ fn split_imm(imm: u32) -> (u32, u16) {
 /// A slot handed to the sender for one chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
+    /// The slot to write into.
     pub slot: u32,
+    /// The immediate value the write must carry.
     pub imm: u32,
 }
 
 /// A write that landed, matched to its request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Landed {
+    /// The slot it landed in.
     pub slot: u32,
+    /// The chunk it holds.
     pub chunk: ChunkId,
+    /// Its length in bytes.
     pub len: u32,
 }
 
@@ -67,15 +76,45 @@ pub struct Landed {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RingError {
     #[error("chunk of {len} bytes does not fit a {slot_size}-byte ring slot")]
-    TooLarge { len: u32, slot_size: u32 },
+    /// The chunk is larger than a slot.
+    TooLarge {
+        /// The chunk's length.
+        len: u32,
+        /// The slot's size.
+        slot_size: u32,
+    },
     #[error("write for slot {slot}, which the ring does not have")]
-    NoSuchSlot { slot: u32 },
+    /// A write names a slot past the ring's end.
+    NoSuchSlot {
+        /// The slot named.
+        slot: u32,
+    },
     #[error("write for slot {slot}, which was not granted")]
-    NotGranted { slot: u32 },
+    /// A write into a slot that was not granted.
+    NotGranted {
+        /// The slot named.
+        slot: u32,
+    },
     #[error("write for slot {slot} from an older use of it (generation {got}, expected {want})")]
-    Stale { slot: u32, got: u16, want: u16 },
+    /// A write from an earlier grant of the slot.
+    Stale {
+        /// The slot named.
+        slot: u32,
+        /// The generation it carried.
+        got: u16,
+        /// The slot's current generation.
+        want: u16,
+    },
     #[error("write of {got} bytes into slot {slot}, which was granted for {want}")]
-    WrongLength { slot: u32, got: u32, want: u32 },
+    /// A write of another length than granted.
+    WrongLength {
+        /// The slot named.
+        slot: u32,
+        /// Bytes written.
+        got: u32,
+        /// Bytes granted.
+        want: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +137,7 @@ pub struct RecvRing {
 }
 
 impl RecvRing {
+    /// An empty ring of this shape.
     pub fn new(layout: RingLayout) -> RecvRing {
         assert!(
             layout.slots <= 1 << 16,
@@ -111,6 +151,7 @@ impl RecvRing {
         }
     }
 
+    /// The ring's shape.
     pub fn layout(&self) -> RingLayout {
         self.layout
     }
@@ -191,7 +232,9 @@ impl RecvRing {
 pub struct WriteReq {
     /// The caller's tag, returned when the write is known complete.
     pub tag: u64,
+    /// The queue pair to post it on.
     pub qp: u32,
+    /// Bytes to write.
     pub len: u32,
 }
 
@@ -200,9 +243,13 @@ pub struct WriteReq {
 pub enum SendAction {
     /// Post this write now on `qp`, with a completion if `signaled`.
     Post {
+        /// The request's tag.
         tag: u64,
+        /// The queue pair.
         qp: u32,
+        /// The work request id to post with.
         wr_id: u64,
+        /// Whether to ask for a completion.
         signaled: bool,
     },
 }
@@ -230,6 +277,7 @@ pub struct SendQueues {
 }
 
 impl SendQueues {
+    /// `qps` queue pairs of `depth` each, signalling every `signal_every`-th write.
     pub fn new(qps: u32, depth: u32, signal_every: u32) -> SendQueues {
         assert!(qps > 0 && depth > 0);
         SendQueues {

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use super::link::{Local, QpInfo};
-use super::link::{Nic, PendingLink};
+use super::link::{Nic, PendingLink, SetupError};
 use super::verbs::{Access, Completion, Region, Verbs, VerbsError, WcKind, WcStatus, WriteImm};
 use rdma_sys::{
     ___ibv_query_port, ibv_access_flags, ibv_alloc_pd, ibv_close_device, ibv_context, ibv_cq,
@@ -54,17 +54,17 @@ const WC_WITH_IMM: u32 = 1 << 1;
 const CQ_MIN_DEPTH: u32 = 4096;
 
 /// The names of the RDMA devices present (`ibv_get_device_list`).
-pub fn devices() -> Result<Vec<String>, String> {
+pub fn devices() -> Result<Vec<String>, SetupError> {
     let mut n: c_int = 0;
     // SAFETY: `n` is a valid out-pointer; the list is freed below and the
     // names are copied out before that.
     let list = unsafe { ibv_get_device_list(&mut n) };
     if list.is_null() {
         let err = io::Error::last_os_error();
-        return Err(format!(
+        return Err(SetupError::Unusable(format!(
             "no RDMA device: ibv_get_device_list failed: {err} (kernel lacks RDMA support? \
              load the NIC's RDMA driver, e.g. mlx5_ib, irdma or rdma_rxe)"
-        ));
+        )));
     }
     let mut names = Vec::new();
     for i in 0..usize::try_from(n).unwrap_or(0) {
@@ -75,11 +75,11 @@ pub fn devices() -> Result<Vec<String>, String> {
     // SAFETY: `list` came from ibv_get_device_list and is freed once.
     unsafe { ibv_free_device_list(list) };
     if names.is_empty() {
-        return Err(
+        return Err(SetupError::Unusable(
             "no RDMA device: ibv_get_device_list found none (kernel lacks RDMA \
                     support? load the NIC's RDMA driver, e.g. mlx5_ib, irdma or rdma_rxe)"
                 .to_string(),
-        );
+        ));
     }
     Ok(names)
 }
@@ -97,14 +97,23 @@ fn device_name(dev: *mut ibv_device) -> String {
     }
 }
 
-/// One line: the verb, what it said, and what usually causes it.
-fn verb_error(verb: &str, err: io::Error, hint: &str) -> String {
-    format!("{verb} failed: {err}; {hint}")
+/// The verb, what it said, and what usually causes it.
+fn verb_error(verb: &str, err: io::Error, hint: &'static str) -> SetupError {
+    SetupError::Verb {
+        verb: verb.to_string(),
+        err,
+        hint,
+    }
+}
+
+/// [`verb_error`]'s line, for a data-path verb.
+fn verb_error_text(verb: &str, err: io::Error, hint: &'static str) -> String {
+    verb_error(verb, err, hint).to_string()
 }
 
 /// Verbs that return 0 or an errno value (some providers return -1 and set
 /// errno instead: both are handled).
-fn check(ret: c_int, verb: &str, hint: &str) -> Result<(), String> {
+fn check(ret: c_int, verb: &str, hint: &'static str) -> Result<(), SetupError> {
     match ret {
         0 => Ok(()),
         e if e > 0 => Err(verb_error(verb, io::Error::from_raw_os_error(e), hint)),
@@ -146,6 +155,7 @@ fn port_state_name(state: ibv_port_state::Type) -> String {
 /// The link layer of a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkLayer {
+    /// InfiniBand.
     InfiniBand,
     /// RoCE.
     Ethernet,
@@ -216,7 +226,7 @@ impl Device {
     /// Opens device `name` (as listed by [`devices`]), checks that `port` is
     /// ACTIVE and reads the GID at `gid_index` (RoCE v2 needs the index of
     /// an IPv4 or IPv6 GID: see `show_gids`).
-    pub fn open(name: &str, port: u8, gid_index: u32) -> Result<Device, String> {
+    pub fn open(name: &str, port: u8, gid_index: u32) -> Result<Device, SetupError> {
         let ctx = open_context(name)?;
         // From here on `ctx` must be closed on every error path: the
         // Context's Drop does that once the PD exists.
@@ -270,19 +280,19 @@ impl Device {
             "does the device have this port? (ibv_devinfo lists them, from 1)",
         )?;
         if port_attr.state != ibv_port_state::IBV_PORT_ACTIVE {
-            return Err(format!(
+            return Err(SetupError::Unusable(format!(
                 "port {port} of {name} is {}, not ACTIVE; check the cable and the link \
                  (ibv_devinfo, ip link), or choose another port or device",
                 port_state_name(port_attr.state)
-            ));
+            )));
         }
         context.mtu = port_attr.active_mtu;
         if mtu_bytes(context.mtu).is_none() {
-            return Err(format!(
+            return Err(SetupError::Unusable(format!(
                 "port {port} of {name} reports an unknown active MTU ({}); the driver is \
                  newer than these bindings?",
                 port_attr.active_mtu
-            ));
+            )));
         }
         context.lid = port_attr.lid;
         context.link_layer = match port_attr.link_layer {
@@ -292,7 +302,7 @@ impl Device {
         };
 
         let index = c_int::try_from(gid_index)
-            .map_err(|_| format!("GID index {gid_index} is out of range"))?;
+            .map_err(|_| SetupError::Unusable(format!("GID index {gid_index} is out of range")))?;
         let mut gid = ibv_gid { raw: [0; 16] };
         // SAFETY: `ctx` is open and `gid` a valid out-pointer.
         let ret = unsafe { ibv_query_gid(ctx, port, index, &mut gid) };
@@ -304,16 +314,17 @@ impl Device {
         // SAFETY: both union members are plain bytes of the same size.
         context.gid = unsafe { gid.raw };
         if context.gid == [0; 16] {
-            return Err(format!(
+            return Err(SetupError::Unusable(format!(
                 "GID {gid_index} of {name} port {port} is empty; pick the index of a \
                  configured GID (RoCE v2: an IPv4 or IPv6 address on the netdev; see show_gids)"
-            ));
+            )));
         }
         Ok(Device {
             inner: Arc::new(context),
         })
     }
 
+    /// The device's name.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -323,10 +334,12 @@ impl Device {
         mtu_bytes(self.inner.mtu).unwrap_or(0)
     }
 
+    /// The port's link layer.
     pub fn link_layer(&self) -> LinkLayer {
         self.inner.link_layer
     }
 
+    /// The GID in use.
     pub fn gid(&self) -> [u8; 16] {
         self.inner.gid
     }
@@ -338,35 +351,38 @@ impl Device {
         n: u32,
         send_depth: u32,
         recv_depth: u32,
-    ) -> Result<PendingQps, String> {
+    ) -> Result<PendingQps, SetupError> {
         let c = &self.inner;
         if n == 0 || send_depth == 0 || recv_depth == 0 {
-            return Err(format!(
+            return Err(SetupError::Unusable(format!(
                 "create_qps: need at least one queue pair and one WR each way \
                  (n {n}, send {send_depth}, recv {recv_depth})"
-            ));
+            )));
         }
         if c.max_qp_wr != 0 && send_depth.max(recv_depth) > c.max_qp_wr {
-            return Err(format!(
+            return Err(SetupError::Unusable(format!(
                 "create_qps: queue depth {} above {}'s max_qp_wr {}; use smaller queues",
                 send_depth.max(recv_depth),
                 c.name,
                 c.max_qp_wr
-            ));
+            )));
         }
         // Every WR of every QP may complete (a failed unsignalled write
         // does), so the CQ holds them all and cannot overrun.
         let want = u64::from(n) * (u64::from(send_depth) + u64::from(recv_depth));
         let depth = want.max(u64::from(CQ_MIN_DEPTH).min(u64::from(c.max_cqe.max(1))));
         if c.max_cqe != 0 && depth > u64::from(c.max_cqe) {
-            return Err(format!(
+            return Err(SetupError::Unusable(format!(
                 "create_qps: {n} queue pairs x ({send_depth} + {recv_depth}) WRs need a \
                  completion queue of {depth}, above {}'s max_cqe {}; use fewer or smaller queues",
                 c.name, c.max_cqe
-            ));
+            )));
         }
-        let depth = c_int::try_from(depth)
-            .map_err(|_| format!("create_qps: completion queue depth {depth} is too large"))?;
+        let depth = c_int::try_from(depth).map_err(|_| {
+            SetupError::Unusable(format!(
+                "create_qps: completion queue depth {depth} is too large"
+            ))
+        })?;
         // SAFETY: the context is open; no channel, no vector, no user context.
         let cq = unsafe { ibv_create_cq(c.ctx, depth, ptr::null_mut(), ptr::null_mut(), 0) };
         if cq.is_null() {
@@ -434,16 +450,16 @@ impl Device {
     }
 }
 
-fn open_context(name: &str) -> Result<*mut ibv_context, String> {
+fn open_context(name: &str) -> Result<*mut ibv_context, SetupError> {
     let mut n: c_int = 0;
     // SAFETY: `n` is a valid out-pointer; the list is freed below, after
     // the device was opened (an open context stays valid).
     let list = unsafe { ibv_get_device_list(&mut n) };
     if list.is_null() {
-        return Err(format!(
+        return Err(SetupError::Unusable(format!(
             "no RDMA device: ibv_get_device_list failed: {} (kernel lacks RDMA support?)",
             io::Error::last_os_error()
-        ));
+        )));
     }
     let mut found = None;
     let mut names = String::new();
@@ -461,10 +477,10 @@ fn open_context(name: &str) -> Result<*mut ibv_context, String> {
         );
     }
     let result = match found {
-        None if names.is_empty() => Err(format!(
+        None if names.is_empty() => Err(SetupError::Unusable(format!(
             "no RDMA device: ibv_get_device_list found none, so not {name} (kernel lacks RDMA support?)"
-        )),
-        None => Err(format!("no RDMA device named {name}; present: {names}")),
+        ))),
+        None => Err(SetupError::Unusable(format!("no RDMA device named {name}; present: {names}"))),
         Some(dev) => {
             // SAFETY: `dev` is an entry of the live list.
             let ctx = unsafe { ibv_open_device(dev) };
@@ -562,27 +578,27 @@ impl PendingQps {
     }
 
     /// Connects queue pair i to the peer's queue pair i (INIT -> RTR -> RTS).
-    pub fn connect(self, remote: &Local) -> Result<SysVerbs, String> {
+    pub fn connect(self, remote: &Local) -> Result<SysVerbs, SetupError> {
         let c = Arc::clone(&self.set.ctx);
         if remote.qps.len() != self.set.qps.len() {
-            return Err(format!(
+            return Err(SetupError::Unusable(format!(
                 "the peer has {} queue pairs and we have {}: both ends must create as many",
                 remote.qps.len(),
                 self.set.qps.len()
-            ));
+            )));
         }
         let Some(remote_mtu) = mtu_enum(remote.mtu) else {
-            return Err(format!(
+            return Err(SetupError::Unusable(format!(
                 "the peer sent MTU {}, not one of 256, 512, 1024, 2048, 4096",
                 remote.mtu
-            ));
+            )));
         };
         let path_mtu = c.mtu.min(remote_mtu);
         let sgid_index = u8::try_from(c.gid_index).map_err(|_| {
-            format!(
+            SetupError::Unusable(format!(
                 "GID index {} does not fit the address vector (max 255)",
                 c.gid_index
-            )
+            ))
         })?;
         for (i, (&qp, peer)) in self.set.qps.iter().zip(&remote.qps).enumerate() {
             // SAFETY: ibv_qp_attr is plain data; all-zero is valid.
@@ -672,7 +688,8 @@ pub struct SysNic {
 }
 
 impl SysNic {
-    pub fn open(name: &str, port: u8, gid_index: u32) -> Result<SysNic, String> {
+    /// Opens device `name` ([`Device::open`]).
+    pub fn open(name: &str, port: u8, gid_index: u32) -> Result<SysNic, SetupError> {
         Ok(SysNic {
             device: Device::open(name, port, gid_index)?,
         })
@@ -680,7 +697,7 @@ impl SysNic {
 }
 
 impl Nic for SysNic {
-    fn prepare(&self, qps: u32) -> Result<Box<dyn PendingLink>, String> {
+    fn prepare(&self, qps: u32) -> Result<Box<dyn PendingLink>, SetupError> {
         Ok(Box::new(
             self.device.create_qps(qps, LINK_DEPTH, LINK_DEPTH)?,
         ))
@@ -692,7 +709,7 @@ impl PendingLink for PendingQps {
         PendingQps::local(self)
     }
 
-    fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, String> {
+    fn connect(self: Box<Self>, remote: &Local) -> Result<Arc<dyn Verbs>, SetupError> {
         Ok(Arc::new(PendingQps::connect(*self, remote)?))
     }
 }
@@ -761,7 +778,7 @@ impl SysVerbs {
         if self.errored[qp as usize].load(Ordering::Acquire) {
             return VerbsError::QpError(qp);
         }
-        VerbsError::Os(verb_error(
+        VerbsError::Os(verb_error_text(
             &format!("{verb}({} QP {qp})", self.set.ctx.name),
             io::Error::from_raw_os_error(errno),
             "the queue pair is not in RTS, or the WR exceeds its limits",
@@ -859,7 +876,7 @@ impl Verbs for SysVerbs {
                 }
                 _ => "is the whole range mapped?",
             };
-            return Err(VerbsError::Os(verb_error(
+            return Err(VerbsError::Os(verb_error_text(
                 &format!("ibv_reg_mr({}, {len} bytes, {access:?})", self.set.ctx.name),
                 err,
                 hint,
@@ -1014,12 +1031,13 @@ mod tests {
         match devices() {
             Ok(names) => assert!(!names.is_empty()),
             Err(e) => {
+                let e = e.to_string();
                 assert!(e.starts_with("no RDMA device"), "{e}");
                 assert!(!e.contains('\n'), "{e}");
             }
         }
         if devices().is_err() {
-            let e = Device::open("nosuchdev0", 1, 0).unwrap_err();
+            let e = Device::open("nosuchdev0", 1, 0).unwrap_err().to_string();
             assert!(e.starts_with("no RDMA device"), "{e}");
             assert!(!e.contains('\n'), "{e}");
         }

@@ -12,9 +12,13 @@ use std::fmt;
 /// A registered memory region, as the side that registered it sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
+    /// Start address.
     pub addr: u64,
+    /// Length in bytes.
     pub len: u64,
+    /// Local key.
     pub lkey: u32,
+    /// Remote key.
     pub rkey: u32,
 }
 
@@ -33,12 +37,19 @@ pub enum Access {
 /// gets a receive completion carrying `imm`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WriteImm {
+    /// Returned in the completion.
     pub wr_id: u64,
+    /// Source address.
     pub local_addr: u64,
+    /// Bytes to write.
     pub len: u32,
+    /// Local key of the source region.
     pub lkey: u32,
+    /// Destination address in the peer's memory.
     pub remote_addr: u64,
+    /// Remote key of the destination region.
     pub rkey: u32,
+    /// Immediate value the peer receives.
     pub imm: u32,
     /// Ask for a completion (selective signalling: most writes do not).
     pub signaled: bool,
@@ -47,6 +58,7 @@ pub struct WriteImm {
 /// How a work request ended (`ibv_wc_status`, the ones that matter here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WcStatus {
+    /// Done.
     Success,
     /// The remote key or bounds were wrong (`IBV_WC_REM_ACCESS_ERR`).
     RemoteAccess,
@@ -60,6 +72,7 @@ pub enum WcStatus {
     /// Retries exhausted: the link or the peer is gone
     /// (`IBV_WC_RETRY_EXC_ERR`).
     Transport,
+    /// Any other status, by number.
     Other(u32),
 }
 
@@ -69,15 +82,24 @@ pub enum WcKind {
     /// Sender: a signalled RDMA write finished.
     Write,
     /// Receiver: a WRITE_WITH_IMM landed and consumed a receive WR.
-    RecvImm { imm: u32, byte_len: u32 },
+    RecvImm {
+        /// The immediate value.
+        imm: u32,
+        /// Bytes written.
+        byte_len: u32,
+    },
 }
 
 /// One work completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completion {
+    /// The queue pair.
     pub qp: u32,
+    /// The work request's id.
     pub wr_id: u64,
+    /// How it ended.
     pub status: WcStatus,
+    /// Which side completed.
     pub kind: WcKind,
 }
 
@@ -85,12 +107,16 @@ pub struct Completion {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum VerbsError {
     #[error("queue pair {0} is in the error state")]
+    /// The queue pair is in the error state.
     QpError(u32),
     #[error("send queue of queue pair {0} is full")]
+    /// The send queue is full.
     QueueFull(u32),
     #[error("no queue pair {0}")]
+    /// No such queue pair.
     NoQp(u32),
     #[error("{0}")]
+    /// The verb failed; the text names it and the usual cause.
     Os(String),
 }
 
