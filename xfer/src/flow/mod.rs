@@ -11,6 +11,7 @@ pub mod fetch;
 pub mod pull_fanout;
 pub mod push;
 pub mod receive;
+pub mod receiver;
 pub mod route;
 pub mod stream;
 pub mod swarm;

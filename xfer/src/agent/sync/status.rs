@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use super::job::JobRecord;
 use crate::flow::receive::{Tally, MAX_FALLBACKS};
+use crate::flow::receiver::Watcher;
 use crate::store::{Store, Transfer};
 pub use xfer_proto::admin::{AgentStatus, JobView, ModelState, ModelStatus};
 use xfer_proto::names::ModelName;
@@ -69,6 +70,16 @@ impl Entry {
 #[derive(Default)]
 pub struct Activity {
     models: Mutex<HashMap<ModelName, Entry>>,
+}
+
+impl Watcher for Activity {
+    fn receiving(&self, name: &ModelName, transfer: Arc<Transfer>, tally: Arc<Tally>) {
+        Activity::receiving(self, name, transfer, tally)
+    }
+
+    fn ended(&self, name: &ModelName, error: Option<String>) {
+        Activity::ended(self, name, error)
+    }
 }
 
 impl Activity {
