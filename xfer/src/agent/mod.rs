@@ -193,7 +193,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     let permits = Arc::new(opts.permits);
     let runner = Runner::new(
         store.clone(),
-        opts.key.clone(),
+        cred.clone(),
         activity.clone(),
         opts.nic.clone(),
         permits.clone(),

@@ -78,7 +78,7 @@ impl PullFanoutSummary {
 }
 
 /// How `xfer pull --to` overlaps the download and the fan-out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FanOut {
     /// Chunk by chunk: each verified chunk goes out as it lands.
     #[default]
@@ -112,8 +112,7 @@ pub async fn pull_and_fan_out(
         .map_err(anyhow::Error::msg)?
         .context("the destination folder has no usable name")?;
     push.src = root.clone();
-    push.name = Some(name.to_string());
-    crate::config::auth::Credential::load(&push.key)?;
+    push.name = Some(name.clone());
 
     // The pull hashes chunks as it downloads; the final round takes them
     // from here instead of reading the files again.
@@ -197,7 +196,7 @@ pub async fn pull_and_fan_out(
     let mut set = ready.lock().unwrap().clone();
     set.insert(RelPath::new(&summary.tree_cache).map_err(anyhow::Error::msg)?);
     if !local_dir && revision != summary.commit {
-        set.insert(RelPath::new(&format!("refs/{revision}")).map_err(anyhow::Error::msg)?);
+        set.insert(crate::hub::cache::ref_file(&revision).map_err(anyhow::Error::msg)?);
     }
     let tree = select(&root, push.chunk_size, set, &hashes).await?;
     let quiet = Progress::new(false);

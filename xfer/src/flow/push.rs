@@ -56,8 +56,10 @@ pub struct PushOptions {
     pub me: Option<String>,
     /// Told of every pair whose data goes over management.
     pub routes: Option<RouteSink>,
-    pub key: PathBuf,
-    pub name: Option<String>,
+    /// The cluster credential, loaded once by the caller.
+    pub cred: Arc<Credential>,
+    /// The model's name on the agents (default: the source folder's name).
+    pub name: Option<ModelName>,
     pub chunk_size: u64,
     pub limit_rate: Option<u64>,
     pub connect_timeout: Duration,
@@ -170,19 +172,17 @@ impl PushSummary {
 pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary> {
     let name = match &opts.name {
         Some(n) => n.clone(),
-        None => opts
-            .src
-            .canonicalize()
-            .with_context(|| format!("cannot open {}", opts.src.display()))?
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("model")
-            .to_string(),
+        None => {
+            let dir = opts
+                .src
+                .canonicalize()
+                .with_context(|| format!("cannot open {}", opts.src.display()))?;
+            let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model");
+            ModelName::new(name).map_err(anyhow::Error::msg)?
+        }
     };
-    let name = ModelName::new(&name).map_err(anyhow::Error::msg)?;
-    // Catch address typos and a bad key before spending time hashing.
+    // Catch address typos before spending time hashing.
     members(&opts.to)?;
-    Credential::load(&opts.key)?;
     let started = Instant::now();
     let tree = hash_tree(opts, progress).await?;
     deliver(
@@ -296,7 +296,7 @@ pub(crate) async fn deliver_plan(
     plan: Plan,
     progress: &Progress,
 ) -> Result<Vec<NodeSummary>> {
-    let cred = Arc::new(Credential::load(&opts.key)?);
+    let cred = opts.cred.clone();
     let members = members(&opts.to)?;
     let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
     let offer = Arc::new(plan.offer);

@@ -41,9 +41,10 @@ pub struct SyncRequest {
     pub peers: Option<u32>,
 }
 
-/// Builds the job and hands it to every agent involved. Returns the job.
-pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
-    let cred = Credential::load(&cluster.key)?;
+/// Builds the job and hands it to every agent involved, asking with
+/// `cred` (the cluster's credential, loaded once by the caller). Returns
+/// the job.
+pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) -> Result<JobSpec> {
     let members = cluster.select(&req.nodes)?;
     let source_node = match &req.from {
         Some(n) => cluster
@@ -105,7 +106,6 @@ pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
     if !involved.iter().any(|n| n.name == source_node.name) {
         involved.push(source_node);
     }
-    let cred = Arc::new(cred);
     let asks = involved.iter().map(|n| {
         let msg = AdminRequest::SyncJob {
             node: n.name.to_string(),
@@ -162,8 +162,11 @@ pub struct NodeReport {
 }
 
 /// Asks every selected node for its status, in parallel.
-pub async fn status(cluster: &Cluster, nodes: &[String]) -> Result<Vec<NodeReport>> {
-    let cred = Arc::new(Credential::load(&cluster.key)?);
+pub async fn status(
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    nodes: &[String],
+) -> Result<Vec<NodeReport>> {
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         async move {
@@ -355,6 +358,7 @@ fn row(node: &str, m: &ModelStatus) -> [String; 8] {
 /// root (or the job fails); prints progress on stderr when it is a terminal.
 pub async fn wait(
     cluster: &Cluster,
+    cred: &Arc<Credential>,
     spec: &JobSpec,
     progress: &crate::util::progress::Progress,
 ) -> Result<String> {
@@ -362,7 +366,7 @@ pub async fn wait(
     let bars: Vec<_> = names.iter().map(|n| progress.bytes(n, 0)).collect();
     let started = Instant::now();
     loop {
-        let reports = status(cluster, &names).await?;
+        let reports = status(cluster, cred, &names).await?;
         let mut roots = Vec::new();
         for (r, bar) in reports.iter().zip(&bars) {
             let m = r
@@ -381,7 +385,7 @@ pub async fn wait(
                 None => bar.set_message(if r.reachable { "queued" } else { "unreachable" }),
             }
         }
-        let source = status(cluster, std::slice::from_ref(&spec.source_node)).await?;
+        let source = status(cluster, cred, std::slice::from_ref(&spec.source_node)).await?;
         let job = source
             .first()
             .and_then(|r| r.status.as_ref())
@@ -410,8 +414,11 @@ pub async fn wait(
 }
 
 /// Cancels job `id` on every node; returns the nodes that knew it.
-pub async fn cancel(cluster: &Cluster, id: &str) -> Result<Vec<(String, Result<bool, String>)>> {
-    let cred = Arc::new(Credential::load(&cluster.key)?);
+pub async fn cancel(
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    id: &str,
+) -> Result<Vec<(String, Result<bool, String>)>> {
     let asks = cluster.nodes.iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         let msg = AdminRequest::CancelJob { id: id.to_string() };
@@ -431,11 +438,11 @@ pub async fn cancel(cluster: &Cluster, id: &str) -> Result<Vec<(String, Result<b
 /// Removes model `name` from the selected nodes.
 pub async fn remove(
     cluster: &Cluster,
+    cred: &Arc<Credential>,
     nodes: &[String],
     name: &ModelName,
     force: bool,
 ) -> Result<Vec<(String, Result<bool, String>)>> {
-    let cred = Arc::new(Credential::load(&cluster.key)?);
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         let msg = AdminRequest::RemoveModel {

@@ -34,7 +34,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// Jobs on one agent.
 pub struct Runner {
     store: Store,
-    key: PathBuf,
+    /// The agent's credential, loaded once at its start (reloaded in place
+    /// on `SIGHUP`).
+    cred: Arc<Credential>,
     jobs: JobDir,
     activity: Arc<Activity>,
     running: Mutex<HashMap<String, CancellationToken>>,
@@ -51,7 +53,7 @@ pub struct Runner {
 impl Runner {
     pub fn new(
         store: Store,
-        key: PathBuf,
+        cred: Arc<Credential>,
         activity: Arc<Activity>,
         nic: Option<Arc<dyn Nic>>,
         permits: Arc<Permits>,
@@ -60,7 +62,7 @@ impl Runner {
         let jobs = JobDir::new(store.root());
         Arc::new(Runner {
             store,
-            key,
+            cred,
             jobs,
             activity,
             running: Mutex::default(),
@@ -274,9 +276,7 @@ impl Runner {
     async fn round(&self, spec: &JobSpec) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let nic = self.nic_for(spec).map_err(Fatal)?;
         let mut to: Vec<Destination> = spec.members.iter().map(destination).collect();
-        if let Ok(cred) = Credential::load(&self.key) {
-            crate::agent::client::learn_data_addrs(&Arc::new(cred), &mut to).await;
-        }
+        crate::agent::client::learn_data_addrs(&self.cred, &mut to).await;
         let activity = self.activity.clone();
         let name = spec.name.clone();
         let push = PushOptions {
@@ -286,8 +286,8 @@ impl Runner {
             routes: Some(RouteSink(Arc::new(move |route| {
                 activity.fell_back(&name, route)
             }))),
-            key: self.key.clone(),
-            name: Some(spec.name.to_string()),
+            cred: self.cred.clone(),
+            name: Some(spec.name.clone()),
             chunk_size: spec.chunk_size,
             limit_rate: spec.limit_rate,
             connect_timeout: Duration::from_secs(5),
@@ -492,9 +492,9 @@ impl Runner {
             for (i, addr) in addrs.iter().enumerate() {
                 let opts = crate::flow::fetch::FetchOptions {
                     from: addr.clone(),
-                    name: name.to_string(),
+                    name: name.clone(),
                     root: self.store.root().to_path_buf(),
-                    key: self.key.clone(),
+                    cred: self.cred.clone(),
                     connect_timeout: Duration::from_secs(5),
                     nic: self.nic.clone(),
                 };
