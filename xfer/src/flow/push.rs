@@ -40,7 +40,7 @@ use crate::util::rate::RateLimiter;
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::hash::Hash;
 use xfer_proto::hello::Service;
-use xfer_proto::names::ModelName;
+use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::transfer::{FallbackRoute, HomeSlots, SwarmPeer, TransferMsg};
 
 /// Notes kept per node: one per pair at most, and a receiver cannot grow
@@ -53,7 +53,7 @@ pub struct PushOptions {
     pub src: PathBuf,
     pub to: Vec<Destination>,
     /// What notes call the source (its node name); `None`: "source".
-    pub me: Option<String>,
+    pub me: Option<NodeName>,
     /// Told of every pair whose data goes over management.
     pub routes: Option<RouteSink>,
     /// The cluster credential, loaded once by the caller.
@@ -314,7 +314,10 @@ pub(crate) async fn deliver_plan(
             coordinator: coordinator.clone(),
             outbox: Arc::new(tokio::sync::Mutex::new(outbox)),
             dest: dest.clone(),
-            me: opts.me.clone().unwrap_or_else(|| "source".into()),
+            me: opts
+                .me
+                .as_ref()
+                .map_or_else(|| "source".into(), NodeName::to_string),
             routes: opts.routes.clone(),
             swarm,
             cred: cred.clone(),

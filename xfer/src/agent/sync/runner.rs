@@ -25,7 +25,7 @@ use crate::transport::rdma::link::Nic;
 use crate::transport::select::TransportChoice;
 use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
-use xfer_proto::names::ModelName;
+use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::refusal::Refusal;
 
 /// Pause after a round that left a member incomplete, growing to this.
@@ -282,7 +282,7 @@ impl Runner {
         let push = PushOptions {
             src: PathBuf::new(),
             to,
-            me: Some(spec.source_node.clone()),
+            me: NodeName::new(&spec.source_node).ok(),
             routes: Some(RouteSink(Arc::new(move |route| {
                 activity.fell_back(&name, route)
             }))),
