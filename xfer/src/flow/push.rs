@@ -642,7 +642,7 @@ impl NodeCtx {
             self.timeout,
         )
         .await
-        .map_err(Attempt::Lost)?;
+        .map_err(|e| Attempt::Lost(e.to_string()))?;
         let conn = connected.conn;
         let addr = conn.remote_address();
         if let Some(error) = connected.fell_back {

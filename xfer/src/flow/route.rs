@@ -109,6 +109,26 @@ pub struct Connected {
     pub fell_back: Option<String>,
 }
 
+/// Why [`connect`] found no connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The data address did not answer, and there is no other to try.
+    #[error("{0}")]
+    Unreachable(String),
+    /// Neither the data address nor the management one answered.
+    #[error("neither the data address {data} ({why}) nor the management address {addr} ({fallback_why}) answered")]
+    Neither {
+        /// The data address.
+        data: SocketAddr,
+        /// Why it failed.
+        why: String,
+        /// The management address.
+        addr: SocketAddr,
+        /// Why that failed too.
+        fallback_why: String,
+    },
+}
+
 /// Connects for data: to `data` on `ep`, and, if that fails and a
 /// `fallback` (endpoint, management address) is given, there instead.
 /// Each attempt may take `timeout`.
@@ -117,7 +137,7 @@ pub async fn connect(
     data: SocketAddr,
     fallback: Option<(&Endpoint, SocketAddr)>,
     timeout: Duration,
-) -> Result<Connected, String> {
+) -> Result<Connected, ConnectError> {
     let why = match quic::connect(ep, data, timeout).await {
         Ok(conn) => {
             return Ok(Connected {
@@ -128,7 +148,7 @@ pub async fn connect(
         Err(e) => e,
     };
     let Some((fep, addr)) = fallback else {
-        return Err(why);
+        return Err(ConnectError::Unreachable(why));
     };
     tracing::warn!("data address {data} unreachable ({why}); trying management address {addr}");
     match quic::connect(fep, addr, timeout).await {
@@ -136,9 +156,12 @@ pub async fn connect(
             conn,
             fell_back: Some(short_reason(&why, timeout)),
         }),
-        Err(e) => Err(format!(
-            "neither the data address {data} ({why}) nor the management address {addr} ({e}) answered"
-        )),
+        Err(fallback_why) => Err(ConnectError::Neither {
+            data,
+            why,
+            addr,
+            fallback_why,
+        }),
     }
 }
 

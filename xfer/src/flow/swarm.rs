@@ -421,8 +421,7 @@ async fn handshake(
         peer.fallback.map(|f| (&plan.fallback_endpoint, f)),
         Duration::from_secs(5),
     )
-    .await
-    .map_err(anyhow::Error::msg)?;
+    .await?;
     let conn = connected.conn;
     let addr = conn.remote_address();
     if let Some(error) = connected.fell_back {
