@@ -49,12 +49,16 @@ use xfer_proto::refusal::Refusal;
 /// How the agent is started.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
+    /// The management address to listen on (`--listen`).
     pub listen: SocketAddr,
     /// This node's data address (`--data`, `--fabric-if`): advertised in
     /// its status, and listened on when `listen` does not cover it.
     pub data: Option<SocketAddr>,
+    /// The store's root folder (`--root`).
     pub root: PathBuf,
+    /// This node's credential file (`--key`).
     pub key: PathBuf,
+    /// The scheduler policy transfers start from.
     pub scheduler: scheduler::Config,
     /// Re-hash complete models this often and repair damage from peers.
     pub verify_every: Option<Duration>,

@@ -45,13 +45,21 @@ pub struct FetchOptions {
 /// The `--json` summary.
 #[derive(Debug, Serialize)]
 pub struct FetchSummary {
+    /// The model's name.
     pub name: String,
+    /// Its root, in hex.
     pub root: String,
+    /// Where it is stored.
     pub path: PathBuf,
+    /// The model's size in bytes.
     pub bytes_total: u64,
+    /// Chunk bytes fetched.
     pub bytes_received: u64,
+    /// Bytes already held.
     pub bytes_skipped: u64,
+    /// Chunks that failed their check and were fetched again.
     pub corrupt_chunks: u64,
+    /// Seconds the fetch took.
     pub duration_s: f64,
 }
 

@@ -37,6 +37,7 @@ use xfer_proto::relpath::RelPath;
 /// The `--json` summary of `xfer pull --to`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PullFanoutSummary {
+    /// The pull's own summary.
     pub pull: PullSummary,
     /// The name the agents hold it under (the cache folder's name).
     pub name: String,
@@ -55,6 +56,7 @@ pub struct PullFanoutSummary {
     pub streamed: Vec<NodeSummary>,
     /// Seconds from the last downloaded byte to every agent complete.
     pub tail_s: f64,
+    /// Seconds from the start to every agent complete.
     pub duration_s: f64,
     /// The complete folder's manifest, as the agents received it.
     #[serde(skip, default = "no_manifest")]
@@ -72,6 +74,7 @@ fn no_manifest() -> xfer_proto::manifest::Manifest {
 }
 
 impl PullFanoutSummary {
+    /// Whether every agent got the complete folder.
     pub fn ok(&self) -> bool {
         self.nodes.iter().all(|n| n.ok)
     }

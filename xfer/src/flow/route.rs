@@ -104,6 +104,7 @@ fn has_port(addr: &str) -> bool {
 
 /// A connection for data, and why it goes over management if it does.
 pub struct Connected {
+    /// The connection.
     pub conn: Connection,
     /// `Some(why)`: the data address failed and this is the management one.
     pub fell_back: Option<String>,

@@ -33,6 +33,7 @@ pub struct FileChunkReader {
 }
 
 impl FileChunkReader {
+    /// Reads the files at `paths`, chunked as `map` says.
     pub fn new(paths: Vec<PathBuf>, map: Arc<ChunkMap>) -> Self {
         let corrupt = fault_corrupt_sends();
         FileChunkReader {
@@ -69,8 +70,11 @@ impl ChunkReader for FileChunkReader {
 
 /// A complete model an agent holds, ready to serve.
 pub struct HeldModel {
+    /// Its manifest.
     pub manifest: Manifest,
+    /// Its chunks.
     pub map: Arc<ChunkMap>,
+    /// Reads its chunks from its files.
     pub reader: Arc<FileChunkReader>,
     /// Its files, in manifest order.
     pub paths: Vec<PathBuf>,
@@ -102,6 +106,7 @@ pub struct HeldChunkReader {
 }
 
 impl HeldChunkReader {
+    /// Serves `transfer`'s verified chunks.
     pub fn new(transfer: Arc<Transfer>) -> Self {
         HeldChunkReader {
             map: Arc::new(transfer.map().clone()),

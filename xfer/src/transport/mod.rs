@@ -122,7 +122,9 @@ pub trait ChunkReader: Send + Sync + 'static {
 /// Fetches from one peer over the data plane the two ends agreed on.
 #[derive(Clone)]
 pub enum Fetcher {
+    /// Over QUIC.
     Quic(QuicFetcher),
+    /// Over the RDMA data plane.
     Rdma(RdmaFetcher),
 }
 

@@ -27,13 +27,18 @@ use xfer_proto::units::Bytes;
 pub struct SyncRequest {
     /// An absolute path on the source node, or `ORG/NAME[@REV]`.
     pub source: String,
+    /// The nodes to hold the model (`--nodes`; empty: all).
     pub nodes: Vec<String>,
     /// The node that holds the path or pulls the repo (default: the first
     /// selected node).
     pub from: Option<String>,
+    /// The model's name on the nodes (`--name`).
     pub name: Option<String>,
+    /// The kind of Hub repo (`--repo-type`).
     pub repo_type: RepoType,
+    /// The chunk size, in bytes.
     pub chunk_size: u64,
+    /// Caps the source's send rate, in bytes per second.
     pub limit_rate: Option<u64>,
     /// The data plane the source node offers.
     pub transport: TransportChoice,
@@ -154,10 +159,15 @@ where
 /// One node's answer to `xfer status`.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct NodeReport {
+    /// The node's name.
     pub node: String,
+    /// Its agent's address.
     pub agent: String,
+    /// Whether its agent answered.
     pub reachable: bool,
+    /// Why it did not, or what it answered instead of a status.
     pub error: Option<String>,
+    /// Its status, when it answered.
     pub status: Option<AgentStatus>,
 }
 

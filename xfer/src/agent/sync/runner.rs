@@ -51,6 +51,7 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// A runner over `store`'s jobs, pushing with the agent's credential `cred`.
     pub fn new(
         store: Store,
         cred: Arc<Credential>,
@@ -158,10 +159,12 @@ impl Runner {
         }
     }
 
+    /// This node's name, as the last job handed to it called it.
     pub fn me(&self) -> Option<String> {
         self.me.lock().unwrap().clone()
     }
 
+    /// Every job this agent holds, finished or not.
     pub fn records(&self) -> Vec<JobRecord> {
         self.jobs.all()
     }

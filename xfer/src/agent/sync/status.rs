@@ -83,6 +83,7 @@ impl Watcher for Activity {
 }
 
 impl Activity {
+    /// `name` is being received: `transfer`, with its `tally`.
     pub fn receiving(&self, name: &ModelName, transfer: Arc<Transfer>, tally: Arc<Tally>) {
         let mut m = self.models.lock().unwrap();
         let e = m.entry(name.clone()).or_default();
@@ -100,6 +101,7 @@ impl Activity {
         m.entry(name.clone()).or_default().add_route(route);
     }
 
+    /// `name` is being re-hashed.
     pub fn verifying(&self, name: &ModelName) {
         self.models
             .lock()
@@ -109,6 +111,7 @@ impl Activity {
             .live = Some(Live::Verifying);
     }
 
+    /// `name` is being repaired, because `why`.
     pub fn repairing(&self, name: &ModelName, why: String) {
         let mut m = self.models.lock().unwrap();
         let e = m.entry(name.clone()).or_default();
@@ -116,6 +119,7 @@ impl Activity {
         e.last_error = Some(why);
     }
 
+    /// `files` files of `name` were repaired.
     pub fn repaired(&self, name: &ModelName, files: u64) {
         let mut m = self.models.lock().unwrap();
         let e = m.entry(name.clone()).or_default();
@@ -152,6 +156,7 @@ impl Activity {
         }
     }
 
+    /// Records `error` as the last error about `name`.
     pub fn note_error(&self, name: &ModelName, error: String) {
         self.models
             .lock()
