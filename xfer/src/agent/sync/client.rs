@@ -423,21 +423,35 @@ pub async fn wait(
     }
 }
 
+/// Why one node did not do what `cancel` or `remove` asked.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    /// The node refused, saying why.
+    #[error("{0}")]
+    Refused(xfer_proto::refusal::Refusal),
+    /// The node answered with another kind of reply.
+    #[error("answered {0}")]
+    Unexpected(&'static str),
+    /// The node could not be asked (the client's words).
+    #[error("{0}")]
+    Unreachable(String),
+}
+
 /// Cancels job `id` on every node; returns the nodes that knew it.
 pub async fn cancel(
     cluster: &Cluster,
     cred: &Arc<Credential>,
     id: &str,
-) -> Result<Vec<(String, Result<bool, String>)>> {
+) -> Result<Vec<(String, Result<bool, AskError>)>> {
     let asks = cluster.nodes.iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         let msg = AdminRequest::CancelJob { id: id.to_string() };
         async move {
             let r = match admin(&cred, &node, &agent, &msg, ASK_TIMEOUT).await {
                 Ok(AdminReply::JobCancelled { known, .. }) => Ok(known),
-                Ok(AdminReply::Failed(why)) => Err(why.to_string()),
-                Ok(other) => Err(format!("answered {}", other.kind())),
-                Err(e) => Err(e),
+                Ok(AdminReply::Failed(why)) => Err(AskError::Refused(why)),
+                Ok(other) => Err(AskError::Unexpected(other.kind())),
+                Err(e) => Err(AskError::Unreachable(e)),
             };
             (node, r)
         }
@@ -452,7 +466,7 @@ pub async fn remove(
     nodes: &[String],
     name: &ModelName,
     force: bool,
-) -> Result<Vec<(String, Result<bool, String>)>> {
+) -> Result<Vec<(String, Result<bool, AskError>)>> {
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         let msg = AdminRequest::RemoveModel {
@@ -462,9 +476,9 @@ pub async fn remove(
         async move {
             let r = match admin(&cred, &node, &agent, &msg, Duration::from_secs(30)).await {
                 Ok(AdminReply::ModelRemoved { existed, .. }) => Ok(existed),
-                Ok(AdminReply::Failed(why)) => Err(why.to_string()),
-                Ok(other) => Err(format!("answered {}", other.kind())),
-                Err(e) => Err(e),
+                Ok(AdminReply::Failed(why)) => Err(AskError::Refused(why)),
+                Ok(other) => Err(AskError::Unexpected(other.kind())),
+                Err(e) => Err(AskError::Unreachable(e)),
             };
             (node, r)
         }
