@@ -154,7 +154,7 @@ fn homes_of(h: Option<HomeSlots>) -> Homes {
     }
 }
 
-/// Receives `transfer` from the source on `conn` and, with a swarm, from
+/// Receives `transfer` from the source over `lanes` and, with a swarm, from
 /// the peers the source links this node to, reporting progress on `send`
 /// and applying the source's rewiring (`Links`, `Feed`) read from `recv`
 /// while it runs.
