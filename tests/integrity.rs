@@ -214,7 +214,7 @@ fn a_node_credential_cannot_replace_a_model_the_operator_delivered() {
 struct Forged(Vec<Vec<u8>>, Arc<ChunkMap>);
 
 impl ChunkReader for Forged {
-    fn read_chunk(&self, chunk: ChunkId) -> Result<bytes::Bytes, String> {
+    fn read_chunk(&self, chunk: ChunkId) -> Result<bytes::Bytes, xfer::transport::ReadError> {
         let start = self.1.offset(chunk) as usize;
         let len = self.1.chunk_len(chunk) as usize;
         Ok(bytes::Bytes::copy_from_slice(
@@ -360,9 +360,9 @@ async fn poison(
 struct NotYet(Arc<std::sync::atomic::AtomicU64>);
 
 impl ChunkReader for NotYet {
-    fn read_chunk(&self, _: ChunkId) -> Result<bytes::Bytes, String> {
+    fn read_chunk(&self, _: ChunkId) -> Result<bytes::Bytes, xfer::transport::ReadError> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Err("not yet".into())
+        Err(xfer::transport::ReadError::NotDownloaded)
     }
 }
 

@@ -42,15 +42,29 @@ pub type FileIndex = u32;
 pub enum DraftEvent {
     /// Chunks `first..first + hashes.len()` of `file` have these hashes.
     Hashed {
+        /// The file.
         file: FileIndex,
+        /// The file's download the hashes are of.
         generation: u32,
+        /// The file's chunk the first hash is of.
         first: u32,
+        /// The chunks' hashes, in order.
         hashes: Vec<Hash>,
     },
     /// `file` matched its Hub hash: it may be placed.
-    Sealed { file: FileIndex, generation: u32 },
+    Sealed {
+        /// The file.
+        file: FileIndex,
+        /// The download that matched.
+        generation: u32,
+    },
     /// `file` failed its Hub hash: forget its chunks; generation + 1 follows.
-    Withdrawn { file: FileIndex, generation: u32 },
+    Withdrawn {
+        /// The file.
+        file: FileIndex,
+        /// The download that failed.
+        generation: u32,
+    },
 }
 
 /// What applying an event changed.
@@ -69,27 +83,60 @@ pub enum Applied {
 /// Why an event or a listing was refused.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DraftError {
+    /// An event names a file the listing does not have.
     #[error("the draft names file {0}, which the listing does not have")]
     NoSuchFile(FileIndex),
+    /// Hashes for chunks past the file's end.
     #[error("chunks {first}..{end} of {path} are past its {count} chunks")]
     OutOfRange {
+        /// The file.
         path: RelPath,
+        /// The first chunk announced.
         first: u32,
+        /// One past the last chunk announced.
         end: u64,
+        /// The file's chunk count.
         count: u32,
     },
+    /// A chunk announced again with another hash.
     #[error("chunk {index} of {path} was announced with another hash before; a source must withdraw a file to change it")]
-    Changed { path: RelPath, index: u32 },
+    Changed {
+        /// The file.
+        path: RelPath,
+        /// The chunk, within the file.
+        index: u32,
+    },
+    /// A file sealed before all its hashes came.
     #[error("{path} was sealed with {missing} chunk hashes not yet announced")]
-    Unhashed { path: RelPath, missing: u32 },
+    Unhashed {
+        /// The file.
+        path: RelPath,
+        /// Chunks without a hash.
+        missing: u32,
+    },
+    /// An event about a sealed file.
     #[error("{path} is sealed; it cannot change")]
-    AlreadySealed { path: RelPath },
+    AlreadySealed {
+        /// The file.
+        path: RelPath,
+    },
+    /// An event about a download of the file not started yet.
     #[error("event for generation {got} of {path}, which is only at {now}")]
-    FutureGeneration { path: RelPath, got: u32, now: u32 },
+    FutureGeneration {
+        /// The file.
+        path: RelPath,
+        /// The event's generation.
+        got: u32,
+        /// The file's generation.
+        now: u32,
+    },
+    /// A listing of more chunks than a draft may have.
     #[error("the listing has {0} chunks, more than the {MAX_DRAFT_CHUNKS} a draft may; stream it with a larger chunk size")]
     TooManyChunks(u64),
+    /// A listing's chunk size out of bounds.
     #[error("the listing's chunk size {0} is not a power of two between 64 KiB and 256 MiB")]
     ChunkSize(u64),
+    /// A listing that is no valid manifest shape.
     #[error("the listing: {0}")]
     Listing(#[from] ManifestError),
 }
@@ -109,6 +156,7 @@ struct DraftFile {
 /// chunk size (the events then fill in the rest).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DraftListing {
+    /// The chunk size, in bytes.
     pub chunk_size: u64,
     /// Sorted by path, as [`Draft::listing`] gives them.
     pub files: Vec<(RelPath, u64)>,
@@ -202,6 +250,7 @@ impl Draft {
         Hash::from(h.finalize())
     }
 
+    /// How many files the draft lists.
     pub fn file_count(&self) -> usize {
         self.files.len()
     }
@@ -247,10 +296,12 @@ impl Draft {
         (chunk < f.offset + f.hashes.len() as u64).then_some(f)
     }
 
+    /// Whether `file` is sealed (matched its Hub hash).
     pub fn is_sealed(&self, file: FileIndex) -> bool {
         self.files.get(file as usize).is_some_and(|f| f.sealed)
     }
 
+    /// Which download of `file` the draft is at, if listed.
     pub fn generation(&self, file: FileIndex) -> Option<u32> {
         self.files.get(file as usize).map(|f| f.generation)
     }

@@ -31,6 +31,7 @@ pub enum ResetCode {
 }
 
 impl ResetCode {
+    /// The code on the wire.
     pub fn code(self) -> u32 {
         self as u32
     }
@@ -48,6 +49,7 @@ impl ResetCode {
 /// One queue pair as the peer needs to know it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QpInfo {
+    /// Its queue pair number.
     pub qpn: u32,
     /// The first packet sequence number it sends with (24 bits).
     pub psn: u32,
@@ -56,13 +58,17 @@ pub struct QpInfo {
 /// What the peer needs to connect to a set of queue pairs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Local {
+    /// The port's global id (GID).
     pub gid: [u8; 16],
+    /// The GID's index in the port's table.
     pub gid_index: u32,
     /// The port's active MTU in bytes (256 ... 4096).
     pub mtu: u32,
+    /// The port number on the device.
     pub port: u8,
     /// The port's LID: InfiniBand routes by it within a subnet; 0 on RoCE.
     pub lid: u16,
+    /// Its queue pairs.
     pub qps: Vec<QpInfo>,
 }
 
@@ -70,12 +76,14 @@ pub struct Local {
 /// (The protocol version was checked once, by the connection's Hello.)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RdmaHello {
+    /// Its queue pairs and port.
     pub local: Local,
 }
 
 /// A chunk asked for over QUIC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkRequest {
+    /// The chunk.
     pub chunk: ChunkId,
 }
 
@@ -83,7 +91,9 @@ pub struct ChunkRequest {
 /// length in raw bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ChunkReply {
+    /// The chunk's bytes follow.
     Data,
+    /// The server has no bytes for it, saying why.
     Unavailable(String),
 }
 
@@ -92,10 +102,15 @@ pub enum ChunkReply {
 /// data plane is up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RdmaRequest {
+    /// The chunk.
     pub chunk: ChunkId,
+    /// The ring slot to write it into.
     pub slot: u32,
+    /// The queue pair to write on.
     pub qp: u32,
+    /// The immediate value the write carries.
     pub imm: u32,
+    /// The chunk's length in bytes.
     pub len: u32,
 }
 

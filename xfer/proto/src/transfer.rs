@@ -25,23 +25,40 @@ pub enum TransferMsg {
     /// see [`crate::refusal::FailedReply`].
     Failed(Refusal),
     /// Source → receiver: store this tree under `name`.
-    Offer { name: ModelName, manifest: Manifest },
+    Offer {
+        /// The model's name on the receiver.
+        name: ModelName,
+        /// The tree.
+        manifest: Manifest,
+    },
     /// Receiver → source: accepted; this much is already held.
     Accepted {
+        /// Bytes of verified chunks already held.
         held_bytes: u64,
+        /// Verified chunks already held.
         held_chunks: u64,
+        /// Bytes still to fetch.
         need_bytes: u64,
     },
     /// Receiver → source: the tree is complete and verified.
     Done {
+        /// The tree's root.
         root: Hash,
+        /// Chunk bytes that arrived and passed their check.
         received_bytes: u64,
+        /// Chunks that failed their check and were fetched again.
         corrupt_chunks: u64,
     },
     /// Peer → agent: send me the complete model `name` you hold.
-    Want { name: ModelName },
+    Want {
+        /// The model.
+        name: ModelName,
+    },
     /// Agent → peer: this is the model; fetch its chunks on this connection.
-    Have { manifest: Manifest },
+    Have {
+        /// The model's tree.
+        manifest: Manifest,
+    },
     /// Source → receiver, right after `Offer`: you are `me` in a swarm;
     /// link to these peers (`peers` lists you too, for your label), and
     /// fetch from the source as home to `homes` (`None`: fetch from peers
@@ -49,62 +66,101 @@ pub enum TransferMsg {
     /// (each sees only a few peers). Later changes come as `Links` and
     /// `Feed`. Without it a receiver fetches from the source alone.
     Swarm {
+        /// The receiver's id in the swarm.
         me: u32,
+        /// The peers to link to, and the receiver itself.
         peers: Vec<SwarmPeer>,
+        /// The chunks it fetches from the source; `None`: from peers only.
         homes: Option<HomeSlots>,
+        /// Whether it sees only a few of the swarm's receivers.
         bounded: bool,
     },
     /// Receiver → receiver, opening a peer link: I am `from` in the swarm
     /// for model `name` with root `root`; announce what you hold.
     Join {
+        /// The model.
         name: ModelName,
+        /// Its root (or a draft's id).
         root: Hash,
+        /// The joiner's id in the swarm.
         from: u32,
     },
     /// Receiver → peer: the verified chunks I hold now (global numbers).
-    Bitfield { has: ChunkSet },
+    Bitfield {
+        /// The chunks.
+        has: ChunkSet,
+    },
     /// Receiver → peer: chunks verified since the last announcement.
-    Has { chunks: Vec<u64> },
+    Has {
+        /// The chunks' numbers.
+        chunks: Vec<u64>,
+    },
     /// Receiver → source: how far along this node is, where its bytes
     /// came from, and how many peer links it holds (now, and at most).
     Progress {
+        /// Bytes of verified chunks held.
         held_bytes: u64,
+        /// Verified bytes that came from the source.
         from_source: u64,
+        /// Verified bytes that came from peers.
         from_peers: u64,
+        /// Peer links now.
         links: u32,
+        /// Peer links at most, so far.
         max_links: u32,
     },
     /// Receiver → source: a peer was excluded from this transfer.
-    PeerDropped { peer: SocketAddr, reason: String },
+    PeerDropped {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// Why it was excluded.
+        reason: String,
+    },
     /// Receiver → source: this node reaches a peer over its management
     /// address, because the peer's data address failed.
     Fallback(FallbackRoute),
     /// Source → receiver: link to `add`, drop the links to `remove` (the
     /// swarm's peer graph was rewired).
     Links {
+        /// Peers to link to.
         add: Vec<SwarmPeer>,
+        /// Ids of the peers to unlink.
         remove: Vec<u32>,
     },
     /// Source → receiver: fetch from the source as home to these chunks
     /// from now on (`None`: no longer fetch from the source).
     Feed(Option<HomeSlots>),
     /// Receiver → source: peer `peer` serves far slower than the others.
-    Slow { peer: u32 },
+    Slow {
+        /// The peer's id.
+        peer: u32,
+    },
     /// Source → receiver, opening an extra connection (`--connections`):
     /// fetch chunks of the transfer of `name` (root `root`) that this
     /// source started over this connection too.
-    Lane { name: ModelName, root: Hash },
+    Lane {
+        /// The model.
+        name: ModelName,
+        /// Its root (or a draft's id).
+        root: Hash,
+    },
     /// Receiver → source: the connection is in use; the transfer now has
     /// `lanes` connections to the source.
-    LaneAttached { lanes: u32 },
+    LaneAttached {
+        /// Connections to the source now.
+        lanes: u32,
+    },
     /// Source → receiver, an opener like `Offer`: store under `name` the
     /// files the source is still downloading. Their chunk hashes, seals
     /// and withdrawals follow as `Draft` messages; the root is known once
     /// every file is sealed. `id` names the draft where a root would (peer
     /// links, extra connections, the receiver's journal).
     OfferDraft {
+        /// The model's name on the receiver.
         name: ModelName,
+        /// The draft's id.
         id: Hash,
+        /// The files' paths and sizes, and the chunk size.
         listing: DraftListing,
     },
     /// Source → receiver: what the download learnt about a drafted file.
@@ -115,7 +171,9 @@ pub enum TransferMsg {
 /// `c mod of`, and the receiver is home to `slots`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HomeSlots {
+    /// How many slots the chunks are dealt into.
     pub of: u32,
+    /// The slots this receiver is home to.
     pub slots: Vec<u32>,
 }
 
@@ -135,6 +193,7 @@ impl HomeSlots {
 /// One member of a swarm, as the source lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SwarmPeer {
+    /// Its id in the swarm (the source is 0).
     pub id: u32,
     /// What the member is called in messages: its node name in a sync
     /// job, its agent address in a push.

@@ -7,7 +7,7 @@
 
 use anyhow::Result;
 
-use super::{answer, read_or_refuse, Caller, Ctx};
+use super::{answer, read_or_refuse, AdminCtx as Ctx, Caller};
 use xfer_proto::admin::{check_job_id, AdminReply, AdminRequest, AgentStatus};
 use xfer_proto::frame::REQUEST_LIMIT;
 use xfer_proto::refusal::Refusal;

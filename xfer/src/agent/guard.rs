@@ -60,11 +60,15 @@ pub enum RetryPolicy {
 /// The guard's settings; [`Default`] is the constants above.
 #[derive(Debug, Clone, Copy)]
 pub struct GuardConfig {
+    /// How a source is asked to prove its address (QUIC Retry).
     pub retry: RetryPolicy,
+    /// Connections one source address may hold at once.
     pub max_connections_per_source: usize,
     /// 0: no handshake rate limit.
     pub handshake_burst: u32,
+    /// Handshakes started per second, over all sources, at the most.
     pub handshakes_per_second: u32,
+    /// Source addresses tracked at once, at the most.
     pub max_sources: usize,
 }
 
@@ -141,6 +145,7 @@ impl Source {
 }
 
 impl Guard {
+    /// A guard with these settings.
     pub fn new(cfg: GuardConfig) -> Arc<Guard> {
         Arc::new(Guard {
             cfg,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{answer, read_or_refuse, Caller, Ctx};
+use super::{answer, read_or_refuse, Caller, LaunchCtx as Ctx};
 use xfer_proto::admin::ModelState;
 use xfer_proto::frame::REQUEST_LIMIT;
 use xfer_proto::launch::{LaunchReply, LaunchRequest, Probe, RankSpec};

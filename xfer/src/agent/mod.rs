@@ -37,7 +37,7 @@ use crate::agent::sync::status::Activity;
 use crate::config::auth::identity::{Peer, Role};
 use crate::config::auth::Credential;
 use crate::engine::scheduler;
-use crate::flow::swarm::Shares;
+use crate::flow::receiver::Receiver;
 use crate::store::Store;
 use crate::transport::quic::{self, read_frame_within, write_frame};
 use crate::transport::rdma::link::Nic;
@@ -49,12 +49,16 @@ use xfer_proto::refusal::Refusal;
 /// How the agent is started.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
+    /// The management address to listen on (`--listen`).
     pub listen: SocketAddr,
     /// This node's data address (`--data`, `--fabric-if`): advertised in
     /// its status, and listened on when `listen` does not cover it.
     pub data: Option<SocketAddr>,
+    /// The store's root folder (`--root`).
     pub root: PathBuf,
+    /// This node's credential file (`--key`).
     pub key: PathBuf,
+    /// The scheduler policy transfers start from.
     pub scheduler: scheduler::Config,
     /// Re-hash complete models this often and repair damage from peers.
     pub verify_every: Option<Duration>,
@@ -193,7 +197,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     let permits = Arc::new(opts.permits);
     let runner = Runner::new(
         store.clone(),
-        opts.key.clone(),
+        cred.clone(),
         activity.clone(),
         opts.nic.clone(),
         permits.clone(),
@@ -209,22 +213,42 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
             }
         });
     }
+    let within = opts.first_message_timeout;
     let ctx = Arc::new(Ctx {
         members: opts.members,
-        first_message_timeout: opts.first_message_timeout,
+        first_message_timeout: within,
         cred: cred.clone(),
-        store,
-        jobs: transfer::Jobs::default(),
-        shares: Arc::default(),
-        cfg: opts.scheduler,
-        endpoint: ep.clone(),
-        data_endpoint: data_ep.clone(),
-        data: opts.data,
-        activity,
-        runner,
-        ranks,
-        nic: opts.nic,
-        permits,
+        transfer: transfer::TransferCtx {
+            first_message_timeout: within,
+            store: store.clone(),
+            jobs: transfer::Jobs::default(),
+            runner: runner.clone(),
+            receiver: Receiver {
+                shares: Arc::default(),
+                scheduler: opts.scheduler,
+                endpoint: data_ep.as_ref().unwrap_or(&ep).clone(),
+                fallback_endpoint: ep.clone(),
+                nic: opts.nic,
+                watcher: activity.clone(),
+            },
+        },
+        admin: AdminCtx {
+            first_message_timeout: within,
+            cred: cred.clone(),
+            store: store.clone(),
+            data: opts.data,
+            activity: activity.clone(),
+            runner: runner.clone(),
+            permits: permits.clone(),
+        },
+        launch: LaunchCtx {
+            first_message_timeout: within,
+            store,
+            activity,
+            runner,
+            ranks,
+            permits,
+        },
     });
     let refusals = Arc::new(Mutex::new(RefusalLog::default()));
     let guard = Guard::new(opts.guard);
@@ -343,25 +367,67 @@ fn refuse_shared_root(root: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// What every service handler shares.
+/// What the agent's services run with: the hello's checks, and each
+/// service's own context, which sees only what that service uses.
 struct Ctx {
     members: Option<(PathBuf, Vec<NodeName>)>,
     first_message_timeout: Duration,
     cred: Arc<Credential>,
+    transfer: transfer::TransferCtx,
+    admin: AdminCtx,
+    launch: LaunchCtx,
+}
+
+/// What the admin service uses: sync jobs, status, cancel, rm, images.
+struct AdminCtx {
+    first_message_timeout: Duration,
+    cred: Arc<Credential>,
     store: Store,
-    jobs: transfer::Jobs,
-    shares: Arc<Shares>,
-    cfg: scheduler::Config,
-    endpoint: quinn::Endpoint,
-    /// The socket of the data address when `endpoint`'s does not take it.
-    data_endpoint: Option<quinn::Endpoint>,
     /// The data address this agent advertises.
     data: Option<SocketAddr>,
     activity: Arc<Activity>,
     runner: Arc<Runner>,
-    ranks: Arc<Supervisor>,
-    nic: Option<Arc<dyn Nic>>,
     permits: Arc<Permits>,
+}
+
+/// What the launch service uses: preflight, reach probes, ranks, logs.
+struct LaunchCtx {
+    first_message_timeout: Duration,
+    store: Store,
+    activity: Arc<Activity>,
+    runner: Arc<Runner>,
+    ranks: Arc<Supervisor>,
+    permits: Arc<Permits>,
+}
+
+/// A context whose stream opens with a message read within a deadline.
+trait FirstMessage {
+    /// How long the stream's first message may take.
+    fn first_message_timeout(&self) -> Duration;
+}
+
+impl FirstMessage for Ctx {
+    fn first_message_timeout(&self) -> Duration {
+        self.first_message_timeout
+    }
+}
+
+impl FirstMessage for AdminCtx {
+    fn first_message_timeout(&self) -> Duration {
+        self.first_message_timeout
+    }
+}
+
+impl FirstMessage for LaunchCtx {
+    fn first_message_timeout(&self) -> Duration {
+        self.first_message_timeout
+    }
+}
+
+impl FirstMessage for transfer::TransferCtx {
+    fn first_message_timeout(&self) -> Duration {
+        self.first_message_timeout
+    }
 }
 
 /// Reads the stream's [`Hello`] and hands the stream to its service. An
@@ -370,7 +436,8 @@ struct Ctx {
 async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
     let (mut send, mut recv) =
         tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await??;
-    let hello: Hello = read_or_refuse(&ctx, &mut send, &mut recv, HELLO_LIMIT, "hello").await?;
+    let hello: Hello =
+        read_or_refuse(ctx.as_ref(), &mut send, &mut recv, HELLO_LIMIT, "hello").await?;
     let peer = match ctx.cred.peer(quic::peer_certificate(&conn).as_ref()) {
         Ok(peer) => peer,
         Err(why) => return refuse(&mut send, Refusal::Forbidden(why.to_string())).await,
@@ -390,9 +457,9 @@ async fn handle(conn: quinn::Connection, ctx: Arc<Ctx>) -> Result<()> {
         }
     }
     match hello.check() {
-        Ok(Service::Transfer) => transfer::serve(conn, send, recv, &ctx, &caller).await,
-        Ok(Service::Admin) => admin::serve(conn, send, recv, &ctx, &caller).await,
-        Ok(Service::Launch) => launch::serve(conn, send, recv, &ctx, &caller).await,
+        Ok(Service::Transfer) => transfer::serve(conn, send, recv, &ctx.transfer, &caller).await,
+        Ok(Service::Admin) => admin::serve(conn, send, recv, &ctx.admin, &caller).await,
+        Ok(Service::Launch) => launch::serve(conn, send, recv, &ctx.launch, &caller).await,
         Err(r) => refuse(&mut send, r).await,
     }
 }
@@ -453,13 +520,13 @@ async fn refusal_sent(send: &mut quinn::SendStream, r: Refusal) -> anyhow::Error
 /// cannot be read (oversized, malformed, cut short) is refused, naming
 /// `what`, and ends the session with that error.
 async fn read_or_refuse<T: serde::de::DeserializeOwned>(
-    ctx: &Ctx,
+    ctx: &impl FirstMessage,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
     limit: usize,
     what: &str,
 ) -> Result<T> {
-    let within = ctx.first_message_timeout;
+    let within = ctx.first_message_timeout();
     let why = match tokio::time::timeout(within, read_frame_within(recv, limit)).await {
         Ok(Ok(m)) => return Ok(m),
         Ok(Err(e)) => format!("unreadable {what}: {e:#}"),

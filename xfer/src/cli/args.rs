@@ -411,7 +411,7 @@ pub struct PullArgs {
     /// With --to: `stream` sends each verified chunk as it lands; `files`
     /// sends whole files in push rounds (the older way, to compare).
     #[arg(long, value_enum, default_value = "stream")]
-    pub fan_out: xfer::flow::pull_fanout::FanOut,
+    pub fan_out: FanOutArg,
     /// Print one JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
@@ -507,5 +507,25 @@ fn parse_peers(s: &str) -> Result<u32, String> {
             "{s} is not a peer count; give 2 to 64 links per receiver (default {})",
             xfer::engine::topology::DEFAULT_DEGREE
         )),
+    }
+}
+
+/// How `xfer pull --to` overlaps the download and the fan-out
+/// (`--fan-out`), as the command line spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FanOutArg {
+    /// Chunk by chunk: each verified chunk goes out as it lands.
+    #[default]
+    Stream,
+    /// File by file, in push rounds (the older way, kept to compare).
+    Files,
+}
+
+impl From<FanOutArg> for xfer::flow::pull_fanout::FanOut {
+    fn from(a: FanOutArg) -> Self {
+        match a {
+            FanOutArg::Stream => xfer::flow::pull_fanout::FanOut::Stream,
+            FanOutArg::Files => xfer::flow::pull_fanout::FanOut::Files,
+        }
     }
 }

@@ -260,7 +260,7 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
     );
     let sb_dir = dir.join("s-over-b");
     let fresh = start_nodes(&sb_dir, opts.nodes, &key, None)?;
-    let mut popts = push_options(&fresh, &key, opts.chunk_size);
+    let mut popts = push_options(&fresh, &key, opts.chunk_size)?;
     popts.src = alone.join(CACHE_NAME);
     let pushed = push(&popts, &Progress::new(true)).await?;
     let fan_out_s = pushed.duration_s - pushed.hash_s;
@@ -295,7 +295,7 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
     let s = pull_and_fan_out(
         pull_options(Some(opts.chunk_size)),
         hub_env(&hub, &dir.join("source-cache")),
-        push_options(&agents, &key, opts.chunk_size),
+        push_options(&agents, &key, opts.chunk_size)?,
         FanOut::Stream,
         Progress::new(true),
     )
@@ -362,9 +362,9 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
         ns.is_some() && agents.len() >= 2,
     ) {
         let two = &agents[..2];
-        let mut popts = push_options(two, &key, opts.chunk_size);
+        let mut popts = push_options(two, &key, opts.chunk_size)?;
         popts.src = dir.join("tiny-llama-src");
-        popts.name = Some("tiny".into());
+        popts.name = Some(xfer_proto::names::ModelName::new("tiny").map_err(anyhow::Error::msg)?);
         let pushing = async { Ok(push(&popts, &Progress::new(true)).await?.ok()) };
         let nodes: Vec<super::demo_engine::Node> = two
             .iter()
@@ -415,8 +415,8 @@ fn start_nodes(
         .collect()
 }
 
-fn push_options(agents: &[Agent], key: &Path, chunk_size: u64) -> PushOptions {
-    PushOptions {
+fn push_options(agents: &[Agent], key: &Path, chunk_size: u64) -> Result<PushOptions> {
+    Ok(PushOptions {
         src: PathBuf::new(),
         to: agents
             .iter()
@@ -424,8 +424,8 @@ fn push_options(agents: &[Agent], key: &Path, chunk_size: u64) -> PushOptions {
             .collect(),
         me: None,
         routes: None,
-        key: key.to_path_buf(),
-        name: Some(CACHE_NAME.into()),
+        cred: std::sync::Arc::new(xfer::config::auth::Credential::load(key)?),
+        name: Some(xfer_proto::names::ModelName::new(CACHE_NAME).map_err(anyhow::Error::msg)?),
         chunk_size,
         limit_rate: None,
         connect_timeout: Duration::from_secs(5),
@@ -433,7 +433,7 @@ fn push_options(agents: &[Agent], key: &Path, chunk_size: u64) -> PushOptions {
         connections: 1,
         nic: None,
         peers: xfer::engine::topology::DEFAULT_DEGREE,
-    }
+    })
 }
 
 /// Writes the cluster file of the demo's nodes and runs `xfer-launch check`

@@ -347,8 +347,8 @@ impl Delivery {
             to: live,
             me: None,
             routes: None,
-            key: self.key.clone(),
-            name: Some(digest.model().to_string()),
+            cred: std::sync::Arc::new(xfer::config::auth::Credential::load(&self.key)?),
+            name: Some(digest.model()),
             chunk_size: args.chunk_size,
             limit_rate: args.limit_rate,
             connect_timeout: Duration::from_secs(args.connect_timeout),
@@ -421,7 +421,8 @@ async fn destinations(args: &ImagePushArgs) -> Result<(Vec<Destination>, PathBuf
             let key = args.key.clone().context(
                 "--to needs the cluster credential: give --key FILE (or set XFER_KEY), or use --cluster FILE",
             )?;
-            let dests = super::transfer::destinations(&args.to, &key).await?;
+            let cred = std::sync::Arc::new(xfer::config::auth::Credential::load(&key)?);
+            let dests = super::transfer::destinations(&args.to, &cred).await?;
             Ok((dests, key))
         }
         (Some(_), false) => bail!("give either --cluster FILE or --to AGENTS, not both"),

@@ -3,11 +3,13 @@
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 
 use super::args::*;
+use xfer::config::auth::Credential;
 use xfer::util::progress::Progress;
 
 /// `xfer sync`.
@@ -27,6 +29,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         peers,
     } = args;
     let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+    let cred = Arc::new(Credential::load(&cluster.key)?);
     let req = xfer::agent::sync::client::SyncRequest {
         source,
         nodes,
@@ -38,7 +41,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         transport,
         peers,
     };
-    let spec = xfer::agent::sync::client::sync(&cluster, &req).await?;
+    let spec = xfer::agent::sync::client::sync(&cluster, &cred, &req).await?;
     if !wait {
         if json {
             println!(
@@ -58,7 +61,8 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!("job {} (Ctrl-C stops following; the job goes on)", spec.id);
-    let root = xfer::agent::sync::client::wait(&cluster, &spec, &Progress::new(!json)).await?;
+    let root =
+        xfer::agent::sync::client::wait(&cluster, &cred, &spec, &Progress::new(!json)).await?;
     if json {
         println!(
             "{}",
@@ -84,8 +88,9 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
         watch,
     } = args;
     let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+    let cred = Arc::new(Credential::load(&cluster.key)?);
     loop {
-        let reports = xfer::agent::sync::client::status(&cluster, &nodes).await?;
+        let reports = xfer::agent::sync::client::status(&cluster, &cred, &nodes).await?;
         if json {
             serde_json::to_writer(std::io::stdout().lock(), &reports)?;
             println!();
@@ -128,7 +133,8 @@ pub async fn cancel(args: CancelArgs) -> Result<ExitCode> {
     let CancelArgs { job, cluster } = args;
     xfer_proto::admin::check_job_id(&job).map_err(anyhow::Error::msg)?;
     let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
-    let replies = xfer::agent::sync::client::cancel(&cluster, &job).await?;
+    let cred = Arc::new(Credential::load(&cluster.key)?);
+    let replies = xfer::agent::sync::client::cancel(&cluster, &cred, &job).await?;
     let mut known = 0;
     for (node, r) in &replies {
         match r {
@@ -176,7 +182,8 @@ pub async fn rm(args: RmArgs) -> Result<ExitCode> {
             anyhow::bail!("not confirmed; nothing deleted");
         }
     }
-    let replies = xfer::agent::sync::client::remove(&cluster, &nodes, &name, force).await?;
+    let cred = Arc::new(Credential::load(&cluster.key)?);
+    let replies = xfer::agent::sync::client::remove(&cluster, &cred, &nodes, &name, force).await?;
     let mut failed = false;
     for (node, r) in &replies {
         match r {

@@ -4,12 +4,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 
 use super::args::*;
+use xfer::config::auth::Credential;
 use xfer::util::progress::Progress;
+use xfer_proto::names::ModelName;
 use xfer_proto::units::Bytes;
 
 /// `xfer push`.
@@ -29,13 +32,15 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         connections,
     } = args;
     let nic = xfer::transport::select::choose(transport)?;
-    let to = destinations(&to, &key).await?;
+    let cred = Arc::new(Credential::load(&key)?);
+    let to = destinations(&to, &cred).await?;
+    let name = name.as_deref().map(model_name).transpose()?;
     let opts = xfer::flow::push::PushOptions {
         src,
         to,
         me: None,
         routes: None,
-        key,
+        cred,
         name,
         chunk_size,
         limit_rate,
@@ -98,15 +103,19 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
 /// given after a slash, or the one its agent advertises.
 pub(super) async fn destinations(
     to: &[String],
-    key: &std::path::Path,
+    cred: &Arc<Credential>,
 ) -> Result<Vec<xfer::flow::route::Destination>> {
     let mut dests = to
         .iter()
         .map(|s| xfer::flow::route::Destination::parse(s))
         .collect::<Result<Vec<_>>>()?;
-    let cred = std::sync::Arc::new(xfer::config::auth::Credential::load(key)?);
-    xfer::agent::client::learn_data_addrs(&cred, &mut dests).await;
+    xfer::agent::client::learn_data_addrs(cred, &mut dests).await;
     Ok(dests)
+}
+
+/// A model name given on the command line, checked once here.
+fn model_name(name: &str) -> Result<ModelName> {
+    ModelName::new(name).map_err(anyhow::Error::msg)
 }
 
 /// `xfer pull`.
@@ -149,13 +158,14 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         let Some(key) = key else {
             anyhow::bail!("--to needs the cluster credential: pass --key FILE or set XFER_KEY");
         };
-        let to = destinations(&to, &key).await?;
+        let cred = Arc::new(Credential::load(&key)?);
+        let to = destinations(&to, &cred).await?;
         let push = xfer::flow::push::PushOptions {
             src: PathBuf::new(),
             to,
             me: None,
             routes: None,
-            key,
+            cred,
             name: None,
             chunk_size,
             limit_rate: None,
@@ -166,7 +176,8 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             peers: xfer::engine::topology::DEFAULT_DEGREE,
         };
         let s =
-            xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, fan_out, progress).await?;
+            xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, fan_out.into(), progress)
+                .await?;
         if json {
             serde_json::to_writer(std::io::stdout().lock(), &s)?;
             println!();
@@ -247,11 +258,12 @@ pub async fn fetch(args: FetchArgs) -> Result<ExitCode> {
         json,
         connect_timeout,
     } = args;
+    let cred = Arc::new(Credential::load(&key)?);
     let opts = xfer::flow::fetch::FetchOptions {
         from,
-        name,
+        name: model_name(&name)?,
         root,
-        key,
+        cred,
         connect_timeout: Duration::from_secs(connect_timeout),
         nic: None,
     };

@@ -39,6 +39,7 @@ impl DraftFeed {
         })
     }
 
+    /// The draft's id (named where a root would be).
     pub fn id(&self) -> Hash {
         self.id
     }

@@ -28,10 +28,15 @@ use xfer_proto::transfer::TransferMsg;
 /// What to fetch from where.
 #[derive(Debug, Clone)]
 pub struct FetchOptions {
+    /// The agent's address (`HOST:PORT`).
     pub from: String,
-    pub name: String,
+    /// The model to fetch.
+    pub name: ModelName,
+    /// The local root it is stored under (`ROOT/NAME`).
     pub root: PathBuf,
-    pub key: PathBuf,
+    /// The cluster credential, loaded once by the caller.
+    pub cred: Arc<Credential>,
+    /// How long connecting may take.
     pub connect_timeout: Duration,
     /// The RDMA NIC to fetch with; `None`: QUIC.
     pub nic: Option<Arc<dyn Nic>>,
@@ -40,24 +45,32 @@ pub struct FetchOptions {
 /// The `--json` summary.
 #[derive(Debug, Serialize)]
 pub struct FetchSummary {
+    /// The model's name.
     pub name: String,
+    /// Its root, in hex.
     pub root: String,
+    /// Where it is stored.
     pub path: PathBuf,
+    /// The model's size in bytes.
     pub bytes_total: u64,
+    /// Chunk bytes fetched.
     pub bytes_received: u64,
+    /// Bytes already held.
     pub bytes_skipped: u64,
+    /// Chunks that failed their check and were fetched again.
     pub corrupt_chunks: u64,
+    /// Seconds the fetch took.
     pub duration_s: f64,
 }
 
 /// Fetches `opts.name` from the agent at `opts.from` into `opts.root`.
 pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary> {
     let started = Instant::now();
-    let cred = Credential::load(&opts.key)?;
-    let name = ModelName::new(&opts.name).map_err(anyhow::Error::msg)?;
+    let cred = &opts.cred;
+    let name = opts.name.clone();
     let store = Store::open(&opts.root)?;
     let addr = quic::resolve(&opts.from)?;
-    let ep = quic::client_endpoint(&cred, addr)?;
+    let ep = quic::client_endpoint(cred, addr)?;
     let conn = quic::connect(&ep, addr, opts.connect_timeout)
         .await
         .map_err(anyhow::Error::msg)?;

@@ -1,9 +1,10 @@
-//! Transfers end to end, over the transport: a receiver's side of one
-//! transfer into the store ([`receive`]), its links to the other receivers
-//! ([`swarm`]), the source's side ([`push`]), fetching a complete model
-//! from a peer ([`fetch`]), a Hub pull fanned out to agents while it
-//! downloads ([`pull_fanout`]), and the feed of its draft's events
-//! ([`feed`]).
+//! Transfers end to end, over the transport: the receiving side of an
+//! accepted offer ([`receiver`]: swarm, policy, fetcher, peer links, the
+//! control loop), one transfer into the store ([`receive`]), its links to
+//! the other receivers ([`swarm`]), the source's side ([`push`]),
+//! fetching a complete model from a peer ([`fetch`]), a Hub pull fanned
+//! out to agents while it downloads ([`pull_fanout`]), and the feed of its
+//! draft's events ([`feed`]).
 
 pub mod coordinator;
 pub mod feed;
@@ -11,6 +12,7 @@ pub mod fetch;
 pub mod pull_fanout;
 pub mod push;
 pub mod receive;
+pub mod receiver;
 pub mod route;
 pub mod stream;
 pub mod swarm;

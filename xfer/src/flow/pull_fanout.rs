@@ -37,6 +37,7 @@ use xfer_proto::repo::RepoRef;
 /// The `--json` summary of `xfer pull --to`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PullFanoutSummary {
+    /// The pull's own summary.
     pub pull: PullSummary,
     /// The name the agents hold it under (the cache folder's name).
     pub name: String,
@@ -55,6 +56,7 @@ pub struct PullFanoutSummary {
     pub streamed: Vec<NodeSummary>,
     /// Seconds from the last downloaded byte to every agent complete.
     pub tail_s: f64,
+    /// Seconds from the start to every agent complete.
     pub duration_s: f64,
     /// The complete folder's manifest, as the agents received it.
     #[serde(skip, default = "no_manifest")]
@@ -72,13 +74,14 @@ fn no_manifest() -> xfer_proto::manifest::Manifest {
 }
 
 impl PullFanoutSummary {
+    /// Whether every agent got the complete folder.
     pub fn ok(&self) -> bool {
         self.nodes.iter().all(|n| n.ok)
     }
 }
 
 /// How `xfer pull --to` overlaps the download and the fan-out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FanOut {
     /// Chunk by chunk: each verified chunk goes out as it lands.
     #[default]
@@ -112,8 +115,7 @@ pub async fn pull_and_fan_out(
         .map_err(anyhow::Error::msg)?
         .context("the destination folder has no usable name")?;
     push.src = root.clone();
-    push.name = Some(name.to_string());
-    crate::config::auth::Credential::load(&push.key)?;
+    push.name = Some(name.clone());
 
     // The pull hashes chunks as it downloads; the final round takes them
     // from here instead of reading the files again.
@@ -197,7 +199,7 @@ pub async fn pull_and_fan_out(
     let mut set = ready.lock().unwrap().clone();
     set.insert(RelPath::new(&summary.tree_cache).map_err(anyhow::Error::msg)?);
     if !local_dir && revision != summary.commit {
-        set.insert(RelPath::new(&format!("refs/{revision}")).map_err(anyhow::Error::msg)?);
+        set.insert(crate::hub::cache::ref_file(&revision).map_err(anyhow::Error::msg)?);
     }
     let tree = select(&root, push.chunk_size, set, &hashes).await?;
     let quiet = Progress::new(false);

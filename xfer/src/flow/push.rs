@@ -40,7 +40,7 @@ use crate::util::rate::RateLimiter;
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::hash::Hash;
 use xfer_proto::hello::Service;
-use xfer_proto::names::ModelName;
+use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::transfer::{FallbackRoute, HomeSlots, SwarmPeer, TransferMsg};
 
 /// Notes kept per node: one per pair at most, and a receiver cannot grow
@@ -50,16 +50,23 @@ const MAX_NOTES: usize = 64;
 /// What to push where.
 #[derive(Debug, Clone)]
 pub struct PushOptions {
+    /// The folder to push.
     pub src: PathBuf,
+    /// The agents to push to.
     pub to: Vec<Destination>,
     /// What notes call the source (its node name); `None`: "source".
-    pub me: Option<String>,
+    pub me: Option<NodeName>,
     /// Told of every pair whose data goes over management.
     pub routes: Option<RouteSink>,
-    pub key: PathBuf,
-    pub name: Option<String>,
+    /// The cluster credential, loaded once by the caller.
+    pub cred: Arc<Credential>,
+    /// The model's name on the agents (default: the source folder's name).
+    pub name: Option<ModelName>,
+    /// The chunk size, in bytes.
     pub chunk_size: u64,
+    /// Caps the send rate, in bytes per second (`--limit-rate`).
     pub limit_rate: Option<u64>,
+    /// How long connecting to an agent may take.
     pub connect_timeout: Duration,
     /// QUIC connections per agent (`--connections`): the first, and as
     /// many more that the agent fetches over too.
@@ -86,9 +93,13 @@ impl std::fmt::Debug for RouteSink {
 /// The `--json` summary (read back by the integration tests).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PushSummary {
+    /// The model's name on the agents.
     pub name: String,
+    /// The tree's root.
     pub root: Hash,
+    /// Files in the tree.
     pub files: usize,
+    /// The tree's size in bytes.
     pub bytes_total: u64,
     /// Chunk bytes the source sent, summed over nodes.
     pub bytes_sent: u64,
@@ -97,14 +108,18 @@ pub struct PushSummary {
     pub source_sent_x: f64,
     /// Bytes the nodes already held, summed over nodes.
     pub bytes_skipped: u64,
+    /// Seconds hashing took.
     pub hash_s: f64,
+    /// Seconds the whole push took, hashing included.
     pub duration_s: f64,
+    /// The outcome per agent, in `--to`'s order.
     pub nodes: Vec<NodeSummary>,
 }
 
 /// One destination's outcome.
 #[derive(Debug, Serialize, Deserialize, Clone, Default)]
 pub struct NodeSummary {
+    /// Its agent's address.
     pub addr: String,
     /// Its data address, when it has one apart from `addr`.
     pub data_addr: Option<String>,
@@ -114,12 +129,17 @@ pub struct NodeSummary {
     /// Every pair of nodes whose data for it went over management, one
     /// line each (the source's link to it, and its own links to peers).
     pub notes: Vec<String>,
+    /// Whether it holds the tree complete and verified.
     pub ok: bool,
+    /// Why not, if it does not.
     pub error: Option<String>,
+    /// The root it reported.
     pub root: Option<Hash>,
+    /// Chunk bytes the source sent it.
     pub bytes_sent: u64,
     /// Of `bytes_sent`, what went by RDMA write (0: all over QUIC).
     pub bytes_sent_rdma: u64,
+    /// Bytes it already held.
     pub bytes_skipped: u64,
     /// Verified bytes this node received from the source.
     pub from_source: u64,
@@ -129,7 +149,9 @@ pub struct NodeSummary {
     pub dropped_peers: Vec<String>,
     /// The most peer links it held at once (either way), as it reported.
     pub max_peer_links: u32,
+    /// Chunks that failed their check and were fetched again.
     pub corrupt_chunks: u64,
+    /// Seconds until it was done.
     pub duration_s: f64,
     /// Chunk bytes sent over each QUIC connection to it, the first being
     /// the one the offer went on (`--connections`).
@@ -142,9 +164,10 @@ pub struct NodeSummary {
     /// node holding everything.
     #[serde(default)]
     pub tail_s: Option<f64>,
-    /// When it first reported a verified chunk, and when it was done.
+    /// When it first reported a verified chunk.
     #[serde(skip)]
     pub first_chunk_at: Option<Instant>,
+    /// When it was done (for `tail_s`).
     #[serde(skip)]
     pub done_at: Option<Instant>,
 }
@@ -161,6 +184,7 @@ pub enum Over {
 }
 
 impl PushSummary {
+    /// Whether every agent holds the tree.
     pub fn ok(&self) -> bool {
         self.nodes.iter().all(|n| n.ok)
     }
@@ -170,19 +194,17 @@ impl PushSummary {
 pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary> {
     let name = match &opts.name {
         Some(n) => n.clone(),
-        None => opts
-            .src
-            .canonicalize()
-            .with_context(|| format!("cannot open {}", opts.src.display()))?
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("model")
-            .to_string(),
+        None => {
+            let dir = opts
+                .src
+                .canonicalize()
+                .with_context(|| format!("cannot open {}", opts.src.display()))?;
+            let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model");
+            ModelName::new(name).map_err(anyhow::Error::msg)?
+        }
     };
-    let name = ModelName::new(&name).map_err(anyhow::Error::msg)?;
-    // Catch address typos and a bad key before spending time hashing.
+    // Catch address typos before spending time hashing.
     members(&opts.to)?;
-    Credential::load(&opts.key)?;
     let started = Instant::now();
     let tree = hash_tree(opts, progress).await?;
     deliver(
@@ -296,7 +318,7 @@ pub(crate) async fn deliver_plan(
     plan: Plan,
     progress: &Progress,
 ) -> Result<Vec<NodeSummary>> {
-    let cred = Arc::new(Credential::load(&opts.key)?);
+    let cred = opts.cred.clone();
     let members = members(&opts.to)?;
     let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
     let offer = Arc::new(plan.offer);
@@ -314,7 +336,10 @@ pub(crate) async fn deliver_plan(
             coordinator: coordinator.clone(),
             outbox: Arc::new(tokio::sync::Mutex::new(outbox)),
             dest: dest.clone(),
-            me: opts.me.clone().unwrap_or_else(|| "source".into()),
+            me: opts
+                .me
+                .as_ref()
+                .map_or_else(|| "source".into(), NodeName::to_string),
             routes: opts.routes.clone(),
             swarm,
             cred: cred.clone(),
@@ -643,7 +668,7 @@ impl NodeCtx {
             self.timeout,
         )
         .await
-        .map_err(Attempt::Lost)?;
+        .map_err(|e| Attempt::Lost(e.to_string()))?;
         let conn = connected.conn;
         let addr = conn.remote_address();
         if let Some(error) = connected.fell_back {

@@ -35,6 +35,7 @@ const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 /// What a finished transfer reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Received {
+    /// The tree's root.
     pub root: Hash,
     /// Chunk bytes that arrived and passed their check.
     pub received_bytes: u64,
@@ -50,14 +51,27 @@ pub const SOURCE: PeerId = 0;
 pub enum PeerUpdate<F> {
     /// A peer link is up; the peer holds `has`.
     Joined {
+        /// The peer.
         peer: PeerId,
+        /// What fetches from it.
         fetcher: F,
+        /// The chunks it holds.
         has: ChunkSet,
     },
     /// The peer verified more chunks.
-    Has { peer: PeerId, chunks: Vec<u64> },
+    Has {
+        /// The peer.
+        peer: PeerId,
+        /// The chunks' numbers.
+        chunks: Vec<u64>,
+    },
     /// The link broke.
-    Gone { peer: PeerId, why: String },
+    Gone {
+        /// The peer.
+        peer: PeerId,
+        /// Why the link broke.
+        why: String,
+    },
     /// The swarm's coordinator (the source) assigned the chunks this node
     /// fetches from the source (none: it fetches from peers only).
     Homes(Homes),
@@ -79,6 +93,7 @@ pub struct Queued {
 }
 
 impl Queued {
+    /// A share held until the event is applied.
     pub fn new(share: tokio::sync::OwnedSemaphorePermit) -> Queued {
         Queued {
             _share: Some(share),
@@ -198,6 +213,7 @@ pub struct Links<F> {
     /// Told each chunk number as soon as it is verified and stored, for
     /// announcing to peers.
     pub verified: Option<broadcast::Sender<u64>>,
+    /// Counters for whoever reports on the transfer.
     pub tally: Arc<Tally>,
     /// The chunks the coordinator made this node home to, before any peer
     /// joins; `None`: homes from the roster (a swarm without one).
@@ -205,6 +221,7 @@ pub struct Links<F> {
 }
 
 impl<F> Links<F> {
+    /// No swarm: fixed peers only.
     pub fn none() -> Self {
         Links {
             updates: None,

@@ -104,9 +104,30 @@ fn has_port(addr: &str) -> bool {
 
 /// A connection for data, and why it goes over management if it does.
 pub struct Connected {
+    /// The connection.
     pub conn: Connection,
     /// `Some(why)`: the data address failed and this is the management one.
     pub fell_back: Option<String>,
+}
+
+/// Why [`connect`] found no connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The data address did not answer, and there is no other to try.
+    #[error(transparent)]
+    Unreachable(quic::ConnectError),
+    /// Neither the data address nor the management one answered.
+    #[error("neither the data address {data} ({why}) nor the management address {addr} ({fallback_why}) answered")]
+    Neither {
+        /// The data address.
+        data: SocketAddr,
+        /// Why it failed.
+        why: quic::ConnectError,
+        /// The management address.
+        addr: SocketAddr,
+        /// Why that failed too.
+        fallback_why: quic::ConnectError,
+    },
 }
 
 /// Connects for data: to `data` on `ep`, and, if that fails and a
@@ -117,7 +138,7 @@ pub async fn connect(
     data: SocketAddr,
     fallback: Option<(&Endpoint, SocketAddr)>,
     timeout: Duration,
-) -> Result<Connected, String> {
+) -> Result<Connected, ConnectError> {
     let why = match quic::connect(ep, data, timeout).await {
         Ok(conn) => {
             return Ok(Connected {
@@ -125,20 +146,23 @@ pub async fn connect(
                 fell_back: None,
             })
         }
-        Err(e) => e.to_string(),
+        Err(e) => e,
     };
     let Some((fep, addr)) = fallback else {
-        return Err(why);
+        return Err(ConnectError::Unreachable(why));
     };
     tracing::warn!("data address {data} unreachable ({why}); trying management address {addr}");
     match quic::connect(fep, addr, timeout).await {
         Ok(conn) => Ok(Connected {
             conn,
-            fell_back: Some(short_reason(&why, timeout)),
+            fell_back: Some(short_reason(&why.to_string(), timeout)),
         }),
-        Err(e) => Err(format!(
-            "neither the data address {data} ({why}) nor the management address {addr} ({e}) answered"
-        )),
+        Err(fallback_why) => Err(ConnectError::Neither {
+            data,
+            why,
+            addr,
+            fallback_why,
+        }),
     }
 }
 

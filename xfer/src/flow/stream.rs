@@ -20,7 +20,7 @@ use bytes::Bytes;
 use crate::flow::feed::DraftFeed;
 use crate::flow::push::{self, NodeSummary, Plan, PushOptions};
 use crate::hub::announce::DraftPaths;
-use crate::transport::ChunkReader;
+use crate::transport::{ChunkReader, ReadError};
 use crate::util::progress::Progress;
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::manifest::ChunkId;
@@ -35,12 +35,15 @@ pub struct DraftReader {
 }
 
 impl ChunkReader for DraftReader {
-    fn read_chunk(&self, id: ChunkId) -> Result<Bytes, String> {
-        let num = self.map.number(id).ok_or("no such chunk")?;
+    fn read_chunk(&self, id: ChunkId) -> Result<Bytes, ReadError> {
+        let num = self.map.number(id).ok_or(ReadError::NoSuchChunk)?;
         if !self.feed.is_hashed(num) {
-            return Err("not downloaded yet".into());
+            return Err(ReadError::NotDownloaded);
         }
-        let at = self.paths.get(id.file as usize).ok_or("no such file")?;
+        let at = self
+            .paths
+            .get(id.file as usize)
+            .ok_or(ReadError::NoSuchFile)?;
         let mut buf = vec![0u8; self.map.chunk_len(id) as usize];
         let offset = self.map.offset(id);
         // Placed while we look: the incomplete file was renamed.
@@ -48,15 +51,17 @@ impl ChunkReader for DraftReader {
             if let Ok(f) = File::open(path) {
                 return match f.read_exact_at(&mut buf, offset) {
                     Ok(()) => Ok(Bytes::from(buf)),
-                    Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+                    Err(source) => Err(ReadError::Read {
+                        path: path.clone(),
+                        source,
+                    }),
                 };
             }
         }
-        Err(format!(
-            "neither {} nor {} can be opened",
-            at.content.display(),
-            at.incomplete.display()
-        ))
+        Err(ReadError::Unopenable {
+            content: at.content.clone(),
+            incomplete: at.incomplete.clone(),
+        })
     }
 }
 

@@ -52,7 +52,9 @@ const HAS_BATCH: usize = 4096;
 /// A transfer this node is running, offered to the other receivers.
 #[derive(Debug)]
 pub struct Share {
+    /// The transfer's root (or a draft's id).
     pub root: Hash,
+    /// The transfer.
     pub transfer: Arc<Transfer>,
     /// Chunk numbers as they are verified.
     pub verified: broadcast::Sender<u64>,
@@ -78,6 +80,7 @@ pub struct Shares {
 }
 
 impl Shares {
+    /// Offers `share` as the running transfer of `name`.
     pub fn publish(&self, name: &ModelName, share: Arc<Share>) {
         self.by_name.lock().unwrap().insert(name.clone(), share);
     }
@@ -133,8 +136,11 @@ async fn source_for(
 /// A peer's [`TransferMsg::Join`]: it is `from` in the swarm of `name`
 /// with root `root`.
 pub struct Joining {
+    /// The model.
     pub name: ModelName,
+    /// Its root (or a draft's id).
     pub root: Hash,
+    /// The joiner's id in the swarm.
     pub from: u32,
 }
 
@@ -251,13 +257,17 @@ pub struct LinkPlan {
     pub endpoint: Endpoint,
     /// The endpoint for peers' management addresses, to fall back to.
     pub fallback_endpoint: Endpoint,
+    /// This node's id in the swarm.
     pub me: u32,
     /// What fallback notes call this node.
     pub label: String,
     /// Where the links that go over management are recorded.
     pub tally: Arc<Tally>,
+    /// The swarm's first members, this node among them.
     pub peers: Vec<SwarmPeer>,
+    /// The model.
     pub name: ModelName,
+    /// Its root (or a draft's id).
     pub root: Hash,
     /// Chunks in the manifest: a peer's bitfield must match.
     pub chunks: u64,
@@ -421,8 +431,7 @@ async fn handshake(
         peer.fallback.map(|f| (&plan.fallback_endpoint, f)),
         Duration::from_secs(5),
     )
-    .await
-    .map_err(anyhow::Error::msg)?;
+    .await?;
     let conn = connected.conn;
     let addr = conn.remote_address();
     if let Some(error) = connected.fell_back {

@@ -122,6 +122,12 @@ impl RepoCache {
     }
 }
 
+/// `refs/<revision>`, relative to the repo's folder: the file that names
+/// the revision's commit.
+pub fn ref_file(revision: &str) -> Result<RelPath, xfer_proto::relpath::PathError> {
+    RelPath::new(&format!("refs/{revision}"))
+}
+
 /// `../../blobs/<etag>` with one more `../` per folder `path` is inside.
 pub fn link_target(path: &RelPath, etag: &str) -> String {
     let depth = path.as_str().matches('/').count();

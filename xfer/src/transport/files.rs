@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::ChunkReader;
+use super::{ChunkReader, ReadError};
 use crate::store::{Store, Transfer};
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::manifest::{ChunkId, Manifest};
@@ -33,6 +33,7 @@ pub struct FileChunkReader {
 }
 
 impl FileChunkReader {
+    /// Reads the files at `paths`, chunked as `map` says.
     pub fn new(paths: Vec<PathBuf>, map: Arc<ChunkMap>) -> Self {
         let corrupt = fault_corrupt_sends();
         FileChunkReader {
@@ -43,22 +44,24 @@ impl FileChunkReader {
         }
     }
 
-    fn file(&self, index: usize) -> Result<Arc<File>, String> {
+    fn file(&self, index: usize) -> Result<Arc<File>, ReadError> {
         let mut open = self.open.lock().unwrap();
-        let slot = open.get_mut(index).ok_or("no such file")?;
+        let slot = open.get_mut(index).ok_or(ReadError::NoSuchFile)?;
         if let Some(f) = slot {
             return Ok(f.clone());
         }
         let path = &self.paths[index];
-        let f =
-            Arc::new(File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?);
+        let f = Arc::new(File::open(path).map_err(|source| ReadError::Open {
+            path: path.clone(),
+            source,
+        })?);
         *slot = Some(f.clone());
         Ok(f)
     }
 }
 
 impl ChunkReader for FileChunkReader {
-    fn read_chunk(&self, id: ChunkId) -> Result<Bytes, String> {
+    fn read_chunk(&self, id: ChunkId) -> Result<Bytes, ReadError> {
         let f = self.file(id.file as usize)?;
         let path = &self.paths[id.file as usize];
         map_chunk(&f, path, &self.map, id, &self.corrupt_left)
@@ -67,8 +70,11 @@ impl ChunkReader for FileChunkReader {
 
 /// A complete model an agent holds, ready to serve.
 pub struct HeldModel {
+    /// Its manifest.
     pub manifest: Manifest,
+    /// Its chunks.
     pub map: Arc<ChunkMap>,
+    /// Reads its chunks from its files.
     pub reader: Arc<FileChunkReader>,
     /// Its files, in manifest order.
     pub paths: Vec<PathBuf>,
@@ -100,6 +106,7 @@ pub struct HeldChunkReader {
 }
 
 impl HeldChunkReader {
+    /// Serves `transfer`'s verified chunks.
     pub fn new(transfer: Arc<Transfer>) -> Self {
         HeldChunkReader {
             map: Arc::new(transfer.map().clone()),
@@ -110,8 +117,8 @@ impl HeldChunkReader {
 }
 
 impl ChunkReader for HeldChunkReader {
-    fn read_chunk(&self, id: ChunkId) -> Result<Bytes, String> {
-        let (f, path) = self.transfer.open_held(id).map_err(|e| e.to_string())?;
+    fn read_chunk(&self, id: ChunkId) -> Result<Bytes, ReadError> {
+        let (f, path) = self.transfer.open_held(id).map_err(ReadError::NotHeld)?;
         map_chunk(&f, &path, &self.map, id, &self.corrupt_left)
     }
 }
@@ -131,7 +138,7 @@ fn map_chunk(
     map: &ChunkMap,
     id: ChunkId,
     corrupt_left: &AtomicU32,
-) -> Result<Bytes, String> {
+) -> Result<Bytes, ReadError> {
     let len = map.chunk_len(id) as usize;
     let offset = map.offset(id);
     if len == 0 {
@@ -143,16 +150,18 @@ fn map_chunk(
     {
         let mut buf = vec![0u8; len];
         f.read_exact_at(&mut buf, offset)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            .map_err(|source| ReadError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         buf[0] ^= 0x5a;
         return Ok(Bytes::from(buf));
     }
-    let actual = f.metadata().map_err(|e| e.to_string())?.len();
+    let actual = f.metadata().map_err(ReadError::Stat)?.len();
     if actual < offset + len as u64 {
-        return Err(format!(
-            "{} is shorter than its manifest says; was it changed?",
-            path.display()
-        ));
+        return Err(ReadError::Shorter {
+            path: path.to_path_buf(),
+        });
     }
     // SAFETY: a read-only view of a range that exists. If another process
     // rewrites the file meanwhile, the receiver's hash check rejects the
@@ -164,6 +173,9 @@ fn map_chunk(
             .populate()
             .map(f)
     }
-    .map_err(|e| format!("cannot map {}: {e}", path.display()))?;
+    .map_err(|source| ReadError::Map {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(Bytes::from_owner(mapped))
 }

@@ -18,6 +18,7 @@ pub mod select;
 pub mod serve;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -42,6 +43,65 @@ pub enum FetchError {
     Protocol(String),
 }
 
+/// Why a [`ChunkReader`] has no bytes for a chunk; the asker gets it in
+/// words (`Unavailable`).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The chunk is not one of the model's.
+    #[error("no such chunk")]
+    NoSuchChunk,
+    /// The chunk's file is not one of the model's.
+    #[error("no such file")]
+    NoSuchFile,
+    /// A draft's chunk whose hash the download has not announced yet.
+    #[error("not downloaded yet")]
+    NotDownloaded,
+    /// The chunk's file cannot be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The chunk's bytes cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The chunk's bytes cannot be mapped.
+    #[error("cannot map {}: {source}", path.display())]
+    Map {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file's length cannot be had.
+    #[error("{0}")]
+    Stat(std::io::Error),
+    /// The file ends before the chunk does.
+    #[error("{} is shorter than its manifest says; was it changed?", path.display())]
+    Shorter {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Neither the placed file nor the one still downloading can be opened.
+    #[error("neither {} nor {} can be opened", content.display(), incomplete.display())]
+    Unopenable {
+        /// Where the file is once placed.
+        content: PathBuf,
+        /// Where it is while it downloads.
+        incomplete: PathBuf,
+    },
+    /// The store does not hold the chunk (in its words).
+    #[error(transparent)]
+    NotHeld(crate::store::OpenHeldError),
+}
+
 /// Fetches chunks from one connected peer.
 pub trait ChunkFetcher: Clone + Send + Sync + 'static {
     /// Fetches chunk `chunk`, which is `len` bytes long. The bytes are not
@@ -56,13 +116,15 @@ pub trait ChunkFetcher: Clone + Send + Sync + 'static {
 /// Supplies the bytes of chunks this node serves.
 pub trait ChunkReader: Send + Sync + 'static {
     /// The chunk's bytes, or why they cannot be had.
-    fn read_chunk(&self, chunk: ChunkId) -> Result<Bytes, String>;
+    fn read_chunk(&self, chunk: ChunkId) -> Result<Bytes, ReadError>;
 }
 
 /// Fetches from one peer over the data plane the two ends agreed on.
 #[derive(Clone)]
 pub enum Fetcher {
+    /// Over QUIC.
     Quic(QuicFetcher),
+    /// Over the RDMA data plane.
     Rdma(RdmaFetcher),
 }
 

@@ -488,7 +488,7 @@ pub async fn answer_chunk(
     let data = match data {
         Ok(Ok(d)) => d,
         Ok(Err(why)) => {
-            let _ = write_frame(&mut send, &ChunkReply::Unavailable(why)).await;
+            let _ = write_frame(&mut send, &ChunkReply::Unavailable(why.to_string())).await;
             let _ = send.finish();
             return;
         }

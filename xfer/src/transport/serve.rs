@@ -26,7 +26,9 @@ use xfer_proto::stream::{RdmaReply, ResetCode, StreamRequest};
 /// What one connection serves, and how.
 #[derive(Clone)]
 pub struct Serving {
+    /// The chunks served.
     pub map: Arc<ChunkMap>,
+    /// Where their bytes come from.
     pub reader: Arc<dyn ChunkReader>,
     /// Caps the send rate (`--limit-rate`), over both data planes.
     pub limiter: Option<Arc<RateLimiter>>,

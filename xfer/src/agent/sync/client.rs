@@ -27,13 +27,18 @@ use xfer_proto::units::Bytes;
 pub struct SyncRequest {
     /// An absolute path on the source node, or `ORG/NAME[@REV]`.
     pub source: String,
+    /// The nodes to hold the model (`--nodes`; empty: all).
     pub nodes: Vec<String>,
     /// The node that holds the path or pulls the repo (default: the first
     /// selected node).
     pub from: Option<String>,
+    /// The model's name on the nodes (`--name`).
     pub name: Option<String>,
+    /// The kind of Hub repo (`--repo-type`).
     pub repo_type: RepoType,
+    /// The chunk size, in bytes.
     pub chunk_size: u64,
+    /// Caps the source's send rate, in bytes per second.
     pub limit_rate: Option<u64>,
     /// The data plane the source node offers.
     pub transport: TransportChoice,
@@ -41,9 +46,10 @@ pub struct SyncRequest {
     pub peers: Option<u32>,
 }
 
-/// Builds the job and hands it to every agent involved. Returns the job.
-pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
-    let cred = Credential::load(&cluster.key)?;
+/// Builds the job and hands it to every agent involved, asking with
+/// `cred` (the cluster's credential, loaded once by the caller). Returns
+/// the job.
+pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) -> Result<JobSpec> {
     let members = cluster.select(&req.nodes)?;
     let source_node = match &req.from {
         Some(n) => cluster
@@ -105,7 +111,6 @@ pub async fn sync(cluster: &Cluster, req: &SyncRequest) -> Result<JobSpec> {
     if !involved.iter().any(|n| n.name == source_node.name) {
         involved.push(source_node);
     }
-    let cred = Arc::new(cred);
     let asks = involved.iter().map(|n| {
         let msg = AdminRequest::SyncJob {
             node: n.name.to_string(),
@@ -154,16 +159,24 @@ where
 /// One node's answer to `xfer status`.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct NodeReport {
+    /// The node's name.
     pub node: String,
+    /// Its agent's address.
     pub agent: String,
+    /// Whether its agent answered.
     pub reachable: bool,
+    /// Why it did not, or what it answered instead of a status.
     pub error: Option<String>,
+    /// Its status, when it answered.
     pub status: Option<AgentStatus>,
 }
 
 /// Asks every selected node for its status, in parallel.
-pub async fn status(cluster: &Cluster, nodes: &[String]) -> Result<Vec<NodeReport>> {
-    let cred = Arc::new(Credential::load(&cluster.key)?);
+pub async fn status(
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    nodes: &[String],
+) -> Result<Vec<NodeReport>> {
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         async move {
@@ -355,6 +368,7 @@ fn row(node: &str, m: &ModelStatus) -> [String; 8] {
 /// root (or the job fails); prints progress on stderr when it is a terminal.
 pub async fn wait(
     cluster: &Cluster,
+    cred: &Arc<Credential>,
     spec: &JobSpec,
     progress: &crate::util::progress::Progress,
 ) -> Result<String> {
@@ -362,7 +376,7 @@ pub async fn wait(
     let bars: Vec<_> = names.iter().map(|n| progress.bytes(n, 0)).collect();
     let started = Instant::now();
     loop {
-        let reports = status(cluster, &names).await?;
+        let reports = status(cluster, cred, &names).await?;
         let mut roots = Vec::new();
         for (r, bar) in reports.iter().zip(&bars) {
             let m = r
@@ -381,7 +395,7 @@ pub async fn wait(
                 None => bar.set_message(if r.reachable { "queued" } else { "unreachable" }),
             }
         }
-        let source = status(cluster, std::slice::from_ref(&spec.source_node)).await?;
+        let source = status(cluster, cred, std::slice::from_ref(&spec.source_node)).await?;
         let job = source
             .first()
             .and_then(|r| r.status.as_ref())
@@ -409,18 +423,35 @@ pub async fn wait(
     }
 }
 
+/// Why one node did not do what `cancel` or `remove` asked.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    /// The node refused, saying why.
+    #[error("{0}")]
+    Refused(xfer_proto::refusal::Refusal),
+    /// The node answered with another kind of reply.
+    #[error("answered {0}")]
+    Unexpected(&'static str),
+    /// The node could not be asked (the client's words).
+    #[error(transparent)]
+    Unreachable(crate::agent::client::AskError),
+}
+
 /// Cancels job `id` on every node; returns the nodes that knew it.
-pub async fn cancel(cluster: &Cluster, id: &str) -> Result<Vec<(String, Result<bool, String>)>> {
-    let cred = Arc::new(Credential::load(&cluster.key)?);
+pub async fn cancel(
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    id: &str,
+) -> Result<Vec<(String, Result<bool, AskError>)>> {
     let asks = cluster.nodes.iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         let msg = AdminRequest::CancelJob { id: id.to_string() };
         async move {
             let r = match admin(&cred, &node, &agent, &msg, ASK_TIMEOUT).await {
                 Ok(AdminReply::JobCancelled { known, .. }) => Ok(known),
-                Ok(AdminReply::Failed(why)) => Err(why.to_string()),
-                Ok(other) => Err(format!("answered {}", other.kind())),
-                Err(e) => Err(e.to_string()),
+                Ok(AdminReply::Failed(why)) => Err(AskError::Refused(why)),
+                Ok(other) => Err(AskError::Unexpected(other.kind())),
+                Err(e) => Err(AskError::Unreachable(e)),
             };
             (node, r)
         }
@@ -431,11 +462,11 @@ pub async fn cancel(cluster: &Cluster, id: &str) -> Result<Vec<(String, Result<b
 /// Removes model `name` from the selected nodes.
 pub async fn remove(
     cluster: &Cluster,
+    cred: &Arc<Credential>,
     nodes: &[String],
     name: &ModelName,
     force: bool,
-) -> Result<Vec<(String, Result<bool, String>)>> {
-    let cred = Arc::new(Credential::load(&cluster.key)?);
+) -> Result<Vec<(String, Result<bool, AskError>)>> {
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         let msg = AdminRequest::RemoveModel {
@@ -445,9 +476,9 @@ pub async fn remove(
         async move {
             let r = match admin(&cred, &node, &agent, &msg, Duration::from_secs(30)).await {
                 Ok(AdminReply::ModelRemoved { existed, .. }) => Ok(existed),
-                Ok(AdminReply::Failed(why)) => Err(why.to_string()),
-                Ok(other) => Err(format!("answered {}", other.kind())),
-                Err(e) => Err(e.to_string()),
+                Ok(AdminReply::Failed(why)) => Err(AskError::Refused(why)),
+                Ok(other) => Err(AskError::Unexpected(other.kind())),
+                Err(e) => Err(AskError::Unreachable(e)),
             };
             (node, r)
         }

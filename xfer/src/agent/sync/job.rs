@@ -15,10 +15,12 @@ pub use xfer_proto::admin::{JobMember, JobSource, JobSpec, JobState, MemberTally
 /// A job on one agent's disk.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct JobRecord {
+    /// The job as it was handed over.
     pub spec: JobSpec,
     /// This node's name in the job.
     #[serde(default)]
     pub me: Option<String>,
+    /// How far it got.
     pub state: JobState,
     /// The last error a round met (kept after a later success, for status).
     pub last_error: Option<String>,
@@ -30,6 +32,7 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
+    /// A new record of `spec`, not started.
     pub fn new(spec: JobSpec) -> JobRecord {
         JobRecord {
             spec,
@@ -53,6 +56,7 @@ pub struct JobDir {
 const JOBS: &str = ".xfer/jobs";
 
 impl JobDir {
+    /// The jobs folder under the store root `root`.
     pub fn new(root: &Path) -> JobDir {
         JobDir {
             root: root.to_path_buf(),
@@ -87,6 +91,7 @@ impl JobDir {
         Root::open(&self.root)?.write_durable(&rel, &bytes)
     }
 
+    /// The record of job `id`, if there is one.
     pub fn load(&self, id: &str) -> Option<JobRecord> {
         let bytes = self.read(&self.rel(id)?).ok()?;
         serde_json::from_slice(&bytes).ok()

@@ -24,7 +24,7 @@ use crate::transport::rdma::link::Nic;
 use crate::transport::select::TransportChoice;
 use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
-use xfer_proto::names::ModelName;
+use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::refusal::Refusal;
 use xfer_proto::repo::RepoType;
 
@@ -34,7 +34,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// Jobs on one agent.
 pub struct Runner {
     store: Store,
-    key: PathBuf,
+    /// The agent's credential, loaded once at its start (reloaded in place
+    /// on `SIGHUP`).
+    cred: Arc<Credential>,
     jobs: JobDir,
     activity: Arc<Activity>,
     running: Mutex<HashMap<String, CancellationToken>>,
@@ -49,9 +51,10 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// A runner over `store`'s jobs, pushing with the agent's credential `cred`.
     pub fn new(
         store: Store,
-        key: PathBuf,
+        cred: Arc<Credential>,
         activity: Arc<Activity>,
         nic: Option<Arc<dyn Nic>>,
         permits: Arc<Permits>,
@@ -60,7 +63,7 @@ impl Runner {
         let jobs = JobDir::new(store.root());
         Arc::new(Runner {
             store,
-            key,
+            cred,
             jobs,
             activity,
             running: Mutex::default(),
@@ -157,10 +160,12 @@ impl Runner {
         }
     }
 
+    /// This node's name, as the last job handed to it called it.
     pub fn me(&self) -> Option<String> {
         self.me.lock().unwrap().clone()
     }
 
+    /// Every job this agent holds, finished or not.
     pub fn records(&self) -> Vec<JobRecord> {
         self.jobs.all()
     }
@@ -275,20 +280,18 @@ impl Runner {
     async fn round(&self, spec: &JobSpec) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let nic = self.nic_for(spec).map_err(Fatal)?;
         let mut to: Vec<Destination> = spec.members.iter().map(destination).collect();
-        if let Ok(cred) = Credential::load(&self.key) {
-            crate::agent::client::learn_data_addrs(&Arc::new(cred), &mut to).await;
-        }
+        crate::agent::client::learn_data_addrs(&self.cred, &mut to).await;
         let activity = self.activity.clone();
         let name = spec.name.clone();
         let push = PushOptions {
             src: PathBuf::new(),
             to,
-            me: Some(spec.source_node.clone()),
+            me: NodeName::new(&spec.source_node).ok(),
             routes: Some(RouteSink(Arc::new(move |route| {
                 activity.fell_back(&name, route)
             }))),
-            key: self.key.clone(),
-            name: Some(spec.name.to_string()),
+            cred: self.cred.clone(),
+            name: Some(spec.name.clone()),
             chunk_size: spec.chunk_size,
             limit_rate: spec.limit_rate,
             connect_timeout: Duration::from_secs(5),
@@ -493,9 +496,9 @@ impl Runner {
             for (i, addr) in addrs.iter().enumerate() {
                 let opts = crate::flow::fetch::FetchOptions {
                     from: addr.clone(),
-                    name: name.to_string(),
+                    name: name.clone(),
                     root: self.store.root().to_path_buf(),
-                    key: self.key.clone(),
+                    cred: self.cred.clone(),
                     connect_timeout: Duration::from_secs(5),
                     nic: self.nic.clone(),
                 };

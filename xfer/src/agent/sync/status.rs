@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use super::job::JobRecord;
 use crate::flow::receive::{Tally, MAX_FALLBACKS};
+use crate::flow::receiver::Watcher;
 use crate::store::{Store, Transfer};
 pub use xfer_proto::admin::{AgentStatus, JobView, ModelState, ModelStatus};
 use xfer_proto::names::ModelName;
@@ -71,7 +72,18 @@ pub struct Activity {
     models: Mutex<HashMap<ModelName, Entry>>,
 }
 
+impl Watcher for Activity {
+    fn receiving(&self, name: &ModelName, transfer: Arc<Transfer>, tally: Arc<Tally>) {
+        Activity::receiving(self, name, transfer, tally)
+    }
+
+    fn ended(&self, name: &ModelName, error: Option<String>) {
+        Activity::ended(self, name, error)
+    }
+}
+
 impl Activity {
+    /// `name` is being received: `transfer`, with its `tally`.
     pub fn receiving(&self, name: &ModelName, transfer: Arc<Transfer>, tally: Arc<Tally>) {
         let mut m = self.models.lock().unwrap();
         let e = m.entry(name.clone()).or_default();
@@ -89,6 +101,7 @@ impl Activity {
         m.entry(name.clone()).or_default().add_route(route);
     }
 
+    /// `name` is being re-hashed.
     pub fn verifying(&self, name: &ModelName) {
         self.models
             .lock()
@@ -98,6 +111,7 @@ impl Activity {
             .live = Some(Live::Verifying);
     }
 
+    /// `name` is being repaired, because `why`.
     pub fn repairing(&self, name: &ModelName, why: String) {
         let mut m = self.models.lock().unwrap();
         let e = m.entry(name.clone()).or_default();
@@ -105,6 +119,7 @@ impl Activity {
         e.last_error = Some(why);
     }
 
+    /// `files` files of `name` were repaired.
     pub fn repaired(&self, name: &ModelName, files: u64) {
         let mut m = self.models.lock().unwrap();
         let e = m.entry(name.clone()).or_default();
@@ -141,6 +156,7 @@ impl Activity {
         }
     }
 
+    /// Records `error` as the last error about `name`.
     pub fn note_error(&self, name: &ModelName, error: String) {
         self.models
             .lock()

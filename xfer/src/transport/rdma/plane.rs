@@ -682,7 +682,7 @@ impl SendPlane {
                 let chunk = req.chunk;
                 let bytes = match tokio::task::spawn_blocking(move || r.read_chunk(chunk)).await {
                     Ok(Ok(b)) => b,
-                    Ok(Err(why)) => return RdmaReply::Unavailable(why),
+                    Ok(Err(why)) => return RdmaReply::Unavailable(why.to_string()),
                     Err(e) => return RdmaReply::Failed(format!("reading the chunk failed: {e}")),
                 };
                 if bytes.len() as u64 != len {
