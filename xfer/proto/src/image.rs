@@ -5,7 +5,7 @@
 //! [`BLOB_FILE`]: it travels, resumes and is verified chunk by chunk like
 //! any model, and a blob a node already holds, from any image, is not sent
 //! again. What an agent reports of the images it loaded is an
-//! [`ImageStatus`]; the engine that loads them is a [`ContainerEngine`].
+//! [`ImageStatus`]; the engine that loads them is a [`ContainerRuntime`].
 
 use std::fmt;
 
@@ -163,26 +163,26 @@ pub fn check_reference(r: &str) -> Result<(), String> {
     }
 }
 
-/// The container engine an agent loads images into and runs ranks with
-/// (`xfer serve --container-engine`).
+/// The container runtime an agent loads images into and runs ranks with
+/// (`xfer serve --container-engine`; the type's name is not on the wire).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-pub enum ContainerEngine {
+pub enum ContainerRuntime {
     Docker,
     Podman,
 }
 
-impl ContainerEngine {
+impl ContainerRuntime {
     /// Its command.
     pub fn program(self) -> &'static str {
         match self {
-            ContainerEngine::Docker => "docker",
-            ContainerEngine::Podman => "podman",
+            ContainerRuntime::Docker => "docker",
+            ContainerRuntime::Podman => "podman",
         }
     }
 }
 
-impl fmt::Display for ContainerEngine {
+impl fmt::Display for ContainerRuntime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.program())
     }

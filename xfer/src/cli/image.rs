@@ -11,13 +11,13 @@ use anyhow::{bail, Context, Result};
 use super::args::ImagePushArgs;
 use xfer::flow::image::{ImagePushOptions, NodeImage, Note};
 use xfer::flow::route::Destination;
-use xfer::image::engine::Engine;
+use xfer::image::runtime::Runtime;
 use xfer::util::progress::Progress;
 use xfer_proto::units::Bytes;
 
 /// `xfer image push`.
 pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
-    let engine = Engine::new(args.engine);
+    let engine = Runtime::new(args.engine);
     let reference = args.image.clone();
     xfer_proto::image::check_reference(&reference).map_err(anyhow::Error::msg)?;
     let (dests, key) = destinations(&args).await?;

@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::flow::push::{PushOptions, PushSummary};
 use crate::flow::route::Destination;
 use crate::image::archive;
-use crate::image::engine::Engine;
+use crate::image::runtime::Runtime;
 use crate::transport::rdma::link::Nic;
 use crate::transport::select::TransportChoice;
 use crate::util::progress::Progress;
@@ -106,7 +106,7 @@ pub struct ImagePushOptions {
     /// The image reference, checked (e.g. `repo/name:tag`).
     pub reference: String,
     /// The local container runtime the image is saved from.
-    pub engine: Engine,
+    pub engine: Runtime,
     /// The nodes to deliver to.
     pub dests: Vec<Destination>,
     /// The cluster credential's file.
@@ -429,7 +429,7 @@ fn with_node(node: &str, msg: String) -> String {
 /// `docker save` of `reference`, unpacked as it streams into `cache`;
 /// each blob's digest goes to `saved` once the blob is complete there.
 async fn save(
-    engine: Engine,
+    engine: Runtime,
     reference: String,
     cache: PathBuf,
     saved: tokio::sync::mpsc::UnboundedSender<Digest>,

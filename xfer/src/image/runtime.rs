@@ -1,23 +1,26 @@
-//! The container engine's command line (`docker`, or `podman`, which takes
-//! the same verbs): the only code that runs it. It asks the engine's
-//! version, its runtimes and an image's id, starts `save` and `load`, and
-//! removes a run's containers; and it turns the engine's own error text
-//! into one line naming the cause and the fix ([`Engine::explain`]).
+//! The container runtime's command line (`docker`, or `podman`, which takes
+//! the same verbs): the only code that runs it. (The "engine" elsewhere is
+//! the scheduler, `crate::engine`, or a launch's inference server.) It asks
+//! the runtime's version, its OCI runtimes (nvidia) and an image's id,
+//! starts `save` and `load`, and removes a run's containers; and it turns
+//! the runtime's own error text into one line naming the cause and the fix
+//! ([`Runtime::explain`]).
 //!
-//! The engine is whichever one the environment selects (`DOCKER_HOST`,
+//! The runtime is whichever daemon the environment selects (`DOCKER_HOST`,
 //! `CONTAINER_HOST`), so that every node's agent talks to its own. An
-//! agent resolves the engine's program once, when it starts, on its own
-//! `PATH` ([`Engine::resolved`]), and runs that path from then on: a
+//! agent resolves the runtime's program once, when it starts, on its own
+//! `PATH` ([`Runtime::resolved`]), and runs that path from then on: a
 //! rank's environment, which its containers' client runs with, can then
 //! choose neither the program nor (see [`xfer_proto::launch_rules`]) the
-//! daemon.
+//! daemon. The wire and the command line still call it the container
+//! engine (`--container-engine`, the reports' `engine` fields).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use xfer_proto::image::{ContainerEngine, Digest};
+use xfer_proto::image::{ContainerRuntime, Digest};
 use xfer_proto::launch::{ContainerFacts, Probe};
 
 use crate::util::program::{self, ResolveError};
@@ -28,19 +31,19 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(20);
 /// The label every container of a launch carries: its run id.
 pub const RUN_LABEL: &str = "xfer.run";
 
-/// One container engine's command line.
+/// One container runtime's command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Engine {
-    pub kind: ContainerEngine,
+pub struct Runtime {
+    pub kind: ContainerRuntime,
     /// The program run: its name, looked up on `PATH` at each start (the
     /// operator's own `xfer image push`), or an agent's absolute path.
     bin: PathBuf,
 }
 
-impl Engine {
+impl Runtime {
     /// The engine, its program looked up on `PATH` whenever it runs.
-    pub fn new(kind: ContainerEngine) -> Engine {
-        Engine {
+    pub fn new(kind: ContainerRuntime) -> Runtime {
+        Runtime {
             kind,
             bin: PathBuf::from(kind.program()),
         }
@@ -48,8 +51,8 @@ impl Engine {
 
     /// The engine, its program resolved now on this process's own `PATH`
     /// (an agent, at start).
-    pub fn resolved(kind: ContainerEngine) -> Result<Engine, ResolveError> {
-        Ok(Engine {
+    pub fn resolved(kind: ContainerRuntime) -> Result<Runtime, ResolveError> {
+        Ok(Runtime {
             kind,
             bin: program::resolve(kind.program())?,
         })
@@ -57,8 +60,8 @@ impl Engine {
 
     /// The engine run from `bin` (tests).
     #[cfg(test)]
-    pub fn with_bin(self, bin: PathBuf) -> Engine {
-        Engine { bin, ..self }
+    pub fn with_bin(self, bin: PathBuf) -> Runtime {
+        Runtime { bin, ..self }
     }
 
     /// Its name, for messages.
@@ -159,8 +162,8 @@ impl Engine {
     /// The engine's server version.
     pub async fn version(&self) -> Result<String, String> {
         let format = match self.kind {
-            ContainerEngine::Docker => "{{.Server.Version}}",
-            ContainerEngine::Podman => "{{.Version.Version}}",
+            ContainerRuntime::Docker => "{{.Server.Version}}",
+            ContainerRuntime::Podman => "{{.Version.Version}}",
         };
         self.query(&["version", "--format", format]).await
     }
@@ -168,10 +171,10 @@ impl Engine {
     /// Whether the NVIDIA container runtime is configured.
     pub async fn nvidia_runtime(&self) -> Probe<String> {
         match self.kind {
-            ContainerEngine::Podman => Probe::Skipped(
+            ContainerRuntime::Podman => Probe::Skipped(
                 "podman passes GPUs by CDI (`nvidia-ctk cdi generate`), not by a runtime".into(),
             ),
-            ContainerEngine::Docker => {
+            ContainerRuntime::Docker => {
                 match self
                     .query(&["info", "--format", "{{json .Runtimes}}"])
                     .await
@@ -227,7 +230,7 @@ impl Engine {
     /// is always empty.
     pub async fn held_chains(&self) -> Result<BTreeSet<Digest>, String> {
         let mut held = BTreeSet::new();
-        if self.kind != ContainerEngine::Docker {
+        if self.kind != ContainerRuntime::Docker {
             return Ok(held);
         }
         let ids = self.query(&["image", "ls", "-aq", "--no-trunc"]).await?;
@@ -310,7 +313,7 @@ mod tests {
 
     #[test]
     fn engine_errors_name_the_cause_and_the_fix() {
-        let e = Engine::new(ContainerEngine::Docker);
+        let e = Runtime::new(ContainerRuntime::Docker);
         let full = e
             .explain("Error processing tar file(exit status 1): write /x: no space left on device");
         assert!(
