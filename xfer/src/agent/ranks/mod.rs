@@ -19,6 +19,10 @@
 //! These types travel in postcard frames, which cannot carry serde's
 //! tagged or flattened forms, so they use none.
 
+mod adopt;
+mod records;
+mod signals;
+mod spawn;
 pub mod supervisor;
 
 pub use xfer_proto::launch::*;
