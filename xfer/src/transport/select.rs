@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::rdma::link::Nic;
-use crate::sysinfo::rdma as sysfs;
+use crate::sysinfo::rdma::{self as sysfs, LinkLayer};
 
 pub use xfer_proto::admin::TransportChoice;
 
@@ -26,8 +26,8 @@ pub use xfer_proto::admin::TransportChoice;
 pub struct ActivePort {
     pub device: String,
     pub port: u32,
-    /// "InfiniBand" or "Ethernet" (RoCE).
-    pub link_layer: String,
+    /// InfiniBand or Ethernet (RoCE); None when sysfs cannot say.
+    pub link_layer: Option<LinkLayer>,
 }
 
 /// The data plane chosen.
@@ -78,13 +78,13 @@ pub fn active_port_on(sys: &Path, fabric: Option<&str>) -> Result<ActivePort, St
                 return Ok(ActivePort {
                     device: p.device,
                     port: p.number,
-                    link_layer: p.link_layer.unwrap_or_default(),
+                    link_layer: p.link_layer,
                 });
             }
             down.push(format!(
                 "{d} port {} is {}",
                 p.number,
-                p.state.as_deref().unwrap_or("unreadable")
+                p.state_text.as_deref().unwrap_or("unreadable")
             ));
         }
     }
@@ -167,7 +167,7 @@ pub fn choose_on(
                     "rdma: {} port {} ({})",
                     port.device,
                     port.port,
-                    port.link_layer
+                    port.link_layer.as_ref().map_or("", LinkLayer::as_str)
                 );
                 return Ok(Some(nic));
             }
@@ -187,16 +187,13 @@ pub fn choose_on(
 /// The GID index to use on `port`: the first RoCE v2 GID with an IPv4
 /// address on Ethernet (what `show_gids` marks), 0 on InfiniBand.
 pub fn gid_index(sys: &Path, port: &ActivePort) -> Result<u32, String> {
-    if port.link_layer == "InfiniBand" {
+    if port.link_layer == Some(LinkLayer::InfiniBand) {
         return Ok(0);
     }
-    crate::sysinfo::doctor::rdma_devices(sys)
-        .devices
+    sysfs::ports(sys, &port.device)
         .iter()
-        .filter(|d| d.name == port.device)
-        .flat_map(|d| d.ports.iter())
-        .find(|p| p.port == port.port)
-        .and_then(|p| p.gid_index)
+        .find(|p| p.number == port.port)
+        .and_then(sysfs::SysPort::roce_v2_ipv4_gid_index)
         .ok_or_else(|| {
             format!(
                 "{} port {} has no RoCE v2 GID with an IPv4 address; give its netdev an IPv4 address (xfer doctor lists the GID table)",
