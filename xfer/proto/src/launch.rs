@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::admin::ModelState;
 use crate::hash::Hash;
 use crate::image::Digest;
+use crate::names::NodeName;
 pub use crate::refusal::Refusal;
 
 /// Launcher → agent (and agent → agent, to stop a group), after a
@@ -88,7 +89,7 @@ impl LaunchReply {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreflightRequest {
     /// The node's name in the cluster file (for messages).
-    pub node: String,
+    pub node: NodeName,
     /// The interface and address the ranks will be pinned to.
     pub fabric_if: String,
     pub fabric_ip: IpAddr,
@@ -127,7 +128,7 @@ pub struct PortNeed {
 /// A peer to connect to over the fabric.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReachTarget {
-    pub node: String,
+    pub node: NodeName,
     pub addr: SocketAddr,
 }
 
@@ -152,7 +153,7 @@ pub struct VersionProbe {
 /// Python that runs `python_of` (the engine's launcher script).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RendezvousRequest {
-    pub node: String,
+    pub node: NodeName,
     pub python_of: String,
     pub rank: u32,
     pub world: u32,
@@ -326,7 +327,7 @@ pub struct PortFacts {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReachFacts {
-    pub node: String,
+    pub node: NodeName,
     pub addr: SocketAddr,
     /// Connect time in microseconds, or why it failed.
     pub result: Probe<u64>,
@@ -362,7 +363,7 @@ pub struct RdmaPort {
 pub struct RankSpec {
     /// The launch this rank belongs to: 1-64 of `[a-z0-9-]`.
     pub run: String,
-    pub node: String,
+    pub node: NodeName,
     pub rank: u32,
     /// Added to the agent's own environment.
     pub env: BTreeMap<String, String>,
@@ -428,7 +429,7 @@ pub struct WeightGate {
 /// Another rank's agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupPeer {
-    pub node: String,
+    pub node: NodeName,
     /// Where it may be reached (`HOST:PORT`), all tried at once: its
     /// address in the cluster file, which may be a management network the
     /// nodes cannot use between each other, and its fabric address.
@@ -494,7 +495,7 @@ impl RunState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankReport {
     pub run: String,
-    pub node: String,
+    pub node: NodeName,
     pub rank: u32,
     /// Seconds since the Unix epoch.
     pub started_unix: u64,
@@ -514,7 +515,7 @@ pub struct RankReport {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogChunk {
     pub run: String,
-    pub node: String,
+    pub node: NodeName,
     pub offset: u64,
     pub data: Vec<u8>,
     /// The log's size when read.
@@ -545,6 +546,39 @@ pub fn check_run_id(id: &str) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::frame::{decode_frame, encode};
+
+    /// A node name is on the wire as the plain string it was; a name that
+    /// is no valid [`NodeName`] is refused when read.
+    #[test]
+    fn node_names_travel_as_plain_strings() {
+        let t = ReachTarget {
+            node: NodeName::new("spark-a").unwrap(),
+            addr: "10.0.0.1:1".parse().unwrap(),
+        };
+        #[derive(Serialize)]
+        struct Plain<'a> {
+            node: &'a str,
+            addr: SocketAddr,
+        }
+        let plain = Plain {
+            node: "spark-a",
+            addr: t.addr,
+        };
+        assert_eq!(
+            postcard::to_stdvec(&t).unwrap(),
+            postcard::to_stdvec(&plain).unwrap()
+        );
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            serde_json::to_string(&plain).unwrap()
+        );
+        let bad = serde_json::to_string(&Plain {
+            node: "a b",
+            addr: t.addr,
+        })
+        .unwrap();
+        assert!(serde_json::from_str::<ReachTarget>(&bad).is_err());
+    }
 
     #[test]
     fn launch_messages_round_trip() {
@@ -578,7 +612,7 @@ mod tests {
             }],
             listen: Probe::Ok("10.0.0.1:29500".parse().unwrap()),
             reach: vec![ReachFacts {
-                node: "n2".into(),
+                node: NodeName::new("n2").unwrap(),
                 addr: "10.0.0.2:29500".parse().unwrap(),
                 result: Probe::Ok(120),
             }],
@@ -599,7 +633,7 @@ mod tests {
         };
         let spec = RankSpec {
             run: "r1".into(),
-            node: "n1".into(),
+            node: NodeName::new("n1").unwrap(),
             rank: 0,
             env: [("A".to_string(), "B".to_string())].into(),
             procs: vec![ProcSpec {
@@ -608,7 +642,7 @@ mod tests {
             }],
             on_stop: vec![],
             group: vec![GroupPeer {
-                node: "n2".into(),
+                node: NodeName::new("n2").unwrap(),
                 addrs: vec!["10.0.0.2:7470".into()],
             }],
             wait_timeout_ms: 1,

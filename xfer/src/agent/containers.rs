@@ -156,11 +156,12 @@ mod tests {
     use super::*;
     use xfer_proto::image::{ContainerRuntime, Digest};
     use xfer_proto::launch::WeightGate;
+    use xfer_proto::names::NodeName;
 
     fn spec() -> RankSpec {
         RankSpec {
             run: "r1".into(),
-            node: "n1".into(),
+            node: NodeName::new("n1").unwrap(),
             rank: 1,
             env: [("VLLM_HOST_IP".to_string(), "10.0.0.2".to_string())].into(),
             procs: vec![ProcSpec {

@@ -103,6 +103,7 @@ fn shorten(why: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xfer_proto::names::NodeName;
 
     #[test]
     fn failures_drop_the_interpreter_and_the_snippet() {
@@ -127,7 +128,7 @@ mod tests {
     #[tokio::test]
     async fn a_program_that_is_not_there_is_skipped() {
         let req = RendezvousRequest {
-            node: "a".into(),
+            node: NodeName::new("a").unwrap(),
             python_of: "no-such-engine-xyz".into(),
             rank: 0,
             world: 2,

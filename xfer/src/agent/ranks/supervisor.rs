@@ -284,7 +284,7 @@ impl Supervisor {
         for peer in run.spec.group.clone() {
             for addr in peer.addrs {
                 let (cred, msg) = (self.cred.clone(), msg.clone());
-                let (id, node) = (run.spec.run.clone(), peer.node.clone());
+                let (id, node) = (run.spec.run.clone(), peer.node.to_string());
                 tokio::spawn(async move {
                     let limit = grace + Duration::from_secs(15);
                     match crate::agent::client::launch(&cred, &node, &addr, &msg, limit).await {
@@ -327,6 +327,7 @@ mod tests {
     use crate::agent::ranks::records::Record;
     use crate::agent::ranks::signals::group_has_live_member;
     use crate::agent::ranks::ProcSpec;
+    use xfer_proto::names::NodeName;
 
     fn sup(dir: &Path) -> Arc<Supervisor> {
         let cred = crate::config::auth::keygen(&dir.join("key"), true).unwrap();
@@ -336,7 +337,7 @@ mod tests {
     fn spec(run: &str, procs: &[&str]) -> RankSpec {
         RankSpec {
             run: run.into(),
-            node: "n1".into(),
+            node: NodeName::new("n1").unwrap(),
             rank: 1,
             env: [("XFER_TEST_VALUE".to_string(), "42".to_string())].into(),
             procs: procs
