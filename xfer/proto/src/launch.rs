@@ -296,11 +296,96 @@ pub struct GpuProcess {
     pub used_mib: Option<u64>,
 }
 
+/// A network interface's `operstate` (RFC 2863), parsed; on the wire as
+/// the kernel's own word ("up", "down", ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OperState {
+    /// "up": it can pass packets.
+    Up,
+    /// "down".
+    Down,
+    /// "unknown": the driver does not say (loopback, many virtual
+    /// interfaces), or it could not be read.
+    Unknown,
+    /// "dormant".
+    Dormant,
+    /// "lowerlayerdown".
+    LowerLayerDown,
+    /// "notpresent".
+    NotPresent,
+    /// "testing".
+    Testing,
+    /// Any other word, as written.
+    Other(String),
+}
+
+impl OperState {
+    /// Parses the kernel's word (surrounding whitespace ignored).
+    pub fn parse(text: &str) -> OperState {
+        match text.trim() {
+            "up" => OperState::Up,
+            "down" => OperState::Down,
+            "unknown" => OperState::Unknown,
+            "dormant" => OperState::Dormant,
+            "lowerlayerdown" => OperState::LowerLayerDown,
+            "notpresent" => OperState::NotPresent,
+            "testing" => OperState::Testing,
+            other => OperState::Other(other.to_string()),
+        }
+    }
+
+    /// The kernel's word for it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            OperState::Up => "up",
+            OperState::Down => "down",
+            OperState::Unknown => "unknown",
+            OperState::Dormant => "dormant",
+            OperState::LowerLayerDown => "lowerlayerdown",
+            OperState::NotPresent => "notpresent",
+            OperState::Testing => "testing",
+            OperState::Other(word) => word,
+        }
+    }
+}
+
+impl std::fmt::Display for OperState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Parses the word, as [`OperState::parse`].
+impl From<&str> for OperState {
+    fn from(text: &str) -> OperState {
+        OperState::parse(text)
+    }
+}
+
+/// Compares with the kernel's word.
+impl PartialEq<&str> for OperState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl Serialize for OperState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for OperState {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(OperState::parse(&String::deserialize(d)?))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IfaceFacts {
     pub name: String,
-    /// `/sys/class/net/IF/operstate`: "up", "down", "unknown", ...
-    pub operstate: String,
+    /// `/sys/class/net/IF/operstate`: up, down, unknown, ...
+    pub operstate: OperState,
     /// `/sys/class/net/IF/carrier` (None when unreadable, e.g. link down).
     pub carrier: Option<bool>,
     pub mtu: u32,

@@ -24,6 +24,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 pub use crate::sysinfo::rdma::{GidEntry, LinkLayer};
+pub use xfer_proto::launch::OperState;
 
 mod gather;
 mod render;
@@ -121,7 +122,7 @@ pub struct Candidate {
     pub loopback: bool,
     /// The IPv4 default route goes out of it.
     pub default_route: bool,
-    pub operstate: String,
+    pub operstate: OperState,
     pub mtu: u32,
     /// "10.0.0.5/24".
     pub ipv4: Vec<String>,

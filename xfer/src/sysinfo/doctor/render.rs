@@ -130,7 +130,7 @@ pub(super) fn render_fabric(out: &mut String, f: &Fabric) {
             };
             rows.push(vec![
                 c.name.clone(),
-                c.operstate.clone(),
+                c.operstate.to_string(),
                 c.mtu.to_string(),
                 list(&c.ipv4),
                 list(&c.ipv6),
