@@ -297,7 +297,7 @@ pub async fn status(store: &Store, engine: Option<Runtime>) -> Vec<ImageStatus> 
             s.engine_id = Some(match engine.image_id(&s.reference).await {
                 Ok(Some(id)) => Ok(id),
                 Ok(None) => Err(format!("not in {} any more", engine.program())),
-                Err(e) => Err(e),
+                Err(e) => Err(e.to_string()),
             });
         }
     }

@@ -31,6 +31,24 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(20);
 /// The label every container of a launch carries: its run id.
 pub const RUN_LABEL: &str = "xfer.run";
 
+/// Why a query of the container runtime failed; each says the cause and
+/// the fix in words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// It did not answer within the query timeout.
+    #[error("{0}")]
+    Hung(String),
+    /// Its program could not be started ([`Runtime::spawn_error`]).
+    #[error("{0}")]
+    NotStarted(String),
+    /// It ran and failed: its error text explained ([`Runtime::explain`]).
+    #[error("{0}")]
+    Failed(String),
+    /// It answered what could not be read.
+    #[error("{0}")]
+    Unreadable(String),
+}
+
 /// One container runtime's command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Runtime {
@@ -88,24 +106,26 @@ impl Runtime {
     }
 
     /// Runs `args` and returns its stdout, or the explained failure.
-    async fn query(&self, args: &[&str]) -> Result<String, String> {
+    async fn query(&self, args: &[&str]) -> Result<String, RuntimeError> {
         let out = tokio::time::timeout(QUERY_TIMEOUT, self.command().args(args).output()).await;
         let out = match out {
             Err(_) => {
-                return Err(format!(
+                return Err(RuntimeError::Hung(format!(
                     "`{} {}` took over {}s; check the engine (is its daemon hung?)",
                     self.program(),
                     args.join(" "),
                     QUERY_TIMEOUT.as_secs()
-                ))
+                )))
             }
-            Ok(Err(e)) => return Err(self.spawn_error(&e)),
+            Ok(Err(e)) => return Err(RuntimeError::NotStarted(self.spawn_error(&e))),
             Ok(Ok(out)) => out,
         };
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
         } else {
-            Err(self.explain(&String::from_utf8_lossy(&out.stderr)))
+            Err(RuntimeError::Failed(
+                self.explain(&String::from_utf8_lossy(&out.stderr)),
+            ))
         }
     }
 
@@ -160,7 +180,7 @@ impl Runtime {
     }
 
     /// The engine's server version.
-    pub async fn version(&self) -> Result<String, String> {
+    pub async fn version(&self) -> Result<String, RuntimeError> {
         let format = match self.kind {
             ContainerRuntime::Docker => "{{.Server.Version}}",
             ContainerRuntime::Podman => "{{.Version.Version}}",
@@ -179,7 +199,7 @@ impl Runtime {
                     .query(&["info", "--format", "{{json .Runtimes}}"])
                     .await
                 {
-                    Err(e) => Probe::Failed(e),
+                    Err(e) => Probe::Failed(e.to_string()),
                     Ok(json) => {
                         let names: Vec<String> = serde_json::from_str::<
                             serde_json::Map<String, serde_json::Value>,
@@ -200,7 +220,7 @@ impl Runtime {
     }
 
     /// The id of `reference` in this engine; `None` when it does not hold it.
-    pub async fn image_id(&self, reference: &str) -> Result<Option<Digest>, String> {
+    pub async fn image_id(&self, reference: &str) -> Result<Option<Digest>, RuntimeError> {
         let out = tokio::time::timeout(
             QUERY_TIMEOUT,
             self.command()
@@ -208,27 +228,35 @@ impl Runtime {
                 .output(),
         )
         .await
-        .map_err(|_| format!("`{} image inspect` hung; check the engine", self.program()))?
-        .map_err(|e| self.spawn_error(&e))?;
+        .map_err(|_| {
+            RuntimeError::Hung(format!(
+                "`{} image inspect` hung; check the engine",
+                self.program()
+            ))
+        })?
+        .map_err(|e| RuntimeError::NotStarted(self.spawn_error(&e)))?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
             let lower = stderr.to_ascii_lowercase();
             if lower.contains("no such image") || lower.contains("image not known") {
                 return Ok(None);
             }
-            return Err(self.explain(&stderr));
+            return Err(RuntimeError::Failed(self.explain(&stderr)));
         }
         let text = String::from_utf8_lossy(&out.stdout);
-        Digest::parse(text.trim())
-            .map(Some)
-            .map_err(|e| format!("`{} image inspect {reference}`: {e}", self.program()))
+        Digest::parse(text.trim()).map(Some).map_err(|e| {
+            RuntimeError::Unreadable(format!(
+                "`{} image inspect {reference}`: {e}",
+                self.program()
+            ))
+        })
     }
 
     /// The chain ids of every layer stack this engine holds (see
     /// [`super::chain_ids`]), read off every image's `RootFS.Layers`.
     /// Podman's `load` wants every layer in the stream, so for podman this
     /// is always empty.
-    pub async fn held_chains(&self) -> Result<BTreeSet<Digest>, String> {
+    pub async fn held_chains(&self) -> Result<BTreeSet<Digest>, RuntimeError> {
         let mut held = BTreeSet::new();
         if self.kind != ContainerRuntime::Docker {
             return Ok(held);
@@ -241,15 +269,19 @@ impl Runtime {
         let mut args = vec!["image", "inspect", "--format", "{{json .RootFS.Layers}}"];
         args.extend(ids);
         for line in self.query(&args).await?.lines() {
-            let layers: Vec<Digest> = serde_json::from_str(line)
-                .map_err(|e| format!("`{} image inspect` printed `{line}`: {e}", self.program()))?;
+            let layers: Vec<Digest> = serde_json::from_str(line).map_err(|e| {
+                RuntimeError::Unreadable(format!(
+                    "`{} image inspect` printed `{line}`: {e}",
+                    self.program()
+                ))
+            })?;
             held.extend(super::chain_ids(&layers));
         }
         Ok(held)
     }
 
     /// The layers (diff ids, bottom first) of `reference` in this engine.
-    pub async fn layers(&self, reference: &str) -> Result<Vec<Digest>, String> {
+    pub async fn layers(&self, reference: &str) -> Result<Vec<Digest>, RuntimeError> {
         let out = self
             .query(&[
                 "image",
@@ -261,10 +293,10 @@ impl Runtime {
             ])
             .await?;
         serde_json::from_str(&out).map_err(|e| {
-            format!(
+            RuntimeError::Unreadable(format!(
                 "`{} image inspect {reference}` printed `{out}`: {e}",
                 self.program()
-            )
+            ))
         })
     }
 
@@ -272,7 +304,7 @@ impl Runtime {
     pub async fn facts(&self, image: Option<&str>) -> Probe<ContainerFacts> {
         let version = match self.version().await {
             Ok(v) => v,
-            Err(e) => return Probe::Failed(e),
+            Err(e) => return Probe::Failed(e.to_string()),
         };
         let nvidia_runtime = self.nvidia_runtime().await;
         let image = match image {
@@ -280,7 +312,7 @@ impl Runtime {
             Some(r) => Some(match self.image_id(r).await {
                 Ok(Some(id)) => Probe::Ok(id),
                 Ok(None) => Probe::Failed(format!("image {r} is not loaded in {}", self.program())),
-                Err(e) => Probe::Failed(e),
+                Err(e) => Probe::Failed(e.to_string()),
             }),
         };
         Probe::Ok(ContainerFacts {
@@ -293,7 +325,7 @@ impl Runtime {
 
     /// Removes every container of run `run` (running or not); returns how
     /// many there were.
-    pub async fn remove_run(&self, run: &str) -> Result<usize, String> {
+    pub async fn remove_run(&self, run: &str) -> Result<usize, RuntimeError> {
         let filter = format!("label={RUN_LABEL}={run}");
         let ids = self.query(&["ps", "-aq", "--filter", &filter]).await?;
         let ids: Vec<&str> = ids.split_whitespace().collect();
