@@ -46,16 +46,37 @@ impl<'de> Deserialize<'de> for Digest {
     }
 }
 
+/// Text that is no sha256 digest.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{}` is not a sha256 digest (sha256: and 64 hex digits)", .0.escape_default())]
+pub struct BadDigest(pub String);
+
+/// Text that is no image reference Docker takes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{}` is not an image reference (NAME[:TAG] of a-z, 0-9, . _ - / : @)", .0.escape_default())]
+pub struct BadReference(pub String);
+
+/// Why an image a peer sent is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadImage {
+    /// Its reference.
+    #[error(transparent)]
+    Reference(#[from] BadReference),
+    /// Its number of layers.
+    #[error("image {reference} has {layers} layers; an image has 1 to {MAX_LAYERS}")]
+    Layers {
+        /// The image's reference.
+        reference: String,
+        /// How many layers it has.
+        layers: usize,
+    },
+}
+
 impl Digest {
     /// Parses `sha256:<64 lowercase hex>` (or the bare hex).
-    pub fn parse(s: &str) -> Result<Digest, String> {
+    pub fn parse(s: &str) -> Result<Digest, BadDigest> {
         let hex_part = s.strip_prefix("sha256:").unwrap_or(s);
-        let bad = || {
-            format!(
-                "`{}` is not a sha256 digest (sha256: and 64 hex digits)",
-                s.escape_default()
-            )
-        };
+        let bad = || BadDigest(s.to_string());
         if hex_part.len() != 64 || hex_part.bytes().any(|b| b.is_ascii_uppercase()) {
             return Err(bad());
         }
@@ -132,14 +153,13 @@ impl ImageDesc {
     }
 
     /// Checks what a peer sent before anything acts on it.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BadImage> {
         check_reference(&self.reference)?;
         if self.layers.is_empty() || self.layers.len() > MAX_LAYERS {
-            return Err(format!(
-                "image {} has {} layers; an image has 1 to {MAX_LAYERS}",
-                self.reference,
-                self.layers.len()
-            ));
+            return Err(BadImage::Layers {
+                reference: self.reference.clone(),
+                layers: self.layers.len(),
+            });
         }
         Ok(())
     }
@@ -147,7 +167,7 @@ impl ImageDesc {
 
 /// Checks an image reference (`NAME[:TAG]`, `HOST/NAME:TAG`): what Docker
 /// accepts, and nothing a command line could mistake for an option.
-pub fn check_reference(r: &str) -> Result<(), String> {
+pub fn check_reference(r: &str) -> Result<(), BadReference> {
     let ok = !r.is_empty()
         && r.len() <= 255
         && !r.starts_with(['-', '.', ':', '/'])
@@ -156,10 +176,7 @@ pub fn check_reference(r: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "`{}` is not an image reference (NAME[:TAG] of a-z, 0-9, . _ - / : @)",
-            r.escape_default()
-        ))
+        Err(BadReference(r.to_string()))
     }
 }
 
