@@ -609,8 +609,13 @@ pub struct LogChunk {
     pub live: bool,
 }
 
+/// A run id that is no safe folder name.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("run id `{}` must be 1-64 of a-z, 0-9 and '-', not starting with '-'", .0.escape_default())]
+pub struct BadRunId(pub String);
+
 /// Checks a run id: 1-64 of `[a-z0-9-]`, so it is a safe folder name.
-pub fn check_run_id(id: &str) -> Result<(), String> {
+pub fn check_run_id(id: &str) -> Result<(), BadRunId> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && !id.starts_with('-')
@@ -620,10 +625,7 @@ pub fn check_run_id(id: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "run id `{}` must be 1-64 of a-z, 0-9 and '-', not starting with '-'",
-            id.escape_default()
-        ))
+        Err(BadRunId(id.to_string()))
     }
 }
 

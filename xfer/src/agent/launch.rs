@@ -102,7 +102,7 @@ pub(super) async fn serve(
                     }
                     match ctx.ranks.start(spec) {
                         Ok(report) => LaunchReply::Runs(vec![report]),
-                        Err(e) => LaunchReply::Failed(Refusal::Busy(e)),
+                        Err(e) => LaunchReply::Failed(Refusal::Busy(e.to_string())),
                     }
                 }
             }
@@ -136,7 +136,7 @@ pub(super) async fn serve(
         LaunchRequest::ReadLog { run, offset, max } => {
             match ctx.ranks.read_log(&run, offset, max) {
                 Ok(chunk) => LaunchReply::Log(Box::new(chunk)),
-                Err(e) => LaunchReply::Failed(Refusal::Protocol(e)),
+                Err(e) => LaunchReply::Failed(Refusal::Protocol(e.to_string())),
             }
         }
     };

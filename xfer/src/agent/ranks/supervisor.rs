@@ -52,10 +52,59 @@ use super::{check_run_id, LogChunk, ProcState, RankReport, RankSpec, RunState};
 use crate::config::auth::Credential;
 use crate::sysinfo::proc;
 use crate::util::private;
-use xfer_proto::launch::LaunchRequest;
+use xfer_proto::launch::{BadRunId, LaunchRequest};
 
 /// The most log bytes one read returns.
 pub const MAX_LOG_READ: u64 = 1 << 20;
+
+/// Why a rank did not start; the text is the refusal the launcher shows.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The run id is no safe folder name.
+    #[error(transparent)]
+    RunId(#[from] BadRunId),
+    /// A process without a command.
+    #[error("rank {rank} of run {run} has no command to run; check the plan (`xfer-launch plan`)")]
+    NoCommand {
+        /// The run.
+        run: String,
+        /// The rank.
+        rank: u32,
+    },
+    /// This boot's id is unknown (the reason), so no pid could be trusted.
+    #[error("{0}; the agent starts no process it could not tell apart later from another with the same pid")]
+    NoBootId(String),
+    /// The same run is already live here.
+    #[error("run {0} is already running on this node")]
+    AlreadyRunning(String),
+    /// Another run is live here.
+    #[error("run {0} is still running on this node; stop it first (`xfer-launch down`)")]
+    OtherRunning(String),
+    /// The run's folder could not be made.
+    #[error("cannot create {}: {source}", .dir.display())]
+    Folder {
+        /// The folder.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Why a rank's log could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadLogError {
+    /// No such run on this node.
+    #[error("no run {0} on this node; `xfer-launch logs` lists the runs")]
+    NoRun(String),
+    /// The log file could not be read.
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        /// The log file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
 
 /// The ranks this agent runs.
 pub struct Supervisor {
@@ -124,32 +173,31 @@ impl Supervisor {
     }
 
     /// Starts a rank. Refused while another run is live on this node.
-    pub fn start(self: &Arc<Self>, spec: RankSpec) -> Result<RankReport, String> {
+    pub fn start(self: &Arc<Self>, spec: RankSpec) -> Result<RankReport, StartError> {
         check_run_id(&spec.run)?;
         if spec.procs.is_empty() || spec.procs.iter().any(|p| p.argv.is_empty()) {
-            return Err(format!(
-                "rank {} of run {} has no command to run; check the plan (`xfer-launch plan`)",
-                spec.rank, spec.run
-            ));
+            return Err(StartError::NoCommand {
+                run: spec.run.clone(),
+                rank: spec.rank,
+            });
         }
-        let boot = self.boot.clone().map_err(|e| {
-            format!("{e}; the agent starts no process it could not tell apart later from another with the same pid")
-        })?;
+        let boot = self.boot.clone().map_err(StartError::NoBootId)?;
         let run = {
             let mut runs = self.runs.lock().unwrap();
             if let Some((id, _)) = runs.iter().find(|(_, r)| r.state().is_live()) {
                 return Err(if *id == spec.run {
-                    format!("run {id} is already running on this node")
+                    StartError::AlreadyRunning(id.clone())
                 } else {
-                    format!(
-                        "run {id} is still running on this node; stop it first (`xfer-launch down`)"
-                    )
+                    StartError::OtherRunning(id.clone())
                 });
             }
             let dir = self.dir.join(&spec.run);
             private::create_dir(&self.dir)
                 .and_then(|_| private::create_dir(&dir))
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                .map_err(|source| StartError::Folder {
+                    dir: dir.clone(),
+                    source,
+                })?;
             let run = Arc::new(Run {
                 started_unix: now_unix(),
                 boot_id: Some(boot),
@@ -239,20 +287,29 @@ impl Supervisor {
     }
 
     /// Reads up to `max` bytes of a rank's log from `offset`.
-    pub fn read_log(&self, run: &str, offset: u64, max: u64) -> Result<LogChunk, String> {
-        let r = self.runs.lock().unwrap().get(run).cloned().ok_or_else(|| {
-            format!("no run {run} on this node; `xfer-launch logs` lists the runs")
-        })?;
+    pub fn read_log(&self, run: &str, offset: u64, max: u64) -> Result<LogChunk, ReadLogError> {
+        let r = self
+            .runs
+            .lock()
+            .unwrap()
+            .get(run)
+            .cloned()
+            .ok_or_else(|| ReadLogError::NoRun(run.to_string()))?;
         let path = r.log();
-        let mut f = std::fs::File::open(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut f = std::fs::File::open(&path).map_err(|source| ReadLogError::Read {
+            path: path.clone(),
+            source,
+        })?;
         let size = f.metadata().map(|m| m.len()).unwrap_or(0);
         let offset = offset.min(size);
         let take = max.min(MAX_LOG_READ).min(size - offset);
         let mut data = vec![0; take as usize];
         f.seek(SeekFrom::Start(offset))
             .and_then(|_| f.read_exact(&mut data))
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            .map_err(|source| ReadLogError::Read {
+                path: path.clone(),
+                source,
+            })?;
         Ok(LogChunk {
             run: run.to_string(),
             node: r.spec.node.clone(),
@@ -405,7 +462,10 @@ mod tests {
         }
         // A second start is accepted now that nothing runs.
         s.start(spec("r2", &["exec sleep 30"])).unwrap();
-        let again = s.start(spec("r3", &["exec sleep 30"])).unwrap_err();
+        let again = s
+            .start(spec("r3", &["exec sleep 30"]))
+            .unwrap_err()
+            .to_string();
         assert!(again.contains("run r2 is still running"), "{again}");
         s.stop(Some("r2"), Duration::from_millis(300), "test").await;
     }
@@ -665,7 +725,10 @@ mod tests {
         let why = failed_why(&reports[0]);
         assert!(why.contains("cannot read this machine's boot id"), "{why}");
         assert!(v.alive(), "an unrelated process was killed");
-        let refused = s.start(spec("b", &["exec sleep 30"])).unwrap_err();
+        let refused = s
+            .start(spec("b", &["exec sleep 30"]))
+            .unwrap_err()
+            .to_string();
         assert!(refused.contains("boot id"), "{refused}");
     }
 
