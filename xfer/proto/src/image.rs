@@ -85,6 +85,7 @@ impl Digest {
         Ok(Digest(out))
     }
 
+    /// The 64 hex digits.
     pub fn hex(&self) -> String {
         hex::encode(self.0)
     }
@@ -122,7 +123,9 @@ impl fmt::Debug for Digest {
 /// One blob of an image.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlobRef {
+    /// The blob's sha256.
     pub digest: Digest,
+    /// Its size in bytes.
     pub size: u64,
 }
 
@@ -139,6 +142,7 @@ pub struct ImageDesc {
 }
 
 impl ImageDesc {
+    /// The image id: the config blob's digest.
     pub fn id(&self) -> Digest {
         self.config.digest
     }
@@ -148,6 +152,7 @@ impl ImageDesc {
         std::iter::once(&self.config).chain(&self.layers)
     }
 
+    /// The bytes of all its blobs.
     pub fn bytes(&self) -> u64 {
         self.blobs().map(|b| b.size).sum()
     }
@@ -185,7 +190,9 @@ pub fn check_reference(r: &str) -> Result<(), BadReference> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum ContainerRuntime {
+    /// `docker`.
     Docker,
+    /// `podman`.
     Podman,
 }
 
@@ -208,6 +215,7 @@ impl fmt::Display for ContainerRuntime {
 /// What an agent reports after loading an image.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ImageLoadReport {
+    /// The image reference loaded.
     pub reference: String,
     /// The id the engine reports for the reference after the load.
     pub id: Digest,
@@ -217,15 +225,20 @@ pub struct ImageLoadReport {
     pub loaded_bytes: u64,
     /// Seconds the sha256 checks and the load took.
     pub check_s: f64,
+    /// Seconds the load into the engine took.
     pub load_s: f64,
 }
 
 /// An image an agent loaded, in its status.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageStatus {
+    /// The image reference.
     pub reference: String,
+    /// The image id.
     pub id: Digest,
+    /// The bytes of all its blobs.
     pub bytes: u64,
+    /// How many layers it has.
     pub layers: u32,
     /// When it was loaded (Unix seconds).
     pub loaded_unix: u64,

@@ -29,23 +29,39 @@ pub enum LaunchRequest {
     /// Listen on `listen` and connect to every peer for `window_ms` (run
     /// on every node at once, after the port checks).
     Reach {
+        /// Where to listen (None: only connect).
         listen: Option<SocketAddr>,
+        /// The peers to connect to.
         peers: Vec<ReachTarget>,
+        /// How long to keep trying, in milliseconds.
         window_ms: u64,
     },
     /// Start your rank of a launch.
     StartRank(Box<RankSpec>),
     /// How the ranks of `run` are doing (None: every rank this agent knows).
-    RunQuery { run: Option<String> },
+    RunQuery {
+        /// The run asked about; None: every rank this agent knows.
+        run: Option<String>,
+    },
     /// Stop a run's rank (`run` None: every live one), SIGKILL after
     /// `grace_ms`; answered with `Runs` once stopped.
     StopRun {
+        /// The run to stop; None: every live run.
         run: Option<String>,
+        /// How long SIGTERM has before SIGKILL, in milliseconds.
         grace_ms: u64,
+        /// Why, for the log and the report.
         reason: String,
     },
     /// Part of a rank's log.
-    ReadLog { run: String, offset: u64, max: u64 },
+    ReadLog {
+        /// The run.
+        run: String,
+        /// Where to start, in bytes.
+        offset: u64,
+        /// The most bytes to return.
+        max: u64,
+    },
     /// Meet the other nodes with the engine's own collective library (a
     /// Gloo all-reduce in the engine's Python), run on every node at once.
     Rendezvous(Box<RendezvousRequest>),
@@ -57,14 +73,18 @@ pub enum LaunchReply {
     /// Refused or failed. First, at tag 0, in every service's replies:
     /// see [`crate::refusal::FailedReply`].
     Failed(Refusal),
+    /// This node's facts for the preflight.
     PreflightReport(Box<NodeFacts>),
     /// Whether it could listen, and each peer's result.
     Reached {
+        /// Whether it could listen on the address asked.
         listen: Probe<SocketAddr>,
+        /// Each peer's connect result.
         reach: Vec<ReachFacts>,
     },
     /// Ranks, newest first.
     Runs(Vec<RankReport>),
+    /// The part of the log asked for.
     Log(Box<LogChunk>),
     /// The rendezvous: the all-reduce's time in milliseconds, or why it
     /// failed.
@@ -92,11 +112,13 @@ pub struct PreflightRequest {
     pub node: NodeName,
     /// The interface and address the ranks will be pinned to.
     pub fabric_if: String,
+    /// The fabric address the ranks will use.
     pub fabric_ip: IpAddr,
     /// The model every rank loads, as the plan has it: an absolute path,
     /// possibly with the `<COMMIT>` placeholder in place of a snapshot's
     /// commit, resolved from `refs/<revision>` of the repo's cache folder.
     pub model_path: String,
+    /// The revision `<COMMIT>` resolves from (`refs/<revision>`).
     pub revision: Option<String>,
     /// Ports the engine will bind on this node; each must be free.
     pub ports: Vec<PortNeed>,
@@ -106,7 +128,9 @@ pub struct PreflightRequest {
     /// node once every node's ports were checked, so that no port check
     /// ever sees another node's probe listener (nodes may share a host).
     pub listen_port: Option<u16>,
+    /// The peers the reachability probe connects to (empty here; see above).
     pub peers: Vec<ReachTarget>,
+    /// How long the reachability probe tries, in milliseconds.
     pub window_ms: u64,
     /// Commands whose output is a version to compare across nodes.
     pub versions: Vec<VersionProbe>,
@@ -122,13 +146,16 @@ pub struct PreflightRequest {
 pub struct PortNeed {
     /// What binds it: "master", "api", "ray", "dist".
     pub what: String,
+    /// The port.
     pub port: u16,
 }
 
 /// A peer to connect to over the fabric.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReachTarget {
+    /// The peer's node name.
     pub node: NodeName,
+    /// Its fabric address and the probe's port.
     pub addr: SocketAddr,
 }
 
@@ -138,6 +165,7 @@ pub struct ReachTarget {
 pub struct VersionProbe {
     /// "vllm", "sglang", "torch", ...: with `python_of`, the Python module.
     pub what: String,
+    /// The command to run.
     pub argv: Vec<String>,
     /// Ask the Python that runs this program (a script on PATH, by its
     /// `#!` line) for the version of the module `what`, with the agent's
@@ -153,25 +181,35 @@ pub struct VersionProbe {
 /// Python that runs `python_of` (the engine's launcher script).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RendezvousRequest {
+    /// This node's name, for messages.
     pub node: NodeName,
+    /// The engine's launcher program; the probe runs in the Python that runs it.
     pub python_of: String,
+    /// This node's rank in the all-reduce.
     pub rank: u32,
+    /// How many ranks take part.
     pub world: u32,
+    /// The TCP store's address, on the head's fabric.
     pub master: SocketAddr,
+    /// The fabric interface (`GLOO_SOCKET_IFNAME`).
     pub fabric_if: String,
+    /// How long the probe may take, in milliseconds.
     pub timeout_ms: u64,
 }
 
 /// The RDMA device the cluster file names for this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RdmaNeed {
+    /// The RDMA device's name (`mlx5_0`).
     pub device: String,
+    /// The GID index to check, if configured.
     pub gid_index: Option<u32>,
 }
 
 /// The outcome of one probe.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Probe<T> {
+    /// It ran and found this.
     Ok(T),
     /// The probe could not run here: why (e.g. "nvidia-smi not found").
     Skipped(String),
@@ -182,13 +220,17 @@ pub enum Probe<T> {
 /// Everything one node reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeFacts {
+    /// The node's host name.
     pub hostname: String,
     /// The xfer version of the agent.
     pub agent_version: String,
+    /// The model at the plan's path.
     pub weights: WeightFacts,
     /// Free space on the filesystem of the agent's root.
     pub disk: Probe<DiskFacts>,
+    /// Total and available memory.
     pub memory: Probe<MemFacts>,
+    /// The GPUs and what runs on them.
     pub gpus: Probe<GpuFacts>,
     /// The named fabric interface.
     pub fabric: Probe<IfaceFacts>,
@@ -196,11 +238,15 @@ pub struct NodeFacts {
     pub interfaces: Vec<IfaceFacts>,
     /// The IPv4 default route, if any.
     pub default_route: Probe<RouteFacts>,
+    /// Each port the engine needs, and whether it is free.
     pub ports: Vec<PortFacts>,
     /// Whether the reachability listener could bind.
     pub listen: Probe<SocketAddr>,
+    /// Each peer's connect result.
     pub reach: Vec<ReachFacts>,
+    /// Each version asked for.
     pub versions: Vec<VersionFacts>,
+    /// The configured RDMA device.
     pub rdma: Probe<RdmaFacts>,
     /// The model's bytes in the page cache.
     pub page_cache: Probe<PageCacheFacts>,
@@ -242,6 +288,7 @@ pub struct WeightFacts {
     pub state: Option<ModelState>,
     /// The model's manifest root hash, when complete.
     pub root: Option<Hash>,
+    /// The bytes of every file of the manifest under `path`.
     pub bytes_total: u64,
     /// Bytes of the manifest's files under `path` present with their size.
     pub bytes_present: u64,
@@ -251,15 +298,22 @@ pub struct WeightFacts {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Free space on a filesystem.
 pub struct DiskFacts {
+    /// The folder it was asked for.
     pub path: String,
+    /// Bytes free to the agent's user.
     pub free_bytes: u64,
+    /// The filesystem's size in bytes.
     pub total_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The host's memory (`/proc/meminfo`), in bytes.
 pub struct MemFacts {
+    /// `MemTotal`.
     pub mem_total: u64,
+    /// `MemAvailable`.
     pub mem_available: u64,
 }
 
@@ -267,32 +321,46 @@ pub struct MemFacts {
 /// its files): on unified-memory machines that memory is the GPU's too.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PageCacheFacts {
+    /// Bytes of the model's files in the page cache.
     pub resident_bytes: u64,
+    /// Bytes of the model's files.
     pub total_bytes: u64,
+    /// How many files were looked at.
     pub files: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The GPUs of this node (`nvidia-smi`).
 pub struct GpuFacts {
     /// "NVIDIA GB10", ...
     pub gpus: Vec<GpuInfo>,
     /// Compute processes already on the GPUs.
     pub processes: Vec<GpuProcess>,
+    /// The driver version.
     pub driver: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One GPU.
 pub struct GpuInfo {
+    /// Its index (`nvidia-smi`'s).
     pub index: u32,
+    /// Its name ("NVIDIA GB10").
     pub name: String,
+    /// Its memory, in MiB, when it reports it.
     pub memory_total_mib: Option<u64>,
+    /// Memory in use, in MiB, when it reports it.
     pub memory_used_mib: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A compute process on a GPU.
 pub struct GpuProcess {
+    /// Its pid.
     pub pid: u32,
+    /// Its program's name.
     pub name: String,
+    /// The GPU memory it holds, in MiB, when known.
     pub used_mib: Option<u64>,
 }
 
@@ -382,20 +450,26 @@ impl<'de> Deserialize<'de> for OperState {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A network interface of this node.
 pub struct IfaceFacts {
+    /// Its name (`eth0`).
     pub name: String,
     /// `/sys/class/net/IF/operstate`: up, down, unknown, ...
     pub operstate: OperState,
     /// `/sys/class/net/IF/carrier` (None when unreadable, e.g. link down).
     pub carrier: Option<bool>,
+    /// Its MTU (0 when unknown).
     pub mtu: u32,
     /// Addresses with their prefix length.
     pub addrs: Vec<(IpAddr, u8)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A default route.
 pub struct RouteFacts {
+    /// The interface it goes out of.
     pub iface: String,
+    /// Its gateway, if any.
     pub gateway: Option<IpAddr>,
     /// The address this node would use for that route (the interface's
     /// first IPv4 address): what Ray, NCCL and SGLang pick by themselves.
@@ -403,43 +477,57 @@ pub struct RouteFacts {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A port the engine needs on this node, checked.
 pub struct PortFacts {
+    /// What binds it: "master", "api", "ray", "dist".
     pub what: String,
+    /// The port.
     pub port: u16,
     /// Ok(()) when free; Failed("in use by python3 (pid 4242)") when not.
     pub free: Probe<()>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One peer's reachability result.
 pub struct ReachFacts {
+    /// The peer's node name.
     pub node: NodeName,
+    /// The address connected to.
     pub addr: SocketAddr,
     /// Connect time in microseconds, or why it failed.
     pub result: Probe<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A version, as one node reports it.
 pub struct VersionFacts {
+    /// What was asked: "vllm", "torch", ...
     pub what: String,
     /// The version line, or why there is none ("vllm: not found on PATH").
     pub version: Probe<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The configured RDMA device, as sysfs shows it.
 pub struct RdmaFacts {
+    /// Its name.
     pub device: String,
+    /// Its ports.
     pub ports: Vec<RdmaPort>,
     /// The GID at the configured index, when one is configured.
     pub gid: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One RDMA port.
 pub struct RdmaPort {
+    /// Its number.
     pub port: u32,
     /// "4: ACTIVE" as sysfs has it.
     pub state: String,
     /// "InfiniBand" or "Ethernet" (RoCE).
     pub link_layer: String,
+    /// The active MTU, when known (sysfs does not show it).
     pub active_mtu: Option<u32>,
 }
 
@@ -448,7 +536,9 @@ pub struct RdmaPort {
 pub struct RankSpec {
     /// The launch this rank belongs to: 1-64 of `[a-z0-9-]`.
     pub run: String,
+    /// The node that runs this rank.
     pub node: NodeName,
+    /// The rank's number (0: the head).
     pub rank: u32,
     /// Added to the agent's own environment.
     pub env: BTreeMap<String, String>,
@@ -481,10 +571,12 @@ pub struct RankSpec {
 /// (`agent::containers`): a launcher names no flag, mount or program.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerSpec {
+    /// The image reference to run.
     pub image: String,
     /// The id the launcher's gate found on every node, checked again
     /// right before the rank starts.
     pub image_id: Option<Digest>,
+    /// How the GPUs reach the container.
     pub gpus: GpuAccess,
     /// `--shm-size`, in bytes.
     pub shm_bytes: Option<u64>,
@@ -514,6 +606,7 @@ pub struct WeightGate {
 /// Another rank's agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupPeer {
+    /// The peer's node name.
     pub node: NodeName,
     /// Where it may be reached (`HOST:PORT`), all tried at once: its
     /// address in the cluster file, which may be a management network the
@@ -524,6 +617,7 @@ pub struct GroupPeer {
 /// One long-running process of a rank.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcSpec {
+    /// The command, its program by absolute path once admitted.
     pub argv: Vec<String>,
     /// Start only once this address accepts a TCP connection.
     pub wait_tcp: Option<SocketAddr>,
@@ -534,19 +628,26 @@ pub struct ProcSpec {
 pub enum ProcState {
     /// Not started yet: waiting for its `wait_tcp` address.
     Waiting {
+        /// The address it waits for.
         on: SocketAddr,
     },
+    /// Started and, as far as the agent knows, running.
     Running {
+        /// Its pid (the leader of its own process group).
         pid: u32,
     },
     /// Exited with a code, or killed by a signal.
     Exited {
+        /// Its pid.
         pid: u32,
+        /// Its exit code, if it exited.
         code: Option<i32>,
+        /// The signal that killed it, if one did.
         signal: Option<i32>,
     },
     /// Never started: why.
     NotStarted {
+        /// Why.
         why: String,
     },
 }
@@ -554,13 +655,16 @@ pub enum ProcState {
 /// One process in a report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcReport {
+    /// The command.
     pub argv: Vec<String>,
+    /// Where it is.
     pub state: ProcState,
 }
 
 /// Where a rank is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RunState {
+    /// Its processes run.
     Running,
     /// Stopping its processes.
     Stopping(String),
@@ -571,6 +675,7 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// Whether it runs or is stopping (not yet ended).
     pub fn is_live(&self) -> bool {
         matches!(self, RunState::Running | RunState::Stopping(_))
     }
@@ -579,18 +684,24 @@ impl RunState {
 /// What an agent says about one rank it runs (or ran).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankReport {
+    /// The launch it belongs to.
     pub run: String,
+    /// The node it runs on.
     pub node: NodeName,
+    /// Its rank.
     pub rank: u32,
     /// Seconds since the Unix epoch.
     pub started_unix: u64,
+    /// Where it is.
     pub state: RunState,
     /// When the rank failed (Unix milliseconds): the moment its first
     /// process exited on its own. Across a group the earliest is the cause.
     pub failed_ms: Option<u64>,
+    /// Each process.
     pub procs: Vec<ProcReport>,
     /// The log file on the node, and its size.
     pub log: String,
+    /// The log's size in bytes.
     pub log_bytes: u64,
     /// The last lines of the log.
     pub tail: Vec<String>,
@@ -599,9 +710,13 @@ pub struct RankReport {
 /// A piece of a rank's log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogChunk {
+    /// The run.
     pub run: String,
+    /// The node.
     pub node: NodeName,
+    /// Where in the log this piece starts.
     pub offset: u64,
+    /// The bytes.
     pub data: Vec<u8>,
     /// The log's size when read.
     pub size: u64,

@@ -52,6 +52,7 @@ pub enum RuntimeError {
 /// One container runtime's command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Runtime {
+    /// Docker or podman.
     pub kind: ContainerRuntime,
     /// The program run: its name, looked up on `PATH` at each start (the
     /// operator's own `xfer image push`), or an agent's absolute path.

@@ -24,7 +24,9 @@ pub use xfer_proto::admin::TransportChoice;
 /// An RDMA port that is up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ActivePort {
+    /// The RDMA device (`mlx5_0`).
     pub device: String,
+    /// The port's number.
     pub port: u32,
     /// InfiniBand or Ethernet (RoCE); None when sysfs cannot say.
     pub link_layer: Option<LinkLayer>,
@@ -78,8 +80,10 @@ pub struct NoRoceGid {
 pub enum Selected {
     /// QUIC; with `auto`, why not RDMA.
     Quic {
+        /// Why not RDMA, with `auto`; None with `quic`.
         fallback: Option<String>,
     },
+    /// RDMA over this port.
     Rdma(ActivePort),
 }
 

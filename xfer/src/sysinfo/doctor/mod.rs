@@ -50,8 +50,11 @@ pub const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
 /// Everything `xfer doctor` reports.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
+    /// The RDMA devices.
     pub rdma: RdmaReport,
+    /// The interfaces a fabric could use.
     pub fabric: Fabric,
+    /// The UDP socket buffer limits.
     pub udp_buffers: UdpBuffers,
 }
 
@@ -60,24 +63,29 @@ pub struct Report {
 pub struct RdmaReport {
     /// `<sys>/class/infiniband`.
     pub dir: String,
+    /// Every device, by name.
     pub devices: Vec<RdmaDevice>,
     /// Why there are no devices, when there are none.
     pub none: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// One RDMA device.
 pub struct RdmaDevice {
     /// "mlx5_0", "rocep1s0f1", ...
     pub name: String,
     /// The netdevs of its PCI device (`device/net/*`).
     pub netdevs: Vec<String>,
+    /// Its ports, ascending.
     pub ports: Vec<RdmaPortReport>,
     /// What is wrong with the device as a whole (no ports).
     pub problem: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// One port of an RDMA device.
 pub struct RdmaPortReport {
+    /// Its number.
     pub port: u32,
     /// "4: ACTIVE" as sysfs has it.
     pub state: Option<String>,
@@ -111,38 +119,54 @@ pub struct Fabric {
     pub interfaces: Vec<Candidate>,
     /// Interfaces without any address.
     pub without_address: Vec<String>,
+    /// The IPv4 default route, if any.
     pub default_route: Option<DefaultRoute>,
     /// Why there is no default route, when there is none.
     pub default_route_note: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// An interface a fabric could use.
 pub struct Candidate {
+    /// Its name.
     pub name: String,
+    /// Whether it is loopback (by name, or every address is).
     pub loopback: bool,
     /// The IPv4 default route goes out of it.
     pub default_route: bool,
+    /// Its operstate.
     pub operstate: OperState,
+    /// Its MTU.
     pub mtu: u32,
     /// "10.0.0.5/24".
     pub ipv4: Vec<String>,
+    /// Its IPv6 addresses with prefix length.
     pub ipv6: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// The IPv4 default route.
 pub struct DefaultRoute {
+    /// The interface it goes out of.
     pub iface: String,
+    /// Its gateway, if any.
     pub gateway: Option<IpAddr>,
+    /// The source address the route uses, if known.
     pub src: Option<IpAddr>,
 }
 
 /// `<proc>/sys/net/core/{r,w}mem_{max,default}`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct UdpBuffers {
+    /// `<proc>/sys/net/core`.
     pub dir: String,
+    /// `rmem_max`.
     pub rmem_max: Sysctl,
+    /// `wmem_max`.
     pub wmem_max: Sysctl,
+    /// `rmem_default`.
     pub rmem_default: Sysctl,
+    /// `wmem_default`.
     pub wmem_default: Sysctl,
     /// [`BUFFER_HINT`], when a limit is below [`WANTED_BUFFER`].
     pub hint: Option<String>,
@@ -151,7 +175,9 @@ pub struct UdpBuffers {
 /// One sysctl value in bytes, or why it could not be read.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Sysctl {
+    /// The value, when read.
     pub bytes: Option<u64>,
+    /// Why it could not be read.
     pub error: Option<String>,
 }
 
