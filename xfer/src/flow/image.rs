@@ -258,7 +258,7 @@ pub async fn push(
 
     // Every node loads it into its own engine, at once.
     let load_started = Instant::now();
-    let cred = Arc::new(crate::config::auth::Credential::load(&key)?);
+    let cred = Arc::new(crate::config::auth::Credential::load(key)?);
     let loads = dests
         .iter()
         .zip(&nodes)
