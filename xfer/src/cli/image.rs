@@ -4,15 +4,18 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
 use super::args::ImagePushArgs;
+use xfer::config::auth::Credential;
 use xfer::flow::image::{ImagePushOptions, NodeImage, Note};
 use xfer::flow::route::Destination;
 use xfer::image::runtime::Runtime;
 use xfer::util::progress::Progress;
+use xfer_proto::admin::AdminRequest;
 use xfer_proto::units::Bytes;
 
 /// `xfer image push`.
@@ -44,7 +47,10 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
         Note::Progress(m) if !json => eprintln!("{m}"),
         Note::Progress(_) => {}
     };
-    let summary = xfer::flow::image::push(&opts, Progress::new(!args.json), &note).await?;
+    let load = |cred: Arc<Credential>, d: Destination, req: AdminRequest, limit: Duration| async move {
+        xfer::agent::client::admin(&cred, d.label(), &d.agent, &req, limit).await
+    };
+    let summary = xfer::flow::image::push(&opts, Progress::new(!args.json), &note, load).await?;
     let id = summary.id;
     if args.json {
         serde_json::to_writer(std::io::stdout().lock(), &summary)?;

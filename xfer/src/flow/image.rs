@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::config::auth::Credential;
 use crate::flow::push::{PushOptions, PushSummary};
 use crate::flow::route::Destination;
 use crate::image::archive;
@@ -140,11 +141,20 @@ pub enum Note {
 /// held there already), pushes each blob as it is saved, and has every node
 /// load it. A node's failure is in its [`NodeImage`]; an `Err` is a failure
 /// of the whole push (the image missing, the save failing, a blob missing).
-pub async fn push(
+///
+/// `load` sends one node's agent the admin request to load the image
+/// (`LoadImage`) and returns its reply: the caller passes the agent
+/// client, a layer above this one.
+pub async fn push<L, F>(
     opts: &ImagePushOptions,
     progress: Progress,
     note: &(dyn Fn(Note) + Sync),
-) -> Result<ImagePushSummary> {
+    load: L,
+) -> Result<ImagePushSummary>
+where
+    L: Fn(Arc<Credential>, Destination, AdminRequest, Duration) -> F,
+    F: std::future::Future<Output = Result<AdminReply, String>> + Send + 'static,
+{
     let started = Instant::now();
     let engine = opts.engine.clone();
     let reference = opts.reference.clone();
@@ -258,20 +268,16 @@ pub async fn push(
 
     // Every node loads it into its own engine, at once.
     let load_started = Instant::now();
-    let cred = Arc::new(crate::config::auth::Credential::load(key)?);
+    let cred = Arc::new(Credential::load(key)?);
     let loads = dests
         .iter()
         .zip(&nodes)
         .filter(|(_, n)| n.ok)
         .map(|(d, _)| {
-            let (cred, desc, d) = (cred.clone(), desc.clone(), d.clone());
-            async move {
-                let req = AdminRequest::LoadImage(Box::new(desc));
-                let reply =
-                    crate::agent::client::admin(&cred, d.label(), &d.agent, &req, LOAD_TIMEOUT)
-                        .await;
-                (d.label().to_string(), reply)
-            }
+            let req = AdminRequest::LoadImage(Box::new(desc.clone()));
+            let reply = load(cred.clone(), d.clone(), req, LOAD_TIMEOUT);
+            let label = d.label().to_string();
+            async move { (label, reply.await) }
         });
     for (label, reply) in futures_join(loads).await {
         let n = nodes
