@@ -3,9 +3,9 @@
 //! one place: [`devices`] and [`ports`] give typed [`SysPort`]s that the
 //! preflight probe ([`rdma`]), `xfer doctor` and the `--transport` choice
 //! all use, with the port state and link layer parsed ([`PortState`],
-//! [`LinkLayer`]) and the GID table ([`SysPort::gids`]). [`rdma`] checks the device the cluster file names for this
-//! node: that it exists, that a port is ACTIVE, and the GID at the
-//! configured index. The sysfs root is a parameter so tests can build a
+//! [`LinkLayer`]) and the GID table ([`SysPort::gids`]). [`rdma`] checks
+//! the device the cluster file names for this node: that it exists, that
+//! a port is ACTIVE, and the GID at the configured index. The sysfs root is a parameter so tests can build a
 //! fake tree.
 
 use std::fmt;

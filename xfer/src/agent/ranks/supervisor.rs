@@ -35,10 +35,10 @@
 //!
 //! This file holds the types and the service's own calls (start, report,
 //! stop, read the log, a rank's failure told to its group); the other jobs
-//! are in their own files: starting processes ([`super::spawn`]), the run's
-//! record and log ([`super::records`]), adopting ranks after a restart
-//! ([`super::adopt`]), and stopping and signalling process groups
-//! ([`super::signals`]).
+//! are in their own files: starting processes (`ranks::spawn`), the run's
+//! record and log (`ranks::records`), adopting ranks after a restart
+//! (`ranks::adopt`), and stopping and signalling process groups
+//! (`ranks::signals`).
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};

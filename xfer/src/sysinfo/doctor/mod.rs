@@ -2,7 +2,7 @@
 //! reports it, for a person to read (or as one JSON object).
 //!
 //! This module owns the three reports' types; reading them is in
-//! [`gather`], the plain text in [`render`]:
+//! `gather`, the plain text in `render`:
 //!
 //! - the RDMA devices under `<sys>/class/infiniband`: every port's state,
 //!   link layer (InfiniBand or Ethernet, i.e. RoCE), rate, the netdev
@@ -17,7 +17,7 @@
 //!
 //! Nothing here fails: what cannot be read is reported with the reason.
 //! The sysfs and procfs roots are parameters so tests can use fake trees;
-//! the sysfs readers are shared with [`crate::sysinfo::rdma`].
+//! sysfs itself is read by [`crate::sysinfo::rdma`] (ports, states, GIDs).
 
 use std::net::IpAddr;
 
