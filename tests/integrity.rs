@@ -47,7 +47,7 @@ fn state_of(cred: &Credential, agent: &Agent, name: &str) -> Option<ModelState> 
 /// preflight reads.
 fn gate(cred: &Credential, agent: &Agent, name: &str) -> WeightFacts {
     let req = LaunchRequest::Preflight(Box::new(PreflightRequest {
-        node: "b".into(),
+        node: "b".parse().unwrap(),
         fabric_if: "lo".into(),
         fabric_ip: "127.0.0.1".parse().unwrap(),
         model_path: agent.model_dir(name).display().to_string(),

@@ -42,7 +42,7 @@ fn plant(root: &Path, name: &str, marker: &Path) -> PathBuf {
 fn spec(run: &str, argv: &[&str], env: &[(&str, &str)]) -> RankSpec {
     RankSpec {
         run: run.into(),
-        node: "n1".into(),
+        node: "n1".parse().unwrap(),
         rank: 0,
         env: env
             .iter()
@@ -174,7 +174,7 @@ fn a_rank_cannot_reach_a_planted_program_through_its_environment() {
     // The preflight runs the allowed program, not a planted "Python" that
     // its `python_of` names.
     let probe = LaunchRequest::Preflight(Box::new(PreflightRequest {
-        node: "n1".into(),
+        node: "n1".parse().unwrap(),
         fabric_if: "lo".into(),
         fabric_ip: "127.0.0.67".parse().unwrap(),
         model_path: "/nonexistent".into(),

@@ -203,10 +203,13 @@ fn parse(file: &Path) -> syn::File {
 
 /// The file modules of the `xfer` crate and, for each, the file modules it
 /// names with the first line that names each.
-fn xfer_graph() -> (
-    BTreeMap<Vec<String>, PathBuf>,
-    Vec<(Vec<String>, Vec<String>, usize)>,
-) {
+/// A module path, as its segments below the crate root.
+type Module = Vec<String>;
+
+/// An import: the module that names, the module named, the first line.
+type Edge = (Module, Module, usize);
+
+fn xfer_graph() -> (BTreeMap<Module, PathBuf>, Vec<Edge>) {
     let src = repo().join("xfer/src");
     let mut modules = BTreeMap::new();
     for file in rust_files(&src) {

@@ -25,7 +25,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
     ];
     LaunchRequest::StartRank(Box::new(RankSpec {
         run: run.into(),
-        node: "n1".into(),
+        node: "n1".parse().unwrap(),
         rank: 0,
         env: Default::default(),
         procs: vec![ProcSpec {
@@ -45,7 +45,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
 /// A preflight that asks for the output of `id` as a "version".
 fn id_probe(out: &Path) -> LaunchRequest {
     LaunchRequest::Preflight(Box::new(PreflightRequest {
-        node: "n1".into(),
+        node: "n1".parse().unwrap(),
         fabric_if: "lo".into(),
         fabric_ip: "127.0.0.1".parse().unwrap(),
         model_path: "/nonexistent".into(),
@@ -71,7 +71,7 @@ fn id_probe(out: &Path) -> LaunchRequest {
 /// A rendezvous probe of one rank in `program`'s Python.
 fn rendezvous(program: &str) -> LaunchRequest {
     LaunchRequest::Rendezvous(Box::new(xfer_proto::launch::RendezvousRequest {
-        node: "n1".into(),
+        node: "n1".parse().unwrap(),
         python_of: program.into(),
         rank: 0,
         world: 1,
@@ -343,7 +343,7 @@ fn an_agent_starts_no_rank_on_weights_it_does_not_hold_verified() {
 fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
     RankSpec {
         run: run.into(),
-        node: "n1".into(),
+        node: "n1".parse().unwrap(),
         rank: 0,
         env: env
             .iter()

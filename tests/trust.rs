@@ -68,7 +68,7 @@ fn admin(cred: &Path, node: &str, agent: &Agent, req: &AdminRequest) -> AdminRep
 fn id_rank(run: &str, out: &Path) -> LaunchRequest {
     LaunchRequest::StartRank(Box::new(RankSpec {
         run: run.into(),
-        node: "a".into(),
+        node: "a".parse().unwrap(),
         rank: 0,
         env: Default::default(),
         procs: vec![ProcSpec {

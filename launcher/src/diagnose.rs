@@ -69,7 +69,7 @@ async fn log_end(agents: &Agents, report: &RankReport) -> Result<String, String>
     let i = agents
         .nodes
         .iter()
-        .position(|n| n.name == report.node)
+        .position(|n| n.name == report.node.as_str())
         .ok_or_else(|| format!("no node {} in the launch", report.node))?;
     let end = report.log_bytes;
     let from = end.saturating_sub(SCAN_BYTES);
@@ -116,7 +116,7 @@ mod tests {
         let d = Diagnosed {
             report: RankReport {
                 run: "r1".into(),
-                node: "a".into(),
+                node: "a".parse().unwrap(),
                 rank: 1,
                 started_unix: 5,
                 state: RunState::Failed("x".into()),

@@ -78,7 +78,10 @@ pub fn rank_specs(
             }
             RankSpec {
                 run: run.to_string(),
-                node: r.node.clone(),
+                node: r
+                    .node
+                    .parse()
+                    .expect("a [[node]] name, checked when the cluster file was read"),
                 rank: r.rank as u32,
                 env: r.env.clone(),
                 procs,
@@ -94,7 +97,10 @@ pub fn rank_specs(
                     .iter()
                     .filter(|n| n.name != r.node)
                     .map(|n| GroupPeer {
-                        node: n.name.clone(),
+                        node: n
+                            .name
+                            .parse()
+                            .expect("a [[node]] name, checked when the cluster file was read"),
                         addrs: peer_addrs(n),
                     })
                     .collect(),

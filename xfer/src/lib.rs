@@ -23,6 +23,7 @@ pub mod engine;
 pub mod flow;
 pub mod fuzzing;
 pub mod hub;
+pub mod hub_lookalike;
 pub mod image;
 pub mod store;
 pub mod sysinfo;

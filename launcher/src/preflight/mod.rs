@@ -123,7 +123,10 @@ pub fn rendezvous_requests(setup: &Setup) -> Vec<RendezvousRequest> {
         .iter()
         .enumerate()
         .map(|(rank, n)| RendezvousRequest {
-            node: n.name.clone(),
+            node: n
+                .name
+                .parse()
+                .expect("a [[node]] name, checked when the cluster file was read"),
             python_of: python_of.into(),
             rank: rank as u32,
             world: setup.nodes.len() as u32,
@@ -153,7 +156,10 @@ pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
         .iter()
         .enumerate()
         .map(|(rank, node)| PreflightRequest {
-            node: node.name.clone(),
+            node: node
+                .name
+                .parse()
+                .expect("a [[node]] name, checked when the cluster file was read"),
             fabric_if: node.fabric_if.clone(),
             fabric_ip: node.fabric_ip,
             model_path: setup.model.path.clone(),
@@ -170,7 +176,10 @@ pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
                 .iter()
                 .filter(|p| p.name != node.name)
                 .map(|p| ReachTarget {
-                    node: p.name.clone(),
+                    node: p
+                        .name
+                        .parse()
+                        .expect("a [[node]] name, checked when the cluster file was read"),
                     addr: SocketAddr::new(p.fabric_ip, rdv),
                 })
                 .collect(),

@@ -5,7 +5,7 @@
 //! [`BLOB_FILE`]: it travels, resumes and is verified chunk by chunk like
 //! any model, and a blob a node already holds, from any image, is not sent
 //! again. What an agent reports of the images it loaded is an
-//! [`ImageStatus`]; the engine that loads them is a [`ContainerEngine`].
+//! [`ImageStatus`]; the engine that loads them is a [`ContainerRuntime`].
 
 use std::fmt;
 
@@ -46,16 +46,37 @@ impl<'de> Deserialize<'de> for Digest {
     }
 }
 
+/// Text that is no sha256 digest.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{}` is not a sha256 digest (sha256: and 64 hex digits)", .0.escape_default())]
+pub struct BadDigest(pub String);
+
+/// Text that is no image reference Docker takes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{}` is not an image reference (NAME[:TAG] of a-z, 0-9, . _ - / : @)", .0.escape_default())]
+pub struct BadReference(pub String);
+
+/// Why an image a peer sent is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadImage {
+    /// Its reference.
+    #[error(transparent)]
+    Reference(#[from] BadReference),
+    /// Its number of layers.
+    #[error("image {reference} has {layers} layers; an image has 1 to {MAX_LAYERS}")]
+    Layers {
+        /// The image's reference.
+        reference: String,
+        /// How many layers it has.
+        layers: usize,
+    },
+}
+
 impl Digest {
     /// Parses `sha256:<64 lowercase hex>` (or the bare hex).
-    pub fn parse(s: &str) -> Result<Digest, String> {
+    pub fn parse(s: &str) -> Result<Digest, BadDigest> {
         let hex_part = s.strip_prefix("sha256:").unwrap_or(s);
-        let bad = || {
-            format!(
-                "`{}` is not a sha256 digest (sha256: and 64 hex digits)",
-                s.escape_default()
-            )
-        };
+        let bad = || BadDigest(s.to_string());
         if hex_part.len() != 64 || hex_part.bytes().any(|b| b.is_ascii_uppercase()) {
             return Err(bad());
         }
@@ -64,6 +85,7 @@ impl Digest {
         Ok(Digest(out))
     }
 
+    /// The 64 hex digits.
     pub fn hex(&self) -> String {
         hex::encode(self.0)
     }
@@ -101,7 +123,9 @@ impl fmt::Debug for Digest {
 /// One blob of an image.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlobRef {
+    /// The blob's sha256.
     pub digest: Digest,
+    /// Its size in bytes.
     pub size: u64,
 }
 
@@ -118,6 +142,7 @@ pub struct ImageDesc {
 }
 
 impl ImageDesc {
+    /// The image id: the config blob's digest.
     pub fn id(&self) -> Digest {
         self.config.digest
     }
@@ -127,19 +152,19 @@ impl ImageDesc {
         std::iter::once(&self.config).chain(&self.layers)
     }
 
+    /// The bytes of all its blobs.
     pub fn bytes(&self) -> u64 {
         self.blobs().map(|b| b.size).sum()
     }
 
     /// Checks what a peer sent before anything acts on it.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BadImage> {
         check_reference(&self.reference)?;
         if self.layers.is_empty() || self.layers.len() > MAX_LAYERS {
-            return Err(format!(
-                "image {} has {} layers; an image has 1 to {MAX_LAYERS}",
-                self.reference,
-                self.layers.len()
-            ));
+            return Err(BadImage::Layers {
+                reference: self.reference.clone(),
+                layers: self.layers.len(),
+            });
         }
         Ok(())
     }
@@ -147,7 +172,7 @@ impl ImageDesc {
 
 /// Checks an image reference (`NAME[:TAG]`, `HOST/NAME:TAG`): what Docker
 /// accepts, and nothing a command line could mistake for an option.
-pub fn check_reference(r: &str) -> Result<(), String> {
+pub fn check_reference(r: &str) -> Result<(), BadReference> {
     let ok = !r.is_empty()
         && r.len() <= 255
         && !r.starts_with(['-', '.', ':', '/'])
@@ -156,33 +181,32 @@ pub fn check_reference(r: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "`{}` is not an image reference (NAME[:TAG] of a-z, 0-9, . _ - / : @)",
-            r.escape_default()
-        ))
+        Err(BadReference(r.to_string()))
     }
 }
 
-/// The container engine an agent loads images into and runs ranks with
-/// (`xfer serve --container-engine`).
+/// The container runtime an agent loads images into and runs ranks with
+/// (`xfer serve --container-engine`; the type's name is not on the wire).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-pub enum ContainerEngine {
+pub enum ContainerRuntime {
+    /// `docker`.
     Docker,
+    /// `podman`.
     Podman,
 }
 
-impl ContainerEngine {
+impl ContainerRuntime {
     /// Its command.
     pub fn program(self) -> &'static str {
         match self {
-            ContainerEngine::Docker => "docker",
-            ContainerEngine::Podman => "podman",
+            ContainerRuntime::Docker => "docker",
+            ContainerRuntime::Podman => "podman",
         }
     }
 }
 
-impl fmt::Display for ContainerEngine {
+impl fmt::Display for ContainerRuntime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.program())
     }
@@ -191,6 +215,7 @@ impl fmt::Display for ContainerEngine {
 /// What an agent reports after loading an image.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ImageLoadReport {
+    /// The image reference loaded.
     pub reference: String,
     /// The id the engine reports for the reference after the load.
     pub id: Digest,
@@ -200,15 +225,20 @@ pub struct ImageLoadReport {
     pub loaded_bytes: u64,
     /// Seconds the sha256 checks and the load took.
     pub check_s: f64,
+    /// Seconds the load into the engine took.
     pub load_s: f64,
 }
 
 /// An image an agent loaded, in its status.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageStatus {
+    /// The image reference.
     pub reference: String,
+    /// The image id.
     pub id: Digest,
+    /// The bytes of all its blobs.
     pub bytes: u64,
+    /// How many layers it has.
     pub layers: u32,
     /// When it was loaded (Unix seconds).
     pub loaded_unix: u64,

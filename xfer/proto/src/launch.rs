@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::admin::ModelState;
 use crate::hash::Hash;
 use crate::image::Digest;
+use crate::names::NodeName;
 pub use crate::refusal::Refusal;
 
 /// Launcher → agent (and agent → agent, to stop a group), after a
@@ -28,23 +29,39 @@ pub enum LaunchRequest {
     /// Listen on `listen` and connect to every peer for `window_ms` (run
     /// on every node at once, after the port checks).
     Reach {
+        /// Where to listen (None: only connect).
         listen: Option<SocketAddr>,
+        /// The peers to connect to.
         peers: Vec<ReachTarget>,
+        /// How long to keep trying, in milliseconds.
         window_ms: u64,
     },
     /// Start your rank of a launch.
     StartRank(Box<RankSpec>),
     /// How the ranks of `run` are doing (None: every rank this agent knows).
-    RunQuery { run: Option<String> },
+    RunQuery {
+        /// The run asked about; None: every rank this agent knows.
+        run: Option<String>,
+    },
     /// Stop a run's rank (`run` None: every live one), SIGKILL after
     /// `grace_ms`; answered with `Runs` once stopped.
     StopRun {
+        /// The run to stop; None: every live run.
         run: Option<String>,
+        /// How long SIGTERM has before SIGKILL, in milliseconds.
         grace_ms: u64,
+        /// Why, for the log and the report.
         reason: String,
     },
     /// Part of a rank's log.
-    ReadLog { run: String, offset: u64, max: u64 },
+    ReadLog {
+        /// The run.
+        run: String,
+        /// Where to start, in bytes.
+        offset: u64,
+        /// The most bytes to return.
+        max: u64,
+    },
     /// Meet the other nodes with the engine's own collective library (a
     /// Gloo all-reduce in the engine's Python), run on every node at once.
     Rendezvous(Box<RendezvousRequest>),
@@ -56,14 +73,18 @@ pub enum LaunchReply {
     /// Refused or failed. First, at tag 0, in every service's replies:
     /// see [`crate::refusal::FailedReply`].
     Failed(Refusal),
+    /// This node's facts for the preflight.
     PreflightReport(Box<NodeFacts>),
     /// Whether it could listen, and each peer's result.
     Reached {
+        /// Whether it could listen on the address asked.
         listen: Probe<SocketAddr>,
+        /// Each peer's connect result.
         reach: Vec<ReachFacts>,
     },
     /// Ranks, newest first.
     Runs(Vec<RankReport>),
+    /// The part of the log asked for.
     Log(Box<LogChunk>),
     /// The rendezvous: the all-reduce's time in milliseconds, or why it
     /// failed.
@@ -88,14 +109,16 @@ impl LaunchReply {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreflightRequest {
     /// The node's name in the cluster file (for messages).
-    pub node: String,
+    pub node: NodeName,
     /// The interface and address the ranks will be pinned to.
     pub fabric_if: String,
+    /// The fabric address the ranks will use.
     pub fabric_ip: IpAddr,
     /// The model every rank loads, as the plan has it: an absolute path,
     /// possibly with the `<COMMIT>` placeholder in place of a snapshot's
     /// commit, resolved from `refs/<revision>` of the repo's cache folder.
     pub model_path: String,
+    /// The revision `<COMMIT>` resolves from (`refs/<revision>`).
     pub revision: Option<String>,
     /// Ports the engine will bind on this node; each must be free.
     pub ports: Vec<PortNeed>,
@@ -105,7 +128,9 @@ pub struct PreflightRequest {
     /// node once every node's ports were checked, so that no port check
     /// ever sees another node's probe listener (nodes may share a host).
     pub listen_port: Option<u16>,
+    /// The peers the reachability probe connects to (empty here; see above).
     pub peers: Vec<ReachTarget>,
+    /// How long the reachability probe tries, in milliseconds.
     pub window_ms: u64,
     /// Commands whose output is a version to compare across nodes.
     pub versions: Vec<VersionProbe>,
@@ -121,13 +146,16 @@ pub struct PreflightRequest {
 pub struct PortNeed {
     /// What binds it: "master", "api", "ray", "dist".
     pub what: String,
+    /// The port.
     pub port: u16,
 }
 
 /// A peer to connect to over the fabric.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReachTarget {
-    pub node: String,
+    /// The peer's node name.
+    pub node: NodeName,
+    /// Its fabric address and the probe's port.
     pub addr: SocketAddr,
 }
 
@@ -137,6 +165,7 @@ pub struct ReachTarget {
 pub struct VersionProbe {
     /// "vllm", "sglang", "torch", ...: with `python_of`, the Python module.
     pub what: String,
+    /// The command to run.
     pub argv: Vec<String>,
     /// Ask the Python that runs this program (a script on PATH, by its
     /// `#!` line) for the version of the module `what`, with the agent's
@@ -152,25 +181,35 @@ pub struct VersionProbe {
 /// Python that runs `python_of` (the engine's launcher script).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RendezvousRequest {
-    pub node: String,
+    /// This node's name, for messages.
+    pub node: NodeName,
+    /// The engine's launcher program; the probe runs in the Python that runs it.
     pub python_of: String,
+    /// This node's rank in the all-reduce.
     pub rank: u32,
+    /// How many ranks take part.
     pub world: u32,
+    /// The TCP store's address, on the head's fabric.
     pub master: SocketAddr,
+    /// The fabric interface (`GLOO_SOCKET_IFNAME`).
     pub fabric_if: String,
+    /// How long the probe may take, in milliseconds.
     pub timeout_ms: u64,
 }
 
 /// The RDMA device the cluster file names for this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RdmaNeed {
+    /// The RDMA device's name (`mlx5_0`).
     pub device: String,
+    /// The GID index to check, if configured.
     pub gid_index: Option<u32>,
 }
 
 /// The outcome of one probe.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Probe<T> {
+    /// It ran and found this.
     Ok(T),
     /// The probe could not run here: why (e.g. "nvidia-smi not found").
     Skipped(String),
@@ -181,13 +220,17 @@ pub enum Probe<T> {
 /// Everything one node reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeFacts {
+    /// The node's host name.
     pub hostname: String,
     /// The xfer version of the agent.
     pub agent_version: String,
+    /// The model at the plan's path.
     pub weights: WeightFacts,
     /// Free space on the filesystem of the agent's root.
     pub disk: Probe<DiskFacts>,
+    /// Total and available memory.
     pub memory: Probe<MemFacts>,
+    /// The GPUs and what runs on them.
     pub gpus: Probe<GpuFacts>,
     /// The named fabric interface.
     pub fabric: Probe<IfaceFacts>,
@@ -195,11 +238,15 @@ pub struct NodeFacts {
     pub interfaces: Vec<IfaceFacts>,
     /// The IPv4 default route, if any.
     pub default_route: Probe<RouteFacts>,
+    /// Each port the engine needs, and whether it is free.
     pub ports: Vec<PortFacts>,
     /// Whether the reachability listener could bind.
     pub listen: Probe<SocketAddr>,
+    /// Each peer's connect result.
     pub reach: Vec<ReachFacts>,
+    /// Each version asked for.
     pub versions: Vec<VersionFacts>,
+    /// The configured RDMA device.
     pub rdma: Probe<RdmaFacts>,
     /// The model's bytes in the page cache.
     pub page_cache: Probe<PageCacheFacts>,
@@ -241,6 +288,7 @@ pub struct WeightFacts {
     pub state: Option<ModelState>,
     /// The model's manifest root hash, when complete.
     pub root: Option<Hash>,
+    /// The bytes of every file of the manifest under `path`.
     pub bytes_total: u64,
     /// Bytes of the manifest's files under `path` present with their size.
     pub bytes_present: u64,
@@ -250,15 +298,22 @@ pub struct WeightFacts {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Free space on a filesystem.
 pub struct DiskFacts {
+    /// The folder it was asked for.
     pub path: String,
+    /// Bytes free to the agent's user.
     pub free_bytes: u64,
+    /// The filesystem's size in bytes.
     pub total_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The host's memory (`/proc/meminfo`), in bytes.
 pub struct MemFacts {
+    /// `MemTotal`.
     pub mem_total: u64,
+    /// `MemAvailable`.
     pub mem_available: u64,
 }
 
@@ -266,50 +321,155 @@ pub struct MemFacts {
 /// its files): on unified-memory machines that memory is the GPU's too.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PageCacheFacts {
+    /// Bytes of the model's files in the page cache.
     pub resident_bytes: u64,
+    /// Bytes of the model's files.
     pub total_bytes: u64,
+    /// How many files were looked at.
     pub files: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The GPUs of this node (`nvidia-smi`).
 pub struct GpuFacts {
     /// "NVIDIA GB10", ...
     pub gpus: Vec<GpuInfo>,
     /// Compute processes already on the GPUs.
     pub processes: Vec<GpuProcess>,
+    /// The driver version.
     pub driver: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One GPU.
 pub struct GpuInfo {
+    /// Its index (`nvidia-smi`'s).
     pub index: u32,
+    /// Its name ("NVIDIA GB10").
     pub name: String,
+    /// Its memory, in MiB, when it reports it.
     pub memory_total_mib: Option<u64>,
+    /// Memory in use, in MiB, when it reports it.
     pub memory_used_mib: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A compute process on a GPU.
 pub struct GpuProcess {
+    /// Its pid.
     pub pid: u32,
+    /// Its program's name.
     pub name: String,
+    /// The GPU memory it holds, in MiB, when known.
     pub used_mib: Option<u64>,
 }
 
+/// A network interface's `operstate` (RFC 2863), parsed; on the wire as
+/// the kernel's own word ("up", "down", ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OperState {
+    /// "up": it can pass packets.
+    Up,
+    /// "down".
+    Down,
+    /// "unknown": the driver does not say (loopback, many virtual
+    /// interfaces), or it could not be read.
+    Unknown,
+    /// "dormant".
+    Dormant,
+    /// "lowerlayerdown".
+    LowerLayerDown,
+    /// "notpresent".
+    NotPresent,
+    /// "testing".
+    Testing,
+    /// Any other word, as written.
+    Other(String),
+}
+
+impl OperState {
+    /// Parses the kernel's word (surrounding whitespace ignored).
+    pub fn parse(text: &str) -> OperState {
+        match text.trim() {
+            "up" => OperState::Up,
+            "down" => OperState::Down,
+            "unknown" => OperState::Unknown,
+            "dormant" => OperState::Dormant,
+            "lowerlayerdown" => OperState::LowerLayerDown,
+            "notpresent" => OperState::NotPresent,
+            "testing" => OperState::Testing,
+            other => OperState::Other(other.to_string()),
+        }
+    }
+
+    /// The kernel's word for it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            OperState::Up => "up",
+            OperState::Down => "down",
+            OperState::Unknown => "unknown",
+            OperState::Dormant => "dormant",
+            OperState::LowerLayerDown => "lowerlayerdown",
+            OperState::NotPresent => "notpresent",
+            OperState::Testing => "testing",
+            OperState::Other(word) => word,
+        }
+    }
+}
+
+impl std::fmt::Display for OperState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Parses the word, as [`OperState::parse`].
+impl From<&str> for OperState {
+    fn from(text: &str) -> OperState {
+        OperState::parse(text)
+    }
+}
+
+/// Compares with the kernel's word.
+impl PartialEq<&str> for OperState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl Serialize for OperState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for OperState {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(OperState::parse(&String::deserialize(d)?))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A network interface of this node.
 pub struct IfaceFacts {
+    /// Its name (`eth0`).
     pub name: String,
-    /// `/sys/class/net/IF/operstate`: "up", "down", "unknown", ...
-    pub operstate: String,
+    /// `/sys/class/net/IF/operstate`: up, down, unknown, ...
+    pub operstate: OperState,
     /// `/sys/class/net/IF/carrier` (None when unreadable, e.g. link down).
     pub carrier: Option<bool>,
+    /// Its MTU (0 when unknown).
     pub mtu: u32,
     /// Addresses with their prefix length.
     pub addrs: Vec<(IpAddr, u8)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A default route.
 pub struct RouteFacts {
+    /// The interface it goes out of.
     pub iface: String,
+    /// Its gateway, if any.
     pub gateway: Option<IpAddr>,
     /// The address this node would use for that route (the interface's
     /// first IPv4 address): what Ray, NCCL and SGLang pick by themselves.
@@ -317,43 +477,57 @@ pub struct RouteFacts {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A port the engine needs on this node, checked.
 pub struct PortFacts {
+    /// What binds it: "master", "api", "ray", "dist".
     pub what: String,
+    /// The port.
     pub port: u16,
     /// Ok(()) when free; Failed("in use by python3 (pid 4242)") when not.
     pub free: Probe<()>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One peer's reachability result.
 pub struct ReachFacts {
-    pub node: String,
+    /// The peer's node name.
+    pub node: NodeName,
+    /// The address connected to.
     pub addr: SocketAddr,
     /// Connect time in microseconds, or why it failed.
     pub result: Probe<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A version, as one node reports it.
 pub struct VersionFacts {
+    /// What was asked: "vllm", "torch", ...
     pub what: String,
     /// The version line, or why there is none ("vllm: not found on PATH").
     pub version: Probe<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The configured RDMA device, as sysfs shows it.
 pub struct RdmaFacts {
+    /// Its name.
     pub device: String,
+    /// Its ports.
     pub ports: Vec<RdmaPort>,
     /// The GID at the configured index, when one is configured.
     pub gid: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One RDMA port.
 pub struct RdmaPort {
+    /// Its number.
     pub port: u32,
     /// "4: ACTIVE" as sysfs has it.
     pub state: String,
     /// "InfiniBand" or "Ethernet" (RoCE).
     pub link_layer: String,
+    /// The active MTU, when known (sysfs does not show it).
     pub active_mtu: Option<u32>,
 }
 
@@ -362,7 +536,9 @@ pub struct RdmaPort {
 pub struct RankSpec {
     /// The launch this rank belongs to: 1-64 of `[a-z0-9-]`.
     pub run: String,
-    pub node: String,
+    /// The node that runs this rank.
+    pub node: NodeName,
+    /// The rank's number (0: the head).
     pub rank: u32,
     /// Added to the agent's own environment.
     pub env: BTreeMap<String, String>,
@@ -395,10 +571,12 @@ pub struct RankSpec {
 /// (`agent::containers`): a launcher names no flag, mount or program.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerSpec {
+    /// The image reference to run.
     pub image: String,
     /// The id the launcher's gate found on every node, checked again
     /// right before the rank starts.
     pub image_id: Option<Digest>,
+    /// How the GPUs reach the container.
     pub gpus: GpuAccess,
     /// `--shm-size`, in bytes.
     pub shm_bytes: Option<u64>,
@@ -428,7 +606,8 @@ pub struct WeightGate {
 /// Another rank's agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupPeer {
-    pub node: String,
+    /// The peer's node name.
+    pub node: NodeName,
     /// Where it may be reached (`HOST:PORT`), all tried at once: its
     /// address in the cluster file, which may be a management network the
     /// nodes cannot use between each other, and its fabric address.
@@ -438,6 +617,7 @@ pub struct GroupPeer {
 /// One long-running process of a rank.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcSpec {
+    /// The command, its program by absolute path once admitted.
     pub argv: Vec<String>,
     /// Start only once this address accepts a TCP connection.
     pub wait_tcp: Option<SocketAddr>,
@@ -448,19 +628,26 @@ pub struct ProcSpec {
 pub enum ProcState {
     /// Not started yet: waiting for its `wait_tcp` address.
     Waiting {
+        /// The address it waits for.
         on: SocketAddr,
     },
+    /// Started and, as far as the agent knows, running.
     Running {
+        /// Its pid (the leader of its own process group).
         pid: u32,
     },
     /// Exited with a code, or killed by a signal.
     Exited {
+        /// Its pid.
         pid: u32,
+        /// Its exit code, if it exited.
         code: Option<i32>,
+        /// The signal that killed it, if one did.
         signal: Option<i32>,
     },
     /// Never started: why.
     NotStarted {
+        /// Why.
         why: String,
     },
 }
@@ -468,13 +655,16 @@ pub enum ProcState {
 /// One process in a report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcReport {
+    /// The command.
     pub argv: Vec<String>,
+    /// Where it is.
     pub state: ProcState,
 }
 
 /// Where a rank is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RunState {
+    /// Its processes run.
     Running,
     /// Stopping its processes.
     Stopping(String),
@@ -485,6 +675,7 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// Whether it runs or is stopping (not yet ended).
     pub fn is_live(&self) -> bool {
         matches!(self, RunState::Running | RunState::Stopping(_))
     }
@@ -493,18 +684,24 @@ impl RunState {
 /// What an agent says about one rank it runs (or ran).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankReport {
+    /// The launch it belongs to.
     pub run: String,
-    pub node: String,
+    /// The node it runs on.
+    pub node: NodeName,
+    /// Its rank.
     pub rank: u32,
     /// Seconds since the Unix epoch.
     pub started_unix: u64,
+    /// Where it is.
     pub state: RunState,
     /// When the rank failed (Unix milliseconds): the moment its first
     /// process exited on its own. Across a group the earliest is the cause.
     pub failed_ms: Option<u64>,
+    /// Each process.
     pub procs: Vec<ProcReport>,
     /// The log file on the node, and its size.
     pub log: String,
+    /// The log's size in bytes.
     pub log_bytes: u64,
     /// The last lines of the log.
     pub tail: Vec<String>,
@@ -513,9 +710,13 @@ pub struct RankReport {
 /// A piece of a rank's log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogChunk {
+    /// The run.
     pub run: String,
-    pub node: String,
+    /// The node.
+    pub node: NodeName,
+    /// Where in the log this piece starts.
     pub offset: u64,
+    /// The bytes.
     pub data: Vec<u8>,
     /// The log's size when read.
     pub size: u64,
@@ -523,8 +724,13 @@ pub struct LogChunk {
     pub live: bool,
 }
 
+/// A run id that is no safe folder name.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("run id `{}` must be 1-64 of a-z, 0-9 and '-', not starting with '-'", .0.escape_default())]
+pub struct BadRunId(pub String);
+
 /// Checks a run id: 1-64 of `[a-z0-9-]`, so it is a safe folder name.
-pub fn check_run_id(id: &str) -> Result<(), String> {
+pub fn check_run_id(id: &str) -> Result<(), BadRunId> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && !id.starts_with('-')
@@ -534,10 +740,7 @@ pub fn check_run_id(id: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "run id `{}` must be 1-64 of a-z, 0-9 and '-', not starting with '-'",
-            id.escape_default()
-        ))
+        Err(BadRunId(id.to_string()))
     }
 }
 
@@ -545,6 +748,39 @@ pub fn check_run_id(id: &str) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::frame::{decode_frame, encode};
+
+    /// A node name is on the wire as the plain string it was; a name that
+    /// is no valid [`NodeName`] is refused when read.
+    #[test]
+    fn node_names_travel_as_plain_strings() {
+        let t = ReachTarget {
+            node: NodeName::new("spark-a").unwrap(),
+            addr: "10.0.0.1:1".parse().unwrap(),
+        };
+        #[derive(Serialize)]
+        struct Plain<'a> {
+            node: &'a str,
+            addr: SocketAddr,
+        }
+        let plain = Plain {
+            node: "spark-a",
+            addr: t.addr,
+        };
+        assert_eq!(
+            postcard::to_stdvec(&t).unwrap(),
+            postcard::to_stdvec(&plain).unwrap()
+        );
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            serde_json::to_string(&plain).unwrap()
+        );
+        let bad = serde_json::to_string(&Plain {
+            node: "a b",
+            addr: t.addr,
+        })
+        .unwrap();
+        assert!(serde_json::from_str::<ReachTarget>(&bad).is_err());
+    }
 
     #[test]
     fn launch_messages_round_trip() {
@@ -578,7 +814,7 @@ mod tests {
             }],
             listen: Probe::Ok("10.0.0.1:29500".parse().unwrap()),
             reach: vec![ReachFacts {
-                node: "n2".into(),
+                node: NodeName::new("n2").unwrap(),
                 addr: "10.0.0.2:29500".parse().unwrap(),
                 result: Probe::Ok(120),
             }],
@@ -599,7 +835,7 @@ mod tests {
         };
         let spec = RankSpec {
             run: "r1".into(),
-            node: "n1".into(),
+            node: NodeName::new("n1").unwrap(),
             rank: 0,
             env: [("A".to_string(), "B".to_string())].into(),
             procs: vec![ProcSpec {
@@ -608,7 +844,7 @@ mod tests {
             }],
             on_stop: vec![],
             group: vec![GroupPeer {
-                node: "n2".into(),
+                node: NodeName::new("n2").unwrap(),
                 addrs: vec!["10.0.0.2:7470".into()],
             }],
             wait_timeout_ms: 1,

@@ -73,13 +73,28 @@ const DEVICE_FOLDERS: &[&str] = &["/dev/nvidia-caps/", "/dev/dri/", "/dev/infini
 pub enum Refused {
     /// A key that changes which code a process loads.
     #[error("[launch.env] sets {name}, which {why}, around the agent's --allow-exec; drop it, or set it in the environment of `xfer serve` on each node (every rank inherits that)")]
-    EnvKey { name: String, why: &'static str },
+    EnvKey {
+        /// The key.
+        name: String,
+        /// What it changes.
+        why: &'static str,
+    },
     /// A key whose value may not be a path.
     #[error("[launch.env] sets {name} to the path {value:?}, which would load a plugin from a file of the caller's choosing; name the plugin (NCCL finds it on the agent's library path), or drop it")]
-    PluginPath { name: String, value: String },
+    PluginPath {
+        /// The key.
+        name: String,
+        /// The path it was set to.
+        value: String,
+    },
     /// A device outside the GPU and RDMA device nodes and CDI names.
     #[error("gpus lists {device:?}, {why}; list GPU or RDMA device nodes (/dev/nvidia*, /dev/nvidia-caps/*, /dev/dri/*, /dev/kfd, /dev/infiniband/*) by path alone, or CDI names (vendor/class=name), like \"/dev/nvidia0\" or \"nvidia.com/gpu=0\"")]
-    Device { device: String, why: &'static str },
+    Device {
+        /// The device as listed.
+        device: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
 }
 
 /// Why `name` changes what a process loads, if it does.

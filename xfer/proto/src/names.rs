@@ -121,6 +121,32 @@ impl fmt::Display for NodeName {
     }
 }
 
+/// On the wire as the plain string; a name that fails [`NodeName::new`]
+/// is refused when read.
+impl Serialize for NodeName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        NodeName::new(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl PartialEq<str> for NodeName {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for NodeName {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
 impl AsRef<str> for NodeName {
     fn as_ref(&self) -> &str {
         &self.0

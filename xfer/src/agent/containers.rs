@@ -25,7 +25,7 @@
 
 use std::path::{Component, Path};
 
-use crate::image::engine::{Engine, RUN_LABEL};
+use crate::image::runtime::{Runtime, RUN_LABEL};
 use xfer_proto::launch::{ContainerSpec, GpuAccess, ProcSpec, RankSpec};
 use xfer_proto::launch_rules;
 
@@ -40,7 +40,7 @@ pub fn container_name(run: &str, rank: u32, i: usize) -> String {
 pub fn wrap(
     mut spec: RankSpec,
     c: &ContainerSpec,
-    engine: Engine,
+    engine: Runtime,
     root: &Path,
 ) -> Result<RankSpec, String> {
     let node = spec.node.clone();
@@ -154,13 +154,14 @@ fn model_folder(root: &Path, path: &Path) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xfer_proto::image::{ContainerEngine, Digest};
+    use xfer_proto::image::{ContainerRuntime, Digest};
     use xfer_proto::launch::WeightGate;
+    use xfer_proto::names::NodeName;
 
     fn spec() -> RankSpec {
         RankSpec {
             run: "r1".into(),
-            node: "n1".into(),
+            node: NodeName::new("n1").unwrap(),
             rank: 1,
             env: [("VLLM_HOST_IP".to_string(), "10.0.0.2".to_string())].into(),
             procs: vec![ProcSpec {
@@ -190,8 +191,8 @@ mod tests {
     }
 
     /// The engine as an agent has it: resolved to an absolute path.
-    fn engine() -> Engine {
-        Engine::new(ContainerEngine::Docker).with_bin("/opt/bin/docker".into())
+    fn engine() -> Runtime {
+        Runtime::new(ContainerRuntime::Docker).with_bin("/opt/bin/docker".into())
     }
 
     #[test]
@@ -217,7 +218,7 @@ mod tests {
 
     #[test]
     fn nothing_outside_the_root_is_mounted_and_no_flag_is_smuggled() {
-        let engine = &Engine::new(ContainerEngine::Docker);
+        let engine = &Runtime::new(ContainerRuntime::Docker);
         let mut outside = spec();
         outside.weights.as_mut().unwrap().path = "/etc".into();
         let e = wrap(outside, &container(), engine.clone(), Path::new("/root")).unwrap_err();

@@ -19,8 +19,8 @@ use std::io::Read;
 use std::process::Stdio;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::image::engine::Engine;
 use crate::image::loadtar::{self, LoadTarError};
+use crate::image::runtime::Runtime;
 use crate::store::Store;
 use xfer_proto::image::{Digest, ImageDesc, ImageLoadReport, ImageStatus, BLOB_FILE};
 use xfer_proto::refusal::Refusal;
@@ -38,7 +38,7 @@ pub fn engine_off(node: &str) -> String {
 /// Loads `desc` into `engine` from the blobs in `store`.
 pub async fn load(
     store: &Store,
-    engine: Option<Engine>,
+    engine: Option<Runtime>,
     node: &str,
     desc: ImageDesc,
 ) -> Result<ImageLoadReport, Refusal> {
@@ -71,7 +71,7 @@ pub async fn load(
             }
         };
         let mut result = load_blocking(store, node, &desc, engine.clone(), omit.clone()).await;
-        if let Err(Failure::Engine(why)) = &result {
+        if let Err(Failure::Runtime(why)) = &result {
             if !omit.is_empty() {
                 tracing::warn!(
                     "{} load without the {} layer(s) it held failed ({why}); sending every layer",
@@ -173,14 +173,14 @@ fn held(store: &Store, node: &str, d: &Digest, size: u64) -> Result<(), Refusal>
 /// Why a load failed: the engine's own refusal (which a load with every
 /// layer may not hit), or anything else.
 enum Failure {
-    Engine(Refusal),
+    Runtime(Refusal),
     Other(Refusal),
 }
 
 impl Failure {
     fn into_refusal(self) -> Refusal {
         match self {
-            Failure::Engine(r) | Failure::Other(r) => r,
+            Failure::Runtime(r) | Failure::Other(r) => r,
         }
     }
 }
@@ -190,7 +190,7 @@ async fn load_blocking(
     store: &Store,
     node: &str,
     desc: &ImageDesc,
-    engine: Engine,
+    engine: Runtime,
     omit: BTreeSet<Digest>,
 ) -> Result<u64, Failure> {
     let (s, d, n) = (store.clone(), desc.clone(), node.to_string());
@@ -205,7 +205,7 @@ fn stream_load(
     store: &Store,
     node: &str,
     desc: &ImageDesc,
-    engine: Engine,
+    engine: Runtime,
     omit: &BTreeSet<Digest>,
 ) -> Result<u64, Failure> {
     let mut child = engine
@@ -275,7 +275,7 @@ fn stream_load(
         }) => Err(Failure::Other(Refusal::Image(format!(
             "{node}: cannot read {what} {digest:?}: {source}; run `xfer image push` again"
         )))),
-        _ => Err(Failure::Engine(Refusal::Image(format!(
+        _ => Err(Failure::Runtime(Refusal::Image(format!(
             "{node}: {} load failed: {}",
             engine.program(),
             engine.explain(&err)
@@ -285,7 +285,7 @@ fn stream_load(
 
 /// The images this agent loaded, newest first, each with what `engine`
 /// says of its reference now (when there is one).
-pub async fn status(store: &Store, engine: Option<Engine>) -> Vec<ImageStatus> {
+pub async fn status(store: &Store, engine: Option<Runtime>) -> Vec<ImageStatus> {
     let mut out: Vec<ImageStatus> = store
         .read_notes(AREA)
         .into_iter()
@@ -297,7 +297,7 @@ pub async fn status(store: &Store, engine: Option<Engine>) -> Vec<ImageStatus> {
             s.engine_id = Some(match engine.image_id(&s.reference).await {
                 Ok(Some(id)) => Ok(id),
                 Ok(None) => Err(format!("not in {} any more", engine.program())),
-                Err(e) => Err(e),
+                Err(e) => Err(e.to_string()),
             });
         }
     }

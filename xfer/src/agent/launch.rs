@@ -46,7 +46,7 @@ pub(super) async fn serve(
     let reply = match request {
         LaunchRequest::Preflight(request) => {
             let states = model_states(ctx);
-            let node = request.node.clone();
+            let node = request.node.to_string();
             let permits = ctx.permits.clone();
             let may_run = move |argv: &[String]| permits.may_run(&node, argv);
             let image = request.image.clone();
@@ -102,7 +102,7 @@ pub(super) async fn serve(
                     }
                     match ctx.ranks.start(spec) {
                         Ok(report) => LaunchReply::Runs(vec![report]),
-                        Err(e) => LaunchReply::Failed(Refusal::Busy(e)),
+                        Err(e) => LaunchReply::Failed(Refusal::Busy(e.to_string())),
                     }
                 }
             }
@@ -123,7 +123,7 @@ pub(super) async fn serve(
         LaunchRequest::Rendezvous(req) => {
             match ctx
                 .permits
-                .may_run(&req.node, std::slice::from_ref(&req.python_of))
+                .may_run(req.node.as_str(), std::slice::from_ref(&req.python_of))
             {
                 Err(why) => LaunchReply::Rendezvoused(Probe::Failed(why)),
                 Ok(program) => {
@@ -136,7 +136,7 @@ pub(super) async fn serve(
         LaunchRequest::ReadLog { run, offset, max } => {
             match ctx.ranks.read_log(&run, offset, max) {
                 Ok(chunk) => LaunchReply::Log(Box::new(chunk)),
-                Err(e) => LaunchReply::Failed(Refusal::Protocol(e)),
+                Err(e) => LaunchReply::Failed(Refusal::Protocol(e.to_string())),
             }
         }
     };
@@ -149,7 +149,7 @@ pub(super) async fn serve(
 /// within [`xfer_proto::launch_rules`] (checked here whatever the launcher
 /// checked); the weights still held; in its container when it names one.
 async fn admit(ctx: &Ctx, mut spec: RankSpec) -> Result<RankSpec, String> {
-    let node = spec.node.clone();
+    let node = spec.node.to_string();
     let permits = &ctx.permits;
     if spec.container.is_some() {
         // The programs are the image's; the host runs the engine's own,
@@ -211,7 +211,7 @@ async fn in_container(ctx: &Ctx, spec: RankSpec) -> Result<RankSpec, String> {
     let Some(c) = spec.container.clone() else {
         return Ok(spec);
     };
-    let node = spec.node.clone();
+    let node = spec.node.to_string();
     let Some(engine) = ctx.permits.engine() else {
         return Err(super::images::engine_off(&node));
     };

@@ -50,12 +50,12 @@ pub struct Permits {
     /// `--container-engine`, its program resolved when the agent started:
     /// the engine images are loaded into and ranks run in; `None`: no
     /// image is loaded and no rank runs in one.
-    pub containers: Option<crate::image::engine::Engine>,
+    pub containers: Option<crate::image::runtime::Runtime>,
 }
 
 impl Permits {
     /// The container engine, if the operator named one.
-    pub fn engine(&self) -> Option<crate::image::engine::Engine> {
+    pub fn engine(&self) -> Option<crate::image::runtime::Runtime> {
         self.containers.clone()
     }
 }

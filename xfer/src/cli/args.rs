@@ -170,7 +170,7 @@ pub struct ServeArgs {
     /// image`). The engine is the one DOCKER_HOST (or podman's default)
     /// names.
     #[arg(long, value_enum, value_name = "ENGINE")]
-    pub container_engine: Option<xfer_proto::image::ContainerEngine>,
+    pub container_engine: Option<xfer_proto::image::ContainerRuntime>,
     /// With issued credentials: accept node certificates only for the
     /// nodes this cluster file lists (operators are not nodes, and pass).
     #[arg(long, value_name = "FILE")]
@@ -347,7 +347,7 @@ pub struct ImagePushArgs {
     pub key: Option<PathBuf>,
     /// The local engine the image is saved from.
     #[arg(long, value_enum, default_value = "docker")]
-    pub engine: xfer_proto::image::ContainerEngine,
+    pub engine: xfer_proto::image::ContainerRuntime,
     /// Where the image's blobs are kept between pushes (default
     /// $XDG_CACHE_HOME/xfer/images or ~/.cache/xfer/images).
     #[arg(long, value_name = "DIR")]

@@ -2,7 +2,7 @@
 //!
 //! Generates a model-like repo (safetensors shards, config files, a nested
 //! folder, an empty file) and serves it from a local Hub look-alike
-//! ([`super::demo_hub`]) that caps each connection like a CDN. Then, with
+//! ([`xfer::hub_lookalike`]) that caps each connection like a CDN. Then, with
 //! agents on 127.0.0.2, 127.0.0.3, ... as real child processes:
 //!
 //! 1. the download alone: `xfer pull` into a scratch cache;
@@ -32,11 +32,11 @@ use rand::{RngCore, SeedableRng};
 
 use std::time::Instant;
 
-use super::demo_hub::DemoHub;
 use xfer::flow::pull_fanout::{pull_and_fan_out, FanOut};
 use xfer::flow::push::{push, PushOptions};
 use xfer::hub::env::HubEnv;
 use xfer::hub::pull::PullOptions;
+use xfer::hub_lookalike::DemoHub;
 use xfer::store::verify::verify;
 use xfer::util::progress::Progress;
 use xfer_proto::repo::RepoType;

@@ -13,7 +13,6 @@ pub mod args;
 mod ca;
 pub mod demo;
 pub mod demo_engine;
-pub mod demo_hub;
 mod image;
 mod jobs;
 mod local;

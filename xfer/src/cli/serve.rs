@@ -57,7 +57,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         .collect::<Result<Vec<_>>>()?;
     // The engine's program, resolved once on the agent's own PATH.
     let containers = container_engine
-        .map(xfer::image::engine::Engine::resolved)
+        .map(xfer::image::runtime::Runtime::resolved)
         .transpose()
         .map_err(|e| anyhow::anyhow!("--container-engine: {e}"))?;
     let data = data_addr(listen, data.as_deref(), fabric_if.as_deref())?;

@@ -3,12 +3,14 @@
 //! control loop), one transfer into the store ([`receive`]), its links to
 //! the other receivers ([`swarm`]), the source's side ([`push`]),
 //! fetching a complete model from a peer ([`fetch`]), a Hub pull fanned
-//! out to agents while it downloads ([`pull_fanout`]), and the feed of its
-//! draft's events ([`feed`]).
+//! out to agents while it downloads ([`pull_fanout`]), a container image
+//! delivered to nodes ([`image`]), and the feed of its draft's events
+//! ([`feed`]).
 
 pub mod coordinator;
 pub mod feed;
 pub mod fetch;
+pub mod image;
 pub mod pull_fanout;
 pub mod push;
 pub mod receive;

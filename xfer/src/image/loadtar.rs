@@ -20,15 +20,21 @@ pub enum LoadTarError {
     /// A blob's bytes do not hash to its digest.
     #[error("{what} {want} does not match its digest: its bytes hash to {got}")]
     Digest {
+        /// "config" or "layer".
         what: &'static str,
+        /// The digest it should have.
         want: Digest,
+        /// The digest its bytes have.
         got: Digest,
     },
     /// A blob's file could not be opened or read.
     #[error("{what} {digest}: {source}")]
     Blob {
+        /// "config" or "layer".
         what: &'static str,
+        /// Its digest.
         digest: Digest,
+        /// Why it could not be read.
         source: io::Error,
     },
     /// The engine's end of the stream went away (it failed: its own

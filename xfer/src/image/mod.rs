@@ -3,7 +3,7 @@
 //! blobs, each checked against its sha256 digest ([`archive`]); writing
 //! the tar `docker load` reads back from those blobs, checking each digest
 //! again as it streams ([`loadtar`]); and the one place that runs the
-//! container engine's command line ([`engine`]: version, runtimes, image
+//! container engine's command line ([`runtime`]: version, runtimes, image
 //! ids, save, load, removing containers). [`chain_ids`] and [`omittable`]
 //! say which layers a node's engine holds already, so that a load leaves
 //! them out of the stream.
@@ -13,8 +13,8 @@
 //! is a model the swarm delivers like any other.
 
 pub mod archive;
-pub mod engine;
 pub mod loadtar;
+pub mod runtime;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

@@ -47,7 +47,7 @@ pub fn memory() -> Probe<MemFacts> {
     match std::fs::read_to_string("/proc/meminfo") {
         Ok(text) => match parse_meminfo(&text) {
             Ok(m) => Probe::Ok(m),
-            Err(e) => Probe::Failed(e),
+            Err(e) => Probe::Failed(e.to_string()),
         },
         Err(e) => Probe::Skipped(format!(
             "cannot read /proc/meminfo: {e}; the agent needs /proc mounted to report memory"
@@ -55,8 +55,19 @@ pub fn memory() -> Probe<MemFacts> {
     }
 }
 
+/// Why `/proc/meminfo` gave no memory figures.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MeminfoError {
+    /// No readable `MemTotal` line.
+    #[error("/proc/meminfo has no readable MemTotal line; is /proc a real procfs?")]
+    NoTotal,
+    /// No `MemAvailable` line (kernels before 3.14).
+    #[error("/proc/meminfo has no MemAvailable line (kernels before 3.14 lack it); upgrade the kernel to check memory")]
+    NoAvailable,
+}
+
 /// Parses `/proc/meminfo` (values in kB) into bytes.
-pub fn parse_meminfo(text: &str) -> Result<MemFacts, String> {
+pub fn parse_meminfo(text: &str) -> Result<MemFacts, MeminfoError> {
     let field = |key: &str| -> Option<u64> {
         text.lines().find_map(|line| {
             let rest = line.strip_prefix(key)?.strip_prefix(':')?;
@@ -69,11 +80,8 @@ pub fn parse_meminfo(text: &str) -> Result<MemFacts, String> {
             }
         })
     };
-    let mem_total = field("MemTotal")
-        .ok_or("/proc/meminfo has no readable MemTotal line; is /proc a real procfs?")?;
-    let mem_available = field("MemAvailable").ok_or(
-        "/proc/meminfo has no MemAvailable line (kernels before 3.14 lack it); upgrade the kernel to check memory",
-    )?;
+    let mem_total = field("MemTotal").ok_or(MeminfoError::NoTotal)?;
+    let mem_available = field("MemAvailable").ok_or(MeminfoError::NoAvailable)?;
     Ok(MemFacts {
         mem_total,
         mem_available,
@@ -311,9 +319,14 @@ mod tests {
 
     #[test]
     fn meminfo_without_available_says_why() {
-        let e = parse_meminfo("MemTotal: 10 kB\nMemFree: 5 kB\n").unwrap_err();
+        let e = parse_meminfo("MemTotal: 10 kB\nMemFree: 5 kB\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("MemAvailable"), "{e}");
-        assert!(parse_meminfo("garbage").unwrap_err().contains("MemTotal"));
+        assert!(parse_meminfo("garbage")
+            .unwrap_err()
+            .to_string()
+            .contains("MemTotal"));
         // A prefix of another key does not count.
         assert!(parse_meminfo("MemTotalX: 1 kB\nMemAvailable: 1 kB\n").is_err());
     }

@@ -9,7 +9,7 @@ use std::fs;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
-use xfer_proto::launch::{IfaceFacts, PortFacts, Probe, RouteFacts};
+use xfer_proto::launch::{IfaceFacts, OperState, PortFacts, Probe, RouteFacts};
 
 /// Every interface in `/sys/class/net`, sorted by name, with its state,
 /// MTU and addresses.
@@ -21,7 +21,7 @@ pub fn interfaces() -> Vec<IfaceFacts> {
             .into_iter()
             .map(|(name, addrs)| IfaceFacts {
                 name,
-                operstate: "unknown".into(),
+                operstate: OperState::Unknown,
                 carrier: None,
                 mtu: 0,
                 addrs,
@@ -35,9 +35,7 @@ pub fn interfaces() -> Vec<IfaceFacts> {
             let dir = e.path();
             let read = |f: &str| fs::read_to_string(dir.join(f)).ok();
             Some(IfaceFacts {
-                operstate: read("operstate")
-                    .map(|s| s.trim().to_string())
-                    .unwrap_or_else(|| "unknown".into()),
+                operstate: read("operstate").map_or(OperState::Unknown, |s| OperState::parse(&s)),
                 carrier: read("carrier").and_then(|s| match s.trim() {
                     "1" => Some(true),
                     "0" => Some(false),
@@ -281,7 +279,7 @@ pub(crate) mod tests {
     pub(crate) fn iface(name: &str, addrs: &[(&str, u8)]) -> IfaceFacts {
         IfaceFacts {
             name: name.into(),
-            operstate: "up".into(),
+            operstate: OperState::Up,
             carrier: Some(true),
             mtu: 1500,
             addrs: addrs

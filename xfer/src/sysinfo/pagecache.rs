@@ -139,16 +139,24 @@ pub fn model_resident(dir: &Path) -> Probe<PageCacheFacts> {
     Probe::Ok(facts)
 }
 
+/// A file of a model that could not be dropped from the page cache.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot drop {} from the page cache: {source}; check the agent may read it", .path.display())]
+pub struct EvictError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    pub source: io::Error,
+}
+
 /// Drops the model at `dir` from the page cache; the bytes it held before.
-pub fn evict_model(dir: &Path) -> Result<u64, String> {
+pub fn evict_model(dir: &Path) -> Result<u64, EvictError> {
     let mut before = 0;
     for f in files(dir) {
         before += resident(&f).map(|(r, _)| r).unwrap_or(0);
-        evict(&f).map_err(|e| {
-            format!(
-                "cannot drop {} from the page cache: {e}; check the agent may read it",
-                f.display()
-            )
+        evict(&f).map_err(|source| EvictError {
+            path: f.clone(),
+            source,
         })?;
     }
     Ok(before)

@@ -2,38 +2,203 @@
 //! (`class/infiniband/DEV/ports/N/{state,link_layer,gids/IDX}`), read in
 //! one place: [`devices`] and [`ports`] give typed [`SysPort`]s that the
 //! preflight probe ([`rdma`]), `xfer doctor` and the `--transport` choice
-//! all use. [`rdma`] checks the device the cluster file names for this
-//! node: that it exists, that a port is ACTIVE, and the GID at the
-//! configured index. The sysfs root is a parameter so tests can build a
+//! all use, with the port state and link layer parsed ([`PortState`],
+//! [`LinkLayer`]) and the GID table ([`SysPort::gids`]). [`rdma`] checks
+//! the device the cluster file names for this node: that it exists, that
+//! a port is ACTIVE, and the GID at the configured index. The sysfs root is a parameter so tests can build a
 //! fake tree.
 
+use std::fmt;
 use std::fs;
 use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
+
+use serde::{Serialize, Serializer};
+
+/// A port's state, parsed from what sysfs writes ("4: ACTIVE").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PortState {
+    /// "1: DOWN".
+    Down,
+    /// "2: INIT".
+    Init,
+    /// "3: ARMED".
+    Armed,
+    /// "4: ACTIVE": the port can carry data.
+    Active,
+    /// "5: ACTIVE_DEFER".
+    ActiveDefer,
+    /// A name this reader does not know, as written.
+    Other(String),
+    /// The `state` file could not be read.
+    Unreadable,
+}
+
+impl PortState {
+    /// Parses sysfs's `state` text ("4: ACTIVE"; the number is optional);
+    /// `None` is an unreadable file.
+    pub fn parse(text: Option<&str>) -> PortState {
+        let Some(text) = text else {
+            return PortState::Unreadable;
+        };
+        match text.split_once(':').map_or(text, |(_, n)| n).trim() {
+            "DOWN" => PortState::Down,
+            "INIT" => PortState::Init,
+            "ARMED" => PortState::Armed,
+            "ACTIVE" => PortState::Active,
+            "ACTIVE_DEFER" => PortState::ActiveDefer,
+            other => PortState::Other(other.to_string()),
+        }
+    }
+
+    /// The state's name ("ACTIVE", "DOWN", ...) without its number;
+    /// "unreadable" when the file could not be read.
+    pub fn name(&self) -> &str {
+        match self {
+            PortState::Down => "DOWN",
+            PortState::Init => "INIT",
+            PortState::Armed => "ARMED",
+            PortState::Active => "ACTIVE",
+            PortState::ActiveDefer => "ACTIVE_DEFER",
+            PortState::Other(name) => name,
+            PortState::Unreadable => "unreadable",
+        }
+    }
+}
+
+impl fmt::Display for PortState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A port's link layer, parsed from sysfs's `link_layer`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkLayer {
+    /// "InfiniBand".
+    InfiniBand,
+    /// "Ethernet": RoCE.
+    Ethernet,
+    /// Any other text, as written.
+    Other(String),
+}
+
+impl LinkLayer {
+    /// Parses sysfs's `link_layer` text.
+    pub fn parse(text: &str) -> LinkLayer {
+        match text.trim() {
+            "InfiniBand" => LinkLayer::InfiniBand,
+            "Ethernet" => LinkLayer::Ethernet,
+            other => LinkLayer::Other(other.to_string()),
+        }
+    }
+
+    /// As sysfs writes it ("InfiniBand", "Ethernet").
+    pub fn as_str(&self) -> &str {
+        match self {
+            LinkLayer::InfiniBand => "InfiniBand",
+            LinkLayer::Ethernet => "Ethernet",
+            LinkLayer::Other(text) => text,
+        }
+    }
+}
+
+impl fmt::Display for LinkLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Serialized as sysfs writes it, so reports keep the text.
+impl Serialize for LinkLayer {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
 
 /// One port of an RDMA device, as sysfs shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SysPort {
+    /// The device's name ("mlx5_0").
     pub device: String,
+    /// The port's number (from 1).
     pub number: u32,
     /// `<sys>/class/infiniband/DEV/ports/N`.
     pub dir: PathBuf,
-    /// As sysfs writes it ("4: ACTIVE"); None when unreadable.
-    pub state: Option<String>,
-    /// "InfiniBand" or "Ethernet" (RoCE); None when unreadable.
-    pub link_layer: Option<String>,
+    /// The state as sysfs writes it ("4: ACTIVE"); None when unreadable.
+    pub state_text: Option<String>,
+    /// The state, parsed.
+    pub state: PortState,
+    /// InfiniBand or Ethernet (RoCE); None when unreadable.
+    pub link_layer: Option<LinkLayer>,
+}
+
+/// One non-zero entry of a port's GID table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GidEntry {
+    /// Its index in the table.
+    pub index: u32,
+    /// As sysfs has it: "0000:0000:0000:0000:0000:ffff:c0a8:6401".
+    pub gid: String,
+    /// The GID as an IPv6 address ("::ffff:192.168.100.1"), when it is one.
+    pub ip: Option<Ipv6Addr>,
+    /// `gid_attrs/types/IDX`: "RoCE v2", "IB/RoCE v1".
+    #[serde(rename = "type")]
+    pub gid_type: Option<String>,
+    /// `gid_attrs/ndevs/IDX`.
+    pub ndev: Option<String>,
+    /// The IPv4 address of an IPv4-mapped GID.
+    pub ipv4: Option<Ipv4Addr>,
+    /// A RoCE v2 GID with an IPv4 address.
+    pub roce_v2_ipv4: bool,
 }
 
 impl SysPort {
     /// The state's name ("ACTIVE", "DOWN", ...) without its number.
     pub fn state_name(&self) -> &str {
-        self.state.as_deref().map_or("unreadable", |s| {
-            s.split_once(':').map_or(s, |(_, n)| n).trim()
-        })
+        self.state.name()
     }
 
+    /// Whether the port is ACTIVE.
     pub fn is_active(&self) -> bool {
-        self.state_name() == "ACTIVE"
+        self.state == PortState::Active
+    }
+
+    /// Every non-zero entry of the port's GID table, by index.
+    pub fn gids(&self) -> Vec<GidEntry> {
+        let pdir = &self.dir;
+        numbered(&pdir.join("gids"))
+            .into_iter()
+            .filter_map(|i| {
+                let gid = read_attr(&pdir.join("gids").join(i.to_string()))?;
+                if is_zero_gid(&gid) {
+                    return None;
+                }
+                let ip: Option<Ipv6Addr> = gid.parse().ok();
+                let gid_type = read_attr(&pdir.join("gid_attrs/types").join(i.to_string()))
+                    .filter(|s| !s.is_empty());
+                let ndev = read_attr(&pdir.join("gid_attrs/ndevs").join(i.to_string()))
+                    .filter(|s| !s.is_empty());
+                let ipv4 = ip.and_then(|ip| ip.to_ipv4_mapped());
+                let roce_v2_ipv4 = ipv4.is_some() && gid_type.as_deref() == Some("RoCE v2");
+                Some(GidEntry {
+                    index: i,
+                    gid,
+                    ip,
+                    gid_type,
+                    ndev,
+                    ipv4,
+                    roce_v2_ipv4,
+                })
+            })
+            .collect()
+    }
+
+    /// The index of the first RoCE v2 GID with an IPv4 address (what
+    /// `show_gids` marks, the one an RDMA transport over RoCE uses).
+    pub fn roce_v2_ipv4_gid_index(&self) -> Option<u32> {
+        self.gids().iter().find(|g| g.roce_v2_ipv4).map(|g| g.index)
     }
 
     /// The network interfaces this port's GIDs are bound to
@@ -85,11 +250,13 @@ pub fn ports(sys: &Path, dev: &str) -> Vec<SysPort> {
         .into_iter()
         .map(|n| {
             let pdir = dir.join(n.to_string());
+            let state = read_attr(&pdir.join("state"));
             SysPort {
                 device: dev.to_string(),
                 number: n,
-                state: read_attr(&pdir.join("state")),
-                link_layer: read_attr(&pdir.join("link_layer")),
+                state: PortState::parse(state.as_deref()),
+                state_text: state,
+                link_layer: read_attr(&pdir.join("link_layer")).map(|l| LinkLayer::parse(&l)),
                 dir: pdir,
             }
         })
@@ -127,8 +294,11 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
         .iter()
         .map(|p| RdmaPort {
             port: p.number,
-            state: p.state.clone().unwrap_or_else(|| "unknown".into()),
-            link_layer: p.link_layer.clone().unwrap_or_else(|| "unknown".into()),
+            state: p.state_text.clone().unwrap_or_else(|| "unknown".into()),
+            link_layer: p
+                .link_layer
+                .as_ref()
+                .map_or_else(|| "unknown".into(), LinkLayer::to_string),
             // Not in sysfs (`ibv_devinfo` reports it).
             active_mtu: None,
         })
@@ -147,7 +317,7 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
                     "port {} is {} ({})",
                     p.number,
                     p.state_name(),
-                    p.state.as_deref().unwrap_or("unknown")
+                    p.state_text.as_deref().unwrap_or("unknown")
                 )
             })
             .collect();

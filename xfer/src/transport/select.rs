@@ -17,17 +17,62 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::rdma::link::Nic;
-use crate::sysinfo::rdma as sysfs;
+use crate::sysinfo::rdma::{self as sysfs, LinkLayer};
 
 pub use xfer_proto::admin::TransportChoice;
 
 /// An RDMA port that is up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ActivePort {
+    /// The RDMA device (`mlx5_0`).
     pub device: String,
+    /// The port's number.
     pub port: u32,
-    /// "InfiniBand" or "Ethernet" (RoCE).
-    pub link_layer: String,
+    /// InfiniBand or Ethernet (RoCE); None when sysfs cannot say.
+    pub link_layer: Option<LinkLayer>,
+}
+
+/// Why no RDMA port will do.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoActivePort {
+    /// No `/sys/class/infiniband` at all.
+    #[error("no device (kernel lacks RDMA support: /sys/class/infiniband does not exist)")]
+    NoKernelSupport,
+    /// The folder is there but empty.
+    #[error("no device (/sys/class/infiniband is empty)")]
+    NoDevice,
+    /// Active ports exist, but none on the fabric interface.
+    #[error("no active port on the fabric interface {fabric} ({})", .ports.join(", "))]
+    NotOnFabric {
+        /// The fabric interface asked for.
+        fabric: String,
+        /// Where each port is, or that it is down.
+        ports: Vec<String>,
+    },
+    /// No port is ACTIVE.
+    #[error("no active port ({})", .down.join(", "))]
+    NoneActive {
+        /// Each port and its state.
+        down: Vec<String>,
+    },
+}
+
+/// `--transport rdma` without a usable RDMA port.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("--transport rdma: {why}; use --transport quic (or auto, which falls back by itself)")]
+pub struct RdmaRefused {
+    /// Why there is no RDMA, in words.
+    pub why: String,
+}
+
+/// A RoCE port without a GID an RDMA transport can use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{device} port {port} has no RoCE v2 GID with an IPv4 address; give its netdev an IPv4 address (xfer doctor lists the GID table)")]
+pub struct NoRoceGid {
+    /// The RDMA device.
+    pub device: String,
+    /// Its port.
+    pub port: u32,
 }
 
 /// The data plane chosen.
@@ -35,25 +80,25 @@ pub struct ActivePort {
 pub enum Selected {
     /// QUIC; with `auto`, why not RDMA.
     Quic {
+        /// Why not RDMA, with `auto`; None with `quic`.
         fallback: Option<String>,
     },
+    /// RDMA over this port.
     Rdma(ActivePort),
 }
 
 /// The first active RDMA port under `sys` (normally `/sys`), or why there
 /// is none.
-pub fn active_port(sys: &Path) -> Result<ActivePort, String> {
+pub fn active_port(sys: &Path) -> Result<ActivePort, NoActivePort> {
     active_port_on(sys, None)
 }
 
 /// The first active RDMA port whose netdev is `fabric` (any, with `None`),
 /// or why there is none.
-pub fn active_port_on(sys: &Path, fabric: Option<&str>) -> Result<ActivePort, String> {
-    let devices = sysfs::devices(sys).map_err(|_| {
-        "no device (kernel lacks RDMA support: /sys/class/infiniband does not exist)".to_string()
-    })?;
+pub fn active_port_on(sys: &Path, fabric: Option<&str>) -> Result<ActivePort, NoActivePort> {
+    let devices = sysfs::devices(sys).map_err(|_| NoActivePort::NoKernelSupport)?;
     if devices.is_empty() {
-        return Err("no device (/sys/class/infiniband is empty)".into());
+        return Err(NoActivePort::NoDevice);
     }
     let mut down = Vec::new();
     let mut elsewhere = Vec::new();
@@ -78,24 +123,24 @@ pub fn active_port_on(sys: &Path, fabric: Option<&str>) -> Result<ActivePort, St
                 return Ok(ActivePort {
                     device: p.device,
                     port: p.number,
-                    link_layer: p.link_layer.unwrap_or_default(),
+                    link_layer: p.link_layer,
                 });
             }
             down.push(format!(
                 "{d} port {} is {}",
                 p.number,
-                p.state.as_deref().unwrap_or("unreadable")
+                p.state_text.as_deref().unwrap_or("unreadable")
             ));
         }
     }
     if let Some(want) = fabric.filter(|_| !elsewhere.is_empty()) {
         elsewhere.extend(down);
-        return Err(format!(
-            "no active port on the fabric interface {want} ({})",
-            elsewhere.join(", ")
-        ));
+        return Err(NoActivePort::NotOnFabric {
+            fabric: want.to_string(),
+            ports: elsewhere,
+        });
     }
-    Err(format!("no active port ({})", down.join(", ")))
+    Err(NoActivePort::NoneActive { down })
 }
 
 /// Why this build cannot move chunks over an active port (None: it can).
@@ -110,7 +155,7 @@ fn unusable(_port: &ActivePort) -> Option<String> {
 }
 
 /// Picks the data plane for `choice`, looking at the hardware under `sys`.
-pub fn select(choice: TransportChoice, sys: &Path) -> Result<Selected, String> {
+pub fn select(choice: TransportChoice, sys: &Path) -> Result<Selected, RdmaRefused> {
     select_on(choice, sys, None)
 }
 
@@ -119,7 +164,7 @@ pub fn select_on(
     choice: TransportChoice,
     sys: &Path,
     fabric: Option<&str>,
-) -> Result<Selected, String> {
+) -> Result<Selected, RdmaRefused> {
     if choice == TransportChoice::Quic {
         return Ok(Selected::Quic { fallback: None });
     }
@@ -128,17 +173,15 @@ pub fn select_on(
             None => return Ok(Selected::Rdma(p)),
             Some(w) => format!("{} port {} is active, but {w}", p.device, p.port),
         },
-        Err(w) => w,
+        Err(w) => w.to_string(),
     };
     without_rdma(choice, why)
 }
 
 /// No RDMA, for `why`: `rdma` refuses, `auto` falls back and says why.
-fn without_rdma(choice: TransportChoice, why: String) -> Result<Selected, String> {
+fn without_rdma(choice: TransportChoice, why: String) -> Result<Selected, RdmaRefused> {
     match choice {
-        TransportChoice::Rdma => Err(format!(
-            "--transport rdma: {why}; use --transport quic (or auto, which falls back by itself)"
-        )),
+        TransportChoice::Rdma => Err(RdmaRefused { why }),
         _ => Ok(Selected::Quic {
             fallback: Some(format!("rdma: {why}; using QUIC")),
         }),
@@ -159,7 +202,7 @@ pub fn choose_on(
     fabric: Option<&str>,
 ) -> anyhow::Result<Option<Arc<dyn Nic>>> {
     let sys = Path::new("/sys");
-    let mut selected = select_on(choice, sys, fabric).map_err(anyhow::Error::msg)?;
+    let mut selected = select_on(choice, sys, fabric)?;
     if let Selected::Rdma(port) = &selected {
         match open_nic(sys, port) {
             Ok(nic) => {
@@ -167,11 +210,11 @@ pub fn choose_on(
                     "rdma: {} port {} ({})",
                     port.device,
                     port.port,
-                    port.link_layer
+                    port.link_layer.as_ref().map_or("", LinkLayer::as_str)
                 );
                 return Ok(Some(nic));
             }
-            Err(why) => selected = without_rdma(choice, why).map_err(anyhow::Error::msg)?,
+            Err(why) => selected = without_rdma(choice, why)?,
         }
     }
     if let Selected::Quic {
@@ -186,22 +229,17 @@ pub fn choose_on(
 
 /// The GID index to use on `port`: the first RoCE v2 GID with an IPv4
 /// address on Ethernet (what `show_gids` marks), 0 on InfiniBand.
-pub fn gid_index(sys: &Path, port: &ActivePort) -> Result<u32, String> {
-    if port.link_layer == "InfiniBand" {
+pub fn gid_index(sys: &Path, port: &ActivePort) -> Result<u32, NoRoceGid> {
+    if port.link_layer == Some(LinkLayer::InfiniBand) {
         return Ok(0);
     }
-    crate::sysinfo::doctor::rdma_devices(sys)
-        .devices
+    sysfs::ports(sys, &port.device)
         .iter()
-        .filter(|d| d.name == port.device)
-        .flat_map(|d| d.ports.iter())
-        .find(|p| p.port == port.port)
-        .and_then(|p| p.gid_index)
-        .ok_or_else(|| {
-            format!(
-                "{} port {} has no RoCE v2 GID with an IPv4 address; give its netdev an IPv4 address (xfer doctor lists the GID table)",
-                port.device, port.port
-            )
+        .find(|p| p.number == port.port)
+        .and_then(sysfs::SysPort::roce_v2_ipv4_gid_index)
+        .ok_or_else(|| NoRoceGid {
+            device: port.device.clone(),
+            port: port.port,
         })
 }
 
@@ -224,7 +262,7 @@ fn open_nic(sys: &Path, port: &ActivePort) -> Result<Arc<dyn Nic>, String> {
     }
     let index = match parsed("XFER_RDMA_GID_INDEX")? {
         Some(i) => i,
-        None => gid_index(sys, &port)?,
+        None => gid_index(sys, &port).map_err(|e| e.to_string())?,
     };
     let number = u8::try_from(port.port).map_err(|_| format!("port {} out of range", port.port))?;
     let nic =
@@ -277,7 +315,9 @@ mod tests {
         let p = active_port_on(sys.path(), Some("enp1s0f1np1")).unwrap();
         assert_eq!((p.device.as_str(), p.port), ("mlx5_1", 1));
         // A fabric with no RDMA port: named, with where the ports are.
-        let e = active_port_on(sys.path(), Some("eth9")).unwrap_err();
+        let e = active_port_on(sys.path(), Some("eth9"))
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "no active port on the fabric interface eth9 (mlx5_0 port 1 is on eno1, mlx5_1 port 1 is on enp1s0f1np1)"
@@ -291,7 +331,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let e = select_on(TransportChoice::Rdma, sys.path(), Some("eth9")).unwrap_err();
+        let e = select_on(TransportChoice::Rdma, sys.path(), Some("eth9"))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("--transport rdma: no active port on the fabric interface eth9"),
             "{e}"
@@ -310,7 +352,9 @@ mod tests {
                 )
             }
         );
-        let e = select(TransportChoice::Rdma, sys.path()).unwrap_err();
+        let e = select(TransportChoice::Rdma, sys.path())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("--transport rdma: no device (kernel lacks RDMA support"),
             "{e}"
@@ -329,7 +373,7 @@ mod tests {
     fn ports_that_are_down_are_named() {
         let sys = tempfile::tempdir().unwrap();
         port(sys.path(), "mlx5_0", 1, "1: DOWN");
-        let e = active_port(sys.path()).unwrap_err();
+        let e = active_port(sys.path()).unwrap_err().to_string();
         assert_eq!(e, "no active port (mlx5_0 port 1 is 1: DOWN)");
         port(sys.path(), "mlx5_1", 1, "4: ACTIVE");
         let p = active_port(sys.path()).unwrap();

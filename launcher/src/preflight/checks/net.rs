@@ -127,7 +127,7 @@ pub fn reach(ctx: &Ctx, rows: &mut Rows) {
                 Probe::Failed(e) | Probe::Skipped(e) => {
                     let peer_listen = nodes
                         .iter()
-                        .find(|(p, _)| p.name == r.node)
+                        .find(|(p, _)| p.name == r.node.as_str())
                         .and_then(|(_, pf)| match &pf.listen {
                             Probe::Ok(_) => None,
                             Probe::Failed(w) | Probe::Skipped(w) => {

@@ -194,6 +194,7 @@ pub fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xfer_proto::names::NodeName;
 
     #[tokio::test]
     async fn gather_checks_the_ports_before_listening_on_one() {
@@ -205,7 +206,7 @@ mod tests {
             .unwrap()
             .port();
         let req = PreflightRequest {
-            node: "n1".into(),
+            node: NodeName::new("n1").unwrap(),
             fabric_if: "lo".into(),
             fabric_ip: "127.0.0.1".parse().unwrap(),
             model_path: dir.path().join("m").display().to_string(),
@@ -216,7 +217,7 @@ mod tests {
             }],
             listen_port: Some(port),
             peers: vec![ReachTarget {
-                node: "n1".into(),
+                node: NodeName::new("n1").unwrap(),
                 addr: SocketAddr::from(([127, 0, 0, 1], port)),
             }],
             window_ms: 300,

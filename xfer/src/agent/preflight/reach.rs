@@ -136,6 +136,7 @@ async fn connect(addr: SocketAddr, window: Duration, deadline: Instant) -> Probe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xfer_proto::names::NodeName;
 
     fn free_port(ip: &str) -> SocketAddr {
         let l = std::net::TcpListener::bind((ip, 0)).unwrap();
@@ -151,11 +152,11 @@ mod tests {
         let start = std::time::Instant::now();
         let peers_of_a = [
             ReachTarget {
-                node: "b".into(),
+                node: NodeName::new("b").unwrap(),
                 addr: b,
             },
             ReachTarget {
-                node: "silent".into(),
+                node: NodeName::new("silent").unwrap(),
                 addr: silent,
             },
         ];
@@ -167,7 +168,7 @@ mod tests {
             let r = probe(
                 Some(b),
                 &[ReachTarget {
-                    node: "a".into(),
+                    node: NodeName::new("a").unwrap(),
                     addr: a,
                 }],
                 window,
@@ -232,7 +233,7 @@ mod tests {
         let (l, r) = probe(
             None,
             &[ReachTarget {
-                node: "p".into(),
+                node: NodeName::new("p").unwrap(),
                 addr,
             }],
             Duration::from_secs(10),

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use super::versions::{last_line, python_of};
+use super::versions::{python_of, run_to_last_line, LastLine};
 use super::{Probe, RendezvousRequest};
 
 /// The snippet: argv is MASTER RANK WORLD TIMEOUT_S; prints the
@@ -65,19 +65,22 @@ pub async fn probe(req: &RendezvousRequest) -> Probe<u64> {
         ("GLOO_SOCKET_IFNAME".to_string(), req.fabric_if.clone()),
         ("TORCH_CPP_LOG_LEVEL".to_string(), "ERROR".to_string()),
     ];
-    match last_line(&argv, &env, timeout).await {
-        Probe::Ok(line) => match line.parse::<u64>() {
+    match run_to_last_line(&argv, &env, timeout).await {
+        LastLine::Line(line) => match line.parse::<u64>() {
             Ok(ms) => Probe::Ok(ms),
             Err(_) => Probe::Failed(format!("the Gloo probe printed {line:?}, not a time")),
         },
-        Probe::Failed(why)
-            if why.contains(" exited with ") && why.contains(": no torch.distributed in ") =>
-        {
-            Probe::Skipped(shorten(&why))
-        }
-        Probe::Failed(why) => Probe::Failed(shorten(&why)),
-        Probe::Skipped(why) => Probe::Skipped(why),
+        // The snippet's own exit when the engine's Python has no torch.
+        LastLine::Exited { last, why, .. } if no_torch(&last) => Probe::Skipped(shorten(&why)),
+        LastLine::Exited { why, .. } | LastLine::Failed(why) => Probe::Failed(shorten(&why)),
+        LastLine::NotFound(why) => Probe::Skipped(why),
     }
+}
+
+/// Whether the snippet's last words say the Python has no
+/// `torch.distributed` (its `sys.exit` on the ImportError).
+fn no_torch(last: &str) -> bool {
+    last.starts_with("no torch.distributed in ") || last.contains(": no torch.distributed in ")
 }
 
 /// The Gloo probe's failure without the Python executable's path and the
@@ -100,6 +103,7 @@ fn shorten(why: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xfer_proto::names::NodeName;
 
     #[test]
     fn failures_drop_the_interpreter_and_the_snippet() {
@@ -113,10 +117,18 @@ mod tests {
         .starts_with("the Gloo all-reduce did not finish within 9s"));
     }
 
+    #[test]
+    fn only_the_snippets_own_exit_says_no_torch() {
+        assert!(no_torch(
+            "no torch.distributed in /v/bin/python3: No module named 'torch'"
+        ));
+        assert!(!no_torch("RuntimeError: Connection refused"));
+    }
+
     #[tokio::test]
     async fn a_program_that_is_not_there_is_skipped() {
         let req = RendezvousRequest {
-            node: "a".into(),
+            node: NodeName::new("a").unwrap(),
             python_of: "no-such-engine-xyz".into(),
             rank: 0,
             world: 2,

@@ -116,8 +116,51 @@ pub async fn last_line(
     env: &[(String, String)],
     timeout: Duration,
 ) -> Probe<String> {
+    run_to_last_line(argv, env, timeout).await.into_probe()
+}
+
+/// How a command run for its last line ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LastLine {
+    /// It succeeded and printed this last non-empty line on stdout.
+    Line(String),
+    /// It could not be started: not on the agent's `PATH` (the text says
+    /// so).
+    NotFound(String),
+    /// It ran and exited with a failure code.
+    Exited {
+        /// Its exit code.
+        code: i32,
+        /// The last line of its stderr (else stdout), or "no output".
+        last: String,
+        /// The whole failure in words: "ARGV0 exited with CODE: LAST".
+        why: String,
+    },
+    /// Any other failure (killed, timed out, printed nothing, cannot run),
+    /// in words.
+    Failed(String),
+}
+
+impl LastLine {
+    /// As a probe's answer: the line, a skip when not found, else a
+    /// failure with its words.
+    pub fn into_probe(self) -> Probe<String> {
+        match self {
+            LastLine::Line(l) => Probe::Ok(l),
+            LastLine::NotFound(why) => Probe::Skipped(why),
+            LastLine::Exited { why, .. } | LastLine::Failed(why) => Probe::Failed(why),
+        }
+    }
+}
+
+/// [`last_line`], saying how the command ended.
+pub async fn run_to_last_line(
+    argv: &[String],
+    env: &[(String, String)],
+    timeout: Duration,
+) -> LastLine {
     let Some((argv0, args)) = argv.split_first() else {
-        return Probe::Failed("no command to run; report this bug".into());
+        return LastLine::Failed("no command to run; report this bug".into());
     };
     let mut child = match Command::new(argv0)
         .args(args)
@@ -131,10 +174,10 @@ pub async fn last_line(
     {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Probe::Skipped(format!("{argv0}: not found on PATH of the agent"))
+            return LastLine::NotFound(format!("{argv0}: not found on PATH of the agent"))
         }
         Err(e) => {
-            return Probe::Failed(format!(
+            return LastLine::Failed(format!(
                 "{argv0}: cannot run: {e}; check it is executable by the agent's user"
             ))
         }
@@ -160,13 +203,13 @@ pub async fn last_line(
     };
     let status = match tokio::time::timeout(timeout, child.wait()).await {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Probe::Failed(format!("{argv0}: cannot wait for it: {e}")),
+        Ok(Err(e)) => return LastLine::Failed(format!("{argv0}: cannot wait for it: {e}")),
         Err(_) => {
             kill_group();
             let _ = child.kill().await;
             out.abort();
             err.abort();
-            return Probe::Failed(format!(
+            return LastLine::Failed(format!(
                 "{argv0} did not finish within {}s and was killed; run `{}` on this node to see where it hangs",
                 timeout.as_secs_f64(),
                 argv.join(" ")
@@ -187,18 +230,21 @@ pub async fn last_line(
             .map(str::to_string)
     };
     if !status.success() {
-        let how = match status.code() {
-            Some(c) => format!("exited with {c}"),
-            None => "was killed by a signal".to_string(),
-        };
         let why = last(&stderr)
             .or_else(|| last(&stdout))
             .unwrap_or_else(|| "no output".into());
-        return Probe::Failed(format!("{argv0} {how}: {why}"));
+        return match status.code() {
+            Some(code) => LastLine::Exited {
+                code,
+                why: format!("{argv0} exited with {code}: {why}"),
+                last: why,
+            },
+            None => LastLine::Failed(format!("{argv0} was killed by a signal: {why}")),
+        };
     }
     match last(&stdout) {
-        Some(v) => Probe::Ok(v),
-        None => Probe::Failed(format!(
+        Some(v) => LastLine::Line(v),
+        None => LastLine::Failed(format!(
             "{argv0} printed nothing on stdout{}; run `{}` on this node",
             last(&stderr)
                 .map(|l| format!(" (stderr: {l})"))

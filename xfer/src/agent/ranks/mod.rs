@@ -19,6 +19,10 @@
 //! These types travel in postcard frames, which cannot carry serde's
 //! tagged or flattened forms, so they use none.
 
+mod adopt;
+mod records;
+mod signals;
+mod spawn;
 pub mod supervisor;
 
 pub use xfer_proto::launch::*;
@@ -26,6 +30,7 @@ pub use xfer_proto::launch::*;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xfer_proto::names::NodeName;
 
     #[test]
     fn run_ids_are_safe_folder_names() {
@@ -41,7 +46,7 @@ mod tests {
     fn reports_round_trip_through_postcard_and_json() {
         let r = RankReport {
             run: "r1".into(),
-            node: "a".into(),
+            node: NodeName::new("a").unwrap(),
             rank: 1,
             started_unix: 5,
             state: RunState::Failed("x".into()),

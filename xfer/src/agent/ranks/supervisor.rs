@@ -32,99 +32,124 @@
 //! looked up on the rank's environment, and the environment it adds to
 //! the agent's is kept within [`xfer_proto::launch_rules`].
 
+//!
+//! This file holds the types and the service's own calls (start, report,
+//! stop, read the log, a rank's failure told to its group); the other jobs
+//! are in their own files: starting processes (`ranks::spawn`), the run's
+//! record and log (`ranks::records`), adopting ranks after a restart
+//! (`ranks::adopt`), and stopping and signalling process groups
+//! (`ranks::signals`).
+
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::{check_run_id, LogChunk, ProcReport, ProcState, RankReport, RankSpec, RunState};
+use super::{check_run_id, LogChunk, ProcState, RankReport, RankSpec, RunState};
 use crate::config::auth::Credential;
 use crate::sysinfo::proc;
 use crate::util::private;
-use xfer_proto::launch::LaunchRequest;
-use xfer_proto::launch_rules;
+use xfer_proto::launch::{BadRunId, LaunchRequest};
 
-/// How much of the end of the log a report reads for its last lines.
-const TAIL_BYTES: u64 = 256 << 10;
-/// Lines of log in a report.
-const TAIL_LINES: usize = 25;
 /// The most log bytes one read returns.
 pub const MAX_LOG_READ: u64 = 1 << 20;
-/// How long each `on_stop` command may take.
-const ON_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a rank did not start; the text is the refusal the launcher shows.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The run id is no safe folder name.
+    #[error(transparent)]
+    RunId(#[from] BadRunId),
+    /// A process without a command.
+    #[error("rank {rank} of run {run} has no command to run; check the plan (`xfer-launch plan`)")]
+    NoCommand {
+        /// The run.
+        run: String,
+        /// The rank.
+        rank: u32,
+    },
+    /// This boot's id is unknown (the reason), so no pid could be trusted.
+    #[error("{0}; the agent starts no process it could not tell apart later from another with the same pid")]
+    NoBootId(String),
+    /// The same run is already live here.
+    #[error("run {0} is already running on this node")]
+    AlreadyRunning(String),
+    /// Another run is live here.
+    #[error("run {0} is still running on this node; stop it first (`xfer-launch down`)")]
+    OtherRunning(String),
+    /// The run's folder could not be made.
+    #[error("cannot create {}: {source}", .dir.display())]
+    Folder {
+        /// The folder.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Why a rank's log could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadLogError {
+    /// No such run on this node.
+    #[error("no run {0} on this node; `xfer-launch logs` lists the runs")]
+    NoRun(String),
+    /// The log file could not be read.
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        /// The log file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
 
 /// The ranks this agent runs.
 pub struct Supervisor {
-    dir: PathBuf,
-    cred: Arc<Credential>,
-    runs: Mutex<HashMap<String, Arc<Run>>>,
+    pub(super) dir: PathBuf,
+    pub(super) cred: Arc<Credential>,
+    pub(super) runs: Mutex<HashMap<String, Arc<Run>>>,
     /// This boot's id, or why it cannot be read (then no adopted process
     /// is ever signalled, and no rank starts).
-    boot: Result<String, String>,
+    pub(super) boot: Result<String, String>,
 }
 
-struct Run {
-    spec: RankSpec,
-    dir: PathBuf,
-    started_unix: u64,
+/// One rank this agent runs or ran, and its live state.
+pub(super) struct Run {
+    pub(super) spec: RankSpec,
+    pub(super) dir: PathBuf,
+    pub(super) started_unix: u64,
     /// The boot the record was written in.
-    boot_id: Option<String>,
+    pub(super) boot_id: Option<String>,
     /// `Ok` when that boot is this one: the recorded pids may be checked.
-    same_boot: Result<(), String>,
+    pub(super) same_boot: Result<(), String>,
     /// Why an adopted record was not trusted: its processes were never
     /// signalled. Such a run is in every reply to a stop of all runs.
-    stale: Option<String>,
-    inner: Mutex<Inner>,
+    pub(super) stale: Option<String>,
+    pub(super) inner: Mutex<Inner>,
     /// Fired when stopping begins: processes still waiting never start.
-    stopping: CancellationToken,
+    pub(super) stopping: CancellationToken,
     /// Fired when stopping ends: this agent's children may be reaped.
-    stopped: CancellationToken,
+    pub(super) stopped: CancellationToken,
     /// Held while stopping, so two stops do not interleave.
-    halt: tokio::sync::Mutex<()>,
+    pub(super) halt: tokio::sync::Mutex<()>,
 }
 
-struct Inner {
-    state: RunState,
-    procs: Vec<ProcState>,
+/// What changes while a rank runs.
+pub(super) struct Inner {
+    pub(super) state: RunState,
+    pub(super) procs: Vec<ProcState>,
     /// Each process's start time (clock ticks since boot); `None` for one
     /// never started, or no longer known to be the process recorded: its
     /// group is never signalled.
-    starts: Vec<Option<u64>>,
+    pub(super) starts: Vec<Option<u64>>,
     /// The members of each group (pgid -> pid and start time), listed
     /// while its leader was verified: signalled one by one, each checked,
     /// once the leader has exited.
-    members: HashMap<u32, Vec<(u32, u64)>>,
-    failed_ms: Option<u64>,
-}
-
-/// What `rank.json` holds. A record without `boot_id` or `starts` (from
-/// an older xfer) is stale on adoption.
-#[derive(Serialize, Deserialize)]
-struct Record {
-    spec: RankSpec,
-    started_unix: u64,
-    state: RunState,
-    procs: Vec<ProcState>,
-    #[serde(default)]
-    failed_ms: Option<u64>,
-    #[serde(default)]
-    boot_id: Option<String>,
-    #[serde(default)]
-    starts: Vec<Option<u64>>,
-}
-
-/// Whether a recorded group leader is still the process recorded.
-enum Leader {
-    /// The same process (it may be a zombie not yet reaped).
-    Ours,
-    /// No process has the pid now.
-    Gone,
-    /// Another process has the pid, or it cannot be checked: why.
-    Unknown(String),
+    pub(super) members: HashMap<u32, Vec<(u32, u64)>>,
+    pub(super) failed_ms: Option<u64>,
 }
 
 impl Supervisor {
@@ -148,32 +173,31 @@ impl Supervisor {
     }
 
     /// Starts a rank. Refused while another run is live on this node.
-    pub fn start(self: &Arc<Self>, spec: RankSpec) -> Result<RankReport, String> {
+    pub fn start(self: &Arc<Self>, spec: RankSpec) -> Result<RankReport, StartError> {
         check_run_id(&spec.run)?;
         if spec.procs.is_empty() || spec.procs.iter().any(|p| p.argv.is_empty()) {
-            return Err(format!(
-                "rank {} of run {} has no command to run; check the plan (`xfer-launch plan`)",
-                spec.rank, spec.run
-            ));
+            return Err(StartError::NoCommand {
+                run: spec.run.clone(),
+                rank: spec.rank,
+            });
         }
-        let boot = self.boot.clone().map_err(|e| {
-            format!("{e}; the agent starts no process it could not tell apart later from another with the same pid")
-        })?;
+        let boot = self.boot.clone().map_err(StartError::NoBootId)?;
         let run = {
             let mut runs = self.runs.lock().unwrap();
             if let Some((id, _)) = runs.iter().find(|(_, r)| r.state().is_live()) {
                 return Err(if *id == spec.run {
-                    format!("run {id} is already running on this node")
+                    StartError::AlreadyRunning(id.clone())
                 } else {
-                    format!(
-                        "run {id} is still running on this node; stop it first (`xfer-launch down`)"
-                    )
+                    StartError::OtherRunning(id.clone())
                 });
             }
             let dir = self.dir.join(&spec.run);
             private::create_dir(&self.dir)
                 .and_then(|_| private::create_dir(&dir))
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                .map_err(|source| StartError::Folder {
+                    dir: dir.clone(),
+                    source,
+                })?;
             let run = Arc::new(Run {
                 started_unix: now_unix(),
                 boot_id: Some(boot),
@@ -263,20 +287,29 @@ impl Supervisor {
     }
 
     /// Reads up to `max` bytes of a rank's log from `offset`.
-    pub fn read_log(&self, run: &str, offset: u64, max: u64) -> Result<LogChunk, String> {
-        let r = self.runs.lock().unwrap().get(run).cloned().ok_or_else(|| {
-            format!("no run {run} on this node; `xfer-launch logs` lists the runs")
-        })?;
+    pub fn read_log(&self, run: &str, offset: u64, max: u64) -> Result<LogChunk, ReadLogError> {
+        let r = self
+            .runs
+            .lock()
+            .unwrap()
+            .get(run)
+            .cloned()
+            .ok_or_else(|| ReadLogError::NoRun(run.to_string()))?;
         let path = r.log();
-        let mut f = std::fs::File::open(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut f = std::fs::File::open(&path).map_err(|source| ReadLogError::Read {
+            path: path.clone(),
+            source,
+        })?;
         let size = f.metadata().map(|m| m.len()).unwrap_or(0);
         let offset = offset.min(size);
         let take = max.min(MAX_LOG_READ).min(size - offset);
         let mut data = vec![0; take as usize];
         f.seek(SeekFrom::Start(offset))
             .and_then(|_| f.read_exact(&mut data))
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            .map_err(|source| ReadLogError::Read {
+                path: path.clone(),
+                source,
+            })?;
         Ok(LogChunk {
             run: run.to_string(),
             node: r.spec.node.clone(),
@@ -287,75 +320,8 @@ impl Supervisor {
         })
     }
 
-    /// Starts the processes in order, then watches them.
-    async fn drive(self: Arc<Self>, run: Arc<Run>) {
-        let wait_limit = Duration::from_millis(run.spec.wait_timeout_ms.max(1));
-        for (i, proc) in run.spec.procs.iter().enumerate() {
-            if let Some(addr) = proc.wait_tcp {
-                run.note(&format!(
-                    "waiting for {addr} before starting {}",
-                    proc.argv[0]
-                ));
-                let waited = tokio::select! {
-                    r = wait_tcp(addr, wait_limit) => r,
-                    _ = run.stopping.cancelled() => return,
-                };
-                if let Err(e) = waited {
-                    run.set_proc(i, ProcState::NotStarted { why: e.clone() });
-                    self.failed(&run, format!("`{}` never started: {e}", proc.argv[0]))
-                        .await;
-                    return;
-                }
-            }
-            if run.stopping.is_cancelled() {
-                return;
-            }
-            match run.spawn(i) {
-                Ok(pid) => {
-                    let sup = self.clone();
-                    let watched = run.clone();
-                    tokio::spawn(async move { sup.watch(watched, i, pid).await });
-                }
-                Err(e) => {
-                    run.set_proc(i, ProcState::NotStarted { why: e.clone() });
-                    self.failed(&run, e).await;
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Waits for this agent's child `pid` to exit, without reaping it:
-    /// the zombie keeps its pid (and so its process group's id) from being
-    /// handed out again until the rank has stopped.
-    async fn watch(self: Arc<Self>, run: Arc<Run>, i: usize, pid: u32) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(wait_exit(pid));
-        });
-        let (code, signal) = rx.await.unwrap_or((None, None));
-        run.set_proc(i, ProcState::Exited { pid, code, signal });
-        if run.state() == RunState::Running {
-            let how = match (code, signal) {
-                (Some(c), _) => format!("exited with code {c}"),
-                (None, Some(s)) => format!("was killed by signal {s}"),
-                _ => "exited".to_string(),
-            };
-            let why = format!(
-                "rank {} on {}: `{}` (pid {pid}) {how}",
-                run.spec.rank, run.spec.node, run.spec.procs[i].argv[0]
-            );
-            self.failed(&run, why).await;
-        }
-        run.stopped.cancelled().await;
-        // The group has been stopped; from here its leader's pid is free
-        // and never signalled again.
-        run.inner.lock().unwrap().starts[i] = None;
-        reap(pid);
-    }
-
     /// A process of `run` failed: tell the group, then stop this rank.
-    async fn failed(&self, run: &Arc<Run>, why: String) {
+    pub(super) async fn failed(&self, run: &Arc<Run>, why: String) {
         {
             let mut inner = run.inner.lock().unwrap();
             if inner.state != RunState::Running {
@@ -375,7 +341,7 @@ impl Supervisor {
         for peer in run.spec.group.clone() {
             for addr in peer.addrs {
                 let (cred, msg) = (self.cred.clone(), msg.clone());
-                let (id, node) = (run.spec.run.clone(), peer.node.clone());
+                let (id, node) = (run.spec.run.clone(), peer.node.to_string());
                 tokio::spawn(async move {
                     let limit = grace + Duration::from_secs(15);
                     match crate::agent::client::launch(&cred, &node, &addr, &msg, limit).await {
@@ -387,690 +353,26 @@ impl Supervisor {
         }
         run.halt(grace, RunState::Failed(why)).await;
     }
-
-    fn adopt_all(self: &Arc<Self>) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let dir = e.path();
-            let path = dir.join("rank.json");
-            let Ok(text) = std::fs::read(&path) else {
-                continue;
-            };
-            let rec = match serde_json::from_slice::<Record>(&text) {
-                Ok(rec) => rec,
-                Err(err) => {
-                    tracing::warn!(
-                        "ignoring {}: {err}; no process it names is signalled",
-                        path.display()
-                    );
-                    continue;
-                }
-            };
-            if check_run_id(&rec.spec.run).is_err() || rec.procs.len() != rec.spec.procs.len() {
-                tracing::warn!(
-                    "ignoring {}: not a rank record; no process it names is signalled",
-                    path.display()
-                );
-                continue;
-            }
-            if let Some(run) = self.adopt(dir, rec) {
-                self.runs.lock().unwrap().insert(run.spec.run.clone(), run);
-            }
-        }
-    }
-
-    /// Takes over a rank from its record. A live record whose processes
-    /// cannot be verified (another boot, no boot id or start times, a pid
-    /// that now belongs to another process) is stale: failed, reported
-    /// as such, and never signalled.
-    fn adopt(self: &Arc<Self>, dir: PathBuf, rec: Record) -> Option<Arc<Run>> {
-        let same_boot = match (&self.boot, &rec.boot_id) {
-            (Err(e), _) => Err(e.clone()),
-            (Ok(_), None) => {
-                Err("rank.json records no boot id (it was written by an older xfer)".to_string())
-            }
-            (Ok(now), Some(then)) if now != then => Err(format!(
-                "rank.json was written in another boot (boot id {then}; this boot is {now})"
-            )),
-            (Ok(_), Some(_)) => Ok(()),
-        };
-        let mut starts = rec.starts.clone();
-        starts.resize(rec.procs.len(), None);
-        let mut procs = rec.procs.clone();
-        let mut stale: Vec<String> = Vec::new();
-        let mut alive = false;
-        if rec.state.is_live() {
-            for (i, p) in rec.procs.iter().enumerate() {
-                let pid = match *p {
-                    ProcState::Running { pid } | ProcState::Exited { pid, .. } if pid > 0 => pid,
-                    _ => continue,
-                };
-                let why = match check_leader(&same_boot, pid, starts[i]) {
-                    Leader::Ours if group_has_live_member(pid) => {
-                        alive = true;
-                        continue;
-                    }
-                    Leader::Ours => continue,
-                    Leader::Gone if !group_has_live_member(pid) => continue,
-                    Leader::Gone => format!(
-                        "the leader of process group {pid} has exited and the group's other members cannot be told apart from unrelated processes"
-                    ),
-                    Leader::Unknown(why) => why,
-                };
-                starts[i] = None;
-                if !stale.contains(&why) {
-                    stale.push(why);
-                }
-            }
-        }
-        let live = rec.state.is_live() && alive;
-        let stale = (!stale.is_empty()).then(|| stale.join("; "));
-        let state = if !rec.state.is_live() {
-            rec.state.clone()
-        } else if live {
-            RunState::Running
-        } else {
-            for p in procs.iter_mut() {
-                if let ProcState::Running { pid } = *p {
-                    *p = ProcState::Exited {
-                        pid,
-                        code: None,
-                        signal: None,
-                    };
-                }
-            }
-            match &stale {
-                Some(why) => RunState::Failed(format!(
-                    "stale record: {why}; its processes were never signalled"
-                )),
-                None => RunState::Failed("its processes ended while the agent was down".into()),
-            }
-        };
-        let run = Arc::new(Run {
-            spec: rec.spec,
-            dir,
-            started_unix: rec.started_unix,
-            boot_id: rec.boot_id,
-            same_boot,
-            stale: if live { None } else { stale.clone() },
-            inner: Mutex::new(Inner {
-                state,
-                procs,
-                starts,
-                members: HashMap::new(),
-                failed_ms: rec.failed_ms,
-            }),
-            stopping: CancellationToken::new(),
-            stopped: CancellationToken::new(),
-            halt: tokio::sync::Mutex::new(()),
-        });
-        if let Some(why) = &stale {
-            run.note(&format!(
-                "the agent restarted and does not trust this record: {why}; those processes are never signalled"
-            ));
-            tracing::warn!(
-                "run {} (rank {}): stale record in {}: {why}; those processes are never signalled",
-                run.spec.run,
-                run.spec.rank,
-                run.dir.display()
-            );
-        }
-        run.save();
-        if live {
-            tracing::info!("adopted run {} (rank {})", run.spec.run, run.spec.rank);
-            let sup = self.clone();
-            let polled = run.clone();
-            tokio::spawn(async move { sup.poll_adopted(polled).await });
-        } else {
-            run.stopped.cancel();
-        }
-        Some(run)
-    }
-
-    /// Watches processes that are not this agent's children, listing the
-    /// members of their groups while each leader is verified.
-    async fn poll_adopted(self: Arc<Self>, run: Arc<Run>) {
-        loop {
-            if run.state() != RunState::Running {
-                return;
-            }
-            run.list_members();
-            for (i, pid, start) in run.leaders() {
-                if !matches!(
-                    run.inner.lock().unwrap().procs[i],
-                    ProcState::Running { .. }
-                ) {
-                    continue;
-                }
-                let how = match run.leader(pid, start) {
-                    Leader::Ours if group_has_live_member(pid) => continue,
-                    Leader::Ours | Leader::Gone => "exited".to_string(),
-                    Leader::Unknown(why) => {
-                        if start.is_some() {
-                            run.distrust(i, pid, &why);
-                        }
-                        format!("is no longer known to be running ({why})")
-                    }
-                };
-                run.set_proc(
-                    i,
-                    ProcState::Exited {
-                        pid,
-                        code: None,
-                        signal: None,
-                    },
-                );
-                let why = format!(
-                    "rank {} on {}: `{}` (pid {pid}) {how} while the agent was restarting",
-                    run.spec.rank, run.spec.node, run.spec.procs[i].argv[0]
-                );
-                self.failed(&run, why).await;
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
 }
 
 impl Run {
-    fn state(&self) -> RunState {
+    pub(super) fn state(&self) -> RunState {
         self.inner.lock().unwrap().state.clone()
     }
 
-    fn log(&self) -> PathBuf {
-        self.dir.join("rank.log")
-    }
-
-    fn set_proc(&self, i: usize, s: ProcState) {
+    pub(super) fn set_proc(&self, i: usize, s: ProcState) {
         self.inner.lock().unwrap().procs[i] = s;
         self.save();
     }
-
-    /// Opens the rank's log to append (created mode 0600: engines print
-    /// their environment), never through a symlink.
-    fn open_log(&self) -> std::io::Result<std::fs::File> {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(self.log())
-    }
-
-    /// Appends an agent line to the rank's log.
-    fn note(&self, line: &str) {
-        use std::io::Write;
-        if let Ok(mut f) = self.open_log() {
-            let _ = writeln!(f, "[xfer agent] {line}");
-        }
-    }
-
-    /// Starts process `i` as the leader of its own process group, and
-    /// records its pid and start time.
-    fn spawn(&self, i: usize) -> Result<u32, String> {
-        use std::os::unix::process::CommandExt;
-        let argv = &self.spec.procs[i].argv;
-        let open = || {
-            self.open_log()
-                .map_err(|e| format!("cannot open {}: {e}", self.log().display()))
-        };
-        let program = self.program(argv)?;
-        self.note(&format!("starting {}", shell_words(argv)));
-        // A std child: dropping it neither kills nor reaps; `watch` waits.
-        let mut cmd = std::process::Command::new(program);
-        cmd.args(&argv[1..])
-            .envs(self.env())
-            .stdin(std::process::Stdio::null())
-            .stdout(open()?)
-            .stderr(open()?)
-            .process_group(0);
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start `{}` on {}: {e}", argv[0], self.spec.node))?;
-        let pid = child.id();
-        drop(child);
-        // Unreaped, the child's /proc entry stays until `watch` reaps it.
-        let start = match proc::start_ticks(pid) {
-            Ok(Some(t)) => t,
-            other => {
-                // SAFETY: our unreaped child: its pid is still its own.
-                unsafe {
-                    libc::killpg(pid as i32, libc::SIGKILL);
-                }
-                reap(pid);
-                let why = match other {
-                    Err(e) => e.to_string(),
-                    _ => "no /proc entry".to_string(),
-                };
-                return Err(format!(
-                    "cannot read the start time of `{}` (pid {pid}): {why}; killed it, since it could not be stopped safely later",
-                    argv[0]
-                ));
-            }
-        };
-        {
-            let mut inner = self.inner.lock().unwrap();
-            inner.procs[i] = ProcState::Running { pid };
-            inner.starts[i] = Some(start);
-            // Recorded before anyone can see it running: an agent killed
-            // right after a query saw the pid still leaves a record that
-            // names it, for the next agent to adopt.
-            self.save_with(&inner);
-        }
-        Ok(pid)
-    }
-
-    /// Stops every process group of the rank: SIGTERM, SIGKILL after
-    /// `grace`, then the `on_stop` commands. Ends in `last`.
-    async fn halt(&self, grace: Duration, last: RunState) {
-        let _one = self.halt.lock().await;
-        if !self.state().is_live() {
-            self.stopped.cancel();
-            return;
-        }
-        let reason = match &last {
-            RunState::Stopped(r) | RunState::Failed(r) | RunState::Stopping(r) => r.clone(),
-            RunState::Running => String::new(),
-        };
-        self.inner.lock().unwrap().state = RunState::Stopping(reason.clone());
-        self.stopping.cancel();
-        self.note(&format!("stopping: {reason}"));
-        self.list_members();
-        self.signal_all(libc::SIGTERM);
-        let deadline = tokio::time::Instant::now() + grace;
-        while tokio::time::Instant::now() < deadline && self.any_group_alive() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if self.any_group_alive() {
-            self.note(&format!(
-                "still running {:.1}s after SIGTERM; sending SIGKILL",
-                grace.as_secs_f64()
-            ));
-            self.signal_all(libc::SIGKILL);
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while tokio::time::Instant::now() < deadline && self.any_group_alive() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        for argv in &self.spec.on_stop {
-            self.run_on_stop(argv).await;
-        }
-        self.note("stopped");
-        self.inner.lock().unwrap().state = last;
-        self.save();
-        self.stopped.cancel();
-    }
-
-    async fn run_on_stop(&self, argv: &[String]) {
-        if argv.is_empty() {
-            return;
-        }
-        let program = match self.program(argv) {
-            Ok(p) => p,
-            Err(e) => return self.note(&format!("cannot run `{}`: {e}", argv[0])),
-        };
-        self.note(&format!("running {}", shell_words(argv)));
-        let (Ok(out), Ok(err)) = (self.open_log(), self.open_log()) else {
-            return;
-        };
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(&argv[1..])
-            .envs(self.env())
-            .stdin(std::process::Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true);
-        match cmd.spawn() {
-            Ok(mut child) => match tokio::time::timeout(ON_STOP_TIMEOUT, child.wait()).await {
-                Ok(_) => {}
-                Err(_) => self.note(&format!(
-                    "`{}` did not finish within {}s; killed",
-                    argv[0],
-                    ON_STOP_TIMEOUT.as_secs()
-                )),
-            },
-            Err(e) => self.note(&format!("cannot run `{}`: {e}", argv[0])),
-        }
-    }
-
-    /// The program `argv` starts, by absolute path: as recorded, or a name
-    /// (from an older record) looked up on the agent's own `PATH`.
-    fn program(&self, argv: &[String]) -> Result<PathBuf, String> {
-        crate::util::program::resolve(&argv[0]).map_err(|e| format!("{}: {e}", self.spec.node))
-    }
-
-    /// What the rank adds to the agent's environment: its keys within
-    /// [`launch_rules`] (the launch service refused any other; a record
-    /// may be older than the rules).
-    fn env(&self) -> impl Iterator<Item = (&String, &String)> {
-        self.spec
-            .env
-            .iter()
-            .filter(|(k, v)| match launch_rules::check_env(k, v) {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::warn!("run {}: not passing {k}: {e}", self.spec.run);
-                    false
-                }
-            })
-    }
-
-    /// The started processes: index, pid and recorded start time.
-    fn leaders(&self) -> Vec<(usize, u32, Option<u64>)> {
-        let inner = self.inner.lock().unwrap();
-        inner
-            .procs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| match *p {
-                ProcState::Running { pid } | ProcState::Exited { pid, .. } if pid > 0 => {
-                    Some((i, pid, inner.starts.get(i).copied().flatten()))
-                }
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Whether `pid` is still the process started at `start` in the boot
-    /// the record was written in.
-    fn leader(&self, pid: u32, start: Option<u64>) -> Leader {
-        check_leader(&self.same_boot, pid, start)
-    }
-
-    /// Stops trusting process `i`: its group is never signalled again.
-    fn distrust(&self, i: usize, pid: u32, why: &str) {
-        {
-            let mut inner = self.inner.lock().unwrap();
-            inner.starts[i] = None;
-            inner.members.remove(&pid);
-        }
-        self.note(&format!("not signalling process group {pid}: {why}"));
-        tracing::warn!(
-            "run {}: not signalling process group {pid}: {why}",
-            self.spec.run
-        );
-        self.save();
-    }
-
-    /// Lists the members of every group whose leader is verified, checking
-    /// the leader again afterwards (so the list is of the group recorded).
-    fn list_members(&self) {
-        for (_, pid, start) in self.leaders() {
-            if !matches!(self.leader(pid, start), Leader::Ours) {
-                continue;
-            }
-            let members = group_members(pid);
-            let still = matches!(self.leader(pid, start), Leader::Ours);
-            let mut inner = self.inner.lock().unwrap();
-            if still {
-                inner.members.insert(pid, members);
-            }
-        }
-    }
-
-    /// Members listed for group `pgid` that are still those processes.
-    fn listed_members(&self, pgid: u32) -> Vec<u32> {
-        let listed = self.inner.lock().unwrap().members.get(&pgid).cloned();
-        listed
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|&(pid, start)| {
-                matches!(proc::stat(pid), Ok(Some(s)) if s.start_ticks == start && s.pgrp == pgid && s.state != 'Z')
-            })
-            .map(|(pid, _)| pid)
-            .collect()
-    }
-
-    /// Signals every process group of the rank whose leader is still the
-    /// process recorded; a group whose leader has exited, member by member
-    /// from the list; nothing else.
-    fn signal_all(&self, sig: i32) {
-        for (i, pid, start) in self.leaders() {
-            match self.leader(pid, start) {
-                // SAFETY: killpg only sends a signal; ESRCH (group gone) is fine.
-                Leader::Ours => unsafe {
-                    libc::killpg(pid as i32, sig);
-                },
-                Leader::Gone => {
-                    for m in self.listed_members(pid) {
-                        // SAFETY: as above, to one process just checked.
-                        unsafe {
-                            libc::kill(m as i32, sig);
-                        }
-                    }
-                }
-                Leader::Unknown(why) => {
-                    if start.is_some() {
-                        self.distrust(i, pid, &why);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Whether a group the rank may signal still has a live member.
-    fn any_group_alive(&self) -> bool {
-        self.leaders()
-            .into_iter()
-            .any(|(_, pid, start)| match self.leader(pid, start) {
-                Leader::Ours => group_has_live_member(pid),
-                Leader::Gone => !self.listed_members(pid).is_empty(),
-                Leader::Unknown(_) => false,
-            })
-    }
-
-    fn save(&self) {
-        let inner = self.inner.lock().unwrap();
-        self.save_with(&inner);
-    }
-
-    /// [`Run::save`] with the state already locked.
-    fn save_with(&self, inner: &Inner) {
-        let rec = Record {
-            spec: self.spec.clone(),
-            started_unix: self.started_unix,
-            state: inner.state.clone(),
-            procs: inner.procs.clone(),
-            failed_ms: inner.failed_ms,
-            boot_id: self.boot_id.clone(),
-            starts: inner.starts.clone(),
-        };
-        let path = self.dir.join("rank.json");
-        let written = serde_json::to_vec_pretty(&rec)
-            .map_err(std::io::Error::other)
-            .and_then(|b| private::write_atomic(&path, &b));
-        if let Err(e) = written {
-            tracing::warn!(
-                "cannot record run {} in {}: {e}",
-                self.spec.run,
-                path.display()
-            );
-        }
-    }
-
-    fn report(&self) -> RankReport {
-        let (state, procs, failed_ms) = {
-            let inner = self.inner.lock().unwrap();
-            (inner.state.clone(), inner.procs.clone(), inner.failed_ms)
-        };
-        let log = self.log();
-        let (log_bytes, recent) = read_tail(&log, TAIL_BYTES);
-        let tail: Vec<String> = {
-            let lines: Vec<&str> = recent.lines().collect();
-            let from = lines.len().saturating_sub(TAIL_LINES);
-            lines[from..].iter().map(|l| l.to_string()).collect()
-        };
-        RankReport {
-            run: self.spec.run.clone(),
-            node: self.spec.node.clone(),
-            rank: self.spec.rank,
-            started_unix: self.started_unix,
-            state,
-            failed_ms,
-            procs: self
-                .spec
-                .procs
-                .iter()
-                .zip(procs)
-                .map(|(p, state)| ProcReport {
-                    argv: p.argv.clone(),
-                    state,
-                })
-                .collect(),
-            log: log.display().to_string(),
-            log_bytes,
-            tail,
-        }
-    }
 }
 
-/// Whether `pid` is still the process started at `start`, in a record
-/// whose boot is this one (`same_boot`).
-fn check_leader(same_boot: &Result<(), String>, pid: u32, start: Option<u64>) -> Leader {
-    if let Err(e) = same_boot {
-        return Leader::Unknown(e.clone());
-    }
-    let Some(start) = start else {
-        return Leader::Unknown(format!("no start time is recorded for pid {pid}"));
-    };
-    match proc::start_ticks(pid) {
-        Ok(Some(t)) if t == start => Leader::Ours,
-        Ok(Some(t)) => Leader::Unknown(format!(
-            "pid {pid} is now another process (started at tick {t}; the recorded one at tick {start})"
-        )),
-        Ok(None) => Leader::Gone,
-        Err(e) => Leader::Unknown(format!("cannot read /proc/{pid}/stat: {e}")),
-    }
-}
-
-/// The processes in group `pgid` (zombies too), with their start times.
-fn group_members(pgid: u32) -> Vec<(u32, u64)> {
-    let Ok(pids) = proc::pids() else {
-        return Vec::new();
-    };
-    pids.filter_map(|pid| match proc::stat(pid) {
-        Ok(Some(s)) if s.pgrp == pgid => Some((pid, s.start_ticks)),
-        _ => None,
-    })
-    .collect()
-}
-
-/// Whether group `pgid` has a member that is not a zombie (a zombie
-/// leader keeps the group existing until it is reaped).
-fn group_has_live_member(pgid: u32) -> bool {
-    let Ok(pids) = proc::pids() else {
-        return true;
-    };
-    pids.filter_map(|pid| proc::stat(pid).ok().flatten())
-        .any(|s| s.pgrp == pgid && s.state != 'Z')
-}
-
-/// Waits until this agent's child `pid` exits, leaving it unreaped; its
-/// exit code or signal.
-fn wait_exit(pid: u32) -> (Option<i32>, Option<i32>) {
-    loop {
-        // SAFETY: a zeroed siginfo_t is valid; waitid fills it.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waits on our own child; WNOWAIT leaves it a zombie.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if r == 0 {
-            // SAFETY: filled by a successful waitid for a child's exit.
-            let status = unsafe { info.si_status() };
-            return match info.si_code {
-                libc::CLD_EXITED => (Some(status), None),
-                libc::CLD_KILLED | libc::CLD_DUMPED => (None, Some(status)),
-                _ => (None, None),
-            };
-        }
-        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return (None, None);
-        }
-    }
-}
-
-/// Reaps this agent's exited child `pid`.
-fn reap(pid: u32) {
-    let mut status = 0;
-    // SAFETY: reaps our own child, which has exited (or is being killed).
-    unsafe {
-        libc::waitpid(pid as i32, &mut status, 0);
-    }
-}
-
-/// The last `max` bytes of a file as text, and the file's size.
-fn read_tail(path: &Path, max: u64) -> (u64, String) {
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return (0, String::new());
-    };
-    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let from = size.saturating_sub(max);
-    let mut buf = Vec::with_capacity((size - from) as usize);
-    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_end(&mut buf).is_err() {
-        return (size, String::new());
-    }
-    let mut text = String::from_utf8_lossy(&buf).into_owned();
-    if from > 0 {
-        // Drop the partial first line.
-        if let Some(nl) = text.find('\n') {
-            text.drain(..=nl);
-        }
-    }
-    (size, text)
-}
-
-/// Waits until `addr` accepts a TCP connection.
-async fn wait_tcp(addr: std::net::SocketAddr, limit: Duration) -> Result<(), String> {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let attempt =
-            tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
-                .await;
-        if let Ok(Ok(_)) = attempt {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(format!(
-                "{addr} did not accept a TCP connection within {}s",
-                limit.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn shell_words(argv: &[String]) -> String {
-    argv.iter()
-        .map(|a| {
-            if !a.is_empty()
-                && a.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@,+".contains(&b))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn now_unix() -> u64 {
+pub(super) fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -1079,7 +381,10 @@ fn now_unix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::ranks::records::Record;
+    use crate::agent::ranks::signals::group_has_live_member;
     use crate::agent::ranks::ProcSpec;
+    use xfer_proto::names::NodeName;
 
     fn sup(dir: &Path) -> Arc<Supervisor> {
         let cred = crate::config::auth::keygen(&dir.join("key"), true).unwrap();
@@ -1089,7 +394,7 @@ mod tests {
     fn spec(run: &str, procs: &[&str]) -> RankSpec {
         RankSpec {
             run: run.into(),
-            node: "n1".into(),
+            node: NodeName::new("n1").unwrap(),
             rank: 1,
             env: [("XFER_TEST_VALUE".to_string(), "42".to_string())].into(),
             procs: procs
@@ -1157,7 +462,10 @@ mod tests {
         }
         // A second start is accepted now that nothing runs.
         s.start(spec("r2", &["exec sleep 30"])).unwrap();
-        let again = s.start(spec("r3", &["exec sleep 30"])).unwrap_err();
+        let again = s
+            .start(spec("r3", &["exec sleep 30"]))
+            .unwrap_err()
+            .to_string();
         assert!(again.contains("run r2 is still running"), "{again}");
         s.stop(Some("r2"), Duration::from_millis(300), "test").await;
     }
@@ -1417,7 +725,10 @@ mod tests {
         let why = failed_why(&reports[0]);
         assert!(why.contains("cannot read this machine's boot id"), "{why}");
         assert!(v.alive(), "an unrelated process was killed");
-        let refused = s.start(spec("b", &["exec sleep 30"])).unwrap_err();
+        let refused = s
+            .start(spec("b", &["exec sleep 30"]))
+            .unwrap_err()
+            .to_string();
         assert!(refused.contains("boot id"), "{refused}");
     }
 

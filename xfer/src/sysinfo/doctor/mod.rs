@@ -1,7 +1,8 @@
 //! `xfer doctor`: what this node offers the data plane, as the kernel
 //! reports it, for a person to read (or as one JSON object).
 //!
-//! This module owns the three reports and their rendering:
+//! This module owns the three reports' types; reading them is in
+//! `gather`, the plain text in `render`:
 //!
 //! - the RDMA devices under `<sys>/class/infiniband`: every port's state,
 //!   link layer (InfiniBand or Ethernet, i.e. RoCE), rate, the netdev
@@ -16,18 +17,20 @@
 //!
 //! Nothing here fails: what cannot be read is reported with the reason.
 //! The sysfs and procfs roots are parameters so tests can use fake trees;
-//! the sysfs readers are shared with [`crate::sysinfo::rdma`].
+//! sysfs itself is read by [`crate::sysinfo::rdma`] (ports, states, GIDs).
 
-use std::fmt::Write as _;
-use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::Path;
+use std::net::IpAddr;
 
 use serde::Serialize;
 
-use crate::sysinfo::net;
-use crate::sysinfo::rdma::{self, is_zero_gid, numbered, read_attr, SysPort};
-use xfer_proto::launch::{IfaceFacts, Probe, RouteFacts};
+pub use crate::sysinfo::rdma::{GidEntry, LinkLayer};
+pub use xfer_proto::launch::OperState;
+
+mod gather;
+mod render;
+
+pub use gather::{fabric, gather, rdma_devices, roce_mtu, udp_buffers};
+pub use render::render;
 
 /// The socket buffer limit below which the report suggests raising it.
 pub const WANTED_BUFFER: u64 = 64 << 20;
@@ -47,8 +50,11 @@ pub const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
 /// Everything `xfer doctor` reports.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
+    /// The RDMA devices.
     pub rdma: RdmaReport,
+    /// The interfaces a fabric could use.
     pub fabric: Fabric,
+    /// The UDP socket buffer limits.
     pub udp_buffers: UdpBuffers,
 }
 
@@ -57,31 +63,36 @@ pub struct Report {
 pub struct RdmaReport {
     /// `<sys>/class/infiniband`.
     pub dir: String,
+    /// Every device, by name.
     pub devices: Vec<RdmaDevice>,
     /// Why there are no devices, when there are none.
     pub none: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// One RDMA device.
 pub struct RdmaDevice {
     /// "mlx5_0", "rocep1s0f1", ...
     pub name: String,
     /// The netdevs of its PCI device (`device/net/*`).
     pub netdevs: Vec<String>,
+    /// Its ports, ascending.
     pub ports: Vec<RdmaPortReport>,
     /// What is wrong with the device as a whole (no ports).
     pub problem: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// One port of an RDMA device.
 pub struct RdmaPortReport {
+    /// Its number.
     pub port: u32,
     /// "4: ACTIVE" as sysfs has it.
     pub state: Option<String>,
     /// "5: LinkUp".
     pub phys_state: Option<String>,
-    /// "InfiniBand" or "Ethernet" (RoCE).
-    pub link_layer: Option<String>,
+    /// InfiniBand or Ethernet (RoCE), as sysfs writes it.
+    pub link_layer: Option<LinkLayer>,
     /// "100 Gb/sec (4X EDR)".
     pub rate: Option<String>,
     /// The netdev behind the port: the one GID 0 is bound to, else any
@@ -101,24 +112,6 @@ pub struct RdmaPortReport {
     pub gid_index: Option<u32>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct GidEntry {
-    pub index: u32,
-    /// As sysfs has it: "0000:0000:0000:0000:0000:ffff:c0a8:6401".
-    pub gid: String,
-    /// The GID as an IPv6 address ("::ffff:192.168.100.1"), when it is one.
-    pub ip: Option<Ipv6Addr>,
-    /// `gid_attrs/types/IDX`: "RoCE v2", "IB/RoCE v1".
-    #[serde(rename = "type")]
-    pub gid_type: Option<String>,
-    /// `gid_attrs/ndevs/IDX`.
-    pub ndev: Option<String>,
-    /// The IPv4 address of an IPv4-mapped GID.
-    pub ipv4: Option<Ipv4Addr>,
-    /// A RoCE v2 GID with an IPv4 address.
-    pub roce_v2_ipv4: bool,
-}
-
 /// The interfaces a fabric could use.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Fabric {
@@ -126,38 +119,54 @@ pub struct Fabric {
     pub interfaces: Vec<Candidate>,
     /// Interfaces without any address.
     pub without_address: Vec<String>,
+    /// The IPv4 default route, if any.
     pub default_route: Option<DefaultRoute>,
     /// Why there is no default route, when there is none.
     pub default_route_note: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// An interface a fabric could use.
 pub struct Candidate {
+    /// Its name.
     pub name: String,
+    /// Whether it is loopback (by name, or every address is).
     pub loopback: bool,
     /// The IPv4 default route goes out of it.
     pub default_route: bool,
-    pub operstate: String,
+    /// Its operstate.
+    pub operstate: OperState,
+    /// Its MTU.
     pub mtu: u32,
     /// "10.0.0.5/24".
     pub ipv4: Vec<String>,
+    /// Its IPv6 addresses with prefix length.
     pub ipv6: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+/// The IPv4 default route.
 pub struct DefaultRoute {
+    /// The interface it goes out of.
     pub iface: String,
+    /// Its gateway, if any.
     pub gateway: Option<IpAddr>,
+    /// The source address the route uses, if known.
     pub src: Option<IpAddr>,
 }
 
 /// `<proc>/sys/net/core/{r,w}mem_{max,default}`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct UdpBuffers {
+    /// `<proc>/sys/net/core`.
     pub dir: String,
+    /// `rmem_max`.
     pub rmem_max: Sysctl,
+    /// `wmem_max`.
     pub wmem_max: Sysctl,
+    /// `rmem_default`.
     pub rmem_default: Sysctl,
+    /// `wmem_default`.
     pub wmem_default: Sysctl,
     /// [`BUFFER_HINT`], when a limit is below [`WANTED_BUFFER`].
     pub hint: Option<String>,
@@ -166,500 +175,21 @@ pub struct UdpBuffers {
 /// One sysctl value in bytes, or why it could not be read.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Sysctl {
+    /// The value, when read.
     pub bytes: Option<u64>,
+    /// Why it could not be read.
     pub error: Option<String>,
-}
-
-/// Reads everything: RDMA under `sys`, the interfaces of this machine,
-/// the default route and the buffers under `proc`.
-pub fn gather(sys: &Path, proc: &Path) -> Report {
-    let ifaces = net::interfaces();
-    let route_path = proc.join("net/route");
-    let route = match std::fs::read_to_string(&route_path) {
-        Ok(text) => net::route_from(&text, &ifaces),
-        Err(e) => Probe::Skipped(format!(
-            "cannot read {}: {e}; mount procfs at {} to see routes",
-            route_path.display(),
-            proc.display()
-        )),
-    };
-    Report {
-        rdma: rdma_devices(sys),
-        fabric: fabric(&ifaces, &route),
-        udp_buffers: udp_buffers(proc),
-    }
-}
-
-/// The IB MTU a RoCE port runs at over a netdev with MTU `netdev_mtu`:
-/// the largest of [`IB_MTUS`] not above `netdev_mtu - ROCE_OVERHEAD`, the
-/// kernel's own rule (`iboe_get_mtu`). 1500 gives 1024, 9000 gives 4096,
-/// 4192 is the least that gives 4096. None below 352 (no IB MTU fits).
-pub fn roce_mtu(netdev_mtu: u32) -> Option<u32> {
-    let room = netdev_mtu.checked_sub(ROCE_OVERHEAD)?;
-    IB_MTUS.iter().rev().copied().find(|&m| m <= room)
-}
-
-/// Every RDMA device under `<sys>/class/infiniband`, by name.
-pub fn rdma_devices(sys: &Path) -> RdmaReport {
-    let class = sys.join("class/infiniband");
-    let dir = class.display().to_string();
-    let entries = match std::fs::read_dir(&class) {
-        Ok(e) => e,
-        Err(e) => {
-            let why = if e.kind() == io::ErrorKind::NotFound {
-                format!("{dir} does not exist: no RDMA hardware, or the kernel lacks RDMA support (ib_core / rdma_rxe modules)")
-            } else {
-                format!("cannot read {dir}: {e}; run xfer doctor as a user who can read sysfs")
-            };
-            return RdmaReport {
-                dir,
-                devices: Vec::new(),
-                none: Some(why),
-            };
-        }
-    };
-    let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str().map(str::to_string))
-        .collect();
-    names.sort();
-    let devices: Vec<RdmaDevice> = names
-        .iter()
-        .map(|name| device(sys, &class.join(name), name))
-        .collect();
-    let none = devices
-        .is_empty()
-        .then(|| format!("no devices under {dir}"));
-    RdmaReport { dir, devices, none }
-}
-
-/// One device folder.
-fn device(sys: &Path, dir: &Path, name: &str) -> RdmaDevice {
-    // The netdevs of the PCI device, with the port each serves
-    // (`dev_port` counts from 0; absent means the first).
-    let mut netdevs: Vec<(String, u32)> = std::fs::read_dir(dir.join("device/net"))
-        .map(|es| {
-            es.filter_map(|e| {
-                let e = e.ok()?;
-                let n = e.file_name().to_str()?.to_string();
-                let dev_port = read_attr(&e.path().join("dev_port"))
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                Some((n, dev_port))
-            })
-            .collect()
-        })
-        .unwrap_or_default();
-    netdevs.sort();
-    let ports_dir = dir.join("ports");
-    let ports: Vec<RdmaPortReport> = rdma::ports(sys, name)
-        .iter()
-        .map(|p| port(sys, p, &netdevs))
-        .collect();
-    let problem = ports.is_empty().then(|| {
-        format!(
-            "no ports in {}; check the driver with `ibv_devinfo -d {name}` and `dmesg`",
-            ports_dir.display()
-        )
-    });
-    RdmaDevice {
-        name: name.to_string(),
-        netdevs: netdevs.into_iter().map(|(n, _)| n).collect(),
-        ports,
-        problem,
-    }
-}
-
-/// One port, with its GIDs, netdev and MTU.
-fn port(sys: &Path, p: &SysPort, netdevs: &[(String, u32)]) -> RdmaPortReport {
-    let (pdir, n) = (&p.dir, p.number);
-    let gids: Vec<GidEntry> = numbered(&pdir.join("gids"))
-        .into_iter()
-        .filter_map(|i| {
-            let gid = read_attr(&pdir.join("gids").join(i.to_string()))?;
-            if is_zero_gid(&gid) {
-                return None;
-            }
-            let ip: Option<Ipv6Addr> = gid.parse().ok();
-            let gid_type = read_attr(&pdir.join("gid_attrs/types").join(i.to_string()))
-                .filter(|s| !s.is_empty());
-            let ndev = read_attr(&pdir.join("gid_attrs/ndevs").join(i.to_string()))
-                .filter(|s| !s.is_empty());
-            let ipv4 = ip.and_then(|ip| ip.to_ipv4_mapped());
-            let roce_v2_ipv4 = ipv4.is_some() && gid_type.as_deref() == Some("RoCE v2");
-            Some(GidEntry {
-                index: i,
-                gid,
-                ip,
-                gid_type,
-                ndev,
-                ipv4,
-                roce_v2_ipv4,
-            })
-        })
-        .collect();
-    let netdev = gids
-        .iter()
-        .find(|g| g.index == 0 && g.ndev.is_some())
-        .or_else(|| gids.iter().find(|g| g.ndev.is_some()))
-        .and_then(|g| g.ndev.clone())
-        .or_else(|| {
-            netdevs
-                .iter()
-                .find(|(_, dev_port)| dev_port + 1 == n)
-                .map(|(name, _)| name.clone())
-        });
-    let mtu_path = netdev
-        .as_ref()
-        .map(|nd| sys.join("class/net").join(nd).join("mtu"));
-    let netdev_mtu: Option<u32> = mtu_path
-        .as_ref()
-        .and_then(|p| read_attr(p))
-        .and_then(|s| s.parse().ok());
-    let link_layer = p.link_layer.clone();
-    let (mtu, mtu_note) = match (link_layer.as_deref(), &netdev, netdev_mtu) {
-        (Some("InfiniBand"), _, _) => (None, "n/a in sysfs (ibv_devinfo shows it)".to_string()),
-        (Some("Ethernet"), Some(nd), Some(m)) => match roce_mtu(m) {
-            Some(ib) => (
-                Some(ib),
-                format!(
-                    "largest IB MTU <= {nd} MTU {m} - {ROCE_OVERHEAD} bytes of RoCE headers, the kernel's rule"
-                ),
-            ),
-            None => (
-                None,
-                format!(
-                    "none: {nd} MTU {m} leaves no room for a 256-byte IB MTU; raise it (ip link set {nd} mtu 9000)"
-                ),
-            ),
-        },
-        (Some("Ethernet"), Some(nd), None) => (
-            None,
-            format!(
-                "unknown: cannot read the MTU of {nd} at {}",
-                mtu_path.as_ref().map_or_else(String::new, |p| p.display().to_string())
-            ),
-        ),
-        (Some("Ethernet"), None, _) => (
-            None,
-            "unknown: no netdev behind this port (no GID names one, and device/net has none for it)"
-                .to_string(),
-        ),
-        (other, _, _) => (
-            None,
-            format!(
-                "unknown: link layer {}",
-                other.map_or_else(|| "unreadable".to_string(), |l| format!("{l:?}"))
-            ),
-        ),
-    };
-    RdmaPortReport {
-        port: n,
-        state: p.state.clone(),
-        phys_state: read_attr(&pdir.join("phys_state")),
-        link_layer,
-        rate: read_attr(&pdir.join("rate")),
-        netdev,
-        netdev_mtu,
-        mtu,
-        mtu_note,
-        gid_index: gids.iter().find(|g| g.roce_v2_ipv4).map(|g| g.index),
-        gids,
-    }
-}
-
-/// The interfaces with an address, marked, and the default route.
-pub fn fabric(ifaces: &[IfaceFacts], route: &Probe<RouteFacts>) -> Fabric {
-    let (default_route, default_route_note) = match route {
-        Probe::Ok(r) => (
-            Some(DefaultRoute {
-                iface: r.iface.clone(),
-                gateway: r.gateway,
-                src: r.src,
-            }),
-            None,
-        ),
-        Probe::Skipped(why) | Probe::Failed(why) => (None, Some(why.clone())),
-    };
-    let mut interfaces = Vec::new();
-    let mut without_address = Vec::new();
-    for i in ifaces {
-        if i.addrs.is_empty() {
-            without_address.push(i.name.clone());
-            continue;
-        }
-        let with_prefix = |v4: bool| -> Vec<String> {
-            i.addrs
-                .iter()
-                .filter(|(a, _)| a.is_ipv4() == v4)
-                .map(|(a, p)| format!("{a}/{p}"))
-                .collect()
-        };
-        interfaces.push(Candidate {
-            name: i.name.clone(),
-            loopback: i.name == "lo" || i.addrs.iter().all(|(a, _)| a.is_loopback()),
-            default_route: default_route.as_ref().is_some_and(|r| r.iface == i.name),
-            operstate: i.operstate.clone(),
-            mtu: i.mtu,
-            ipv4: with_prefix(true),
-            ipv6: with_prefix(false),
-        });
-    }
-    Fabric {
-        interfaces,
-        without_address,
-        default_route,
-        default_route_note,
-    }
-}
-
-/// The UDP-relevant socket buffer sysctls under `<proc>/sys/net/core`.
-pub fn udp_buffers(proc: &Path) -> UdpBuffers {
-    let dir = proc.join("sys/net/core");
-    let read = |name: &str| -> Sysctl {
-        let path = dir.join(name);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => match text.trim().parse::<u64>() {
-                Ok(n) => Sysctl {
-                    bytes: Some(n),
-                    error: None,
-                },
-                Err(_) => Sysctl {
-                    bytes: None,
-                    error: Some(format!(
-                        "{} holds {:?}, not a byte count; check `sysctl net.core.{name}`",
-                        path.display(),
-                        text.trim()
-                    )),
-                },
-            },
-            Err(e) => Sysctl {
-                bytes: None,
-                error: Some(match e.kind() {
-                    io::ErrorKind::NotFound => format!(
-                        "cannot read {}: {e}; procfs is not mounted at {} or this network namespace hides net.core (check `sysctl net.core.{name}`)",
-                        path.display(),
-                        proc.display()
-                    ),
-                    _ => format!(
-                        "cannot read {}: {e}; run xfer doctor as a user who can read it, or check `sysctl net.core.{name}`",
-                        path.display()
-                    ),
-                }),
-            },
-        }
-    };
-    let (rmem_max, wmem_max) = (read("rmem_max"), read("wmem_max"));
-    let small = |s: &Sysctl| s.bytes.is_some_and(|b| b < WANTED_BUFFER);
-    let hint = (small(&rmem_max) || small(&wmem_max)).then(|| BUFFER_HINT.to_string());
-    UdpBuffers {
-        dir: dir.display().to_string(),
-        rmem_max,
-        wmem_max,
-        rmem_default: read("rmem_default"),
-        wmem_default: read("wmem_default"),
-        hint,
-    }
-}
-
-/// The plain-text report.
-pub fn render(r: &Report) -> String {
-    let mut out = String::new();
-    render_rdma(&mut out, &r.rdma);
-    out.push('\n');
-    render_fabric(&mut out, &r.fabric);
-    out.push('\n');
-    render_buffers(&mut out, &r.udp_buffers);
-    out
-}
-
-fn render_rdma(out: &mut String, r: &RdmaReport) {
-    if let Some(why) = &r.none {
-        let _ = writeln!(out, "RDMA: none ({why}); xfer uses QUIC");
-        return;
-    }
-    let _ = writeln!(out, "RDMA devices ({}):", r.dir);
-    let dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_string());
-    for d in &r.devices {
-        let netdevs = if d.netdevs.is_empty() {
-            String::new()
-        } else {
-            format!(" (netdevs: {})", d.netdevs.join(", "))
-        };
-        let _ = writeln!(out, "  {}{netdevs}", d.name);
-        if let Some(p) = &d.problem {
-            let _ = writeln!(out, "    {p}");
-        }
-        for p in &d.ports {
-            let _ = writeln!(out, "    port {}", p.port);
-            let link = match p.link_layer.as_deref() {
-                Some("Ethernet") => "Ethernet (RoCE)".to_string(),
-                other => other.unwrap_or("-").to_string(),
-            };
-            let netdev = match (&p.netdev, p.netdev_mtu) {
-                (Some(nd), Some(m)) => format!("{nd} (mtu {m})"),
-                (Some(nd), None) => nd.clone(),
-                (None, _) => "-".to_string(),
-            };
-            let mtu = match p.mtu {
-                Some(m) => format!("{m} ({})", p.mtu_note),
-                None => p.mtu_note.clone(),
-            };
-            let gids = if p.gids.is_empty() {
-                "none".to_string()
-            } else {
-                format!("{} non-zero", p.gids.len())
-            };
-            let rows: Vec<Vec<String>> = [
-                ("state", dash(&p.state)),
-                ("phys_state", dash(&p.phys_state)),
-                ("link_layer", link),
-                ("rate", dash(&p.rate)),
-                ("netdev", netdev),
-                ("mtu", mtu),
-                ("gids", gids),
-            ]
-            .into_iter()
-            .map(|(k, v)| vec![k.to_string(), v])
-            .collect();
-            table(out, "      ", &rows);
-            if !p.gids.is_empty() {
-                let mut rows = vec![vec![
-                    "idx".to_string(),
-                    "type".to_string(),
-                    "netdev".to_string(),
-                    "gid".to_string(),
-                    String::new(),
-                ]];
-                for g in &p.gids {
-                    rows.push(vec![
-                        g.index.to_string(),
-                        dash(&g.gid_type),
-                        dash(&g.ndev),
-                        g.ip.map_or_else(|| g.gid.clone(), |ip| ip.to_string()),
-                        if g.roce_v2_ipv4 {
-                            format!("<- RoCE v2 IPv4 (use gid_index = {})", g.index)
-                        } else {
-                            String::new()
-                        },
-                    ]);
-                }
-                table(out, "        ", &rows);
-            }
-            if p.link_layer.as_deref() == Some("Ethernet") && p.gid_index.is_none() {
-                let on = p.netdev.as_deref().unwrap_or("its netdev");
-                let _ = writeln!(
-                    out,
-                    "      no RoCE v2 GID with an IPv4 address: the kernel adds one when {on} has an IPv4 address and is up"
-                );
-            }
-        }
-    }
-}
-
-fn render_fabric(out: &mut String, f: &Fabric) {
-    let _ = writeln!(out, "Fabric candidates (interfaces with an address):");
-    if f.interfaces.is_empty() {
-        let _ = writeln!(out, "  none");
-    } else {
-        let mut rows = vec![["name", "state", "mtu", "ipv4", "ipv6", ""]
-            .map(str::to_string)
-            .to_vec()];
-        for c in &f.interfaces {
-            let mut marks = Vec::new();
-            if c.loopback {
-                marks.push("loopback".to_string());
-            }
-            if c.default_route {
-                let via = f
-                    .default_route
-                    .as_ref()
-                    .and_then(|r| r.gateway)
-                    .map_or_else(String::new, |g| format!(" via {g}"));
-                marks.push(format!("<- default route{via}"));
-            }
-            let list = |v: &[String]| {
-                if v.is_empty() {
-                    "-".to_string()
-                } else {
-                    v.join(", ")
-                }
-            };
-            rows.push(vec![
-                c.name.clone(),
-                c.operstate.clone(),
-                c.mtu.to_string(),
-                list(&c.ipv4),
-                list(&c.ipv6),
-                marks.join(", "),
-            ]);
-        }
-        table(out, "  ", &rows);
-    }
-    if !f.without_address.is_empty() {
-        let _ = writeln!(
-            out,
-            "  without an address: {}",
-            f.without_address.join(", ")
-        );
-    }
-    if let Some(why) = &f.default_route_note {
-        let _ = writeln!(out, "  default route: none ({why})");
-    }
-}
-
-fn render_buffers(out: &mut String, b: &UdpBuffers) {
-    let _ = writeln!(out, "UDP socket buffers ({}):", b.dir);
-    let rows: Vec<Vec<String>> = [
-        ("rmem_max", &b.rmem_max),
-        ("wmem_max", &b.wmem_max),
-        ("rmem_default", &b.rmem_default),
-        ("wmem_default", &b.wmem_default),
-    ]
-    .into_iter()
-    .map(|(name, s)| {
-        let value = match (s.bytes, &s.error) {
-            (Some(n), _) => format!("{n} bytes ({:.1} MiB)", n as f64 / (1u64 << 20) as f64),
-            (None, Some(e)) => format!("unreadable: {e}"),
-            (None, None) => "unreadable".to_string(),
-        };
-        vec![name.to_string(), value]
-    })
-    .collect();
-    table(out, "  ", &rows);
-    if let Some(h) = &b.hint {
-        let _ = writeln!(out, "  hint: {h}");
-    }
-}
-
-/// Writes `rows` as columns two spaces apart, each line after `indent`;
-/// trailing blanks are dropped.
-fn table(out: &mut String, indent: &str, rows: &[Vec<String>]) {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let mut width = vec![0; cols];
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            width[i] = width[i].max(c.chars().count());
-        }
-    }
-    for r in rows {
-        let mut line = indent.to_string();
-        for (i, c) in r.iter().enumerate() {
-            if i + 1 == r.len() {
-                line.push_str(c);
-            } else {
-                let _ = write!(line, "{c:<w$}  ", w = width[i]);
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::render::{render_buffers, render_fabric, render_rdma};
     use super::*;
     use crate::sysinfo::net::tests::iface;
     use std::fs;
+    use std::net::Ipv4Addr;
+    use std::path::Path;
+    use xfer_proto::launch::{Probe, RouteFacts};
 
     const ZERO: &str = "0000:0000:0000:0000:0000:0000:0000:0000";
     const LINK_LOCAL: &str = "fe80:0000:0000:0000:ba3f:d2ff:fe01:0001";
@@ -776,7 +306,7 @@ mod tests {
         assert_eq!(names, ["mlx5_0", "rocep1s0f1"]);
 
         let ib = &r.devices[0].ports[0];
-        assert_eq!(ib.link_layer.as_deref(), Some("InfiniBand"));
+        assert_eq!(ib.link_layer, Some(LinkLayer::InfiniBand));
         assert_eq!(ib.netdev.as_deref(), Some("ib0"));
         assert_eq!(ib.netdev_mtu, Some(2044));
         assert_eq!(ib.mtu, None);

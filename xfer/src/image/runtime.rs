@@ -1,23 +1,26 @@
-//! The container engine's command line (`docker`, or `podman`, which takes
-//! the same verbs): the only code that runs it. It asks the engine's
-//! version, its runtimes and an image's id, starts `save` and `load`, and
-//! removes a run's containers; and it turns the engine's own error text
-//! into one line naming the cause and the fix ([`Engine::explain`]).
+//! The container runtime's command line (`docker`, or `podman`, which takes
+//! the same verbs): the only code that runs it. (The "engine" elsewhere is
+//! the scheduler, `crate::engine`, or a launch's inference server.) It asks
+//! the runtime's version, its OCI runtimes (nvidia) and an image's id,
+//! starts `save` and `load`, and removes a run's containers; and it turns
+//! the runtime's own error text into one line naming the cause and the fix
+//! ([`Runtime::explain`]).
 //!
-//! The engine is whichever one the environment selects (`DOCKER_HOST`,
+//! The runtime is whichever daemon the environment selects (`DOCKER_HOST`,
 //! `CONTAINER_HOST`), so that every node's agent talks to its own. An
-//! agent resolves the engine's program once, when it starts, on its own
-//! `PATH` ([`Engine::resolved`]), and runs that path from then on: a
+//! agent resolves the runtime's program once, when it starts, on its own
+//! `PATH` ([`Runtime::resolved`]), and runs that path from then on: a
 //! rank's environment, which its containers' client runs with, can then
 //! choose neither the program nor (see [`xfer_proto::launch_rules`]) the
-//! daemon.
+//! daemon. The wire and the command line still call it the container
+//! engine (`--container-engine`, the reports' `engine` fields).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use xfer_proto::image::{ContainerEngine, Digest};
+use xfer_proto::image::{ContainerRuntime, Digest};
 use xfer_proto::launch::{ContainerFacts, Probe};
 
 use crate::util::program::{self, ResolveError};
@@ -28,19 +31,38 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(20);
 /// The label every container of a launch carries: its run id.
 pub const RUN_LABEL: &str = "xfer.run";
 
-/// One container engine's command line.
+/// Why a query of the container runtime failed; each says the cause and
+/// the fix in words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// It did not answer within the query timeout.
+    #[error("{0}")]
+    Hung(String),
+    /// Its program could not be started ([`Runtime::spawn_error`]).
+    #[error("{0}")]
+    NotStarted(String),
+    /// It ran and failed: its error text explained ([`Runtime::explain`]).
+    #[error("{0}")]
+    Failed(String),
+    /// It answered what could not be read.
+    #[error("{0}")]
+    Unreadable(String),
+}
+
+/// One container runtime's command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Engine {
-    pub kind: ContainerEngine,
+pub struct Runtime {
+    /// Docker or podman.
+    pub kind: ContainerRuntime,
     /// The program run: its name, looked up on `PATH` at each start (the
     /// operator's own `xfer image push`), or an agent's absolute path.
     bin: PathBuf,
 }
 
-impl Engine {
+impl Runtime {
     /// The engine, its program looked up on `PATH` whenever it runs.
-    pub fn new(kind: ContainerEngine) -> Engine {
-        Engine {
+    pub fn new(kind: ContainerRuntime) -> Runtime {
+        Runtime {
             kind,
             bin: PathBuf::from(kind.program()),
         }
@@ -48,8 +70,8 @@ impl Engine {
 
     /// The engine, its program resolved now on this process's own `PATH`
     /// (an agent, at start).
-    pub fn resolved(kind: ContainerEngine) -> Result<Engine, ResolveError> {
-        Ok(Engine {
+    pub fn resolved(kind: ContainerRuntime) -> Result<Runtime, ResolveError> {
+        Ok(Runtime {
             kind,
             bin: program::resolve(kind.program())?,
         })
@@ -57,8 +79,8 @@ impl Engine {
 
     /// The engine run from `bin` (tests).
     #[cfg(test)]
-    pub fn with_bin(self, bin: PathBuf) -> Engine {
-        Engine { bin, ..self }
+    pub fn with_bin(self, bin: PathBuf) -> Runtime {
+        Runtime { bin, ..self }
     }
 
     /// Its name, for messages.
@@ -85,24 +107,26 @@ impl Engine {
     }
 
     /// Runs `args` and returns its stdout, or the explained failure.
-    async fn query(&self, args: &[&str]) -> Result<String, String> {
+    async fn query(&self, args: &[&str]) -> Result<String, RuntimeError> {
         let out = tokio::time::timeout(QUERY_TIMEOUT, self.command().args(args).output()).await;
         let out = match out {
             Err(_) => {
-                return Err(format!(
+                return Err(RuntimeError::Hung(format!(
                     "`{} {}` took over {}s; check the engine (is its daemon hung?)",
                     self.program(),
                     args.join(" "),
                     QUERY_TIMEOUT.as_secs()
-                ))
+                )))
             }
-            Ok(Err(e)) => return Err(self.spawn_error(&e)),
+            Ok(Err(e)) => return Err(RuntimeError::NotStarted(self.spawn_error(&e))),
             Ok(Ok(out)) => out,
         };
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
         } else {
-            Err(self.explain(&String::from_utf8_lossy(&out.stderr)))
+            Err(RuntimeError::Failed(
+                self.explain(&String::from_utf8_lossy(&out.stderr)),
+            ))
         }
     }
 
@@ -157,10 +181,10 @@ impl Engine {
     }
 
     /// The engine's server version.
-    pub async fn version(&self) -> Result<String, String> {
+    pub async fn version(&self) -> Result<String, RuntimeError> {
         let format = match self.kind {
-            ContainerEngine::Docker => "{{.Server.Version}}",
-            ContainerEngine::Podman => "{{.Version.Version}}",
+            ContainerRuntime::Docker => "{{.Server.Version}}",
+            ContainerRuntime::Podman => "{{.Version.Version}}",
         };
         self.query(&["version", "--format", format]).await
     }
@@ -168,15 +192,15 @@ impl Engine {
     /// Whether the NVIDIA container runtime is configured.
     pub async fn nvidia_runtime(&self) -> Probe<String> {
         match self.kind {
-            ContainerEngine::Podman => Probe::Skipped(
+            ContainerRuntime::Podman => Probe::Skipped(
                 "podman passes GPUs by CDI (`nvidia-ctk cdi generate`), not by a runtime".into(),
             ),
-            ContainerEngine::Docker => {
+            ContainerRuntime::Docker => {
                 match self
                     .query(&["info", "--format", "{{json .Runtimes}}"])
                     .await
                 {
-                    Err(e) => Probe::Failed(e),
+                    Err(e) => Probe::Failed(e.to_string()),
                     Ok(json) => {
                         let names: Vec<String> = serde_json::from_str::<
                             serde_json::Map<String, serde_json::Value>,
@@ -197,7 +221,7 @@ impl Engine {
     }
 
     /// The id of `reference` in this engine; `None` when it does not hold it.
-    pub async fn image_id(&self, reference: &str) -> Result<Option<Digest>, String> {
+    pub async fn image_id(&self, reference: &str) -> Result<Option<Digest>, RuntimeError> {
         let out = tokio::time::timeout(
             QUERY_TIMEOUT,
             self.command()
@@ -205,29 +229,37 @@ impl Engine {
                 .output(),
         )
         .await
-        .map_err(|_| format!("`{} image inspect` hung; check the engine", self.program()))?
-        .map_err(|e| self.spawn_error(&e))?;
+        .map_err(|_| {
+            RuntimeError::Hung(format!(
+                "`{} image inspect` hung; check the engine",
+                self.program()
+            ))
+        })?
+        .map_err(|e| RuntimeError::NotStarted(self.spawn_error(&e)))?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
             let lower = stderr.to_ascii_lowercase();
             if lower.contains("no such image") || lower.contains("image not known") {
                 return Ok(None);
             }
-            return Err(self.explain(&stderr));
+            return Err(RuntimeError::Failed(self.explain(&stderr)));
         }
         let text = String::from_utf8_lossy(&out.stdout);
-        Digest::parse(text.trim())
-            .map(Some)
-            .map_err(|e| format!("`{} image inspect {reference}`: {e}", self.program()))
+        Digest::parse(text.trim()).map(Some).map_err(|e| {
+            RuntimeError::Unreadable(format!(
+                "`{} image inspect {reference}`: {e}",
+                self.program()
+            ))
+        })
     }
 
     /// The chain ids of every layer stack this engine holds (see
     /// [`super::chain_ids`]), read off every image's `RootFS.Layers`.
     /// Podman's `load` wants every layer in the stream, so for podman this
     /// is always empty.
-    pub async fn held_chains(&self) -> Result<BTreeSet<Digest>, String> {
+    pub async fn held_chains(&self) -> Result<BTreeSet<Digest>, RuntimeError> {
         let mut held = BTreeSet::new();
-        if self.kind != ContainerEngine::Docker {
+        if self.kind != ContainerRuntime::Docker {
             return Ok(held);
         }
         let ids = self.query(&["image", "ls", "-aq", "--no-trunc"]).await?;
@@ -238,15 +270,19 @@ impl Engine {
         let mut args = vec!["image", "inspect", "--format", "{{json .RootFS.Layers}}"];
         args.extend(ids);
         for line in self.query(&args).await?.lines() {
-            let layers: Vec<Digest> = serde_json::from_str(line)
-                .map_err(|e| format!("`{} image inspect` printed `{line}`: {e}", self.program()))?;
+            let layers: Vec<Digest> = serde_json::from_str(line).map_err(|e| {
+                RuntimeError::Unreadable(format!(
+                    "`{} image inspect` printed `{line}`: {e}",
+                    self.program()
+                ))
+            })?;
             held.extend(super::chain_ids(&layers));
         }
         Ok(held)
     }
 
     /// The layers (diff ids, bottom first) of `reference` in this engine.
-    pub async fn layers(&self, reference: &str) -> Result<Vec<Digest>, String> {
+    pub async fn layers(&self, reference: &str) -> Result<Vec<Digest>, RuntimeError> {
         let out = self
             .query(&[
                 "image",
@@ -258,10 +294,10 @@ impl Engine {
             ])
             .await?;
         serde_json::from_str(&out).map_err(|e| {
-            format!(
+            RuntimeError::Unreadable(format!(
                 "`{} image inspect {reference}` printed `{out}`: {e}",
                 self.program()
-            )
+            ))
         })
     }
 
@@ -269,7 +305,7 @@ impl Engine {
     pub async fn facts(&self, image: Option<&str>) -> Probe<ContainerFacts> {
         let version = match self.version().await {
             Ok(v) => v,
-            Err(e) => return Probe::Failed(e),
+            Err(e) => return Probe::Failed(e.to_string()),
         };
         let nvidia_runtime = self.nvidia_runtime().await;
         let image = match image {
@@ -277,7 +313,7 @@ impl Engine {
             Some(r) => Some(match self.image_id(r).await {
                 Ok(Some(id)) => Probe::Ok(id),
                 Ok(None) => Probe::Failed(format!("image {r} is not loaded in {}", self.program())),
-                Err(e) => Probe::Failed(e),
+                Err(e) => Probe::Failed(e.to_string()),
             }),
         };
         Probe::Ok(ContainerFacts {
@@ -290,7 +326,7 @@ impl Engine {
 
     /// Removes every container of run `run` (running or not); returns how
     /// many there were.
-    pub async fn remove_run(&self, run: &str) -> Result<usize, String> {
+    pub async fn remove_run(&self, run: &str) -> Result<usize, RuntimeError> {
         let filter = format!("label={RUN_LABEL}={run}");
         let ids = self.query(&["ps", "-aq", "--filter", &filter]).await?;
         let ids: Vec<&str> = ids.split_whitespace().collect();
@@ -310,7 +346,7 @@ mod tests {
 
     #[test]
     fn engine_errors_name_the_cause_and_the_fix() {
-        let e = Engine::new(ContainerEngine::Docker);
+        let e = Runtime::new(ContainerRuntime::Docker);
         let full = e
             .explain("Error processing tar file(exit status 1): write /x: no space left on device");
         assert!(
