@@ -8,6 +8,10 @@
 //! ([`traceback`]); `xfer-launch` (src/main.rs,
 //! src/cli/) is the command line over them.
 
+// Every public item keeps its doc line (`cargo clippy -D warnings` makes
+// this an error).
+#![warn(missing_docs)]
+
 pub mod agents;
 pub mod check;
 pub mod config;

@@ -17,6 +17,10 @@
 //!
 //! The `xfer` binary's own `cli` sits on top.
 
+// Every public item keeps its doc line (`cargo clippy -D warnings` makes
+// this an error).
+#![warn(missing_docs)]
+
 pub mod agent;
 pub mod config;
 pub mod engine;

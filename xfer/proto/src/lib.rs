@@ -20,6 +20,10 @@
 //! Every decoder here is strict and bounded: hostile input is an error
 //! with its reason, never a panic or an allocation a peer chose.
 
+// Every public item keeps its doc line (`cargo clippy -D warnings` makes
+// this an error).
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod chunkset;
 pub mod draft;
