@@ -334,8 +334,8 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
         cache_root: t.path().join("cache"),
     };
     let opts = xfer::hub::pull::PullOptions {
-        repo: "acme/tiny".into(),
-        repo_type: xfer_proto::repo::RepoType::Model,
+        repo: xfer_proto::repo::RepoRef::parse("acme/tiny", xfer_proto::repo::RepoType::Model)
+            .unwrap(),
         include: Vec::new(),
         exclude: Vec::new(),
         local_dir: None,

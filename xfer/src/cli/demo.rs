@@ -39,7 +39,7 @@ use xfer::hub::pull::PullOptions;
 use xfer::hub_lookalike::DemoHub;
 use xfer::store::verify::verify;
 use xfer::util::progress::Progress;
-use xfer_proto::repo::RepoType;
+use xfer_proto::repo::{RepoRef, RepoType};
 use xfer_proto::units::Bytes;
 
 /// Demo settings.
@@ -380,8 +380,7 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
 /// The demo's pull: its repo, 8 connections, chunk hashes at `chunk_size`.
 fn pull_options(chunk_size: Option<u64>) -> PullOptions {
     PullOptions {
-        repo: REPO.into(),
-        repo_type: RepoType::Model,
+        repo: RepoRef::parse(REPO, RepoType::Model).expect("the demo's repo id is valid"),
         include: Vec::new(),
         exclude: Vec::new(),
         local_dir: None,

@@ -144,8 +144,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
     };
     let env = xfer::hub::env::HubEnv::from_process().map_err(anyhow::Error::msg)?;
     let opts = xfer::hub::pull::PullOptions {
-        repo,
-        repo_type,
+        repo: xfer_proto::repo::RepoRef::parse(&repo, repo_type)?,
         include,
         exclude,
         local_dir,

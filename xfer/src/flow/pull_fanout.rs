@@ -32,7 +32,6 @@ use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
 use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
-use xfer_proto::repo::RepoRef;
 
 /// The `--json` summary of `xfer pull --to`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -100,7 +99,7 @@ pub async fn pull_and_fan_out(
     progress: Progress,
 ) -> Result<PullFanoutSummary> {
     let started = Instant::now();
-    let repo = RepoRef::parse(&opts.repo, opts.repo_type).map_err(anyhow::Error::msg)?;
+    let repo = opts.repo.clone();
     let root = match &opts.local_dir {
         Some(d) => d.clone(),
         None => env.cache_root.join(repo.cache_folder()),

@@ -34,16 +34,14 @@ use crate::util::progress::Progress;
 use xfer_proto::draft::Draft;
 use xfer_proto::hash::Hash;
 use xfer_proto::relpath::RelPath;
-use xfer_proto::repo::{RepoRef, RepoType};
+use xfer_proto::repo::RepoRef;
 use xfer_proto::units::Bytes;
 
 /// What to pull, and how.
 #[derive(Debug, Clone)]
 pub struct PullOptions {
-    /// `ORG/NAME[@REV]`, as given.
-    pub repo: String,
-    /// Model or dataset.
-    pub repo_type: RepoType,
+    /// The repo and revision, parsed once by the caller.
+    pub repo: RepoRef,
     /// Glob patterns: pull only the files matching one (empty: all).
     pub include: Vec<String>,
     /// Glob patterns: skip the files matching one.
@@ -272,7 +270,7 @@ pub async fn pull(
     on_draft: Option<OnDraft>,
 ) -> Result<(PullSummary, Vec<RemoteFile>)> {
     let started = Instant::now();
-    let repo = RepoRef::parse(&opts.repo, opts.repo_type).map_err(anyhow::Error::msg)?;
+    let repo = &opts.repo;
     let filter = Filter::new(&opts.include, &opts.exclude)?;
     let http = HubHttp::new(env)?;
     let ep = &env.endpoint;
@@ -286,7 +284,7 @@ pub async fn pull(
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let commit = RevisionInfo::parse(&body).map_err(anyhow::Error::msg)?.sha;
-    let all_files = list_files(&http, &repo, ep, &commit).await?;
+    let all_files = list_files(&http, repo, ep, &commit).await?;
     let files = all_files.clone();
     let listed = files.len();
     let files: Vec<RemoteFile> = files

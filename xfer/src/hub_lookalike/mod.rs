@@ -189,8 +189,7 @@ mod tests {
             cache_root: cache.to_path_buf(),
         };
         let opts = PullOptions {
-            repo: "xfer-demo/model".into(),
-            repo_type: RepoType::Model,
+            repo: RepoRef::parse("xfer-demo/model", RepoType::Model).unwrap(),
             include: vec![],
             exclude: vec![],
             local_dir: None,

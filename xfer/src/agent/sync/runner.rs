@@ -26,7 +26,7 @@ use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
 use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::refusal::Refusal;
-use xfer_proto::repo::RepoType;
+use xfer_proto::repo::{RepoRef, RepoType};
 
 /// Pause after a round that left a member incomplete, growing to this.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -340,8 +340,8 @@ impl Runner {
         let mut env = HubEnv::from_process().map_err(|e| Fatal(e.to_string()))?;
         env.cache_root = self.store.root().to_path_buf();
         let opts = PullOptions {
-            repo: repo.to_string(),
-            repo_type: RepoType::parse(repo_type).map_err(Fatal)?,
+            repo: RepoRef::parse(repo, RepoType::parse(repo_type).map_err(Fatal)?)
+                .map_err(|e| Fatal(e.to_string()))?,
             include: Vec::new(),
             exclude: Vec::new(),
             local_dir: None,
