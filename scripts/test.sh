@@ -65,35 +65,46 @@ fi
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
 
-echo "== cargo fmt --check"
+# Each step prints its name and, at the next step, how long it took, so a
+# slow CI run says where its minutes went.
+step_started=$SECONDS
+step() {
+  echo "== $* (previous step: $((SECONDS - step_started)) s, total $((SECONDS / 60)) min $((SECONDS % 60)) s)"
+  step_started=$SECONDS
+}
+
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
+step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 # The RDMA backend (transport/rdma/sys.rs, over libibverbs) is behind the
 # `rdma` feature. No RDMA device exists here, so it cannot run; linting it
 # and building it with the feature on (clippy does not link; the build
 # checks that libibverbs links) keeps it compiling although no device exists.
 # scripts/rdma-selftest.sh runs it on real hardware.
-echo "== cargo clippy -p xfer --features rdma -D warnings"
+step "cargo clippy -p xfer --features rdma -D warnings"
 cargo clippy -p xfer --all-targets --features rdma -- -D warnings
-echo "== cargo build -p xfer --features rdma"
+step "cargo build -p xfer --features rdma"
 cargo build -p xfer --features rdma
-echo "== cargo test"
+step "cargo test"
 log=$(mktemp)
 engines_log=$(mktemp)
 trap 'rm -f "$log" "$engines_log"; stop_dockerd' EXIT
 status=0
 cargo test --workspace --no-run
 cargo test --workspace --test engines --no-run
+step "run the tests"
 # The real-engine tests (tests/engines.rs: vLLM, Ray, torch.distributed)
 # run beside the rest: they use networks of their own and spend most of
 # their minutes waiting on vLLM's start. Their output follows the rest's.
 cargo test --workspace --test engines --no-fail-fast >"$engines_log" 2>&1 &
 engines=$!
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
+step "the rest finished; waiting for tests/engines.rs"
 wait "$engines" || status=1
-echo "== tests/engines.rs (ran beside the rest)"
+step "tests/engines.rs (ran beside the rest)"
 tee -a "$log" <"$engines_log"
+echo "test.sh: $((SECONDS / 60)) min $((SECONDS % 60)) s in all"
 # One closing line over all test binaries (cargo's own last line is the
 # doc-test summary, which has no tests).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

@@ -100,7 +100,7 @@ pub fn gpus() -> Probe<GpuFacts> {
     };
     let (gpus, driver) = match parse_gpus(&gpus) {
         Ok(g) => g,
-        Err(e) => return Probe::Failed(e),
+        Err(e) => return Probe::Failed(e.to_string()),
     };
     let apps = match nvidia_smi(&[
         "--query-compute-apps=pid,process_name,used_memory",
@@ -237,16 +237,19 @@ fn number(field: &str) -> Option<u64> {
     field.trim().parse().ok()
 }
 
+/// A line of `nvidia-smi --query-gpu` output that is not what was asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot read nvidia-smi's GPU line `{0}` (expected index, name, memory.total, memory.used, driver_version); report this nvidia-smi version")]
+pub struct GpuLineError(pub String);
+
 /// Parses `--query-gpu=index,name,memory.total,memory.used,driver_version`
 /// output: the GPUs and the driver version (of the first GPU).
-pub fn parse_gpus(text: &str) -> Result<(Vec<GpuInfo>, Option<String>), String> {
+pub fn parse_gpus(text: &str) -> Result<(Vec<GpuInfo>, Option<String>), GpuLineError> {
     let mut gpus = Vec::new();
     let mut driver = None;
     for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let bad = || {
-            format!("cannot read nvidia-smi's GPU line `{line}` (expected index, name, memory.total, memory.used, driver_version); report this nvidia-smi version")
-        };
+        let bad = || GpuLineError(line.to_string());
         // A name with commas in it takes every field between the index
         // and the last three.
         if fields.len() < 5 {
