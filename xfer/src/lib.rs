@@ -6,16 +6,21 @@
 //! the layers before its own (see docs/how-it-works.md):
 //! - `xfer_proto`: the shared vocabulary (names, hashes, paths, manifests,
 //!   chunk sets, frames, messages), a crate of its own with no I/O runtime;
-//! - [`util`], [`sysinfo`], [`config`]: small parts, host readers, the
-//!   cluster file and credentials;
+//! - [`util`]: small parts (buffers, rates, bars, durable files);
+//! - [`sysinfo`], [`config`]: host readers, the cluster file and
+//!   credentials;
 //! - [`engine`]: the sans-IO scheduler and swarm policy;
-//! - [`store`], [`hub`], [`image`]: the model store on disk, pulling from
-//!   the Hugging Face Hub into its cache, and container images as blobs;
+//! - [`store`]: the model store on disk;
+//! - [`hub`], [`image`], [`hub_lookalike`]: pulling from the Hugging Face
+//!   Hub into its cache, container images as blobs, and the Hub look-alike
+//!   the demo and the tests serve;
 //! - [`transport`]: QUIC and RDMA connections and chunk serving;
-//! - [`flow`]: transfers end to end (receive, swarm, push, fetch, fan-out);
+//! - [`flow`]: transfers end to end (the receiver, swarm, push, fetch,
+//!   fan-out, image delivery);
 //! - [`agent`]: the node agent (`xfer serve`), its services and clients.
 //!
-//! The `xfer` binary's own `cli` sits on top.
+//! The `xfer` binary's own `cli` sits on top. `tests/layers.rs` checks
+//! this order from the source.
 
 // Every public item keeps its doc line (`cargo clippy -D warnings` makes
 // this an error).
