@@ -15,6 +15,9 @@ mod logs;
 mod plan;
 mod up;
 
+#[cfg(test)]
+mod quickstart_test;
+
 pub use args::{Cli, Cmd};
 pub use check::check;
 pub use down::down;

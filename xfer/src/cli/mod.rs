@@ -19,6 +19,9 @@ mod local;
 mod serve;
 mod transfer;
 
+#[cfg(test)]
+mod quickstart_test;
+
 use std::process::ExitCode;
 
 use anyhow::Result;
