@@ -619,3 +619,129 @@ pub async fn prune(
     });
     Ok(futures_join(asks).await)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::admin::JobView;
+
+    fn job(id: &str, source: &str, state: JobState) -> JobView {
+        JobView {
+            id: id.into(),
+            name: format!("m-{id}"),
+            source_node: source.into(),
+            nodes: vec!["b".into()],
+            state,
+            here: None,
+            last_error: None,
+            rounds: 1,
+            delivered: Vec::new(),
+        }
+    }
+
+    fn node(name: &str, jobs: Option<Vec<JobView>>) -> NodeReport {
+        NodeReport {
+            node: name.into(),
+            agent: format!("{name}:7470"),
+            reachable: jobs.is_some(),
+            error: jobs.is_none().then(|| "no answer".into()),
+            status: jobs.map(|jobs| AgentStatus {
+                node: Some(name.into()),
+                data: None,
+                root: "/r".into(),
+                models: Vec::new(),
+                jobs,
+                images: Vec::new(),
+            }),
+        }
+    }
+
+    fn failed() -> JobState {
+        JobState::Failed {
+            reason: "gone".into(),
+        }
+    }
+
+    #[test]
+    fn problems_name_each_unreachable_node_and_each_failed_job_once() {
+        let reports = [
+            node(
+                "a",
+                Some(vec![
+                    job("f1", "a", failed()),
+                    job("ok", "a", JobState::Cancelled),
+                ]),
+            ),
+            node(
+                "b",
+                Some(vec![
+                    job("f1", "a", failed()),
+                    job("q", "a", JobState::Queued),
+                ]),
+            ),
+            node("c", None),
+        ];
+        let p = problems(&reports);
+        assert_eq!(p, ["node c unreachable", "job f1 (m-f1) failed"]);
+        let line = problems_line(&p).unwrap();
+        assert!(
+            line.starts_with("2 problems: node c unreachable; job f1 (m-f1) failed")
+                && line.contains("xfer prune"),
+            "{line}"
+        );
+        assert_eq!(
+            problems_line(&problems(&[node("c", None)])).as_deref(),
+            Some("1 problem: node c unreachable")
+        );
+        assert!(problems(
+            &reports[..1]
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.status.as_mut().unwrap().jobs.retain(|j| j.id == "ok");
+                    r
+                })
+                .collect::<Vec<_>>()
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn ended_jobs_take_the_sources_state_and_catch_jobs_their_source_forgot() {
+        let reports = [
+            // a, the source: f1 failed, q still running, c1 cancelled.
+            node(
+                "a",
+                Some(vec![
+                    job("f1", "a", failed()),
+                    job("q", "a", JobState::Syncing),
+                    job("c1", "a", JobState::Cancelled),
+                ]),
+            ),
+            // b, a member: f1 never heard of its end; o is a job a no
+            // longer knows; x is from a source that is down.
+            node(
+                "b",
+                Some(vec![
+                    job("f1", "a", JobState::Queued),
+                    job("q", "a", JobState::Queued),
+                    job("o", "a", JobState::Queued),
+                    job("x", "d", JobState::Queued),
+                ]),
+            ),
+            node("d", None),
+        ];
+        let ended = ended_jobs(&reports);
+        let ids: Vec<&str> = ended.iter().map(|(i, _)| i.as_str()).collect();
+        assert_eq!(ids, ["f1", "c1", "o"], "{ended:#?}");
+        assert_eq!(ended[0].1, failed());
+        assert_eq!(ended[1].1, JobState::Cancelled);
+        let JobState::Failed { reason } = &ended[2].1 else {
+            panic!("{ended:#?}")
+        };
+        assert!(
+            reason.contains("its source a no longer knows the job"),
+            "{reason}"
+        );
+    }
+}

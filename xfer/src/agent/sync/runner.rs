@@ -129,6 +129,7 @@ impl Runner {
         rec.me = Some(node);
         if rec.state.is_final() && !matches!(rec.state, JobState::Complete { .. }) {
             rec.state = JobState::Queued;
+            rec.told_ended.clear();
         }
         self.jobs.save(&rec).map_err(|e| Refusal::Io {
             path: self.store.root().display().to_string(),
