@@ -40,7 +40,9 @@ pub enum Cmd {
     Cancel(CancelArgs),
     /// Delete a model from the nodes' roots.
     Rm(RmArgs),
-    /// Remove ended sync jobs (complete, cancelled, failed) from the nodes; running jobs and models stay.
+    /// Remove ended sync jobs from the nodes (running jobs and models stay).
+    ///
+    /// Ended: complete, cancelled or failed. Operators only.
     #[command(after_help = "Example:\n  xfer prune --cluster cluster.toml --nodes a,b")]
     Prune(PruneArgs),
     /// Deliver a directory to one or more agents.

@@ -1,8 +1,9 @@
 //! The commands that talk to a cluster's agents: `xfer sync` (hand a job
 //! over and return, or follow it with `--wait`), `xfer status` (one table
 //! across nodes; an unreachable agent shows as such within the timeout),
-//! `xfer cancel` and `xfer rm`. Each asks every agent over the cluster's
-//! mutually authenticated QUIC, one short exchange per agent, in parallel.
+//! `xfer cancel`, `xfer rm` and `xfer prune` (ended jobs off every node).
+//! Each asks every agent over the cluster's mutually authenticated QUIC,
+//! one short exchange per agent, in parallel.
 
 use std::path::PathBuf;
 use std::sync::Arc;
