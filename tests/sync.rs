@@ -3,7 +3,9 @@
 //! added later is fed by its peers, the periodic verify repairs a damaged
 //! copy, `status` reports every node (an unreachable one quickly), a bad
 //! cluster file is refused with its line, `cancel` and `rm` do what they
-//! say, and a Hub repo lands in every node's HF cache.
+//! say, a Hub repo lands in every node's HF cache, and an ended job leaves
+//! no row on its members, keeps `status` at exit 1 while it is a failure,
+//! and goes with `prune`.
 //!
 //! Every test starts real agents on its own loopback addresses (127.0.N.x,
 //! ports picked by the kernel), writes a cluster file naming them, and
