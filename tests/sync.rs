@@ -3,7 +3,9 @@
 //! added later is fed by its peers, the periodic verify repairs a damaged
 //! copy, `status` reports every node (an unreachable one quickly), a bad
 //! cluster file is refused with its line, `cancel` and `rm` do what they
-//! say, and a Hub repo lands in every node's HF cache.
+//! say, a Hub repo lands in every node's HF cache, and an ended job leaves
+//! no row on its members, keeps `status` at exit 1 while it is a failure,
+//! and goes with `prune`.
 //!
 //! Every test starts real agents on its own loopback addresses (127.0.N.x,
 //! ports picked by the kernel), writes a cluster file naming them, and
@@ -141,7 +143,11 @@ fn a_killed_receiver_and_source_finish_the_job_after_restarting() {
         "the restarted source ran a new round: {job:#?}"
     );
     for n in ["b", "c", "d"] {
-        assert_eq!(s.model(n, "m48k").unwrap().bytes_held, total);
+        let m = s.model(n, "m48k").unwrap();
+        assert_eq!(m.bytes_held, total);
+        // The transfer the source's death cut short failed; the one that
+        // completed made that error stale.
+        assert_eq!(m.last_error, None, "{n}: {m:#?}");
         assert_same_tree(&src, &c.root(n).join("m48k"));
     }
     assert!(
@@ -339,7 +345,14 @@ fn status_reports_a_dead_agent_unreachable_quickly() {
     let started = Instant::now();
     let r = run(&mut c.cmd("status", &["--json"]), Duration::from_secs(20));
     let took = started.elapsed();
-    r.assert_ok("xfer status");
+    // A node down is a problem: exit 1, said on stderr; stdout stays the
+    // one JSON document.
+    assert_eq!(r.status.code(), Some(1), "xfer status --json: {r:#?}");
+    assert_eq!(
+        r.stderr.trim_end().lines().last(),
+        Some("1 problem: node b unreachable"),
+        "{r:#?}"
+    );
     assert!(took < Duration::from_secs(5), "status took {took:?}");
     let s = Status(r.json());
     assert_eq!(s.0.len(), 3, "{s:#?}");
@@ -358,7 +371,7 @@ fn status_reports_a_dead_agent_unreachable_quickly() {
     let started = Instant::now();
     let r = run(&mut c.cmd("status", &[]), Duration::from_secs(20));
     let took = started.elapsed();
-    r.assert_ok("xfer status");
+    assert_eq!(r.status.code(), Some(1), "xfer status: {r:#?}");
     assert!(took < Duration::from_secs(5), "status took {took:?}");
     let line = r
         .stdout
@@ -366,6 +379,17 @@ fn status_reports_a_dead_agent_unreachable_quickly() {
         .find(|l| l.starts_with("b "))
         .unwrap_or_else(|| panic!("no line of b: {r:#?}"));
     assert!(line.contains("unreachable"), "{line}");
+    assert_eq!(
+        r.stdout.trim_end().lines().last(),
+        Some("1 problem: node b unreachable"),
+        "{r:#?}"
+    );
+
+    // Back up: no problem, exit 0.
+    c.restart("b");
+    let r = run(&mut c.cmd("status", &[]), Duration::from_secs(20));
+    r.assert_ok("xfer status with every node up");
+    assert!(!r.stdout.contains("problem"), "{r:#?}");
 }
 
 /// 7. `cancel` stops a rate-limited job; `rm` refuses without --yes and no
@@ -619,4 +643,178 @@ fn a_streamed_hub_job_resumes_after_its_source_and_a_member_restart() {
         "the Hub served {served} bytes for a {} byte repo",
         meta.total()
     );
+}
+
+/// `xfer status` with `args`, which must exit `code`; returns the run.
+fn status_exits(c: &Cluster, args: &[&str], code: i32) -> common::Run {
+    let r = run(&mut c.cmd("status", args), Duration::from_secs(20));
+    assert_eq!(r.status.code(), Some(code), "xfer status {args:?}: {r:#?}");
+    r
+}
+
+/// Whether `node` lists model `name` at all.
+fn lists(s: &Status, node: &str, name: &str) -> bool {
+    s.model(node, name).is_some()
+}
+
+/// 11. A job whose source folder does not exist fails; its source tells
+///     the members, which then list no `queued` row of it; `status` exits
+///     1 naming the job until `prune` removes it (and the complete job
+///     before it) from every node, leaving a running job and every
+///     model's data alone; then `status` exits 0.
+#[test]
+fn a_failed_job_leaves_no_row_and_status_fails_until_it_is_pruned() {
+    let c = Cluster::start("sync-prune", 46, &["a", "b", "c"], &[]);
+    let small = c.dir.path().join("src/small");
+    gen_model(&small, 4 * MIB, 461);
+    let (done, _) = c.sync(&small, &["--from", "a", "--nodes", "a,b,c"]);
+    c.wait_complete(&done, "a", &["a", "b", "c"], "small");
+    status_exits(&c, &[], 0);
+
+    let nothing = c.dir.path().join("src/nothing");
+    let (bad, _) = c.sync(&nothing, &["--from", "a", "--nodes", "b,c"]);
+    c.poll("the members to learn the job failed", JOB_DEADLINE, |s| {
+        ["a", "b", "c"]
+            .iter()
+            .all(|n| {
+                s.job(n, &bad)
+                    .is_some_and(|j| matches!(j.state, JobState::Failed { .. }))
+            })
+            .then_some(())
+    });
+    let s = c.status();
+    for n in ["a", "b", "c"] {
+        assert!(!lists(&s, n, "nothing"), "{n} lists a phantom row: {s:#?}");
+    }
+    let JobState::Failed { reason } = &s.job("b", &bad).unwrap().state else {
+        unreachable!()
+    };
+    assert!(reason.contains("does not exist on a"), "{reason}");
+
+    // The failed job is a problem, named on the last line; --json says it
+    // on stderr and keeps stdout one document.
+    let r = status_exits(&c, &[], 1);
+    let last = r.stdout.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!("1 problem: job {bad} (nothing) failed"))
+            && last.contains("xfer prune"),
+        "{r:#?}"
+    );
+    let r = status_exits(&c, &["--json"], 1);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("one JSON document");
+    assert_eq!(doc.as_array().map(Vec::len), Some(3), "{r:#?}");
+    assert!(
+        r.stderr.contains(&format!("job {bad} (nothing) failed")),
+        "{r:#?}"
+    );
+
+    // A job still running when the prune comes.
+    let big = c.dir.path().join("src/big");
+    gen_model(&big, 32 * MIB, 462);
+    let (running, _) = c.sync(
+        &big,
+        &["--from", "a", "--nodes", "b", "--limit-rate", "2MiB"],
+    );
+    c.poll("b to receive part of big", JOB_DEADLINE, |s| {
+        let m = s.model("b", "big")?;
+        (m.state == ModelState::Syncing && m.bytes_held > 0).then_some(())
+    });
+
+    let r = run(&mut c.cmd("prune", &[]), Duration::from_secs(30));
+    r.assert_ok("xfer prune");
+    for n in ["a", "b", "c"] {
+        assert!(
+            r.stdout
+                .contains(&format!("{n}: removed job {bad} (nothing, failed)")),
+            "{r:#?}"
+        );
+        assert!(
+            r.stdout
+                .contains(&format!("{n}: removed job {done} (small, complete)")),
+            "{r:#?}"
+        );
+    }
+    assert!(
+        !r.stdout.contains(&running),
+        "a running job was pruned: {r:#?}"
+    );
+
+    let s = c.status();
+    for n in ["a", "b", "c"] {
+        let st = s.report(n).status.as_ref().unwrap();
+        assert!(
+            st.jobs.iter().all(|j| j.id == running),
+            "{n} still lists an ended job: {st:#?}"
+        );
+        assert_eq!(
+            s.model(n, "small").map(|m| m.state),
+            Some(ModelState::Complete),
+            "{s:#?}"
+        );
+        assert_same_tree(&small, &c.root(n).join("small"));
+        assert!(!lists(&s, n, "nothing"), "{s:#?}");
+    }
+    for n in ["a", "b"] {
+        let j = s
+            .job(n, &running)
+            .unwrap_or_else(|| panic!("{n} lost the running job"));
+        assert!(!j.state.is_final(), "{j:#?}");
+    }
+    let r = status_exits(&c, &[], 0);
+    assert!(!r.stdout.contains("problem"), "{r:#?}");
+
+    // Nothing left to prune but the running job, which stays.
+    let r = run(
+        &mut c.cmd("prune", &["--nodes", "b", "--json"]),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer prune --nodes b --json");
+    let v: serde_json::Value = r.json();
+    assert_eq!(v[0]["node"], "b", "{v}");
+    assert_eq!(v[0]["pruned"].as_array().map(Vec::len), Some(0), "{v}");
+    run(&mut c.cmd("cancel", &[&running]), Duration::from_secs(20)).assert_ok("xfer cancel");
+}
+
+/// 12. A cancelled job leaves no row of its model on its members, even on
+///     one that was down when it was cancelled: the source tells it the
+///     job ended once it is back. A cancelled job is no problem: `status`
+///     exits 0.
+#[test]
+fn a_cancelled_job_leaves_no_row_even_on_a_member_that_was_down() {
+    let mut c = Cluster::start("sync-ended", 47, &["a", "b", "c"], &[]);
+    let big = c.dir.path().join("src/big");
+    gen_model(&big, 32 * MIB, 471);
+    let (id, _) = c.sync(
+        &big,
+        &["--from", "a", "--nodes", "b,c", "--limit-rate", "2MiB"],
+    );
+    c.poll("b to receive part of big", JOB_DEADLINE, |s| {
+        let m = s.model("b", "big")?;
+        (m.state == ModelState::Syncing && m.bytes_held > 0).then_some(())
+    });
+    c.kill9("c");
+    let r = run(&mut c.cmd("cancel", &[&id]), Duration::from_secs(20));
+    r.assert_ok("xfer cancel");
+    assert!(r.stdout.contains("c: unreachable"), "{r:#?}");
+    c.restart("c");
+
+    let s = c.poll(
+        "b and c to list no row of the cancelled job's model",
+        JOB_DEADLINE,
+        |s| {
+            let ended = ["b", "c"].iter().all(|n| {
+                s.job(n, &id)
+                    .is_some_and(|j| j.state == JobState::Cancelled)
+                    && !lists(s, n, "big")
+            });
+            ended.then(|| s.clone())
+        },
+    );
+    assert!(!lists(&s, "a", "big"), "{s:#?}");
+    assert!(
+        c.root("b").join(".xfer/staging/big").exists(),
+        "what b received stays for a later sync"
+    );
+    let r = status_exits(&c, &[], 0);
+    assert!(!r.stdout.contains("problem"), "{r:#?}");
 }

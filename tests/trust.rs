@@ -464,3 +464,142 @@ fn an_agent_given_the_cluster_file_accepts_only_the_nodes_it_lists() {
     assert!(!r.success());
     assert!(r.stderr.contains("does not list"), "{}", r.stderr);
 }
+
+/// A job's end and a prune, with issued credentials: the source's own
+/// node credential tells the members a failed job ended (so they list no
+/// row of it); another node's credential may neither end a job it is not
+/// the source of nor prune, each refused in one line, and the job stays.
+#[test]
+fn a_node_credential_cannot_prune_or_end_another_sources_job() {
+    let t = tempdir("trust-prune");
+    let pki = Pki::init(t.path());
+    let creds: Vec<PathBuf> = ["a", "b", "c"]
+        .iter()
+        .map(|n| pki.issue(n, "node"))
+        .collect();
+    let op = pki.issue("op", "operator");
+    let export = t.path().display().to_string();
+    let roots: Vec<PathBuf> = ["ra", "rb", "rc"]
+        .iter()
+        .map(|r| t.path().join(r))
+        .collect();
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| {
+            let listen = format!("127.0.0.{}:0", 191 + i);
+            Agent::start_with(&listen, &roots[i], &creds[i], &["--export", &export])
+        })
+        .collect();
+    let nodes: Vec<(&str, &str, &Path)> = ["a", "b", "c"]
+        .iter()
+        .zip(&agents)
+        .zip(&roots)
+        .map(|((n, a), r)| (*n, a.addr.as_str(), r.as_path()))
+        .collect();
+    let op_file = t.path().join("op.toml");
+    write_cluster_file(&op_file, &op, &nodes);
+    let c_file = t.path().join("c.toml");
+    write_cluster_file(&c_file, &creds[2], &nodes);
+    let sync = |src: &Path, extra: &[&str]| -> String {
+        let r = run(
+            xfer()
+                .args([
+                    "sync",
+                    "--json",
+                    "--from",
+                    "a",
+                    "--nodes",
+                    "b,c",
+                    "--cluster",
+                ])
+                .arg(&op_file)
+                .args(extra)
+                .arg(src),
+            Duration::from_secs(30),
+        );
+        r.assert_ok("xfer sync");
+        r.json::<serde_json::Value>()["job"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+
+    // a's node credential ends its failed job on b and c.
+    let failed = sync(&t.path().join("src/nothing"), &[]);
+    wait_until("b and c to learn the job failed", JOB_DEADLINE, || {
+        let s = status(&op_file);
+        ["b", "c"].iter().all(|n| {
+            s.job(n, &failed)
+                .is_some_and(|j| matches!(j.state, JobState::Failed { .. }))
+                && s.model(n, "nothing").is_none()
+        })
+    });
+
+    // c may not end a's running job on b.
+    let src = t.path().join("src/m32");
+    gen_model(&src, 32 * MIB, 191);
+    let running = sync(&src, &["--limit-rate", "2MiB"]);
+    wait_until("b to receive the first bytes", JOB_DEADLINE, || {
+        status(&op_file)
+            .model("b", "m32")
+            .is_some_and(|m| m.state == ModelState::Syncing && m.bytes_held > 0)
+    });
+    let end = AdminRequest::JobEnded {
+        id: running.clone(),
+        state: JobState::Cancelled,
+    };
+    let text = format!("{:?}", admin(&creds[2], "b", &agents[1], &end));
+    assert!(
+        text.contains("Forbidden")
+            && text.contains(&format!(
+                "only job {running}'s source a or an operator may end it"
+            ))
+            && text.contains("node c"),
+        "{text}"
+    );
+    assert!(agents[1].log().contains("refused"), "{}", agents[1].log());
+
+    // Nor prune, through the CLI: one line per node, exit 1.
+    let r = run(
+        xfer().args(["prune", "--cluster"]).arg(&c_file),
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    for n in ["a", "b", "c"] {
+        let line = r
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{n}: FAILED:")))
+            .unwrap_or_else(|| panic!("no line of {n}: {r:#?}"));
+        assert!(
+            line.contains("only an operator may prune sync jobs"),
+            "{line}"
+        );
+    }
+    let s = status(&op_file);
+    for n in ["a", "b", "c"] {
+        assert!(s.job(n, &failed).is_some(), "{n} lost a job: {s:#?}");
+    }
+    for n in ["a", "b"] {
+        let j = s.job(n, &running).unwrap();
+        assert!(!j.state.is_final(), "{n}: {j:#?}");
+    }
+    assert_eq!(
+        s.model("b", "m32").map(|m| m.state),
+        Some(ModelState::Syncing),
+        "{s:#?}"
+    );
+
+    // The operator's prune removes the failed job everywhere, not the running one.
+    let r = run(
+        xfer().args(["prune", "--cluster"]).arg(&op_file),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer prune as the operator");
+    for n in ["a", "b", "c"] {
+        assert!(
+            r.stdout.contains(&format!("{n}: removed job {failed}")),
+            "{r:#?}"
+        );
+    }
+    assert!(!r.stdout.contains(&running), "{r:#?}");
+}

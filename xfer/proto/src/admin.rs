@@ -47,6 +47,23 @@ pub enum AdminRequest {
     /// [`crate::image`]) against their sha256 digests and load the image
     /// into your container engine.
     LoadImage(Box<ImageDesc>),
+    /// Job `id` ended on its source in `state` (complete, failed or
+    /// cancelled): record it, so this member stops expecting the model.
+    /// Accepted only from the job's source node or an operator.
+    JobEnded {
+        /// The job's id.
+        id: String,
+        /// Its final state on the source.
+        state: JobState,
+    },
+    /// Remove the records of ended jobs: every final one here, and those
+    /// named in `ended` (jobs their source reports final), except a job
+    /// running here. Model data is never touched. Operators only.
+    PruneJobs {
+        /// Jobs known to be final elsewhere (on their source): id and
+        /// final state.
+        ended: Vec<(String, JobState)>,
+    },
 }
 
 /// Agent → CLI: the answer to an [`AdminRequest`].
@@ -78,6 +95,30 @@ pub enum AdminReply {
     },
     /// The image is loaded into the container engine.
     ImageLoaded(Box<ImageLoadReport>),
+    /// The answer to [`AdminRequest::JobEnded`]: `known` says whether
+    /// this agent had the job.
+    JobEndedNoted {
+        /// The job's id.
+        id: String,
+        /// Whether this agent had the job.
+        known: bool,
+    },
+    /// The job records [`AdminRequest::PruneJobs`] removed.
+    JobsPruned {
+        /// Each removed job.
+        jobs: Vec<PrunedJob>,
+    },
+}
+
+/// One job record removed by [`AdminRequest::PruneJobs`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrunedJob {
+    /// The job's id.
+    pub id: String,
+    /// The model it named.
+    pub name: String,
+    /// Its state when removed (as this agent or the job's source knew it).
+    pub state: JobState,
 }
 
 impl AdminReply {
@@ -89,6 +130,8 @@ impl AdminReply {
             AdminReply::JobCancelled { .. } => "JobCancelled",
             AdminReply::ModelRemoved { .. } => "ModelRemoved",
             AdminReply::ImageLoaded(_) => "ImageLoaded",
+            AdminReply::JobEndedNoted { .. } => "JobEndedNoted",
+            AdminReply::JobsPruned { .. } => "JobsPruned",
             AdminReply::Failed(_) => "Failed",
         }
     }
@@ -413,4 +456,44 @@ pub struct AgentStatus {
     pub jobs: Vec<JobView>,
     /// The images this agent loaded (their blobs are among `models`).
     pub images: Vec<ImageStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{decode_frame, encode};
+
+    #[test]
+    fn job_end_and_prune_messages_round_trip() {
+        let reqs = [
+            AdminRequest::JobEnded {
+                id: "1a2b".into(),
+                state: JobState::Failed {
+                    reason: "gone".into(),
+                },
+            },
+            AdminRequest::PruneJobs {
+                ended: vec![("1a2b".into(), JobState::Cancelled)],
+            },
+        ];
+        for r in reqs {
+            assert_eq!(decode_frame::<AdminRequest>(&encode(&r)).unwrap(), r);
+        }
+        let replies = [
+            AdminReply::JobEndedNoted {
+                id: "1a2b".into(),
+                known: true,
+            },
+            AdminReply::JobsPruned {
+                jobs: vec![PrunedJob {
+                    id: "1a2b".into(),
+                    name: "m".into(),
+                    state: JobState::Cancelled,
+                }],
+            },
+        ];
+        for r in replies {
+            assert_eq!(decode_frame::<AdminReply>(&encode(&r)).unwrap(), r);
+        }
+    }
 }

@@ -1,9 +1,11 @@
 //! The admin service: the operator's requests. A sync job is stored and,
 //! on its source node, started; a status query reports every model and
 //! job; a cancel stops a job; an rm deletes a model from the root; an
-//! image load puts delivered blobs into the container engine. Any
-//! member of the cluster may ask for the status; the rest is an
-//! operator's ([`super::permit::operator_only`]).
+//! image load puts delivered blobs into the container engine; a job's end
+//! is recorded on its members; a prune removes ended jobs. Any member of
+//! the cluster may ask for the status, and a job's source may tell its
+//! members it ended; the rest is an operator's
+//! ([`super::permit::operator_only`]).
 
 use anyhow::Result;
 
@@ -29,6 +31,9 @@ pub(super) async fn serve(
         AdminRequest::CancelJob { .. } => Some("cancel a sync job"),
         AdminRequest::RemoveModel { .. } => Some("remove a model"),
         AdminRequest::LoadImage(_) => Some("load an image"),
+        // The job's source may end it too: checked against the job.
+        AdminRequest::JobEnded { .. } => None,
+        AdminRequest::PruneJobs { .. } => Some("prune sync jobs"),
     };
     if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
         return answer(&conn, send, &AdminReply::Failed(r)).await;
@@ -76,6 +81,18 @@ pub(super) async fn serve(
                 }
                 Err(r) => AdminReply::Failed(r.into()),
             }
+        }
+        AdminRequest::JobEnded { id, state } => match check_job_id(&id) {
+            Err(why) => AdminReply::Failed(Refusal::Protocol(why.to_string())),
+            Ok(()) => match ctx.runner.note_ended(&id, state, &caller.peer) {
+                Ok(known) => AdminReply::JobEndedNoted { id, known },
+                Err(r) => AdminReply::Failed(r),
+            },
+        },
+        AdminRequest::PruneJobs { ended } => {
+            let jobs = ctx.runner.prune(&ended);
+            tracing::info!("pruned {} sync job(s) for {caller}", jobs.len());
+            AdminReply::JobsPruned { jobs }
         }
         AdminRequest::LoadImage(desc) => {
             tracing::info!("loading image {} for {caller}", desc.reference);

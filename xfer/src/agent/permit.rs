@@ -15,7 +15,9 @@
 //!
 //! And what a caller's certificate lets it ask ([`operator_only`]): with
 //! issued credentials, a node may move models, report and stop the runs
-//! it belongs to; only an operator may sync, remove, launch or read logs.
+//! it belongs to, and tell the members of a sync job it is the source of
+//! that the job ended (`runner::note_ended` checks that); only an operator
+//! may sync, remove, prune jobs, launch or read logs.
 //!
 //! Every refusal is one line naming the node and the switch or the
 //! credential that would allow it.

@@ -40,6 +40,11 @@ pub enum Cmd {
     Cancel(CancelArgs),
     /// Delete a model from the nodes' roots.
     Rm(RmArgs),
+    /// Remove ended sync jobs from the nodes (running jobs and models stay).
+    ///
+    /// Ended: complete, cancelled or failed. Operators only.
+    #[command(after_help = "Example:\n  xfer prune --cluster cluster.toml --nodes a,b")]
+    Prune(PruneArgs),
     /// Deliver a directory to one or more agents.
     Push(PushArgs),
     /// Download a Hugging Face repo (or HF_ENDPOINT's mirror) into the HF cache, verified.
@@ -246,7 +251,8 @@ pub struct StatusArgs {
     pub nodes: Vec<String>,
     #[arg(long)]
     pub json: bool,
-    /// Refresh every second until interrupted.
+    /// Refresh every second until interrupted (Ctrl-C); the exit code is
+    /// the last refresh's.
     #[arg(long)]
     pub watch: bool,
 }
@@ -274,6 +280,20 @@ pub struct RmArgs {
     /// record on that node).
     #[arg(long)]
     pub force: bool,
+}
+
+/// The arguments of `xfer prune`.
+#[derive(clap::Args)]
+pub struct PruneArgs {
+    /// The cluster file naming the nodes and the credential.
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// Prune only these nodes, comma separated (default: every node).
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// Print what was removed as one JSON document.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The arguments of `xfer push`.

@@ -1,5 +1,6 @@
 //! The commands that ask a cluster's agents: `sync` (hand a job over, or
-//! follow it), `status` (one table across nodes), `cancel` and `rm`.
+//! follow it), `status` (one table across nodes; exit 1 on an unreachable
+//! node or a failed job), `cancel`, `rm` and `prune`.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -89,11 +90,25 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
     } = args;
     let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
-    loop {
+    // Registered before the first refresh, so a Ctrl-C during one ends
+    // the watch with that refresh's code.
+    let mut interrupt = if watch {
+        Some(tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::interrupt(),
+        )?)
+    } else {
+        None
+    };
+    let code = loop {
         let reports = xfer::agent::sync::client::status(&cluster, &cred, &nodes).await?;
+        let problems = xfer::agent::sync::client::problems(&reports);
+        let last = xfer::agent::sync::client::problems_line(&problems);
         if json {
             serde_json::to_writer(std::io::stdout().lock(), &reports)?;
             println!();
+            if let Some(line) = &last {
+                eprintln!("{line}");
+            }
         } else {
             if watch && std::io::stdout().is_terminal() {
                 print!("\x1b[2J\x1b[H");
@@ -119,13 +134,65 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
                     }
                 }
             }
+            if let Some(line) = &last {
+                println!("{line}");
+            }
         }
-        if !watch {
-            break;
+        let code = if problems.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+        let Some(interrupt) = interrupt.as_mut() else {
+            break code;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = interrupt.recv() => break code,
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    Ok(code)
+}
+
+/// `xfer prune`.
+pub async fn prune(args: PruneArgs) -> Result<ExitCode> {
+    let PruneArgs {
+        cluster,
+        nodes,
+        json,
+    } = args;
+    let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+    let cred = Arc::new(Credential::load(&cluster.key)?);
+    let reports = xfer::agent::sync::client::prune(&cluster, &cred, &nodes).await?;
+    let failed = reports.iter().any(|r| r.error.is_some());
+    if json {
+        serde_json::to_writer(std::io::stdout().lock(), &reports)?;
+        println!();
+    } else {
+        for r in &reports {
+            if let Some(e) = &r.error {
+                println!("{}: FAILED: {e}", r.node);
+                continue;
+            }
+            if r.pruned.is_empty() {
+                println!("{}: no ended job", r.node);
+            }
+            for j in &r.pruned {
+                println!(
+                    "{}: removed job {} ({}, {})",
+                    r.node,
+                    j.id,
+                    j.name,
+                    j.state.label()
+                );
+            }
+        }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// `xfer cancel`.

@@ -5,7 +5,7 @@
 //! - [`local`]: `keygen`, `manifest`, `verify`, `doctor` (no agent needed);
 //! - [`ca`]: `ca init`, `ca issue`, `ca rotate` (the operator's CA);
 //! - [`serve`]: `serve`, the node agent;
-//! - [`jobs`]: `sync`, `status`, `cancel`, `rm` (ask the cluster's agents);
+//! - [`jobs`]: `sync`, `status`, `cancel`, `rm`, `prune` (ask the cluster's agents);
 //! - [`transfer`]: `push`, `pull`, `fetch` (move a model themselves);
 //! - [`image`]: `image push` (a container image, as blobs, to nodes).
 
@@ -41,6 +41,7 @@ pub async fn run(cmd: Cmd) -> Result<ExitCode> {
         Cmd::Status(a) => jobs::status(a).await,
         Cmd::Cancel(a) => jobs::cancel(a).await,
         Cmd::Rm(a) => jobs::rm(a).await,
+        Cmd::Prune(a) => jobs::prune(a).await,
         Cmd::Push(a) => transfer::push(a).await,
         Cmd::Pull(a) => transfer::pull(a).await,
         Cmd::Fetch(a) => transfer::fetch(a).await,

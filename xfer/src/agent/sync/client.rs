@@ -1,8 +1,9 @@
 //! The commands that talk to a cluster's agents: `xfer sync` (hand a job
 //! over and return, or follow it with `--wait`), `xfer status` (one table
 //! across nodes; an unreachable agent shows as such within the timeout),
-//! `xfer cancel` and `xfer rm`. Each asks every agent over the cluster's
-//! mutually authenticated QUIC, one short exchange per agent, in parallel.
+//! `xfer cancel`, `xfer rm` and `xfer prune` (ended jobs off every node).
+//! Each asks every agent over the cluster's mutually authenticated QUIC,
+//! one short exchange per agent, in parallel.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -484,4 +485,264 @@ pub async fn remove(
         }
     });
     Ok(futures_join(asks).await)
+}
+
+/// What makes `xfer status` exit 1, one phrase each: every node that did
+/// not answer with a status, and every failed job (once, whichever nodes
+/// report it).
+pub fn problems(reports: &[NodeReport]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in reports.iter().filter(|r| r.status.is_none()) {
+        out.push(if r.reachable {
+            format!("node {} answered no status", r.node)
+        } else {
+            format!("node {} unreachable", r.node)
+        });
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for j in reports
+        .iter()
+        .filter_map(|r| r.status.as_ref())
+        .flat_map(|s| &s.jobs)
+    {
+        if matches!(j.state, JobState::Failed { .. }) && !seen.contains(&j.id.as_str()) {
+            seen.push(&j.id);
+            out.push(format!("job {} ({}) failed", j.id, j.name));
+        }
+    }
+    out
+}
+
+/// The last line `xfer status` prints when there are `problems`, with
+/// what clears a failed job; `None` when there are none.
+pub fn problems_line(problems: &[String]) -> Option<String> {
+    if problems.is_empty() {
+        return None;
+    }
+    let n = problems.len();
+    let mut line = format!(
+        "{n} problem{}: {}",
+        if n == 1 { "" } else { "s" },
+        problems.join("; ")
+    );
+    if problems.iter().any(|p| p.ends_with(" failed")) {
+        line.push_str(" (fix the cause and sync again; `xfer prune` removes ended jobs)");
+    }
+    Some(line)
+}
+
+/// The jobs `reports` show ended, with their final state: final on any
+/// node (the source's state first), or not final on a member whose
+/// source answered and no longer knows the job (it was pruned or removed
+/// there, so no end will come).
+pub fn ended_jobs(reports: &[NodeReport]) -> Vec<(String, JobState)> {
+    let statuses: Vec<(&str, &AgentStatus)> = reports
+        .iter()
+        .filter_map(|r| r.status.as_ref().map(|s| (r.node.as_str(), s)))
+        .collect();
+    let mut out: Vec<(String, JobState)> = Vec::new();
+    let mut add = |id: &str, state: JobState| {
+        if !out.iter().any(|(i, _)| i == id) {
+            out.push((id.to_string(), state));
+        }
+    };
+    // The source's own record first: it is the one that ended the job.
+    for (node, s) in &statuses {
+        for j in s.jobs.iter().filter(|j| j.source_node == *node) {
+            if j.state.is_final() {
+                add(&j.id, j.state.clone());
+            }
+        }
+    }
+    for (_, s) in &statuses {
+        for j in &s.jobs {
+            if j.state.is_final() {
+                add(&j.id, j.state.clone());
+                continue;
+            }
+            let source = statuses.iter().find(|(n, _)| *n == j.source_node);
+            if let Some((src, st)) = source {
+                if !st.jobs.iter().any(|k| k.id == j.id) {
+                    add(
+                        &j.id,
+                        JobState::Failed {
+                            reason: format!("its source {src} no longer knows the job"),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One node's answer to `xfer prune`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct PruneReport {
+    /// The node's name.
+    pub node: String,
+    /// The job records it removed.
+    pub pruned: Vec<xfer_proto::admin::PrunedJob>,
+    /// Why it removed nothing: unreachable, refused, or another answer.
+    pub error: Option<String>,
+}
+
+/// Removes ended jobs (complete, cancelled, failed) from the selected
+/// nodes: first asks every node of the cluster for its jobs, so a member
+/// whose copy of a job never heard of its end learns it from the source's
+/// record ([`ended_jobs`]); a running job and model data are never
+/// touched.
+pub async fn prune(
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    nodes: &[String],
+) -> Result<Vec<PruneReport>> {
+    let targets = cluster.select(nodes)?;
+    let ended = ended_jobs(&status(cluster, cred, &[]).await?);
+    let asks = targets.into_iter().map(|n| {
+        let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
+        let msg = AdminRequest::PruneJobs {
+            ended: ended.clone(),
+        };
+        async move {
+            let (pruned, error) = match admin(&cred, &node, &agent, &msg, ASK_TIMEOUT).await {
+                Ok(AdminReply::JobsPruned { jobs }) => (jobs, None),
+                Ok(AdminReply::Failed(why)) => (Vec::new(), Some(AskError::Refused(why))),
+                Ok(other) => (Vec::new(), Some(AskError::Unexpected(other.kind()))),
+                Err(e) => (Vec::new(), Some(AskError::Unreachable(e))),
+            };
+            PruneReport {
+                node,
+                pruned,
+                error: error.map(|e| e.to_string()),
+            }
+        }
+    });
+    Ok(futures_join(asks).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::admin::JobView;
+
+    fn job(id: &str, source: &str, state: JobState) -> JobView {
+        JobView {
+            id: id.into(),
+            name: format!("m-{id}"),
+            source_node: source.into(),
+            nodes: vec!["b".into()],
+            state,
+            here: None,
+            last_error: None,
+            rounds: 1,
+            delivered: Vec::new(),
+        }
+    }
+
+    fn node(name: &str, jobs: Option<Vec<JobView>>) -> NodeReport {
+        NodeReport {
+            node: name.into(),
+            agent: format!("{name}:7470"),
+            reachable: jobs.is_some(),
+            error: jobs.is_none().then(|| "no answer".into()),
+            status: jobs.map(|jobs| AgentStatus {
+                node: Some(name.into()),
+                data: None,
+                root: "/r".into(),
+                models: Vec::new(),
+                jobs,
+                images: Vec::new(),
+            }),
+        }
+    }
+
+    fn failed() -> JobState {
+        JobState::Failed {
+            reason: "gone".into(),
+        }
+    }
+
+    #[test]
+    fn problems_name_each_unreachable_node_and_each_failed_job_once() {
+        let reports = [
+            node(
+                "a",
+                Some(vec![
+                    job("f1", "a", failed()),
+                    job("ok", "a", JobState::Cancelled),
+                ]),
+            ),
+            node(
+                "b",
+                Some(vec![
+                    job("f1", "a", failed()),
+                    job("q", "a", JobState::Queued),
+                ]),
+            ),
+            node("c", None),
+        ];
+        let p = problems(&reports);
+        assert_eq!(p, ["node c unreachable", "job f1 (m-f1) failed"]);
+        let line = problems_line(&p).unwrap();
+        assert!(
+            line.starts_with("2 problems: node c unreachable; job f1 (m-f1) failed")
+                && line.contains("xfer prune"),
+            "{line}"
+        );
+        assert_eq!(
+            problems_line(&problems(&[node("c", None)])).as_deref(),
+            Some("1 problem: node c unreachable")
+        );
+        assert!(problems(
+            &reports[..1]
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.status.as_mut().unwrap().jobs.retain(|j| j.id == "ok");
+                    r
+                })
+                .collect::<Vec<_>>()
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn ended_jobs_take_the_sources_state_and_catch_jobs_their_source_forgot() {
+        let reports = [
+            // a, the source: f1 failed, q still running, c1 cancelled.
+            node(
+                "a",
+                Some(vec![
+                    job("f1", "a", failed()),
+                    job("q", "a", JobState::Syncing),
+                    job("c1", "a", JobState::Cancelled),
+                ]),
+            ),
+            // b, a member: f1 never heard of its end; o is a job a no
+            // longer knows; x is from a source that is down.
+            node(
+                "b",
+                Some(vec![
+                    job("f1", "a", JobState::Queued),
+                    job("q", "a", JobState::Queued),
+                    job("o", "a", JobState::Queued),
+                    job("x", "d", JobState::Queued),
+                ]),
+            ),
+            node("d", None),
+        ];
+        let ended = ended_jobs(&reports);
+        let ids: Vec<&str> = ended.iter().map(|(i, _)| i.as_str()).collect();
+        assert_eq!(ids, ["f1", "c1", "o"], "{ended:#?}");
+        assert_eq!(ended[0].1, failed());
+        assert_eq!(ended[1].1, JobState::Cancelled);
+        let JobState::Failed { reason } = &ended[2].1 else {
+            panic!("{ended:#?}")
+        };
+        assert!(
+            reason.contains("its source a no longer knows the job"),
+            "{reason}"
+        );
+    }
 }

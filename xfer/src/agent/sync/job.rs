@@ -29,6 +29,10 @@ pub struct JobRecord {
     /// Per member, the bytes it got from the source and from peers in the
     /// last round that reached it.
     pub delivered: Vec<MemberTally>,
+    /// On the source, once the job is final: the members that acknowledged
+    /// its end ([`xfer_proto::admin::AdminRequest::JobEnded`]).
+    #[serde(default)]
+    pub told_ended: Vec<String>,
 }
 
 impl JobRecord {
@@ -41,6 +45,7 @@ impl JobRecord {
             last_error: None,
             rounds: 0,
             delivered: Vec::new(),
+            told_ended: Vec::new(),
         }
     }
 }

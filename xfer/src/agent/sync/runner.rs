@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::job::{JobDir, JobMember, JobRecord, JobSource, JobSpec, JobState, MemberTally};
 use super::status::Activity;
 use crate::agent::permit::Permits;
+use crate::config::auth::identity::Peer;
 use crate::config::auth::Credential;
 use crate::flow::push::{NodeSummary, PushOptions, RouteSink};
 use crate::flow::route::Destination;
@@ -23,10 +24,15 @@ use crate::store::Store;
 use crate::transport::rdma::link::Nic;
 use crate::transport::select::TransportChoice;
 use crate::util::progress::Progress;
+use xfer_proto::admin::{AdminReply, AdminRequest, PrunedJob};
 use xfer_proto::hash::Hash;
 use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::refusal::Refusal;
 use xfer_proto::repo::{RepoRef, RepoType};
+
+/// Held while a final job's record is read and written again or removed
+/// (the members told of its end, prune), so a prune is never undone.
+static FINAL_RECORDS: Mutex<()> = Mutex::new(());
 
 /// Pause after a round that left a member incomplete, growing to this.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -84,6 +90,8 @@ impl Runner {
             if !rec.state.is_final() && self.is_source(&rec) {
                 tracing::info!("resuming sync job {} ({})", rec.spec.id, rec.spec.name);
                 self.start(rec.spec.id.clone());
+            } else if rec.state.is_final() && self.is_source(&rec) {
+                self.tell_ended(&rec);
             }
         }
     }
@@ -121,6 +129,7 @@ impl Runner {
         rec.me = Some(node);
         if rec.state.is_final() && !matches!(rec.state, JobState::Complete { .. }) {
             rec.state = JobState::Queued;
+            rec.told_ended.clear();
         }
         self.jobs.save(&rec).map_err(|e| Refusal::Io {
             path: self.store.root().display().to_string(),
@@ -143,10 +152,132 @@ impl Runner {
                     rec.state = JobState::Cancelled;
                     let _ = self.jobs.save(&rec);
                 }
+                if self.is_source(&rec) {
+                    self.tell_ended(&rec);
+                } else {
+                    self.drop_leftovers(&rec.spec.name);
+                }
                 true
             }
             None => false,
         }
+    }
+
+    /// Job `id` ended on its source in `state`, as `peer` (the source, or
+    /// an operator) says: record it here, so this member stops expecting
+    /// the model. Returns whether this node knew the job.
+    pub fn note_ended(&self, id: &str, state: JobState, peer: &Peer) -> Result<bool, Refusal> {
+        if !state.is_final() {
+            return Err(Refusal::Protocol(format!(
+                "job {id}: `{}` is not an end state; a job ends complete, failed or cancelled",
+                state.label()
+            )));
+        }
+        let Some(mut rec) = self.jobs.load(id) else {
+            return Ok(false);
+        };
+        let me = rec.me.clone().unwrap_or_else(|| "this node".into());
+        let source = rec.spec.source_node.clone();
+        if !peer.is_operator() && peer.name().map(|n| n.as_str()) != Some(source.as_str()) {
+            let why = format!(
+                "{me}: only job {id}'s source {source} or an operator may end it, and the caller is {peer}; stop it with `xfer cancel {id}` and an operator credential"
+            );
+            tracing::warn!("refused: {why}");
+            return Err(Refusal::Forbidden(why));
+        }
+        if self.is_source(&rec) {
+            return Err(Refusal::Protocol(format!(
+                "{me} is job {id}'s source and ends it itself; stop it with `xfer cancel {id}`"
+            )));
+        }
+        if !rec.state.is_final() {
+            tracing::info!("sync job {id} ended on {source}: {}", state.label());
+            rec.state = state;
+            self.jobs.save(&rec).map_err(|e| Refusal::Io {
+                path: self.store.root().display().to_string(),
+                message: format!("cannot save the job: {e}"),
+            })?;
+        }
+        self.drop_leftovers(&rec.spec.name);
+        Ok(true)
+    }
+
+    /// Removes the records of ended jobs: every final one, and each of
+    /// `ended` (jobs their source reports final, with that state), except
+    /// a job running here and an unfinished one this node is the source
+    /// of. Model data stays; what status knew of a transfer of a pruned
+    /// job's model that is not held here goes.
+    pub fn prune(&self, ended: &[(String, JobState)]) -> Vec<PrunedJob> {
+        let mut out = Vec::new();
+        let held = FINAL_RECORDS.lock().unwrap();
+        for rec in self.jobs.all() {
+            let id = &rec.spec.id;
+            if self.running.lock().unwrap().contains_key(id) {
+                continue;
+            }
+            let state = if rec.state.is_final() {
+                rec.state.clone()
+            } else {
+                match ended.iter().find(|(e, s)| e == id && s.is_final()) {
+                    Some((_, s)) if !self.is_source(&rec) => s.clone(),
+                    _ => continue,
+                }
+            };
+            self.jobs.remove(id);
+            tracing::info!(
+                "pruned sync job {id} ({}, {})",
+                rec.spec.name,
+                state.label()
+            );
+            out.push(PrunedJob {
+                id: id.clone(),
+                name: rec.spec.name.to_string(),
+                state,
+            });
+        }
+        drop(held);
+        for p in &out {
+            if let Ok(name) = ModelName::new(&p.name) {
+                self.drop_leftovers(&name);
+            }
+        }
+        out
+    }
+
+    /// Forgets the activity of `name` (a failed or cancelled transfer's
+    /// error and bytes) when this node does not hold it, nothing of it is
+    /// running, and no unfinished job names it.
+    fn drop_leftovers(&self, name: &ModelName) {
+        let open = self
+            .jobs
+            .all()
+            .iter()
+            .any(|r| &r.spec.name == name && !r.state.is_final());
+        if !open && self.store.record_any(name).is_none() {
+            self.activity.forget(name);
+        }
+    }
+
+    /// Tells the members of the final job `rec` (this node is its source)
+    /// that it ended, in the background: each one not yet told, retried
+    /// with a growing pause (a member that is down learns it when it is
+    /// back, or at the latest when the operator prunes), and recorded as
+    /// told in the job's record once it acknowledged.
+    fn tell_ended(&self, rec: &JobRecord) {
+        let me = rec.me.clone().unwrap_or_default();
+        let todo: Vec<JobMember> = rec
+            .spec
+            .members
+            .iter()
+            .filter(|m| m.node != me && !rec.told_ended.contains(&m.node))
+            .cloned()
+            .collect();
+        if todo.is_empty() {
+            return;
+        }
+        let (cred, jobs) = (self.cred.clone(), self.jobs.clone());
+        let (id, state) = (rec.spec.id.clone(), rec.state.clone());
+        tokio::spawn(tell_members(cred, jobs, id, state, todo));
     }
 
     /// Model `name` was removed here: forget the jobs that were to deliver
@@ -252,6 +383,7 @@ impl Runner {
             }
             let _ = self.jobs.save(&rec);
             if rec.state.is_final() {
+                self.tell_ended(&rec);
                 return;
             }
             tokio::select! {
@@ -528,6 +660,70 @@ impl Runner {
             }
         }
         anyhow::bail!("{}", last.unwrap_or_default())
+    }
+}
+
+/// Sends [`AdminRequest::JobEnded`] to each of `todo` until every one
+/// answered, pausing 2 s, then longer (up to a minute), between tries;
+/// gives up after a day (an agent restart tries again). A member that
+/// acknowledged is added to the record's `told_ended`, if the record is
+/// still there (it may have been pruned meanwhile).
+async fn tell_members(
+    cred: Arc<Credential>,
+    jobs: JobDir,
+    id: String,
+    state: JobState,
+    mut todo: Vec<JobMember>,
+) {
+    let mut pause = Duration::from_secs(2);
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(24 * 3600);
+    let msg = AdminRequest::JobEnded {
+        id: id.clone(),
+        state,
+    };
+    loop {
+        let mut left = Vec::new();
+        for m in todo {
+            let reply = crate::agent::client::admin(
+                &cred,
+                &m.node,
+                &m.agent,
+                &msg,
+                Duration::from_secs(10),
+            )
+            .await;
+            match reply {
+                Ok(AdminReply::JobEndedNoted { .. }) => {}
+                Ok(AdminReply::Failed(why)) => {
+                    tracing::warn!("sync job {id}: {} refused its end: {why}", m.node)
+                }
+                Ok(other) => tracing::warn!(
+                    "sync job {id}: {} answered {} to its end; upgrade xfer there",
+                    m.node,
+                    other.kind()
+                ),
+                Err(e) => {
+                    tracing::debug!("sync job {id}: cannot tell {} it ended yet: {e}", m.node);
+                    left.push(m);
+                    continue;
+                }
+            }
+            {
+                let _held = FINAL_RECORDS.lock().unwrap();
+                if let Some(mut rec) = jobs.load(&id) {
+                    if !rec.told_ended.contains(&m.node) {
+                        rec.told_ended.push(m.node.clone());
+                        let _ = jobs.save(&rec);
+                    }
+                }
+            }
+        }
+        if left.is_empty() || tokio::time::Instant::now() >= give_up {
+            return;
+        }
+        todo = left;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(60));
     }
 }
 

@@ -3,7 +3,7 @@
 //! knows. [`Activity`] is the live part the agent updates as transfers,
 //! verifications and repairs run; [`AgentStatus`] is the reply on the wire.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -29,6 +29,20 @@ impl From<&JobRecord> for JobView {
             delivered: r.delivered.clone(),
         }
     }
+}
+
+/// The models that only ended jobs name: some final job names each, and
+/// no unfinished one does.
+fn ended_only(jobs: &[JobRecord]) -> HashSet<ModelName> {
+    let open: HashSet<&ModelName> = jobs
+        .iter()
+        .filter(|j| !j.state.is_final())
+        .map(|j| &j.spec.name)
+        .collect();
+    jobs.iter()
+        .filter(|j| j.state.is_final() && !open.contains(&j.spec.name))
+        .map(|j| j.spec.name.clone())
+        .collect()
 }
 
 /// What is happening to one model right now.
@@ -140,6 +154,12 @@ impl Activity {
                 e.add_route(r);
             }
         }
+        // A transfer that completed makes every earlier error stale.
+        let completed = matches!(&e.live, Some(Live::Receiving { transfer, .. })
+            if error.is_none() && transfer.held_bytes() >= transfer.manifest().total_bytes());
+        if completed {
+            e.last_error = None;
+        }
         e.live = None;
         e.failed = error.is_some();
         if error.is_some() {
@@ -204,10 +224,17 @@ impl Activity {
                 names.push(j.spec.name.clone());
             }
         }
+        let ended = ended_only(jobs);
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         names.dedup();
         for name in names {
             let rec = records.get(&name);
+            // What is left of a transfer whose job ended (failed or
+            // cancelled) here is not a model: no row.
+            let idle = m.get(&name).is_none_or(|e| e.live.is_none());
+            if rec.is_none() && !replacing.contains(&name) && idle && ended.contains(&name) {
+                continue;
+            }
             let e = m.entry(name.clone()).or_default();
             let mut st = ModelStatus {
                 name: name.to_string(),
