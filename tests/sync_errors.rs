@@ -219,9 +219,14 @@ fn a_full_receiver_fails_the_job_naming_the_node_and_the_space_needed() {
     gen_model(&src, 24 * MIB, 43);
     // b's root becomes a 16 MiB disk.
     c.kill9("b");
-    let Some(_disk) = tmpfs_or_skip(&c.root("b").to_path_buf(), "16m") else {
+    let Some(disk) = tmpfs_or_skip(&c.root("b").to_path_buf(), "16m") else {
         return;
     };
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // A fresh tmpfs is mode 1777, which the agent refuses as a root.
+        fs::set_permissions(&disk.dir, fs::Permissions::from_mode(0o755)).unwrap();
+    }
     c.restart("b");
 
     let started = Instant::now();
@@ -267,6 +272,9 @@ fn a_full_receiver_fails_the_job_naming_the_node_and_the_space_needed() {
         "{tally:#?}"
     );
     assert!(!c.root("b").join("m24").exists(), "nothing placed");
+    // The agents go before their disk does.
+    drop(c);
+    drop(disk);
 }
 
 /// 4. The operator's `HF_ENDPOINT` and token travel with the job: agents
