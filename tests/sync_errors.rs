@@ -219,7 +219,7 @@ fn a_full_receiver_fails_the_job_naming_the_node_and_the_space_needed() {
     gen_model(&src, 24 * MIB, 43);
     // b's root becomes a 16 MiB disk.
     c.kill9("b");
-    let Some(disk) = tmpfs_or_skip(&c.root("b").to_path_buf(), "16m") else {
+    let Some(disk) = tmpfs_or_skip(c.root("b"), "16m") else {
         return;
     };
     {

@@ -25,8 +25,8 @@ pub enum AdminRequest {
     SyncJob {
         /// This agent's name in the job.
         node: String,
-        /// The job.
-        job: JobSpec,
+        /// The job (boxed: it is most of the request's size).
+        job: Box<JobSpec>,
         /// The operator's Hub token, for a Hub job's source node only
         /// (the members' copies carry `None`); never in the [`JobSpec`].
         #[serde(default)]
@@ -532,7 +532,7 @@ mod tests {
         };
         let req = AdminRequest::SyncJob {
             node: "a".into(),
-            job,
+            job: Box::new(job),
             hub_token: Some(Secret::new("hf_secret".into())),
         };
         let back: AdminRequest = decode_frame(&encode(&req)).unwrap();

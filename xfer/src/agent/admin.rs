@@ -45,7 +45,7 @@ pub(super) async fn serve(
                 Some(n) => AdminReply::Failed(Refusal::Forbidden(format!(
                     "this agent is node {n}, and the job calls it {node}; fix the cluster file's address of {node}"
                 ))),
-                None => match ctx.runner.accept_with(node, job, hub_token) {
+                None => match ctx.runner.accept_with(node, *job, hub_token) {
                     Ok(()) => {
                         tracing::info!("accepted sync job {id} from {caller}");
                         AdminReply::JobAccepted { id }

@@ -154,7 +154,7 @@ pub async fn sync_with_hub(
     let asks = involved.iter().map(|n| {
         let msg = AdminRequest::SyncJob {
             node: n.name.to_string(),
-            job: spec.clone(),
+            job: Box::new(spec.clone()),
             hub_token: hub_token
                 .clone()
                 .filter(|_| n.name.as_str() == spec.source_node),
