@@ -636,3 +636,126 @@ pub async fn remove(
     });
     Ok(futures_join(asks).await)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::admin::MemberTally;
+
+    fn model(name: &str, state: ModelState) -> ModelStatus {
+        ModelStatus {
+            name: name.into(),
+            root: None,
+            state,
+            bytes_total: 0,
+            bytes_held: 0,
+            rate_bps: 0.0,
+            eta_s: None,
+            from_source: 0,
+            from_peers: 0,
+            last_error: None,
+            repaired_files: 0,
+            fallbacks: Vec::new(),
+        }
+    }
+
+    fn report(node: &str, models: Vec<ModelStatus>, jobs: Vec<JobView>) -> NodeReport {
+        NodeReport {
+            node: node.into(),
+            agent: format!("{node}:7470"),
+            reachable: true,
+            error: None,
+            status: Some(AgentStatus {
+                node: Some(node.into()),
+                data: None,
+                root: "/r".into(),
+                models,
+                jobs,
+                images: Vec::new(),
+            }),
+        }
+    }
+
+    fn job(state: JobState) -> JobView {
+        JobView {
+            id: "j1".into(),
+            name: "models--o--m".into(),
+            source_node: "a".into(),
+            nodes: vec!["a".into(), "b".into(), "c".into()],
+            state,
+            here: None,
+            last_error: Some("127.0.0.1:9: connection refused".into()),
+            rounds: 3,
+            delivered: vec![MemberTally {
+                node: "c".into(),
+                error: Some("c:7470: no answer within 5s".into()),
+                ..Default::default()
+            }],
+            attempt: 2,
+            next_attempt_unix: Some(1_004),
+            hub_endpoint: Some("http://127.0.0.1:9".into()),
+        }
+    }
+
+    #[test]
+    fn waiting_nodes_show_the_jobs_cause_and_their_own_words() {
+        let name = "models--o--m";
+        let mut own = model(name, ModelState::Failed);
+        own.last_error = Some("b's own error".into());
+        let mut reports = vec![
+            report(
+                "a",
+                vec![model(name, ModelState::Queued)],
+                vec![job(JobState::Syncing)],
+            ),
+            report("b", vec![own], Vec::new()),
+            report("c", vec![model(name, ModelState::Queued)], Vec::new()),
+            report("d", vec![model(name, ModelState::Queued)], Vec::new()),
+        ];
+        attach_job_errors(&mut reports, 1_000);
+        let err = |i: usize| {
+            reports[i].status.as_ref().unwrap().models[0]
+                .last_error
+                .clone()
+        };
+        assert_eq!(
+            err(0).as_deref(),
+            Some("127.0.0.1:9: connection refused; retrying (attempt 2, next in 4s)")
+        );
+        assert_eq!(
+            err(1).as_deref(),
+            Some("b's own error"),
+            "its own words stay"
+        );
+        assert_eq!(err(2).as_deref(), Some("c:7470: no answer within 5s"));
+        assert_eq!(err(3), None, "d is not in the job");
+        let text = render(&reports);
+        assert!(text.contains("retrying (attempt 2, next in 4s)"), "{text}");
+
+        let line = job_line(&job(JobState::Syncing), 1_000);
+        assert_eq!(
+            line,
+            "job j1 models--o--m from a to a,b,c via http://127.0.0.1:9: syncing: \
+             127.0.0.1:9: connection refused; retrying (attempt 2, next in 4s)"
+        );
+        let failed = job(JobState::Failed {
+            reason: "o/m was not found".into(),
+        });
+        assert!(
+            job_line(&failed, 1_000).ends_with(": failed: o/m was not found"),
+            "{}",
+            job_line(&failed, 1_000)
+        );
+        let mut reports = vec![
+            report("a", Vec::new(), vec![failed]),
+            report("b", vec![model(name, ModelState::Queued)], Vec::new()),
+        ];
+        attach_job_errors(&mut reports, 1_000);
+        assert_eq!(
+            reports[1].status.as_ref().unwrap().models[0]
+                .last_error
+                .as_deref(),
+            Some("job j1 failed: o/m was not found")
+        );
+    }
+}
