@@ -28,6 +28,7 @@ mod pull_stream;
 mod push;
 mod resume;
 mod sync;
+mod sync_errors;
 mod torture_node;
 mod transport;
 mod trust;

@@ -25,8 +25,12 @@ pub enum AdminRequest {
     SyncJob {
         /// This agent's name in the job.
         node: String,
-        /// The job.
-        job: JobSpec,
+        /// The job (boxed: it is most of the request's size).
+        job: Box<JobSpec>,
+        /// The operator's Hub token, for a Hub job's source node only
+        /// (the members' copies carry `None`); never in the [`JobSpec`].
+        #[serde(default)]
+        hub_token: Option<Secret>,
     },
     /// Report your models and jobs.
     Status,
@@ -204,6 +208,34 @@ pub struct JobSpec {
     /// the source's default.
     #[serde(default)]
     pub peers: Option<u32>,
+    /// The operator's `HF_ENDPOINT` for a Hub job; `None`: the source
+    /// agent's own environment decides.
+    #[serde(default)]
+    pub hub_endpoint: Option<String>,
+}
+
+/// A secret carried by a request (the operator's Hub token). Its `Debug`
+/// form never shows it, so no log line or error dump can leak it;
+/// [`Secret::expose`] is the one way to the text.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `text`.
+    pub fn new(text: String) -> Secret {
+        Secret(text)
+    }
+
+    /// The secret's text, for the one place that must use it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 impl JobSpec {
@@ -330,6 +362,10 @@ pub struct MemberTally {
     pub from_peers: u64,
     /// Whether it ended with the model complete.
     pub ok: bool,
+    /// Why not, when it did not: the member's own words (a refusal such
+    /// as no space, or why it could not be reached).
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// A model's state on one node.
@@ -409,6 +445,16 @@ pub struct JobView {
     pub rounds: u64,
     /// What each member got in the last round.
     pub delivered: Vec<MemberTally>,
+    /// Rounds that failed in a row and are being retried (0: none).
+    #[serde(default)]
+    pub attempt: u32,
+    /// When the next round starts (Unix seconds), while waiting to retry.
+    #[serde(default)]
+    pub next_attempt_unix: Option<u64>,
+    /// The Hub endpoint a Hub job pulls from (the operator's, or the
+    /// source agent's own once it ran a round); `None` for a folder job.
+    #[serde(default)]
+    pub hub_endpoint: Option<String>,
 }
 
 impl ModelState {
@@ -436,6 +482,28 @@ impl JobView {
             (_, Some(here)) => here.label().to_string(),
             (s, None) => s.label().to_string(),
         }
+    }
+
+    /// While the job retries after a failure: its cause, the retry count
+    /// and when the next round starts, as one line, e.g. `connection
+    /// refused (...); retrying (attempt 3, next in 4s)`; `now_unix` is the
+    /// current time in Unix seconds.
+    pub fn retry_line(&self, now_unix: u64) -> Option<String> {
+        if self.state.is_final() || self.attempt == 0 {
+            return None;
+        }
+        let cause = self
+            .last_error
+            .as_deref()
+            .unwrap_or("the last round failed");
+        let when = match self.next_attempt_unix {
+            Some(at) => format!("next in {}s", at.saturating_sub(now_unix)),
+            None => "running now".to_string(),
+        };
+        Some(format!(
+            "{cause}; retrying (attempt {}, {when})",
+            self.attempt
+        ))
     }
 }
 
@@ -495,5 +563,104 @@ mod tests {
         for r in replies {
             assert_eq!(decode_frame::<AdminReply>(&encode(&r)).unwrap(), r);
         }
+    }
+    fn view() -> JobView {
+        JobView {
+            id: "j1".into(),
+            name: "models--o--m".into(),
+            source_node: "a".into(),
+            nodes: vec!["a".into(), "b".into()],
+            state: JobState::Syncing,
+            here: None,
+            last_error: Some("connection refused".into()),
+            rounds: 3,
+            delivered: vec![MemberTally {
+                node: "b".into(),
+                error: Some("no space".into()),
+                ..Default::default()
+            }],
+            attempt: 3,
+            next_attempt_unix: Some(104),
+            hub_endpoint: Some("http://127.0.0.1:9".into()),
+        }
+    }
+
+    #[test]
+    fn a_sync_job_round_trips_with_its_hub_settings_and_the_token_never_shows() {
+        let job = JobSpec {
+            id: "j1".into(),
+            name: ModelName::new("models--o--m").unwrap(),
+            source: JobSource::Hub {
+                repo: "o/m@v1".into(),
+                repo_type: "model".into(),
+            },
+            source_node: "a".into(),
+            members: vec![JobMember {
+                node: "b".into(),
+                agent: "10.0.0.2:7470".into(),
+                data: None,
+            }],
+            chunk_size: 4 << 20,
+            limit_rate: None,
+            transport: TransportChoice::Auto,
+            peers: None,
+            hub_endpoint: Some("https://hf-mirror.example".into()),
+        };
+        let req = AdminRequest::SyncJob {
+            node: "a".into(),
+            job: Box::new(job),
+            hub_token: Some(Secret::new("hf_secret".into())),
+        };
+        let back: AdminRequest = decode_frame(&encode(&req)).unwrap();
+        assert_eq!(back, req);
+        let shown = format!("{req:?}");
+        assert!(!shown.contains("hf_secret"), "{shown}");
+        assert!(shown.contains("hf-mirror.example"), "{shown}");
+        let status = AdminReply::Status(AgentStatus {
+            node: Some("a".into()),
+            data: None,
+            root: "/r".into(),
+            models: Vec::new(),
+            jobs: vec![view()],
+            images: Vec::new(),
+        });
+        assert_eq!(
+            decode_frame::<AdminReply>(&encode(&status)).unwrap(),
+            status
+        );
+    }
+
+    #[test]
+    fn a_retrying_job_says_its_cause_attempt_and_next_try() {
+        let v = view();
+        assert_eq!(
+            v.retry_line(100).as_deref(),
+            Some("connection refused; retrying (attempt 3, next in 4s)")
+        );
+        let running = JobView {
+            next_attempt_unix: None,
+            ..view()
+        };
+        assert!(running
+            .retry_line(100)
+            .unwrap()
+            .ends_with("(attempt 3, running now)"));
+        let first = JobView {
+            attempt: 0,
+            ..view()
+        };
+        assert_eq!(first.retry_line(100), None);
+        let failed = JobView {
+            state: JobState::Failed { reason: "x".into() },
+            ..view()
+        };
+        assert_eq!(failed.retry_line(100), None);
+        assert!(Refusal::NoSpace {
+            need: 1,
+            have: 0,
+            path: "/r".into()
+        }
+        .is_permanent());
+        assert!(!Refusal::SourceLost("gone".into()).is_permanent());
     }
 }

@@ -101,6 +101,21 @@ pub enum FailedReply {
 }
 
 impl Refusal {
+    /// Whether trying again cannot help until someone acts (frees space,
+    /// fixes a path, allows it, upgrades a node): a sync job fails at once
+    /// on such a refusal instead of retrying it.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Version { .. }
+                | Refusal::BadManifest(_)
+                | Refusal::BadName(_)
+                | Refusal::NoSpace { .. }
+                | Refusal::Unsafe { .. }
+                | Refusal::Forbidden(_)
+        )
+    }
+
     /// This refusal as a reply of any service.
     pub fn into_failed(self) -> FailedReply {
         FailedReply::Failed(self)

@@ -39,14 +39,18 @@ pub(super) async fn serve(
         return answer(&conn, send, &AdminReply::Failed(r)).await;
     }
     let reply = match request {
-        AdminRequest::SyncJob { node, job } => {
+        AdminRequest::SyncJob {
+            node,
+            job,
+            hub_token,
+        } => {
             let id = job.id.clone();
             let named = ctx.cred.facts().me.map(|me| me.name);
             match named.filter(|n| n.as_str() != node) {
                 Some(n) => AdminReply::Failed(Refusal::Forbidden(format!(
                     "this agent is node {n}, and the job calls it {node}; fix the cluster file's address of {node}"
                 ))),
-                None => match ctx.runner.accept(node, job) {
+                None => match ctx.runner.accept_with(node, *job, hub_token) {
                     Ok(()) => {
                         tracing::info!("accepted sync job {id} from {caller}");
                         AdminReply::JobAccepted { id }

@@ -114,23 +114,16 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
                 print!("\x1b[2J\x1b[H");
             }
             print!("{}", xfer::agent::sync::client::render(&reports));
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
             for r in &reports {
                 for j in r.status.iter().flat_map(|s| &s.jobs) {
                     if r.status.as_ref().and_then(|s| s.node.as_deref())
                         == Some(j.source_node.as_str())
                     {
-                        println!(
-                            "job {} {} from {} to {}: {}{}",
-                            j.id,
-                            j.name,
-                            j.source_node,
-                            j.nodes.join(","),
-                            j.shown(),
-                            j.last_error
-                                .as_deref()
-                                .map(|e| format!(" (last error: {e})"))
-                                .unwrap_or_default()
-                        );
+                        println!("{}", xfer::agent::sync::client::job_line(j, now));
                     }
                 }
             }

@@ -258,7 +258,13 @@ async fn streamed(
             anyhow::bail!("the pull ended without listing its files");
         }
         l = listed => {
-            let (feed, paths) = l.context("the pull ended without listing its files")?;
+            let Ok((feed, paths)) = l else {
+                // The pull dropped the listing's sender: it failed (or
+                // ended) before listing. Its own error is the cause.
+                let (r, _) = (&mut pulling.0).await.context("the download task failed")?;
+                r?;
+                anyhow::bail!("the pull ended without listing its files");
+            };
             let (push2, name2, feed2, progress2) = (push.clone(), name.clone(), feed.clone(), progress.clone());
             let streaming = push::AbortOnDrop(tokio::spawn(async move {
                 stream::stream(&push2, &name2, feed2, paths, &progress2).await

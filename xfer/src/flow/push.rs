@@ -133,6 +133,10 @@ pub struct NodeSummary {
     pub ok: bool,
     /// Why not, if it does not.
     pub error: Option<String>,
+    /// The node's own refusal, when it refused (typed, so a caller can
+    /// tell a full disk from a lost connection).
+    #[serde(default)]
+    pub refusal: Option<xfer_proto::refusal::Refusal>,
     /// The root it reported.
     pub root: Option<Hash>,
     /// Chunk bytes the source sent it.
@@ -631,6 +635,7 @@ impl NodeCtx {
             Ok(()) => {
                 summary.ok = true;
                 summary.error = None;
+                summary.refusal = None;
                 bar.finish_with_message("verified");
             }
             Err(e) => {
@@ -712,7 +717,11 @@ impl NodeCtx {
                 summary.bytes_skipped = held_bytes;
                 self.bar.set_position(held_bytes);
             }
-            TransferMsg::Failed(r) => return Err(Attempt::Refused(format!("{addr}: {r}"))),
+            TransferMsg::Failed(r) => {
+                let why = format!("{addr}: {r}");
+                summary.refusal = Some(r);
+                return Err(Attempt::Refused(why));
+            }
             other => {
                 return Err(Attempt::Refused(format!(
                     "{addr}: protocol error: unexpected {}",
@@ -795,7 +804,11 @@ impl NodeCtx {
                     summary.done_at = Some(Instant::now());
                     break Ok(());
                 }
-                Ok(TransferMsg::Failed(r)) => break Err(Attempt::Refused(format!("{addr}: {r}"))),
+                Ok(TransferMsg::Failed(r)) => {
+                    let why = format!("{addr}: {r}");
+                    summary.refusal = Some(r);
+                    break Err(Attempt::Refused(why));
+                }
                 Ok(other) => {
                     break Err(Attempt::Refused(format!(
                         "{addr}: protocol error: unexpected {}",

@@ -221,6 +221,15 @@ pub enum DownloadError {
     /// A fatal failure of a request, a check or a placement, in words.
     #[error("{0}")]
     Failed(String),
+    /// The Hub refused a file with a 4xx that names the cause (see
+    /// [`Failure::Refused`]).
+    #[error("{why}")]
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// What the Hub said and what to do.
+        why: String,
+    },
 }
 
 /// A write to a downloaded file that failed.
@@ -601,6 +610,9 @@ async fn fetch_part(shared: &Arc<Shared>, f: usize, i: usize) -> Result<(), Down
         };
         match outcome {
             Ok(()) => continue,
+            Err(Failure::Refused { status, why }) => {
+                return Err(DownloadError::Refused { status, why })
+            }
             Err(Failure::Fatal(why)) => return Err(DownloadError::Failed(why)),
             Err(Failure::Transient { why, wait }) => {
                 if shared.stats.downloaded.load(Ordering::Relaxed) > before {
@@ -676,7 +688,7 @@ async fn attempt(
     };
     let (url, mut resp, linked) = match sent {
         Ok(r) => r,
-        Err(Failure::Fatal(why))
+        Err(Failure::Fatal(why) | Failure::Refused { why, .. })
             if stored
                 .as_ref()
                 .is_some_and(|u| host_of(u) != host_of(&resolve_url)) =>

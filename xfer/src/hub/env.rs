@@ -72,40 +72,14 @@ impl HubEnv {
     /// - cache: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
     ///   `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, HubEnvError> {
-        let endpoint = lookup("HF_ENDPOINT")
-            .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string())
-            .trim_end_matches('/')
-            .to_string();
-        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-            return Err(HubEnvError::NotHttp(endpoint));
-        }
-        let home = lookup("HOME").map(PathBuf::from);
-        let hf_home = lookup("HF_HOME").map(PathBuf::from).or_else(|| {
-            lookup("XDG_CACHE_HOME")
-                .map(|x| Path::new(&x).join("huggingface"))
-                .or_else(|| home.as_ref().map(|h| h.join(".cache/huggingface")))
-        });
+        let endpoint = endpoint_of(lookup)?.unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
+        let hf_home = hf_home_of(lookup);
         let cache_root = match (lookup("HF_HUB_CACHE"), &hf_home) {
             (Some(c), _) => PathBuf::from(c),
             (None, Some(h)) => h.join("hub"),
             (None, None) => return Err(HubEnvError::NoCache),
         };
-        let token = match lookup("HF_TOKEN") {
-            Some(t) => Some(t),
-            None => {
-                let path = lookup("HF_TOKEN_PATH")
-                    .map(PathBuf::from)
-                    .or_else(|| hf_home.as_ref().map(|h| h.join("token")));
-                match path {
-                    Some(p) => read_token(&p)?,
-                    None => None,
-                }
-            }
-        };
-        let token = token
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-            .map(Token);
+        let token = token_of(lookup, hf_home.as_deref())?;
         if token.is_some() && !token_may_go_to(&endpoint) {
             return Err(HubEnvError::TokenOverHttp(endpoint));
         }
@@ -115,6 +89,110 @@ impl HubEnv {
             cache_root,
         })
     }
+
+    /// This (the agent's own) environment with a job's settings taking
+    /// over: the job's endpoint if it names one, the job's token if it
+    /// carries one. The agent's own token goes only to the agent's own
+    /// endpoint, never to one a job named.
+    pub fn with_job(self, job: &HubSettings) -> Result<HubEnv, HubEnvError> {
+        let endpoint = job
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| self.endpoint.clone());
+        let token = match &job.token {
+            Some(t) => Some(t.clone()),
+            None if endpoint == self.endpoint => self.token,
+            None => None,
+        };
+        if token.is_some() && !token_may_go_to(&endpoint) {
+            return Err(HubEnvError::TokenOverHttp(endpoint));
+        }
+        Ok(HubEnv {
+            endpoint,
+            token,
+            cache_root: self.cache_root,
+        })
+    }
+}
+
+/// The Hub settings an operator's `xfer sync` sends with a job: its own
+/// `HF_ENDPOINT` and token, each `None` when the operator set none (the
+/// source agent's environment decides then).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HubSettings {
+    /// `HF_ENDPOINT`, without a trailing `/`.
+    pub endpoint: Option<String>,
+    /// `HF_TOKEN`, else the token file `huggingface_hub` reads.
+    pub token: Option<Token>,
+}
+
+impl HubSettings {
+    /// From the process environment.
+    pub fn from_process() -> Result<Self, HubEnvError> {
+        Self::from_lookup(&|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// From `lookup(NAME)`, by the rules of [`HubEnv::from_lookup`] (no
+    /// cache folder is needed).
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, HubEnvError> {
+        let endpoint = endpoint_of(lookup)?;
+        let token = token_of(lookup, hf_home_of(lookup).as_deref())?;
+        let goes_to = endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT);
+        if token.is_some() && !token_may_go_to(goes_to) {
+            return Err(HubEnvError::TokenOverHttp(goes_to.to_string()));
+        }
+        Ok(HubSettings { endpoint, token })
+    }
+}
+
+impl Token {
+    /// Wraps a token's text (as a job carried it).
+    pub fn new(text: &str) -> Option<Token> {
+        let t = text.trim();
+        (!t.is_empty()).then(|| Token(t.to_string()))
+    }
+}
+
+/// `HF_ENDPOINT`, checked and without a trailing `/`; `None` when unset.
+fn endpoint_of(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>, HubEnvError> {
+    let Some(endpoint) = lookup("HF_ENDPOINT") else {
+        return Ok(None);
+    };
+    let endpoint = endpoint.trim_end_matches('/').to_string();
+    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        return Err(HubEnvError::NotHttp(endpoint));
+    }
+    Ok(Some(endpoint))
+}
+
+/// `HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`.
+fn hf_home_of(lookup: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let home = lookup("HOME").map(PathBuf::from);
+    lookup("HF_HOME").map(PathBuf::from).or_else(|| {
+        lookup("XDG_CACHE_HOME")
+            .map(|x| Path::new(&x).join("huggingface"))
+            .or_else(|| home.as_ref().map(|h| h.join(".cache/huggingface")))
+    })
+}
+
+/// `HF_TOKEN`, else the file `HF_TOKEN_PATH`, else `$HF_HOME/token`.
+fn token_of(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    hf_home: Option<&Path>,
+) -> Result<Option<Token>, HubEnvError> {
+    let token = match lookup("HF_TOKEN") {
+        Some(t) => Some(t),
+        None => {
+            let path = lookup("HF_TOKEN_PATH")
+                .map(PathBuf::from)
+                .or_else(|| hf_home.map(|h| h.join("token")));
+            match path {
+                Some(p) => read_token(&p)?,
+                None => None,
+            }
+        }
+    };
+    Ok(token.as_deref().and_then(Token::new))
 }
 
 /// Whether a token may be sent to `endpoint`: over https, or over plain
@@ -246,5 +324,67 @@ mod tests {
         assert!(!why.contains("hf_secret"), "{why}");
         // Without a token a plain-http mirror is fine.
         assert!(env(&[("HOME", "/h"), ("HF_ENDPOINT", "http://mirror.example")]).is_ok());
+    }
+
+    fn settings(vars: &[(&str, &str)]) -> Result<HubSettings, HubEnvError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        HubSettings::from_lookup(&|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn a_jobs_settings_take_over_and_the_agents_token_stays_with_its_endpoint() {
+        // The operator set nothing: nothing is sent, the agent decides.
+        let none = settings(&[("HF_HOME", "/nonexistent")]).unwrap();
+        assert_eq!(none, HubSettings::default());
+        let agent = env(&[
+            ("HOME", "/h"),
+            ("HF_ENDPOINT", "https://agent.example"),
+            ("HF_TOKEN", "hf_agent"),
+        ])
+        .unwrap();
+        let same = agent.clone().with_job(&none).unwrap();
+        assert_eq!(same, agent);
+
+        // The operator's endpoint and token win.
+        let op = settings(&[
+            ("HF_HOME", "/nonexistent"),
+            ("HF_ENDPOINT", "http://127.0.0.1:8090/"),
+            ("HF_TOKEN", "hf_op"),
+        ])
+        .unwrap();
+        assert_eq!(op.endpoint.as_deref(), Some("http://127.0.0.1:8090"));
+        assert!(!format!("{op:?}").contains("hf_op"), "{op:?}");
+        let e = agent.clone().with_job(&op).unwrap();
+        assert_eq!(e.endpoint, "http://127.0.0.1:8090");
+        assert_eq!(e.token.as_ref().map(Token::expose), Some("hf_op"));
+        assert_eq!(e.cache_root, agent.cache_root);
+
+        // An endpoint without a token: the agent's token does not follow.
+        let ep_only = HubSettings {
+            endpoint: Some("https://elsewhere.example".into()),
+            token: None,
+        };
+        assert_eq!(agent.clone().with_job(&ep_only).unwrap().token, None);
+
+        // A token to a plain-http endpoint of another machine is refused,
+        // at the operator and at the agent alike.
+        let why = settings(&[
+            ("HF_HOME", "/nonexistent"),
+            ("HF_ENDPOINT", "http://mirror.example"),
+            ("HF_TOKEN", "hf_op"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(why.contains("plain http"), "{why}");
+        let plain = env(&[("HOME", "/h"), ("HF_ENDPOINT", "http://mirror.example")]).unwrap();
+        let token_only = HubSettings {
+            endpoint: None,
+            token: Token::new("hf_op"),
+        };
+        assert!(plain.with_job(&token_only).is_err());
+        assert!(settings(&[("HF_ENDPOINT", "mirror.example")]).is_err());
     }
 }

@@ -29,13 +29,35 @@ pub enum Failure {
     },
     /// Trying again will not help; the message says what to do.
     Fatal(String),
+    /// The Hub answered a 4xx that names what is wrong (no such repo,
+    /// revision or file; not authenticated; not allowed): nothing changes
+    /// until someone fixes the name or the token.
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// What the Hub said and what to do, in one line.
+        why: String,
+    },
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Transient { why, .. } => f.write_str(why),
-            Failure::Fatal(why) => f.write_str(why),
+            Failure::Fatal(why) | Failure::Refused { why, .. } => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl Failure {
+    /// The words of a failure that is not [`Failure::Transient`].
+    pub fn into_words(self) -> String {
+        match self {
+            Failure::Transient { why, .. } | Failure::Fatal(why) | Failure::Refused { why, .. } => {
+                why
+            }
         }
     }
 }
@@ -230,7 +252,8 @@ impl HubHttp {
 }
 
 /// Runs `attempt` until it succeeds, fails fatally, or [`retry::MAX_TRIES`]
-/// tries failed.
+/// tries failed (then the last failure, still [`Failure::Transient`]: a
+/// caller that runs again later, such as a sync job, tries again).
 pub async fn retrying<T, F, Fut>(mut attempt: F) -> Result<T, Failure>
 where
     F: FnMut() -> Fut,
@@ -243,9 +266,12 @@ where
             Err(Failure::Transient { why, wait }) => {
                 tries += 1;
                 if tries >= retry::MAX_TRIES {
-                    return Err(Failure::Fatal(format!(
-                        "{why} ({tries} tries); check the network or HF_ENDPOINT and run the same command again to resume"
-                    )));
+                    return Err(Failure::Transient {
+                        why: format!(
+                            "{why} ({tries} tries); check the network or HF_ENDPOINT and run the same command again to resume"
+                        ),
+                        wait,
+                    });
                 }
                 let pause = retry::backoff(tries, wait, rand::thread_rng().gen());
                 tracing::info!("retrying in {pause:.1?}: {why}");
@@ -274,8 +300,15 @@ pub fn refused(resp: &Response, repo: &str, what: &str, at: &Url) -> Failure {
         ));
     }
     let mut msg = refusal(status.as_u16(), text("x-error-code"), repo, what);
-    if let Some(m) = text("x-error-message") {
-        msg.push_str(&format!(" (the Hub says: {m})"));
+    match text("x-error-message") {
+        Some(m) => msg.push_str(&format!(" (HTTP {}; the Hub says: {m})", status.as_u16())),
+        None => msg.push_str(&format!(" (HTTP {})", status.as_u16())),
+    }
+    if status.is_client_error() {
+        return Failure::Refused {
+            status: status.as_u16(),
+            why: msg,
+        };
     }
     Failure::Fatal(msg)
 }
@@ -421,6 +454,7 @@ mod tests {
                     assert!(why.contains("HF_ENDPOINT"), "{why}");
                 }
                 Err(Failure::Transient { why, .. }) => panic!("retried: {why}"),
+                Err(Failure::Refused { why, .. }) => panic!("refused: {why}"),
                 Ok((body, _)) => panic!("read {} bytes", body.len()),
             }
         }

@@ -282,7 +282,7 @@ pub async fn pull(
             &format!("@{}", repo.revision),
         )
         .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(anyhow::Error::new)?;
     let commit = RevisionInfo::parse(&body).map_err(anyhow::Error::msg)?.sha;
     let all_files = list_files(&http, repo, ep, &commit).await?;
     let files = all_files.clone();
@@ -570,7 +570,7 @@ async fn list_files(
                 MAX_PAGE_BYTES,
             )
             .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .map_err(anyhow::Error::new)?;
         let (page, entries) = parse_tree_page_counted(&body).map_err(anyhow::Error::msg)?;
         budget
             .take(body.len(), entries)
@@ -607,14 +607,26 @@ fn check_space(layout: &Layout, todo: &[RemoteFile]) -> Result<()> {
     let have =
         crate::store::free_space(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
     if need > have {
-        bail!(
-            "not enough disk space: need {}, have {} at {}; free some, or point HF_HUB_CACHE (or --local-dir) at a larger disk",
-            Bytes(need),
-            Bytes(have),
-            dir.display()
-        );
+        return Err(NotEnoughSpace {
+            need,
+            have,
+            dir: dir.to_path_buf(),
+        }
+        .into());
     }
     Ok(())
+}
+
+/// The files of a pull cannot fit on the disk that is to hold them.
+#[derive(Debug, thiserror::Error)]
+#[error("not enough disk space: need {}, have {} at {}; free some, or point HF_HUB_CACHE (or --local-dir) at a larger disk", Bytes(*need), Bytes(*have), dir.display())]
+pub struct NotEnoughSpace {
+    /// Bytes the files need.
+    pub need: u64,
+    /// Bytes free.
+    pub have: u64,
+    /// The folder they go to.
+    pub dir: PathBuf,
 }
 
 /// `--include`/`--exclude`, with `huggingface_hub`'s fnmatch semantics

@@ -322,8 +322,19 @@ impl Root {
     /// Creates `name` in `dir` (the directory `parent`) exclusively; a stale
     /// file or symlink of that name is unlinked first.
     fn create_new_in(&self, dir: &File, parent: &Path, name: &CString) -> io::Result<File> {
+        self.create_new_in_mode(dir, parent, name, 0o644)
+    }
+
+    /// [`Self::create_new_in`] with the new file's `mode`.
+    fn create_new_in_mode(
+        &self,
+        dir: &File,
+        parent: &Path,
+        name: &CString,
+        mode: u32,
+    ) -> io::Result<File> {
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
-        match openat(dir, name, flags, 0o644) {
+        match openat(dir, name, flags, mode) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 let rel = parent.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
                 tracing::debug!("replacing the stale {}", self.show(&rel).display());
@@ -331,7 +342,7 @@ impl Root {
                 // symlink itself, never its target.
                 cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })
                     .map_err(|e| self.explain(&rel, e))?;
-                openat(dir, name, flags, 0o644).map_err(|e| self.explain(&rel, e))
+                openat(dir, name, flags, mode).map_err(|e| self.explain(&rel, e))
             }
             r => r,
         }
@@ -361,7 +372,24 @@ impl Root {
         self.write_durable_via(rel, bytes, &format!(".{}.tmp", std::process::id()))
     }
 
+    /// [`Self::write_durable`] for a file only its owner may read (mode
+    /// 0600 from its creation on, so no other user ever opens it): a
+    /// secret, such as a job's Hub token.
+    pub fn write_private(&self, rel: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.write_durable_mode(rel, bytes, ".tmp", 0o600)
+    }
+
     fn write_durable_via(&self, rel: &Path, bytes: &[u8], suffix: &str) -> io::Result<()> {
+        self.write_durable_mode(rel, bytes, suffix, 0o644)
+    }
+
+    fn write_durable_mode(
+        &self,
+        rel: &Path,
+        bytes: &[u8],
+        suffix: &str,
+        mode: u32,
+    ) -> io::Result<()> {
         let (parent, name) = split(rel)?;
         let tmp = cstr(&{
             let mut t = std::ffi::OsString::from(std::ffi::OsStr::from_bytes(name.as_bytes()));
@@ -370,7 +398,13 @@ impl Root {
         })?;
         let _one_writer = REPLACING.lock().unwrap_or_else(|p| p.into_inner());
         let dir = self.create_dir_all(parent)?;
-        let mut f = self.create_new_in(&dir, parent, &tmp)?;
+        let mut f = self.create_new_in_mode(&dir, parent, &tmp, mode)?;
+        if mode & 0o077 == 0 {
+            // As `util::private` does: exactly the mode meant, whatever
+            // the umask or a default ACL of the folder made of it.
+            use std::os::unix::fs::PermissionsExt;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        }
         f.write_all(bytes)?;
         f.sync_all()?;
         drop(f);

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::job::{new_id, JobMember, JobSource, JobSpec};
-use super::status::{AgentStatus, ModelState, ModelStatus};
+use super::job::{new_id, JobMember, JobSource, JobSpec, Secret};
+use super::status::{AgentStatus, JobView, ModelState, ModelStatus};
 use crate::agent::client::{admin, ASK_TIMEOUT};
 use crate::config::auth::Credential;
 use crate::config::cluster::{Cluster, Node};
+use crate::hub::env::HubSettings;
 use crate::transport::select::TransportChoice;
 use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
 use xfer_proto::names::ModelName;
@@ -48,9 +49,33 @@ pub struct SyncRequest {
 }
 
 /// Builds the job and hands it to every agent involved, asking with
-/// `cred` (the cluster's credential, loaded once by the caller). Returns
-/// the job.
+/// `cred` (the cluster's credential, loaded once by the caller). A Hub
+/// job carries this process's own Hub settings ([`HubSettings::from_process`]:
+/// `HF_ENDPOINT`, `HF_TOKEN` or the token file). Returns the job.
 pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) -> Result<JobSpec> {
+    let hub = if is_repo(&req.source) {
+        HubSettings::from_process()?
+    } else {
+        HubSettings::default()
+    };
+    sync_with_hub(cluster, cred, req, &hub).await
+}
+
+/// Whether `source` names a Hub repo (not an absolute path).
+fn is_repo(source: &str) -> bool {
+    !source.starts_with('/') && source.contains('/')
+}
+
+/// [`sync`] with the operator's Hub settings given: the endpoint goes in
+/// the job (every member sees it; `status` shows it), the token only in
+/// the request to the source node, over the cluster's authenticated
+/// channel, never in the job.
+pub async fn sync_with_hub(
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    req: &SyncRequest,
+    hub: &HubSettings,
+) -> Result<JobSpec> {
     let members = cluster.select(&req.nodes)?;
     let source_node = match &req.from {
         Some(n) => cluster
@@ -106,6 +131,21 @@ pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) 
         limit_rate: req.limit_rate,
         transport: req.transport,
         peers: req.peers,
+        hub_endpoint: None,
+    };
+    let spec = match spec.source {
+        JobSource::Hub { .. } => JobSpec {
+            hub_endpoint: hub.endpoint.clone(),
+            ..spec
+        },
+        _ => spec,
+    };
+    let hub_token = match spec.source {
+        JobSource::Hub { .. } => hub
+            .token
+            .as_ref()
+            .map(|t| Secret::new(t.expose().to_string())),
+        _ => None,
     };
     spec.validate().map_err(anyhow::Error::msg)?;
     let mut involved: Vec<&Node> = members.clone();
@@ -115,7 +155,10 @@ pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) 
     let asks = involved.iter().map(|n| {
         let msg = AdminRequest::SyncJob {
             node: n.name.to_string(),
-            job: spec.clone(),
+            job: Box::new(spec.clone()),
+            hub_token: hub_token
+                .clone()
+                .filter(|_| n.name.as_str() == spec.source_node),
         };
         let (cred, agent, node) = (cred.clone(), n.agent.clone(), n.name.to_string());
         async move {
@@ -206,7 +249,91 @@ pub async fn status(
             }
         }
     });
-    Ok(futures_join(asks).await)
+    let mut reports = futures_join(asks).await;
+    attach_job_errors(&mut reports, unix_now());
+    Ok(reports)
+}
+
+/// Now, in Unix seconds.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The jobs as their source nodes report them (a member's copy is not
+/// kept up to date).
+fn source_jobs(reports: &[NodeReport]) -> Vec<JobView> {
+    reports
+        .iter()
+        .filter_map(|r| r.status.as_ref())
+        .flat_map(|s| {
+            s.jobs
+                .iter()
+                .filter(|j| s.node.as_deref() == Some(j.source_node.as_str()))
+                .cloned()
+        })
+        .collect()
+}
+
+/// Gives each node's row of a model that an unfinished job is delivering
+/// the job's error when the node has none of its own to show: the
+/// member's own words from the job's last round (no space there, not
+/// reachable), else the job's cause (why it failed, or what it is
+/// retrying), so a node waiting on a failing source never shows an empty
+/// error column.
+pub fn attach_job_errors(reports: &mut [NodeReport], now_unix: u64) {
+    for j in source_jobs(reports) {
+        let cause = match &j.state {
+            JobState::Failed { reason } => Some(format!("job {} failed: {reason}", j.id)),
+            JobState::Complete { .. } | JobState::Cancelled => continue,
+            _ => j.retry_line(now_unix),
+        };
+        for r in reports.iter_mut().filter(|r| j.nodes.contains(&r.node)) {
+            let Some(m) = r
+                .status
+                .as_mut()
+                .and_then(|s| s.models.iter_mut().find(|m| m.name == j.name))
+            else {
+                continue;
+            };
+            if m.state == ModelState::Complete || m.last_error.is_some() {
+                continue;
+            }
+            let own = j
+                .delivered
+                .iter()
+                .find(|t| t.node == r.node && !t.ok)
+                .and_then(|t| t.error.clone());
+            m.last_error = own.or_else(|| cause.clone());
+        }
+    }
+}
+
+/// The line `xfer status` prints for a job its source reports: id, model,
+/// nodes, the Hub endpoint it pulls from, its state, and while it retries
+/// the cause, the retry count and the next attempt.
+pub fn job_line(j: &JobView, now_unix: u64) -> String {
+    let via = j
+        .hub_endpoint
+        .as_deref()
+        .map(|e| format!(" via {e}"))
+        .unwrap_or_default();
+    let detail = match (j.retry_line(now_unix), &j.last_error, &j.state) {
+        (Some(retry), _, _) => format!(": {retry}"),
+        (None, _, JobState::Failed { .. }) => String::new(),
+        (None, Some(e), _) => format!(" (last error: {e})"),
+        (None, None, _) => String::new(),
+    };
+    format!(
+        "job {} {} from {} to {}{via}: {}{detail}",
+        j.id,
+        j.name,
+        j.source_node,
+        j.nodes.join(","),
+        j.shown()
+    )
 }
 
 /// The status table, one line per node and model.
@@ -375,27 +502,12 @@ pub async fn wait(
 ) -> Result<String> {
     let names: Vec<String> = spec.members.iter().map(|m| m.node.clone()).collect();
     let bars: Vec<_> = names.iter().map(|n| progress.bytes(n, 0)).collect();
+    // No total yet: an empty bar, never a full one.
+    for b in &bars {
+        b.unset_length();
+    }
     let started = Instant::now();
     loop {
-        let reports = status(cluster, cred, &names).await?;
-        let mut roots = Vec::new();
-        for (r, bar) in reports.iter().zip(&bars) {
-            let m = r
-                .status
-                .as_ref()
-                .and_then(|s| s.models.iter().find(|m| m.name == spec.name.as_str()));
-            match m {
-                Some(m) => {
-                    bar.set_length(m.bytes_total);
-                    bar.set_position(m.bytes_held);
-                    bar.set_message(m.state.label());
-                    if m.state == ModelState::Complete {
-                        roots.push(m.root);
-                    }
-                }
-                None => bar.set_message(if r.reachable { "queued" } else { "unreachable" }),
-            }
-        }
         let source = status(cluster, cred, std::slice::from_ref(&spec.source_node)).await?;
         let job = source
             .first()
@@ -403,7 +515,46 @@ pub async fn wait(
             .and_then(|s| s.jobs.iter().find(|j| j.id == spec.id).cloned());
         if let Some(j) = &job {
             if matches!(j.state, JobState::Failed { .. } | JobState::Cancelled) {
+                for b in &bars {
+                    b.abandon_with_message(j.state.label());
+                }
                 bail!("job {} {}", spec.id, j.shown());
+            }
+        }
+        // While the source retries, every bar says why and when.
+        let retrying = job.as_ref().and_then(|j| j.retry_line(unix_now()));
+        let reports = status(cluster, cred, &names).await?;
+        let mut roots = Vec::new();
+        for (r, bar) in reports.iter().zip(&bars) {
+            let m = r
+                .status
+                .as_ref()
+                .and_then(|s| s.models.iter().find(|m| m.name == spec.name.as_str()));
+            let waiting = |why: &str| match &retrying {
+                Some(line) => format!("{why}: {line}"),
+                None => why.to_string(),
+            };
+            match m {
+                Some(m) => {
+                    if m.bytes_total == 0 && m.state != ModelState::Complete {
+                        bar.unset_length();
+                    } else {
+                        bar.set_length(m.bytes_total);
+                    }
+                    bar.set_position(m.bytes_held);
+                    bar.set_message(match m.state {
+                        ModelState::Complete => m.state.label().to_string(),
+                        s => waiting(s.label()),
+                    });
+                    if m.state == ModelState::Complete {
+                        roots.push(m.root);
+                    }
+                }
+                None => bar.set_message(if r.reachable {
+                    waiting("queued")
+                } else {
+                    "unreachable".to_string()
+                }),
             }
         }
         let all_done = roots.len() == names.len()
@@ -637,6 +788,9 @@ mod tests {
             last_error: None,
             rounds: 1,
             delivered: Vec::new(),
+            attempt: 0,
+            next_attempt_unix: None,
+            hub_endpoint: None,
         }
     }
 
@@ -743,6 +897,129 @@ mod tests {
         assert!(
             reason.contains("its source a no longer knows the job"),
             "{reason}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod job_error_tests {
+    use super::*;
+    use xfer_proto::admin::MemberTally;
+
+    fn model(name: &str, state: ModelState) -> ModelStatus {
+        ModelStatus {
+            name: name.into(),
+            root: None,
+            state,
+            bytes_total: 0,
+            bytes_held: 0,
+            rate_bps: 0.0,
+            eta_s: None,
+            from_source: 0,
+            from_peers: 0,
+            last_error: None,
+            repaired_files: 0,
+            fallbacks: Vec::new(),
+        }
+    }
+
+    fn report(node: &str, models: Vec<ModelStatus>, jobs: Vec<JobView>) -> NodeReport {
+        NodeReport {
+            node: node.into(),
+            agent: format!("{node}:7470"),
+            reachable: true,
+            error: None,
+            status: Some(AgentStatus {
+                node: Some(node.into()),
+                data: None,
+                root: "/r".into(),
+                models,
+                jobs,
+                images: Vec::new(),
+            }),
+        }
+    }
+
+    fn job(state: JobState) -> JobView {
+        JobView {
+            id: "j1".into(),
+            name: "models--o--m".into(),
+            source_node: "a".into(),
+            nodes: vec!["a".into(), "b".into(), "c".into()],
+            state,
+            here: None,
+            last_error: Some("127.0.0.1:9: connection refused".into()),
+            rounds: 3,
+            delivered: vec![MemberTally {
+                node: "c".into(),
+                error: Some("c:7470: no answer within 5s".into()),
+                ..Default::default()
+            }],
+            attempt: 2,
+            next_attempt_unix: Some(1_004),
+            hub_endpoint: Some("http://127.0.0.1:9".into()),
+        }
+    }
+
+    #[test]
+    fn waiting_nodes_show_the_jobs_cause_and_their_own_words() {
+        let name = "models--o--m";
+        let mut own = model(name, ModelState::Failed);
+        own.last_error = Some("b's own error".into());
+        let mut reports = vec![
+            report(
+                "a",
+                vec![model(name, ModelState::Queued)],
+                vec![job(JobState::Syncing)],
+            ),
+            report("b", vec![own], Vec::new()),
+            report("c", vec![model(name, ModelState::Queued)], Vec::new()),
+            report("d", vec![model(name, ModelState::Queued)], Vec::new()),
+        ];
+        attach_job_errors(&mut reports, 1_000);
+        let err = |i: usize| {
+            reports[i].status.as_ref().unwrap().models[0]
+                .last_error
+                .clone()
+        };
+        assert_eq!(
+            err(0).as_deref(),
+            Some("127.0.0.1:9: connection refused; retrying (attempt 2, next in 4s)")
+        );
+        assert_eq!(
+            err(1).as_deref(),
+            Some("b's own error"),
+            "its own words stay"
+        );
+        assert_eq!(err(2).as_deref(), Some("c:7470: no answer within 5s"));
+        assert_eq!(err(3), None, "d is not in the job");
+        let text = render(&reports);
+        assert!(text.contains("retrying (attempt 2, next in 4s)"), "{text}");
+
+        let line = job_line(&job(JobState::Syncing), 1_000);
+        assert_eq!(
+            line,
+            "job j1 models--o--m from a to a,b,c via http://127.0.0.1:9: syncing: \
+             127.0.0.1:9: connection refused; retrying (attempt 2, next in 4s)"
+        );
+        let failed = job(JobState::Failed {
+            reason: "o/m was not found".into(),
+        });
+        assert!(
+            job_line(&failed, 1_000).ends_with(": failed: o/m was not found"),
+            "{}",
+            job_line(&failed, 1_000)
+        );
+        let mut reports = vec![
+            report("a", Vec::new(), vec![failed]),
+            report("b", vec![model(name, ModelState::Queued)], Vec::new()),
+        ];
+        attach_job_errors(&mut reports, 1_000);
+        assert_eq!(
+            reports[1].status.as_ref().unwrap().models[0]
+                .last_error
+                .as_deref(),
+            Some("job j1 failed: o/m was not found")
         );
     }
 }

@@ -3,6 +3,9 @@
 //! Every member agent keeps the job in `<root>/.xfer/jobs/<id>.json`, so a
 //! restarted agent carries on without being told again. The folder is
 //! reached through [`Root`]: no symlink planted in it is ever followed.
+//! A Hub job's source also keeps the operator's Hub token, if one came
+//! with the job, in `<id>.token` beside it: mode 0600, never in the
+//! record, deleted when the job ends.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::util::beneath::Root;
 
-pub use xfer_proto::admin::{JobMember, JobSource, JobSpec, JobState, MemberTally};
+pub use xfer_proto::admin::{JobMember, JobSource, JobSpec, JobState, MemberTally, Secret};
 
 /// A job on one agent's disk.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -33,6 +36,15 @@ pub struct JobRecord {
     /// its end ([`xfer_proto::admin::AdminRequest::JobEnded`]).
     #[serde(default)]
     pub told_ended: Vec<String>,
+    /// Rounds that failed in a row and are being retried.
+    #[serde(default)]
+    pub attempt: u32,
+    /// When the next round starts (Unix seconds), while waiting to retry.
+    #[serde(default)]
+    pub next_attempt_unix: Option<u64>,
+    /// The Hub endpoint the job's last round pulled from (on its source).
+    #[serde(default)]
+    pub hub_endpoint: Option<String>,
 }
 
 impl JobRecord {
@@ -46,6 +58,9 @@ impl JobRecord {
             rounds: 0,
             delivered: Vec::new(),
             told_ended: Vec::new(),
+            attempt: 0,
+            next_attempt_unix: None,
+            hub_endpoint: None,
         }
     }
 }
@@ -102,9 +117,41 @@ impl JobDir {
         serde_json::from_slice(&bytes).ok()
     }
 
-    /// Deletes a record (a missing one is fine).
+    /// Deletes a record and its token (a missing one is fine).
     pub fn remove(&self, id: &str) {
         if let Some(rel) = self.rel(id) {
+            if let Ok(root) = Root::open(&self.root) {
+                let _ = root.remove_file(&rel);
+            }
+        }
+        self.remove_token(id);
+    }
+
+    /// The token file of job `id`, relative to the root.
+    fn token_rel(&self, id: &str) -> Option<PathBuf> {
+        xfer_proto::admin::check_job_id(id).ok()?;
+        Some(Path::new(JOBS).join(format!("{id}.token")))
+    }
+
+    /// Keeps the operator's Hub token for job `id`, readable by this
+    /// agent's user only (mode 0600), written durably.
+    pub fn save_token(&self, id: &str, token: &Secret) -> std::io::Result<()> {
+        let rel = self.token_rel(id).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "invalid job id")
+        })?;
+        Root::open(&self.root)?.write_private(&rel, token.expose().as_bytes())
+    }
+
+    /// The operator's Hub token of job `id`, if one came with it.
+    pub fn load_token(&self, id: &str) -> Option<Secret> {
+        let bytes = self.read(&self.token_rel(id)?).ok()?;
+        let text = String::from_utf8(bytes).ok()?;
+        Some(Secret::new(text))
+    }
+
+    /// Deletes job `id`'s token (a missing one is fine).
+    pub fn remove_token(&self, id: &str) {
+        if let Some(rel) = self.token_rel(id) {
             if let Ok(root) = Root::open(&self.root) {
                 let _ = root.remove_file(&rel);
             }
@@ -165,6 +212,7 @@ mod tests {
             limit_rate: None,
             transport: TransportChoice::Auto,
             peers: None,
+            hub_endpoint: None,
         }
     }
 
@@ -193,5 +241,28 @@ mod tests {
         bad.members.clear();
         assert!(bad.validate().is_err());
         spec().validate().unwrap();
+    }
+
+    #[test]
+    fn a_token_is_kept_apart_owner_only_and_goes_with_the_job() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let dir = JobDir::new(t.path());
+        let rec = JobRecord::new(spec());
+        let id = rec.spec.id.clone();
+        dir.save(&rec).unwrap();
+        dir.save_token(&id, &Secret::new("hf_secret".into()))
+            .unwrap();
+        let file = t.path().join(JOBS).join(format!("{id}.token"));
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+        assert_eq!(dir.load_token(&id).unwrap().expose(), "hf_secret");
+        let record =
+            std::fs::read_to_string(t.path().join(JOBS).join(format!("{id}.json"))).unwrap();
+        assert!(!record.contains("hf_secret"), "{record}");
+        assert_eq!(dir.all().len(), 1, "the token file is not a record");
+        dir.remove(&id);
+        assert!(!file.exists(), "removing the job removes its token");
+        assert!(dir.load_token(&id).is_none());
     }
 }

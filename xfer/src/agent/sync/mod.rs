@@ -2,9 +2,11 @@
 //! node's agent and returns; the agents persist it, the source node drives
 //! it to completion through restarts, and every agent reports where it
 //! stands. [`job`] is the job and its record on disk, [`runner`] the agent's
-//! side (rounds, cancel, periodic verify and repair), [`status`] what an
-//! agent reports, and [`client`] the commands that talk to the agents.
+//! side (rounds, cancel, periodic verify and repair), [`cause`] what a
+//! failed round means (fail now or retry), [`status`] what an agent
+//! reports, and [`client`] the commands that talk to the agents.
 
+pub mod cause;
 pub mod client;
 pub mod job;
 pub mod runner;

@@ -11,14 +11,15 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio_util::sync::CancellationToken;
 
-use super::job::{JobDir, JobMember, JobRecord, JobSource, JobSpec, JobState, MemberTally};
+use super::cause::{self, node_of, RoundError};
+use super::job::{JobDir, JobMember, JobRecord, JobSource, JobSpec, JobState, MemberTally, Secret};
 use super::status::Activity;
 use crate::agent::permit::Permits;
 use crate::config::auth::identity::Peer;
 use crate::config::auth::Credential;
 use crate::flow::push::{NodeSummary, PushOptions, RouteSink};
 use crate::flow::route::Destination;
-use crate::hub::env::HubEnv;
+use crate::hub::env::{HubEnv, HubEnvError, HubSettings, Token};
 use crate::hub::pull::PullOptions;
 use crate::store::Store;
 use crate::transport::rdma::link::Nic;
@@ -34,7 +35,8 @@ use xfer_proto::repo::{RepoRef, RepoType};
 /// (the members told of its end, prune), so a prune is never undone.
 static FINAL_RECORDS: Mutex<()> = Mutex::new(());
 
-/// Pause after a round that left a member incomplete, growing to this.
+/// Pause after a round that left a member incomplete, growing to this
+/// (a Hub's `Retry-After` may ask for longer).
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Jobs on one agent.
@@ -103,6 +105,19 @@ impl Runner {
     /// Takes a job handed over by `xfer sync`; `node` is this node's name in
     /// it. Starts it if this node is its source.
     pub fn accept(self: &Arc<Self>, node: String, spec: JobSpec) -> Result<(), Refusal> {
+        self.accept_with(node, spec, None)
+    }
+
+    /// [`Self::accept`], with the operator's Hub token for a Hub job this
+    /// node is the source of: kept beside the job (mode 0600) until the
+    /// job ends, never in its record. A job handed over again without a
+    /// token drops the old one. Other nodes never store one.
+    pub fn accept_with(
+        self: &Arc<Self>,
+        node: String,
+        spec: JobSpec,
+        hub_token: Option<Secret>,
+    ) -> Result<(), Refusal> {
         spec.validate()
             .map_err(|e| Refusal::Protocol(e.to_string()))?;
         if node != spec.source_node && !spec.is_member(&node) {
@@ -130,6 +145,19 @@ impl Runner {
         if rec.state.is_final() && !matches!(rec.state, JobState::Complete { .. }) {
             rec.state = JobState::Queued;
             rec.told_ended.clear();
+            rec.attempt = 0;
+            rec.next_attempt_unix = None;
+        }
+        let hub_source = self.is_source(&rec) && matches!(rec.spec.source, JobSource::Hub { .. });
+        match hub_token.filter(|_| hub_source && !rec.state.is_final()) {
+            Some(t) => self
+                .jobs
+                .save_token(&rec.spec.id, &t)
+                .map_err(|e| Refusal::Io {
+                    path: self.store.root().display().to_string(),
+                    message: format!("cannot keep the job's Hub token: {e}"),
+                })?,
+            None => self.jobs.remove_token(&rec.spec.id),
         }
         self.jobs.save(&rec).map_err(|e| Refusal::Io {
             path: self.store.root().display().to_string(),
@@ -146,10 +174,12 @@ impl Runner {
         if let Some(t) = self.running.lock().unwrap().remove(id) {
             t.cancel();
         }
+        self.jobs.remove_token(id);
         match self.jobs.load(id) {
             Some(mut rec) => {
                 if !rec.state.is_final() {
                     rec.state = JobState::Cancelled;
+                    rec.next_attempt_unix = None;
                     let _ = self.jobs.save(&rec);
                 }
                 if self.is_source(&rec) {
@@ -318,7 +348,9 @@ impl Runner {
     }
 
     /// Runs rounds of job `id` until every member is complete, the job is
-    /// cancelled, or it cannot go on.
+    /// cancelled, or it cannot go on. A permanent failure fails the job at
+    /// once; a transient one is retried with growing pauses, the record
+    /// saying the cause, the retry count and when the next round starts.
     async fn drive(&self, id: &str, cancel: CancellationToken) {
         let mut backoff = Duration::from_secs(1);
         loop {
@@ -326,10 +358,17 @@ impl Runner {
                 return;
             };
             if rec.state.is_final() {
+                self.jobs.remove_token(id);
                 return;
             }
             rec.state = JobState::Syncing;
             rec.rounds += 1;
+            rec.next_attempt_unix = None;
+            if matches!(rec.spec.source, JobSource::Hub { .. }) {
+                if let Ok(env) = self.hub_env(&rec.spec) {
+                    rec.hub_endpoint = Some(env.endpoint);
+                }
+            }
             let _ = self.jobs.save(&rec);
             let outcome = tokio::select! {
                 r = self.round(&rec.spec) => r,
@@ -341,7 +380,7 @@ impl Runner {
             if rec.state == JobState::Cancelled {
                 return;
             }
-            match outcome {
+            let failure = match outcome {
                 Ok((root, nodes)) => {
                     rec.delivered = nodes
                         .iter()
@@ -350,48 +389,80 @@ impl Runner {
                             from_source: n.from_source,
                             from_peers: n.from_peers,
                             ok: n.ok,
+                            error: n.error.clone(),
                         })
                         .collect();
-                    let failed: Vec<String> = nodes
-                        .iter()
-                        .filter(|n| !n.ok)
-                        .map(|n| {
-                            format!(
-                                "{}: {}",
-                                node_of(&rec.spec, &n.addr),
-                                n.error.as_deref().unwrap_or("failed")
-                            )
-                        })
-                        .collect();
-                    if failed.is_empty() {
+                    let failed = cause::of_members(&rec.spec, &nodes);
+                    if failed.is_none() {
                         tracing::info!("sync job {id} complete, root {root}");
                         rec.state = JobState::Complete { root };
-                    } else {
-                        tracing::warn!("sync job {id}: {}; retrying", failed.join("; "));
-                        rec.last_error = Some(failed.join("; "));
+                        rec.attempt = 0;
                     }
+                    failed
                 }
-                Err(Fatal(e)) => {
+                Err(e) => Some(e),
+            };
+            let mut pause = backoff;
+            match failure {
+                None => {}
+                Some(RoundError::Fatal(e)) => {
                     tracing::warn!("sync job {id} failed: {e}");
                     rec.state = JobState::Failed { reason: e.clone() };
                     rec.last_error = Some(e);
                 }
-                Err(Retry(e)) => {
-                    tracing::warn!("sync job {id}: {e}; retrying");
-                    rec.last_error = Some(e);
+                Some(RoundError::Retry { why, wait }) => {
+                    rec.attempt += 1;
+                    pause = wait.map_or(backoff, |w| w.max(backoff));
+                    rec.next_attempt_unix = Some(unix_now() + pause.as_secs_f64().ceil() as u64);
+                    tracing::warn!(
+                        "sync job {id}: {why}; retrying (attempt {}, next in {pause:.1?})",
+                        rec.attempt
+                    );
+                    rec.last_error = Some(why);
                 }
             }
             let _ = self.jobs.save(&rec);
             if rec.state.is_final() {
                 self.tell_ended(&rec);
+                self.jobs.remove_token(id);
                 return;
             }
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = cancel.cancelled() => return,
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
+    }
+
+    /// The Hub settings of a Hub job's round: the operator's endpoint and
+    /// token, if the job carries them, else this agent's environment (its
+    /// token only for its own endpoint); the cache is this agent's root.
+    fn hub_env(&self, spec: &JobSpec) -> Result<HubEnv, RoundError> {
+        let root = self.store.root().display().to_string();
+        let lookup = |k: &str| match k {
+            "HF_HUB_CACHE" => Some(root.clone()),
+            _ => std::env::var(k).ok().filter(|v| !v.is_empty()),
+        };
+        let here =
+            |e: HubEnvError| RoundError::Fatal(format!("{e} (the agent on {})", spec.source_node));
+        let own = match HubEnv::from_lookup(&lookup) {
+            // The agent's own endpoint is unusable, and the job names one.
+            Err(HubEnvError::NotHttp(_)) if spec.hub_endpoint.is_some() => {
+                HubEnv::from_lookup(&|k| if k == "HF_ENDPOINT" { None } else { lookup(k) })
+            }
+            r => r,
+        }
+        .map_err(here)?;
+        let job = HubSettings {
+            endpoint: spec.hub_endpoint.clone(),
+            token: self
+                .jobs
+                .load_token(&spec.id)
+                .and_then(|t| Token::new(t.expose())),
+        };
+        own.with_job(&job)
+            .map_err(|e| RoundError::Fatal(format!("{e} (the job's Hub settings)")))
     }
 
     /// The NIC this job's source offers the other members: the agent's,
@@ -410,7 +481,7 @@ impl Runner {
 
     /// One delivery to every member: the root and each member's outcome.
     async fn round(&self, spec: &JobSpec) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
-        let nic = self.nic_for(spec).map_err(Fatal)?;
+        let nic = self.nic_for(spec).map_err(RoundError::Fatal)?;
         let mut to: Vec<Destination> = spec.members.iter().map(destination).collect();
         crate::agent::client::learn_data_addrs(&self.cred, &mut to).await;
         let activity = self.activity.clone();
@@ -438,7 +509,7 @@ impl Runner {
         match &spec.source {
             JobSource::Path(src) => {
                 if !src.is_dir() {
-                    return Err(Fatal(format!(
+                    return Err(RoundError::Fatal(format!(
                         "{} does not exist on {} (or is not a folder); fix the path and run xfer sync again",
                         src.display(),
                         spec.source_node
@@ -447,11 +518,11 @@ impl Runner {
                 let src = self
                     .permits
                     .may_read(&spec.source_node, self.store.root(), src)
-                    .map_err(Fatal)?;
+                    .map_err(RoundError::Fatal)?;
                 let opts = PushOptions { src, ..push };
                 let s = crate::flow::push::push(&opts, &quiet)
                     .await
-                    .map_err(|e| Retry(format!("{e:#}")))?;
+                    .map_err(|e| cause::of_error(&e))?;
                 Ok((s.root, s.nodes))
             }
             JobSource::Hub { repo, repo_type } => {
@@ -469,11 +540,10 @@ impl Runner {
         repo_type: &str,
         mut push: PushOptions,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
-        let mut env = HubEnv::from_process().map_err(|e| Fatal(e.to_string()))?;
-        env.cache_root = self.store.root().to_path_buf();
+        let env = self.hub_env(spec)?;
         let opts = PullOptions {
-            repo: RepoRef::parse(repo, RepoType::parse(repo_type).map_err(Fatal)?)
-                .map_err(|e| Fatal(e.to_string()))?,
+            repo: RepoRef::parse(repo, RepoType::parse(repo_type).map_err(RoundError::Fatal)?)
+                .map_err(|e| RoundError::Fatal(e.to_string()))?,
             include: Vec::new(),
             exclude: Vec::new(),
             local_dir: None,
@@ -492,18 +562,18 @@ impl Runner {
         let held_before = self.store.record_any(&spec.name).is_some();
         self.store
             .mark_replacing(&spec.name, by)
-            .map_err(|e| Retry(e.to_string()))?;
+            .map_err(|e| RoundError::retry(e.to_string()))?;
         let (root, nodes, manifest) = if push.to.is_empty() {
             let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
                 .await
-                .map_err(|e| Retry(format!("{e:#}")))?;
+                .map_err(|e| cause::of_error(&e))?;
             let dir = self.store.model_dir(&spec.name);
             let tree = tokio::task::spawn_blocking(move || {
                 crate::store::scan::scan(&dir, 4 << 20, &|_| {})
             })
             .await
-            .map_err(|e| Retry(e.to_string()))?
-            .map_err(|e| Retry(format!("{e:#}")))?;
+            .map_err(|e| RoundError::retry(e.to_string()))?
+            .map_err(|e| cause::of_error(&e))?;
             (tree.manifest.root(), Vec::new(), tree.manifest)
         } else {
             let s = crate::flow::pull_fanout::pull_and_fan_out(
@@ -514,7 +584,7 @@ impl Runner {
                 Progress::new(false),
             )
             .await
-            .map_err(|e| Retry(format!("{e:#}")))?;
+            .map_err(|e| cause::of_error(&e))?;
             (s.root, s.nodes, s.manifest)
         };
         let mut nodes = nodes;
@@ -523,7 +593,7 @@ impl Runner {
             // for what the pull just verified, not for the old revision.
             self.store
                 .adopt(&spec.name, &manifest)
-                .map_err(|e| Retry(e.to_string()))?;
+                .map_err(|e| RoundError::retry(e.to_string()))?;
         }
         if spec.is_member(&me) {
             let ok = self.store.adopt(&spec.name, &manifest);
@@ -727,11 +797,13 @@ async fn tell_members(
     }
 }
 
-enum RoundError {
-    Retry(String),
-    Fatal(String),
+/// Now, in Unix seconds.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
-use RoundError::{Fatal, Retry};
 
 /// Where a member's data goes: its data address from the cluster file, if
 /// the job has one (else the one its agent advertises, asked per round).
@@ -741,13 +813,4 @@ fn destination(m: &JobMember) -> Destination {
         data: m.data.clone(),
         name: Some(m.node.clone()),
     }
-}
-
-/// The member name of `addr` in `spec` (or `addr` itself).
-fn node_of(spec: &JobSpec, addr: &str) -> String {
-    spec.members
-        .iter()
-        .find(|m| m.agent == addr)
-        .map(|m| m.node.clone())
-        .unwrap_or_else(|| addr.to_string())
 }

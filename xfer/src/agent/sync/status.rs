@@ -27,6 +27,12 @@ impl From<&JobRecord> for JobView {
             last_error: r.last_error.clone(),
             rounds: r.rounds,
             delivered: r.delivered.clone(),
+            attempt: r.attempt,
+            next_attempt_unix: r.next_attempt_unix,
+            hub_endpoint: r
+                .hub_endpoint
+                .clone()
+                .or_else(|| r.spec.hub_endpoint.clone()),
         }
     }
 }
