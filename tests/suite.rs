@@ -31,3 +31,4 @@ mod sync;
 mod torture_node;
 mod transport;
 mod trust;
+mod vocabulary;

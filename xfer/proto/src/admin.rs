@@ -47,6 +47,16 @@ pub enum AdminRequest {
     /// [`crate::image`]) against their sha256 digests and load the image
     /// into your container engine.
     LoadImage(Box<ImageDesc>),
+    /// Say which of `CWD/TEXT` and `ROOT/TEXT` (your root) are folders on
+    /// this node: how `xfer sync` tells a folder `ORG/NAME` from a Hub
+    /// repo of that id before it hands the job over. Answered by
+    /// [`AdminReply::FoldersFound`].
+    FindFolder {
+        /// The SOURCE as the operator wrote it: relative, no `..`.
+        text: String,
+        /// The operator's working directory (absolute).
+        cwd: PathBuf,
+    },
 }
 
 /// Agent → CLI: the answer to an [`AdminRequest`].
@@ -78,6 +88,13 @@ pub enum AdminReply {
     },
     /// The image is loaded into the container engine.
     ImageLoaded(Box<ImageLoadReport>),
+    /// The answer to [`AdminRequest::FindFolder`]: the absolute paths,
+    /// among the two asked about, that are folders here (none, one, or
+    /// both when they differ).
+    FoldersFound {
+        /// The folders found, `CWD/TEXT` first.
+        paths: Vec<PathBuf>,
+    },
 }
 
 impl AdminReply {
@@ -89,6 +106,7 @@ impl AdminReply {
             AdminReply::JobCancelled { .. } => "JobCancelled",
             AdminReply::ModelRemoved { .. } => "ModelRemoved",
             AdminReply::ImageLoaded(_) => "ImageLoaded",
+            AdminReply::FoldersFound { .. } => "FoldersFound",
             AdminReply::Failed(_) => "Failed",
         }
     }
@@ -413,4 +431,24 @@ pub struct AgentStatus {
     pub jobs: Vec<JobView>,
     /// The images this agent loaded (their blobs are among `models`).
     pub images: Vec<ImageStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{decode_frame, encode};
+
+    #[test]
+    fn find_folder_and_its_answer_round_trip() {
+        let ask = AdminRequest::FindFolder {
+            text: "local/my-model".into(),
+            cwd: "/home/op".into(),
+        };
+        assert_eq!(decode_frame::<AdminRequest>(&encode(&ask)).unwrap(), ask);
+        let found = AdminReply::FoldersFound {
+            paths: vec!["/home/op/local/my-model".into()],
+        };
+        assert_eq!(decode_frame::<AdminReply>(&encode(&found)).unwrap(), found);
+        assert_eq!(found.kind(), "FoldersFound");
+    }
 }

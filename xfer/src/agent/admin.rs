@@ -29,6 +29,7 @@ pub(super) async fn serve(
         AdminRequest::CancelJob { .. } => Some("cancel a sync job"),
         AdminRequest::RemoveModel { .. } => Some("remove a model"),
         AdminRequest::LoadImage(_) => Some("load an image"),
+        AdminRequest::FindFolder { .. } => Some("look for a sync source folder"),
     };
     if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
         return answer(&conn, send, &AdminReply::Failed(r)).await;
@@ -85,6 +86,12 @@ pub(super) async fn serve(
                     tracing::warn!("{r}");
                     AdminReply::Failed(r)
                 }
+            }
+        }
+        AdminRequest::FindFolder { text, cwd } => {
+            match super::sync::source::find_folder(ctx.store.root(), &text, &cwd) {
+                Ok(paths) => AdminReply::FoldersFound { paths },
+                Err(r) => AdminReply::Failed(r),
             }
         }
     };

@@ -8,4 +8,5 @@
 pub mod client;
 pub mod job;
 pub mod runner;
+pub mod source;
 pub mod status;
