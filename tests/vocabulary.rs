@@ -150,7 +150,10 @@ fn a_repo_id_names_the_model_for_sync_and_rm() {
     let (id, _) = c.sync(&src, &["--from", "a", "--name", "Org/Name"]);
     c.wait_complete(&id, "a", &["a", "b"], "models--Org--Name");
 
-    let r = run(c.cmd("rm", &["Org/Name", "--yes"]), Duration::from_secs(60));
+    let r = run(
+        &mut c.cmd("rm", &["Org/Name", "--yes"]),
+        Duration::from_secs(60),
+    );
     r.assert_ok("xfer rm Org/Name");
     for n in ["a", "b"] {
         assert!(

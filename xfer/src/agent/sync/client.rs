@@ -72,7 +72,7 @@ pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) 
             match super::source::decide(
                 &text,
                 req.repo_type,
-                &source_node.name.to_string(),
+                source_node.name.as_str(),
                 &found,
                 here,
             )? {
