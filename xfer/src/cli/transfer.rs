@@ -160,7 +160,8 @@ pub(super) async fn targets(
 /// A model name given on the command line (a stored name or a repo id),
 /// checked once here.
 fn model_name(name: &str) -> Result<ModelName> {
-    ModelName::from_user(name, xfer_proto::repo::RepoType::Model).map_err(anyhow::Error::msg)
+    ModelName::from_user(name, xfer_proto::repo::RepoType::Model)
+        .map_err(|e| anyhow::anyhow!("--name {name}: {e}"))
 }
 
 /// `xfer pull`.

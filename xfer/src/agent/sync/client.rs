@@ -84,7 +84,9 @@ pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) 
     let (source, name) = match path {
         Ok(path) => {
             let name = match &req.name {
-                Some(n) => ModelName::from_user(n, req.repo_type)?.to_string(),
+                Some(n) => ModelName::from_user(n, req.repo_type)
+                    .with_context(|| format!("--name {n}"))?
+                    .to_string(),
                 None => path
                     .file_name()
                     .and_then(|n| n.to_str())
@@ -96,7 +98,10 @@ pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) 
         Err(repo) => {
             let folder = repo.cache_folder();
             let given = match &req.name {
-                Some(n) => Some(ModelName::from_user(n, req.repo_type)?),
+                Some(n) => Some(
+                    ModelName::from_user(n, req.repo_type)
+                        .with_context(|| format!("--name {n}"))?,
+                ),
                 None => None,
             };
             if given.is_some_and(|n| n.as_str() != folder) {
