@@ -2,8 +2,9 @@
 //! folder of that name when the source node has it and is refused when only
 //! the operator's machine has it; a model is named by its repo id as well
 //! as by its stored name (`sync --name`, `rm`); `push --cluster --nodes`
-//! delivers to the named nodes; `serve --listen localhost:PORT` starts; and
-//! `XFER_CLUSTER` stands in for `--cluster`.
+//! delivers to the named nodes; `serve --listen localhost:PORT` starts;
+//! `XFER_CLUSTER` stands in for `--cluster`; and `xfer-launch plan` prints
+//! the commit the agents resolve instead of `<COMMIT>`.
 //!
 //! Real agents on loopback addresses (127.0.13x.y), the real `xfer` binary.
 
@@ -240,4 +241,56 @@ fn serve_listens_on_a_host_name_and_xfer_cluster_names_the_file() {
         none.stderr.contains("--cluster FILE") && none.stderr.contains("XFER_CLUSTER=FILE"),
         "{none:#?}"
     );
+}
+
+/// `xfer-launch`, built next to the `xfer` under test (built here if not).
+fn launch_bin() -> std::path::PathBuf {
+    let p = Path::new(bin()).with_file_name("xfer-launch");
+    if !p.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let ok = std::process::Command::new(cargo)
+            .args(["build", "-q", "-p", "launcher", "--bin", "xfer-launch"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok && p.exists(), "cannot build {}", p.display());
+    }
+    p
+}
+
+/// `xfer-launch plan` on a model at a branch asks the agents which commit
+/// their `refs/` name and prints the real `snapshots/<commit>`.
+#[test]
+fn launch_plan_prints_the_commit_the_agents_resolve() {
+    let c = Cluster::start("vocab-plan", 135, &["a"], &[]);
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let refs = c.root("a").join("models--acme--tiny/refs");
+    fs::create_dir_all(&refs).unwrap();
+    fs::write(refs.join("main"), commit).unwrap();
+    let a = c.member("a");
+    let ip = a.addr.split(':').next().unwrap();
+    let file = c.dir.path().join("launch.toml");
+    fs::write(
+        &file,
+        format!(
+            "key = \"{}\"\n[[node]]\nname = \"a\"\nagent = \"{}\"\nroot = \"{}\"\nfabric_if = \"lo\"\nfabric_ip = \"{ip}\"\n[launch]\nengine = \"vllm\"\nmodel = \"acme/tiny\"\n",
+            c.key.display(),
+            a.addr,
+            a.root.display()
+        ),
+    )
+    .unwrap();
+    let r = run(
+        std::process::Command::new(launch_bin())
+            .args(["plan", "--cluster"])
+            .arg(&file),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer-launch plan");
+    assert!(
+        r.stdout
+            .contains(&format!("models--acme--tiny/snapshots/{commit}"))
+            && !r.stdout.contains("<COMMIT>"),
+        "{r:#?}"
+    );
+    assert!(r.stderr.is_empty(), "{r:#?}");
 }
