@@ -62,7 +62,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
                 spec.id,
                 spec.members.len(),
                 spec.name,
-                xfer::agent::sync::client::reading(&spec)
+                xfer::agent::sync::source::reading(&spec)
             );
         }
         return Ok(ExitCode::SUCCESS);
@@ -71,7 +71,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         "job {}: {} from the {} (Ctrl-C stops following; the job goes on)",
         spec.id,
         spec.name,
-        xfer::agent::sync::client::reading(&spec)
+        xfer::agent::sync::source::reading(&spec)
     );
     let root =
         xfer::agent::sync::client::wait(&cluster, &cred, &spec, &Progress::new(!json)).await?;

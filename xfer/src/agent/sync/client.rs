@@ -200,22 +200,6 @@ async fn find_folder(
     }
 }
 
-/// What a job reads, in words: `folder /x/m on node a` or `Hub repo
-/// org/m@main on node a`.
-pub fn reading(spec: &JobSpec) -> String {
-    match &spec.source {
-        JobSource::Path(p) => format!("folder {} on node {}", p.display(), spec.source_node),
-        JobSource::Hub { repo, .. } => {
-            let shown = if repo.contains('@') {
-                repo.clone()
-            } else {
-                format!("{repo}@main")
-            };
-            format!("Hub repo {shown} pulled by node {}", spec.source_node)
-        }
-    }
-}
-
 /// Runs futures concurrently and collects their outputs in order.
 async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
 where

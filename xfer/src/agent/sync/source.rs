@@ -4,10 +4,12 @@
 //! as one (under the operator's working directory or the node's root),
 //! refused when only the operator's machine has it (two readings), and a
 //! Hub repo otherwise. [`read_source`] is the operator's side (no I/O),
-//! [`find_folder`] the source agent's answer, [`decide`] the verdict.
+//! [`find_folder`] the source agent's answer, [`decide`] the verdict,
+//! [`reading`] the words for the reading taken.
 
 use std::path::{Component, Path, PathBuf};
 
+use xfer_proto::admin::{JobSource, JobSpec};
 use xfer_proto::refusal::Refusal;
 use xfer_proto::repo::{RepoRef, RepoRefError, RepoType};
 
@@ -194,6 +196,22 @@ pub fn decide(
     }
 }
 
+/// What a job reads, in words, for the line `xfer sync` prints: `folder
+/// /x/m on node a` or `Hub repo org/m@main pulled by node a`.
+pub fn reading(spec: &JobSpec) -> String {
+    match &spec.source {
+        JobSource::Path(p) => format!("folder {} on node {}", p.display(), spec.source_node),
+        JobSource::Hub { repo, .. } => {
+            let shown = if repo.contains('@') {
+                repo.clone()
+            } else {
+                format!("{repo}@main")
+            };
+            format!("Hub repo {shown} pulled by node {}", spec.source_node)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,6 +266,27 @@ mod tests {
         for bad in ["../etc", "/etc", "org/../x", ""] {
             assert!(find_folder(&root, bad, &cwd).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_reading_taken_is_said_in_words() {
+        let mut spec = JobSpec {
+            id: "j1".into(),
+            name: xfer_proto::names::ModelName::new("m").unwrap(),
+            source: JobSource::Path("/home/op/local/m".into()),
+            source_node: "a".into(),
+            members: Vec::new(),
+            chunk_size: 4 << 20,
+            limit_rate: None,
+            transport: Default::default(),
+            peers: None,
+        };
+        assert_eq!(reading(&spec), "folder /home/op/local/m on node a");
+        spec.source = JobSource::Hub {
+            repo: "local/m".into(),
+            repo_type: "model".into(),
+        };
+        assert_eq!(reading(&spec), "Hub repo local/m@main pulled by node a");
     }
 
     #[test]
