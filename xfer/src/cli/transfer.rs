@@ -304,6 +304,9 @@ pub async fn fetch(args: FetchArgs) -> Result<ExitCode> {
         json,
         connect_timeout,
     } = args;
+    // The syntax the cluster file's `agent` takes, checked before a lookup.
+    xfer::config::cluster::parse_address(&from)
+        .map_err(|e| anyhow::anyhow!("--from {from}: {e}"))?;
     let cred = Arc::new(Credential::load(&key)?);
     let opts = xfer::flow::fetch::FetchOptions {
         from,
