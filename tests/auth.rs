@@ -22,7 +22,7 @@ fn assert_nothing_written(root: &std::path::Path) {
 }
 
 /// A pusher with another cluster's key is refused; a missing or junk key
-/// file is refused with a hint to run `xfer keygen`; nothing is written;
+/// file is refused with a hint to run `xfer ca issue`; nothing is written;
 /// the agent still serves a push with the right key.
 #[test]
 fn wrong_or_missing_key_is_refused_and_writes_nothing() {
@@ -58,8 +58,9 @@ fn wrong_or_missing_key_is_refused_and_writes_nothing() {
     let missing = t.path().join("no-such-key");
     let r = push(&src, &[&agent.addr], &missing, &[]);
     assert!(!r.success(), "{r:#?}");
+    // Per-node credentials are the normal mode: the fix is `xfer ca issue`.
     assert!(
-        r.stderr.contains("xfer keygen") && r.stderr.contains("no-such-key"),
+        r.stderr.contains("xfer ca issue") && r.stderr.contains("no-such-key"),
         "{r:#?}"
     );
 
@@ -68,7 +69,7 @@ fn wrong_or_missing_key_is_refused_and_writes_nothing() {
     std::fs::write(&junk, "not a key\n").unwrap();
     let r = push(&src, &[&agent.addr], &junk, &[]);
     assert!(!r.success(), "{r:#?}");
-    assert!(r.stderr.contains("xfer keygen"), "{r:#?}");
+    assert!(r.stderr.contains("xfer ca issue"), "{r:#?}");
 
     assert!(agent.running(), "the agent died: {}", agent.log());
     assert_nothing_written(&root);
@@ -92,7 +93,7 @@ fn agent_without_key_does_not_start() {
         Duration::from_secs(20),
     );
     assert!(!r.success(), "{r:#?}");
-    assert!(r.stderr.contains("xfer keygen"), "{r:#?}");
+    assert!(r.stderr.contains("xfer ca issue"), "{r:#?}");
     assert!(
         !r.stdout.contains("listening"),
         "must not claim to listen: {r:#?}"

@@ -32,3 +32,4 @@ mod sync_errors;
 mod torture_node;
 mod transport;
 mod trust;
+mod vocabulary;

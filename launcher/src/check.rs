@@ -175,6 +175,54 @@ fn resolved_path(setup: &Setup, facts: &[Result<NodeFacts, String>]) -> String {
     }
 }
 
+/// The model path with `<COMMIT>` resolved by asking every agent about
+/// the weights alone (no ports, versions, image or reachability), for
+/// `xfer-launch plan`; the error is one line saying why it stays
+/// `<COMMIT>`.
+pub async fn resolve_commit(setup: &Setup, agents: &Agents) -> Result<String, String> {
+    let reqs = preflight::requests(setup);
+    let answers = agents
+        .ask_all(
+            |i, _| {
+                let mut r = reqs[i].clone();
+                r.ports.clear();
+                r.listen_port = None;
+                r.peers.clear();
+                r.versions.clear();
+                r.rdma = None;
+                r.image = None;
+                LaunchRequest::Preflight(Box::new(r))
+            },
+            crate::agents::QUICK,
+        )
+        .await;
+    let mut commits: Vec<(String, String)> = Vec::new();
+    for (node, a) in setup.nodes.iter().zip(answers) {
+        match a {
+            Ok(LaunchReply::PreflightReport(f)) => match f.weights.commit {
+                Some(c) => commits.push((node.name.to_string(), c)),
+                None => return Err(format!("{} does not hold the model's ref yet", node.name)),
+            },
+            Ok(other) => return Err(format!("{}: {}", node.name, unexpected(&other))),
+            Err(e) => return Err(format!("{} did not answer: {e}", node.name)),
+        }
+    }
+    match commits.first() {
+        Some((_, c)) if commits.iter().all(|(_, o)| o == c) => {
+            Ok(setup.model.path.replace(COMMIT_PLACEHOLDER, c))
+        }
+        Some(_) => Err(format!(
+            "the nodes hold different commits ({})",
+            commits
+                .iter()
+                .map(|(n, c)| format!("{n}: {c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        None => Err("no node to ask".into()),
+    }
+}
+
 /// The setup with the model path settled by a check.
 pub fn settled(setup: &Setup, checked: &Checked) -> Setup {
     let mut s = setup.clone();

@@ -52,11 +52,18 @@ mod cli;
 
 use cli::{with_agents, Cli, Cmd};
 
+/// The cluster file `--cluster` or `$XFER_CLUSTER` names.
+fn file(cluster: Option<std::path::PathBuf>) -> Result<std::path::PathBuf, String> {
+    xfer::config::cluster::cluster_file(cluster).map_err(|e| e.to_string())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Plan { cluster, json } => cli::plan(&cluster, json),
-        Cmd::Check { cluster, json } => with_agents(&cluster, |s, a| cli::check(s, a, json)),
+        Cmd::Plan { cluster, json } => file(cluster).and_then(|c| cli::plan(&c, json)),
+        Cmd::Check { cluster, json } => {
+            file(cluster).and_then(|c| with_agents(&c, |s, a| cli::check(s, a, json)))
+        }
         Cmd::Up {
             cluster,
             timeout,
@@ -73,21 +80,22 @@ fn main() -> ExitCode {
                 api_url,
                 evict_page_cache,
             };
-            with_agents(&cluster, |s, a| cli::up(s, a, opts, json))
+            file(cluster).and_then(|c| with_agents(&c, |s, a| cli::up(s, a, opts, json)))
         }
         Cmd::Down {
             cluster,
             grace,
             run,
-        } => with_agents(&cluster, |s, a| {
-            cli::down(s, a, Duration::from_secs(grace), run)
-        }),
+        } => file(cluster)
+            .and_then(|c| with_agents(&c, |s, a| cli::down(s, a, Duration::from_secs(grace), run))),
         Cmd::Logs {
             cluster,
-            node,
+            nodes,
             run,
             follow,
-        } => with_agents(&cluster, |s, a| cli::logs(s, a, node, run, follow)),
+        } => {
+            file(cluster).and_then(|c| with_agents(&c, |s, a| cli::logs(s, a, nodes, run, follow)))
+        }
     };
     match result {
         Ok(code) => code,

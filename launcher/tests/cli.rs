@@ -148,3 +148,54 @@ fn plans_match_the_golden_files() {
         }
     }
 }
+
+/// `XFER_CLUSTER` names the cluster file when `--cluster` is not given;
+/// without either, one line names both.
+#[test]
+fn xfer_cluster_names_the_file_and_its_absence_is_one_line() {
+    let path = cluster_file("env.toml", FILE);
+    let given = run(&["plan", "--cluster", path.to_str().unwrap()]);
+    let from_env = Command::new(env!("CARGO_BIN_EXE_xfer-launch"))
+        .arg("plan")
+        .env("XFER_CLUSTER", &path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        from_env.status.code(),
+        Some(0),
+        "{}",
+        text(&from_env.stderr)
+    );
+    assert_eq!(text(&from_env.stdout), text(&given.stdout));
+    let neither = Command::new(env!("CARGO_BIN_EXE_xfer-launch"))
+        .arg("plan")
+        .env_remove("XFER_CLUSTER")
+        .output()
+        .unwrap();
+    assert_eq!(neither.status.code(), Some(1));
+    let err = text(&neither.stderr);
+    assert!(
+        err.contains("--cluster FILE") && err.contains("XFER_CLUSTER=FILE"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// A model at a branch: `plan` asks the agents for the commit and, when it
+/// cannot (here: no credential), keeps `<COMMIT>` and says why in one line.
+#[test]
+fn plan_says_why_the_commit_stays_a_placeholder() {
+    let file = FILE.replace("model = \"/models/qwen3-8b\"", "model = \"Qwen/Qwen3-8B\"");
+    let path = cluster_file("commit.toml", &file);
+    let out = run(&["plan", "--cluster", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("snapshots/<COMMIT>"));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("plan: the model path keeps <COMMIT>: ")
+            && err.contains("/etc/xfer/cluster.key")
+            && err.contains("xfer-launch check"),
+        "{err}"
+    );
+}

@@ -18,26 +18,46 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Print the exact command line and environment each node will run (a dry run).
+    #[command(after_help = "Example:\n  xfer-launch plan --cluster cluster.toml")]
     Plan {
-        /// The cluster file, with its [launch] table.
-        #[arg(long)]
-        cluster: PathBuf,
+        /// The cluster file, with its [launch] table (default: $XFER_CLUSTER).
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "XFER_CLUSTER",
+            hide_env_values = true
+        )]
+        cluster: Option<PathBuf>,
         /// Print the plan as JSON (with its digest) instead of shell lines.
         #[arg(long)]
         json: bool,
     },
     /// Check every node through its agent: weights, memory, disk, GPUs, fabric, reachability, ports, versions, RDMA.
+    #[command(after_help = "Example:\n  XFER_CLUSTER=cluster.toml xfer-launch check")]
     Check {
-        #[arg(long)]
-        cluster: PathBuf,
+        /// The cluster file, with its [launch] table (default: $XFER_CLUSTER).
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "XFER_CLUSTER",
+            hide_env_values = true
+        )]
+        cluster: Option<PathBuf>,
         /// Print the rows and every node's facts as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Check, start every rank through its agent, and wait until the engine answers.
+    #[command(after_help = "Example:\n  xfer-launch up --cluster cluster.toml --timeout 3600")]
     Up {
-        #[arg(long)]
-        cluster: PathBuf,
+        /// The cluster file, with its [launch] table (default: $XFER_CLUSTER).
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "XFER_CLUSTER",
+            hide_env_values = true
+        )]
+        cluster: Option<PathBuf>,
         /// Seconds the engine may take to become ready (loading 100+ GB takes minutes).
         #[arg(long, default_value_t = 1800)]
         timeout: u64,
@@ -60,9 +80,16 @@ pub enum Cmd {
         json: bool,
     },
     /// Stop every rank on every node: SIGTERM, then SIGKILL after the grace period.
+    #[command(after_help = "Example:\n  xfer-launch down --cluster cluster.toml --grace 30")]
     Down {
-        #[arg(long)]
-        cluster: PathBuf,
+        /// The cluster file, with its [launch] table (default: $XFER_CLUSTER).
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "XFER_CLUSTER",
+            hide_env_values = true
+        )]
+        cluster: Option<PathBuf>,
         /// Seconds between SIGTERM and SIGKILL.
         #[arg(long, default_value_t = 15)]
         grace: u64,
@@ -71,12 +98,22 @@ pub enum Cmd {
         run: Option<String>,
     },
     /// Show each rank's log (the newest run, or --run).
+    #[command(
+        after_help = "Example:\n  xfer-launch logs --cluster cluster.toml --nodes spark-b --follow"
+    )]
     Logs {
-        #[arg(long)]
-        cluster: PathBuf,
-        /// Only this node.
-        #[arg(long)]
-        node: Option<String>,
+        /// The cluster file, with its [launch] table (default: $XFER_CLUSTER).
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "XFER_CLUSTER",
+            hide_env_values = true
+        )]
+        cluster: Option<PathBuf>,
+        /// Only these nodes, comma separated (default: every node of the
+        /// launch; `--node` is an old spelling).
+        #[arg(long, alias = "node", value_delimiter = ',')]
+        nodes: Vec<String>,
         /// The run (default: each node's newest).
         #[arg(long)]
         run: Option<String>,
@@ -84,4 +121,62 @@ pub enum Cmd {
         #[arg(long, short)]
         follow: bool,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every argument of `cmd` and its subcommands that has no help text,
+    /// and every leaf command without an example naming it.
+    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if a.is_hide_set() || id == "help" || id == "version" {
+                continue;
+            }
+            if a.get_help().is_none() && a.get_long_help().is_none() {
+                out.push(format!("`{path}` argument {id} has no help text"));
+            }
+        }
+        let subs: Vec<&clap::Command> = cmd
+            .get_subcommands()
+            .filter(|c| c.get_name() != "help")
+            .collect();
+        if subs.is_empty() {
+            let example = cmd
+                .get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            if !example.starts_with("Example:\n") || !example.contains(path) {
+                out.push(format!(
+                    "`{path}` has no example (after_help \"Example:\\n  {path} ...\")"
+                ));
+            }
+        }
+        for s in subs {
+            undocumented(s, &format!("{path} {}", s.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_argument_has_help_and_every_command_an_example() {
+        let mut missing = Vec::new();
+        undocumented(&super::Cli::command(), "xfer-launch", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+
+    #[test]
+    fn logs_takes_nodes_and_the_old_node_spelling() {
+        use clap::Parser;
+        for argv in [
+            ["xfer-launch", "logs", "--nodes", "a,b"],
+            ["xfer-launch", "logs", "--node", "a,b"],
+        ] {
+            match super::Cli::try_parse_from(argv).unwrap().cmd {
+                super::Cmd::Logs { nodes, .. } => assert_eq!(nodes, ["a", "b"]),
+                _ => panic!("not logs"),
+            }
+        }
+    }
 }

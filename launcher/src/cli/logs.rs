@@ -11,24 +11,27 @@ use xfer_proto::launch::{LaunchReply, LaunchRequest};
 pub async fn logs(
     setup: Setup,
     agents: Agents,
-    node: Option<String>,
+    nodes: Vec<String>,
     run: Option<String>,
     follow: bool,
 ) -> Result<ExitCode, String> {
-    let picked: Vec<usize> = match &node {
-        Some(name) => {
-            let i = setup
-                .nodes
-                .iter()
-                .position(|n| &n.name == name)
-                .ok_or_else(|| {
-                    let names: Vec<&str> = setup.nodes.iter().map(|n| n.name.as_str()).collect();
-                    format!("no node {name} in the launch; it has {}", names.join(", "))
-                })?;
-            vec![i]
+    let mut picked: Vec<usize> = Vec::new();
+    for name in &nodes {
+        let i = setup
+            .nodes
+            .iter()
+            .position(|n| &n.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = setup.nodes.iter().map(|n| n.name.as_str()).collect();
+                format!("no node {name} in the launch; it has {}", names.join(", "))
+            })?;
+        if !picked.contains(&i) {
+            picked.push(i);
         }
-        None => (0..setup.nodes.len()).collect(),
-    };
+    }
+    if nodes.is_empty() {
+        picked = (0..setup.nodes.len()).collect();
+    }
     // Which run each node shows.
     let mut cursors: Vec<(usize, String, u64, bool)> = Vec::new();
     for &i in &picked {

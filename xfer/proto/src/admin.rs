@@ -68,6 +68,16 @@ pub enum AdminRequest {
         /// final state.
         ended: Vec<(String, JobState)>,
     },
+    /// Say which of `CWD/TEXT` and `ROOT/TEXT` (your root) are folders on
+    /// this node: how `xfer sync` tells a folder `ORG/NAME` from a Hub
+    /// repo of that id before it hands the job over. Answered by
+    /// [`AdminReply::FoldersFound`].
+    FindFolder {
+        /// The SOURCE as the operator wrote it: relative, no `..`.
+        text: String,
+        /// The operator's working directory (absolute).
+        cwd: PathBuf,
+    },
 }
 
 /// Agent → CLI: the answer to an [`AdminRequest`].
@@ -99,6 +109,13 @@ pub enum AdminReply {
     },
     /// The image is loaded into the container engine.
     ImageLoaded(Box<ImageLoadReport>),
+    /// The answer to [`AdminRequest::FindFolder`]: the absolute paths,
+    /// among the two asked about, that are folders here (none, one, or
+    /// both when they differ).
+    FoldersFound {
+        /// The folders found, `CWD/TEXT` first.
+        paths: Vec<PathBuf>,
+    },
     /// The answer to [`AdminRequest::JobEnded`]: `known` says whether
     /// this agent had the job.
     JobEndedNoted {
@@ -136,6 +153,7 @@ impl AdminReply {
             AdminReply::ImageLoaded(_) => "ImageLoaded",
             AdminReply::JobEndedNoted { .. } => "JobEndedNoted",
             AdminReply::JobsPruned { .. } => "JobsPruned",
+            AdminReply::FoldersFound { .. } => "FoldersFound",
             AdminReply::Failed(_) => "Failed",
         }
     }
@@ -530,6 +548,20 @@ pub struct AgentStatus {
 mod tests {
     use super::*;
     use crate::frame::{decode_frame, encode};
+
+    #[test]
+    fn find_folder_and_its_answer_round_trip() {
+        let ask = AdminRequest::FindFolder {
+            text: "local/my-model".into(),
+            cwd: "/home/op".into(),
+        };
+        assert_eq!(decode_frame::<AdminRequest>(&encode(&ask)).unwrap(), ask);
+        let found = AdminReply::FoldersFound {
+            paths: vec!["/home/op/local/my-model".into()],
+        };
+        assert_eq!(decode_frame::<AdminReply>(&encode(&found)).unwrap(), found);
+        assert_eq!(found.kind(), "FoldersFound");
+    }
 
     #[test]
     fn job_end_and_prune_messages_round_trip() {

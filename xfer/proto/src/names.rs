@@ -167,7 +167,7 @@ pub struct ModelName(String);
 
 /// A model name that is not one safe path component ([`ModelName::new`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("model name `{0}` must be 1-200 characters of letters, digits and ._-+=@, not starting with `.`; pass --name")]
+#[error("model name `{0}` must be 1-200 characters of letters, digits and ._-+=@, not starting with `.` (or a Hub repo id ORG/NAME, stored as models--ORG--NAME); give one of those")]
 pub struct ModelNameError(
     /// The name as given, escaped for printing.
     pub String,
@@ -192,6 +192,19 @@ impl ModelName {
     /// The name as written.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// A model as the operator names it: the stored name
+    /// (`models--Qwen--Qwen3-8B`, `my-model`) or, when it holds a `/`, a
+    /// Hub repo id (`Qwen/Qwen3-8B`, an `@REVISION` ignored), which is
+    /// stored under its cache folder name for `repo_type`.
+    pub fn from_user(text: &str, repo_type: crate::repo::RepoType) -> Result<Self, ModelNameError> {
+        if text.contains('/') {
+            let repo = crate::repo::RepoRef::parse(text, repo_type)
+                .map_err(|_| ModelNameError(text.escape_default().to_string()))?;
+            return ModelName::new(&repo.cache_folder());
+        }
+        ModelName::new(text)
     }
 }
 
@@ -230,5 +243,31 @@ mod tests {
             format!("n2 (10.0.0.2:7470) speaks xfer protocol 1, this node speaks {PROTOCOL_VERSION}: upgrade xfer on n2 (10.0.0.2:7470)")
         );
         assert!(version_refusal("n3", PROTOCOL_VERSION + 1).ends_with("upgrade xfer on this node"));
+    }
+
+    #[test]
+    fn a_repo_id_names_the_model_stored_under_its_cache_folder() {
+        use crate::repo::RepoType;
+        let m = |s: &str| ModelName::from_user(s, RepoType::Model).map(|n| n.to_string());
+        assert_eq!(m("Qwen/Qwen3-8B").unwrap(), "models--Qwen--Qwen3-8B");
+        assert_eq!(m("Qwen/Qwen3-8B@main").unwrap(), "models--Qwen--Qwen3-8B");
+        assert_eq!(
+            m("models--Qwen--Qwen3-8B").unwrap(),
+            "models--Qwen--Qwen3-8B"
+        );
+        assert_eq!(m("my-model").unwrap(), "my-model");
+        assert_eq!(
+            ModelName::from_user("org/data", RepoType::Dataset)
+                .unwrap()
+                .as_str(),
+            "datasets--org--data"
+        );
+        for bad in ["a/b/c", "../x", ".hidden", "", "org/x y"] {
+            let e = m(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("ORG/NAME") && !e.contains("--name"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

@@ -34,6 +34,7 @@ pub(super) async fn serve(
         // The job's source may end it too: checked against the job.
         AdminRequest::JobEnded { .. } => None,
         AdminRequest::PruneJobs { .. } => Some("prune sync jobs"),
+        AdminRequest::FindFolder { .. } => Some("look for a sync source folder"),
     };
     if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
         return answer(&conn, send, &AdminReply::Failed(r)).await;
@@ -106,6 +107,12 @@ pub(super) async fn serve(
                     tracing::warn!("{r}");
                     AdminReply::Failed(r)
                 }
+            }
+        }
+        AdminRequest::FindFolder { text, cwd } => {
+            match super::sync::source::find_folder(ctx.store.root(), &text, &cwd) {
+                Ok(paths) => AdminReply::FoldersFound { paths },
+                Err(r) => AdminReply::Failed(r),
             }
         }
     };

@@ -24,21 +24,36 @@ pub struct Cli {
 pub enum Cmd {
     /// Simple mode: create one cluster key for every node (equivalent to
     /// root on every node; `xfer ca` gives each node its own identity).
+    #[command(after_help = "Example:\n  xfer keygen --out /etc/xfer/cluster.key")]
     Keygen(KeygenArgs),
     /// The cluster CA, kept by the operator: init, issue, rotate.
     #[command(subcommand)]
     Ca(CaCmd),
     /// Describe a directory: per-file BLAKE3 (as b3sum prints it) and the root hash.
+    #[command(after_help = "Example:\n  xfer manifest /models/Qwen3-8B --json > manifest.json")]
     Manifest(ManifestArgs),
     /// Run the node agent: receive models into ROOT and serve them to peers.
+    #[command(
+        after_help = "Example:\n  xfer serve --root /var/lib/xfer --key /etc/xfer/node.pem --listen 0.0.0.0:7470"
+    )]
     Serve(ServeArgs),
     /// Hand a sync job to the cluster's agents and return (they own it from then on).
+    #[command(
+        after_help = "Example:\n  xfer sync ./local/my-model --cluster cluster.toml --from spark-a --wait\n  xfer sync hf://Qwen/Qwen3-8B --cluster cluster.toml --nodes spark-a,spark-b"
+    )]
     Sync(SyncArgs),
     /// One table of every node's models: root, state, progress, rate, ETA, last error.
+    #[command(
+        after_help = "Example:\n  XFER_CLUSTER=cluster.toml xfer status --nodes spark-a,spark-b"
+    )]
     Status(StatusArgs),
     /// Stop a sync job on every node (what was delivered stays).
+    #[command(after_help = "Example:\n  xfer cancel 20260101-120000-ab12 --cluster cluster.toml")]
     Cancel(CancelArgs),
     /// Delete a model from the nodes' roots.
+    #[command(
+        after_help = "Example:\n  xfer rm Qwen/Qwen3-8B --cluster cluster.toml --nodes spark-b --yes"
+    )]
     Rm(RmArgs),
     /// Remove ended sync jobs from the nodes (running jobs and models stay).
     ///
@@ -46,20 +61,32 @@ pub enum Cmd {
     #[command(after_help = "Example:\n  xfer prune --cluster cluster.toml --nodes a,b")]
     Prune(PruneArgs),
     /// Deliver a directory to one or more agents.
+    #[command(
+        after_help = "Example:\n  xfer push /models/my-model --cluster cluster.toml --nodes spark-a,spark-b\n  xfer push /models/my-model --to 10.0.0.2:7470,10.0.0.3 --key operator.pem"
+    )]
     Push(PushArgs),
     /// Download a Hugging Face repo (or HF_ENDPOINT's mirror) into the HF cache, verified.
+    #[command(
+        after_help = "Example:\n  xfer pull Qwen/Qwen3-8B@main --include '*.safetensors' --include '*.json'"
+    )]
     Pull(PullArgs),
     /// Container images: deliver a local image to nodes like a model.
     #[command(subcommand)]
     Image(ImageCmd),
     /// Copy a complete model from an agent into a local root (ROOT/NAME).
+    #[command(
+        after_help = "Example:\n  xfer fetch Qwen/Qwen3-8B --from spark-a.lan:7470 --root /var/lib/xfer --key operator.pem"
+    )]
     Fetch(FetchArgs),
     /// Re-hash a received tree against its manifest.
+    #[command(after_help = "Example:\n  xfer verify /var/lib/xfer/my-model")]
     Verify(VerifyArgs),
     /// What this node offers the data plane: RDMA devices and their GIDs,
     /// the interfaces a fabric could use, the UDP socket buffer limits.
+    #[command(after_help = "Example:\n  xfer doctor --json")]
     Doctor(DoctorArgs),
     /// Local multi-node demo: generate a model, start agents on 127.0.0.x, push, verify.
+    #[command(after_help = "Example:\n  xfer demo --size 256MiB --nodes 3")]
     Demo(DemoArgs),
 }
 
@@ -67,6 +94,7 @@ pub enum Cmd {
 #[derive(Subcommand)]
 pub enum CaCmd {
     /// Create the CA (its key never leaves this folder).
+    #[command(after_help = "Example:\n  xfer ca init --dir ~/xfer-ca")]
     Init {
         /// The CA folder (created 0700).
         #[arg(long)]
@@ -76,9 +104,13 @@ pub enum CaCmd {
         force: bool,
     },
     /// Write the credential of one node (its name in the cluster file) or operator.
+    #[command(
+        after_help = "Example:\n  xfer ca issue spark-a --dir ~/xfer-ca --out spark-a.pem\n  xfer ca issue alice --role operator --dir ~/xfer-ca --out operator.pem"
+    )]
     Issue {
         /// The node's name in the cluster file, or the operator's name.
         name: String,
+        /// The CA folder (`xfer ca init --dir`).
         #[arg(long)]
         dir: PathBuf,
         /// Where to write the credential (mode 0600).
@@ -95,7 +127,11 @@ pub enum CaCmd {
         force: bool,
     },
     /// Replace the CA key. Old and new are both trusted until `--finish`.
+    #[command(
+        after_help = "Example:\n  xfer ca rotate --dir ~/xfer-ca\n  xfer ca rotate --dir ~/xfer-ca --finish"
+    )]
     Rotate {
+        /// The CA folder (`xfer ca init --dir`).
         #[arg(long)]
         dir: PathBuf,
         /// End the rotation: credentials issued from now on trust only the new CA.
@@ -107,6 +143,7 @@ pub enum CaCmd {
 /// The arguments of `xfer keygen`.
 #[derive(clap::Args)]
 pub struct KeygenArgs {
+    /// Where to write the key (mode 0600); copy it to every node.
     #[arg(long)]
     pub out: PathBuf,
     /// Replace an existing file.
@@ -117,10 +154,12 @@ pub struct KeygenArgs {
 /// The arguments of `xfer manifest`.
 #[derive(clap::Args)]
 pub struct ManifestArgs {
+    /// The directory to describe.
     pub dir: PathBuf,
     /// Print the full manifest as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Chunk size: a power of two from 64KiB to 256MiB.
     #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
     pub chunk_size: u64,
 }
@@ -128,8 +167,10 @@ pub struct ManifestArgs {
 /// The arguments of `xfer serve`.
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// Where the agent listens (management; with 0.0.0.0 the fabric too).
-    #[arg(long, default_value = "0.0.0.0:7470")]
+    /// Where the agent listens (management; with 0.0.0.0 the fabric too):
+    /// HOST[:PORT] as the cluster file's `agent` takes it (a host name such
+    /// as localhost:7470, an IPv4, [IPv6]:PORT; the port defaults to 7470).
+    #[arg(long, default_value = "0.0.0.0:7470", value_parser = xfer::config::cluster::parse_listen)]
     pub listen: std::net::SocketAddr,
     /// This node's data address, IP[:PORT] (the port defaults to
     /// --listen's): advertised to sources, and listened on too when
@@ -140,8 +181,10 @@ pub struct ServeArgs {
     /// first), with --listen's port.
     #[arg(long, value_name = "IFACE")]
     pub fabric_if: Option<String>,
+    /// The folder models are received into and served from (ROOT/NAME).
     #[arg(long)]
     pub root: PathBuf,
+    /// This node's credential (`xfer ca issue NODE`, or simple mode's key).
     #[arg(long, env = "XFER_KEY")]
     pub key: PathBuf,
     /// Chunk requests in flight per peer.
@@ -208,21 +251,35 @@ pub struct ServeArgs {
 /// The arguments of `xfer sync`.
 #[derive(clap::Args)]
 pub struct SyncArgs {
-    /// An absolute path on the source node, or ORG/NAME[@REV] to pull from the Hub.
+    /// A folder on the --from node, or a Hub repo. /abs/path, ./x and ../x
+    /// (against this working directory) are folders; hf://ORG/NAME[@REV]
+    /// is a repo; a bare ORG/NAME[@REV] is the folder of that name on the
+    /// --from node (under this working directory or its root) when it has
+    /// one, is refused when only this machine has it, and is the Hub repo
+    /// otherwise.
     pub source: String,
-    #[arg(long)]
-    pub cluster: PathBuf,
+    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "XFER_CLUSTER",
+        hide_env_values = true
+    )]
+    pub cluster: Option<PathBuf>,
     /// Nodes that must end with the model (default: every node).
     #[arg(long, value_delimiter = ',')]
     pub nodes: Vec<String>,
     /// The node holding the path, or pulling the repo (default: the first of --nodes).
     #[arg(long)]
     pub from: Option<String>,
-    /// Name on the nodes (default: the folder's name; Hub repos use models--org--name).
+    /// Name on the nodes (default: the folder's name; Hub repos use
+    /// models--org--name); a repo id ORG/NAME names models--ORG--NAME.
     #[arg(long)]
     pub name: Option<String>,
+    /// The kind of Hub repo: model or dataset.
     #[arg(long, default_value = "model", value_parser = parse_repo_type)]
     pub repo_type: xfer_proto::repo::RepoType,
+    /// Chunk size: a power of two from 64KiB to 256MiB.
     #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
     pub chunk_size: u64,
     /// Cap the source's send rate, e.g. 500MiB (bytes per second).
@@ -238,6 +295,7 @@ pub struct SyncArgs {
     /// it (auto), never (quic), or fail the job without it (rdma).
     #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
     pub transport: xfer::transport::select::TransportChoice,
+    /// Print the job (and with --wait its outcome) as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
@@ -245,10 +303,18 @@ pub struct SyncArgs {
 /// The arguments of `xfer status`.
 #[derive(clap::Args)]
 pub struct StatusArgs {
-    #[arg(long)]
-    pub cluster: PathBuf,
+    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "XFER_CLUSTER",
+        hide_env_values = true
+    )]
+    pub cluster: Option<PathBuf>,
+    /// Only these nodes, comma separated (default: every node).
     #[arg(long, value_delimiter = ',')]
     pub nodes: Vec<String>,
+    /// Print every node's report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
     /// Refresh every second until interrupted (Ctrl-C); the exit code is
@@ -260,19 +326,38 @@ pub struct StatusArgs {
 /// The arguments of `xfer cancel`.
 #[derive(clap::Args)]
 pub struct CancelArgs {
+    /// The job's id, as `xfer sync` printed it and `xfer status` lists it.
     pub job: String,
-    #[arg(long)]
-    pub cluster: PathBuf,
+    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "XFER_CLUSTER",
+        hide_env_values = true
+    )]
+    pub cluster: Option<PathBuf>,
 }
 
 /// The arguments of `xfer rm`.
 #[derive(clap::Args)]
 pub struct RmArgs {
+    /// The model: its name on the nodes (models--Qwen--Qwen3-8B, my-model)
+    /// or its Hub repo id (Qwen/Qwen3-8B).
     pub name: String,
-    #[arg(long)]
-    pub cluster: PathBuf,
+    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "XFER_CLUSTER",
+        hide_env_values = true
+    )]
+    pub cluster: Option<PathBuf>,
+    /// Only these nodes, comma separated (default: every node).
     #[arg(long, value_delimiter = ',')]
     pub nodes: Vec<String>,
+    /// The kind of repo a repo id names: model or dataset.
+    #[arg(long, default_value = "model", value_parser = parse_repo_type)]
+    pub repo_type: xfer_proto::repo::RepoType,
     /// Do not ask for confirmation.
     #[arg(long)]
     pub yes: bool,
@@ -299,22 +384,34 @@ pub struct PruneArgs {
 /// The arguments of `xfer push`.
 #[derive(clap::Args)]
 pub struct PushArgs {
+    /// The local directory to deliver.
     pub src: PathBuf,
+    /// The cluster file: every node in it (or --nodes), with their
+    /// addresses and its key, as `xfer sync` takes them (default:
+    /// $XFER_CLUSTER when --to is not given).
+    #[arg(long, value_name = "FILE", conflicts_with = "to")]
+    pub cluster: Option<PathBuf>,
+    /// With --cluster: only these nodes, comma separated.
+    #[arg(long, value_delimiter = ',', conflicts_with = "to")]
+    pub nodes: Vec<String>,
     /// Agents, comma separated: AGENT[/DATA],... Each is its agent's
     /// address, then optionally a slash and its data (fabric) address, whose
     /// port defaults to the agent's: 10.0.0.2:7470/192.168.100.2. Without a
     /// data address, the one the agent advertises (serve --data or
     /// --fabric-if), else the agent address.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',')]
     pub to: Vec<String>,
+    /// The credential, with --to (--cluster names its own).
     #[arg(long, env = "XFER_KEY")]
-    pub key: PathBuf,
-    /// Name on the agents (default: the directory's name).
+    pub key: Option<PathBuf>,
+    /// Name on the agents (default: the directory's name); a repo id
+    /// ORG/NAME names models--ORG--NAME.
     #[arg(long)]
     pub name: Option<String>,
     /// Print one JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Chunk size: a power of two from 64KiB to 256MiB.
     #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
     pub chunk_size: u64,
     /// Cap the total send rate, e.g. 500MiB (bytes per second).
@@ -345,6 +442,9 @@ pub struct PushArgs {
 pub enum ImageCmd {
     /// Deliver a local image (its layers as content-addressed blobs,
     /// through the swarm) and load it into every node's container engine.
+    #[command(
+        after_help = "Example:\n  xfer image push vllm/vllm-openai:v0.10.1 --cluster cluster.toml --nodes spark-a,spark-b"
+    )]
     Push(ImagePushArgs),
 }
 
@@ -353,11 +453,12 @@ pub enum ImageCmd {
 pub struct ImagePushArgs {
     /// The local image: NAME[:TAG], as `docker images` lists it.
     pub image: String,
-    /// The cluster file: every node in it (or --nodes), with its key.
-    #[arg(long)]
+    /// The cluster file: every node in it (or --nodes), with its key
+    /// (default: $XFER_CLUSTER when --to is not given).
+    #[arg(long, value_name = "FILE")]
     pub cluster: Option<PathBuf>,
     /// With --cluster: only these nodes.
-    #[arg(long, value_delimiter = ',', requires = "cluster")]
+    #[arg(long, value_delimiter = ',', conflicts_with = "to")]
     pub nodes: Vec<String>,
     /// Agents, comma separated: AGENT[/DATA],... as `xfer push --to`.
     #[arg(long, value_delimiter = ',')]
@@ -375,6 +476,7 @@ pub struct ImagePushArgs {
     /// Print one JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Chunk size: a power of two from 64KiB to 256MiB.
     #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
     pub chunk_size: u64,
     /// Cap the total send rate, e.g. 500MiB (bytes per second).
@@ -399,6 +501,7 @@ pub struct ImagePushArgs {
 pub struct PullArgs {
     /// ORG/NAME[@REVISION] (a branch, tag or commit; default main).
     pub repo: String,
+    /// The kind of repo: model or dataset.
     #[arg(long, default_value = "model", value_parser = parse_repo_type)]
     pub repo_type: xfer_proto::repo::RepoType,
     /// Only files matching this glob (repeatable), e.g. '*.safetensors'.
@@ -423,6 +526,7 @@ pub struct PullArgs {
     /// The cluster credential, needed with --to.
     #[arg(long, env = "XFER_KEY")]
     pub key: Option<PathBuf>,
+    /// Chunk size: a power of two from 64KiB to 256MiB.
     #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
     pub chunk_size: u64,
     /// Seconds to wait for each agent to answer.
@@ -444,16 +548,25 @@ pub struct PullArgs {
 /// The arguments of `xfer fetch`.
 #[derive(clap::Args)]
 pub struct FetchArgs {
+    /// The model: its name on the agent (models--Qwen--Qwen3-8B, my-model)
+    /// or its Hub repo id (Qwen/Qwen3-8B).
     pub name: String,
-    /// The agent holding the model: HOST[:PORT].
+    /// The agent holding the model: HOST[:PORT] (the port defaults to 7470).
     #[arg(long)]
     pub from: String,
+    /// The local folder to copy into (ROOT/NAME).
     #[arg(long)]
     pub root: PathBuf,
+    /// The credential to connect with.
     #[arg(long, env = "XFER_KEY")]
     pub key: PathBuf,
+    /// The kind of repo a repo id names: model or dataset.
+    #[arg(long, default_value = "model", value_parser = parse_repo_type)]
+    pub repo_type: xfer_proto::repo::RepoType,
+    /// Print one JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Seconds to wait for the agent to answer.
     #[arg(long, default_value_t = 5)]
     pub connect_timeout: u64,
 }
@@ -461,10 +574,12 @@ pub struct FetchArgs {
 /// The arguments of `xfer verify`.
 #[derive(clap::Args)]
 pub struct VerifyArgs {
+    /// The received tree (ROOT/NAME).
     pub dir: PathBuf,
     /// Manifest from `xfer manifest --json` (default: the one the agent recorded).
     #[arg(long)]
     pub manifest: Option<PathBuf>,
+    /// Print the outcome as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
@@ -486,12 +601,16 @@ pub struct DoctorArgs {
 /// The arguments of `xfer demo`.
 #[derive(clap::Args)]
 pub struct DemoArgs {
+    /// The generated model's size, e.g. 256MiB.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub size: u64,
+    /// How many local agents to start (on 127.0.0.x).
     #[arg(long, default_value_t = 4)]
     pub nodes: usize,
+    /// The demo's working folder (model, roots, keys, logs).
     #[arg(long, default_value = "/tmp/xfer-demo")]
     pub dir: PathBuf,
+    /// Chunk size: a power of two from 64KiB to 256MiB.
     #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
     pub chunk_size: u64,
     /// The local Hub look-alike's cap per connection (bytes per second),
@@ -504,6 +623,7 @@ pub struct DemoArgs {
     pub no_engine: bool,
 }
 
+/// `--chunk-size`: a power of two from 64 KiB to 256 MiB.
 pub fn parse_chunk(s: &str) -> Result<u64, String> {
     let n = parse_size(s).map_err(|e| e.to_string())?;
     if xfer_proto::hash::is_valid_chunk_size(n) {
@@ -515,6 +635,7 @@ pub fn parse_chunk(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `--repo-type`: `model` or `dataset`.
 pub fn parse_repo_type(s: &str) -> Result<xfer_proto::repo::RepoType, String> {
     xfer_proto::repo::RepoType::parse(s)
 }
@@ -547,5 +668,49 @@ impl From<FanOutArg> for xfer::flow::pull_fanout::FanOut {
             FanOutArg::Stream => xfer::flow::pull_fanout::FanOut::Stream,
             FanOutArg::Files => xfer::flow::pull_fanout::FanOut::Files,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every argument of `cmd` and its subcommands that has no help text,
+    /// and every leaf command without an example naming it.
+    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if a.is_hide_set() || id == "help" || id == "version" {
+                continue;
+            }
+            if a.get_help().is_none() && a.get_long_help().is_none() {
+                out.push(format!("`{path}` argument {id} has no help text"));
+            }
+        }
+        let subs: Vec<&clap::Command> = cmd
+            .get_subcommands()
+            .filter(|c| c.get_name() != "help")
+            .collect();
+        if subs.is_empty() {
+            let example = cmd
+                .get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            if !example.starts_with("Example:\n") || !example.contains(path) {
+                out.push(format!(
+                    "`{path}` has no example (after_help \"Example:\\n  {path} ...\")"
+                ));
+            }
+        }
+        for s in subs {
+            undocumented(s, &format!("{path} {}", s.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_argument_has_help_and_every_command_an_example() {
+        let mut missing = Vec::new();
+        undocumented(&super::Cli::command(), "xfer", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
     }
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use super::args::ImagePushArgs;
 use xfer::config::auth::Credential;
@@ -97,31 +97,13 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
 
 /// Where the nodes are and the credential (loaded once) to reach them with.
 async fn destinations(args: &ImagePushArgs) -> Result<(Vec<Destination>, Arc<Credential>)> {
-    match (&args.cluster, args.to.is_empty()) {
-        (Some(file), true) => {
-            let cluster = xfer::config::cluster::Cluster::load(file)?;
-            let dests = cluster
-                .select(&args.nodes)?
-                .into_iter()
-                .map(|n| Destination {
-                    agent: n.agent.clone(),
-                    data: n.data_addr(),
-                    name: Some(n.name.to_string()),
-                })
-                .collect();
-            Ok((dests, Arc::new(Credential::load(&cluster.key)?)))
-        }
-        (None, false) => {
-            let key = args.key.clone().context(
-                "--to needs the cluster credential: give --key FILE (or set XFER_KEY), or use --cluster FILE",
-            )?;
-            let cred = Arc::new(Credential::load(&key)?);
-            let dests = super::transfer::destinations(&args.to, &cred).await?;
-            Ok((dests, cred))
-        }
-        (Some(_), false) => bail!("give either --cluster FILE or --to AGENTS, not both"),
-        (None, true) => bail!("say where to push: --cluster FILE [--nodes a,b] or --to AGENT,..."),
-    }
+    super::transfer::targets(
+        args.cluster.clone(),
+        &args.nodes,
+        &args.to,
+        args.key.clone(),
+    )
+    .await
 }
 
 /// `$XDG_CACHE_HOME/xfer/images`, else `~/.cache/xfer/images`.

@@ -13,6 +13,12 @@ use super::args::*;
 use xfer::config::auth::Credential;
 use xfer::util::progress::Progress;
 
+/// The cluster file `--cluster` or `$XFER_CLUSTER` names, loaded.
+fn load(file: Option<std::path::PathBuf>) -> Result<xfer::config::cluster::Cluster> {
+    let file = xfer::config::cluster::cluster_file(file)?;
+    Ok(xfer::config::cluster::Cluster::load(&file)?)
+}
+
 /// `xfer sync`.
 pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
     let SyncArgs {
@@ -29,10 +35,11 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         transport,
         peers,
     } = args;
-    let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+    let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
     let req = xfer::agent::sync::client::SyncRequest {
         source,
+        cwd: std::env::current_dir()?,
         nodes,
         from,
         name,
@@ -52,16 +59,21 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         } else {
             println!("{}", spec.id);
             eprintln!(
-                "job {} handed to {} node(s): {} from {}; follow it with `xfer status --cluster ...`",
+                "job {} handed to {} node(s): {} from the {}; follow it with `xfer status --cluster ...`",
                 spec.id,
                 spec.members.len(),
                 spec.name,
-                spec.source_node
+                xfer::agent::sync::source::reading(&spec)
             );
         }
         return Ok(ExitCode::SUCCESS);
     }
-    eprintln!("job {} (Ctrl-C stops following; the job goes on)", spec.id);
+    eprintln!(
+        "job {}: {} from the {} (Ctrl-C stops following; the job goes on)",
+        spec.id,
+        spec.name,
+        xfer::agent::sync::source::reading(&spec)
+    );
     let root =
         xfer::agent::sync::client::wait(&cluster, &cred, &spec, &Progress::new(!json)).await?;
     if json {
@@ -88,7 +100,7 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
         json,
         watch,
     } = args;
-    let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+    let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
     // Registered before the first refresh, so a Ctrl-C during one ends
     // the watch with that refresh's code.
@@ -192,7 +204,7 @@ pub async fn prune(args: PruneArgs) -> Result<ExitCode> {
 pub async fn cancel(args: CancelArgs) -> Result<ExitCode> {
     let CancelArgs { job, cluster } = args;
     xfer_proto::admin::check_job_id(&job).map_err(anyhow::Error::msg)?;
-    let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+    let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
     let replies = xfer::agent::sync::client::cancel(&cluster, &cred, &job).await?;
     let mut known = 0;
@@ -218,11 +230,13 @@ pub async fn rm(args: RmArgs) -> Result<ExitCode> {
         name,
         cluster,
         nodes,
+        repo_type,
         yes,
         force,
     } = args;
-    let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
-    let name = xfer_proto::names::ModelName::new(&name).map_err(anyhow::Error::msg)?;
+    let cluster = load(cluster)?;
+    let name =
+        xfer_proto::names::ModelName::from_user(&name, repo_type).map_err(anyhow::Error::msg)?;
     let targets: Vec<String> = cluster
         .select(&nodes)?
         .iter()

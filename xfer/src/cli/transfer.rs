@@ -20,6 +20,8 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
     let PushArgs {
         transport,
         src,
+        cluster,
+        nodes,
         to,
         key,
         name,
@@ -32,8 +34,7 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         connections,
     } = args;
     let nic = xfer::transport::select::choose(transport)?;
-    let cred = Arc::new(Credential::load(&key)?);
-    let to = destinations(&to, &cred).await?;
+    let (to, cred) = targets(cluster, &nodes, &to, key).await?;
     let name = name.as_deref().map(model_name).transpose()?;
     let opts = xfer::flow::push::PushOptions {
         src,
@@ -113,9 +114,54 @@ pub(super) async fn destinations(
     Ok(dests)
 }
 
-/// A model name given on the command line, checked once here.
+/// Where a push goes and the credential (loaded once) to reach it with:
+/// the nodes of the cluster file (`--cluster`, else `$XFER_CLUSTER` when
+/// `--to` is not given; `--nodes` picks some), or the `--to` list with
+/// `--key`. Exactly one of the two.
+pub(super) async fn targets(
+    cluster: Option<PathBuf>,
+    nodes: &[String],
+    to: &[String],
+    key: Option<PathBuf>,
+) -> Result<(Vec<xfer::flow::route::Destination>, Arc<Credential>)> {
+    let cluster = match (cluster, to.is_empty()) {
+        (None, true) => xfer::config::cluster::cluster_file_from_env(),
+        (c, _) => c,
+    };
+    match (cluster, to.is_empty()) {
+        (Some(file), true) => {
+            let cluster = xfer::config::cluster::Cluster::load(&file)?;
+            let dests = cluster
+                .select(nodes)?
+                .into_iter()
+                .map(|n| xfer::flow::route::Destination {
+                    agent: n.agent.clone(),
+                    data: n.data_addr(),
+                    name: Some(n.name.to_string()),
+                })
+                .collect();
+            Ok((dests, Arc::new(Credential::load(&cluster.key)?)))
+        }
+        (None, false) => {
+            let key = key.ok_or_else(|| anyhow::anyhow!(
+                "--to needs the credential: give --key FILE (or set XFER_KEY), or use --cluster FILE"
+            ))?;
+            let cred = Arc::new(Credential::load(&key)?);
+            let dests = destinations(to, &cred).await?;
+            Ok((dests, cred))
+        }
+        (Some(_), false) => anyhow::bail!("give either --cluster FILE [--nodes a,b] or --to AGENT,..., not both"),
+        (None, true) => anyhow::bail!(
+            "say where to push: --cluster FILE [--nodes a,b] (or set XFER_CLUSTER=FILE), or --to AGENT,... with --key FILE"
+        ),
+    }
+}
+
+/// A model name given on the command line (a stored name or a repo id),
+/// checked once here.
 fn model_name(name: &str) -> Result<ModelName> {
-    ModelName::new(name).map_err(anyhow::Error::msg)
+    ModelName::from_user(name, xfer_proto::repo::RepoType::Model)
+        .map_err(|e| anyhow::anyhow!("--name {name}: {e}"))
 }
 
 /// `xfer pull`.
@@ -254,13 +300,17 @@ pub async fn fetch(args: FetchArgs) -> Result<ExitCode> {
         from,
         root,
         key,
+        repo_type,
         json,
         connect_timeout,
     } = args;
+    // The syntax the cluster file's `agent` takes, checked before a lookup.
+    xfer::config::cluster::parse_address(&from)
+        .map_err(|e| anyhow::anyhow!("--from {from}: {e}"))?;
     let cred = Arc::new(Credential::load(&key)?);
     let opts = xfer::flow::fetch::FetchOptions {
         from,
-        name: model_name(&name)?,
+        name: ModelName::from_user(&name, repo_type).map_err(anyhow::Error::msg)?,
         root,
         cred,
         connect_timeout: Duration::from_secs(connect_timeout),

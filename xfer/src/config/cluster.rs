@@ -118,6 +118,29 @@ pub enum ClusterError {
         /// The names that are.
         known: Vec<String>,
     },
+    /// Neither `--cluster` nor [`CLUSTER_ENV`] names a cluster file.
+    #[error("no cluster file: pass --cluster FILE or set {CLUSTER_ENV}=FILE (the format is in {EXAMPLE})")]
+    NoFile,
+}
+
+/// The environment variable naming the cluster file when `--cluster` is
+/// not given, as `KUBECONFIG` names kubectl's.
+pub const CLUSTER_ENV: &str = "XFER_CLUSTER";
+
+/// The cluster file `--cluster` names (clap fills it from [`CLUSTER_ENV`]
+/// when the flag is absent), or [`ClusterError::NoFile`].
+pub fn cluster_file(given: Option<PathBuf>) -> Result<PathBuf, ClusterError> {
+    given
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or(ClusterError::NoFile)
+}
+
+/// [`cluster_file`] from the environment alone: for commands where
+/// `--cluster` is one of two ways to name the nodes (`push --to`).
+pub fn cluster_file_from_env() -> Option<PathBuf> {
+    std::env::var_os(CLUSTER_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 impl ClusterError {
@@ -322,7 +345,7 @@ impl Parser<'_> {
                     if s.is_empty() {
                         return Err(self.err(
                             v.span().start,
-                            "key is empty; name the file `xfer keygen --out FILE` wrote",
+                            "key is empty; name your credential, the file `xfer ca issue NAME --role operator --dir CA --out FILE` wrote",
                         ));
                     }
                     let base = self.r.path.parent().unwrap_or(Path::new(""));
@@ -353,7 +376,7 @@ impl Parser<'_> {
         let Some(key) = key else {
             return Err(self.err(
                 0,
-                "no key; add key = \"/etc/xfer/cluster.key\" at the top, naming the credential `xfer keygen --out FILE` wrote",
+                "no key; add key = \"/etc/xfer/operator.pem\" at the top, naming your credential, the file `xfer ca issue NAME --role operator --dir CA --out FILE` wrote",
             ));
         };
         let no_nodes = format!(
@@ -795,6 +818,52 @@ fn parse_agent(s: &str) -> Result<AgentAddr, String> {
     Ok(AgentAddr { host, port })
 }
 
+/// An agent's address as every command takes it (the cluster file's
+/// `agent`, `push --to`, `fetch --from`): `HOST[:PORT]` with a host name,
+/// an IPv4 address or a bracketed IPv6 one, normalized to `HOST:PORT`
+/// (the port defaults to [`DEFAULT_PORT`]). The error is one line naming
+/// the form expected.
+pub fn parse_address(s: &str) -> Result<String, String> {
+    let a = parse_agent(s)?;
+    Ok(format!("{}:{}", a.host, a.port.unwrap_or(DEFAULT_PORT)))
+}
+
+/// Where an agent listens (`serve --listen`): the syntax of
+/// [`parse_address`], plus the addresses that mean every interface
+/// (`0.0.0.0`, `[::]`); a host name is resolved here, IPv4 first
+/// (`localhost:7470` listens on 127.0.0.1).
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bare = s.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, DEFAULT_PORT));
+    }
+    // Port 0 (the kernel picks one) is fine to listen on, not to connect to.
+    let (s, any_port) = match s.strip_suffix(":0") {
+        Some(h) if !h.is_empty() && !h.ends_with(':') => (h, true),
+        _ => (s, false),
+    };
+    let hp = parse_address(s).map_err(|e| format!("--listen: {e}"))?;
+    let addrs: Vec<SocketAddr> = hp
+        .to_socket_addrs()
+        .map_err(|e| {
+            format!("--listen {s}: cannot resolve {hp} ({e}); write HOST[:PORT] with one of this node's addresses, e.g. 0.0.0.0:{DEFAULT_PORT}")
+        })?
+        .collect();
+    let mut first = addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied();
+    if any_port {
+        first.iter_mut().for_each(|a| a.set_port(0));
+    }
+    first.ok_or_else(|| format!("--listen {s}: {hp} resolves to no address; write HOST[:PORT], e.g. 0.0.0.0:{DEFAULT_PORT}"))
+}
+
 enum IpOrName {
     Ip(IpAddr),
     Name(String),
@@ -944,7 +1013,7 @@ root = "/r"
     fn cluster_example_in_docs_parses() {
         let text = include_str!("../../../docs/cluster.example.toml");
         let c = Cluster::parse(text, "docs/cluster.example.toml").unwrap();
-        assert_eq!(c.key, PathBuf::from("/etc/xfer/cluster.key"));
+        assert_eq!(c.key, PathBuf::from("/etc/xfer/operator.pem"));
         let names: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["spark-a", "spark-b"]);
         let (a, b) = (&c.nodes[0], &c.nodes[1]);
@@ -1252,7 +1321,7 @@ root = "hf/hub"
         );
         assert_eq!(
             refused("[[node]]\nname = \"a\"\nagent = \"h\"\nroot = \"/r\"\n"),
-            "cluster.toml:1:1: no key; add key = \"/etc/xfer/cluster.key\" at the top, naming the credential `xfer keygen --out FILE` wrote"
+            "cluster.toml:1:1: no key; add key = \"/etc/xfer/operator.pem\" at the top, naming your credential, the file `xfer ca issue NAME --role operator --dir CA --out FILE` wrote"
         );
         assert_eq!(
             refused("key = \"/k\"\n[node]\nname = \"a\"\n"),
@@ -1412,5 +1481,47 @@ root = "/r"
         assert_eq!(edit_distance("", "abc"), 3);
         assert_eq!(line_col("ab\ncd\né x", 9), (3, 3));
         assert_eq!(line_col("ab", 99), (1, 3));
+    }
+
+    #[test]
+    fn one_address_syntax_for_agents_and_listen() {
+        assert_eq!(parse_address("localhost:7471").unwrap(), "localhost:7471");
+        assert_eq!(parse_address("Spark-A.lan").unwrap(), "spark-a.lan:7470");
+        assert_eq!(parse_address("10.0.0.2").unwrap(), "10.0.0.2:7470");
+        assert_eq!(parse_address("[fd00::1]:9").unwrap(), "[fd00::1]:9");
+        for bad in ["", "a b", "http://x", "10.0.0.2:x"] {
+            assert!(parse_address(bad).unwrap_err().contains("HOST"), "{bad}");
+        }
+        assert_eq!(
+            parse_listen("localhost:7471").unwrap(),
+            "127.0.0.1:7471".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("0.0.0.0").unwrap(),
+            "0.0.0.0:7470".parse().unwrap()
+        );
+        assert_eq!(parse_listen("[::]:9").unwrap(), "[::]:9".parse().unwrap());
+        assert_eq!(
+            parse_listen("localhost:0").unwrap(),
+            "127.0.0.1:0".parse().unwrap()
+        );
+        let e = parse_listen("no such host!").unwrap_err();
+        assert!(
+            e.starts_with("--listen") && e.contains("HOST[:PORT]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn no_cluster_file_names_both_ways_to_give_one() {
+        let e = cluster_file(None).unwrap_err().to_string();
+        assert!(
+            e.contains("--cluster FILE") && e.contains("XFER_CLUSTER=FILE"),
+            "{e}"
+        );
+        assert_eq!(
+            cluster_file(Some("c.toml".into())).unwrap(),
+            PathBuf::from("c.toml")
+        );
     }
 }

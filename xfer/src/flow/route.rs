@@ -51,6 +51,9 @@ impl Destination {
                 "`{s}` is not AGENT[/DATA]; write the agent's address, then optionally a slash and its data address, e.g. 10.0.0.2:7470/192.168.100.2"
             );
         }
+        // The syntax the cluster file's `agent` takes, checked before a lookup.
+        crate::config::cluster::parse_address(agent)
+            .map_err(|e| anyhow::anyhow!("--to {s}: {e}"))?;
         let agent_addr = quic::resolve(agent).with_context(|| format!("--to {s}"))?;
         let data = match data {
             None => None,
@@ -217,5 +220,10 @@ mod tests {
             Destination::parse("127.0.0.1/no such host!").unwrap_err()
         );
         assert!(e.contains("the data address"), "{e}");
+        let e = format!("{:#}", Destination::parse("a b:7470").unwrap_err());
+        assert!(
+            e.starts_with("--to a b:7470: ") && e.contains("HOST[:PORT]"),
+            "{e}"
+        );
     }
 }

@@ -82,7 +82,10 @@ fn endpoint_config() -> quinn::EndpointConfig {
     c
 }
 
-/// Resolves `host[:port]`, defaulting the port to [`DEFAULT_PORT`].
+/// Resolves `host[:port]`, defaulting the port to [`DEFAULT_PORT`]; a
+/// host name with both an IPv4 and an IPv6 address takes the IPv4 one, as
+/// `serve --listen` does (`config::cluster::parse_listen`), so
+/// `localhost:7470` is the same socket on both ends.
 pub fn resolve(addr: &str) -> Result<SocketAddr> {
     let with_port = if addr.parse::<SocketAddr>().is_ok()
         || addr
@@ -98,7 +101,10 @@ pub fn resolve(addr: &str) -> Result<SocketAddr> {
         .with_context(|| {
             format!("cannot resolve `{addr}`; write HOST:PORT, e.g. 10.0.0.2:{DEFAULT_PORT}")
         })?
-        .next()
+        .fold(None, |best: Option<SocketAddr>, a| match best {
+            Some(b) if b.is_ipv4() || !a.is_ipv4() => Some(b),
+            _ => Some(a),
+        })
         .with_context(|| format!("`{addr}` resolves to no address"))
 }
 

@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::job::{new_id, JobMember, JobSource, JobSpec, Secret};
+use super::source::{Reading, Verdict};
 use super::status::{AgentStatus, JobView, ModelState, ModelStatus};
 use crate::agent::client::{admin, ASK_TIMEOUT};
 use crate::config::auth::Credential;
@@ -21,14 +22,18 @@ use crate::hub::env::HubSettings;
 use crate::transport::select::TransportChoice;
 use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
 use xfer_proto::names::ModelName;
-use xfer_proto::repo::{RepoRef, RepoType};
+use xfer_proto::repo::RepoType;
 use xfer_proto::units::Bytes;
 
 /// What `xfer sync` was asked to do.
 #[derive(Debug, Clone)]
 pub struct SyncRequest {
-    /// An absolute path on the source node, or `ORG/NAME[@REV]`.
+    /// SOURCE as written: a folder on the source node or a Hub repo, as
+    /// [`super::source::read_source`] reads it.
     pub source: String,
+    /// The operator's working directory, which `./x` and `ORG/NAME`
+    /// folders are relative to.
+    pub cwd: PathBuf,
     /// The nodes to hold the model (`--nodes`; empty: all).
     pub nodes: Vec<String>,
     /// The node that holds the path or pulls the repo (default: the first
@@ -63,7 +68,7 @@ pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) 
 
 /// Whether `source` names a Hub repo (not an absolute path).
 fn is_repo(source: &str) -> bool {
-    !source.starts_with('/') && source.contains('/')
+    !source.starts_with('/') && !source.starts_with('.') && source.contains('/')
 }
 
 /// [`sync`] with the operator's Hub settings given: the endpoint goes in
@@ -83,36 +88,64 @@ pub async fn sync_with_hub(
             .with_context(|| format!("--from {n}: no such node in {}", cluster.path.display()))?,
         None => members[0],
     };
-    let (source, name) = if req.source.starts_with('/') {
-        let path = PathBuf::from(&req.source);
-        let name = match &req.name {
-            Some(n) => n.clone(),
-            None => path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .context("the source path has no folder name; pass --name")?
-                .to_string(),
-        };
-        (JobSource::Path(path), name)
-    } else if req.source.contains('/') {
-        let repo = RepoRef::parse(&req.source, req.repo_type).map_err(anyhow::Error::msg)?;
-        let folder = repo.cache_folder();
-        if req.name.as_ref().is_some_and(|n| n != &folder) {
-            bail!("a Hub repo is stored as {folder} (the HF cache layout); drop --name");
+    let path = match super::source::read_source(&req.source, &req.cwd, req.repo_type)? {
+        Reading::Folder(p) => Ok(p),
+        Reading::Hub(repo) => Err(repo),
+        Reading::Ask { text, cwd } => {
+            let found = find_folder(cred, source_node, &text, &cwd).await?;
+            let here = cwd.join(&text);
+            let here = here.is_dir().then_some(here.as_path());
+            match super::source::decide(
+                &text,
+                req.repo_type,
+                source_node.name.as_str(),
+                &found,
+                here,
+            )? {
+                Verdict::Folder(p) => Ok(p),
+                Verdict::Hub(repo) => Err(repo),
+            }
         }
-        (
-            JobSource::Hub {
-                repo: req.source.clone(),
-                repo_type: req.repo_type.as_str().to_string(),
-            },
-            folder,
-        )
-    } else {
-        bail!(
-            "`{}` is neither an absolute path on {} nor ORG/NAME[@REV]; give one of those",
-            req.source,
-            source_node.name
-        );
+    };
+    let (source, name) = match path {
+        Ok(path) => {
+            let name = match &req.name {
+                Some(n) => ModelName::from_user(n, req.repo_type)
+                    .with_context(|| format!("--name {n}"))?
+                    .to_string(),
+                None => path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .context("the source path has no folder name; name the model with --name")?
+                    .to_string(),
+            };
+            (JobSource::Path(path), name)
+        }
+        Err(repo) => {
+            let folder = repo.cache_folder();
+            let given = match &req.name {
+                Some(n) => Some(
+                    ModelName::from_user(n, req.repo_type)
+                        .with_context(|| format!("--name {n}"))?,
+                ),
+                None => None,
+            };
+            if given.is_some_and(|n| n.as_str() != folder) {
+                bail!("a Hub repo is stored as {folder} (the HF cache layout); drop --name");
+            }
+            let text = if repo.revision == "main" && !req.source.contains('@') {
+                repo.id.clone()
+            } else {
+                format!("{}@{}", repo.id, repo.revision)
+            };
+            (
+                JobSource::Hub {
+                    repo: text,
+                    repo_type: req.repo_type.as_str().to_string(),
+                },
+                folder,
+            )
+        }
     };
     let spec = JobSpec {
         id: new_id(),
@@ -184,6 +217,31 @@ pub async fn sync_with_hub(
         }
     }
     Ok(spec)
+}
+
+/// Asks the source node which folders `ORG/NAME` names there
+/// ([`AdminRequest::FindFolder`]).
+async fn find_folder(
+    cred: &Arc<Credential>,
+    node: &Node,
+    text: &str,
+    cwd: &std::path::Path,
+) -> Result<Vec<PathBuf>> {
+    let msg = AdminRequest::FindFolder {
+        text: text.to_string(),
+        cwd: cwd.to_path_buf(),
+    };
+    let name = node.name.to_string();
+    match admin(cred, &name, &node.agent, &msg, ASK_TIMEOUT).await {
+        Ok(AdminReply::FoldersFound { paths }) => Ok(paths),
+        Ok(AdminReply::Failed(why)) => bail!(
+            "{name} cannot say whether `{text}` is a folder there ({why}); write ./{text} or an absolute path for a folder, hf://{text} for the Hub repo"
+        ),
+        Ok(other) => bail!("{name} answered {} to a folder lookup; upgrade xfer there", other.kind()),
+        Err(e) => bail!(
+            "cannot ask the source node {name} whether `{text}` is a folder there: {e}; is its agent running?"
+        ),
+    }
 }
 
 /// Runs futures concurrently and collects their outputs in order.

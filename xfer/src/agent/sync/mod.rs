@@ -10,4 +10,5 @@ pub mod cause;
 pub mod client;
 pub mod job;
 pub mod runner;
+pub mod source;
 pub mod status;

@@ -290,8 +290,7 @@ fn who(facts: &Facts) -> String {
 fn read(path: &Path) -> Result<(Tls, Facts)> {
     let text = fs::read_to_string(path).with_context(|| {
         format!(
-            "cannot read credential {}; issue one with `xfer ca issue NODE --out {}` (or, in simple mode, `xfer keygen --out {}`)",
-            path.display(),
+            "cannot read credential {}; issue one with `xfer ca issue NAME --dir CA --out {}` (see `xfer ca --help`)",
             path.display(),
             path.display()
         )
@@ -308,7 +307,7 @@ fn read(path: &Path) -> Result<(Tls, Facts)> {
     }
     let key = key.with_context(|| {
         format!(
-            "{} holds no private key; it is not an xfer credential (issue one with `xfer ca issue`, or in simple mode make one with `xfer keygen`)",
+            "{} holds no private key; it is not an xfer credential (issue one with `xfer ca issue NAME --dir CA --out FILE`)",
             path.display()
         )
     })?;

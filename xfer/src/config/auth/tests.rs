@@ -85,8 +85,10 @@ fn junk_keys_are_refused_with_a_hint() {
         "{:#}",
         Credential::load(&dir.path().join("missing")).unwrap_err()
     );
+    // Per-node credentials are the normal mode: the fix names `xfer ca
+    // issue`, not simple mode's shared key.
     assert!(
-        e.contains("xfer ca issue") && e.contains("xfer keygen"),
+        e.contains("xfer ca issue") && !e.contains("xfer keygen"),
         "{e}"
     );
 }
