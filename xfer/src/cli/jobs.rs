@@ -61,8 +61,17 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!("job {} (Ctrl-C stops following; the job goes on)", spec.id);
-    let root =
-        xfer::agent::sync::client::wait(&cluster, &cred, &spec, &Progress::new(!json)).await?;
+    let cluster_file = cluster.path.display().to_string();
+    let root = super::out::or_interrupted(
+        xfer::agent::sync::client::wait(&cluster, &cred, &spec, &Progress::new(!json)),
+        || {
+            format!(
+                "stopped following job {}; it goes on on the nodes (nothing is lost): follow it with `xfer status --cluster {cluster_file}`, stop it with `xfer cancel {} --cluster {cluster_file}`",
+                spec.id, spec.id
+            )
+        },
+    )
+    .await?;
     if json {
         println!(
             "{}",
@@ -98,24 +107,26 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
             if watch && std::io::stdout().is_terminal() {
                 print!("\x1b[2J\x1b[H");
             }
-            print!("{}", xfer::agent::sync::client::render(&reports));
+            let width = xfer::util::term::stdout_width();
+            print!("{}", xfer::agent::sync::client::render(&reports, width));
             for r in &reports {
                 for j in r.status.iter().flat_map(|s| &s.jobs) {
                     if r.status.as_ref().and_then(|s| s.node.as_deref())
                         == Some(j.source_node.as_str())
                     {
-                        println!(
-                            "job {} {} from {} to {}: {}{}",
+                        // The job on its line; its last error wrapped on
+                        // indented lines under it.
+                        super::out::say(&format!(
+                            "job {} {} from {} to {}: {}",
                             j.id,
                             j.name,
                             j.source_node,
                             j.nodes.join(","),
                             j.shown(),
-                            j.last_error
-                                .as_deref()
-                                .map(|e| format!(" (last error: {e})"))
-                                .unwrap_or_default()
-                        );
+                        ));
+                        if let Some(e) = &j.last_error {
+                            super::out::say(&format!("    last error: {e}"));
+                        }
                     }
                 }
             }

@@ -405,7 +405,7 @@ struct NodeCtx {
     rdma: Offer,
     timeout: Duration,
     connections: usize,
-    bar: indicatif::ProgressBar,
+    bar: crate::util::progress::Bar,
 }
 
 /// Why one attempt to deliver to a node ended early.
@@ -710,7 +710,8 @@ impl NodeCtx {
         {
             TransferMsg::Accepted { held_bytes, .. } => {
                 summary.bytes_skipped = held_bytes;
-                self.bar.set_position(held_bytes);
+                // Rate and ETA count only what this run moves.
+                self.bar.resume_at(held_bytes);
             }
             TransferMsg::Failed(r) => return Err(Attempt::Refused(format!("{addr}: {r}"))),
             other => {

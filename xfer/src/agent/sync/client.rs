@@ -20,7 +20,8 @@ use crate::transport::select::TransportChoice;
 use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
 use xfer_proto::names::ModelName;
 use xfer_proto::repo::{RepoRef, RepoType};
-use xfer_proto::units::Bytes;
+use xfer_proto::text::{wrap, Table};
+use xfer_proto::units::{Bytes, Rate};
 
 /// What `xfer sync` was asked to do.
 #[derive(Debug, Clone)]
@@ -208,70 +209,61 @@ pub async fn status(
     Ok(futures_join(asks).await)
 }
 
-/// The status table, one line per node and model.
-pub fn render(reports: &[NodeReport]) -> String {
-    let mut rows = vec![[
-        "NODE".to_string(),
-        "MODEL".into(),
-        "ROOT".into(),
-        "STATE".into(),
-        "DONE".into(),
-        "RATE".into(),
-        "ETA".into(),
-        "LAST ERROR".into(),
-    ]];
+/// The status table, one line per node and model, fitted to `width`
+/// columns (`None`: no limit): a model name too long is elided (it is whole
+/// in `--json`), a root shown by its first 12 hex digits, and an error or a
+/// fallback wrapped on indented lines under its row, never cut.
+pub fn render(reports: &[NodeReport], width: Option<usize>) -> String {
+    let mut t = Table::new(
+        &["NODE", "MODEL", "ROOT", "STATE", "DONE", "RATE", "ETA"],
+        &[1, 0],
+    );
+    let dash = || "-".to_string();
     for r in reports {
         let Some(s) = &r.status else {
-            rows.push([
-                r.node.clone(),
-                "-".into(),
-                "-".into(),
-                "unreachable".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                r.error.clone().unwrap_or_default(),
-            ]);
+            t.row(
+                vec![
+                    r.node.clone(),
+                    dash(),
+                    dash(),
+                    "unreachable".into(),
+                    dash(),
+                    dash(),
+                    dash(),
+                ],
+                r.error.iter().map(|e| format!("error: {e}")).collect(),
+            );
             continue;
         };
         if s.models.is_empty() {
-            rows.push([
-                r.node.clone(),
-                "-".into(),
-                "-".into(),
-                "idle".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                String::new(),
-            ]);
+            t.row(
+                vec![
+                    r.node.clone(),
+                    dash(),
+                    dash(),
+                    "idle".into(),
+                    dash(),
+                    dash(),
+                    dash(),
+                ],
+                Vec::new(),
+            );
         }
         // A complete blob of an image shows as its image, below.
         for m in s.models.iter().filter(|m| {
             m.state != ModelState::Complete
                 || xfer_proto::image::Digest::of_model(&m.name).is_none()
         }) {
-            rows.push(row(&r.node, m));
+            let details = m
+                .last_error
+                .iter()
+                .map(|e| format!("last error: {e}"))
+                .collect();
+            t.row(row(&r.node, m), details);
         }
     }
-    let widths: Vec<usize> = (0..8)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        let line: Vec<String> = (0..8)
-            .map(|i| {
-                if i == 7 {
-                    r[i].clone()
-                } else {
-                    format!("{:<w$}", r[i], w = widths[i])
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out.push_str(&render_images(reports));
+    let mut out = t.render(width);
+    out.push_str(&render_images(reports, width));
     // Never silent: every pair whose data went over management.
     let mut seen = Vec::new();
     for m in reports
@@ -282,7 +274,7 @@ pub fn render(reports: &[NodeReport]) -> String {
         for f in &m.fallbacks {
             let line = format!("{}: {f}", m.name);
             if !seen.contains(&line) {
-                out.push_str(&line);
+                out.push_str(&wrap(&line, width, 4));
                 out.push('\n');
                 seen.push(line);
             }
@@ -291,52 +283,49 @@ pub fn render(reports: &[NodeReport]) -> String {
     out
 }
 
-/// The images table: one line per node and image it loaded.
-fn render_images(reports: &[NodeReport]) -> String {
-    let mut rows = vec![[
-        "NODE".to_string(),
-        "IMAGE".into(),
-        "ID".into(),
-        "SIZE".into(),
-        "LAYERS".into(),
-        "STATE".into(),
-    ]];
+/// The images table: one line per node and image it loaded; a state that
+/// is an error goes on an indented line under its row.
+fn render_images(reports: &[NodeReport], width: Option<usize>) -> String {
+    let mut t = Table::new(&["NODE", "IMAGE", "ID", "SIZE", "LAYERS", "STATE"], &[1, 0]);
+    let mut any = false;
     for r in reports {
         for i in r.status.iter().flat_map(|s| &s.images) {
-            let state = match &i.engine_id {
-                None => "loaded (no engine to ask now)".to_string(),
-                Some(Ok(id)) if *id == i.id => "loaded".to_string(),
-                Some(Ok(id)) => format!("the engine now holds {} under this name", id.short()),
-                Some(Err(e)) => e.clone(),
+            any = true;
+            let (state, detail) = match &i.engine_id {
+                None => (
+                    "loaded".to_string(),
+                    Some("no engine to ask now".to_string()),
+                ),
+                Some(Ok(id)) if *id == i.id => ("loaded".to_string(), None),
+                Some(Ok(id)) => (
+                    "replaced".to_string(),
+                    Some(format!(
+                        "the engine now holds {} under this name",
+                        id.short()
+                    )),
+                ),
+                Some(Err(e)) => ("unknown".to_string(), Some(e.clone())),
             };
-            rows.push([
-                r.node.clone(),
-                i.reference.clone(),
-                i.id.short(),
-                Bytes(i.bytes).to_string(),
-                i.layers.to_string(),
-                state,
-            ]);
+            t.row(
+                vec![
+                    r.node.clone(),
+                    i.reference.clone(),
+                    i.id.short(),
+                    Bytes(i.bytes).to_string(),
+                    i.layers.to_string(),
+                    state,
+                ],
+                detail.into_iter().collect(),
+            );
         }
     }
-    if rows.len() == 1 {
+    if !any {
         return String::new();
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::from("\n");
-    for r in &rows {
-        let line: Vec<String> = (0..6)
-            .map(|i| format!("{:<w$}", r[i], w = widths[i]))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    format!("\n{}", t.render(width))
 }
 
-fn row(node: &str, m: &ModelStatus) -> [String; 8] {
+fn row(node: &str, m: &ModelStatus) -> Vec<String> {
     let pct = if m.bytes_total == 0 {
         if m.state == ModelState::Complete {
             "100%".into()
@@ -346,21 +335,20 @@ fn row(node: &str, m: &ModelStatus) -> [String; 8] {
     } else {
         format!("{:.1}%", m.bytes_held as f64 * 100.0 / m.bytes_total as f64)
     };
-    [
+    vec![
         node.to_string(),
         m.name.clone(),
         m.root.map(|r| r.short()).unwrap_or_else(|| "-".into()),
         m.state.label().to_string(),
         pct,
         if m.rate_bps > 0.0 {
-            format!("{}/s", Bytes(m.rate_bps as u64))
+            Rate(m.rate_bps).to_string()
         } else {
             "-".into()
         },
         m.eta_s
             .map(|e| format!("{e:.0}s"))
             .unwrap_or_else(|| "-".into()),
-        m.last_error.clone().unwrap_or_default(),
     ]
 }
 
@@ -375,10 +363,11 @@ pub async fn wait(
     let names: Vec<String> = spec.members.iter().map(|m| m.node.clone()).collect();
     let bars: Vec<_> = names.iter().map(|n| progress.bytes(n, 0)).collect();
     let started = Instant::now();
+    let mut started_at = vec![false; names.len()];
     loop {
         let reports = status(cluster, cred, &names).await?;
         let mut roots = Vec::new();
-        for (r, bar) in reports.iter().zip(&bars) {
+        for (i, (r, bar)) in reports.iter().zip(&bars).enumerate() {
             let m = r
                 .status
                 .as_ref()
@@ -386,6 +375,12 @@ pub async fn wait(
             match m {
                 Some(m) => {
                     bar.set_length(m.bytes_total);
+                    if !started_at[i] {
+                        // What the node held before counts as held, not
+                        // as moved now.
+                        started_at[i] = true;
+                        bar.resume_at(m.bytes_held);
+                    }
                     bar.set_position(m.bytes_held);
                     bar.set_message(m.state.label());
                     if m.state == ModelState::Complete {
