@@ -261,9 +261,13 @@ mod tests {
         let bar = p.bytes("model", 1 << 30);
         bar.resume_at(900 << 20);
         bar.inc(1 << 20);
-        bar.finish_with_message("verified");
         let (base, _) = *bar.clock.lock().unwrap();
-        assert_eq!(base, 900 << 20);
-        assert_eq!(bar.position(), 901 << 20);
+        assert_eq!(base, 900 << 20, "the rate counts from the held position");
+        assert_eq!(p.kept(), (901 << 20, 1 << 30, 1));
+        // A file's bar is not a destination: it does not count as kept.
+        p.part("model-00001-of-00002.safetensors", 1 << 20).inc(5);
+        assert_eq!(p.kept(), (901 << 20, 1 << 30, 1));
+        bar.held_more(1 << 20);
+        assert_eq!(bar.clock.lock().unwrap().0, 902 << 20);
     }
 }

@@ -480,3 +480,58 @@ pub async fn remove(
     });
     Ok(futures_join(asks).await)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node's status as the wire carries it (built from JSON so fields
+    /// added later with `#[serde(default)]` need no edit here).
+    fn node(name: &str, models: serde_json::Value) -> NodeReport {
+        let status: AgentStatus = serde_json::from_value(serde_json::json!({
+            "node": name, "root": "/models", "models": models, "jobs": [], "images": []
+        }))
+        .expect("a status");
+        NodeReport {
+            node: name.into(),
+            agent: "127.0.0.1:7000".into(),
+            reachable: true,
+            error: None,
+            status: Some(status),
+        }
+    }
+
+    /// At 100 columns no line of the table is wider, a long model name is
+    /// elided, and an error is wrapped under its row with every word kept.
+    #[test]
+    fn the_status_table_fits_100_columns_and_keeps_errors_whole() {
+        let error = "cannot write /models/.staging/meta-llama--Llama-3.1-70B-Instruct/model-00017-of-00030.safetensors: No space left on device (os error 28); free 40.2 GiB on /models or move --root";
+        let model = serde_json::json!({
+            "name": "meta-llama--Llama-3.1-70B-Instruct-with-a-much-longer-name-than-fits",
+            "root": null, "state": "syncing", "bytes_total": 141_000_000_000u64,
+            "bytes_held": 70_000_000_000u64, "rate_bps": 21_000_000.0, "eta_s": 3400.0,
+            "from_source": 0, "from_peers": 0, "last_error": error, "repaired_files": 0
+        });
+        let mut unreachable = node("node-b", serde_json::json!([]));
+        unreachable.status = None;
+        unreachable.reachable = false;
+        unreachable.error = Some(format!("{}: {error}", "x".repeat(130)));
+        let reports = [node("node-a", serde_json::json!([model])), unreachable];
+        let shown = render(&reports, Some(100));
+        for l in shown.lines() {
+            assert!(
+                l.chars().count() <= 100,
+                "{} columns: {l:?}",
+                l.chars().count()
+            );
+        }
+        let words: Vec<&str> = shown.split_whitespace().collect();
+        for w in error.split_whitespace() {
+            assert!(words.contains(&w), "{w} lost:\n{shown}");
+        }
+        assert!(shown.contains('…'), "{shown}");
+        assert!(shown.contains("20.0 MiB/s"), "{shown}");
+        // Without a terminal nothing is elided.
+        assert!(render(&reports, None).contains("with-a-much-longer-name-than-fits"));
+    }
+}
