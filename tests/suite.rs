@@ -28,6 +28,7 @@ mod pull_stream;
 mod push;
 mod resume;
 mod sync;
+mod terminal;
 mod torture_node;
 mod transport;
 mod trust;

@@ -41,7 +41,16 @@ fn main() -> ExitCode {
     match rt.block_on(cli::run(cli.cmd)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Wrapped on a terminal (continuation lines indented), one
+            // line otherwise.
+            eprintln!(
+                "{}",
+                xfer_proto::text::wrap(
+                    &format!("error: {e:#}"),
+                    xfer::util::term::stderr_width(),
+                    4
+                )
+            );
             ExitCode::FAILURE
         }
     }

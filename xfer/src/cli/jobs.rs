@@ -62,8 +62,9 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
     }
     eprintln!("job {} (Ctrl-C stops following; the job goes on)", spec.id);
     let cluster_file = cluster.path.display().to_string();
+    let progress = Progress::new(!json);
     let root = super::out::or_interrupted(
-        xfer::agent::sync::client::wait(&cluster, &cred, &spec, &Progress::new(!json)),
+        xfer::agent::sync::client::wait(&cluster, &cred, &spec, &progress),
         || {
             format!(
                 "stopped following job {}; it goes on on the nodes (nothing is lost): follow it with `xfer status --cluster {cluster_file}`, stop it with `xfer cancel {} --cluster {cluster_file}`",
@@ -71,7 +72,9 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
             )
         },
     )
-    .await?;
+    .await;
+    progress.end();
+    let root = root?;
     if json {
         println!(
             "{}",

@@ -3,6 +3,7 @@
 //! leaves (what was kept, how to resume) with exit code 130.
 
 use std::future::Future;
+use std::io::IsTerminal;
 
 use xfer_proto::text::wrap;
 
@@ -26,8 +27,10 @@ pub async fn or_interrupted<T>(work: impl Future<Output = T>, kept: impl FnOnce(
     tokio::select! {
         r = work => r,
         _ = tokio::signal::ctrl_c() => {
-            // The bars' line is cleared by the newline.
-            eprintln!();
+            // Below the bars' last line, on a terminal.
+            if std::io::stderr().is_terminal() {
+                eprintln!();
+            }
             warn(&format!("interrupted: {}", kept()));
             std::process::exit(INTERRUPTED);
         }

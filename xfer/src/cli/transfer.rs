@@ -63,7 +63,9 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
             ),
         }
     })
-    .await?;
+    .await;
+    progress.end();
+    let s = s?;
     if json {
         serde_json::to_writer(std::io::stdout().lock(), &s)?;
         println!();
@@ -194,7 +196,9 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, fan_out.into(), progress),
             || pull_kept(&kept, &repo),
         )
-        .await?;
+        .await;
+        kept.end();
+        let s = s?;
         if json {
             serde_json::to_writer(std::io::stdout().lock(), &s)?;
             println!();
@@ -236,11 +240,13 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    let (s, _) = or_interrupted(
+    let s = or_interrupted(
         xfer::hub::pull::pull(&opts, &env, &progress, None, None),
         || pull_kept(&progress, &repo),
     )
-    .await?;
+    .await;
+    progress.end();
+    let (s, _) = s?;
     if json {
         serde_json::to_writer(std::io::stdout().lock(), &s)?;
         println!();

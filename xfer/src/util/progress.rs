@@ -9,6 +9,7 @@
 //! ([`Bar::resume_at`], [`Bar::held_more`]) starts its clock there.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,14 +21,18 @@ use xfer_proto::units::{Bytes, Rate};
 #[derive(Clone)]
 pub struct Progress {
     multi: MultiProgress,
-    /// The label's columns, for the terminal's width.
+    /// The label's columns and the bar's, for the terminal's width.
     name_cols: usize,
+    bar_cols: usize,
+    /// Bars are drawn.
+    shown: bool,
     /// The bars of whole destinations (not of a file within one), for
     /// [`Progress::kept`].
     tops: Arc<Mutex<Vec<Bar>>>,
 }
 
-/// The columns a bar line takes besides its name and its bar.
+/// The columns a bar line takes besides its name and its bar (brackets,
+/// sizes, rate, ETA and a short message).
 const FIXED_COLS: usize = 62;
 /// The narrowest bar drawn.
 const MIN_BAR: usize = 10;
@@ -41,10 +46,15 @@ impl Progress {
         } else {
             ProgressDrawTarget::hidden()
         };
-        let width = crate::util::term::stderr_width().unwrap_or(100);
+        // One column short of the width: a line that fills the last
+        // column leaves some terminals about to wrap.
+        let width = crate::util::term::stderr_width().unwrap_or(100) - 1;
+        let name_cols = width.saturating_sub(FIXED_COLS + MIN_BAR).clamp(8, 24);
         Progress {
             multi: MultiProgress::with_draw_target(target),
-            name_cols: width.saturating_sub(FIXED_COLS + MIN_BAR).clamp(8, 24),
+            name_cols,
+            bar_cols: width.saturating_sub(FIXED_COLS + name_cols).max(MIN_BAR),
+            shown: enabled,
             tops: Arc::default(),
         }
     }
@@ -72,9 +82,10 @@ impl Progress {
         let clock = Arc::new(Mutex::new((0u64, Instant::now())));
         let (name, c) = (elide(label, self.name_cols), clock.clone());
         let w = self.name_cols;
-        let style = ProgressStyle::with_template(
-            "{name} [{wide_bar:.cyan/blue}] {held} {rate} {eta} {msg}",
-        )
+        let style = ProgressStyle::with_template(&format!(
+            "{{name}} [{{bar:{}.cyan/blue}}] {{held}} {{rate}} {{eta}} {{msg}}",
+            self.bar_cols
+        ))
         .expect("valid template")
         .progress_chars("=> ")
         .with_key(
@@ -106,7 +117,11 @@ impl Progress {
         });
         bar.set_style(style);
         bar.enable_steady_tick(Duration::from_millis(200));
-        Bar { bar, clock }
+        Bar {
+            bar,
+            clock,
+            kept_on_screen: Arc::new(AtomicBool::new(true)),
+        }
     }
 
     /// A byte counter without a known total (hashing while walking).
@@ -137,7 +152,24 @@ impl Progress {
                 ),
         );
         bar.enable_steady_tick(Duration::from_millis(200));
-        Bar { bar, clock }
+        Bar {
+            bar,
+            clock,
+            kept_on_screen: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    /// The work is over: what follows starts on a line of its own, below
+    /// the bars that stay on the screen.
+    pub fn end(&self) {
+        let tops = self.tops.lock().unwrap();
+        if self.shown
+            && tops
+                .iter()
+                .any(|b| b.kept_on_screen.load(Ordering::Relaxed))
+        {
+            eprintln!();
+        }
     }
 }
 
@@ -180,6 +212,8 @@ pub struct Bar {
     bar: ProgressBar,
     /// The position the rate counts from and when it was reached.
     clock: Arc<Mutex<(u64, Instant)>>,
+    /// Not cleared away: its line stays when the work is over.
+    kept_on_screen: Arc<AtomicBool>,
 }
 
 impl Bar {
@@ -240,6 +274,7 @@ impl Bar {
 
     /// Done and gone from the screen.
     pub fn finish_and_clear(&self) {
+        self.kept_on_screen.store(false, Ordering::Relaxed);
         self.bar.finish_and_clear();
     }
 }
