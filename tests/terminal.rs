@@ -346,3 +346,67 @@ fn ctrl_c_on_sync_wait_leaves_the_job_running() {
         .to_string();
     c.wait_complete(&id, "a", &["a", "b"], "m");
 }
+
+/// The bytes an interrupted download's part map records as written.
+fn sidecar_done(path: &Path) -> u64 {
+    let Ok(b) = std::fs::read(path) else { return 0 };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b) else {
+        return 0;
+    };
+    v["done"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|d| d.as_u64()).sum())
+        .unwrap_or(0)
+}
+
+/// Ctrl-C in the middle of a pull: one line with what the cache keeps and
+/// the command that resumes, exit code 130; the same pull run again
+/// resumes from the part map and completes.
+#[test]
+fn ctrl_c_on_pull_says_what_was_kept_and_the_rerun_resumes() {
+    let t = tempdir("terminal-pull-int");
+    let repos = t.path().join("repos");
+    gen_repo(
+        &repos,
+        "acme/slow",
+        96,
+        &[("model.safetensors", 24 * MIB + 9)],
+    );
+    let hub = HubServer::start(&repos, &["--rate", "4000000"]);
+    let env = PullEnv::new(&hub.endpoint(), t.path());
+    let etag = hub.repo("acme/slow").files["model.safetensors"]
+        .etag
+        .clone();
+    let sidecar = env
+        .repo_dir("acme/slow")
+        .join("blobs")
+        .join(format!("{etag}.xfer.parts"));
+    let args = ["--connections", "2", "--part-size", "1MiB"];
+    // The human output: the same command without --json.
+    let mut human = xfer();
+    env.apply(&mut human);
+    human.arg("pull").arg("acme/slow").args(args);
+    let mut p = Proc::spawn(&mut human);
+    wait_until(
+        "the part map to record 2 MiB",
+        Duration::from_secs(60),
+        || {
+            assert!(p.running(), "the pull ended before Ctrl-C");
+            sidecar_done(&sidecar) >= 2 * MIB
+        },
+    );
+    sigint(p.pid());
+    let r = p.wait(Duration::from_secs(30));
+    assert_eq!(r.status.code(), Some(130), "{r:#?}");
+    assert!(
+        r.stderr.contains("of acme/slow kept in the cache")
+            && r.stderr.contains("run the same command again to resume"),
+        "{r:#?}"
+    );
+    let (_, total) = kept_of(&r.stderr.replace(" of acme/slow kept", " held on"));
+    assert_eq!(total, xfer_proto::units::Bytes(24 * MIB + 9).to_string());
+
+    let s = env.pull_ok("acme/slow", &args);
+    assert!(s.bytes_resumed >= 2 * MIB, "nothing resumed: {s:#?}");
+    assert!(s.verification.all_verified, "{s:#?}");
+}
