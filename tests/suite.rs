@@ -29,6 +29,7 @@ mod push;
 mod resume;
 mod sync;
 mod sync_errors;
+mod terminal;
 mod torture_node;
 mod transport;
 mod trust;

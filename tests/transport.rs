@@ -99,3 +99,31 @@ fn rdma_without_a_device_refuses_clearly_and_touches_nothing() {
         "the agent must not touch its root"
     );
 }
+
+/// The fallback line only when it was asked about: a push that leaves
+/// `--transport` at its default says nothing of RDMA (with or without
+/// `--json`), the same push with `--log info` says it once, and an agent
+/// logs it once.
+#[test]
+fn the_fallback_line_shows_only_when_asked() {
+    if rdma_present() {
+        eprintln!("skipped: this machine has /sys/class/infiniband");
+        return;
+    }
+    let t = tempdir("transport-quiet");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("m");
+    gen_model(&src, 2 * MIB, 5);
+    let mut a = Agent::start("127.0.0.196:0", &t.path().join("root"), &key);
+    let rdma_lines = |s: &str| s.lines().filter(|l| l.contains("rdma:")).count();
+    let r = push(&src, &[a.addr.as_str()], &key, &[]);
+    r.assert_ok("push");
+    assert_eq!(rdma_lines(&r.stderr), 0, "{}", r.stderr);
+    assert_eq!(rdma_lines(&r.stdout), 0, "{}", r.stdout);
+    let r = push(&src, &[a.addr.as_str()], &key, &["--log", "info"]);
+    r.assert_ok("push --log info");
+    assert_eq!(rdma_lines(&r.stderr), 1, "{}", r.stderr);
+    assert_eq!(rdma_lines(&a.log()), 1, "{}", a.log());
+    assert!(a.running());
+}

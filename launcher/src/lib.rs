@@ -5,7 +5,7 @@
 //! [`agents`] talks to the nodes' xfer agents, [`check`], [`up`] (with
 //! [`ready`] and [`record`]) drive a launch, [`diagnose`] reads a failed
 //! rank's log for the known [`signatures`] and its root cause
-//! ([`traceback`]); `xfer-launch` (src/main.rs,
+//! ([`traceback`]); [`term`] reads the terminal's width; `xfer-launch` (src/main.rs,
 //! src/cli/) is the command line over them.
 
 // Every public item keeps its doc line (`cargo clippy -D warnings` makes
@@ -22,5 +22,6 @@ pub mod ready;
 pub mod record;
 pub mod signatures;
 pub mod specs;
+pub mod term;
 pub mod traceback;
 pub mod up;

@@ -100,7 +100,15 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("xfer-launch: {e}");
+            // Wrapped on a terminal, one line otherwise.
+            eprintln!(
+                "{}",
+                xfer_proto::text::wrap(
+                    &format!("xfer-launch: {e}"),
+                    launcher::term::stderr_width(),
+                    4
+                )
+            );
             ExitCode::FAILURE
         }
     }

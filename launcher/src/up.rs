@@ -78,7 +78,10 @@ fn host_of(agent: &str) -> &str {
 pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOutcome, UpError> {
     eprintln!("checking {} node(s)...", setup.nodes.len());
     let checked = check::run(setup, agents).await;
-    eprint!("{}", preflight::render(&checked.rows));
+    eprint!(
+        "{}",
+        preflight::render(&checked.rows, crate::term::stderr_width())
+    );
     if !checked.ok {
         let failed = checked
             .rows

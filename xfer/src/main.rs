@@ -7,13 +7,19 @@ mod cli;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use cli::args::{Cli, Cmd};
 
 fn main() -> ExitCode {
     keep_freed_memory();
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    // The RDMA fallback is a line on stderr only when it was asked about.
+    xfer::transport::select::say_fallback(
+        !matches!(cli.cmd, Cmd::Serve(_)) && (cli.log.is_some() || transport_given(&matches)),
+    );
     let default = match cli.cmd {
         Cmd::Serve(_) => "info",
         _ => "warn",
@@ -35,10 +41,30 @@ fn main() -> ExitCode {
     match rt.block_on(cli::run(cli.cmd)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Wrapped on a terminal (continuation lines indented), one
+            // line otherwise.
+            eprintln!(
+                "{}",
+                xfer_proto::text::wrap(
+                    &format!("error: {e:#}"),
+                    xfer::util::term::stderr_width(),
+                    4
+                )
+            );
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--transport` was given on the command line (not left at its default),
+/// in the innermost subcommand.
+fn transport_given(m: &clap::ArgMatches) -> bool {
+    let mut m = m;
+    while let Some((_, sub)) = m.subcommand() {
+        m = sub;
+    }
+    m.ids().any(|id| id.as_str() == "transport")
+        && m.value_source("transport") == Some(clap::parser::ValueSource::CommandLine)
 }
 
 /// glibc hands the free top of a heap back to the kernel once it exceeds

@@ -13,7 +13,10 @@ pub async fn check(setup: Setup, agents: Agents, json: bool) -> Result<ExitCode,
             serde_json::to_string_pretty(&checked).expect("a check always serializes")
         );
     } else {
-        print!("{}", launcher::preflight::render(&checked.rows));
+        print!(
+            "{}",
+            launcher::preflight::render(&checked.rows, launcher::term::stdout_width())
+        );
         if checked.model_path != setup.model.path {
             println!("model path: {}", checked.model_path);
         }

@@ -23,6 +23,7 @@ use xfer_proto::launch::{
     NodeFacts, PortNeed, PreflightRequest, Probe, RdmaNeed, ReachTarget, RendezvousRequest,
     VersionProbe,
 };
+use xfer_proto::text::wrap;
 
 use crate::config::{Engine, RankNode, Setup};
 
@@ -393,23 +394,32 @@ pub fn failed(rows: &[Row]) -> bool {
     rows.iter().any(|r| r.verdict == Verdict::Fail)
 }
 
-/// The table `xfer-launch check` prints.
-pub fn render(rows: &[Row]) -> String {
+/// The table `xfer-launch check` prints, fitted to `width` columns (`None`:
+/// no limit): a long detail or fix wraps onto indented lines, never cut.
+pub fn render(rows: &[Row], width: Option<usize>) -> String {
     let wc = rows.iter().map(|r| r.check.len()).max().unwrap_or(5).max(5);
     let wn = rows.iter().map(|r| r.node.len()).max().unwrap_or(4).max(4);
+    // A long detail or fix wraps under the detail column (or under a
+    // shorter indent when the columns before it take half the width).
+    let col = 4 + 2 + wc + 2 + wn + 2;
+    let hang = match width {
+        Some(w) if col > w / 2 => 8,
+        _ => col,
+    };
     let mut o = String::new();
     let _ = writeln!(o, "{:<4}  {:<wc$}  {:<wn$}  DETAIL", "", "CHECK", "NODE");
     for r in rows {
-        let _ = writeln!(
-            o,
+        let line = format!(
             "{:<4}  {:<wc$}  {:<wn$}  {}",
             r.verdict.label(),
             r.check,
             r.node,
             r.detail
         );
+        let _ = writeln!(o, "{}", wrap(&line, width, hang));
         if let Some(fix) = &r.fix {
-            let _ = writeln!(o, "{:<4}  {:<wc$}  {:<wn$}    fix: {fix}", "", "", "");
+            let line = format!("{:<4}  {:<wc$}  {:<wn$}    fix: {fix}", "", "", "");
+            let _ = writeln!(o, "{}", wrap(&line, width, hang + 4));
         }
     }
     let count = |v| rows.iter().filter(|r| r.verdict == v).count();

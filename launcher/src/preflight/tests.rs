@@ -151,9 +151,9 @@ fn fails(rows: &[Row]) -> Vec<(&str, &str, &str)> {
 fn a_healthy_cluster_passes_and_flags_the_management_route() {
     let s = s();
     let rows = judged(&s, |_, _| {});
-    assert!(!failed(&rows), "{}", render(&rows));
+    assert!(!failed(&rows), "{}", render(&rows, None));
     let warn: Vec<&Row> = rows.iter().filter(|r| r.verdict == Verdict::Warn).collect();
-    assert_eq!(warn.len(), 2, "{}", render(&rows));
+    assert_eq!(warn.len(), 2, "{}", render(&rows, None));
     assert!(
         warn[0].detail.contains("would pick 10.0.0.1"),
         "{}",
@@ -172,7 +172,7 @@ fn a_healthy_cluster_passes_and_flags_the_management_route() {
     for c in CHECKS {
         assert!(checks.contains(c), "no {c} row");
     }
-    assert!(render(&rows).contains("0 failed"));
+    assert!(render(&rows, None).contains("0 failed"));
 }
 
 #[test]
@@ -365,7 +365,7 @@ fn the_rendezvous_and_the_page_cache_are_reported_per_node() {
         }
     });
     let bad = fails(&rows);
-    assert_eq!(bad.len(), 1, "{}", render(&rows));
+    assert_eq!(bad.len(), 1, "{}", render(&rows, None));
     assert_eq!(bad[0].0, "rendezvous");
     assert_eq!(bad[0].1, s.nodes[1].name);
     assert!(
@@ -404,7 +404,7 @@ fn the_rendezvous_and_the_page_cache_are_reported_per_node() {
         bad.iter()
             .any(|(c, _, d)| *c == "versions" && d.contains("torch differs")),
         "{}",
-        render(&rows)
+        render(&rows, None)
     );
 }
 
@@ -438,7 +438,7 @@ fn without_an_image_the_container_rows_only_report() {
             f.containers = Probe::Skipped("no container engine on this agent; start it with `xfer serve --container-engine docker`".into());
         }
     });
-    assert!(!failed(&rows), "{}", render(&rows));
+    assert!(!failed(&rows), "{}", render(&rows, None));
     let c = rows_of(&rows, "containers");
     assert_eq!(c.len(), 2);
     assert!(c.iter().all(|r| r.verdict == Verdict::Skip), "{c:?}");
@@ -462,7 +462,7 @@ fn one_image_id_everywhere_passes_the_gate() {
         .iter()
         .all(|r| r.image.as_deref() == Some("xt/app:1")));
     let rows = judged(&s, |_, _| {});
-    assert!(!failed(&rows), "{}", render(&rows));
+    assert!(!failed(&rows), "{}", render(&rows, None));
     let c = rows_of(&rows, "containers");
     assert_eq!(c.len(), 2);
     for r in &c {
@@ -500,7 +500,7 @@ fn an_agent_without_a_container_engine_fails_with_the_switch() {
         }
     });
     let f = fails(&rows);
-    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!(f.len(), 1, "{}", render(&rows, None));
     assert_eq!((f[0].0, f[0].1), ("containers", "spark-b"));
     assert_eq!(
         f[0].2,
@@ -530,7 +530,7 @@ fn an_agent_without_a_container_engine_fails_with_the_switch() {
         }
     });
     let f = fails(&rows);
-    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!(f.len(), 1, "{}", render(&rows, None));
     assert_eq!((f[0].0, f[0].1), ("containers", "spark-a"));
     assert!(
         f[0].2
@@ -548,7 +548,7 @@ fn a_missing_nvidia_runtime_warns_only_where_gpus_would_use_it() {
         );
     };
     let rows = judged(&in_image(""), |_, f| no_runtime(f));
-    assert!(!failed(&rows), "{}", render(&rows));
+    assert!(!failed(&rows), "{}", render(&rows, None));
     let c = rows_of(&rows, "containers");
     assert!(c.iter().all(|r| r.verdict == Verdict::Warn), "{c:?}");
     assert!(
@@ -601,7 +601,7 @@ fn the_image_gate_names_the_node_that_lacks_it() {
         }
     });
     let f = fails(&rows);
-    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!(f.len(), 1, "{}", render(&rows, None));
     assert_eq!((f[0].0, f[0].1), ("image", "spark-b"));
     assert_eq!(
         f[0].2,
@@ -623,7 +623,7 @@ fn the_image_gate_names_the_node_that_lacks_it() {
         }
     });
     let f = fails(&rows);
-    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!(f.len(), 1, "{}", render(&rows, None));
     assert_eq!((f[0].0, f[0].1), ("image", "spark-a"));
     assert!(
         f[0].2.contains("did not look up image xt/app:1"),
@@ -641,7 +641,7 @@ fn the_image_gate_names_the_odd_node_when_ids_differ() {
         }
     });
     let f = fails(&rows);
-    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!(f.len(), 1, "{}", render(&rows, None));
     assert_eq!((f[0].0, f[0].1), ("image", "*"));
     assert_eq!(
         f[0].2,
@@ -670,7 +670,7 @@ fn the_image_gate_names_the_odd_node_when_ids_differ() {
         }
     });
     let f = fails(&rows);
-    assert_eq!(f.len(), 1, "{}", render(&rows));
+    assert_eq!(f.len(), 1, "{}", render(&rows, None));
     assert!(f[0].2.ends_with("; spark-a differ"), "{}", f[0].2);
     // No id for `up` to hand on.
     let checked = crate::check::Checked {
@@ -688,4 +688,33 @@ fn the_image_gate_names_the_odd_node_when_ids_differ() {
         model_path: s3.model.path.clone(),
     };
     assert_eq!(checked.image_id(), None);
+}
+
+/// A long detail and fix wrap within the width, every word kept, the
+/// continuation lines indented; without a width a row stays one line.
+#[test]
+fn rows_fit_the_width_and_keep_every_word() {
+    let detail = "node n1 holds /models/hub/models--meta-llama--Llama-3.1-70B-Instruct/snapshots/<COMMIT> at root 3f2a9c0d1e2b, n2 holds nothing there";
+    let fix = "run `xfer sync meta-llama/Llama-3.1-70B-Instruct --cluster cluster.toml --nodes n2` and check again";
+    let rows = vec![Row {
+        check: "weights",
+        node: "n1".into(),
+        verdict: Verdict::Fail,
+        detail: detail.into(),
+        fix: Some(fix.into()),
+    }];
+    let shown = render(&rows, Some(100));
+    for l in shown.lines() {
+        assert!(l.chars().count() <= 100, "{l:?}");
+    }
+    let words: Vec<&str> = shown.split_whitespace().collect();
+    for w in detail.split_whitespace().chain(fix.split_whitespace()) {
+        assert!(words.contains(&w), "{w} lost: {shown}");
+    }
+    assert!(
+        shown.lines().nth(2).unwrap().starts_with("        "),
+        "{shown}"
+    );
+    let one = render(&rows, None);
+    assert!(one.lines().nth(1).unwrap().ends_with(detail), "{one}");
 }

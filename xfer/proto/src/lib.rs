@@ -14,7 +14,8 @@
 //! - [`launch_rules`]: the environment keys and devices a rank may carry;
 //! - [`image`]: container images as content-addressed blobs;
 //! - [`stream`]: the tagged chunk-stream requests;
-//! - [`units`]: byte and rate formatting for messages;
+//! - [`units`]: byte and rate formatting for messages; [`text`]: lines
+//!   and tables that fit a terminal;
 //! - [`repo`]: Hub repository references and the commit-id check.
 //!
 //! Every decoder here is strict and bounded: hostile input is an error
@@ -39,5 +40,6 @@ pub mod refusal;
 pub mod relpath;
 pub mod repo;
 pub mod stream;
+pub mod text;
 pub mod transfer;
 pub mod units;

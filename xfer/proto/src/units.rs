@@ -1,4 +1,5 @@
-//! Human-readable byte counts and rates, and parsing of sizes like `4MiB`.
+//! Human-readable byte counts and rates (binary units: KiB, MiB/s), and
+//! parsing of sizes like `4MiB`.
 
 use std::fmt;
 
@@ -20,6 +21,22 @@ impl fmt::Display for Bytes {
         } else {
             write!(f, "{v:.1} {}", UNITS[u])
         }
+    }
+}
+
+/// Formats a rate in bytes per second with the same binary units as
+/// [`Bytes`]: `20.1 MiB/s`.
+#[derive(Clone, Copy, Debug)]
+pub struct Rate(pub f64);
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = if self.0.is_finite() {
+            self.0.max(0.0)
+        } else {
+            0.0
+        };
+        write!(f, "{}/s", Bytes(r as u64))
     }
 }
 
@@ -76,5 +93,7 @@ mod tests {
         assert!(parse_size("3 parsecs").is_err());
         assert_eq!(Bytes(3 << 29).to_string(), "1.5 GiB");
         assert_eq!(Bytes(12).to_string(), "12 B");
+        assert_eq!(Rate(20.1 * 1048576.0).to_string(), "20.1 MiB/s");
+        assert_eq!(Rate(f64::NAN).to_string(), "0 B/s");
     }
 }

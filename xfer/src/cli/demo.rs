@@ -262,7 +262,10 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
     let fresh = start_nodes(&sb_dir, opts.nodes, &key, None)?;
     let mut popts = push_options(&fresh, &key, opts.chunk_size)?;
     popts.src = alone.join(CACHE_NAME);
-    let pushed = push(&popts, &Progress::new(true)).await?;
+    let bars = Progress::new(true);
+    let pushed = push(&popts, &bars).await;
+    bars.end();
+    let pushed = pushed?;
     let fan_out_s = pushed.duration_s - pushed.hash_s;
     let mut all_ok = pushed.ok();
     println!("   {fan_out_s:.2}s (+{:.2}s hashing)", pushed.hash_s);

@@ -15,6 +15,8 @@ use xfer::flow::image::{ImagePushOptions, NodeImage, Note};
 use xfer::flow::route::Destination;
 use xfer::image::runtime::Runtime;
 use xfer::util::progress::Progress;
+
+use super::out::say;
 use xfer_proto::admin::AdminRequest;
 use xfer_proto::units::Bytes;
 
@@ -50,7 +52,20 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
     let load = |cred: Arc<Credential>, d: Destination, req: AdminRequest, limit: Duration| async move {
         xfer::agent::client::admin(&cred, d.label(), &d.agent, &req, limit).await
     };
-    let summary = xfer::flow::image::push(&opts, Progress::new(!args.json), &note, load).await?;
+    let progress = Progress::new(!args.json);
+    let summary = super::out::or_interrupted(
+        xfer::flow::image::push(&opts, progress.clone(), &note, load),
+        || {
+            let (held, _, n) = progress.kept();
+            format!(
+                "{} of the image's blobs held on {n} node(s); run the same command again to resume (nothing is lost)",
+                Bytes(held)
+            )
+        },
+    )
+    .await;
+    progress.end();
+    let summary = summary?;
     let id = summary.id;
     if args.json {
         serde_json::to_writer(std::io::stdout().lock(), &summary)?;
@@ -58,7 +73,7 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
     } else {
         for n in &summary.nodes {
             match (&n.error, n.id) {
-                (None, Some(nid)) => println!(
+                (None, Some(nid)) => say(&format!(
                     "{}: {} loaded as {} in {}; {} from the source, {} from peers, already held {}",
                     n.node,
                     reference,
@@ -67,11 +82,15 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
                     Bytes(n.bytes_sent),
                     Bytes(n.from_peers),
                     Bytes(n.bytes_skipped)
-                ),
-                (e, _) => println!("{}: FAILED: {}", n.node, e.as_deref().unwrap_or("?")),
+                )),
+                (e, _) => say(&format!(
+                    "{}: FAILED: {}",
+                    n.node,
+                    e.as_deref().unwrap_or("?")
+                )),
             }
         }
-        println!(
+        say(&format!(
             "{reference} {} on {} node(s): {} layers, {}; the source sent {} in {:.2}s (save {:.2}s, push {:.2}s, load {:.2}s)",
             id.short(),
             summary.nodes.iter().filter(|n| n.ok).count(),
@@ -82,11 +101,14 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
             summary.save_s,
             summary.push_s,
             summary.load_s
-        );
+        ));
     }
     let odd: Vec<&NodeImage> = summary.nodes.iter().filter(|n| !n.ok).collect();
     for n in &odd {
-        eprintln!("error: {}", n.error.as_deref().unwrap_or("failed"));
+        super::out::warn(&format!(
+            "error: {}",
+            n.error.as_deref().unwrap_or("failed")
+        ));
     }
     Ok(if odd.is_empty() {
         ExitCode::SUCCESS

@@ -74,8 +74,20 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         spec.name,
         xfer::agent::sync::source::reading(&spec)
     );
-    let root =
-        xfer::agent::sync::client::wait(&cluster, &cred, &spec, &Progress::new(!json)).await?;
+    let cluster_file = cluster.path.display().to_string();
+    let progress = Progress::new(!json);
+    let root = super::out::or_interrupted(
+        xfer::agent::sync::client::wait(&cluster, &cred, &spec, &progress),
+        || {
+            format!(
+                "stopped following job {}; it goes on on the nodes (nothing is lost): follow it with `xfer status --cluster {cluster_file}`, stop it with `xfer cancel {} --cluster {cluster_file}`",
+                spec.id, spec.id
+            )
+        },
+    )
+    .await;
+    progress.end();
+    let root = root?;
     if json {
         println!(
             "{}",
@@ -125,7 +137,8 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
             if watch && std::io::stdout().is_terminal() {
                 print!("\x1b[2J\x1b[H");
             }
-            print!("{}", xfer::agent::sync::client::render(&reports));
+            let width = xfer::util::term::stdout_width();
+            print!("{}", xfer::agent::sync::client::render(&reports, width));
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -135,7 +148,7 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
                     if r.status.as_ref().and_then(|s| s.node.as_deref())
                         == Some(j.source_node.as_str())
                     {
-                        println!("{}", xfer::agent::sync::client::job_line(j, now));
+                        super::out::say(&xfer::agent::sync::client::job_line(j, now));
                     }
                 }
             }

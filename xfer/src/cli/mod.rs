@@ -7,7 +7,8 @@
 //! - [`serve`]: `serve`, the node agent;
 //! - [`jobs`]: `sync`, `status`, `cancel`, `rm`, `prune` (ask the cluster's agents);
 //! - [`transfer`]: `push`, `pull`, `fetch` (move a model themselves);
-//! - [`image`]: `image push` (a container image, as blobs, to nodes).
+//! - [`image`]: `image push` (a container image, as blobs, to nodes);
+//! - [`out`]: human lines fitted to the terminal, and the Ctrl-C line.
 
 pub mod args;
 mod ca;
@@ -16,6 +17,7 @@ pub mod demo_engine;
 mod image;
 mod jobs;
 mod local;
+mod out;
 mod serve;
 mod transfer;
 

@@ -13,7 +13,9 @@ use super::args::*;
 use xfer::config::auth::Credential;
 use xfer::util::progress::Progress;
 use xfer_proto::names::ModelName;
-use xfer_proto::units::Bytes;
+use xfer_proto::units::{Bytes, Rate};
+
+use super::out::{or_interrupted, say, warn};
 
 /// `xfer push`.
 pub async fn push(args: PushArgs) -> Result<ExitCode> {
@@ -52,7 +54,19 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         peers,
     };
     let progress = Progress::new(!json);
-    let s = xfer::flow::push::push(&opts, &progress).await?;
+    let s = or_interrupted(xfer::flow::push::push(&opts, &progress), || {
+        match progress.kept() {
+            (_, _, 0) => "nothing was sent yet; run the same command again to start over".into(),
+            (held, total, n) => format!(
+                "{} of {} held on {n} node(s); run the same command again to resume (nothing is lost)",
+                Bytes(held),
+                Bytes(total)
+            ),
+        }
+    })
+    .await;
+    progress.end();
+    let s = s?;
     if json {
         serde_json::to_writer(std::io::stdout().lock(), &s)?;
         println!();
@@ -60,39 +74,42 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         let send_s = (s.duration_s - s.hash_s).max(1e-9);
         for n in &s.nodes {
             match &n.error {
-                None => println!(
+                None => say(&format!(
                     "{}: ok, {} from the source, {} from peers, already held {}",
                     n.addr,
                     Bytes(n.bytes_sent),
                     Bytes(n.from_peers),
                     Bytes(n.bytes_skipped)
-                ),
-                Some(e) => println!("{}: FAILED: {e}", n.addr),
+                )),
+                Some(e) => say(&format!("{}: FAILED: {e}", n.addr)),
             }
         }
         for n in &s.nodes {
             for d in &n.dropped_peers {
-                println!("{}: excluded peer {d}", n.addr);
+                say(&format!("{}: excluded peer {d}", n.addr));
             }
         }
         let mut notes: Vec<&String> = s.nodes.iter().flat_map(|n| &n.notes).collect();
         notes.dedup();
         for line in notes {
-            println!("{line}");
+            say(line);
         }
-        println!(
-            "root {}  {} files, {}; the source sent {} ({:.2}x the model) in {:.2}s ({:.0} MB/s)",
-            s.root,
+        say(&format!("root {}", s.root));
+        say(&format!(
+            "{} files, {}; the source sent {} ({:.2}x the model) in {:.2}s ({})",
             s.files,
             Bytes(s.bytes_total),
             Bytes(s.bytes_sent),
             s.source_sent_x,
             send_s,
-            s.bytes_sent as f64 / send_s / 1e6
-        );
+            Rate(s.bytes_sent as f64 / send_s)
+        ));
     }
     for n in s.nodes.iter().filter(|n| !n.ok) {
-        eprintln!("error: {}", n.error.as_deref().unwrap_or("failed"));
+        warn(&format!(
+            "error: {}",
+            n.error.as_deref().unwrap_or("failed")
+        ));
     }
     if !s.ok() {
         return Ok(ExitCode::FAILURE);
@@ -220,14 +237,19 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             nic,
             peers: xfer::engine::topology::DEFAULT_DEGREE,
         };
-        let s =
-            xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, fan_out.into(), progress)
-                .await?;
+        let kept = progress.clone();
+        let s = or_interrupted(
+            xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, fan_out.into(), progress),
+            || pull_kept(&kept, &repo),
+        )
+        .await;
+        kept.end();
+        let s = s?;
         if json {
             serde_json::to_writer(std::io::stdout().lock(), &s)?;
             println!();
         } else {
-            println!(
+            say(&format!(
                 "pulled {} ({}) in {:.2}s; delivered to {} agents in {} rounds, {:.2}s after the last byte",
                 s.pull.repo,
                 Bytes(s.pull.bytes_total),
@@ -235,24 +257,28 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
                 s.nodes.len(),
                 s.rounds,
                 s.tail_s
-            );
+            ));
             for n in &s.nodes {
                 match &n.error {
-                    None => println!(
+                    None => say(&format!(
                         "{}: ok, root {}",
                         n.addr,
-                        n.root.map_or("?".to_string(), |r| r.to_hex())
-                    ),
-                    Some(e) => println!("{}: FAILED: {e}", n.addr),
+                        n.root.map_or("?".to_string(), |r| r.short())
+                    )),
+                    Some(e) => say(&format!("{}: FAILED: {e}", n.addr)),
                 }
             }
-            println!(
-                "root {}  {} on every node, {:.2}s in all",
-                s.root, s.name, s.duration_s
-            );
+            say(&format!("root {}", s.root));
+            say(&format!(
+                "{} on every node, {:.2}s in all",
+                s.name, s.duration_s
+            ));
         }
         for n in s.nodes.iter().filter(|n| !n.ok) {
-            eprintln!("error: {}", n.error.as_deref().unwrap_or("failed"));
+            warn(&format!(
+                "error: {}",
+                n.error.as_deref().unwrap_or("failed")
+            ));
         }
         return Ok(if s.ok() {
             ExitCode::SUCCESS
@@ -260,24 +286,30 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    let (s, _) = xfer::hub::pull::pull(&opts, &env, &progress, None, None).await?;
+    let s = or_interrupted(
+        xfer::hub::pull::pull(&opts, &env, &progress, None, None),
+        || pull_kept(&progress, &repo),
+    )
+    .await;
+    progress.end();
+    let (s, _) = s?;
     if json {
         serde_json::to_writer(std::io::stdout().lock(), &s)?;
         println!();
     } else {
         let v = &s.verification;
-        println!(
-            "{}@{}: {} files, {}; downloaded {} in {:.2}s ({:.0} MB/s), {} already present",
+        say(&format!(
+            "{}@{}: {} files, {}; downloaded {} in {:.2}s ({}), {} already present",
             s.repo,
             &s.commit[..12],
             s.files,
             Bytes(s.bytes_total),
             Bytes(s.bytes_downloaded),
             s.duration_s,
-            s.rate_mb_s,
+            Rate(s.rate_mb_s * 1e6),
             Bytes(s.bytes_present)
-        );
-        println!(
+        ));
+        say(&format!(
             "verified: {} sha256, {} git sha1, {} already in the cache{}",
             v.sha256_ok,
             v.git_sha1_ok,
@@ -287,7 +319,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             } else {
                 String::new()
             }
-        );
+        ));
         println!("{}", s.path);
     }
     Ok(ExitCode::SUCCESS)
@@ -316,19 +348,36 @@ pub async fn fetch(args: FetchArgs) -> Result<ExitCode> {
         connect_timeout: Duration::from_secs(connect_timeout),
         nic: None,
     };
-    let s = xfer::flow::fetch::fetch(&opts).await?;
+    let s = or_interrupted(xfer::flow::fetch::fetch(&opts), || {
+        format!(
+            "the chunks received so far are kept under {}; run the same command again to resume (nothing is lost)",
+            opts.root.display()
+        )
+    })
+    .await?;
     if json {
         serde_json::to_writer(std::io::stdout().lock(), &s)?;
         println!();
     } else {
-        println!(
+        say(&format!(
             "{}: root {}, received {}, already held {}, in {:.2}s",
             s.path.display(),
             s.root,
             Bytes(s.bytes_received),
             Bytes(s.bytes_skipped),
             s.duration_s
-        );
+        ));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What an interrupted pull keeps: the bytes of the repo's files written
+/// so far (in the cache's `.incomplete` files, with their part maps).
+fn pull_kept(progress: &Progress, repo: &str) -> String {
+    let (held, total, _) = progress.kept();
+    format!(
+        "{} of {} of {repo} kept in the cache; run the same command again to resume (nothing is lost)",
+        Bytes(held),
+        Bytes(total)
+    )
 }

@@ -409,7 +409,7 @@ struct NodeCtx {
     rdma: Offer,
     timeout: Duration,
     connections: usize,
-    bar: indicatif::ProgressBar,
+    bar: crate::util::progress::Bar,
 }
 
 /// Why one attempt to deliver to a node ended early.
@@ -715,7 +715,8 @@ impl NodeCtx {
         {
             TransferMsg::Accepted { held_bytes, .. } => {
                 summary.bytes_skipped = held_bytes;
-                self.bar.set_position(held_bytes);
+                // Rate and ETA count only what this run moves.
+                self.bar.resume_at(held_bytes);
             }
             TransferMsg::Failed(r) => {
                 let why = format!("{addr}: {r}");

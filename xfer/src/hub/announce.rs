@@ -114,6 +114,10 @@ impl Watch for Announcer {
         self.inner.written(index, n);
     }
 
+    fn resumed(&self, index: usize, n: u64) {
+        self.inner.resumed(index, n);
+    }
+
     fn hashed(&self, index: usize, first: u32, hashes: &[Hash]) {
         let job = &self.jobs[index];
         (self.on)(DraftUpdate::Event(DraftEvent::Hashed {

@@ -106,6 +106,9 @@ pub struct Options {
 pub trait Watch: Send + Sync + 'static {
     /// `n` more bytes of file `index` are written.
     fn written(&self, index: usize, n: u64);
+    /// File `index` resumes with `n` bytes written by an earlier run
+    /// (bars count them as held, not as moved now).
+    fn resumed(&self, _index: usize, _n: u64) {}
     /// File `index` is verified and placed, or starts over (`ok == false`).
     fn finished(&self, index: usize, ok: bool);
     /// Chunks `first..first + hashes.len()` of file `index` have these
@@ -379,6 +382,13 @@ pub async fn download(
         opts,
         ranges: RangeHosts::default(),
     });
+    // Bytes an earlier run wrote count as held on the bars, not as moved.
+    for (f, st) in shared.files.iter().enumerate() {
+        let held = st.parts.lock().unwrap().written();
+        if held > 0 {
+            shared.watch.resumed(f, held);
+        }
+    }
     // Files already complete (resumed, or empty) finish first.
     for f in 0..shared.files.len() {
         if shared.files[f].parts.lock().unwrap().is_complete() {

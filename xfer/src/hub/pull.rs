@@ -732,9 +732,9 @@ impl Finisher for Placer {
 /// An overall bar and one bar per file being downloaded.
 struct Bars {
     progress: Progress,
-    total: indicatif::ProgressBar,
+    total: crate::util::progress::Bar,
     files: Vec<(String, u64)>,
-    active: Mutex<Vec<Option<indicatif::ProgressBar>>>,
+    active: Mutex<Vec<Option<crate::util::progress::Bar>>>,
 }
 
 impl Bars {
@@ -748,16 +748,28 @@ impl Bars {
     }
 }
 
-impl Watch for Bars {
-    fn written(&self, index: usize, n: u64) {
-        self.total.inc(n);
+impl Bars {
+    /// File `index`'s bar, made when the file starts.
+    fn file_bar(&self, index: usize, f: impl FnOnce(&crate::util::progress::Bar)) {
         let mut active = self.active.lock().unwrap();
         let bar = active[index].get_or_insert_with(|| {
             let (name, size) = &self.files[index];
             let short = name.rsplit('/').next().unwrap_or(name);
-            self.progress.bytes(short, *size)
+            self.progress.part(short, *size)
         });
-        bar.inc(n);
+        f(bar);
+    }
+}
+
+impl Watch for Bars {
+    fn written(&self, index: usize, n: u64) {
+        self.total.inc(n);
+        self.file_bar(index, |bar| bar.inc(n));
+    }
+
+    fn resumed(&self, index: usize, n: u64) {
+        self.total.held_more(n);
+        self.file_bar(index, |bar| bar.resume_at(n));
     }
 
     fn finished(&self, index: usize, ok: bool) {

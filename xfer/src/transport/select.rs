@@ -188,9 +188,21 @@ fn without_rdma(choice: TransportChoice, why: String) -> Result<Selected, RdmaRe
     }
 }
 
+/// Whether the operator asked about the data plane (`--transport` given on
+/// the command line, or `--log`): then a fallback to QUIC is one line on
+/// stderr; else only an info log line (what `serve` shows, once).
+static SAY_FALLBACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes [`choose`] print its fallback line on stderr (`true`: the
+/// operator asked for a transport or for logs) or only log it.
+pub fn say_fallback(on: bool) {
+    SAY_FALLBACK.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// [`select`] for a command, and the NIC it then uses: `None` means QUIC.
-/// With `auto`, prints why it falls back (to stderr, one line); with
-/// `rdma`, returns why it cannot.
+/// With `auto`, says why it falls back: one line on stderr when the
+/// operator asked ([`say_fallback`]), else an info log line; with `rdma`,
+/// returns why it cannot.
 pub fn choose(choice: TransportChoice) -> anyhow::Result<Option<Arc<dyn Nic>>> {
     choose_on(choice, None)
 }
@@ -221,8 +233,11 @@ pub fn choose_on(
         fallback: Some(why),
     } = &selected
     {
-        eprintln!("{why}");
-        tracing::info!("{why}");
+        if SAY_FALLBACK.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!("{why}");
+        } else {
+            tracing::info!("{why}");
+        }
     }
     Ok(None)
 }

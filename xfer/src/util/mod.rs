@@ -1,8 +1,8 @@
 //! Small parts with no knowledge of xfer's domain: aligned buffers, files
 //! beneath a root that no planted symlink redirects (and durable writes),
 //! files only their owner may read, file stamps, programs resolved to
-//! absolute paths, the send-rate limiter, progress bars, the metrics
-//! counters and a budget for repeated log lines.
+//! absolute paths, the send-rate limiter, progress bars, the terminal's
+//! width, the metrics counters and a budget for repeated log lines.
 
 pub mod aligned;
 pub mod beneath;
@@ -13,3 +13,4 @@ pub mod program;
 pub mod progress;
 pub mod rate;
 pub mod stamp;
+pub mod term;

@@ -23,7 +23,8 @@ use crate::transport::select::TransportChoice;
 use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
 use xfer_proto::names::ModelName;
 use xfer_proto::repo::RepoType;
-use xfer_proto::units::Bytes;
+use xfer_proto::text::{wrap, Table};
+use xfer_proto::units::{Bytes, Rate};
 
 /// What `xfer sync` was asked to do.
 #[derive(Debug, Clone)]
@@ -394,70 +395,61 @@ pub fn job_line(j: &JobView, now_unix: u64) -> String {
     )
 }
 
-/// The status table, one line per node and model.
-pub fn render(reports: &[NodeReport]) -> String {
-    let mut rows = vec![[
-        "NODE".to_string(),
-        "MODEL".into(),
-        "ROOT".into(),
-        "STATE".into(),
-        "DONE".into(),
-        "RATE".into(),
-        "ETA".into(),
-        "LAST ERROR".into(),
-    ]];
+/// The status table, one line per node and model, fitted to `width`
+/// columns (`None`: no limit): a model name too long is elided (it is whole
+/// in `--json`), a root shown by its first 12 hex digits, and an error or a
+/// fallback wrapped on indented lines under its row, never cut.
+pub fn render(reports: &[NodeReport], width: Option<usize>) -> String {
+    let mut t = Table::new(
+        &["NODE", "MODEL", "ROOT", "STATE", "DONE", "RATE", "ETA"],
+        &[1, 0],
+    );
+    let dash = || "-".to_string();
     for r in reports {
         let Some(s) = &r.status else {
-            rows.push([
-                r.node.clone(),
-                "-".into(),
-                "-".into(),
-                "unreachable".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                r.error.clone().unwrap_or_default(),
-            ]);
+            t.row(
+                vec![
+                    r.node.clone(),
+                    dash(),
+                    dash(),
+                    "unreachable".into(),
+                    dash(),
+                    dash(),
+                    dash(),
+                ],
+                r.error.iter().map(|e| format!("error: {e}")).collect(),
+            );
             continue;
         };
         if s.models.is_empty() {
-            rows.push([
-                r.node.clone(),
-                "-".into(),
-                "-".into(),
-                "idle".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                String::new(),
-            ]);
+            t.row(
+                vec![
+                    r.node.clone(),
+                    dash(),
+                    dash(),
+                    "idle".into(),
+                    dash(),
+                    dash(),
+                    dash(),
+                ],
+                Vec::new(),
+            );
         }
         // A complete blob of an image shows as its image, below.
         for m in s.models.iter().filter(|m| {
             m.state != ModelState::Complete
                 || xfer_proto::image::Digest::of_model(&m.name).is_none()
         }) {
-            rows.push(row(&r.node, m));
+            let details = m
+                .last_error
+                .iter()
+                .map(|e| format!("last error: {e}"))
+                .collect();
+            t.row(row(&r.node, m), details);
         }
     }
-    let widths: Vec<usize> = (0..8)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        let line: Vec<String> = (0..8)
-            .map(|i| {
-                if i == 7 {
-                    r[i].clone()
-                } else {
-                    format!("{:<w$}", r[i], w = widths[i])
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out.push_str(&render_images(reports));
+    let mut out = t.render(width);
+    out.push_str(&render_images(reports, width));
     // Never silent: every pair whose data went over management.
     let mut seen = Vec::new();
     for m in reports
@@ -468,7 +460,7 @@ pub fn render(reports: &[NodeReport]) -> String {
         for f in &m.fallbacks {
             let line = format!("{}: {f}", m.name);
             if !seen.contains(&line) {
-                out.push_str(&line);
+                out.push_str(&wrap(&line, width, 4));
                 out.push('\n');
                 seen.push(line);
             }
@@ -477,52 +469,49 @@ pub fn render(reports: &[NodeReport]) -> String {
     out
 }
 
-/// The images table: one line per node and image it loaded.
-fn render_images(reports: &[NodeReport]) -> String {
-    let mut rows = vec![[
-        "NODE".to_string(),
-        "IMAGE".into(),
-        "ID".into(),
-        "SIZE".into(),
-        "LAYERS".into(),
-        "STATE".into(),
-    ]];
+/// The images table: one line per node and image it loaded; a state that
+/// is an error goes on an indented line under its row.
+fn render_images(reports: &[NodeReport], width: Option<usize>) -> String {
+    let mut t = Table::new(&["NODE", "IMAGE", "ID", "SIZE", "LAYERS", "STATE"], &[1, 0]);
+    let mut any = false;
     for r in reports {
         for i in r.status.iter().flat_map(|s| &s.images) {
-            let state = match &i.engine_id {
-                None => "loaded (no engine to ask now)".to_string(),
-                Some(Ok(id)) if *id == i.id => "loaded".to_string(),
-                Some(Ok(id)) => format!("the engine now holds {} under this name", id.short()),
-                Some(Err(e)) => e.clone(),
+            any = true;
+            let (state, detail) = match &i.engine_id {
+                None => (
+                    "loaded".to_string(),
+                    Some("no engine to ask now".to_string()),
+                ),
+                Some(Ok(id)) if *id == i.id => ("loaded".to_string(), None),
+                Some(Ok(id)) => (
+                    "replaced".to_string(),
+                    Some(format!(
+                        "the engine now holds {} under this name",
+                        id.short()
+                    )),
+                ),
+                Some(Err(e)) => ("unknown".to_string(), Some(e.clone())),
             };
-            rows.push([
-                r.node.clone(),
-                i.reference.clone(),
-                i.id.short(),
-                Bytes(i.bytes).to_string(),
-                i.layers.to_string(),
-                state,
-            ]);
+            t.row(
+                vec![
+                    r.node.clone(),
+                    i.reference.clone(),
+                    i.id.short(),
+                    Bytes(i.bytes).to_string(),
+                    i.layers.to_string(),
+                    state,
+                ],
+                detail.into_iter().collect(),
+            );
         }
     }
-    if rows.len() == 1 {
+    if !any {
         return String::new();
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::from("\n");
-    for r in &rows {
-        let line: Vec<String> = (0..6)
-            .map(|i| format!("{:<w$}", r[i], w = widths[i]))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    format!("\n{}", t.render(width))
 }
 
-fn row(node: &str, m: &ModelStatus) -> [String; 8] {
+fn row(node: &str, m: &ModelStatus) -> Vec<String> {
     let pct = if m.bytes_total == 0 {
         if m.state == ModelState::Complete {
             "100%".into()
@@ -532,21 +521,20 @@ fn row(node: &str, m: &ModelStatus) -> [String; 8] {
     } else {
         format!("{:.1}%", m.bytes_held as f64 * 100.0 / m.bytes_total as f64)
     };
-    [
+    vec![
         node.to_string(),
         m.name.clone(),
         m.root.map(|r| r.short()).unwrap_or_else(|| "-".into()),
         m.state.label().to_string(),
         pct,
         if m.rate_bps > 0.0 {
-            format!("{}/s", Bytes(m.rate_bps as u64))
+            Rate(m.rate_bps).to_string()
         } else {
             "-".into()
         },
         m.eta_s
             .map(|e| format!("{e:.0}s"))
             .unwrap_or_else(|| "-".into()),
-        m.last_error.clone().unwrap_or_default(),
     ]
 }
 
@@ -565,6 +553,7 @@ pub async fn wait(
         b.unset_length();
     }
     let started = Instant::now();
+    let mut started_at = vec![false; names.len()];
     loop {
         let source = status(cluster, cred, std::slice::from_ref(&spec.source_node)).await?;
         let job = source
@@ -583,7 +572,7 @@ pub async fn wait(
         let retrying = job.as_ref().and_then(|j| j.retry_line(unix_now()));
         let reports = status(cluster, cred, &names).await?;
         let mut roots = Vec::new();
-        for (r, bar) in reports.iter().zip(&bars) {
+        for (i, (r, bar)) in reports.iter().zip(&bars).enumerate() {
             let m = r
                 .status
                 .as_ref()
@@ -598,6 +587,12 @@ pub async fn wait(
                         bar.unset_length();
                     } else {
                         bar.set_length(m.bytes_total);
+                    }
+                    if !started_at[i] {
+                        // What the node held before counts as held, not
+                        // as moved now.
+                        started_at[i] = true;
+                        bar.resume_at(m.bytes_held);
                     }
                     bar.set_position(m.bytes_held);
                     bar.set_message(match m.state {
@@ -1051,7 +1046,7 @@ mod job_error_tests {
         );
         assert_eq!(err(2).as_deref(), Some("c:7470: no answer within 5s"));
         assert_eq!(err(3), None, "d is not in the job");
-        let text = render(&reports);
+        let text = render(&reports, None);
         assert!(text.contains("retrying (attempt 2, next in 4s)"), "{text}");
 
         let line = job_line(&job(JobState::Syncing), 1_000);
@@ -1079,5 +1074,60 @@ mod job_error_tests {
                 .as_deref(),
             Some("job j1 failed: o/m was not found")
         );
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    /// A node's status as the wire carries it (built from JSON so fields
+    /// added later with `#[serde(default)]` need no edit here).
+    fn node(name: &str, models: serde_json::Value) -> NodeReport {
+        let status: AgentStatus = serde_json::from_value(serde_json::json!({
+            "node": name, "root": "/models", "models": models, "jobs": [], "images": []
+        }))
+        .expect("a status");
+        NodeReport {
+            node: name.into(),
+            agent: "127.0.0.1:7000".into(),
+            reachable: true,
+            error: None,
+            status: Some(status),
+        }
+    }
+
+    /// At 100 columns no line of the table is wider, a long model name is
+    /// elided, and an error is wrapped under its row with every word kept.
+    #[test]
+    fn the_status_table_fits_100_columns_and_keeps_errors_whole() {
+        let error = "cannot write /models/.staging/meta-llama--Llama-3.1-70B-Instruct/model-00017-of-00030.safetensors: No space left on device (os error 28); free 40.2 GiB on /models or move --root";
+        let model = serde_json::json!({
+            "name": "meta-llama--Llama-3.1-70B-Instruct-with-a-much-longer-name-than-fits",
+            "root": null, "state": "syncing", "bytes_total": 141_000_000_000u64,
+            "bytes_held": 70_000_000_000u64, "rate_bps": 21_000_000.0, "eta_s": 3400.0,
+            "from_source": 0, "from_peers": 0, "last_error": error, "repaired_files": 0
+        });
+        let mut unreachable = node("node-b", serde_json::json!([]));
+        unreachable.status = None;
+        unreachable.reachable = false;
+        unreachable.error = Some(format!("{}: {error}", "x".repeat(130)));
+        let reports = [node("node-a", serde_json::json!([model])), unreachable];
+        let shown = render(&reports, Some(100));
+        for l in shown.lines() {
+            assert!(
+                l.chars().count() <= 100,
+                "{} columns: {l:?}",
+                l.chars().count()
+            );
+        }
+        let words: Vec<&str> = shown.split_whitespace().collect();
+        for w in error.split_whitespace() {
+            assert!(words.contains(&w), "{w} lost:\n{shown}");
+        }
+        assert!(shown.contains('…'), "{shown}");
+        assert!(shown.contains("20.0 MiB/s"), "{shown}");
+        // Without a terminal nothing is elided.
+        assert!(render(&reports, None).contains("with-a-much-longer-name-than-fits"));
     }
 }
