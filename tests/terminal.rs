@@ -341,7 +341,14 @@ fn ctrl_c_on_sync_wait_leaves_the_job_running() {
     let id = r
         .stderr
         .lines()
-        .find_map(|l| l.strip_prefix("job ")?.split_whitespace().next())
+        .find_map(|l| {
+            Some(
+                l.strip_prefix("job ")?
+                    .split_whitespace()
+                    .next()?
+                    .trim_end_matches(':'),
+            )
+        })
         .unwrap_or_else(|| panic!("no job id: {r:#?}"))
         .to_string();
     c.wait_complete(&id, "a", &["a", "b"], "m");
