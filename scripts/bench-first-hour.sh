@@ -22,7 +22,8 @@
 # full bars) and the down case showed "channel closed", not the cause.
 #
 # Prints a Markdown table with xfer / hf per case; appends it to
-# $FH_DIR/summary.txt. Exit 3 when xfer is slower than hf to report a typo.
+# $FH_DIR/summary.txt. Exit 3 when xfer takes over 5 s to fail a typo'd
+# repo (issue 32's floor).
 #
 # Env [default]: RUNS [3], REPO_MIB [64], PORT [17610] (agents, UDP),
 # XFER [target/release/xfer; built with `cargo build --release -p xfer`
@@ -118,13 +119,11 @@ key = "ops.cred"
 name = "node-a"
 agent = "127.0.0.2:$PORT"
 root = "$RUN/root-a"
-fabric_ip = "127.0.0.2"
 
 [[node]]
 name = "node-b"
 agent = "127.0.0.3:$PORT"
 root = "$RUN/root-b"
-fabric_ip = "127.0.0.3"
 EOF
 export XFER_CLUSTER=$RUN/cluster.toml
 export HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_ETAG_TIMEOUT=10 HF_HUB_DOWNLOAD_TIMEOUT=10
@@ -199,5 +198,5 @@ XO=$(median "${X_OK[@]}") HO=$(median "${H_OK[@]}")
         "$XD" "$HD" "$(ratio "$XD" "$HD")"
     printf '| success: %d MiB repo | %.2f (2 nodes) | %.2f (1 cache) | %s | | |\n' "$REPO_MIB" "$XO" "$HO" "$(ratio "$XO" "$HO")"
 } | tee -a "$FH_DIR/summary.txt"
-awk -v x="$XT" -v h="$HT" 'BEGIN { exit !(x > h) }' && exit 3
+awk -v x="$XT" 'BEGIN { exit !(x > 5) }' && exit 3
 exit 0
