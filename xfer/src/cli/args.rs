@@ -370,9 +370,14 @@ pub struct RmArgs {
 /// The arguments of `xfer prune`.
 #[derive(clap::Args)]
 pub struct PruneArgs {
-    /// The cluster file naming the nodes and the credential.
-    #[arg(long)]
-    pub cluster: PathBuf,
+    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "XFER_CLUSTER",
+        hide_env_values = true
+    )]
+    pub cluster: Option<PathBuf>,
     /// Prune only these nodes, comma separated (default: every node).
     #[arg(long, value_delimiter = ',')]
     pub nodes: Vec<String>,
@@ -705,6 +710,32 @@ mod tests {
         for s in subs {
             undocumented(s, &format!("{path} {}", s.get_name()), out);
         }
+    }
+
+    /// Every `--cluster FILE` an operator passes (all but `serve`'s, which
+    /// limits whom an agent trusts) falls back to `$XFER_CLUSTER`: through
+    /// clap, or (`push`, `image push`, where `--to` is the other choice) in
+    /// the command, which its help says.
+    #[test]
+    fn every_operators_cluster_flag_reads_xfer_cluster() {
+        fn walk(c: &clap::Command, path: &str, out: &mut Vec<String>) {
+            for a in c.get_arguments() {
+                let by_clap = a.get_env().and_then(|e| e.to_str()) == Some("XFER_CLUSTER");
+                let in_help = a
+                    .get_help()
+                    .is_some_and(|h| h.to_string().contains("XFER_CLUSTER"));
+                let by_command = matches!(path, "xfer push" | "xfer image push") && in_help;
+                if a.get_id() == "cluster" && path != "xfer serve" && !by_clap && !by_command {
+                    out.push(path.to_string());
+                }
+            }
+            for s in c.get_subcommands() {
+                walk(s, &format!("{path} {}", s.get_name()), out);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "xfer", &mut missing);
+        assert!(missing.is_empty(), "no XFER_CLUSTER: {missing:?}");
     }
 
     #[test]

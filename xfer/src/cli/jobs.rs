@@ -179,7 +179,7 @@ pub async fn prune(args: PruneArgs) -> Result<ExitCode> {
         nodes,
         json,
     } = args;
-    let cluster = xfer::config::cluster::Cluster::load(&cluster)?;
+    let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
     let reports = xfer::agent::sync::client::prune(&cluster, &cred, &nodes).await?;
     let failed = reports.iter().any(|r| r.error.is_some());
