@@ -15,8 +15,11 @@ mod logs;
 mod plan;
 mod up;
 
+/// What the docs promise of this binary's arguments, shared with the
+/// other binary's tests.
 #[cfg(test)]
-mod quickstart_test;
+#[path = "../../../tests/common/cli_docs.rs"]
+mod cli_docs;
 
 pub use args::{Cli, Cmd};
 pub use check::check;

@@ -680,36 +680,13 @@ impl From<FanOutArg> for xfer::flow::pull_fanout::FanOut {
 mod tests {
     use clap::CommandFactory;
 
-    /// Every argument of `cmd` and its subcommands that has no help text,
-    /// and every leaf command without an example naming it.
-    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
-        for a in cmd.get_arguments() {
-            let id = a.get_id().as_str();
-            if a.is_hide_set() || id == "help" || id == "version" {
-                continue;
-            }
-            if a.get_help().is_none() && a.get_long_help().is_none() {
-                out.push(format!("`{path}` argument {id} has no help text"));
-            }
-        }
-        let subs: Vec<&clap::Command> = cmd
-            .get_subcommands()
-            .filter(|c| c.get_name() != "help")
-            .collect();
-        if subs.is_empty() {
-            let example = cmd
-                .get_after_help()
-                .map(|h| h.to_string())
-                .unwrap_or_default();
-            if !example.starts_with("Example:\n") || !example.contains(path) {
-                out.push(format!(
-                    "`{path}` has no example (after_help \"Example:\\n  {path} ...\")"
-                ));
-            }
-        }
-        for s in subs {
-            undocumented(s, &format!("{path} {}", s.get_name()), out);
-        }
+    use crate::cli::cli_docs::undocumented;
+
+    /// The README's quick start, read as a newcomer copies it: every
+    /// `xfer` line in it parses with these arguments.
+    #[test]
+    fn every_xfer_command_in_the_quick_start_parses() {
+        crate::cli::cli_docs::assert_quick_start_parses::<super::Cli>("xfer", 8);
     }
 
     /// Every `--cluster FILE` an operator passes (all but `serve`'s, which

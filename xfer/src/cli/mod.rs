@@ -21,8 +21,11 @@ mod out;
 mod serve;
 mod transfer;
 
+/// What the docs promise of this binary's arguments, shared with the
+/// other binary's tests.
 #[cfg(test)]
-mod quickstart_test;
+#[path = "../../../tests/common/cli_docs.rs"]
+mod cli_docs;
 
 use std::process::ExitCode;
 

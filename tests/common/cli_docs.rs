@@ -1,13 +1,81 @@
-//! The command lines of one README section, as a reader would copy and
-//! paste them: what the quick-start doc tests parse with each binary's own
-//! argument definitions. Std and `shlex` only, because the `xfer` and
-//! `xfer-launch` binaries' unit tests include this file by path.
+//! What the two binaries' documentation promises, checked by their unit
+//! tests (each includes this file by path; std, `shlex` and `clap` only):
+//! every command line of the README's quick start parses with the binary's
+//! own arguments ([`assert_quick_start_parses`], over [`commands`], the
+//! command lines of one README section as a reader would copy and paste
+//! them), and every argument has help and every command an example
+//! ([`undocumented`]).
 //!
 //! What it understands of the shell: ```` ```sh ```` blocks, `\` line
 //! continuations, heredoc bodies (skipped), `#` comments, `export K=V`
 //! (kept for the rest of the section), `K=V cmd` prefixes, `sudo`,
 //! `sh -c '...'` (read inside), and a command's end at `&`, `&&`, `;`, `|`
 //! or a redirection.
+
+/// Parses every `program` command line of the README's quick start with
+/// `C`, in the environment its `export`s and `K=V` prefixes give it;
+/// panics naming the first line that does not parse, or when fewer than
+/// `at_least` are found (the heading moved).
+pub fn assert_quick_start_parses<C: clap::Parser>(program: &str, at_least: usize) {
+    let text = include_str!("../../README.md");
+    let found = commands(text, "## Quick start", program);
+    assert!(
+        found.len() >= at_least,
+        "the quick start has only {} {program} commands; did its heading change?",
+        found.len()
+    );
+    for c in found {
+        for (k, v) in &c.env {
+            std::env::set_var(k, v);
+        }
+        let parsed = C::try_parse_from(&c.argv);
+        for (k, _) in &c.env {
+            std::env::remove_var(k);
+        }
+        if let Err(e) = parsed {
+            use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
+            assert!(
+                matches!(e.kind(), DisplayHelp | DisplayVersion),
+                "README.md line {}: `{}` does not parse:\n{e}",
+                c.line,
+                c.argv.join(" ")
+            );
+        }
+    }
+}
+
+/// Every argument of `cmd` and its subcommands that has no help text, and
+/// every leaf command without an example naming it, one line each in
+/// `out`; `path` is `cmd`'s name as typed (`xfer`, `xfer-launch`).
+pub fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+    for a in cmd.get_arguments() {
+        let id = a.get_id().as_str();
+        if a.is_hide_set() || id == "help" || id == "version" {
+            continue;
+        }
+        if a.get_help().is_none() && a.get_long_help().is_none() {
+            out.push(format!("`{path}` argument {id} has no help text"));
+        }
+    }
+    let subs: Vec<&clap::Command> = cmd
+        .get_subcommands()
+        .filter(|c| c.get_name() != "help")
+        .collect();
+    if subs.is_empty() {
+        let example = cmd
+            .get_after_help()
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        if !example.starts_with("Example:\n") || !example.contains(path) {
+            out.push(format!(
+                "`{path}` has no example (after_help \"Example:\\n  {path} ...\")"
+            ));
+        }
+    }
+    for s in subs {
+        undocumented(s, &format!("{path} {}", s.get_name()), out);
+    }
+}
 
 /// One command line found in the section.
 #[derive(Debug, Clone)]
