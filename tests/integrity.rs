@@ -1,7 +1,7 @@
 //! The integrity findings of issue 30, each performed with real agents:
-//! - an update of a complete model killed mid-way leaves it `replacing`,
-//!   and the launch gate refuses it, before and after an agent restart,
-//!   until the update is run again;
+//! - an update of a complete model whose source dies mid-way leaves it
+//!   `replacing`, and the launch gate refuses it, before and after an
+//!   agent restart, until the update is run again;
 //! - a node credential cannot replace a model the operator delivered;
 //! - a draft offered under an id a peer chose (the root of the real
 //!   model) does not make the next push take its bytes as held;
@@ -93,26 +93,39 @@ fn a_killed_update_leaves_the_model_replacing_and_the_gate_refuses_it() {
     let root = t.path().join("rb");
     let mut b = Agent::start("127.0.0.151:0", &root, &key);
     let v1 = model(&t.path().join("v1"), "legit", 1, 0);
-    let v2 = model(&t.path().join("v2"), "legit", 2, 48 * MIB);
+    let v2 = model(&t.path().join("v2"), "legit", 2, 8 * MIB);
     let s = push_ok(&v1, &[&b.addr], &key, &[]);
     let v1_root = s.nodes[0].root.unwrap();
     assert!(passes(&gate(&cred, &b, "legit")));
 
-    // The update, slowed, killed once its weights.bin is in place.
+    // The update, from a source that serves v2's weights.bin and
+    // config.json but never z-extra.bin, dies once weights.bin is in
+    // place: whatever order the chunks go in, the update cannot complete.
     let placed = b.model_dir("legit").join("weights.bin");
     let v2_weights = std::fs::read(v2.join("weights.bin")).unwrap();
-    let update = Proc::spawn(&mut push_cmd(
+    let addr: SocketAddr = b.addr.parse().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let src = rt.block_on(withholding_source(
+        &cred,
+        addr,
         &v2,
-        &[&b.addr],
-        &key,
-        &["--limit-rate", "4MiB"],
+        "z-extra.bin",
+        released.clone(),
     ));
     wait_until(
         "v2's weights.bin to be placed",
         Duration::from_secs(60),
         || std::fs::read(&placed).is_ok_and(|d| d == v2_weights),
     );
-    update.kill9();
+    assert!(
+        !b.model_dir("legit").join("z-extra.bin").exists(),
+        "the withheld file was placed"
+    );
+    // The source dies without a word, as a `kill -9`ed push does.
+    drop(src);
+    released.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.shutdown_background();
 
     // Neither v1 nor v2 is complete, and the gate says so.
     let w = gate(&cred, &b, "legit");
@@ -243,34 +256,13 @@ impl DraftSource {
     ) -> DraftSource {
         let draft = Draft::from_listing(&listing).unwrap();
         let map = Arc::new(ChunkMap::new(&draft.shape()));
-        let ep = client_endpoint(cred, addr).unwrap();
-        let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
-        let (mut send, mut recv) = conn.open_bi().await.unwrap();
-        write_frame(&mut send, &Hello::new(Service::Transfer))
-            .await
-            .unwrap();
         let offer = TransferMsg::OfferDraft {
             name: ModelName::new(name).unwrap(),
             id,
             listing,
         };
-        write_frame(&mut send, &offer).await.unwrap();
-        // A swarm of one, as a source with one destination sends it.
-        let swarm = TransferMsg::Swarm {
-            me: 0,
-            peers: Vec::new(),
-            homes: None,
-            bounded: false,
-        };
-        write_frame(&mut send, &swarm).await.unwrap();
-        match read_frame::<TransferMsg>(&mut recv).await.unwrap() {
-            TransferMsg::Accepted { .. } => {}
-            other => panic!("the draft was not accepted: {other:?}"),
-        }
-        // Progress reports are read and dropped, so they never block it.
-        tokio::spawn(async move { while read_frame::<TransferMsg>(&mut recv).await.is_ok() {} });
-        let serving = Serving::new(map.clone(), reader(map.clone()), Offer::none());
-        tokio::spawn(serve(conn.clone(), serving));
+        let served = reader(map.clone());
+        let (ep, conn, send) = open_offer(cred, addr, offer, map.clone(), served).await;
         DraftSource {
             ep,
             conn,
@@ -289,6 +281,92 @@ impl DraftSource {
         self.conn.close(0u32.into(), b"gone");
         self.ep.wait_idle().await;
     }
+}
+
+/// Opens a transfer to the agent at `addr` with `offer` (an `Offer` or an
+/// `OfferDraft`) in a swarm of one, as a source with one destination does,
+/// and serves the agent's chunk requests from `reader`: the endpoint, the
+/// connection and the control stream's sender.
+async fn open_offer(
+    cred: &Credential,
+    addr: SocketAddr,
+    offer: TransferMsg,
+    map: Arc<ChunkMap>,
+    reader: Arc<dyn ChunkReader>,
+) -> (quinn::Endpoint, quinn::Connection, quinn::SendStream) {
+    let ep = client_endpoint(cred, addr).unwrap();
+    let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_frame(&mut send, &Hello::new(Service::Transfer))
+        .await
+        .unwrap();
+    write_frame(&mut send, &offer).await.unwrap();
+    let swarm = TransferMsg::Swarm {
+        me: 0,
+        peers: Vec::new(),
+        homes: None,
+        bounded: false,
+    };
+    write_frame(&mut send, &swarm).await.unwrap();
+    match read_frame::<TransferMsg>(&mut recv).await.unwrap() {
+        TransferMsg::Accepted { .. } => {}
+        other => panic!("the offer was not accepted: {other:?}"),
+    }
+    // Progress reports are read and dropped, so they never block it.
+    tokio::spawn(async move { while read_frame::<TransferMsg>(&mut recv).await.is_ok() {} });
+    let serving = Serving::new(map, reader, Offer::none());
+    tokio::spawn(serve(conn.clone(), serving));
+    (ep, conn, send)
+}
+
+/// Serves every file of a tree but one (`withheld`), whose reads wait
+/// until `released` and then fail.
+struct Withholding {
+    inner: xfer::transport::files::FileChunkReader,
+    withheld: u32,
+    released: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ChunkReader for Withholding {
+    fn read_chunk(&self, chunk: ChunkId) -> Result<bytes::Bytes, xfer::transport::ReadError> {
+        if chunk.file != self.withheld {
+            return self.inner.read_chunk(chunk);
+        }
+        while !self.released.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(xfer::transport::ReadError::NotDownloaded)
+    }
+}
+
+/// A source that offers the tree at `dir` (named as its folder) to the
+/// agent at `addr`, as `xfer push` does, and serves all of it but the file
+/// `withheld`. Dropping it drops the connection without a close.
+async fn withholding_source(
+    cred: &Credential,
+    addr: SocketAddr,
+    dir: &Path,
+    withheld: &str,
+    released: Arc<std::sync::atomic::AtomicBool>,
+) -> (quinn::Endpoint, quinn::Connection, quinn::SendStream) {
+    let tree = xfer::store::scan::scan(dir, 4 * MIB, &|_| {}).unwrap();
+    let map = Arc::new(ChunkMap::new(&tree.manifest));
+    let withheld = tree
+        .sources
+        .iter()
+        .position(|p| p.ends_with(withheld))
+        .expect("the withheld file is in the tree") as u32;
+    let reader = Withholding {
+        inner: xfer::transport::files::FileChunkReader::new(tree.sources.clone(), map.clone()),
+        withheld,
+        released,
+    };
+    let name = dir.file_name().unwrap().to_str().unwrap();
+    let offer = TransferMsg::Offer {
+        name: ModelName::new(name).unwrap(),
+        manifest: tree.manifest.clone(),
+    };
+    open_offer(cred, addr, offer, map, Arc::new(reader)).await
 }
 
 /// The chunk hashes of `data`, at [`CS`].
