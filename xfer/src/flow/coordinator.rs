@@ -4,18 +4,32 @@
 //! actions sent to the receivers concerned on their control streams
 //! (`Links`, `Feed`). Each receiver starts from [`Coordinator::swarm_for`]:
 //! its first peers and, if it feeds from the source, its home chunks.
+//!
+//! It also keeps the source's [`SeedLedger`]: every chunk request a
+//! receiver makes of the source passes [`SeedGate`] first, which holds a
+//! second copy of a chunk while its first holder lives (super-seeding).
 
-use std::sync::Mutex;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
+use crate::engine::seeding::{SeedLedger, Verdict};
 use crate::engine::topology::{self, Action, Event, Topology};
+use crate::transport::serve::Admission;
 use xfer_proto::hash::Hash;
 use xfer_proto::transfer::{HomeSlots, SwarmPeer, TransferMsg};
 
 /// Coordinates the peer graph of one push.
 pub struct Coordinator {
     topo: Mutex<Topology>,
+    ledger: Mutex<SeedLedger>,
+    /// Told when the ledger frees chunks (a first holder was lost).
+    freed: Notify,
+    /// The ledger's clock starts here.
+    started: Instant,
     /// By peer id - 1.
     members: Vec<SwarmPeer>,
     outboxes: Vec<mpsc::UnboundedSender<TransferMsg>>,
@@ -24,12 +38,13 @@ pub struct Coordinator {
 impl Coordinator {
     /// The graph of `members` (ids 1..=N in order) with at most `degree`
     /// links each, seeded by the model's `root` (so a re-run draws the
-    /// same graph); returns it and each member's outbox, to drain onto its
-    /// control stream.
+    /// same graph), for a model of `chunks` chunks; returns it and each
+    /// member's outbox, to drain onto its control stream.
     pub fn new(
         members: Vec<SwarmPeer>,
         degree: u32,
         root: Hash,
+        chunks: u64,
     ) -> (Coordinator, Vec<mpsc::UnboundedReceiver<TransferMsg>>) {
         let seed = u64::from_le_bytes(root.0[..8].try_into().expect("32-byte hash"));
         let cfg = topology::Config {
@@ -44,6 +59,9 @@ impl Coordinator {
         (
             Coordinator {
                 topo: Mutex::new(topo),
+                ledger: Mutex::new(SeedLedger::new(chunks, SeedLedger::DEFAULT_PATIENCE)),
+                freed: Notify::new(),
+                started: Instant::now(),
                 members,
                 outboxes,
             },
@@ -75,7 +93,44 @@ impl Coordinator {
 
     /// Member `id`'s control connection is gone (it failed or was lost).
     pub fn gone(&self, id: u32) {
+        self.lost(id);
         self.handle(Event::Gone(id));
+    }
+
+    /// What the source's first copies to `id` were worth is gone: second
+    /// copies of them may go out now.
+    fn lost(&self, id: u32) {
+        if self.ledger.lock().unwrap().lost(id) {
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// Chunks the source served once, and second copies it served.
+    pub fn seed_counts(&self) -> (u64, u64) {
+        self.ledger.lock().unwrap().counts()
+    }
+
+    /// Waits until the source may serve `chunk` to member `id`.
+    async fn admit(&self, id: u32, chunk: u64) {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let verdict = {
+                let now = self.started.elapsed();
+                self.ledger.lock().unwrap().ask(id, chunk, now)
+            };
+            match verdict {
+                Verdict::Serve => return,
+                Verdict::Wait { until } => {
+                    let deadline = tokio::time::Instant::from_std(self.started + until);
+                    tokio::select! {
+                        _ = freed => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+            }
+        }
     }
 
     /// Member `id` is back (a restarted agent offered the transfer again):
@@ -89,6 +144,7 @@ impl Coordinator {
     /// Member `reporter` found its link to `peer` far slower than others.
     pub fn slow(&self, reporter: u32, peer: u32) {
         if self.member(peer).is_some() {
+            self.lost(peer);
             self.handle(Event::Slow { reporter, peer });
         }
     }
@@ -102,6 +158,7 @@ impl Coordinator {
             .iter()
             .find(|m| m.addr == addr || m.fallback == Some(addr))
         {
+            self.lost(m.id);
             self.handle(Event::Slow {
                 reporter,
                 peer: m.id,
@@ -150,6 +207,21 @@ impl Coordinator {
         {
             let _ = out.send(msg);
         }
+    }
+}
+
+/// The source's gate for member `id`'s chunk requests: the ledger's
+/// verdict, waited out.
+pub struct SeedGate {
+    /// The swarm's coordinator.
+    pub coordinator: Arc<Coordinator>,
+    /// The member asking.
+    pub id: u32,
+}
+
+impl Admission for SeedGate {
+    fn admit(&self, chunk: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.coordinator.admit(self.id, chunk))
     }
 }
 

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::auth::Credential;
-use crate::flow::coordinator::Coordinator;
+use crate::flow::coordinator::{Coordinator, SeedGate};
 use crate::flow::feed::DraftFeed;
 use crate::flow::route::{self, Destination};
 use crate::store::hashcache::HashCache;
@@ -331,7 +331,8 @@ pub(crate) async fn deliver_plan(
         root: plan.key,
     });
     let mut tasks = Vec::new();
-    let (coordinator, outboxes) = Coordinator::new(members.clone(), opts.peers, plan.key);
+    let (coordinator, outboxes) =
+        Coordinator::new(members.clone(), opts.peers, plan.key, plan.map.len());
     let coordinator = Arc::new(coordinator);
     for ((dest, member), outbox) in opts.to.iter().zip(&members).zip(outboxes) {
         let swarm = coordinator.swarm_for(member.id);
@@ -517,6 +518,10 @@ impl NodeCtx {
             }),
             rdma: self.rdma.clone(),
             rdma_sent: rdma_sent.clone(),
+            admission: Some(Arc::new(SeedGate {
+                coordinator: self.coordinator.clone(),
+                id: self.id,
+            })),
         }
     }
 

@@ -10,6 +10,8 @@
 //! queue-pair error, say); both kinds are served until the connection
 //! closes.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +24,14 @@ use super::ChunkReader;
 use crate::util::rate::RateLimiter;
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::stream::{RdmaReply, ResetCode, StreamRequest};
+
+/// Holds a chunk request until it may be served: the source's
+/// super-seeding gate (`flow::coordinator::SeedGate`), given the chunk's
+/// number. A request whose fetcher withdraws it meanwhile is dropped.
+pub trait Admission: Send + Sync {
+    /// Resolves when `chunk` may be served.
+    fn admit(&self, chunk: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
 
 /// What one connection serves, and how.
 #[derive(Clone)]
@@ -38,6 +48,8 @@ pub struct Serving {
     pub rdma: Offer,
     /// Counts the chunk bytes that went by RDMA write.
     pub rdma_sent: Arc<AtomicU64>,
+    /// Holds each request until it may be served (`None`: at once).
+    pub admission: Option<Arc<dyn Admission>>,
 }
 
 impl Serving {
@@ -50,6 +62,7 @@ impl Serving {
             on_sent: Arc::new(|_| {}),
             rdma,
             rdma_sent: Arc::default(),
+            admission: None,
         }
     }
 }
@@ -79,8 +92,7 @@ pub async fn serve(conn: Connection, serving: Serving) {
             match req {
                 StreamRequest::Chunk(req) => {
                     let (map, reader) = (s.map.clone(), s.reader.clone());
-                    answer_chunk(send, req, map, reader, s.limiter.clone(), s.on_sent.clone())
-                        .await;
+                    answer_chunk(send, req, map, reader, &s).await;
                 }
                 StreamRequest::Rdma(req) => {
                     let current = plane.lock().unwrap().clone();
@@ -89,6 +101,12 @@ pub async fn serve(conn: Connection, serving: Serving) {
                             RdmaReply::Unavailable("no RDMA data plane on this connection".into())
                         }
                         Some(p) => {
+                            if let (Some(a), Some(n)) = (&s.admission, s.map.number(req.chunk)) {
+                                tokio::select! {
+                                    _ = a.admit(n) => {}
+                                    _ = conn.closed() => return,
+                                }
+                            }
                             if let Some(l) = &s.limiter {
                                 l.acquire(u64::from(req.len)).await;
                             }
