@@ -48,7 +48,8 @@
 # disk, not tmpfs), PREFIX [xfo] (namespace names, see netcluster.sh),
 # PORT [17490] (xfer UDP; rsync daemons use PORT+1 TCP), PUSH_TIMEOUT
 # [4*N*S/B + 120 s], PLOT_NS ["1 2 4 8"], KEEP_RUN [0] keeps logs and JSON,
-# MGMT_MBIT [unset: one network] and DATA_ADDRS [1] (see above).
+# MGMT_MBIT [unset: one network] and DATA_ADDRS [1] (see above), PUSH_ARGS
+# [none] (more arguments of the push, e.g. "--chunk-size 1MiB").
 # Needs root (network namespaces; apt-get for missing tools).
 
 set -euo pipefail
@@ -265,7 +266,7 @@ run_one() {
     t0=$EPOCHREALTIME
     # In the background and waited for, so a TERM or INT reaches the trap at once.
     /usr/bin/time -f '%e %M %U %S' -o "$RUN/push.time" \
-        "$NC" exec 0 timeout -s INT "$timeout_s" "$xfer" push "$src" --to "$to" --key "$key" --json --rehash \
+        "$NC" exec 0 timeout -s INT "$timeout_s" "$xfer" push "$src" --to "$to" --key "$key" --json --rehash ${PUSH_ARGS:-} \
         >"$RUN/push.json" 2>"$RUN/push.err" &
     local ppid=$!
     track "$ppid"

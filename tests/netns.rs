@@ -183,3 +183,60 @@ fn a_peer_serving_corrupt_chunks_is_detected_excluded_and_the_transfer_completes
     }
     assert!(excluded >= 1, "nobody excluded the corrupting peer: {s:#?}");
 }
+
+/// Issue 33's regression guard: on a swarm of 8 receivers the source
+/// uploads each chunk about once (the super-seeding ledger), as its own
+/// count says and as the bytes its link carried say, and no receiver holds
+/// more than K peer links. The time is printed, not asserted.
+#[test]
+fn eight_receivers_and_the_source_uploads_each_chunk_about_once() {
+    let Some(cluster) = cluster("e", 8, 100) else {
+        return;
+    };
+    let t = tempdir("fanout8");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("m");
+    gen_model(&src, 24 * MIB, 93);
+    let _agents: Vec<_> = (1..=8)
+        .map(|i| start_agent(&cluster, i, &t.path().join(format!("h{i}")), &key))
+        .collect();
+    let to = addrs(&cluster, 1..=8);
+    let wire_before = tx_bytes(&cluster, 0);
+    let r = run(
+        &mut push_from_source(&cluster, &src, &to, &key, &t.path().join("xdg")),
+        Duration::from_secs(180),
+    );
+    r.assert_ok("fan-out to 8 receivers");
+    let wire = tx_bytes(&cluster, 0) - wire_before;
+    let s: PushJson = r.json();
+    for (i, n) in (1..=8).zip(&s.nodes) {
+        assert!(n.ok, "{n:#?}");
+        assert_same_tree(&src, &t.path().join(format!("h{i}/m")));
+        assert!(
+            n.max_peer_links <= xfer::engine::topology::DEFAULT_DEGREE,
+            "host {i} held {} peer links: {n:#?}",
+            n.max_peer_links
+        );
+    }
+    assert!(
+        s.source_sent_x <= 1.1,
+        "the source sent {:.3} x the model",
+        s.source_sent_x
+    );
+    // The link's own count: the payload plus QUIC, UDP and IP headers
+    // (about 5 % at MTU 1500) and the control streams.
+    let wire_x = wire as f64 / s.bytes_total as f64;
+    assert!(
+        wire_x <= 1.1 * 1.08,
+        "the source's link carried {wire_x:.3} x the model"
+    );
+    let floor = s.bytes_total as f64 / (100e6 / 8.0);
+    let took = s.duration_s - s.hash_s;
+    eprintln!(
+        "8 receivers, 24 MiB at 100 Mbit/s: {took:.2}s = {:.2} x S/B; source sent {:.3} x S \
+         ({wire_x:.3} x S on its link)",
+        took / floor,
+        s.source_sent_x
+    );
+}

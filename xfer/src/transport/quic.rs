@@ -490,9 +490,10 @@ pub async fn answer_chunk(
         let _ = send.finish();
         return;
     };
+    let mut slot = None;
     if let Some(a) = &serving.admission {
         tokio::select! {
-            _ = a.admit(number) => {}
+            admitted = a.admit(number) => slot = Some(admitted),
             _ = send.stopped() => return,
         }
     }
@@ -522,6 +523,11 @@ pub async fn answer_chunk(
         let _ = send.finish();
         on_sent(len);
         crate::util::metrics::served(len);
+        // A sending slot is held until the fetcher has read every byte: a
+        // write only queues them.
+        if slot.is_some_and(|s| s.0.is_some()) {
+            let _ = send.stopped().await;
+        }
     }
 }
 
