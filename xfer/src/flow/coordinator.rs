@@ -14,11 +14,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Notify};
 
 use crate::engine::seeding::{SeedLedger, Verdict};
 use crate::engine::topology::{self, Action, Event, Topology};
-use crate::transport::serve::{Admission, Admitted};
+use crate::transport::serve::Admission;
 use xfer_proto::hash::Hash;
 use xfer_proto::transfer::{HomeSlots, SwarmPeer, TransferMsg};
 
@@ -30,9 +30,6 @@ pub struct Coordinator {
     freed: Notify,
     /// The ledger's clock starts here.
     started: Instant,
-    /// The source's sending slots: chunks on their way at once, to all
-    /// receivers together (`None`: unbounded).
-    slots: Option<Arc<Semaphore>>,
     /// By peer id - 1.
     members: Vec<SwarmPeer>,
     outboxes: Vec<mpsc::UnboundedSender<TransferMsg>>,
@@ -65,7 +62,6 @@ impl Coordinator {
                 ledger: Mutex::new(SeedLedger::new(chunks, SeedLedger::DEFAULT_PATIENCE)),
                 freed: Notify::new(),
                 started: Instant::now(),
-                slots: seed_slots().map(|n| Arc::new(Semaphore::new(n))),
                 members,
                 outboxes,
             },
@@ -114,18 +110,8 @@ impl Coordinator {
         self.ledger.lock().unwrap().counts()
     }
 
-    /// Waits until the source may serve `chunk` to member `id`, and for a
-    /// sending slot.
-    async fn admit(&self, id: u32, chunk: u64) -> Admitted {
-        self.first_copy(id, chunk).await;
-        match &self.slots {
-            Some(s) => Admitted(s.clone().acquire_owned().await.ok()),
-            None => Admitted(None),
-        }
-    }
-
-    /// Waits until the ledger lets `chunk` go to member `id`.
-    async fn first_copy(&self, id: u32, chunk: u64) {
+    /// Waits until the source may serve `chunk` to member `id`.
+    async fn admit(&self, id: u32, chunk: u64) {
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
@@ -234,18 +220,9 @@ pub struct SeedGate {
 }
 
 impl Admission for SeedGate {
-    fn admit(&self, chunk: u64) -> Pin<Box<dyn Future<Output = Admitted> + Send + '_>> {
+    fn admit(&self, chunk: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(self.coordinator.admit(self.id, chunk))
     }
-}
-
-/// The source's sending slots (`XFER_SEED_SLOTS`, 0: unbounded).
-fn seed_slots() -> Option<usize> {
-    let n = std::env::var("XFER_SEED_SLOTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0usize);
-    (n > 0).then_some(n)
 }
 
 /// The wire form of a receiver's homes; none when it owns no slot.

@@ -490,10 +490,9 @@ pub async fn answer_chunk(
         let _ = send.finish();
         return;
     };
-    let mut slot = None;
     if let Some(a) = &serving.admission {
         tokio::select! {
-            admitted = a.admit(number) => slot = Some(admitted),
+            _ = a.admit(number) => {}
             _ = send.stopped() => return,
         }
     }
@@ -523,11 +522,6 @@ pub async fn answer_chunk(
         let _ = send.finish();
         on_sent(len);
         crate::util::metrics::served(len);
-        // A sending slot is held until the fetcher has read every byte: a
-        // write only queues them.
-        if slot.is_some_and(|s| s.0.is_some()) {
-            let _ = send.stopped().await;
-        }
     }
 }
 

@@ -29,14 +29,9 @@ use xfer_proto::stream::{RdmaReply, ResetCode, StreamRequest};
 /// super-seeding gate (`flow::coordinator::SeedGate`), given the chunk's
 /// number. A request whose fetcher withdraws it meanwhile is dropped.
 pub trait Admission: Send + Sync {
-    /// Resolves when `chunk` may be served, with the sending slot it holds
-    /// until the fetcher has every byte.
-    fn admit(&self, chunk: u64) -> Pin<Box<dyn Future<Output = Admitted> + Send + '_>>;
+    /// Resolves when `chunk` may be served.
+    fn admit(&self, chunk: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
-
-/// One of the source's sending slots, held while a chunk is on its way
-/// (none: the source sends without a bound).
-pub struct Admitted(pub Option<tokio::sync::OwnedSemaphorePermit>);
 
 /// What one connection serves, and how.
 #[derive(Clone)]
@@ -106,10 +101,9 @@ pub async fn serve(conn: Connection, serving: Serving) {
                             RdmaReply::Unavailable("no RDMA data plane on this connection".into())
                         }
                         Some(p) => {
-                            let mut _slot = None;
                             if let (Some(a), Some(n)) = (&s.admission, s.map.number(req.chunk)) {
                                 tokio::select! {
-                                    admitted = a.admit(n) => _slot = Some(admitted),
+                                    _ = a.admit(n) => {}
                                     _ = conn.closed() => return,
                                 }
                             }
