@@ -119,11 +119,17 @@ pub struct Tally {
     /// they were made (at most one per peer and [`MAX_FALLBACKS`]).
     fallbacks: Mutex<Vec<FallbackRoute>>,
     links: Mutex<LinkSet>,
+    /// Told when the source links or unlinks a peer.
+    told_changed: tokio::sync::Notify,
 }
 
 /// The peers a node is linked with, either way, and the most at once.
 #[derive(Debug, Default)]
 struct LinkSet {
+    /// Peers the source linked this node with (and not unlinked since):
+    /// only these may fetch from it, so with the source's degree bound no
+    /// node ever holds more than `K` links.
+    told: std::collections::HashSet<PeerId>,
     /// Peers this node fetches from.
     out: std::collections::HashSet<PeerId>,
     /// Peers fetching from this node, with how many links each.
@@ -173,6 +179,41 @@ impl Tally {
             *n -= 1;
             if *n == 0 {
                 l.inc.remove(&peer);
+            }
+        }
+    }
+
+    /// The source linked this node with `peer` (`linked`), or unlinked it.
+    pub fn told(&self, peer: PeerId, linked: bool) {
+        {
+            let mut l = self.links.lock().unwrap();
+            if linked {
+                l.told.insert(peer);
+            } else {
+                l.told.remove(&peer);
+            }
+        }
+        self.told_changed.notify_waiters();
+    }
+
+    /// Waits until `peer` is linked with this node (`linked`) or not, up
+    /// to `within` (`None`: for as long as it takes); whether it is.
+    pub async fn wait_told(&self, peer: PeerId, linked: bool, within: Option<Duration>) -> bool {
+        let deadline = within.map(|w| tokio::time::Instant::now() + w);
+        loop {
+            let changed = self.told_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.links.lock().unwrap().told.contains(&peer) == linked {
+                return true;
+            }
+            match deadline {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, changed).await.is_err() {
+                        return false;
+                    }
+                }
+                None => changed.await,
             }
         }
     }

@@ -183,6 +183,17 @@ pub async fn serve_peer(
             anyhow::bail!(r);
         }
     };
+    // Only a peer the source linked this node with may fetch from it (its
+    // `Links` may still be on its way): so the degree bound holds here too.
+    if !share.tally.wait_told(from, true, Some(JOIN_WAIT)).await {
+        let r = Refusal::Busy(format!(
+            "this node is not linked with peer {from} in the swarm of `{name}`; the source \
+             links peers"
+        ));
+        write_frame(&mut send, &TransferMsg::Failed(r.clone())).await?;
+        let _ = send.finish();
+        anyhow::bail!(r);
+    }
     share.tally.link_up(from, true);
     let _counted = Incoming(share.tally.clone(), from);
     // Subscribe before the snapshot, so no chunk falls between the two.
@@ -194,7 +205,16 @@ pub async fn serve_peer(
     // Still arriving: over RDMA, verified chunks go through a bounce pool.
     let rdma = Offer { nic, files: None };
     let serving = tokio::spawn(serve(conn.clone(), Serving::new(map, reader, rdma)));
-    let outcome = announce(&conn, &mut send, &share, &mut verified).await;
+    // Unlinked by the source: the link goes, at once.
+    let unlinked = share.tally.wait_told(from, false, None);
+    let outcome = tokio::select! {
+        r = announce(&conn, &mut send, &share, &mut verified) => r,
+        _ = unlinked => {
+            conn.close(0u32.into(), b"unlinked");
+            serving.abort();
+            return Ok(());
+        }
+    };
     if outcome.is_ok() && share.transfer.is_complete() {
         // Complete: keep serving until the peer is done with us.
         conn.closed().await;
@@ -297,6 +317,7 @@ impl Linker {
         }
         let token = self.cancel.child_token();
         self.links.insert(peer.id, token.clone());
+        self.plan.tally.told(peer.id, true);
         tokio::spawn(keep_linked(
             self.plan.clone(),
             peer,
@@ -314,6 +335,7 @@ impl Linker {
 
     /// Drops the link to peer `id`.
     pub fn remove(&mut self, id: u32) {
+        self.plan.tally.told(id, false);
         if let Some(token) = self.links.remove(&id) {
             token.cancel();
         }
@@ -348,6 +370,7 @@ pub async fn link_peers(
         firsts.push(first_rx);
         let token = cancel.child_token();
         linker.links.insert(peer.id, token.clone());
+        plan.tally.told(peer.id, true);
         tokio::spawn(keep_linked(
             plan.clone(),
             peer.clone(),
