@@ -18,7 +18,11 @@
 #               the start of that node's delivery, after hashing, until it
 #               held the model verified; percentiles by nearest rank, x S/B
 #   wall        the whole push command, hashing included (--rehash), x S/B
-#   src_x       source_sent_x (JSON): chunk bytes the source sent / S
+#   src_x       source_sent_x (JSON): chunk bytes the source sent / S (whole
+#               chunks handed to a stream, also those a node then got elsewhere)
+#   src_ok      the nodes' from_source summed (JSON) / S: verified bytes
+#               that came from the source; src_x above it is upload spent on
+#               chunks the nodes did not take from it
 #   src_tc      host 0's uplink bytes counted by tc / S (QUIC, UDP, IP
 #               and Ethernet headers, and ACKs: 1.06 when src_x is 1.00 at MTU 1500)
 #   wire        every host's uplink bytes (tc) / (N x S): bytes on the wire
@@ -72,7 +76,7 @@ NC=$SCRIPT_DIR/netcluster.sh
 RUNS=$SCALE_DIR/run
 RUN=$RUNS
 RESULTS=$SCALE_DIR/results.csv
-CSV_HEADER=stamp,xfer_rev,n,rate_mbit,size_mib,ideal_s,node_p50_x,node_p90_x,node_max_x,wall_x,hash_s,source_sent_x,source_tc_x,wire_x,max_peer_links,cpu_s_per_gb,kernel_pct,xfer_cpu_pct,idle_pct
+CSV_HEADER=stamp,xfer_rev,n,rate_mbit,size_mib,ideal_s,node_p50_x,node_p90_x,node_max_x,wall_x,hash_s,source_sent_x,source_ok_x,source_tc_x,wire_x,max_peer_links,cpu_s_per_gb,kernel_pct,xfer_cpu_pct,idle_pct
 IDLE_FLOOR=20
 
 # ticks_ut_st PID...: "utime stime" ticks summed over the PIDs.
@@ -90,7 +94,7 @@ one_n() {
     rm -rf "$RUN" "$SCALE_DIR"/h[0-9]*
     mkdir -p "$RUN"
     cp "$RUNS/fp-source.txt" "$RUN/fp-source.txt"
-    stage_xfer
+    ln -f "$RUNS/xfer" "$RUNS/cluster.key" "$RUN/" # one binary for every N
     export XDG_CACHE_HOME=$RUN/cache # with --rehash: every push hashes the tree anew
 
     local ideal timeout_s
@@ -141,10 +145,11 @@ one_n() {
     for ((i = 1; i <= n; i++)); do verify_tree "node $i" "$SCALE_DIR/h$i/$MODEL_NAME"; done
     rm -rf "$SCALE_DIR"/h[0-9]*
 
-    local durs hash_s links p50 p90 pmax wall src_tc wire
+    local durs hash_s links src_ok p50 p90 pmax wall src_tc wire
     mapfile -t durs < <(jq -r '.nodes[].duration_s' "$RUN/push.json")
     [ "${#durs[@]}" = "$n" ] || die "the push's JSON lists ${#durs[@]} nodes, expected $n (see $RUN/push.json)"
-    read -r hash_s links < <(jq -r '[.hash_s, ([.nodes[].max_peer_links // 0] | max)] | @tsv' "$RUN/push.json")
+    read -r hash_s links src_ok < <(jq -r '[.hash_s, ([.nodes[].max_peer_links // 0] | max),
+        ([.nodes[].from_source // 0] | add) / .bytes_total] | @tsv' "$RUN/push.json")
     p50=$(calc "$(percentile 50 "${durs[@]}") / $ideal")
     p90=$(calc "$(percentile 90 "${durs[@]}") / $ideal")
     pmax=$(calc "$(maxof "${durs[@]}") / $ideal")
@@ -156,11 +161,11 @@ one_n() {
         log "warning: N=$n: the CPU was idle only $idle % of the push (< $IDLE_FLOOR %): the machine, not the links, bounds this row; lower RATE_MBIT"
     fi
 
-    ROWS+=("$(printf '%3d %5d %5d %6.2f  %5.2f %5.2f %5.2f  %5.2f  %5.2f %6.2f %5.2f  %5d  %6.2f %5.1f %5.1f %5.1f' \
-        "$n" "$rate" "$size" "$ideal" "$p50" "$p90" "$pmax" "$wall" "$SRC_X" "$src_tc" "$wire" "$links" "$cpu" "$kern" "$ours" "$idle")")
+    ROWS+=("$(printf '%3d %5d %5d %6.2f  %5.2f %5.2f %5.2f  %5.2f  %5.2f %6.2f %6.2f %5.2f  %5d  %6.2f %5.1f %5.1f %5.1f' \
+        "$n" "$rate" "$size" "$ideal" "$p50" "$p90" "$pmax" "$wall" "$SRC_X" "$src_ok" "$src_tc" "$wire" "$links" "$cpu" "$kern" "$ours" "$idle")")
     [ -s "$RESULTS" ] || echo "$CSV_HEADER" >"$RESULTS"
-    printf '%s,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%d,%.3f,%.1f,%.1f,%.1f\n' \
-        "$STAMP" "$XFER_REV" "$n" "$rate" "$size" "$ideal" "$p50" "$p90" "$pmax" "$wall" "$hash_s" "$SRC_X" "$src_tc" "$wire" \
+    printf '%s,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%d,%.3f,%.1f,%.1f,%.1f\n' \
+        "$STAMP" "$XFER_REV" "$n" "$rate" "$size" "$ideal" "$p50" "$p90" "$pmax" "$wall" "$hash_s" "$SRC_X" "$src_ok" "$src_tc" "$wire" \
         "$links" "$cpu" "$kern" "$ours" "$idle" >>"$RESULTS"
 }
 
@@ -197,6 +202,7 @@ main() {
     bytes=$(tree_bytes "$src")
     files=$(find "$src" -type f | wc -l)
     fingerprint "$src" >"$RUNS/fp-source.txt"
+    RUN=$RUNS stage_xfer
     log "N = $ns at $rate Mbit/s; tree $src: $bytes bytes, $files files"
 
     for n in $ns; do one_n "$n" "$rate" "$size" "$src" "$bytes"; done
@@ -207,8 +213,8 @@ main() {
         printf '== xfer scale bench: N = %s, %d Mbit/s per link (tbf both ways, MTU 1500), %d MiB tree (%d bytes, %d files), xfer %s, %d cores, %s ==\n' \
             "$ns" "$rate" "$size" "$bytes" "$files" "$XFER_REV" "$(nproc)" "$STAMP"
         echo "times x S/B (the baseline, the physical bound); node = each node's duration_s (its delivery, after hashing); wall = the whole push"
-        printf '%3s %5s %5s %6s  %5s %5s %5s  %5s  %5s %6s %5s  %5s  %6s %5s %5s %5s\n' \
-            N Mbit MiB 'S/B s' p50 p90 max wall src_x src_tc wire links cpu/GB kern% xfer% idle%
+        printf '%3s %5s %5s %6s  %5s %5s %5s  %5s  %5s %6s %6s %5s  %5s  %6s %5s %5s %5s\n' \
+            N Mbit MiB 'S/B s' p50 p90 max wall src_x src_ok src_tc wire links cpu/GB kern% xfer% idle%
         printf '%s\n' "${ROWS[@]}"
     } | tee -a "$SCALE_DIR/summary.txt"
     log "took $(fmt %.0f "$(calc "$EPOCHREALTIME - $t_start")") s; rows appended to $RESULTS"
