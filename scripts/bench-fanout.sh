@@ -63,7 +63,7 @@ LOG_TAG=fanout
 # shellcheck source=scripts/lib-bench.sh
 source "$SCRIPT_DIR/lib-bench.sh"
 
-usage() { sed -n '2,52p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^$/p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
 FANOUT_DIR=${FANOUT_DIR:-/var/tmp/xfer-fanout}
 BENCH_DIR=$FANOUT_DIR # gen_tree caches the source trees here
@@ -79,75 +79,11 @@ CSV_HEADER=n,rate,size_mib,ideal_s,xfer_s,rsync_s,source_x
 MGMT_MBIT=${MGMT_MBIT:-}
 DATA_ADDRS=${DATA_ADDRS:-1}
 
-posint() { [[ $1 =~ ^[0-9]+$ && $1 -ge 1 ]]; }
-check_rate_size() { # check_rate_size RATE SIZE
-    posint "$1" || die "RATE_MBIT must be a positive integer (got '$1')"
-    if ! posint "$2" || [ "$2" -lt 8 ]; then die "SIZE_MIB must be an integer >= 8 (got '$2')"; fi
-}
-mib() { awk -v b="$1" 'BEGIN { if (b == "" || b == "-" || b == "null") print "-"; else printf "%.1f", b / 1048576 }'; }
-
 preflight() {
-    [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, tc, apt-get): use sudo or a root shell"
-    [ -x "$NC" ] || die "$NC missing or not executable"
-    need /usr/bin/time time
-    need jq jq
-    need b3sum b3sum
+    netbench_preflight
     need rsync rsync
-    need ss iproute2
-    need tc iproute2
-    need timeout coreutils
-    need flock util-linux
-    need ping iputils-ping
-    mkdir -p "$FANOUT_DIR"
-    [ "$(stat -f -c %T "$FANOUT_DIR")" != tmpfs ] ||
-        die "FANOUT_DIR=$FANOUT_DIR is on tmpfs; set FANOUT_DIR to a directory on disk"
 }
 
-find_xfer() {
-    local target=${CARGO_TARGET_DIR:-$REPO/target}
-    XFER_BIN=${XFER:-$target/release/xfer}
-    [ -x "$XFER_BIN" ] || die "xfer binary not found at $XFER_BIN: run cargo build --release -p xfer (or set XFER=/path/to/xfer)"
-    if [ -z "${XFER:-}" ] && [ -n "$(find "$REPO/xfer/src" -newer "$XFER_BIN" -name '*.rs' -print -quit 2>/dev/null)" ]; then
-        log "warning: $XFER_BIN is older than xfer/src; run cargo build --release -p xfer to measure the current code"
-    fi
-    XFER_REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
-    if [ -n "$(git -C "$REPO" status --porcelain -- xfer/src 2>/dev/null)" ]; then XFER_REV+=+dirty; fi
-    if [ -n "${XFER:-}" ]; then XFER_REV="XFER=$XFER"; fi
-}
-
-CLUSTER_UP=0
-cleanup() {
-    local rc=$?
-    set +e
-    trap - EXIT INT TERM
-    stop_all
-    if [ "$CLUSTER_UP" = 1 ]; then "$NC" down; fi
-    rm -rf "$FANOUT_DIR"/h[0-9]*
-    if [ "$rc" != 0 ]; then
-        log "FAILED (exit $rc); logs, JSON and configs kept in $RUN"
-    elif [ "$KEEP_RUN" = 1 ]; then
-        log "logs kept in $RUN"
-    else
-        rm -rf "$RUN"
-    fi
-    exit "$rc"
-}
-
-# fingerprint DIR: "blake3  relative/path" of every file, sorted.
-fingerprint() {
-    (cd "$1" && find . -type f -printf '%P\0' | sort -z | xargs -0 -r b3sum --num-threads 2 --)
-}
-# verify_tree WHAT DIR: DIR must hold exactly the source's files and bytes.
-verify_tree() {
-    local what=$1 dir=$2 out
-    out=$RUN/fp-$(echo "$what" | tr -c 'a-z0-9\n' '-').txt
-    [ -d "$dir" ] || die "$what: $dir does not exist; the copy never arrived (see $RUN)"
-    fingerprint "$dir" >"$out"
-    if ! cmp -s "$RUN/fp-source.txt" "$out"; then
-        diff "$RUN/fp-source.txt" "$out" | head -n 6 >&2 || true
-        die "$what: $dir differs from the source (b3sum lists in $RUN/fp-source.txt and $out)"
-    fi
-}
 # uplink_bytes: bytes host 0 has sent so far, by its tbf qdisc(s).
 uplink_bytes() {
     if [ -n "$MGMT_MBIT" ]; then
@@ -156,14 +92,6 @@ uplink_bytes() {
         "$NC" bytes 0 eth0
     fi
 }
-# link_bytes N IF: bytes all hosts 0..N have sent on IF (eth0: management,
-# eth1: fabric), by their tbf qdiscs; each packet between hosts counts once.
-link_bytes() {
-    local n=$1 dev=$2 i sum=0
-    for ((i = 0; i <= n; i++)); do sum=$((sum + $("$NC" bytes "$i" "$dev"))); done
-    echo "$sum"
-}
-
 # ---------------------------------------------------------------- one run ----
 
 run_one() {
@@ -179,7 +107,7 @@ run_one() {
     need_mb=$((size * (n + 3)))
     [ "$avail" -gt "$need_mb" ] || die "need ~$need_mb MiB free in $FANOUT_DIR (source + $n copies), have $avail; lower SIZE_MIB or set FANOUT_DIR"
 
-    trap cleanup EXIT
+    trap netbench_cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
     rm -rf "$RUN" "$FANOUT_DIR"/h[0-9]*
@@ -200,9 +128,7 @@ run_one() {
     ideal=$(calc "$bytes / ($rate * 1e6 / 8)")
     timeout_s=${PUSH_TIMEOUT:-$(awk -v s="$ideal" -v n="$n" 'BEGIN { printf "%d", 4 * n * s + 120 }')}
 
-    cp "$XFER_BIN" "$RUN/xfer" # a rebuild elsewhere cannot swap the binary mid-run
-    local xfer=$RUN/xfer key=$RUN/cluster.key
-    "$xfer" keygen --out "$key" >/dev/null
+    stage_xfer
     unset XFER_CONGESTION XFER_KEY RUST_LOG
     export XDG_CACHE_HOME=$RUN/cache # with --rehash: every push hashes the tree anew
 
@@ -238,67 +164,29 @@ run_one() {
     sync
 
     # ---- xfer: one agent per node, one push from host 0
-    local apid=()
-    for ((i = 1; i <= n; i++)); do
-        "$NC" exec "$i" "$xfer" serve --listen "${listen[i]}" --root "$FANOUT_DIR/h$i/xfer" --key "$key" \
-            >"$RUN/agent-$i.out" 2>"$RUN/agent-$i.err" &
-        apid[i]=$!
-        track "${apid[i]}"
-    done
-    local tries
-    for ((i = 1; i <= n; i++)); do
-        for ((tries = 0; tries < 150; tries++)); do
-            if grep -q 'xfer agent listening' "$RUN/agent-$i.out"; then break; fi
-            kill -0 "${apid[i]}" 2>/dev/null || die "agent on host $i exited at start: $(tail -n3 "$RUN/agent-$i.err" | tr '\n' ' ')"
-            sleep 0.1
-        done
-        grep -q 'xfer agent listening' "$RUN/agent-$i.out" || die "agent on host $i did not print 'xfer agent listening' within 15 s (see $RUN/agent-$i.err)"
-    done
+    for ((i = 1; i <= n; i++)); do start_agent "$i" "${listen[i]}" "$FANOUT_DIR/h$i/xfer"; done
+    for ((i = 1; i <= n; i++)); do wait_agent "$i"; done
 
     log "xfer: pushing to $n agents (timeout ${timeout_s}s)"
-    local up0 up1 t0 t1 rc=0 mg0=0 mg1=0 fb0=0 fb1=0 a0=()
-    for ((i = 1; i <= n; i++)); do a0[i]=$(proc_ticks "${apid[i]}"); done
+    local up0 up1 t0 t1 mg0=0 mg1=0 fb0=0 fb1=0 a0=()
+    for ((i = 1; i <= n; i++)); do a0[i]=$(proc_ticks "${AGENT_PIDS[i]}"); done
     up0=$(uplink_bytes)
     if [ -n "$MGMT_MBIT" ]; then
         mg0=$(link_bytes "$n" eth0)
         fb0=$(link_bytes "$n" eth1)
     fi
-    t0=$EPOCHREALTIME
-    # In the background and waited for, so a TERM or INT reaches the trap at once.
-    /usr/bin/time -f '%e %M %U %S' -o "$RUN/push.time" \
-        "$NC" exec 0 timeout -s INT "$timeout_s" "$xfer" push "$src" --to "$to" --key "$key" --json --rehash ${PUSH_ARGS:-} \
-        >"$RUN/push.json" 2>"$RUN/push.err" &
-    local ppid=$!
-    track "$ppid"
-    wait "$ppid" || rc=$?
-    t1=$EPOCHREALTIME
-    untrack "$ppid"
+    run_push "$src" "$to" "$timeout_s"
     up1=$(uplink_bytes)
     if [ -n "$MGMT_MBIT" ]; then
         mg1=$(link_bytes "$n" eth0)
         fb1=$(link_bytes "$n" eth1)
     fi
     local x_wall x_up_x
-    x_wall=$(calc "$t1 - $t0")
+    x_wall=$(calc "$PUSH_T1 - $PUSH_T0")
     x_up_x=$(calc "($up1 - $up0) / $bytes")
-    if [ "$rc" != 0 ]; then
-        local why
-        why=$(jq -r '.nodes[]? | select(.ok | not) | "\(.addr): \(.error)"' "$RUN/push.json" 2>/dev/null | head -n 3 | tr '\n' ' ' || true)
-        [ "$rc" != 124 ] || why="no result after ${timeout_s}s (set PUSH_TIMEOUT to wait longer) $why"
-        die "xfer push exited $rc: ${why:-$(tail -n 3 "$RUN/push.err" | tr '\n' ' ')}"
-    fi
-    jq -e . "$RUN/push.json" >/dev/null 2>&1 || die "xfer push printed no JSON summary (see $RUN/push.json, $RUN/push.err)"
-    local j_total j_hash j_dur j_ok src_x src_x_from
-    read -r j_total j_hash j_dur j_ok < <(jq -r '[.bytes_total, .hash_s, .duration_s, ([.nodes[].ok] | all)] | @tsv' "$RUN/push.json")
-    [ "$j_ok" = true ] || die "xfer push reported a failed node: $(jq -c '[.nodes[] | select(.ok | not) | {addr, error}]' "$RUN/push.json")"
-    [ "$j_total" = "$bytes" ] || die "xfer push reports bytes_total $j_total, the tree holds $bytes"
-    if jq -e 'has("source_sent_x")' "$RUN/push.json" >/dev/null; then
-        src_x=$(jq -r '.source_sent_x' "$RUN/push.json")
-        src_x_from=source_sent_x
-    else
-        src_x=$(jq -r '.bytes_sent / .bytes_total' "$RUN/push.json")
-        src_x_from="bytes_sent/bytes_total; this xfer's JSON has no source_sent_x"
-    fi
+    check_push "$bytes" "$timeout_s"
+    local j_hash j_dur src_x=$SRC_X src_x_from=$SRC_X_FROM
+    read -r j_hash j_dur < <(jq -r '[.hash_s, .duration_s] | @tsv' "$RUN/push.json")
     local x_s push_rss rss=() x_cpu
     x_s=$(calc "$j_dur - $j_hash")
     push_rss=$(awk 'END { print $2 }' "$RUN/push.time")
@@ -306,12 +194,10 @@ run_one() {
     # and each agent's utime + stime during the push.
     x_cpu=$(awk 'END { print $3 + $4 }' "$RUN/push.time")
     for ((i = 1; i <= n; i++)); do
-        x_cpu=$(calc "$x_cpu + ($(proc_ticks "${apid[i]}") - ${a0[i]}) / $CLK_TCK")
-        rss[i]=$(awk '/^VmHWM:/ { print $2 }' "/proc/${apid[i]}/status" 2>/dev/null || echo 0)
-        stop_pid "${apid[i]}"
-        if grep -Eq ' (WARN|ERROR) ' "$RUN/agent-$i.err"; then
-            log "note: agent $i logged: $(grep -E ' (WARN|ERROR) ' "$RUN/agent-$i.err" | head -n 2 | tr '\n' ' ')"
-        fi
+        x_cpu=$(calc "$x_cpu + ($(proc_ticks "${AGENT_PIDS[i]}") - ${a0[i]}) / $CLK_TCK")
+        rss[i]=$(awk '/^VmHWM:/ { print $2 }' "/proc/${AGENT_PIDS[i]}/status" 2>/dev/null || echo 0)
+        stop_pid "${AGENT_PIDS[i]}"
+        note_agent_log "$i"
     done
     for ((i = 1; i <= n; i++)); do verify_tree "xfer node $i" "$FANOUT_DIR/h$i/xfer/$MODEL_NAME"; done
     log "xfer: $(fmt %.2f "$x_s") s transfer, $(fmt %.2f "$x_wall") s whole command; $n copies verified"
@@ -319,7 +205,7 @@ run_one() {
     sync
 
     # ---- rsync star: one daemon per node, N parallel clients on host 0
-    local dpid=()
+    local dpid=() tries
     for ((i = 1; i <= n; i++)); do
         cat >"$RUN/rsyncd-$i.conf" <<EOF
 pid file = $RUN/rsyncd-$i.pid

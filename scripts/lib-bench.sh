@@ -1,7 +1,9 @@
 # shellcheck shell=bash
-# Helpers shared by the benchmark scripts (bench-push.sh, bench-fanout.sh):
-# logging, installing missing tools, number formatting, tracking and stopping
-# our own child processes, and the cached model-like source tree.
+# Helpers shared by the benchmark scripts: logging, installing missing
+# tools, number formatting, tracking and stopping our own child processes,
+# CPU counters, the cached model-like source tree, and (below) the cluster,
+# agent and push steps of the network benches (bench-fanout.sh,
+# bench-scale.sh).
 # Source this file; it only defines functions and defaults.
 # The caller sets BENCH_DIR (cache root) before calling gen_tree; LOG_TAG
 # names the script in log lines.
@@ -171,4 +173,191 @@ gen_tree() {
     : >"$dir/generation_config.json"
     touch "$base/.complete"
     echo "$dir"
+}
+
+# proc_times PID: "utime stime" of PID in clock ticks (fields 14 and 15 of
+# /proc/PID/stat), for the kernel's share of a process's CPU time.
+proc_times() {
+    sed 's/^.*) //' "/proc/$1/stat" | awk '{ printf "%.0f %.0f\n", $12, $13 }'
+}
+# cpu_idle_total: "idle total" jiffies of the whole machine from /proc/stat
+# (idle counts idle + iowait; total the first eight fields). Take it before
+# and after, and the idle share is the ratio of the deltas.
+cpu_idle_total() {
+    awk '$1 == "cpu" { printf "%.0f %.0f\n", $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9; exit }' /proc/stat
+}
+# percentile P VALUE...: the nearest-rank P-th percentile (P in 1..100).
+percentile() {
+    local p=$1
+    shift
+    if [ $# -eq 0 ]; then
+        echo n/a
+        return
+    fi
+    printf '%s\n' "$@" | sort -g | awk -v p="$p" '{ a[NR] = $1 } END { r = int((p * NR + 99) / 100); if (r < 1) r = 1; print a[r] }'
+}
+
+# ------------------------------------------------------------------------
+# Shared by the network benchmarks on a netcluster.sh cluster
+# (bench-fanout.sh, bench-scale.sh). They use these globals: BENCH_DIR (the
+# bench's folder: source trees, host roots h<i>/, run/), RUN (this run's
+# logs, JSON, binary and key), NC (netcluster.sh), REPO, KEEP_RUN, and set
+# CLUSTER_UP=1 once the cluster may exist.
+
+posint() { [[ $1 =~ ^[0-9]+$ && $1 -ge 1 ]]; }
+check_rate_size() { # check_rate_size RATE SIZE
+    posint "$1" || die "RATE_MBIT must be a positive integer (got '$1')"
+    if ! posint "$2" || [ "$2" -lt 8 ]; then die "SIZE_MIB must be an integer >= 8 (got '$2')"; fi
+}
+mib() { awk -v b="$1" 'BEGIN { if (b == "" || b == "-" || b == "null") print "-"; else printf "%.1f", b / 1048576 }'; }
+
+# netbench_preflight: root, the tools every network bench uses, BENCH_DIR on disk.
+netbench_preflight() {
+    [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, tc, apt-get): use sudo or a root shell"
+    [ -x "$NC" ] || die "$NC missing or not executable"
+    need /usr/bin/time time
+    need jq jq
+    need b3sum b3sum
+    need ss iproute2
+    need tc iproute2
+    need timeout coreutils
+    need flock util-linux
+    need ping iputils-ping
+    mkdir -p "$BENCH_DIR"
+    [ "$(stat -f -c %T "$BENCH_DIR")" != tmpfs ] ||
+        die "$BENCH_DIR is on tmpfs; point the bench's folder at a directory on disk"
+}
+
+# find_xfer: XFER_BIN (XFER, else the release build) and XFER_REV.
+find_xfer() {
+    local target=${CARGO_TARGET_DIR:-$REPO/target}
+    XFER_BIN=${XFER:-$target/release/xfer}
+    [ -x "$XFER_BIN" ] || die "xfer binary not found at $XFER_BIN: run cargo build --release -p xfer (or set XFER=/path/to/xfer)"
+    if [ -z "${XFER:-}" ] && [ -n "$(find "$REPO/xfer/src" -newer "$XFER_BIN" -name '*.rs' -print -quit 2>/dev/null)" ]; then
+        log "warning: $XFER_BIN is older than xfer/src; run cargo build --release -p xfer to measure the current code"
+    fi
+    XFER_REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    if [ -n "$(git -C "$REPO" status --porcelain -- xfer/src 2>/dev/null)" ]; then XFER_REV+=+dirty; fi
+    if [ -n "${XFER:-}" ]; then XFER_REV="XFER=$XFER"; fi
+}
+
+# stage_xfer: copies XFER_BIN to $RUN/xfer (a rebuild elsewhere cannot swap
+# the binary mid-run) and makes the cluster key $RUN/cluster.key.
+stage_xfer() {
+    cp "$XFER_BIN" "$RUN/xfer"
+    "$RUN/xfer" keygen --out "$RUN/cluster.key" >/dev/null
+}
+
+# netbench_cleanup: the EXIT trap: stops our children, removes the cluster
+# and the host roots, keeps $RUN on failure or with KEEP_RUN=1.
+CLUSTER_UP=0
+netbench_cleanup() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM
+    stop_all
+    if [ "$CLUSTER_UP" = 1 ]; then "$NC" down; fi
+    rm -rf "$BENCH_DIR"/h[0-9]*
+    if [ "$rc" != 0 ]; then
+        log "FAILED (exit $rc); logs, JSON and configs kept in $RUN"
+    elif [ "$KEEP_RUN" = 1 ]; then
+        log "logs kept in $RUN"
+    else
+        rm -rf "$RUN"
+    fi
+    exit "$rc"
+}
+
+# fingerprint DIR: "blake3  relative/path" of every file, sorted.
+fingerprint() {
+    (cd "$1" && find . -type f -printf '%P\0' | sort -z | xargs -0 -r b3sum --num-threads 2 --)
+}
+# verify_tree WHAT DIR: DIR must hold exactly the files and bytes listed in
+# $RUN/fp-source.txt (the caller writes it with fingerprint).
+verify_tree() {
+    local what=$1 dir=$2 out
+    out=$RUN/fp-$(echo "$what" | tr -c 'a-z0-9\n' '-').txt
+    [ -d "$dir" ] || die "$what: $dir does not exist; the copy never arrived (see $RUN)"
+    fingerprint "$dir" >"$out"
+    if ! cmp -s "$RUN/fp-source.txt" "$out"; then
+        diff "$RUN/fp-source.txt" "$out" | head -n 6 >&2 || true
+        die "$what: $dir differs from the source (b3sum lists in $RUN/fp-source.txt and $out)"
+    fi
+}
+# link_bytes N IF: bytes all hosts 0..N have sent on IF (eth0: management,
+# eth1: fabric), by their tbf qdiscs; each packet between hosts counts once.
+link_bytes() {
+    local n=$1 dev=$2 i sum=0
+    for ((i = 0; i <= n; i++)); do sum=$((sum + $("$NC" bytes "$i" "$dev"))); done
+    echo "$sum"
+}
+
+# start_agent I LISTEN ROOT: `xfer serve` on host I, logs in
+# $RUN/agent-I.{out,err}; its pid goes to AGENT_PIDS[I] and is tracked.
+AGENT_PIDS=()
+start_agent() {
+    local i=$1
+    "$NC" exec "$i" "$RUN/xfer" serve --listen "$2" --root "$3" --key "$RUN/cluster.key" \
+        >"$RUN/agent-$i.out" 2>"$RUN/agent-$i.err" &
+    AGENT_PIDS[i]=$!
+    track "${AGENT_PIDS[i]}"
+}
+# wait_agent I: until agent I says it listens (dies if it exits or 15 s pass).
+wait_agent() {
+    local i=$1 tries
+    for ((tries = 0; tries < 150; tries++)); do
+        if grep -q 'xfer agent listening' "$RUN/agent-$i.out"; then return 0; fi
+        kill -0 "${AGENT_PIDS[i]}" 2>/dev/null || die "agent on host $i exited at start: $(tail -n3 "$RUN/agent-$i.err" | tr '\n' ' ')"
+        sleep 0.1
+    done
+    die "agent on host $i did not print 'xfer agent listening' within 15 s (see $RUN/agent-$i.err)"
+}
+# note_agent_log I: one log line if agent I logged a WARN or ERROR.
+note_agent_log() {
+    if grep -Eq ' (WARN|ERROR) ' "$RUN/agent-$1.err"; then
+        log "note: agent $1 logged: $(grep -E ' (WARN|ERROR) ' "$RUN/agent-$1.err" | head -n 2 | tr '\n' ' ')"
+    fi
+}
+
+# run_push SRC TO TIMEOUT_S: host 0 runs `xfer push SRC --to TO --json
+# --rehash $PUSH_ARGS` under /usr/bin/time ($RUN/push.{json,err,time}: wall,
+# peak RSS KiB, user s, sys s). Sets PUSH_RC, PUSH_T0 and PUSH_T1 (epoch
+# seconds around it). XDG_CACHE_HOME should be private to the run.
+# shellcheck disable=SC2034 # PUSH_T0 and PUSH_T1 are for the caller
+run_push() {
+    PUSH_RC=0
+    PUSH_T0=$EPOCHREALTIME
+    # In the background and waited for, so a TERM or INT reaches the trap at once.
+    # shellcheck disable=SC2086 # PUSH_ARGS is a list of words
+    /usr/bin/time -f '%e %M %U %S' -o "$RUN/push.time" \
+        "$NC" exec 0 timeout -s INT "$3" "$RUN/xfer" push "$1" --to "$2" --key "$RUN/cluster.key" --json --rehash ${PUSH_ARGS:-} \
+        >"$RUN/push.json" 2>"$RUN/push.err" &
+    local ppid=$!
+    track "$ppid"
+    wait "$ppid" || PUSH_RC=$?
+    PUSH_T1=$EPOCHREALTIME
+    untrack "$ppid"
+}
+# check_push BYTES TIMEOUT_S: dies unless the push exited 0, printed JSON,
+# every node is ok and bytes_total is BYTES. Sets SRC_X (the source's bytes
+# over S) and SRC_X_FROM (where that figure came from).
+# shellcheck disable=SC2034 # SRC_X and SRC_X_FROM are for the caller
+check_push() {
+    local bytes=$1 timeout_s=$2 why j_total j_ok
+    if [ "$PUSH_RC" != 0 ]; then
+        why=$(jq -r '.nodes[]? | select(.ok | not) | "\(.addr): \(.error)"' "$RUN/push.json" 2>/dev/null | head -n 3 | tr '\n' ' ' || true)
+        [ "$PUSH_RC" != 124 ] || why="no result after ${timeout_s}s (set PUSH_TIMEOUT to wait longer) $why"
+        die "xfer push exited $PUSH_RC: ${why:-$(tail -n 3 "$RUN/push.err" | tr '\n' ' ')}"
+    fi
+    jq -e . "$RUN/push.json" >/dev/null 2>&1 || die "xfer push printed no JSON summary (see $RUN/push.json, $RUN/push.err)"
+    read -r j_total j_ok < <(jq -r '[.bytes_total, ([.nodes[].ok] | all)] | @tsv' "$RUN/push.json")
+    [ "$j_ok" = true ] || die "xfer push reported a failed node: $(jq -c '[.nodes[] | select(.ok | not) | {addr, error}]' "$RUN/push.json")"
+    [ "$j_total" = "$bytes" ] || die "xfer push reports bytes_total $j_total, the tree holds $bytes"
+    if jq -e 'has("source_sent_x")' "$RUN/push.json" >/dev/null; then
+        SRC_X=$(jq -r '.source_sent_x' "$RUN/push.json")
+        SRC_X_FROM=source_sent_x
+    else
+        SRC_X=$(jq -r '.bytes_sent / .bytes_total' "$RUN/push.json")
+        SRC_X_FROM="bytes_sent/bytes_total; this xfer's JSON has no source_sent_x"
+    fi
 }
