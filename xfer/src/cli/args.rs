@@ -88,6 +88,66 @@ pub enum Cmd {
     /// Local multi-node demo: generate a model, start agents on 127.0.0.x, push, verify.
     #[command(after_help = "Example:\n  xfer demo --size 256MiB --nodes 3")]
     Demo(DemoArgs),
+    /// Predict a push to N nodes with the network simulator (JSON on stdout).
+    #[command(
+        hide = true,
+        after_help = "Example:\n  xfer simulate --nodes 16 --rate-mbit 100 --size-mib 128\n  xfer simulate --nodes 1024 --rate-mbit 100 --size-mib 2048 --ideal"
+    )]
+    Simulate(SimulateArgs),
+}
+
+/// The arguments of `xfer simulate`: the shape of the push, then the
+/// model's knobs (each defaults to the development machine's preset,
+/// `engine::sim::Setup::this_machine`).
+#[derive(clap::Args)]
+pub struct SimulateArgs {
+    /// Receiving nodes.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub nodes: u32,
+    /// Every node's link rate, both ways, in Mbit/s.
+    #[arg(long)]
+    pub rate_mbit: f64,
+    /// The model's size in MiB.
+    #[arg(long)]
+    pub size_mib: u64,
+    /// Chunk size (a power of two, 64KiB to 256MiB).
+    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
+    pub chunk_size: u64,
+    /// Peer links each receiver keeps at most (2-64).
+    #[arg(long, default_value_t = xfer::engine::topology::DEFAULT_DEGREE, value_parser = parse_peers)]
+    pub degree: u32,
+    /// One-way latency of each node's link, in ms.
+    #[arg(long)]
+    pub latency_ms: Option<f64>,
+    /// Seed of the topology's random graph.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Start from no costs at all (the simulator's plain model) instead of
+    /// the development machine's; the knobs below still apply.
+    #[arg(long)]
+    pub ideal: bool,
+    /// Cores all the agents share equally (the source counts as one agent).
+    #[arg(long)]
+    pub cores: Option<f64>,
+    /// A sender's time on a request before its first byte, in ms.
+    #[arg(long)]
+    pub service_ms: Option<f64>,
+    /// Verification time on one whole core, in ms per MiB.
+    #[arg(long)]
+    pub verify_ms_per_mib: Option<f64>,
+    /// MiB/s one whole core sends and receives (0: no CPU cap).
+    #[arg(long)]
+    pub cpu_mib_s: Option<f64>,
+    /// Share of a link's rate lost when many transfers share it (0 to 1).
+    #[arg(long)]
+    pub share_loss: Option<f64>,
+    /// Extra latency of every control message, in ms.
+    #[arg(long)]
+    pub control_ms: Option<f64>,
+    /// Seconds from the push's start until the receivers fetch
+    /// (connections, the offer, the swarm's links).
+    #[arg(long)]
+    pub start_s: Option<f64>,
 }
 
 /// `xfer ca`: the operator's certificate authority.

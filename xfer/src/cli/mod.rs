@@ -8,6 +8,7 @@
 //! - [`jobs`]: `sync`, `status`, `cancel`, `rm`, `prune` (ask the cluster's agents);
 //! - [`transfer`]: `push`, `pull`, `fetch` (move a model themselves);
 //! - [`image`]: `image push` (a container image, as blobs, to nodes);
+//! - [`simulate`]: `simulate` (hidden: the network simulator's prediction);
 //! - [`out`]: human lines fitted to the terminal, and the Ctrl-C line.
 
 pub mod args;
@@ -19,6 +20,7 @@ mod jobs;
 mod local;
 mod out;
 mod serve;
+mod simulate;
 mod transfer;
 
 /// What the docs promise of this binary's arguments, shared with the
@@ -52,6 +54,7 @@ pub async fn run(cmd: Cmd) -> Result<ExitCode> {
         Cmd::Fetch(a) => transfer::fetch(a).await,
         Cmd::Image(args::ImageCmd::Push(a)) => image::push(a).await,
         Cmd::Demo(a) => demo_command(a).await,
+        Cmd::Simulate(a) => simulate::run(a),
     }
 }
 

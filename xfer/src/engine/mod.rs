@@ -4,12 +4,11 @@
 //! runs (who links to whom, and who fetches from the source), and the
 //! source's super-[`seeding`] ledger (each chunk out once). The network
 //! [`sim`]ulator drives the same scheduler, policy and topology over a
-//! simulated network of up to a thousand nodes; it is compiled for tests
-//! only (or with the `test-support` feature).
+//! simulated network of up to a thousand nodes, for the tests and the
+//! hidden `xfer simulate` command.
 
 pub mod policy;
 pub mod scheduler;
 pub mod seeding;
-#[cfg(any(test, feature = "test-support"))]
 pub mod sim;
 pub mod topology;

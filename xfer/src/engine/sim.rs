@@ -52,6 +52,27 @@
 //!   reported ([`NodeReport::max_peers`]).
 //! - **Actions.** `Cancel` aborts a transfer wherever it is; `DropPeer` aborts
 //!   every transfer from that peer to the dropping node.
+//! - **Costs** ([`Costs`], [`NodeSpec::cores`]): what a real run pays
+//!   beyond links and latencies, each zero (or unlimited) by default, so
+//!   the model above is the default. A request costs a fixed service time
+//!   at the sender before its first byte (reading the chunk); a delivered
+//!   chunk is verified before the receiver's scheduler hears of it, which
+//!   takes `verify` seconds a byte on a whole core, longer on a node's
+//!   share of one; a link carrying `k` transfers at once loses
+//!   `share_loss · (1 − 1/k)` of its rate (congestion-controlled flows on
+//!   one shaped link do not fill it); a node's CPU share caps the bytes it
+//!   sends and receives together at `cores / per_byte` a second, a third
+//!   capacity shared max-min fairly like the links; and every control
+//!   message (`Has`, the topology's actions, reports to the source) takes
+//!   `control` seconds on top of its latency; the receivers start fetching
+//!   `start` seconds into the run (connections, the offer, the links). [`Setup::this_machine`] sets
+//!   them to what real runs on the development machine measure (its
+//!   calibration is a test here).
+//! - **Wire bytes.** Every byte a sender put on its link counts in
+//!   [`Report::wire`] and [`Report::source_wire`], including the part of
+//!   a transfer aborted midway, as a real link's counters would;
+//!   [`Report::source_served`] counts every chunk the source started
+//!   whole, as the agents count what they serve.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -81,6 +102,10 @@ pub struct NodeSpec {
     pub dies_at: Option<f64>,
     /// Comes back at this time (seconds), after dying.
     pub returns_at: Option<f64>,
+    /// The cores this node's agent gets (2 cores shared by 9 agents: 2/9);
+    /// with [`Costs::per_byte`] it caps the bytes the node moves, and it
+    /// slows its verification ([`Costs::verify`]). Infinite: no limit.
+    pub cores: f64,
 }
 
 impl NodeSpec {
@@ -95,8 +120,35 @@ impl NodeSpec {
             corrupt: false,
             dies_at: None,
             returns_at: None,
+            cores: f64::INFINITY,
         }
     }
+}
+
+/// What a real run pays beyond links and latencies (see the module docs).
+/// The default costs nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Costs {
+    /// Seconds a sender spends on a request before its first byte leaves
+    /// (opening the stream, reading the chunk), on top of the round trip.
+    pub service: f64,
+    /// Seconds one whole core takes to verify one received byte (BLAKE3
+    /// here: about 1 ms per MiB); a node with less than a core takes longer.
+    pub verify: f64,
+    /// Seconds of one core each byte a node sends or receives costs
+    /// (encryption, copies, syscalls); with [`NodeSpec::cores`] it caps the
+    /// node's bytes per second, sent and received together. 0: no cap.
+    pub per_byte: f64,
+    /// The share of a link's rate lost when many transfers share it: with
+    /// `k` at once it carries `1 − share_loss · (1 − 1/k)` of its rate.
+    pub share_loss: f64,
+    /// Seconds every control message (`Has`, the topology's actions,
+    /// reports to the source) takes on top of the links' latency.
+    pub control: f64,
+    /// Seconds from the push's start until the receivers start fetching
+    /// (connections and handshakes, the offer, the store's transfer
+    /// opened, the swarm's links), which a push's per-node times include.
+    pub start: f64,
 }
 
 /// What to simulate.
@@ -120,6 +172,56 @@ pub struct Setup {
     /// from the source; `Some`, bounded links and feeders, as the source's
     /// [`Topology`] decides (see the module docs).
     pub topology: Option<topology::Config>,
+    /// What the run pays beyond links and latencies.
+    pub costs: Costs,
+}
+
+/// The development machine: 2 cores shared by every agent of a netns
+/// cluster on one bridge (`scripts/netcluster.sh`).
+pub const THIS_MACHINE_CORES: f64 = 2.0;
+
+/// One-way latency of a loaded `tc tbf` link there (the bridge itself adds
+/// tens of microseconds; a tbf queue under load holds several ms).
+pub const THIS_MACHINE_LATENCY: f64 = 5e-3;
+
+impl Costs {
+    /// What real runs on the development machine pay (calibrated by the
+    /// test `calibration_matches_real_runs_on_this_machine`).
+    pub const THIS_MACHINE: Costs = Costs {
+        service: 2e-3,
+        verify: 1e-3 / 1_048_576.0,
+        per_byte: 1.0 / 200e6,
+        share_loss: 0.0,
+        control: 5e-3,
+        start: 2.5,
+    };
+}
+
+impl Setup {
+    /// A push as the real runs on the development machine make it: `n`
+    /// receivers and the source, every link `rate` bytes/s both ways, the
+    /// source's topology with `degree` links per receiver (seeded with
+    /// `seed`), the agents sharing [`THIS_MACHINE_CORES`] cores equally,
+    /// and [`Costs::THIS_MACHINE`]. Every agent serves each request as it
+    /// comes (no slots), as the agents do (`XFER_SEED_SLOTS` unset).
+    pub fn this_machine(n: usize, rate: f64, chunks: u64, chunk_bytes: u64) -> Setup {
+        let node = NodeSpec {
+            slots: u32::MAX,
+            queue: None,
+            cores: THIS_MACHINE_CORES / (n + 1) as f64,
+            ..NodeSpec::link(rate, THIS_MACHINE_LATENCY)
+        };
+        Setup {
+            chunks,
+            chunk_bytes,
+            source: node,
+            receivers: vec![node; n],
+            sched: scheduler::Config::default(),
+            until: 3600.0 + 1000.0 * (chunks * chunk_bytes) as f64 / rate,
+            topology: Some(topology::Config::default()),
+            costs: Costs::THIS_MACHINE,
+        }
+    }
 }
 
 /// What happened to one receiver.
@@ -162,6 +264,15 @@ pub struct Report {
     pub end: f64,
     /// Most peer links any receiver had at once.
     pub max_peers: usize,
+    /// Bytes every node put on its link, including aborted transfers' part.
+    pub wire: u64,
+    /// Bytes the source put on its link, including aborted transfers' part.
+    pub source_wire: u64,
+    /// Chunk bytes of every transfer the source started, whole, as the
+    /// agents count what they serve (a chunk counts once it is queued on
+    /// its stream, before a withdrawal can stop it): a push's
+    /// `source_sent_x` is this over the model's size.
+    pub source_served: u64,
 }
 
 /// A tiny xorshift64* generator, for scripted randomness in tests.
@@ -219,6 +330,8 @@ enum Ev {
     Told(usize),
     /// A topology event reaches the source (an index into `Sim::tell`).
     Tell(usize),
+    /// The receivers start (after [`Costs::start`]).
+    Begin,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,6 +407,11 @@ struct Sim {
     told: Vec<(usize, u32, topology::Action)>,
     /// Topology events on their way to the source.
     tell: Vec<topology::Event>,
+    /// Bytes put on the wire, by everyone and by the source.
+    wire: u64,
+    source_wire: u64,
+    /// Chunk bytes of the transfers the source started.
+    source_served: u64,
 }
 
 /// Runs one simulation to the end (every live receiver complete or stuck, or
@@ -346,6 +464,9 @@ pub fn run(setup: Setup) -> Report {
         topo: None,
         told: Vec::new(),
         tell: Vec::new(),
+        wire: 0,
+        source_wire: 0,
+        source_served: 0,
     };
     for i in 1..=n {
         let spec = sim.nodes[i].spec;
@@ -356,12 +477,10 @@ pub fn run(setup: Setup) -> Report {
             }
         }
     }
-    for i in 1..=n {
-        sim.start(i);
-    }
-    if let Some(cfg) = sim.setup.topology {
-        sim.topo = Some(Topology::new(cfg, (1..=n).map(|i| i as u32)));
-        sim.topology_acts();
+    if sim.setup.costs.start > 0.0 {
+        sim.at(ns(sim.setup.costs.start), Ev::Begin);
+    } else {
+        sim.begin();
     }
     let until = ns(sim.setup.until);
     while let Some(Reverse((t, _, ev))) = sim.heap.pop() {
@@ -395,6 +514,9 @@ pub fn run(setup: Setup) -> Report {
         events: sim.events,
         end: sim.now as f64 / NS,
         max_peers,
+        wire: sim.wire,
+        source_wire: sim.source_wire,
+        source_served: sim.source_served,
     }
 }
 
@@ -414,6 +536,21 @@ impl Sim {
             && self.nodes[fl.from].alive
             && self.nodes[fl.to].alive
             && fl.epochs == (self.nodes[fl.from].epoch, self.nodes[fl.to].epoch)
+    }
+
+    /// Starts every receiver, and the source's topology if there is one.
+    fn begin(&mut self) {
+        let n = self.nodes.len() - 1;
+        for i in 1..=n {
+            if self.nodes[i].alive {
+                self.start(i);
+            }
+        }
+        if let Some(cfg) = self.setup.topology {
+            let live = (1..=n).filter(|&i| self.nodes[i].alive);
+            self.topo = Some(Topology::new(cfg, live.map(|i| i as u32)));
+            self.topology_acts();
+        }
     }
 
     /// (Re)starts receiver `i` with the chunks it holds: a fresh scheduler
@@ -488,7 +625,7 @@ impl Sim {
                         version: 0,
                     });
                     self.nodes[i].open.push(f);
-                    let t = self.now + self.latency(i, p);
+                    let t = self.now + self.latency(i, p) + ns(self.setup.costs.service);
                     self.at(t, Ev::Request(f));
                 }
                 Action::Cancel { peer, chunk } => {
@@ -546,6 +683,7 @@ impl Sim {
         match state {
             State::Queued => self.nodes[from].queue.retain(|&g| g != f),
             State::Active => {
+                self.count_partial(f);
                 self.detach(f);
                 self.reshare(from, to);
                 self.serve(from);
@@ -593,24 +731,35 @@ impl Sim {
         if list.is_empty() {
             return;
         }
-        // Links: (node * 2 + 0 = upload, + 1 = download, free capacity, open).
+        // Capacities: (node * 3 + 0 = upload, + 1 = download, + 2 = CPU,
+        // free capacity, open transfers). A node without a CPU cap has no
+        // CPU capacity here.
+        let loss = self.setup.costs.share_loss;
+        let per_byte = self.setup.costs.per_byte;
         let mut links: Vec<(usize, f64, u32)> = Vec::with_capacity(list.len() * 2);
-        let mut ends: Vec<(usize, usize)> = Vec::with_capacity(list.len());
+        let mut ends: Vec<[usize; 4]> = Vec::with_capacity(list.len());
         for &f in &list {
             let (from, to) = (self.flows[f].from, self.flows[f].to);
-            let mut end = [0usize; 2];
-            for (k, link) in [from * 2, to * 2 + 1].into_iter().enumerate() {
+            let mut end = [usize::MAX; 4];
+            for (k, link) in [from * 3, to * 3 + 1, from * 3 + 2, to * 3 + 2]
+                .into_iter()
+                .enumerate()
+            {
                 end[k] = match links.iter().position(|l| l.0 == link) {
                     Some(p) => p,
                     None => {
-                        let node = &self.nodes[link / 2];
-                        let (cap, on) = if link % 2 == 0 {
-                            (node.spec.up, &node.ups)
-                        } else {
-                            (node.spec.down, &node.downs)
+                        let Some(cap) = self.capacity(link, loss, per_byte) else {
+                            continue;
+                        };
+                        let node = &self.nodes[link / 3];
+                        let (on, extra): (&[usize], &[usize]) = match link % 3 {
+                            0 => (&node.ups, &[]),
+                            1 => (&node.downs, &[]),
+                            _ => (&node.ups, &node.downs),
                         };
                         let fixed: f64 = on
                             .iter()
+                            .chain(extra)
                             .filter(|&&g| self.flows[g].mark != stamp)
                             .map(|&g| self.flows[g].rate)
                             .sum();
@@ -620,7 +769,7 @@ impl Sim {
                 };
                 links[end[k]].2 += 1;
             }
-            ends.push((end[0], end[1]));
+            ends.push(end);
         }
         let mut rate = vec![f64::NAN; list.len()];
         let mut left = list.len();
@@ -635,11 +784,11 @@ impl Sim {
                 break;
             };
             for k in 0..list.len() {
-                let (u, d) = ends[k];
-                if rate[k].is_nan() && (u == bottleneck || d == bottleneck) {
+                let end = ends[k];
+                if rate[k].is_nan() && end.contains(&bottleneck) {
                     rate[k] = level;
                     left -= 1;
-                    for l in [u, d] {
+                    for l in end.into_iter().filter(|&l| l != usize::MAX) {
                         links[l].1 = (links[l].1 - level).max(0.0);
                         links[l].2 -= 1;
                     }
@@ -668,6 +817,50 @@ impl Sim {
         }
     }
 
+    /// The capacity (bytes/s) of `link` (node * 3 + 0 upload, 1 download,
+    /// 2 CPU) with the transfers on it now: a link's rate less what sharing
+    /// loses, the CPU share over the cost of a byte; `None`, no limit.
+    fn capacity(&self, link: usize, loss: f64, per_byte: f64) -> Option<f64> {
+        let node = &self.nodes[link / 3];
+        let (cap, k) = match link % 3 {
+            0 => (node.spec.up, node.ups.len()),
+            1 => (node.spec.down, node.downs.len()),
+            _ if per_byte > 0.0 && node.spec.cores.is_finite() => {
+                return Some(node.spec.cores / per_byte);
+            }
+            _ => return None,
+        };
+        if loss == 0.0 {
+            return Some(cap);
+        }
+        let k = k.max(1) as f64;
+        Some(cap * (1.0 - loss * (1.0 - 1.0 / k)))
+    }
+
+    /// The time receiver `r` takes to verify one chunk.
+    fn verify_time(&self, r: usize) -> u64 {
+        let v = self.setup.costs.verify;
+        if v == 0.0 {
+            return 0;
+        }
+        let cores = self.nodes[r].spec.cores.min(1.0);
+        ns(v * self.setup.chunk_bytes as f64 / cores)
+    }
+
+    /// Counts the bytes transfer `f` put on the wire before it ended
+    /// early (its `remaining` brought up to date first).
+    fn count_partial(&mut self, f: usize) {
+        let now = self.now;
+        let fl = &mut self.flows[f];
+        fl.remaining = (fl.remaining - fl.rate * (now - fl.last) as f64 / NS).max(0.0);
+        fl.last = now;
+        let sent = (self.setup.chunk_bytes as f64 - fl.remaining).max(0.0) as u64;
+        self.wire += sent;
+        if fl.from == 0 {
+            self.source_wire += sent;
+        }
+    }
+
     /// Starts queued requests at `s` while it has free slots.
     fn serve(&mut self, s: usize) {
         while self.nodes[s].ups.len() < self.nodes[s].spec.slots.max(1) as usize {
@@ -679,6 +872,9 @@ impl Sim {
                 continue;
             }
             let to = self.flows[f].to;
+            if s == 0 {
+                self.source_served += self.setup.chunk_bytes;
+            }
             let fl = &mut self.flows[f];
             fl.state = State::Active;
             fl.last = self.now;
@@ -729,13 +925,15 @@ impl Sim {
                 self.flows[f].state = State::Sent;
                 self.flows[f].last = self.now;
                 self.nodes[s].report.uploaded += self.setup.chunk_bytes;
+                self.wire += self.setup.chunk_bytes;
                 if s == 0 {
                     self.source_done = self.now;
+                    self.source_wire += self.setup.chunk_bytes;
                 }
                 self.detach(f);
                 self.reshare(s, r);
                 self.serve(s);
-                let t = self.now + self.latency(s, r);
+                let t = self.now + self.latency(s, r) + self.verify_time(r);
                 self.at(t, Ev::Deliver(f));
             }
             Ev::Declined(f) => {
@@ -766,7 +964,10 @@ impl Sim {
                     } else {
                         self.nodes[r].report.from_peers += bytes;
                     }
-                    let t = self.now + ns(self.nodes[r].spec.latency + self.max_latency);
+                    let t = self.now
+                        + ns(self.nodes[r].spec.latency
+                            + self.max_latency
+                            + self.setup.costs.control);
                     self.at(t, Ev::Announce(r, chunk));
                 }
                 self.feed(r, Event::Verified { peer, chunk });
@@ -791,6 +992,7 @@ impl Sim {
                 }
             }
             Ev::Die(i) => self.die(i),
+            Ev::Begin => self.begin(),
             Ev::Told(k) => self.told(k),
             Ev::Tell(k) => {
                 let ev = self.tell[k].clone();
@@ -860,6 +1062,9 @@ impl Sim {
         let downs = std::mem::take(&mut self.nodes[i].downs);
         for f in ups.into_iter().chain(downs) {
             let (s, r) = (self.flows[f].from, self.flows[f].to);
+            if self.flows[f].state == State::Active {
+                self.count_partial(f);
+            }
             self.flows[f].state = State::Over;
             self.nodes[s].ups.retain(|&g| g != f);
             self.nodes[r].downs.retain(|&g| g != f);
@@ -891,7 +1096,9 @@ impl Sim {
         }
     }
 
+    /// Sends `ev` to the source, to arrive at `t` plus the control cost.
     fn tell(&mut self, t: u64, ev: topology::Event) {
+        let t = t + ns(self.setup.costs.control);
         self.tell.push(ev);
         let k = self.tell.len() - 1;
         self.at(t, Ev::Tell(k));
@@ -912,7 +1119,7 @@ impl Sim {
             for n in to {
                 self.told.push((n, self.nodes[n].epoch, a.clone()));
                 let k = self.told.len() - 1;
-                let t = self.now + self.latency(0, n);
+                let t = self.now + self.latency(0, n) + ns(self.setup.costs.control);
                 self.at(t, Ev::Told(k));
             }
         }
@@ -1021,6 +1228,7 @@ mod tests {
             sched: sched(),
             until: 3600.0,
             topology: None,
+            costs: Costs::default(),
         }
     }
 
@@ -1307,5 +1515,219 @@ mod tests {
         for &i in &dead[1..] {
             assert!(!r.nodes[i].alive);
         }
+    }
+
+    /// A real run of `xfer push --to` N agents in network namespaces
+    /// (`scripts/bench-fanout.sh`: every link `tc tbf` both ways, MTU
+    /// 1500, 4 MiB chunks, K = 8), from its JSON: the median and the
+    /// slowest `nodes[].duration_s` over S/B, and `source_sent_x`.
+    struct Real {
+        n: usize,
+        rate_mbit: f64,
+        size_mib: u64,
+        p50: f64,
+        max: f64,
+        source_x: f64,
+    }
+
+    /// The real runs the preset is calibrated against, measured on the
+    /// development machine (2 cores) before the fixes of issue 33.
+    const REAL_RUNS: &[Real] = &[
+        Real {
+            n: 4,
+            rate_mbit: 100.0,
+            size_mib: 128,
+            p50: 1.42,
+            max: 1.45,
+            source_x: 1.26,
+        },
+        Real {
+            n: 8,
+            rate_mbit: 100.0,
+            size_mib: 128,
+            p50: 1.58,
+            max: 1.66,
+            source_x: 1.41,
+        },
+        Real {
+            n: 8,
+            rate_mbit: 100.0,
+            size_mib: 128,
+            p50: 1.60,
+            max: 1.62,
+            source_x: 1.35,
+        },
+        Real {
+            n: 16,
+            rate_mbit: 50.0,
+            size_mib: 128,
+            p50: 1.69,
+            max: 1.78,
+            source_x: 1.40,
+        },
+    ];
+
+    /// How far the simulation may be from every figure of every row.
+    const CALIBRATION_TOLERANCE: f64 = 0.10;
+
+    /// (p50, max, source) of the simulation of `real`'s shape with the
+    /// development machine's preset, the times over S/B.
+    fn simulate_real(real: &Real) -> (f64, f64, f64) {
+        let rate = real.rate_mbit * 1e6 / 8.0;
+        let bytes = real.size_mib << 20;
+        let s = Setup::this_machine(real.n, rate, bytes.div_ceil(CHUNK), CHUNK);
+        let r = run(s);
+        let mut done: Vec<f64> = r
+            .nodes
+            .iter()
+            .map(|x| x.done_at.expect("every receiver completes"))
+            .collect();
+        done.sort_by(f64::total_cmp);
+        let sb = bytes as f64 / rate;
+        let p50 = done[(done.len() as f64 * 0.5).ceil() as usize - 1] / sb;
+        let max = done[done.len() - 1] / sb;
+        (p50, max, r.source_served as f64 / bytes as f64)
+    }
+
+    #[test]
+    fn calibration_matches_real_runs_on_this_machine() {
+        let mut off = Vec::new();
+        for real in REAL_RUNS {
+            let (p50, max, src) = simulate_real(real);
+            eprintln!(
+                "N={} at {} Mbit/s, {} MiB: p50 {p50:.2} (real {:.2}), max {max:.2} \
+                 (real {:.2}), source {src:.2} (real {:.2}) x",
+                real.n, real.rate_mbit, real.size_mib, real.p50, real.max, real.source_x
+            );
+            for (what, sim, real_x) in [
+                ("p50", p50, real.p50),
+                ("max", max, real.max),
+                ("source", src, real.source_x),
+            ] {
+                let err = sim / real_x - 1.0;
+                if err.abs() > CALIBRATION_TOLERANCE {
+                    off.push(format!(
+                        "N={} {what}: simulated {sim:.2} x, real {real_x:.2} x ({:+.0}%)",
+                        real.n,
+                        err * 100.0
+                    ));
+                }
+            }
+        }
+        assert!(off.is_empty(), "off by more than 10%: {off:#?}");
+    }
+
+    /// The knobs' defaults cost nothing: verification is what changes a
+    /// run, a per-byte cost without a core limit does not.
+    #[test]
+    fn default_costs_change_nothing() {
+        let mut s = bounded(32, 64);
+        let plain = run(s.clone());
+        s.costs = Costs {
+            service: 0.0,
+            verify: 1e-9,
+            ..Costs::default()
+        };
+        let verified = run(s.clone());
+        assert_ne!(plain.nodes, verified.nodes, "verification takes time");
+        // A cost per byte with no core limit caps nothing.
+        s.costs = Costs {
+            per_byte: 1e-9,
+            ..Costs::default()
+        };
+        assert!(s.receivers.iter().all(|r| r.cores.is_infinite()));
+        assert_eq!(run(s), plain);
+    }
+
+    /// Each cost slows the run down, and a node's CPU share caps its rate.
+    #[test]
+    fn each_cost_slows_the_run() {
+        let base = Setup::this_machine(8, 12.5e6, 32, CHUNK);
+        let ideal = Setup {
+            costs: Costs::default(),
+            ..base.clone()
+        };
+        let last = |s: &Setup| {
+            let r = run(s.clone());
+            r.nodes
+                .iter()
+                .map(|x| x.done_at.unwrap())
+                .fold(0.0, f64::max)
+        };
+        let t0 = last(&ideal);
+        let knobs: [(&str, Costs); 5] = [
+            (
+                "service",
+                Costs {
+                    service: 0.05,
+                    ..Costs::default()
+                },
+            ),
+            (
+                "verify",
+                Costs {
+                    verify: 1e-8,
+                    ..Costs::default()
+                },
+            ),
+            (
+                "share_loss",
+                Costs {
+                    share_loss: 0.3,
+                    ..Costs::default()
+                },
+            ),
+            (
+                "control",
+                Costs {
+                    control: 0.2,
+                    ..Costs::default()
+                },
+            ),
+            (
+                "start",
+                Costs {
+                    start: 1.0,
+                    ..Costs::default()
+                },
+            ),
+        ];
+        for (what, costs) in knobs {
+            let t = last(&Setup {
+                costs,
+                ..ideal.clone()
+            });
+            eprintln!("{what}: {t:.2} s against {t0:.2} s");
+            assert!(t > t0, "{what} cost nothing: {t:.3} s, {t0:.3} s");
+        }
+        // 2 cores over 9 agents at 20 MB/s a core: 4.4 MB/s a node, sent
+        // and received together, far below the links' 12.5 MB/s.
+        let cpu = Setup {
+            costs: Costs {
+                per_byte: 1.0 / 20e6,
+                ..Costs::default()
+            },
+            ..ideal.clone()
+        };
+        let t = last(&cpu);
+        let bytes = (32 * CHUNK) as f64;
+        assert!(
+            t > bytes / (2.0 / 9.0 * 20e6),
+            "the CPU cap held nothing: {t:.2} s"
+        );
+    }
+
+    /// The preset at N = 1,024 stays cheap (a second or so in debug).
+    #[test]
+    fn this_machine_1024() {
+        let s = Setup::this_machine(1024, 12.5e6, 32, CHUNK);
+        let (r, took) = timed(&s);
+        let done = r.nodes.iter().filter(|x| x.done_at.is_some()).count();
+        eprintln!(
+            "this machine, N=1024, 128 MiB: {} events, {took:.2?}",
+            r.events
+        );
+        assert_eq!(done, 1024);
+        assert!(r.source_served >= s.chunks * s.chunk_bytes);
     }
 }
