@@ -78,6 +78,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::engine::policy;
+use crate::engine::seeding::{SeedLedger, Verdict};
 use crate::engine::scheduler::{self, Action, Event, PeerId, Scheduler, StuckReason};
 use crate::engine::topology::{self, Topology};
 use xfer_proto::chunkset::ChunkSet;
@@ -332,6 +333,9 @@ enum Ev {
     Tell(usize),
     /// The receivers start (after [`Costs::start`]).
     Begin,
+    /// The source's held requests may be asked about again (a holder's
+    /// patience ran out).
+    Unpark,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,6 +416,10 @@ struct Sim {
     source_wire: u64,
     /// Chunk bytes of the transfers the source started.
     source_served: u64,
+    /// The source's super-seeding ledger, as the agents' source runs it.
+    ledger: SeedLedger,
+    /// Requests the ledger holds at the source (second copies).
+    parked: Vec<usize>,
 }
 
 /// Runs one simulation to the end (every live receiver complete or stuck, or
@@ -467,6 +475,8 @@ pub fn run(setup: Setup) -> Report {
         wire: 0,
         source_wire: 0,
         source_served: 0,
+        ledger: SeedLedger::new(len, SeedLedger::DEFAULT_PATIENCE),
+        parked: Vec::new(),
     };
     for i in 1..=n {
         let spec = sim.nodes[i].spec;
@@ -681,7 +691,10 @@ impl Sim {
         self.flows[f].state = State::Over;
         let (from, to) = (self.flows[f].from, self.flows[f].to);
         match state {
-            State::Queued => self.nodes[from].queue.retain(|&g| g != f),
+            State::Queued => {
+                self.nodes[from].queue.retain(|&g| g != f);
+                self.parked.retain(|&g| g != f);
+            }
             State::Active => {
                 self.count_partial(f);
                 self.detach(f);
@@ -873,6 +886,13 @@ impl Sim {
             }
             let to = self.flows[f].to;
             if s == 0 {
+                let now = std::time::Duration::from_nanos(self.now);
+                let chunk = self.flows[f].chunk;
+                if let Verdict::Wait { until } = self.ledger.ask(to as u32, chunk, now) {
+                    self.parked.push(f);
+                    self.at(until.as_nanos() as u64, Ev::Unpark);
+                    continue;
+                }
                 self.source_served += self.setup.chunk_bytes;
             }
             let fl = &mut self.flows[f];
@@ -993,9 +1013,16 @@ impl Sim {
             }
             Ev::Die(i) => self.die(i),
             Ev::Begin => self.begin(),
+            Ev::Unpark => self.unpark(),
             Ev::Told(k) => self.told(k),
             Ev::Tell(k) => {
                 let ev = self.tell[k].clone();
+                // The agents' source frees what a slow peer held first.
+                if let topology::Event::Slow { peer, .. } = ev {
+                    if self.ledger.lost(peer) {
+                        self.unpark();
+                    }
+                }
                 if let Some(t) = self.topo.as_mut() {
                     t.handle(ev);
                 }
@@ -1051,12 +1078,25 @@ impl Sim {
         }
     }
 
+    /// The source's held requests go back to the front of its queue, to
+    /// be asked about again.
+    fn unpark(&mut self) {
+        let parked = std::mem::take(&mut self.parked);
+        for f in parked.into_iter().rev() {
+            self.nodes[0].queue.push_front(f);
+        }
+        self.serve(0);
+    }
+
     fn die(&mut self, i: usize) {
         if !self.nodes[i].alive {
             return;
         }
         self.nodes[i].alive = false;
         self.nodes[i].sched = None;
+        if i != 0 && self.ledger.lost(i as u32) {
+            self.unpark();
+        }
         let mut touched = Vec::new();
         let ups = std::mem::take(&mut self.nodes[i].ups);
         let downs = std::mem::take(&mut self.nodes[i].downs);
