@@ -200,3 +200,69 @@ impl LocalCopyError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+    use std::sync::Arc;
+    use xfer_proto::hash::MIN_CHUNK_SIZE;
+    use xfer_proto::manifest::ChunkId;
+    use xfer_proto::names::ModelName;
+
+    #[test]
+    fn a_changed_copy_leaves_what_was_held_and_a_good_one_completes_it() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        let data: Vec<u8> = (0..3 * MIN_CHUNK_SIZE + 9)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        std::fs::write(src.join("w.bin"), &data).unwrap();
+        let tree = crate::store::scan::scan(&src, MIN_CHUNK_SIZE, &|_| {}).unwrap();
+        let store = Store::open(&t.path().join("root")).unwrap();
+        let name = ModelName::new("m").unwrap();
+        let tr = store.begin(&name, Arc::new(tree.manifest.clone())).unwrap();
+        // Chunk 0 came from the network earlier.
+        let c0 = ChunkId { file: 0, index: 0 };
+        tr.write_chunk(c0, &data[..MIN_CHUNK_SIZE as usize])
+            .unwrap();
+
+        let mut changed = data.clone();
+        changed[(2 * MIN_CHUNK_SIZE + 1) as usize] ^= 1;
+        let bad = t.path().join("changed.bin");
+        std::fs::write(&bad, &changed).unwrap();
+        let e = tr.stage_local(0, &bad).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("chunk 2 of 4 differs from the manifest"),
+            "{e}"
+        );
+        assert!(e.refusal().is_none(), "a changed source is not a refusal");
+        assert_eq!(tr.held().count(), 1, "what was held before stays held");
+        let (mut f, _) = tr.open_held(c0).unwrap();
+        let mut back = vec![0; MIN_CHUNK_SIZE as usize];
+        std::io::Read::read_exact(&mut f, &mut back).unwrap();
+        assert_eq!(back, data[..MIN_CHUNK_SIZE as usize], "and its bytes too");
+        let staged: Vec<String> = std::fs::read_dir(store.root().join(".xfer/staging/m/data"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(staged, ["0"], "the failed copy is gone");
+
+        let short = t.path().join("short.bin");
+        std::fs::write(&short, &data[1..]).unwrap();
+        let e = tr.stage_local(0, &short).unwrap_err();
+        assert!(matches!(e, LocalCopyError::Changed { .. }), "{e}");
+
+        let how = tr.stage_local(0, &src.join("w.bin")).unwrap();
+        assert_ne!(how, Copied::Held);
+        assert!(tr.is_complete());
+        assert_eq!(tr.finish().unwrap(), tree.manifest.root());
+        assert_eq!(
+            std::fs::read(store.model_dir(&name).join("w.bin")).unwrap(),
+            data
+        );
+        assert_eq!(tr.stage_local(0, &bad).unwrap(), Copied::Held);
+    }
+}
