@@ -29,6 +29,7 @@ mod push;
 mod resume;
 mod sync;
 mod sync_errors;
+mod sync_local;
 mod terminal;
 mod torture_node;
 mod transport;

@@ -4,13 +4,15 @@
 //! the other receivers ([`swarm`]), the source's side ([`push`]),
 //! fetching a complete model from a peer ([`fetch`]), a Hub pull fanned
 //! out to agents while it downloads ([`pull_fanout`]), a container image
-//! delivered to nodes ([`image`]), and the feed of its draft's events
-//! ([`feed`]).
+//! delivered to nodes ([`image`]), the feed of its draft's events
+//! ([`feed`]), and a source node's own copy placed from its disk, outside
+//! the swarm ([`local`]).
 
 pub mod coordinator;
 pub mod feed;
 pub mod fetch;
 pub mod image;
+pub mod local;
 pub mod pull_fanout;
 pub mod push;
 pub mod receive;

@@ -371,7 +371,9 @@ pub(crate) async fn deliver_plan(
     Ok(nodes)
 }
 
-async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree> {
+/// Hashes `opts.src` (through its hash cache unless `opts.rehash`): the
+/// tree [`deliver`] offers.
+pub async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree> {
     let bar = progress.counter("hashing");
     let (src, cs, b, rehash) = (opts.src.clone(), opts.chunk_size, bar.clone(), opts.rehash);
     let tree = tokio::task::spawn_blocking(move || {

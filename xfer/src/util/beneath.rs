@@ -464,6 +464,27 @@ impl Root {
         .map_err(|e| self.explain(rel, e))
     }
 
+    /// Renames the file `from` over `to`, both in one folder beneath the
+    /// root (a symlink at `to` is replaced, not followed), and fsyncs the
+    /// folder.
+    pub fn rename_within(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let (parent, from_name) = split(from)?;
+        let (to_parent, to_name) = split(to)?;
+        if parent != to_parent {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} and {} are in different folders",
+                    from.display(),
+                    to.display()
+                ),
+            ));
+        }
+        let dir = self.dir(parent)?;
+        self.rename_in(&dir, parent, &from_name, &to_name)?;
+        dir.sync_all()
+    }
+
     /// Removes the file (or symlink) `rel`.
     pub fn remove_file(&self, rel: &Path) -> io::Result<()> {
         let (parent, name) = split(rel)?;

@@ -520,6 +520,9 @@ impl Runner {
                     .may_read(&spec.source_node, self.store.root(), src)
                     .map_err(RoundError::Fatal)?;
                 let opts = PushOptions { src, ..push };
+                if spec.is_member(&spec.source_node) {
+                    return self.local_round(spec, opts).await;
+                }
                 let s = crate::flow::push::push(&opts, &quiet)
                     .await
                     .map_err(|e| cause::of_error(&e))?;
@@ -529,6 +532,85 @@ impl Runner {
                 self.pull_round(spec, repo, repo_type, push).await
             }
         }
+    }
+
+    /// A folder job's round whose source node is a member too: the tree is
+    /// hashed once, then this node's copy is placed from its own disk
+    /// ([`crate::flow::local`]) while the other members are pushed theirs;
+    /// its outcome is its member's, as a remote member's would be.
+    async fn local_round(
+        &self,
+        spec: &JobSpec,
+        mut push: PushOptions,
+    ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
+        let quiet = Progress::new(false);
+        let started = std::time::Instant::now();
+        let tree = crate::flow::push::hash_tree(&push, &quiet)
+            .await
+            .map_err(|e| cause::of_error(&e))?;
+        let hash_s = started.elapsed().as_secs_f64();
+        let root = tree.manifest.root();
+        let me = &spec.source_node;
+        push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));
+        // A dropped round (a cancelled job) stops the copy at its next file.
+        let cancel = CancellationToken::new();
+        let _stop = cancel.clone().drop_guard();
+        let local = {
+            let (store, name, tree) = (self.store.clone(), spec.name.clone(), tree.clone());
+            let activity = self.activity.clone();
+            tokio::task::spawn_blocking(move || {
+                let started = std::time::Instant::now();
+                let placed =
+                    crate::flow::local::place(&store, &name, &tree, activity.as_ref(), &cancel);
+                (placed, started.elapsed().as_secs_f64())
+            })
+        };
+        let remote = async {
+            if push.to.is_empty() {
+                return Ok(Vec::new());
+            }
+            crate::flow::push::deliver(&push, &spec.name, &tree, hash_s, &quiet)
+                .await
+                .map(|s| s.nodes)
+        };
+        let (local, remote) = tokio::join!(local, remote);
+        let mut nodes = remote.map_err(|e| cause::of_error(&e))?;
+        let (placed, duration_s) = local.map_err(|e| RoundError::retry(e.to_string()))?;
+        let agent = spec
+            .members
+            .iter()
+            .find(|m| &m.node == me)
+            .map(|m| m.agent.clone())
+            .unwrap_or_default();
+        let mine = match placed {
+            Ok(p) => {
+                tracing::info!(
+                    "sync job {}: {} placed here from {} ({} cloned, {} copied, {} bytes)",
+                    spec.id,
+                    spec.name,
+                    push.src.display(),
+                    p.reflinked,
+                    p.copied,
+                    p.bytes
+                );
+                NodeSummary {
+                    addr: agent,
+                    ok: true,
+                    root: Some(p.root),
+                    duration_s,
+                    ..Default::default()
+                }
+            }
+            Err(e) => NodeSummary {
+                addr: agent,
+                error: Some(format!("local copy: {e}")),
+                refusal: e.refusal(),
+                duration_s,
+                ..Default::default()
+            },
+        };
+        nodes.push(mine);
+        Ok((root, nodes))
     }
 
     /// A Hub job's round: pull into this node's root (an HF cache) and fan
