@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::engine::seeding::{SeedLedger, Verdict};
 use crate::engine::topology::{self, Action, Event, Topology};
-use crate::transport::serve::Admission;
+use crate::transport::Admission;
 use xfer_proto::hash::Hash;
 use xfer_proto::transfer::{HomeSlots, SwarmPeer, TransferMsg};
 

@@ -190,3 +190,14 @@ impl ChunkFetcher for Fetcher {
         }
     }
 }
+
+/// Holds a chunk request until it may be served: the source's
+/// super-seeding gate (`flow::coordinator::SeedGate`), given the chunk's
+/// number. A request whose fetcher withdraws it meanwhile is dropped.
+pub trait Admission: Send + Sync {
+    /// Resolves when `chunk` may be served.
+    fn admit(
+        &self,
+        chunk: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}

@@ -476,27 +476,28 @@ async fn fetch_on(conn: &Connection, chunk: ChunkId, len: usize) -> Result<Bytes
 }
 
 /// Answers one chunk request on its stream: the bytes, or why not. The
-/// request first passes `serving`'s admission (the source's super-seeding
-/// gate), unless the fetcher withdraws it meanwhile.
+/// request first passes `admission` (the source's super-seeding gate),
+/// unless the fetcher withdraws it meanwhile.
 pub async fn answer_chunk(
     mut send: quinn::SendStream,
     req: ChunkRequest,
     map: Arc<ChunkMap>,
     reader: Arc<dyn ChunkReader>,
-    serving: &super::serve::Serving,
+    limiter: Option<Arc<crate::util::rate::RateLimiter>>,
+    on_sent: Arc<dyn Fn(u64) + Send + Sync>,
+    admission: Option<Arc<dyn super::Admission>>,
 ) {
     let Some(number) = map.number(req.chunk) else {
         let _ = write_frame(&mut send, &ChunkReply::Unavailable("no such chunk".into())).await;
         let _ = send.finish();
         return;
     };
-    if let Some(a) = &serving.admission {
+    if let Some(a) = &admission {
         tokio::select! {
             _ = a.admit(number) => {}
             _ = send.stopped() => return,
         }
     }
-    let (limiter, on_sent) = (serving.limiter.clone(), serving.on_sent.clone());
     let r = reader.clone();
     let data = tokio::task::spawn_blocking(move || r.read_chunk(req.chunk)).await;
     let data = match data {

@@ -10,8 +10,6 @@
 //! queue-pair error, say); both kinds are served until the connection
 //! closes.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -20,18 +18,10 @@ use quinn::{Connection, VarInt};
 use super::quic::{answer_chunk, read_stream_request, write_frame};
 use super::rdma::link::{self, Offer};
 use super::rdma::plane::SendPlane;
-use super::ChunkReader;
+use super::{Admission, ChunkReader};
 use crate::util::rate::RateLimiter;
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::stream::{RdmaReply, ResetCode, StreamRequest};
-
-/// Holds a chunk request until it may be served: the source's
-/// super-seeding gate (`flow::coordinator::SeedGate`), given the chunk's
-/// number. A request whose fetcher withdraws it meanwhile is dropped.
-pub trait Admission: Send + Sync {
-    /// Resolves when `chunk` may be served.
-    fn admit(&self, chunk: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
-}
 
 /// What one connection serves, and how.
 #[derive(Clone)]
@@ -92,7 +82,16 @@ pub async fn serve(conn: Connection, serving: Serving) {
             match req {
                 StreamRequest::Chunk(req) => {
                     let (map, reader) = (s.map.clone(), s.reader.clone());
-                    answer_chunk(send, req, map, reader, &s).await;
+                    answer_chunk(
+                        send,
+                        req,
+                        map,
+                        reader,
+                        s.limiter.clone(),
+                        s.on_sent.clone(),
+                        s.admission.clone(),
+                    )
+                    .await;
                 }
                 StreamRequest::Rdma(req) => {
                     let current = plane.lock().unwrap().clone();
