@@ -24,8 +24,11 @@
 //!   never sent, and waiting requests for them are served.
 //! - **Or after [`SeedLedger::patience`].** A first holder that is alive but
 //!   never passes the chunk on (its peers cannot reach it, its disk fails
-//!   reads) must not leave the others waiting forever: a request that has
-//!   waited that long since the chunk's first send is served.
+//!   reads) must not leave the others waiting forever: a request is served
+//!   once the chunk's first send is `max(patience, t)` old, `t` being when
+//!   that first send was (so a slow transfer, where everything takes long,
+//!   does not count as a stuck one: at 20 s a swarm of 16 on 50 Mbit/s
+//!   links, 37 s long, had the source send 1.31 × S).
 //!
 //! Memory: 12 bytes per chunk of the model (30,000 chunks for 119 GB in
 //! 4 MiB chunks: 360 KB), whatever the receivers claim.
@@ -62,10 +65,10 @@ pub struct SeedLedger {
 }
 
 impl SeedLedger {
-    /// How long a second copy waits by default: long enough for a chunk to
-    /// cross a swarm of a thousand receivers a few times over at 100 Mbit/s
+    /// How long a second copy waits at least by default: far longer than a
+    /// chunk takes to cross a swarm of a thousand receivers at 100 Mbit/s
     /// (a 4 MiB chunk-time is 0.34 s there, the graph about 4 hops deep).
-    pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(20);
+    pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(60);
 
     /// A ledger for `chunks` chunks (more are added as they are asked for:
     /// a growing draft).
@@ -80,7 +83,8 @@ impl SeedLedger {
         }
     }
 
-    /// How long a second copy waits for its first holder to pass it on.
+    /// How long a second copy waits at least for its first holder to pass
+    /// it on.
     pub fn patience(&self) -> Duration {
         self.patience
     }
@@ -103,7 +107,8 @@ impl SeedLedger {
             }
             holder if holder == to => Verdict::Serve,
             _ => {
-                let until = self.first_at[c] + self.patience;
+                let first = self.first_at[c];
+                let until = first + self.patience.max(first);
                 if now >= until {
                     self.again += 1;
                     Verdict::Serve
@@ -173,6 +178,13 @@ mod tests {
     }
 
     #[test]
+    fn a_late_first_send_waits_as_long_as_the_transfer_has_run() {
+        let mut l = SeedLedger::new(2, P);
+        l.ask(1, 0, at(50));
+        assert_eq!(l.ask(2, 0, at(60)), Verdict::Wait { until: at(100) });
+    }
+
+    #[test]
     fn chunks_beyond_the_start_count_are_tracked_too() {
         let mut l = SeedLedger::new(0, P);
         assert_eq!(l.ask(1, 7, at(0)), Verdict::Serve);
@@ -215,8 +227,10 @@ mod tests {
                         Verdict::Serve
                     }
                     Some((h, _)) if h == who => Verdict::Serve,
-                    Some((_, t)) if now >= t + P => Verdict::Serve,
-                    Some((_, t)) => Verdict::Wait { until: t + P },
+                    Some((_, t)) if now >= t + P.max(t) => Verdict::Serve,
+                    Some((_, t)) => Verdict::Wait {
+                        until: t + P.max(t),
+                    },
                 };
                 assert_eq!(v, want, "chunk {c} asked by {who} at {now:?}");
             }

@@ -78,8 +78,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::engine::policy;
-use crate::engine::seeding::{SeedLedger, Verdict};
 use crate::engine::scheduler::{self, Action, Event, PeerId, Scheduler, StuckReason};
+use crate::engine::seeding::{SeedLedger, Verdict};
 use crate::engine::topology::{self, Topology};
 use xfer_proto::chunkset::ChunkSet;
 
@@ -1070,11 +1070,11 @@ impl Sim {
         if self.nodes[r].speed.record(s as PeerId, bytes, took) {
             self.nodes[r].report.slow.push(s as PeerId);
             self.feed(r, Event::PeerSlow { peer: s as PeerId });
-            if self.topo.is_some() {
-                let t = self.now + self.latency(r, 0);
-                let (reporter, peer) = (r as u32, s as u32);
-                self.tell(t, topology::Event::Slow { reporter, peer });
-            }
+            let t = self.now + self.latency(r, 0);
+            let (reporter, peer) = (r as u32, s as u32);
+            // The report reaches the source, whose ledger frees what the
+            // slow peer held first (and, with a topology, rewires).
+            self.tell(t, topology::Event::Slow { reporter, peer });
         }
     }
 
@@ -1376,8 +1376,17 @@ mod tests {
              slow node {slow:.3} x its bound, source {:.3} x S ({took:.2?})",
             source_multiple(&s, &r)
         );
-        // 1.178 with the agents' policy (see equal_links_64).
-        assert!(others <= 1.18, "others {others:.3}");
+        // 1.237 with the source's super-seeding ledger (1.178 before, when
+        // an idle receiver could take a second copy of a chunk homed at
+        // the slow node from the source): the others wait for the slow
+        // node's chunks until it is reported slow, and the source uploads
+        // 1.008 x S.
+        assert!(others <= 1.25, "others {others:.3}");
+        assert!(
+            source_multiple(&s, &r) <= 1.02,
+            "source {:.3}",
+            source_multiple(&s, &r)
+        );
         // Node 1 (receiver 0) is the slow one; nobody else is reported.
         assert!(r.nodes.iter().all(|x| x.slow.iter().all(|&p| p == 1)));
         let reporters = r.nodes.iter().filter(|x| x.slow == [1]).count();
@@ -1571,39 +1580,33 @@ mod tests {
     }
 
     /// The real runs the preset is calibrated against, measured on the
-    /// development machine (2 cores) before the fixes of issue 33.
+    /// development machine (2 cores, otherwise idle) on 2026-12-04 with the
+    /// source's super-seeding ledger (`engine::seeding`): 128 MiB in 4 MiB
+    /// chunks, `scripts/bench-fanout.sh N RATE 128`.
     const REAL_RUNS: &[Real] = &[
         Real {
             n: 4,
             rate_mbit: 100.0,
             size_mib: 128,
-            p50: 1.42,
-            max: 1.45,
-            source_x: 1.26,
+            p50: 1.35,
+            max: 1.42,
+            source_x: 1.00,
         },
         Real {
             n: 8,
             rate_mbit: 100.0,
             size_mib: 128,
-            p50: 1.58,
-            max: 1.66,
-            source_x: 1.41,
-        },
-        Real {
-            n: 8,
-            rate_mbit: 100.0,
-            size_mib: 128,
-            p50: 1.60,
-            max: 1.62,
-            source_x: 1.35,
+            p50: 1.51,
+            max: 1.58,
+            source_x: 1.00,
         },
         Real {
             n: 16,
             rate_mbit: 50.0,
             size_mib: 128,
-            p50: 1.69,
+            p50: 1.68,
             max: 1.78,
-            source_x: 1.40,
+            source_x: 1.00,
         },
     ];
 
