@@ -1566,6 +1566,42 @@ mod tests {
         }
     }
 
+    /// Issue 33's churn: three of 24 receivers die at a third of the
+    /// transfer, and one joins half-way with nothing. The others finish
+    /// within 1.4 × the bound, the source uploads at most 1.15 × S, and
+    /// the joiner is fed by its peers, not by the source alone.
+    #[test]
+    fn churn_three_of_24_die_and_one_joins_half_way() {
+        let n = 24;
+        let mut s = bounded(n, CHUNKS);
+        let lb = bound(&s, 0);
+        let dead = [4, 11, 18];
+        for &i in &dead {
+            s.receivers[i].dies_at = Some(lb / 3.0);
+        }
+        let joiner = 20;
+        s.receivers[joiner].dies_at = Some(0.0);
+        s.receivers[joiner].returns_at = Some(lb / 2.0);
+        let (r, took) = timed(&s);
+        let others = worst(&s, &r, (0..n).filter(|i| !dead.contains(i) && *i != joiner));
+        let src = source_multiple(&s, &r);
+        let j = &r.nodes[joiner];
+        let from_peers = j.from_peers as f64 / (j.from_peers + j.from_source).max(1) as f64;
+        eprintln!(
+            "churn, 3 of {n} die at a third, one joins half-way: others {others:.3} x LB, \
+             source {src:.3} x S, the joiner took {:.0} % from peers ({took:.2?})",
+            from_peers * 100.0
+        );
+        assert!(others <= 1.4, "others {others:.3}");
+        assert!(src <= 1.15, "source uploaded {src:.3} x S");
+        assert!(j.done_at.is_some(), "the joiner never completed: {j:?}");
+        assert!(
+            from_peers >= 0.5,
+            "the joiner took {:.0} % from peers",
+            from_peers * 100.0
+        );
+    }
+
     /// A real run of `xfer push --to` N agents in network namespaces
     /// (`scripts/bench-fanout.sh`: every link `tc tbf` both ways, MTU
     /// 1500, 4 MiB chunks, K = 8), from its JSON: the median and the

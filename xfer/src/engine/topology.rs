@@ -596,6 +596,11 @@ impl Topology {
         for _ in 0..8 {
             let u = self.random_live();
             let v = self.nodes[u as usize].ring[c].1;
+            // A node leaving is still among the live while its cycles are
+            // mended, but no longer in them.
+            if v == NONE {
+                continue;
+            }
             let (p, s) = self.nodes[x as usize].ring[c];
             if [x, p, s, avoid].contains(&u) || [x, p, s, avoid].contains(&v) {
                 continue;
