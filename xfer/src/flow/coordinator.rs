@@ -105,11 +105,6 @@ impl Coordinator {
         }
     }
 
-    /// Chunks the source served once, and second copies it served.
-    pub fn seed_counts(&self) -> (u64, u64) {
-        self.ledger.lock().unwrap().counts()
-    }
-
     /// Waits until the source may serve `chunk` to member `id`.
     async fn admit(&self, id: u32, chunk: u64) {
         loop {
