@@ -40,6 +40,16 @@
 #               iowait over all). Below 20 % the CPU, not the links, bounds the
 #               run: the script warns; lower RATE_MBIT then. Other work on the
 #               machine lowers it too: compare with xfer%
+# Churn (issue 33): CHURN=K kill -9s the agents of hosts 2..K+1 once the
+# source's uplink has carried a third of S, and JOIN=1 starts host N's agent
+# only once it has carried half of S (the push names it from the start: it
+# is offered the model again every second while the others receive, and
+# joins the running swarm). The push then exits non-zero for the dead only;
+# p50/p90/max are over the nodes that completed, and the row adds the
+# joiner's bytes from its peers over what it received (peer%). Every
+# completed copy is still compared by b3sum.
+#   CHURN=3 JOIN=1 RATE_MBIT=33 scripts/bench-scale.sh 24
+#
 # Rows are appended to $SCALE_DIR/results.csv and the table to
 # $SCALE_DIR/summary.txt.
 #
@@ -85,6 +95,36 @@ ticks_ut_st() {
     for p in "$@"; do proc_times "$p"; done | awk '{ u += $1; s += $2 } END { printf "%.0f %.0f\n", u, s }'
 }
 
+CHURN=${CHURN:-0}
+JOIN=${JOIN:-0}
+# killed I: whether CHURN kills host I's agent.
+killed() { [ "$1" -ge 2 ] && [ "$1" -le $((CHURN + 1)) ]; }
+
+# churn N BYTES UP0 LATE (in the background during the push): kill -9 the
+# agents of hosts 2..CHURN+1 once host 0's uplink has carried BYTES/3 since
+# UP0, and start host LATE's agent (LATE > 0) once it has carried BYTES/2
+# (its PID goes to $RUN/late.pid).
+churn() {
+    local n=$1 bytes=$2 up0=$3 late=$4 i sent killed_=0
+    while :; do
+        sent=$(($("$NC" bytes 0 eth0) - up0))
+        if [ "$killed_" = 0 ] && [ $((sent * 3)) -ge "$bytes" ]; then
+            for ((i = 2; i <= CHURN + 1; i++)); do kill -9 "${AGENT_PIDS[i]}" 2>/dev/null || true; done
+            killed_=1
+            [ "$CHURN" = 0 ] || log "N=$n: killed $CHURN agents at $((100 * sent / bytes)) % of S from the source"
+        fi
+        if [ "$late" -gt 0 ] && [ $((sent * 2)) -ge "$bytes" ]; then
+            "$NC" exec "$late" "$RUN/xfer" serve --listen "$("$NC" ip "$late"):$PORT" --root "$SCALE_DIR/h$late" \
+                --key "$RUN/cluster.key" >"$RUN/agent-$late.out" 2>"$RUN/agent-$late.err" &
+            echo $! >"$RUN/late.pid"
+            log "N=$n: started host $late's agent at $((100 * sent / bytes)) % of S from the source"
+            return 0
+        fi
+        [ "$late" -gt 0 ] || [ "$killed_" = 0 ] || return 0
+        sleep 0.1
+    done
+}
+
 # one_n N RATE SIZE SRC BYTES: one fresh cluster, one push, one table row
 # (appended to ROWS) and one CSV line.
 ROWS=()
@@ -104,15 +144,16 @@ one_n() {
     CLUSTER_UP=1
     MTU=1500 MGMT_NET=10.78.0 ROOT_ATTACH=0 FABRIC_MBIT='' "$NC" up "$n" "$rate"
 
-    local to="" ip
+    local to="" ip late=0
+    [ "$JOIN" = 1 ] && late=$n
     AGENT_PIDS=()
     for ((i = 1; i <= n; i++)); do
         ip=$("$NC" ip "$i")
         to+="${to:+,}$ip:$PORT"
         mkdir -p "$SCALE_DIR/h$i"
-        start_agent "$i" "$ip:$PORT" "$SCALE_DIR/h$i"
+        [ "$i" = "$late" ] || start_agent "$i" "$ip:$PORT" "$SCALE_DIR/h$i"
     done
-    for ((i = 1; i <= n; i++)); do wait_agent "$i"; done
+    for ((i = 1; i <= n; i++)); do [ "$i" = "$late" ] || wait_agent "$i"; done
     sync
 
     log "N=$n: pushing (timeout ${timeout_s}s)"
@@ -121,12 +162,23 @@ one_n() {
     up0=$("$NC" bytes 0 eth0)
     all0=$(link_bytes "$n" eth0)
     cpu0=$(cpu_idle_total)
+    local churner=""
+    if [ "$CHURN" -gt 0 ] || [ "$late" -gt 0 ]; then
+        churn "$n" "$bytes" "$up0" "$late" &
+        churner=$!
+        track "$churner"
+    fi
     run_push "$src" "$to" "$timeout_s"
+    [ -z "$churner" ] || stop_pid "$churner"
+    if [ "$late" -gt 0 ]; then
+        [ -s "$RUN/late.pid" ] || die "the late agent on host $late never started (the source's uplink did not reach S/2)"
+        AGENT_PIDS[late]=$(cat "$RUN/late.pid")
+    fi
     cpu1=$(cpu_idle_total)
     up1=$("$NC" bytes 0 eth0)
     all1=$(link_bytes "$n" eth0)
     a1=$(ticks_ut_st "${AGENT_PIDS[@]}")
-    check_push "$bytes" "$timeout_s"
+    KILLED_ADDRS=$(for ((i = 2; i <= CHURN + 1; i++)); do echo "$("$NC" ip "$i"):$PORT"; done) check_push "$bytes" "$timeout_s"
 
     # CPU: the pusher's user/sys from time, the agents' utime/stime deltas.
     local user sys cpu kern idle ours
@@ -139,15 +191,20 @@ one_n() {
     idle=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.1f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')
 
     for ((i = 1; i <= n; i++)); do
-        stop_pid "${AGENT_PIDS[i]}"
+        if killed "$i"; then continue; fi
+        if [ "$i" = "$late" ]; then
+            kill "${AGENT_PIDS[i]}" 2>/dev/null || true # not our child: started by churn
+        else
+            stop_pid "${AGENT_PIDS[i]}"
+        fi
         note_agent_log "$i"
     done
-    for ((i = 1; i <= n; i++)); do verify_tree "node $i" "$SCALE_DIR/h$i/$MODEL_NAME"; done
+    for ((i = 1; i <= n; i++)); do killed "$i" || verify_tree "node $i" "$SCALE_DIR/h$i/$MODEL_NAME"; done
     rm -rf "$SCALE_DIR"/h[0-9]*
 
     local durs hash_s links src_ok p50 p90 pmax wall src_tc wire
-    mapfile -t durs < <(jq -r '.nodes[].duration_s' "$RUN/push.json")
-    [ "${#durs[@]}" = "$n" ] || die "the push's JSON lists ${#durs[@]} nodes, expected $n (see $RUN/push.json)"
+    mapfile -t durs < <(jq -r '.nodes[] | select(.ok) | .duration_s' "$RUN/push.json")
+    [ "${#durs[@]}" = "$((n - CHURN))" ] || die "the push's JSON lists ${#durs[@]} completed nodes, expected $((n - CHURN)) (see $RUN/push.json)"
     read -r hash_s links src_ok < <(jq -r '[.hash_s, ([.nodes[].max_peer_links // 0] | max),
         ([.nodes[].from_source // 0] | add) / .bytes_total] | @tsv' "$RUN/push.json")
     p50=$(calc "$(percentile 50 "${durs[@]}") / $ideal")
@@ -156,13 +213,19 @@ one_n() {
     wall=$(calc "($PUSH_T1 - $PUSH_T0) / $ideal")
     src_tc=$(calc "($up1 - $up0) / $bytes")
     wire=$(calc "($all1 - $all0) / ($n * $bytes)")
-    log "N=$n: $n copies verified; node max $(fmt %.2f "$pmax") x S/B, wall $(fmt %.2f "$wall") x S/B, CPU idle $idle % (xfer used $(fmt %.1f "$ours") %)"
+    local peer_pct=-
+    if [ "$late" -gt 0 ]; then
+        peer_pct=$(jq -r --argjson i "$((late - 1))" '.nodes[$i] | 100 * .from_peers / (.from_peers + .from_source) | floor' "$RUN/push.json")
+        log "N=$n: the late node (host $late) got $peer_pct % of its bytes from peers"
+    fi
+    [ "$CHURN" = 0 ] || log "N=$n: $CHURN agents killed at S/3 (hosts 2..$((CHURN + 1))); figures over the $((n - CHURN)) that completed"
+    log "N=$n: $((n - CHURN)) copies verified; node max $(fmt %.2f "$pmax") x S/B, wall $(fmt %.2f "$wall") x S/B, CPU idle $idle % (xfer used $(fmt %.1f "$ours") %)"
     if awk -v i="$idle" -v f="$IDLE_FLOOR" 'BEGIN { exit !(i < f) }'; then
         log "warning: N=$n: the CPU was idle only $idle % of the push (< $IDLE_FLOOR %): the machine, not the links, bounds this row; lower RATE_MBIT"
     fi
 
-    ROWS+=("$(printf '%3d %5d %5d %6.2f  %5.2f %5.2f %5.2f  %5.2f  %5.2f %6.2f %6.2f %5.2f  %5d  %6.2f %5.1f %5.1f %5.1f' \
-        "$n" "$rate" "$size" "$ideal" "$p50" "$p90" "$pmax" "$wall" "$SRC_X" "$src_ok" "$src_tc" "$wire" "$links" "$cpu" "$kern" "$ours" "$idle")")
+    ROWS+=("$(printf '%3d %5d %5d %6.2f  %5.2f %5.2f %5.2f  %5.2f  %5.2f %6.2f %6.2f %5.2f  %5d  %6.2f %5.1f %5.1f %5.1f %5s %5s' \
+        "$n" "$rate" "$size" "$ideal" "$p50" "$p90" "$pmax" "$wall" "$SRC_X" "$src_ok" "$src_tc" "$wire" "$links" "$cpu" "$kern" "$ours" "$idle" "$CHURN" "$peer_pct")")
     [ -s "$RESULTS" ] || echo "$CSV_HEADER" >"$RESULTS"
     printf '%s,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%d,%.3f,%.1f,%.1f,%.1f\n' \
         "$STAMP" "$XFER_REV" "$n" "$rate" "$size" "$ideal" "$p50" "$p90" "$pmax" "$wall" "$hash_s" "$SRC_X" "$src_ok" "$src_tc" "$wire" \
@@ -213,8 +276,8 @@ main() {
         printf '== xfer scale bench: N = %s, %d Mbit/s per link (tbf both ways, MTU 1500), %d MiB tree (%d bytes, %d files), xfer %s, %d cores, %s ==\n' \
             "$ns" "$rate" "$size" "$bytes" "$files" "$XFER_REV" "$(nproc)" "$STAMP"
         echo "times x S/B (the baseline, the physical bound); node = each node's duration_s (its delivery, after hashing); wall = the whole push"
-        printf '%3s %5s %5s %6s  %5s %5s %5s  %5s  %5s %6s %6s %5s  %5s  %6s %5s %5s %5s\n' \
-            N Mbit MiB 'S/B s' p50 p90 max wall src_x src_ok src_tc wire links cpu/GB kern% xfer% idle%
+        printf '%3s %5s %5s %6s  %5s %5s %5s  %5s  %5s %6s %6s %5s  %5s  %6s %5s %5s %5s %5s %5s\n' \
+            N Mbit MiB 'S/B s' p50 p90 max wall src_x src_ok src_tc wire links cpu/GB kern% xfer% idle% churn peer%
         printf '%s\n' "${ROWS[@]}"
     } | tee -a "$SCALE_DIR/summary.txt"
     log "took $(fmt %.0f "$(calc "$EPOCHREALTIME - $t_start")") s; rows appended to $RESULTS"

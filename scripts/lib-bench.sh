@@ -339,11 +339,21 @@ run_push() {
     untrack "$ppid"
 }
 # check_push BYTES TIMEOUT_S: dies unless the push exited 0, printed JSON,
-# every node is ok and bytes_total is BYTES. Sets SRC_X (the source's bytes
+# every node is ok and bytes_total is BYTES; with KILLED_ADDRS (one
+# ADDR:PORT per line), it exited 1 and exactly those nodes failed. Sets SRC_X (the source's bytes
 # over S) and SRC_X_FROM (where that figure came from).
 # shellcheck disable=SC2034 # SRC_X and SRC_X_FROM are for the caller
 check_push() {
     local bytes=$1 timeout_s=$2 why j_total j_ok
+    if [ -n "${KILLED_ADDRS:-}" ] && [ "$PUSH_RC" = 1 ] && jq -e . "$RUN/push.json" >/dev/null 2>&1; then
+        # Churn: the push fails for the killed agents, and only for them.
+        local bad
+        bad=$(jq -r '.nodes[] | select(.ok | not) | .addr' "$RUN/push.json" | sort)
+        [ "$bad" = "$(sort <<<"$KILLED_ADDRS")" ] || die "with churn, the failed nodes were [${bad//$'\n'/ }], expected the killed [${KILLED_ADDRS//$'\n'/ }]"
+        SRC_X=$(jq -r '.source_sent_x' "$RUN/push.json")
+        SRC_X_FROM=source_sent_x
+        return 0
+    fi
     if [ "$PUSH_RC" != 0 ]; then
         why=$(jq -r '.nodes[]? | select(.ok | not) | "\(.addr): \(.error)"' "$RUN/push.json" 2>/dev/null | head -n 3 | tr '\n' ' ' || true)
         [ "$PUSH_RC" != 124 ] || why="no result after ${timeout_s}s (set PUSH_TIMEOUT to wait longer) $why"

@@ -15,7 +15,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -334,6 +334,7 @@ pub(crate) async fn deliver_plan(
     let (coordinator, outboxes) =
         Coordinator::new(members.clone(), opts.peers, plan.key, plan.map.len());
     let coordinator = Arc::new(coordinator);
+    let live = Arc::new(AtomicUsize::new(members.len()));
     for ((dest, member), outbox) in opts.to.iter().zip(&members).zip(outboxes) {
         let swarm = coordinator.swarm_for(member.id);
         let ctx = NodeCtx {
@@ -361,6 +362,8 @@ pub(crate) async fn deliver_plan(
             timeout: opts.connect_timeout,
             connections: opts.connections.max(1),
             bar: progress.bytes(dest.label(), plan.total_bytes),
+            live: live.clone(),
+            counted: true,
         };
         tasks.push(AbortOnDrop(tokio::spawn(ctx.run())));
     }
@@ -413,6 +416,12 @@ struct NodeCtx {
     timeout: Duration,
     connections: usize,
     bar: crate::util::progress::Bar,
+    /// Receivers whose delivery runs and whose agent answers: a lost one
+    /// leaves the count until it answers again (so two dead receivers do
+    /// not keep each other's retries going), a finished one for good.
+    live: Arc<AtomicUsize>,
+    /// Whether this receiver is in `live`.
+    counted: bool,
 }
 
 /// Why one attempt to deliver to a node ended early.
@@ -628,16 +637,28 @@ impl NodeCtx {
                     }
                     tracing::warn!("{why}; offering the stream again (try {tries})");
                     coordinator.gone(id);
+                    self.set_live(false);
                     tokio::time::sleep(STREAM_RETRY_EVERY).await;
-                    coordinator.rejoined(id);
-                    self.swarm = fed_by_source(coordinator.swarm_for(id));
-                    // Rewiring meant for the lost connection is stale.
-                    while self.outbox.lock().await.try_recv().is_ok() {}
+                }
+                // A finished tree: a receiver lost (killed, or not up yet)
+                // is offered it again while the others still receive, so
+                // a restarted or late agent joins the running swarm. It
+                // rejoins the graph only once it answers: peers are never
+                // sent to a node that is down.
+                Err(Attempt::Lost(why)) if self.events.is_none() && self.others_live() => {
+                    tries += 1;
+                    tracing::warn!(
+                        "{why}; offering the model again while the others receive (try {tries})"
+                    );
+                    coordinator.gone(id);
+                    self.set_live(false);
+                    tokio::time::sleep(STREAM_RETRY_EVERY).await;
                 }
                 Err(Attempt::Lost(e) | Attempt::Refused(e)) => break Err(e),
                 Ok(()) => break Ok(()),
             }
         };
+        self.set_live(false);
         match outcome {
             Ok(()) => {
                 summary.ok = true;
@@ -656,6 +677,23 @@ impl NodeCtx {
         summary.bytes_sent_rdma = rdma_sent.load(Ordering::Relaxed);
         summary.duration_s = started.elapsed().as_secs_f64();
         summary
+    }
+
+    /// Enters or leaves the live count; returns whether it was in it.
+    fn set_live(&mut self, live: bool) -> bool {
+        let was = self.counted;
+        if live && !was {
+            self.live.fetch_add(1, Ordering::AcqRel);
+        } else if !live && was {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.counted = live;
+        was
+    }
+
+    /// Whether another receiver's delivery still runs with its agent up.
+    fn others_live(&self) -> bool {
+        self.live.load(Ordering::Acquire) > usize::from(self.counted)
     }
 
     async fn deliver(
@@ -700,6 +738,13 @@ impl NodeCtx {
             None => format!("{addr}: {e:#}"),
         };
         let lost_now = |e: anyhow::Error| Attempt::Lost(lost(e));
+        if !self.set_live(true) {
+            // It answers again: back into the graph, with fresh peers.
+            self.coordinator.rejoined(self.id);
+            self.swarm = fed_by_source(self.coordinator.swarm_for(self.id));
+            // Rewiring meant for the lost connection is stale.
+            while self.outbox.lock().await.try_recv().is_ok() {}
+        }
         let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
             .await
             .map_err(|e| Attempt::Lost(e.to_string()))?;
