@@ -82,6 +82,9 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
         "{}",
         preflight::render(&checked.rows, crate::term::stderr_width())
     );
+    if let Some(line) = checked.unit_line() {
+        eprintln!("{line}");
+    }
     if !checked.ok {
         let failed = checked
             .rows
@@ -106,6 +109,7 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
         config_digest: &plan.digest,
         plan: &plan,
         check: &checked,
+        unit: checked.unit(),
         time_to_ready_s: None,
         readiness: None,
         failure: Vec::new(),
