@@ -83,7 +83,8 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
         preflight::render(&checked.rows, crate::term::stderr_width())
     );
     if let Some(line) = checked.unit_line() {
-        eprintln!("{line}");
+        let width = crate::term::stderr_width();
+        eprintln!("{}", xfer_proto::text::wrap(&line, width, 4));
     }
     if !checked.ok {
         let failed = checked
