@@ -537,3 +537,147 @@ fn ranks_run_in_the_image_on_every_node_and_down_or_a_failure_removes_every_cont
         "{shown}"
     );
 }
+
+/// A node whose Python has another NCCL (then another torch) than the
+/// others'. Faked the way it happens: node 2's agent finds a `python3`
+/// first on its `PATH` that puts a different `torch` on the module path;
+/// the launcher has no switch to report another version, so nothing in
+/// production can hide a real mismatch.
+#[test]
+fn a_node_with_another_nccl_or_torch_is_refused_by_check_and_up() {
+    need_root!();
+    let mut lab = Lab::up("xlu", 2, &[1]);
+    let fake = lab.dir.join("fake-python");
+    let pylib = fake.join("pylib");
+    std::fs::create_dir_all(pylib.join("torch/cuda")).unwrap();
+    let real = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let real = text(&real.stdout).trim().to_string();
+    let shim = fake.join("bin/python3");
+    std::fs::create_dir_all(shim.parent().unwrap()).unwrap();
+    std::fs::write(
+        &shim,
+        format!(
+            "#!/bin/sh\nPYTHONPATH='{}':\"$PYTHONPATH\" exec '{real}' \"$@\"\n",
+            pylib.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // The stand-in's torch version, with an NCCL.
+    let torch = |version: &str| {
+        std::fs::write(
+            pylib.join("torch/__init__.py"),
+            format!("__version__ = \"{version}\"\nfrom . import cuda\n"),
+        )
+        .unwrap();
+        std::fs::write(pylib.join("torch/cuda/__init__.py"), "").unwrap();
+        std::fs::write(
+            pylib.join("torch/cuda/nccl.py"),
+            "def version():\n    return (2, 21, 5)\n",
+        )
+        .unwrap();
+    };
+    torch("2.13.0");
+    lab.agents[1] = Some(lab.start_agent_with_path_first(2, &fake.join("bin")));
+    lab.push(&lab.model("a"), "tiny", &[1, 2]);
+    let file = lab.cluster_file("c.toml", &lab.launch("vllm", "tiny", &[]), |i| {
+        lab.fabric(i)
+    });
+    lab.save_plan(&file);
+
+    // NCCL alone differs: its own row fails, torch passes.
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}{}", text(&out.stderr));
+    let fails: Vec<&str> = shown.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(fails.len(), 1, "{shown}");
+    let nccl = rows(&shown, "nccl");
+    assert_eq!(nccl.len(), 1, "{shown}");
+    assert!(
+        nccl[0].starts_with("FAIL") && nccl[0].contains("NCCL differs: 2.21.5 on n2; none on n1"),
+        "{shown}"
+    );
+    assert!(shown.contains("vllm#46097"), "{shown}");
+    assert!(
+        rows(&shown, "versions")
+            .iter()
+            .any(|r| r.starts_with("pass") && r.contains("torch 2.13.0 on every node")),
+        "{shown}"
+    );
+    let units = shown
+        .lines()
+        .find(|l| l.starts_with("launch units differ: "))
+        .unwrap_or_else(|| panic!("no unit line: {shown}"));
+    assert!(
+        units.contains(" on n1; ") && units.ends_with(" on n2"),
+        "{units}"
+    );
+
+    // And torch too: the versions row names it; up starts nothing.
+    torch("2.12.0");
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    assert!(
+        rows(&shown, "versions")
+            .iter()
+            .any(|r| r.starts_with("FAIL")
+                && r.contains("torch differs: 2.12.0 on n2; 2.13.0 on n1")),
+        "{shown}"
+    );
+    assert!(rows(&shown, "nccl")[0].starts_with("FAIL"), "{shown}");
+    let out = lab.xl(&["up", "--timeout", "30"], &file);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("refusing to start: 2 check(s) failed"),
+        "{err}"
+    );
+    assert!(lab.standins().is_empty(), "something started");
+
+    // Without the odd torch, node 2 runs what node 1 runs: one unit.
+    std::fs::remove_dir_all(pylib.join("torch")).unwrap();
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert!(
+        rows(&shown, "nccl")[0].contains("no NCCL on any node"),
+        "{shown}"
+    );
+    // (The line under the table reads as a `unit` row too.)
+    let unit: Vec<&str> = rows(&shown, "unit")
+        .into_iter()
+        .filter(|r| !r.starts_with("launch "))
+        .collect();
+    assert!(
+        unit.len() == 1 && unit[0].starts_with("pass") && unit[0].contains("nccl none"),
+        "{shown}"
+    );
+    let line = shown
+        .lines()
+        .find(|l| l.starts_with("launch unit "))
+        .unwrap_or_else(|| panic!("no unit line: {shown}"));
+    let id = line
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .trim_end_matches(':');
+
+    // `up` records the unit and `status` shows it.
+    let out = lab.xl(&["up", "--timeout", "60"], &file);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = lab.xl(&["status"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}{}", text(&out.stderr));
+    assert!(
+        shown.contains("n1: run ") && shown.contains("n2: run "),
+        "{shown}"
+    );
+    assert!(shown.contains(" running"), "{shown}");
+    assert!(shown.contains(&format!("launch unit {id}: ")), "{shown}");
+    let out = lab.xl(&["down"], &file);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

@@ -11,6 +11,7 @@ use xfer_proto::launch::{NodeFacts, Probe};
 use crate::agents::{unexpected, Agents};
 use crate::config::{Setup, COMMIT_PLACEHOLDER};
 use crate::preflight::{self, Row};
+use crate::unit::LaunchUnit;
 
 /// How long an agent gets for its preflight (versions run the engine,
 /// which imports torch: tens of seconds on a cold cache).
@@ -27,9 +28,17 @@ pub struct Checked {
     pub nodes: Vec<(String, Result<NodeFacts, String>)>,
     /// The model path with `<COMMIT>` resolved, when the nodes agree.
     pub model_path: String,
+    /// Every answering node's launch unit, in rank order.
+    pub units: Vec<(String, LaunchUnit)>,
 }
 
 impl Checked {
+    /// The one launch unit every node would start (`None`: they differ,
+    /// or no node answered).
+    pub fn unit(&self) -> Option<&LaunchUnit> {
+        crate::unit::common(&self.units)
+    }
+
     /// What every node's agent must still hold when it starts its rank:
     /// the model path and the one root the gate saw on every node.
     pub fn weight_gate(&self) -> Option<xfer_proto::launch::WeightGate> {
@@ -44,6 +53,25 @@ impl Checked {
                 path: self.model_path.clone(),
                 root: first,
             })
+    }
+
+    /// The line under the check table: the one unit ("launch unit ID:
+    /// ..."), or each node's unit id when they differ.
+    pub fn unit_line(&self) -> Option<String> {
+        if self.units.is_empty() {
+            return None;
+        }
+        Some(match self.unit() {
+            Some(u) => format!("launch {}", u.summary()),
+            None => format!(
+                "launch units differ: {}",
+                self.units
+                    .iter()
+                    .map(|(n, u)| format!("{} on {n}", u.id))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        })
     }
 
     /// The id of `[launch] image` the gate saw on every node (`None` when
@@ -147,6 +175,16 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     }
     let rows = preflight::judge(setup, &facts);
     let model_path = resolved_path(setup, &facts);
+    let units = setup
+        .nodes
+        .iter()
+        .zip(&facts)
+        .filter_map(|(n, f)| {
+            f.as_ref()
+                .ok()
+                .map(|f| (n.name.to_string(), LaunchUnit::of(setup, f)))
+        })
+        .collect();
     Checked {
         ok: !preflight::failed(&rows),
         rows,
@@ -157,6 +195,7 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
             .zip(facts)
             .collect(),
         model_path,
+        units,
     }
 }
 

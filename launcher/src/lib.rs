@@ -1,7 +1,8 @@
 //! The launcher's library. [`config`] reads and checks the `[launch]`
 //! table of the cluster file and [`plan`] renders what every node runs;
 //! [`preflight`] says what to ask the nodes and judges their answers,
-//! [`specs`] turns the plan into the agents' rank specs. Those are pure.
+//! [`specs`] turns the plan into the agents' rank specs, [`unit`] reads
+//! a node's launch unit from its facts. Those are pure.
 //! [`agents`] talks to the nodes' xfer agents, [`check`], [`up`] (with
 //! [`ready`] and [`record`]) drive a launch, [`diagnose`] reads a failed
 //! rank's log for the known [`signatures`] and its root cause
@@ -24,4 +25,5 @@ pub mod signatures;
 pub mod specs;
 pub mod term;
 pub mod traceback;
+pub mod unit;
 pub mod up;

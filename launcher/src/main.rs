@@ -6,6 +6,7 @@
 //! xfer-launch check --cluster cluster.toml [--json]  # preflight on every node, through the agents
 //! xfer-launch up --cluster cluster.toml              # check, start every rank, wait until ready
 //! xfer-launch down --cluster cluster.toml            # stop every rank (SIGTERM, then SIGKILL)
+//! xfer-launch status --cluster cluster.toml          # what runs, and its launch unit
 //! xfer-launch logs --cluster cluster.toml [--node N] [--follow]
 //! ```
 //!
@@ -88,6 +89,14 @@ fn main() -> ExitCode {
             run,
         } => file(cluster)
             .and_then(|c| with_agents(&c, |s, a| cli::down(s, a, Duration::from_secs(grace), run))),
+        Cmd::Status {
+            cluster,
+            run,
+            record,
+            json,
+        } => {
+            file(cluster).and_then(|c| with_agents(&c, |s, a| cli::status(s, a, run, record, json)))
+        }
         Cmd::Logs {
             cluster,
             nodes,

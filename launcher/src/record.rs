@@ -31,6 +31,9 @@ pub struct Record<'a> {
     pub plan: &'a Plan,
     /// What the check before it found.
     pub check: &'a Checked,
+    /// The launch unit every node started (`None`: the nodes differed,
+    /// which the check refuses unless only a warned field differs).
+    pub unit: Option<&'a crate::unit::LaunchUnit>,
     /// Seconds from start to ready, once ready.
     pub time_to_ready_s: Option<f64>,
     /// What readiness measured, once ready.

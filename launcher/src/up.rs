@@ -82,6 +82,10 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
         "{}",
         preflight::render(&checked.rows, crate::term::stderr_width())
     );
+    if let Some(line) = checked.unit_line() {
+        let width = crate::term::stderr_width();
+        eprintln!("{}", xfer_proto::text::wrap(&line, width, 4));
+    }
     if !checked.ok {
         let failed = checked
             .rows
@@ -106,6 +110,7 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
         config_digest: &plan.digest,
         plan: &plan,
         check: &checked,
+        unit: checked.unit(),
         time_to_ready_s: None,
         readiness: None,
         failure: Vec::new(),

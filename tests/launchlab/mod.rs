@@ -267,6 +267,14 @@ impl Lab {
             .status();
     }
 
+    /// [`Lab::start_agent`] with `first` before everything else on the
+    /// agent's `PATH`: a node whose programs (its `python3`) differ from
+    /// the other nodes'.
+    pub fn start_agent_with_path_first(&self, i: usize, first: &Path) -> Child {
+        let ns = self.ns(i);
+        self.spawn_agent_on(i, &["ip", "netns", "exec", &ns], "", "", "", Some(first))
+    }
+
     fn spawn_agent(&self, i: usize, enter: &[&str], prelude: &str, extra: &str) -> Child {
         self.spawn_agent_with(i, enter, prelude, "", extra)
     }
@@ -279,8 +287,23 @@ impl Lab {
         after_mount: &str,
         extra: &str,
     ) -> Child {
+        self.spawn_agent_on(i, enter, prelude, after_mount, extra, None)
+    }
+
+    fn spawn_agent_on(
+        &self,
+        i: usize,
+        enter: &[&str],
+        prelude: &str,
+        after_mount: &str,
+        extra: &str,
+        path_first: Option<&Path>,
+    ) -> Child {
         let path = format!(
-            "{}:{}",
+            "{}{}:{}",
+            path_first
+                .map(|p| format!("{}:", p.display()))
+                .unwrap_or_default(),
             self.engine_bin.display(),
             std::env::var("PATH").unwrap_or_default()
         );

@@ -97,6 +97,27 @@ pub enum Cmd {
         #[arg(long)]
         run: Option<String>,
     },
+    /// Show what each node runs for the launch and the launch unit it started.
+    #[command(after_help = "Example:\n  xfer-launch status --cluster cluster.toml")]
+    Status {
+        /// The cluster file, with its [launch] table (default: $XFER_CLUSTER).
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "XFER_CLUSTER",
+            hide_env_values = true
+        )]
+        cluster: Option<PathBuf>,
+        /// This run (default: the newest any node reports).
+        #[arg(long)]
+        run: Option<String>,
+        /// The run's record (default: the one `up` wrote in the records folder).
+        #[arg(long, value_name = "FILE")]
+        record: Option<PathBuf>,
+        /// Print the ranks and the unit as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show each rank's log (the newest run, or --run).
     #[command(
         after_help = "Example:\n  xfer-launch logs --cluster cluster.toml --nodes spark-b --follow"

@@ -17,6 +17,10 @@ pub async fn check(setup: Setup, agents: Agents, json: bool) -> Result<ExitCode,
             "{}",
             launcher::preflight::render(&checked.rows, launcher::term::stdout_width())
         );
+        if let Some(line) = checked.unit_line() {
+            let width = launcher::term::stdout_width();
+            println!("{}", xfer_proto::text::wrap(&line, width, 4));
+        }
         if checked.model_path != setup.model.path {
             println!("model path: {}", checked.model_path);
         }

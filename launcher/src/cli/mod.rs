@@ -13,6 +13,7 @@ mod check;
 mod down;
 mod logs;
 mod plan;
+mod status;
 mod up;
 
 /// What the docs promise of this binary's arguments, shared with the
@@ -26,6 +27,7 @@ pub use check::check;
 pub use down::down;
 pub use logs::logs;
 pub use plan::plan;
+pub use status::status;
 pub use up::up;
 
 /// Reads the cluster file and its `[launch]` table.

@@ -12,7 +12,7 @@
 //! ([`render`]) and the helpers the checks share; each check is one
 //! function in [`checks`] (agent, weights, containers: containers/image,
 //! host: disk/memory/gpu, net: fabric/route/reach/links/ports, versions,
-//! rdma).
+//! unit: nccl/unit, rdma).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -185,7 +185,10 @@ pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
                 })
                 .collect(),
             window_ms: REACH_WINDOW_MS,
-            versions: version_probes(setup.engine),
+            versions: version_probes(setup.engine)
+                .into_iter()
+                .chain(crate::unit::build_probe(setup))
+                .collect(),
             rdma: node.rdma.as_ref().map(|r| RdmaNeed {
                 device: r.device.clone(),
                 gid_index: r.gid_index,
@@ -252,6 +255,8 @@ pub const CHECKS: &[&str] = &[
     "links",
     "ports",
     "versions",
+    "nccl",
+    "unit",
     "rdma",
 ];
 
@@ -317,7 +322,7 @@ impl Rows {
 type Check = fn(&Ctx, &mut Rows);
 
 /// The checks, as [`CHECKS`] names them, in its order.
-const JUDGES: [(&str, Check); 16] = [
+const JUDGES: [(&str, Check); 18] = [
     ("agent", checks::agent),
     ("weights", checks::weights),
     ("containers", checks::containers),
@@ -333,6 +338,8 @@ const JUDGES: [(&str, Check); 16] = [
     ("links", checks::links),
     ("ports", checks::ports),
     ("versions", checks::versions),
+    ("nccl", checks::nccl),
+    ("unit", checks::unit),
     ("rdma", checks::rdma),
 ];
 

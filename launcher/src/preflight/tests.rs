@@ -14,6 +14,9 @@ fn s() -> Setup {
     ))
 }
 
+/// What the build probe prints on a healthy GB10 node.
+const BUILD: &str = r#"{"python": "/venv/bin/python3", "torch": "2.13.0+cu130", "cuda": "13.0", "nccl": "2.29.7", "nccl_lib": "2.29.7", "arch": "sm_121"}"#;
+
 fn iface(name: &str, ip: IpAddr, mtu: u32) -> IfaceFacts {
     IfaceFacts {
         name: name.into(),
@@ -98,7 +101,13 @@ fn good(setup: &Setup, i: usize) -> NodeFacts {
                 what: "torch".into(),
                 version: Probe::Ok("2.13.0+cu130".into()),
             },
-        ],
+        ]
+        .into_iter()
+        .chain(crate::unit::build_probe(setup).map(|p| VersionFacts {
+            what: p.what,
+            version: Probe::Ok(BUILD.into()),
+        }))
+        .collect(),
         page_cache: Probe::Ok(PageCacheFacts {
             resident_bytes: 4 << 30,
             total_bytes: 16 << 30,
@@ -485,6 +494,7 @@ fn one_image_id_everywhere_passes_the_gate() {
             .map(|i| (s.nodes[i].name.clone(), Ok(good(&s, i))))
             .collect(),
         model_path: s.model.path.clone(),
+        units: vec![],
     };
     assert_eq!(checked.image_id(), Some(Digest([7; 32])));
 }
@@ -686,6 +696,7 @@ fn the_image_gate_names_the_odd_node_when_ids_differ() {
             })
             .collect(),
         model_path: s3.model.path.clone(),
+        units: vec![],
     };
     assert_eq!(checked.image_id(), None);
 }
@@ -717,4 +728,176 @@ fn rows_fit_the_width_and_keep_every_word() {
     );
     let one = render(&rows, None);
     assert!(one.lines().nth(1).unwrap().ends_with(detail), "{one}");
+}
+
+/// Node `i`'s build probe answer replaced by `line` (or a failure).
+fn build(f: &mut NodeFacts, answer: Probe<String>) {
+    let v = f
+        .versions
+        .iter_mut()
+        .find(|v| v.what == crate::unit::BUILD_PROBE)
+        .expect("a build probe in the facts");
+    v.version = answer;
+}
+
+#[test]
+fn the_unit_passes_with_its_id_and_nccl_has_its_own_row() {
+    let s = s();
+    let rows = judged(&s, |_, _| {});
+    let n = rows_of(&rows, "nccl");
+    assert_eq!(n.len(), 1, "{}", render(&rows, None));
+    assert_eq!(n[0].verdict, Verdict::Pass);
+    assert_eq!(n[0].detail, "NCCL 2.29.7 on every node");
+    let u = rows_of(&rows, "unit");
+    assert_eq!(u.len(), 1, "{}", render(&rows, None));
+    assert_eq!(u[0].verdict, Verdict::Pass);
+    let unit = crate::unit::LaunchUnit::of(&s, &good(&s, 0));
+    assert!(
+        u[0].detail.starts_with(&format!("unit {}: ", unit.id)),
+        "{}",
+        u[0].detail
+    );
+    assert!(
+        u[0].detail.contains("vllm 0.11.0, torch 2.13.0+cu130, nccl 2.29.7, cuda driver 580.95.05, cuda runtime 13.0, gpu sm_121"),
+        "{}",
+        u[0].detail
+    );
+}
+
+#[test]
+fn an_nccl_mismatch_fails_its_own_row_with_the_hang_it_causes() {
+    let s = s();
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            build(f, Probe::Ok(BUILD.replace("2.29.7", "2.21.5")));
+        }
+    });
+    let f = fails(&rows);
+    assert_eq!(f.len(), 1, "{}", render(&rows, None));
+    assert_eq!(
+        f[0],
+        (
+            "nccl",
+            "*",
+            "NCCL differs: 2.21.5 on spark-b; 2.29.7 on spark-a"
+        )
+    );
+    let n = rows_of(&rows, "nccl");
+    assert!(n[0].fix.as_deref().unwrap().contains("vllm#46097"));
+    assert!(rows_of(&rows, "unit").is_empty(), "{}", render(&rows, None));
+
+    // torch's NCCL agrees, the library vLLM loads does not.
+    let rows = judged(&s, |i, f| {
+        if i == 0 {
+            build(
+                f,
+                Probe::Ok(BUILD.replace(r#""nccl_lib": "2.29.7""#, r#""nccl_lib": "2.26.2""#)),
+            );
+        }
+    });
+    let n = rows_of(&rows, "nccl");
+    assert_eq!(n[0].verdict, Verdict::Fail);
+    assert_eq!(
+        n[0].detail,
+        "NCCL differs: 2.29.7 on spark-b; 2.29.7, libnccl 2.26.2 on spark-a"
+    );
+}
+
+/// Three nodes, without an image.
+fn s3() -> Setup {
+    let text = crate::config::tests::file(&format!(
+        "engine = \"vllm\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\""
+    ))
+    .replace(
+        "\n[launch]",
+        "\n[[node]]\nname = \"spark-c\"\nagent = \"10.0.0.3\"\nfabric_if = \"eth1\"\nfabric_ip = \"192.168.100.3\"\n\n[launch]",
+    );
+    crate::config::parse(&text, "cluster.toml").unwrap()
+}
+
+#[test]
+fn a_node_that_cannot_say_its_nccl_warns_and_the_rest_still_compare() {
+    let s = s3();
+    let rows = judged(&s, |i, f| {
+        match i {
+        1 => build(f, Probe::Failed("python3 exited with 1: torch cannot be imported by /usr/bin/python3: No module named 'torch'".into())),
+        2 => build(f, Probe::Ok(BUILD.replace("2.29.7", "2.21.5"))),
+        _ => {}
+    }
+    });
+    let n = rows_of(&rows, "nccl");
+    assert_eq!(n.len(), 2, "{}", render(&rows, None));
+    assert_eq!(n[0].verdict, Verdict::Warn);
+    assert!(
+        n[0].detail
+            .starts_with("cannot tell the NCCL build on spark-b: python3 exited with 1"),
+        "{}",
+        n[0].detail
+    );
+    assert_eq!(n[1].verdict, Verdict::Fail);
+    assert_eq!(
+        n[1].detail,
+        "NCCL differs: 2.21.5 on spark-c; 2.29.7 on spark-a"
+    );
+}
+
+#[test]
+fn cuda_runtime_and_gpu_architecture_differences_fail_in_rows_of_their_own() {
+    let s = s();
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            build(
+                f,
+                Probe::Ok(
+                    BUILD
+                        .replace(r#""cuda": "13.0""#, r#""cuda": "12.8""#)
+                        .replace("sm_121", "sm_90"),
+                ),
+            );
+        }
+    });
+    let u = rows_of(&rows, "unit");
+    assert_eq!(u.len(), 2, "{}", render(&rows, None));
+    assert_eq!(
+        u[0].detail,
+        "CUDA runtime differs: 12.8 on spark-b; 13.0 on spark-a"
+    );
+    assert_eq!(
+        u[1].detail,
+        "GPU architecture differs: sm_121 on spark-a; sm_90 on spark-b"
+    );
+    assert!(u.iter().all(|r| r.verdict == Verdict::Fail));
+
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            if let Probe::Ok(g) = &mut f.gpus {
+                g.driver = Some("580.82.07".into());
+            }
+        }
+    });
+    // The `versions` check warns of it; the unit has no row of its own.
+    assert!(!failed(&rows), "{}", render(&rows, None));
+    assert!(rows_of(&rows, "unit").is_empty());
+    assert!(rows_of(&rows, "versions")
+        .iter()
+        .any(|r| r.verdict == Verdict::Warn && r.detail.starts_with("NVIDIA drivers differ")));
+}
+
+#[test]
+fn the_build_probe_runs_in_the_engines_python_and_not_for_an_image_or_a_custom_engine() {
+    let s = s();
+    let reqs = requests(&s);
+    let p = reqs[0]
+        .versions
+        .iter()
+        .find(|v| v.what == crate::unit::BUILD_PROBE)
+        .expect("the build probe is asked");
+    assert_eq!(p.argv[..2], ["python3", "-c"]);
+    assert_eq!(p.argv[4], "vllm");
+    assert!(requests(&in_image(""))[0]
+        .versions
+        .iter()
+        .all(|v| v.what != crate::unit::BUILD_PROBE));
+    let rows = judged(&in_image(""), |_, _| {});
+    assert_eq!(rows_of(&rows, "nccl")[0].verdict, Verdict::Skip);
 }
