@@ -158,7 +158,13 @@ one_n() {
 
     log "N=$n: pushing (timeout ${timeout_s}s)"
     local up0 up1 all0 all1 cpu0 cpu1 a0 a1
-    a0=$(ticks_ut_st "${AGENT_PIDS[@]}")
+    # CPU of the agents that live through the push (not the killed, whose
+    # /proc entries go; not the late one, started during it).
+    local live_pids=()
+    for ((i = 1; i <= n; i++)); do
+        killed "$i" || [ "$i" = "$late" ] || live_pids+=("${AGENT_PIDS[i]}")
+    done
+    a0=$(ticks_ut_st "${live_pids[@]}")
     up0=$("$NC" bytes 0 eth0)
     all0=$(link_bytes "$n" eth0)
     cpu0=$(cpu_idle_total)
@@ -177,7 +183,7 @@ one_n() {
     cpu1=$(cpu_idle_total)
     up1=$("$NC" bytes 0 eth0)
     all1=$(link_bytes "$n" eth0)
-    a1=$(ticks_ut_st "${AGENT_PIDS[@]}")
+    a1=$(ticks_ut_st "${live_pids[@]}")
     KILLED_ADDRS=$(for ((i = 2; i <= CHURN + 1; i++)); do echo "$("$NC" ip "$i"):$PORT"; done) check_push "$bytes" "$timeout_s"
 
     # CPU: the pusher's user/sys from time, the agents' utime/stime deltas.

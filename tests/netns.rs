@@ -323,3 +323,59 @@ fn two_of_eight_killed_at_a_third_and_a_late_agent_joins_the_running_swarm() {
     );
     drop((agents, late));
 }
+
+/// Issue 33's leftover: two receivers that cannot reach each other at all
+/// (a firewall drops everything between them; each reaches the source).
+/// Each tells the source its peer is unreachable, so the source sends it
+/// the chunks only the other holds instead of holding them back for the
+/// other to serve: the push completes well before the ledger's patience
+/// (60 s), which it waited out before this report existed (measured: 63 s
+/// for a 2-node lab push).
+#[test]
+fn receivers_that_cannot_reach_each_other_tell_the_source_and_are_served_by_it() {
+    let Some(cluster) = cluster("u", 2, 200) else {
+        return;
+    };
+    let t = tempdir("unreach");
+    let key = t.path().join("key");
+    keygen(&key);
+    let src = t.path().join("m");
+    gen_model(&src, 16 * MIB, 95);
+    let _agents: Vec<_> = (1..=2)
+        .map(|i| start_agent(&cluster, i, &t.path().join(format!("h{i}")), &key))
+        .collect();
+    for (me, other) in [(1, 2), (2, 1)] {
+        nft(
+            &cluster,
+            me,
+            &format!(
+                "table inet cut {{\n chain cut_in {{\n type filter hook input priority 0;\n ip saddr {} drop\n }}\n}}\n",
+                cluster.ip(other)
+            ),
+        );
+    }
+    let to = addrs(&cluster, 1..=2);
+    let r = run(
+        &mut push_from_source(&cluster, &src, &to, &key, &t.path().join("xdg")),
+        Duration::from_secs(180),
+    );
+    r.assert_ok("push to two receivers that cannot reach each other");
+    let s: PushJson = r.json();
+    let patience = xfer::engine::seeding::SeedLedger::DEFAULT_PATIENCE.as_secs_f64();
+    for (i, n) in (1..=2).zip(&s.nodes) {
+        assert_same_tree(&src, &t.path().join(format!("h{i}/m")));
+        assert_eq!(
+            n.from_peers, 0,
+            "host {i} got bytes from an unreachable peer"
+        );
+        assert!(
+            n.duration_s < patience / 2.0,
+            "host {i} took {:.1}s: the source held copies back for a peer it could not reach",
+            n.duration_s
+        );
+    }
+    eprintln!(
+        "unreachable peers: {:.1}s and {:.1}s; the source sent {:.2} x S",
+        s.nodes[0].duration_s, s.nodes[1].duration_s, s.source_sent_x
+    );
+}

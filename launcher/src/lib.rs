@@ -16,6 +16,7 @@
 pub mod agents;
 pub mod check;
 pub mod config;
+pub mod deploy;
 pub mod diagnose;
 pub mod plan;
 pub mod preflight;

@@ -5,6 +5,7 @@
 //! xfer-launch plan --cluster cluster.toml [--json]   # the dry run: what each node runs
 //! xfer-launch check --cluster cluster.toml [--json]  # preflight on every node, through the agents
 //! xfer-launch up --cluster cluster.toml              # check, start every rank, wait until ready
+//! xfer-launch deploy --cluster cluster.toml          # check, sync the model where missing, then up
 //! xfer-launch down --cluster cluster.toml            # stop every rank (SIGTERM, then SIGKILL)
 //! xfer-launch status --cluster cluster.toml          # what runs, and its launch unit
 //! xfer-launch logs --cluster cluster.toml [--node N] [--follow]
@@ -53,6 +54,18 @@ mod cli;
 
 use cli::{with_agents, Cli, Cmd};
 
+/// `up`'s (and `deploy`'s) options, and whether to print JSON.
+fn up_options(a: &cli::UpArgs) -> (UpOptions, bool) {
+    let opts = UpOptions {
+        init_timeout: Duration::from_secs(a.timeout),
+        grace: Duration::from_secs(a.grace),
+        record: a.record.clone(),
+        api_url: a.api_url.clone(),
+        evict_page_cache: a.evict_page_cache,
+    };
+    (opts, a.json)
+}
+
 /// The cluster file `--cluster` or `$XFER_CLUSTER` names.
 fn file(cluster: Option<std::path::PathBuf>) -> Result<std::path::PathBuf, String> {
     xfer::config::cluster::cluster_file(cluster).map_err(|e| e.to_string())
@@ -65,23 +78,13 @@ fn main() -> ExitCode {
         Cmd::Check { cluster, json } => {
             file(cluster).and_then(|c| with_agents(&c, |s, a| cli::check(s, a, json)))
         }
-        Cmd::Up {
-            cluster,
-            timeout,
-            grace,
-            record,
-            api_url,
-            evict_page_cache,
-            json,
-        } => {
-            let opts = UpOptions {
-                init_timeout: Duration::from_secs(timeout),
-                grace: Duration::from_secs(grace),
-                record,
-                api_url,
-                evict_page_cache,
-            };
-            file(cluster).and_then(|c| with_agents(&c, |s, a| cli::up(s, a, opts, json)))
+        Cmd::Up(a) => {
+            let (opts, json) = up_options(&a);
+            file(a.cluster).and_then(|c| with_agents(&c, |s, a| cli::up(s, a, opts, json)))
+        }
+        Cmd::Deploy(a) => {
+            let (opts, json) = up_options(&a);
+            file(a.cluster).and_then(|c| with_agents(&c, |s, a| cli::deploy(s, a, opts, json)))
         }
         Cmd::Down {
             cluster,

@@ -49,36 +49,13 @@ pub enum Cmd {
     },
     /// Check, start every rank through its agent, and wait until the engine answers.
     #[command(after_help = "Example:\n  xfer-launch up --cluster cluster.toml --timeout 3600")]
-    Up {
-        /// The cluster file, with its [launch] table (default: $XFER_CLUSTER).
-        #[arg(
-            long,
-            value_name = "FILE",
-            env = "XFER_CLUSTER",
-            hide_env_values = true
-        )]
-        cluster: Option<PathBuf>,
-        /// Seconds the engine may take to become ready (loading 100+ GB takes minutes).
-        #[arg(long, default_value_t = 1800)]
-        timeout: u64,
-        /// Seconds between SIGTERM and SIGKILL when stopping.
-        #[arg(long, default_value_t = 15)]
-        grace: u64,
-        /// Where to write the run record (default: ~/.local/state/xfer-launch/RUN.json).
-        #[arg(long)]
-        record: Option<PathBuf>,
-        /// The API's base URL for the readiness probe (default: http://HEAD_AGENT_HOST:API_PORT).
-        #[arg(long)]
-        api_url: Option<String>,
-        /// Drop the model's pages from every node's page cache before the
-        /// ranks start (posix_fadvise DONTNEED on its files; never a global
-        /// drop). Always done on nodes with unified memory (GB10, GH200).
-        #[arg(long)]
-        evict_page_cache: bool,
-        /// Print the outcome as JSON on stdout.
-        #[arg(long)]
-        json: bool,
-    },
+    Up(UpArgs),
+    /// From nothing to serving: check everything but the weights, sync the
+    /// model to every launch node that lacks it (a Hub repo is pulled once
+    /// and fanned out while it downloads), then `up`. Run it again after
+    /// an interruption: the sync resumes, and what is done is not redone.
+    #[command(after_help = "Example:\n  xfer-launch deploy --cluster cluster.toml")]
+    Deploy(UpArgs),
     /// Stop every rank on every node: SIGTERM, then SIGKILL after the grace period.
     #[command(after_help = "Example:\n  xfer-launch down --cluster cluster.toml --grace 30")]
     Down {
@@ -177,4 +154,37 @@ mod tests {
             }
         }
     }
+}
+
+/// The arguments of `up` (and of `deploy`, which ends with an `up`).
+#[derive(clap::Args)]
+pub struct UpArgs {
+    /// The cluster file, with its [launch] table (default: $XFER_CLUSTER).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "XFER_CLUSTER",
+        hide_env_values = true
+    )]
+    pub cluster: Option<PathBuf>,
+    /// Seconds the engine may take to become ready (loading 100+ GB takes minutes).
+    #[arg(long, default_value_t = 1800)]
+    pub timeout: u64,
+    /// Seconds between SIGTERM and SIGKILL when stopping.
+    #[arg(long, default_value_t = 15)]
+    pub grace: u64,
+    /// Where to write the run record (default: ~/.local/state/xfer-launch/RUN.json).
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// The API's base URL for the readiness probe (default: http://HEAD_AGENT_HOST:API_PORT).
+    #[arg(long)]
+    pub api_url: Option<String>,
+    /// Drop the model's pages from every node's page cache before the
+    /// ranks start (posix_fadvise DONTNEED on its files; never a global
+    /// drop). Always done on nodes with unified memory (GB10, GH200).
+    #[arg(long)]
+    pub evict_page_cache: bool,
+    /// Print the outcome as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }

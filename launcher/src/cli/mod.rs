@@ -10,6 +10,7 @@ use launcher::config::Setup;
 
 mod args;
 mod check;
+mod deploy;
 mod down;
 mod logs;
 mod plan;
@@ -22,8 +23,9 @@ mod up;
 #[path = "../../../tests/common/cli_docs.rs"]
 mod cli_docs;
 
-pub use args::{Cli, Cmd};
+pub use args::{Cli, Cmd, UpArgs};
 pub use check::check;
+pub use deploy::deploy;
 pub use down::down;
 pub use logs::logs;
 pub use plan::plan;

@@ -14,16 +14,34 @@ pub async fn up(
     opts: UpOptions,
     json: bool,
 ) -> Result<ExitCode, String> {
+    up_after(setup, agents, opts, json, None).await
+}
+
+/// `up`, after `deploy`'s phases (shown in the JSON as `phases`, with
+/// `up_s` added).
+pub async fn up_after(
+    setup: Setup,
+    agents: Agents,
+    opts: UpOptions,
+    json: bool,
+    phases: Option<launcher::deploy::Phases>,
+) -> Result<ExitCode, String> {
+    let t0 = std::time::Instant::now();
     let out = launcher::up::up(&setup, &agents, &opts)
         .await
         .map_err(|e| e.to_string())?;
+    let phases = phases.map(|p| {
+        let mut v = serde_json::to_value(p).unwrap_or_default();
+        v["up_s"] = t0.elapsed().as_secs_f64().into();
+        v
+    });
     let record = out.record.display().to_string();
     match out.result {
         Ok(r) => {
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"run": out.run, "record": record, "ready": true, "readiness": r})
+                    serde_json::json!({"run": out.run, "record": record, "ready": true, "readiness": r, "phases": phases})
                 );
             }
             let secs = std::fs::read(&out.record)
@@ -46,7 +64,7 @@ pub async fn up(
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"run": out.run, "record": record, "ready": false, "error": why})
+                    serde_json::json!({"run": out.run, "record": record, "ready": false, "error": why, "phases": phases})
                 );
             }
             // Show the failing ranks from the record.

@@ -240,6 +240,9 @@ pub struct ModelPath {
     pub unresolved: Option<String>,
     /// The revision whose `refs/` file names the commit, when unresolved.
     pub revision: Option<String>,
+    /// The Hub repo (at its revision) the model was named by, if it was:
+    /// what `deploy` syncs to the nodes that lack it.
+    pub repo: Option<xfer_proto::repo::RepoRef>,
 }
 
 /// How the ranks run in a container (`[launch] image`); the agents build

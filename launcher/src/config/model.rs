@@ -188,6 +188,7 @@ impl Parser<'_> {
                     path: p,
                     unresolved: None,
                     revision: None,
+                    repo: None,
                 })
             }
             ModelSpec::Repo { repo, .. } => repo,
@@ -234,6 +235,7 @@ impl Parser<'_> {
             path,
             unresolved,
             revision,
+            repo: Some(repo),
         })
     }
 }

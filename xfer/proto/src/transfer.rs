@@ -165,6 +165,13 @@ pub enum TransferMsg {
     },
     /// Source → receiver: what the download learnt about a drafted file.
     Draft(DraftEvent),
+    /// Receiver → source: no link to peer `peer` could be made at all (no
+    /// answer at any of its addresses): the pair is cut, the peer is not
+    /// slow for the others.
+    Unreachable {
+        /// The peer's id.
+        peer: u32,
+    },
 }
 
 /// The chunks a receiver fetches from the source: chunk `c` is in slot
@@ -255,6 +262,7 @@ impl TransferMsg {
             TransferMsg::LaneAttached { .. } => "LaneAttached",
             TransferMsg::OfferDraft { .. } => "OfferDraft",
             TransferMsg::Draft(_) => "Draft",
+            TransferMsg::Unreachable { .. } => "Unreachable",
         }
     }
 }

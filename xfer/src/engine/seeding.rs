@@ -22,6 +22,9 @@
 //! - **Unless the holder is lost.** When the first holder dies, leaves or is
 //!   found slow ([`SeedLedger::lost`]), every chunk it held first counts as
 //!   never sent, and waiting requests for them are served.
+//! - **Or when the asker cannot reach the holder.** A receiver that could
+//!   not link to a peer at all says so ([`SeedLedger::cut`]); from then on
+//!   its requests for chunks that peer holds first are served at once.
 //! - **Or after [`SeedLedger::patience`].** A first holder that is alive but
 //!   never passes the chunk on (its peers cannot reach it, its disk fails
 //!   reads) must not leave the others waiting forever: a request is served
@@ -58,6 +61,8 @@ pub struct SeedLedger {
     /// When each chunk first went out (the caller's clock).
     first_at: Vec<Duration>,
     patience: Duration,
+    /// (asker, holder) pairs where the asker cannot reach the holder.
+    cut: std::collections::HashSet<(u32, u32)>,
     /// Chunks served once.
     sent: u64,
     /// Second copies served (a holder was lost, or patience ran out).
@@ -78,6 +83,7 @@ impl SeedLedger {
             first: vec![NONE; n],
             first_at: vec![Duration::ZERO; n],
             patience,
+            cut: std::collections::HashSet::new(),
             sent: 0,
             again: 0,
         }
@@ -106,6 +112,10 @@ impl SeedLedger {
                 Verdict::Serve
             }
             holder if holder == to => Verdict::Serve,
+            holder if self.cut.contains(&(to, holder)) => {
+                self.again += 1;
+                Verdict::Serve
+            }
             _ => {
                 let first = self.first_at[c];
                 let until = first + self.patience.max(first);
@@ -129,6 +139,14 @@ impl SeedLedger {
             freed = true;
         }
         freed
+    }
+
+    /// Receiver `asker` cannot reach `holder`: it is served the chunks
+    /// `holder` holds first without waiting (now and from now on). True if
+    /// the pair is new (waiting requests should ask again). Bounded by the
+    /// swarm's pairs, which the caller's members bound.
+    pub fn cut(&mut self, asker: u32, holder: u32) -> bool {
+        self.cut.insert((asker, holder))
     }
 
     /// Chunks served for the first time, and second copies served.
@@ -155,6 +173,20 @@ mod tests {
         // The first holder asking again (its copy was lost) is served.
         assert_eq!(l.ask(1, 0, at(2)), Verdict::Serve);
         assert_eq!(l.counts(), (1, 0));
+    }
+
+    #[test]
+    fn an_asker_that_cannot_reach_the_holder_is_served_at_once_and_only_it() {
+        let mut l = SeedLedger::new(4, P);
+        l.ask(1, 0, at(0));
+        assert!(l.cut(2, 1));
+        assert!(!l.cut(2, 1), "known already");
+        assert_eq!(l.ask(2, 0, at(1)), Verdict::Serve);
+        assert_eq!(l.ask(3, 0, at(1)), Verdict::Wait { until: at(20) });
+        // Later first copies to 1 are served to 2 at once too.
+        l.ask(1, 1, at(2));
+        assert_eq!(l.ask(2, 1, at(3)), Verdict::Serve);
+        assert_eq!(l.counts(), (2, 2));
     }
 
     #[test]

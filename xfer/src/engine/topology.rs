@@ -129,6 +129,14 @@ pub enum Event {
         /// The peer it found slow.
         peer: NodeId,
     },
+    /// `reporter` cannot reach `peer` at all: they are no longer linked
+    /// where the graph can avoid it, and neither is judged slow for it.
+    Cut {
+        /// The receiver that could not link.
+        reporter: NodeId,
+        /// The peer it could not reach.
+        peer: NodeId,
+    },
 }
 
 /// What the receivers should be told.
@@ -272,6 +280,11 @@ impl Topology {
             Event::Gone(id) => {
                 if let Some(i) = self.live_index(id) {
                     self.leave(i);
+                }
+            }
+            Event::Cut { reporter, peer } => {
+                if let (Some(r), Some(p)) = (self.live_index(reporter), self.live_index(peer)) {
+                    self.cut(r, p);
                 }
             }
             Event::Slow { reporter, peer } => {
@@ -617,6 +630,20 @@ impl Topology {
             return true;
         }
         false
+    }
+
+    /// Moves `p` away from `r` in every cycle where they are neighbours
+    /// (a mesh links everyone: nothing to do there).
+    fn cut(&mut self, r: u32, p: u32) {
+        if r == p || self.mesh() {
+            return;
+        }
+        for c in 0..self.cycles {
+            let (pp, ps) = self.nodes[p as usize].ring[c];
+            if pp == r || ps == r {
+                self.relocate(c, p, r);
+            }
+        }
     }
 
     fn slow(&mut self, r: u32, p: u32) {

@@ -136,6 +136,18 @@ impl Coordinator {
         }
     }
 
+    /// Member `reporter` could not link to `peer` at all: it is served
+    /// what `peer` holds first without waiting, from now on, and the graph
+    /// moves them apart where it can. `peer` is not slow for the others.
+    pub fn unreachable(&self, reporter: u32, peer: u32) {
+        if self.member(peer).is_some() && self.member(reporter).is_some() {
+            if self.ledger.lock().unwrap().cut(reporter, peer) {
+                self.freed.notify_waiters();
+            }
+            self.handle(Event::Cut { reporter, peer });
+        }
+    }
+
     /// Member `reporter` found its link to `peer` far slower than others.
     pub fn slow(&self, reporter: u32, peer: u32) {
         if self.member(peer).is_some() {

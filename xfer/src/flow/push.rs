@@ -841,6 +841,9 @@ impl NodeCtx {
                     summary.max_peer_links = summary.max_peer_links.max(max_links);
                 }
                 Ok(TransferMsg::Slow { peer }) => self.coordinator.slow(self.id, peer),
+                Ok(TransferMsg::Unreachable { peer }) => {
+                    self.coordinator.unreachable(self.id, peer)
+                }
                 Ok(TransferMsg::PeerDropped { peer, reason }) => {
                     tracing::warn!("{addr} dropped peer {peer}: {reason}");
                     summary.dropped_peers.push(format!("{peer}: {reason}"));

@@ -398,6 +398,9 @@ async fn report(
     for peer in tally.take_slow() {
         write_frame(send, &TransferMsg::Slow { peer }).await?;
     }
+    for peer in tally.take_unreachable() {
+        write_frame(send, &TransferMsg::Unreachable { peer }).await?;
+    }
     for (peer, reason) in tally.take_dropped() {
         if let Some(&addr) = addrs.get(&peer) {
             write_frame(send, &TransferMsg::PeerDropped { peer: addr, reason }).await?;

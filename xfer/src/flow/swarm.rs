@@ -399,6 +399,7 @@ async fn keep_linked(
     cancel: CancellationToken,
 ) {
     let id = peer.id as PeerId;
+    let mut reported = false;
     while !cancel.is_cancelled() {
         let linked = tokio::select! {
             r = handshake(&plan, &peer) => r,
@@ -433,6 +434,18 @@ async fn keep_linked(
                 // Not linked in time for the start: it may join later.
                 first.take();
                 tracing::debug!("no link to peer {id} at {}: {e:#}", peer.addr);
+                // Nothing answered at any of its addresses: the source
+                // hears of it once (as a slow peer), so it rewires us and
+                // stops holding back copies of the chunks only that peer
+                // has. A refused join is not this: the peer is up.
+                if !reported && e.is::<route::ConnectError>() {
+                    reported = true;
+                    tracing::warn!(
+                        "peer {id} at {} is unreachable ({e:#}); telling the source",
+                        peer.addr
+                    );
+                    plan.tally.unreachable(id);
+                }
             }
         }
         tokio::select! {
