@@ -11,6 +11,7 @@ mod containers;
 mod host;
 mod net;
 mod rdma;
+mod resolver;
 mod versions;
 mod weights;
 
@@ -19,5 +20,6 @@ pub use containers::{containers, image};
 pub use host::{cache, disk, gpu, memory};
 pub use net::{fabric, links, ports, reach, rendezvous, route};
 pub use rdma::rdma;
+pub use resolver::resolver;
 pub use versions::versions;
 pub use weights::weights;
