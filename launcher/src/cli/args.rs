@@ -126,8 +126,8 @@ pub enum Cmd {
         after_help = "Example:\n  xfer-launch hosts cluster.toml | sudo tee -a /etc/hosts   # on every node"
     )]
     Hosts {
-        /// The cluster file (or --cluster; default: $XFER_CLUSTER).
-        #[arg(value_name = "FILE", conflicts_with = "cluster")]
+        /// The cluster file (before --cluster and $XFER_CLUSTER).
+        #[arg(value_name = "FILE")]
         file: Option<PathBuf>,
         /// The cluster file (default: $XFER_CLUSTER).
         #[arg(
