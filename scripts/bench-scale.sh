@@ -97,6 +97,15 @@ ticks_ut_st() {
 
 CHURN=${CHURN:-0}
 JOIN=${JOIN:-0}
+# kill_late: stops a late agent churn started (not our child), if any.
+kill_late() {
+    local f
+    for f in "$RUNS"/n*/late.pid; do
+        [ -s "$f" ] && kill "$(cat "$f")" 2>/dev/null
+        rm -f "$f"
+    done
+    return 0
+}
 # killed I: whether CHURN kills host I's agent.
 killed() { [ "$1" -ge 2 ] && [ "$1" -le $((CHURN + 1)) ]; }
 
@@ -115,7 +124,7 @@ churn() {
         fi
         if [ "$late" -gt 0 ] && [ $((sent * 2)) -ge "$bytes" ]; then
             "$NC" exec "$late" "$RUN/xfer" serve --listen "$("$NC" ip "$late"):$PORT" --root "$SCALE_DIR/h$late" \
-                --key "$RUN/cluster.key" >"$RUN/agent-$late.out" 2>"$RUN/agent-$late.err" &
+                --key "$RUN/cluster.key" >"$RUN/agent-$late.out" 2>"$RUN/agent-$late.err" 9>&- &
             echo $! >"$RUN/late.pid"
             log "N=$n: started host $late's agent at $((100 * sent / bytes)) % of S from the source"
             return 0
@@ -255,7 +264,7 @@ main() {
     need_mb=$((size * (nmax + 3)))
     [ "$avail" -gt "$need_mb" ] || die "need ~$need_mb MiB free in $SCALE_DIR (source + $nmax copies), have $avail; lower SIZE_MIB or set SCALE_DIR"
 
-    trap netbench_cleanup EXIT
+    trap 'kill_late; netbench_cleanup' EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
     rm -rf "$RUNS" "$SCALE_DIR"/h[0-9]*

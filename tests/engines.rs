@@ -763,3 +763,92 @@ fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_besi
     let _ = worker.wait();
     assert_none_marked(&marker("rayhand"), Duration::from_secs(60));
 }
+
+/// How long each query waits on the deaf name server of this test's nodes.
+const DEAF: Duration = Duration::from_secs(3);
+
+/// A resolver that never answers, on both nodes: torch.distributed by hand
+/// waits it out (c10d names every socket with `getnameinfo`); the
+/// rendezvous probe does not (it runs with `RES_OPTIONS=attempts:0`), and
+/// the `resolver` row names the wait and its fix.
+#[test]
+fn a_deaf_resolver_slows_torch_by_hand_but_not_the_rendezvous_probe() {
+    need_root!();
+    let venv = venv();
+    let mut lab = Lab::with_engine("xrr", 2, &[], venv.join("bin"), None, NETS);
+    for i in 1..=2 {
+        lab.deaf_resolver(i, DEAF);
+        lab.agents[i - 1] = Some(lab.start_agent(i));
+    }
+    let _reaper = Reaper(marker("deaf"));
+    // One node at a time: two receivers that cannot link to each other
+    // wait out the source's super-seeding patience.
+    lab.push(tiny_model(), "tiny", &[1]);
+    lab.push(tiny_model(), "tiny", &[2]);
+    let file = lab.cluster_file("c.toml", &real_launch(&lab, "vllm", 2, 1, "deaf"), |i| {
+        lab.fabric(i)
+    });
+
+    // By hand: from the first store contact to the all-reduce's end.
+    let script = "import datetime, sys, time, torch, torch.distributed as d\n\
+                  r = int(sys.argv[1]); t = time.monotonic()\n\
+                  d.init_process_group('gloo', init_method='tcp://10.80.0.1:29511', rank=r, world_size=2, timeout=datetime.timedelta(seconds=60))\n\
+                  x = torch.ones(1); d.all_reduce(x); d.destroy_process_group()\n\
+                  print('met', int((time.monotonic() - t) * 1000))\n";
+    let script = lab.here(script);
+    let python = venv.join("bin/python");
+    let mut hand = Vec::new();
+    for i in 1..=2 {
+        let log = lab.dir.join(format!("deaf{i}.log"));
+        let env = [
+            ("GLOO_SOCKET_IFNAME", lab.fabric_if(i).to_string()),
+            ("XFER_ENGINE_TEST", "deaf".to_string()),
+        ];
+        let rank = (i - 1).to_string();
+        let argv = [python.to_str().unwrap(), "-c", &script, &rank];
+        hand.push((by_hand(&lab, i, &env, &argv, &log), log));
+    }
+    for (c, log) in hand.iter_mut() {
+        let s = c.wait().unwrap();
+        let out = std::fs::read_to_string(&*log).unwrap_or_default();
+        assert!(s.success(), "{out}");
+        let ms: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("met "))
+            .and_then(|m| m.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{out}"));
+        eprintln!("by hand: met in {ms} ms");
+        // At least one lookup waited out the resolver.
+        assert!(Duration::from_millis(ms) >= DEAF, "met in {ms} ms: {out}");
+    }
+
+    let out = lab.xl(&["check", "--json"], &file);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", text(&out.stdout), text(&out.stderr)));
+    for i in 0..2 {
+        let f = &v["nodes"][i][1]["Ok"];
+        let ms = f["rendezvous"]["Ok"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{:#}", f["rendezvous"]));
+        eprintln!("node {}: the rendezvous probe met in {ms} ms", i + 1);
+        assert!(Duration::from_millis(ms) < DEAF, "the probe met in {ms} ms");
+    }
+    let rows: Vec<&serde_json::Value> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["check"] == "resolver")
+        .collect();
+    assert_eq!(rows.len(), 2, "{v:#}");
+    for r in rows {
+        // torch 2.13 asks once per process: a warning, not a refusal.
+        assert_eq!(r["verdict"], "warn", "{r:#}");
+        assert!(
+            r["fix"]
+                .as_str()
+                .unwrap()
+                .contains("run `xfer-launch hosts "),
+            "{r:#}"
+        );
+    }
+}

@@ -59,6 +59,7 @@ fn gate(cred: &Credential, agent: &Agent, name: &str) -> WeightFacts {
         versions: Vec::new(),
         rdma: None,
         image: None,
+        resolve: Vec::new(),
     }));
     match ask_launch(cred, "b", agent, &req) {
         LaunchReply::PreflightReport(f) => f.weights,

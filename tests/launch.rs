@@ -681,3 +681,123 @@ fn a_node_with_another_nccl_or_torch_is_refused_by_check_and_up() {
     let out = lab.xl(&["down"], &file);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+/// How long node 1's resolver makes a lookup wait (`options timeout:N
+/// attempts:1` in its resolv.conf).
+const DEAD_RESOLVER_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The rows of `check --json`'s output for `check`, as (node, verdict, detail, fix).
+fn json_rows(v: &serde_json::Value, check: &str) -> Vec<(String, String, String, String)> {
+    v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["check"] == check)
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (s("node"), s("verdict"), s("detail"), s("fix"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_resolver_that_does_not_answer_is_caught_quickly_and_the_hosts_lines_fix_it() {
+    need_root!();
+    let mut lab = Lab::up("xlr", 2, &[]);
+    // Node 1's name server never answers; node 2 keeps launchnet's,
+    // which fails at once. Neither hosts file has the fabric addresses.
+    let hosts = [
+        lab.deaf_resolver(1, DEAD_RESOLVER_TIMEOUT),
+        lab.etc_of(2).join("hosts"),
+    ];
+    std::fs::copy(&hosts[0], &hosts[1]).unwrap();
+    std::fs::write(
+        lab.etc_of(2).join("resolv.conf"),
+        "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n",
+    )
+    .unwrap();
+    let fabric: Vec<String> = (1..=2).map(|i| lab.fabric_ip(i)).collect();
+    for i in 1..=2 {
+        lab.agents[i - 1] = Some(lab.start_agent(i));
+    }
+    // One node at a time: two receivers that cannot link to each other
+    // (the management network does not forward between nodes) wait out
+    // the source's super-seeding patience.
+    let m = lab.model("a");
+    lab.push(&m, "tiny", &[1]);
+    lab.push(&m, "tiny", &[2]);
+    let file = lab.cluster_file("c.toml", &lab.launch("vllm", "tiny", &[]), |i| {
+        lab.fabric(i)
+    });
+
+    let t = Instant::now();
+    let out = lab.xl(&["check", "--json"], &file);
+    let took = t.elapsed();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", text(&out.stdout), text(&out.stderr)));
+    let res = json_rows(&v, "resolver");
+    assert_eq!(res.len(), 2, "{v:#}");
+    let (node, verdict, detail, fix) = &res[0];
+    assert_eq!(
+        (node.as_str(), verdict.as_str()),
+        ("n1", "warn"),
+        "{detail}"
+    );
+    // Each address named with its node; "got no answer within 1.5 s", or
+    // "took 1.5 s and failed" when the fabric's neighbour table has
+    // already given up on the name server's address.
+    for (i, ip) in fabric.iter().enumerate() {
+        assert!(detail.contains(&format!("{ip} (n{}) ", i + 1)), "{detail}");
+    }
+    assert!(detail.starts_with("reverse lookup of "), "{detail}");
+    assert_eq!(
+        fix,
+        &format!(
+            "add the fabric addresses to /etc/hosts on every node: run `xfer-launch hosts {}` to print the lines",
+            file.display()
+        )
+    );
+    assert_eq!(res[1].1, "pass", "{:?}", res[1]);
+    // The probe waited its cap, not the resolver: each slow lookup is
+    // reported at 1.5 s, under the resolver's timeout, and the whole check
+    // took less than the two lookups one after another would have.
+    let facts = &v["nodes"][0][1]["Ok"]["resolver"]["Ok"];
+    let cap = facts["cap_ms"].as_u64().unwrap();
+    assert!(
+        Duration::from_millis(cap) < DEAD_RESOLVER_TIMEOUT,
+        "{facts:#}"
+    );
+    for l in facts["reverse"].as_array().unwrap() {
+        assert!(l["answer"].get("Found").is_none(), "{facts:#}");
+        let ms = l["ms"].as_u64().unwrap();
+        assert!(ms > 1_000 && ms <= cap, "{facts:#}");
+    }
+    assert!(took < DEAD_RESOLVER_TIMEOUT * 2, "check took {took:?}");
+
+    // The fix: `xfer-launch hosts` on every node.
+    let out = Command::new(launch_bin())
+        .arg("hosts")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = text(&out.stdout);
+    for i in 1..=2 {
+        assert!(
+            lines.contains(&format!("{}\tn{i}-fabric\n", lab.fabric_ip(i))),
+            "{lines}"
+        );
+        // Written in place: the agents see the file `ip netns exec` mounted.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&hosts[i - 1])
+            .unwrap();
+        std::io::Write::write_all(&mut f, lines.as_bytes()).unwrap();
+    }
+    let out = lab.xl(&["check", "--json"], &file);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let res = json_rows(&v, "resolver");
+    assert!(res.iter().all(|r| r.1 == "pass"), "{res:?}");
+    let n2 = &v["nodes"][0][1]["Ok"]["resolver"]["Ok"]["reverse"][1]["answer"];
+    assert_eq!(n2["Found"], "n2-fabric", "{v:#}");
+}

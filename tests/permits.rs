@@ -65,6 +65,7 @@ fn id_probe(out: &Path) -> LaunchRequest {
         }],
         rdma: None,
         image: None,
+        resolve: Vec::new(),
     }))
 }
 

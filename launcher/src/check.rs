@@ -230,6 +230,7 @@ pub async fn resolve_commit(setup: &Setup, agents: &Agents) -> Result<String, St
                 r.versions.clear();
                 r.rdma = None;
                 r.image = None;
+                r.resolve.clear();
                 LaunchRequest::Preflight(Box::new(r))
             },
             crate::agents::QUICK,

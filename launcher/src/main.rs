@@ -9,6 +9,7 @@
 //! xfer-launch down --cluster cluster.toml            # stop every rank (SIGTERM, then SIGKILL)
 //! xfer-launch status --cluster cluster.toml          # what runs, and its launch unit
 //! xfer-launch logs --cluster cluster.toml [--node N] [--follow]
+//! xfer-launch hosts cluster.toml                     # /etc/hosts lines for the fabric addresses
 //! ```
 //!
 //! The cluster file is the one `xfer` reads (`docs/cluster.example.toml`):
@@ -108,6 +109,7 @@ fn main() -> ExitCode {
         } => {
             file(cluster).and_then(|c| with_agents(&c, |s, a| cli::logs(s, a, nodes, run, follow)))
         }
+        Cmd::Hosts { file: f, cluster } => file(f.or(cluster)).and_then(|c| cli::hosts(&c)),
     };
     match result {
         Ok(code) => code,

@@ -351,6 +351,56 @@ impl Lab {
         child
     }
 
+    /// Node `i`'s folder under /etc/netns, which `ip netns exec` mounts
+    /// over /etc (launchnet.sh's `down` removes it).
+    pub fn etc_of(&self, i: usize) -> PathBuf {
+        PathBuf::from(format!("/etc/netns/{}", self.ns(i)))
+    }
+
+    /// Gives node `i` a name server that never answers (an address of the
+    /// fabric that nobody owns: every query is sent and none answered, as
+    /// on a fabric the site's DNS cannot be reached from), waited for
+    /// `timeout` a query, and a hosts file of its own: the machine's
+    /// without the lab's fabric addresses, naming the host (as Debian's
+    /// installer writes it), so that only the fabric addresses are left to
+    /// the resolver. Call it before the node's agent starts (`ip netns
+    /// exec` mounts the files when it enters); returns the hosts file,
+    /// which may then be appended to in place.
+    pub fn deaf_resolver(&self, i: usize, timeout: Duration) -> PathBuf {
+        let hostname = text(&Command::new("hostname").output().unwrap().stdout)
+            .trim()
+            .to_string();
+        let fabric: Vec<String> = (1..=self.n).map(|j| self.fabric_ip(j)).collect();
+        let mut hosts: String = std::fs::read_to_string("/etc/hosts")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                !fabric
+                    .iter()
+                    .any(|ip| l.split_whitespace().next() == Some(ip))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let named = hosts
+            .lines()
+            .any(|l| !l.starts_with('#') && l.split_whitespace().skip(1).any(|n| n == hostname));
+        if !named {
+            hosts += &format!("127.0.1.1 {hostname}\n");
+        }
+        let etc = self.etc_of(i);
+        std::fs::write(etc.join("hosts"), hosts).unwrap();
+        std::fs::write(
+            etc.join("resolv.conf"),
+            format!(
+                "nameserver {}.250\noptions timeout:{} attempts:1\n",
+                self.nets.fabric,
+                timeout.as_secs().max(1)
+            ),
+        )
+        .unwrap();
+        etc.join("hosts")
+    }
+
     /// Pushes a model folder to the agents of `nodes` under `name`.
     pub fn push(&self, src: &Path, name: &str, nodes: &[usize]) {
         let to: Vec<String> = nodes

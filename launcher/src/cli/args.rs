@@ -119,6 +119,23 @@ pub enum Cmd {
         #[arg(long, short)]
         follow: bool,
     },
+    /// Print the /etc/hosts lines for the cluster's fabric addresses (the `resolver` check's fix).
+    #[command(
+        after_help = "Example:\n  xfer-launch hosts cluster.toml | sudo tee -a /etc/hosts   # on every node"
+    )]
+    Hosts {
+        /// The cluster file (before --cluster and $XFER_CLUSTER).
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// The cluster file (default: $XFER_CLUSTER).
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "XFER_CLUSTER",
+            hide_env_values = true
+        )]
+        cluster: Option<PathBuf>,
+    },
 }
 
 #[cfg(test)]

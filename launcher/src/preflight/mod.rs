@@ -11,8 +11,8 @@
 //! This file holds the requests, the row and verdict types, the table
 //! ([`render`]) and the helpers the checks share; each check is one
 //! function in [`checks`] (agent, weights, containers: containers/image,
-//! host: disk/memory/gpu, net: fabric/route/reach/links/ports, versions,
-//! unit: nccl/unit, rdma).
+//! host: disk/memory/gpu, net: fabric/route/reach/links/ports, resolver,
+//! versions, unit: nccl/unit, rdma).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -28,6 +28,7 @@ use xfer_proto::text::wrap;
 use crate::config::{Engine, RankNode, Setup};
 
 mod checks;
+pub mod hosts;
 #[cfg(test)]
 mod tests;
 
@@ -152,6 +153,17 @@ pub fn reach_of(req: &PreflightRequest) -> (Option<SocketAddr>, Vec<ReachTarget>
 /// One request per node, in rank order.
 pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
     let (rdv, _) = rendezvous_port(setup);
+    // Every node looks up every fabric address: its own (c10d names its
+    // sockets' local ends) and its peers'. A lone node makes no such
+    // connection.
+    let mut resolve: Vec<std::net::IpAddr> = Vec::new();
+    if setup.nodes.len() > 1 {
+        for n in &setup.nodes {
+            if !resolve.contains(&n.fabric_ip) {
+                resolve.push(n.fabric_ip);
+            }
+        }
+    }
     setup
         .nodes
         .iter()
@@ -194,6 +206,7 @@ pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
                 gid_index: r.gid_index,
             }),
             image: setup.container.as_ref().map(|c| c.image.clone()),
+            resolve: resolve.clone(),
         })
         .collect()
 }
@@ -251,6 +264,7 @@ pub const CHECKS: &[&str] = &[
     "fabric",
     "route",
     "reach",
+    "resolver",
     "rendezvous",
     "links",
     "ports",
@@ -322,7 +336,7 @@ impl Rows {
 type Check = fn(&Ctx, &mut Rows);
 
 /// The checks, as [`CHECKS`] names them, in its order.
-const JUDGES: [(&str, Check); 18] = [
+const JUDGES: [(&str, Check); 19] = [
     ("agent", checks::agent),
     ("weights", checks::weights),
     ("containers", checks::containers),
@@ -334,6 +348,7 @@ const JUDGES: [(&str, Check); 18] = [
     ("fabric", checks::fabric),
     ("route", checks::route),
     ("reach", checks::reach),
+    ("resolver", checks::resolver),
     ("rendezvous", checks::rendezvous),
     ("links", checks::links),
     ("ports", checks::ports),

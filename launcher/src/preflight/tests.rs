@@ -115,6 +115,23 @@ fn good(setup: &Setup, i: usize) -> NodeFacts {
         }),
         unified_memory: Some(true),
         rendezvous: Probe::Ok(120),
+        resolver: Probe::Ok(ResolverFacts {
+            cap_ms: 1_500,
+            forward: Lookup {
+                query: n.name.clone(),
+                ms: 1,
+                answer: LookupAnswer::Found(mgmt_ip.to_string()),
+            },
+            reverse: req
+                .resolve
+                .iter()
+                .map(|ip| Lookup {
+                    query: ip.to_string(),
+                    ms: 2,
+                    answer: LookupAnswer::Found(ip.to_string()),
+                })
+                .collect(),
+        }),
         containers: Probe::Ok(ContainerFacts {
             engine: "docker".into(),
             version: "20.10.24".into(),
@@ -900,4 +917,172 @@ fn the_build_probe_runs_in_the_engines_python_and_not_for_an_image_or_a_custom_e
         .all(|v| v.what != crate::unit::BUILD_PROBE));
     let rows = judged(&in_image(""), |_, _| {});
     assert_eq!(rows_of(&rows, "nccl")[0].verdict, Verdict::Skip);
+}
+
+/// Node `i`'s reverse lookup of `ip` replaced by `l`.
+fn slow_reverse(f: &mut NodeFacts, ip: &str, ms: u64, answer: LookupAnswer) {
+    let Probe::Ok(r) = &mut f.resolver else {
+        panic!("no resolver facts")
+    };
+    let l = r.reverse.iter_mut().find(|l| l.query == ip).unwrap();
+    l.ms = ms;
+    l.answer = answer;
+}
+
+fn resolver_rows(rows: &[Row]) -> Vec<&Row> {
+    rows.iter().filter(|r| r.check == "resolver").collect()
+}
+
+#[test]
+fn requests_ask_every_node_to_look_up_every_fabric_address() {
+    let s = s();
+    let r = requests(&s);
+    let all: Vec<IpAddr> = s.nodes.iter().map(|n| n.fabric_ip).collect();
+    assert_eq!(all.len(), 2);
+    assert_eq!(r[0].resolve, all);
+    assert_eq!(r[1].resolve, all);
+    let rows = judged(&s, |_, _| {});
+    let res = resolver_rows(&rows);
+    assert_eq!(res.len(), 2);
+    assert!(res.iter().all(|r| r.verdict == Verdict::Pass), "{res:?}");
+    assert!(
+        res[0]
+            .detail
+            .contains("2 fabric addresses looked up in at most 2 ms"),
+        "{}",
+        res[0].detail
+    );
+}
+
+#[test]
+fn a_resolver_that_does_not_answer_warns_with_the_hosts_fix_on_recent_torch() {
+    let s = s();
+    let peer = s.nodes[1].fabric_ip.to_string();
+    let rows = judged(&s, |i, f| {
+        if i == 0 {
+            slow_reverse(f, &peer, 1_500, LookupAnswer::Pending);
+        }
+    });
+    let res = resolver_rows(&rows);
+    assert_eq!(res[0].verdict, Verdict::Warn, "{}", render(&rows, None));
+    assert_eq!(res[1].verdict, Verdict::Pass);
+    let d = &res[0].detail;
+    assert!(
+        d.contains(&format!(
+            "reverse lookup of {peer} ({}) got no answer within 1.5 s",
+            s.nodes[1].name
+        )),
+        "{d}"
+    );
+    assert!(d.contains("once as it starts"), "{d}");
+    let fix = res[0].fix.as_deref().unwrap();
+    assert!(
+        fix.contains(
+            "add the fabric addresses to /etc/hosts on every node: run `xfer-launch hosts "
+        ),
+        "{fix}"
+    );
+    assert!(fix.contains(&s.path.display().to_string()), "{fix}");
+    // One second is still fine.
+    let rows = judged(&s, |_, f| {
+        slow_reverse(f, &peer, 1_000, LookupAnswer::Found("b".into()))
+    });
+    assert!(resolver_rows(&rows)
+        .iter()
+        .all(|r| r.verdict == Verdict::Pass));
+}
+
+#[test]
+fn a_lookup_paid_on_every_connection_fails() {
+    let s = s();
+    let peer = s.nodes[1].fabric_ip.to_string();
+    // torch before 2.9 asks again on every connection, even after a failure.
+    let rows = judged(&s, |i, f| {
+        if i == 0 {
+            f.versions[1].version = Probe::Ok("2.8.0+cu128".into());
+            slow_reverse(
+                f,
+                &peer,
+                1_200,
+                LookupAnswer::Error("Temporary failure in name resolution (EAI -3)".into()),
+            );
+        }
+    });
+    let res = resolver_rows(&rows);
+    assert_eq!(res[0].verdict, Verdict::Fail, "{}", render(&rows, None));
+    assert!(
+        res[0]
+            .detail
+            .contains("took 1.2 s and failed: Temporary failure")
+            && res[0]
+                .detail
+                .contains("torch 2.8.0+cu128 waits it out on every connection"),
+        "{}",
+        res[0].detail
+    );
+    assert!(failed(&rows));
+    // A lookup that answers, slowly, is never remembered as failed: every
+    // torch pays it on every connection.
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            slow_reverse(f, &peer, 5_010, LookupAnswer::Found(peer.clone()));
+        }
+    });
+    let res = resolver_rows(&rows);
+    assert_eq!(res[1].verdict, Verdict::Fail);
+    assert!(
+        res[1].detail.contains("took 5.0 s: it answers, slowly"),
+        "{}",
+        res[1].detail
+    );
+    // The same failure on torch 2.13 only warns.
+    let rows = judged(&s, |i, f| {
+        if i == 0 {
+            slow_reverse(f, &peer, 1_200, LookupAnswer::Error("x".into()));
+        }
+    });
+    assert_eq!(resolver_rows(&rows)[0].verdict, Verdict::Warn);
+}
+
+#[test]
+fn a_slow_host_name_warns_with_its_own_line() {
+    let s = s();
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            let Probe::Ok(r) = &mut f.resolver else {
+                unreachable!()
+            };
+            r.forward.ms = 1_500;
+            r.forward.answer = LookupAnswer::Pending;
+        }
+    });
+    let res = resolver_rows(&rows);
+    assert_eq!(res[1].verdict, Verdict::Warn);
+    assert!(
+        res[1].detail.contains(&format!(
+            "forward lookup of the host name {} got no answer",
+            s.nodes[1].name
+        )),
+        "{}",
+        res[1].detail
+    );
+    let fix = res[1].fix.as_deref().unwrap();
+    assert_eq!(
+        fix,
+        format!(
+            "add `{} {}` to /etc/hosts on {}",
+            s.nodes[1].fabric_ip, s.nodes[1].name, s.nodes[1].name
+        )
+    );
+}
+
+#[test]
+fn an_agent_that_did_not_probe_is_skipped() {
+    let s = s();
+    let rows = judged(&s, |_, f| {
+        f.resolver = Probe::Skipped("no fabric address to look up".into())
+    });
+    assert!(resolver_rows(&rows)
+        .iter()
+        .all(|r| r.verdict == Verdict::Skip && r.detail.contains("no fabric address")));
 }

@@ -139,6 +139,11 @@ pub struct PreflightRequest {
     /// The image the ranks run in (`[launch] image`): look up its id in
     /// this node's container engine.
     pub image: Option<String>,
+    /// Every fabric address of the launch (this node's and its peers'):
+    /// time the reverse lookup of each, and a forward lookup of this
+    /// node's host name, as torch.distributed, Gloo and NCCL make them
+    /// ([`ResolverFacts`]). Empty: no resolver probe.
+    pub resolve: Vec<IpAddr>,
 }
 
 /// A port the engine needs.
@@ -255,8 +260,50 @@ pub struct NodeFacts {
     pub unified_memory: Option<bool>,
     /// The rendezvous probe (filled in by the launcher's second round).
     pub rendezvous: Probe<u64>,
+    /// How long this node's resolver takes for the lookups the engine's
+    /// collective libraries make.
+    pub resolver: Probe<ResolverFacts>,
     /// The container engine (`xfer serve --container-engine`).
     pub containers: Probe<ContainerFacts>,
+}
+
+/// How long this node's resolver took for the lookups torch.distributed
+/// makes: c10d formats every socket's address with `getnameinfo` (a
+/// reverse lookup of each peer's fabric address), and Gloo without a
+/// matching interface looks up the host name. Each lookup is waited for
+/// `cap_ms` at most: a resolver that does not answer would otherwise hold
+/// the preflight for its whole timeout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolverFacts {
+    /// The longest any one lookup was waited for, in milliseconds.
+    pub cap_ms: u64,
+    /// The forward lookup of this node's host name.
+    pub forward: Lookup,
+    /// The reverse lookup of each fabric address asked, in the request's order.
+    pub reverse: Vec<Lookup>,
+}
+
+/// One name lookup and how long it took.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lookup {
+    /// What was looked up: a host name (forward) or an address (reverse).
+    pub query: String,
+    /// How long it took, in milliseconds (the cap when it had not answered).
+    pub ms: u64,
+    /// What it answered.
+    pub answer: LookupAnswer,
+}
+
+/// What a lookup answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LookupAnswer {
+    /// A name (reverse; the address itself when it has none) or the first
+    /// address (forward).
+    Found(String),
+    /// The resolver's error (`Temporary failure in name resolution`).
+    Error(String),
+    /// No answer within the cap: the lookup was still waiting.
+    Pending,
 }
 
 /// This node's container engine.
@@ -826,6 +873,26 @@ mod tests {
             page_cache: Probe::Skipped("none".into()),
             unified_memory: None,
             rendezvous: Probe::Ok(42),
+            resolver: Probe::Ok(ResolverFacts {
+                cap_ms: 1_500,
+                forward: Lookup {
+                    query: "n1".into(),
+                    ms: 1_500,
+                    answer: LookupAnswer::Pending,
+                },
+                reverse: vec![
+                    Lookup {
+                        query: "10.0.0.2".into(),
+                        ms: 3,
+                        answer: LookupAnswer::Found("n2-fabric".into()),
+                    },
+                    Lookup {
+                        query: "10.0.0.1".into(),
+                        ms: 1_020,
+                        answer: LookupAnswer::Error("Temporary failure in name resolution".into()),
+                    },
+                ],
+            }),
             containers: Probe::Ok(ContainerFacts {
                 engine: "docker".into(),
                 version: "20.10.24".into(),

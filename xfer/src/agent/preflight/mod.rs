@@ -10,7 +10,9 @@
 //! [`weights`] (the model at its path, from the agent's store), [`host`]
 //! (disk, memory, GPUs), [`net`] (interfaces, default route, ports),
 //! [`reach`] (TCP between the nodes over the fabric), [`versions`]
-//! (running the engine to ask its version) and [`rdma`] (sysfs).
+//! (running the engine to ask its version), [`resolver`] (how long the
+//! host name and the fabric addresses take to look up) and [`rdma`]
+//! (sysfs).
 //!
 //! These types travel in postcard frames, which cannot carry serde's
 //! tagged or flattened forms, so they use none.
@@ -26,6 +28,7 @@ use crate::sysinfo::{host, net, pagecache, rdma};
 
 pub mod reach;
 pub mod rendezvous;
+pub mod resolver;
 pub mod versions;
 pub mod weights;
 
@@ -65,6 +68,15 @@ pub async fn gather(
             rdma::rdma(Path::new("/sys"), rdma_need.as_ref()),
             ifaces,
         )
+    });
+
+    // Bounded by its own cap (a resolver that does not answer costs 1.5 s).
+    let resolve = req.resolve.clone();
+    let resolver = tokio::task::spawn_blocking(move || {
+        if resolve.is_empty() {
+            return Probe::Skipped("no fabric address to look up".into());
+        }
+        resolver::probe(&hostname(), &resolve, resolver::CAP)
     });
 
     // Before the listener takes one of them.
@@ -152,6 +164,9 @@ pub async fn gather(
             )
         }
     };
+    let resolver = resolver
+        .await
+        .unwrap_or_else(|e| Probe::Failed(blocking("resolver")(e)));
     NodeFacts {
         hostname: hostname(),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -170,6 +185,7 @@ pub async fn gather(
         page_cache,
         unified_memory,
         rendezvous: Probe::Skipped("not asked".into()),
+        resolver,
         // Filled in by the launch service, which knows the engine.
         containers: Probe::Skipped("not asked".into()),
     }
@@ -228,6 +244,7 @@ mod tests {
             }],
             rdma: None,
             image: None,
+            resolve: vec!["127.0.0.1".parse().unwrap()],
         };
         let f = gather(req.clone(), store.clone(), HashMap::new(), &|a| {
             Ok(a.to_vec())
@@ -243,6 +260,10 @@ mod tests {
         assert!(matches!(f.fabric, Probe::Ok(ref i) if i.name == "lo"));
         assert!(matches!(f.disk, Probe::Ok(_)));
         assert!(matches!(f.rdma, Probe::Skipped(_)));
+        match &f.resolver {
+            Probe::Ok(r) => assert_eq!(r.reverse[0].query, "127.0.0.1"),
+            other => panic!("{other:?}"),
+        }
         assert_eq!(f.weights.model.as_deref(), Some("m"));
         assert!(
             f.weights.problems[0].contains("is not held"),
