@@ -2,6 +2,7 @@
 //! table of the cluster file and [`plan`] renders what every node runs;
 //! [`preflight`] says what to ask the nodes and judges their answers,
 //! [`specs`] turns the plan into the agents' rank specs. Those are pure.
+//! [`stream`] is `up`'s gate under `[launch] stream_weights`.
 //! [`agents`] talks to the nodes' xfer agents, [`check`], [`up`] (with
 //! [`ready`] and [`record`]) drive a launch, [`diagnose`] reads a failed
 //! rank's log for the known [`signatures`] and its root cause
@@ -22,6 +23,7 @@ pub mod ready;
 pub mod record;
 pub mod signatures;
 pub mod specs;
+pub mod stream;
 pub mod term;
 pub mod traceback;
 pub mod up;
