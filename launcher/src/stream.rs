@@ -290,7 +290,9 @@ mod tests {
             &["config.json", "model-00001-of-00002.safetensors"],
         );
         match stand(&s, &h) {
-            Stand::Waiting(w) => assert!(w.contains("small files still arriving: config.json"), "{w}"),
+            Stand::Waiting(w) => {
+                assert!(w.contains("small files still arriving: config.json"), "{w}")
+            }
             other => panic!("{other:?}"),
         }
         let s = status(
@@ -299,7 +301,10 @@ mod tests {
             &["model-00001-of-00002.safetensors"],
         );
         assert_eq!(stand(&s, &h), Stand::Ready(root));
-        assert_eq!(stand(&status(ModelState::Complete, Some(root), &[]), &h), Stand::Ready(root));
+        assert_eq!(
+            stand(&status(ModelState::Complete, Some(root), &[]), &h),
+            Stand::Ready(root)
+        );
     }
 
     #[test]
