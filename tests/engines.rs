@@ -825,6 +825,86 @@ fn engine_bin_with_xfer() -> PathBuf {
     dir
 }
 
+/// Serves every file of a tree but one (`withheld`), whose reads wait
+/// until `released`.
+struct Withholding {
+    inner: xfer::transport::files::FileChunkReader,
+    withheld: u32,
+    released: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl xfer::transport::ChunkReader for Withholding {
+    fn read_chunk(
+        &self,
+        chunk: xfer_proto::manifest::ChunkId,
+    ) -> Result<bytes::Bytes, xfer::transport::ReadError> {
+        while chunk.file == self.withheld
+            && !self.released.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.inner.read_chunk(chunk)
+    }
+}
+
+/// Offers the tree at `dir` as `tiny` to the agent at `addr`, as `xfer
+/// push` does, and serves it, holding back `withheld` (see
+/// [`Withholding`]). Keep what it returns alive while it serves.
+async fn withholding_source(
+    key: &Path,
+    addr: std::net::SocketAddr,
+    dir: &Path,
+    withheld: &str,
+    released: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Box<dyn std::any::Any> {
+    use xfer::transport::quic::{client_endpoint, connect, read_frame, write_frame};
+    use xfer_proto::hello::{Hello, Service};
+    use xfer_proto::transfer::TransferMsg;
+    let cred = xfer::config::auth::Credential::load(key).unwrap();
+    let tree = xfer::store::scan::scan(dir, 4 << 20, &|_| {}).unwrap();
+    let map = std::sync::Arc::new(xfer_proto::chunkset::ChunkMap::new(&tree.manifest));
+    let withheld = tree
+        .sources
+        .iter()
+        .position(|p| p.ends_with(withheld))
+        .expect("the withheld file is in the tree") as u32;
+    let reader = Withholding {
+        inner: xfer::transport::files::FileChunkReader::new(tree.sources.clone(), map.clone()),
+        withheld,
+        released,
+    };
+    let offer = TransferMsg::Offer {
+        name: xfer_proto::names::ModelName::new("tiny").unwrap(),
+        manifest: tree.manifest.clone(),
+    };
+    let ep = client_endpoint(&cred, addr).unwrap();
+    let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_frame(&mut send, &Hello::new(Service::Transfer))
+        .await
+        .unwrap();
+    write_frame(&mut send, &offer).await.unwrap();
+    let swarm = TransferMsg::Swarm {
+        me: 0,
+        peers: Vec::new(),
+        homes: None,
+        bounded: false,
+    };
+    write_frame(&mut send, &swarm).await.unwrap();
+    match read_frame::<TransferMsg>(&mut recv).await.unwrap() {
+        TransferMsg::Accepted { .. } => {}
+        other => panic!("the offer was not accepted: {other:?}"),
+    }
+    tokio::spawn(async move { while read_frame::<TransferMsg>(&mut recv).await.is_ok() {} });
+    let serving = xfer::transport::serve::Serving::new(
+        map,
+        std::sync::Arc::new(reader),
+        xfer::transport::rdma::link::Offer::none(),
+    );
+    tokio::spawn(xfer::transport::serve::serve(conn.clone(), serving));
+    Box::new((ep, conn, send))
+}
+
 /// The rank log of the only run on node `i`.
 fn rank_log(lab: &Lab, i: usize) -> Option<PathBuf> {
     let runs = lab.root_of(i).join(".xfer/runs");
@@ -841,26 +921,49 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
         mgmt: "10.85",
         fabric: "10.86.0",
     };
-    let lab = Lab::with_engine("xst", 1, &[1], engine_bin_with_xfer(), None, nets);
+    // Two nodes (a lone node's fabric has no carrier), the launch on one.
+    let lab = Lab::with_engine("xst", 2, &[1, 2], engine_bin_with_xfer(), None, nets);
     let tag = marker("stream");
     let _reaper = Reaper(tag.clone());
+    // A fresh lab's fabric takes a moment to come up (the other tests
+    // spend it pushing their model first).
+    let up_now = || {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &lab.ns(1),
+                "cat",
+                "/sys/class/net/fab0/operstate",
+            ])
+            .output()
+            .is_ok_and(|o| text(&o.stdout).trim() == "up")
+    };
+    let t = Instant::now();
+    while !up_now() && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(up_now(), "the lab's fabric never came up");
     let mut launch = real_launch(&lab, "vllm", 1, 1, "stream");
-    launch = launch.replacen("[launch.env]", "stream_weights = true\n\n[launch.env]", 1);
+    launch = launch.replacen(
+        "[launch.env]",
+        "stream_weights = true\nnodes = [\"n1\"]\n\n[launch.env]",
+        1,
+    );
     let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
 
-    // The weights arrive slowly (about 100 s for 1.7 MB), well past the
-    // engine's own start: the small files land first, the shards last.
-    let src = model.clone();
-    let key = lab.key();
-    let to = format!("{}:{AGENT_PORT}", lab.mgmt_ip(1));
-    let mut push = Command::new(xfer_bin())
-        .args(["push", src.to_str().unwrap(), "--name", "tiny", "--key"])
-        .arg(&key)
-        .args(["--to", &to, "--limit-rate", "16KiB"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // A source that serves every file at once but the last shard, which
+    // it holds back until the test releases it.
+    let released = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addr: std::net::SocketAddr = format!("{}:{AGENT_PORT}", lab.mgmt_ip(1)).parse().unwrap();
+    let src = rt.block_on(withholding_source(
+        &lab.key(),
+        addr,
+        &model,
+        "zz-00002-of-00002.safetensors",
+        released.clone(),
+    ));
     let placed = lab.root_of(1).join("tiny");
     // The agent has the offer (its staging folder) before `up` checks.
     let staging = lab.root_of(1).join(".xfer/staging/tiny");
@@ -903,6 +1006,7 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
             && !placed.join(shards[1]).exists()
         {
             waiting_while_absent = Some(t0.elapsed());
+            released.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         if let Ok(Some(st)) = upc.try_wait() {
             let mut e = String::new();
@@ -915,7 +1019,8 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
     let err = text(&st.stderr);
     assert_eq!(st.status.code(), Some(0), "{err}");
     assert!(err.contains("stream gate: small files verified"), "{err}");
-    assert!(push.wait().unwrap().success());
+    drop(src);
+    rt.shutdown_background();
     let log = std::fs::read_to_string(rank_log(&lab, 1).unwrap()).unwrap();
     // The rank was up and waiting for the last shard before it was placed.
     assert!(
