@@ -44,8 +44,27 @@ installed() {
   [ -f "$stamp" ] && "$venv/bin/python" -c 'import vllm, ray, torch' 2>/dev/null
 }
 
+# The repo's vLLM loader plugin (launcher/python/xfer_vllm_loader: the
+# `xfer` load format), installed from this checkout and again whenever its
+# source changes.
+plugin_src="$(cd "$(dirname "$0")/.." && pwd)/launcher/python/xfer_vllm_loader"
+plugin() {
+  local sum
+  sum=$(cd "$plugin_src" && find . -name '*.py' -o -name pyproject.toml | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+  [ -f "$venv/.xfer-loader-$sum" ] && return 0
+  exec 8>"$lock.plugin"
+  flock 8
+  [ -f "$venv/.xfer-loader-$sum" ] && return 0
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall "$plugin_src"; then
+    say "cannot install the xfer loader plugin from $plugin_src (pip's error is above)"
+    exit 1
+  fi
+  rm -f "$venv"/.xfer-loader-*
+  touch "$venv/.xfer-loader-$sum"
+}
+
 install() {
-  installed && return 0
+  installed && { plugin; return 0; }
   mkdir -p "$(dirname "$venv")"
   exec 9>"$lock"
   flock 9
@@ -100,6 +119,7 @@ EOF
   fi
   rm -f "$venv"/.xfer-engines-*
   touch "$stamp"
+  plugin
   say "installed in $((SECONDS - t0)) s"
 }
 

@@ -852,3 +852,330 @@ fn a_deaf_resolver_slows_torch_by_hand_but_not_the_rendezvous_probe() {
         );
     }
 }
+
+/// The tiny Llama cut into two safetensors shards with an index (names
+/// sorted after the small files), for the loader plugin's test.
+fn sharded_model() -> &'static Path {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let src = tiny_model();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tiny-llama-sharded");
+        let script = r#"
+import json, os, shutil, sys
+from safetensors.torch import load_file, save_file
+src, out = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+for f in os.listdir(src):
+    if f != "model.safetensors":
+        shutil.copy(os.path.join(src, f), os.path.join(out, f))
+t = load_file(os.path.join(src, "model.safetensors"))
+names = sorted(t, key=lambda n: ("embed" in n or "lm_head" in n, n))
+shards = {"zz-00001-of-00002.safetensors": {}, "zz-00002-of-00002.safetensors": {}}
+for n in names:
+    big = "embed" in n or "lm_head" in n
+    shards["zz-0000%d-of-00002.safetensors" % (2 if big else 1)][n] = t[n].contiguous()
+wm = {}
+for f, ts in shards.items():
+    save_file(ts, os.path.join(out, f), metadata={"format": "pt"})
+    wm.update({n: f for n in ts})
+total = sum(v.numel() * v.element_size() for v in t.values())
+json.dump({"metadata": {"total_size": total}, "weight_map": wm},
+          open(os.path.join(out, "model.safetensors.index.json"), "w"))
+"#;
+        let out = Command::new(venv().join("bin/python"))
+            .args(["-c", script])
+            .arg(src)
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cannot shard the tiny model: {}",
+            text(&out.stderr)
+        );
+        dir
+    })
+}
+
+/// The engines' bin folder with `xfer` beside them: the loader plugin asks
+/// the node's agent through the `xfer` on the agent's PATH (never a path
+/// from the rank's environment).
+fn engine_bin_with_xfer() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("engine-bin-with-xfer");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(venv().join("bin")).unwrap().flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with("python") {
+            std::os::unix::fs::symlink(e.path(), dir.join(&name)).unwrap();
+        }
+    }
+    std::os::unix::fs::symlink(xfer_bin(), dir.join("xfer")).unwrap();
+    dir
+}
+
+/// Serves every file of a tree but one (`withheld`), whose reads wait
+/// until `released`.
+struct Withholding {
+    inner: xfer::transport::files::FileChunkReader,
+    withheld: u32,
+    released: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl xfer::transport::ChunkReader for Withholding {
+    fn read_chunk(
+        &self,
+        chunk: xfer_proto::manifest::ChunkId,
+    ) -> Result<bytes::Bytes, xfer::transport::ReadError> {
+        while chunk.file == self.withheld
+            && !self.released.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.inner.read_chunk(chunk)
+    }
+}
+
+/// Offers the tree at `dir` as `tiny` to the agent at `addr`, as `xfer
+/// push` does, and serves it, holding back `withheld` (see
+/// [`Withholding`]). Keep what it returns alive while it serves.
+async fn withholding_source(
+    key: &Path,
+    addr: std::net::SocketAddr,
+    dir: &Path,
+    withheld: &str,
+    released: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Box<dyn std::any::Any> {
+    use xfer::transport::quic::{client_endpoint, connect, read_frame, write_frame};
+    use xfer_proto::hello::{Hello, Service};
+    use xfer_proto::transfer::TransferMsg;
+    let cred = xfer::config::auth::Credential::load(key).unwrap();
+    let tree = xfer::store::scan::scan(dir, 4 << 20, &|_| {}).unwrap();
+    let map = std::sync::Arc::new(xfer_proto::chunkset::ChunkMap::new(&tree.manifest));
+    let withheld = tree
+        .sources
+        .iter()
+        .position(|p| p.ends_with(withheld))
+        .expect("the withheld file is in the tree") as u32;
+    let reader = Withholding {
+        inner: xfer::transport::files::FileChunkReader::new(tree.sources.clone(), map.clone()),
+        withheld,
+        released,
+    };
+    let offer = TransferMsg::Offer {
+        name: xfer_proto::names::ModelName::new("tiny").unwrap(),
+        manifest: tree.manifest.clone(),
+    };
+    let ep = client_endpoint(&cred, addr).unwrap();
+    let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_frame(&mut send, &Hello::new(Service::Transfer))
+        .await
+        .unwrap();
+    write_frame(&mut send, &offer).await.unwrap();
+    let swarm = TransferMsg::Swarm {
+        me: 0,
+        peers: Vec::new(),
+        homes: None,
+        bounded: false,
+    };
+    write_frame(&mut send, &swarm).await.unwrap();
+    match read_frame::<TransferMsg>(&mut recv).await.unwrap() {
+        TransferMsg::Accepted { .. } => {}
+        other => panic!("the offer was not accepted: {other:?}"),
+    }
+    tokio::spawn(async move { while read_frame::<TransferMsg>(&mut recv).await.is_ok() {} });
+    let serving = xfer::transport::serve::Serving::new(
+        map,
+        std::sync::Arc::new(reader),
+        xfer::transport::rdma::link::Offer::none(),
+    );
+    tokio::spawn(xfer::transport::serve::serve(conn.clone(), serving));
+    Box::new((ep, conn, send))
+}
+
+/// The rank log of the only run on node `i`.
+fn rank_log(lab: &Lab, i: usize) -> Option<PathBuf> {
+    let runs = lab.root_of(i).join(".xfer/runs");
+    let run = std::fs::read_dir(runs).ok()?.flatten().next()?;
+    Some(run.path().join("rank.log"))
+}
+
+#[test]
+fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
+    need_root!();
+    let venv = venv();
+    let model = sharded_model().to_path_buf();
+    let nets = Nets {
+        mgmt: "10.85",
+        fabric: "10.86.0",
+    };
+    // Two nodes (a lone node's fabric has no carrier), the launch on one.
+    let lab = Lab::with_engine("xst", 2, &[1, 2], engine_bin_with_xfer(), None, nets);
+    let tag = marker("stream");
+    let _reaper = Reaper(tag.clone());
+    // A fresh lab's fabric takes a moment to come up (the other tests
+    // spend it pushing their model first).
+    let up_now = || {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &lab.ns(1),
+                "cat",
+                "/sys/class/net/fab0/operstate",
+            ])
+            .output()
+            .is_ok_and(|o| text(&o.stdout).trim() == "up")
+    };
+    let t = Instant::now();
+    while !up_now() && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(up_now(), "the lab's fabric never came up");
+    let mut launch = real_launch(&lab, "vllm", 1, 1, "stream");
+    launch = launch.replacen(
+        "[launch.env]",
+        "stream_weights = true\nnodes = [\"n1\"]\n\n[launch.env]",
+        1,
+    );
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+
+    // A source that serves every file at once but the last shard, which
+    // it holds back until the test releases it.
+    let released = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addr: std::net::SocketAddr = format!("{}:{AGENT_PORT}", lab.mgmt_ip(1)).parse().unwrap();
+    let src = rt.block_on(withholding_source(
+        &lab.key(),
+        addr,
+        &model,
+        "zz-00002-of-00002.safetensors",
+        released.clone(),
+    ));
+    let placed = lab.root_of(1).join("tiny");
+    // The agent has the offer (its staging folder) before `up` checks.
+    let staging = lab.root_of(1).join(".xfer/staging/tiny");
+    let t = Instant::now();
+    while !staging.exists() && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(staging.exists(), "the push never reached the agent");
+    let shards = [
+        "zz-00001-of-00002.safetensors",
+        "zz-00002-of-00002.safetensors",
+    ];
+
+    let t0 = Instant::now();
+    let mut upc = up_in_background(&lab, &file);
+    // Watch, from here on, when each shard appears under its final name and
+    // when the rank's loader says it opens it.
+    let mut seen_file: [Option<Duration>; 2] = [None, None];
+    let mut seen_load: [Option<Duration>; 2] = [None, None];
+    let mut waiting_while_absent = None;
+    let deadline = Instant::now() + Duration::from_secs(400);
+    while seen_load.iter().any(Option::is_none) && Instant::now() < deadline {
+        for (k, s) in shards.iter().enumerate() {
+            if seen_file[k].is_none() && placed.join(s).exists() {
+                seen_file[k] = Some(t0.elapsed());
+            }
+        }
+        let log = rank_log(&lab, 1)
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        for (k, s) in shards.iter().enumerate() {
+            if seen_load[k].is_none()
+                && log.contains(&format!("xfer loader: shard {s} verified by the agent"))
+            {
+                seen_load[k] = Some(t0.elapsed());
+            }
+        }
+        if waiting_while_absent.is_none()
+            && log.contains(&format!("xfer loader: waiting for shard {}", shards[1]))
+            && !placed.join(shards[1]).exists()
+        {
+            waiting_while_absent = Some(t0.elapsed());
+            released.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Ok(Some(st)) = upc.try_wait() {
+            let mut e = String::new();
+            upc.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+            panic!("up ended ({st}) before both shards were loaded: {e}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = upc.wait_with_output().unwrap();
+    let err = text(&st.stderr);
+    assert_eq!(st.status.code(), Some(0), "{err}");
+    assert!(err.contains("stream gate: small files verified"), "{err}");
+    drop(src);
+    rt.shutdown_background();
+    let log = std::fs::read_to_string(rank_log(&lab, 1).unwrap()).unwrap();
+    // The rank was up and waiting for the last shard before it was placed.
+    assert!(
+        waiting_while_absent.is_some(),
+        "the rank never waited for {} while it was absent: {log}",
+        shards[1]
+    );
+    // No shard was opened before it stood under its final name, which xfer
+    // gives a file only once every chunk of it is verified.
+    for k in 0..2 {
+        let (f, l) = (seen_file[k].unwrap(), seen_load[k].unwrap());
+        assert!(f <= l, "{} opened at {l:?}, placed at {f:?}", shards[k]);
+    }
+    let agent = std::fs::read_to_string(lab.dir.join("agent1.log")).unwrap();
+    assert!(agent.contains("--load-format xfer"), "{agent}");
+    let answer = complete(&lab, "the quick brown");
+    assert_eq!(answer["usage"]["completion_tokens"], 4, "{answer}");
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    assert_none_marked(&tag, Duration::from_secs(60));
+
+    // Another root than the plan's: the loader refuses it in one line.
+    let hand = lab.dir.join("hand.log");
+    let mut env: Vec<(&str, String)> = VLLM_CPU_ENV
+        .iter()
+        .map(|(k, v)| (*k, v.to_string()))
+        .collect();
+    let path = format!(
+        "{}:{}",
+        engine_bin_with_xfer().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    env.extend([
+        ("PATH", path),
+        ("XFER_ENGINE_TEST", "stream".into()),
+        ("XFER_EXPECT_ROOT", "0".repeat(64)),
+        ("XFER_MODEL_NAME", "tiny".into()),
+        ("XFER_NODE", "n1".into()),
+        ("XFER_CLUSTER", file.display().to_string()),
+    ]);
+    let vllm = venv.join("bin/vllm");
+    let model_dir = placed.display().to_string();
+    let argv = [
+        vllm.to_str().unwrap(),
+        "serve",
+        &model_dir,
+        "--load-format",
+        "xfer",
+        "--port",
+        "8001",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+        "--enforce-eager",
+    ];
+    let mut child = by_hand(&lab, 1, &env, &argv, &hand);
+    let refused = "but this launch planned root 000000000000; refusing to load it";
+    let found = wait_for_line(&hand, refused, Duration::from_secs(300));
+    let _ = child.kill();
+    let _ = child.wait();
+    kill_marked(&tag);
+    let shown = std::fs::read_to_string(&hand).unwrap_or_default();
+    assert!(found, "{shown}");
+    assert!(
+        shown.contains("xfer loader: n1 holds tiny with root"),
+        "{shown}"
+    );
+}

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xfer::config::auth::Credential;
+use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::launch::{LaunchReply, LaunchRequest, Refusal};
 
 use crate::config::{RankNode, Setup};
@@ -57,6 +58,35 @@ impl Agents {
             set.spawn(async move { (i, ask(&cred, &node, &addr, &m, timeout).await) });
         }
         let mut out: Vec<Result<LaunchReply, String>> = (0..self.nodes.len())
+            .map(|_| Err("no answer".into()))
+            .collect();
+        while let Some(done) = set.join_next().await {
+            if let Ok((i, r)) = done {
+                out[i] = r;
+            }
+        }
+        out
+    }
+
+    /// Sends `req` to every node's admin service at once (the status that
+    /// `xfer status` shows); the answers are in node order.
+    pub async fn admin_all(
+        &self,
+        req: &AdminRequest,
+        timeout: Duration,
+    ) -> Vec<Result<AdminReply, String>> {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let (cred, addr, req) = (self.cred.clone(), n.agent.clone(), req.clone());
+            let node = n.name.to_string();
+            set.spawn(async move {
+                let r = xfer::agent::client::admin(&cred, &node, &addr, &req, timeout)
+                    .await
+                    .map_err(|e| e.to_string());
+                (i, r)
+            });
+        }
+        let mut out: Vec<Result<AdminReply, String>> = (0..self.nodes.len())
             .map(|_| Err("no answer".into()))
             .collect();
         while let Some(done) = set.join_next().await {

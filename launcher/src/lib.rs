@@ -3,6 +3,8 @@
 //! [`preflight`] says what to ask the nodes and judges their answers,
 //! [`specs`] turns the plan into the agents' rank specs, [`unit`] reads
 //! a node's launch unit from its facts. Those are pure.
+//! [`stream`] is `up`'s gate under `[launch] stream_weights`; [`deploy`]
+//! checks and syncs before `up`.
 //! [`agents`] talks to the nodes' xfer agents, [`check`], [`up`] (with
 //! [`ready`] and [`record`]) drive a launch, [`diagnose`] reads a failed
 //! rank's log for the known [`signatures`] and its root cause
@@ -24,6 +26,7 @@ pub mod ready;
 pub mod record;
 pub mod signatures;
 pub mod specs;
+pub mod stream;
 pub mod term;
 pub mod traceback;
 pub mod unit;

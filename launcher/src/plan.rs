@@ -233,6 +233,10 @@ fn rank_plan(setup: &Setup, rank: usize, node: &RankNode) -> RankPlan {
                 Role::Head => a.extend(argv!["--port", setup.ports.api]),
                 Role::Worker => a.push("--headless".into()),
             }
+            if setup.stream_weights {
+                // The loader plugin's format (launcher/python/xfer_vllm_loader).
+                a.extend(argv!["--load-format", "xfer"]);
+            }
             a.extend(setup.extra_args.iter().cloned());
             (Vec::new(), a)
         }

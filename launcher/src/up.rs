@@ -170,6 +170,17 @@ async fn launch(
         let unified = facts.as_ref().is_ok_and(|f| f.unified_memory == Some(true));
         spec.evict_page_cache = opts.evict_page_cache || unified;
     }
+    if setup.stream_weights {
+        // The small files verified on every node, one root; the shards are
+        // each rank's loader's to wait for.
+        let deadline = t0 + opts.init_timeout;
+        let streamed = crate::stream::gate(setup, agents, &checked.nodes, deadline)
+            .await
+            .map_err(|why| (why, Vec::new()))?;
+        for (spec, env) in specs.iter_mut().zip(streamed.env) {
+            spec.env.extend(env);
+        }
+    }
     eprintln!(
         "starting run {run}: {} on {} node(s), plan {}",
         plan.engine.as_str(),

@@ -37,6 +37,8 @@ pub(super) struct Launch {
     pub(super) image: Option<At<String>>,
     pub(super) gpus: Option<At<GpuAccess>>,
     pub(super) shm_size: Option<At<u64>>,
+    /// `stream_weights = true`: start the ranks while the weights land.
+    pub(super) stream_weights: Option<At<bool>>,
 }
 
 /// Keys of `[launch]`.
@@ -58,6 +60,7 @@ const LAUNCH_KEYS: &[&str] = &[
     "image",
     "gpus",
     "shm_size",
+    "stream_weights",
 ];
 /// Other words for `[launch]` keys, tried before edit distance.
 const ALIASES: &[(&str, &str)] = &[
@@ -88,6 +91,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("shm", "shm_size"),
     ("shm_bytes", "shm_size"),
     ("shared_memory", "shm_size"),
+    ("stream", "stream_weights"),
+    ("streaming", "stream_weights"),
+    ("load_while_syncing", "stream_weights"),
 ];
 /// `v`, written at `at`.
 fn placed<T>(v: T, at: usize) -> Option<At<T>> {
@@ -118,6 +124,7 @@ impl Launch {
             image: None,
             gpus: None,
             shm_size: None,
+            stream_weights: None,
         }
     }
 }
@@ -148,6 +155,13 @@ impl Parser<'_> {
                 "gpus" => l.gpus = placed(self.gpus(v)?, at),
                 "shm_size" => l.shm_size = placed(self.shm_size(v)?, at),
                 "template" => l.template = placed(self.template(v)?, at),
+                "stream_weights" => match v.get_ref() {
+                    DeValue::Boolean(b) => l.stream_weights = placed(*b, at),
+                    _ => {
+                        let fix = "write stream_weights = true or false";
+                        return Err(self.r.wrong_kind(key, v, fix).into());
+                    }
+                },
                 _ => {
                     let otherwise = || format!("[launch] takes {}", and_list(LAUNCH_KEYS));
                     return Err(self

@@ -26,6 +26,7 @@
 //! image = "xt/vllm:0.11"         # (optional) run every rank in this image
 //! gpus = "all"                   # with image: "all" | "none" | ["/dev/nvidia0", ...]
 //! shm_size = "16GiB"             # with image: the containers' /dev/shm
+//! stream_weights = true          # vllm: start while the weights land (the `xfer` loader plugin)
 //!
 //! [launch.env]
 //! NCCL_DEBUG = "INFO"
@@ -284,6 +285,11 @@ pub struct Setup {
     pub key: PathBuf,
     /// The cluster file.
     pub path: PathBuf,
+    /// `stream_weights = true` (vllm only): `up` starts the ranks once the
+    /// small files are verified on every node, with `--load-format xfer`,
+    /// and each rank's loader waits for each shard's verification
+    /// ([`crate::stream`]).
+    pub stream_weights: bool,
 }
 
 /// Why a launch could not be planned. Every variant is one line.

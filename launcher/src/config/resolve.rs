@@ -53,6 +53,21 @@ impl Parser<'_> {
         self.no_managed_flags(&l, engine)?;
         let model = self.model_path(&picked, model_spec)?;
         let container = self.container(&l)?;
+        let stream_weights = match &l.stream_weights {
+            Some(At { v: true, at }) if engine != Engine::Vllm => {
+                return Err(self.err(
+                    *at,
+                    format!("stream_weights needs engine = \"vllm\" (its loader plugin, load format `xfer`), but engine is \"{engine}\"; drop stream_weights"),
+                ))
+            }
+            Some(At { v: true, at }) if container.is_some() => {
+                return Err(self.err(
+                    *at,
+                    "stream_weights and image do not go together yet: the loader asks the node's `xfer status`, which a container does not have; drop one",
+                ))
+            }
+            s => s.as_ref().is_some_and(|s| s.v),
+        };
         Ok(Setup {
             engine,
             nodes,
@@ -66,6 +81,7 @@ impl Parser<'_> {
             container,
             key: cluster.key.clone(),
             path: cluster.path.clone(),
+            stream_weights,
         })
     }
 

@@ -367,12 +367,38 @@ fn container_mistakes_name_the_line_and_the_fix() {
         ("gpu = \"all\"", "unknown key \"gpu\" in [launch]; did you mean \"gpus\"?"),
         ("shm = \"1G\"", "unknown key \"shm\" in [launch]; did you mean \"shm_size\"?"),
         ("shm_sise = \"1G\"", "unknown key \"shm_sise\" in [launch]; did you mean \"shm_size\"?"),
-        ("zzz = 1", "[launch] takes engine, model, revision, tp, pp, head, nodes, master_port, api_port, ray_port, dist_port, extra_args, env, template, image, gpus and shm_size"),
+        ("zzz = 1", "[launch] takes engine, model, revision, tp, pp, head, nodes, master_port, api_port, ray_port, dist_port, extra_args, env, template, image, gpus, shm_size and stream_weights"),
+        ("stream_weights = \"yes\"", "write stream_weights = true or false"),
+        ("streaming = true", "unknown key \"streaming\" in [launch]; did you mean \"stream_weights\"?"),
+        ("image = \"x:1\"\nstream_weights = true", "stream_weights and image do not go together yet"),
     ] {
         let msg = refused(&format!("engine = \"vllm\"\nmodel = \"/m\"\n{launch}"));
         assert!(msg.contains(want), "{launch}\n=> {msg}");
         assert!(msg.starts_with("cluster.toml:"), "{msg}");
     }
+}
+
+#[test]
+fn stream_weights_is_for_vllm_and_adds_its_load_format() {
+    let msg = refused("engine = \"sglang\"\nmodel = \"/m\"\nstream_weights = true");
+    assert!(
+        msg.contains("stream_weights needs engine = \"vllm\""),
+        "{msg}"
+    );
+    let s = setup("engine = \"vllm\"\nmodel = \"/m\"\nstream_weights = true");
+    assert!(s.stream_weights);
+    let p = crate::plan::plan(&s);
+    assert!(p
+        .ranks
+        .iter()
+        .all(|r| r.argv.windows(2).any(|w| w == ["--load-format", "xfer"])));
+    let s = setup("engine = \"vllm\"\nmodel = \"/m\"");
+    assert!(!s.stream_weights);
+    let p = crate::plan::plan(&s);
+    assert!(p
+        .ranks
+        .iter()
+        .all(|r| !r.argv.contains(&"--load-format".to_string())));
 }
 
 #[test]

@@ -438,6 +438,13 @@ pub struct ModelStatus {
     /// (this node's own links, and, on a job's source, every member's).
     #[serde(default)]
     pub fallbacks: Vec<FallbackRoute>,
+    /// While a transfer of a known root runs (`Syncing` with `root`): the
+    /// files (manifest paths) not yet verified and under their final name;
+    /// every other file of that manifest is. A rank that loads while the
+    /// weights land reads a file only once it has left this list
+    /// (`launcher/python/xfer_vllm_loader`). Empty otherwise.
+    #[serde(default)]
+    pub pending: Vec<String>,
 }
 
 /// A job as one agent knows it.

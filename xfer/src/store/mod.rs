@@ -655,6 +655,19 @@ impl Transfer {
         self.state.lock().unwrap().held.clone()
     }
 
+    /// The files not yet verified and under their final name, in manifest
+    /// order; every other file is (placed by this transfer, or an earlier
+    /// copy read back and found identical).
+    pub fn pending(&self) -> Vec<RelPath> {
+        let st = self.state.lock().unwrap();
+        self.manifest
+            .files()
+            .zip(&st.done)
+            .filter(|(_, d)| !**d)
+            .map(|(f, _)| f.path.clone())
+            .collect()
+    }
+
     /// Bytes of the chunks held.
     pub fn held_bytes(&self) -> u64 {
         let st = self.state.lock().unwrap();

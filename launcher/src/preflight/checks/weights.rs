@@ -19,6 +19,22 @@ pub fn weights(ctx: &Ctx, rows: &mut Rows) {
     for (n, f) in nodes {
         let w = &f.weights;
         let complete = w.state == Some(ModelState::Complete);
+        let arriving = matches!(w.state, Some(ModelState::Syncing | ModelState::Queued));
+        if setup.stream_weights && arriving && !w.path.contains(crate::config::COMMIT_PLACEHOLDER) {
+            rows.add(
+                "weights",
+                &n.name,
+                Verdict::Pass,
+                format!(
+                    "{} is arriving ({} of {} present); stream_weights: up starts the ranks once its small files are verified, and each rank loads a shard once the agent has verified it",
+                    w.path,
+                    Bytes(w.bytes_present),
+                    Bytes(w.bytes_total)
+                ),
+                None,
+            );
+            continue;
+        }
         if w.problems.is_empty() && complete && w.root.is_some() {
             rows.add(
                 "weights",

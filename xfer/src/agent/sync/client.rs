@@ -973,6 +973,7 @@ mod job_error_tests {
             last_error: None,
             repaired_files: 0,
             fallbacks: Vec::new(),
+            pending: Vec::new(),
         }
     }
 

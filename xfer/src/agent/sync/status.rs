@@ -263,6 +263,7 @@ impl Activity {
                 last_error: e.last_error.clone(),
                 repaired_files: e.repaired,
                 fallbacks: e.routes.clone(),
+                pending: Vec::new(),
             };
             match &e.live {
                 Some(Live::Receiving { transfer, tally }) => {
@@ -272,6 +273,9 @@ impl Activity {
                     st.state = ModelState::Syncing;
                     // A streamed pull's root is known only once it is sealed.
                     st.root = (!transfer.is_draft()).then(|| transfer.manifest().root());
+                    if st.root.is_some() {
+                        st.pending = transfer.pending().iter().map(|p| p.to_string()).collect();
+                    }
                     st.bytes_total = total;
                     st.bytes_held = held;
                     st.rate_bps = rate;

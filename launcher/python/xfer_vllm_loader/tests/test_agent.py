@@ -1,0 +1,140 @@
+"""The wait logic of ``xfer_vllm_loader.agent`` against scripted agent
+answers (no vLLM, no agent): shards yielded in the order they arrive, only
+once out of ``pending``; another root refused in one line; a long wait that
+names the shard and the agent's state. Run with the engine venv's python:
+``python -m unittest discover -s launcher/python/xfer_vllm_loader/tests``."""
+
+import unittest
+
+from xfer_vllm_loader.agent import LoaderError, Settings, View, arrivals, view_of
+
+ROOT = "ab" * 32
+OTHER = "cd" * 32
+SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+          "model-00003-of-00003.safetensors"]
+
+
+def settings(**kw):
+    s = Settings(expect_root=ROOT, model_name="tiny", prefix="", node="n1",
+                 cluster=None, xfer_bin="xfer", note_s=30, timeout_s=3600)
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+def model(state="syncing", root=ROOT, pending=(), **kw):
+    m = {"name": "tiny", "state": state, "root": root, "pending": list(pending),
+         "bytes_held": 1, "bytes_total": 2, "last_error": None}
+    m.update(kw)
+    return View(model=m)
+
+
+class Script:
+    """Agent answers in turn (the last repeats); a virtual clock."""
+
+    def __init__(self, views, step=1.0):
+        self.views, self.asked, self.t, self.step = list(views), 0, 0.0, step
+
+    def ask(self, _s):
+        v = self.views[min(self.asked, len(self.views) - 1)]
+        self.asked += 1
+        return v
+
+    def clock(self):
+        return self.t
+
+    def sleep(self, d):
+        self.t += self.step
+
+
+class Arrivals(unittest.TestCase):
+    def run_script(self, script, s=None, lines=None):
+        out = []
+        log = (lines.append if lines is not None else (lambda _l: None))
+        for f in arrivals(SHARDS, s or settings(), ask=script.ask, log=log,
+                          clock=script.clock, sleep=script.sleep):
+            out.append((f, script.asked))
+        return out
+
+    def test_shards_come_in_arrival_order_and_only_once_verified(self):
+        script = Script([
+            View(),  # nothing yet
+            model(state="queued", root=None),
+            model(pending=SHARDS),
+            model(pending=SHARDS[:2]),  # the third shard landed first
+            model(pending=SHARDS[:1]),
+            model(state="complete", pending=()),
+        ])
+        got = self.run_script(script)
+        self.assertEqual([f for f, _ in got], [SHARDS[2], SHARDS[1], SHARDS[0]])
+        # Each was yielded right after the answer that cleared it.
+        self.assertEqual([n for _, n in got], [4, 5, 6])
+
+    def test_a_prefix_maps_file_names_to_manifest_paths(self):
+        s = settings(prefix="snapshots/c0ffee")
+        pend = ["snapshots/c0ffee/" + f for f in SHARDS]
+        script = Script([model(pending=pend), model(pending=pend[1:]),
+                         model(pending=())])
+        got = self.run_script(script, s)
+        self.assertEqual([f for f, _ in got], SHARDS)
+        self.assertEqual([n for _, n in got], [2, 3, 3])
+
+    def test_another_root_is_refused_in_one_line(self):
+        script = Script([model(pending=SHARDS[1:]), model(root=OTHER, state="complete")])
+        got = []
+        with self.assertRaises(LoaderError) as e:
+            for f in arrivals(SHARDS, settings(), ask=script.ask, log=lambda _l: None,
+                              clock=script.clock, sleep=script.sleep):
+                got.append(f)
+        self.assertEqual(got, [SHARDS[0]])
+        msg = str(e.exception)
+        self.assertNotIn("\n", msg)
+        self.assertIn(f"root {OTHER[:12]}", msg)
+        self.assertIn(f"planned root {ROOT[:12]}", msg)
+
+    def test_a_root_switched_after_the_last_shard_is_refused(self):
+        script = Script([model(pending=()), model(root=OTHER)])
+        with self.assertRaises(LoaderError):
+            self.run_script(script)
+
+    def test_a_long_wait_names_the_shard_and_the_agents_state(self):
+        stuck = model(pending=SHARDS[1:], last_error="peer n2 vanished")
+        script = Script([stuck], step=10.0)
+        lines = []
+        with self.assertRaises(LoaderError) as e:
+            self.run_script(script, settings(note_s=30, timeout_s=100), lines)
+        msg = str(e.exception)
+        self.assertIn(f"waiting for shard {SHARDS[1]}", msg)
+        self.assertIn("syncing, root " + ROOT[:12], msg)
+        self.assertIn("last error: peer n2 vanished", msg)
+        self.assertNotIn("\n", msg)
+        waits = [l for l in lines if "waiting for shard" in l]
+        self.assertTrue(waits[0].startswith(f"xfer loader: waiting for shard {SHARDS[1]}"))
+        self.assertTrue(any(l.startswith("xfer loader: still waiting") for l in waits), lines)
+
+    def test_no_answer_is_waited_for_and_said(self):
+        script = Script([View(error="the agent did not answer: refused"),
+                         model(state="complete")])
+        lines = []
+        got = self.run_script(script, lines=lines)
+        self.assertEqual(len(got), 3)
+        self.assertTrue(any("the agent did not answer" in l for l in lines), lines)
+
+
+class StatusJson(unittest.TestCase):
+    def test_picks_this_nodes_model(self):
+        reports = [
+            {"node": "n0", "reachable": True, "status": {"models": []}},
+            {"node": "n1", "reachable": True, "error": None,
+             "status": {"models": [{"name": "other"}, {"name": "tiny", "root": ROOT}]}},
+        ]
+        self.assertEqual(view_of(reports, settings()).model["root"], ROOT)
+        self.assertIsNone(view_of(reports[:1] + [{"node": "n1", "reachable": True,
+                                                  "status": {"models": []}}],
+                                  settings()).model)
+        down = view_of([{"node": "n1", "reachable": False, "error": "timed out"}], settings())
+        self.assertIn("timed out", down.error)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,25 @@
+"""vLLM load format ``xfer``: each rank loads a safetensors shard as soon as
+the xfer agent of its own node has verified it and placed it under its final
+name, in the order the shards arrive.
+
+vLLM runs ``register`` in every process (the ``vllm.general_plugins`` entry
+point); it only adds the load format, so a vLLM started without
+``--load-format xfer`` behaves as if the plugin were not installed. What the
+loader trusts and the environment it reads are in ``agent.py``.
+"""
+
+_registered = False
+
+
+def register() -> None:
+    """Adds ``--load-format xfer`` to vLLM's model-loader registry (once a
+    process; vLLM may call it more than once)."""
+    global _registered
+    if _registered:
+        return
+    from vllm.model_executor.model_loader import register_model_loader
+
+    from .loader import XferModelLoader
+
+    register_model_loader("xfer")(XferModelLoader)
+    _registered = True

@@ -1,0 +1,211 @@
+"""What this node's xfer agent says of the model, and the wait for each
+shard (no vLLM import here: the unit tests run it alone).
+
+The agent is the only judge of "verified". The loader never hashes: it asks
+the agent (``xfer status --json --nodes NODE``, the node's own ``xfer``
+binary) and reads a shard only when the agent reports the model with the
+plan's root and the shard's file no longer pending, that is verified and
+under its final name (xfer renames a file into place only once every chunk
+of it is verified). A root other than the plan's is refused at once; a
+model held with no root yet (queued, a streamed pull still unsealed, being
+replaced, failed) is waited for, and a long wait says which shard and what
+the agent reports.
+
+Environment (set by ``xfer-launch up`` under ``[launch] stream_weights``):
+
+- ``XFER_EXPECT_ROOT``: the manifest root every node was receiving (hex);
+- ``XFER_MODEL_NAME``: the model's name in the node's store;
+- ``XFER_MODEL_PREFIX``: the model path below that model's folder (``""``
+  for the folder itself), to turn a shard's file name into a manifest path;
+- ``XFER_NODE``: this node's name in the cluster file;
+- ``XFER_CLUSTER``: the cluster file ``xfer status`` reads;
+- ``XFER_BIN`` (optional): the ``xfer`` binary, default ``xfer`` on PATH;
+- ``XFER_LOADER_NOTE_S`` (default 30): seconds between "still waiting" lines;
+- ``XFER_LOADER_TIMEOUT_S`` (default 3600): give up on a shard after this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional
+
+
+class LoaderError(RuntimeError):
+    """One line for the operator: what is wrong and what to do."""
+
+
+@dataclass
+class Settings:
+    expect_root: str
+    model_name: str
+    prefix: str
+    node: str
+    cluster: Optional[str]
+    xfer_bin: str
+    note_s: float
+    timeout_s: float
+
+    @staticmethod
+    def from_env(env=os.environ) -> "Settings":
+        missing = [
+            k
+            for k in ("XFER_EXPECT_ROOT", "XFER_MODEL_NAME", "XFER_NODE")
+            if not env.get(k)
+        ]
+        if missing:
+            raise LoaderError(
+                f"xfer loader: {', '.join(missing)} not set; start vLLM with "
+                "--load-format xfer through `xfer-launch up` with "
+                "[launch] stream_weights = true, which sets them"
+            )
+        return Settings(
+            expect_root=env["XFER_EXPECT_ROOT"].strip().lower(),
+            model_name=env["XFER_MODEL_NAME"],
+            prefix=env.get("XFER_MODEL_PREFIX", "").strip("/"),
+            node=env["XFER_NODE"],
+            cluster=env.get("XFER_CLUSTER") or None,
+            xfer_bin=env.get("XFER_BIN") or "xfer",
+            note_s=float(env.get("XFER_LOADER_NOTE_S", "30")),
+            timeout_s=float(env.get("XFER_LOADER_TIMEOUT_S", "3600")),
+        )
+
+    def manifest_path(self, file_name: str) -> str:
+        return f"{self.prefix}/{file_name}" if self.prefix else file_name
+
+
+@dataclass
+class View:
+    """The agent's answer about the model: ``model`` is its status entry
+    (``None`` when the agent holds nothing of that name), ``error`` why
+    there is no answer at all."""
+
+    model: Optional[dict] = None
+    error: Optional[str] = None
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return self.error
+        if self.model is None:
+            return "the agent holds nothing of this name yet (no transfer has begun)"
+        m = self.model
+        root = (m.get("root") or "")[:12] or "not known yet"
+        held, total = m.get("bytes_held", 0), m.get("bytes_total", 0)
+        why = f"{m.get('state')}, root {root}, {held} of {total} bytes verified"
+        if m.get("last_error"):
+            why += f"; last error: {m['last_error']}"
+        return why
+
+
+def ask_agent(s: Settings) -> View:
+    """Runs ``xfer status --json`` for this node and picks the model out."""
+    argv = [s.xfer_bin, "status", "--json", "--nodes", s.node]
+    if s.cluster:
+        argv += ["--cluster", s.cluster]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return View(error=f"cannot ask the agent ({' '.join(argv)}): {e}")
+    try:
+        reports = json.loads(out.stdout)
+    except ValueError:
+        err = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return View(error=f"`xfer status` failed (exit {out.returncode}): {err}")
+    return view_of(reports, s)
+
+
+def view_of(reports: list, s: Settings) -> View:
+    """The model's entry in ``xfer status --json``'s reports."""
+    for r in reports:
+        if r.get("node") != s.node:
+            continue
+        if not r.get("reachable") or r.get("status") is None:
+            return View(error=f"the agent did not answer: {r.get('error')}")
+        for m in r["status"].get("models", []):
+            if m.get("name") == s.model_name:
+                return View(model=m)
+        return View()
+    return View(error=f"`xfer status` has no node {s.node}")
+
+
+def ready(view: View, s: Settings, path: str) -> bool:
+    """Whether the agent vouches for the manifest file ``path`` with the
+    plan's root; raises when it holds the model with another root."""
+    m = view.model
+    if m is None or not m.get("root"):
+        return False
+    root = m["root"].lower()
+    if root != s.expect_root:
+        raise LoaderError(
+            f"xfer loader: {s.node} holds {s.model_name} with root {root[:12]}, "
+            f"but this launch planned root {s.expect_root[:12]}; refusing to load "
+            "it: sync the planned model again, or run `xfer-launch up` again to "
+            "plan the one the nodes hold"
+        )
+    if m.get("state") == "complete":
+        return True
+    return m.get("state") == "syncing" and path not in m.get("pending", [])
+
+
+def arrivals(
+    shards: Iterable[str],
+    s: Settings,
+    ask: Callable[[Settings], View] = ask_agent,
+    log: Callable[[str], None] = print,
+    poll_s: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[str]:
+    """Yields each shard (a file name in the model folder) once the agent
+    vouches for it, in the order they arrive (shards found ready together
+    in their given order). The caller opens a shard only once it is
+    yielded."""
+    pending = list(shards)
+    log(
+        f"xfer loader: {len(pending)} shard(s) of {s.model_name} to load as the "
+        f"agent on {s.node} verifies them (root {s.expect_root[:12]})"
+    )
+    since = clock()
+    last_note = since
+    announced = None
+    while pending:
+        view = ask(s)
+        got = [f for f in pending if ready(view, s, s.manifest_path(f))]
+        if got:
+            for f in got:
+                pending.remove(f)
+                log(
+                    f"xfer loader: shard {f} verified by the agent ({len(pending)} "
+                    "left); loading it"
+                )
+                yield f
+            since = last_note = clock()
+            continue
+        now = clock()
+        waited = now - since
+        if waited >= s.timeout_s:
+            raise LoaderError(
+                f"xfer loader: gave up after {waited:.0f}s waiting for shard "
+                f"{pending[0]} of {s.model_name} on {s.node}: the agent reports "
+                f"{view.describe()}; see `xfer status` and the sync's job"
+            )
+        if announced != pending[0]:
+            announced = pending[0]
+            log(
+                f"xfer loader: waiting for shard {announced}: the agent reports "
+                f"{view.describe()}"
+            )
+        elif now - last_note >= s.note_s:
+            log(
+                f"xfer loader: still waiting for shard {pending[0]} after "
+                f"{waited:.0f}s ({len(pending)} left): the agent reports "
+                f"{view.describe()}"
+            )
+            last_note = now
+        sleep(poll_s)
+    # A root that changed under the load would have been refused above;
+    # once more at the end, so a switch after the last shard is caught too.
+    ready(ask(s), s, "")

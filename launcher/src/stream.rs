@@ -1,0 +1,331 @@
+//! `[launch] stream_weights`: the gate `up` holds before it starts the
+//! ranks while the weights still land, and the environment it hands the
+//! ranks' loader plugin (`launcher/python/xfer_vllm_loader`, vLLM's load
+//! format `xfer`).
+//!
+//! The gate asks every node's agent for its status (the admin service, the
+//! same answer `xfer status` prints) until each holds the model with one
+//! root, the same on every node, either complete or receiving with every
+//! small file (config, tokenizer, index: all but the weight files) verified
+//! and under its final name. vLLM reads those at start; the shards are the
+//! loader's to wait for, each asked of the node's agent again. So no rank
+//! reads a byte the agent has not verified.
+//!
+//! A Hub snapshot (`<repo>/snapshots/<commit>`) is held back until
+//! complete: its names are links, placed after every file.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use xfer_proto::admin::{AdminReply, AdminRequest, AgentStatus, ModelState};
+use xfer_proto::hash::Hash;
+use xfer_proto::launch::NodeFacts;
+
+use crate::agents::Agents;
+use crate::config::Setup;
+
+/// File names the loader waits for itself; any other file of the model is
+/// a small file the gate waits for.
+const WEIGHT_SUFFIXES: &[&str] = &[".safetensors", ".bin", ".pt", ".pth", ".gguf"];
+
+/// Where the model is on one node: its name in the store and the model
+/// path below that model's folder (`""` for the folder itself).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The model's name in the node's store.
+    pub name: String,
+    /// The model path below the model's folder.
+    pub prefix: String,
+}
+
+/// `model_path` as a store name and prefix, given the store's root.
+pub fn held(store_root: &str, model_path: &str) -> Option<Held> {
+    let rest = model_path
+        .strip_prefix(store_root.trim_end_matches('/'))?
+        .strip_prefix('/')?;
+    let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    (!name.is_empty()).then(|| Held {
+        name: name.to_string(),
+        prefix: prefix.trim_end_matches('/').to_string(),
+    })
+}
+
+/// Where one node stands for the gate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stand {
+    /// The small files are verified (or the whole model is), with this root.
+    Ready(Hash),
+    /// Not yet: what the agent reports.
+    Waiting(String),
+}
+
+/// One node's stand, from its agent's status.
+pub fn stand(status: &AgentStatus, h: &Held) -> Stand {
+    let Some(m) = status.models.iter().find(|m| m.name == h.name) else {
+        return Stand::Waiting(format!(
+            "{} is not held by the agent yet (no transfer of it has begun)",
+            h.name
+        ));
+    };
+    let said = || {
+        let mut s = format!("{} is {}", h.name, m.state.label());
+        if let Some(e) = &m.last_error {
+            s += &format!(" (last error: {e})");
+        }
+        s
+    };
+    let Some(root) = m.root else {
+        return Stand::Waiting(format!("{}, its root not known yet", said()));
+    };
+    match m.state {
+        ModelState::Complete | ModelState::Verifying => Stand::Ready(root),
+        ModelState::Syncing if h.prefix.starts_with("snapshots/") => Stand::Waiting(format!(
+            "{}; a Hub snapshot's names are links placed after every file, so the ranks start once it is complete",
+            said()
+        )),
+        ModelState::Syncing => {
+            let under = |p: &&String| {
+                h.prefix.is_empty()
+                    || p.strip_prefix(&h.prefix)
+                        .is_some_and(|r| r.starts_with('/'))
+            };
+            let small: Vec<&String> = m
+                .pending
+                .iter()
+                .filter(under)
+                .filter(|p| !WEIGHT_SUFFIXES.iter().any(|s| p.ends_with(s)))
+                .collect();
+            if small.is_empty() {
+                Stand::Ready(root)
+            } else {
+                let more = small.len().saturating_sub(3);
+                let mut list: Vec<&str> = small.iter().take(3).map(|s| s.as_str()).collect();
+                let more = format!(" and {more} more");
+                if small.len() > 3 {
+                    list.push(&more);
+                }
+                Stand::Waiting(format!(
+                    "{}, root {}; small files still arriving: {}",
+                    said(),
+                    root.short(),
+                    list.join(", ")
+                ))
+            }
+        }
+        _ => Stand::Waiting(said()),
+    }
+}
+
+/// What the gate found: the one root, and each node's environment for
+/// its rank.
+#[derive(Clone, Debug)]
+pub struct Streamed {
+    /// The root every node receives (or holds).
+    pub root: Hash,
+    /// Per node, in rank order: what the loader plugin reads.
+    pub env: Vec<BTreeMap<String, String>>,
+}
+
+/// How often the gate asks.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Waits until every node stands ready with one root, or `deadline`.
+pub async fn gate(
+    setup: &Setup,
+    agents: &Agents,
+    facts: &[(String, Result<NodeFacts, String>)],
+    deadline: Instant,
+) -> Result<Streamed, String> {
+    let mut helds = Vec::new();
+    for (node, f) in facts {
+        let w = &f.as_ref().map_err(|e| format!("{node}: {e}"))?.weights;
+        let h = held(&w.store_root, &w.path).ok_or_else(|| {
+            format!(
+                "{node}: {} is not under the agent's root {}; stream_weights loads a model xfer delivers",
+                w.path, w.store_root
+            )
+        })?;
+        helds.push(h);
+    }
+    let t0 = Instant::now();
+    let mut last_note = t0;
+    loop {
+        let answers = agents
+            .admin_all(&AdminRequest::Status, crate::agents::QUICK)
+            .await;
+        let stands: Vec<Stand> = answers
+            .iter()
+            .zip(&helds)
+            .map(|(a, h)| match a {
+                Ok(AdminReply::Status(s)) => stand(s, h),
+                Ok(other) => Stand::Waiting(format!(
+                    "the agent answered {other:?}; run the same xfer version on every node"
+                )),
+                Err(e) => Stand::Waiting(format!("the agent did not answer: {e}")),
+            })
+            .collect();
+        let mut roots: Vec<(Hash, &str)> = Vec::new();
+        let mut waiting = Vec::new();
+        for (s, n) in stands.iter().zip(&setup.nodes) {
+            match s {
+                Stand::Ready(r) => roots.push((*r, &n.name)),
+                Stand::Waiting(w) => waiting.push(format!("{}: {w}", n.name)),
+            }
+        }
+        if let Some((first, _)) = roots.first() {
+            if let Some((other, node)) = roots.iter().find(|(r, _)| r != first) {
+                return Err(format!(
+                    "the nodes receive different models at {}: root {} on {}, {} on {node}; sync one model to every node, then run xfer-launch up again",
+                    setup.model.path,
+                    first.short(),
+                    roots[0].1,
+                    other.short()
+                ));
+            }
+        }
+        if waiting.is_empty() {
+            let root = roots[0].0;
+            let env = setup
+                .nodes
+                .iter()
+                .zip(&helds)
+                .map(|(n, h)| env_of(setup, &n.name, h, root))
+                .collect();
+            eprintln!(
+                "  stream gate: small files verified on {} node(s), root {}, after {:.1}s; starting the ranks while the weights land",
+                setup.nodes.len(),
+                root.short(),
+                t0.elapsed().as_secs_f64()
+            );
+            return Ok(Streamed { root, env });
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the small files were not verified on every node in time: {}",
+                waiting.join("; ")
+            ));
+        }
+        if last_note.elapsed() >= Duration::from_secs(10) || last_note == t0 {
+            eprintln!("  stream gate: waiting: {}", waiting.join("; "));
+            last_note = Instant::now();
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The loader plugin's environment on one node (`[launch.env]` keeps its
+/// own `XFER_CLUSTER`, the cluster file's path on the nodes).
+fn env_of(setup: &Setup, node: &str, h: &Held, root: Hash) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::from([
+        ("XFER_EXPECT_ROOT".to_string(), root.to_hex()),
+        ("XFER_MODEL_NAME".to_string(), h.name.clone()),
+        ("XFER_MODEL_PREFIX".to_string(), h.prefix.clone()),
+        ("XFER_NODE".to_string(), node.to_string()),
+    ]);
+    if !setup.env.contains_key("XFER_CLUSTER") {
+        let path = std::path::absolute(&setup.path).unwrap_or_else(|_| setup.path.clone());
+        env.insert("XFER_CLUSTER".into(), path.display().to_string());
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::admin::ModelStatus;
+
+    fn status(state: ModelState, root: Option<Hash>, pending: &[&str]) -> AgentStatus {
+        AgentStatus {
+            node: Some("n1".into()),
+            data: None,
+            root: "/r".into(),
+            models: vec![ModelStatus {
+                name: "tiny".into(),
+                root,
+                state,
+                bytes_total: 10,
+                bytes_held: 5,
+                rate_bps: 0.0,
+                eta_s: None,
+                from_source: 0,
+                from_peers: 0,
+                last_error: None,
+                repaired_files: 0,
+                fallbacks: Vec::new(),
+                pending: pending.iter().map(|s| s.to_string()).collect(),
+            }],
+            jobs: Vec::new(),
+            images: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_model_path_as_store_name_and_prefix() {
+        let h = |p| held("/r/", p);
+        assert_eq!(
+            h("/r/tiny"),
+            Some(Held {
+                name: "tiny".into(),
+                prefix: "".into()
+            })
+        );
+        assert_eq!(
+            h("/r/models--o--m/snapshots/abc/"),
+            Some(Held {
+                name: "models--o--m".into(),
+                prefix: "snapshots/abc".into()
+            })
+        );
+        assert_eq!(h("/elsewhere/tiny"), None);
+        assert_eq!(h("/rr/tiny"), None);
+    }
+
+    #[test]
+    fn ready_once_only_weights_are_pending() {
+        let root = Hash([7; 32]);
+        let h = held("/r", "/r/tiny").unwrap();
+        let s = status(
+            ModelState::Syncing,
+            Some(root),
+            &["config.json", "model-00001-of-00002.safetensors"],
+        );
+        match stand(&s, &h) {
+            Stand::Waiting(w) => {
+                assert!(w.contains("small files still arriving: config.json"), "{w}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let s = status(
+            ModelState::Syncing,
+            Some(root),
+            &["model-00001-of-00002.safetensors"],
+        );
+        assert_eq!(stand(&s, &h), Stand::Ready(root));
+        assert_eq!(
+            stand(&status(ModelState::Complete, Some(root), &[]), &h),
+            Stand::Ready(root)
+        );
+    }
+
+    #[test]
+    fn no_root_a_snapshot_or_no_model_waits() {
+        let h = held("/r", "/r/tiny").unwrap();
+        assert!(matches!(
+            stand(&status(ModelState::Syncing, None, &[]), &h),
+            Stand::Waiting(w) if w.contains("root not known yet")
+        ));
+        assert!(matches!(
+            stand(&status(ModelState::Replacing, Some(Hash([1; 32])), &[]), &h),
+            Stand::Waiting(w) if w.contains("replacing")
+        ));
+        let other = held("/r", "/r/other").unwrap();
+        assert!(matches!(
+            stand(&status(ModelState::Complete, Some(Hash([1; 32])), &[]), &other),
+            Stand::Waiting(w) if w.contains("not held by the agent yet")
+        ));
+        let mut s = status(ModelState::Syncing, Some(Hash([1; 32])), &[]);
+        s.models[0].name = "models--o--m".into();
+        let snap = held("/r", "/r/models--o--m/snapshots/abc").unwrap();
+        assert!(matches!(stand(&s, &snap), Stand::Waiting(w) if w.contains("links placed after")));
+    }
+}
