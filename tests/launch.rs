@@ -801,3 +801,115 @@ fn a_resolver_that_does_not_answer_is_caught_quickly_and_the_hosts_lines_fix_it(
     let n2 = &v["nodes"][0][1]["Ok"]["resolver"]["Ok"]["reverse"][1]["answer"];
     assert_eq!(n2["Found"], "n2-fabric", "{v:#}");
 }
+
+/// Issue 34's one command: from an empty cluster to a completion. The
+/// model is a Hub repo (a Hub look-alike, `tests/hub_server.py`, runs
+/// inside the head's namespace, where its agent pulls); no node holds it.
+/// `deploy` checks first (everything but the weights must pass), syncs the
+/// repo to both nodes (pulled once, fanned out over the fabric), then
+/// `up` starts the ranks and waits for the engine to answer. Its JSON
+/// gives each phase's time. Run again, it moves nothing: the sync phase
+/// is skipped because every node holds the model verified.
+#[test]
+fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothing() {
+    need_root!();
+    let lab = Lab::up("xdp", 2, &[1, 2]);
+    // The repo: the lab's small model under org/tiny.
+    let repos = lab.dir.join("repos");
+    let hub_repo = repos.join("org/tiny");
+    std::fs::create_dir_all(&hub_repo).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(lab.model("a").join(f), hub_repo.join(f)).unwrap();
+    }
+    let mut hub = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "python3"])
+        .arg(repo().join("tests/hub_server.py"))
+        .arg("--repos")
+        .arg(&repos)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(hub.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .strip_prefix("READY ")
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("hub_server.py did not start: {line:?}"))
+        .to_string();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    // The commit, so the plan (which the stand-in checks its argv
+    // against) names the snapshot's path before any node holds it.
+    let info = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
+        .arg(format!("{endpoint}/api/models/org/tiny"))
+        .output()
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let commit = info["sha"].as_str().unwrap().to_string();
+    let launch = lab.launch("vllm", "tiny", &[]).replace(
+        &format!("model = \"{}/tiny\"", lab.mnt.display()),
+        &format!("model = \"org/tiny@{commit}\""),
+    );
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    lab.save_plan(&file);
+
+    let deploy = |args: &[&str]| {
+        let mut a = vec!["deploy", "--cluster", file.to_str().unwrap(), "--json"];
+        a.extend(args);
+        Command::new(launch_bin())
+            .args(&a)
+            .env("XDG_STATE_HOME", lab.dir.join("state"))
+            .env("HF_ENDPOINT", &endpoint)
+            .output()
+            .unwrap()
+    };
+    let out = deploy(&["--timeout", "120"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["ready"], true, "{stdout}");
+    let phases = &v["phases"];
+    assert_eq!(
+        phases["lacking"],
+        serde_json::json!(["n1", "n2"]),
+        "{stdout}"
+    );
+    assert!(phases["root"].is_string(), "{stdout}");
+    for k in ["check_s", "sync_s", "up_s"] {
+        assert!(phases[k].as_f64().is_some_and(|s| s > 0.0), "{k}: {stdout}");
+    }
+    assert!(
+        v["readiness"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+        "{stdout}"
+    );
+    assert_eq!(lab.standins().len(), 2, "{stderr}");
+    for i in 1..=2 {
+        let snap = lab.root_of(i).join(format!(
+            "models--org--tiny/snapshots/{commit}/model.safetensors"
+        ));
+        assert_eq!(
+            std::fs::read(&snap).unwrap(),
+            std::fs::read(hub_repo.join("model.safetensors")).unwrap(),
+            "n{i}'s copy"
+        );
+    }
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+
+    // Again: nothing to sync, and it serves.
+    std::fs::remove_dir_all(lab.out_dir()).unwrap();
+    std::fs::create_dir_all(lab.out_dir()).unwrap();
+    let out = deploy(&["--timeout", "120"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["phases"]["lacking"], serde_json::json!([]), "{stdout}");
+    assert_eq!(v["phases"]["sync_s"], 0.0, "{stdout}");
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    let _ = hub.kill();
+    let _ = hub.wait();
+}

@@ -174,6 +174,27 @@ impl Lab {
             let a = with_agents.contains(&i).then(|| lab.start_agent(i));
             lab.agents.push(a);
         }
+        // A fresh veth reports its carrier a moment after it is set up: a
+        // check at once would see the fabric down.
+        for i in 1..=n {
+            let state = || {
+                Command::new("ip")
+                    .args(["netns", "exec", &lab.ns(i), "cat"])
+                    .arg(format!("/sys/class/net/{}/operstate", lab.fabric_if(i)))
+                    .output()
+                    .map(|o| text(&o.stdout).trim().to_string())
+                    .unwrap_or_default()
+            };
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while state() != "up" {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "node {i}'s fabric {} never came up",
+                    lab.fabric_if(i)
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
         lab
     }
 

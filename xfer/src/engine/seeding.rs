@@ -149,6 +149,12 @@ impl SeedLedger {
         self.cut.insert((asker, holder))
     }
 
+    /// `holder` is back (a restarted or late receiver answers now): the
+    /// pairs that could not reach it are whole again.
+    pub fn mend(&mut self, holder: u32) {
+        self.cut.retain(|&(_, h)| h != holder);
+    }
+
     /// Chunks served for the first time, and second copies served.
     pub fn counts(&self) -> (u64, u64) {
         (self.sent, self.again)
@@ -187,6 +193,10 @@ mod tests {
         l.ask(1, 1, at(2));
         assert_eq!(l.ask(2, 1, at(3)), Verdict::Serve);
         assert_eq!(l.counts(), (2, 2));
+        // Back (it rejoined): 2 waits for what 1 holds first again.
+        l.mend(1);
+        l.ask(1, 2, at(4));
+        assert_eq!(l.ask(2, 2, at(5)), Verdict::Wait { until: at(24) });
     }
 
     #[test]

@@ -132,6 +132,7 @@ impl Coordinator {
     /// it is linked in anew; its `Swarm` is [`Self::swarm_for`] again.
     pub fn rejoined(&self, id: u32) {
         if self.member(id).is_some() {
+            self.ledger.lock().unwrap().mend(id);
             self.handle(Event::Joined(id));
         }
     }
