@@ -38,7 +38,14 @@ const LAYERS: &[&[&str]] = &[
 ];
 
 /// What of the `xfer` crate the launcher may name.
-const LAUNCHER_MAY_USE: &[&str] = &["config", "agent::client"];
+/// The agents' clients (`agent::client`, and `agent::sync::client` for
+/// `deploy`'s sync) and the progress bars those clients draw.
+const LAUNCHER_MAY_USE: &[&str] = &[
+    "config",
+    "agent::client",
+    "agent::sync::client",
+    "util::progress",
+];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -397,7 +404,7 @@ fn the_launcher_names_only_the_config_and_the_agent_client_of_xfer() {
                 .any(|ok| joined == *ok || joined.starts_with(&format!("{ok}::")))
             {
                 wrong.push(format!(
-                    "{}:{line}: names xfer::{joined}; the launcher may use only xfer-proto, xfer::config and xfer::agent::client",
+                    "{}:{line}: names xfer::{joined}; the launcher may use only xfer-proto, xfer::config, the agents' clients and util::progress",
                     file.strip_prefix(repo()).unwrap_or(&file).display()
                 ));
             }

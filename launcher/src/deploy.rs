@@ -10,10 +10,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use xfer::agent::sync::client::{sync, wait, SyncRequest};
+use xfer::agent::sync::client::{sync, wait, SyncRequest, TransportChoice};
 use xfer::config::auth::Credential;
 use xfer::config::cluster::Cluster;
-use xfer::transport::select::TransportChoice;
 use xfer::util::progress::Progress;
 
 use crate::agents::Agents;

@@ -19,7 +19,7 @@ use crate::agent::client::{admin, ASK_TIMEOUT};
 use crate::config::auth::Credential;
 use crate::config::cluster::{Cluster, Node};
 use crate::hub::env::HubSettings;
-use crate::transport::select::TransportChoice;
+pub use crate::transport::select::TransportChoice;
 use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
 use xfer_proto::names::ModelName;
 use xfer_proto::repo::RepoType;
