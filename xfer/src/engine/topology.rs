@@ -356,6 +356,11 @@ impl Topology {
         self.live.is_empty()
     }
 
+    /// Whether `id` is in the swarm now (joined and not gone).
+    pub fn is_live(&self, id: NodeId) -> bool {
+        self.live_index(id).is_some()
+    }
+
     fn live_index(&self, id: NodeId) -> Option<u32> {
         self.index
             .get(&id)
