@@ -165,14 +165,22 @@ async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
             });
         }
         let (mut send, mut recv) = quic::open_service(&conn, service).await?;
-        write_frame(&mut send, req).await.map_err(AskError::Send)?;
+        // An agent that refuses (a node the cluster file does not list)
+        // may answer and stop reading before the request is all sent: the
+        // write then fails, but its answer is there to read, and it is
+        // the one to show.
+        let sent = write_frame(&mut send, req).await;
         let _ = send.finish();
         // A status report lists every model and job: allow a full frame.
-        let reply = read_frame_within::<Reply>(&mut recv, MAX_FRAME)
-            .await
-            .map_err(|why| AskError::Reply { sock, why })?;
-        conn.close(0u32.into(), b"done");
-        Ok(reply)
+        let reply = read_frame_within::<Reply>(&mut recv, MAX_FRAME).await;
+        match (sent, reply) {
+            (_, Ok(reply)) => {
+                conn.close(0u32.into(), b"done");
+                Ok(reply)
+            }
+            (Err(e), Err(_)) => Err(AskError::Send(e)),
+            (Ok(()), Err(why)) => Err(AskError::Reply { sock, why }),
+        }
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(r) => r,
