@@ -50,7 +50,7 @@ installed() {
 plugin_src="$(cd "$(dirname "$0")/.." && pwd)/launcher/python/xfer_vllm_loader"
 plugin() {
   local sum
-  sum=$(cd "$plugin_src" && find . -name '*.py' -o -name pyproject.toml | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+  sum=$(cd "$plugin_src" && find . \( -name build -o -name '*.egg-info' \) -prune -o \( -name '*.py' -o -name pyproject.toml \) -print | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
   [ -f "$venv/.xfer-loader-$sum" ] && return 0
   exec 8>"$lock.plugin"
   flock 8
