@@ -51,21 +51,11 @@ impl Agents {
         msg: impl Fn(usize, &RankNode) -> LaunchRequest,
         timeout: Duration,
     ) -> Vec<Result<LaunchReply, String>> {
-        let mut set = tokio::task::JoinSet::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            let (cred, addr, m) = (self.cred.clone(), n.agent.clone(), msg(i, n));
-            let node = n.name.to_string();
-            set.spawn(async move { (i, ask(&cred, &node, &addr, &m, timeout).await) });
-        }
-        let mut out: Vec<Result<LaunchReply, String>> = (0..self.nodes.len())
-            .map(|_| Err("no answer".into()))
-            .collect();
-        while let Some(done) = set.join_next().await {
-            if let Ok((i, r)) = done {
-                out[i] = r;
-            }
-        }
-        out
+        self.each(|cred, node, addr, i, n| {
+            let m = msg(i, n);
+            async move { ask(&cred, &node, &addr, &m, timeout).await }
+        })
+        .await
     }
 
     /// Sends `req` to every node's admin service at once (the status that
@@ -75,18 +65,32 @@ impl Agents {
         req: &AdminRequest,
         timeout: Duration,
     ) -> Vec<Result<AdminReply, String>> {
+        self.each(|cred, node, addr, _, _| {
+            let req = req.clone();
+            async move {
+                xfer::agent::client::admin(&cred, &node, &addr, &req, timeout)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await
+    }
+
+    /// Runs `ask(cred, node name, agent address, index, node)` for every
+    /// node at once; the answers are in node order ("no answer" where a
+    /// task died).
+    async fn each<T, F, Fut>(&self, ask: F) -> Vec<Result<T, String>>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<Credential>, String, String, usize, &RankNode) -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>> + Send + 'static,
+    {
         let mut set = tokio::task::JoinSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
-            let (cred, addr, req) = (self.cred.clone(), n.agent.clone(), req.clone());
-            let node = n.name.to_string();
-            set.spawn(async move {
-                let r = xfer::agent::client::admin(&cred, &node, &addr, &req, timeout)
-                    .await
-                    .map_err(|e| e.to_string());
-                (i, r)
-            });
+            let f = ask(self.cred.clone(), n.name.to_string(), n.agent.clone(), i, n);
+            set.spawn(async move { (i, f.await) });
         }
-        let mut out: Vec<Result<AdminReply, String>> = (0..self.nodes.len())
+        let mut out: Vec<Result<T, String>> = (0..self.nodes.len())
             .map(|_| Err("no answer".into()))
             .collect();
         while let Some(done) = set.join_next().await {
