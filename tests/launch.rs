@@ -910,6 +910,33 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     assert_eq!(v["phases"]["sync_s"], 0.0, "{stdout}");
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
+
+    // A typo in the repo's name: the sync fails at once, in one line that
+    // names the repo, and nothing starts.
+    let typo = launch.replace("org/tiny@", "org/tinny@");
+    let file = lab.cluster_file("typo.toml", &typo, |i| lab.fabric(i));
+    std::fs::remove_dir_all(lab.out_dir()).unwrap();
+    std::fs::create_dir_all(lab.out_dir()).unwrap();
+    let out = Command::new(launch_bin())
+        .args([
+            "deploy",
+            "--cluster",
+            file.to_str().unwrap(),
+            "--timeout",
+            "60",
+        ])
+        .env("XDG_STATE_HOME", lab.dir.join("state"))
+        .env("HF_ENDPOINT", &endpoint)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("the sync of hf://org/tinny@") && last.contains("run deploy again"),
+        "{err}"
+    );
+    assert!(lab.standins().is_empty(), "something started: {err}");
     let _ = hub.kill();
     let _ = hub.wait();
 }

@@ -62,7 +62,7 @@ pub enum DeployError {
     #[error("cannot start the sync: {0}")]
     Setup(String),
     /// The sync failed.
-    #[error("the sync of {repo} failed: {why}; run deploy again to resume it (the nodes keep what they verified)")]
+    #[error("the sync of {repo} failed: {why}; once that is fixed, run deploy again (the nodes keep what they verified)")]
     Sync {
         /// What was synced (`hf://ORG/NAME@REV`).
         repo: String,
