@@ -536,6 +536,67 @@ fn ranks_run_in_the_image_on_every_node_and_down_or_a_failure_removes_every_cont
             && shown.contains("--nodes n2`"),
         "{shown}"
     );
+
+    // `deploy` mends it: the image goes from the operator's engine to n2
+    // alone (n1 holds it), the model is held everywhere, and it serves.
+    let out = Command::new(launch_bin())
+        .args(["deploy", "--cluster", file.to_str().unwrap()])
+        .args(["--json", "--timeout", "60", "--grace", "2"])
+        .env("XDG_STATE_HOME", lab.dir.join("state"))
+        .env("XDG_CACHE_HOME", lab.dir.join("op-cache"))
+        .env("DOCKER_HOST", &sock)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let phases = &v["phases"];
+    assert_eq!(
+        phases["image_lacking"],
+        serde_json::json!(["n2"]),
+        "{stdout}"
+    );
+    assert_eq!(phases["lacking"], serde_json::json!([]), "{stdout}");
+    assert_eq!(phases["image"].as_str(), Some(id.as_str()), "{stdout}");
+    assert!(
+        phases["image_s"].as_f64().is_some_and(|s| s > 0.0),
+        "{stdout}"
+    );
+    assert_eq!(v["ready"], true, "{stdout}");
+    let held = docker(
+        &lab.docker_dir(2),
+        &["image", "inspect", "--format", "{{.Id}}", "xt/standin:1"],
+    );
+    assert_eq!(held.trim(), id, "n2's image");
+    let out = lab.xl(&["down", "--grace", "2"], &file);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // The operator's engine lacks the image: one line naming it, nothing
+    // starts.
+    docker(&lab.docker_dir(2), &["rmi", "xt/standin:1"]);
+    let out = Command::new(launch_bin())
+        .args(["deploy", "--cluster", file.to_str().unwrap()])
+        .args(["--timeout", "60", "--grace", "2"])
+        .env("XDG_STATE_HOME", lab.dir.join("state"))
+        .env("XDG_CACHE_HOME", lab.dir.join("op-cache"))
+        .env(
+            "DOCKER_HOST",
+            format!("unix://{}/none.sock", lab.dir.display()),
+        )
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("the delivery of image xt/standin:1 failed")
+            && last.contains("run deploy again"),
+        "{err}"
+    );
+    for i in 1..=2 {
+        let left = docker(&lab.docker_dir(i), &["ps", "-aq"]);
+        assert!(left.trim().is_empty(), "node {i} started something: {left}");
+    }
 }
 
 /// A node whose Python has another NCCL (then another torch) than the
@@ -802,6 +863,183 @@ fn a_resolver_that_does_not_answer_is_caught_quickly_and_the_hosts_lines_fix_it(
     assert_eq!(n2["Found"], "n2-fabric", "{v:#}");
 }
 
+/// `tests/hub_server.py` serving `repos` inside the head's namespace (where
+/// its agent pulls), with these `--fault`s: the child and its port.
+fn hub_in_head(
+    lab: &Lab,
+    repos: &std::path::Path,
+    faults: &[String],
+) -> (std::process::Child, String) {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &lab.ns(1), "python3"])
+        .arg(repo().join("tests/hub_server.py"))
+        .arg("--repos")
+        .arg(repos);
+    for f in faults {
+        cmd.arg("--fault").arg(f);
+    }
+    let mut hub = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(hub.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .strip_prefix("READY ")
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("hub_server.py did not start: {line:?}"))
+        .to_string();
+    (hub, port)
+}
+
+/// What the Hub look-alike in the head's namespace says it did (`/_stats`).
+fn hub_stats(lab: &Lab, endpoint: &str) -> serde_json::Value {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
+        .arg(format!("{endpoint}/_stats"))
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// `deploy` killed with `kill -9` while the head's agent pulls (the Hub
+/// holds the shard half-way), then run again: it resumes, the Hub serves
+/// the shard about once (the agents kept what they had verified, and the
+/// rerun does not start a second download beside the first), every node
+/// holds the same bytes, and it serves.
+#[test]
+fn deploy_killed_mid_sync_resumes_and_downloads_the_model_once() {
+    need_root!();
+    let lab = Lab::up("xdk", 2, &[1, 2]);
+    let repos = lab.dir.join("repos");
+    let hub_repo = repos.join("org/big");
+    std::fs::create_dir_all(&hub_repo).unwrap();
+    std::fs::write(hub_repo.join("config.json"), "{\"tag\": \"big\"}\n").unwrap();
+    let size: usize = 12 << 20;
+    let mut w = Vec::with_capacity(size);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    while w.len() < size {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(hub_repo.join("model.safetensors"), &w).unwrap();
+    let gate = lab.dir.join("release");
+    let (mut hub, port) = hub_in_head(
+        &lab,
+        &repos,
+        &[format!("hold:model.safetensors:{}", gate.display())],
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let info = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
+        .arg(format!("{endpoint}/api/models/org/big"))
+        .output()
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let commit = info["sha"].as_str().unwrap().to_string();
+    let launch = lab.launch("vllm", "tiny", &[]).replace(
+        &format!("model = \"{}/tiny\"", lab.mnt.display()),
+        &format!("model = \"org/big@{commit}\""),
+    );
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    lab.save_plan(&file);
+    let deploy = || {
+        let mut c = Command::new(launch_bin());
+        c.args(["deploy", "--cluster", file.to_str().unwrap()])
+            .args(["--json", "--timeout", "120"])
+            .env("XDG_STATE_HOME", lab.dir.join("state"))
+            .env("HF_ENDPOINT", &endpoint);
+        c
+    };
+    // The first deploy, killed once the Hub has sent half the shard and
+    // holds the rest.
+    let first_log = lab.dir.join("first-deploy.log");
+    let mut first = deploy()
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&first_log).unwrap())
+        .spawn()
+        .unwrap();
+    let half = (size / 2) as u64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while hub_stats(&lab, &endpoint)["bytes_served"]
+        .as_u64()
+        .unwrap_or(0)
+        < half
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the pull never reached the hold: {:#}",
+            hub_stats(&lab, &endpoint)
+        );
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "deploy ended before the hold: {}",
+            std::fs::read_to_string(&first_log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // Run again while the Hub still holds, and let it go once the rerun
+    // has handed its sync over.
+    let mut again = deploy()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(again.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut l = String::new();
+        if err.read_line(&mut l).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&l);
+        if l.starts_with("syncing hf://org/big@") {
+            break;
+        }
+    }
+    assert!(seen.contains("syncing hf://org/big@"), "{seen}");
+    // The check before it names the sync in flight and `deploy` as the fix.
+    assert!(
+        (seen.contains("models--org--big is syncing")
+            || seen.contains("models--org--big is queued"))
+            && seen.contains("fix: `xfer-launch deploy --cluster"),
+        "{seen}"
+    );
+    std::fs::write(&gate, b"").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let out = again.wait_with_output().unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{seen}{rest}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["ready"], true, "{stdout}");
+    for i in 1..=2 {
+        let snap = lab.root_of(i).join(format!(
+            "models--org--big/snapshots/{commit}/model.safetensors"
+        ));
+        assert!(std::fs::read(&snap).unwrap() == w, "n{i}'s copy differs");
+    }
+    // Downloaded about once: the bytes of the first run's half are not
+    // fetched again (a chunk in flight at the kill may be).
+    let served = hub_stats(&lab, &endpoint)["bytes_served"].as_u64().unwrap();
+    let bound = size as u64 + (4 << 20) + 4096;
+    assert!(
+        served <= bound,
+        "the Hub served {served} bytes for a {size}-byte model (at most {bound}): the rerun downloaded it again{seen}{rest}"
+    );
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    let _ = hub.kill();
+    let _ = hub.wait();
+}
+
 /// Issue 34's one command: from an empty cluster to a completion. The
 /// model is a Hub repo (a Hub look-alike, `tests/hub_server.py`, runs
 /// inside the head's namespace, where its agent pulls); no node holds it.
@@ -821,24 +1059,7 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(lab.model("a").join(f), hub_repo.join(f)).unwrap();
     }
-    let mut hub = Command::new("ip")
-        .args(["netns", "exec", &lab.ns(1), "python3"])
-        .arg(repo().join("tests/hub_server.py"))
-        .arg("--repos")
-        .arg(&repos)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(hub.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .strip_prefix("READY ")
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap_or_else(|| panic!("hub_server.py did not start: {line:?}"))
-        .to_string();
+    let (mut hub, port) = hub_in_head(&lab, &repos, &[]);
     let endpoint = format!("http://127.0.0.1:{port}");
     // The commit, so the plan (which the stand-in checks its argv
     // against) names the snapshot's path before any node holds it.

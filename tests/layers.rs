@@ -38,12 +38,14 @@ const LAYERS: &[&[&str]] = &[
 ];
 
 /// What of the `xfer` crate the launcher may name.
-/// The agents' clients (`agent::client`, and `agent::sync::client` for
-/// `deploy`'s sync) and the progress bars those clients draw.
+/// The agents' clients (`agent::client`, and `agent::sync::client` and
+/// `agent::image_client` for `deploy`'s sync and image delivery) and the
+/// progress bars those clients draw.
 const LAUNCHER_MAY_USE: &[&str] = &[
     "config",
     "agent::client",
     "agent::sync::client",
+    "agent::image_client",
     "util::progress",
 ];
 

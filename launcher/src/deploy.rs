@@ -1,19 +1,24 @@
 //! `deploy`, the day before `up`: the preflight runs first and must pass
-//! but for the weights; then the model, when it is a Hub repo, is synced to
-//! every launch node (pulled once by the head's agent and fanned out to
-//! the others while it downloads; a node that already holds it verified
-//! keeps it). `up` does the rest. Each phase is timed. Run again after an
-//! interruption, the sync resumes from the agents' journals and a complete
-//! model is not moved again.
+//! but for the weights and the image; then the model, when it is a Hub
+//! repo, is synced to every launch node (pulled once by the head's agent
+//! and fanned out to the others while it downloads; a node that already
+//! holds it verified keeps it), and, at the same time, `[launch] image` is
+//! delivered from the operator's engine to the nodes that lack it (or
+//! hold another image under its name). `up` does the rest. Each phase is
+//! timed. Run again after an interruption, the sync resumes from the
+//! agents' journals, the image's blobs a node holds are not sent again,
+//! and a complete model or a loaded image is not moved again.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
+use xfer::agent::image_client::{push_to_cluster, Note};
 use xfer::agent::sync::client::{sync, wait, SyncRequest, TransportChoice};
 use xfer::config::auth::Credential;
 use xfer::config::cluster::Cluster;
 use xfer::util::progress::Progress;
+use xfer_proto::image::ContainerRuntime;
 
 use crate::agents::Agents;
 use crate::check;
@@ -22,6 +27,8 @@ use crate::preflight::{self, Verdict};
 
 /// The check whose failure a sync can fix.
 const WEIGHTS: &str = "weights";
+/// The check whose failure an image delivery can fix.
+const IMAGE: &str = "image";
 
 /// Chunk size of the sync (the `xfer sync` default).
 const CHUNK_SIZE: u64 = 4 << 20;
@@ -37,6 +44,13 @@ pub struct Phases {
     pub lacking: Vec<String>,
     /// The synced model's root, when a sync ran.
     pub root: Option<String>,
+    /// The image delivery, seconds (0 when every node held the image, or
+    /// there is none). It runs beside the sync.
+    pub image_s: f64,
+    /// The nodes the image was delivered to, by name.
+    pub image_lacking: Vec<String>,
+    /// The delivered image's id, when a delivery ran.
+    pub image: Option<String>,
 }
 
 /// Why `deploy` stopped before `up`. Every variant is one line.
@@ -61,6 +75,14 @@ pub enum DeployError {
     /// The cluster file or key could not be read for the sync.
     #[error("cannot start the sync: {0}")]
     Setup(String),
+    /// The image could not be delivered.
+    #[error("the delivery of image {image} failed: {why}; once that is fixed, run deploy again (blobs the nodes hold are not sent again)")]
+    Image {
+        /// The image reference.
+        image: String,
+        /// Why it failed.
+        why: String,
+    },
     /// The sync failed.
     #[error("the sync of {repo} failed: {why}; once that is fixed, run deploy again (the nodes keep what they verified)")]
     Sync {
@@ -72,10 +94,12 @@ pub enum DeployError {
 }
 
 /// The preflight, then the sync of the model to the launch nodes that
-/// lack it. `progress` shows the sync.
+/// lack it and, beside it, the delivery of the image from the operator's
+/// `image_engine` to the nodes that lack it. `progress` shows the sync.
 pub async fn prepare(
     setup: &Setup,
     agents: &Agents,
+    image_engine: ContainerRuntime,
     progress: &Progress,
 ) -> Result<Phases, DeployError> {
     let t0 = Instant::now();
@@ -85,27 +109,91 @@ pub async fn prepare(
         "{}",
         preflight::render(&checked.rows, crate::term::stderr_width())
     );
-    let failing = |weights: bool| {
-        checked
-            .rows
-            .iter()
-            .filter(move |r| r.verdict == Verdict::Fail && (r.check == WEIGHTS) == weights)
+    let failing = |check: Option<&'static str>| {
+        checked.rows.iter().filter(move |r| {
+            r.verdict == Verdict::Fail
+                && match check {
+                    Some(c) => r.check == c,
+                    None => r.check != WEIGHTS && r.check != IMAGE,
+                }
+        })
     };
-    let others = failing(false).count();
+    let others = failing(None).count();
     if others > 0 {
         return Err(DeployError::ChecksFailed { failed: others });
     }
-    let mut lacking: Vec<String> = failing(true).map(|r| r.node.clone()).collect();
-    lacking.dedup();
+    let lacking = nodes_of(failing(Some(WEIGHTS)), setup);
+    let image_lacking = match &setup.container {
+        Some(_) => nodes_of(failing(Some(IMAGE)), setup),
+        None => Vec::new(),
+    };
     let mut phases = Phases {
         check_s: t0.elapsed().as_secs_f64(),
         lacking: lacking.clone(),
+        image_lacking: image_lacking.clone(),
         ..Phases::default()
     };
-    if lacking.is_empty() {
-        eprintln!("every node holds the model verified: nothing to sync");
+    if lacking.is_empty() && image_lacking.is_empty() {
+        eprintln!("every node holds the model verified (and the image): nothing to move");
         return Ok(phases);
     }
+    let cluster = Cluster::load(&setup.path).map_err(|e| DeployError::Setup(format!("{e:#}")))?;
+    let cred =
+        Arc::new(Credential::load(&setup.key).map_err(|e| DeployError::Setup(format!("{e:#}")))?);
+    let model = async {
+        if lacking.is_empty() {
+            return Ok(None);
+        }
+        let t = Instant::now();
+        let root = sync_model(setup, &cluster, &cred, &lacking, progress).await?;
+        Ok::<_, DeployError>(Some((root, t.elapsed().as_secs_f64())))
+    };
+    let image = async {
+        let Some(c) = setup
+            .container
+            .as_ref()
+            .filter(|_| !image_lacking.is_empty())
+        else {
+            return Ok(None);
+        };
+        let t = Instant::now();
+        let id = deliver_image(&c.image, &cluster, &cred, &image_lacking, image_engine).await?;
+        Ok::<_, DeployError>(Some((id, t.elapsed().as_secs_f64())))
+    };
+    let (model, image) = tokio::join!(model, image);
+    if let Some((root, secs)) = model? {
+        phases.sync_s = secs;
+        phases.root = Some(root);
+    }
+    if let Some((id, secs)) = image? {
+        phases.image_s = secs;
+        phases.image = Some(id);
+    }
+    Ok(phases)
+}
+
+/// The launch nodes these failing rows name, in rank order; a row about
+/// every node ("*": the nodes differ) names them all.
+fn nodes_of<'a>(rows: impl Iterator<Item = &'a preflight::Row>, setup: &Setup) -> Vec<String> {
+    let named: Vec<&str> = rows.map(|r| r.node.as_str()).collect();
+    setup
+        .nodes
+        .iter()
+        .filter(|n| named.iter().any(|r| *r == "*" || *r == n.name))
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+/// Syncs the model, a Hub repo, to every launch node, head first: the head
+/// pulls, and a node that holds it verified already takes nothing.
+/// Returns the model's root.
+async fn sync_model(
+    setup: &Setup,
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    lacking: &[String],
+    progress: &Progress,
+) -> Result<String, DeployError> {
     let Some(repo) = &setup.model.repo else {
         return Err(DeployError::NotARepo {
             path: setup.model.path.clone(),
@@ -124,15 +212,10 @@ pub async fn prepare(
             .join(", "),
         lacking.join(", ")
     );
-    let t1 = Instant::now();
-    let cluster = Cluster::load(&setup.path).map_err(|e| DeployError::Setup(format!("{e:#}")))?;
-    let cred =
-        Arc::new(Credential::load(&setup.key).map_err(|e| DeployError::Setup(format!("{e:#}")))?);
+    let t = Instant::now();
     let req = SyncRequest {
         source: source.clone(),
         cwd: std::env::current_dir().unwrap_or_else(|_| "/".into()),
-        // Every launch node, head first: the head pulls, and a node that
-        // holds the model verified already takes nothing.
         nodes: setup.nodes.iter().map(|n| n.name.clone()).collect(),
         from: None,
         name: None,
@@ -146,19 +229,67 @@ pub async fn prepare(
         repo: source.clone(),
         why,
     };
-    let spec = sync(&cluster, &cred, &req)
+    let spec = sync(cluster, cred, &req)
         .await
         .map_err(|e| failed(format!("{e:#}")))?;
-    let root = wait(&cluster, &cred, &spec, progress)
+    let root = wait(cluster, cred, &spec, progress)
         .await
         .map_err(|e| failed(format!("{e:#}")))?;
     progress.end();
-    phases.sync_s = t1.elapsed().as_secs_f64();
     eprintln!(
         "{source}: complete on {} node(s) in {:.1}s, root {root}",
         spec.members.len(),
-        phases.sync_s
+        t.elapsed().as_secs_f64()
     );
-    phases.root = Some(root);
-    Ok(phases)
+    Ok(root)
+}
+
+/// Delivers `image` from the operator's engine to `nodes`; every node must
+/// load it. Returns its id.
+async fn deliver_image(
+    image: &str,
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    nodes: &[String],
+    engine: ContainerRuntime,
+) -> Result<String, DeployError> {
+    eprintln!(
+        "delivering image {image} from this machine's {} to {}",
+        engine.program(),
+        nodes.join(", ")
+    );
+    let failed = |why: String| DeployError::Image {
+        image: image.to_string(),
+        why,
+    };
+    let note = |n: Note| match n {
+        Note::Warning(m) => eprintln!("{m}"),
+        Note::Progress(_) => {}
+    };
+    let summary = push_to_cluster(
+        cluster,
+        cred.clone(),
+        nodes,
+        image,
+        engine,
+        Progress::new(false),
+        &note,
+    )
+    .await
+    .map_err(|e| failed(format!("{e:#}")))?;
+    if let Some(bad) = summary.nodes.iter().find(|n| !n.ok) {
+        return Err(failed(format!(
+            "{}: {}",
+            bad.node,
+            bad.error.as_deref().unwrap_or("not loaded")
+        )));
+    }
+    eprintln!(
+        "image {image}: {} loaded on {} in {:.1}s; this machine sent {}",
+        summary.id.short(),
+        nodes.join(", "),
+        summary.duration_s,
+        xfer_proto::units::Bytes(summary.bytes_sent)
+    );
+    Ok(summary.id.to_string())
 }

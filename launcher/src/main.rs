@@ -83,9 +83,11 @@ fn main() -> ExitCode {
             let (opts, json) = up_options(&a);
             file(a.cluster).and_then(|c| with_agents(&c, |s, a| cli::up(s, a, opts, json)))
         }
-        Cmd::Deploy(a) => {
-            let (opts, json) = up_options(&a);
-            file(a.cluster).and_then(|c| with_agents(&c, |s, a| cli::deploy(s, a, opts, json)))
+        Cmd::Deploy(d) => {
+            let (opts, json) = up_options(&d.up);
+            let engine = d.image_engine;
+            file(d.up.cluster)
+                .and_then(|c| with_agents(&c, |s, a| cli::deploy(s, a, opts, engine, json)))
         }
         Cmd::Down {
             cluster,

@@ -50,12 +50,14 @@ pub enum Cmd {
     /// Check, start every rank through its agent, and wait until the engine answers.
     #[command(after_help = "Example:\n  xfer-launch up --cluster cluster.toml --timeout 3600")]
     Up(UpArgs),
-    /// From nothing to serving: check everything but the weights, sync the
-    /// model to every launch node that lacks it (a Hub repo is pulled once
-    /// and fanned out while it downloads), then `up`. Run it again after
-    /// an interruption: the sync resumes, and what is done is not redone.
+    /// From nothing to serving: check everything but the weights and the
+    /// image, sync the model to every launch node that lacks it (a Hub
+    /// repo is pulled once and fanned out while it downloads), deliver
+    /// `[launch] image` from this machine's engine where it is missing,
+    /// then `up`. Run it again after an interruption: the sync resumes,
+    /// and what is done is not redone.
     #[command(after_help = "Example:\n  xfer-launch deploy --cluster cluster.toml")]
-    Deploy(UpArgs),
+    Deploy(DeployArgs),
     /// Stop every rank on every node: SIGTERM, then SIGKILL after the grace period.
     #[command(after_help = "Example:\n  xfer-launch down --cluster cluster.toml --grace 30")]
     Down {
@@ -171,6 +173,20 @@ mod tests {
             }
         }
     }
+}
+
+/// The arguments of `deploy`: those of `up`, which it ends with, and where
+/// the image comes from.
+#[derive(clap::Args)]
+pub struct DeployArgs {
+    /// `up`'s arguments.
+    #[command(flatten)]
+    pub up: UpArgs,
+    /// The container engine on this machine that holds `[launch] image`,
+    /// delivered from it to the nodes that lack it (as `xfer image push
+    /// --engine` does); DOCKER_HOST or podman's default names the engine.
+    #[arg(long, value_enum, default_value = "docker")]
+    pub image_engine: xfer_proto::image::ContainerRuntime,
 }
 
 /// The arguments of `up` (and of `deploy`, which ends with an `up`).

@@ -13,6 +13,7 @@ mod admin;
 pub mod client;
 pub mod containers;
 pub mod guard;
+pub mod image_client;
 mod images;
 mod launch;
 pub mod permit;

@@ -2,12 +2,11 @@
 //! (save, push each blob through the swarm, every node loads the image) is
 //! [`xfer::flow::image`].
 
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::args::ImagePushArgs;
 use xfer::config::auth::Credential;
@@ -17,7 +16,6 @@ use xfer::image::runtime::Runtime;
 use xfer::util::progress::Progress;
 
 use super::out::say;
-use xfer_proto::admin::AdminRequest;
 use xfer_proto::units::Bytes;
 
 /// `xfer image push`.
@@ -28,7 +26,7 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
     let (dests, cred) = destinations(&args).await?;
     let cache = match &args.cache {
         Some(c) => c.clone(),
-        None => default_cache()?,
+        None => xfer::agent::image_client::default_cache()?,
     };
     let opts = ImagePushOptions {
         reference: reference.clone(),
@@ -49,9 +47,7 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
         Note::Progress(m) if !json => eprintln!("{m}"),
         Note::Progress(_) => {}
     };
-    let load = |cred: Arc<Credential>, d: Destination, req: AdminRequest, limit: Duration| async move {
-        xfer::agent::client::admin(&cred, d.label(), &d.agent, &req, limit).await
-    };
+    let load = xfer::agent::image_client::load;
     let progress = Progress::new(!args.json);
     let summary = super::out::or_interrupted(
         xfer::flow::image::push(&opts, progress.clone(), &note, load),
@@ -126,13 +122,4 @@ async fn destinations(args: &ImagePushArgs) -> Result<(Vec<Destination>, Arc<Cre
         args.key.clone(),
     )
     .await
-}
-
-/// `$XDG_CACHE_HOME/xfer/images`, else `~/.cache/xfer/images`.
-fn default_cache() -> Result<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-        .context("neither XDG_CACHE_HOME nor HOME is set; give --cache DIR")?;
-    Ok(base.join("xfer").join("images"))
 }

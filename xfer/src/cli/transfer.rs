@@ -148,15 +148,7 @@ pub(super) async fn targets(
     match (cluster, to.is_empty()) {
         (Some(file), true) => {
             let cluster = xfer::config::cluster::Cluster::load(&file)?;
-            let dests = cluster
-                .select(nodes)?
-                .into_iter()
-                .map(|n| xfer::flow::route::Destination {
-                    agent: n.agent.clone(),
-                    data: n.data_addr(),
-                    name: Some(n.name.to_string()),
-                })
-                .collect();
+            let dests = xfer::flow::route::Destination::of_cluster(&cluster, nodes)?;
             Ok((dests, Arc::new(Credential::load(&cluster.key)?)))
         }
         (None, false) => {

@@ -38,6 +38,23 @@ impl Destination {
         }
     }
 
+    /// The destinations of `names` of `cluster` (empty: every node): each
+    /// node's agent, data address and name as the cluster file gives them.
+    pub fn of_cluster(
+        cluster: &crate::config::cluster::Cluster,
+        names: &[String],
+    ) -> Result<Vec<Destination>, crate::config::cluster::ClusterError> {
+        Ok(cluster
+            .select(names)?
+            .into_iter()
+            .map(|n| Destination {
+                agent: n.agent.clone(),
+                data: n.data_addr(),
+                name: Some(n.name.to_string()),
+            })
+            .collect())
+    }
+
     /// Parses `AGENT[/DATA]` as `xfer push --to` takes it: the agent's
     /// address, then, after a slash, its data address, whose port defaults
     /// to the agent's (`10.0.0.2:7470/192.168.100.2`).

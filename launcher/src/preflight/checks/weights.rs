@@ -10,11 +10,29 @@ use crate::preflight::{by_value, short, spread, Ctx, Rows, Verdict};
 /// hold the same one (one root hash, one commit).
 pub fn weights(ctx: &Ctx, rows: &mut Rows) {
     let (setup, nodes, file) = (ctx.setup, &ctx.nodes, &ctx.file);
+    // A Hub repo is synced by `deploy`; a folder by `xfer sync`.
     let sync_fix = |node: &str| {
-        format!(
+        match &setup.model.repo {
+        Some(_) => format!(
+            "`xfer-launch deploy --cluster {file}` syncs it to every node that lacks it (and resumes a sync that stopped), then starts"
+        ),
+        None => format!(
             "sync the model to it: `xfer sync {} --cluster {file} --nodes {node}` (or its ORG/NAME), then check again",
             setup.model.path
-        )
+        ),
+    }
+    };
+    // "4.0 GiB of 16.0 GiB present", or nothing while the size is unknown.
+    let present = |w: &xfer_proto::launch::WeightFacts| {
+        if w.bytes_total == 0 {
+            "its size not known yet".to_string()
+        } else {
+            format!(
+                "{} of {} present",
+                Bytes(w.bytes_present),
+                Bytes(w.bytes_total)
+            )
+        }
     };
     for (n, f) in nodes {
         let w = &f.weights;
@@ -26,10 +44,9 @@ pub fn weights(ctx: &Ctx, rows: &mut Rows) {
                 &n.name,
                 Verdict::Pass,
                 format!(
-                    "{} is arriving ({} of {} present); stream_weights: up starts the ranks once its small files are verified, and each rank loads a shard once the agent has verified it",
+                    "{} is arriving ({}); stream_weights: up starts the ranks once its small files are verified, and each rank loads a shard once the agent has verified it",
                     w.path,
-                    Bytes(w.bytes_present),
-                    Bytes(w.bytes_total)
+                    present(w)
                 ),
                 None,
             );
@@ -55,11 +72,10 @@ pub fn weights(ctx: &Ctx, rows: &mut Rows) {
                     0,
                     match &w.state {
                         Some(s) => format!(
-                            "{} is {} ({} of {} present)",
+                            "{} is {} ({})",
                             w.model.as_deref().unwrap_or(&w.path),
                             s.label(),
-                            Bytes(w.bytes_present),
-                            Bytes(w.bytes_total)
+                            present(w)
                         ),
                         None => format!("{} is not held by this node's agent", w.path),
                     },
