@@ -864,7 +864,9 @@ fn a_resolver_that_does_not_answer_is_caught_quickly_and_the_hosts_lines_fix_it(
 }
 
 /// `tests/hub_server.py` serving `repos` inside the head's namespace (where
-/// its agent pulls), with these `--fault`s: the child and its port.
+/// its agent pulls) on the head's management address (which the launcher
+/// reaches too, for the listing), with these `--fault`s: the child and its
+/// port.
 fn hub_in_head(
     lab: &Lab,
     repos: &std::path::Path,
@@ -874,7 +876,8 @@ fn hub_in_head(
     cmd.args(["netns", "exec", &lab.ns(1), "python3"])
         .arg(repo().join("tests/hub_server.py"))
         .arg("--repos")
-        .arg(repos);
+        .arg(repos)
+        .args(["--host", &lab.mgmt_ip(1)]);
     for f in faults {
         cmd.arg("--fault").arg(f);
     }
@@ -915,26 +918,15 @@ fn deploy_killed_mid_sync_resumes_and_downloads_the_model_once() {
     need_root!();
     let lab = Lab::up("xdk", 2, &[1, 2]);
     let repos = lab.dir.join("repos");
-    let hub_repo = repos.join("org/big");
-    std::fs::create_dir_all(&hub_repo).unwrap();
-    std::fs::write(hub_repo.join("config.json"), "{\"tag\": \"big\"}\n").unwrap();
     let size: usize = 12 << 20;
-    let mut w = Vec::with_capacity(size);
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    while w.len() < size {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.extend_from_slice(&x.to_le_bytes());
-    }
-    std::fs::write(hub_repo.join("model.safetensors"), &w).unwrap();
+    let w = big_repo(&repos, "big", size);
     let gate = lab.dir.join("release");
     let (mut hub, port) = hub_in_head(
         &lab,
         &repos,
         &[format!("hold:model.safetensors:{}", gate.display())],
     );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
     let info = Command::new("ip")
         .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
         .arg(format!("{endpoint}/api/models/org/big"))
@@ -1040,6 +1032,95 @@ fn deploy_killed_mid_sync_resumes_and_downloads_the_model_once() {
     let _ = hub.wait();
 }
 
+/// A repo written as `size` pseudo-random bytes of `model.safetensors` and
+/// a `config.json` under `repos/org/NAME`; the bytes are returned.
+fn big_repo(repos: &std::path::Path, name: &str, size: usize) -> Vec<u8> {
+    let dir = repos.join("org").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        format!("{{\"tag\": \"{name}\"}}\n"),
+    )
+    .unwrap();
+    let mut w = Vec::with_capacity(size);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    while w.len() < size {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.extend_from_slice(&x.to_le_bytes());
+    }
+    w.truncate(size);
+    std::fs::write(dir.join("model.safetensors"), &w).unwrap();
+    w
+}
+
+/// A node whose disk cannot hold the model: `deploy` stops before the
+/// download, in one line naming the node, what the model needs and what
+/// is free; the Hub sends no byte of the shard, and nothing starts.
+#[test]
+fn deploy_to_a_node_whose_disk_is_too_small_stops_before_the_download() {
+    need_root!();
+    let mut lab = Lab::up("xdz", 2, &[1]);
+    let small = lab.root_of(2);
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2200m,mode=755", "xfer-small"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    struct Umount(std::path::PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _umount = Umount(small.clone());
+    lab.agents[1] = Some(lab.start_agent(2));
+    // A 2.5 GiB shard (sparse: it costs no disk here) for a 2.1 GiB disk,
+    // which passes the check's own floor (2 GiB free).
+    let repos = lab.dir.join("repos");
+    let dir = repos.join("org/big");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), "{}\n").unwrap();
+    std::fs::File::create(dir.join("model.safetensors"))
+        .unwrap()
+        .set_len(5 << 29)
+        .unwrap();
+    let (mut hub, port) = hub_in_head(&lab, &repos, &[]);
+    let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
+    let launch = lab.launch("vllm", "tiny", &[]).replace(
+        &format!("model = \"{}/tiny\"", lab.mnt.display()),
+        "model = \"org/big\"",
+    );
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    let out = Command::new(launch_bin())
+        .args(["deploy", "--cluster", file.to_str().unwrap()])
+        .args(["--timeout", "60"])
+        .env("XDG_STATE_HOME", lab.dir.join("state"))
+        .env("HF_ENDPOINT", &endpoint)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("n2 (2.1 GiB free at") && last.contains("takes 2.5 GiB (the Hub's listing)"),
+        "{err}"
+    );
+    let served = hub_stats(&lab, &endpoint)["bytes_served"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        served < 1 << 20,
+        "the Hub served {served} bytes before the refusal: {err}"
+    );
+    assert!(lab.standins().is_empty(), "something started: {err}");
+    let _ = hub.kill();
+    let _ = hub.wait();
+}
+
 /// Issue 34's one command: from an empty cluster to a completion. The
 /// model is a Hub repo (a Hub look-alike, `tests/hub_server.py`, runs
 /// inside the head's namespace, where its agent pulls); no node holds it.
@@ -1060,7 +1141,7 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
         std::fs::copy(lab.model("a").join(f), hub_repo.join(f)).unwrap();
     }
     let (mut hub, port) = hub_in_head(&lab, &repos, &[]);
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
     // The commit, so the plan (which the stand-in checks its argv
     // against) names the snapshot's path before any node holds it.
     let info = Command::new("ip")

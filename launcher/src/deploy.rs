@@ -10,18 +10,21 @@
 //! and a complete model or a loaded image is not moved again.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use xfer::agent::image_client::{push_to_cluster, Note};
-use xfer::agent::sync::client::{sync, wait, SyncRequest, TransportChoice};
+use xfer::agent::sync::client::{hub_size, sync, wait, SyncRequest, TransportChoice};
 use xfer::config::auth::Credential;
 use xfer::config::cluster::Cluster;
 use xfer::util::progress::Progress;
 use xfer_proto::image::ContainerRuntime;
+use xfer_proto::launch::Probe;
+use xfer_proto::repo::RepoRef;
+use xfer_proto::units::Bytes;
 
 use crate::agents::Agents;
-use crate::check;
+use crate::check::{self, Checked};
 use crate::config::Setup;
 use crate::preflight::{self, Verdict};
 
@@ -71,6 +74,16 @@ pub enum DeployError {
         nodes: String,
         /// The cluster file.
         file: String,
+    },
+    /// Nodes lack the space for the model, by the Hub's listing.
+    #[error("{repo} takes {need} (the Hub's listing) and {nodes} cannot hold it: free space there (what a node already holds of the model counts), or start its agent with --root on a larger disk; then run deploy again")]
+    NoSpace {
+        /// The repo, `ORG/NAME@REV`.
+        repo: String,
+        /// The model's size.
+        need: Bytes,
+        /// Each short node with its free space, comma separated.
+        nodes: String,
     },
     /// The cluster file or key could not be read for the sync.
     #[error("cannot start the sync: {0}")]
@@ -140,6 +153,11 @@ pub async fn prepare(
     let cluster = Cluster::load(&setup.path).map_err(|e| DeployError::Setup(format!("{e:#}")))?;
     let cred =
         Arc::new(Credential::load(&setup.key).map_err(|e| DeployError::Setup(format!("{e:#}")))?);
+    if !lacking.is_empty() {
+        if let Some(repo) = &setup.model.repo {
+            check_space(repo, &checked, &lacking).await?;
+        }
+    }
     let model = async {
         if lacking.is_empty() {
             return Ok(None);
@@ -170,6 +188,62 @@ pub async fn prepare(
         phases.image = Some(id);
     }
     Ok(phases)
+}
+
+/// How long the listing may take from here before `deploy` goes on and
+/// leaves the space to the agents' own check at the sync's start.
+const LISTING_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Every node in `lacking` has the space for the model, by the Hub's
+/// listing: its free space plus what it holds of the model already. When
+/// the Hub cannot be read from here, it says so and goes on (each agent
+/// refuses a sync it cannot hold when it starts, but the head may have
+/// downloaded by then).
+async fn check_space(
+    repo: &RepoRef,
+    checked: &Checked,
+    lacking: &[String],
+) -> Result<(), DeployError> {
+    let name = format!("{}@{}", repo.id, repo.revision);
+    let sized = tokio::time::timeout(
+        LISTING_TIMEOUT,
+        hub_size(&repo.id, &repo.revision, repo.repo_type),
+    )
+    .await;
+    let total = match sized {
+        Ok(Ok((_, total))) => total,
+        Ok(Err(e)) => {
+            eprintln!("warning: cannot read {name}'s size from the Hub here ({e:#}); each agent checks its own space when the sync starts");
+            return Ok(());
+        }
+        Err(_) => {
+            eprintln!("warning: the Hub did not list {name} within {}s from here; each agent checks its own space when the sync starts", LISTING_TIMEOUT.as_secs());
+            return Ok(());
+        }
+    };
+    let short: Vec<String> = checked
+        .nodes
+        .iter()
+        .filter(|(n, _)| lacking.contains(n))
+        .filter_map(|(n, f)| {
+            let f = f.as_ref().ok()?;
+            let Probe::Ok(d) = &f.disk else { return None };
+            (d.free_bytes + f.weights.bytes_present < total)
+                .then(|| format!("{n} ({} free at {})", Bytes(d.free_bytes), d.path))
+        })
+        .collect();
+    if !short.is_empty() {
+        return Err(DeployError::NoSpace {
+            repo: name,
+            need: Bytes(total),
+            nodes: short.join(", "),
+        });
+    }
+    eprintln!(
+        "{name}: {} by the Hub's listing; every node that lacks it has the space",
+        Bytes(total)
+    );
+    Ok(())
 }
 
 /// The launch nodes these failing rows name, in rank order; a row about

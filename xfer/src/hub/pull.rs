@@ -552,6 +552,26 @@ pub struct PlacedFile {
 /// the endpoint's host), within a [`ListingBudget`] of entries and bytes
 /// and [`MAX_PAGE_BYTES`] a page: a Hub that pages forever is refused,
 /// its pages are not kept.
+/// The commit `repo`'s revision names and the bytes of every file at it,
+/// from the Hub's own listing (nothing is downloaded): what a node needs
+/// free to hold the whole repo.
+pub async fn listing_size(repo: &RepoRef, env: &HubEnv) -> Result<(String, u64)> {
+    let http = HubHttp::new(env)?;
+    let ep = &env.endpoint;
+    let (body, _) = http
+        .get_api(
+            &repo.revision_url(ep),
+            &repo.id,
+            &format!("@{}", repo.revision),
+        )
+        .await
+        .map_err(anyhow::Error::new)?;
+    let commit = RevisionInfo::parse(&body).map_err(anyhow::Error::msg)?.sha;
+    let files = list_files(&http, repo, ep, &commit).await?;
+    let total = crate::hub::api::total_size(&files).map_err(anyhow::Error::msg)?;
+    Ok((commit, total))
+}
+
 async fn list_files(
     http: &HubHttp,
     repo: &RepoRef,

@@ -67,6 +67,16 @@ pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) 
     sync_with_hub(cluster, cred, req, &hub).await
 }
 
+/// The size of Hub repo `repo` at `revision` (`ORG/NAME`), read from the
+/// listing with this process's Hub settings (`HF_ENDPOINT`, `HF_TOKEN`):
+/// its commit and total bytes. Nothing is downloaded.
+pub async fn hub_size(repo: &str, revision: &str, repo_type: RepoType) -> Result<(String, u64)> {
+    let r = xfer_proto::repo::RepoRef::parse(&format!("{repo}@{revision}"), repo_type)
+        .map_err(anyhow::Error::msg)?;
+    let env = crate::hub::env::HubEnv::from_process()?;
+    crate::hub::pull::listing_size(&r, &env).await
+}
+
 /// Whether `source` names a Hub repo (not an absolute path).
 fn is_repo(source: &str) -> bool {
     !source.starts_with('/') && !source.starts_with('.') && source.contains('/')
