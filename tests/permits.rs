@@ -39,6 +39,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         weights: None,
         evict_page_cache: false,
         container: None,
+        caches: None,
     }))
 }
 
@@ -361,6 +362,7 @@ fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
         weights: None,
         evict_page_cache: false,
         container: None,
+        caches: None,
     }
 }
 

@@ -170,6 +170,20 @@ async fn launch(
         let unified = facts.as_ref().is_ok_and(|f| f.unified_memory == Some(true));
         spec.evict_page_cache = opts.evict_page_cache || unified;
     }
+    // The compile caches: the nodes that lack the chosen snapshot get it
+    // now; each agent copies it into its live folder before its rank starts.
+    let mut cache_roots = checked.caches.clone();
+    let cache_progress = xfer::util::progress::Progress::new(false);
+    if !setup.caches.is_empty() {
+        let (gates, error) =
+            crate::caches::deliver(setup, &mut cache_roots, &cache_progress).await;
+        if let Some(e) = error {
+            eprintln!("warning: {e}");
+        }
+        for (spec, gate) in specs.iter_mut().zip(gates) {
+            spec.caches = gate;
+        }
+    }
     if setup.stream_weights {
         // The small files verified on every node, one root; the shards are
         // each rank's loader's to wait for.
@@ -358,7 +372,14 @@ async fn launch(
             return Err((why, ranks));
         }
     };
-    Ok((t0.elapsed().as_secs_f64(), readiness))
+    let secs = t0.elapsed().as_secs_f64();
+    // The first successful start offers its caches to the nodes that
+    // started without them.
+    match crate::caches::offer(setup, &cache_roots, &cache_progress).await {
+        Ok(_) => {}
+        Err(e) => eprintln!("warning: {e}"),
+    }
+    Ok((secs, readiness))
 }
 
 /// Every node's report of `run` (`None` where the agent did not answer or
