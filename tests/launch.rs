@@ -1005,13 +1005,25 @@ fn compile_caches_built_on_the_first_start_reach_the_other_nodes_verified() {
         assert_eq!(c["warm"], false, "{n}: {c}");
         let live = lab.root_of(n[1..].parse().unwrap()).join(".xfer-caches");
         assert!(
-            c["path"].as_str().unwrap().starts_with(&format!("{}/.xfer-caches/{name}/vllm/", lab.mnt.display())),
+            c["path"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{}/.xfer-caches/{name}/vllm/", lab.mnt.display())),
             "{c} not under {}",
             live.display()
         );
     }
-    assert!(err.contains(&format!("compile caches {name}: offering n1's")), "{err}");
-    let built = std::fs::read(lab.root_of(1).join(".xfer-caches").join(&name).join(artifact)).unwrap();
+    assert!(
+        err.contains(&format!("compile caches {name}: offering n1's")),
+        "{err}"
+    );
+    let built = std::fs::read(
+        lab.root_of(1)
+            .join(".xfer-caches")
+            .join(&name)
+            .join(artifact),
+    )
+    .unwrap();
     for i in [1, 2] {
         assert_eq!(
             std::fs::read(lab.root_of(i).join(&name).join(artifact)).unwrap(),
@@ -1026,7 +1038,10 @@ fn compile_caches_built_on_the_first_start_reach_the_other_nodes_verified() {
         row.len() == 1 && row[0].starts_with("pass") && row[0].contains("one root on every node"),
         "{shown}"
     );
-    assert!(shown.contains(", caches "), "the unit names the caches: {shown}");
+    assert!(
+        shown.contains(", caches "),
+        "the unit names the caches: {shown}"
+    );
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
 
@@ -1038,11 +1053,27 @@ fn compile_caches_built_on_the_first_start_reach_the_other_nodes_verified() {
     let out = lab.xl(&["up", "--timeout", "60"], &file);
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("delivering root") && err.contains("from n1 to n3"), "{err}");
+    assert!(
+        err.contains("delivering root") && err.contains("from n1 to n3"),
+        "{err}"
+    );
     let c = cache_of(&lab, "n3").unwrap_or_else(|| panic!("no report from n3: {err}"));
     assert_eq!(c["warm"], true, "{c}");
-    assert!(c["head"].as_str().unwrap().starts_with("standin compiled graph v1"), "{c}");
+    assert!(
+        c["head"]
+            .as_str()
+            .unwrap()
+            .starts_with("standin compiled graph v1"),
+        "{c}"
+    );
     assert!(!err.contains("offering"), "every node started warm: {err}");
+    let status = lab.xl(&["status"], &file);
+    let shown = text(&status.stdout);
+    assert!(
+        shown.contains("launch unit") && shown.contains(", caches "),
+        "status names the caches' root: {shown}{}",
+        text(&status.stderr)
+    );
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
 
@@ -1066,7 +1097,11 @@ fn compile_caches_built_on_the_first_start_reach_the_other_nodes_verified() {
     );
     assert!(cache_of(&lab, "n3").is_none(), "n3 started: {err}");
     assert!(
-        !lab.root_of(3).join(".xfer-caches").join(&name).join(artifact).exists(),
+        !lab.root_of(3)
+            .join(".xfer-caches")
+            .join(&name)
+            .join(artifact)
+            .exists(),
         "the tampered file was copied into the live cache"
     );
 
@@ -1078,7 +1113,10 @@ fn compile_caches_built_on_the_first_start_reach_the_other_nodes_verified() {
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(err.contains("caches takes kinds of compile cache, not paths"), "{err}");
+        assert!(
+            err.contains("caches takes kinds of compile cache, not paths"),
+            "{err}"
+        );
     }
     let f = on("[\"n1\", \"n2\"]", "[\"vlm\"]");
     let err = text(&lab.xl(&["check"], &f).stderr);

@@ -354,7 +354,11 @@ fn an_agent_materialises_compile_caches_only_beneath_its_root() {
     let name = snapshot_name("vllm", &["vllm".into()]);
     let src = t.path().join(&name);
     std::fs::create_dir_all(src.join("vllm/torch_compile_cache")).unwrap();
-    std::fs::write(src.join("vllm/torch_compile_cache/graph.bin"), b"compiled\n").unwrap();
+    std::fs::write(
+        src.join("vllm/torch_compile_cache/graph.bin"),
+        b"compiled\n",
+    )
+    .unwrap();
     let pushed = push_ok(&src, &[&agent.addr], &key, &[]);
     let with_gate = |run: &str, gate: CacheGate| {
         let LaunchRequest::StartRank(mut spec) = id_rank(run, &out) else {
@@ -370,9 +374,20 @@ fn an_agent_materialises_compile_caches_only_beneath_its_root() {
     };
 
     // A name or a kind that is a path: refused before anything is read.
-    let why = refusal(ask(&cred, &agent, &with_gate("c1", gate("../../etc", &["vllm"]))));
-    assert!(why.contains("compile cache name `../../etc` is not xfer-caches-"), "{why}");
-    let why = refusal(ask(&cred, &agent, &with_gate("c2", gate(&name, &["../../tmp"]))));
+    let why = refusal(ask(
+        &cred,
+        &agent,
+        &with_gate("c1", gate("../../etc", &["vllm"])),
+    ));
+    assert!(
+        why.contains("compile cache name `../../etc` is not xfer-caches-"),
+        "{why}"
+    );
+    let why = refusal(ask(
+        &cred,
+        &agent,
+        &with_gate("c2", gate(&name, &["../../tmp"])),
+    ));
     assert!(why.contains("compile cache kind `../../tmp`"), "{why}");
 
     // A symlink planted where the live caches go: the copy would land
@@ -389,7 +404,10 @@ fn an_agent_materialises_compile_caches_only_beneath_its_root() {
     // The snapshot it holds: copied into the live folder, then the rank starts.
     let reply = ask(&cred, &agent, &with_gate("c4", gate(&name, &["vllm"])));
     assert!(matches!(reply, LaunchReply::Runs(_)), "{reply:?}");
-    let live = root.join(".xfer-caches").join(&name).join("vllm/torch_compile_cache/graph.bin");
+    let live = root
+        .join(".xfer-caches")
+        .join(&name)
+        .join("vllm/torch_compile_cache/graph.bin");
     assert_eq!(std::fs::read(&live).unwrap(), b"compiled\n");
     ask(
         &cred,

@@ -497,7 +497,11 @@ mod tests {
         let c = a.clone().with_caches(Some(xfer_proto::hash::Hash([9; 32])));
         assert_ne!(c.id, a.id);
         assert_eq!(c.id.len(), 12);
-        assert!(c.summary().ends_with(", caches 090909090909"), "{}", c.summary());
+        assert!(
+            c.summary().ends_with(", caches 090909090909"),
+            "{}",
+            c.summary()
+        );
     }
 
     #[test]

@@ -226,10 +226,21 @@ impl Parser<'_> {
             let why = if pathlike {
                 format!("caches takes kinds of compile cache, not paths, so that a cluster file cannot make an agent write outside its root; {s:?} is a path: each kind lives under every agent's root (<root>/.xfer-caches/...), so write one of {}", quoted_list(&names))
             } else {
-                let hint = did_you_mean(s, &names, &[("torch", "inductor"), ("torch_compile", "vllm"), ("torchinductor", "inductor")])
-                    .map(|h| format!("{h} "))
-                    .unwrap_or_default();
-                format!("unknown cache kind {s:?}; {hint}caches takes {}", quoted_list(&names))
+                let hint = did_you_mean(
+                    s,
+                    &names,
+                    &[
+                        ("torch", "inductor"),
+                        ("torch_compile", "vllm"),
+                        ("torchinductor", "inductor"),
+                    ],
+                )
+                .map(|h| format!("{h} "))
+                .unwrap_or_default();
+                format!(
+                    "unknown cache kind {s:?}; {hint}caches takes {}",
+                    quoted_list(&names)
+                )
             };
             return Err(self.err(at, why));
         }

@@ -122,8 +122,17 @@ mod tests {
         let name = snapshot_name("vllm", &["vllm".into()]);
         assert_eq!(name.len(), CACHE_PREFIX.len() + 12);
         assert_eq!(gate(&name, &["vllm"]).check().unwrap().as_str(), name);
-        for bad in ["../etc", "/etc", "xfer-caches-../../x", "xfer-caches-ABCDEF123456", "models--a--b"] {
-            assert!(matches!(gate(bad, &["vllm"]).check(), Err(CacheGateError::Name(_))), "{bad}");
+        for bad in [
+            "../etc",
+            "/etc",
+            "xfer-caches-../../x",
+            "xfer-caches-ABCDEF123456",
+            "models--a--b",
+        ] {
+            assert!(
+                matches!(gate(bad, &["vllm"]).check(), Err(CacheGateError::Name(_))),
+                "{bad}"
+            );
         }
         let e = gate(&name, &["vllm", "../../etc"]).check().unwrap_err();
         assert_eq!(e, CacheGateError::Kind("../../etc".into()));
@@ -133,6 +142,9 @@ mod tests {
     fn the_name_ignores_the_order_of_the_kinds() {
         let a = snapshot_name("vllm", &["vllm".into(), "triton".into()]);
         assert_eq!(a, snapshot_name("vllm", &["triton".into(), "vllm".into()]));
-        assert_ne!(a, snapshot_name("sglang", &["vllm".into(), "triton".into()]));
+        assert_ne!(
+            a,
+            snapshot_name("sglang", &["vllm".into(), "triton".into()])
+        );
     }
 }

@@ -48,12 +48,8 @@ pub fn materialise(
         .check()
         .map_err(|e| format!("{node}: not starting rank {rank}: {e}"))?;
     let snapshot = store.root().join(name.as_str());
-    let facts = super::preflight::weights::weights(
-        store,
-        states,
-        &snapshot.display().to_string(),
-        None,
-    );
+    let facts =
+        super::preflight::weights::weights(store, states, &snapshot.display().to_string(), None);
     let fix = format!(
         "remove it with `xfer rm {name} --nodes {node}` and run xfer-launch up again (the rank then starts with a cold cache, and the head offers its own after the start)"
     );
@@ -86,10 +82,10 @@ pub fn materialise(
     for entry in &record.manifest.manifest.entries {
         let Entry::File(f) = entry else { continue };
         let rel = f.path.as_str();
-        let in_kind = gate
-            .kinds
-            .iter()
-            .any(|k| rel.strip_prefix(k.as_str()).is_some_and(|r| r.starts_with('/')));
+        let in_kind = gate.kinds.iter().any(|k| {
+            rel.strip_prefix(k.as_str())
+                .is_some_and(|r| r.starts_with('/'))
+        });
         if !in_kind {
             continue;
         }
@@ -111,10 +107,8 @@ pub fn materialise(
             .map_err(|e| format!("{node}: not starting rank {rank}: {e}"))?;
         if f.executable {
             use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(
-                fs.show(&dest),
-                std::fs::Permissions::from_mode(0o755),
-            );
+            let _ =
+                std::fs::set_permissions(fs.show(&dest), std::fs::Permissions::from_mode(0o755));
         }
         done.copied += 1;
         done.bytes += f.size;
