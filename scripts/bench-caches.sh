@@ -6,7 +6,8 @@
 # Rounds are interleaved: cold (an empty VLLM_CACHE_ROOT), then warm (a
 # fresh folder holding a byte copy of the cache an earlier cold start
 # left, as `[launch] caches` delivers it), and eager (--enforce-eager, the
-# tests' setting) for reference. Each start is timed from the process
+# tests' setting) for reference; then again on the cold start's own folder
+# (a node's own warm cache, to compare the delivered copy with). Each start is timed from the process
 # start to the first completion answered.
 #
 # usage: scripts/bench-caches.sh [ROUNDS]   (default 2)
@@ -42,19 +43,22 @@ start() {
   kill -INT "$pid"; wait "$pid" 2>/dev/null || true
 }
 
-printf '%-6s %-6s %8s %10s %s\n' round mode start_s cache_files compiled
+printf '%-6s %-6s %8s %10s %s\n' round mode start_s cache_files note
 for r in $(seq 1 "$rounds"); do
   rm -rf "$work/cold-$r" "$work/warm-$r"
   s=$(start cold "$work/cold-$r")
   n=$(find "$work/cold-$r" -type f | wc -l)
-  c=$(grep -c -i -E "compil" "$work/cold.log" || true)
-  printf '%-6s %-6s %8.1f %10s %s\n' "$r" cold "$s" "$n" "$c log lines on compiling"
+  c=$(grep -o "init engine.*took [0-9.]* s" "$work/cold.log" | grep -o "[0-9.]* s$" || true)
+  printf '%-6s %-6s %8.1f %10s %s\n' "$r" cold "$s" "$n" "init engine $c"
   cp -a "$work/cold-$r" "$work/warm-$r.src"
   # What a node receives: the files, byte for byte, in another folder.
   mkdir -p "$work/warm-$r" && cp -r "$work/warm-$r.src/." "$work/warm-$r/" && rm -rf "$work/warm-$r.src"
   s=$(start warm "$work/warm-$r")
-  c=$(grep -c -i -E "compil" "$work/warm.log" || true)
-  printf '%-6s %-6s %8.1f %10s %s\n' "$r" warm "$s" "$(find "$work/warm-$r" -type f | wc -l)" "$c log lines on compiling"
+  c=$(grep -c -i -E "load failure" "$work/warm.log" || true)
+  printf '%-6s %-6s %8.1f %10s %s\n' "$r" warm "$s" "$(find "$work/warm-$r" -type f | wc -l)" "$c AOT load failure(s)"
+  s=$(start again "$work/cold-$r")
+  c=$(grep -c -i -E "load failure" "$work/again.log" || true)
+  printf '%-6s %-6s %8.1f %10s %s\n' "$r" again "$s" "$(find "$work/cold-$r" -type f | wc -l)" "$c AOT load failure(s)"
   rm -rf "$work/eager-$r"
   s=$(start eager "$work/eager-$r")
   printf '%-6s %-6s %8.1f %10s\n' "$r" eager "$s" "$(find "$work/eager-$r" -type f 2>/dev/null | wc -l)"
