@@ -1242,3 +1242,185 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     let _ = hub.kill();
     let _ = hub.wait();
 }
+
+/// The stand-in's report of its compile cache on node `node`: whether it
+/// found the artifact (warm) or built it.
+fn cache_of(lab: &Lab, node: &str) -> Option<serde_json::Value> {
+    lab.standins()
+        .into_iter()
+        .find(|s| s["node"] == node && s["mode"] == "vllm")
+        .map(|s| s["compile_cache"].clone())
+}
+
+fn fresh_out(lab: &Lab) {
+    std::fs::remove_dir_all(lab.out_dir()).unwrap();
+    std::fs::create_dir_all(lab.out_dir()).unwrap();
+}
+
+#[test]
+fn compile_caches_built_on_the_first_start_reach_the_other_nodes_verified() {
+    need_root!();
+    // Networks of its own, so that it may run beside the other labs.
+    let standin = repo().join("tests/standin");
+    let nets = Nets {
+        mgmt: "10.93",
+        fabric: "10.94.0",
+    };
+    let lab = Lab::with_engine(
+        "xcc",
+        3,
+        &[1, 2, 3],
+        standin.join("bin"),
+        Some(standin.join("pylib")),
+        nets,
+    );
+    let m = lab.model("a");
+    lab.push(&m, "tiny", &[1, 2, 3]);
+    let name = xfer_proto::compile_cache::snapshot_name("vllm", &["vllm".into()]);
+    let artifact = "vllm/torch_compile_cache/standin/graph.bin";
+    let on = |nodes: &str, caches: &str| {
+        let l = lab.launch("vllm", "tiny", &[]).replacen(
+            "\n[launch.env]",
+            &format!("nodes = {nodes}\ncaches = {caches}\n\n[launch.env]"),
+            1,
+        );
+        lab.cluster_file("c.toml", &l, |i| lab.fabric(i))
+    };
+
+    // n1 and n2, both cold: `check` warns, the ranks build their caches,
+    // and once ready the head's is the snapshot on both, verified.
+    let file = on("[\"n1\", \"n2\"]", "[\"vllm\"]");
+    lab.save_plan(&file);
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}{}", text(&out.stderr));
+    let row = rows(&shown, "caches");
+    assert!(
+        row.len() == 1 && row[0].starts_with("WARN") && row[0].contains("none on n1, n2"),
+        "{shown}"
+    );
+    let out = lab.xl(&["up", "--timeout", "60"], &file);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for n in ["n1", "n2"] {
+        let c = cache_of(&lab, n).unwrap_or_else(|| panic!("no report from {n}: {err}"));
+        assert_eq!(c["warm"], false, "{n}: {c}");
+        let live = lab.root_of(n[1..].parse().unwrap()).join(".xfer-caches");
+        assert!(
+            c["path"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{}/.xfer-caches/{name}/vllm/", lab.mnt.display())),
+            "{c} not under {}",
+            live.display()
+        );
+    }
+    assert!(
+        err.contains(&format!("compile caches {name}: offering n1's")),
+        "{err}"
+    );
+    let built = std::fs::read(
+        lab.root_of(1)
+            .join(".xfer-caches")
+            .join(&name)
+            .join(artifact),
+    )
+    .unwrap();
+    for i in [1, 2] {
+        assert_eq!(
+            std::fs::read(lab.root_of(i).join(&name).join(artifact)).unwrap(),
+            built,
+            "n{i}'s snapshot"
+        );
+    }
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    let row = rows(&shown, "caches");
+    assert!(
+        row.len() == 1 && row[0].starts_with("pass") && row[0].contains("one root on every node"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(", caches "),
+        "the unit names the caches: {shown}"
+    );
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+
+    // A fresh node: n3 gets the snapshot before its rank starts, and its
+    // engine finds the artifact it never built.
+    fresh_out(&lab);
+    let file = on("[\"n1\", \"n3\"]", "[\"vllm\"]");
+    lab.save_plan(&file);
+    let out = lab.xl(&["up", "--timeout", "60"], &file);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("delivering root") && err.contains("from n1 to n3"),
+        "{err}"
+    );
+    let c = cache_of(&lab, "n3").unwrap_or_else(|| panic!("no report from n3: {err}"));
+    assert_eq!(c["warm"], true, "{c}");
+    assert!(
+        c["head"]
+            .as_str()
+            .unwrap()
+            .starts_with("standin compiled graph v1"),
+        "{c}"
+    );
+    assert!(!err.contains("offering"), "every node started warm: {err}");
+    let status = lab.xl(&["status"], &file);
+    let shown = text(&status.stdout);
+    assert!(
+        shown.contains("launch unit") && shown.contains(", caches "),
+        "status names the caches' root: {shown}{}",
+        text(&status.stderr)
+    );
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+
+    // A snapshot changed on disk after its delivery (same size: its
+    // record's stamp tells, and failing that the hash the agent computes
+    // as it copies): n3 refuses to start its rank, naming the file.
+    fresh_out(&lab);
+    let snap = lab.root_of(3).join(&name).join(artifact);
+    let mut bytes = std::fs::read(&snap).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&snap, &bytes).unwrap();
+    std::fs::remove_dir_all(lab.root_of(3).join(".xfer-caches")).unwrap();
+    let out = lab.xl(&["up", "--timeout", "60"], &file);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("n3: not starting rank 1: compile cache")
+            && err.contains(&format!("{artifact} was modified since it was verified"))
+            && err.contains(&format!("xfer rm {name} --nodes n3")),
+        "{err}"
+    );
+    assert!(cache_of(&lab, "n3").is_none(), "n3 started: {err}");
+    assert!(
+        !lab.root_of(3)
+            .join(".xfer-caches")
+            .join(&name)
+            .join(artifact)
+            .exists(),
+        "the tampered file was copied into the live cache"
+    );
+
+    // A cache entry that is a path, inside or outside the root, is refused
+    // in one line before anything is asked of a node.
+    for bad in ["\"../../etc\"", "\"/etc/cron.d\"", "\"vllm/../../x\""] {
+        let f = on("[\"n1\", \"n2\"]", &format!("[{bad}]"));
+        let out = lab.xl(&["check"], &f);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains("caches takes kinds of compile cache, not paths"),
+            "{err}"
+        );
+    }
+    let f = on("[\"n1\", \"n2\"]", "[\"vlm\"]");
+    let err = text(&lab.xl(&["check"], &f).stderr);
+    assert!(err.contains("did you mean \"vllm\""), "{err}");
+}

@@ -59,6 +59,7 @@ fn spec(run: &str, argv: &[&str], env: &[(&str, &str)]) -> RankSpec {
         weights: None,
         evict_page_cache: false,
         container: None,
+        caches: None,
     }
 }
 

@@ -39,6 +39,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         weights: None,
         evict_page_cache: false,
         container: None,
+        caches: None,
     }))
 }
 
@@ -340,6 +341,85 @@ fn an_agent_starts_no_rank_on_weights_it_does_not_hold_verified() {
     );
 }
 
+#[test]
+fn an_agent_materialises_compile_caches_only_beneath_its_root() {
+    use xfer_proto::compile_cache::{snapshot_name, CacheGate};
+    let t = tempdir("permit-caches");
+    let key = t.path().join("cluster.key");
+    keygen(&key);
+    let cred = Credential::load(&key).unwrap();
+    let (root, out) = (t.path().join("root"), t.path().join("id.out"));
+    std::fs::create_dir_all(&root).unwrap();
+    let agent = Agent::start_with("127.0.0.63:0", &root, &key, &["--allow-launch"]);
+    let name = snapshot_name("vllm", &["vllm".into()]);
+    let src = t.path().join(&name);
+    std::fs::create_dir_all(src.join("vllm/torch_compile_cache")).unwrap();
+    std::fs::write(
+        src.join("vllm/torch_compile_cache/graph.bin"),
+        b"compiled\n",
+    )
+    .unwrap();
+    let pushed = push_ok(&src, &[&agent.addr], &key, &[]);
+    let with_gate = |run: &str, gate: CacheGate| {
+        let LaunchRequest::StartRank(mut spec) = id_rank(run, &out) else {
+            unreachable!()
+        };
+        spec.caches = Some(gate);
+        LaunchRequest::StartRank(spec)
+    };
+    let gate = |name: &str, kinds: &[&str]| CacheGate {
+        name: name.into(),
+        root: pushed.root,
+        kinds: kinds.iter().map(|k| k.to_string()).collect(),
+    };
+
+    // A name or a kind that is a path: refused before anything is read.
+    let why = refusal(ask(
+        &cred,
+        &agent,
+        &with_gate("c1", gate("../../etc", &["vllm"])),
+    ));
+    assert!(
+        why.contains("compile cache name `../../etc` is not xfer-caches-"),
+        "{why}"
+    );
+    let why = refusal(ask(
+        &cred,
+        &agent,
+        &with_gate("c2", gate(&name, &["../../tmp"])),
+    ));
+    assert!(why.contains("compile cache kind `../../tmp`"), "{why}");
+
+    // A symlink planted where the live caches go: the copy would land
+    // outside the root, so the agent refuses and writes nothing there.
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join(".xfer-caches")).unwrap();
+    let why = refusal(ask(&cred, &agent, &with_gate("c3", gate(&name, &["vllm"]))));
+    assert!(why.contains("not starting rank 0"), "{why}");
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "{why}");
+    assert!(!out.exists(), "a rank started: {why}");
+    std::fs::remove_file(root.join(".xfer-caches")).unwrap();
+
+    // The snapshot it holds: copied into the live folder, then the rank starts.
+    let reply = ask(&cred, &agent, &with_gate("c4", gate(&name, &["vllm"])));
+    assert!(matches!(reply, LaunchReply::Runs(_)), "{reply:?}");
+    let live = root
+        .join(".xfer-caches")
+        .join(&name)
+        .join("vllm/torch_compile_cache/graph.bin");
+    assert_eq!(std::fs::read(&live).unwrap(), b"compiled\n");
+    ask(
+        &cred,
+        &agent,
+        &LaunchRequest::StopRun {
+            run: Some("c4".into()),
+            grace_ms: 1_000,
+            reason: "test over".into(),
+        },
+    );
+}
+
 /// A rank of one `sleep 600`, with `env`.
 fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
     RankSpec {
@@ -361,6 +441,7 @@ fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
         weights: None,
         evict_page_cache: false,
         container: None,
+        caches: None,
     }
 }
 

@@ -86,6 +86,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         weights: None,
         evict_page_cache: false,
         container: None,
+        caches: None,
     }))
 }
 

@@ -30,6 +30,9 @@ pub struct Checked {
     pub model_path: String,
     /// Every answering node's launch unit, in rank order.
     pub units: Vec<(String, LaunchUnit)>,
+    /// Each launch node's compile caches snapshot root, in rank order
+    /// (`[launch] caches`; all `None` without).
+    pub caches: Vec<Option<xfer_proto::hash::Hash>>,
 }
 
 impl Checked {
@@ -173,16 +176,19 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
             }
         }
     }
-    let rows = preflight::judge(setup, &facts);
+    let mut rows = preflight::judge(setup, &facts);
     let model_path = resolved_path(setup, &facts);
+    let caches = crate::caches::stands(setup, agents).await;
+    rows.extend(crate::caches::row(setup, &caches));
     let units = setup
         .nodes
         .iter()
         .zip(&facts)
-        .filter_map(|(n, f)| {
+        .zip(&caches)
+        .filter_map(|((n, f), c)| {
             f.as_ref()
                 .ok()
-                .map(|f| (n.name.to_string(), LaunchUnit::of(setup, f)))
+                .map(|f| (n.name.to_string(), LaunchUnit::of(setup, f).with_caches(*c)))
         })
         .collect();
     Checked {
@@ -196,6 +202,7 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
             .collect(),
         model_path,
         units,
+        caches,
     }
 }
 

@@ -4,7 +4,8 @@
 //! [`specs`] turns the plan into the agents' rank specs, [`unit`] reads
 //! a node's launch unit from its facts. Those are pure.
 //! [`stream`] is `up`'s gate under `[launch] stream_weights`; [`deploy`]
-//! checks and syncs before `up`.
+//! checks and syncs before `up`; [`caches`] delivers and offers the
+//! compile caches.
 //! [`agents`] talks to the nodes' xfer agents, [`check`], [`up`] (with
 //! [`ready`] and [`record`]) drive a launch, [`diagnose`] reads a failed
 //! rank's log for the known [`signatures`] and its root cause
@@ -16,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod agents;
+pub mod caches;
 pub mod check;
 pub mod config;
 pub mod deploy;

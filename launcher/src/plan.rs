@@ -21,6 +21,10 @@
 //! - `RAY_memory_monitor_refresh_ms=0` with vllm-ray (Ray's memory killer
 //!   off). Ray workers inherit the environment of `ray start`, not of the
 //!   head's shell, so the whole environment goes on every node's `ray start`.
+//! - with `[launch] caches`, each kind's variable (`VLLM_CACHE_ROOT`,
+//!   `TORCHINDUCTOR_CACHE_DIR`, `TRITON_CACHE_DIR`,
+//!   `FLASHINFER_WORKSPACE_BASE`) at the live cache under the node's root
+//!   ([`crate::caches`]).
 //! - then `[launch.env]`.
 //!
 //! With `[launch] image` the commands are the same: each agent runs every
@@ -396,6 +400,10 @@ pub fn rank_env(setup: &Setup, node: &RankNode) -> BTreeMap<String, String> {
     set("HF_HUB_OFFLINE", "1".into());
     if setup.engine == Engine::VllmRay {
         set("RAY_memory_monitor_refresh_ms", "0".into());
+    }
+    for (kind, var, dir) in crate::caches::live_dirs(setup, node) {
+        let _ = kind;
+        set(var, dir.display().to_string());
     }
     for (k, v) in &setup.env {
         set(k, v.clone());

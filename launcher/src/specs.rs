@@ -110,6 +110,8 @@ pub fn rank_specs(
                 // Set by `up` per node (unified memory, or asked for).
                 evict_page_cache: false,
                 container: container.clone(),
+                // Set by `up` per node, once the caches are delivered.
+                caches: None,
             }
         })
         .collect()

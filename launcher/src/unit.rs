@@ -55,6 +55,15 @@ pub struct LaunchUnit {
     /// The GPUs' compute capabilities ("sm_121"), or their names when the
     /// ranks run in an image.
     pub gpu_arch: String,
+    /// The compile caches' snapshot root (`[launch] caches`; `none`: no
+    /// caches, or none held). Hashed into the id only when set, so a
+    /// launch without caches keeps the id it had before caches existed.
+    #[serde(default = "none")]
+    pub caches: String,
+}
+
+fn none() -> String {
+    NONE.to_string()
 }
 
 /// The fields that make a unit, in order, as `(name, value)`.
@@ -92,16 +101,32 @@ impl LaunchUnit {
             cuda_driver,
             cuda_runtime,
             gpu_arch,
+            caches: NONE.into(),
         };
+        u.id = u.compute_id();
+        u
+    }
+
+    /// The id: BLAKE3 over every field by name (`caches` only when set).
+    fn compute_id(&self) -> String {
         let mut h = blake3::Hasher::new_derive_key("xfer-launch unit v1");
-        for (k, v) in u.fields() {
+        let caches = ("caches", self.caches.as_str());
+        let extra = (self.caches != NONE).then_some(caches);
+        for (k, v) in self.fields().into_iter().chain(extra) {
             h.update(k.as_bytes());
             h.update(b"=");
             h.update(v.as_bytes());
             h.update(b"\n");
         }
-        u.id = h.finalize().to_hex()[..12].to_string();
-        u
+        h.finalize().to_hex()[..12].to_string()
+    }
+
+    /// This unit with the compile caches' snapshot root (`None`: the
+    /// node holds none), its id computed again.
+    pub fn with_caches(mut self, root: Option<xfer_proto::hash::Hash>) -> LaunchUnit {
+        self.caches = root.map_or_else(none, |r| r.to_hex());
+        self.id = self.compute_id();
+        self
     }
 
     /// Every field with its name, in [`FIELDS`] order.
@@ -129,8 +154,13 @@ impl LaunchUnit {
     /// "unit ID: weights 1a2b3c4d5e6f, vllm 0.11.0, torch 2.13.0, ...".
     pub fn summary(&self) -> String {
         let short = |s: &str| s.chars().take(12).collect::<String>();
+        let caches = if self.caches == NONE {
+            String::new()
+        } else {
+            format!(", caches {}", short(&self.caches))
+        };
         format!(
-            "unit {}: weights {}, image {}, {}, torch {}, nccl {}, cuda driver {}, cuda runtime {}, gpu {}",
+            "unit {}: weights {}, image {}, {}, torch {}, nccl {}, cuda driver {}, cuda runtime {}, gpu {}{caches}",
             self.id,
             short(&self.weights),
             short(&self.image),
@@ -460,6 +490,18 @@ mod tests {
             )
         };
         assert_ne!(f("580.1", "13.0").id, f("13.0", "580.1").id);
+        // No caches: the id of before; a snapshot root: another id of the
+        // same shape, which names the root in the summary.
+        let c = a.clone().with_caches(None);
+        assert_eq!(c.id, a.id);
+        let c = a.clone().with_caches(Some(xfer_proto::hash::Hash([9; 32])));
+        assert_ne!(c.id, a.id);
+        assert_eq!(c.id.len(), 12);
+        assert!(
+            c.summary().ends_with(", caches 090909090909"),
+            "{}",
+            c.summary()
+        );
     }
 
     #[test]

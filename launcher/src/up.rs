@@ -94,7 +94,12 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
             .count();
         return Err(UpError::ChecksFailed { failed });
     }
+    let mut checked = checked;
     let setup = check::settled(setup, &checked);
+    // The compile caches: the nodes that lack the chosen snapshot get it
+    // now (the unit then names the root every node starts with); each
+    // agent copies it into its live folder before its rank starts.
+    let caches = Caches::deliver(&setup, &mut checked).await;
     let plan = plan::plan(&setup);
     let started = now_unix();
     let run = specs::run_id(&plan, started);
@@ -116,7 +121,7 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
         failure: Vec::new(),
     };
     record::write(&record_path, &rec)?;
-    let result = launch(&setup, agents, opts, &plan, &run, &checked).await;
+    let result = launch(&setup, agents, opts, &plan, &run, &checked, &caches).await;
     match &result {
         Ok((secs, r)) => {
             rec.outcome = "ready".into();
@@ -139,6 +144,44 @@ pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOu
     })
 }
 
+/// The compile caches as the ranks start ([`crate::caches`]).
+struct Caches {
+    /// Each node's gate, in rank order (`None`: it starts cold).
+    gates: Vec<Option<xfer_proto::compile_cache::CacheGate>>,
+    /// Each node's snapshot root once delivered, in rank order.
+    started_with: Vec<Option<xfer_proto::hash::Hash>>,
+    /// The syncs' progress (quiet).
+    progress: xfer::util::progress::Progress,
+}
+
+impl Caches {
+    /// Delivers the snapshot to the nodes that lack it; `checked`'s
+    /// roots and units then say what each node starts with.
+    async fn deliver(setup: &Setup, checked: &mut Checked) -> Caches {
+        let progress = xfer::util::progress::Progress::new(false);
+        let (gates, error) = crate::caches::deliver(setup, &mut checked.caches, &progress).await;
+        if let Some(e) = error {
+            eprintln!("warning: {e}");
+        }
+        let roots: std::collections::HashMap<&str, _> = setup
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .zip(checked.caches.iter().copied())
+            .collect();
+        for (node, unit) in checked.units.iter_mut() {
+            if let Some(root) = roots.get(node.as_str()) {
+                *unit = unit.clone().with_caches(*root);
+            }
+        }
+        Caches {
+            gates,
+            started_with: checked.caches.clone(),
+            progress,
+        }
+    }
+}
+
 /// How often `up` asks the agents how the ranks are doing while it waits.
 const RANK_POLL: Duration = Duration::from_secs(1);
 
@@ -155,6 +198,7 @@ async fn launch(
     plan: &Plan,
     run: &str,
     checked: &Checked,
+    caches: &Caches,
 ) -> Result<(f64, Readiness), Failure> {
     let t0 = Instant::now();
     let mut specs = specs::rank_specs(
@@ -169,6 +213,9 @@ async fn launch(
     for (spec, (_, facts)) in specs.iter_mut().zip(&checked.nodes) {
         let unified = facts.as_ref().is_ok_and(|f| f.unified_memory == Some(true));
         spec.evict_page_cache = opts.evict_page_cache || unified;
+    }
+    for (spec, gate) in specs.iter_mut().zip(&caches.gates) {
+        spec.caches = gate.clone();
     }
     if setup.stream_weights {
         // The small files verified on every node, one root; the shards are
@@ -358,7 +405,14 @@ async fn launch(
             return Err((why, ranks));
         }
     };
-    Ok((t0.elapsed().as_secs_f64(), readiness))
+    let secs = t0.elapsed().as_secs_f64();
+    // The first successful start offers its caches to the nodes that
+    // started without them.
+    match crate::caches::offer(setup, &caches.started_with, &caches.progress).await {
+        Ok(_) => {}
+        Err(e) => eprintln!("warning: {e}"),
+    }
+    Ok((secs, readiness))
 }
 
 /// Every node's report of `run` (`None` where the agent did not answer or

@@ -39,6 +39,8 @@ pub(super) struct Launch {
     pub(super) shm_size: Option<At<u64>>,
     /// `stream_weights = true`: start the ranks while the weights land.
     pub(super) stream_weights: Option<At<bool>>,
+    /// `caches = ["vllm", ...]`: the compile caches delivered with the launch.
+    pub(super) caches: Option<At<Vec<String>>>,
 }
 
 /// Keys of `[launch]`.
@@ -61,6 +63,7 @@ const LAUNCH_KEYS: &[&str] = &[
     "gpus",
     "shm_size",
     "stream_weights",
+    "caches",
 ];
 /// Other words for `[launch]` keys, tried before edit distance.
 const ALIASES: &[(&str, &str)] = &[
@@ -94,6 +97,10 @@ const ALIASES: &[(&str, &str)] = &[
     ("stream", "stream_weights"),
     ("streaming", "stream_weights"),
     ("load_while_syncing", "stream_weights"),
+    ("cache", "caches"),
+    ("compile_cache", "caches"),
+    ("compile_caches", "caches"),
+    ("cache_dirs", "caches"),
 ];
 /// `v`, written at `at`.
 fn placed<T>(v: T, at: usize) -> Option<At<T>> {
@@ -125,6 +132,7 @@ impl Launch {
             gpus: None,
             shm_size: None,
             stream_weights: None,
+            caches: None,
         }
     }
 }
@@ -155,6 +163,7 @@ impl Parser<'_> {
                 "gpus" => l.gpus = placed(self.gpus(v)?, at),
                 "shm_size" => l.shm_size = placed(self.shm_size(v)?, at),
                 "template" => l.template = placed(self.template(v)?, at),
+                "caches" => l.caches = placed(self.caches(v)?, at),
                 "stream_weights" => match v.get_ref() {
                     DeValue::Boolean(b) => l.stream_weights = placed(*b, at),
                     _ => {
@@ -190,6 +199,52 @@ impl Parser<'_> {
                 ),
             )
         })
+    }
+
+    /// `caches = ["vllm", ...]`: kinds of compile cache, never paths (each
+    /// lives under its agent's root, [`xfer_proto::compile_cache`]).
+    fn caches(&self, v: &Val) -> Result<Vec<String>, LaunchError> {
+        use xfer_proto::compile_cache::KINDS;
+        let names: Vec<&str> = KINDS.iter().map(|(k, _)| *k).collect();
+        let items = self.r.array(
+            "caches",
+            v,
+            "write a list of cache kinds, like caches = [\"vllm\"]",
+        )?;
+        let mut kinds: Vec<String> = Vec::new();
+        for item in items {
+            let at = item.span().start;
+            let s = self.r.string("an item of caches", item, "\"vllm\"")?;
+            if kinds.iter().any(|k| k == s) {
+                return Err(self.err(at, format!("caches lists {s:?} twice; list each kind once")));
+            }
+            if xfer_proto::compile_cache::variable(s).is_some() {
+                kinds.push(s.to_string());
+                continue;
+            }
+            let pathlike = s.contains('/') || s.contains("..") || s.starts_with('~');
+            let why = if pathlike {
+                format!("caches takes kinds of compile cache, not paths, so that a cluster file cannot make an agent write outside its root; {s:?} is a path: each kind lives under every agent's root (<root>/.xfer-caches/...), so write one of {}", quoted_list(&names))
+            } else {
+                let hint = did_you_mean(
+                    s,
+                    &names,
+                    &[
+                        ("torch", "inductor"),
+                        ("torch_compile", "vllm"),
+                        ("torchinductor", "inductor"),
+                    ],
+                )
+                .map(|h| format!("{h} "))
+                .unwrap_or_default();
+                format!(
+                    "unknown cache kind {s:?}; {hint}caches takes {}",
+                    quoted_list(&names)
+                )
+            };
+            return Err(self.err(at, why));
+        }
+        Ok(kinds)
     }
 
     /// `tp` or `pp`: a GPU count.

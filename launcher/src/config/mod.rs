@@ -27,6 +27,7 @@
 //! gpus = "all"                   # with image: "all" | "none" | ["/dev/nvidia0", ...]
 //! shm_size = "16GiB"             # with image: the containers' /dev/shm
 //! stream_weights = true          # vllm: start while the weights land (the `xfer` loader plugin)
+//! caches = ["vllm"]              # compile caches delivered to every node: vllm | inductor | triton | flashinfer
 //!
 //! [launch.env]
 //! NCCL_DEBUG = "INFO"
@@ -229,6 +230,8 @@ pub struct RankNode {
     pub fabric_ip: IpAddr,
     /// Its RDMA device, if any.
     pub rdma: Option<Rdma>,
+    /// Its agent's root (where its compile caches live).
+    pub root: PathBuf,
 }
 
 /// The model as every node will load it.
@@ -290,6 +293,9 @@ pub struct Setup {
     /// and each rank's loader waits for each shard's verification
     /// ([`crate::stream`]).
     pub stream_weights: bool,
+    /// `caches = [...]`: the kinds of compile cache delivered with the
+    /// launch ([`crate::caches`]); empty when none.
+    pub caches: Vec<String>,
 }
 
 /// Why a launch could not be planned. Every variant is one line.

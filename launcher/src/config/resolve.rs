@@ -68,6 +68,27 @@ impl Parser<'_> {
             }
             s => s.as_ref().is_some_and(|s| s.v),
         };
+        let caches = match &l.caches {
+            None => Vec::new(),
+            Some(c) => {
+                if container.is_some() && !c.v.is_empty() {
+                    return Err(self.err(
+                        c.at,
+                        "caches and image do not go together yet: a container sees only the model's folder; drop one",
+                    ));
+                }
+                if let Some((kind, var)) = c.v.iter().find_map(|k| {
+                    let var = xfer_proto::compile_cache::variable(k)?;
+                    l.env.contains_key(var).then_some((k, var))
+                }) {
+                    return Err(self.err(
+                        c.at,
+                        format!("caches names {kind:?}, whose {var} xfer-launch sets itself (to the live cache under each agent's root), but [launch.env] sets {var} too; drop one"),
+                    ));
+                }
+                c.v.clone()
+            }
+        };
         Ok(Setup {
             engine,
             nodes,
@@ -82,6 +103,7 @@ impl Parser<'_> {
             key: cluster.key.clone(),
             path: cluster.path.clone(),
             stream_weights,
+            caches,
         })
     }
 
@@ -165,6 +187,7 @@ impl Parser<'_> {
                 fabric_if: fabric_if.clone(),
                 fabric_ip,
                 rdma: node.rdma.clone(),
+                root: node.root.clone(),
             });
         }
         Ok(nodes)

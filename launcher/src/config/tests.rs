@@ -367,10 +367,18 @@ fn container_mistakes_name_the_line_and_the_fix() {
         ("gpu = \"all\"", "unknown key \"gpu\" in [launch]; did you mean \"gpus\"?"),
         ("shm = \"1G\"", "unknown key \"shm\" in [launch]; did you mean \"shm_size\"?"),
         ("shm_sise = \"1G\"", "unknown key \"shm_sise\" in [launch]; did you mean \"shm_size\"?"),
-        ("zzz = 1", "[launch] takes engine, model, revision, tp, pp, head, nodes, master_port, api_port, ray_port, dist_port, extra_args, env, template, image, gpus, shm_size and stream_weights"),
+        ("zzz = 1", "[launch] takes engine, model, revision, tp, pp, head, nodes, master_port, api_port, ray_port, dist_port, extra_args, env, template, image, gpus, shm_size, stream_weights and caches"),
         ("stream_weights = \"yes\"", "write stream_weights = true or false"),
         ("streaming = true", "unknown key \"streaming\" in [launch]; did you mean \"stream_weights\"?"),
         ("image = \"x:1\"\nstream_weights = true", "stream_weights and image do not go together yet"),
+        ("caches = [\"../../etc\"]", "caches takes kinds of compile cache, not paths, so that a cluster file cannot make an agent write outside its root; \"../../etc\" is a path"),
+        ("caches = [\"/etc/cron.d\"]", "not paths"),
+        ("caches = [\"vlm\"]", "unknown cache kind \"vlm\"; did you mean \"vllm\"? caches takes \"vllm\", \"inductor\", \"triton\" or \"flashinfer\""),
+        ("caches = [\"vllm\", \"vllm\"]", "caches lists \"vllm\" twice"),
+        ("caches = \"vllm\"", "write a list of cache kinds"),
+        ("compile_cache = [\"vllm\"]", "did you mean \"caches\"?"),
+        ("image = \"x:1\"\ncaches = [\"vllm\"]", "caches and image do not go together yet"),
+        ("caches = [\"vllm\"]\n[launch.env]\nVLLM_CACHE_ROOT = \"/tmp/x\"", "[launch.env] sets VLLM_CACHE_ROOT too"),
     ] {
         let msg = refused(&format!("engine = \"vllm\"\nmodel = \"/m\"\n{launch}"));
         assert!(msg.contains(want), "{launch}\n=> {msg}");

@@ -512,6 +512,7 @@ fn one_image_id_everywhere_passes_the_gate() {
             .collect(),
         model_path: s.model.path.clone(),
         units: vec![],
+        caches: Vec::new(),
     };
     assert_eq!(checked.image_id(), Some(Digest([7; 32])));
 }
@@ -714,6 +715,7 @@ fn the_image_gate_names_the_odd_node_when_ids_differ() {
             .collect(),
         model_path: s3.model.path.clone(),
         units: vec![],
+        caches: Vec::new(),
     };
     assert_eq!(checked.image_id(), None);
 }

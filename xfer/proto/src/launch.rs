@@ -609,6 +609,9 @@ pub struct RankSpec {
     pub evict_page_cache: bool,
     /// Run every process inside this image (`[launch] image`).
     pub container: Option<ContainerSpec>,
+    /// The compile caches (`[launch] caches`) to materialise from their
+    /// verified snapshot before anything starts.
+    pub caches: Option<crate::compile_cache::CacheGate>,
 }
 
 /// How a rank's processes run in a container, in the form NVIDIA's
@@ -923,6 +926,11 @@ mod tests {
                 image_id: Some(Digest([7; 32])),
                 gpus: GpuAccess::Devices(vec!["nvidia.com/gpu=all".into()]),
                 shm_bytes: Some(1 << 30),
+            }),
+            caches: Some(crate::compile_cache::CacheGate {
+                name: "xfer-caches-0123456789ab".into(),
+                root: Hash([3; 32]),
+                kinds: vec!["vllm".into()],
             }),
         };
         for m in [

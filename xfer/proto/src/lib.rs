@@ -27,6 +27,7 @@
 
 pub mod admin;
 pub mod chunkset;
+pub mod compile_cache;
 pub mod draft;
 pub mod frame;
 pub mod hash;

@@ -178,6 +178,7 @@ mod tests {
             }),
             evict_page_cache: false,
             container: None,
+            caches: None,
         }
     }
 

@@ -167,6 +167,7 @@ async fn admit(ctx: &Ctx, mut spec: RankSpec) -> Result<RankSpec, String> {
     }
     xfer_proto::launch_rules::check_spec(&spec).map_err(|e| format!("{node}: {e}"))?;
     weights_still_held(ctx, &spec)?;
+    caches_materialised(ctx, &spec).await?;
     in_container(ctx, spec).await
 }
 
@@ -201,6 +202,30 @@ fn weights_still_held(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
             gate.root.short()
         ));
     }
+    Ok(())
+}
+
+/// The rank's compile caches copied from their verified snapshot into
+/// the live folder its engine uses ([`super::caches`]), before it starts.
+async fn caches_materialised(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
+    let Some(gate) = spec.caches.clone() else {
+        return Ok(());
+    };
+    let (store, states) = (ctx.store.clone(), model_states(ctx));
+    let (node, rank) = (spec.node.to_string(), spec.rank);
+    let done = tokio::task::spawn_blocking(move || {
+        super::caches::materialise(&store, &states, &node, rank, &gate)
+    })
+    .await
+    .map_err(|e| format!("{}: the compile caches' copy failed: {e}", spec.node))??;
+    tracing::info!(
+        "rank {} of run {}: compile caches ready ({} file(s), {} copied from the verified snapshot, {} already live)",
+        spec.rank,
+        spec.run,
+        done.copied + done.kept,
+        xfer_proto::units::Bytes(done.bytes),
+        done.kept
+    );
     Ok(())
 }
 

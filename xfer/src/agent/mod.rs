@@ -10,6 +10,7 @@
 //! [`client`] is the typed client of the admin and launch services.
 
 mod admin;
+mod caches;
 pub mod client;
 pub mod containers;
 pub mod guard;

@@ -411,6 +411,7 @@ mod tests {
             weights: None,
             evict_page_cache: false,
             container: None,
+            caches: None,
         }
     }
 
