@@ -60,7 +60,7 @@
 # UP_TIMEOUT [600] (deploy --timeout), PATHS ["alone hand deploy plugin"],
 # PREFIX [xbd], BENCH_DIR [/var/tmp/xfer-bench-day] (the model, kept),
 # SKIP_BUILD [0] (1: take target/release as it is; else `cargo build
-# --release -p xfer -p xfer-launch`), KEEP_RUN [0] (1: keep the scratch
+# --release -p xfer -p launcher`), KEEP_RUN [0] (1: keep the scratch
 # folder with every log). Output: per-round Markdown rows as each round
 # ends, then the whole table and medians on stdout.
 # Runtime: ~5-6 min a round on 2 shared cores (vLLM's own start dominates),
@@ -152,7 +152,7 @@ marked_pids() {
 }
 kill_marked() {
     local pids k
-    for k in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    for ((k = 0; k < 20; k++)); do
         mapfile -t pids < <(marked_pids)
         [ ${#pids[@]} -gt 0 ] || return 0
         if ((k < 10)); then kill -TERM "${pids[@]}" 2>/dev/null || true; else kill -KILL "${pids[@]}" 2>/dev/null || true; fi
@@ -178,7 +178,7 @@ mkdir -p "$MNT" "$TMP/bin" "$BENCH_DIR"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
 if [ "$SKIP_BUILD" != 1 ]; then
     log "building xfer and xfer-launch (release)"
-    (cd "$REPO" && cargo build --release -p xfer -p xfer-launch >&2)
+    (cd "$REPO" && cargo build --release -p xfer -p launcher >&2)
 fi
 for b in xfer xfer-launch; do
     [ -x "$CARGO_TARGET_DIR/release/$b" ] || die "no $CARGO_TARGET_DIR/release/$b (unset SKIP_BUILD)"
@@ -412,7 +412,7 @@ rank_running() {
 }
 
 path_hand() { # TAG
-    local tag=$1 t0 t1 t2 t3 cpu r ok=0 deadline pid body
+    local tag=$1 t0 t1 t2 t3 cpu r k ok=0 deadline pid body
     local -a pids=()
     HF_S=n/a RSYNC_S=n/a ENGINE_S=n/a LOAD=n/a T=n/a
     read_hand_plan
@@ -487,7 +487,7 @@ path_hand() { # TAG
 }
 
 path_deploy() { # TAG CLUSTER-FILE
-    local tag=$1 cf=$2 t0 cpu rc=0 v
+    local tag=$1 cf=$2 t0 cpu rc=0 v i
     cpu=$(cpu_idle_total)
     t0=$EPOCHREALTIME
     "$XL" deploy --cluster "$cf" --json --timeout "$UP_TIMEOUT" --grace 2 --record "$TMP/$tag.record.json" \
