@@ -63,9 +63,9 @@
 # --release -p xfer -p launcher`), KEEP_RUN [0] (1: keep the scratch
 # folder with every log). Output: per-round Markdown rows as each round
 # ends, then the whole table and medians on stdout.
-# Runtime: ~5-6 min a round on 2 shared cores (vLLM's own start dominates),
-# ~25 min at the defaults. Needs root, python3, curl, jq, nsenter, nft, tc,
-# rsync.
+# Runtime: ~3.5-4.5 min a round on 2 shared cores (vLLM's own start, ~40 s
+# a path, dominates), ~15 min at the defaults, plus the release build.
+# Needs root, python3, curl, jq, nsenter, nft, tc, rsync.
 
 set -euo pipefail
 shopt -s inherit_errexit
@@ -78,7 +78,7 @@ LOG_TAG=bench-day
 # shellcheck source=scripts/lib-bench.sh
 source "$SCRIPT_DIR/lib-bench.sh"
 
-usage() { sed -n '2,69p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,67p' "$SELF" | sed 's/^# \{0,1\}//'; }
 case ${1:-} in
 "") ;;
 -h | --help | help)
