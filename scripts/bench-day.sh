@@ -78,7 +78,7 @@ LOG_TAG=bench-day
 # shellcheck source=scripts/lib-bench.sh
 source "$SCRIPT_DIR/lib-bench.sh"
 
-usage() { sed -n '2,67p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,68p' "$SELF" | sed 's/^# \{0,1\}//'; }
 case ${1:-} in
 "") ;;
 -h | --help | help)
