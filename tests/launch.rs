@@ -867,11 +867,7 @@ fn a_resolver_that_does_not_answer_is_caught_quickly_and_the_hosts_lines_fix_it(
 /// its agent pulls) on the head's management address (which the launcher
 /// reaches too, for the listing), with these `--fault`s: the child and its
 /// port.
-fn hub_in_head(
-    lab: &Lab,
-    repos: &std::path::Path,
-    faults: &[String],
-) -> (std::process::Child, String) {
+fn hub_in_head(lab: &Lab, repos: &std::path::Path, faults: &[String]) -> (Reaped, String) {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &lab.ns(1), "python3"])
         .arg(repo().join("tests/hub_server.py"))
@@ -895,7 +891,17 @@ fn hub_in_head(
         .and_then(|l| l.split_whitespace().next())
         .unwrap_or_else(|| panic!("hub_server.py did not start: {line:?}"))
         .to_string();
-    (hub, port)
+    (Reaped(hub), port)
+}
+
+/// A child killed and reaped when dropped, on a failed assertion too.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// What the Hub look-alike in the head's namespace says it did (`/_stats`).
@@ -921,7 +927,7 @@ fn deploy_killed_mid_sync_resumes_and_downloads_the_model_once() {
     let size: usize = 12 << 20;
     let w = big_repo(&repos, "big", size);
     let gate = lab.dir.join("release");
-    let (mut hub, port) = hub_in_head(
+    let (_hub, port) = hub_in_head(
         &lab,
         &repos,
         &[format!("hold:model.safetensors:{}", gate.display())],
@@ -1028,8 +1034,6 @@ fn deploy_killed_mid_sync_resumes_and_downloads_the_model_once() {
     );
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
-    let _ = hub.kill();
-    let _ = hub.wait();
 }
 
 /// A repo written as `size` pseudo-random bytes of `model.safetensors` and
@@ -1088,7 +1092,7 @@ fn deploy_to_a_node_whose_disk_is_too_small_stops_before_the_download() {
         .unwrap()
         .set_len(5 << 29)
         .unwrap();
-    let (mut hub, port) = hub_in_head(&lab, &repos, &[]);
+    let (_hub, port) = hub_in_head(&lab, &repos, &[]);
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
     let launch = lab.launch("vllm", "tiny", &[]).replace(
         &format!("model = \"{}/tiny\"", lab.mnt.display()),
@@ -1117,8 +1121,6 @@ fn deploy_to_a_node_whose_disk_is_too_small_stops_before_the_download() {
         "the Hub served {served} bytes before the refusal: {err}"
     );
     assert!(lab.standins().is_empty(), "something started: {err}");
-    let _ = hub.kill();
-    let _ = hub.wait();
 }
 
 /// Issue 34's one command: from an empty cluster to a completion. The
@@ -1140,7 +1142,7 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(lab.model("a").join(f), hub_repo.join(f)).unwrap();
     }
-    let (mut hub, port) = hub_in_head(&lab, &repos, &[]);
+    let (_hub, port) = hub_in_head(&lab, &repos, &[]);
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
     // The commit, so the plan (which the stand-in checks its argv
     // against) names the snapshot's path before any node holds it.
@@ -1239,8 +1241,6 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
         "{err}"
     );
     assert!(lab.standins().is_empty(), "something started: {err}");
-    let _ = hub.kill();
-    let _ = hub.wait();
 }
 
 /// The stand-in's report of its compile cache on node `node`: whether it
