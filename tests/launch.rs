@@ -904,6 +904,25 @@ impl Drop for Reaped {
     }
 }
 
+/// The commit the Hub look-alike at `endpoint` gives `repo`'s main, and
+/// the lab's `[launch]` table with `model = "REPO@COMMIT"` (so the plan,
+/// which the stand-in checks its argv against, names the snapshot's path
+/// before any node holds it).
+fn launch_of_repo(lab: &Lab, endpoint: &str, repo: &str) -> (String, String) {
+    let info = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
+        .arg(format!("{endpoint}/api/models/{repo}"))
+        .output()
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let commit = info["sha"].as_str().unwrap().to_string();
+    let launch = lab.launch("vllm", "tiny", &[]).replace(
+        &format!("model = \"{}/tiny\"", lab.mnt.display()),
+        &format!("model = \"{repo}@{commit}\""),
+    );
+    (commit, launch)
+}
+
 /// What the Hub look-alike in the head's namespace says it did (`/_stats`).
 fn hub_stats(lab: &Lab, endpoint: &str) -> serde_json::Value {
     let out = Command::new("ip")
@@ -933,17 +952,7 @@ fn deploy_killed_mid_sync_resumes_and_downloads_the_model_once() {
         &[format!("hold:model.safetensors:{}", gate.display())],
     );
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
-    let info = Command::new("ip")
-        .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
-        .arg(format!("{endpoint}/api/models/org/big"))
-        .output()
-        .unwrap();
-    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
-    let commit = info["sha"].as_str().unwrap().to_string();
-    let launch = lab.launch("vllm", "tiny", &[]).replace(
-        &format!("model = \"{}/tiny\"", lab.mnt.display()),
-        &format!("model = \"org/big@{commit}\""),
-    );
+    let (commit, launch) = launch_of_repo(&lab, &endpoint, "org/big");
     let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
     lab.save_plan(&file);
     let deploy = || {
@@ -1144,19 +1153,7 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     }
     let (_hub, port) = hub_in_head(&lab, &repos, &[]);
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
-    // The commit, so the plan (which the stand-in checks its argv
-    // against) names the snapshot's path before any node holds it.
-    let info = Command::new("ip")
-        .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
-        .arg(format!("{endpoint}/api/models/org/tiny"))
-        .output()
-        .unwrap();
-    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
-    let commit = info["sha"].as_str().unwrap().to_string();
-    let launch = lab.launch("vllm", "tiny", &[]).replace(
-        &format!("model = \"{}/tiny\"", lab.mnt.display()),
-        &format!("model = \"org/tiny@{commit}\""),
-    );
+    let (commit, launch) = launch_of_repo(&lab, &endpoint, "org/tiny");
     let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
     lab.save_plan(&file);
 

@@ -275,16 +275,7 @@ pub async fn pull(
     let http = HubHttp::new(env)?;
     let ep = &env.endpoint;
 
-    let (body, _) = http
-        .get_api(
-            &repo.revision_url(ep),
-            &repo.id,
-            &format!("@{}", repo.revision),
-        )
-        .await
-        .map_err(anyhow::Error::new)?;
-    let commit = RevisionInfo::parse(&body).map_err(anyhow::Error::msg)?.sha;
-    let all_files = list_files(&http, repo, ep, &commit).await?;
+    let (commit, all_files) = listing(&http, repo, ep).await?;
     let files = all_files.clone();
     let listed = files.len();
     let files: Vec<RemoteFile> = files
@@ -557,7 +548,13 @@ pub struct PlacedFile {
 /// free to hold the whole repo.
 pub async fn listing_size(repo: &RepoRef, env: &HubEnv) -> Result<(String, u64)> {
     let http = HubHttp::new(env)?;
-    let ep = &env.endpoint;
+    let (commit, files) = listing(&http, repo, &env.endpoint).await?;
+    let total = crate::hub::api::total_size(&files).map_err(anyhow::Error::msg)?;
+    Ok((commit, total))
+}
+
+/// The commit `repo`'s revision names, and every file at it.
+async fn listing(http: &HubHttp, repo: &RepoRef, ep: &str) -> Result<(String, Vec<RemoteFile>)> {
     let (body, _) = http
         .get_api(
             &repo.revision_url(ep),
@@ -567,9 +564,8 @@ pub async fn listing_size(repo: &RepoRef, env: &HubEnv) -> Result<(String, u64)>
         .await
         .map_err(anyhow::Error::new)?;
     let commit = RevisionInfo::parse(&body).map_err(anyhow::Error::msg)?.sha;
-    let files = list_files(&http, repo, ep, &commit).await?;
-    let total = crate::hub::api::total_size(&files).map_err(anyhow::Error::msg)?;
-    Ok((commit, total))
+    let files = list_files(http, repo, ep, &commit).await?;
+    Ok((commit, files))
 }
 
 async fn list_files(
