@@ -788,3 +788,59 @@ fn control_characters_in_paths_are_refused_shown_escaped_and_create_nothing() {
     }
     assert!(!root.join(".xfer/models/m.json").exists());
 }
+
+/// A connection that asks to join a running transfer as one more lane
+/// (`TransferMsg::Lane`) must carry the secret that transfer's `Accepted`
+/// gave its source alone: with the cluster's own credential but the wrong
+/// key it is refused as forbidden and attached to nothing; with the key it
+/// attaches, from another connection than the offer's (as a source that
+/// fell back to management attaches a lane over the fabric).
+#[test]
+fn a_lane_without_the_transfers_key_is_refused() {
+    let t = tempdir("lane-key");
+    let key = t.path().join("key");
+    keygen(&key);
+    let mut agent = Agent::start("127.0.0.31:0", &t.path().join("root"), &key);
+    let addr: SocketAddr = agent.addr.parse().unwrap();
+    let cred = Credential::load(&key).unwrap();
+    let data = random_bytes(31, "data", 200_000);
+    let m = manifest(vec![Entry::File(file("w.bin", &data))]);
+    let root = m.root();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // The source's offer, held open: the transfer runs, waiting for
+        // chunk requests to be served.
+        let ep = client_endpoint(&cred, addr).unwrap();
+        let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        send.write_all(&encode(&Hello::new(Service::Transfer)))
+            .await
+            .unwrap();
+        send.write_all(&offer("laned", m.clone())).await.unwrap();
+        let lane_key = match read_reply(&mut recv).await {
+            Reply::Msg(TransferMsg::Accepted { lane_key, .. }) => lane_key,
+            other => panic!("the offer was not accepted: {other:?}"),
+        };
+        let lane = |key: [u8; 16]| {
+            encode(&TransferMsg::Lane {
+                name: ModelName::new("laned").unwrap(),
+                root,
+                key,
+            })
+        };
+        let mut wrong = lane_key;
+        wrong[0] ^= 1;
+        let (reply, _) = send_raw(&cred, addr, &lane(wrong)).await;
+        assert!(
+            matches!(&reply, Reply::Msg(TransferMsg::Failed(Refusal::Forbidden(why))) if why.contains("only its source may add connections")),
+            "a lane with the wrong key: {reply:?}"
+        );
+        let (reply, _) = send_raw(&cred, addr, &lane(lane_key)).await;
+        assert!(
+            matches!(reply, Reply::Msg(TransferMsg::LaneAttached { lanes: 2 })),
+            "a lane with the key: {reply:?}"
+        );
+        conn.close(0u32.into(), b"bye");
+    });
+    assert!(agent.running(), "the agent died: {}", agent.log());
+}

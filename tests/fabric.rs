@@ -498,3 +498,55 @@ fn with_peers_3_no_receiver_holds_more_than_3_peer_links() {
         assert!(l <= 3, "host {i} held {l} peer links at once (--peers 3)");
     }
 }
+
+/// A node whose fabric drops everything when the push starts and comes
+/// back while it runs: the push falls back to management, tries the data
+/// address again, and once it answers a second lane over it carries part
+/// of the rest; the summary says when. The source is capped (256 KiB/s
+/// for 8 MiB) so that the push outlasts the fabric's return by far more
+/// than one re-probe (2 s plus a 5 s connect timeout).
+#[test]
+fn a_fabric_back_mid_push_carries_the_rest_beside_management() {
+    let Some(f) = Fab::start("fr", 1, 0..=1) else {
+        return;
+    };
+    f.c.drop_fabric(1);
+    let src = f.model("m", 32 * MIB, 181);
+    let bytes = tree_bytes(&src);
+    let to = data_addrs(&f.c, 1..=1);
+    let mgmt0 = f.c.qdisc_bytes_down(1, "eth0");
+    let mut cmd = push_from_source(&f.c, &src, &to, &f.key, &f.t.path().join("xdg"));
+    cmd.args(["--limit-rate", "1MiB"]);
+    let push = Proc::spawn(&mut cmd);
+    // The event: a quarter of the model has come over management.
+    wait_until(
+        "a quarter of the model over management",
+        Duration::from_secs(120),
+        || f.c.qdisc_bytes_down(1, "eth0") - mgmt0 >= bytes / 4,
+    );
+    let fab0 = f.c.qdisc_bytes_down(1, "eth1");
+    f.c.restore_fabric(1);
+    let r = push.wait(Duration::from_secs(180));
+    r.assert_ok("xfer push with a fabric back mid-way");
+    let fab = f.c.qdisc_bytes_down(1, "eth1") - fab0;
+    let (v, s) = push_json(&r);
+    let node = &s.nodes[0];
+    assert!(node.ok, "{node:#?}");
+    assert_same_tree(&src, &f.root(1).join("m"));
+    let j = &v["nodes"][0];
+    assert_eq!(j["over"].as_str(), Some("management"), "{j:#}");
+    let notes = j["notes"].to_string();
+    assert!(
+        notes.contains("answered again after"),
+        "{j:#}\n{}",
+        r.stderr
+    );
+    let lanes = &node.bytes_per_connection;
+    eprintln!("fabric: per lane {lanes:?}, {fab} bytes down eth1, of {bytes}; {notes}");
+    assert_eq!(lanes.len(), 2, "no lane over the fabric: {node:#?}");
+    assert!(
+        lanes[1] >= bytes / 8 && fab >= bytes / 8,
+        "the fabric lane carried {} bytes ({fab} bytes down eth1) of {bytes}: {node:#?}",
+        lanes[1]
+    );
+}

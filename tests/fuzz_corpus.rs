@@ -176,6 +176,7 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
             held_bytes: 1,
             held_chunks: 2,
             need_bytes: 3,
+            lane_key: [7; 16],
         },
         TransferMsg::Done {
             root,

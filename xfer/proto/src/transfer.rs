@@ -39,6 +39,10 @@ pub enum TransferMsg {
         held_chunks: u64,
         /// Bytes still to fetch.
         need_bytes: u64,
+        /// A secret of this transfer, for the source alone (the reply
+        /// goes over its authenticated connection): a [`TransferMsg::Lane`]
+        /// must carry it, from whichever address the source connects.
+        lane_key: [u8; 16],
     },
     /// Receiver → source: the tree is complete and verified.
     Done {
@@ -143,6 +147,8 @@ pub enum TransferMsg {
         name: ModelName,
         /// Its root (or a draft's id).
         root: Hash,
+        /// The transfer's `lane_key`, from [`TransferMsg::Accepted`].
+        key: [u8; 16],
     },
     /// Receiver → source: the connection is in use; the transfer now has
     /// `lanes` connections to the source.
@@ -298,6 +304,7 @@ mod tests {
         let l = TransferMsg::Lane {
             name: ModelName::new("llama-3").unwrap(),
             root: Hash([7; 32]),
+            key: [9; 16],
         };
         assert_eq!(decode_frame::<TransferMsg>(&encode(&l)).unwrap(), l);
     }

@@ -65,6 +65,8 @@ struct Job {
     root: Hash,
     /// Who offered it.
     by: Peer,
+    /// The secret a lane must carry (`Accepted`'s `lane_key`).
+    lane_key: [u8; 16],
 }
 
 /// Serves one transfer stream, whose first message is an opener.
@@ -113,7 +115,9 @@ pub(super) async fn serve(
             let nic = ctx.receiver.nic.clone();
             return swarm::serve_peer(conn, send, store, shares, join, nic).await;
         }
-        TransferMsg::Lane { name, root } => return attach_lane(conn, send, ctx, name, root).await,
+        TransferMsg::Lane { name, root, key } => {
+            return attach_lane(conn, send, ctx, name, root, key).await
+        }
         other => {
             return refuse(
                 &mut send,
@@ -137,6 +141,7 @@ pub(super) async fn serve(
     let jobs = &ctx.jobs;
     let id = jobs.next_id.fetch_add(1, Ordering::Relaxed);
     let lanes = Lanes::new(conn.clone());
+    let lane_key: [u8; 16] = rand::random();
     let superseding = {
         let map = jobs.by_name.lock().unwrap();
         map.get(&name).map(|j| j.by.clone())
@@ -157,6 +162,7 @@ pub(super) async fn serve(
             lanes: lanes.clone(),
             root: key,
             by: caller.peer.clone(),
+            lane_key,
         };
         if let Some(old) = map.insert(name.clone(), job) {
             old.cancel.cancel();
@@ -186,6 +192,7 @@ pub(super) async fn serve(
             held_bytes,
             held_chunks: held.count(),
             need_bytes: manifest.total_bytes() - held_bytes,
+            lane_key,
         },
     )
     .await?;
@@ -290,22 +297,25 @@ enum Plan {
 
 /// Attaches `conn` to the running transfer of `name` as one more
 /// connection to its source, and holds it until it closes. Only the
-/// source's own node may: the same address and certificate as the
-/// connection the offer came on.
+/// source itself may: the same certificate as the connection the offer
+/// came on, and the transfer's secret `lane_key`, which only that
+/// connection was told. The address may differ: a source that fell back
+/// to management attaches a lane over the fabric once it answers.
 async fn attach_lane(
     conn: quinn::Connection,
     mut send: quinn::SendStream,
     ctx: &TransferCtx,
     name: ModelName,
     root: Hash,
+    key: [u8; 16],
 ) -> Result<()> {
-    let lanes = {
+    let found = {
         let map = ctx.jobs.by_name.lock().unwrap();
         map.get(&name)
             .filter(|j| j.root == root)
-            .map(|j| j.lanes.clone())
+            .map(|j| (j.lanes.clone(), j.lane_key))
     };
-    let Some(lanes) = lanes else {
+    let Some((lanes, lane_key)) = found else {
         let why = format!(
             "no transfer of {name} with root {} is running here to add a connection to",
             root.short()
@@ -313,9 +323,7 @@ async fn attach_lane(
         return refuse(&mut send, Refusal::Protocol(why)).await;
     };
     let source = lanes.primary();
-    if source.remote_address().ip() != conn.remote_address().ip()
-        || quic::peer_certificate(&source) != quic::peer_certificate(&conn)
-    {
+    if key != lane_key || quic::peer_certificate(&source) != quic::peer_certificate(&conn) {
         let why = format!(
             "{} is not the source of the transfer of {name}; only its source may add connections to it",
             conn.remote_address()

@@ -326,10 +326,7 @@ pub(crate) async fn deliver_plan(
     let members = members(&opts.to)?;
     let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
     let offer = Arc::new(plan.offer);
-    let lane = Arc::new(TransferMsg::Lane {
-        name: plan.name.clone(),
-        root: plan.key,
-    });
+    let lane = Arc::new((plan.name.clone(), plan.key));
     let mut tasks = Vec::new();
     let (coordinator, outboxes) =
         Coordinator::new(members.clone(), opts.peers, plan.key, plan.map.len());
@@ -405,8 +402,8 @@ struct NodeCtx {
     swarm: TransferMsg,
     cred: Arc<Credential>,
     offer: Arc<TransferMsg>,
-    /// What attaches an extra connection to this transfer.
-    lane: Arc<TransferMsg>,
+    /// The transfer an extra connection attaches to: its name and root.
+    lane: Arc<(ModelName, Hash)>,
     /// A draft's events, to send after the swarm.
     events: Option<Arc<DraftFeed>>,
     map: Arc<ChunkMap>,
@@ -461,6 +458,10 @@ fn fed_by_source(swarm: TransferMsg) -> TransferMsg {
 /// (then the final round brings the agent what it lacks, but without its
 /// staged chunks).
 const STREAM_RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a transfer that fell back to management tries the node's data
+/// address again (each try may also wait out the connect timeout).
+const REPROBE_EVERY: Duration = Duration::from_secs(2);
 const STREAM_RETRIES_AFTER: u32 = 2;
 
 /// Writes the source's later messages to one receiver: the coordinator's
@@ -536,43 +537,67 @@ impl NodeCtx {
         }
     }
 
+    /// Opens one more connection to the agent at `addr`, from an endpoint
+    /// (a socket) of its own, and attaches it to the transfer as a lane.
+    async fn open_lane(
+        &self,
+        addr: SocketAddr,
+        key: [u8; 16],
+    ) -> Result<(quinn::Endpoint, quinn::Connection, quinn::SendStream), String> {
+        let ep = quic::client_endpoint(&self.cred, addr).map_err(|e| format!("{e:#}"))?;
+        let conn = quic::connect(&ep, addr, self.timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (name, root) = self.lane.as_ref();
+        let lane = TransferMsg::Lane {
+            name: name.clone(),
+            root: *root,
+            key,
+        };
+        write_frame(&mut send, &lane)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        match read_frame::<TransferMsg>(&mut recv)
+            .await
+            .map_err(|e| format!("{e:#}"))?
+        {
+            TransferMsg::LaneAttached { .. } => Ok((ep, conn, send)),
+            TransferMsg::Failed(r) => Err(r.to_string()),
+            other => Err(format!("protocol error: unexpected {}", other.kind())),
+        }
+    }
+
     /// Opens the agent's connections after the first (`--connections`),
     /// each from an endpoint (a socket) of its own, attaches each to the
     /// transfer, and serves chunks on them until `done`. One that cannot
     /// be opened is only logged: the transfer runs on the others.
+    ///
+    /// When the transfer fell back to management, `reprobe` is the data
+    /// address that did not answer: it is tried again every
+    /// [`REPROBE_EVERY`] until it answers (a cable plugged back, a firewall
+    /// rule lifted), and then attached as one more lane. The node's
+    /// requests go to the lane with the fewest in flight, so the faster
+    /// fabric takes most of the rest; the management connection stays the
+    /// primary (its loss is the node's). `fabric_back` is told when.
+    #[allow(clippy::too_many_arguments)]
     async fn extra_lanes(
         &self,
         addr: SocketAddr,
+        key: [u8; 16],
+        reprobe: Option<SocketAddr>,
+        fabric_back: &Mutex<Option<Instant>>,
         sent: Arc<AtomicU64>,
         rdma_sent: Arc<AtomicU64>,
         per_conn: Arc<Mutex<Vec<Arc<AtomicU64>>>>,
         done: CancellationToken,
     ) {
-        let lane = self.lane.as_ref();
         let mut open = Vec::new();
         for i in 1..self.connections {
-            let opened = async {
-                let ep = quic::client_endpoint(&self.cred, addr).map_err(|e| format!("{e:#}"))?;
-                let conn = quic::connect(&ep, addr, self.timeout)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                write_frame(&mut send, lane)
-                    .await
-                    .map_err(|e| format!("{e:#}"))?;
-                match read_frame::<TransferMsg>(&mut recv)
-                    .await
-                    .map_err(|e| format!("{e:#}"))?
-                {
-                    TransferMsg::LaneAttached { .. } => Ok((ep, conn, send)),
-                    TransferMsg::Failed(r) => Err(r.to_string()),
-                    other => Err(format!("protocol error: unexpected {}", other.kind())),
-                }
-            };
             let (ep, conn, send) = tokio::select! {
-                r = opened => match r {
+                r = self.open_lane(addr, key) => match r {
                     Ok(lane) => lane,
                     Err(e) => {
                         tracing::warn!("{addr}: connection {} of {} not opened: {e}", i + 1, self.connections);
@@ -586,6 +611,34 @@ impl NodeCtx {
                 self.serving(&sent, &rdma_sent, &per_conn),
             )));
             open.push((ep, conn, send, serving));
+        }
+        if let Some(data) = reprobe {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(REPROBE_EVERY) => {}
+                    _ = done.cancelled() => break,
+                }
+                let (ep, conn, send) = tokio::select! {
+                    r = self.open_lane(data, key) => match r {
+                        Ok(lane) => lane,
+                        Err(e) => {
+                            tracing::debug!("{data}: the data address still does not answer: {e}");
+                            continue;
+                        }
+                    },
+                    _ = done.cancelled() => break,
+                };
+                tracing::info!(
+                    "{data}: the data address answers again; a lane over it carries the rest"
+                );
+                *fabric_back.lock().unwrap() = Some(Instant::now());
+                let serving = AbortOnDrop(tokio::spawn(serve(
+                    conn.clone(),
+                    self.serving(&sent, &rdma_sent, &per_conn),
+                )));
+                open.push((ep, conn, send, serving));
+                break;
+            }
         }
         done.cancelled().await;
         for (_, conn, _, _) in &open {
@@ -761,14 +814,19 @@ impl NodeCtx {
             self.outbox.clone(),
             self.events.clone(),
         )));
-        match read_frame::<TransferMsg>(&mut recv)
+        let key = match read_frame::<TransferMsg>(&mut recv)
             .await
             .map_err(lost_now)?
         {
-            TransferMsg::Accepted { held_bytes, .. } => {
+            TransferMsg::Accepted {
+                held_bytes,
+                lane_key,
+                ..
+            } => {
                 summary.bytes_skipped = held_bytes;
                 // Rate and ETA count only what this run moves.
                 self.bar.resume_at(held_bytes);
+                lane_key
             }
             TransferMsg::Failed(r) => {
                 let why = format!("{addr}: {r}");
@@ -781,15 +839,21 @@ impl NodeCtx {
                     other.kind()
                 )))
             }
-        }
+        };
         let per_conn: Arc<Mutex<Vec<Arc<AtomicU64>>>> = Arc::default();
         let serving = AbortOnDrop(tokio::spawn(serve(
             conn.clone(),
             self.serving(sent, rdma_sent, &per_conn),
         )));
         let done = CancellationToken::new();
+        let reprobe = (summary.over == Over::Management).then_some(data);
+        let fabric_back: Mutex<Option<Instant>> = Mutex::new(None);
+        let started = Instant::now();
         let lanes = self.extra_lanes(
             addr,
+            key,
+            reprobe,
+            &fabric_back,
             sent.clone(),
             rdma_sent.clone(),
             per_conn.clone(),
@@ -805,6 +869,14 @@ impl NodeCtx {
         drop(fallback_ep);
         conn.close(0u32.into(), b"done");
         drop(serving);
+        if let Some(at) = *fabric_back.lock().unwrap() {
+            summary.notes.push(format!(
+                "{} -> {}: the data address {data} answered again after {:.1}s; a second connection over it shared the rest",
+                self.me,
+                self.dest.label(),
+                at.duration_since(started).as_secs_f64()
+            ));
+        }
         summary.bytes_per_connection = per_conn
             .lock()
             .unwrap()
