@@ -4,7 +4,7 @@
 //! must not panic. CI has no nightly toolchain, so this is how the inputs
 //! the fuzzer found (and the crashes it once found) keep being checked.
 //!
-//! `cargo test -p xfer --test fuzz_corpus -- --ignored write_seeds`
+//! `cargo test -p xfer --test suite -- --ignored fuzz_corpus::write_seeds`
 //! regenerates the hand-made seeds (`seed-*` files) from the real types.
 
 use std::path::{Path, PathBuf};
@@ -50,7 +50,7 @@ fn replay(name: &str, target: Target) {
     let corpus = files(&fuzz_dir().join("corpus").join(name));
     assert!(
         !corpus.is_empty(),
-        "fuzz/corpus/{name} is empty or missing; run `cargo test -p xfer --test fuzz_corpus -- --ignored write_seeds`"
+        "fuzz/corpus/{name} is empty or missing; run `cargo test -p xfer --test suite -- --ignored fuzz_corpus::write_seeds`"
     );
     let regressions = files(&fuzz_dir().join("regressions").join(name));
     for path in corpus.iter().chain(&regressions) {
