@@ -43,8 +43,6 @@ use crate::preflight::{Row, Verdict};
 /// The check's name in the table.
 pub const CHECK: &str = "caches";
 
-/// Chunk size of the caches' syncs (the `xfer sync` default).
-const CHUNK_SIZE: u64 = 4 << 20;
 
 /// The snapshot's model name for this launch, when it has caches.
 pub fn snapshot_name(setup: &Setup) -> Option<String> {
@@ -171,7 +169,7 @@ async fn sync_to(
         from: Some(from.to_string()),
         name: Some(name.to_string()),
         repo_type: RepoType::Model,
-        chunk_size: CHUNK_SIZE,
+        chunk_size: xfer_proto::manifest::ChunkSize::Auto,
         limit_rate: None,
         transport: TransportChoice::Auto,
         peers: None,

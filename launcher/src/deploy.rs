@@ -33,8 +33,6 @@ const WEIGHTS: &str = "weights";
 /// The check whose failure an image delivery can fix.
 const IMAGE: &str = "image";
 
-/// Chunk size of the sync (the `xfer sync` default).
-const CHUNK_SIZE: u64 = 4 << 20;
 
 /// How the phases before `up` went.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -294,7 +292,7 @@ async fn sync_model(
         from: None,
         name: None,
         repo_type: repo.repo_type,
-        chunk_size: CHUNK_SIZE,
+        chunk_size: xfer_proto::manifest::ChunkSize::Auto,
         limit_rate: None,
         transport: TransportChoice::Auto,
         peers: None,

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::hash::Hash;
+use crate::manifest::ChunkSize;
 use crate::image::{ImageDesc, ImageLoadReport, ImageStatus};
 use crate::names::ModelName;
 pub use crate::refusal::Refusal;
@@ -215,8 +216,8 @@ pub struct JobSpec {
     pub source_node: String,
     /// Every node that must end with the model (may include the source node).
     pub members: Vec<JobMember>,
-    /// Chunk size of the model's manifest, in bytes.
-    pub chunk_size: u64,
+    /// Chunk size of the model's manifest (auto: from its size).
+    pub chunk_size: ChunkSize,
     /// Cap on the source's send rate, bytes per second.
     pub limit_rate: Option<u64>,
     /// The data plane the source node offers (`xfer sync --transport`).
@@ -272,7 +273,7 @@ impl JobSpec {
                 });
             }
         }
-        if !crate::hash::is_valid_chunk_size(self.chunk_size) {
+        if !self.chunk_size.is_valid() {
             return Err(JobSpecError::ChunkSize(self.chunk_size));
         }
         Ok(())
@@ -303,7 +304,7 @@ pub enum JobSpecError {
     },
     /// The chunk size is not one xfer uses.
     #[error("chunk size {0} is not valid")]
-    ChunkSize(u64),
+    ChunkSize(ChunkSize),
 }
 
 /// A job id that is not 1-64 of `[A-Za-z0-9-]` ([`check_job_id`]).
@@ -639,7 +640,7 @@ mod tests {
                 agent: "10.0.0.2:7470".into(),
                 data: None,
             }],
-            chunk_size: 4 << 20,
+            chunk_size: ChunkSize::Auto,
             limit_rate: None,
             transport: TransportChoice::Auto,
             peers: None,

@@ -20,9 +20,77 @@ use crate::relpath::{control_char, shown, RelPath};
 
 /// Manifest format version.
 pub const MANIFEST_VERSION: u32 = 1;
-/// Default chunk size: 4 MiB. See docs/how-it-works.md, "Chunk size: 4 MiB", for the
-/// measurement behind it.
+/// Largest chunk size [`ChunkSize::Auto`] picks, and the size a model of
+/// at least [`AUTO_TARGET_CHUNKS`] × 4 MiB gets: 4 MiB. See
+/// docs/how-it-works.md, "Chunk size", for the measurements behind it.
 pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
+/// Smallest chunk size [`ChunkSize::Auto`] picks: 256 KiB.
+pub const AUTO_MIN_CHUNK_SIZE: u64 = 256 << 10;
+/// How many chunks [`ChunkSize::Auto`] gives a model at least, between
+/// its bounds: a swarm pipelines chunk by chunk, so a model of few chunks
+/// leaves every link idle while its first chunks spread.
+pub const AUTO_TARGET_CHUNKS: u64 = 512;
+
+/// How a manifest's chunk size is chosen (`--chunk-size`). The root does
+/// not depend on it (chunks are BLAKE3 subtrees), so nodes agree on a
+/// model however it was chunked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChunkSize {
+    /// From the model's size: [`auto_chunk_size`].
+    #[default]
+    Auto,
+    /// This many bytes (a valid chunk size, [`crate::hash::is_valid_chunk_size`]).
+    Fixed(u64),
+}
+
+impl ChunkSize {
+    /// The chunk size for a model of `total_bytes`.
+    pub fn for_bytes(self, total_bytes: u64) -> u64 {
+        match self {
+            ChunkSize::Auto => auto_chunk_size(total_bytes),
+            ChunkSize::Fixed(n) => n,
+        }
+    }
+
+    /// Whether a fixed size is a legal one (auto always is).
+    pub fn is_valid(self) -> bool {
+        match self {
+            ChunkSize::Auto => true,
+            ChunkSize::Fixed(n) => hash::is_valid_chunk_size(n),
+        }
+    }
+}
+
+impl From<u64> for ChunkSize {
+    fn from(n: u64) -> ChunkSize {
+        ChunkSize::Fixed(n)
+    }
+}
+
+impl std::fmt::Display for ChunkSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChunkSize::Auto => f.write_str("auto"),
+            ChunkSize::Fixed(n) if n % (1 << 20) == 0 => write!(f, "{}MiB", n >> 20),
+            ChunkSize::Fixed(n) => write!(f, "{}KiB", n >> 10),
+        }
+    }
+}
+
+/// The chunk size for a model of `total_bytes`: the largest power of two
+/// that still gives [`AUTO_TARGET_CHUNKS`] chunks, within
+/// [`AUTO_MIN_CHUNK_SIZE`]..=[`DEFAULT_CHUNK_SIZE`]. A model of 2 GiB or
+/// more gets 4 MiB; 128 MiB gets 256 KiB (measured on 8 nodes at 100
+/// Mbit/s: 1.14 × S/B against 1.55 × at 4 MiB).
+pub fn auto_chunk_size(total_bytes: u64) -> u64 {
+    let per = total_bytes / AUTO_TARGET_CHUNKS;
+    let pow = if per == 0 {
+        1
+    } else {
+        1u64 << (63 - per.leading_zeros())
+    };
+    pow.clamp(AUTO_MIN_CHUNK_SIZE, DEFAULT_CHUNK_SIZE)
+}
 /// Most entries (files, symlinks and empty directories) a manifest may
 /// hold; a larger count is refused while decoding, before the entries are
 /// read, and again by [`Manifest::validate`].
@@ -880,4 +948,24 @@ pub(crate) mod tests {
         let json = serde_json::to_vec(&m).unwrap();
         assert_eq!(serde_json::from_slice::<Manifest>(&json).unwrap(), m);
     }
+    #[test]
+    fn auto_chunk_size_gives_small_models_more_chunks_and_large_ones_4_mib() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(auto_chunk_size(0), AUTO_MIN_CHUNK_SIZE);
+        assert_eq!(auto_chunk_size(10 * MIB), 256 << 10);
+        assert_eq!(auto_chunk_size(128 * MIB), 256 << 10);
+        assert_eq!(auto_chunk_size(256 * MIB), 512 << 10);
+        assert_eq!(auto_chunk_size(512 * MIB), MIB);
+        assert_eq!(auto_chunk_size(1024 * MIB - 1), MIB);
+        assert_eq!(auto_chunk_size(2048 * MIB), 4 * MIB);
+        assert_eq!(auto_chunk_size(119_000 * MIB), 4 * MIB);
+        for total in [1, 300 * MIB, 777 * MIB, 5 << 40] {
+            let cs = auto_chunk_size(total);
+            assert!(hash::is_valid_chunk_size(cs), "{total}: {cs}");
+        }
+        assert_eq!(ChunkSize::Fixed(MIB).for_bytes(128 * MIB), MIB);
+        assert_eq!(ChunkSize::Auto.to_string(), "auto");
+        assert_eq!(ChunkSize::Fixed(256 << 10).to_string(), "256KiB");
+    }
+
 }

@@ -54,7 +54,7 @@ pub async fn push_to_cluster(
         cred,
         cache: default_cache()?,
         transport: TransportChoice::Auto,
-        chunk_size: 4 << 20,
+        chunk_size: xfer_proto::manifest::ChunkSize::Auto,
         limit_rate: None,
         connect_timeout: Duration::from_secs(5),
         connections: crate::transport::lanes::default_connections(),

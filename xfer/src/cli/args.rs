@@ -110,9 +110,10 @@ pub struct SimulateArgs {
     /// The model's size in MiB.
     #[arg(long)]
     pub size_mib: u64,
-    /// Chunk size (a power of two, 64KiB to 256MiB).
-    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
-    pub chunk_size: u64,
+    /// Chunk size: `auto` (as the agents pick it from the model's size) or
+    /// a power of two, 64KiB to 256MiB.
+    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
+    pub chunk_size: xfer_proto::manifest::ChunkSize,
     /// Peer links each receiver keeps at most (2-64).
     #[arg(long, default_value_t = xfer::engine::topology::DEFAULT_DEGREE, value_parser = parse_peers)]
     pub degree: u32,
@@ -219,9 +220,10 @@ pub struct ManifestArgs {
     /// Print the full manifest as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Chunk size: a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
-    pub chunk_size: u64,
+    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
+    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
+    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
+    pub chunk_size: xfer_proto::manifest::ChunkSize,
 }
 
 /// The arguments of `xfer serve`.
@@ -339,9 +341,10 @@ pub struct SyncArgs {
     /// The kind of Hub repo: model or dataset.
     #[arg(long, default_value = "model", value_parser = parse_repo_type)]
     pub repo_type: xfer_proto::repo::RepoType,
-    /// Chunk size: a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
-    pub chunk_size: u64,
+    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
+    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
+    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
+    pub chunk_size: xfer_proto::manifest::ChunkSize,
     /// Cap the source's send rate, e.g. 500MiB (bytes per second).
     #[arg(long, value_parser = parse_size)]
     pub limit_rate: Option<u64>,
@@ -476,9 +479,10 @@ pub struct PushArgs {
     /// Print one JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Chunk size: a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
-    pub chunk_size: u64,
+    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
+    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
+    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
+    pub chunk_size: xfer_proto::manifest::ChunkSize,
     /// Cap the total send rate, e.g. 500MiB (bytes per second).
     #[arg(long, value_parser = parse_size)]
     pub limit_rate: Option<u64>,
@@ -541,9 +545,10 @@ pub struct ImagePushArgs {
     /// Print one JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Chunk size: a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
-    pub chunk_size: u64,
+    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
+    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
+    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
+    pub chunk_size: xfer_proto::manifest::ChunkSize,
     /// Cap the total send rate, e.g. 500MiB (bytes per second).
     #[arg(long, value_parser = parse_size)]
     pub limit_rate: Option<u64>,
@@ -591,9 +596,10 @@ pub struct PullArgs {
     /// The cluster credential, needed with --to.
     #[arg(long, env = "XFER_KEY")]
     pub key: Option<PathBuf>,
-    /// Chunk size: a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
-    pub chunk_size: u64,
+    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
+    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
+    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
+    pub chunk_size: xfer_proto::manifest::ChunkSize,
     /// Seconds to wait for each agent to answer.
     #[arg(long, default_value_t = 5)]
     pub connect_timeout: u64,
@@ -675,9 +681,10 @@ pub struct DemoArgs {
     /// The demo's working folder (model, roots, keys, logs).
     #[arg(long, default_value = "/tmp/xfer-demo")]
     pub dir: PathBuf,
-    /// Chunk size: a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "4MiB", value_parser = parse_chunk)]
-    pub chunk_size: u64,
+    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
+    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
+    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
+    pub chunk_size: xfer_proto::manifest::ChunkSize,
     /// The local Hub look-alike's cap per connection (bytes per second),
     /// as a CDN caps each connection; the pull uses 8.
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
@@ -688,14 +695,17 @@ pub struct DemoArgs {
     pub no_engine: bool,
 }
 
-/// `--chunk-size`: a power of two from 64 KiB to 256 MiB.
-pub fn parse_chunk(s: &str) -> Result<u64, String> {
+/// `--chunk-size`: `auto`, or a power of two from 64 KiB to 256 MiB.
+pub fn parse_chunk(s: &str) -> Result<xfer_proto::manifest::ChunkSize, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(xfer_proto::manifest::ChunkSize::Auto);
+    }
     let n = parse_size(s).map_err(|e| e.to_string())?;
     if xfer_proto::hash::is_valid_chunk_size(n) {
-        Ok(n)
+        Ok(xfer_proto::manifest::ChunkSize::Fixed(n))
     } else {
         Err(format!(
-            "{s} is not a power of two between 64KiB and 256MiB"
+            "{s} is neither auto nor a power of two between 64KiB and 256MiB"
         ))
     }
 }

@@ -39,6 +39,7 @@ use xfer::hub::pull::PullOptions;
 use xfer::hub_lookalike::DemoHub;
 use xfer::store::verify::verify;
 use xfer::util::progress::Progress;
+use xfer_proto::manifest::ChunkSize;
 use xfer_proto::repo::{RepoRef, RepoType};
 use xfer_proto::units::Bytes;
 
@@ -48,7 +49,7 @@ pub struct DemoOptions {
     pub size: u64,
     pub nodes: usize,
     pub dir: PathBuf,
-    pub chunk_size: u64,
+    pub chunk_size: ChunkSize,
     /// The Hub look-alike's cap per connection, bytes per second.
     pub hub_rate: u64,
     /// End by serving a tiny model with real vLLM when it is installed.
@@ -381,7 +382,7 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
 }
 
 /// The demo's pull: its repo, 8 connections, chunk hashes at `chunk_size`.
-fn pull_options(chunk_size: Option<u64>) -> PullOptions {
+fn pull_options(chunk_size: Option<ChunkSize>) -> PullOptions {
     PullOptions {
         repo: RepoRef::parse(REPO, RepoType::Model).expect("the demo's repo id is valid"),
         include: Vec::new(),
@@ -417,7 +418,7 @@ fn start_nodes(
         .collect()
 }
 
-fn push_options(agents: &[Agent], key: &Path, chunk_size: u64) -> Result<PushOptions> {
+fn push_options(agents: &[Agent], key: &Path, chunk_size: ChunkSize) -> Result<PushOptions> {
     Ok(PushOptions {
         src: PathBuf::new(),
         to: agents

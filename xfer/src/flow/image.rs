@@ -26,6 +26,7 @@ use crate::transport::select::TransportChoice;
 use crate::util::progress::Progress;
 use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::image::{Digest, ImageDesc};
+use xfer_proto::manifest::ChunkSize;
 use xfer_proto::units::Bytes;
 
 /// How long one node may take to check and load an image.
@@ -117,7 +118,7 @@ pub struct ImagePushOptions {
     /// QUIC or RDMA, and which NIC (chosen after the image is found).
     pub transport: TransportChoice,
     /// Chunk size of each blob's push.
-    pub chunk_size: u64,
+    pub chunk_size: ChunkSize,
     /// `--limit-rate` of each blob's push.
     pub limit_rate: Option<u64>,
     /// How long to wait for each connection.

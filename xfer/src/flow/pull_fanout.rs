@@ -30,6 +30,7 @@ use crate::store::hashcache::{FileStamp, HashCache};
 use crate::store::scan::{scan_selected, SourceTree};
 use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
+use xfer_proto::manifest::ChunkSize;
 use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
 
@@ -118,6 +119,11 @@ pub async fn pull_and_fan_out(
 
     // The pull hashes chunks as it downloads; the final round takes them
     // from here instead of reading the files again.
+    // File by file, every round must hash at one size, fixed before the
+    // listing is known: auto is the default size there.
+    if mode == FanOut::Files && push.chunk_size == ChunkSize::Auto {
+        push.chunk_size = ChunkSize::Fixed(xfer_proto::manifest::DEFAULT_CHUNK_SIZE);
+    }
     opts.chunk_size = Some(push.chunk_size);
     let hashes = Arc::new(Mutex::new(HashCache::for_tree(&root)));
     let ready: Arc<Mutex<BTreeSet<RelPath>>> = Default::default();
@@ -200,7 +206,11 @@ pub async fn pull_and_fan_out(
     if !local_dir && revision != summary.commit {
         set.insert(crate::hub::cache::ref_file(&revision).map_err(anyhow::Error::msg)?);
     }
-    let tree = select(&root, push.chunk_size, set, &hashes).await?;
+    // At the size the pull hashed at (auto resolved from its listing).
+    let chunk_size = summary
+        .chunk_size
+        .map_or(push.chunk_size, ChunkSize::Fixed);
+    let tree = select(&root, chunk_size, set, &hashes).await?;
     let quiet = Progress::new(false);
     let last = push::deliver(&push, &name, &tree, 0.0, &quiet).await?;
     bytes_sent += last.bytes_sent;
@@ -365,7 +375,7 @@ fn record_chunks(hashes: &Mutex<HashCache>, f: &PlacedFile) {
 /// chunk hashes neither the pull nor an earlier round recorded.
 async fn select(
     root: &Path,
-    chunk_size: u64,
+    chunk_size: ChunkSize,
     paths: BTreeSet<RelPath>,
     hashes: &Arc<Mutex<HashCache>>,
 ) -> Result<SourceTree> {
@@ -414,13 +424,13 @@ mod tests {
             },
         );
         let only: BTreeSet<RelPath> = [RelPath::new("blobs/abc").unwrap()].into();
-        let tree = select(&root, 65536, only.clone(), &hashes).await.unwrap();
+        let tree = select(&root, 65536.into(), only.clone(), &hashes).await.unwrap();
         let Entry::File(f) = &tree.manifest.entries[0] else {
             panic!("{:?}", tree.manifest.entries)
         };
         assert_eq!(f.chunks, planted);
         // At another chunk size they do not apply: the file is hashed.
-        let tree = select(&root, 131072, only, &hashes).await.unwrap();
+        let tree = select(&root, 131072.into(), only, &hashes).await.unwrap();
         let Entry::File(f) = &tree.manifest.entries[0] else {
             panic!()
         };

@@ -39,6 +39,7 @@ use crate::util::progress::Progress;
 use crate::util::rate::RateLimiter;
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::hash::Hash;
+use xfer_proto::manifest::ChunkSize;
 use xfer_proto::hello::Service;
 use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::transfer::{FallbackRoute, HomeSlots, SwarmPeer, TransferMsg};
@@ -62,8 +63,8 @@ pub struct PushOptions {
     pub cred: Arc<Credential>,
     /// The model's name on the agents (default: the source folder's name).
     pub name: Option<ModelName>,
-    /// The chunk size, in bytes.
-    pub chunk_size: u64,
+    /// The chunk size (auto: from the tree's size).
+    pub chunk_size: ChunkSize,
     /// Caps the send rate, in bytes per second (`--limit-rate`).
     pub limit_rate: Option<u64>,
     /// How long connecting to an agent may take.

@@ -33,6 +33,7 @@ use crate::util::beneath::{create_dir_all_durable, rename_durable, write_file_du
 use crate::util::progress::Progress;
 use xfer_proto::draft::Draft;
 use xfer_proto::hash::Hash;
+use xfer_proto::manifest::ChunkSize;
 use xfer_proto::relpath::RelPath;
 use xfer_proto::repo::RepoRef;
 use xfer_proto::units::Bytes;
@@ -53,8 +54,10 @@ pub struct PullOptions {
     /// Bytes per ranged request.
     pub part_size: u64,
     /// Also compute each file's BLAKE3 chunk hashes at this chunk size, in
-    /// the same pass as its Hub hash (for a fan-out, which sends them).
-    pub chunk_size: Option<u64>,
+    /// the same pass as its Hub hash (for a fan-out, which sends them);
+    /// auto picks it from the listed files' size
+    /// ([`PullSummary::chunk_size`] says which).
+    pub chunk_size: Option<ChunkSize>,
 }
 
 /// The `--json` summary (read back by the integration tests).
@@ -99,6 +102,10 @@ pub struct PullSummary {
     pub duration_s: f64,
     /// Downloaded bytes per second over the whole run, in MB/s.
     pub rate_mb_s: f64,
+    /// The chunk size the files were hashed at, when asked to
+    /// ([`PullOptions::chunk_size`]).
+    #[serde(default)]
+    pub chunk_size: Option<u64>,
 }
 
 /// How every file was checked.
@@ -319,7 +326,9 @@ pub async fn pull(
     }
 
     // A streaming fan-out hears of the files first (with chunk hashes).
-    let draft = match (&on_draft, opts.chunk_size) {
+    let chunk_size = opts.chunk_size.map(|c| c.for_bytes(summary.bytes_total));
+    summary.chunk_size = chunk_size;
+    let draft = match (&on_draft, chunk_size) {
         (Some(on), Some(cs)) => {
             let (d, paths) =
                 draft_of(&layout, &files, cs).map_err(|e| anyhow::anyhow!("{}: {e}", repo.id))?;
@@ -388,7 +397,7 @@ pub async fn pull(
                 url: repo.resolve_url(ep, &commit, f.path.as_str()),
                 size: f.size,
                 expected: f.expected.clone(),
-                chunk_size: opts.chunk_size,
+                chunk_size,
                 incomplete,
                 sidecar,
             }

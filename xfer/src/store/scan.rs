@@ -17,7 +17,9 @@ use rayon::prelude::*;
 
 use crate::store::hashcache::{FileStamp, HashCache};
 use xfer_proto::hash::{self, Hash};
-use xfer_proto::manifest::{dots_only_leading, Entry, FileEntry, Manifest, MANIFEST_VERSION};
+use xfer_proto::manifest::{
+    dots_only_leading, ChunkSize, Entry, FileEntry, Manifest, MANIFEST_VERSION,
+};
 use xfer_proto::relpath::RelPath;
 
 /// A scanned tree: its manifest, and where each file's bytes live on disk
@@ -32,7 +34,11 @@ pub struct SourceTree {
 
 /// Walks `root` and hashes every file with the given chunk size.
 /// `progress` is called with the byte count of each chunk as it is hashed.
-pub fn scan(root: &Path, chunk_size: u64, progress: &(dyn Fn(u64) + Sync)) -> Result<SourceTree> {
+pub fn scan(
+    root: &Path,
+    chunk_size: impl Into<ChunkSize>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<SourceTree> {
     scan_cached(root, chunk_size, None, progress)
 }
 
@@ -41,7 +47,7 @@ pub fn scan(root: &Path, chunk_size: u64, progress: &(dyn Fn(u64) + Sync)) -> Re
 /// the new ones in it.
 pub fn scan_cached(
     root: &Path,
-    chunk_size: u64,
+    chunk_size: impl Into<ChunkSize>,
     cache: Option<&mut HashCache>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<SourceTree> {
@@ -53,13 +59,14 @@ pub fn scan_cached(
 /// written, such as a Hugging Face cache folder mid-download.
 pub fn scan_selected(
     root: &Path,
-    chunk_size: u64,
+    chunk_size: impl Into<ChunkSize>,
     mut cache: Option<&mut HashCache>,
     keep: &dyn Fn(&RelPath) -> bool,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<SourceTree> {
-    if !hash::is_valid_chunk_size(chunk_size) {
-        bail!("chunk size {chunk_size} is not a power of two between 64 KiB and 256 MiB; pick e.g. 4MiB");
+    let chunk_size: ChunkSize = chunk_size.into();
+    if !chunk_size.is_valid() {
+        bail!("chunk size {chunk_size:?} is not a power of two between 64 KiB and 256 MiB; pick e.g. 4MiB, or auto");
     }
     let meta = fs::metadata(root).with_context(|| format!("cannot read {}", root.display()))?;
     if !meta.is_dir() {
@@ -91,6 +98,8 @@ pub fn scan_selected(
             _ => None,
         })
         .collect();
+    // Auto picks from the tree's size, known now, before any hashing.
+    let chunk_size = chunk_size.for_bytes(sizes.iter().sum());
 
     // Take what the cache knows; hash every other chunk in parallel.
     let mut known: Vec<Option<Vec<Hash>>> = vec![None; sizes.len()];

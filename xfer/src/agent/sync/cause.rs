@@ -134,7 +134,7 @@ mod tests {
                     data: None,
                 },
             ],
-            chunk_size: 4 << 20,
+            chunk_size: xfer_proto::manifest::ChunkSize::Auto,
             limit_rate: None,
             transport: TransportChoice::Auto,
             peers: None,

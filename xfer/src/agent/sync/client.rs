@@ -21,6 +21,7 @@ use crate::config::cluster::{Cluster, Node};
 use crate::hub::env::HubSettings;
 pub use crate::transport::select::TransportChoice;
 use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
+use xfer_proto::manifest::ChunkSize;
 use xfer_proto::names::ModelName;
 use xfer_proto::repo::RepoType;
 use xfer_proto::text::{wrap, Table};
@@ -44,8 +45,8 @@ pub struct SyncRequest {
     pub name: Option<String>,
     /// The kind of Hub repo (`--repo-type`).
     pub repo_type: RepoType,
-    /// The chunk size, in bytes.
-    pub chunk_size: u64,
+    /// The chunk size (auto: from the model's size).
+    pub chunk_size: ChunkSize,
     /// Caps the source's send rate, in bytes per second.
     pub limit_rate: Option<u64>,
     /// The data plane the source node offers.

@@ -208,7 +208,7 @@ mod tests {
                 agent: "10.0.0.2:7470".into(),
                 data: None,
             }],
-            chunk_size: 4 << 20,
+            chunk_size: xfer_proto::manifest::ChunkSize::Auto,
             limit_rate: None,
             transport: TransportChoice::Auto,
             peers: None,

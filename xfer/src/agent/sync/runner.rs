@@ -650,9 +650,8 @@ impl Runner {
                 .await
                 .map_err(|e| cause::of_error(&e))?;
             let dir = self.store.model_dir(&spec.name);
-            let tree = tokio::task::spawn_blocking(move || {
-                crate::store::scan::scan(&dir, 4 << 20, &|_| {})
-            })
+            let cs = spec.chunk_size;
+            let tree = tokio::task::spawn_blocking(move || crate::store::scan::scan(&dir, cs, &|_| {}))
             .await
             .map_err(|e| RoundError::retry(e.to_string()))?
             .map_err(|e| cause::of_error(&e))?;

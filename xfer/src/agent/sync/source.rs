@@ -276,7 +276,7 @@ mod tests {
             source: JobSource::Path("/home/op/local/m".into()),
             source_node: "a".into(),
             members: Vec::new(),
-            chunk_size: 4 << 20,
+            chunk_size: xfer_proto::manifest::ChunkSize::Auto,
             limit_rate: None,
             transport: Default::default(),
             peers: None,
