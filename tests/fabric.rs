@@ -550,3 +550,99 @@ fn a_fabric_back_mid_push_carries_the_rest_beside_management() {
         lanes[1]
     );
 }
+
+/// Bytes an nft counter named `name` in table `inet xcount` of host `i`
+/// has counted.
+fn counted(f: &Fab, i: u32, name: &str) -> u64 {
+    let out = f
+        .c
+        .exec(i, "nft")
+        .args(["-j", "list", "counter", "inet", "xcount", name])
+        .output()
+        .expect("nft");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|e| e["counter"]["bytes"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Two receivers whose fabric cannot reach each other (each drops the
+/// other's fabric address) while both reach the source over it: their
+/// peer links fall back to management. Once the block is lifted
+/// mid-push, each link tries the data address again, finds it answers,
+/// and is made again over it, so the rest of what the two exchange goes
+/// over the fabric (counted on h2's fabric from h1's fabric address).
+#[test]
+fn a_peer_link_over_management_moves_to_the_fabric_once_it_answers() {
+    let Some(f) = Fab::start("pl", 2, 1..=2) else {
+        return;
+    };
+    let (fab1, fab2) = (f.c.fabric_ip(1), f.c.fabric_ip(2));
+    let block = |i: u32, other: &str| {
+        nft(
+            &f.c,
+            i,
+            &format!(
+                "table inet xblock {{\n chain in {{ type filter hook input priority 0; ip saddr {other} drop\n }}\n chain out {{ type filter hook output priority 0; ip daddr {other} drop\n }}\n}}\n"
+            ),
+        )
+    };
+    block(1, &fab2);
+    block(2, &fab1);
+    nft(
+        &f.c,
+        2,
+        &format!(
+            "table inet xcount {{\n counter peer {{ }}\n chain in {{ type filter hook input priority -10; iifname \"eth1\" ip saddr {fab1} counter name \"peer\"\n }}\n}}\n"
+        ),
+    );
+    let src = f.model("m", 32 * MIB, 183);
+    let bytes = tree_bytes(&src);
+    let to = data_addrs(&f.c, 1..=2);
+    let mut cmd = push_from_source(&f.c, &src, &to, &f.key, &f.t.path().join("xdg"));
+    cmd.args(["--limit-rate", "1MiB"]);
+    let push = Proc::spawn(&mut cmd);
+    // The event: a peer link was made over management (the receiver's
+    // own warning).
+    let over_mgmt = |i: u32| {
+        fs::read_to_string(f.log(i))
+            .unwrap_or_default()
+            .contains("over management")
+    };
+    wait_until(
+        "a peer link over management",
+        Duration::from_secs(120),
+        || over_mgmt(1) && over_mgmt(2),
+    );
+    let before = counted(&f, 2, "peer");
+    for i in 1..=2 {
+        nft(&f.c, i, "delete table inet xblock\n");
+    }
+    let r = push.wait(Duration::from_secs(180));
+    r.assert_ok("xfer push with peer links back on the fabric");
+    let (_, s) = push_json(&r);
+    for (k, i) in (1..=2).enumerate() {
+        assert!(s.nodes[k].ok, "{:#?}", s.nodes[k]);
+        assert_same_tree(&src, &f.root(i).join("m"));
+    }
+    let moved = (1..=2)
+        .filter(|&i| {
+            fs::read_to_string(f.log(i))
+                .unwrap_or_default()
+                .contains("answers again; linking over it")
+        })
+        .count();
+    let peer_fabric = counted(&f, 2, "peer") - before;
+    eprintln!(
+        "fabric: {peer_fabric} bytes from h1's fabric address reached h2 after the block was lifted, of {bytes}; {moved} link(s) moved"
+    );
+    assert!(moved >= 1, "no peer link moved to the fabric:\n{}", f.logs());
+    assert!(
+        peer_fabric >= bytes / 16,
+        "only {peer_fabric} bytes of {bytes} came from h1 over the fabric after the block:\n{}",
+        f.logs()
+    );
+}

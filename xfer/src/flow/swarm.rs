@@ -15,6 +15,7 @@
 //! [`serve_peer`] (the serving side, driven by the agent).
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,6 +47,11 @@ const JOIN_WAIT: Duration = Duration::from_secs(10);
 const FIRST_LINKS_WAIT: Duration = Duration::from_secs(3);
 /// Pause between attempts to (re)link a peer.
 const RELINK_EVERY: Duration = Duration::from_secs(1);
+/// How often a link that fell back to management tries the peer's data
+/// address again (as the source does for its own connections).
+const REPROBE_EVERY: Duration = Duration::from_secs(2);
+/// How long one such try may take.
+const REPROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most chunk numbers in one `Has` message.
 const HAS_BATCH: usize = 4096;
 
@@ -405,8 +411,14 @@ async fn keep_linked(
             r = handshake(&plan, &peer) => r,
             _ = cancel.cancelled() => return,
         };
+        let mut at_once = false;
         match linked {
-            Ok((conn, mut recv, has)) => {
+            Ok(Handshook {
+                conn,
+                mut recv,
+                has,
+                over_management,
+            }) => {
                 let fetcher =
                     Fetcher::connect(conn.clone(), plan.nic.as_ref(), plan.chunk_size).await;
                 let joined = (id, fetcher.clone(), has.clone());
@@ -422,8 +434,19 @@ async fn keep_linked(
                     });
                 }
                 plan.tally.link_up(id, false);
+                // Over management, the data address is tried again; once it
+                // answers, the link is made again over it (the fabric
+                // carries the rest; chunks in flight are asked again).
                 let why = tokio::select! {
                     why = follow(&mut recv, id, plan.chunks, &tx) => why,
+                    () = data_answers(&plan.endpoint, peer.addr), if over_management => {
+                        tracing::info!(
+                            "peer {id}: its data address {} answers again; linking over it",
+                            peer.addr
+                        );
+                        at_once = true;
+                        "its data address answers again".to_string()
+                    }
                     _ = cancel.cancelled() => "unlinked by the source".to_string(),
                 };
                 plan.tally.link_down(id, false);
@@ -448,6 +471,9 @@ async fn keep_linked(
                 }
             }
         }
+        if at_once {
+            continue;
+        }
         tokio::select! {
             _ = tokio::time::sleep(RELINK_EVERY) => {}
             _ = cancel.cancelled() => return,
@@ -455,12 +481,33 @@ async fn keep_linked(
     }
 }
 
+/// Returns once `data` answers a QUIC handshake, tried every
+/// [`REPROBE_EVERY`]; the probe's connection is closed at once.
+async fn data_answers(ep: &Endpoint, data: SocketAddr) {
+    loop {
+        tokio::time::sleep(REPROBE_EVERY).await;
+        match route::connect(ep, data, None, REPROBE_TIMEOUT).await {
+            Ok(c) => {
+                c.conn.close(0u32.into(), b"probe");
+                return;
+            }
+            Err(e) => tracing::debug!("{data}: the data address still does not answer: {e}"),
+        }
+    }
+}
+
+/// A link made: the connection, its announcement stream, the peer's
+/// bitfield, and whether it goes over management.
+struct Handshook {
+    conn: Connection,
+    recv: quinn::RecvStream,
+    has: ChunkSet,
+    over_management: bool,
+}
+
 /// Connects to a peer (its data address, else its management address,
 /// recorded in the tally), joins, and reads its bitfield.
-async fn handshake(
-    plan: &LinkPlan,
-    peer: &SwarmPeer,
-) -> Result<(Connection, quinn::RecvStream, ChunkSet)> {
+async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook> {
     let connected = route::connect(
         &plan.endpoint,
         peer.addr,
@@ -470,6 +517,7 @@ async fn handshake(
     .await?;
     let conn = connected.conn;
     let addr = conn.remote_address();
+    let over_management = connected.fell_back.is_some();
     if let Some(error) = connected.fell_back {
         let route = FallbackRoute {
             from: plan.label.clone(),
@@ -497,7 +545,12 @@ async fn handshake(
         .map_err(|_| anyhow::anyhow!("{addr} did not answer the join"))??;
     match reply {
         TransferMsg::Bitfield { has } if has.is_well_formed() && has.capacity() == plan.chunks => {
-            Ok((conn, recv, has))
+            Ok(Handshook {
+                conn,
+                recv,
+                has,
+                over_management,
+            })
         }
         TransferMsg::Failed(r) => {
             conn.close(0u32.into(), b"refused");
