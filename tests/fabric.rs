@@ -554,12 +554,11 @@ fn a_fabric_back_mid_push_carries_the_rest_beside_management() {
 /// Bytes an nft counter named `name` in table `inet xcount` of host `i`
 /// has counted.
 fn counted(f: &Fab, i: u32, name: &str) -> u64 {
-    let out = f
-        .c
-        .exec(i, "nft")
-        .args(["-j", "list", "counter", "inet", "xcount", name])
-        .output()
-        .expect("nft");
+    let out =
+        f.c.exec(i, "nft")
+            .args(["-j", "list", "counter", "inet", "xcount", name])
+            .output()
+            .expect("nft");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     v["nftables"]
         .as_array()
@@ -639,7 +638,11 @@ fn a_peer_link_over_management_moves_to_the_fabric_once_it_answers() {
     eprintln!(
         "fabric: {peer_fabric} bytes from h1's fabric address reached h2 after the block was lifted, of {bytes}; {moved} link(s) moved"
     );
-    assert!(moved >= 1, "no peer link moved to the fabric:\n{}", f.logs());
+    assert!(
+        moved >= 1,
+        "no peer link moved to the fabric:\n{}",
+        f.logs()
+    );
     assert!(
         peer_fabric >= bytes / 16,
         "only {peer_fabric} bytes of {bytes} came from h1 over the fabric after the block:\n{}",

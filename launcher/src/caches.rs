@@ -43,7 +43,6 @@ use crate::preflight::{Row, Verdict};
 /// The check's name in the table.
 pub const CHECK: &str = "caches";
 
-
 /// The snapshot's model name for this launch, when it has caches.
 pub fn snapshot_name(setup: &Setup) -> Option<String> {
     (!setup.caches.is_empty())

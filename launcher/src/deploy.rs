@@ -33,7 +33,6 @@ const WEIGHTS: &str = "weights";
 /// The check whose failure an image delivery can fix.
 const IMAGE: &str = "image";
 
-
 /// How the phases before `up` went.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Phases {

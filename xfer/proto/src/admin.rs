@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::hash::Hash;
-use crate::manifest::ChunkSize;
 use crate::image::{ImageDesc, ImageLoadReport, ImageStatus};
+use crate::manifest::ChunkSize;
 use crate::names::ModelName;
 pub use crate::refusal::Refusal;
 use crate::transfer::FallbackRoute;

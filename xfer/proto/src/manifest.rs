@@ -967,5 +967,4 @@ pub(crate) mod tests {
         assert_eq!(ChunkSize::Auto.to_string(), "auto");
         assert_eq!(ChunkSize::Fixed(256 << 10).to_string(), "256KiB");
     }
-
 }

@@ -207,9 +207,7 @@ pub async fn pull_and_fan_out(
         set.insert(crate::hub::cache::ref_file(&revision).map_err(anyhow::Error::msg)?);
     }
     // At the size the pull hashed at (auto resolved from its listing).
-    let chunk_size = summary
-        .chunk_size
-        .map_or(push.chunk_size, ChunkSize::Fixed);
+    let chunk_size = summary.chunk_size.map_or(push.chunk_size, ChunkSize::Fixed);
     let tree = select(&root, chunk_size, set, &hashes).await?;
     let quiet = Progress::new(false);
     let last = push::deliver(&push, &name, &tree, 0.0, &quiet).await?;
@@ -424,7 +422,9 @@ mod tests {
             },
         );
         let only: BTreeSet<RelPath> = [RelPath::new("blobs/abc").unwrap()].into();
-        let tree = select(&root, 65536.into(), only.clone(), &hashes).await.unwrap();
+        let tree = select(&root, 65536.into(), only.clone(), &hashes)
+            .await
+            .unwrap();
         let Entry::File(f) = &tree.manifest.entries[0] else {
             panic!("{:?}", tree.manifest.entries)
         };

@@ -39,8 +39,8 @@ use crate::util::progress::Progress;
 use crate::util::rate::RateLimiter;
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::hash::Hash;
-use xfer_proto::manifest::ChunkSize;
 use xfer_proto::hello::Service;
+use xfer_proto::manifest::ChunkSize;
 use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::transfer::{FallbackRoute, HomeSlots, SwarmPeer, TransferMsg};
 

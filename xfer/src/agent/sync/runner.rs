@@ -651,10 +651,11 @@ impl Runner {
                 .map_err(|e| cause::of_error(&e))?;
             let dir = self.store.model_dir(&spec.name);
             let cs = spec.chunk_size;
-            let tree = tokio::task::spawn_blocking(move || crate::store::scan::scan(&dir, cs, &|_| {}))
-            .await
-            .map_err(|e| RoundError::retry(e.to_string()))?
-            .map_err(|e| cause::of_error(&e))?;
+            let tree =
+                tokio::task::spawn_blocking(move || crate::store::scan::scan(&dir, cs, &|_| {}))
+                    .await
+                    .map_err(|e| RoundError::retry(e.to_string()))?
+                    .map_err(|e| cause::of_error(&e))?;
             (tree.manifest.root(), Vec::new(), tree.manifest)
         } else {
             let s = crate::flow::pull_fanout::pull_and_fan_out(
