@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::args::SimulateArgs;
-use xfer::engine::sim::{self, Setup, THIS_MACHINE_CORES, THIS_MACHINE_LATENCY};
+use xfer::engine::sim::{self, Setup, THIS_MACHINE_CORES};
 use xfer::engine::topology;
 
 const MIB: f64 = 1_048_576.0;
@@ -119,7 +119,7 @@ fn setup(a: &SimulateArgs) -> Result<Setup> {
     let latency = a.latency_ms.map(|ms| ms / 1e3).unwrap_or(if a.ideal {
         50e-6
     } else {
-        THIS_MACHINE_LATENCY
+        sim::this_machine_latency(a.rate_mbit * 1e6 / 8.0)
     });
     let cores = match (a.cores, a.ideal) {
         (Some(c), _) => c / (n + 1) as f64,
