@@ -1240,6 +1240,98 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     assert!(lab.standins().is_empty(), "something started: {err}");
 }
 
+/// The model is a Hub repo at `main`, and the Hub's `main` moves after the
+/// first deploy (a new commit: config.json changed). Deploy again: the
+/// nodes still hold the old commit verified, and before this fix deploy
+/// said "nothing to move" and served it; now it reads the Hub's commit
+/// for `main` from the operator's machine, finds both nodes stale, syncs
+/// the new commit into the same name, and serves that (each node's
+/// `refs/main` names it and its snapshot holds the new config.json).
+#[test]
+fn deploy_after_the_hub_moved_main_syncs_the_new_commit_and_serves_it() {
+    need_root!();
+    let lab = Lab::up("xdm", 2, &[1, 2]);
+    let repos = lab.dir.join("repos");
+    let hub_repo = repos.join("org/tiny");
+    std::fs::create_dir_all(&hub_repo).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(lab.model("a").join(f), hub_repo.join(f)).unwrap();
+    }
+    let launch = lab.launch("vllm", "tiny", &[]).replace(
+        &format!("model = \"{}/tiny\"", lab.mnt.display()),
+        "model = \"org/tiny\"",
+    );
+    assert!(launch.contains("model = \"org/tiny\""), "{launch}");
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    lab.save_plan(&file);
+    let deploy = |endpoint: &str| {
+        std::fs::remove_dir_all(lab.out_dir()).unwrap();
+        std::fs::create_dir_all(lab.out_dir()).unwrap();
+        let out = Command::new(launch_bin())
+            .args(["deploy", "--cluster", file.to_str().unwrap(), "--json"])
+            .args(["--timeout", "120"])
+            .env("XDG_STATE_HOME", lab.dir.join("state"))
+            .env("HF_ENDPOINT", endpoint)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{stdout}{stderr}");
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(v["ready"], true, "{stdout}");
+        let down = lab.xl(&["down"], &file);
+        assert!(down.status.success(), "{}", text(&down.stderr));
+        (v, stderr)
+    };
+    let refs_main = |i: usize| {
+        std::fs::read_to_string(lab.root_of(i).join("models--org--tiny/refs/main"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+
+    let (hub, port) = hub_in_head(&lab, &repos, &[]);
+    let (v, _) = deploy(&format!("http://{}:{port}", lab.mgmt_ip(1)));
+    assert_eq!(v["phases"]["lacking"], serde_json::json!(["n1", "n2"]));
+    let first = refs_main(1);
+    assert_eq!(first.len(), 40, "{first:?}");
+    assert_eq!(refs_main(2), first);
+    drop(hub);
+
+    // main moves: a new config.json, so a new commit.
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(hub_repo.join("config.json")).unwrap()).unwrap();
+    config["xfer_test_revision"] = serde_json::json!(2);
+    let new_config = serde_json::to_vec_pretty(&config).unwrap();
+    std::fs::write(hub_repo.join("config.json"), &new_config).unwrap();
+    let (_hub, port) = hub_in_head(&lab, &repos, &[]);
+    let (v, stderr) = deploy(&format!("http://{}:{port}", lab.mgmt_ip(1)));
+    let phases = &v["phases"];
+    assert_eq!(
+        phases["lacking"],
+        serde_json::json!(["n1", "n2"]),
+        "the nodes' older commit was not noticed: {v:#}\n{stderr}"
+    );
+    assert!(stderr.contains("hold(s) an older commit"), "{stderr}");
+    assert!(phases["sync_s"].as_f64().is_some_and(|s| s > 0.0), "{v:#}");
+    let second = refs_main(1);
+    assert_ne!(second, first, "n1 still names the old commit");
+    assert_eq!(refs_main(2), second);
+    for i in 1..=2 {
+        let snap = lab
+            .root_of(i)
+            .join(format!("models--org--tiny/snapshots/{second}/config.json"));
+        assert_eq!(
+            std::fs::read(&snap).unwrap(),
+            new_config,
+            "n{i}'s config.json"
+        );
+    }
+    assert!(
+        v["readiness"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+        "{v:#}"
+    );
+}
+
 /// The stand-in's report of its compile cache on node `node`: whether it
 /// found the artifact (warm) or built it.
 fn cache_of(lab: &Lab, node: &str) -> Option<serde_json::Value> {

@@ -132,7 +132,30 @@ pub async fn prepare(
     if others > 0 {
         return Err(DeployError::ChecksFailed { failed: others });
     }
-    let lacking = nodes_of(failing(Some(WEIGHTS)), setup);
+    // A repo at a branch: the Hub's commit for it now, read from here, so
+    // nodes that hold an older one are synced too (and its size).
+    let listed = match &setup.model.repo {
+        Some(repo) => hub_listing(repo).await,
+        None => None,
+    };
+    let mut lacking = nodes_of(failing(Some(WEIGHTS)), setup);
+    if let Some((commit, _)) = &listed {
+        let stale = stale_nodes(&checked.nodes, commit, &lacking);
+        if !stale.is_empty() {
+            eprintln!(
+                "{} hold(s) an older commit of the model than the Hub's {}: syncing the new one there",
+                stale.join(", "),
+                &commit[..commit.len().min(12)]
+            );
+            lacking.extend(stale);
+            lacking = setup
+                .nodes
+                .iter()
+                .filter(|n| lacking.contains(&n.name))
+                .map(|n| n.name.clone())
+                .collect();
+        }
+    }
     let image_lacking = match &setup.container {
         Some(_) => nodes_of(failing(Some(IMAGE)), setup),
         None => Vec::new(),
@@ -150,10 +173,9 @@ pub async fn prepare(
     let cluster = Cluster::load(&setup.path).map_err(|e| DeployError::Setup(format!("{e:#}")))?;
     let cred =
         Arc::new(Credential::load(&setup.key).map_err(|e| DeployError::Setup(format!("{e:#}")))?);
-    if !lacking.is_empty() {
-        if let Some(repo) = &setup.model.repo {
-            check_space(repo, &checked, &lacking).await?;
-        }
+    if let (false, Some(repo), Some((_, total))) = (lacking.is_empty(), &setup.model.repo, &listed)
+    {
+        check_space(repo, &checked, &lacking, *total)?;
     }
     let model = async {
         if lacking.is_empty() {
@@ -191,33 +213,67 @@ pub async fn prepare(
 /// leaves the space to the agents' own check at the sync's start.
 const LISTING_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Every node in `lacking` has the space for the model, by the Hub's
-/// listing: its free space plus what it holds of the model already. When
-/// the Hub cannot be read from here, it says so and goes on (each agent
-/// refuses a sync it cannot hold when it starts, but the head may have
-/// downloaded by then).
-async fn check_space(
-    repo: &RepoRef,
-    checked: &Checked,
-    lacking: &[String],
-) -> Result<(), DeployError> {
+/// The Hub's commit for `repo`'s revision and the repo's size, read from
+/// the operator's machine (nothing is downloaded); `None`, with a warning,
+/// when the Hub does not answer within [`LISTING_TIMEOUT`] or
+/// `HF_HUB_OFFLINE` is set: the nodes' own copies and the agents' own
+/// space checks then decide.
+async fn hub_listing(repo: &RepoRef) -> Option<(String, u64)> {
     let name = format!("{}@{}", repo.id, repo.revision);
+    if std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| !v.is_empty() && v != "0") {
+        eprintln!(
+            "HF_HUB_OFFLINE is set: {name} is not looked up on the Hub; the nodes' copies decide"
+        );
+        return None;
+    }
     let sized = tokio::time::timeout(
         LISTING_TIMEOUT,
         hub_size(&repo.id, &repo.revision, repo.repo_type),
     )
     .await;
-    let total = match sized {
-        Ok(Ok((_, total))) => total,
+    match sized {
+        Ok(Ok(listed)) => Some(listed),
         Ok(Err(e)) => {
-            eprintln!("warning: cannot read {name}'s size from the Hub here ({e:#}); each agent checks its own space when the sync starts");
-            return Ok(());
+            eprintln!("warning: cannot read {name} from the Hub here ({e:#}); the nodes' copies decide, and each agent checks its own space when a sync starts");
+            None
         }
         Err(_) => {
-            eprintln!("warning: the Hub did not list {name} within {}s from here; each agent checks its own space when the sync starts", LISTING_TIMEOUT.as_secs());
-            return Ok(());
+            eprintln!("warning: the Hub did not list {name} within {}s from here; the nodes' copies decide, and each agent checks its own space when a sync starts", LISTING_TIMEOUT.as_secs());
+            None
         }
-    };
+    }
+}
+
+/// The nodes (not already in `lacking`) that hold the model at another
+/// commit than `commit`, the Hub's for the revision now.
+fn stale_nodes(
+    nodes: &[(String, Result<xfer_proto::launch::NodeFacts, String>)],
+    commit: &str,
+    lacking: &[String],
+) -> Vec<String> {
+    nodes
+        .iter()
+        .filter(|(n, _)| !lacking.contains(n))
+        .filter(|(_, f)| {
+            f.as_ref()
+                .ok()
+                .and_then(|f| f.weights.commit.as_deref())
+                .is_some_and(|held| held != commit)
+        })
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
+/// Every node in `lacking` has the space for the model, `total` bytes by
+/// the Hub's listing: its free space plus what it holds of the model
+/// already.
+fn check_space(
+    repo: &RepoRef,
+    checked: &Checked,
+    lacking: &[String],
+    total: u64,
+) -> Result<(), DeployError> {
+    let name = format!("{}@{}", repo.id, repo.revision);
     let short: Vec<String> = checked
         .nodes
         .iter()
