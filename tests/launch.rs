@@ -916,11 +916,41 @@ fn launch_of_repo(lab: &Lab, endpoint: &str, repo: &str) -> (String, String) {
         .unwrap();
     let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
     let commit = info["sha"].as_str().unwrap().to_string();
+    let launch = launch_of_model(lab, &format!("{repo}@{commit}"));
+    (commit, launch)
+}
+
+/// The lab's `[launch]` table with `model = "MODEL"` (a Hub repo, with
+/// `@REV` or at `main`).
+fn launch_of_model(lab: &Lab, model: &str) -> String {
     let launch = lab.launch("vllm", "tiny", &[]).replace(
         &format!("model = \"{}/tiny\"", lab.mnt.display()),
-        &format!("model = \"{repo}@{commit}\""),
+        &format!("model = \"{model}\""),
     );
-    (commit, launch)
+    assert!(launch.contains(&format!("model = \"{model}\"")), "{launch}");
+    launch
+}
+
+/// The Hub repo `org/tiny` under `repos`: the lab's small model (its
+/// config.json and model.safetensors). Returns its folder.
+fn tiny_repo(lab: &Lab, repos: &std::path::Path) -> std::path::PathBuf {
+    let hub_repo = repos.join("org/tiny");
+    std::fs::create_dir_all(&hub_repo).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(lab.model("a").join(f), hub_repo.join(f)).unwrap();
+    }
+    hub_repo
+}
+
+/// `xfer-launch deploy --cluster FILE ARGS` as the operator runs it, with
+/// the Hub look-alike at `endpoint` as `HF_ENDPOINT`.
+fn deploy_cmd(lab: &Lab, file: &std::path::Path, endpoint: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(launch_bin());
+    c.args(["deploy", "--cluster", file.to_str().unwrap()])
+        .args(args)
+        .env("XDG_STATE_HOME", lab.dir.join("state"))
+        .env("HF_ENDPOINT", endpoint);
+    c
 }
 
 /// What the Hub look-alike in the head's namespace says it did (`/_stats`).
@@ -955,14 +985,7 @@ fn deploy_killed_mid_sync_resumes_and_downloads_the_model_once() {
     let (commit, launch) = launch_of_repo(&lab, &endpoint, "org/big");
     let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
     lab.save_plan(&file);
-    let deploy = || {
-        let mut c = Command::new(launch_bin());
-        c.args(["deploy", "--cluster", file.to_str().unwrap()])
-            .args(["--json", "--timeout", "120"])
-            .env("XDG_STATE_HOME", lab.dir.join("state"))
-            .env("HF_ENDPOINT", &endpoint);
-        c
-    };
+    let deploy = || deploy_cmd(&lab, &file, &endpoint, &["--json", "--timeout", "120"]);
     // The first deploy, killed once the Hub has sent half the shard and
     // holds the rest.
     let first_log = lab.dir.join("first-deploy.log");
@@ -1103,16 +1126,9 @@ fn deploy_to_a_node_whose_disk_is_too_small_stops_before_the_download() {
         .unwrap();
     let (_hub, port) = hub_in_head(&lab, &repos, &[]);
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
-    let launch = lab.launch("vllm", "tiny", &[]).replace(
-        &format!("model = \"{}/tiny\"", lab.mnt.display()),
-        "model = \"org/big\"",
-    );
+    let launch = launch_of_model(&lab, "org/big");
     let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
-    let out = Command::new(launch_bin())
-        .args(["deploy", "--cluster", file.to_str().unwrap()])
-        .args(["--timeout", "60"])
-        .env("XDG_STATE_HOME", lab.dir.join("state"))
-        .env("HF_ENDPOINT", &endpoint)
+    let out = deploy_cmd(&lab, &file, &endpoint, &["--timeout", "60"])
         .output()
         .unwrap();
     let err = text(&out.stderr);
@@ -1144,30 +1160,20 @@ fn deploy_to_a_node_whose_disk_is_too_small_stops_before_the_download() {
 fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothing() {
     need_root!();
     let lab = Lab::up("xdp", 2, &[1, 2]);
-    // The repo: the lab's small model under org/tiny.
     let repos = lab.dir.join("repos");
-    let hub_repo = repos.join("org/tiny");
-    std::fs::create_dir_all(&hub_repo).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(lab.model("a").join(f), hub_repo.join(f)).unwrap();
-    }
+    let hub_repo = tiny_repo(&lab, &repos);
     let (_hub, port) = hub_in_head(&lab, &repos, &[]);
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
     let (commit, launch) = launch_of_repo(&lab, &endpoint, "org/tiny");
     let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
     lab.save_plan(&file);
 
-    let deploy = |args: &[&str]| {
-        let mut a = vec!["deploy", "--cluster", file.to_str().unwrap(), "--json"];
-        a.extend(args);
-        Command::new(launch_bin())
-            .args(&a)
-            .env("XDG_STATE_HOME", lab.dir.join("state"))
-            .env("HF_ENDPOINT", &endpoint)
+    let deploy = || {
+        deploy_cmd(&lab, &file, &endpoint, &["--json", "--timeout", "120"])
             .output()
             .unwrap()
     };
-    let out = deploy(&["--timeout", "120"]);
+    let out = deploy();
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}{stderr}");
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
@@ -1203,7 +1209,7 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     // Again: nothing to sync, and it serves.
     std::fs::remove_dir_all(lab.out_dir()).unwrap();
     std::fs::create_dir_all(lab.out_dir()).unwrap();
-    let out = deploy(&["--timeout", "120"]);
+    let out = deploy();
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
@@ -1218,16 +1224,7 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     let file = lab.cluster_file("typo.toml", &typo, |i| lab.fabric(i));
     std::fs::remove_dir_all(lab.out_dir()).unwrap();
     std::fs::create_dir_all(lab.out_dir()).unwrap();
-    let out = Command::new(launch_bin())
-        .args([
-            "deploy",
-            "--cluster",
-            file.to_str().unwrap(),
-            "--timeout",
-            "60",
-        ])
-        .env("XDG_STATE_HOME", lab.dir.join("state"))
-        .env("HF_ENDPOINT", &endpoint)
+    let out = deploy_cmd(&lab, &file, &endpoint, &["--timeout", "60"])
         .output()
         .unwrap();
     let err = text(&out.stderr);
@@ -1252,26 +1249,14 @@ fn deploy_after_the_hub_moved_main_syncs_the_new_commit_and_serves_it() {
     need_root!();
     let lab = Lab::up("xdm", 2, &[1, 2]);
     let repos = lab.dir.join("repos");
-    let hub_repo = repos.join("org/tiny");
-    std::fs::create_dir_all(&hub_repo).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(lab.model("a").join(f), hub_repo.join(f)).unwrap();
-    }
-    let launch = lab.launch("vllm", "tiny", &[]).replace(
-        &format!("model = \"{}/tiny\"", lab.mnt.display()),
-        "model = \"org/tiny\"",
-    );
-    assert!(launch.contains("model = \"org/tiny\""), "{launch}");
+    let hub_repo = tiny_repo(&lab, &repos);
+    let launch = launch_of_model(&lab, "org/tiny");
     let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
     lab.save_plan(&file);
     let deploy = |endpoint: &str| {
         std::fs::remove_dir_all(lab.out_dir()).unwrap();
         std::fs::create_dir_all(lab.out_dir()).unwrap();
-        let out = Command::new(launch_bin())
-            .args(["deploy", "--cluster", file.to_str().unwrap(), "--json"])
-            .args(["--timeout", "120"])
-            .env("XDG_STATE_HOME", lab.dir.join("state"))
-            .env("HF_ENDPOINT", endpoint)
+        let out = deploy_cmd(&lab, &file, endpoint, &["--json", "--timeout", "120"])
             .output()
             .unwrap();
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));

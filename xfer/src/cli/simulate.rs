@@ -177,8 +177,19 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(s.costs, sim::Costs::THIS_MACHINE);
-        assert_eq!((s.chunks, s.receivers.len()), (32, 8));
+        // Auto, as the agents pick it: 256 KiB for 128 MiB.
+        assert_eq!(
+            (s.chunks, s.chunk_bytes, s.receivers.len()),
+            (512, 256 << 10, 8)
+        );
         assert_eq!(s.source.up, 12.5e6);
+        assert_eq!(s.source.latency, sim::THIS_MACHINE_LATENCY);
+        let s = setup(&args(
+            "xfer simulate --nodes 8 --rate-mbit 400 --size-mib 128 --chunk-size 4MiB",
+        ))
+        .unwrap();
+        assert_eq!((s.chunks, s.chunk_bytes), (32, 4 << 20));
+        assert_eq!(s.source.latency, sim::THIS_MACHINE_LATENCY / 4.0);
         assert_eq!(s.receivers[0].cores, THIS_MACHINE_CORES / 9.0);
         let s = setup(&args(
             "xfer simulate --nodes 8 --rate-mbit 100 --size-mib 128 --ideal --service-ms 3",

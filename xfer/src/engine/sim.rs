@@ -1711,12 +1711,15 @@ mod tests {
         },
     ];
 
-    /// How far the simulation may be from every figure of every row: 12 %,
-    /// since the rows of both chunk sizes are held by one preset (the worst
-    /// are 4 nodes at 100 Mbit/s in 4 MiB chunks, whose slowest node the
-    /// real runs put 0.07 × S/B behind their median and the preset does
-    /// not, and 4 nodes at 400 Mbit/s, which it puts 10 % slow).
-    const CALIBRATION_TOLERANCE: f64 = 0.12;
+    /// How far the simulation may be from every figure of the rows at N = 8
+    /// and 16 (the ask): 10 %.
+    const CALIBRATION_TOLERANCE: f64 = 0.10;
+    /// The same for the other rows: 12 %, since one preset holds the rows
+    /// of both chunk sizes (the worst are 4 nodes at 100 Mbit/s in 4 MiB
+    /// chunks, whose slowest node the real runs put 0.07 × S/B behind
+    /// their median and the preset does not, and 4 nodes at 400 Mbit/s,
+    /// which it puts 10 % slow).
+    const CALIBRATION_TOLERANCE_OTHERS: f64 = 0.12;
 
     /// (p50, max, source) of the simulation of `real`'s shape with the
     /// development machine's preset, the times over S/B.
@@ -1756,7 +1759,11 @@ mod tests {
                 ("source", src, real.source_x),
             ] {
                 let err = sim / real_x - 1.0;
-                if err.abs() > CALIBRATION_TOLERANCE {
+                let tolerance = match real.n {
+                    8 | 16 => CALIBRATION_TOLERANCE,
+                    _ => CALIBRATION_TOLERANCE_OTHERS,
+                };
+                if err.abs() > tolerance {
                     off.push(format!(
                         "N={} {what}: simulated {sim:.2} x, real {real_x:.2} x ({:+.0}%)",
                         real.n,
@@ -1765,7 +1772,7 @@ mod tests {
                 }
             }
         }
-        assert!(off.is_empty(), "off by more than 10%: {off:#?}");
+        assert!(off.is_empty(), "off by more than the tolerance: {off:#?}");
     }
 
     /// The knobs' defaults cost nothing: verification is what changes a
