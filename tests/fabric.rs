@@ -180,7 +180,7 @@ fn any_bytes_held(s: &Status, nodes: &[String], name: &str) -> bool {
 
 /// Syncs 256 MiB from h0 to h1..=hN over the cluster file (commands in the
 /// root namespace) and checks the issue's figures.
-fn sync_rides_the_fabric(tag: &str, n: u32, seed: u64) {
+fn sync_rides_the_fabric(tag: &str, n: u32, seed: u64, source_too: bool) {
     let _serial = rate_lock();
     let Some(f) = Fab::start(tag, n, 0..=n) else {
         return;
@@ -188,7 +188,8 @@ fn sync_rides_the_fabric(tag: &str, n: u32, seed: u64) {
     let src = f.model("m", 256 * MIB, seed);
     let want = manifest_root(&src);
     let bytes = tree_bytes(&src);
-    let nodes: Vec<String> = (1..=n).map(|i| format!("h{i}")).collect();
+    let first = if source_too { 0 } else { 1 };
+    let nodes: Vec<String> = (first..=n).map(|i| format!("h{i}")).collect();
     let floor = s_over_b(bytes, FABRIC_MBIT);
 
     let (m0, f0) = (f.c.mgmt_bytes(), f.c.fabric_bytes());
@@ -227,13 +228,14 @@ fn sync_rides_the_fabric(tag: &str, n: u32, seed: u64) {
     let mgmt_x = (m1 - m0) as f64 / bytes as f64;
     let fabric_x = (f1 - f0) as f64 / bytes as f64;
     eprintln!(
-        "fabric: sync of 256 MiB to {n} nodes: {took:.2} s = {:.2} x S/B of the fabric ({floor:.2} s); \
+        "fabric: sync of 256 MiB to {} nodes (the source's own among them: {source_too}): {took:.2} s = {:.2} x S/B of the fabric ({floor:.2} s); \
          management links carried {:.2}% of the model ({} bytes), the fabric {fabric_x:.2} x",
+        nodes.len(),
         took / floor,
         mgmt_x * 100.0,
         m1 - m0
     );
-    for i in 1..=n {
+    for i in first..=n {
         assert_same_tree(&src, &f.root(i).join("m"));
     }
     assert!(
@@ -246,12 +248,19 @@ fn sync_rides_the_fabric(tag: &str, n: u32, seed: u64) {
 
 #[test]
 fn sync_to_two_nodes_rides_the_fabric() {
-    sync_rides_the_fabric("fs2", 2, 161);
+    sync_rides_the_fabric("fs2", 2, 161, false);
+}
+
+/// The issue's shape: from a node's exported folder to 3 nodes, that node
+/// among them (it places its own copy from disk, outside the swarm).
+#[test]
+fn sync_from_an_export_to_three_nodes_with_its_own_rides_the_fabric() {
+    sync_rides_the_fabric("fs3", 2, 163, true);
 }
 
 #[test]
 fn sync_to_four_nodes_rides_the_fabric() {
-    sync_rides_the_fabric("fs4", 4, 162);
+    sync_rides_the_fabric("fs4", 4, 162, false);
 }
 
 /// The JSON summary of a push, whole (for the fields the typed summary
