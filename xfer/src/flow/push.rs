@@ -156,7 +156,9 @@ pub struct NodeSummary {
     pub max_peer_links: u32,
     /// Chunks that failed their check and were fetched again.
     pub corrupt_chunks: u64,
-    /// Seconds until it was done.
+    /// Seconds from the start of its delivery until it reported the model
+    /// verified (`Done`); for a node that failed, until it was given up.
+    /// The connection's close after `Done` is not in it.
     pub duration_s: f64,
     /// Chunk bytes sent over each QUIC connection to it, the first being
     /// the one the offer went on (`--connections`).
@@ -729,7 +731,11 @@ impl NodeCtx {
         }
         summary.bytes_sent = sent.load(Ordering::Relaxed);
         summary.bytes_sent_rdma = rdma_sent.load(Ordering::Relaxed);
-        summary.duration_s = started.elapsed().as_secs_f64();
+        let ended = match (summary.ok, summary.done_at) {
+            (true, Some(done)) => done,
+            _ => Instant::now(),
+        };
+        summary.duration_s = ended.saturating_duration_since(started).as_secs_f64();
         summary
     }
 
