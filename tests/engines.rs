@@ -978,6 +978,7 @@ async fn withholding_source(
         peers: Vec::new(),
         homes: None,
         bounded: false,
+        connections: 1,
     };
     write_frame(&mut send, &swarm).await.unwrap();
     match read_frame::<TransferMsg>(&mut recv).await.unwrap() {

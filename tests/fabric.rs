@@ -658,3 +658,32 @@ fn a_peer_link_over_management_moves_to_the_fabric_once_it_answers() {
         f.logs()
     );
 }
+
+/// `--connections 2` applies to the links between receivers too: every
+/// receiver's link to each of its peers is made over two connections
+/// (each joined like the first; chunk requests spread over both), and
+/// every copy is whole.
+#[test]
+fn connections_apply_to_peer_links_too() {
+    let Some(f) = Fab::start("pc", 3, 1..=3) else {
+        return;
+    };
+    let src = f.model("m", 24 * MIB, 185);
+    let to = data_addrs(&f.c, 1..=3);
+    let mut cmd = push_from_source(&f.c, &src, &to, &f.key, &f.t.path().join("xdg"));
+    cmd.args(["--connections", "2"]);
+    let r = run(&mut cmd, Duration::from_secs(180));
+    r.assert_ok("xfer push --connections 2 to three receivers");
+    let (_, s) = push_json(&r);
+    for (k, i) in (1..=3).enumerate() {
+        assert!(s.nodes[k].ok, "{:#?}", s.nodes[k]);
+        assert_same_tree(&src, &f.root(i).join("m"));
+        let log = fs::read_to_string(f.log(i)).unwrap_or_default();
+        let linked = log.matches("linked over 2 connections").count();
+        assert!(
+            linked >= 1,
+            "h{i} made no peer link over 2 connections:\n{}",
+            f.logs()
+        );
+    }
+}

@@ -219,6 +219,7 @@ fn wire_seeds() -> Vec<(String, Vec<u8>)> {
                 slots: vec![3, 7],
             }),
             bounded: true,
+            connections: 2,
         },
         TransferMsg::Join {
             name: name.clone(),

@@ -307,6 +307,7 @@ async fn open_offer(
         peers: Vec::new(),
         homes: None,
         bounded: false,
+        connections: 1,
     };
     write_frame(&mut send, &swarm).await.unwrap();
     match read_frame::<TransferMsg>(&mut recv).await.unwrap() {

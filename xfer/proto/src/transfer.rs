@@ -18,6 +18,9 @@ use crate::manifest::Manifest;
 use crate::names::ModelName;
 pub use crate::refusal::Refusal;
 
+/// Most connections a peer link opens, whatever a `Swarm` says.
+pub const MAX_PEER_CONNECTIONS: u32 = 64;
+
 /// Messages on a transfer stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum TransferMsg {
@@ -78,6 +81,10 @@ pub enum TransferMsg {
         homes: Option<HomeSlots>,
         /// Whether it sees only a few of the swarm's receivers.
         bounded: bool,
+        /// Connections each of its peer links opens (the push's
+        /// `--connections`; the receiver takes 1 to
+        /// [`MAX_PEER_CONNECTIONS`]).
+        connections: u32,
     },
     /// Receiver → receiver, opening a peer link: I am `from` in the swarm
     /// for model `name` with root `root`; announce what you hold.

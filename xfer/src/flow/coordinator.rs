@@ -33,6 +33,8 @@ pub struct Coordinator {
     /// By peer id - 1.
     members: Vec<SwarmPeer>,
     outboxes: Vec<mpsc::UnboundedSender<TransferMsg>>,
+    /// Connections each peer link opens (told in every `Swarm`).
+    connections: u32,
 }
 
 impl Coordinator {
@@ -43,6 +45,7 @@ impl Coordinator {
     pub fn new(
         members: Vec<SwarmPeer>,
         degree: u32,
+        connections: u32,
         root: Hash,
         chunks: u64,
     ) -> (Coordinator, Vec<mpsc::UnboundedReceiver<TransferMsg>>) {
@@ -64,6 +67,7 @@ impl Coordinator {
                 started: Instant::now(),
                 members,
                 outboxes,
+                connections,
             },
             inboxes,
         )
@@ -88,6 +92,7 @@ impl Coordinator {
             peers,
             homes: homes(topo.homes(id)),
             bounded: self.members.len() > topo.config().degree as usize + 1,
+            connections: self.connections,
         }
     }
 

@@ -331,8 +331,13 @@ pub(crate) async fn deliver_plan(
     let offer = Arc::new(plan.offer);
     let lane = Arc::new((plan.name.clone(), plan.key));
     let mut tasks = Vec::new();
-    let (coordinator, outboxes) =
-        Coordinator::new(members.clone(), opts.peers, plan.key, plan.map.len());
+    let (coordinator, outboxes) = Coordinator::new(
+        members.clone(),
+        opts.peers,
+        opts.connections as u32,
+        plan.key,
+        plan.map.len(),
+    );
     let coordinator = Arc::new(coordinator);
     let live = Arc::new(AtomicUsize::new(members.len()));
     for ((dest, member), outbox) in opts.to.iter().zip(&members).zip(outboxes) {
@@ -443,6 +448,7 @@ fn fed_by_source(swarm: TransferMsg) -> TransferMsg {
             peers,
             homes: None,
             bounded,
+            connections,
         } => TransferMsg::Swarm {
             me,
             peers,
@@ -451,6 +457,7 @@ fn fed_by_source(swarm: TransferMsg) -> TransferMsg {
                 slots: vec![0],
             }),
             bounded,
+            connections,
         },
         other => other,
     }

@@ -30,7 +30,7 @@ use crate::transport::Fetcher;
 use xfer_proto::chunkset::ChunkSet;
 use xfer_proto::frame::{MAX_FRAME, REQUEST_LIMIT};
 use xfer_proto::names::ModelName;
-use xfer_proto::transfer::{HomeSlots, Refusal, SwarmPeer, TransferMsg};
+use xfer_proto::transfer::{HomeSlots, Refusal, SwarmPeer, TransferMsg, MAX_PEER_CONNECTIONS};
 
 /// Bytes of the source's draft events read but not yet applied, at most:
 /// a source that floods events is read no faster than they are applied.
@@ -122,11 +122,13 @@ async fn read_swarm(recv: &mut quinn::RecvStream) -> Option<SwarmPlan> {
             peers,
             homes,
             bounded,
+            connections,
         })) => Some(SwarmPlan {
             me,
             peers,
             homes,
             bounded,
+            connections: connections.clamp(1, MAX_PEER_CONNECTIONS),
         }),
         _ => None,
     }
@@ -141,6 +143,8 @@ struct SwarmPlan {
     homes: Option<HomeSlots>,
     /// It sees only a few of the swarm's receivers.
     bounded: bool,
+    /// Connections per peer link.
+    connections: u32,
 }
 
 /// Homes as the scheduler takes them; a malformed set is none.
@@ -200,6 +204,7 @@ async fn run_transfer(
         peers: members,
         homes,
         bounded,
+        connections,
     }) = swarm
     {
         // The policy the simulator measured for each kind of swarm.
@@ -241,6 +246,7 @@ async fn run_transfer(
             chunks,
             chunk_size: transfer.map().chunk_size(),
             nic: ctx.nic.clone(),
+            connections,
         };
         let (joined, updates, l) = swarm::link_peers(plan, linking.clone()).await;
         tracing::info!("{name}: linked to {} peers", joined.len());

@@ -29,6 +29,7 @@ use crate::flow::receive::{PeerUpdate, Tally};
 use crate::flow::route;
 use crate::store::{Store, Transfer};
 use crate::transport::files::{HeldChunkReader, HeldModel};
+use crate::transport::lanes::Lanes;
 use crate::transport::quic::{self, read_frame, write_frame};
 use crate::transport::rdma::link::{Nic, Offer};
 use crate::transport::serve::{serve, Serving};
@@ -301,6 +302,10 @@ pub struct LinkPlan {
     pub chunk_size: u64,
     /// This node's RDMA NIC, to fetch from peers over; `None`: QUIC.
     pub nic: Option<Arc<dyn Nic>>,
+    /// Connections per peer link (the push's `--connections`): the first
+    /// carries the peer's announcements, and chunk requests spread over
+    /// all of them.
+    pub connections: u32,
 }
 
 type Joined = (PeerId, Fetcher, ChunkSet);
@@ -419,8 +424,16 @@ async fn keep_linked(
                 has,
                 over_management,
             }) => {
+                let lanes = Lanes::new(conn.clone());
                 let fetcher =
-                    Fetcher::connect(conn.clone(), plan.nic.as_ref(), plan.chunk_size).await;
+                    Fetcher::connect_lanes(lanes.clone(), plan.nic.as_ref(), plan.chunk_size).await;
+                // The link's other connections join it as they open;
+                // they end with it.
+                let extra = cancel.child_token();
+                let _extra_guard = extra.clone().drop_guard();
+                if plan.connections > 1 {
+                    tokio::spawn(more_lanes(plan.clone(), peer.clone(), lanes, extra));
+                }
                 let joined = (id, fetcher.clone(), has.clone());
                 let late = match first.take() {
                     Some(f) => f.send(joined).is_err(),
@@ -478,6 +491,46 @@ async fn keep_linked(
             _ = tokio::time::sleep(RELINK_EVERY) => {}
             _ = cancel.cancelled() => return,
         }
+    }
+}
+
+/// Opens the `plan.connections - 1` other connections of the link to
+/// `peer`, each joined like the first, and adds each to `lanes` (chunk
+/// requests then spread over them); reads and drops what the peer
+/// announces on them (the first connection carries that) until `done`,
+/// then closes them. One that cannot be opened is only logged.
+async fn more_lanes(plan: Arc<LinkPlan>, peer: SwarmPeer, lanes: Lanes, done: CancellationToken) {
+    let id = peer.id;
+    let mut open = Vec::new();
+    for _ in 1..plan.connections {
+        let made = tokio::select! {
+            r = handshake(&plan, &peer) => r,
+            _ = done.cancelled() => break,
+        };
+        match made {
+            Ok(Handshook { conn, mut recv, .. }) => {
+                let n = lanes.add(conn.clone());
+                open.push(conn);
+                tokio::spawn(
+                    async move { while read_frame::<TransferMsg>(&mut recv).await.is_ok() {} },
+                );
+                if n as u32 == plan.connections {
+                    tracing::info!("peer {id}: linked over {n} connections");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "peer {id}: connection {} of {} not opened: {e:#}",
+                    lanes.len() + 1,
+                    plan.connections
+                );
+                break;
+            }
+        }
+    }
+    done.cancelled().await;
+    for conn in open {
+        conn.close(0u32.into(), b"link ended");
     }
 }
 
