@@ -469,9 +469,6 @@ fn fed_by_source(swarm: TransferMsg) -> TransferMsg {
 /// staged chunks).
 const STREAM_RETRY_EVERY: Duration = Duration::from_secs(1);
 
-/// How often a transfer that fell back to management tries the node's data
-/// address again (each try may also wait out the connect timeout).
-const REPROBE_EVERY: Duration = Duration::from_secs(2);
 const STREAM_RETRIES_AFTER: u32 = 2;
 
 /// Writes the source's later messages to one receiver: the coordinator's
@@ -587,7 +584,7 @@ impl NodeCtx {
     ///
     /// When the transfer fell back to management, `reprobe` is the data
     /// address that did not answer: it is tried again every
-    /// [`REPROBE_EVERY`] until it answers (a cable plugged back, a firewall
+    /// [`route::REPROBE_EVERY`] until it answers (a cable plugged back, a firewall
     /// rule lifted), and then attached as one more lane. The node's
     /// requests go to the lane with the fewest in flight, so the faster
     /// fabric takes most of the rest; the management connection stays the
@@ -625,7 +622,7 @@ impl NodeCtx {
         if let Some(data) = reprobe {
             loop {
                 tokio::select! {
-                    _ = tokio::time::sleep(REPROBE_EVERY) => {}
+                    _ = tokio::time::sleep(route::REPROBE_EVERY) => {}
                     _ = done.cancelled() => break,
                 }
                 let (ep, conn, send) = tokio::select! {

@@ -122,6 +122,11 @@ fn has_port(addr: &str) -> bool {
             .is_some_and(|(h, p)| !h.contains(':') && p.parse::<u16>().is_ok())
 }
 
+/// How often a connection that fell back to management tries the data
+/// address again: the source's to a node (which then adds a lane over
+/// it) and a receiver's to a peer (which then links again over it).
+pub const REPROBE_EVERY: Duration = Duration::from_secs(2);
+
 /// A connection for data, and why it goes over management if it does.
 pub struct Connected {
     /// The connection.

@@ -48,9 +48,6 @@ const JOIN_WAIT: Duration = Duration::from_secs(10);
 const FIRST_LINKS_WAIT: Duration = Duration::from_secs(3);
 /// Pause between attempts to (re)link a peer.
 const RELINK_EVERY: Duration = Duration::from_secs(1);
-/// How often a link that fell back to management tries the peer's data
-/// address again (as the source does for its own connections).
-const REPROBE_EVERY: Duration = Duration::from_secs(2);
 /// How long one such try may take.
 const REPROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most chunk numbers in one `Has` message.
@@ -535,10 +532,10 @@ async fn more_lanes(plan: Arc<LinkPlan>, peer: SwarmPeer, lanes: Lanes, done: Ca
 }
 
 /// Returns once `data` answers a QUIC handshake, tried every
-/// [`REPROBE_EVERY`]; the probe's connection is closed at once.
+/// [`route::REPROBE_EVERY`]; the probe's connection is closed at once.
 async fn data_answers(ep: &Endpoint, data: SocketAddr) {
     loop {
-        tokio::time::sleep(REPROBE_EVERY).await;
+        tokio::time::sleep(route::REPROBE_EVERY).await;
         match route::connect(ep, data, None, REPROBE_TIMEOUT).await {
             Ok(c) => {
                 c.conn.close(0u32.into(), b"probe");
