@@ -181,9 +181,14 @@ fn up_in_background(lab: &Lab, file: &Path) -> Child {
 
 /// A completion through the head's API, from the root namespace.
 fn complete(lab: &Lab, prompt: &str) -> serde_json::Value {
+    complete_of(lab, &format!("{}/tiny", lab.mnt.display()), prompt)
+}
+
+/// A completion of the model served as `model` (its path).
+fn complete_of(lab: &Lab, model: &str, prompt: &str) -> serde_json::Value {
     let url = format!("http://{}:8000/v1/completions", lab.mgmt_ip(1));
     let body = serde_json::json!({
-        "model": format!("{}/tiny", lab.mnt.display()),
+        "model": model,
         "prompt": prompt,
         "max_tokens": 4,
     });
@@ -1179,4 +1184,144 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
         shown.contains("xfer loader: n1 holds tiny with root"),
         "{shown}"
     );
+}
+
+/// `deploy` of a Hub repo with `stream_weights` at tensor parallelism 2:
+/// the head's agent pulls (the Hub holds the last shard half-way until
+/// both ranks wait for it), the other node receives the stream, and `up`
+/// starts the ranks once the small files are verified everywhere. Each
+/// rank's loader takes a shard only once its node shows it under its
+/// snapshot name, which an agent places only with its verified blob.
+#[test]
+fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
+    need_root!();
+    let model = sharded_model().to_path_buf();
+    let lab = Lab::with_engine("xsd", 2, &[1, 2], engine_bin_with_xfer(), None, NETS);
+    let tag = marker("deploy-stream");
+    let _reaper = Reaper(tag.clone());
+    let repos = lab.dir.join("repos");
+    let repo = repos.join("org/tiny-sharded");
+    std::fs::create_dir_all(&repo).unwrap();
+    for e in std::fs::read_dir(&model).unwrap().flatten() {
+        std::fs::copy(e.path(), repo.join(e.file_name())).unwrap();
+    }
+    let last = "zz-00002-of-00002.safetensors";
+    let release = lab.dir.join("release");
+    let (_hub, port) = hub_in_head(
+        &lab,
+        &repos,
+        &[format!("hold:{last}:{}", release.display())],
+    );
+    let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
+    // At `main`: deploy takes the commit from the Hub's listing, since no
+    // node's refs/main names it while the sync runs.
+    let launch = real_launch(&lab, "vllm", 2, 1, "deploy-stream")
+        .replace(
+            &format!("model = \"{}/tiny\"", lab.mnt.display()),
+            "model = \"org/tiny-sharded\"\nstream_weights = true",
+        );
+    assert!(launch.contains("stream_weights"), "{launch}");
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    let info = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
+        .arg(format!("{endpoint}/api/models/org/tiny-sharded"))
+        .output()
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let commit = info["sha"].as_str().unwrap().to_string();
+    let snap = |i: usize| {
+        lab.root_of(i)
+            .join(format!("models--org--tiny-sharded/snapshots/{commit}"))
+    };
+    let shards = ["zz-00001-of-00002.safetensors", last];
+
+    let t0 = Instant::now();
+    let mut deploy = Command::new(launch_bin())
+        .args(["deploy", "--json", "--timeout", "300", "--grace", "5", "--cluster"])
+        .arg(&file)
+        .env("XDG_STATE_HOME", lab.dir.join("state"))
+        .env("HF_ENDPOINT", &endpoint)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Per node and shard: when its snapshot name appeared, and when the
+    // rank's loader said it opens it.
+    let mut seen_file = [[None::<Duration>; 2]; 2];
+    let mut seen_load = [[None::<Duration>; 2]; 2];
+    let mut waited_while_absent = [false; 2];
+    let deadline = Instant::now() + Duration::from_secs(500);
+    while seen_load.iter().flatten().any(Option::is_none) && Instant::now() < deadline {
+        for i in 0..2 {
+            for (k, s) in shards.iter().enumerate() {
+                if seen_file[i][k].is_none() && snap(i + 1).join(s).exists() {
+                    seen_file[i][k] = Some(t0.elapsed());
+                }
+            }
+            let log = rank_log(&lab, i + 1)
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .unwrap_or_default();
+            for (k, s) in shards.iter().enumerate() {
+                if seen_load[i][k].is_none()
+                    && log.contains(&format!("xfer loader: shard {s} verified by the agent"))
+                {
+                    seen_load[i][k] = Some(t0.elapsed());
+                }
+            }
+            if !waited_while_absent[i]
+                && log.contains(&format!("xfer loader: waiting for shard {last}"))
+                && !snap(i + 1).join(last).exists()
+            {
+                waited_while_absent[i] = true;
+            }
+        }
+        if waited_while_absent.iter().all(|w| *w) && !release.exists() {
+            std::fs::write(&release, b"").unwrap();
+        }
+        if let Ok(Some(st)) = deploy.try_wait() {
+            let mut e = String::new();
+            deploy.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+            panic!("deploy ended ({st}) before both ranks loaded both shards: {e}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::write(&release, b"");
+    let out = deploy.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["ready"], true, "{stdout}");
+    assert!(v["phases"]["sync_s"].as_f64().unwrap() > 0.0, "{stdout}");
+    // The ranks started on the streamed draft, not the final root.
+    assert!(
+        err.contains("stream gate: small files verified on 2 node(s), streamed draft"),
+        "{err}"
+    );
+    // Both ranks were up and waiting for the last shard before it was
+    // placed on their node (the Hub held it).
+    assert_eq!(waited_while_absent, [true, true], "{err}");
+    // No rank opened a shard before its node showed it, which the agent
+    // does only once the blob is verified.
+    for i in 0..2 {
+        for k in 0..2 {
+            let (f, l) = (seen_file[i][k].unwrap(), seen_load[i][k].unwrap());
+            assert!(f <= l, "n{}: {} opened at {l:?}, placed at {f:?}", i + 1, shards[k]);
+        }
+        let agent = std::fs::read_to_string(lab.dir.join(format!("agent{}.log", i + 1))).unwrap();
+        assert!(agent.contains("--load-format xfer"), "{agent}");
+        // Identical bytes everywhere, and the model is recorded complete.
+        assert_eq!(
+            std::fs::read(snap(i + 1).join(last)).unwrap(),
+            std::fs::read(model.join(last)).unwrap()
+        );
+    }
+    let answer = complete_of(&lab, &snap(1).display().to_string().replace(
+        &lab.root_of(1).display().to_string(),
+        &lab.mnt.display().to_string(),
+    ), "the quick brown");
+    assert_eq!(answer["usage"]["completion_tokens"], 4, "{answer}");
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    assert_none_marked(&tag, Duration::from_secs(60));
 }

@@ -863,47 +863,6 @@ fn a_resolver_that_does_not_answer_is_caught_quickly_and_the_hosts_lines_fix_it(
     assert_eq!(n2["Found"], "n2-fabric", "{v:#}");
 }
 
-/// `tests/hub_server.py` serving `repos` inside the head's namespace (where
-/// its agent pulls) on the head's management address (which the launcher
-/// reaches too, for the listing), with these `--fault`s: the child and its
-/// port.
-fn hub_in_head(lab: &Lab, repos: &std::path::Path, faults: &[String]) -> (Reaped, String) {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &lab.ns(1), "python3"])
-        .arg(repo().join("tests/hub_server.py"))
-        .arg("--repos")
-        .arg(repos)
-        .args(["--host", &lab.mgmt_ip(1)]);
-    for f in faults {
-        cmd.arg("--fault").arg(f);
-    }
-    let mut hub = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(hub.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .strip_prefix("READY ")
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap_or_else(|| panic!("hub_server.py did not start: {line:?}"))
-        .to_string();
-    (Reaped(hub), port)
-}
-
-/// A child killed and reaped when dropped, on a failed assertion too.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The commit the Hub look-alike at `endpoint` gives `repo`'s main, and
 /// the lab's `[launch]` table with `model = "REPO@COMMIT"` (so the plan,
 /// which the stand-in checks its argv against, names the snapshot's path

@@ -8,6 +8,11 @@
 //! timed. Run again after an interruption, the sync resumes from the
 //! agents' journals, the image's blobs a node holds are not sent again,
 //! and a complete model or a loaded image is not moved again.
+//!
+//! With `[launch] stream_weights`, the sync of a Hub repo is started and
+//! `up` runs beside it: the ranks start once the small files are verified
+//! on every node, and each rank's loader takes each shard as its node's
+//! agent verifies it ([`crate::stream`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -103,15 +108,28 @@ pub enum DeployError {
     },
 }
 
+/// What `deploy` hands `up`.
+pub struct Prepared {
+    /// The phases so far.
+    pub phases: Phases,
+    /// The Hub's commit for the revision, when the sync streams beside
+    /// `up`: the snapshot path the ranks load (`refs/` is written only at
+    /// the sync's end).
+    pub commit: Option<String>,
+    /// The sync, when it runs beside `up` (`stream_weights`).
+    pub streaming: Option<Streaming>,
+}
+
 /// The preflight, then the sync of the model to the launch nodes that
 /// lack it and, beside it, the delivery of the image from the operator's
 /// `image_engine` to the nodes that lack it. `progress` shows the sync.
+/// With `stream_weights`, the sync is only started: `up` runs beside it.
 pub async fn prepare(
     setup: &Setup,
     agents: &Agents,
     image_engine: ContainerRuntime,
     progress: &Progress,
-) -> Result<Phases, DeployError> {
+) -> Result<Prepared, DeployError> {
     let t0 = Instant::now();
     eprintln!("checking {} node(s) before the sync...", setup.nodes.len());
     let checked = check::run(setup, agents).await;
@@ -168,7 +186,11 @@ pub async fn prepare(
     };
     if lacking.is_empty() && image_lacking.is_empty() {
         eprintln!("every node holds the model verified (and the image): nothing to move");
-        return Ok(phases);
+        return Ok(Prepared {
+            phases,
+            commit: None,
+            streaming: None,
+        });
     }
     let cluster = Cluster::load(&setup.path).map_err(|e| DeployError::Setup(format!("{e:#}")))?;
     let cred =
@@ -177,13 +199,26 @@ pub async fn prepare(
     {
         check_space(repo, &checked, &lacking, *total)?;
     }
+    // With the loader plugin, `up` starts the ranks while the sync runs:
+    // the sync is started here and followed beside `up`.
+    let stream = setup.stream_weights && setup.container.is_none();
+    if stream && !lacking.is_empty() {
+        let streaming = start_sync(setup, &cluster, &cred, &lacking).await?;
+        return Ok(Prepared {
+            phases,
+            commit: listed.map(|(c, _)| c),
+            streaming: Some(streaming),
+        });
+    }
     let model = async {
         if lacking.is_empty() {
             return Ok(None);
         }
-        let t = Instant::now();
-        let root = sync_model(setup, &cluster, &cred, &lacking, progress).await?;
-        Ok::<_, DeployError>(Some((root, t.elapsed().as_secs_f64())))
+        let (root, secs) = start_sync(setup, &cluster, &cred, &lacking)
+            .await?
+            .wait(progress)
+            .await?;
+        Ok::<_, DeployError>(Some((root, secs)))
     };
     let image = async {
         let Some(c) = setup
@@ -206,7 +241,11 @@ pub async fn prepare(
         phases.image_s = secs;
         phases.image = Some(id);
     }
-    Ok(phases)
+    Ok(Prepared {
+        phases,
+        commit: None,
+        streaming: None,
+    })
 }
 
 /// How long the listing may take from here before `deploy` goes on and
@@ -311,16 +350,47 @@ fn nodes_of<'a>(rows: impl Iterator<Item = &'a preflight::Row>, setup: &Setup) -
         .collect()
 }
 
-/// Syncs the model, a Hub repo, to every launch node, head first: the head
-/// pulls, and a node that holds it verified already takes nothing.
-/// Returns the model's root.
-async fn sync_model(
+/// A sync the agents run while `up` starts the ranks (`stream_weights`):
+/// what [`Streaming::wait`] needs to see it end.
+pub struct Streaming {
+    cluster: Cluster,
+    cred: Arc<Credential>,
+    spec: xfer::agent::sync::job::JobSpec,
+    source: String,
+    started: Instant,
+}
+
+impl Streaming {
+    /// Waits for the sync to end on every node; the model's root and the
+    /// seconds since it started.
+    pub async fn wait(self, progress: &Progress) -> Result<(String, f64), DeployError> {
+        let failed = |why: String| DeployError::Sync {
+            repo: self.source.clone(),
+            why,
+        };
+        let root = wait(&self.cluster, &self.cred, &self.spec, progress)
+            .await
+            .map_err(|e| failed(format!("{e:#}")))?;
+        progress.end();
+        let secs = self.started.elapsed().as_secs_f64();
+        eprintln!(
+            "{}: complete on {} node(s) in {secs:.1}s, root {root}",
+            self.source,
+            self.spec.members.len(),
+        );
+        Ok((root, secs))
+    }
+}
+
+/// Starts the sync of the model, a Hub repo, to every launch node, head
+/// first: the head pulls, and a node that holds it verified already takes
+/// nothing. The agents run it; [`Streaming::wait`] follows it.
+async fn start_sync(
     setup: &Setup,
     cluster: &Cluster,
     cred: &Arc<Credential>,
     lacking: &[String],
-    progress: &Progress,
-) -> Result<String, DeployError> {
+) -> Result<Streaming, DeployError> {
     let Some(repo) = &setup.model.repo else {
         return Err(DeployError::NotARepo {
             path: setup.model.path.clone(),
@@ -339,7 +409,7 @@ async fn sync_model(
             .join(", "),
         lacking.join(", ")
     );
-    let t = Instant::now();
+    let started = Instant::now();
     let req = SyncRequest {
         source: source.clone(),
         cwd: std::env::current_dir().unwrap_or_else(|_| "/".into()),
@@ -352,23 +422,19 @@ async fn sync_model(
         transport: TransportChoice::Auto,
         peers: None,
     };
-    let failed = |why: String| DeployError::Sync {
-        repo: source.clone(),
-        why,
-    };
     let spec = sync(cluster, cred, &req)
         .await
-        .map_err(|e| failed(format!("{e:#}")))?;
-    let root = wait(cluster, cred, &spec, progress)
-        .await
-        .map_err(|e| failed(format!("{e:#}")))?;
-    progress.end();
-    eprintln!(
-        "{source}: complete on {} node(s) in {:.1}s, root {root}",
-        spec.members.len(),
-        t.elapsed().as_secs_f64()
-    );
-    Ok(root)
+        .map_err(|e| DeployError::Sync {
+            repo: source.clone(),
+            why: format!("{e:#}"),
+        })?;
+    Ok(Streaming {
+        cluster: cluster.clone(),
+        cred: cred.clone(),
+        spec,
+        source,
+        started,
+    })
 }
 
 /// Delivers `image` from the operator's engine to `nodes`; every node must

@@ -11,8 +11,11 @@
 //! loader's to wait for, each asked of the node's agent again. So no rank
 //! reads a byte the agent has not verified.
 //!
-//! A Hub snapshot (`<repo>/snapshots/<commit>`) is held back until
-//! complete: its names are links, placed after every file.
+//! A Hub repo pulled by the sync streams as a *draft*: its root is known
+//! only once every file is sealed, so until then the draft's id names it
+//! (the same on every node, and kept by each node's record once complete).
+//! A snapshot's names are links the agents place with their blobs, listed
+//! as pending until then.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -50,11 +53,40 @@ pub fn held(store_root: &str, model_path: &str) -> Option<Held> {
     })
 }
 
+/// What names the model a node holds or receives: its root once known,
+/// and the streamed draft it is (or holds every file of), if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ident {
+    /// The manifest root, once known.
+    pub root: Option<Hash>,
+    /// The streamed draft's id ([`xfer_proto::admin::ModelStatus::draft`]).
+    pub draft: Option<Hash>,
+}
+
+/// The identity every rank's loader checks: a root, or, while a streamed
+/// Hub pull still lands somewhere, the draft's id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Planned {
+    /// Every node holds or receives this root.
+    Root(Hash),
+    /// Every node receives, or holds every file of, this draft.
+    Draft(Hash),
+}
+
+impl Planned {
+    fn show(&self) -> String {
+        match self {
+            Planned::Root(r) => format!("root {}", r.short()),
+            Planned::Draft(d) => format!("streamed draft {}", d.short()),
+        }
+    }
+}
+
 /// Where one node stands for the gate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stand {
-    /// The small files are verified (or the whole model is), with this root.
-    Ready(Hash),
+    /// The small files are verified (or the whole model is), named so.
+    Ready(Ident),
     /// Not yet: what the agent reports.
     Waiting(String),
 }
@@ -74,15 +106,17 @@ pub fn stand(status: &AgentStatus, h: &Held) -> Stand {
         }
         s
     };
-    let Some(root) = m.root else {
-        return Stand::Waiting(format!("{}, its root not known yet", said()));
+    let ident = Ident {
+        root: m.root,
+        draft: m.draft,
+    };
+    let name = match (m.root, m.draft) {
+        (Some(r), _) => format!("root {}", r.short()),
+        (None, Some(d)) => format!("streamed draft {}", d.short()),
+        (None, None) => return Stand::Waiting(format!("{}, its root not known yet", said())),
     };
     match m.state {
-        ModelState::Complete | ModelState::Verifying => Stand::Ready(root),
-        ModelState::Syncing if h.prefix.starts_with("snapshots/") => Stand::Waiting(format!(
-            "{}; a Hub snapshot's names are links placed after every file, so the ranks start once it is complete",
-            said()
-        )),
+        ModelState::Complete | ModelState::Verifying if m.root.is_some() => Stand::Ready(ident),
         ModelState::Syncing => {
             let under = |p: &&String| {
                 h.prefix.is_empty()
@@ -96,7 +130,7 @@ pub fn stand(status: &AgentStatus, h: &Held) -> Stand {
                 .filter(|p| !WEIGHT_SUFFIXES.iter().any(|s| p.ends_with(s)))
                 .collect();
             if small.is_empty() {
-                Stand::Ready(root)
+                Stand::Ready(ident)
             } else {
                 let more = small.len().saturating_sub(3);
                 let mut list: Vec<&str> = small.iter().take(3).map(|s| s.as_str()).collect();
@@ -105,9 +139,8 @@ pub fn stand(status: &AgentStatus, h: &Held) -> Stand {
                     list.push(&more);
                 }
                 Stand::Waiting(format!(
-                    "{}, root {}; small files still arriving: {}",
+                    "{}, {name}; small files still arriving: {}",
                     said(),
-                    root.short(),
                     list.join(", ")
                 ))
             }
@@ -116,12 +149,42 @@ pub fn stand(status: &AgentStatus, h: &Held) -> Stand {
     }
 }
 
-/// What the gate found: the one root, and each node's environment for
-/// its rank.
+/// What the nodes that stand ready agree on: `Ok(Some)` once all do, with
+/// one root (preferred) or one draft; `Ok(None)` while they may still
+/// converge (one node still streams the draft whose final root another
+/// holds); `Err` with the two that never will.
+pub fn agree(idents: &[Ident]) -> Result<Option<Planned>, (usize, usize)> {
+    for (i, a) in idents.iter().enumerate() {
+        for (j, b) in idents.iter().enumerate().skip(i + 1) {
+            let roots_differ = matches!((a.root, b.root), (Some(x), Some(y)) if x != y);
+            let drafts_differ = matches!((a.draft, b.draft), (Some(x), Some(y)) if x != y);
+            let share_draft = matches!((a.draft, b.draft), (Some(x), Some(y)) if x == y);
+            let share_root = matches!((a.root, b.root), (Some(x), Some(y)) if x == y);
+            if (roots_differ && !share_draft) || (drafts_differ && !share_root) {
+                return Err((i, j));
+            }
+        }
+    }
+    let first = idents.first().copied();
+    if let Some(r) = first.and_then(|f| f.root) {
+        if idents.iter().all(|x| x.root == Some(r)) {
+            return Ok(Some(Planned::Root(r)));
+        }
+    }
+    if let Some(d) = first.and_then(|f| f.draft) {
+        if idents.iter().all(|x| x.draft == Some(d)) {
+            return Ok(Some(Planned::Draft(d)));
+        }
+    }
+    Ok(None)
+}
+
+/// What the gate found: the identity every node agrees on, and each
+/// node's environment for its rank.
 #[derive(Clone, Debug)]
 pub struct Streamed {
-    /// The root every node receives (or holds).
-    pub root: Hash,
+    /// The root (or streamed draft) every node receives or holds.
+    pub planned: Planned,
     /// Per node, in rank order: what the loader plugin reads.
     pub env: Vec<BTreeMap<String, String>>,
 }
@@ -164,40 +227,55 @@ pub async fn gate(
                 Err(e) => Stand::Waiting(format!("the agent did not answer: {e}")),
             })
             .collect();
-        let mut roots: Vec<(Hash, &str)> = Vec::new();
+        let mut idents: Vec<(Ident, &str)> = Vec::new();
         let mut waiting = Vec::new();
         for (s, n) in stands.iter().zip(&setup.nodes) {
             match s {
-                Stand::Ready(r) => roots.push((*r, &n.name)),
+                Stand::Ready(id) => idents.push((*id, &n.name)),
                 Stand::Waiting(w) => waiting.push(format!("{}: {w}", n.name)),
             }
         }
-        if let Some((first, _)) = roots.first() {
-            if let Some((other, node)) = roots.iter().find(|(r, _)| r != first) {
+        let ids: Vec<Ident> = idents.iter().map(|(i, _)| *i).collect();
+        let show = |i: &Ident| match (i.root, i.draft) {
+            (Some(r), _) => format!("root {}", r.short()),
+            (None, Some(d)) => format!("streamed draft {}", d.short()),
+            (None, None) => "nothing".into(),
+        };
+        match agree(&ids) {
+            Err((a, b)) => {
                 return Err(format!(
-                    "the nodes receive different models at {}: root {} on {}, {} on {node}; sync one model to every node, then run xfer-launch up again",
+                    "the nodes receive different models at {}: {} on {}, {} on {}; sync one model to every node, then run xfer-launch up again",
                     setup.model.path,
-                    first.short(),
-                    roots[0].1,
-                    other.short()
-                ));
+                    show(&ids[a]),
+                    idents[a].1,
+                    show(&ids[b]),
+                    idents[b].1
+                ))
             }
-        }
-        if waiting.is_empty() {
-            let root = roots[0].0;
-            let env = setup
-                .nodes
-                .iter()
-                .zip(&helds)
-                .map(|(n, h)| env_of(setup, &n.name, h, root))
-                .collect();
-            eprintln!(
-                "  stream gate: small files verified on {} node(s), root {}, after {:.1}s; starting the ranks while the weights land",
-                setup.nodes.len(),
-                root.short(),
-                t0.elapsed().as_secs_f64()
-            );
-            return Ok(Streamed { root, env });
+            Ok(Some(planned)) if waiting.is_empty() => {
+                let env = setup
+                    .nodes
+                    .iter()
+                    .zip(&helds)
+                    .map(|(n, h)| env_of(setup, &n.name, h, planned))
+                    .collect();
+                eprintln!(
+                    "  stream gate: small files verified on {} node(s), {}, after {:.1}s; starting the ranks while the weights land",
+                    setup.nodes.len(),
+                    planned.show(),
+                    t0.elapsed().as_secs_f64()
+                );
+                return Ok(Streamed { planned, env });
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => waiting.push(format!(
+                "the nodes hold {} (one still streams what another holds complete)",
+                idents
+                    .iter()
+                    .map(|(i, n)| format!("{} on {n}", show(i)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
         }
         if Instant::now() >= deadline {
             return Err(format!(
@@ -215,9 +293,13 @@ pub async fn gate(
 
 /// The loader plugin's environment on one node (`[launch.env]` keeps its
 /// own `XFER_CLUSTER`, the cluster file's path on the nodes).
-fn env_of(setup: &Setup, node: &str, h: &Held, root: Hash) -> BTreeMap<String, String> {
+fn env_of(setup: &Setup, node: &str, h: &Held, planned: Planned) -> BTreeMap<String, String> {
+    let expect = match planned {
+        Planned::Root(r) => ("XFER_EXPECT_ROOT", r),
+        Planned::Draft(d) => ("XFER_EXPECT_DRAFT", d),
+    };
     let mut env = BTreeMap::from([
-        ("XFER_EXPECT_ROOT".to_string(), root.to_hex()),
+        (expect.0.to_string(), expect.1.to_hex()),
         ("XFER_MODEL_NAME".to_string(), h.name.clone()),
         ("XFER_MODEL_PREFIX".to_string(), h.prefix.clone()),
         ("XFER_NODE".to_string(), node.to_string()),
@@ -253,6 +335,7 @@ mod tests {
                 repaired_files: 0,
                 fallbacks: Vec::new(),
                 pending: pending.iter().map(|s| s.to_string()).collect(),
+                draft: None,
             }],
             jobs: Vec::new(),
             images: Vec::new(),
@@ -300,10 +383,14 @@ mod tests {
             Some(root),
             &["model-00001-of-00002.safetensors"],
         );
-        assert_eq!(stand(&s, &h), Stand::Ready(root));
+        let ready = Stand::Ready(Ident {
+            root: Some(root),
+            draft: None,
+        });
+        assert_eq!(stand(&s, &h), ready);
         assert_eq!(
             stand(&status(ModelState::Complete, Some(root), &[]), &h),
-            Stand::Ready(root)
+            ready
         );
     }
 
@@ -323,9 +410,66 @@ mod tests {
             stand(&status(ModelState::Complete, Some(Hash([1; 32])), &[]), &other),
             Stand::Waiting(w) if w.contains("not held by the agent yet")
         ));
-        let mut s = status(ModelState::Syncing, Some(Hash([1; 32])), &[]);
-        s.models[0].name = "models--o--m".into();
+    }
+
+    #[test]
+    fn a_streamed_snapshot_is_ready_by_its_draft_once_its_small_links_are_placed() {
+        let d = Hash([5; 32]);
         let snap = held("/r", "/r/models--o--m/snapshots/abc").unwrap();
-        assert!(matches!(stand(&s, &snap), Stand::Waiting(w) if w.contains("links placed after")));
+        let mut s = status(
+            ModelState::Syncing,
+            None,
+            &[
+                "blobs/1111",
+                "snapshots/abc/config.json",
+                "blobs/2222",
+                "snapshots/abc/model.safetensors",
+            ],
+        );
+        s.models[0].name = "models--o--m".into();
+        s.models[0].draft = Some(d);
+        // The config's link is still pending: not yet (a blob's own path,
+        // outside the snapshot, does not count).
+        assert!(matches!(stand(&s, &snap),
+            Stand::Waiting(w) if w.contains("streamed draft") && w.contains("snapshots/abc/config.json")));
+        s.models[0].pending = vec!["blobs/2222".into(), "snapshots/abc/model.safetensors".into()];
+        assert_eq!(
+            stand(&s, &snap),
+            Stand::Ready(Ident {
+                root: None,
+                draft: Some(d)
+            })
+        );
+    }
+
+    #[test]
+    fn nodes_agree_on_a_root_or_a_draft_and_a_conflict_is_named() {
+        let (d, d2, r, r2) = (Hash([1; 32]), Hash([2; 32]), Hash([3; 32]), Hash([4; 32]));
+        let id = |root, draft| Ident { root, draft };
+        // All complete with one root: the root, though they share a draft.
+        assert_eq!(
+            agree(&[id(Some(r), Some(d)), id(Some(r), None)]),
+            Ok(Some(Planned::Root(r)))
+        );
+        // One still streams the draft the other completed: the draft.
+        assert_eq!(
+            agree(&[id(None, Some(d)), id(Some(r), Some(d))]),
+            Ok(Some(Planned::Draft(d)))
+        );
+        // One streams, the other got the final round alone (no draft): they
+        // converge once the stream completes.
+        assert_eq!(agree(&[id(None, Some(d)), id(Some(r), None)]), Ok(None));
+        // Two drafts (two commits), or two roots with nothing shared: never.
+        assert_eq!(agree(&[id(None, Some(d)), id(None, Some(d2))]), Err((0, 1)));
+        assert_eq!(
+            agree(&[id(Some(r), None), id(Some(r), None), id(Some(r2), None)]),
+            Err((0, 2))
+        );
+        // Roots that differ but one draft in common: the final round of
+        // one node is still running.
+        assert_eq!(
+            agree(&[id(Some(r), Some(d)), id(Some(r2), Some(d))]),
+            Ok(Some(Planned::Draft(d)))
+        );
     }
 }

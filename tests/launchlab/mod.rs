@@ -585,3 +585,45 @@ pub fn rows<'a>(out: &'a str, check: &str) -> Vec<&'a str> {
         .filter(|l| l.split_whitespace().nth(1) == Some(check))
         .collect()
 }
+
+/// `tests/hub_server.py` serving `repos` inside the head's namespace (where
+/// its agent pulls) on the head's management address (which the launcher
+/// reaches too, for the listing), with these `--fault`s: the child and its
+/// port.
+pub fn hub_in_head(lab: &Lab, repos: &std::path::Path, faults: &[String]) -> (Reaped, String) {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &lab.ns(1), "python3"])
+        .arg(repo().join("tests/hub_server.py"))
+        .arg("--repos")
+        .arg(repos)
+        .args(["--host", &lab.mgmt_ip(1)]);
+    for f in faults {
+        cmd.arg("--fault").arg(f);
+    }
+    let mut hub = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(hub.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .strip_prefix("READY ")
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("hub_server.py did not start: {line:?}"))
+        .to_string();
+    (Reaped(hub), port)
+}
+
+/// A child killed and reaped when dropped, on a failed assertion too.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+

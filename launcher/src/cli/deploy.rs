@@ -10,15 +10,49 @@ use xfer::util::progress::Progress;
 use xfer_proto::image::ContainerRuntime;
 
 pub async fn deploy(
-    setup: Setup,
+    mut setup: Setup,
     agents: Agents,
     opts: UpOptions,
     image_engine: ContainerRuntime,
     json: bool,
 ) -> Result<ExitCode, String> {
     let progress = Progress::new(!json);
-    let phases = launcher::deploy::prepare(&setup, &agents, image_engine, &progress)
+    let prepared = launcher::deploy::prepare(&setup, &agents, image_engine, &progress)
         .await
         .map_err(|e| e.to_string())?;
-    super::up::up_after(setup, agents, opts, json, Some(phases)).await
+    let mut phases = prepared.phases;
+    let Some(streaming) = prepared.streaming else {
+        return super::up::up_after(setup, agents, opts, json, Some(phases)).await;
+    };
+    // `stream_weights`: `up` starts the ranks while the agents sync; each
+    // rank's loader takes each shard as its agent verifies it.
+    if let Some(commit) = &prepared.commit {
+        setup.model.at_commit(commit);
+    }
+    let t0 = std::time::Instant::now();
+    let up = launcher::up::up(&setup, &agents, &opts);
+    let quiet = Progress::new(false);
+    let wait = streaming.wait(&quiet);
+    tokio::pin!(up, wait);
+    let mut synced = None;
+    let out = loop {
+        tokio::select! {
+            r = &mut wait, if synced.is_none() => match r {
+                Ok(done) => synced = Some(done),
+                Err(e) => {
+                    // The ranks may be waiting for shards that will not come.
+                    launcher::up::stop(&agents, None, opts.grace, "the sync of the model failed").await;
+                    return Err(e.to_string());
+                }
+            },
+            out = &mut up => break out.map_err(|e| e.to_string())?,
+        }
+    };
+    let (root, secs) = match synced {
+        Some(done) => done,
+        None => wait.await.map_err(|e| e.to_string())?,
+    };
+    phases.sync_s = secs;
+    phases.root = Some(root);
+    super::up::report(&setup, out, json, Some(phases), t0)
 }

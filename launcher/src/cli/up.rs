@@ -30,6 +30,17 @@ pub async fn up_after(
     let out = launcher::up::up(&setup, &agents, &opts)
         .await
         .map_err(|e| e.to_string())?;
+    report(&setup, out, json, phases, t0)
+}
+
+/// Says how `up` went; `t0` is when it started (`up_s` in `phases`).
+pub fn report(
+    setup: &Setup,
+    out: launcher::up::UpOutcome,
+    json: bool,
+    phases: Option<launcher::deploy::Phases>,
+    t0: std::time::Instant,
+) -> Result<ExitCode, String> {
     let phases = phases.map(|p| {
         let mut v = serde_json::to_value(p).unwrap_or_default();
         v["up_s"] = t0.elapsed().as_secs_f64().into();

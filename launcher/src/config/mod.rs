@@ -249,6 +249,19 @@ pub struct ModelPath {
     pub repo: Option<xfer_proto::repo::RepoRef>,
 }
 
+impl ModelPath {
+    /// The path at `commit`, when it holds [`COMMIT_PLACEHOLDER`] (a repo
+    /// at a revision): what `deploy` loads while the sync still runs, before
+    /// any node's `refs/` names the commit.
+    pub fn at_commit(&mut self, commit: &str) {
+        if self.unresolved.is_some() {
+            self.path = self.path.replace(COMMIT_PLACEHOLDER, commit);
+            self.unresolved = None;
+            self.revision = None;
+        }
+    }
+}
+
 /// How the ranks run in a container (`[launch] image`); the agents build
 /// the `docker run` themselves.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -446,6 +446,13 @@ pub struct ModelStatus {
     /// (`launcher/python/xfer_vllm_loader`). Empty otherwise.
     #[serde(default)]
     pub pending: Vec<String>,
+    /// The streamed draft (a Hub pull still downloading) this model is, or
+    /// whose every file and link it holds unchanged: what names the model
+    /// before its root is known (`Syncing` without `root`), and after, for
+    /// a rank that started while it streamed. `pending` then lists its
+    /// files not yet verified and in place, and the links to them.
+    #[serde(default)]
+    pub draft: Option<Hash>,
 }
 
 /// A job as one agent knows it.

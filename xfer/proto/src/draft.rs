@@ -12,6 +12,12 @@
 //! hash, may place a file only once it is sealed, and learns the root only
 //! when every file is: [`Draft::manifest`] is then the ordinary manifest.
 //!
+//! A draft may also list symlinks to its files (a Hub snapshot's names:
+//! `snapshots/<commit>/<path>` to `../../blobs/<hash>`). They are part of
+//! its shape and its id, and a receiver places each one as soon as the file
+//! it leads to is placed, so a snapshot is readable file by file while the
+//! rest still downloads.
+//!
 //! The source is trusted to announce hashes, as it is trusted with the
 //! manifest today, but not to be consistent: an announcement out of range,
 //! a hash changed without a withdrawal, or a seal with hashes missing is
@@ -23,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::hash::{self, Hash};
 use crate::manifest::{
-    Entry, FileEntry, Manifest, ManifestError, MANIFEST_VERSION, MAX_TOTAL_CHUNKS,
+    Entry, FileEntry, Manifest, ManifestError, MANIFEST_VERSION, MAX_ENTRIES, MAX_TOTAL_CHUNKS,
 };
 use crate::relpath::RelPath;
 
@@ -130,6 +136,14 @@ pub enum DraftError {
         /// The file's generation.
         now: u32,
     },
+    /// A listed symlink that leads to none of the draft's files.
+    #[error("the listing's link {path} -> {target} leads to none of its files")]
+    LinkNotToAFile {
+        /// The link.
+        path: RelPath,
+        /// Its target (cut at 200 characters).
+        target: String,
+    },
     /// A listing of more chunks than a draft may have.
     #[error("the listing has {0} chunks, more than the {MAX_DRAFT_CHUNKS} a draft may; stream it with a larger chunk size")]
     TooManyChunks(u64),
@@ -160,6 +174,9 @@ pub struct DraftListing {
     pub chunk_size: u64,
     /// Sorted by path, as [`Draft::listing`] gives them.
     pub files: Vec<(RelPath, u64)>,
+    /// Symlinks (path, target) to the files, sorted by path.
+    #[serde(default)]
+    pub links: Vec<(RelPath, String)>,
 }
 
 /// The growing manifest.
@@ -167,6 +184,8 @@ pub struct DraftListing {
 pub struct Draft {
     chunk_size: u64,
     files: Vec<DraftFile>,
+    /// Symlinks (path, target), sorted by path; each leads to a file.
+    links: Vec<(RelPath, String)>,
 }
 
 impl Draft {
@@ -197,15 +216,40 @@ impl Draft {
         let draft = Draft {
             chunk_size,
             files: out,
+            links: Vec::new(),
         };
         // The shape (paths, sizes, counts, chunk size) is a manifest's.
         draft.shape().validate()?;
         Ok(draft)
     }
 
+    /// The draft with these symlinks (path, target) beside its files. Each
+    /// must lead to one of its files; the whole is checked like a
+    /// manifest (no link leaves the tree or passes through another).
+    pub fn with_links(mut self, mut links: Vec<(RelPath, String)>) -> Result<Draft, DraftError> {
+        if links.len() > MAX_ENTRIES {
+            return Err(DraftError::Listing(ManifestError::TooManyEntries(
+                links.len(),
+            )));
+        }
+        links.sort_by(|a, b| a.0.cmp(&b.0));
+        for (path, target) in &links {
+            let to = path.resolve_link(target);
+            if to.as_ref().and_then(|t| self.index_of(t)).is_none() {
+                return Err(DraftError::LinkNotToAFile {
+                    path: path.clone(),
+                    target: target.chars().take(200).collect(),
+                });
+            }
+        }
+        self.links = links;
+        self.shape().validate()?;
+        Ok(self)
+    }
+
     /// The draft a receiver builds from the source's listing.
     pub fn from_listing(listing: &DraftListing) -> Result<Draft, DraftError> {
-        Draft::new(listing.chunk_size, listing.files.clone())
+        Draft::new(listing.chunk_size, listing.files.clone())?.with_links(listing.links.clone())
     }
 
     /// Its total bytes and chunks, checked against [`MAX_DRAFT_CHUNKS`]
@@ -235,6 +279,7 @@ impl Draft {
                 .iter()
                 .map(|f| (f.path.clone(), f.size))
                 .collect(),
+            links: self.links.clone(),
         }
     }
 
@@ -265,6 +310,38 @@ impl Draft {
     /// Whether every file is sealed (the root is known).
     pub fn is_sealed_all(&self) -> bool {
         self.files.iter().all(|f| f.sealed)
+    }
+
+    /// What a reader must not open yet: the files not sealed, and the
+    /// symlinks that lead to them, in path order within each kind.
+    pub fn pending(&self) -> Vec<RelPath> {
+        let mut out: Vec<RelPath> = self
+            .files
+            .iter()
+            .filter(|f| !f.sealed)
+            .map(|f| f.path.clone())
+            .collect();
+        if out.is_empty() {
+            return out;
+        }
+        out.extend(
+            self.links
+                .iter()
+                .filter(|(path, target)| {
+                    path.resolve_link(target)
+                        .and_then(|t| self.index_of(&t))
+                        .is_none_or(|i| !self.files[i as usize].sealed)
+                })
+                .map(|(path, _)| path.clone()),
+        );
+        out
+    }
+
+    /// Bytes of the sealed files, and of all files.
+    pub fn sealed_bytes(&self) -> (u64, u64) {
+        let total = self.files.iter().map(|f| f.size).sum();
+        let sealed = self.files.iter().filter(|f| f.sealed).map(|f| f.size).sum();
+        (sealed, total)
     }
 
     /// Draft-wide chunk count.
@@ -402,23 +479,31 @@ impl Draft {
 
     /// A manifest of the files with the chunk hashes `chunks` gives.
     fn with_chunks(&self, chunks: impl Fn(&DraftFile) -> Vec<Hash>) -> Manifest {
+        let mut entries: Vec<Entry> = self
+            .files
+            .iter()
+            .map(|f| {
+                let chunks = chunks(f);
+                Entry::File(FileEntry {
+                    path: f.path.clone(),
+                    size: f.size,
+                    hash: hash::file_hash_from_chunks(&chunks),
+                    executable: false,
+                    chunks,
+                })
+            })
+            .collect();
+        if !self.links.is_empty() {
+            entries.extend(self.links.iter().map(|(path, target)| Entry::Symlink {
+                path: path.clone(),
+                target: target.clone(),
+            }));
+            entries.sort_by(|a, b| a.path().cmp(b.path()));
+        }
         Manifest {
             version: MANIFEST_VERSION,
             chunk_size: self.chunk_size,
-            entries: self
-                .files
-                .iter()
-                .map(|f| {
-                    let chunks = chunks(f);
-                    Entry::File(FileEntry {
-                        path: f.path.clone(),
-                        size: f.size,
-                        hash: hash::file_hash_from_chunks(&chunks),
-                        executable: false,
-                        chunks,
-                    })
-                })
-                .collect(),
+            entries,
         }
     }
 }
@@ -442,6 +527,52 @@ mod tests {
 
     fn h(b: u8) -> Hash {
         Hash([b; 32])
+    }
+
+    #[test]
+    fn links_to_its_files_are_part_of_the_shape_and_the_id() {
+        let blobs = Draft::new(
+            CS,
+            vec![
+                (RelPath::new("blobs/aa").unwrap(), 10),
+                (RelPath::new("blobs/bb").unwrap(), 3 * CS),
+            ],
+        )
+        .unwrap();
+        let links = vec![
+            (
+                RelPath::new("snapshots/c1/sub/w.safetensors").unwrap(),
+                "../../../blobs/bb".to_string(),
+            ),
+            (
+                RelPath::new("snapshots/c1/config.json").unwrap(),
+                "../../blobs/aa".to_string(),
+            ),
+        ];
+        let d = blobs.clone().with_links(links.clone()).unwrap();
+        // Sorted among the files; file indices are the files' alone.
+        let shape = d.shape();
+        let paths: Vec<&str> = shape.entries.iter().map(|e| e.path().as_str()).collect();
+        assert_eq!(
+            paths,
+            ["blobs/aa", "blobs/bb", "snapshots/c1/config.json", "snapshots/c1/sub/w.safetensors"]
+        );
+        assert_eq!(d.file_count(), 2);
+        assert_ne!(d.id("c1"), blobs.id("c1"), "the links are in the id");
+        // A receiver rebuilds the same draft from the listing.
+        let again = Draft::from_listing(&d.listing()).unwrap();
+        assert_eq!(again.id("c1"), d.id("c1"));
+        // A link that leads elsewhere, or out of the tree, is refused.
+        for target in ["../../blobs/zz", "../../../../etc/passwd", "/etc/passwd"] {
+            let bad = vec![(RelPath::new("snapshots/c1/x").unwrap(), target.to_string())];
+            assert!(
+                matches!(
+                    blobs.clone().with_links(bad),
+                    Err(DraftError::LinkNotToAFile { .. })
+                ),
+                "{target}"
+            );
+        }
     }
 
     #[test]

@@ -302,6 +302,7 @@ pub async fn run(opts: &DemoOptions) -> Result<bool> {
         push_options(&agents, &key, opts.chunk_size)?,
         FanOut::Stream,
         Progress::new(true),
+        None,
     )
     .await?;
     let total_s = t.elapsed().as_secs_f64();

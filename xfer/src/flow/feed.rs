@@ -12,6 +12,10 @@ use xfer_proto::draft::{Draft, DraftError, DraftEvent};
 use xfer_proto::hash::Hash;
 use xfer_proto::manifest::Manifest;
 
+/// Told of a pull's feed once its listing is known (the agent that pulls
+/// reports the pull's progress from it).
+pub type OnFeed = Arc<dyn Fn(Arc<DraftFeed>) + Send + Sync>;
+
 /// A draft and every event it has had, in order.
 pub struct DraftFeed {
     id: Hash,
@@ -79,6 +83,17 @@ impl DraftFeed {
     /// The manifest, once every file is sealed.
     pub fn manifest(&self) -> Option<Manifest> {
         self.state.lock().unwrap().draft.manifest()
+    }
+
+    /// The files not sealed yet and the symlinks that lead to them
+    /// ([`Draft::pending`]).
+    pub fn pending(&self) -> Vec<xfer_proto::relpath::RelPath> {
+        self.state.lock().unwrap().draft.pending()
+    }
+
+    /// Bytes of the sealed files, and of all files.
+    pub fn sealed_bytes(&self) -> (u64, u64) {
+        self.state.lock().unwrap().draft.sealed_bytes()
     }
 
     /// The draft as it started (its shape; the events fill in the rest).

@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::flow::feed::DraftFeed;
+use crate::flow::feed::{DraftFeed, OnFeed};
 use crate::flow::push::{self, NodeSummary, PushOptions};
 use crate::flow::stream;
 use crate::hub::announce::{DraftUpdate, OnDraft};
@@ -98,6 +98,7 @@ pub async fn pull_and_fan_out(
     mut push: PushOptions,
     mode: FanOut,
     progress: Progress,
+    on_feed: Option<OnFeed>,
 ) -> Result<PullFanoutSummary> {
     let started = Instant::now();
     let repo = opts.repo.clone();
@@ -157,6 +158,9 @@ pub async fn pull_and_fan_out(
             } => {
                 let f = DraftFeed::new(draft, &commit);
                 *feed.lock().unwrap() = Some(f.clone());
+                if let Some(on) = &on_feed {
+                    on(f.clone());
+                }
                 if let Some(tx) = listed_tx.lock().unwrap().take() {
                     let _ = tx.send((f, paths));
                 }

@@ -148,6 +148,21 @@ impl Layout {
         }
     }
 
+    /// The symlink a receiver of the streamed draft places for `f` (path
+    /// and target, relative to [`Self::root`]): in the cache, its name in
+    /// the snapshot, leading to its blob.
+    fn draft_link(&self, f: &RemoteFile) -> Result<Option<(RelPath, String)>> {
+        match self {
+            Layout::Cache { commit, .. } => {
+                let path = RelPath::new(&format!("snapshots/{commit}/{}", f.path))
+                    .map_err(anyhow::Error::msg)?;
+                let target = crate::hub::cache::link_target(&f.path, f.expected.etag());
+                Ok(Some((path, target)))
+            }
+            Layout::LocalDir { .. } => Ok(None),
+        }
+    }
+
     fn meta_dir(&self, dir: &Path) -> PathBuf {
         dir.join(".cache/huggingface/download")
     }
@@ -492,6 +507,15 @@ fn draft_of(
             (f.size, paths)
         });
     }
+    // The snapshot's names, placed by each receiver with their blobs.
+    let mut links = Vec::new();
+    for f in files {
+        if let Some(l) = layout.draft_link(f)? {
+            links.push(l);
+        }
+    }
+    links.sort();
+    links.dedup_by(|a, b| a.0 == b.0);
     let draft = Draft::new(
         chunk_size,
         unique
@@ -499,6 +523,7 @@ fn draft_of(
             .map(|(p, (size, _))| (p.clone(), *size))
             .collect(),
     )
+    .and_then(|d| d.with_links(links))
     .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut paths = vec![None; draft.file_count()];
     for (p, (_, at)) in unique {

@@ -275,8 +275,14 @@ impl Store {
 
     /// Records the folder `<root>/<name>`, already complete and verified
     /// by other means (`xfer pull` checked it against the Hub's hashes and
-    /// hashed it into `manifest`), as the complete model `name`.
-    pub fn adopt(&self, name: &ModelName, manifest: &Manifest) -> std::io::Result<()> {
+    /// hashed it into `manifest`), as the complete model `name`; `draft`
+    /// is the streamed draft it holds every file and link of, if any.
+    pub fn adopt(
+        &self,
+        name: &ModelName,
+        manifest: &Manifest,
+        draft: Option<Hash>,
+    ) -> std::io::Result<()> {
         let dir = self.model_dir(name);
         let mut stamps = BTreeMap::new();
         for f in manifest.files() {
@@ -297,6 +303,7 @@ impl Store {
             manifest: manifest.to_doc(),
             stamps,
             replacing: None,
+            draft,
         };
         self.write_record(name, &record)
     }
@@ -467,6 +474,11 @@ impl Store {
                     .count() as u64
             })
             .collect();
+        let (links_of, orphan_links) = links_by_file(&manifest, &files);
+        let lineage = match plan {
+            Some(_) => None,
+            None => self.lineage(name, &manifest, key),
+        };
         let transfer = Transfer {
             name: name.clone(),
             manifest: manifest.clone(),
@@ -486,6 +498,9 @@ impl Store {
                 .filter(|(_, e)| matches!(e, Entry::File(_)))
                 .map(|(i, _)| i)
                 .collect(),
+            links_of,
+            orphan_links,
+            lineage,
             journal: Mutex::new(journal),
             checkpoint: Mutex::new(()),
             state: Mutex::new(State {
@@ -512,8 +527,34 @@ impl Store {
         for file in staged {
             transfer.place_file(file)?;
         }
+        // The links of files held already (unchanged, or read back).
+        let held: Vec<u32> = {
+            let st = transfer.state.lock().unwrap();
+            (0..n).filter(|&i| st.done[i]).map(|i| i as u32).collect()
+        };
+        for file in held {
+            transfer.place_links_to(file)?;
+        }
         Ok(transfer)
     }
+}
+
+/// Per file of `manifest` (`files`, in order), the positions of the
+/// symlinks that lead to it; and those that lead to no file.
+fn links_by_file(manifest: &Manifest, files: &[&FileEntry]) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let index: std::collections::HashMap<&RelPath, usize> =
+        files.iter().enumerate().map(|(i, f)| (&f.path, i)).collect();
+    let mut of = vec![Vec::new(); files.len()];
+    let mut orphans = Vec::new();
+    for (e, entry) in manifest.entries.iter().enumerate() {
+        if let Entry::Symlink { path, target } = entry {
+            match path.resolve_link(target).and_then(|t| index.get(&t).copied()) {
+                Some(i) => of[i].push(e),
+                None => orphans.push(e),
+            }
+        }
+    }
+    (of, orphans)
 }
 
 #[derive(Debug)]
@@ -598,6 +639,14 @@ pub struct Transfer {
     recording: Vec<Mutex<()>>,
     /// Position in `manifest.entries` of each file.
     file_entries: Vec<usize>,
+    /// Per file: the positions in `manifest.entries` of the symlinks that
+    /// lead to it, placed right after it.
+    links_of: Vec<Vec<usize>>,
+    /// The symlinks that lead to no file, placed at the end.
+    orphan_links: Vec<usize>,
+    /// For a manifest: the draft the name's record came from, when this
+    /// manifest keeps every file and link of it (see [`ModelRecord::draft`]).
+    lineage: Option<Hash>,
     journal: Mutex<Journal>,
     /// Serialises checkpoints.
     checkpoint: Mutex<()>,
@@ -660,12 +709,24 @@ impl Transfer {
     /// copy read back and found identical).
     pub fn pending(&self) -> Vec<RelPath> {
         let st = self.state.lock().unwrap();
-        self.manifest
+        let mut out: Vec<RelPath> = self
+            .manifest
             .files()
             .zip(&st.done)
             .filter(|(_, d)| !**d)
             .map(|(f, _)| f.path.clone())
-            .collect()
+            .collect();
+        // A symlink is placed with its file; one that leads to no file, at
+        // the end.
+        let unplaced = self
+            .links_of
+            .iter()
+            .zip(&st.done)
+            .filter(|(_, d)| !**d)
+            .flat_map(|(links, _)| links.iter().copied())
+            .chain(self.orphan_links.iter().copied());
+        out.extend(unplaced.map(|e| self.manifest.entries[e].path().clone()));
+        out
     }
 
     /// Bytes of the chunks held.
@@ -860,7 +921,50 @@ impl Transfer {
             .lock()
             .unwrap()
             .append(&[Record::FileDone(file)])
-            .map_err(|e| io_refusal(&self.staging.join("journal"), e))
+            .map_err(|e| io_refusal(&self.staging.join("journal"), e))?;
+        self.place_links_to(file)
+    }
+
+    /// Places the symlinks that lead to `file`, which is in place: a Hub
+    /// snapshot's names appear with their blobs, not at the end.
+    fn place_links_to(&self, file: u32) -> Result<(), StoreError> {
+        for &e in &self.links_of[file as usize] {
+            if let Entry::Symlink { path, target } = &self.manifest.entries[e] {
+                self.place_link(path, target)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts the symlink `path` -> `target` in place (atomically, never
+    /// through a link), unless that very link is there already.
+    fn place_link(&self, path: &RelPath, target: &str) -> Result<(), StoreError> {
+        let at = path.under(&self.final_dir);
+        if fs::read_link(&at).is_ok_and(|t| t == Path::new(target)) {
+            return Ok(());
+        }
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut replacing = self.replacing.lock().unwrap();
+        self.before_placing(&mut replacing, path)?;
+        place(&self.final_dir, path, |to| {
+            let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = to.with_file_name(format!(".xfer-link-{}-{n}", std::process::id()));
+            let _ = fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(target, &tmp)?;
+            fs::rename(&tmp, to)
+        })?;
+        Ok(())
+    }
+
+    /// The streamed draft whose every file and link this transfer holds
+    /// once complete: its own id for a draft, or, for a manifest, the
+    /// draft of the record it updates when it keeps all of that
+    /// ([`ModelRecord::draft`]).
+    pub fn draft_lineage(&self) -> Option<Hash> {
+        match &self.draft {
+            Some(_) => Some(self.key),
+            None => self.lineage,
+        }
     }
 
     /// Before `path` is renamed over the name's files: a complete record of
@@ -977,14 +1081,7 @@ impl Transfer {
                 Entry::Dir { path } => {
                     place_dir(&self.final_dir, path)?;
                 }
-                Entry::Symlink { path, target } => {
-                    place(&self.final_dir, path, |to| {
-                        let tmp = to.with_file_name(format!(".xfer-link-{}", std::process::id()));
-                        let _ = fs::remove_file(&tmp);
-                        std::os::unix::fs::symlink(target, &tmp)?;
-                        fs::rename(&tmp, to)
-                    })?;
-                }
+                Entry::Symlink { path, target } => self.place_link(path, target)?,
                 Entry::File(_) => {}
             }
         }
@@ -1008,6 +1105,7 @@ impl Transfer {
             manifest,
             stamps,
             replacing: None,
+            draft: self.draft_lineage(),
         };
         self.write_record(&record)?;
         let _ = self.fs.remove_dir_all(&self.staging_rel);

@@ -35,6 +35,13 @@ pub struct ModelRecord {
     /// transfer which files are still the old, verified ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacing: Option<Hash>,
+    /// The id of the streamed draft whose every file and link this model
+    /// holds unchanged: set when a draft's transfer completes it, and kept
+    /// by a later transfer (the pull's final round) whose manifest keeps
+    /// them all. What a rank that started while the draft streamed checks
+    /// (`launcher/python/xfer_vllm_loader`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<Hash>,
 }
 
 impl ModelRecord {

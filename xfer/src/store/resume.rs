@@ -13,7 +13,7 @@ use super::journal::{Journal, Record};
 use super::{free_space, io_refusal, readback, Stamp, Store, StoreError};
 use xfer_proto::chunkset::{ChunkMap, ChunkSet};
 use xfer_proto::hash::Hash;
-use xfer_proto::manifest::FileEntry;
+use xfer_proto::manifest::{Entry, FileEntry, Manifest};
 use xfer_proto::names::ModelName;
 use xfer_proto::relpath::RelPath;
 
@@ -193,6 +193,26 @@ impl Store {
         }
     }
 
+    /// The streamed draft `name`'s record came from, if `manifest` (a
+    /// transfer under `key`) keeps every file and symlink of that record
+    /// as it is: the record's files then stay what the draft's ranks were
+    /// told they are (a file touched since is pending again, like any).
+    pub(super) fn lineage(&self, name: &ModelName, manifest: &Manifest, key: Hash) -> Option<Hash> {
+        let rec = self.record_any(name)?;
+        let draft = rec.draft?;
+        if rec.replacing.is_some_and(|by| by != key) {
+            return None;
+        }
+        let kept = rec.manifest.manifest.entries.iter().all(|old| match old {
+            Entry::Dir { .. } => true,
+            _ => manifest
+                .entries
+                .binary_search_by(|e| e.path().cmp(old.path()))
+                .is_ok_and(|i| same_content(&manifest.entries[i], old)),
+        });
+        kept.then_some(draft)
+    }
+
     /// Reads back the chunk hashes of each file the journal says was placed
     /// and that is not held yet, one file after the other (each on every
     /// core): reading several files at once defeats the disk's readahead.
@@ -257,5 +277,16 @@ impl Store {
             });
         }
         Ok(())
+    }
+}
+
+/// Whether two entries at one path hold the same thing (a file's hash, a
+/// link's target).
+fn same_content(a: &Entry, b: &Entry) -> bool {
+    match (a, b) {
+        (Entry::File(x), Entry::File(y)) => x.hash == y.hash && x.size == y.size,
+        (Entry::Symlink { target: x, .. }, Entry::Symlink { target: y, .. }) => x == y,
+        (Entry::Dir { .. }, Entry::Dir { .. }) => true,
+        _ => false,
     }
 }

@@ -10,6 +10,7 @@ from xfer_vllm_loader.agent import LoaderError, Settings, View, arrivals, view_o
 
 ROOT = "ab" * 32
 OTHER = "cd" * 32
+DRAFT = "9a" * 32
 SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
           "model-00003-of-00003.safetensors"]
 
@@ -96,6 +97,37 @@ class Arrivals(unittest.TestCase):
         script = Script([model(pending=()), model(root=OTHER)])
         with self.assertRaises(LoaderError):
             self.run_script(script)
+
+    def test_a_streamed_draft_is_followed_through_its_final_round(self):
+        # A Hub pull streaming as a draft (no root yet), then the final
+        # round (a root, the draft kept), then complete: one identity.
+        s = settings(expect_root="", expect_draft=DRAFT, prefix="snapshots/c0")
+        pend = ["blobs/a", "snapshots/c0/" + SHARDS[0], "blobs/b",
+                "snapshots/c0/" + SHARDS[1], "blobs/c", "snapshots/c0/" + SHARDS[2]]
+        script = Script([
+            model(root=None, pending=pend, draft=DRAFT),
+            model(root=None, pending=pend[2:], draft=DRAFT),
+            model(root=OTHER, pending=["refs/main"], draft=DRAFT),
+            model(state="complete", root=OTHER, pending=(), draft=DRAFT),
+        ])
+        got = self.run_script(script, s)
+        self.assertEqual([f for f, _ in got], SHARDS)
+        self.assertEqual([n for _, n in got], [2, 3, 3])
+
+    def test_another_draft_or_a_root_without_the_draft_is_refused(self):
+        s = settings(expect_root="", expect_draft=DRAFT)
+        for other in (model(root=None, draft="ef" * 32), model(root=OTHER, state="complete")):
+            with self.assertRaises(LoaderError) as e:
+                self.run_script(Script([other]), s)
+            self.assertIn(f"planned streamed draft {DRAFT[:12]}", str(e.exception))
+            self.assertNotIn("\n", str(e.exception))
+
+    def test_settings_take_either_identity(self):
+        base = {"XFER_MODEL_NAME": "tiny", "XFER_NODE": "n1"}
+        self.assertEqual(Settings.from_env({**base, "XFER_EXPECT_DRAFT": DRAFT.upper()}).expect_draft, DRAFT)
+        with self.assertRaises(LoaderError) as e:
+            Settings.from_env(base)
+        self.assertIn("XFER_EXPECT_ROOT (or XFER_EXPECT_DRAFT)", str(e.exception))
 
     def test_a_long_wait_names_the_shard_and_the_agents_state(self):
         stuck = model(pending=SHARDS[1:], last_error="peer n2 vanished")

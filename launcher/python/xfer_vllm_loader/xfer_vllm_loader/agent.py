@@ -4,16 +4,20 @@ shard (no vLLM import here: the unit tests run it alone).
 The agent is the only judge of "verified". The loader never hashes: it asks
 the agent (``xfer status --json --nodes NODE``, the node's own ``xfer``
 binary) and reads a shard only when the agent reports the model with the
-plan's root and the shard's file no longer pending, that is verified and
-under its final name (xfer renames a file into place only once every chunk
-of it is verified). A root other than the plan's is refused at once; a
-model held with no root yet (queued, a streamed pull still unsealed, being
-replaced, failed) is waited for, and a long wait says which shard and what
-the agent reports.
+plan's identity and the shard's file no longer pending, that is verified
+and under its final name (xfer renames a file into place only once every
+chunk of it is verified, and places a Hub snapshot's link only once its
+blob is). The identity is the manifest root, or, for a Hub pull that
+still streams when the ranks start, the streamed draft's id, which the
+agent keeps reporting for the complete model (``draft`` in its status). A
+model named otherwise is refused at once; a model with no name yet
+(queued, being replaced, failed) is waited for, and a long wait says which
+shard and what the agent reports.
 
 Environment (set by ``xfer-launch up`` under ``[launch] stream_weights``):
 
-- ``XFER_EXPECT_ROOT``: the manifest root every node was receiving (hex);
+- ``XFER_EXPECT_ROOT``: the manifest root every node was receiving (hex),
+  or ``XFER_EXPECT_DRAFT``: the streamed draft's id (hex); one is set;
 - ``XFER_MODEL_NAME``: the model's name in the node's store;
 - ``XFER_MODEL_PREFIX``: the model path below that model's folder (``""``
   for the folder itself), to turn a shard's file name into a manifest path;
@@ -48,14 +52,15 @@ class Settings:
     xfer_bin: str
     note_s: float
     timeout_s: float
+    expect_draft: str = ""
 
     @staticmethod
     def from_env(env=os.environ) -> "Settings":
         missing = [
-            k
-            for k in ("XFER_EXPECT_ROOT", "XFER_MODEL_NAME", "XFER_NODE")
-            if not env.get(k)
+            k for k in ("XFER_MODEL_NAME", "XFER_NODE") if not env.get(k)
         ]
+        if not env.get("XFER_EXPECT_ROOT") and not env.get("XFER_EXPECT_DRAFT"):
+            missing.insert(0, "XFER_EXPECT_ROOT (or XFER_EXPECT_DRAFT)")
         if missing:
             raise LoaderError(
                 f"xfer loader: {', '.join(missing)} not set; start vLLM with "
@@ -63,7 +68,8 @@ class Settings:
                 "[launch] stream_weights = true, which sets them"
             )
         return Settings(
-            expect_root=env["XFER_EXPECT_ROOT"].strip().lower(),
+            expect_root=env.get("XFER_EXPECT_ROOT", "").strip().lower(),
+            expect_draft=env.get("XFER_EXPECT_DRAFT", "").strip().lower(),
             model_name=env["XFER_MODEL_NAME"],
             prefix=env.get("XFER_MODEL_PREFIX", "").strip("/"),
             node=env["XFER_NODE"],
@@ -72,6 +78,11 @@ class Settings:
             note_s=float(env.get("XFER_LOADER_NOTE_S", "30")),
             timeout_s=float(env.get("XFER_LOADER_TIMEOUT_S", "3600")),
         )
+
+    def planned(self) -> str:
+        if self.expect_root:
+            return f"root {self.expect_root[:12]}"
+        return f"streamed draft {self.expect_draft[:12]}"
 
     def manifest_path(self, file_name: str) -> str:
         return f"{self.prefix}/{file_name}" if self.prefix else file_name
@@ -95,6 +106,8 @@ class View:
         root = (m.get("root") or "")[:12] or "not known yet"
         held, total = m.get("bytes_held", 0), m.get("bytes_total", 0)
         why = f"{m.get('state')}, root {root}, {held} of {total} bytes verified"
+        if m.get("draft"):
+            why += f", streamed draft {m['draft'][:12]}"
         if m.get("last_error"):
             why += f"; last error: {m['last_error']}"
         return why
@@ -133,15 +146,22 @@ def view_of(reports: list, s: Settings) -> View:
 
 def ready(view: View, s: Settings, path: str) -> bool:
     """Whether the agent vouches for the manifest file ``path`` with the
-    plan's root; raises when it holds the model with another root."""
+    plan's identity; raises when it holds the model named otherwise."""
     m = view.model
-    if m is None or not m.get("root"):
+    if m is None:
         return False
-    root = m["root"].lower()
-    if root != s.expect_root:
+    root = (m.get("root") or "").lower()
+    draft = (m.get("draft") or "").lower()
+    if not root and not draft:
+        return False
+    ours = (s.expect_root and root == s.expect_root) or (
+        s.expect_draft and draft == s.expect_draft
+    )
+    if not ours:
+        held = f"root {root[:12]}" if root else f"streamed draft {draft[:12]}"
         raise LoaderError(
-            f"xfer loader: {s.node} holds {s.model_name} with root {root[:12]}, "
-            f"but this launch planned root {s.expect_root[:12]}; refusing to load "
+            f"xfer loader: {s.node} holds {s.model_name} with {held}, "
+            f"but this launch planned {s.planned()}; refusing to load "
             "it: sync the planned model again, or run `xfer-launch up` again to "
             "plan the one the nodes hold"
         )
@@ -166,7 +186,7 @@ def arrivals(
     pending = list(shards)
     log(
         f"xfer loader: {len(pending)} shard(s) of {s.model_name} to load as the "
-        f"agent on {s.node} verifies them (root {s.expect_root[:12]})"
+        f"agent on {s.node} verifies them ({s.planned()})"
     )
     since = clock()
     last_note = since

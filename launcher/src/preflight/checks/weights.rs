@@ -37,7 +37,10 @@ pub fn weights(ctx: &Ctx, rows: &mut Rows) {
     for (n, f) in nodes {
         let w = &f.weights;
         let complete = w.state == Some(ModelState::Complete);
-        let arriving = matches!(w.state, Some(ModelState::Syncing | ModelState::Queued));
+        let arriving = matches!(
+            w.state,
+            Some(ModelState::Syncing | ModelState::Queued | ModelState::Replacing)
+        );
         if setup.stream_weights && arriving && !w.path.contains(crate::config::COMMIT_PLACEHOLDER) {
             rows.add(
                 "weights",

@@ -276,7 +276,7 @@ mod tests {
         let tree =
             crate::store::scan::scan(&repo, xfer_proto::hash::MIN_CHUNK_SIZE, &|_| {}).unwrap();
         store
-            .adopt(&ModelName::new(REPO).unwrap(), &tree.manifest)
+            .adopt(&ModelName::new(REPO).unwrap(), &tree.manifest, None)
             .unwrap();
         (dir, store)
     }
@@ -340,7 +340,7 @@ mod tests {
         }
         let tree = crate::store::scan::scan(&m, xfer_proto::hash::MIN_CHUNK_SIZE, &|_| {}).unwrap();
         store
-            .adopt(&ModelName::new("m").unwrap(), &tree.manifest)
+            .adopt(&ModelName::new("m").unwrap(), &tree.manifest, None)
             .unwrap();
         fs::remove_dir_all(&m).unwrap();
         let f = weights(&store, &HashMap::new(), &m.display().to_string(), None);

@@ -645,6 +645,9 @@ impl Runner {
         self.store
             .mark_replacing(&spec.name, by)
             .map_err(|e| RoundError::retry(e.to_string()))?;
+        // The draft this node streams: reported while the pull runs (a rank
+        // here may load each file as it is sealed), and kept in the record.
+        let streamed: Arc<Mutex<Option<Hash>>> = Default::default();
         let (root, nodes, manifest) = if push.to.is_empty() {
             let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
                 .await
@@ -658,15 +661,25 @@ impl Runner {
                     .map_err(|e| cause::of_error(&e))?;
             (tree.manifest.root(), Vec::new(), tree.manifest)
         } else {
+            let on_feed: crate::flow::feed::OnFeed = {
+                let (activity, name, streamed) =
+                    (self.activity.clone(), spec.name.clone(), streamed.clone());
+                Arc::new(move |feed| {
+                    *streamed.lock().unwrap() = Some(feed.id());
+                    activity.pulling(&name, feed);
+                })
+            };
             let s = crate::flow::pull_fanout::pull_and_fan_out(
                 opts,
                 env,
                 push,
                 crate::flow::pull_fanout::FanOut::Stream,
                 Progress::new(false),
+                Some(on_feed),
             )
-            .await
-            .map_err(|e| cause::of_error(&e))?;
+            .await;
+            self.activity.pulled(&spec.name);
+            let s = s.map_err(|e| cause::of_error(&e))?;
             (s.root, s.nodes, s.manifest)
         };
         let mut nodes = nodes;
@@ -674,11 +687,12 @@ impl Runner {
             // Not a member, but it held the model: its record now vouches
             // for what the pull just verified, not for the old revision.
             self.store
-                .adopt(&spec.name, &manifest)
+                .adopt(&spec.name, &manifest, None)
                 .map_err(|e| RoundError::retry(e.to_string()))?;
         }
         if spec.is_member(&me) {
-            let ok = self.store.adopt(&spec.name, &manifest);
+            let draft = *streamed.lock().unwrap();
+            let ok = self.store.adopt(&spec.name, &manifest, draft);
             nodes.push(NodeSummary {
                 addr: spec
                     .members

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::job::JobRecord;
+use crate::flow::feed::DraftFeed;
 use crate::flow::receive::{Tally, MAX_FALLBACKS};
 use crate::flow::receiver::Watcher;
 use crate::store::{Store, Transfer};
@@ -57,6 +58,10 @@ enum Live {
         transfer: Arc<Transfer>,
         tally: Arc<Tally>,
     },
+    /// This node pulls the model from the Hub (a job's source): the
+    /// pull's feed says which files are sealed, that is verified and in
+    /// place with their links.
+    Pulling(Arc<DraftFeed>),
     Verifying,
     Repairing,
 }
@@ -112,6 +117,23 @@ impl Activity {
         e.sample = None;
         // A new transfer finds its own way; old fallbacks would mislead.
         e.routes.clear();
+    }
+
+    /// This node pulls `name` from the Hub, streaming `feed` to the others.
+    pub fn pulling(&self, name: &ModelName, feed: Arc<DraftFeed>) {
+        let mut m = self.models.lock().unwrap();
+        let e = m.entry(name.clone()).or_default();
+        e.live = Some(Live::Pulling(feed));
+        e.failed = false;
+    }
+
+    /// The pull of `name` here ended (its outcome is the job's).
+    pub fn pulled(&self, name: &ModelName) {
+        if let Some(e) = self.models.lock().unwrap().get_mut(name) {
+            if matches!(e.live, Some(Live::Pulling(_))) {
+                e.live = None;
+            }
+        }
     }
 
     /// A pair whose data for `name` goes over management (told to a job's
@@ -264,6 +286,7 @@ impl Activity {
                 repaired_files: e.repaired,
                 fallbacks: e.routes.clone(),
                 pending: Vec::new(),
+                draft: rec.and_then(|r| r.draft),
             };
             match &e.live {
                 Some(Live::Receiving { transfer, tally }) => {
@@ -271,11 +294,11 @@ impl Activity {
                     let total = transfer.manifest().total_bytes();
                     let rate = e.sample.map(|(_, _, r)| r).unwrap_or(0.0);
                     st.state = ModelState::Syncing;
-                    // A streamed pull's root is known only once it is sealed.
+                    // A streamed pull's root is known only once it is sealed;
+                    // until then its draft's id names it.
                     st.root = (!transfer.is_draft()).then(|| transfer.manifest().root());
-                    if st.root.is_some() {
-                        st.pending = transfer.pending().iter().map(|p| p.to_string()).collect();
-                    }
+                    st.draft = transfer.draft_lineage();
+                    st.pending = transfer.pending().iter().map(|p| p.to_string()).collect();
                     st.bytes_total = total;
                     st.bytes_held = held;
                     st.rate_bps = rate;
@@ -287,6 +310,15 @@ impl Activity {
                             st.fallbacks.push(r);
                         }
                     }
+                }
+                Some(Live::Pulling(feed)) => {
+                    let (sealed, total) = feed.sealed_bytes();
+                    st.state = ModelState::Syncing;
+                    st.root = None;
+                    st.draft = Some(feed.id());
+                    st.pending = feed.pending().iter().map(|p| p.to_string()).collect();
+                    st.bytes_total = total;
+                    st.bytes_held = sealed;
                 }
                 Some(Live::Verifying) => st.state = ModelState::Verifying,
                 Some(Live::Repairing) => st.state = ModelState::Repairing,
