@@ -1215,11 +1215,10 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
     // At `main`: deploy takes the commit from the Hub's listing, since no
     // node's refs/main names it while the sync runs.
-    let launch = real_launch(&lab, "vllm", 2, 1, "deploy-stream")
-        .replace(
-            &format!("model = \"{}/tiny\"", lab.mnt.display()),
-            "model = \"org/tiny-sharded\"\nstream_weights = true",
-        );
+    let launch = real_launch(&lab, "vllm", 2, 1, "deploy-stream").replace(
+        &format!("model = \"{}/tiny\"", lab.mnt.display()),
+        "model = \"org/tiny-sharded\"\nstream_weights = true",
+    );
     assert!(launch.contains("stream_weights"), "{launch}");
     let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
     let info = Command::new("ip")
@@ -1237,7 +1236,15 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
 
     let t0 = Instant::now();
     let mut deploy = Command::new(launch_bin())
-        .args(["deploy", "--json", "--timeout", "300", "--grace", "5", "--cluster"])
+        .args([
+            "deploy",
+            "--json",
+            "--timeout",
+            "300",
+            "--grace",
+            "5",
+            "--cluster",
+        ])
         .arg(&file)
         .env("XDG_STATE_HOME", lab.dir.join("state"))
         .env("HF_ENDPOINT", &endpoint)
@@ -1280,7 +1287,12 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
         }
         if let Ok(Some(st)) = deploy.try_wait() {
             let mut e = String::new();
-            deploy.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+            deploy
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut e)
+                .unwrap();
             panic!("deploy ended ({st}) before both ranks loaded both shards: {e}");
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -1306,7 +1318,12 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
     for i in 0..2 {
         for k in 0..2 {
             let (f, l) = (seen_file[i][k].unwrap(), seen_load[i][k].unwrap());
-            assert!(f <= l, "n{}: {} opened at {l:?}, placed at {f:?}", i + 1, shards[k]);
+            assert!(
+                f <= l,
+                "n{}: {} opened at {l:?}, placed at {f:?}",
+                i + 1,
+                shards[k]
+            );
         }
         let agent = std::fs::read_to_string(lab.dir.join(format!("agent{}.log", i + 1))).unwrap();
         assert!(agent.contains("--load-format xfer"), "{agent}");
@@ -1316,10 +1333,14 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
             std::fs::read(model.join(last)).unwrap()
         );
     }
-    let answer = complete_of(&lab, &snap(1).display().to_string().replace(
-        &lab.root_of(1).display().to_string(),
-        &lab.mnt.display().to_string(),
-    ), "the quick brown");
+    let answer = complete_of(
+        &lab,
+        &snap(1).display().to_string().replace(
+            &lab.root_of(1).display().to_string(),
+            &lab.mnt.display().to_string(),
+        ),
+        "the quick brown",
+    );
     assert_eq!(answer["usage"]["completion_tokens"], 4, "{answer}");
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));

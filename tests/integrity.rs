@@ -387,6 +387,7 @@ fn listing(files: &[(&str, u64)]) -> DraftListing {
             .iter()
             .map(|(p, s)| (RelPath::new(p).unwrap(), *s))
             .collect(),
+        links: Vec::new(),
     }
 }
 
@@ -565,6 +566,7 @@ fn a_terabyte_listing_is_refused_before_anything_is_built() {
         listing: DraftListing {
             chunk_size,
             files: vec![(RelPath::new("huge.bin").unwrap(), 1 << 40)],
+            links: Vec::new(),
         },
     };
     let replies = tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -602,4 +604,60 @@ fn a_terabyte_listing_is_refused_before_anything_is_built() {
     let rss = peak_rss(b.pid().unwrap());
     assert!(rss < 200 * MIB, "the agent peaked at {} MiB", rss / MIB);
     assert!(!b.staging_dir("huge0").join("data").exists());
+}
+
+/// A streamed draft's links are checked before anything is placed: one
+/// that leaves the tree, or leads to no file of the draft, is refused at
+/// the offer, and nothing appears under the model's name.
+#[test]
+fn a_draft_whose_link_leaves_the_tree_is_refused_at_the_offer() {
+    let t = tempdir("integrity-draft-link");
+    let key = t.path().join("cluster.key");
+    keygen(&key);
+    let cred = Credential::load(&key).unwrap();
+    let b = Agent::start("127.0.0.156:0", &t.path().join("rb"), &key);
+    let addr: SocketAddr = b.addr.parse().unwrap();
+    let bad = [
+        "../../../../../../etc/passwd",
+        "/etc/passwd",
+        "../../blobs/not-in-the-draft",
+    ];
+    let replies = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let ep = client_endpoint(&cred, addr).unwrap();
+        let mut out = Vec::new();
+        for (i, target) in bad.iter().enumerate() {
+            let msg = TransferMsg::OfferDraft {
+                name: ModelName::new(&format!("linky{i}")).unwrap(),
+                id: Hash([9; 32]),
+                listing: DraftListing {
+                    chunk_size: CS,
+                    files: vec![(RelPath::new("blobs/aa").unwrap(), 10)],
+                    links: vec![(RelPath::new("snapshots/c/x").unwrap(), target.to_string())],
+                },
+            };
+            let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
+            let (mut send, mut recv) = conn.open_bi().await.unwrap();
+            write_frame(&mut send, &Hello::new(Service::Transfer))
+                .await
+                .unwrap();
+            write_frame(&mut send, &msg).await.unwrap();
+            out.push(read_frame::<TransferMsg>(&mut recv).await.unwrap());
+        }
+        out
+    });
+    for (i, r) in replies.iter().enumerate() {
+        let TransferMsg::Failed(why) = r else {
+            panic!(
+                "the draft with link target {} was not refused: {r:?}",
+                bad[i]
+            );
+        };
+        let why = why.to_string();
+        assert!(
+            why.contains("leads to none of its files"),
+            "{}: {why}",
+            bad[i]
+        );
+        assert!(!b.model_dir(&format!("linky{i}")).exists());
+    }
 }

@@ -432,7 +432,10 @@ mod tests {
         // outside the snapshot, does not count).
         assert!(matches!(stand(&s, &snap),
             Stand::Waiting(w) if w.contains("streamed draft") && w.contains("snapshots/abc/config.json")));
-        s.models[0].pending = vec!["blobs/2222".into(), "snapshots/abc/model.safetensors".into()];
+        s.models[0].pending = vec![
+            "blobs/2222".into(),
+            "snapshots/abc/model.safetensors".into(),
+        ];
         assert_eq!(
             stand(&s, &snap),
             Stand::Ready(Ident {

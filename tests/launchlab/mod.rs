@@ -626,4 +626,3 @@ impl Drop for Reaped {
         let _ = self.0.wait();
     }
 }
-

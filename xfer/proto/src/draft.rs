@@ -555,7 +555,12 @@ mod tests {
         let paths: Vec<&str> = shape.entries.iter().map(|e| e.path().as_str()).collect();
         assert_eq!(
             paths,
-            ["blobs/aa", "blobs/bb", "snapshots/c1/config.json", "snapshots/c1/sub/w.safetensors"]
+            [
+                "blobs/aa",
+                "blobs/bb",
+                "snapshots/c1/config.json",
+                "snapshots/c1/sub/w.safetensors"
+            ]
         );
         assert_eq!(d.file_count(), 2);
         assert_ne!(d.id("c1"), blobs.id("c1"), "the links are in the id");

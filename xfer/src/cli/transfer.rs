@@ -231,7 +231,14 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         };
         let kept = progress.clone();
         let s = or_interrupted(
-            xfer::flow::pull_fanout::pull_and_fan_out(opts, env, push, fan_out.into(), progress, None),
+            xfer::flow::pull_fanout::pull_and_fan_out(
+                opts,
+                env,
+                push,
+                fan_out.into(),
+                progress,
+                None,
+            ),
             || pull_kept(&kept, &repo),
         )
         .await;

@@ -355,6 +355,76 @@ mod tests {
         );
     }
 
+    /// A snapshot's link appears with its blob, not before and not at the
+    /// end; the complete record keeps the draft's id, and a later manifest
+    /// (the pull's final round) that keeps every file and link keeps it too,
+    /// while one that drops a link does not.
+    #[test]
+    fn a_link_is_placed_with_its_file_and_the_draft_is_kept_by_a_superset() {
+        let (dir, store, draft, data, hashes) = setup();
+        let link = RelPath::new("snapshots/c1/w.safetensors").unwrap();
+        let draft = draft
+            .with_links(vec![(link.clone(), "../../blobs/w".into())])
+            .unwrap();
+        let key = draft.id("c1");
+        let t = store.begin_draft(&name(), key, draft).unwrap();
+        let at = dir.path().join("m/snapshots/c1/w.safetensors");
+        assert_eq!(
+            t.pending(),
+            vec![RelPath::new("blobs/w").unwrap(), link.clone()]
+        );
+        assert_eq!(t.draft_lineage(), Some(key));
+        t.apply_draft(&hashed(0, &hashes, 0)).unwrap();
+        for i in 0..3 {
+            t.write_chunk(id(i), part(&data, i)).unwrap();
+        }
+        assert!(
+            std::fs::symlink_metadata(&at).is_err(),
+            "no link before the seal"
+        );
+        t.apply_draft(&DraftEvent::Sealed {
+            file: 0,
+            generation: 0,
+        })
+        .unwrap();
+        assert_eq!(
+            std::fs::read(&at).unwrap(),
+            data,
+            "the link leads to the placed blob"
+        );
+        assert!(t.pending().is_empty());
+        t.finish().unwrap();
+        drop(t);
+        let rec = store.record(&name()).unwrap();
+        assert_eq!(rec.draft, Some(key));
+
+        // The final round: the same blob and link, plus a ref.
+        std::fs::create_dir_all(dir.path().join("src/blobs")).unwrap();
+        std::fs::create_dir_all(dir.path().join("src/snapshots/c1")).unwrap();
+        std::fs::create_dir_all(dir.path().join("src/refs")).unwrap();
+        std::fs::write(dir.path().join("src/blobs/w"), &data).unwrap();
+        std::fs::write(dir.path().join("src/refs/main"), b"c1").unwrap();
+        std::os::unix::fs::symlink(
+            "../../blobs/w",
+            dir.path().join("src/snapshots/c1/w.safetensors"),
+        )
+        .unwrap();
+        let full = crate::store::scan::scan(&dir.path().join("src"), CS, &|_| {})
+            .unwrap()
+            .manifest;
+        let t = store
+            .begin(&name(), std::sync::Arc::new(full.clone()))
+            .unwrap();
+        assert_eq!(t.draft_lineage(), Some(key), "every file and link kept");
+        assert_eq!(t.pending(), vec![RelPath::new("refs/main").unwrap()]);
+        drop(t);
+        // A manifest without the link does not vouch for the draft.
+        let mut less = full;
+        less.entries.retain(|e| e.path() != &link);
+        let t = store.begin(&name(), std::sync::Arc::new(less)).unwrap();
+        assert_eq!(t.draft_lineage(), None);
+    }
+
     #[test]
     fn a_withdrawal_forgets_staged_chunks_and_a_resume_rechecks_what_the_journal_holds() {
         let (dir, store, draft, data, hashes) = setup();

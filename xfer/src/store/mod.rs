@@ -542,13 +542,19 @@ impl Store {
 /// Per file of `manifest` (`files`, in order), the positions of the
 /// symlinks that lead to it; and those that lead to no file.
 fn links_by_file(manifest: &Manifest, files: &[&FileEntry]) -> (Vec<Vec<usize>>, Vec<usize>) {
-    let index: std::collections::HashMap<&RelPath, usize> =
-        files.iter().enumerate().map(|(i, f)| (&f.path, i)).collect();
+    let index: std::collections::HashMap<&RelPath, usize> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (&f.path, i))
+        .collect();
     let mut of = vec![Vec::new(); files.len()];
     let mut orphans = Vec::new();
     for (e, entry) in manifest.entries.iter().enumerate() {
         if let Entry::Symlink { path, target } = entry {
-            match path.resolve_link(target).and_then(|t| index.get(&t).copied()) {
+            match path
+                .resolve_link(target)
+                .and_then(|t| index.get(&t).copied())
+            {
                 Some(i) => of[i].push(e),
                 None => orphans.push(e),
             }

@@ -985,6 +985,7 @@ mod job_error_tests {
             repaired_files: 0,
             fallbacks: Vec::new(),
             pending: Vec::new(),
+            draft: None,
         }
     }
 
