@@ -273,7 +273,10 @@ fn a_corrupt_once_file_is_withdrawn_and_never_placed_bad() {
 }
 
 /// A file corrupted on every download: the pull fails loudly, and no
-/// agent has it, under its final name or at all in its cache.
+/// agent has it, under its final name, its snapshot name or at all in its
+/// cache. The files that did verify may stand in the snapshot (a receiver
+/// places each name with its verified blob, as `huggingface_hub` does), but
+/// no name leads to a missing or unverified blob.
 #[test]
 fn a_corrupt_always_file_fails_the_pull_and_reaches_no_agent() {
     let w = Swarm::start("stream-corrupt-always", 2, &[format!("corrupt:{BIG}")]);
@@ -282,11 +285,21 @@ fn a_corrupt_always_file_fails_the_pull_and_reaches_no_agent() {
     assert!(r.stderr.contains("sha256"), "{}", r.stderr);
     for a in &w.agents {
         assert!(!w.blob_on(a, BIG).exists(), "{} has the bad file", a.addr);
+        let snap = a.model_dir(NAME).join("snapshots").join(&w.meta.commit);
         assert!(
-            !a.model_dir(NAME).join("snapshots").exists(),
-            "{}: a snapshot of a failed pull",
+            std::fs::symlink_metadata(snap.join(BIG)).is_err(),
+            "{}: the bad file's snapshot name exists",
             a.addr
         );
+        for e in std::fs::read_dir(&snap).into_iter().flatten().flatten() {
+            let sha = std::fs::read(e.path()).map(|b| hex::encode(sha2_256(&b)));
+            let name = e.file_name().to_string_lossy().to_string();
+            let want = w.meta.files.get(&name).and_then(|f| f.sha256.clone());
+            match want {
+                Some(want) => assert_eq!(sha.ok(), Some(want), "{}: {name}", a.addr),
+                None => assert!(sha.is_ok(), "{}: {name} leads nowhere", a.addr),
+            }
+        }
     }
 }
 
