@@ -153,6 +153,11 @@ dockerd_install() (
         pkgs+=(python3-minimal libpython3-stdlib)
     fi
     command -v nsenter >/dev/null 2>&1 || pkgs+=(util-linux)
+    # A registry to pull from (tests/images.rs: `xfer image pull`), skopeo
+    # to push the test images into it, htpasswd for its password file.
+    command -v docker-registry >/dev/null 2>&1 || pkgs+=(docker-registry)
+    command -v skopeo >/dev/null 2>&1 || pkgs+=(skopeo)
+    command -v htpasswd >/dev/null 2>&1 || pkgs+=(apache2-utils)
     [ ${#pkgs[@]} -gt 0 ] || exit 0
     local log
     log=$(mktemp /tmp/xfer-dockerd-apt.XXXXXX)

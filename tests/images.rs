@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::process::Command;
 use std::time::Duration;
 
 use common::docker::ImageLab;
@@ -274,4 +275,215 @@ fn bad_inputs_get_one_line_with_the_cause_and_the_fix() {
     lab.agents[2] = None;
     lab.engines.pop();
     drop(disk);
+}
+
+/// `xfer image pull` from a registry (Debian's distribution server, in the
+/// operator's namespace, the test images pushed into it by skopeo, which
+/// compresses their layers): three nodes load it with the registry's id and
+/// run it; the registry serves each blob about once; a second image on the
+/// same base does not fetch the base again; a multi-platform index gives
+/// each node its own platform (one node's agent says it is arm64).
+#[test]
+fn an_image_pulled_once_from_a_registry_runs_on_three_nodes() {
+    use common::docker::{skopeo_push, RegistryServer};
+    let Some(mut lab) = ImageLab::up("reg", 3, 400, 16) else {
+        return;
+    };
+    for i in 1..=2 {
+        lab.start_agent(i, true, &[]);
+    }
+    // Host 3's agent pulls images for arm64 (its engine loads any).
+    lab.start_agent_env(3, &[("XFER_PLATFORM", "linux/arm64")]);
+    let ns0 = format!("{}-h0", lab.c.prefix);
+    let reg = RegistryServer::start(
+        &lab.tmp.path().join("registry"),
+        &ns0,
+        &lab.c.ip(0),
+        5000,
+        None,
+    );
+    let sock = lab.engines[0].sock.clone();
+    for tag in ["1", "2"] {
+        skopeo_push(
+            &ns0,
+            &sock,
+            &format!("xt/app:{tag}"),
+            &format!("docker://{}/xt/app:{tag}", reg.addr),
+            None,
+            None,
+        );
+    }
+    let pull = |reference: &str, hosts: &[u32], more: &[&str]| {
+        let to: Vec<String> = hosts
+            .iter()
+            .map(|i| format!("{}:7470", lab.c.ip(*i)))
+            .collect();
+        let mut cmd = lab.c.xfer(0);
+        cmd.args(["image", "pull", reference, "--insecure", "--json", "--to"])
+            .arg(to.join(","))
+            .arg("--key")
+            .arg(&lab.key)
+            .arg("--cache")
+            .arg(lab.tmp.path().join("pull-cache"))
+            .args(more);
+        run(&mut cmd, Duration::from_secs(300))
+    };
+    let id1 = lab.engines[0].image_id("xt/app:1").unwrap();
+    let name1 = format!("{}/xt/app:1", reg.addr);
+    let r = pull(&name1, &[1, 2], &[]);
+    r.assert_ok("image pull");
+    let s: Value = r.json();
+    assert_eq!(
+        s["id"],
+        id1.as_str(),
+        "the registry's config is the image's id: {s}"
+    );
+    for i in 1..=2 {
+        let e = &lab.engines[i];
+        assert_eq!(
+            e.image_id(&name1).as_deref(),
+            Some(id1.as_str()),
+            "host {i}"
+        );
+        let out = e.run(&[
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            &name1,
+            "/bin/sh",
+            "-c",
+            "echo ran",
+        ]);
+        assert!(
+            out.success() && out.stdout.contains("ran"),
+            "host {i}: {out:?}"
+        );
+    }
+    // The registry served the image about once (its blobs are compressed).
+    let total = s["bytes_total"].as_u64().unwrap();
+    let served = reg.blob_bytes(None);
+    eprintln!("registry egress: {served} bytes for a {total}-byte image to 2 nodes");
+    assert!(
+        served as f64 <= 1.05 * total as f64,
+        "the registry served {served} bytes of a {total}-byte image"
+    );
+    assert_eq!(s["registry"]["bytes_fetched"].as_u64(), Some(served), "{s}");
+
+    // xt/app:2 shares the base layer: the registry does not serve it again.
+    let name2 = format!("{}/xt/app:2", reg.addr);
+    let before = reg.blob_bytes(None);
+    let r2 = pull(&name2, &[1, 2], &[]);
+    r2.assert_ok("second image pull");
+    let s2: Value = r2.json();
+    let base = s2["blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|b| b["size"].as_u64())
+        .unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(s["blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b["digest"] == base.as_str()));
+    let again = reg.blob_bytes(None) - before;
+    let base_size = blob(&s2, &base)["size"].as_u64().unwrap();
+    assert!(
+        again < base_size,
+        "the shared base ({base_size} bytes) came from the registry again: {again} bytes"
+    );
+    assert_eq!(
+        blob(&s2, &base)["bytes_sent"],
+        0,
+        "nor went to the nodes again: {s2}"
+    );
+
+    // A multi-platform index: xt/app:1 for amd64, xt/app:2 for arm64.
+    let m1 = manifest_of(&ns0, &reg.addr, "xt/app", "1");
+    let m2 = manifest_of(&ns0, &reg.addr, "xt/app", "2");
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {"mediaType": m1.0, "digest": m1.1, "size": m1.2, "platform": {"os": "linux", "architecture": "amd64"}},
+            {"mediaType": m2.0, "digest": m2.1, "size": m2.2, "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
+        ]
+    });
+    let put = Command::new("ip")
+        .args(["netns", "exec", &ns0, "curl", "-sf", "-X", "PUT", "-H"])
+        .arg("content-type: application/vnd.oci.image.index.v1+json")
+        .arg("--data-binary")
+        .arg(index.to_string())
+        .arg(format!("http://{}/v2/xt/app/manifests/multi", reg.addr))
+        .output()
+        .unwrap();
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let multi = format!("{}/xt/app:multi", reg.addr);
+    let r3 = pull(&multi, &[1, 3], &[]);
+    r3.assert_ok("multi-platform pull");
+    let s3: Value = r3.json();
+    let ids: Vec<&str> = s3["platforms"]
+        .as_array()
+        .unwrap_or_else(|| panic!("one pull per platform: {s3}"))
+        .iter()
+        .map(|p| p["id"].as_str().unwrap())
+        .collect();
+    let id2 = lab.engines[0].image_id("xt/app:2").unwrap();
+    assert_eq!(ids, [id1.as_str(), id2.as_str()], "{s3}");
+    assert_eq!(
+        lab.engines[1].image_id(&multi).as_deref(),
+        Some(id1.as_str())
+    );
+    assert_eq!(
+        lab.engines[3].image_id(&multi).as_deref(),
+        Some(id2.as_str()),
+        "the arm64 node"
+    );
+
+    // Bad input, one line each: no such tag; no image for the platform.
+    let r = pull(&format!("{}/xt/app:nope", reg.addr), &[1], &[]);
+    assert!(!r.success());
+    assert!(
+        r.stderr.contains("has no manifest of") && r.stderr.contains("check the name and tag"),
+        "{}",
+        r.stderr
+    );
+    let r = pull(&multi, &[1], &["--platform", "linux/s390x"]);
+    assert!(!r.success());
+    assert!(
+        r.stderr
+            .contains("has no image for linux/s390x (it has linux/amd64, linux/arm64/v8)"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// (media type, digest, size) of `repo:tag`'s manifest in the registry.
+fn manifest_of(ns: &str, addr: &str, repo: &str, tag: &str) -> (String, String, u64) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-sfI", "-H"])
+        .arg("accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
+        .arg(format!("http://{addr}/v2/{repo}/manifests/{tag}"))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    let get = |k: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}: ")))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no {k} in {head}"))
+    };
+    (
+        get("content-type"),
+        get("docker-content-digest"),
+        get("content-length").parse().unwrap(),
+    )
 }

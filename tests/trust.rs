@@ -237,6 +237,7 @@ fn tiny_image() -> xfer_proto::image::ImageDesc {
             digest: Digest([2; 32]),
             size: 20,
         }],
+        diff_ids: Vec::new(),
     }
 }
 

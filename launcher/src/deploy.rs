@@ -132,7 +132,16 @@ pub async fn prepare(
 ) -> Result<Prepared, DeployError> {
     let t0 = Instant::now();
     eprintln!("checking {} node(s) before the sync...", setup.nodes.len());
-    let checked = check::run(setup, agents).await;
+    // A repo at a branch: the Hub's commit for it now, read from here while
+    // the nodes are checked, so nodes that hold an older one are synced too
+    // (and its size, for the disk check).
+    let listing = async {
+        match &setup.model.repo {
+            Some(repo) => hub_listing(repo).await,
+            None => None,
+        }
+    };
+    let (checked, listed) = tokio::join!(check::run(setup, agents), listing);
     eprint!(
         "{}",
         preflight::render(&checked.rows, crate::term::stderr_width())
@@ -150,12 +159,6 @@ pub async fn prepare(
     if others > 0 {
         return Err(DeployError::ChecksFailed { failed: others });
     }
-    // A repo at a branch: the Hub's commit for it now, read from here, so
-    // nodes that hold an older one are synced too (and its size).
-    let listed = match &setup.model.repo {
-        Some(repo) => hub_listing(repo).await,
-        None => None,
-    };
     let mut lacking = nodes_of(failing(Some(WEIGHTS)), setup);
     if let Some((commit, _)) = &listed {
         let stale = stale_nodes(&checked.nodes, commit, &lacking);

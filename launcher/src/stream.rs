@@ -339,6 +339,7 @@ mod tests {
             }],
             jobs: Vec::new(),
             images: Vec::new(),
+            platform: None,
         }
     }
 

@@ -163,6 +163,29 @@ impl ImageLab {
         std::fs::read_to_string(self.tmp.path().join(format!("agent{i}.log"))).unwrap_or_default()
     }
 
+    /// (Re)starts host `i`'s agent with its engine and `env` besides.
+    pub fn start_agent_env(&mut self, i: u32, env: &[(&str, &str)]) {
+        self.agents[i as usize] = None;
+        let root = self.root(i);
+        std::fs::create_dir_all(&root).unwrap();
+        let sock = PathBuf::from(&self.engines[i as usize].sock);
+        let vals: Vec<PathBuf> = env.iter().map(|(_, v)| PathBuf::from(v)).collect();
+        let mut all: Vec<(&str, &Path)> = vec![("DOCKER_HOST", sock.as_path())];
+        all.extend(env.iter().zip(&vals).map(|((k, _), v)| (*k, v.as_path())));
+        let log = self.tmp.path().join(format!("agent{i}.log"));
+        let a = start_agent_in(
+            &self.c,
+            i,
+            &format!("{}:7470", self.c.ip(i)),
+            &root,
+            &self.key,
+            &["--container-engine", "docker"],
+            &all,
+            &log,
+        );
+        self.agents[i as usize] = Some(a);
+    }
+
     /// (Re)starts host `i`'s agent, with its engine unless `engine` is false.
     pub fn start_agent(&mut self, i: u32, engine: bool, extra: &[&str]) {
         self.agents[i as usize] = None;
@@ -215,4 +238,206 @@ impl ImageLab {
     pub fn push(&self, image: &str, hosts: &[u32]) -> Run {
         run(&mut self.push_cmd(image, hosts), Duration::from_secs(300))
     }
+}
+
+/// A CNCF distribution registry (Debian's `docker-registry`) serving in
+/// host `ns`'s namespace on `addr`: anonymous over plain HTTP, or behind
+/// TLS from a test CA with an htpasswd user. Stopped on drop.
+pub struct RegistryServer {
+    child: std::process::Child,
+    /// `IP:PORT`.
+    pub addr: String,
+    /// The access log (every request, with the bytes of its answer).
+    pub log: PathBuf,
+    /// With TLS: the CA that signed its certificate.
+    pub ca: Option<PathBuf>,
+}
+
+impl RegistryServer {
+    /// Starts it in `ns` on `ip:port`, its data under `dir`; with `user`,
+    /// TLS and basic auth (`user`, `password`).
+    pub fn start(
+        dir: &Path,
+        ns: &str,
+        ip: &str,
+        port: u16,
+        user: Option<(&str, &str)>,
+    ) -> RegistryServer {
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let addr = format!("{ip}:{port}");
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+            dir.join("data").display()
+        );
+        let mut ca = None;
+        if let Some((u, p)) = user {
+            let (ca_pem, cert, key) = test_ca(dir, ip);
+            config += &format!(
+                "  tls:\n    certificate: {}\n    key: {}\nauth:\n  htpasswd:\n    realm: xfer-test\n    path: {}\n",
+                cert.display(),
+                key.display(),
+                dir.join("htpasswd").display()
+            );
+            let h = run(
+                Command::new("htpasswd").args(["-Bbn", u, p]),
+                Duration::from_secs(30),
+            );
+            assert!(h.success(), "htpasswd: {h:?}");
+            std::fs::write(dir.join("htpasswd"), h.stdout).unwrap();
+            ca = Some(ca_pem);
+        }
+        std::fs::write(dir.join("config.yml"), config).unwrap();
+        let log = dir.join("registry.log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "docker-registry", "serve"])
+            .arg(dir.join("config.yml"))
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(dir.join("registry.err")).unwrap())
+            .spawn()
+            .expect("docker-registry (scripts/dockerd.sh install puts it there)");
+        let r = RegistryServer {
+            child,
+            addr,
+            log,
+            ca,
+        };
+        // Up once /v2/ answers (401 behind auth).
+        let scheme = if r.ca.is_some() { "https" } else { "http" };
+        let t = std::time::Instant::now();
+        loop {
+            let out = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    ns,
+                    "curl",
+                    "-sk",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                ])
+                .arg(format!("{scheme}://{}/v2/", r.addr))
+                .output()
+                .unwrap();
+            let code = String::from_utf8_lossy(&out.stdout).to_string();
+            if code == "200" || code == "401" {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "the registry never answered: {}",
+                std::fs::read_to_string(dir.join("registry.err")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        r
+    }
+
+    /// Bytes the registry sent in answers to GETs of blob `digest` (all,
+    /// with None), from its access log.
+    pub fn blob_bytes(&self, digest: Option<&str>) -> u64 {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default()
+            + &std::fs::read_to_string(self.log.with_file_name("registry.err")).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.contains("\"GET /v2/") && l.contains("/blobs/"))
+            .filter(|l| digest.is_none_or(|d| l.contains(d)))
+            .filter_map(|l| {
+                // `"GET ... HTTP/1.1" 200 1234 "-" "agent"`
+                let after = l.split("HTTP/1.1\" ").nth(1)?;
+                let mut it = after.split_whitespace();
+                let _status = it.next()?;
+                it.next()?.parse::<u64>().ok()
+            })
+            .sum()
+    }
+}
+
+impl Drop for RegistryServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A test CA and a certificate for `ip` signed by it, under `dir`: (CA,
+/// certificate, key) as PEM files.
+fn test_ca(dir: &Path, ip: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let (ca_key, ca) = (dir.join("ca.key"), dir.join("ca.pem"));
+    let (key, csr, cert) = (
+        dir.join("reg.key"),
+        dir.join("reg.csr"),
+        dir.join("reg.pem"),
+    );
+    let ext = dir.join("ext.cnf");
+    std::fs::write(&ext, format!("subjectAltName=IP:{ip}\n")).unwrap();
+    let steps: Vec<Vec<String>> = vec![
+        format!(
+            "req -x509 -newkey rsa:2048 -nodes -keyout {} -out {} -days 2 -subj /CN=xfer-test-ca",
+            ca_key.display(),
+            ca.display()
+        ),
+        format!(
+            "req -newkey rsa:2048 -nodes -keyout {} -out {} -subj /CN={ip}",
+            key.display(),
+            csr.display()
+        ),
+        format!(
+            "x509 -req -in {} -CA {} -CAkey {} -CAcreateserial -out {} -days 2 -extfile {}",
+            csr.display(),
+            ca.display(),
+            ca_key.display(),
+            cert.display(),
+            ext.display()
+        ),
+    ]
+    .into_iter()
+    .map(|s| s.split(' ').map(String::from).collect())
+    .collect();
+    for args in steps {
+        let r = run(Command::new("openssl").args(&args), Duration::from_secs(60));
+        assert!(r.success(), "openssl {args:?}: {r:?}");
+    }
+    (ca, cert, key)
+}
+
+/// `skopeo copy`, in namespace `ns`, of `image` from the engine at `sock`
+/// into the registry at `dest` (`docker://ADDR/NAME:TAG`), with `creds`
+/// when it asks (and the registry's CA, `ca`, when it has TLS).
+pub fn skopeo_push(
+    ns: &str,
+    sock: &str,
+    image: &str,
+    dest: &str,
+    creds: Option<&str>,
+    ca: Option<&Path>,
+) {
+    let mut c = Command::new("ip");
+    c.args([
+        "netns",
+        "exec",
+        ns,
+        "skopeo",
+        "copy",
+        "--quiet",
+        "--src-daemon-host",
+        sock,
+    ]);
+    match ca {
+        Some(ca) => {
+            let certs = ca.parent().unwrap().join("skopeo-certs");
+            std::fs::create_dir_all(&certs).unwrap();
+            std::fs::copy(ca, certs.join("ca.crt")).unwrap();
+            c.arg("--dest-cert-dir").arg(&certs);
+        }
+        None => {
+            c.arg("--dest-tls-verify=false");
+        }
+    }
+    if let Some(cr) = creds {
+        c.args(["--dest-creds", cr]);
+    }
+    c.arg(format!("docker-daemon:{image}")).arg(dest);
+    let r = run(&mut c, Duration::from_secs(300));
+    assert!(r.success(), "skopeo copy {image} {dest}: {r:?}");
 }

@@ -557,6 +557,10 @@ pub struct AgentStatus {
     pub jobs: Vec<JobView>,
     /// The images this agent loaded (their blobs are among `models`).
     pub images: Vec<ImageStatus>,
+    /// The platform images are pulled for on this node (`linux/arm64`):
+    /// its machine's, or what `XFER_PLATFORM` says.
+    #[serde(default)]
+    pub platform: Option<String>,
 }
 
 #[cfg(test)]
@@ -670,6 +674,7 @@ mod tests {
             models: Vec::new(),
             jobs: vec![view()],
             images: Vec::new(),
+            platform: None,
         });
         assert_eq!(
             decode_frame::<AdminReply>(&encode(&status)).unwrap(),

@@ -136,9 +136,14 @@ pub struct ImageDesc {
     pub reference: String,
     /// The image id: its config blob's digest.
     pub config: BlobRef,
-    /// The layers, bottom first, each an uncompressed tar whose digest is
-    /// the config's `rootfs.diff_ids` entry.
+    /// The layers, bottom first: each a tar whose digest is the config's
+    /// `rootfs.diff_ids` entry (from `docker save`), or, from a registry,
+    /// a compressed tar whose uncompressed digest is that entry.
     pub layers: Vec<BlobRef>,
+    /// The config's `rootfs.diff_ids`, when they differ from the layers'
+    /// digests (compressed layers from a registry); empty when equal.
+    #[serde(default)]
+    pub diff_ids: Vec<Digest>,
 }
 
 impl ImageDesc {
@@ -152,6 +157,16 @@ impl ImageDesc {
         std::iter::once(&self.config).chain(&self.layers)
     }
 
+    /// The uncompressed digest of each layer (what the engine's layer
+    /// store and chain ids are keyed by).
+    pub fn diff_ids(&self) -> Vec<Digest> {
+        if self.diff_ids.is_empty() {
+            self.layers.iter().map(|l| l.digest).collect()
+        } else {
+            self.diff_ids.clone()
+        }
+    }
+
     /// The bytes of all its blobs.
     pub fn bytes(&self) -> u64 {
         self.blobs().map(|b| b.size).sum()
@@ -160,7 +175,10 @@ impl ImageDesc {
     /// Checks what a peer sent before anything acts on it.
     pub fn check(&self) -> Result<(), BadImage> {
         check_reference(&self.reference)?;
-        if self.layers.is_empty() || self.layers.len() > MAX_LAYERS {
+        if self.layers.is_empty()
+            || self.layers.len() > MAX_LAYERS
+            || (!self.diff_ids.is_empty() && self.diff_ids.len() != self.layers.len())
+        {
             return Err(BadImage::Layers {
                 reference: self.reference.clone(),
                 layers: self.layers.len(),

@@ -515,6 +515,13 @@ pub enum ImageCmd {
         after_help = "Example:\n  xfer image push vllm/vllm-openai:v0.10.1 --cluster cluster.toml --nodes spark-a,spark-b"
     )]
     Push(ImagePushArgs),
+    /// Pull an image from its registry once (each blob checked against its
+    /// digest) and load it into every node's container engine, with no
+    /// `docker pull` or `docker save` on any node.
+    #[command(
+        after_help = "Example:\n  xfer image pull ghcr.io/org/vllm-gb10:0.10 --cluster cluster.toml\n\nCredentials: XFER_REGISTRY_USERNAME and XFER_REGISTRY_PASSWORD, else\n~/.docker/config.json (what `docker login` writes; $DOCKER_CONFIG moves it)."
+    )]
+    Pull(ImagePullArgs),
 }
 
 /// The arguments of `xfer image push`.
@@ -522,6 +529,37 @@ pub enum ImageCmd {
 pub struct ImagePushArgs {
     /// The local image: NAME[:TAG], as `docker images` lists it.
     pub image: String,
+    /// The local engine the image is saved from.
+    #[arg(long, value_enum, default_value = "docker")]
+    pub engine: xfer_proto::image::ContainerRuntime,
+    #[command(flatten)]
+    pub delivery: ImageDelivery,
+}
+
+/// The arguments of `xfer image pull`.
+#[derive(clap::Args)]
+pub struct ImagePullArgs {
+    /// The image in its registry: [REGISTRY/]NAME[:TAG][@sha256:DIGEST]
+    /// (`ubuntu` is docker.io/library/ubuntu:latest).
+    pub reference: String,
+    /// The platform to take from a multi-platform image, OS/ARCH[/VARIANT]
+    /// (default: the nodes' own, as their agents report it).
+    #[arg(long, value_name = "OS/ARCH")]
+    pub platform: Option<String>,
+    /// Reach the registry over plain HTTP (an insecure registry on a
+    /// trusted network).
+    #[arg(long)]
+    pub insecure: bool,
+    /// A PEM file of CAs to trust for the registry, besides the system's.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub delivery: ImageDelivery,
+}
+
+/// Where and how an image is delivered (`xfer image push` and `pull`).
+#[derive(clap::Args)]
+pub struct ImageDelivery {
     /// The cluster file: every node in it (or --nodes), with its key
     /// (default: $XFER_CLUSTER when --to is not given).
     #[arg(long, value_name = "FILE")]
@@ -535,9 +573,6 @@ pub struct ImagePushArgs {
     /// The cluster credential (with --to; --cluster names its own).
     #[arg(long, env = "XFER_KEY")]
     pub key: Option<PathBuf>,
-    /// The local engine the image is saved from.
-    #[arg(long, value_enum, default_value = "docker")]
-    pub engine: xfer_proto::image::ContainerRuntime,
     /// Where the image's blobs are kept between pushes (default
     /// $XDG_CACHE_HOME/xfer/images or ~/.cache/xfer/images).
     #[arg(long, value_name = "DIR")]

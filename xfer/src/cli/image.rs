@@ -1,6 +1,7 @@
-//! `xfer image push`: its arguments and its report. The delivery itself
-//! (save, push each blob through the swarm, every node loads the image) is
-//! [`xfer::flow::image`].
+//! `xfer image push` and `xfer image pull`: their arguments and their
+//! reports. The deliveries themselves (save or fetch, push each blob
+//! through the swarm, every node loads the image) are [`xfer::flow::image`]
+//! and [`xfer::flow::image_pull`].
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -8,10 +9,14 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::args::ImagePushArgs;
+use super::args::{ImageDelivery, ImagePullArgs, ImagePushArgs};
 use xfer::config::auth::Credential;
-use xfer::flow::image::{ImagePushOptions, NodeImage, Note};
+use xfer::flow::image::{ImagePushOptions, ImagePushSummary, NodeImage, Note};
+use xfer::flow::image_pull::PullSource;
 use xfer::flow::route::Destination;
+use xfer::image::registry::client::RegistryOptions;
+use xfer::image::registry::manifest::Platform;
+use xfer::image::registry::reference::ImageRef;
 use xfer::image::runtime::Runtime;
 use xfer::util::progress::Progress;
 
@@ -23,50 +28,169 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
     let engine = Runtime::new(args.engine);
     let reference = args.image.clone();
     xfer_proto::image::check_reference(&reference).map_err(anyhow::Error::msg)?;
-    let (dests, cred) = destinations(&args).await?;
-    let cache = match &args.cache {
+    let d = &args.delivery;
+    let (dests, cred) = destinations(d).await?;
+    let opts = options(d, reference.clone(), engine, dests, cred)?;
+    let json = d.json;
+    let note = notes(json);
+    let progress = Progress::new(!json);
+    let summary = super::out::or_interrupted(
+        xfer::flow::image::push(
+            &opts,
+            progress.clone(),
+            &note,
+            xfer::agent::image_client::load,
+        ),
+        || interrupted(&progress),
+    )
+    .await;
+    progress.end();
+    report(&[summary?], json)
+}
+
+/// `xfer image pull`: one pull per platform the nodes need.
+pub async fn pull(args: ImagePullArgs) -> Result<ExitCode> {
+    let image = ImageRef::parse(&args.reference).map_err(anyhow::Error::msg)?;
+    let local = image.local_name();
+    xfer_proto::image::check_reference(&local).map_err(anyhow::Error::msg)?;
+    let d = &args.delivery;
+    let (dests, cred) = destinations(d).await?;
+    let groups = match &args.platform {
+        Some(p) => {
+            let p = Platform::parse(p).ok_or_else(|| {
+                anyhow::anyhow!("--platform {p}: write OS/ARCH[/VARIANT], e.g. linux/arm64")
+            })?;
+            vec![(p, dests)]
+        }
+        None => platforms_of(&cred, dests).await,
+    };
+    let json = d.json;
+    let note = notes(json);
+    let mut summaries = Vec::new();
+    for (platform, group) in groups {
+        let engine = Runtime::new(xfer_proto::image::ContainerRuntime::Docker);
+        let opts = options(d, local.clone(), engine, group, cred.clone())?;
+        let src = PullSource {
+            image: image.clone(),
+            registry: RegistryOptions {
+                insecure: args.insecure,
+                ca_file: args.ca_file.clone(),
+            },
+            platform,
+        };
+        let progress = Progress::new(!json);
+        let s = super::out::or_interrupted(
+            xfer::flow::image_pull::pull(
+                &src,
+                &opts,
+                progress.clone(),
+                &note,
+                xfer::agent::image_client::load,
+            ),
+            || interrupted(&progress),
+        )
+        .await;
+        progress.end();
+        summaries.push(s?);
+    }
+    report(&summaries, json)
+}
+
+/// The nodes grouped by the platform their agents pull images for (the
+/// machine's own when an agent does not say), in the nodes' order.
+async fn platforms_of(
+    cred: &Arc<Credential>,
+    dests: Vec<Destination>,
+) -> Vec<(Platform, Vec<Destination>)> {
+    let mut groups: Vec<(Platform, Vec<Destination>)> = Vec::new();
+    for d in dests {
+        let asked = xfer::agent::client::admin(
+            cred,
+            d.label(),
+            &d.agent,
+            &xfer_proto::admin::AdminRequest::Status,
+            Duration::from_secs(10),
+        )
+        .await;
+        let p = match asked {
+            Ok(xfer_proto::admin::AdminReply::Status(s)) => {
+                s.platform.as_deref().and_then(Platform::parse)
+            }
+            _ => None,
+        }
+        .unwrap_or_else(Platform::host);
+        match groups.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, g)) => g.push(d),
+            None => groups.push((p, vec![d])),
+        }
+    }
+    groups
+}
+
+/// The delivery's options from the command line.
+fn options(
+    d: &ImageDelivery,
+    reference: String,
+    engine: Runtime,
+    dests: Vec<Destination>,
+    cred: Arc<Credential>,
+) -> Result<ImagePushOptions> {
+    let cache = match &d.cache {
         Some(c) => c.clone(),
         None => xfer::agent::image_client::default_cache()?,
     };
-    let opts = ImagePushOptions {
-        reference: reference.clone(),
+    Ok(ImagePushOptions {
+        reference,
         engine,
         dests,
         cred,
         cache,
-        transport: args.transport,
-        chunk_size: args.chunk_size,
-        limit_rate: args.limit_rate,
-        connect_timeout: Duration::from_secs(args.connect_timeout),
-        connections: args.connections,
-        peers: args.peers,
-    };
-    let json = args.json;
-    let note = move |n: Note| match n {
+        transport: d.transport,
+        chunk_size: d.chunk_size,
+        limit_rate: d.limit_rate,
+        connect_timeout: Duration::from_secs(d.connect_timeout),
+        connections: d.connections,
+        peers: d.peers,
+    })
+}
+
+/// Where a delivery's notes go: warnings always, progress unless `--json`.
+fn notes(json: bool) -> impl Fn(Note) + Sync {
+    move |n: Note| match n {
         Note::Warning(m) => eprintln!("{m}"),
         Note::Progress(m) if !json => eprintln!("{m}"),
         Note::Progress(_) => {}
-    };
-    let load = xfer::agent::image_client::load;
-    let progress = Progress::new(!args.json);
-    let summary = super::out::or_interrupted(
-        xfer::flow::image::push(&opts, progress.clone(), &note, load),
-        || {
-            let (held, _, n) = progress.kept();
-            format!(
-                "{} of the image's blobs held on {n} node(s); run the same command again to resume (nothing is lost)",
-                Bytes(held)
-            )
-        },
+    }
+}
+
+/// What an interrupted delivery says.
+fn interrupted(progress: &Progress) -> String {
+    let (held, _, n) = progress.kept();
+    format!(
+        "{} of the image's blobs held on {n} node(s); run the same command again to resume (nothing is lost)",
+        Bytes(held)
     )
-    .await;
-    progress.end();
-    let summary = summary?;
-    let id = summary.id;
-    if args.json {
-        serde_json::to_writer(std::io::stdout().lock(), &summary)?;
+}
+
+/// Says what each node got; fails if any node did not load the image.
+fn report(summaries: &[ImagePushSummary], json: bool) -> Result<ExitCode> {
+    if json {
+        match summaries {
+            [one] => serde_json::to_writer(std::io::stdout().lock(), one)?,
+            many => serde_json::to_writer(
+                std::io::stdout().lock(),
+                &serde_json::json!({ "platforms": many }),
+            )?,
+        }
         println!();
-    } else {
+    }
+    let mut odd: Vec<&NodeImage> = Vec::new();
+    for summary in summaries {
+        let reference = &summary.image;
+        odd.extend(summary.nodes.iter().filter(|n| !n.ok));
+        if json {
+            continue;
+        }
         for n in &summary.nodes {
             match (&n.error, n.id) {
                 (None, Some(nid)) => say(&format!(
@@ -86,12 +210,24 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
                 )),
             }
         }
+        let (what, first) = match &summary.registry {
+            Some(r) => (
+                format!(
+                    "{}, {} from the registry",
+                    r.platform.as_deref().unwrap_or("one platform"),
+                    Bytes(r.bytes_fetched)
+                ),
+                "fetch",
+            ),
+            None => (String::new(), "save"),
+        };
         say(&format!(
-            "{reference} {} on {} node(s): {} layers, {}; the source sent {} in {:.2}s (save {:.2}s, push {:.2}s, load {:.2}s)",
-            id.short(),
+            "{reference} {} on {} node(s): {} layers, {}{}{what}; the source sent {} in {:.2}s ({first} {:.2}s, push {:.2}s, load {:.2}s)",
+            summary.id.short(),
             summary.nodes.iter().filter(|n| n.ok).count(),
             summary.layers,
             Bytes(summary.bytes_total),
+            if what.is_empty() { "" } else { "; " },
             Bytes(summary.bytes_sent),
             summary.duration_s,
             summary.save_s,
@@ -99,7 +235,6 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
             summary.load_s
         ));
     }
-    let odd: Vec<&NodeImage> = summary.nodes.iter().filter(|n| !n.ok).collect();
     for n in &odd {
         super::out::warn(&format!(
             "error: {}",
@@ -114,7 +249,7 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
 }
 
 /// Where the nodes are and the credential (loaded once) to reach them with.
-async fn destinations(args: &ImagePushArgs) -> Result<(Vec<Destination>, Arc<Credential>)> {
+async fn destinations(args: &ImageDelivery) -> Result<(Vec<Destination>, Arc<Credential>)> {
     super::transfer::targets(
         args.cluster.clone(),
         &args.nodes,

@@ -53,6 +53,7 @@ pub async fn run(cmd: Cmd) -> Result<ExitCode> {
         Cmd::Pull(a) => transfer::pull(a).await,
         Cmd::Fetch(a) => transfer::fetch(a).await,
         Cmd::Image(args::ImageCmd::Push(a)) => image::push(a).await,
+        Cmd::Image(args::ImageCmd::Pull(a)) => image::pull(a).await,
         Cmd::Demo(a) => demo_command(a).await,
         Cmd::Simulate(a) => simulate::run(a),
     }

@@ -62,6 +62,23 @@ pub struct ImagePushSummary {
     pub blobs: Vec<BlobSummary>,
     /// What each node got.
     pub nodes: Vec<NodeImage>,
+    /// For `xfer image pull`: what came from the registry (`save_s` is
+    /// then the fetch's time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistryTally>,
+}
+
+/// What an image pull took from its registry.
+#[derive(Debug, Serialize)]
+pub struct RegistryTally {
+    /// The reference pulled, in full.
+    pub source: String,
+    /// The image manifest's digest.
+    pub manifest: Digest,
+    /// The platform picked from an index, if it was one.
+    pub platform: Option<String>,
+    /// Bytes downloaded from the registry this run (0: all cached).
+    pub bytes_fetched: u64,
 }
 
 /// One blob's push.
@@ -181,22 +198,7 @@ where
         .map_err(|e| anyhow::anyhow!("cannot ask the local engine for {reference}: {e}"))?;
     let expected: BTreeSet<Digest> = layers.iter().copied().chain([id]).collect();
     let nic = crate::transport::select::choose(opts.transport)?;
-    let mut delivery = Delivery {
-        nodes: dests
-            .iter()
-            .map(|d| NodeImage {
-                node: d.label().to_string(),
-                ok: true,
-                ..NodeImage::default()
-            })
-            .collect(),
-        dests: dests.clone(),
-        blobs: Vec::new(),
-        cred: cred.clone(),
-        nic,
-        progress,
-        cache: cache.clone(),
-    };
+    let mut delivery = Delivery::new(dests, cred.clone(), nic, progress, cache.clone());
     let (tx, mut saved) = tokio::sync::mpsc::unbounded_channel::<Digest>();
     let lookup = archive::cached(&cache, &id, &reference);
     for b in &lookup.discarded {
@@ -270,9 +272,50 @@ where
 
     // Every node loads it into its own engine, at once.
     let load_started = Instant::now();
+    load_everywhere(dests, &mut nodes, &desc, &reference, cred, &load).await;
+    let summary = ImagePushSummary {
+        image: reference.clone(),
+        id,
+        layers: desc.layers.len(),
+        bytes_total: desc.bytes(),
+        bytes_sent: blobs.iter().map(|b| b.bytes_sent).sum(),
+        bytes_skipped: blobs.iter().map(|b| b.bytes_skipped).sum(),
+        cached,
+        save_s,
+        push_s,
+        load_s: load_started.elapsed().as_secs_f64(),
+        duration_s: started.elapsed().as_secs_f64(),
+        blobs,
+        nodes,
+        registry: None,
+    };
+    if summary.nodes.iter().any(|n| !n.ok) {
+        // Whatever failed, the next push hashes every blob again before
+        // sending it, so damage the stamps missed cannot be sent twice.
+        archive::distrust(&cache, &desc);
+    }
+    Ok(summary)
+}
+
+/// Has every node that got every blob load `desc` into its own engine, at
+/// once, and records in `nodes` what each reports (the id must be the
+/// config's digest).
+pub(super) async fn load_everywhere<L, F, E>(
+    dests: &[Destination],
+    nodes: &mut [NodeImage],
+    desc: &ImageDesc,
+    reference: &str,
+    cred: &Arc<Credential>,
+    load: &L,
+) where
+    L: Fn(Arc<Credential>, Destination, AdminRequest, Duration) -> F,
+    F: std::future::Future<Output = Result<AdminReply, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let id = desc.id();
     let loads = dests
         .iter()
-        .zip(&nodes)
+        .zip(nodes.iter())
         .filter(|(_, n)| n.ok)
         .map(|(d, _)| {
             let req = AdminRequest::LoadImage(Box::new(desc.clone()));
@@ -317,34 +360,13 @@ where
             }
         }
     }
-    let summary = ImagePushSummary {
-        image: reference.clone(),
-        id,
-        layers: desc.layers.len(),
-        bytes_total: desc.bytes(),
-        bytes_sent: blobs.iter().map(|b| b.bytes_sent).sum(),
-        bytes_skipped: blobs.iter().map(|b| b.bytes_skipped).sum(),
-        cached,
-        save_s,
-        push_s,
-        load_s: load_started.elapsed().as_secs_f64(),
-        duration_s: started.elapsed().as_secs_f64(),
-        blobs,
-        nodes,
-    };
-    if summary.nodes.iter().any(|n| !n.ok) {
-        // Whatever failed, the next push hashes every blob again before
-        // sending it, so damage the stamps missed cannot be sent twice.
-        archive::distrust(&cache, &desc);
-    }
-    Ok(summary)
 }
 
 /// The blobs pushed so far, and what each node got.
-struct Delivery {
+pub(super) struct Delivery {
     dests: Vec<Destination>,
-    nodes: Vec<NodeImage>,
-    blobs: Vec<BlobSummary>,
+    pub(super) nodes: Vec<NodeImage>,
+    pub(super) blobs: Vec<BlobSummary>,
     cred: Arc<Credential>,
     nic: Option<Arc<dyn Nic>>,
     progress: Progress,
@@ -352,9 +374,35 @@ struct Delivery {
 }
 
 impl Delivery {
+    /// A delivery to `dests`, none of them failed yet.
+    pub(super) fn new(
+        dests: &[Destination],
+        cred: Arc<Credential>,
+        nic: Option<Arc<dyn Nic>>,
+        progress: Progress,
+        cache: PathBuf,
+    ) -> Delivery {
+        Delivery {
+            nodes: dests
+                .iter()
+                .map(|d| NodeImage {
+                    node: d.label().to_string(),
+                    ok: true,
+                    ..NodeImage::default()
+                })
+                .collect(),
+            dests: dests.to_vec(),
+            blobs: Vec::new(),
+            cred,
+            nic,
+            progress,
+            cache,
+        }
+    }
+
     /// Pushes blob `digest` from the cache, as a model through the swarm,
     /// to every node that has not failed yet.
-    async fn blob(
+    pub(super) async fn blob(
         &mut self,
         opts: &ImagePushOptions,
         digest: Digest,

@@ -12,6 +12,7 @@ pub mod coordinator;
 pub mod feed;
 pub mod fetch;
 pub mod image;
+pub mod image_pull;
 pub mod local;
 pub mod pull_fanout;
 pub mod push;

@@ -177,6 +177,7 @@ pub fn unpack(
             size: config_size,
         },
         layers,
+        diff_ids: Vec::new(),
     };
     desc.check().map_err(anyhow::Error::msg)?;
     // Files the manifest does not name (a legacy `<id>/json`, the OCI
@@ -222,6 +223,23 @@ fn keep_blob(r: &mut impl Read, dir: &Path) -> Result<(Digest, u64)> {
     let _ = tmp.keep();
     write_stamp(dir, &digest)?;
     Ok((digest, n))
+}
+
+/// Whether the cache at `dir` holds blob `d` of `size` bytes, unchanged
+/// since its digest was checked.
+pub fn holds(dir: &Path, d: &Digest, size: u64) -> bool {
+    stamp_holds(dir, d, size)
+}
+
+/// Puts the file at `verified`, whose sha256 the caller just found to be
+/// `d`, into the cache at `dir` as that blob (durably, with its stamp).
+pub fn adopt_blob(dir: &Path, d: &Digest, verified: &Path) -> Result<()> {
+    let dest = blob_path(dir, d);
+    let parent = dest.parent().expect("a blob path has a folder");
+    create_dir_all_durable(parent)?;
+    std::fs::File::open(verified)?.sync_all()?;
+    rename_durable(verified, &dest)?;
+    write_stamp(dir, d)
 }
 
 /// Where the stamp of blob `d` is kept.

@@ -212,6 +212,7 @@ mod tests {
             reference: "xt/app:1".into(),
             config: put(&config),
             layers: layers.iter().map(|l| put(l)).collect(),
+            diff_ids: Vec::new(),
         }
     }
 

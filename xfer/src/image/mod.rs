@@ -14,6 +14,7 @@
 
 pub mod archive;
 pub mod loadtar;
+pub mod registry;
 pub mod runtime;
 
 use std::collections::BTreeSet;
@@ -60,15 +61,14 @@ pub fn chain_ids(diff_ids: &[Digest]) -> Vec<Digest> {
 /// its stack there already. Docker's `load` then takes the layer from its
 /// store and never opens the file.
 pub fn omittable(desc: &ImageDesc, held: &BTreeSet<Digest>) -> BTreeSet<Digest> {
-    let diff_ids: Vec<Digest> = desc.layers.iter().map(|l| l.digest).collect();
-    let chains = chain_ids(&diff_ids);
+    let chains = chain_ids(&desc.diff_ids());
     let mut needed = BTreeSet::new();
     let mut maybe = BTreeSet::new();
-    for (d, c) in diff_ids.iter().zip(&chains) {
+    for (l, c) in desc.layers.iter().zip(&chains) {
         if held.contains(c) {
-            maybe.insert(*d);
+            maybe.insert(l.digest);
         } else {
-            needed.insert(*d);
+            needed.insert(l.digest);
         }
     }
     maybe.difference(&needed).copied().collect()
@@ -110,6 +110,7 @@ mod tests {
             reference: "xt/app:2".into(),
             config: blob(d(9)),
             layers: vec![blob(d(1)), blob(d(2)), blob(d(1))],
+            diff_ids: Vec::new(),
         };
         let chains = chain_ids(&[d(1), d(2), d(1)]);
         let none = omittable(&desc, &BTreeSet::new());

@@ -871,6 +871,7 @@ mod tests {
                 models: Vec::new(),
                 jobs,
                 images: Vec::new(),
+                platform: None,
             }),
         }
     }
@@ -1002,6 +1003,7 @@ mod job_error_tests {
                 models,
                 jobs,
                 images: Vec::new(),
+                platform: None,
             }),
         }
     }

@@ -348,6 +348,7 @@ impl Activity {
             models: out,
             jobs,
             images: Vec::new(),
+            platform: Some(crate::image::registry::manifest::Platform::of_node().to_string()),
         }
     }
 }

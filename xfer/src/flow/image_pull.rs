@@ -1,0 +1,211 @@
+//! `xfer image pull`: an image fetched once from its registry and
+//! delivered to nodes like a model. The manifest is read (an index's entry
+//! for the nodes' platform picked), then the config and the layers are
+//! fetched into the same blob cache `xfer image push` keeps, each checked
+//! against its registry digest, and each blob is pushed through the swarm
+//! as soon as it is in (while the next downloads). Every node's agent then
+//! checks every blob against its digest again and loads the image into its
+//! own engine from a stream built from the blobs ([`crate::image::loadtar`]),
+//! so no node runs `docker pull` or `docker save`. Every node must report
+//! the config's digest as the image's id.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::config::auth::Credential;
+use crate::flow::image::{
+    load_everywhere, Delivery, ImagePushOptions, ImagePushSummary, Note, RegistryTally,
+};
+use crate::flow::route::Destination;
+use crate::image::archive;
+use crate::image::registry::client::{Registry, RegistryOptions};
+use crate::image::registry::manifest::{self, Descriptor, Platform};
+use crate::image::registry::reference::ImageRef;
+use crate::util::progress::Progress;
+use xfer_proto::admin::{AdminReply, AdminRequest};
+use xfer_proto::image::{BlobRef, Digest, ImageDesc};
+use xfer_proto::units::Bytes;
+
+/// Where to pull from, for which platform.
+#[derive(Clone, Debug)]
+pub struct PullSource {
+    /// The reference, parsed.
+    pub image: ImageRef,
+    /// How to reach its registry.
+    pub registry: RegistryOptions,
+    /// The platform to pick from a multi-platform index.
+    pub platform: Platform,
+}
+
+/// The part of an image config that names its layers' uncompressed
+/// digests.
+#[derive(Deserialize)]
+struct Config {
+    rootfs: RootFs,
+}
+
+#[derive(Deserialize)]
+struct RootFs {
+    diff_ids: Vec<Digest>,
+}
+
+/// Pulls `src` from its registry into `opts.cache` and delivers it to
+/// `opts.dests` (`opts.reference` is the name the nodes load it under;
+/// `opts.engine` is not used). A node's failure is in its node summary; an
+/// `Err` fails the whole pull.
+pub async fn pull<L, F, E>(
+    src: &PullSource,
+    opts: &ImagePushOptions,
+    progress: Progress,
+    note: &(dyn Fn(Note) + Sync),
+    load: L,
+) -> Result<ImagePushSummary>
+where
+    L: Fn(Arc<Credential>, Destination, AdminRequest, Duration) -> F,
+    F: std::future::Future<Output = Result<AdminReply, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let started = Instant::now();
+    let reg = Registry::new(&src.image, &src.registry)?;
+    let resolved = reg.resolve(&src.platform).await?;
+    let m = &resolved.manifest;
+    if !manifest::CONFIGS.contains(&m.config.media_type.as_str()) {
+        bail!(
+            "{} is not a container image (its config is `{}`{}); `xfer image pull` takes images, and `xfer sync oci://...` model artifacts",
+            src.image,
+            m.config.media_type,
+            m.artifact_type
+                .as_deref()
+                .map(|t| format!(", artifact type `{t}`"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(l) = m
+        .layers
+        .iter()
+        .find(|l| !manifest::LAYERS.contains(&l.media_type.as_str()))
+    {
+        bail!(
+            "{} has a layer of type `{}`, which xfer does not load (it loads {}); pull it with the engine itself",
+            src.image,
+            l.media_type,
+            manifest::LAYERS.join(", ")
+        );
+    }
+    let cache = opts.cache.clone();
+    let (config_bytes, config_fetched) = reg.config(&m.config, &cache).await?;
+    let config: Config = serde_json::from_slice(&config_bytes).with_context(|| {
+        format!(
+            "the config of {} names no layers (rootfs.diff_ids)",
+            src.image
+        )
+    })?;
+    if config.rootfs.diff_ids.len() != m.layers.len() {
+        bail!(
+            "{} is inconsistent: its manifest has {} layers and its config {}; the registry holds a damaged image",
+            src.image,
+            m.layers.len(),
+            config.rootfs.diff_ids.len()
+        );
+    }
+    let blob = |d: &Descriptor| BlobRef {
+        digest: d.digest,
+        size: d.size,
+    };
+    let desc = ImageDesc {
+        reference: opts.reference.clone(),
+        config: blob(&m.config),
+        layers: m.layers.iter().map(blob).collect(),
+        diff_ids: config.rootfs.diff_ids,
+    };
+    desc.check().map_err(anyhow::Error::msg)?;
+    note(Note::Progress(format!(
+        "{} ({}{}): {} layers, {}; each blob pushed once fetched",
+        src.image,
+        desc.id().short(),
+        resolved
+            .platform
+            .as_ref()
+            .map(|p| format!(", {p}"))
+            .unwrap_or_default(),
+        desc.layers.len(),
+        Bytes(desc.bytes())
+    )));
+
+    let nic = crate::transport::select::choose(opts.transport)?;
+    let mut delivery = Delivery::new(&opts.dests, opts.cred.clone(), nic, progress, cache.clone());
+    // Fetch in order, each blob pushed as soon as it is in while the next
+    // one downloads.
+    let (tx, mut fetched) = tokio::sync::mpsc::channel::<Result<(Digest, u64)>>(4);
+    let fetching = {
+        let (reg, cache) = (Arc::new(reg), cache.clone());
+        let layers = m.layers.clone();
+        let config = m.config.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(Ok((config.digest, 0))).await;
+            for l in &layers {
+                let r = reg.blob(l, &cache).await.map(|n| (l.digest, n));
+                let failed = r.is_err();
+                if tx.send(r).await.is_err() || failed {
+                    return;
+                }
+            }
+        })
+    };
+    let fetch_started = Instant::now();
+    let mut registry_bytes = config_fetched;
+    let mut pushed = std::collections::BTreeSet::new();
+    let mut first_push: Option<Instant> = None;
+    while let Some(r) = fetched.recv().await {
+        let (d, n) = r?;
+        registry_bytes += n;
+        if pushed.insert(d) {
+            first_push.get_or_insert_with(Instant::now);
+            delivery.blob(opts, d, &opts.reference).await?;
+        }
+    }
+    fetching.await.context("the fetch task failed")?;
+    let fetch_s = fetch_started.elapsed().as_secs_f64();
+    let push_s = first_push.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let Delivery {
+        mut nodes, blobs, ..
+    } = delivery;
+    let load_started = Instant::now();
+    load_everywhere(
+        &opts.dests,
+        &mut nodes,
+        &desc,
+        &opts.reference,
+        &opts.cred,
+        &load,
+    )
+    .await;
+    let summary = ImagePushSummary {
+        image: opts.reference.clone(),
+        id: desc.id(),
+        layers: desc.layers.len(),
+        bytes_total: desc.bytes(),
+        bytes_sent: blobs.iter().map(|b| b.bytes_sent).sum(),
+        bytes_skipped: blobs.iter().map(|b| b.bytes_skipped).sum(),
+        cached: registry_bytes == 0,
+        save_s: fetch_s,
+        push_s,
+        load_s: load_started.elapsed().as_secs_f64(),
+        duration_s: started.elapsed().as_secs_f64(),
+        blobs,
+        nodes,
+        registry: Some(RegistryTally {
+            source: src.image.to_string(),
+            manifest: resolved.digest,
+            platform: resolved.platform.map(|p| p.to_string()),
+            bytes_fetched: registry_bytes,
+        }),
+    };
+    if summary.nodes.iter().any(|n| !n.ok) {
+        archive::distrust(&cache, &desc);
+    }
+    Ok(summary)
+}

@@ -1,0 +1,201 @@
+//! Who the registry is told we are: credentials from the environment
+//! (`XFER_REGISTRY_USERNAME`, `XFER_REGISTRY_PASSWORD`) or from Docker's
+//! own `config.json` (`$DOCKER_CONFIG/config.json`, else
+//! `~/.docker/config.json`: its `auths` entry for the registry, the
+//! base64 `user:password` that `docker login` writes), and how the
+//! registry asks for them (its `WWW-Authenticate` challenge: a bearer token
+//! from a realm, as Docker Hub, GHCR and NGC do, or basic auth).
+
+use std::path::PathBuf;
+
+use base64::Engine as _;
+
+/// A user name and password (or token).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user.
+    pub user: String,
+    /// The password or token.
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials({}, ****)", self.user)
+    }
+}
+
+impl Credentials {
+    /// The `Authorization: Basic` value.
+    pub fn basic(&self) -> String {
+        let raw = format!("{}:{}", self.user, self.password);
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(raw)
+        )
+    }
+}
+
+/// Where the credentials for `registry` come from: the environment first,
+/// then Docker's config file; `None` pulls anonymously.
+pub fn lookup(registry: &str) -> Option<Credentials> {
+    if let (Ok(user), Ok(password)) = (
+        std::env::var("XFER_REGISTRY_USERNAME"),
+        std::env::var("XFER_REGISTRY_PASSWORD"),
+    ) {
+        return Some(Credentials { user, password });
+    }
+    let path = docker_config()?;
+    let text = std::fs::read_to_string(path).ok()?;
+    from_docker_config(&text, registry)
+}
+
+/// Docker's config file: `$DOCKER_CONFIG/config.json`, else
+/// `$HOME/.docker/config.json`.
+fn docker_config() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("DOCKER_CONFIG") {
+        return Some(PathBuf::from(dir).join("config.json"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".docker/config.json"))
+}
+
+/// The `auths` entry for `registry` in a Docker config file's text
+/// (Docker Hub's is keyed `https://index.docker.io/v1/`).
+pub fn from_docker_config(text: &str, registry: &str) -> Option<Credentials> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let auths = v.get("auths")?.as_object()?;
+    let keys: Vec<String> = if registry == super::reference::DOCKER_HUB {
+        vec![
+            "https://index.docker.io/v1/".into(),
+            "index.docker.io".into(),
+            "docker.io".into(),
+            "registry-1.docker.io".into(),
+        ]
+    } else {
+        vec![
+            registry.to_string(),
+            format!("https://{registry}"),
+            format!("http://{registry}"),
+        ]
+    };
+    let entry = keys
+        .iter()
+        .find_map(|k| auths.get(k).or_else(|| auths.get(&format!("{k}/"))))?;
+    let raw = entry.get("auth")?.as_str()?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(raw.trim())
+        .ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let (user, password) = text.split_once(':')?;
+    Some(Credentials {
+        user: user.into(),
+        password: password.into(),
+    })
+}
+
+/// How a registry asks to be authenticated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Challenge {
+    /// Get a token from `realm` for `service` and `scope`.
+    Bearer {
+        /// The token endpoint.
+        realm: String,
+        /// The service the token is for.
+        service: Option<String>,
+        /// The access asked for, if the registry named it.
+        scope: Option<String>,
+    },
+    /// Send the credentials themselves.
+    Basic,
+}
+
+/// Reads a `WWW-Authenticate` header's value.
+pub fn parse_challenge(header: &str) -> Option<Challenge> {
+    let (scheme, rest) = header.trim().split_once(' ').unwrap_or((header.trim(), ""));
+    match scheme.to_ascii_lowercase().as_str() {
+        "basic" => Some(Challenge::Basic),
+        "bearer" => {
+            let mut realm = None;
+            let (mut service, mut scope) = (None, None);
+            for (k, v) in params(rest) {
+                match k.to_ascii_lowercase().as_str() {
+                    "realm" => realm = Some(v),
+                    "service" => service = Some(v),
+                    "scope" => scope = Some(v),
+                    _ => {}
+                }
+            }
+            Some(Challenge::Bearer {
+                realm: realm?,
+                service,
+                scope,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// `k="v",k2="v2"` (values may hold commas inside quotes).
+fn params(s: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = s.trim();
+    while let Some((k, after)) = rest.split_once('=') {
+        let k = k.trim().trim_start_matches(',').trim().to_string();
+        let after = after.trim_start();
+        let (v, next) = if let Some(q) = after.strip_prefix('"') {
+            match q.find('"') {
+                Some(end) => (q[..end].to_string(), &q[end + 1..]),
+                None => (q.to_string(), ""),
+            }
+        } else {
+            match after.find(',') {
+                Some(end) => (after[..end].to_string(), &after[end..]),
+                None => (after.to_string(), ""),
+            }
+        };
+        out.push((k, v));
+        rest = next.trim_start().trim_start_matches(',');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn challenges_of_docker_hub_and_a_basic_registry() {
+        let h = r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/ubuntu:pull,push""#;
+        assert_eq!(
+            parse_challenge(h),
+            Some(Challenge::Bearer {
+                realm: "https://auth.docker.io/token".into(),
+                service: Some("registry.docker.io".into()),
+                scope: Some("repository:library/ubuntu:pull,push".into()),
+            })
+        );
+        assert_eq!(
+            parse_challenge(r#"Basic realm="Registry Realm""#),
+            Some(Challenge::Basic)
+        );
+        assert_eq!(parse_challenge("Negotiate abc"), None);
+        assert_eq!(parse_challenge(r#"Bearer service="x""#), None, "no realm");
+    }
+
+    #[test]
+    fn docker_config_entries_by_registry() {
+        let auth = base64::engine::general_purpose::STANDARD.encode("alice:s3cret");
+        let text = format!(
+            r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{auth}"}},"127.0.0.1:5000":{{"auth":"{auth}"}}}}}}"#
+        );
+        let c = from_docker_config(&text, "docker.io").unwrap();
+        assert_eq!((c.user.as_str(), c.password.as_str()), ("alice", "s3cret"));
+        assert!(from_docker_config(&text, "127.0.0.1:5000").is_some());
+        assert!(from_docker_config(&text, "ghcr.io").is_none());
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the password is never shown"
+        );
+        assert_eq!(c.basic(), format!("Basic {auth}"));
+    }
+}
