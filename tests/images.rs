@@ -360,6 +360,18 @@ fn an_image_pulled_once_from_a_registry_runs_on_three_nodes() {
             "host {i}: {out:?}"
         );
     }
+    // skopeo compressed the layers: the nodes loaded gzip blobs, whose
+    // digests are not the engine's diff_ids.
+    let diff_ids = lab.engines[0].layers("xt/app:1");
+    assert!(
+        s["blobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["digest"] != id1.as_str())
+            .all(|b| !diff_ids.contains(&b["digest"].as_str().unwrap().to_string())),
+        "the registry's layers are compressed: {s}"
+    );
     // The registry served the image about once (its blobs are compressed).
     let total = s["bytes_total"].as_u64().unwrap();
     let served = reg.blob_bytes(None);
@@ -486,4 +498,88 @@ fn manifest_of(ns: &str, addr: &str, repo: &str, tag: &str) -> (String, String, 
         get("docker-content-digest"),
         get("content-length").parse().unwrap(),
     )
+}
+
+/// A registry behind TLS from a test CA and a password: without
+/// credentials, with a wrong password, or without the CA, the pull fails
+/// in one line naming the fix; with `XFER_REGISTRY_USERNAME`/`PASSWORD`,
+/// or docker's `config.json`, and `--ca-file`, it loads on the node.
+#[test]
+fn a_registry_with_a_password_and_a_private_ca_is_pulled_with_its_credentials() {
+    use common::docker::{skopeo_push, RegistryServer};
+    let Some(mut lab) = ImageLab::up("rga", 1, 1000, 4) else {
+        return;
+    };
+    lab.start_agent(1, true, &[]);
+    let ns0 = format!("{}-h0", lab.c.prefix);
+    let reg = RegistryServer::start(
+        &lab.tmp.path().join("registry"),
+        &ns0,
+        &lab.c.ip(0),
+        5443,
+        Some(("alice", "s3cret")),
+    );
+    let ca = reg.ca.clone().unwrap();
+    skopeo_push(
+        &ns0,
+        &lab.engines[0].sock,
+        "xt/app:1",
+        &format!("docker://{}/xt/app:1", reg.addr),
+        Some("alice:s3cret"),
+        Some(&ca),
+    );
+    let name = format!("{}/xt/app:1", reg.addr);
+    let pull = |env: &[(&str, &str)], more: &[&str]| {
+        let mut cmd = lab.c.xfer(0);
+        cmd.env_remove("XFER_REGISTRY_USERNAME")
+            .env_remove("XFER_REGISTRY_PASSWORD")
+            .env("DOCKER_CONFIG", lab.tmp.path().join("no-docker-config"))
+            .envs(env.iter().copied())
+            .args(["image", "pull", &name, "--json", "--to"])
+            .arg(format!("{}:7470", lab.c.ip(1)))
+            .arg("--key")
+            .arg(&lab.key)
+            .arg("--cache")
+            .arg(lab.tmp.path().join("pull-cache"))
+            .args(more);
+        run(&mut cmd, Duration::from_secs(300))
+    };
+    let ca_arg = ["--ca-file", ca.to_str().unwrap()];
+    let one_line = |r: &Run, words: &[&str]| {
+        assert!(!r.success(), "{r:?}");
+        let last = r.stderr.trim().lines().last().unwrap_or_default().to_string();
+        for w in words {
+            assert!(last.contains(w), "`{w}` not in: {}", r.stderr);
+        }
+    };
+    // No CA: the certificate is not trusted, and --ca-file is the fix.
+    one_line(&pull(&[], &[]), &["TLS certificate is not trusted", "--ca-file"]);
+    // No credentials, then a wrong password: `docker login` is the fix.
+    one_line(&pull(&[], &ca_arg), &["asks for a user name and password", "docker login"]);
+    let wrong = [("XFER_REGISTRY_USERNAME", "alice"), ("XFER_REGISTRY_PASSWORD", "nope")];
+    one_line(&pull(&wrong, &ca_arg), &["HTTP 401", "docker login"]);
+    assert!(lab.engines[1].image_id(&name).is_none(), "nothing loaded");
+    // The right password from the environment.
+    let right = [("XFER_REGISTRY_USERNAME", "alice"), ("XFER_REGISTRY_PASSWORD", "s3cret")];
+    let r = pull(&right, &ca_arg);
+    r.assert_ok("pull with credentials");
+    let id = lab.engines[0].image_id("xt/app:1").unwrap();
+    assert_eq!(lab.engines[1].image_id(&name).as_deref(), Some(id.as_str()));
+    // And from docker's config.json, as `docker login` writes it.
+    let cfg = lab.tmp.path().join("docker-config");
+    std::fs::create_dir_all(&cfg).unwrap();
+    let auth = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode("alice:s3cret")
+    };
+    std::fs::write(
+        cfg.join("config.json"),
+        format!(r#"{{"auths":{{"{}":{{"auth":"{auth}"}}}}}}"#, reg.addr),
+    )
+    .unwrap();
+    assert!(lab.engines[1].run(&["rmi", &name]).success());
+    std::fs::remove_dir_all(lab.tmp.path().join("pull-cache")).unwrap();
+    let r = pull(&[("DOCKER_CONFIG", cfg.to_str().unwrap())], &ca_arg);
+    r.assert_ok("pull with docker's config");
+    assert_eq!(lab.engines[1].image_id(&name).as_deref(), Some(id.as_str()));
 }

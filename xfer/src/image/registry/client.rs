@@ -129,10 +129,7 @@ impl Registry {
                     req = req.header(AUTHORIZATION, a);
                 }
             }
-            let r = req
-                .send()
-                .await
-                .map_err(|e| anyhow::anyhow!("{} did not answer: {e}", self.where_()))?;
+            let r = req.send().await.map_err(|e| self.unreachable(&e))?;
             if !r.status().is_redirection() {
                 return Ok(r);
             }
@@ -216,6 +213,35 @@ impl Registry {
         };
         *self.auth.lock().await = Some(value);
         Ok(())
+    }
+
+    /// One line for a request that got no answer: an untrusted
+    /// certificate names `--ca-file`, plain HTTP against TLS `--insecure`.
+    fn unreachable(&self, e: &reqwest::Error) -> anyhow::Error {
+        let mut chain = e.to_string();
+        let mut src = std::error::Error::source(e);
+        while let Some(s) = src {
+            chain += &format!(": {s}");
+            src = s.source();
+        }
+        let lower = chain.to_lowercase();
+        if lower.contains("certificate") || lower.contains("unknownissuer") {
+            anyhow::anyhow!(
+                "{}'s TLS certificate is not trusted ({chain}); pass --ca-file with the CA that signed it (or --insecure if it speaks plain HTTP)",
+                self.where_()
+            )
+        } else {
+            anyhow::anyhow!(
+                "{} did not answer at {} ({chain}); check its address and that it runs{}",
+                self.where_(),
+                self.base,
+                if self.base.scheme() == "https" {
+                    " (and --insecure if it speaks plain HTTP)"
+                } else {
+                    ""
+                }
+            )
+        }
     }
 
     fn where_(&self) -> String {
