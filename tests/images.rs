@@ -547,20 +547,38 @@ fn a_registry_with_a_password_and_a_private_ca_is_pulled_with_its_credentials() 
     let ca_arg = ["--ca-file", ca.to_str().unwrap()];
     let one_line = |r: &Run, words: &[&str]| {
         assert!(!r.success(), "{r:?}");
-        let last = r.stderr.trim().lines().last().unwrap_or_default().to_string();
+        let last = r
+            .stderr
+            .trim()
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string();
         for w in words {
             assert!(last.contains(w), "`{w}` not in: {}", r.stderr);
         }
     };
     // No CA: the certificate is not trusted, and --ca-file is the fix.
-    one_line(&pull(&[], &[]), &["TLS certificate is not trusted", "--ca-file"]);
+    one_line(
+        &pull(&[], &[]),
+        &["TLS certificate is not trusted", "--ca-file"],
+    );
     // No credentials, then a wrong password: `docker login` is the fix.
-    one_line(&pull(&[], &ca_arg), &["asks for a user name and password", "docker login"]);
-    let wrong = [("XFER_REGISTRY_USERNAME", "alice"), ("XFER_REGISTRY_PASSWORD", "nope")];
+    one_line(
+        &pull(&[], &ca_arg),
+        &["asks for a user name and password", "docker login"],
+    );
+    let wrong = [
+        ("XFER_REGISTRY_USERNAME", "alice"),
+        ("XFER_REGISTRY_PASSWORD", "nope"),
+    ];
     one_line(&pull(&wrong, &ca_arg), &["HTTP 401", "docker login"]);
     assert!(lab.engines[1].image_id(&name).is_none(), "nothing loaded");
     // The right password from the environment.
-    let right = [("XFER_REGISTRY_USERNAME", "alice"), ("XFER_REGISTRY_PASSWORD", "s3cret")];
+    let right = [
+        ("XFER_REGISTRY_USERNAME", "alice"),
+        ("XFER_REGISTRY_PASSWORD", "s3cret"),
+    ];
     let r = pull(&right, &ca_arg);
     r.assert_ok("pull with credentials");
     let id = lab.engines[0].image_id("xt/app:1").unwrap();
@@ -582,4 +600,103 @@ fn a_registry_with_a_password_and_a_private_ca_is_pulled_with_its_credentials() 
     let r = pull(&[("DOCKER_CONFIG", cfg.to_str().unwrap())], &ca_arg);
     r.assert_ok("pull with docker's config");
     assert_eq!(lab.engines[1].image_id(&name).as_deref(), Some(id.as_str()));
+}
+
+/// A registry (behind a front that needs a password and sends blobs to a
+/// "CDN" on another port) that serves the largest layer corrupted once,
+/// then cut half-way once: the corrupt copy is caught by its digest and
+/// fetched again, the cut one resumes with a range request, the node loads
+/// the right image, and the CDN never sees the registry's credentials.
+#[test]
+fn a_corrupt_or_cut_blob_is_fetched_again_and_credentials_stay_with_the_registry() {
+    use common::docker::{skopeo_push, RegistryServer};
+    let Some(mut lab) = ImageLab::up("rgf", 1, 1000, 8) else {
+        return;
+    };
+    lab.start_agent(1, true, &[]);
+    let ns0 = format!("{}-h0", lab.c.prefix);
+    let ip0 = lab.c.ip(0);
+    let reg = RegistryServer::start(&lab.tmp.path().join("registry"), &ns0, &ip0, 5000, None);
+    skopeo_push(
+        &ns0,
+        &lab.engines[0].sock,
+        "xt/app:1",
+        &format!("docker://{}/xt/app:1", reg.addr),
+        None,
+        None,
+    );
+    let manifest = Command::new("ip")
+        .args(["netns", "exec", &ns0, "curl", "-sf", "-H"])
+        .arg("accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
+        .arg(format!("http://{}/v2/xt/app/manifests/1", reg.addr))
+        .output()
+        .unwrap();
+    let manifest: Value = serde_json::from_slice(&manifest.stdout).unwrap();
+    let big = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|l| l["size"].as_u64())
+        .unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut proxy = Command::new("ip")
+        .args(["netns", "exec", &ns0, "python3"])
+        .arg(common::hub::workspace_root().join("tests/registry_proxy.py"))
+        .args(["--host", &ip0, "--upstream", &reg.addr, "--cdn"])
+        .args(["--fault", &format!("corrupt-once:{big}")])
+        .args(["--fault", &format!("cut-once:{big}")])
+        .args(["--fault", "basic:bob:pw"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(proxy.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let port = line
+        .split_whitespace()
+        .nth(1)
+        .expect("READY PORT CDN")
+        .to_string();
+    let front = format!("{ip0}:{port}");
+    let name = format!("{front}/xt/app:1");
+    let mut cmd = lab.c.xfer(0);
+    cmd.env("XFER_REGISTRY_USERNAME", "bob")
+        .env("XFER_REGISTRY_PASSWORD", "pw")
+        .args(["image", "pull", &name, "--insecure", "--json", "--to"])
+        .arg(format!("{}:7470", lab.c.ip(1)))
+        .arg("--key")
+        .arg(&lab.key)
+        .arg("--cache")
+        .arg(lab.tmp.path().join("pull-cache"));
+    let r = run(&mut cmd, Duration::from_secs(300));
+    let seen = Command::new("ip")
+        .args(["netns", "exec", &ns0, "curl", "-sf"])
+        .arg(format!("http://{front}/_seen"))
+        .output()
+        .unwrap();
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    r.assert_ok("pull through a faulty front");
+    let s: Value = r.json();
+    let id = lab.engines[0].image_id("xt/app:1").unwrap();
+    assert_eq!(lab.engines[1].image_id(&name).as_deref(), Some(id.as_str()));
+    let seen: Value = serde_json::from_slice(&seen.stdout).unwrap();
+    assert_eq!(
+        seen["cdn_auth"],
+        serde_json::json!([]),
+        "the CDN got credentials: {seen}"
+    );
+    // The big layer: whole and corrupt, half, then the other half.
+    let size = blob(&s, &big)["size"].as_u64().unwrap();
+    let fetched = s["registry"]["bytes_fetched"].as_u64().unwrap();
+    assert!(
+        fetched >= 2 * size && fetched < 2 * size + size / 2 + (1 << 20),
+        "{fetched} bytes fetched for a {size}-byte layer ({big}) fetched 1 + 1/2 + 1/2 times: {s}; the front saw {seen}; {}",
+        r.stderr
+    );
 }
