@@ -700,3 +700,113 @@ fn a_corrupt_or_cut_blob_is_fetched_again_and_credentials_stay_with_the_registry
         r.stderr
     );
 }
+
+/// `kill -9` of `xfer image pull` while the registry is half-way through
+/// the largest layer (the front holds the rest): the same command again
+/// fetches only what is missing (the cache keeps the verified blobs and
+/// the partial one), and the node loads the image.
+#[test]
+fn a_pull_killed_mid_layer_resumes_from_what_it_fetched() {
+    use common::docker::{skopeo_push, RegistryServer};
+    let Some(mut lab) = ImageLab::up("rgk", 1, 1000, 8) else {
+        return;
+    };
+    lab.start_agent(1, true, &[]);
+    let ns0 = format!("{}-h0", lab.c.prefix);
+    let ip0 = lab.c.ip(0);
+    let reg = RegistryServer::start(&lab.tmp.path().join("registry"), &ns0, &ip0, 5000, None);
+    skopeo_push(
+        &ns0,
+        &lab.engines[0].sock,
+        "xt/app:1",
+        &format!("docker://{}/xt/app:1", reg.addr),
+        None,
+        None,
+    );
+    let (_, mdigest, _) = manifest_of(&ns0, &reg.addr, "xt/app", "1");
+    let manifest = Command::new("ip")
+        .args(["netns", "exec", &ns0, "curl", "-sf", "-H"])
+        .arg("accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
+        .arg(format!("http://{}/v2/xt/app/manifests/{mdigest}", reg.addr))
+        .output()
+        .unwrap();
+    let manifest: Value = serde_json::from_slice(&manifest.stdout).unwrap();
+    let big = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|l| l["size"].as_u64())
+        .unwrap();
+    let (big, size) = (
+        big["digest"].as_str().unwrap().to_string(),
+        big["size"].as_u64().unwrap(),
+    );
+    let gate = lab.tmp.path().join("release");
+    let mut proxy = Command::new("ip")
+        .args(["netns", "exec", &ns0, "python3"])
+        .arg(common::hub::workspace_root().join("tests/registry_proxy.py"))
+        .args(["--host", &ip0, "--upstream", &reg.addr])
+        .args(["--fault", &format!("hold-once:{big}:{}", gate.display())])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(proxy.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let port = line
+        .split_whitespace()
+        .nth(1)
+        .expect("READY PORT")
+        .to_string();
+    let name = format!("{ip0}:{port}/xt/app:1");
+    let cache = lab.tmp.path().join("pull-cache");
+    let cmd = || {
+        let mut c = lab.c.xfer(0);
+        c.args(["image", "pull", &name, "--insecure", "--json", "--to"])
+            .arg(format!("{}:7470", lab.c.ip(1)))
+            .arg("--key")
+            .arg(&lab.key)
+            .arg("--cache")
+            .arg(&cache);
+        c
+    };
+    let mut first = cmd()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once half the layer is in its partial file.
+    let part = cache
+        .join(".incoming")
+        .join(format!("sha256-{}.part", &big[7..]));
+    let t = std::time::Instant::now();
+    while std::fs::metadata(&part).map_or(0, |m| m.len()) < size / 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the pull never reached the hold"
+        );
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the pull ended before the hold"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    std::fs::write(&gate, b"").unwrap();
+    let r = run(&mut cmd(), Duration::from_secs(300));
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    r.assert_ok("the pull again");
+    let s: Value = r.json();
+    let id = lab.engines[0].image_id("xt/app:1").unwrap();
+    assert_eq!(lab.engines[1].image_id(&name).as_deref(), Some(id.as_str()));
+    let fetched = s["registry"]["bytes_fetched"].as_u64().unwrap();
+    assert!(
+        fetched <= size / 2 + (2 << 20),
+        "the rerun fetched {fetched} bytes; half of the {size}-byte layer was in already: {s}"
+    );
+}

@@ -6,6 +6,9 @@ request to the registry at --upstream (plain HTTP) and injects faults.
                                 the byte at its middle flipped
   --fault cut-once:DIGEST       the first answer for blob DIGEST stops after
                                 half its body (the connection is closed)
+  --fault hold-once:DIGEST:GATE the first answer for blob DIGEST sends half
+                                its body, then waits until the file GATE
+                                exists before the rest
   --fault basic:USER:PASS       /v2/ asks for basic auth (401 + challenge)
   --cdn                         blob GETs are redirected (307) to a second
                                 port of this proxy, the "CDN", which records
@@ -18,8 +21,10 @@ import argparse
 import base64
 import http.client
 import json
+import os
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 state = {"cdn_auth": [], "blob_gets": 0, "spent": set()}
@@ -51,6 +56,22 @@ def fault(kind, path):
     return False
 
 
+def hold_gate(path):
+    """The gate file of an unspent hold-once fault on `path`, spending it;
+    None otherwise."""
+    for k, rest in faults:
+        if k != "hold-once":
+            continue
+        digest, gate = rest.rsplit(":", 1)
+        if digest in path:
+            with lock:
+                if ("hold-once", digest) in state["spent"]:
+                    return None
+                state["spent"].add(("hold-once", digest))
+            return gate
+    return None
+
+
 def forward(handler, path, cdn):
     up = http.client.HTTPConnection(args.upstream, timeout=60)
     headers = {k: v for k, v in handler.headers.items()
@@ -66,6 +87,19 @@ def forward(handler, path, cdn):
         if status == 200 and fault("corrupt-once", path):
             mid = len(body) // 2
             body = body[:mid] + bytes([body[mid] ^ 0xFF]) + body[mid + 1:]
+        elif status == 200 and (gate := hold_gate(path)) is not None:
+            handler.send_response(200)
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body[: len(body) // 2])
+            handler.wfile.flush()
+            while not os.path.exists(gate):
+                time.sleep(0.05)
+            try:
+                handler.wfile.write(body[len(body) // 2:])
+            except OSError:
+                pass
+            return
         elif status == 200 and fault("cut-once", path):
             handler.send_response(200)
             handler.send_header("Content-Length", str(len(body)))
