@@ -374,13 +374,19 @@ fn an_image_pulled_once_from_a_registry_runs_on_three_nodes() {
     );
     // The registry served the image about once (its blobs are compressed).
     let total = s["bytes_total"].as_u64().unwrap();
+    // The registry logs each answer as it ends: wait for the last line.
+    let fetched = s["registry"]["bytes_fetched"].as_u64().unwrap();
+    let t = std::time::Instant::now();
+    while reg.blob_bytes(None) < fetched && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let served = reg.blob_bytes(None);
     eprintln!("registry egress: {served} bytes for a {total}-byte image to 2 nodes");
     assert!(
         served as f64 <= 1.05 * total as f64,
         "the registry served {served} bytes of a {total}-byte image"
     );
-    assert_eq!(s["registry"]["bytes_fetched"].as_u64(), Some(served), "{s}");
+    assert_eq!(fetched, served, "{s}");
 
     // xt/app:2 shares the base layer: the registry does not serve it again.
     let name2 = format!("{}/xt/app:2", reg.addr);
@@ -402,6 +408,11 @@ fn an_image_pulled_once_from_a_registry_runs_on_three_nodes() {
         .unwrap()
         .iter()
         .any(|b| b["digest"] == base.as_str()));
+    let fetched2 = s2["registry"]["bytes_fetched"].as_u64().unwrap();
+    let t = std::time::Instant::now();
+    while reg.blob_bytes(None) < before + fetched2 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let again = reg.blob_bytes(None) - before;
     let base_size = blob(&s2, &base)["size"].as_u64().unwrap();
     assert!(
