@@ -20,6 +20,7 @@ mod integrity;
 mod launch_env;
 mod layers;
 mod manifest;
+mod oci_artifact;
 mod permits;
 mod planted;
 mod pull;

@@ -263,6 +263,29 @@ impl RegistryServer {
         port: u16,
         user: Option<(&str, &str)>,
     ) -> RegistryServer {
+        Self::start_in(dir, Some(ns), ip, port, user)
+    }
+
+    /// [`RegistryServer::start`] in namespace `ns`, or in this one.
+    pub fn start_in(
+        dir: &Path,
+        ns: Option<&str>,
+        ip: &str,
+        port: u16,
+        user: Option<(&str, &str)>,
+    ) -> RegistryServer {
+        let in_ns = |prog: &str| {
+            let mut c = match ns {
+                Some(ns) => {
+                    let mut c = Command::new("ip");
+                    c.args(["netns", "exec", ns, prog]);
+                    c
+                }
+                None => Command::new(prog),
+            };
+            c.stdin(std::process::Stdio::null());
+            c
+        };
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let addr = format!("{ip}:{port}");
         let mut config = format!(
@@ -288,8 +311,8 @@ impl RegistryServer {
         }
         std::fs::write(dir.join("config.yml"), config).unwrap();
         let log = dir.join("registry.log");
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns, "docker-registry", "serve"])
+        let child = in_ns("docker-registry")
+            .arg("serve")
             .arg(dir.join("config.yml"))
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::create(dir.join("registry.err")).unwrap())
@@ -305,18 +328,8 @@ impl RegistryServer {
         let scheme = if r.ca.is_some() { "https" } else { "http" };
         let t = std::time::Instant::now();
         loop {
-            let out = Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    ns,
-                    "curl",
-                    "-sk",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}",
-                ])
+            let out = in_ns("curl")
+                .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
                 .arg(format!("{scheme}://{}/v2/", r.addr))
                 .output()
                 .unwrap();

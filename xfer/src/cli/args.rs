@@ -604,7 +604,9 @@ pub struct ImageDelivery {
 /// The arguments of `xfer pull`.
 #[derive(clap::Args)]
 pub struct PullArgs {
-    /// ORG/NAME[@REVISION] (a branch, tag or commit; default main).
+    /// ORG/NAME[@REVISION] (a branch, tag or commit; default main), or
+    /// oci://REGISTRY/NAME:TAG, a ModelPack model artifact (with
+    /// --local-dir).
     pub repo: String,
     /// The kind of repo: model or dataset.
     #[arg(long, default_value = "model", value_parser = parse_repo_type)]
@@ -649,6 +651,12 @@ pub struct PullArgs {
     /// this build can drive it), else QUIC; `rdma` refuses without one.
     #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
     pub transport: xfer::transport::select::TransportChoice,
+    /// For an `oci://` source: reach the registry over plain HTTP.
+    #[arg(long)]
+    pub insecure: bool,
+    /// For an `oci://` source: a PEM file of CAs to trust for the registry.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The arguments of `xfer fetch`.

@@ -175,6 +175,10 @@ fn model_name(name: &str) -> Result<ModelName> {
 
 /// `xfer pull`.
 pub async fn pull(args: PullArgs) -> Result<ExitCode> {
+    if let Some(reference) = args.repo.strip_prefix("oci://") {
+        let reference = reference.to_string();
+        return pull_artifact(args, &reference).await;
+    }
     let PullArgs {
         transport,
         repo,
@@ -190,6 +194,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         connect_timeout,
         fan_out,
         json,
+        ..
     } = args;
     // The data plane matters only for the fan-out to agents.
     let nic = if !to.is_empty() || transport == xfer::transport::select::TransportChoice::Rdma {
@@ -379,4 +384,97 @@ fn pull_kept(progress: &Progress, repo: &str) -> String {
         Bytes(held),
         Bytes(total)
     )
+}
+
+/// `xfer pull oci://REF --local-dir DIR [--to AGENTS]`: a ModelPack model
+/// artifact placed as the folder DIR (each layer checked against its
+/// digest), then, with `--to`, pushed to the agents as any folder.
+async fn pull_artifact(args: PullArgs, reference: &str) -> Result<ExitCode> {
+    use xfer::image::registry::{artifact, client, reference::ImageRef};
+    let image = ImageRef::parse(reference).map_err(anyhow::Error::msg)?;
+    let Some(dir) = args.local_dir.clone() else {
+        anyhow::bail!(
+            "oci://{reference} needs --local-dir DIR: the model folder its files are placed in (with --to, then pushed to the agents)"
+        );
+    };
+    let reg = client::Registry::new(
+        &image,
+        &client::RegistryOptions {
+            insecure: args.insecure,
+            ca_file: args.ca_file.clone(),
+        },
+    )?;
+    let cache = xfer::agent::image_client::default_cache()?;
+    let placed = artifact::pull_model(&reg, &cache, &dir).await?;
+    if !args.json {
+        say(&format!(
+            "{image}: {} files, {} placed in {} ({} from the registry)",
+            placed.files,
+            Bytes(placed.bytes),
+            dir.display(),
+            Bytes(placed.bytes_fetched)
+        ));
+    }
+    if args.to.is_empty() {
+        if args.json {
+            serde_json::to_writer(
+                std::io::stdout().lock(),
+                &serde_json::json!({ "artifact": placed }),
+            )?;
+            println!();
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(key) = args.key.clone() else {
+        anyhow::bail!("--to needs the cluster credential: pass --key FILE or set XFER_KEY");
+    };
+    let nic = xfer::transport::select::choose(args.transport)?;
+    let cred = Arc::new(Credential::load(&key)?);
+    let to = destinations(&args.to, &cred).await?;
+    let opts = xfer::flow::push::PushOptions {
+        src: dir,
+        to,
+        me: None,
+        routes: None,
+        cred,
+        name: None,
+        chunk_size: args.chunk_size,
+        limit_rate: None,
+        connect_timeout: Duration::from_secs(args.connect_timeout),
+        rehash: false,
+        connections: xfer::transport::lanes::default_connections(),
+        nic,
+        peers: xfer::engine::topology::DEFAULT_DEGREE,
+    };
+    let progress = Progress::new(!args.json);
+    let s = xfer::flow::push::push(&opts, &progress).await;
+    progress.end();
+    let s = s?;
+    if args.json {
+        serde_json::to_writer(
+            std::io::stdout().lock(),
+            &serde_json::json!({ "artifact": placed, "push": s }),
+        )?;
+        println!();
+    } else {
+        say(&format!(
+            "root {}: {} files on {} agent(s)",
+            s.root,
+            s.files,
+            s.nodes.len()
+        ));
+    }
+    let bad: Vec<_> = s.nodes.iter().filter(|n| !n.ok).collect();
+    for n in &bad {
+        warn(&format!(
+            "error: {}: {}",
+            n.addr,
+            n.error.as_deref().unwrap_or("failed")
+        ));
+    }
+    Ok(if bad.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

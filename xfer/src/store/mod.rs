@@ -29,7 +29,7 @@ pub mod journal;
 pub mod local;
 #[cfg(test)]
 mod model_check;
-mod place;
+pub mod place;
 mod readback;
 mod record;
 mod resume;

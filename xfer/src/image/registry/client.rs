@@ -86,6 +86,11 @@ impl Registry {
         })
     }
 
+    /// The reference this client pulls.
+    pub fn image(&self) -> &ImageRef {
+        &self.image
+    }
+
     /// The URL of `/v2/<repository>/<kind>/<reference>`.
     fn url(&self, kind: &str, reference: &str) -> Url {
         self.base

@@ -1,0 +1,150 @@
+//! `xfer pull oci://`: a CNCF ModelPack model artifact (raw and tar layers,
+//! pushed into Debian's registry by `tests/oci_push.py` as `modctl push`
+//! would) placed as a model folder and pushed to two agents; an artifact
+//! whose layer leaves the folder, and one of another type, are refused in
+//! one line with nothing placed.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::docker::RegistryServer;
+use crate::common::*;
+
+fn oci_push(addr: &str, repo: &str, tag: &str, spec: &serde_json::Value, dir: &Path) -> String {
+    let f = dir.join(format!("{tag}.json"));
+    std::fs::write(&f, spec.to_string()).unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(hub::workspace_root().join("tests/oci_push.py"))
+        .args([addr, repo, tag])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "oci_push.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn a_modelpack_artifact_becomes_a_model_folder_on_two_agents() {
+    if std::process::Command::new("docker-registry")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("docker-registry is missing: scripts/test.sh installs it (apt-get install docker-registry)");
+    }
+    let t = tempdir("oci-artifact");
+    let reg = RegistryServer::start_in(&t.path().join("registry"), None, "127.0.0.161", 5000, None);
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("tok")).unwrap();
+    std::fs::write(src.join("config.json"), b"{\"model_type\": \"llama\"}\n").unwrap();
+    write_random(&src.join("model.safetensors"), 3 << 20, 7);
+    std::fs::write(src.join("tok/tokenizer.json"), b"{}\n").unwrap();
+    std::fs::write(src.join("tok/special.json"), b"[]\n").unwrap();
+    let f = |p: &str| src.join(p).display().to_string();
+    let spec = serde_json::json!([
+        {"media": "application/vnd.cncf.model.weight.config.v1.raw", "path": "config.json", "file": f("config.json")},
+        {"media": "application/vnd.cncf.model.weight.v1.raw", "path": "model.safetensors", "file": f("model.safetensors")},
+        {"media": "application/vnd.cncf.model.weight.config.v1.tar", "tar": {
+            "tokenizer.json": f("tok/tokenizer.json"), "extra/special.json": f("tok/special.json")}},
+    ]);
+    oci_push(&reg.addr, "org/tiny", "v1", &spec, t.path());
+
+    let key = t.path().join("key");
+    keygen(&key);
+    let a = Agent::start("127.0.0.162:0", &t.path().join("ra"), &key);
+    let b = Agent::start("127.0.0.163:0", &t.path().join("rb"), &key);
+    let dir = t.path().join("tiny");
+    let r = run(
+        xfer()
+            .env("XDG_CACHE_HOME", t.path().join("cache"))
+            .args([
+                "pull",
+                &format!("oci://{}/org/tiny:v1", reg.addr),
+                "--insecure",
+                "--json",
+                "--local-dir",
+            ])
+            .arg(&dir)
+            .args(["--to", &format!("{},{}", a.addr, b.addr), "--key"])
+            .arg(&key),
+        Duration::from_secs(120),
+    );
+    r.assert_ok("pull oci://");
+    let v: serde_json::Value = r.json();
+    assert_eq!(v["artifact"]["files"], 4, "{v}");
+    let expect = [
+        ("config.json", "config.json"),
+        ("model.safetensors", "model.safetensors"),
+        ("tokenizer.json", "tok/tokenizer.json"),
+        ("extra/special.json", "tok/special.json"),
+    ];
+    for root in [&dir, &a.root.join("tiny"), &b.root.join("tiny")] {
+        for (placed, from) in expect {
+            assert_eq!(
+                std::fs::read(root.join(placed)).unwrap(),
+                std::fs::read(src.join(from)).unwrap(),
+                "{} in {}",
+                placed,
+                root.display()
+            );
+        }
+    }
+    assert_eq!(v["push"]["nodes"][0]["ok"], true, "{v}");
+
+    // A raw layer whose path leaves the folder: refused, nothing placed.
+    let evil = serde_json::json!([
+        {"media": "application/vnd.cncf.model.weight.config.v1.raw", "path": "config.json", "file": f("config.json")},
+        {"media": "application/vnd.cncf.model.weight.v1.raw", "path": "../../outside.bin", "file": f("config.json")},
+    ]);
+    oci_push(&reg.addr, "org/evil", "v1", &evil, t.path());
+    let bad = t.path().join("bad");
+    let r = run(
+        xfer()
+            .env("XDG_CACHE_HOME", t.path().join("cache"))
+            .args([
+                "pull",
+                &format!("oci://{}/org/evil:v1", reg.addr),
+                "--insecure",
+                "--local-dir",
+            ])
+            .arg(&bad),
+        Duration::from_secs(60),
+    );
+    assert!(!r.success());
+    assert!(
+        r.stderr.contains("stay inside the model folder"),
+        "{}",
+        r.stderr
+    );
+    assert!(!bad.join("config.json").exists(), "nothing placed");
+    assert!(!t.path().join("outside.bin").exists());
+
+    // A compressed layer: named, with the fix.
+    let gz = serde_json::json!([
+        {"media": "application/vnd.cncf.model.weight.v1.tar+gzip", "tar": {"w.bin": f("config.json")}},
+    ]);
+    oci_push(&reg.addr, "org/gz", "v1", &gz, t.path());
+    let r = run(
+        xfer()
+            .env("XDG_CACHE_HOME", t.path().join("cache"))
+            .args([
+                "pull",
+                &format!("oci://{}/org/gz:v1", reg.addr),
+                "--insecure",
+                "--local-dir",
+            ])
+            .arg(t.path().join("gz")),
+        Duration::from_secs(60),
+    );
+    assert!(!r.success());
+    assert!(
+        r.stderr.contains("tar+gzip") && r.stderr.contains("does not read yet"),
+        "{}",
+        r.stderr
+    );
+    drop(reg);
+}
