@@ -358,7 +358,7 @@ fn nodes_of<'a>(rows: impl Iterator<Item = &'a preflight::Row>, setup: &Setup) -
 pub struct Streaming {
     cluster: Cluster,
     cred: Arc<Credential>,
-    spec: xfer::agent::sync::job::JobSpec,
+    spec: xfer::agent::sync::client::JobSpec,
     source: String,
     started: Instant,
 }

@@ -804,7 +804,7 @@ mod tests {
 
     /// Every `--cluster FILE` an operator passes (all but `serve`'s, which
     /// limits whom an agent trusts) falls back to `$XFER_CLUSTER`: through
-    /// clap, or (`push`, `image push`, where `--to` is the other choice) in
+    /// clap, or (`push`, `image push`, `image pull`, where `--to` is the other choice) in
     /// the command, which its help says.
     #[test]
     fn every_operators_cluster_flag_reads_xfer_cluster() {
@@ -814,7 +814,8 @@ mod tests {
                 let in_help = a
                     .get_help()
                     .is_some_and(|h| h.to_string().contains("XFER_CLUSTER"));
-                let by_command = matches!(path, "xfer push" | "xfer image push") && in_help;
+                let by_command =
+                    matches!(path, "xfer push" | "xfer image push" | "xfer image pull") && in_help;
                 if a.get_id() == "cluster" && path != "xfer serve" && !by_clap && !by_command {
                     out.push(path.to_string());
                 }

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::job::{new_id, JobMember, JobSource, JobSpec, Secret};
+/// What [`sync`] returns and [`wait`] follows.
+pub use super::job::JobSpec;
+use super::job::{new_id, JobMember, JobSource, Secret};
 use super::source::{Reading, Verdict};
 use super::status::{AgentStatus, JobView, ModelState, ModelStatus};
 use crate::agent::client::{admin, ASK_TIMEOUT};
