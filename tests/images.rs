@@ -620,59 +620,22 @@ fn a_registry_with_a_password_and_a_private_ca_is_pulled_with_its_credentials() 
 /// the right image, and the CDN never sees the registry's credentials.
 #[test]
 fn a_corrupt_or_cut_blob_is_fetched_again_and_credentials_stay_with_the_registry() {
-    use common::docker::{skopeo_push, RegistryServer};
-    let Some(mut lab) = ImageLab::up("rgf", 1, 1000, 8) else {
+    let Some((lab, reg)) = one_node_and_a_registry("rgf") else {
         return;
     };
-    lab.start_agent(1, true, &[]);
-    let ns0 = format!("{}-h0", lab.c.prefix);
-    let ip0 = lab.c.ip(0);
-    let reg = RegistryServer::start(&lab.tmp.path().join("registry"), &ns0, &ip0, 5000, None);
-    skopeo_push(
+    let (ns0, ip0) = (format!("{}-h0", lab.c.prefix), lab.c.ip(0));
+    let (big, _) = biggest_layer(&ns0, &reg.addr);
+    let (mut proxy, port) = front(
         &ns0,
-        &lab.engines[0].sock,
-        "xt/app:1",
-        &format!("docker://{}/xt/app:1", reg.addr),
-        None,
-        None,
+        &ip0,
+        &reg.addr,
+        &[
+            format!("corrupt-once:{big}"),
+            format!("cut-once:{big}"),
+            "basic:bob:pw".to_string(),
+        ],
+        true,
     );
-    let manifest = Command::new("ip")
-        .args(["netns", "exec", &ns0, "curl", "-sf", "-H"])
-        .arg("accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
-        .arg(format!("http://{}/v2/xt/app/manifests/1", reg.addr))
-        .output()
-        .unwrap();
-    let manifest: Value = serde_json::from_slice(&manifest.stdout).unwrap();
-    let big = manifest["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .max_by_key(|l| l["size"].as_u64())
-        .unwrap()["digest"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let mut proxy = Command::new("ip")
-        .args(["netns", "exec", &ns0, "python3"])
-        .arg(common::hub::workspace_root().join("tests/registry_proxy.py"))
-        .args(["--host", &ip0, "--upstream", &reg.addr, "--cdn"])
-        .args(["--fault", &format!("corrupt-once:{big}")])
-        .args(["--fault", &format!("cut-once:{big}")])
-        .args(["--fault", "basic:bob:pw"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(proxy.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let port = line
-        .split_whitespace()
-        .nth(1)
-        .expect("READY PORT CDN")
-        .to_string();
     let front = format!("{ip0}:{port}");
     let name = format!("{front}/xt/app:1");
     let mut cmd = lab.c.xfer(0);
@@ -718,60 +681,19 @@ fn a_corrupt_or_cut_blob_is_fetched_again_and_credentials_stay_with_the_registry
 /// the partial one), and the node loads the image.
 #[test]
 fn a_pull_killed_mid_layer_resumes_from_what_it_fetched() {
-    use common::docker::{skopeo_push, RegistryServer};
-    let Some(mut lab) = ImageLab::up("rgk", 1, 1000, 8) else {
+    let Some((lab, reg)) = one_node_and_a_registry("rgk") else {
         return;
     };
-    lab.start_agent(1, true, &[]);
-    let ns0 = format!("{}-h0", lab.c.prefix);
-    let ip0 = lab.c.ip(0);
-    let reg = RegistryServer::start(&lab.tmp.path().join("registry"), &ns0, &ip0, 5000, None);
-    skopeo_push(
-        &ns0,
-        &lab.engines[0].sock,
-        "xt/app:1",
-        &format!("docker://{}/xt/app:1", reg.addr),
-        None,
-        None,
-    );
-    let (_, mdigest, _) = manifest_of(&ns0, &reg.addr, "xt/app", "1");
-    let manifest = Command::new("ip")
-        .args(["netns", "exec", &ns0, "curl", "-sf", "-H"])
-        .arg("accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
-        .arg(format!("http://{}/v2/xt/app/manifests/{mdigest}", reg.addr))
-        .output()
-        .unwrap();
-    let manifest: Value = serde_json::from_slice(&manifest.stdout).unwrap();
-    let big = manifest["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .max_by_key(|l| l["size"].as_u64())
-        .unwrap();
-    let (big, size) = (
-        big["digest"].as_str().unwrap().to_string(),
-        big["size"].as_u64().unwrap(),
-    );
+    let (ns0, ip0) = (format!("{}-h0", lab.c.prefix), lab.c.ip(0));
+    let (big, size) = biggest_layer(&ns0, &reg.addr);
     let gate = lab.tmp.path().join("release");
-    let mut proxy = Command::new("ip")
-        .args(["netns", "exec", &ns0, "python3"])
-        .arg(common::hub::workspace_root().join("tests/registry_proxy.py"))
-        .args(["--host", &ip0, "--upstream", &reg.addr])
-        .args(["--fault", &format!("hold-once:{big}:{}", gate.display())])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(proxy.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let port = line
-        .split_whitespace()
-        .nth(1)
-        .expect("READY PORT")
-        .to_string();
+    let (mut proxy, port) = front(
+        &ns0,
+        &ip0,
+        &reg.addr,
+        &[format!("hold-once:{big}:{}", gate.display())],
+        false,
+    );
     let name = format!("{ip0}:{port}/xt/app:1");
     let cache = lab.tmp.path().join("pull-cache");
     let cmd = || {
@@ -820,4 +742,85 @@ fn a_pull_killed_mid_layer_resumes_from_what_it_fetched() {
         fetched <= size / 2 + (2 << 20),
         "the rerun fetched {fetched} bytes; half of the {size}-byte layer was in already: {s}"
     );
+}
+
+/// One node with its engine and agent, and a registry in the operator's
+/// namespace holding `xt/app:1` (skopeo-pushed, gzip layers).
+fn one_node_and_a_registry(tag: &str) -> Option<(ImageLab, common::docker::RegistryServer)> {
+    use common::docker::{skopeo_push, RegistryServer};
+    let mut lab = ImageLab::up(tag, 1, 1000, 8)?;
+    lab.start_agent(1, true, &[]);
+    let ns0 = format!("{}-h0", lab.c.prefix);
+    let reg = RegistryServer::start(
+        &lab.tmp.path().join("registry"),
+        &ns0,
+        &lab.c.ip(0),
+        5000,
+        None,
+    );
+    skopeo_push(
+        &ns0,
+        &lab.engines[0].sock,
+        "xt/app:1",
+        &format!("docker://{}/xt/app:1", reg.addr),
+        None,
+        None,
+    );
+    Some((lab, reg))
+}
+
+/// The digest and size of `xt/app:1`'s largest layer in the registry.
+fn biggest_layer(ns: &str, addr: &str) -> (String, u64) {
+    let manifest = Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-sf", "-H"])
+        .arg("accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
+        .arg(format!("http://{addr}/v2/xt/app/manifests/1"))
+        .output()
+        .unwrap();
+    let manifest: Value = serde_json::from_slice(&manifest.stdout).unwrap();
+    let big = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|l| l["size"].as_u64())
+        .unwrap();
+    (
+        big["digest"].as_str().unwrap().to_string(),
+        big["size"].as_u64().unwrap(),
+    )
+}
+
+/// `tests/registry_proxy.py` in front of the registry at `upstream`, in
+/// `ns` on `ip`, with these faults (and the CDN redirect): the child and
+/// its port.
+fn front(
+    ns: &str,
+    ip: &str,
+    upstream: &str,
+    faults: &[String],
+    cdn: bool,
+) -> (std::process::Child, String) {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, "python3"])
+        .arg(common::hub::workspace_root().join("tests/registry_proxy.py"))
+        .args(["--host", ip, "--upstream", upstream]);
+    if cdn {
+        c.arg("--cdn");
+    }
+    for f in faults {
+        c.arg("--fault").arg(f);
+    }
+    let mut proxy = c.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(proxy.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let port = line
+        .split_whitespace()
+        .nth(1)
+        .expect("READY PORT CDN")
+        .to_string();
+    (proxy, port)
 }
