@@ -37,7 +37,8 @@ fn a_modelpack_artifact_becomes_a_model_folder_on_two_agents() {
         panic!("docker-registry is missing: scripts/test.sh installs it (apt-get install docker-registry)");
     }
     let t = tempdir("oci-artifact");
-    let reg = RegistryServer::start_in(&t.path().join("registry"), None, "127.0.0.161", 5000, None);
+    let reg =
+        RegistryServer::start_in(&t.path().join("registry"), None, "127.0.0.161", 15161, None);
     let src = t.path().join("src");
     std::fs::create_dir_all(src.join("tok")).unwrap();
     std::fs::write(src.join("config.json"), b"{\"model_type\": \"llama\"}\n").unwrap();

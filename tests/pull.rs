@@ -384,16 +384,39 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
     let blobs = fs::read_dir(repo_dir.join("blobs")).unwrap().count();
     assert_eq!(manifest.file_count(), blobs, "one file per blob");
     let _ = &src;
+    let mut links = 0;
     for e in &manifest.entries {
-        let Entry::File(f) = e else { panic!("{e:?}") };
-        let bytes = fs::read(repo_dir.join(f.path.as_str())).unwrap();
-        assert_eq!(
-            f.hash,
-            blake3::hash(&bytes).into(),
-            "{}: the announced chunks are the file's",
-            f.path.as_str()
-        );
+        match e {
+            Entry::File(f) => {
+                let bytes = fs::read(repo_dir.join(f.path.as_str())).unwrap();
+                assert_eq!(
+                    f.hash,
+                    blake3::hash(&bytes).into(),
+                    "{}: the announced chunks are the file's",
+                    f.path.as_str()
+                );
+            }
+            // The snapshot's names, each the link the cache holds.
+            Entry::Symlink { path, target } => {
+                assert!(
+                    path.as_str()
+                        .starts_with(&format!("snapshots/{}/", s.commit)),
+                    "{e:?}"
+                );
+                assert_eq!(
+                    fs::read_link(repo_dir.join(path.as_str())).unwrap(),
+                    std::path::Path::new(target),
+                    "{e:?}"
+                );
+                links += 1;
+            }
+            Entry::Dir { .. } => panic!("{e:?}"),
+        }
     }
+    assert!(
+        links >= blobs,
+        "one snapshot name per file at least: {links} for {blobs} blobs"
+    );
 
     // A re-run finds every file in place: each is hashed once, checked
     // against its Hub hash, and announced sealed, giving the same manifest.
