@@ -241,10 +241,13 @@ set_resolver() {
     done
 }
 
-# The Hub look-alike, in the head's namespace (where its agent and `hf
-# download` reach it), each connection's bodies capped.
+# The Hub look-alike, in the head's namespace on its management address
+# (where its agent and `hf download` reach it, and so does `deploy`'s
+# listing from this machine, the operator's), each connection's bodies
+# capped.
 CDN_RATE=$((CDN_MBIT * 125000))
-ip netns exec "$(ns 1)" python3 -u "$REPO/tests/hub_server.py" --repos "$HUB_REPOS" --host 127.0.0.1 --rate "$CDN_RATE" \
+HUB_HOST=$MGMT_NET.1.2
+ip netns exec "$(ns 1)" python3 -u "$REPO/tests/hub_server.py" --repos "$HUB_REPOS" --host "$HUB_HOST" --rate "$CDN_RATE" \
     >"$TMP/hub.out" 2>"$TMP/hub.err" </dev/null &
 HUB_PID=$!
 track "$HUB_PID"
@@ -255,7 +258,7 @@ for ((k = 0; k < 1200; k++)); do
 done
 HUB_PORT=$(awk '/^READY / { print $2; exit }' "$TMP/hub.out")
 [ -n "$HUB_PORT" ] || die "hub_server.py did not say READY within 120 s"
-export HF_ENDPOINT=http://127.0.0.1:$HUB_PORT
+export HF_ENDPOINT=http://$HUB_HOST:$HUB_PORT
 COMMIT=$(ip netns exec "$(ns 1)" curl -sf "$HF_ENDPOINT/api/models/$ORG_NAME" | jq -r .sha)
 [[ $COMMIT =~ ^[0-9a-f]{40}$ ]] || die "the Hub look-alike gave no commit for $ORG_NAME"
 
@@ -495,7 +498,8 @@ path_deploy() { # TAG CLUSTER-FILE
     T=$(elapsed "$t0" "$EPOCHREALTIME")
     IDLE=$(idle_since "$cpu")
     v=$TMP/$tag.json
-    PARTS="check $(fmt %.1f "$(jq -r '.phases.check_s // "n/a"' "$v" 2>/dev/null)") + sync $(fmt %.1f "$(jq -r '.phases.sync_s // "n/a"' "$v" 2>/dev/null)") + up $(fmt %.1f "$(jq -r '.phases.up_s // "n/a"' "$v" 2>/dev/null)")"
+    # The sync runs beside the check (and, with the plugin, beside up).
+    PARTS="check $(fmt %.1f "$(jq -r '.phases.check_s // "n/a"' "$v" 2>/dev/null)") || sync $(fmt %.1f "$(jq -r '.phases.sync_s // "n/a"' "$v" 2>/dev/null)") + up $(fmt %.1f "$(jq -r '.phases.up_s // "n/a"' "$v" 2>/dev/null)")"
     # The ranks' logs, copied before the nodes are emptied.
     for i in 1 2; do
         cat "$TMP/node$i"/.xfer/runs/*/rank.log >"$TMP/$tag-rank$i.log" 2>/dev/null || true

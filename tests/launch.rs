@@ -989,12 +989,14 @@ fn deploy_killed_mid_sync_resumes_and_downloads_the_model_once() {
             break;
         }
         seen.push_str(&l);
-        if l.starts_with("syncing hf://org/big@") {
+        // The sync starts beside the preflight, whose table ends in its
+        // count line.
+        if seen.contains("syncing hf://org/big@") && l.contains(" skipped") {
             break;
         }
     }
     assert!(seen.contains("syncing hf://org/big@"), "{seen}");
-    // The check before it names the sync in flight and `deploy` as the fix.
+    // The check beside it names the sync in flight and `deploy` as the fix.
     assert!(
         (seen.contains("models--org--big is syncing")
             || seen.contains("models--org--big is queued"))
@@ -1121,6 +1123,12 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     let lab = Lab::up("xdp", 2, &[1, 2]);
     let repos = lab.dir.join("repos");
     let hub_repo = tiny_repo(&lab, &repos);
+    // A second repo, for the last case.
+    let second = repos.join("org/tiny2");
+    std::fs::create_dir_all(&second).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(hub_repo.join(f), second.join(f)).unwrap();
+    }
     let (_hub, port) = hub_in_head(&lab, &repos, &[]);
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
     let (commit, launch) = launch_of_repo(&lab, &endpoint, "org/tiny");
@@ -1137,6 +1145,12 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     assert!(out.status.success(), "{stdout}{stderr}");
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v["ready"], true, "{stdout}");
+    // `up` asked again only what the sync changed; the slow probes passed
+    // once, in deploy's preflight.
+    assert!(
+        stderr.contains("checking 2 node(s) again (the weights"),
+        "{stderr}"
+    );
     let phases = &v["phases"];
     assert_eq!(
         phases["lacking"],
@@ -1194,6 +1208,45 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
         "{err}"
     );
     assert!(lab.standins().is_empty(), "something started: {err}");
+
+    // A check besides the weights fails (the API port is taken on n1):
+    // deploy stops before `up`, and the sync, which started beside the
+    // preflight once the nodes' weights and disks were read, goes on: the
+    // next deploy finds the model there.
+    let mut squatter = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "python3", "-c"])
+        .arg("import socket,time\ns=socket.socket()\ns.bind(('0.0.0.0',8000))\ns.listen()\nprint('ok',flush=True)\ntime.sleep(600)")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(squatter.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let (commit2, launch2) = launch_of_repo(&lab, &endpoint, "org/tiny2");
+    let file = lab.cluster_file("port.toml", &launch2, |i| lab.fabric(i));
+    let out = deploy_cmd(&lab, &file, &endpoint, &["--timeout", "60"])
+        .output()
+        .unwrap();
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the sync of hf://org/tiny2@{commit2} started beside the check goes on"
+        )),
+        "{err}"
+    );
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.contains("besides the weights failed"), "{err}");
+    assert!(lab.standins().is_empty(), "something started: {err}");
+    for i in 1..=2 {
+        let snap = lab.root_of(i).join(format!(
+            "models--org--tiny2/snapshots/{commit2}/model.safetensors"
+        ));
+        poll_until(&format!("n{i}'s copy of org/tiny2"), || snap.exists());
+    }
 }
 
 /// The model is a Hub repo at `main`, and the Hub's `main` moves after the
@@ -1456,4 +1509,14 @@ fn compile_caches_built_on_the_first_start_reach_the_other_nodes_verified() {
     let f = on("[\"n1\", \"n2\"]", "[\"vlm\"]");
     let err = text(&lab.xl(&["check"], &f).stderr);
     assert!(err.contains("did you mean \"vllm\""), "{err}");
+}
+
+/// Waits for `done` to hold (polled every 100 ms), failing after a minute
+/// with `what`.
+fn poll_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -100,24 +100,7 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     let reqs = preflight::requests(setup);
     // First everything but reachability: the ports are checked before any
     // node listens on the rendezvous port for the second round.
-    let answers = agents
-        .ask_all(
-            |i, _| {
-                let mut r = reqs[i].clone();
-                r.listen_port = None;
-                r.peers.clear();
-                LaunchRequest::Preflight(Box::new(r))
-            },
-            PREFLIGHT_TIMEOUT,
-        )
-        .await;
-    let mut facts: Vec<Result<NodeFacts, String>> = answers
-        .into_iter()
-        .map(|a| match a? {
-            LaunchReply::PreflightReport(f) => Ok(*f),
-            other => Err(unexpected(&other)),
-        })
-        .collect();
+    let mut facts = first_round(agents, &reqs, Round::Full).await;
     // Then every node listens and connects at once, and, at the same
     // time, meets the others with the engine's own library (the store on
     // another port than the reach round's).
@@ -176,6 +159,102 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
             }
         }
     }
+    conclude(setup, agents, facts).await
+}
+
+/// What a first round asks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// Everything but reachability and the rendezvous.
+    Full,
+    /// The facts a sync changes (the weights, the disk, memory, the image,
+    /// the ports), without the probes that take seconds: the engine's
+    /// versions (it imports torch) and the resolver's lookups.
+    Light,
+}
+
+/// Every node's answer to the first round of `reqs`.
+async fn first_round(
+    agents: &Agents,
+    reqs: &[xfer_proto::launch::PreflightRequest],
+    round: Round,
+) -> Vec<Result<NodeFacts, String>> {
+    let answers = agents
+        .ask_all(
+            |i, _| {
+                let mut r = reqs[i].clone();
+                r.listen_port = None;
+                r.peers.clear();
+                if round == Round::Light {
+                    r.versions.clear();
+                    r.resolve.clear();
+                }
+                LaunchRequest::Preflight(Box::new(r))
+            },
+            match round {
+                Round::Full => PREFLIGHT_TIMEOUT,
+                Round::Light => crate::agents::QUICK,
+            },
+        )
+        .await;
+    answers
+        .into_iter()
+        .map(|a| match a? {
+            LaunchReply::PreflightReport(f) => Ok(*f),
+            other => Err(unexpected(&other)),
+        })
+        .collect()
+}
+
+/// The facts a sync changes, from every node, judged, for `deploy` to
+/// decide what to move while the whole preflight runs beside it: only the
+/// rows about the weights and the image are meaningful (the others lack
+/// their slow probes). Node name and facts, in rank order, and the rows.
+pub async fn light(
+    setup: &Setup,
+    agents: &Agents,
+) -> (Vec<(String, Result<NodeFacts, String>)>, Vec<Row>) {
+    let reqs = preflight::requests(setup);
+    let facts = first_round(agents, &reqs, Round::Light).await;
+    let rows = preflight::judge(setup, &facts);
+    let nodes = setup
+        .nodes
+        .iter()
+        .map(|n| n.name.clone())
+        .zip(facts)
+        .collect();
+    (nodes, rows)
+}
+
+/// The preflight again, seconds after `before` passed in the same
+/// command (`deploy`, after its sync): the facts a sync changes are asked
+/// again and judged afresh, while the slow probes' answers (the engine's
+/// versions, the resolver, reachability, the rendezvous) are `before`'s.
+/// A node `before` has no facts for gets the whole preflight.
+pub async fn recheck(setup: &Setup, agents: &Agents, before: &Checked) -> Checked {
+    if before.nodes.len() != setup.nodes.len() || before.nodes.iter().any(|(_, f)| f.is_err()) {
+        return run(setup, agents).await;
+    }
+    let reqs = preflight::requests(setup);
+    let mut facts = first_round(agents, &reqs, Round::Light).await;
+    for (now, (_, was)) in facts.iter_mut().zip(&before.nodes) {
+        if let (Ok(now), Ok(was)) = (now, was) {
+            now.versions = was.versions.clone();
+            now.resolver = was.resolver.clone();
+            now.listen = was.listen.clone();
+            now.reach = was.reach.clone();
+            now.rendezvous = was.rendezvous.clone();
+        }
+    }
+    conclude(setup, agents, facts).await
+}
+
+/// Judges `facts`, settles the model's path and reads the compile caches.
+async fn conclude(
+    setup: &Setup,
+    agents: &Agents,
+    facts: Vec<Result<NodeFacts, String>>,
+) -> Checked {
     let mut rows = preflight::judge(setup, &facts);
     let model_path = resolved_path(setup, &facts);
     let caches = crate::caches::stands(setup, agents).await;

@@ -1,18 +1,21 @@
-//! `deploy`, the day before `up`: the preflight runs first and must pass
-//! but for the weights and the image; then the model, when it is a Hub
-//! repo, is synced to every launch node (pulled once by the head's agent
-//! and fanned out to the others while it downloads; a node that already
-//! holds it verified keeps it), and, at the same time, `[launch] image` is
-//! delivered from the operator's engine to the nodes that lack it (or
-//! hold another image under its name). `up` does the rest. Each phase is
-//! timed. Run again after an interruption, the sync resumes from the
-//! agents' journals, the image's blobs a node holds are not sent again,
-//! and a complete model or a loaded image is not moved again.
+//! `deploy`, the day before `up`: the preflight must pass but for the
+//! weights and the image; the model, when it is a Hub repo, is synced to
+//! every launch node that lacks it (pulled once by the head's agent and
+//! fanned out to the others while it downloads; a node that already holds
+//! it verified keeps it), and `[launch] image` is delivered from the
+//! operator's engine to the nodes that lack it (or hold another image
+//! under its name). `up` does the rest. The sync starts as soon as the
+//! nodes' weights and free space are read, beside the rest of the
+//! preflight (whose slow probes import torch); the image is delivered once
+//! the preflight passed, and `up` asks again only what a sync changes.
+//! Each phase is timed. Run again after an interruption, the sync resumes
+//! from the agents' journals, the image's blobs a node holds are not sent
+//! again, and a complete model or a loaded image is not moved again.
 //!
-//! With `[launch] stream_weights`, the sync of a Hub repo is started and
-//! `up` runs beside it: the ranks start once the small files are verified
-//! on every node, and each rank's loader takes each shard as its node's
-//! agent verifies it ([`crate::stream`]).
+//! With `[launch] stream_weights`, `up` runs beside the sync: the ranks
+//! start once the small files are verified on every node, and each rank's
+//! loader takes each shard as its node's agent verifies it
+//! ([`crate::stream`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -118,12 +121,22 @@ pub struct Prepared {
     pub commit: Option<String>,
     /// The sync, when it runs beside `up` (`stream_weights`).
     pub streaming: Option<Streaming>,
+    /// The preflight that passed: `up` asks again only what a sync
+    /// changes ([`check::recheck`]).
+    pub checked: Checked,
 }
 
 /// The preflight, then the sync of the model to the launch nodes that
 /// lack it and, beside it, the delivery of the image from the operator's
 /// `image_engine` to the nodes that lack it. `progress` shows the sync.
 /// With `stream_weights`, the sync is only started: `up` runs beside it.
+///
+/// The sync does not wait for the whole preflight: the facts it depends
+/// on (each node's weights and free space, the Hub's listing) come back
+/// in a fraction of a second, while the engine's versions, the resolver
+/// and the rendezvous take seconds (the probe imports torch). So the sync
+/// starts on those first facts and the whole preflight runs beside it;
+/// the image is delivered, and `up` starts, only once it passed.
 pub async fn prepare(
     setup: &Setup,
     agents: &Agents,
@@ -131,7 +144,10 @@ pub async fn prepare(
     progress: &Progress,
 ) -> Result<Prepared, DeployError> {
     let t0 = Instant::now();
-    eprintln!("checking {} node(s) before the sync...", setup.nodes.len());
+    eprintln!(
+        "checking {} node(s); the model's sync starts once their weights and disks are read...",
+        setup.nodes.len()
+    );
     // A repo at a branch: the Hub's commit for it now, read from here while
     // the nodes are checked, so nodes that hold an older one are synced too
     // (and its size, for the disk check).
@@ -141,46 +157,43 @@ pub async fn prepare(
             None => None,
         }
     };
-    let (checked, listed) = tokio::join!(check::run(setup, agents), listing);
+    let early = async {
+        let ((nodes, rows), listed) = tokio::join!(check::light(setup, agents), listing);
+        let lacking = lacking_model(setup, &nodes, &rows, listed.as_ref());
+        let image_lacking = match &setup.container {
+            Some(_) => nodes_of(failing(&rows, Some(IMAGE)), setup),
+            None => Vec::new(),
+        };
+        if let (false, Some(repo), Some((_, total))) =
+            (lacking.is_empty(), &setup.model.repo, &listed)
+        {
+            check_space(repo, &nodes, &lacking, *total)?;
+        }
+        let sync = match lacking.is_empty() {
+            true => None,
+            false => {
+                let (cluster, cred) = sync_setup(setup)?;
+                Some(start_sync(setup, &cluster, &cred, &lacking).await?)
+            }
+        };
+        Ok::<_, DeployError>((lacking, image_lacking, listed, sync))
+    };
+    let (checked, early) = tokio::join!(check::run(setup, agents), early);
     eprint!(
         "{}",
         preflight::render(&checked.rows, crate::term::stderr_width())
     );
-    let failing = |check: Option<&'static str>| {
-        checked.rows.iter().filter(move |r| {
-            r.verdict == Verdict::Fail
-                && match check {
-                    Some(c) => r.check == c,
-                    None => r.check != WEIGHTS && r.check != IMAGE,
-                }
-        })
-    };
-    let others = failing(None).count();
+    let (lacking, image_lacking, listed, sync) = early?;
+    let others = failing(&checked.rows, None).count();
     if others > 0 {
+        if let Some(s) = &sync {
+            eprintln!(
+                "the sync of {} started beside the check goes on (`xfer status` follows it)",
+                s.source
+            );
+        }
         return Err(DeployError::ChecksFailed { failed: others });
     }
-    let mut lacking = nodes_of(failing(Some(WEIGHTS)), setup);
-    if let Some((commit, _)) = &listed {
-        let stale = stale_nodes(&checked.nodes, commit, &lacking);
-        if !stale.is_empty() {
-            eprintln!(
-                "{} hold(s) an older commit of the model than the Hub's {}: syncing the new one there",
-                stale.join(", "),
-                &commit[..commit.len().min(12)]
-            );
-            lacking.extend(stale);
-            lacking = setup
-                .nodes
-                .iter()
-                .filter(|n| lacking.contains(&n.name))
-                .map(|n| n.name.clone())
-                .collect();
-        }
-    }
-    let image_lacking = match &setup.container {
-        Some(_) => nodes_of(failing(Some(IMAGE)), setup),
-        None => Vec::new(),
-    };
     let mut phases = Phases {
         check_s: t0.elapsed().as_secs_f64(),
         lacking: lacking.clone(),
@@ -193,44 +206,34 @@ pub async fn prepare(
             phases,
             commit: None,
             streaming: None,
+            checked,
         });
     }
-    let cluster = Cluster::load(&setup.path).map_err(|e| DeployError::Setup(format!("{e:#}")))?;
-    let cred =
-        Arc::new(Credential::load(&setup.key).map_err(|e| DeployError::Setup(format!("{e:#}")))?);
-    if let (false, Some(repo), Some((_, total))) = (lacking.is_empty(), &setup.model.repo, &listed)
-    {
-        check_space(repo, &checked, &lacking, *total)?;
-    }
     // With the loader plugin, `up` starts the ranks while the sync runs:
-    // the sync is started here and followed beside `up`.
+    // it is followed beside `up`.
     let stream = setup.stream_weights && setup.container.is_none();
-    if stream && !lacking.is_empty() {
-        let streaming = start_sync(setup, &cluster, &cred, &lacking).await?;
+    if stream && sync.is_some() {
         return Ok(Prepared {
             phases,
             commit: listed.map(|(c, _)| c),
-            streaming: Some(streaming),
+            streaming: sync,
+            checked,
         });
     }
     let model = async {
-        if lacking.is_empty() {
-            return Ok(None);
+        match sync {
+            None => Ok(None),
+            Some(s) => s.wait(progress).await.map(Some),
         }
-        let (root, secs) = start_sync(setup, &cluster, &cred, &lacking)
-            .await?
-            .wait(progress)
-            .await?;
-        Ok::<_, DeployError>(Some((root, secs)))
     };
     let image = async {
-        let Some(c) = setup
-            .container
-            .as_ref()
-            .filter(|_| !image_lacking.is_empty())
-        else {
+        if image_lacking.is_empty() {
+            return Ok(None);
+        }
+        let Some(c) = setup.container.as_ref() else {
             return Ok(None);
         };
+        let (cluster, cred) = sync_setup(setup)?;
         let t = Instant::now();
         let id = deliver_image(&c.image, &cluster, &cred, &image_lacking, image_engine).await?;
         Ok::<_, DeployError>(Some((id, t.elapsed().as_secs_f64())))
@@ -248,7 +251,61 @@ pub async fn prepare(
         phases,
         commit: None,
         streaming: None,
+        checked,
     })
+}
+
+/// The cluster file and the operator's key, read for a sync or a delivery.
+fn sync_setup(setup: &Setup) -> Result<(Cluster, Arc<Credential>), DeployError> {
+    let cluster = Cluster::load(&setup.path).map_err(|e| DeployError::Setup(format!("{e:#}")))?;
+    let cred = Credential::load(&setup.key).map_err(|e| DeployError::Setup(format!("{e:#}")))?;
+    Ok((cluster, Arc::new(cred)))
+}
+
+/// The failing rows of `check`, or of every check but the weights and the
+/// image (`None`).
+fn failing<'a>(
+    rows: &'a [preflight::Row],
+    check: Option<&'static str>,
+) -> impl Iterator<Item = &'a preflight::Row> + 'a {
+    rows.iter().filter(move |r| {
+        r.verdict == Verdict::Fail
+            && match check {
+                Some(c) => r.check == c,
+                None => r.check != WEIGHTS && r.check != IMAGE,
+            }
+    })
+}
+
+/// The launch nodes the model must be synced to: those whose weights row
+/// failed, and those that hold another commit than the Hub's for the
+/// revision now (`listed`), in rank order.
+fn lacking_model(
+    setup: &Setup,
+    nodes: &[(String, Result<xfer_proto::launch::NodeFacts, String>)],
+    rows: &[preflight::Row],
+    listed: Option<&(String, u64)>,
+) -> Vec<String> {
+    let mut lacking = nodes_of(failing(rows, Some(WEIGHTS)), setup);
+    let Some((commit, _)) = listed else {
+        return lacking;
+    };
+    let stale = stale_nodes(nodes, commit, &lacking);
+    if stale.is_empty() {
+        return lacking;
+    }
+    eprintln!(
+        "{} hold(s) an older commit of the model than the Hub's {}: syncing the new one there",
+        stale.join(", "),
+        &commit[..commit.len().min(12)]
+    );
+    lacking.extend(stale);
+    setup
+        .nodes
+        .iter()
+        .filter(|n| lacking.contains(&n.name))
+        .map(|n| n.name.clone())
+        .collect()
 }
 
 /// How long the listing may take from here before `deploy` goes on and
@@ -311,13 +368,12 @@ fn stale_nodes(
 /// already.
 fn check_space(
     repo: &RepoRef,
-    checked: &Checked,
+    nodes: &[(String, Result<xfer_proto::launch::NodeFacts, String>)],
     lacking: &[String],
     total: u64,
 ) -> Result<(), DeployError> {
     let name = format!("{}@{}", repo.id, repo.revision);
-    let short: Vec<String> = checked
-        .nodes
+    let short: Vec<String> = nodes
         .iter()
         .filter(|(n, _)| lacking.contains(n))
         .filter_map(|(n, f)| {

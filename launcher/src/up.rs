@@ -75,9 +75,29 @@ fn host_of(agent: &str) -> &str {
 }
 
 /// Runs the check; refuses to start on any failure.
-pub async fn up(setup: &Setup, agents: &Agents, opts: &UpOptions) -> Result<UpOutcome, UpError> {
-    eprintln!("checking {} node(s)...", setup.nodes.len());
-    let checked = check::run(setup, agents).await;
+///
+/// `before` is a preflight that passed earlier in the same command
+/// (`deploy`'s): then only what a sync changes is asked again
+/// ([`check::recheck`]).
+pub async fn up(
+    setup: &Setup,
+    agents: &Agents,
+    opts: &UpOptions,
+    before: Option<&Checked>,
+) -> Result<UpOutcome, UpError> {
+    let checked = match before {
+        Some(before) => {
+            eprintln!(
+                "checking {} node(s) again (the weights, disk, memory, ports and image; the rest passed above)...",
+                setup.nodes.len()
+            );
+            check::recheck(setup, agents, before).await
+        }
+        None => {
+            eprintln!("checking {} node(s)...", setup.nodes.len());
+            check::run(setup, agents).await
+        }
+    };
     eprint!(
         "{}",
         preflight::render(&checked.rows, crate::term::stderr_width())

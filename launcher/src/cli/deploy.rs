@@ -21,8 +21,9 @@ pub async fn deploy(
         .await
         .map_err(|e| e.to_string())?;
     let mut phases = prepared.phases;
+    let checked = prepared.checked;
     let Some(streaming) = prepared.streaming else {
-        return super::up::up_after(setup, agents, opts, json, Some(phases)).await;
+        return super::up::up_after(setup, agents, opts, json, Some((phases, &checked))).await;
     };
     // `stream_weights`: `up` starts the ranks while the agents sync; each
     // rank's loader takes each shard as its agent verifies it.
@@ -30,7 +31,7 @@ pub async fn deploy(
         setup.model.at_commit(commit);
     }
     let t0 = std::time::Instant::now();
-    let up = launcher::up::up(&setup, &agents, &opts);
+    let up = launcher::up::up(&setup, &agents, &opts, Some(&checked));
     let quiet = Progress::new(false);
     let wait = streaming.wait(&quiet);
     tokio::pin!(up, wait);

@@ -18,16 +18,20 @@ pub async fn up(
 }
 
 /// `up`, after `deploy`'s phases (shown in the JSON as `phases`, with
-/// `up_s` added).
+/// `up_s` added) and the preflight that passed in them.
 pub async fn up_after(
     setup: Setup,
     agents: Agents,
     opts: UpOptions,
     json: bool,
-    phases: Option<launcher::deploy::Phases>,
+    deployed: Option<(launcher::deploy::Phases, &launcher::check::Checked)>,
 ) -> Result<ExitCode, String> {
     let t0 = std::time::Instant::now();
-    let out = launcher::up::up(&setup, &agents, &opts)
+    let (phases, before) = match deployed {
+        Some((p, c)) => (Some(p), Some(c)),
+        None => (None, None),
+    };
+    let out = launcher::up::up(&setup, &agents, &opts, before)
         .await
         .map_err(|e| e.to_string())?;
     report(&setup, out, json, phases, t0)
