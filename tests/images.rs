@@ -676,9 +676,10 @@ fn a_corrupt_or_cut_blob_is_fetched_again_and_credentials_stay_with_the_registry
 }
 
 /// `kill -9` of `xfer image pull` while the registry is half-way through
-/// the largest layer (the front holds the rest): the same command again
-/// fetches only what is missing (the cache keeps the verified blobs and
-/// the partial one), and the node loads the image.
+/// the largest layer (the front holds the rest), once the node holds
+/// verified chunks of that layer (it streams while it downloads): the
+/// same command again fetches only what is missing (the cache keeps the
+/// verified blobs and the partial one), and the node loads the image.
 #[test]
 fn a_pull_killed_mid_layer_resumes_from_what_it_fetched() {
     let Some((lab, reg)) = one_node_and_a_registry("rgk") else {
@@ -711,15 +712,18 @@ fn a_pull_killed_mid_layer_resumes_from_what_it_fetched() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Killed once half the layer is in its partial file.
+    // Killed once half the layer is in its partial file, and the node
+    // holds verified chunks of it: the layer streams while it downloads.
     let part = cache
         .join(".incoming")
         .join(format!("sha256-{}.part", &big[7..]));
     let t = std::time::Instant::now();
-    while std::fs::metadata(&part).map_or(0, |m| m.len()) < size / 2 {
+    let held = || held_on_node(&lab, 1, &format!("sha256-{}", &big[7..]));
+    while std::fs::metadata(&part).map_or(0, |m| m.len()) < size / 2 || held() == 0 {
         assert!(
             t.elapsed() < Duration::from_secs(120),
-            "the pull never reached the hold"
+            "the pull never reached the hold with chunks of {big} on the node (it holds {} bytes of it)",
+            held()
         );
         assert!(
             first.try_wait().unwrap().is_none(),
@@ -727,6 +731,11 @@ fn a_pull_killed_mid_layer_resumes_from_what_it_fetched() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    let streamed = held();
+    assert!(
+        streamed > 0 && streamed <= size / 2 + (4 << 20),
+        "the node holds {streamed} bytes of the {size}-byte layer while half is fetched"
+    );
     first.kill().unwrap();
     first.wait().unwrap();
     std::fs::write(&gate, b"").unwrap();
@@ -742,6 +751,37 @@ fn a_pull_killed_mid_layer_resumes_from_what_it_fetched() {
         fetched <= size / 2 + (2 << 20),
         "the rerun fetched {fetched} bytes; half of the {size}-byte layer was in already: {s}"
     );
+}
+
+/// The bytes node `i`'s agent holds verified of model `name` (0 when it
+/// does not list it), by `xfer status --json` from the operator's host.
+fn held_on_node(lab: &ImageLab, i: u32, name: &str) -> u64 {
+    let file = lab.tmp.path().join(format!("status-{i}.toml"));
+    std::fs::write(
+        &file,
+        format!(
+            "key = \"{}\"\n\n[[node]]\nname = \"h{i}\"\nagent = \"{}:7470\"\nroot = \"{}\"\n",
+            lab.key.display(),
+            lab.c.ip(i),
+            lab.root(i).display()
+        ),
+    )
+    .unwrap();
+    let r = run(
+        lab.c
+            .xfer(0)
+            .args(["status", "--json", "--cluster"])
+            .arg(&file),
+        Duration::from_secs(20),
+    );
+    let Ok(v) = serde_json::from_str::<Value>(&r.stdout) else {
+        return 0;
+    };
+    v[0]["status"]["models"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["name"] == name))
+        .and_then(|m| m["bytes_held"].as_u64())
+        .unwrap_or(0)
 }
 
 /// One node with its engine and agent, and a registry in the operator's

@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::config::auth::Credential;
-use crate::flow::push::{PushOptions, PushSummary};
+use crate::flow::push::{NodeSummary, PushOptions, PushSummary};
 use crate::flow::route::Destination;
 use crate::image::archive;
 use crate::image::runtime::Runtime;
@@ -236,7 +236,7 @@ where
     while let Some(d) = saved.recv().await {
         if expected.contains(&d) && pushed.insert(d) {
             first_push.get_or_insert_with(Instant::now);
-            delivery.blob(opts, d, &reference).await?;
+            delivery.blob(opts, d, &reference, Round::Push).await?;
         }
     }
     let (desc, save_took) = saving.await??;
@@ -261,7 +261,9 @@ where
     for b in desc.blobs() {
         if pushed.insert(b.digest) {
             first_push.get_or_insert_with(Instant::now);
-            delivery.blob(opts, b.digest, &reference).await?;
+            delivery
+                .blob(opts, b.digest, &reference, Round::Push)
+                .await?;
         }
     }
     let push_started = first_push.unwrap_or_else(Instant::now);
@@ -400,14 +402,13 @@ impl Delivery {
         }
     }
 
-    /// Pushes blob `digest` from the cache, as a model through the swarm,
-    /// to every node that has not failed yet.
-    pub(super) async fn blob(
-        &mut self,
+    /// The push of blob `digest` (a model of one file, from the cache) to
+    /// every node that has not failed yet; `None` when every node failed.
+    pub(super) fn push_options(
+        &self,
         opts: &ImagePushOptions,
         digest: Digest,
-        reference: &str,
-    ) -> Result<()> {
+    ) -> Option<PushOptions> {
         let live: Vec<Destination> = self
             .dests
             .iter()
@@ -416,13 +417,10 @@ impl Delivery {
             .map(|(d, _)| d.clone())
             .collect();
         if live.is_empty() {
-            return Ok(());
+            return None;
         }
         let file = archive::blob_path(&self.cache, &digest);
-        let size = std::fs::metadata(&file)
-            .with_context(|| format!("blob {digest:?} of {reference} is not in the cache"))?
-            .len();
-        let opts = PushOptions {
+        Some(PushOptions {
             src: file.parent().expect("a blob has a folder").to_path_buf(),
             to: live,
             me: None,
@@ -436,17 +434,61 @@ impl Delivery {
             connections: opts.connections,
             nic: self.nic.clone(),
             peers: opts.peers,
+        })
+    }
+
+    /// The progress bars pushes draw.
+    pub(super) fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// Pushes blob `digest` from the cache, as a model through the swarm,
+    /// to every node that has not failed yet (after a stream of it, what a
+    /// node still lacks: nothing, when the stream went well).
+    pub(super) async fn blob(
+        &mut self,
+        opts: &ImagePushOptions,
+        digest: Digest,
+        reference: &str,
+        round: Round,
+    ) -> Result<()> {
+        let Some(push) = self.push_options(opts, digest) else {
+            return Ok(());
         };
-        let s: PushSummary = crate::flow::push::push(&opts, &self.progress)
+        let size = std::fs::metadata(archive::blob_path(&self.cache, &digest))
+            .with_context(|| format!("blob {digest:?} of {reference} is not in the cache"))?
+            .len();
+        let s: PushSummary = crate::flow::push::push(&push, &self.progress)
             .await
             .with_context(|| format!("pushing blob {digest:?} of {reference}"))?;
-        self.blobs.push(BlobSummary {
-            digest,
-            size,
-            bytes_sent: s.bytes_sent,
-            bytes_skipped: s.bytes_skipped,
-        });
-        for ns in &s.nodes {
+        self.tally(digest, size, &s.nodes, round);
+        Ok(())
+    }
+
+    /// Counts what `nodes` (one push's or stream's per-node outcome) moved
+    /// of blob `digest`.
+    pub(super) fn tally(&mut self, digest: Digest, size: u64, nodes: &[NodeSummary], round: Round) {
+        let counted = |n: &NodeSummary| match round {
+            // What a node held before is what the stream did not send;
+            // the push after it finds the whole blob held.
+            Round::Push | Round::Stream => n.bytes_skipped,
+            Round::AfterStream => 0,
+        };
+        let sent: u64 = nodes.iter().map(|n| n.bytes_sent).sum();
+        let skipped: u64 = nodes.iter().map(counted).sum();
+        match self.blobs.iter_mut().find(|b| b.digest == digest) {
+            Some(b) => {
+                b.bytes_sent += sent;
+                b.bytes_skipped += skipped;
+            }
+            None => self.blobs.push(BlobSummary {
+                digest,
+                size,
+                bytes_sent: sent,
+                bytes_skipped: skipped,
+            }),
+        }
+        for ns in nodes {
             let Some(n) = self
                 .nodes
                 .iter_mut()
@@ -458,8 +500,9 @@ impl Delivery {
             };
             n.bytes_sent += ns.bytes_sent;
             n.from_peers += ns.from_peers;
-            n.bytes_skipped += ns.bytes_skipped;
-            if !ns.ok {
+            n.bytes_skipped += counted(ns);
+            // A stream's failures are left to the push after it.
+            if round != Round::Stream && !ns.ok {
                 n.ok = false;
                 n.error = Some(format!(
                     "{}: blob {digest:?} was not delivered: {}",
@@ -468,8 +511,18 @@ impl Delivery {
                 ));
             }
         }
-        Ok(())
     }
+}
+
+/// Which delivery of a blob a tally counts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Round {
+    /// A push of the whole blob.
+    Push,
+    /// A stream of the blob while it downloads.
+    Stream,
+    /// The push that follows a stream, for what a node still lacks.
+    AfterStream,
 }
 
 /// `msg` with the node's name in front, unless it already names it.

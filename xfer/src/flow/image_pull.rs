@@ -17,11 +17,14 @@ use serde::Deserialize;
 
 use crate::config::auth::Credential;
 use crate::flow::image::{
-    load_everywhere, Delivery, ImagePushOptions, ImagePushSummary, Note, RegistryTally,
+    load_everywhere, Delivery, ImagePushOptions, ImagePushSummary, Note, RegistryTally, Round,
 };
+use crate::flow::layer_stream::LayerFeed;
+use crate::flow::push::AbortOnDrop;
 use crate::flow::route::Destination;
+use crate::flow::stream;
 use crate::image::archive;
-use crate::image::registry::client::{Registry, RegistryOptions};
+use crate::image::registry::client::{BlobWatch, Registry, RegistryOptions};
 use crate::image::registry::manifest::{self, Descriptor, Platform};
 use crate::image::registry::reference::ImageRef;
 use crate::util::progress::Progress;
@@ -123,7 +126,7 @@ where
     };
     desc.check().map_err(anyhow::Error::msg)?;
     note(Note::Progress(format!(
-        "{} ({}{}): {} layers, {}; each blob pushed once fetched",
+        "{} ({}{}): {} layers, {}; each layer streamed to the nodes as it downloads",
         src.image,
         desc.id().short(),
         resolved
@@ -137,37 +140,73 @@ where
 
     let nic = crate::transport::select::choose(opts.transport)?;
     let mut delivery = Delivery::new(&opts.dests, opts.cred.clone(), nic, progress, cache.clone());
-    // Fetch in order, each blob pushed as soon as it is in while the next
-    // one downloads.
-    let (tx, mut fetched) = tokio::sync::mpsc::channel::<Result<(Digest, u64)>>(4);
-    let fetching = {
-        let (reg, cache) = (Arc::new(reg), cache.clone());
-        let layers = m.layers.clone();
-        let config = m.config.clone();
-        tokio::spawn(async move {
-            let _ = tx.send(Ok((config.digest, 0))).await;
-            for l in &layers {
-                let r = reg.blob(l, &cache).await.map(|n| (l.digest, n));
-                let failed = r.is_err();
-                if tx.send(r).await.is_err() || failed {
-                    return;
-                }
-            }
-        })
-    };
+    // Each layer the cache lacks is fetched in turn and streamed to the
+    // nodes while it downloads, chunk by chunk as its bytes land; its
+    // stream's tail runs while the next layer downloads.
     let fetch_started = Instant::now();
     let mut registry_bytes = config_fetched;
-    let mut pushed = std::collections::BTreeSet::new();
     let mut first_push: Option<Instant> = None;
-    while let Some(r) = fetched.recv().await {
-        let (d, n) = r?;
-        registry_bytes += n;
-        if pushed.insert(d) {
-            first_push.get_or_insert_with(Instant::now);
-            delivery.blob(opts, d, &opts.reference).await?;
+    let mut streams = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for l in &m.layers {
+        if !seen.insert(l.digest) || archive::holds(&cache, &l.digest, l.size) {
+            continue;
+        }
+        let streaming = match delivery.push_options(opts, l.digest) {
+            Some(push) => {
+                let chunk_size = push.chunk_size.for_bytes(l.size);
+                let part = Registry::partial_path(&cache, l);
+                let lf = Arc::new(LayerFeed::new(l.digest, l.size, chunk_size, &cache, part)?);
+                let (feed, paths, name) = (lf.feed(), lf.paths(), l.digest.model());
+                let quiet = delivery.progress().clone();
+                first_push.get_or_insert_with(Instant::now);
+                let task = AbortOnDrop(tokio::spawn(async move {
+                    stream::stream(&push, &name, feed, paths, &quiet).await
+                }));
+                Some((lf, task))
+            }
+            None => None,
+        };
+        let watch = streaming
+            .as_ref()
+            .map(|(lf, _)| lf.as_ref() as &dyn BlobWatch);
+        registry_bytes += reg.blob_watched(l, &cache, watch).await?;
+        if let Some((lf, task)) = streaming {
+            if !lf.seal() {
+                note(Note::Warning(format!(
+                    "layer {} could not be streamed to the end; it is pushed whole",
+                    l.digest
+                )));
+            }
+            streams.push((l.digest, l.size, task));
         }
     }
-    fetching.await.context("the fetch task failed")?;
+    let streamed: std::collections::BTreeSet<Digest> = streams.iter().map(|(d, _, _)| *d).collect();
+    for (digest, size, mut task) in streams {
+        match (&mut task.0).await {
+            Ok(Ok(nodes)) => delivery.tally(digest, size, &nodes, Round::Stream),
+            Ok(Err(e)) => {
+                tracing::warn!("the stream of layer {digest} failed: {e:#}; it is pushed whole")
+            }
+            Err(e) => {
+                tracing::warn!("the stream of layer {digest} stopped: {e}; it is pushed whole")
+            }
+        }
+    }
+    // Then every blob, the config first, as a push: a node the stream
+    // completed holds it already (nothing moves), another gets what it
+    // lacks.
+    let mut pushed = std::collections::BTreeSet::new();
+    for d in std::iter::once(m.config.digest).chain(m.layers.iter().map(|l| l.digest)) {
+        if pushed.insert(d) {
+            first_push.get_or_insert_with(Instant::now);
+            let round = match streamed.contains(&d) {
+                true => Round::AfterStream,
+                false => Round::Push,
+            };
+            delivery.blob(opts, d, &opts.reference, round).await?;
+        }
+    }
     let fetch_s = fetch_started.elapsed().as_secs_f64();
     let push_s = first_push.map_or(0.0, |t| t.elapsed().as_secs_f64());
     let Delivery {

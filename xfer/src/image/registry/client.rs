@@ -26,6 +26,19 @@ const MAX_REDIRECTS: usize = 10;
 /// hash to its digest is fetched again from its start.
 const BLOB_TRIES: u32 = 4;
 
+/// Told how a blob's partial file grows while it is fetched, so what is in
+/// can be passed on before the blob is whole ([`Registry::blob_watched`]).
+/// The bytes below the length last said are final unless
+/// [`BlobWatch::restarted`] follows.
+pub trait BlobWatch: Send + Sync {
+    /// The partial file holds the blob's first `len` bytes.
+    fn grew(&self, len: u64);
+    /// The partial file was emptied (it held more than the blob, or the
+    /// whole did not hash to the digest): what was said is void, and the
+    /// fetch starts again from the blob's first byte.
+    fn restarted(&self);
+}
+
 /// How to reach a registry.
 #[derive(Clone, Debug, Default)]
 pub struct RegistryOptions {
@@ -376,16 +389,33 @@ impl Registry {
     /// stops resumes where it stopped, and a blob that does not hash to its
     /// digest is fetched again. Returns the bytes downloaded.
     pub async fn blob(&self, desc: &Descriptor, cache: &Path) -> Result<u64> {
+        self.blob_watched(desc, cache, None).await
+    }
+
+    /// Where [`Registry::blob`] keeps `desc` while it is fetched.
+    pub fn partial_path(cache: &Path, desc: &Descriptor) -> PathBuf {
+        cache
+            .join(".incoming")
+            .join(format!("{}.part", desc.digest.model()))
+    }
+
+    /// [`Registry::blob`], telling `watch` how the partial file grows (not
+    /// told anything when the cache holds the blob already).
+    pub async fn blob_watched(
+        &self,
+        desc: &Descriptor,
+        cache: &Path,
+        watch: Option<&dyn BlobWatch>,
+    ) -> Result<u64> {
         if archive::holds(cache, &desc.digest, desc.size) {
             return Ok(0);
         }
-        let incoming = cache.join(".incoming");
-        crate::util::beneath::create_dir_all_durable(&incoming)?;
-        let part = incoming.join(format!("{}.part", desc.digest.model()));
+        let part = Self::partial_path(cache, desc);
+        crate::util::beneath::create_dir_all_durable(part.parent().expect("in .incoming"))?;
         let mut fetched = 0u64;
         let mut why = String::new();
         for _ in 0..BLOB_TRIES {
-            match self.fetch_into(desc, &part, &mut fetched).await {
+            match self.fetch_into(desc, &part, &mut fetched, watch).await {
                 Ok(()) => {}
                 Err(e) => {
                     why = format!("{e:#}");
@@ -406,17 +436,32 @@ impl Registry {
             );
             tracing::warn!("{why}; fetching it again");
             let _ = std::fs::remove_file(&part);
+            if let Some(w) = watch {
+                w.restarted();
+            }
         }
         bail!("{why}; run again (what was fetched and checked is kept)")
     }
 
     /// Appends the rest of `desc` to `part` (asking from its length on).
-    async fn fetch_into(&self, desc: &Descriptor, part: &Path, fetched: &mut u64) -> Result<()> {
-        let have = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
+    async fn fetch_into(
+        &self,
+        desc: &Descriptor,
+        part: &Path,
+        fetched: &mut u64,
+        watch: Option<&dyn BlobWatch>,
+    ) -> Result<()> {
+        let mut have = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
         if have > desc.size {
             std::fs::remove_file(part)?;
+            have = 0;
+            if let Some(w) = watch {
+                w.restarted();
+            }
         }
-        let have = have.min(desc.size);
+        if let Some(w) = watch {
+            w.grew(have);
+        }
         if have == desc.size {
             return Ok(());
         }
@@ -427,7 +472,15 @@ impl Registry {
             StatusCode::PARTIAL_CONTENT => {
                 (std::fs::OpenOptions::new().append(true).open(part)?, have)
             }
-            s if s.is_success() => (std::fs::File::create(part)?, 0),
+            s if s.is_success() => {
+                // The whole blob again: what the file held is replaced.
+                if have > 0 {
+                    if let Some(w) = watch {
+                        w.restarted();
+                    }
+                }
+                (std::fs::File::create(part)?, 0)
+            }
             s => return Err(self.refused(&format!("blob {}", desc.digest), s)),
         };
         let mut r = r;
@@ -449,6 +502,9 @@ impl Registry {
             }
             file.write_all(&chunk)?;
             *fetched += chunk.len() as u64;
+            if let Some(w) = watch {
+                w.grew(at);
+            }
         }
         file.flush()?;
         if at < desc.size {
