@@ -387,6 +387,13 @@ fn an_image_pulled_once_from_a_registry_runs_on_three_nodes() {
         "the registry served {served} bytes of a {total}-byte image"
     );
     assert_eq!(fetched, served, "{s}");
+    // Each layer streamed while it downloaded, and the push after each
+    // stream moved nothing more: the nodes got the image about once each.
+    let sent = s["bytes_sent"].as_u64().unwrap();
+    assert!(
+        sent as f64 <= 1.1 * 2.0 * total as f64,
+        "{sent} bytes sent for a {total}-byte image to 2 nodes: {s}"
+    );
 
     // xt/app:2 shares the base layer: the registry does not serve it again.
     let name2 = format!("{}/xt/app:2", reg.addr);
@@ -750,6 +757,106 @@ fn a_pull_killed_mid_layer_resumes_from_what_it_fetched() {
     assert!(
         fetched <= size / 2 + (2 << 20),
         "the rerun fetched {fetched} bytes; half of the {size}-byte layer was in already: {s}"
+    );
+}
+
+/// Podman, for real: an image pulled from the registry to a node whose
+/// agent runs `--container-engine podman` (podman's own storage for that
+/// node, no daemon) loads there with the config's digest as its id, and a
+/// container runs from it with the command line the agent builds for a
+/// rank. Podman's default limits (nofile 1048576, nproc 4194304) exceed
+/// this host's hard limits; the agent's `--ulimit`s at its own limits are
+/// what let the container start.
+#[test]
+fn an_image_pulled_from_a_registry_loads_and_runs_under_podman() {
+    assert!(
+        Command::new("podman")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "podman is not installed: scripts/test.sh installs it (apt-get install podman catatonit)"
+    );
+    let Some((mut lab, reg)) = one_node_and_a_registry("rgp") else {
+        return;
+    };
+    let ns1 = format!("{}-h1", lab.c.prefix);
+    let env = lab.start_agent_podman(1, &lab.tmp.path().join("podman1"));
+    let name = format!("{}/xt/app:1", reg.addr);
+    let r = run(
+        lab.c
+            .xfer(0)
+            .args(["image", "pull", &name, "--insecure", "--json", "--to"])
+            .arg(format!("{}:7470", lab.c.ip(1)))
+            .arg("--key")
+            .arg(&lab.key)
+            .arg("--cache")
+            .arg(lab.tmp.path().join("pull-cache")),
+        Duration::from_secs(300),
+    );
+    r.assert_ok("image pull to a podman node");
+    let s: Value = r.json();
+    let id = s["id"].as_str().unwrap().to_string();
+    assert_eq!(s["nodes"][0]["id"].as_str(), Some(id.as_str()), "{s}");
+    let podman = |args: &[&str]| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns1, "podman"]).args(args);
+        for (k, v) in &env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let inspect = podman(&["image", "inspect", "--format", "{{.Id}}", &name]);
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    assert_eq!(
+        format!("sha256:{}", String::from_utf8_lossy(&inspect.stdout).trim()),
+        id,
+        "podman's id of the loaded image"
+    );
+    // A rank's command line, as the agent builds it for podman.
+    let spec = xfer_proto::launch::RankSpec {
+        run: "pod1".into(),
+        node: xfer_proto::names::NodeName::new("h1").unwrap(),
+        rank: 0,
+        env: Default::default(),
+        procs: vec![xfer_proto::launch::ProcSpec {
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo ran in $(cat /etc/hostname)".into(),
+            ],
+            wait_tcp: None,
+        }],
+        on_stop: vec![],
+        group: vec![],
+        wait_timeout_ms: 1,
+        grace_ms: 1,
+        weights: None,
+        evict_page_cache: false,
+        container: None,
+        caches: None,
+    };
+    let c = xfer_proto::launch::ContainerSpec {
+        image: name.clone(),
+        image_id: None,
+        gpus: xfer_proto::launch::GpuAccess::None,
+        shm_bytes: None,
+    };
+    let engine = xfer::image::runtime::Runtime::new(xfer_proto::image::ContainerRuntime::Podman);
+    let wrapped = xfer::agent::containers::wrap(spec, &c, engine, &lab.root(1)).unwrap();
+    let argv = &wrapped.procs[0].argv;
+    assert!(argv.iter().any(|a| a == "--ulimit"), "{argv:?}");
+    let ran = podman(&argv[1..].iter().map(String::as_str).collect::<Vec<_>>());
+    let (out, err) = (
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr),
+    );
+    assert!(
+        ran.status.success() && out.contains("ran in"),
+        "podman {argv:?}: {out}{err}"
     );
 }
 

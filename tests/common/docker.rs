@@ -186,6 +186,55 @@ impl ImageLab {
         self.agents[i as usize] = Some(a);
     }
 
+    /// (Re)starts host `i`'s agent with podman as its container engine,
+    /// podman's storage and configuration in `dir` (no daemon: the agent's
+    /// `podman` commands use them through `CONTAINERS_STORAGE_CONF` and
+    /// `CONTAINERS_CONF`); returns that environment, for the test's own
+    /// `podman` commands.
+    pub fn start_agent_podman(&mut self, i: u32, dir: &Path) -> Vec<(String, PathBuf)> {
+        self.agents[i as usize] = None;
+        let root = self.root(i);
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        let storage = dir.join("storage.conf");
+        std::fs::write(
+            &storage,
+            format!(
+                "[storage]\ndriver = \"vfs\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
+                dir.join("graph").display(),
+                dir.join("run").display()
+            ),
+        )
+        .unwrap();
+        // No systemd here: cgroups by hand, events to a file. The limits
+        // stay podman's defaults: the agent passes its own.
+        let conf = dir.join("containers.conf");
+        std::fs::write(
+            &conf,
+            "[engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",
+        )
+        .unwrap();
+        let env = vec![
+            ("CONTAINERS_STORAGE_CONF".to_string(), storage),
+            ("CONTAINERS_CONF".to_string(), conf),
+        ];
+        let pairs: Vec<(&str, &Path)> =
+            env.iter().map(|(k, v)| (k.as_str(), v.as_path())).collect();
+        let log = self.tmp.path().join(format!("agent{i}.log"));
+        let a = start_agent_in(
+            &self.c,
+            i,
+            &format!("{}:7470", self.c.ip(i)),
+            &root,
+            &self.key,
+            &["--container-engine", "podman"],
+            &pairs,
+            &log,
+        );
+        self.agents[i as usize] = Some(a);
+        env
+    }
+
     /// (Re)starts host `i`'s agent, with its engine unless `engine` is false.
     pub fn start_agent(&mut self, i: u32, engine: bool, extra: &[&str]) {
         self.agents[i as usize] = None;

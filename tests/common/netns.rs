@@ -367,23 +367,32 @@ pub fn tx_bytes(c: &Cluster, i: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Hosts 0..=n with two networks: management (eth0, 10.88.S.(I+1)) at
-/// `mgmt_mbit` with the root namespace on it (10.88.S.254), and a fabric
-/// (eth1, 10.89.S.(I+1)) at `fabric_mbit`; S is picked per cluster (one the
-/// root namespace does not route yet). `None`, with a note, where network
-/// namespaces cannot be made. `tag` is at most 3 characters (the root
-/// veth's name holds the prefix).
+/// The /16s two-network clusters take their subnets from, management and
+/// fabric, in the order tried: the first is podman's default bridge's
+/// (`cni-podman0`, 10.88.0.0/16, made by a first `podman run` without
+/// `--network host`), so a machine where podman ran moves on to the next.
+const TWO_NET_RANGES: &[(u8, u8)] = &[(88, 89), (70, 71), (72, 73)];
+
+/// Hosts 0..=n with two networks: management (eth0, 10.M.S.(I+1)) at
+/// `mgmt_mbit` with the root namespace on it (10.M.S.254), and a fabric
+/// (eth1, 10.F.S.(I+1)) at `fabric_mbit`; M, F and S are picked per
+/// cluster (a subnet the root namespace does not route yet, from
+/// [`TWO_NET_RANGES`]). `None`, with a note, where network namespaces
+/// cannot be made. `tag` is at most 3 characters (the root veth's name
+/// holds the prefix).
 pub fn two_net_cluster(tag: &str, n: u32, mgmt_mbit: u32, fabric_mbit: u32) -> Option<Cluster> {
     assert!(tag.len() <= 3, "tag {tag:?}: at most 3 characters");
     let (prefix, k) = next_prefix(tag);
     let pid = std::process::id();
     let mut last = String::new();
-    for attempt in 0..40u32 {
+    let tries = 40u32;
+    for attempt in 0..tries * TWO_NET_RANGES.len() as u32 {
+        let (m, f) = TWO_NET_RANGES[(attempt / tries) as usize];
         let s = 1 + (pid.wrapping_mul(31) + k * 7 + attempt) % 250;
         let nets = Nets {
             mgmt_mbit,
-            mgmt_net: format!("10.88.{s}"),
-            fabric: Some((fabric_mbit, format!("10.89.{s}"))),
+            mgmt_net: format!("10.{m}.{s}"),
+            fabric: Some((fabric_mbit, format!("10.{f}.{s}"))),
             root_attach: true,
         };
         match Cluster::up_with(&prefix, n, &nets) {
@@ -395,7 +404,7 @@ pub fn two_net_cluster(tag: &str, n: u32, mgmt_mbit: u32, fabric_mbit: u32) -> O
             }
         }
     }
-    panic!("no free 10.88.S.0/24 for the root namespace after 40 tries: {last}");
+    panic!("no free 10.M.S.0/24 for the root namespace in 10.88, 10.70 or 10.72 after {} tries: {last}", tries as usize * TWO_NET_RANGES.len());
 }
 
 /// `MGMT:7470/DATA` for `xfer push --to`: each host's agent (management)

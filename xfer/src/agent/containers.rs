@@ -22,10 +22,18 @@
 //! stop hook, which removes every container of the rank, on `down` and on
 //! any failure, and outlives an agent restart in the rank's record.
 //! Devices are GPU and RDMA device nodes or CDI names only.
+//!
+//! Under podman, each container also gets `--ulimit nofile=S:H --ulimit
+//! nproc=S:H` at the agent's own limits: podman's defaults (nofile
+//! 1048576, nproc 4194304) exceed the hard limits of many hosts (a
+//! container, a tightened `limits.conf`), and its OCI runtime then fails
+//! with "error setting rlimit type 7: operation not permitted" unless
+//! `containers.conf` lowers them.
 
 use std::path::{Component, Path};
 
 use crate::image::runtime::{Runtime, RUN_LABEL};
+use xfer_proto::image::ContainerRuntime;
 use xfer_proto::launch::{ContainerSpec, GpuAccess, ProcSpec, RankSpec};
 use xfer_proto::launch_rules;
 
@@ -87,6 +95,9 @@ pub fn wrap(
             "--ipc".into(),
             "host".into(),
         ];
+        if engine.kind == ContainerRuntime::Podman {
+            argv.extend(podman_ulimits());
+        }
         match &c.gpus {
             GpuAccess::None => {}
             GpuAccess::All => argv.extend(["--gpus".into(), "all".into()]),
@@ -118,6 +129,34 @@ pub fn wrap(
     rm.extend(names);
     spec.on_stop = vec![rm];
     Ok(spec)
+}
+
+/// `--ulimit` for the open files and processes at this agent's own soft
+/// and hard limits, which a process it starts may have (`-1`: unlimited).
+pub fn podman_ulimits() -> Vec<String> {
+    let limit = |name: &str, resource| {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct it is given.
+        if unsafe { libc::getrlimit(resource, &mut r) } != 0 {
+            return None;
+        }
+        let v = |x: libc::rlim_t| match x {
+            libc::RLIM_INFINITY => "-1".to_string(),
+            x => x.to_string(),
+        };
+        Some(format!("{name}={}:{}", v(r.rlim_cur), v(r.rlim_max)))
+    };
+    [
+        limit("nofile", libc::RLIMIT_NOFILE),
+        limit("nproc", libc::RLIMIT_NPROC),
+    ]
+    .into_iter()
+    .flatten()
+    .flat_map(|l| ["--ulimit".to_string(), l])
+    .collect()
 }
 
 /// The folder to mount for weights at `path`: its first component under
@@ -215,6 +254,38 @@ mod tests {
             spec().env,
             "values reach docker through its environment"
         );
+    }
+
+    #[test]
+    fn under_podman_a_container_gets_the_agents_own_limits() {
+        let podman = Runtime::new(ContainerRuntime::Podman).with_bin("/usr/bin/podman".into());
+        let s = wrap(spec(), &container(), podman, Path::new("/root")).unwrap();
+        let argv = &s.procs[0].argv;
+        let ulimits: Vec<&str> = argv
+            .windows(2)
+            .filter(|w| w[0] == "--ulimit")
+            .map(|w| w[1].as_str())
+            .collect();
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+        let nofile = format!(
+            "nofile={}:{}",
+            r.rlim_cur,
+            if r.rlim_max == libc::RLIM_INFINITY {
+                "-1".to_string()
+            } else {
+                r.rlim_max.to_string()
+            }
+        );
+        assert_eq!(ulimits.len(), 2, "{argv:?}");
+        assert_eq!(ulimits[0], nofile, "{argv:?}");
+        assert!(ulimits[1].starts_with("nproc="), "{argv:?}");
+        // Docker's defaults are the daemon's: nothing added.
+        let s = wrap(spec(), &container(), engine(), Path::new("/root")).unwrap();
+        assert!(!s.procs[0].argv.iter().any(|a| a == "--ulimit"));
     }
 
     #[test]

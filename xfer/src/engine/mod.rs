@@ -2,7 +2,9 @@
 //! requests out), the swarm [`policy`] every receiver runs (its windows
 //! and the slow-peer detector), and the swarm's [`topology`] the source
 //! runs (who links to whom, and who fetches from the source), and the
-//! source's super-[`seeding`] ledger (each chunk out once). The network
+//! source's super-[`seeding`] ledger (each chunk out once), and the
+//! striped intake's planner ([`stripes`]: which node downloads which
+//! chunks from the origin, issue 36). The network
 //! [`sim`]ulator drives the same scheduler, policy and topology over a
 //! simulated network of up to a thousand nodes, for the tests and the
 //! hidden `xfer simulate` command.
@@ -11,4 +13,5 @@ pub mod policy;
 pub mod scheduler;
 pub mod seeding;
 pub mod sim;
+pub mod stripes;
 pub mod topology;
