@@ -797,9 +797,13 @@ fn an_image_pulled_from_a_registry_loads_and_runs_under_podman() {
     let s: Value = r.json();
     let id = s["id"].as_str().unwrap().to_string();
     assert_eq!(s["nodes"][0]["id"].as_str(), Some(id.as_str()), "{s}");
+    // In host 1's network, with the host's mounts (`ip netns exec`
+    // remounts /sys without the cgroup mounts podman's runtime needs).
     let podman = |args: &[&str]| {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &ns1, "podman"]).args(args);
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{ns1}"))
+            .arg("podman")
+            .args(args);
         for (k, v) in &env {
             c.env(k, v);
         }

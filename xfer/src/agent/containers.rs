@@ -28,7 +28,8 @@
 //! 1048576, nproc 4194304) exceed the hard limits of many hosts (a
 //! container, a tightened `limits.conf`), and its OCI runtime then fails
 //! with "error setting rlimit type 7: operation not permitted" unless
-//! `containers.conf` lowers them.
+//! `containers.conf` lowers them (the processes' limit is also capped at
+//! the kernel's `pid_max`, above which one kernel refused it).
 
 use std::path::{Component, Path};
 
@@ -133,8 +134,14 @@ pub fn wrap(
 
 /// `--ulimit` for the open files and processes at this agent's own soft
 /// and hard limits, which a process it starts may have (`-1`: unlimited).
+/// The processes' limit is capped at the kernel's `pid_max`: a kernel here
+/// refused a higher one for the container's first process ("error setting
+/// rlimit type 6"), although the agent itself held it.
 pub fn podman_ulimits() -> Vec<String> {
-    let limit = |name: &str, resource| {
+    let pid_max: Option<u64> = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    let limit = |name: &str, resource, cap: Option<u64>| {
         let mut r = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
@@ -143,15 +150,16 @@ pub fn podman_ulimits() -> Vec<String> {
         if unsafe { libc::getrlimit(resource, &mut r) } != 0 {
             return None;
         }
-        let v = |x: libc::rlim_t| match x {
-            libc::RLIM_INFINITY => "-1".to_string(),
-            x => x.to_string(),
+        let v = |x: libc::rlim_t| match (x, cap) {
+            (libc::RLIM_INFINITY, None) => "-1".to_string(),
+            (x, Some(c)) if x == libc::RLIM_INFINITY || x > c => c.to_string(),
+            (x, _) => x.to_string(),
         };
         Some(format!("{name}={}:{}", v(r.rlim_cur), v(r.rlim_max)))
     };
     [
-        limit("nofile", libc::RLIMIT_NOFILE),
-        limit("nproc", libc::RLIMIT_NPROC),
+        limit("nofile", libc::RLIMIT_NOFILE, None),
+        limit("nproc", libc::RLIMIT_NPROC, pid_max),
     ]
     .into_iter()
     .flatten()

@@ -184,7 +184,8 @@ impl Runtime {
     pub async fn version(&self) -> Result<String, RuntimeError> {
         let format = match self.kind {
             ContainerRuntime::Docker => "{{.Server.Version}}",
-            ContainerRuntime::Podman => "{{.Version.Version}}",
+            // Podman has no server; its client is the engine.
+            ContainerRuntime::Podman => "{{.Client.Version}}",
         };
         self.query(&["version", "--format", format]).await
     }
