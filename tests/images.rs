@@ -313,12 +313,12 @@ fn an_image_pulled_once_from_a_registry_runs_on_three_nodes() {
             None,
         );
     }
-    let pull = |reference: &str, hosts: &[u32], more: &[&str]| {
+    let pull_on = |on: u32, reference: &str, hosts: &[u32], more: &[&str]| {
         let to: Vec<String> = hosts
             .iter()
             .map(|i| format!("{}:7470", lab.c.ip(*i)))
             .collect();
-        let mut cmd = lab.c.xfer(0);
+        let mut cmd = lab.c.xfer(on);
         cmd.args(["image", "pull", reference, "--insecure", "--json", "--to"])
             .arg(to.join(","))
             .arg("--key")
@@ -328,11 +328,31 @@ fn an_image_pulled_once_from_a_registry_runs_on_three_nodes() {
             .args(more);
         run(&mut cmd, Duration::from_secs(300))
     };
+    let pull = |reference: &str, hosts: &[u32], more: &[&str]| pull_on(0, reference, hosts, more);
     let id1 = lab.engines[0].image_id("xt/app:1").unwrap();
     let name1 = format!("{}/xt/app:1", reg.addr);
-    let r = pull(&name1, &[1, 2], &[]);
+    // Run on host 1, itself a destination: its own agent gets every
+    // layer from here, not from its peers over the link the registry's
+    // bytes come in on.
+    let r = pull_on(1, &name1, &[1, 2], &[]);
     r.assert_ok("image pull");
     let s: Value = r.json();
+    let here = format!("{}:7470", lab.c.ip(1));
+    let node1 = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == here.as_str())
+        .unwrap_or_else(|| panic!("no {here}: {s}"));
+    // (The config, a push of its own after the layers, may come from a
+    // peer.)
+    let config = blob(&s, s["id"].as_str().unwrap())["size"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        node1["from_peers"].as_u64().unwrap() <= config,
+        "host 1 took layers from its peers: {s}"
+    );
     assert_eq!(
         s["id"],
         id1.as_str(),
