@@ -8,7 +8,8 @@
 #   push    host 1 runs `docker pull`, then `xfer image push` from host 1's
 #           engine to every node (host 1 included: it holds it already)
 #   xfer    `xfer image pull` on host 1 to every node: host 1 fetches each
-#           blob once and pushes it through the swarm as it lands
+#           blob once and streams each layer through the swarm while it
+#           downloads (host 1's own agent from host 1's puller alone)
 #
 #   scripts/bench-image-pull.sh            (root; ~10 min for 1 GiB)
 #

@@ -256,16 +256,7 @@ fn a_taken_port_a_missing_interface_and_a_dead_agent_each_fail_clearly() {
     let lab = Lab::up("xle", 3, &[1, 2]);
     lab.push(&lab.model("a"), "tiny", &[1, 2]);
     // Something holds the API port on the head.
-    let mut squatter = Command::new("ip")
-        .args(["netns", "exec", &lab.ns(1), "python3", "-c"])
-        .arg("import socket,time\ns=socket.socket()\ns.bind(('0.0.0.0',8000))\ns.listen()\nprint('ok',flush=True)\ntime.sleep(600)")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(squatter.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let mut squatter = squat_api_port(&lab, 1);
     let file = lab.cluster_file("c.toml", &lab.launch("vllm", "tiny", &[]), |i| {
         match i {
             2 => format!("fabric_if = \"fab9\"\nfabric_ip = \"{}\"", lab.fabric_ip(2)),
@@ -1213,16 +1204,7 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     // deploy stops before `up`, and the sync, which started beside the
     // preflight once the nodes' weights and disks were read, goes on: the
     // next deploy finds the model there.
-    let mut squatter = Command::new("ip")
-        .args(["netns", "exec", &lab.ns(1), "python3", "-c"])
-        .arg("import socket,time\ns=socket.socket()\ns.bind(('0.0.0.0',8000))\ns.listen()\nprint('ok',flush=True)\ntime.sleep(600)")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(squatter.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let mut squatter = squat_api_port(&lab, 1);
     let (commit2, launch2) = launch_of_repo(&lab, &endpoint, "org/tiny2");
     let file = lab.cluster_file("port.toml", &launch2, |i| lab.fabric(i));
     let out = deploy_cmd(&lab, &file, &endpoint, &["--timeout", "60"])
@@ -1519,4 +1501,20 @@ fn poll_until(what: &str, done: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "{what}: not within 60 s");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A process in node `i` that holds the engine's API port (8000), once it
+/// listens.
+fn squat_api_port(lab: &Lab, i: usize) -> std::process::Child {
+    let mut squatter = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(i), "python3", "-c"])
+        .arg("import socket,time\ns=socket.socket()\ns.bind(('0.0.0.0',8000))\ns.listen()\nprint('ok',flush=True)\ntime.sleep(600)")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(squatter.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    squatter
 }
