@@ -818,3 +818,131 @@ fn a_cancelled_job_leaves_no_row_even_on_a_member_that_was_down() {
     let r = status_exits(&c, &[], 0);
     assert!(!r.stdout.contains("problem"), "{r:#?}");
 }
+
+/// Striped intake (issue 36): the job of `sync --from a,b,c` on a repo.
+struct Striped {
+    t: tempfile::TempDir,
+    repo_src: PathBuf,
+    server: HubServer,
+    c: Cluster,
+    total: u64,
+}
+
+impl Striped {
+    /// A 40 MiB repo on a Hub look-alike that caps each connection at
+    /// 1 MB/s (a CDN's per-connection limit), and three agents; `liar`
+    /// names one whose relayed ranges carry a flipped byte.
+    fn start(tag: &str, net: u8, liar: Option<&str>) -> Striped {
+        let t = tempdir(tag);
+        let repos = t.path().join("repos");
+        let spec = [
+            ("config.json", 500),
+            ("model-00001-of-00002.safetensors", 24 * MIB + 7),
+            ("model-00002-of-00002.safetensors", 16 * MIB + 3),
+        ];
+        let repo_src = gen_repo(&repos, "acme/striped", net as u64, &spec);
+        let total = spec.iter().map(|(_, s)| s).sum();
+        let server = HubServer::start(&repos, &["--rate", "1000000"]);
+        let env = hub_agent_env(&server, t.path());
+        let mut c = Cluster::start_env(tag, net, &["a", "b", "c"], &[], env);
+        if let Some(n) = liar {
+            c.kill9(n);
+            c.env.push(("XFER_FAULT_CORRUPT_INTAKE".into(), "1".into()));
+            c.restart(n);
+        }
+        Striped {
+            t,
+            repo_src,
+            server,
+            c,
+            total,
+        }
+    }
+
+    /// Runs the job to completion; its tallies by node.
+    fn run(&self) -> Vec<xfer_proto::admin::MemberTally> {
+        let r = run(
+            self.c
+                .cmd("sync", &["--json"])
+                .arg("acme/striped")
+                .args(["--from", "a,b,c", "--nodes", "a,b,c"]),
+            Duration::from_secs(30),
+        );
+        r.assert_ok("xfer sync --from a,b,c");
+        let id = r.json::<serde_json::Value>()["job"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let name = "models--acme--striped";
+        let root = self.c.wait_complete(&id, "a", &["a", "b", "c"], name);
+        let meta = self.server.repo("acme/striped");
+        for n in ["a", "b", "c"] {
+            let dir = self.c.root(n).join(name);
+            // The Hub's own hashes of every file, on every node.
+            assert_cache(&dir, &self.repo_src, &meta);
+            assert_eq!(manifest_root(&dir), root, "{n}");
+        }
+        let _ = &self.t;
+        self.c.status().job("a", &id).unwrap().delivered.clone()
+    }
+}
+
+/// 12. `xfer sync ORG/NAME --from a,b,c`: every named node fetches ranges
+///     of the repo from the Hub over its own connections, the Hub serves
+///     each byte once, and every node ends with the Hub-verified cache.
+#[test]
+fn a_striped_hub_job_is_fetched_by_every_named_node_and_served_once() {
+    let s = Striped::start("sync-striped", 19, None);
+    let tallies = s.run();
+    let served = s.server.stats()["bytes_served"].as_u64().unwrap();
+    assert!(
+        served as f64 <= 1.02 * s.total as f64,
+        "the Hub served {served} bytes of a {}-byte repo: {tallies:#?}",
+        s.total
+    );
+    for n in ["a", "b", "c"] {
+        let t = tallies.iter().find(|t| t.node == n).unwrap();
+        assert!(t.ok && t.named.is_none(), "{n}: {tallies:#?}");
+        assert!(
+            t.from_origin > 0,
+            "{n} fetched nothing from the Hub: {tallies:#?}"
+        );
+    }
+    let origin: u64 = tallies.iter().map(|t| t.from_origin).sum();
+    assert_eq!(origin, served, "the shares add up to what the Hub served");
+    let out = run(&mut s.c.cmd("status", &[]), Duration::from_secs(20));
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("models--acme--striped") && l.starts_with("job"))
+        .unwrap_or_else(|| panic!("no job line: {}", out.stdout))
+        .to_string();
+    assert!(
+        line.contains("from a (striped with b,c)") && line.contains("from the Hub: "),
+        "{line}"
+    );
+}
+
+/// 13. An intake node that relays wrong bytes (a fault hook flips one byte
+///     of each range it sends): the file fails its Hub hash on the pulling
+///     node, which fetches it again alone, names the liar, gives it no more
+///     work, and no node places a file the Hub's hash did not confirm.
+#[test]
+fn a_lying_intake_node_is_named_and_no_node_places_its_bytes() {
+    let s = Striped::start("sync-striped-liar", 20, Some("c"));
+    let tallies = s.run();
+    let c = tallies.iter().find(|t| t.node == "c").unwrap();
+    assert!(
+        c.named.as_deref().is_some_and(|w| w.contains("differ")),
+        "c was not named: {tallies:#?}"
+    );
+    for n in ["a", "b"] {
+        let t = tallies.iter().find(|t| t.node == n).unwrap();
+        assert!(t.named.is_none(), "{n} named: {tallies:#?}");
+    }
+    let log = s.c.member("a").agent.as_ref().unwrap().log();
+    assert!(
+        log.contains("c sent bytes") && log.contains("differ from the origin's"),
+        "{log}"
+    );
+}

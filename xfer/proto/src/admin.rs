@@ -231,6 +231,11 @@ pub struct JobSpec {
     /// agent's own environment decides.
     #[serde(default)]
     pub hub_endpoint: Option<String>,
+    /// Members that fetch a Hub job's ranges from the origin beside the
+    /// source node (striped intake, `xfer sync --from a,b,c`); empty: the
+    /// source alone.
+    #[serde(default)]
+    pub intake: Vec<String>,
 }
 
 /// A secret carried by a request (the operator's Hub token). Its `Debug`
@@ -379,6 +384,14 @@ pub struct MemberTally {
     pub from_source: u64,
     /// Verified bytes it got from other members.
     pub from_peers: u64,
+    /// Bytes it fetched from the origin (the Hub) for a Hub job: the
+    /// source's, and each intake node's with `--from a,b,c`.
+    #[serde(default)]
+    pub from_origin: u64,
+    /// Why a striped pull named it: its ranges differed from the origin's,
+    /// or it stopped answering and its ranges went to the others.
+    #[serde(default)]
+    pub named: Option<String>,
     /// Whether it ended with the model complete.
     pub ok: bool,
     /// Why not, when it did not: the member's own words (a refusal such
@@ -488,6 +501,10 @@ pub struct JobView {
     /// source agent's own once it ran a round); `None` for a folder job.
     #[serde(default)]
     pub hub_endpoint: Option<String>,
+    /// The members that fetch ranges from the Hub beside the source
+    /// (`--from a,b,c`).
+    #[serde(default)]
+    pub intake: Vec<String>,
 }
 
 impl ModelState {
@@ -633,6 +650,7 @@ mod tests {
             attempt: 3,
             next_attempt_unix: Some(104),
             hub_endpoint: Some("http://127.0.0.1:9".into()),
+            intake: Vec::new(),
         }
     }
 
@@ -656,6 +674,7 @@ mod tests {
             transport: TransportChoice::Auto,
             peers: None,
             hub_endpoint: Some("https://hf-mirror.example".into()),
+            intake: vec!["b".into()],
         };
         let req = AdminRequest::SyncJob {
             node: "a".into(),

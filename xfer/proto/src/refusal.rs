@@ -86,6 +86,10 @@ pub enum Refusal {
     /// the fix.
     #[error("{0}")]
     Image(String),
+    #[error("the origin refused a striped range: {0}")]
+    /// An intake node's request to the Hub or mirror failed (its status
+    /// or error, in words).
+    Origin(String),
 }
 
 /// A refusal as every service's reply encodes it. [`crate::transfer::TransferMsg`],

@@ -185,7 +185,34 @@ pub enum TransferMsg {
         /// The peer's id.
         peer: u32,
     },
+    /// Source → intake node, an opener (issue 36, striped intake): fetch
+    /// the bytes `[from, to)` of `url` from the origin (the Hub's CDN or a
+    /// mirror) over this node's own link and stream them back. `name` is
+    /// the model being pulled: the caller must be one that may deliver it
+    /// here. `token` goes only with a URL on the Hub's own origin.
+    Intake {
+        /// The model the bytes are for.
+        name: ModelName,
+        /// The resolved file URL (no further redirect is followed).
+        url: String,
+        /// First byte.
+        from: u64,
+        /// One past the last byte; at most [`MAX_INTAKE_SPAN`] after `from`.
+        to: u64,
+        /// The Hub token, for a URL on the endpoint's origin.
+        token: Option<crate::admin::Secret>,
+    },
+    /// Intake node → source: the origin answered; exactly `len` raw bytes
+    /// follow on the stream (fewer: the origin or the node failed mid-way,
+    /// and the source keeps what arrived).
+    IntakeBody {
+        /// Bytes that follow.
+        len: u64,
+    },
 }
+
+/// Most bytes one [`TransferMsg::Intake`] may ask for.
+pub const MAX_INTAKE_SPAN: u64 = 256 << 20;
 
 /// The chunks a receiver fetches from the source: chunk `c` is in slot
 /// `c mod of`, and the receiver is home to `slots`.
@@ -276,6 +303,8 @@ impl TransferMsg {
             TransferMsg::OfferDraft { .. } => "OfferDraft",
             TransferMsg::Draft(_) => "Draft",
             TransferMsg::Unreachable { .. } => "Unreachable",
+            TransferMsg::Intake { .. } => "Intake",
+            TransferMsg::IntakeBody { .. } => "IntakeBody",
         }
     }
 }

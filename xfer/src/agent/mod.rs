@@ -16,6 +16,7 @@ pub mod containers;
 pub mod guard;
 pub mod image_client;
 mod images;
+mod intake;
 mod launch;
 pub mod permit;
 pub mod preflight;

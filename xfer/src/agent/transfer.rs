@@ -7,7 +7,9 @@
 //!   running one (a restarted push resumes instead of waiting for the old
 //!   connection to time out);
 //! - a join from another receiver: served from this node's verified chunks;
-//! - a want: serve a complete model this node holds.
+//! - a want: serve a complete model this node holds;
+//! - an intake: fetch a range from the origin for a striped pull
+//!   ([`super::intake`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -117,6 +119,31 @@ pub(super) async fn serve(
         }
         TransferMsg::Lane { name, root, key } => {
             return attach_lane(conn, send, ctx, name, root, key).await
+        }
+        TransferMsg::Intake {
+            name,
+            url,
+            from,
+            to,
+            token,
+        } => {
+            // Only the job's source (or an operator) may spend this
+            // node's link on the origin.
+            if !caller.peer.is_operator() && !is_job_source(ctx, &caller.peer, &name) {
+                let why = format!(
+                    "{caller} asked this node to fetch part of `{name}` from the origin, but it is not the source of a running sync job for it here; only `xfer sync --from` with this node named may"
+                );
+                tracing::warn!("{why}");
+                return refuse(&mut send, Refusal::Forbidden(why)).await;
+            }
+            let ask = super::intake::IntakeAsk {
+                name,
+                url,
+                from,
+                to,
+                token,
+            };
+            return super::intake::session(conn, send, ask).await;
         }
         other => {
             return refuse(

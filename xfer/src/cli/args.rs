@@ -331,8 +331,11 @@ pub struct SyncArgs {
     /// Nodes that must end with the model (default: every node).
     #[arg(long, value_delimiter = ',')]
     pub nodes: Vec<String>,
-    /// The node holding the path, or pulling the repo (default: the first of --nodes).
-    #[arg(long)]
+    /// The node holding the path, or pulling the repo (default: the first
+    /// of --nodes). For a Hub repo, `a,b,c` stripes the download: every
+    /// node named fetches ranges from the Hub over its own link, `a`
+    /// drives the job and checks every file; `all`: every node of --nodes.
+    #[arg(long, value_name = "NODE[,NODE...]|all")]
     pub from: Option<String>,
     /// Name on the nodes (default: the folder's name; Hub repos use
     /// models--org--name); a repo id ORG/NAME names models--ORG--NAME.

@@ -392,6 +392,7 @@ fn pull_options(chunk_size: Option<ChunkSize>) -> PullOptions {
         connections: 8,
         part_size: 16 << 20,
         chunk_size,
+        intake: Default::default(),
     }
 }
 

@@ -211,6 +211,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         connections: connections.clamp(1, 256),
         part_size: part_size.max(1 << 20),
         chunk_size: None,
+        intake: Default::default(),
     };
     let progress = Progress::new(!json);
     if !to.is_empty() {

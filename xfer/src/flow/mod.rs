@@ -13,6 +13,7 @@ pub mod feed;
 pub mod fetch;
 pub mod image;
 pub mod image_pull;
+pub mod intake;
 pub mod layer_stream;
 pub mod local;
 pub mod pull_fanout;

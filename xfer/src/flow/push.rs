@@ -150,6 +150,14 @@ pub struct NodeSummary {
     pub from_source: u64,
     /// Verified bytes this node received from other nodes.
     pub from_peers: u64,
+    /// Bytes this node fetched from the origin (a Hub job's source, or an
+    /// intake node of a striped pull).
+    #[serde(default)]
+    pub from_origin: u64,
+    /// Why a striped pull named this node (it sent bytes that differ from
+    /// the origin's, or stopped answering).
+    #[serde(default)]
+    pub named: Option<String>,
     /// Peers this node excluded, with why (e.g. they served corrupt chunks).
     pub dropped_peers: Vec<String>,
     /// The most peer links it held at once (either way), as it reported.

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::digest::{self, Digest, Digester, Expected};
 use super::http::{error_chain, host_of, Failure, HubHttp};
+use super::intake::{Intake, IntakeShare};
 use super::parts::Parts;
 use super::ranges::{Ask, RangeHosts};
 use super::retry;
@@ -89,6 +90,9 @@ pub struct Stats {
     pub redownloads: AtomicU64,
     /// Files whose server ignored Range.
     pub whole_streams: AtomicU64,
+    /// Who fetched what from the origin, when other nodes took ranges
+    /// ([`Options::intake`]): this node first, then each intake node.
+    pub shares: Mutex<Vec<IntakeShare>>,
 }
 
 /// Tuning.
@@ -100,6 +104,9 @@ pub struct Options {
     pub part_size: u64,
     /// The repo's id, for messages.
     pub repo: String,
+    /// Other nodes that fetch ranges over their own links (striped
+    /// intake); empty: this node alone.
+    pub intake: Intake,
 }
 
 /// Progress as the downloader sees it, for bars.
@@ -144,6 +151,14 @@ struct FileState {
     trail: Mutex<Trail>,
     /// A task is feeding `trail` (at most one per file).
     hashing: AtomicBool,
+    /// Byte ranges intake node `r` wrote in this download of the file.
+    remote_spans: Mutex<Vec<(u64, u64, usize)>>,
+    /// After a mismatch with remote ranges in it: this node fetches the
+    /// file again alone, and these ranges' BLAKE3 (as the intake nodes
+    /// sent them) are compared with the origin's second answer.
+    suspects: Mutex<Vec<Span>>,
+    /// Only this node's own connections fetch the file.
+    local_only: AtomicBool,
 }
 
 /// One download's single hashing pass.
@@ -176,6 +191,10 @@ struct Shared {
     cancel: CancellationToken,
     failure: Mutex<Option<DownloadError>>,
     stats: Arc<Stats>,
+    /// Per intake node: bytes written from it, named as a liar, retired.
+    remote_bytes: Vec<AtomicU64>,
+    blamed: Vec<AtomicBool>,
+    retired: Mutex<Vec<Option<String>>>,
     finisher: Arc<dyn Finisher>,
     watch: Arc<dyn Watch>,
     ranges: RangeHosts,
@@ -328,6 +347,9 @@ fn open_files(
             finishing: AtomicBool::new(false),
             placed: AtomicBool::new(false),
             sidecar_io: Mutex::new(()),
+            remote_spans: Mutex::new(Vec::new()),
+            suspects: Mutex::new(Vec::new()),
+            local_only: AtomicBool::new(false),
         });
     }
     Ok(out)
@@ -358,7 +380,8 @@ pub async fn download(
     watch: Arc<dyn Watch>,
     stats: Arc<Stats>,
 ) -> Result<(), DownloadError> {
-    let files = open_files(jobs, opts.part_size, &stats)?;
+    let part_size = striped_part_size(&opts, jobs.iter().map(|j| j.size).sum());
+    let files = open_files(jobs, part_size, &stats)?;
     let mut queue = VecDeque::new();
     for (f, st) in files.iter().enumerate() {
         let parts = st.parts.lock().unwrap();
@@ -368,7 +391,11 @@ pub async fn download(
             }
         }
     }
+    let remotes = opts.intake.remotes.len();
     let shared = Arc::new(Shared {
+        remote_bytes: (0..remotes).map(|_| AtomicU64::new(0)).collect(),
+        blamed: (0..remotes).map(|_| AtomicBool::new(false)).collect(),
+        retired: Mutex::new(vec![None; remotes]),
         http,
         unfinished: AtomicU64::new(files.len() as u64),
         files,
@@ -396,14 +423,22 @@ pub async fn download(
         }
     }
     let flusher = tokio::spawn(flush_sidecars(shared.clone()));
-    let workers: Vec<_> = (0..shared.opts.connections.max(1))
+    let mut workers: Vec<_> = (0..shared.opts.connections.max(1))
         .map(|_| tokio::spawn(worker(shared.clone())))
         .collect();
+    for r in 0..remotes {
+        for _ in 0..shared.opts.intake.connections.max(1) {
+            workers.push(tokio::spawn(remote_worker(shared.clone(), r)));
+        }
+    }
     for w in workers {
         let _ = w.await;
     }
     flusher.abort();
     save_sidecars(&shared);
+    if remotes > 0 {
+        *shared.stats.shares.lock().unwrap() = shares(&shared);
+    }
     let failure = shared.failure.lock().unwrap().take();
     match failure {
         Some(e) => Err(e),
@@ -505,6 +540,207 @@ async fn worker(shared: Arc<Shared>) {
     }
 }
 
+/// The part size of a striped download: small enough that every
+/// downloader's connections get several parts each (work is handed out on
+/// demand, so a fast node takes more and the tail is short), at most the
+/// usual size, at least [`MIN_STRIPED_PART`].
+fn striped_part_size(opts: &Options, total: u64) -> u64 {
+    let remotes = opts.intake.remotes.len();
+    if remotes == 0 {
+        return opts.part_size;
+    }
+    let workers = (opts.connections + remotes * opts.intake.connections.max(1)).max(1) as u64;
+    (total / (workers * 4)).clamp(MIN_STRIPED_PART, opts.part_size.max(MIN_STRIPED_PART))
+}
+
+/// The smallest part a striped download hands out.
+pub const MIN_STRIPED_PART: u64 = 1 << 20;
+
+/// Consecutive failures after which an intake node takes no more work
+/// (its parts go back to the others).
+const INTAKE_STRIKES: u32 = 3;
+
+/// One of intake node `r`'s connections: takes the next part it can (of a
+/// file whose URL is resolved and whose origin honours Range), fetches it
+/// through the node, and puts it back on any failure. The node retires
+/// after [`INTAKE_STRIKES`] failures in a row, or once blamed; the
+/// download never fails because of it.
+async fn remote_worker(shared: Arc<Shared>, r: usize) {
+    let remote = shared.opts.intake.remotes[r].clone();
+    let mut strikes = 0u32;
+    loop {
+        if shared.cancel.is_cancelled() || shared.blamed[r].load(Ordering::Acquire) {
+            return;
+        }
+        if shared.retired.lock().unwrap()[r].is_some() {
+            return;
+        }
+        let Some((f, i, url)) = pick_remote(&shared) else {
+            if shared.unfinished.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            let woken = shared.wake.notified();
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = shared.cancel.cancelled() => return,
+            }
+            continue;
+        };
+        let outcome = tokio::select! {
+            o = remote_attempt(&shared, r, f, i, url) => o,
+            _ = shared.cancel.cancelled() => return,
+        };
+        let (from, to) = shared.files[f].parts.lock().unwrap().missing(i);
+        if from < to {
+            // Not done (a failure, a short body): back to the front.
+            shared.queue.lock().unwrap().push_front((f, i));
+            shared.wake.notify_waiters();
+        }
+        match outcome {
+            Ok(()) => strikes = 0,
+            Err(why) => {
+                strikes += 1;
+                shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                let why = why.into_words();
+                if strikes >= INTAKE_STRIKES {
+                    tracing::warn!(
+                        "{}: {why}; it takes no more ranges, the other downloaders carry on",
+                        remote.name()
+                    );
+                    shared.retired.lock().unwrap()[r].get_or_insert(why);
+                    return;
+                }
+                tracing::info!(
+                    "{}: {why}; its range goes back to the others",
+                    remote.name()
+                );
+                let pause = retry::backoff(strikes, None, rand::thread_rng().gen());
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+        }
+        let complete = shared.files[f].parts.lock().unwrap().is_complete();
+        if complete {
+            finish_file(&shared, f).await;
+        }
+    }
+}
+
+/// The first queued part an intake node may take, and its file's URL.
+fn pick_remote(shared: &Shared) -> Option<(usize, usize, Url)> {
+    let mut q = shared.queue.lock().unwrap();
+    let at = q.iter().position(|&(f, _)| {
+        let st = &shared.files[f];
+        !st.whole.load(Ordering::Acquire)
+            && !st.local_only.load(Ordering::Acquire)
+            && st.url.try_lock().is_ok_and(|u| u.is_some())
+    })?;
+    let (f, i) = q.remove(at)?;
+    let url = shared.files[f].url.try_lock().ok().and_then(|u| u.clone());
+    match url {
+        Some(url) => Some((f, i, url)),
+        None => {
+            q.push_front((f, i));
+            None
+        }
+    }
+}
+
+/// Part `i` of file `f` (its missing rest) through intake node `r`.
+async fn remote_attempt(
+    shared: &Arc<Shared>,
+    r: usize,
+    f: usize,
+    i: usize,
+    url: Url,
+) -> Result<(), Failure> {
+    let st = &shared.files[f];
+    let (from, to) = st.parts.lock().unwrap().missing(i);
+    if from >= to {
+        return Ok(());
+    }
+    let token = shared.http.token_for(&url);
+    let mut body = shared.opts.intake.remotes[r]
+        .fetch(url, token, from, to)
+        .await?;
+    let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BUF);
+    let mut offset = from;
+    let mut buf_at = from;
+    let result = loop {
+        let Some(piece) = body.recv().await else {
+            break Ok(());
+        };
+        let data = match piece {
+            Ok(d) => d,
+            Err(why) => break Err(Failure::Transient { why, wait: None }),
+        };
+        if offset + data.len() as u64 > to {
+            break Err(Failure::Transient {
+                why: "sent more bytes than asked for".into(),
+                wait: None,
+            });
+        }
+        if buf.is_empty() {
+            buf_at = offset;
+        }
+        offset += data.len() as u64;
+        shared
+            .stats
+            .downloaded
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        shared.remote_bytes[r].fetch_add(data.len() as u64, Ordering::Relaxed);
+        buf.extend_from_slice(&data);
+        if buf.len() >= WRITE_BUF {
+            flush(shared, f, i, false, &mut buf, buf_at)?;
+        }
+    };
+    flush(shared, f, i, false, &mut buf, buf_at)?;
+    if offset > from {
+        st.remote_spans.lock().unwrap().push((from, offset, r));
+    }
+    result?;
+    if offset < to {
+        return Err(Failure::Transient {
+            why: format!(
+                "the range of {} ended at byte {offset} of {to}",
+                st.job.path
+            ),
+            wait: None,
+        });
+    }
+    Ok(())
+}
+
+/// Who fetched what: this node's own connections, then each intake node.
+fn shares(shared: &Shared) -> Vec<IntakeShare> {
+    let remote: u64 = shared
+        .remote_bytes
+        .iter()
+        .map(|b| b.load(Ordering::Relaxed))
+        .sum();
+    let retired = shared.retired.lock().unwrap();
+    let mut out = vec![IntakeShare {
+        node: "this node".into(),
+        bytes: shared
+            .stats
+            .downloaded
+            .load(Ordering::Relaxed)
+            .saturating_sub(remote),
+        blamed: false,
+        retired: None,
+    }];
+    for (r, remote) in shared.opts.intake.remotes.iter().enumerate() {
+        out.push(IntakeShare {
+            node: remote.name().to_string(),
+            bytes: shared.remote_bytes[r].load(Ordering::Relaxed),
+            blamed: shared.blamed[r].load(Ordering::Relaxed),
+            retired: retired[r].clone(),
+        });
+    }
+    out
+}
+
 /// Verifies and places file `f` once its bytes are all written (exactly once
 /// per download of it).
 async fn finish_file(shared: &Arc<Shared>, f: usize) {
@@ -524,10 +760,8 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
         let digest = {
             let mut t = st.trail.lock().unwrap();
             if let Err(e) = catch_up(&s, f, &mut t, st.job.size) {
-                return Verdict::Fatal(format!(
-                    "cannot read back {}: {e}",
-                    st.job.incomplete.display()
-                ));
+                let why = format!("cannot read back {}: {e}", st.job.incomplete.display());
+                return (Verdict::Fatal(why), Vec::new());
             }
             // `finishing` keeps catch-ups off the fresh trail until the
             // download starts over (or for good, once placed).
@@ -535,10 +769,38 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
                 .digest
                 .finish(&st.job.incomplete)
         };
-        s.finisher.finish(f, &st.job, digest)
+        // The origin's second answer for ranges intake nodes sent first:
+        // read before the file is placed (moved) below.
+        let asked: Vec<_> = st
+            .suspects
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|&(from, to, r, _)| (from, to, r))
+            .collect();
+        let second = hash_spans(st, asked);
+        let verdict = s.finisher.finish(f, &st.job, digest);
+        let spans = std::mem::take(&mut *st.remote_spans.lock().unwrap());
+        if matches!(verdict, Verdict::Mismatch(_)) && !spans.is_empty() {
+            // Keep what the intake nodes sent, to compare with the origin's
+            // bytes once this node fetched the file again alone.
+            let first = hash_spans(st, spans);
+            *st.suspects.lock().unwrap() = first;
+            st.local_only.store(true, Ordering::Release);
+        }
+        (verdict, second)
     })
     .await
-    .unwrap_or_else(|e| Verdict::Fatal(format!("verifying crashed: {e}")));
+    .unwrap_or_else(|e| {
+        (
+            Verdict::Fatal(format!("verifying crashed: {e}")),
+            Vec::new(),
+        )
+    });
+    let (verdict, second) = verdict;
+    if matches!(verdict, Verdict::Placed) {
+        blame(shared, f, &second);
+    }
     match verdict {
         Verdict::Placed => {
             shared.watch.finished(f, true);
@@ -576,6 +838,52 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
             )),
         ),
         Verdict::Fatal(why) => fail(shared, DownloadError::Failed(why)),
+    }
+}
+
+/// A span of a file written by intake node `.2`, with the BLAKE3 of its
+/// bytes (`None`: unreadable, which blames no one).
+type Span = (u64, u64, usize, Option<blake3::Hash>);
+
+/// Each span `(from, to, node)` of file `st` with the BLAKE3 of its bytes
+/// as they are in the incomplete file now.
+fn hash_spans(st: &FileState, spans: Vec<(u64, u64, usize)>) -> Vec<Span> {
+    if spans.is_empty() {
+        return Vec::new();
+    }
+    let mut buf = vec![0u8; HASH_BUF];
+    let mut one = |from: u64, to: u64| {
+        let mut h = blake3::Hasher::new();
+        let mut at = from;
+        while at < to {
+            let n = ((to - at) as usize).min(buf.len());
+            st.file.read_exact_at(&mut buf[..n], at).ok()?;
+            h.update(&buf[..n]);
+            at += n as u64;
+        }
+        Some(h.finalize())
+    };
+    spans
+        .into_iter()
+        .map(|(from, to, r)| (from, to, r, one(from, to)))
+        .collect()
+}
+
+/// Names the intake nodes whose ranges of file `f` differ from the bytes
+/// the origin sent this node when it fetched the file again alone (`now`,
+/// which verified), and gives them no more work.
+fn blame(shared: &Shared, f: usize, now: &[Span]) {
+    let st = &shared.files[f];
+    let first = std::mem::take(&mut *st.suspects.lock().unwrap());
+    for ((from, to, r, sent), (_, _, _, origin)) in first.iter().zip(now) {
+        let differs = matches!((sent, origin), (Some(a), Some(b)) if a != b);
+        if differs && !shared.blamed[*r].swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                "{} sent bytes {from}..{to} of {} that differ from the origin's: it gets no more ranges; check that node (its disk, memory or proxy)",
+                shared.opts.intake.remotes[*r].name(),
+                st.job.path
+            );
+        }
     }
 }
 
@@ -715,6 +1023,11 @@ async fn attempt(
     if let Some(mut guard) = slot.take() {
         check_size(st, linked.or_else(|| total_size(&resp)))?;
         *guard = Some(url.clone());
+        drop(guard);
+        // Intake nodes wait for a file's URL before they take its parts.
+        if !shared.opts.intake.remotes.is_empty() {
+            shared.wake.notify_waiters();
+        }
     }
     if let Some(p) = probe.take() {
         p.learnt(resp.status() == StatusCode::PARTIAL_CONTENT);

@@ -106,6 +106,14 @@ impl HubHttp {
             && url.port_or_known_default() == self.endpoint.port_or_known_default()
     }
 
+    /// The token to send with a request for `url`, if any: only to the
+    /// endpoint's own origin (an intake node asking for this pull's bytes
+    /// carries it no further).
+    pub fn token_for(&self, url: &Url) -> Option<String> {
+        let t = self.token.as_ref()?;
+        self.same_origin(url).then(|| t.expose().to_string())
+    }
+
     fn request(&self, method: Method, url: &Url) -> reqwest::RequestBuilder {
         let mut rb = self
             .client

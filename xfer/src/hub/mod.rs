@@ -14,6 +14,7 @@ pub mod digest;
 pub mod download;
 pub mod env;
 pub mod http;
+pub mod intake;
 pub mod leftovers;
 pub mod parts;
 pub mod pull;

@@ -58,6 +58,9 @@ pub struct PullOptions {
     /// auto picks it from the listed files' size
     /// ([`PullSummary::chunk_size`] says which).
     pub chunk_size: Option<ChunkSize>,
+    /// Other nodes that fetch ranges from the origin over their own links
+    /// (striped intake, issue 36); empty: this node alone.
+    pub intake: super::intake::Intake,
 }
 
 /// The `--json` summary (read back by the integration tests).
@@ -106,6 +109,9 @@ pub struct PullSummary {
     /// ([`PullOptions::chunk_size`]).
     #[serde(default)]
     pub chunk_size: Option<u64>,
+    /// With striped intake: what each downloader fetched from the origin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub intake: Vec<super::intake::IntakeShare>,
 }
 
 /// How every file was checked.
@@ -446,6 +452,7 @@ pub async fn pull(
             connections: opts.connections,
             part_size: opts.part_size,
             repo: repo.id.clone(),
+            intake: opts.intake.clone(),
         },
         finisher.clone(),
         watch,
@@ -485,6 +492,7 @@ pub async fn pull(
     summary.bytes_resumed = stats.resumed.load(Ordering::Relaxed);
     summary.retries = stats.retries.load(Ordering::Relaxed);
     summary.whole_streams = stats.whole_streams.load(Ordering::Relaxed);
+    summary.intake = std::mem::take(&mut *stats.shares.lock().unwrap());
     summary.duration_s = started.elapsed().as_secs_f64();
     summary.rate_mb_s = summary.bytes_downloaded as f64 / 1e6 / summary.duration_s.max(1e-9);
     Ok((summary, files))

@@ -196,6 +196,7 @@ mod tests {
             connections,
             part_size: 1 << 20,
             chunk_size: None,
+            intake: Default::default(),
         };
         let (summary, _) = pull(&opts, &env, &Progress::new(false), None, None)
             .await

@@ -139,6 +139,7 @@ mod tests {
             transport: TransportChoice::Auto,
             peers: None,
             hub_endpoint: None,
+            intake: Vec::new(),
         }
     }
 

@@ -41,7 +41,8 @@ pub struct SyncRequest {
     /// The nodes to hold the model (`--nodes`; empty: all).
     pub nodes: Vec<String>,
     /// The node that holds the path or pulls the repo (default: the first
-    /// selected node).
+    /// selected node); for a Hub repo, `a,b,c` (the first drives the job,
+    /// all fetch ranges from the origin) or `all` (every member).
     pub from: Option<String>,
     /// The model's name on the nodes (`--name`).
     pub name: Option<String>,
@@ -96,12 +97,32 @@ pub async fn sync_with_hub(
     hub: &HubSettings,
 ) -> Result<JobSpec> {
     let members = cluster.select(&req.nodes)?;
-    let source_node = match &req.from {
+    let froms: Vec<&str> = match req.from.as_deref() {
+        Some("all") => members.iter().map(|n| n.name.as_str()).collect(),
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect(),
+        None => Vec::new(),
+    };
+    let source_node = match froms.first() {
         Some(n) => cluster
             .node(n)
             .with_context(|| format!("--from {n}: no such node in {}", cluster.path.display()))?,
         None => members[0],
     };
+    let mut intake = Vec::new();
+    for n in froms.iter().skip(1) {
+        if !members.iter().any(|m| m.name.as_str() == *n) {
+            bail!(
+                "--from {n}: a node that fetches ranges from the Hub must be one that receives the model; add it to --nodes"
+            );
+        }
+        if *n != source_node.name.as_str() && !intake.iter().any(|i: &String| i == n) {
+            intake.push(n.to_string());
+        }
+    }
     let path = match super::source::read_source(&req.source, &req.cwd, req.repo_type)? {
         Reading::Folder(p) => Ok(p),
         Reading::Hub(repo) => Err(repo),
@@ -179,12 +200,19 @@ pub async fn sync_with_hub(
         transport: req.transport,
         peers: req.peers,
         hub_endpoint: None,
+        intake: Vec::new(),
     };
     let spec = match spec.source {
         JobSource::Hub { .. } => JobSpec {
             hub_endpoint: hub.endpoint.clone(),
+            intake,
             ..spec
         },
+        _ if !intake.is_empty() => bail!(
+            "--from names several nodes, but {} is a folder on {}: only a Hub repo is fetched by several nodes; name one --from node",
+            req.source,
+            source_node.name
+        ),
         _ => spec,
     };
     let hub_token = match spec.source {
@@ -398,14 +426,44 @@ pub fn job_line(j: &JobView, now_unix: u64) -> String {
         (None, Some(e), _) => format!(" (last error: {e})"),
         (None, None, _) => String::new(),
     };
+    let striped = if j.intake.is_empty() {
+        String::new()
+    } else {
+        format!(" (striped with {})", j.intake.join(","))
+    };
     format!(
-        "job {} {} from {} to {}{via}: {}{detail}",
+        "job {} {} from {}{striped} to {}{via}: {}{detail}{}",
         j.id,
         j.name,
         j.source_node,
         j.nodes.join(","),
-        j.shown()
+        j.shown(),
+        intake_detail(j)
     )
+}
+
+/// For a striped job: what each node fetched from the Hub in the last
+/// round, and each node named, with why.
+fn intake_detail(j: &JobView) -> String {
+    if j.intake.is_empty() {
+        return String::new();
+    }
+    let shares: Vec<String> = j
+        .delivered
+        .iter()
+        .filter(|t| t.from_origin > 0)
+        .map(|t| format!("{} {}", t.node, xfer_proto::units::Bytes(t.from_origin)))
+        .collect();
+    let mut out = String::new();
+    if !shares.is_empty() {
+        out.push_str(&format!("; from the Hub: {}", shares.join(", ")));
+    }
+    for t in &j.delivered {
+        if let Some(why) = &t.named {
+            out.push_str(&format!("; {} named: {why}", t.node));
+        }
+    }
+    out
 }
 
 /// The status table, one line per node and model, fitted to `width`
@@ -857,6 +915,7 @@ mod tests {
             attempt: 0,
             next_attempt_unix: None,
             hub_endpoint: None,
+            intake: Vec::new(),
         }
     }
 
@@ -1028,6 +1087,7 @@ mod job_error_tests {
             attempt: 2,
             next_attempt_unix: Some(1_004),
             hub_endpoint: Some("http://127.0.0.1:9".into()),
+            intake: Vec::new(),
         }
     }
 

@@ -388,6 +388,8 @@ impl Runner {
                             node: node_of(&rec.spec, &n.addr),
                             from_source: n.from_source,
                             from_peers: n.from_peers,
+                            from_origin: n.from_origin,
+                            named: n.named.clone(),
                             ok: n.ok,
                             error: n.error.clone(),
                         })
@@ -632,9 +634,12 @@ impl Runner {
             connections: 16,
             part_size: crate::hub::download::DEFAULT_PART_SIZE,
             chunk_size: None,
+            intake: Default::default(),
         };
         let me = self.me().unwrap_or_default();
         push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));
+        let mut opts = opts;
+        opts.intake = intake_of(spec, &push, &me);
         // The pull writes into the model's folder in place (a new revision
         // moves `refs/`): the old record stops vouching for it first.
         let by = Hash(blake3::derive_key(
@@ -648,7 +653,7 @@ impl Runner {
         // The draft this node streams: reported while the pull runs (a rank
         // here may load each file as it is sealed), and kept in the record.
         let streamed: Arc<Mutex<Option<Hash>>> = Default::default();
-        let (root, nodes, manifest) = if push.to.is_empty() {
+        let (root, nodes, manifest, shares) = if push.to.is_empty() {
             let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
                 .await
                 .map_err(|e| cause::of_error(&e))?;
@@ -659,7 +664,7 @@ impl Runner {
                     .await
                     .map_err(|e| RoundError::retry(e.to_string()))?
                     .map_err(|e| cause::of_error(&e))?;
-            (tree.manifest.root(), Vec::new(), tree.manifest)
+            (tree.manifest.root(), Vec::new(), tree.manifest, Vec::new())
         } else {
             let on_feed: crate::flow::feed::OnFeed = {
                 let (activity, name, streamed) =
@@ -680,9 +685,10 @@ impl Runner {
             .await;
             self.activity.pulled(&spec.name);
             let s = s.map_err(|e| cause::of_error(&e))?;
-            (s.root, s.nodes, s.manifest)
+            (s.root, s.nodes, s.manifest, s.pull.intake)
         };
         let mut nodes = nodes;
+        tally_intake(spec, &mut nodes, &shares);
         if !spec.is_member(&me) && held_before {
             // Not a member, but it held the model: its record now vouches
             // for what the pull just verified, not for the old revision.
@@ -694,6 +700,7 @@ impl Runner {
             let draft = *streamed.lock().unwrap();
             let ok = self.store.adopt(&spec.name, &manifest, draft);
             nodes.push(NodeSummary {
+                from_origin: shares.first().map_or(0, |s| s.bytes),
                 addr: spec
                     .members
                     .iter()
@@ -910,3 +917,63 @@ fn destination(m: &JobMember) -> Destination {
         name: Some(m.node.clone()),
     }
 }
+
+/// Puts each intake node's share of a striped pull in its summary: bytes
+/// it fetched from the origin, and why it was named when its ranges
+/// differed from the origin's or it stopped answering.
+fn tally_intake(
+    spec: &JobSpec,
+    nodes: &mut [NodeSummary],
+    shares: &[crate::hub::intake::IntakeShare],
+) {
+    for share in shares.iter().skip(1) {
+        let Some(member) = spec.members.iter().find(|m| m.node == share.node) else {
+            continue;
+        };
+        let Some(n) = nodes.iter_mut().find(|n| n.addr == member.agent) else {
+            continue;
+        };
+        n.from_origin = share.bytes;
+        n.named = if share.blamed {
+            Some("sent bytes that differ from the origin's; check that node".into())
+        } else {
+            share.retired.clone()
+        };
+    }
+}
+
+/// The job's intake nodes (`--from a,b,c`) as ranges fetchers of this
+/// node's download, each reached at its data address; a node that cannot
+/// be set up is left out (the others, and this node, carry its share).
+fn intake_of(spec: &JobSpec, push: &PushOptions, me: &str) -> crate::hub::intake::Intake {
+    let remotes = spec
+        .intake
+        .iter()
+        .filter(|n| n.as_str() != me)
+        .filter_map(|n| {
+            let d = push
+                .to
+                .iter()
+                .find(|d| d.name.as_deref() == Some(n.as_str()))?;
+            let addr = d.data.as_deref().unwrap_or(&d.agent);
+            crate::flow::intake::IntakeNode::new(
+                n,
+                addr,
+                spec.name.clone(),
+                &push.cred,
+                push.connect_timeout,
+            )
+            .map_err(|e| tracing::warn!("{n}: cannot fetch ranges through it: {e:#}"))
+            .ok()
+            .map(|node| Arc::new(node) as Arc<dyn crate::hub::intake::RemoteRanges>)
+        })
+        .collect();
+    crate::hub::intake::Intake {
+        remotes,
+        connections: INTAKE_CONNECTIONS,
+    }
+}
+
+/// Ranges each intake node fetches at once (its connections to the
+/// origin, which may cap each one, as a CDN does).
+const INTAKE_CONNECTIONS: usize = 16;

@@ -281,6 +281,7 @@ mod tests {
             transport: Default::default(),
             peers: None,
             hub_endpoint: None,
+            intake: Vec::new(),
         };
         assert_eq!(reading(&spec), "folder /home/op/local/m on node a");
         spec.source = JobSource::Hub {

@@ -34,6 +34,7 @@ impl From<&JobRecord> for JobView {
                 .hub_endpoint
                 .clone()
                 .or_else(|| r.spec.hub_endpoint.clone()),
+            intake: r.spec.intake.clone(),
         }
     }
 }

@@ -1,0 +1,243 @@
+//! The intake node's side of a striped pull (issue 36): a sync job's
+//! source asks this node to fetch a byte range of a file from the origin
+//! (the Hub's CDN, or the mirror `HF_ENDPOINT` names) over this node's own
+//! link, and streams the bytes back as they arrive. The source writes them
+//! into its download and checks the file's Hub hash over all of it: what
+//! this node sends is never trusted on its own.
+//!
+//! The first request comes on the connection's control stream; the
+//! connection then stays an intake session: each further request is one
+//! more stream opening with its own [`TransferMsg::Intake`], served at
+//! once (at most [`MAX_INTAKE_STREAMS`] at a time), until the source
+//! closes the connection.
+//!
+//! Only the source of a running sync job for the model (or an operator)
+//! may ask, and the session serves that one model; the URL must be `http(s)`, the span at most
+//! [`MAX_INTAKE_SPAN`], and no redirect is followed (the source resolved
+//! the file once for the cluster). `XFER_FAULT_CORRUPT_INTAKE=1` makes
+//! this node flip one byte of every range it relays: the tests' lying
+//! downloader.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Result;
+use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_RANGE, RANGE};
+use reqwest::StatusCode;
+
+use xfer_proto::admin::Secret;
+use xfer_proto::names::ModelName;
+use xfer_proto::transfer::{Refusal, TransferMsg, MAX_INTAKE_SPAN};
+
+use crate::transport::quic::write_frame;
+
+/// The fault hook of the tests' lying downloader.
+pub const FAULT_CORRUPT_INTAKE: &str = "XFER_FAULT_CORRUPT_INTAKE";
+
+/// Bytes this agent fetched from an origin for other nodes' pulls (shown in
+/// `xfer status`).
+pub static FROM_ORIGIN: AtomicU64 = AtomicU64::new(0);
+
+/// What the source asked for.
+pub(super) struct IntakeAsk {
+    pub(super) name: ModelName,
+    pub(super) url: String,
+    pub(super) from: u64,
+    pub(super) to: u64,
+    pub(super) token: Option<Secret>,
+}
+
+/// Ranges one session fetches at once, whatever the source opens.
+pub const MAX_INTAKE_STREAMS: usize = 64;
+
+/// Serves the session that `first` opened on `conn` (the caller's right to
+/// ask for `first.name` was checked): `first`, then every further stream's
+/// ask for the same model, until the connection closes.
+pub(super) async fn session(
+    conn: quinn::Connection,
+    send: quinn::SendStream,
+    first: IntakeAsk,
+) -> Result<()> {
+    let name = first.name.clone();
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_INTAKE_STREAMS));
+    let permit = slots.clone().acquire_owned().await?;
+    tokio::spawn(async move {
+        let _permit = permit;
+        let _ = serve(send, first).await;
+    });
+    loop {
+        let Ok((mut send, mut recv)) = conn.accept_bi().await else {
+            return Ok(()); // the source closed the session
+        };
+        let permit = slots.clone().acquire_owned().await?;
+        let name = name.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let ask = crate::transport::quic::read_frame_within::<TransferMsg>(
+                &mut recv,
+                INTAKE_ASK_LIMIT,
+            )
+            .await;
+            let ask = match ask {
+                Ok(TransferMsg::Intake {
+                    name: n,
+                    url,
+                    from,
+                    to,
+                    token,
+                }) if n == name => IntakeAsk {
+                    name: n,
+                    url,
+                    from,
+                    to,
+                    token,
+                },
+                Ok(other) => {
+                    let why = format!(
+                        "an intake session for `{name}` carries only intake requests for it, not {}",
+                        other.kind()
+                    );
+                    let _ = super::refuse(&mut send, Refusal::Protocol(why)).await;
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!("intake stream: {e:#}");
+                    return;
+                }
+            };
+            let _ = serve(send, ask).await;
+        });
+    }
+}
+
+/// Most bytes an intake request's frame may have (a URL, a token).
+const INTAKE_ASK_LIMIT: usize = 16 << 10;
+
+/// Checks `ask`, fetches it and streams it back on `send`.
+async fn serve(mut send: quinn::SendStream, ask: IntakeAsk) -> Result<()> {
+    let url = match check(&ask) {
+        Ok(u) => u,
+        Err(why) => return super::refuse(&mut send, Refusal::Protocol(why)).await,
+    };
+    let mut resp = match request(&url, &ask).await {
+        Ok(r) => r,
+        Err(why) => return super::refuse(&mut send, Refusal::Origin(why)).await,
+    };
+    let len = ask.to - ask.from;
+    tracing::debug!("fetching {len} bytes of `{}` from the origin", ask.name);
+    write_frame(&mut send, &TransferMsg::IntakeBody { len }).await?;
+    let lie = std::env::var(FAULT_CORRUPT_INTAKE).is_ok_and(|v| v == "1");
+    let mut sent = 0u64;
+    while sent < len {
+        let piece = match resp.chunk().await {
+            Ok(Some(p)) => p,
+            // The source sees a short body and asks again (itself or
+            // another node): nothing to say but stop.
+            Ok(None) | Err(_) => break,
+        };
+        let take = piece.len().min((len - sent) as usize);
+        let mut piece = piece.slice(..take);
+        if lie && sent <= len / 2 && len / 2 < sent + take as u64 {
+            let mut bad = piece.to_vec();
+            bad[(len / 2 - sent) as usize] ^= 0xFF;
+            piece = bad.into();
+        }
+        send.write_all(&piece).await?;
+        sent += take as u64;
+        FROM_ORIGIN.fetch_add(take as u64, Ordering::Relaxed);
+    }
+    let _ = send.finish();
+    Ok(())
+}
+
+/// The URL, if the ask is well formed.
+fn check(ask: &IntakeAsk) -> Result<reqwest::Url, String> {
+    let url = reqwest::Url::parse(&ask.url)
+        .map_err(|e| format!("intake URL `{}` is not a URL: {e}", ask.url))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "intake URL `{}` is not http(s); only an origin's files are fetched",
+            ask.url
+        ));
+    }
+    if ask.to <= ask.from || ask.to - ask.from > MAX_INTAKE_SPAN {
+        return Err(format!(
+            "intake span {}..{} is empty or longer than {MAX_INTAKE_SPAN} bytes",
+            ask.from, ask.to
+        ));
+    }
+    Ok(url)
+}
+
+/// One ranged GET; the reply must be `206` from `from`.
+async fn request(url: &reqwest::Url, ask: &IntakeAsk) -> Result<reqwest::Response, String> {
+    let client = reqwest::Client::builder()
+        .http1_only()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(15))
+        .read_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut rb = client
+        .get(url.clone())
+        .header(ACCEPT_ENCODING, "identity")
+        .header(RANGE, format!("bytes={}-{}", ask.from, ask.to - 1));
+    if let Some(t) = &ask.token {
+        rb = rb.header(AUTHORIZATION, format!("Bearer {}", t.expose()));
+    }
+    let host = url.host_str().unwrap_or("?").to_string();
+    let resp = rb
+        .send()
+        .await
+        .map_err(|e| format!("{host}: {}", crate::hub::http::error_chain(&e)))?;
+    if resp.status() != StatusCode::PARTIAL_CONTENT {
+        return Err(format!(
+            "{host} answered {} to a range request from this node; check this node's route to it",
+            resp.status()
+        ));
+    }
+    let start = resp
+        .headers()
+        .get(CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes "))
+        .and_then(|v| v.split('-').next())
+        .and_then(|v| v.parse::<u64>().ok());
+    if start != Some(ask.from) {
+        return Err(format!(
+            "{host} answered bytes from {start:?} when asked for {}",
+            ask.from
+        ));
+    }
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(url: &str, from: u64, to: u64) -> IntakeAsk {
+        IntakeAsk {
+            name: ModelName::new("m").unwrap(),
+            url: url.into(),
+            from,
+            to,
+            token: None,
+        }
+    }
+
+    #[test]
+    fn only_an_http_span_within_the_bound_is_fetched() {
+        assert!(check(&ask("https://cdn.example/b/1", 0, 10)).is_ok());
+        for bad in [
+            ask("file:///etc/shadow", 0, 10),
+            ask("not a url", 0, 10),
+            ask("http://h/x", 10, 10),
+            ask("http://h/x", 0, MAX_INTAKE_SPAN + 1),
+        ] {
+            let why = check(&bad).unwrap_err();
+            assert!(why.contains("intake"), "{why}");
+        }
+    }
+}
