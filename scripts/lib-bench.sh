@@ -371,3 +371,80 @@ check_push() {
         SRC_X_FROM="bytes_sent/bytes_total; this xfer's JSON has no source_sent_x"
     fi
 }
+
+# ------------------------------------------------------- bench repos ----
+# A Hub repo of random safetensors shards, for the Hub look-alike
+# (tests/hub_server.py); the caller sets REPOS.
+
+# le64 N: N as 8 little-endian bytes (the safetensors header length).
+le64() {
+    local i out=""
+    for ((i = 0; i < 8; i++)); do out+=$(printf '\\%03o' $((($1 >> (8 * i)) & 255))); done
+    printf '%b' "$out"
+}
+# shard_header NAME N: safetensors header for one U8 tensor of N bytes,
+# padded with spaces to a multiple of 8 as the format recommends.
+shard_header() {
+    local h
+    h=$(printf '{"__metadata__":{"format":"pt"},"%s":{"dtype":"U8","shape":[%d],"data_offsets":[0,%d]}}' "$1" "$2" "$2")
+    printf '%-*s' $((((${#h} + 7) / 8) * 8)) "$h"
+}
+shard_name() { printf 'model-%05d-of-%05d.safetensors' "$1" "$2"; }
+shard_bytes() { # shard_bytes I N MIB: shard I's file size; the shards add up to MIB MiB
+    local total=$(($3 << 20))
+    local each=$((total / $2))
+    if [ "$1" = "$2" ]; then echo $((total - each * ($2 - 1))); else echo "$each"; fi
+}
+
+# gen_repo ORG/NAME MIB SHARDS: the repo folder $REPOS/ORG/NAME with
+# config.json, tokenizer.json (256 KiB), model.safetensors.index.json and
+# SHARDS valid safetensors shards of random bytes adding up to MIB MiB.
+# Kept while its spec and shard sizes match, else made anew.
+gen_repo() {
+    local id=$1 mib=$2 shards=$3
+    local dir=$REPOS/$id spec=$REPOS/${id%%/*}/.${id#*/}.spec
+    local want="size_mib=$mib shards=$shards v1"
+    local i ok=1
+    if [ -f "$spec" ] && [ "$(cat "$spec")" = "$want" ]; then
+        for ((i = 1; i <= shards; i++)); do
+            [ "$(stat -c %s "$dir/$(shard_name "$i" "$shards")" 2>/dev/null)" = "$(shard_bytes "$i" "$shards" "$mib")" ] || ok=0
+        done
+        for f in config.json tokenizer.json model.safetensors.index.json; do [ -f "$dir/$f" ] || ok=0; done
+        if [ "$ok" = 1 ]; then
+            log "repo $id: $mib MiB in $shards shards, cached in $dir"
+            return
+        fi
+    fi
+    log "generating repo $id: $mib MiB of random data in $shards shards in $dir"
+    rm -rf "$dir" "$spec"
+    mkdir -p "$dir"
+    local name bytes tensor hdr n map="" total=0
+    for ((i = 1; i <= shards; i++)); do
+        name=$(shard_name "$i" "$shards")
+        bytes=$(shard_bytes "$i" "$shards" "$mib")
+        tensor=model.layers.$((i - 1)).weight
+        n=$((bytes - 8 - 256)) # the header length depends on n's digits: settle it
+        while :; do
+            hdr=$(shard_header "$tensor" "$n")
+            [ $((8 + ${#hdr} + n)) != "$bytes" ] || break
+            n=$((bytes - 8 - ${#hdr}))
+        done
+        {
+            le64 "${#hdr}"
+            printf '%s' "$hdr"
+            head -c "$n" /dev/urandom
+        } >"$dir/$name"
+        map+="${map:+,}\"$tensor\":\"$name\""
+        total=$((total + n))
+    done
+    printf '{"metadata":{"total_size":%d},"weight_map":{%s}}\n' "$total" "$map" >"$dir/model.safetensors.index.json"
+    printf '{"architectures":["BenchForCausalLM"],"model_type":"bench","hidden_size":4096,"num_hidden_layers":%d,"torch_dtype":"uint8"}\n' \
+        "$shards" >"$dir/config.json"
+    {
+        printf '{"version":"1.0","model":{"type":"BPE","blob":"'
+        head -c 196608 /dev/urandom | base64 -w0
+        printf '"}}\n'
+    } >"$dir/tokenizer.json"
+    sync
+    echo "$want" >"$spec"
+}

@@ -20,6 +20,7 @@ The commit is a sha1 over the sorted (path, tree oid) list; revisions `main`
 and the commit resolve, any other is RevisionNotFound.
 
 Options: --rate caps each connection's file bodies (token bucket);
+--total-rate caps all of them together (one shared uplink);
 --page-size / --foreign-next-links shape tree paging; --endless-tree N makes
 every tree listing a hostile one, N made-up files a page and a next link
 forever; --token/--gated gate a
@@ -589,7 +590,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.connection.close()
 
     def send_range(self, e, pos, stop, cut, key):
-        slice_ = rate_slice(self.cfg.rate) if self.cfg.rate else 4 * MIB
+        slice_ = rate_slice(self.cfg.rate or self.cfg.total_rate) if (self.cfg.rate or self.cfg.total_rate) else 4 * MIB
         gate = self.cfg.faults.holds.get(e.path)
         hold_at = e.size // 2 if gate else None
         with open(e.abspath, "rb") as f:
@@ -601,7 +602,7 @@ class Handler(BaseHTTPRequestHandler):
                         while not os.path.exists(gate):
                             time.sleep(0.02)
                         hold_at = None
-                        slice_ = rate_slice(self.cfg.rate) if self.cfg.rate else 4 * MIB
+                        slice_ = rate_slice(self.cfg.rate or self.cfg.total_rate) if (self.cfg.rate or self.cfg.total_rate) else 4 * MIB
                 if pos == cut:
                     b = os.pread(f.fileno(), 1, pos)
                     self.throttle(1)
@@ -618,7 +619,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.cfg.stats.add("bytes_served", sent)
 
     def throttle(self, n):
-        """Per-connection token bucket: burst of one slice, refill at --rate bytes/s."""
+        """Per-connection token bucket: burst of one slice, refill at --rate bytes/s;
+        then the server-wide pace of --total-rate, if set."""
+        if self.cfg.total_pace:
+            self.cfg.total_pace.take(n)
         rate = self.cfg.rate
         if not rate:
             return
@@ -627,6 +631,24 @@ class Handler(BaseHTTPRequestHandler):
         self.t_last = now
         if self.tokens < 0:
             time.sleep(-self.tokens / rate)
+
+
+class TotalPace:
+    """One pace for every body the server sends (--total-rate): each slice
+    gets the next slot of a shared clock, as on one shared uplink."""
+
+    def __init__(self, rate):
+        self.rate = rate
+        self.lock = threading.Lock()
+        self.next = time.monotonic()
+
+    def take(self, n):
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next)
+            self.next = start + n / self.rate
+        if start > now:
+            time.sleep(start - now)
 
 
 class Server(ThreadingHTTPServer):
@@ -663,6 +685,8 @@ def main(argv=None):
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--cdn-port", type=int, default=0)
     ap.add_argument("--rate", type=int, default=0, help="bytes/s per connection for file bodies (0 = unlimited)")
+    ap.add_argument("--total-rate", type=int, default=0,
+                    help="bytes/s for all file bodies together, as one shared uplink (0 = unlimited)")
     ap.add_argument("--page-size", type=int, default=1000)
     ap.add_argument("--foreign-next-links", action="store_true")
     ap.add_argument("--endless-tree", type=int, default=0, help="N made-up files a tree page, pages without end")
@@ -673,6 +697,7 @@ def main(argv=None):
     ap.add_argument("--log")
     cfg = ap.parse_args(argv)
     cfg.stats = Stats()
+    cfg.total_pace = TotalPace(cfg.total_rate) if cfg.total_rate else None
     cfg.faults = Faults(cfg.fault, cfg.stats)
     cfg.aliases = dict(a.split("=", 1) for a in cfg.alias)
     cfg.gated = set(cfg.gated)

@@ -195,6 +195,11 @@ struct Shared {
     remote_bytes: Vec<AtomicU64>,
     blamed: Vec<AtomicBool>,
     retired: Mutex<Vec<Option<String>>>,
+    /// Intake nodes' ranges in flight, by (file, part).
+    flights: Mutex<std::collections::HashMap<(usize, usize), Flight>>,
+    /// Parts cut from an intake node's slow range, and from which node:
+    /// that node does not take them again.
+    cut_from: Mutex<std::collections::HashMap<(usize, usize), usize>>,
     finisher: Arc<dyn Finisher>,
     watch: Arc<dyn Watch>,
     ranges: RangeHosts,
@@ -396,6 +401,8 @@ pub async fn download(
         remote_bytes: (0..remotes).map(|_| AtomicU64::new(0)).collect(),
         blamed: (0..remotes).map(|_| AtomicBool::new(false)).collect(),
         retired: Mutex::new(vec![None; remotes]),
+        flights: Mutex::default(),
+        cut_from: Mutex::default(),
         http,
         unfinished: AtomicU64::new(files.len() as u64),
         files,
@@ -508,6 +515,8 @@ fn fail(shared: &Shared, why: DownloadError) {
 }
 
 async fn worker(shared: Arc<Shared>) {
+    // This connection's rate over its last part (for work stealing).
+    let mut rate = 0.0f64;
     loop {
         if shared.cancel.is_cancelled() {
             return;
@@ -517,8 +526,10 @@ async fn worker(shared: Arc<Shared>) {
             if shared.unfinished.load(Ordering::Acquire) == 0 {
                 return;
             }
-            // Parts may come back (a hash mismatch); wait for them or the end.
+            // Parts may come back (a hash mismatch, a slow intake node's
+            // range cut for us); wait for them or the end.
             let woken = shared.wake.notified();
+            steal(&shared, rate);
             tokio::select! {
                 _ = woken => {}
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -526,6 +537,7 @@ async fn worker(shared: Arc<Shared>) {
             }
             continue;
         };
+        let (began, before) = (std::time::Instant::now(), part_left(&shared, f, i));
         match fetch_part(&shared, f, i).await {
             Ok(()) => {}
             Err(why) => {
@@ -533,6 +545,7 @@ async fn worker(shared: Arc<Shared>) {
                 return;
             }
         }
+        rate = rate_of(before, began);
         let complete = shared.files[f].parts.lock().unwrap().is_complete();
         if complete {
             finish_file(&shared, f).await;
@@ -568,6 +581,7 @@ const INTAKE_STRIKES: u32 = 3;
 async fn remote_worker(shared: Arc<Shared>, r: usize) {
     let remote = shared.opts.intake.remotes[r].clone();
     let mut strikes = 0u32;
+    let mut rate = 0.0f64;
     loop {
         if shared.cancel.is_cancelled() || shared.blamed[r].load(Ordering::Acquire) {
             return;
@@ -575,11 +589,12 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
         if shared.retired.lock().unwrap()[r].is_some() {
             return;
         }
-        let Some((f, i, url)) = pick_remote(&shared) else {
+        let Some((f, i, url)) = pick_remote(&shared, r) else {
             if shared.unfinished.load(Ordering::Acquire) == 0 {
                 return;
             }
             let woken = shared.wake.notified();
+            steal(&shared, rate);
             tokio::select! {
                 _ = woken => {}
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -587,10 +602,12 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
             }
             continue;
         };
+        let (began, before) = (std::time::Instant::now(), part_left(&shared, f, i));
         let outcome = tokio::select! {
             o = remote_attempt(&shared, r, f, i, url) => o,
             _ = shared.cancel.cancelled() => return,
         };
+        rate = rate_of(before - part_left(&shared, f, i).min(before), began);
         let (from, to) = shared.files[f].parts.lock().unwrap().missing(i);
         if from < to {
             // Not done (a failure, a short body): back to the front.
@@ -627,12 +644,14 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
     }
 }
 
-/// The first queued part an intake node may take, and its file's URL.
-fn pick_remote(shared: &Shared) -> Option<(usize, usize, Url)> {
+/// The first queued part intake node `r` may take, and its file's URL.
+fn pick_remote(shared: &Shared, r: usize) -> Option<(usize, usize, Url)> {
+    let cut = shared.cut_from.lock().unwrap();
     let mut q = shared.queue.lock().unwrap();
-    let at = q.iter().position(|&(f, _)| {
+    let at = q.iter().position(|&(f, i)| {
         let st = &shared.files[f];
-        !st.whole.load(Ordering::Acquire)
+        cut.get(&(f, i)) != Some(&r)
+            && !st.whole.load(Ordering::Acquire)
             && !st.local_only.load(Ordering::Acquire)
             && st.url.try_lock().is_ok_and(|u| u.is_some())
     })?;
@@ -664,11 +683,32 @@ async fn remote_attempt(
     let mut body = shared.opts.intake.remotes[r]
         .fetch(url, token, from, to)
         .await?;
+    let got = Arc::new(AtomicU64::new(0));
+    let cut = CancellationToken::new();
+    shared.flights.lock().unwrap().insert(
+        (f, i),
+        Flight {
+            at: std::time::Instant::now(),
+            got: got.clone(),
+            to_go: to - from,
+            cut: cut.clone(),
+        },
+    );
+    let _landed = Landed(shared, (f, i));
     let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BUF);
     let mut offset = from;
     let mut buf_at = from;
     let result = loop {
-        let Some(piece) = body.recv().await else {
+        let piece = tokio::select! {
+            p = body.recv() => p,
+            // Another downloader is idle and this range is slow: stop
+            // here; the rest goes back to the queue for it.
+            _ = cut.cancelled() => {
+                shared.cut_from.lock().unwrap().insert((f, i), r);
+                break Ok(());
+            }
+        };
+        let Some(piece) = piece else {
             break Ok(());
         };
         let data = match piece {
@@ -690,6 +730,7 @@ async fn remote_attempt(
             .downloaded
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         shared.remote_bytes[r].fetch_add(data.len() as u64, Ordering::Relaxed);
+        got.fetch_add(data.len() as u64, Ordering::Relaxed);
         buf.extend_from_slice(&data);
         if buf.len() >= WRITE_BUF {
             flush(shared, f, i, false, &mut buf, buf_at)?;
@@ -700,7 +741,7 @@ async fn remote_attempt(
         st.remote_spans.lock().unwrap().push((from, offset, r));
     }
     result?;
-    if offset < to {
+    if offset < to && !cut.is_cancelled() {
         return Err(Failure::Transient {
             why: format!(
                 "the range of {} ended at byte {offset} of {to}",
@@ -710,6 +751,66 @@ async fn remote_attempt(
         });
     }
     Ok(())
+}
+
+/// An intake node's range in flight.
+struct Flight {
+    at: std::time::Instant,
+    /// Bytes it brought so far.
+    got: Arc<AtomicU64>,
+    /// Bytes it was asked for.
+    to_go: u64,
+    /// Stops it where it is.
+    cut: CancellationToken,
+}
+
+/// Removes a flight when its attempt ends, however.
+struct Landed<'a>(&'a Shared, (usize, usize));
+
+impl Drop for Landed<'_> {
+    fn drop(&mut self) {
+        self.0.flights.lock().unwrap().remove(&self.1);
+    }
+}
+
+/// Bytes part `i` of file `f` still misses.
+fn part_left(shared: &Shared, f: usize, i: usize) -> u64 {
+    let (from, to) = shared.files[f].parts.lock().unwrap().missing(i);
+    to.saturating_sub(from)
+}
+
+/// Bytes per second of `bytes` since `began`.
+fn rate_of(bytes: u64, began: std::time::Instant) -> f64 {
+    bytes as f64 / began.elapsed().as_secs_f64().max(1e-3)
+}
+
+/// Work stealing for an idle downloader whose last part went at `rate`
+/// bytes/s: cuts the intake range in flight that would take longest to
+/// finish, if it runs at less than half that rate and has more than a
+/// second left at its pace; its rest goes back to the queue (not to the
+/// node it was cut from). One cut per call; a downloader that has not
+/// finished a part yet steals nothing.
+fn steal(shared: &Shared, rate: f64) {
+    if rate <= 0.0 {
+        return;
+    }
+    let flights = shared.flights.lock().unwrap();
+    let slowest = flights
+        .values()
+        .filter(|fl| !fl.cut.is_cancelled())
+        .filter_map(|fl| {
+            let secs = fl.at.elapsed().as_secs_f64();
+            let got = fl.got.load(Ordering::Relaxed);
+            let own = got as f64 / secs.max(1e-3);
+            let left = fl.to_go.saturating_sub(got) as f64;
+            let eta = if own > 0.0 { left / own } else { f64::INFINITY };
+            (secs > 0.5 && own < rate / 2.0 && eta > 1.0 && eta > 2.0 * left / rate)
+                .then_some((eta, fl))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((_, fl)) = slowest {
+        fl.cut.cancel();
+    }
 }
 
 /// Who fetched what: this node's own connections, then each intake node.
