@@ -833,6 +833,11 @@ impl Striped {
     /// 1 MB/s (a CDN's per-connection limit), and three agents; `liar`
     /// names one whose relayed ranges carry a flipped byte.
     fn start(tag: &str, net: u8, liar: Option<&str>) -> Striped {
+        Self::start_with(tag, net, liar, &[])
+    }
+
+    /// [`Striped::start`] with more options for the Hub look-alike.
+    fn start_with(tag: &str, net: u8, liar: Option<&str>, hub: &[&str]) -> Striped {
         let t = tempdir(tag);
         let repos = t.path().join("repos");
         let spec = [
@@ -842,7 +847,9 @@ impl Striped {
         ];
         let repo_src = gen_repo(&repos, "acme/striped", net as u64, &spec);
         let total = spec.iter().map(|(_, s)| s).sum();
-        let server = HubServer::start(&repos, &["--rate", "1000000"]);
+        let mut args = vec!["--rate", "1000000"];
+        args.extend_from_slice(hub);
+        let server = HubServer::start(&repos, &args);
         let env = hub_agent_env(&server, t.path());
         let mut c = Cluster::start_env(tag, net, &["a", "b", "c"], &[], env);
         if let Some(n) = liar {
@@ -861,6 +868,12 @@ impl Striped {
 
     /// Runs the job to completion; its tallies by node.
     fn run(&self) -> Vec<xfer_proto::admin::MemberTally> {
+        let id = self.hand_over();
+        self.finish(&id)
+    }
+
+    /// Hands the job over; its id.
+    fn hand_over(&self) -> String {
         let r = run(
             self.c
                 .cmd("sync", &["--json"])
@@ -869,12 +882,17 @@ impl Striped {
             Duration::from_secs(30),
         );
         r.assert_ok("xfer sync --from a,b,c");
-        let id = r.json::<serde_json::Value>()["job"]
+        r.json::<serde_json::Value>()["job"]
             .as_str()
             .unwrap()
-            .to_string();
+            .to_string()
+    }
+
+    /// Waits for job `id` to complete and checks every node's cache; the
+    /// job's tallies by node.
+    fn finish(&self, id: &str) -> Vec<xfer_proto::admin::MemberTally> {
         let name = "models--acme--striped";
-        let root = self.c.wait_complete(&id, "a", &["a", "b", "c"], name);
+        let root = self.c.wait_complete(id, "a", &["a", "b", "c"], name);
         let meta = self.server.repo("acme/striped");
         for n in ["a", "b", "c"] {
             let dir = self.c.root(n).join(name);
@@ -883,7 +901,7 @@ impl Striped {
             assert_eq!(manifest_root(&dir), root, "{n}");
         }
         let _ = &self.t;
-        self.c.status().job("a", &id).unwrap().delivered.clone()
+        self.c.status().job("a", id).unwrap().delivered.clone()
     }
 }
 
@@ -945,4 +963,41 @@ fn a_lying_intake_node_is_named_and_no_node_places_its_bytes() {
         log.contains("c sent bytes") && log.contains("differ from the origin's"),
         "{log}"
     );
+}
+
+/// 14. An intake node killed (`kill -9`) mid-stripe, with ranges of a file
+///     parked half-way at the Hub: its ranges go back to the others, the
+///     restarted node receives the model, and what was fetched is not
+///     fetched again.
+#[test]
+fn a_killed_intake_node_leaves_its_ranges_to_the_others() {
+    let gate_dir = tempdir("sync-striped-kill-gate");
+    let gate = gate_dir.path().join("gate");
+    let hold = format!("hold:model-00001-of-00002.safetensors:{}", gate.display());
+    let mut s = Striped::start_with("sync-striped-kill", 21, None, &["--fault", &hold]);
+    let id = s.hand_over();
+    // Everything before the parked half has been served: c is mid-stripe.
+    let total = s.total;
+    let server = &s.server;
+    wait_for("the Hub to serve all but the parked half", || {
+        server.stats()["bytes_served"].as_u64().unwrap() >= total - 13 * MIB
+    });
+    s.c.kill9("c");
+    fs::write(&gate, b"go").unwrap();
+    s.c.restart("c");
+    let tallies = s.finish(&id);
+    let served = s.server.stats()["bytes_served"].as_u64().unwrap();
+    assert!(
+        served <= total + 4 * MIB,
+        "the Hub served {served} bytes for a {total}-byte repo: {tallies:#?}"
+    );
+}
+
+/// Polls `done` until it holds (the suite's own timeout bounds it).
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(120), "no {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -86,6 +86,11 @@ pub enum Refusal {
     /// the fix.
     #[error("{0}")]
     Image(String),
+    #[error("{0}")]
+    /// A swarm peer asked to join a transfer this node does not run (its
+    /// own ended, or it was never offered here) and does not hold under
+    /// that root: the joiner gets those chunks elsewhere.
+    NotServing(String),
     #[error("the origin refused a striped range: {0}")]
     /// An intake node's request to the Hub or mirror failed (its status
     /// or error, in words).

@@ -129,6 +129,20 @@ impl SeedLedger {
         }
     }
 
+    /// The source withdrew `chunks` (a streamed file failed its Hub hash):
+    /// the copies it sent of them are void, and the next download's copies
+    /// go out as first ones. True if that freed any chunk.
+    pub fn forget(&mut self, chunks: std::ops::Range<u64>) -> bool {
+        let end = (chunks.end.min(self.first.len() as u64)) as usize;
+        let start = (chunks.start as usize).min(end);
+        let mut freed = false;
+        for f in &mut self.first[start..end] {
+            freed |= *f != NONE;
+            *f = NONE;
+        }
+        freed
+    }
+
     /// Receiver `who` died, left or was found slow: what it held first
     /// counts as never sent. True if that freed any chunk (waiting requests
     /// should ask again).
@@ -179,6 +193,22 @@ mod tests {
         // The first holder asking again (its copy was lost) is served.
         assert_eq!(l.ask(1, 0, at(2)), Verdict::Serve);
         assert_eq!(l.counts(), (1, 0));
+    }
+
+    #[test]
+    fn a_withdrawn_chunk_goes_out_again_as_a_first_copy_of_the_next_download() {
+        let mut l = SeedLedger::new(4, P);
+        l.ask(1, 1, at(0));
+        l.ask(1, 2, at(0));
+        l.ask(1, 3, at(0));
+        // Chunks 1..3 are withdrawn: 1's copies of them are void, so 2's
+        // request for the new download's chunk 2 is not held back behind
+        // 1 (which holds nothing of it now); chunk 3 still is.
+        assert!(l.forget(1..3));
+        assert!(!l.forget(1..3), "nothing left to forget");
+        assert_eq!(l.ask(2, 2, at(1)), Verdict::Serve);
+        assert_eq!(l.ask(2, 3, at(1)), Verdict::Wait { until: at(20) });
+        assert!(!l.forget(10..20), "beyond the ledger: nothing");
     }
 
     #[test]

@@ -133,6 +133,15 @@ impl Coordinator {
         }
     }
 
+    /// The source withdrew `chunks` (a streamed file failed its Hub hash):
+    /// requests held back for them go out as first copies of the next
+    /// download's, whoever got the withdrawn ones.
+    pub fn withdrawn(&self, chunks: std::ops::Range<u64>) {
+        if self.ledger.lock().unwrap().forget(chunks) {
+            self.freed.notify_waiters();
+        }
+    }
+
     /// Member `id` is back (a restarted agent offered the transfer again):
     /// it is linked in anew; its `Swarm` is [`Self::swarm_for`] again.
     pub fn rejoined(&self, id: u32) {

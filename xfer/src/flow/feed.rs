@@ -27,6 +27,9 @@ pub struct DraftFeed {
 struct FeedState {
     draft: Draft,
     log: Vec<DraftEvent>,
+    /// The draft-wide chunks of every withdrawal, in order (one per
+    /// withdrawn download: a few per pull).
+    withdrawn: Vec<std::ops::Range<u64>>,
 }
 
 impl DraftFeed {
@@ -38,6 +41,7 @@ impl DraftFeed {
             state: Mutex::new(FeedState {
                 draft,
                 log: Vec::new(),
+                withdrawn: Vec::new(),
             }),
             len: watch::channel(0).0,
         })
@@ -51,12 +55,23 @@ impl DraftFeed {
     /// Appends an event, if the draft takes it.
     pub fn push(&self, ev: DraftEvent) -> Result<(), DraftError> {
         let mut st = self.state.lock().unwrap();
-        st.draft.apply(&ev)?;
+        if let xfer_proto::draft::Applied::Withdrawn(_, chunks) = st.draft.apply(&ev)? {
+            st.withdrawn.push(chunks);
+        }
         st.log.push(ev);
         let n = st.log.len();
         drop(st);
         self.len.send_replace(n);
         Ok(())
+    }
+
+    /// The chunk ranges withdrawn, from the `from`th withdrawal on.
+    pub fn withdrawn_from(&self, from: usize) -> Vec<std::ops::Range<u64>> {
+        let st = self.state.lock().unwrap();
+        st.withdrawn
+            .get(from..)
+            .map(<[_]>::to_vec)
+            .unwrap_or_default()
     }
 
     /// The events from the `from`th on.

@@ -347,6 +347,24 @@ pub(crate) async fn deliver_plan(
         plan.map.len(),
     );
     let coordinator = Arc::new(coordinator);
+    // A withdrawn file's chunks were sent to their first holders as the
+    // failed download's: the seeding ledger forgets them.
+    let _forgetting = plan.events.clone().map(|feed| {
+        let coordinator = coordinator.clone();
+        AbortOnDrop(tokio::spawn(async move {
+            let mut more = feed.subscribe();
+            let mut seen = 0;
+            loop {
+                for chunks in feed.withdrawn_from(seen) {
+                    seen += 1;
+                    coordinator.withdrawn(chunks);
+                }
+                if more.changed().await.is_err() {
+                    return;
+                }
+            }
+        }))
+    });
     let live = Arc::new(AtomicUsize::new(members.len()));
     for ((dest, member), outbox) in opts.to.iter().zip(&members).zip(outboxes) {
         let swarm = coordinator.swarm_for(member.id);

@@ -621,7 +621,12 @@ impl<F: ChunkFetcher> Driver<F> {
             }
             Outcome::Fetch(e) => {
                 self.warn(peer, || format!("fetch from peer {peer} failed: {e}"));
-                self.sched.handle(Event::FetchFailed { peer, chunk });
+                let lacks = matches!(e, FetchError::Unavailable(..));
+                self.sched.handle(if lacks {
+                    Event::PeerLacks { peer, chunk }
+                } else {
+                    Event::FetchFailed { peer, chunk }
+                });
             }
             Outcome::Refused(r) => return Err(r),
         }

@@ -137,6 +137,11 @@ async fn source_for(
     }
 }
 
+/// A peer refused our join with [`Refusal::NotServing`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NotServing(String);
+
 /// A peer's [`TransferMsg::Join`]: it is `from` in the swarm of `name`
 /// with root `root`.
 pub struct Joining {
@@ -178,8 +183,8 @@ pub async fn serve_peer(
             return Ok(());
         }
         None => {
-            let r = Refusal::Busy(format!(
-                "not receiving `{name}` with root {}; the source has not offered it here yet",
+            let r = Refusal::NotServing(format!(
+                "not receiving `{name}` with root {} (its transfer here ended, or the source has not offered it here yet)",
                 root.short()
             ));
             write_frame(&mut send, &TransferMsg::Failed(r.clone())).await?;
@@ -467,11 +472,14 @@ async fn keep_linked(
                 // Not linked in time for the start: it may join later.
                 first.take();
                 tracing::debug!("no link to peer {id} at {}: {e:#}", peer.addr);
-                // Nothing answered at any of its addresses: the source
-                // hears of it once (as a slow peer), so it rewires us and
-                // stops holding back copies of the chunks only that peer
-                // has. A refused join is not this: the peer is up.
-                if !reported && e.is::<route::ConnectError>() {
+                // Nothing answered at any of its addresses, or the peer
+                // no longer runs this transfer (its own ended: a draft's
+                // receiver that completed serves the model, not the
+                // draft): the source hears of it once, so it rewires us
+                // and stops holding back copies of the chunks that peer
+                // got first. A join refused otherwise is not this: the
+                // peer is up and may link later.
+                if !reported && (e.is::<route::ConnectError>() || e.is::<NotServing>()) {
                     reported = true;
                     tracing::warn!(
                         "peer {id} at {} is unreachable ({e:#}); telling the source",
@@ -601,6 +609,12 @@ async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook> {
                 has,
                 over_management,
             })
+        }
+        TransferMsg::Failed(Refusal::NotServing(why)) => {
+            conn.close(0u32.into(), b"refused");
+            Err(anyhow::Error::new(NotServing(format!(
+                "{addr} refused the join: {why}"
+            ))))
         }
         TransferMsg::Failed(r) => {
             conn.close(0u32.into(), b"refused");

@@ -127,6 +127,16 @@ pub enum Event {
         /// The chunk's number.
         chunk: u64,
     },
+    /// A partial peer answered that it does not hold `chunk` (it was
+    /// withdrawn there, or an announcement of an older download of it
+    /// reached us late): it is no longer counted as a holder until it
+    /// announces the chunk again, and the request is as `FetchFailed`.
+    PeerLacks {
+        /// The peer asked.
+        peer: PeerId,
+        /// The chunk's number.
+        chunk: u64,
+    },
     /// A peer disconnected.
     PeerGone {
         /// The peer.

@@ -338,17 +338,11 @@ impl Scheduler {
                     }
                 }
             }
-            Event::FetchFailed { peer, chunk } => {
-                self.finish_request(peer, chunk);
-                // A partial peer that declined (busy) is left alone for a
-                // while (see `Peer::refused`).
-                if let Some(i) = self.slot(peer) {
-                    if !self.peers[i].seed {
-                        self.peers[i].refused = self.epoch;
-                        self.peers[i].refused_until = self.verified + 2 * self.peers.len() as u64;
-                    }
-                }
+            Event::PeerLacks { peer, chunk } => {
+                self.peer_lacks(peer, chunk);
+                self.failed_fetch(peer, chunk);
             }
+            Event::FetchFailed { peer, chunk } => self.failed_fetch(peer, chunk),
             Event::PeerGone { peer } => {
                 if let Some(i) = self.slot(peer) {
                     self.remove_peer(i);

@@ -191,6 +191,34 @@ impl Scheduler {
         false
     }
 
+    /// A fetch of `chunk` from `peer` failed without data: the request
+    /// ends, and a partial peer that declined (busy) is left alone for a
+    /// while (see `Peer::refused`).
+    pub(super) fn failed_fetch(&mut self, peer: PeerId, chunk: u64) {
+        self.finish_request(peer, chunk);
+        if let Some(i) = self.slot(peer) {
+            if !self.peers[i].seed {
+                self.peers[i].refused = self.epoch;
+                self.peers[i].refused_until = self.verified + 2 * self.peers.len() as u64;
+            }
+        }
+    }
+
+    /// Partial peer `peer` said it does not hold `chunk`: forget that it
+    /// did, until it announces it again.
+    pub(super) fn peer_lacks(&mut self, peer: PeerId, chunk: u64) {
+        let Some(i) = self.slot(peer) else {
+            return;
+        };
+        let p = &mut self.peers[i];
+        if p.seed || chunk >= p.has.capacity() || !p.has.contains(chunk) {
+            return;
+        }
+        p.has.remove(chunk);
+        self.holders[chunk as usize].retain(|&h| h as usize != i);
+        self.rebucket(chunk);
+    }
+
     /// The growing source withdrew `first..end`: nobody holds them now.
     pub(super) fn withdraw(&mut self, first: u64, end: u64) {
         let end = end.min(self.held.capacity());

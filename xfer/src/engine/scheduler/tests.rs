@@ -555,3 +555,26 @@ fn a_feeder_that_reaches_no_peer_still_gets_everything_from_the_seed() {
     s.handle(Event::Verified { peer: 0, chunk: 0 });
     assert_eq!(drain(&mut s), [Action::Complete]);
 }
+
+/// A partial peer that says it lacks a chunk it announced (withdrawn there,
+/// or its announcement of an older download arrived late) is not asked for
+/// it again, however idle the receiver is, until it announces it anew.
+#[test]
+fn a_peer_that_lacks_an_announced_chunk_is_not_asked_again_until_it_has_it() {
+    // Peer 1 holds chunk 0 of 2: a partial peer, not a seed.
+    let mut one = ChunkSet::empty(2);
+    one.insert(0);
+    let mut s = Scheduler::new(ChunkSet::empty(2), cfg(1));
+    s.handle(Event::PeerJoined { peer: 1, has: one });
+    assert_eq!(one_fetch(&mut s), (1, 0));
+    s.handle(Event::PeerLacks { peer: 1, chunk: 0 });
+    // Nothing in flight anywhere: a mere decline would be forgotten and the
+    // chunk asked again at once; a lack is not.
+    let again: Vec<_> = drain(&mut s)
+        .into_iter()
+        .filter(|a| matches!(a, Action::Fetch { .. }))
+        .collect();
+    assert_eq!(again, [], "asked a peer for a chunk it said it lacks");
+    s.handle(Event::PeerHas { peer: 1, chunk: 0 });
+    assert_eq!(one_fetch(&mut s), (1, 0));
+}
