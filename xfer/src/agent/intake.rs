@@ -18,9 +18,6 @@
 //! this node flip one byte of every range it relays: the tests' lying
 //! downloader.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
-
 use anyhow::Result;
 use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_RANGE, RANGE};
 use reqwest::StatusCode;
@@ -33,10 +30,6 @@ use crate::transport::quic::write_frame;
 
 /// The fault hook of the tests' lying downloader.
 pub const FAULT_CORRUPT_INTAKE: &str = "XFER_FAULT_CORRUPT_INTAKE";
-
-/// Bytes this agent fetched from an origin for other nodes' pulls (shown in
-/// `xfer status`).
-pub static FROM_ORIGIN: AtomicU64 = AtomicU64::new(0);
 
 /// What the source asked for.
 pub(super) struct IntakeAsk {
@@ -144,7 +137,6 @@ async fn serve(mut send: quinn::SendStream, ask: IntakeAsk) -> Result<()> {
         }
         send.write_all(&piece).await?;
         sent += take as u64;
-        FROM_ORIGIN.fetch_add(take as u64, Ordering::Relaxed);
     }
     let _ = send.finish();
     Ok(())
@@ -171,14 +163,7 @@ fn check(ask: &IntakeAsk) -> Result<reqwest::Url, String> {
 
 /// One ranged GET; the reply must be `206` from `from`.
 async fn request(url: &reqwest::Url, ask: &IntakeAsk) -> Result<reqwest::Response, String> {
-    let client = reqwest::Client::builder()
-        .http1_only()
-        .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(Duration::from_secs(15))
-        .read_timeout(Duration::from_secs(30))
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let client = crate::hub::http::client().map_err(|e| e.to_string())?;
     let mut rb = client
         .get(url.clone())
         .header(ACCEPT_ENCODING, "identity")

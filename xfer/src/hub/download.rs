@@ -523,19 +523,12 @@ async fn worker(shared: Arc<Shared>) {
         }
         let next = shared.queue.lock().unwrap().pop_front();
         let Some((f, i)) = next else {
-            if shared.unfinished.load(Ordering::Acquire) == 0 {
-                return;
-            }
             // Parts may come back (a hash mismatch, a slow intake node's
             // range cut for us); wait for them or the end.
-            let woken = shared.wake.notified();
-            steal(&shared, rate);
-            tokio::select! {
-                _ = woken => {}
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                _ = shared.cancel.cancelled() => return,
+            if idle(&shared, rate, Duration::from_millis(200)).await {
+                continue;
             }
-            continue;
+            return;
         };
         let (began, before) = (std::time::Instant::now(), part_left(&shared, f, i));
         match fetch_part(&shared, f, i).await {
@@ -550,6 +543,23 @@ async fn worker(shared: Arc<Shared>) {
         if complete {
             finish_file(&shared, f).await;
         }
+    }
+}
+
+/// A downloader with nothing to take, whose last part went at `rate`:
+/// steals (see [`steal`]) and waits for parts to come back, at most
+/// `poll`. False when the download is over (every file placed, or
+/// cancelled): the downloader stops.
+async fn idle(shared: &Shared, rate: f64, poll: Duration) -> bool {
+    if shared.unfinished.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let woken = shared.wake.notified();
+    steal(shared, rate);
+    tokio::select! {
+        _ = woken => true,
+        _ = tokio::time::sleep(poll) => true,
+        _ = shared.cancel.cancelled() => false,
     }
 }
 
@@ -590,17 +600,10 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
             return;
         }
         let Some((f, i, url)) = pick_remote(&shared, r) else {
-            if shared.unfinished.load(Ordering::Acquire) == 0 {
-                return;
+            if idle(&shared, rate, Duration::from_millis(100)).await {
+                continue;
             }
-            let woken = shared.wake.notified();
-            steal(&shared, rate);
-            tokio::select! {
-                _ = woken => {}
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                _ = shared.cancel.cancelled() => return,
-            }
-            continue;
+            return;
         };
         let (began, before) = (std::time::Instant::now(), part_left(&shared, f, i));
         let outcome = tokio::select! {

@@ -79,18 +79,7 @@ impl HubHttp {
                 env.endpoint
             )
         })?;
-        let client = reqwest::Client::builder()
-            .http1_only()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(Duration::from_secs(15))
-            .read_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .user_agent(concat!(
-                "xfer/",
-                env!("CARGO_PKG_VERSION"),
-                "; huggingface_hub-compatible"
-            ))
-            .build()?;
+        let client = client()?;
         Ok(HubHttp {
             client,
             endpoint,
@@ -257,6 +246,23 @@ impl HubHttp {
             Err(refused(&resp, repo, path, &at))
         }
     }
+}
+
+/// The HTTP client every request to a Hub or its CDN goes through: HTTP/1,
+/// no redirect followed by itself, bounded connect and read waits.
+pub fn client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .http1_only()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(15))
+        .read_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .user_agent(concat!(
+            "xfer/",
+            env!("CARGO_PKG_VERSION"),
+            "; huggingface_hub-compatible"
+        ))
+        .build()
 }
 
 /// Runs `attempt` until it succeeds, fails fatally, or [`retry::MAX_TRIES`]
