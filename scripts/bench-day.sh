@@ -251,13 +251,7 @@ ip netns exec "$(ns 1)" python3 -u "$REPO/tests/hub_server.py" --repos "$HUB_REP
     >"$TMP/hub.out" 2>"$TMP/hub.err" </dev/null &
 HUB_PID=$!
 track "$HUB_PID"
-for ((k = 0; k < 1200; k++)); do
-    grep -qs '^READY ' "$TMP/hub.out" && break
-    kill -0 "$HUB_PID" 2>/dev/null || die "hub_server.py exited: $(tail -n3 "$TMP/hub.err")"
-    sleep 0.1
-done
-HUB_PORT=$(awk '/^READY / { print $2; exit }' "$TMP/hub.out")
-[ -n "$HUB_PORT" ] || die "hub_server.py did not say READY within 120 s"
+HUB_PORT=$(hub_port "$TMP/hub" "$HUB_PID")
 export HF_ENDPOINT=http://$HUB_HOST:$HUB_PORT
 COMMIT=$(ip netns exec "$(ns 1)" curl -sf "$HF_ENDPOINT/api/models/$ORG_NAME" | jq -r .sha)
 [[ $COMMIT =~ ^[0-9a-f]{40}$ ]] || die "the Hub look-alike gave no commit for $ORG_NAME"

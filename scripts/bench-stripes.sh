@@ -134,14 +134,7 @@ start_hub() {
         --rate $((CDN_MBIT * 125000)) --total-rate "${1:-0}" >"$TMP/hub.out" 2>"$TMP/hub.err" </dev/null &
     HUB_PID=$!
     track "$HUB_PID"
-    local k
-    for ((k = 0; k < 1200; k++)); do
-        grep -qs '^READY ' "$TMP/hub.out" && break
-        kill -0 "$HUB_PID" 2>/dev/null || die "hub_server.py exited: $(tail -n3 "$TMP/hub.err")"
-        sleep 0.1
-    done
-    HUB_PORT=$(awk '/^READY / { print $2; exit }' "$TMP/hub.out")
-    [ -n "$HUB_PORT" ] || die "hub_server.py did not say READY"
+    HUB_PORT=$(hub_port "$TMP/hub" "$HUB_PID")
     export HF_ENDPOINT=http://$HUB_HOST:$HUB_PORT
 }
 served() { curl -sf "$HF_ENDPOINT/_stats" | jq -r '.bytes_served // 0'; }

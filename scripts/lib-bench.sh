@@ -372,6 +372,19 @@ check_push() {
     fi
 }
 
+# hub_port PREFIX PID: the Hub look-alike's port once it printed `READY
+# <hub_port> <cdn_port>` to PREFIX.out (at most 120 s); dies with the tail
+# of PREFIX.err if PID exits first.
+hub_port() {
+    local k
+    for ((k = 0; k < 1200; k++)); do
+        grep -qs '^READY ' "$1.out" && break
+        kill -0 "$2" 2>/dev/null || die "hub_server.py exited: $(tail -n3 "$1.err")"
+        sleep 0.1
+    done
+    awk '/^READY / { print $2; exit }' "$1.out" | grep . || die "hub_server.py did not say READY within 120 s"
+}
+
 # ------------------------------------------------------- bench repos ----
 # A Hub repo of random safetensors shards, for the Hub look-alike
 # (tests/hub_server.py); the caller sets REPOS.
