@@ -31,6 +31,13 @@ faults, one fault per request, specs tried in command-line order:
                                              CDN GETs that would carry bytes;
                                              truncate/reset: bodies >= 64 KiB)
   503-api:N                                  first N /api/ requests
+  throttle:N:SECS                            after N file-body GETs, a rate
+                                             limiter's window: every file-body
+                                             GET for SECS seconds is answered
+                                             429 with Retry-After (the rest of
+                                             the window, whole seconds); stats
+                                             count them, and those sent in its
+                                             second half ("throttle_late")
   ignore-range                               Range ignored: always 200 + whole file
   corrupt:PATH | corrupt-once:PATH           byte at size//2 of PATH sent XOR 0xFF
   hold:PATH:GATE                             bytes of PATH from size//2 on wait until
@@ -44,6 +51,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import os
 import signal
 import socket
@@ -222,6 +230,7 @@ class Faults:
         self.corrupt = {}         # PATH -> once?
         self.corrupt_done = set()  # PATHs whose corrupt-once was spent
         self.holds = {}           # PATH -> GATE file
+        self.throttle = None      # [GETs before it opens, seconds, opened-at]
         for spec in specs:
             kind, _, rest = spec.partition(":")
             if kind in ("corrupt", "corrupt-once") and rest:
@@ -231,6 +240,9 @@ class Faults:
                 self.holds[path] = gate
             elif kind == "ignore-range":
                 self.ignore_range = True
+            elif kind == "throttle" and ":" in rest:
+                n, _, secs = rest.partition(":")
+                self.throttle = [int(n), float(secs), None]
             elif kind == "503-api":
                 self.api_left += int(rest)
             elif kind in self.BODY_KINDS:
@@ -248,6 +260,26 @@ class Faults:
                     self.stats.add_in("faults", c[0])
                     return c[0], c[2]
         return None
+
+    def take_throttle(self):
+        """Seconds a file-body GET is told to wait (None: serve it)."""
+        with self.lock:
+            t = self.throttle
+            if t is None:
+                return None
+            now = time.monotonic()
+            if t[2] is None:
+                if t[0] > 0:
+                    t[0] -= 1
+                    return None
+                t[2] = now
+            into = now - t[2]
+            if into >= t[1]:
+                return None
+        self.stats.add_in("faults", "throttle")
+        if into >= t[1] / 2:
+            self.stats.add_in("faults", "throttle_late")
+        return max(1, math.ceil(t[1] - into))
 
     def take_api(self):
         with self.lock:
@@ -553,6 +585,10 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(416, b"", headers + [("Content-Range", f"bytes */{size}")],
                               ctype="text/plain", head=head)
         start, end = rng or (0, size)
+        wait = None if head else cfg.faults.take_throttle()
+        if wait is not None:
+            return self.hub_error(429, None, "Too Many Requests (rate limit window)",
+                                  [("Retry-After", str(wait))], head=head)
         fault = None if head else cfg.faults.take_body(end - start)
         if fault and fault[0] == "429":
             return self.hub_error(429, None, "Too Many Requests (injected)",

@@ -1001,3 +1001,39 @@ fn wait_for(what: &str, done: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// 15. The Hub's rate limiter opens a window while the three nodes fetch
+///     their stripes: every range asked in it is answered 429 with
+///     `Retry-After`. The first downloader to hear it holds the whole
+///     cluster (the source's connections and every intake node's) until
+///     the window ends: no node is retired or named for the origin's
+///     "slow down", nothing is asked again in the window's second half
+///     (everyone heard the first 429 long before), and the Hub still
+///     serves the repo once.
+#[test]
+fn the_hubs_retry_after_holds_every_downloader_of_the_cluster() {
+    let s = Striped::start_with("sync-striped-429", 22, None, &["--fault", "throttle:8:3"]);
+    let tallies = s.run();
+    let faults = &s.server.stats()["faults"];
+    let throttled = faults["throttle"].as_u64().unwrap_or(0);
+    assert!(throttled > 0, "the window never opened: {faults}");
+    assert_eq!(
+        faults["throttle_late"].as_u64().unwrap_or(0),
+        0,
+        "ranges were asked in the window's second half: {faults}"
+    );
+    for t in &tallies {
+        assert!(t.ok && t.named.is_none(), "{}: {tallies:#?}", t.node);
+    }
+    let served = s.server.stats()["bytes_served"].as_u64().unwrap();
+    assert!(
+        served as f64 <= 1.02 * s.total as f64,
+        "the Hub served {served} bytes of a {}-byte repo",
+        s.total
+    );
+    let log = s.c.member("a").agent.as_ref().unwrap().log();
+    assert!(
+        log.contains("every downloader of the cluster waits"),
+        "{log}"
+    );
+}

@@ -605,3 +605,91 @@ fn a_node_credential_cannot_prune_or_end_another_sources_job() {
     }
     assert!(!r.stdout.contains(&running), "{r:#?}");
 }
+
+/// Striped intake (issue 36), the attack: node b's credential (a stolen
+/// node disk) asks agent a to fetch a URL "for" a model a has no sync job
+/// of b's for, to spend a's link or to reach what only a can reach (a
+/// metadata service, a LAN host). Refused as forbidden in one line that
+/// says who may ask, and a makes no request at all; the operator's
+/// credential is served (the same ask reaches the URL).
+#[test]
+fn a_node_that_is_not_the_jobs_source_cannot_make_another_node_fetch_a_url() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use xfer::transport::quic::{client_endpoint, connect, read_frame, write_frame};
+    use xfer_proto::hello::{Hello, Service};
+    use xfer_proto::transfer::TransferMsg;
+
+    let t = tempdir("trust-intake");
+    let pki = Pki::init(t.path());
+    let (a_cred, b_cred, op) = (
+        pki.issue("a", "node"),
+        pki.issue("b", "node"),
+        pki.issue("op", "operator"),
+    );
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let a = Agent::start_with("127.0.0.78:0", &root, &a_cred, &[]);
+
+    // What only a reaches: counts connections, answers one ranged GET.
+    let inside = std::net::TcpListener::bind("127.0.0.78:0").unwrap();
+    let url = format!("http://{}/latest/meta-data", inside.local_addr().unwrap());
+    let reached = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = reached.clone();
+    std::thread::spawn(move || {
+        for conn in inside.incoming() {
+            let Ok(mut conn) = conn else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            let mut head = [0u8; 4096];
+            let _ = conn.read(&mut head);
+            let _ = conn.write_all(
+                b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/4\r\nContent-Length: 4\r\n\r\nroot",
+            );
+        }
+    });
+
+    let ask = |cred: &Path| {
+        let cred = Credential::load(cred).unwrap();
+        let addr: std::net::SocketAddr = a.addr.parse().unwrap();
+        let msg = TransferMsg::Intake {
+            name: xfer_proto::names::ModelName::new("m").unwrap(),
+            url: url.clone(),
+            from: 0,
+            to: 4,
+            token: None,
+        };
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let ep = client_endpoint(&cred, addr).unwrap();
+            let conn = connect(&ep, addr, Duration::from_secs(10)).await.unwrap();
+            let (mut send, mut recv) = conn.open_bi().await.unwrap();
+            write_frame(&mut send, &Hello::new(Service::Transfer))
+                .await
+                .unwrap();
+            write_frame(&mut send, &msg).await.unwrap();
+            read_frame::<TransferMsg>(&mut recv).await.unwrap()
+        })
+    };
+
+    let reply = ask(&b_cred);
+    let text = format!("{reply:?}");
+    assert!(
+        text.contains("Forbidden")
+            && text.contains("node b")
+            && text.contains("not the source of a running sync job"),
+        "{text}"
+    );
+    assert!(
+        a.log().contains("not the source of a running sync job"),
+        "{}",
+        a.log()
+    );
+
+    // The operator may (b's ask was answered first: had a fetched for it,
+    // the URL would have seen two connections).
+    let reply = ask(&op);
+    assert!(
+        matches!(reply, TransferMsg::IntakeBody { len: 4 }),
+        "{reply:?}"
+    );
+    assert_eq!(reached.load(Ordering::SeqCst), 1, "a fetched for node b");
+}

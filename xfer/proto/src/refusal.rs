@@ -95,6 +95,17 @@ pub enum Refusal {
     /// An intake node's request to the Hub or mirror failed (its status
     /// or error, in words).
     Origin(String),
+    #[error("the origin asked to wait: {why}")]
+    /// An intake node's request got a "slow down" from the Hub or mirror
+    /// (429, or 503 and the like with `Retry-After`): the source pauses
+    /// every downloader of the cluster for `wait_ms`, not only this node.
+    OriginBusy {
+        /// The origin's status, in words.
+        why: String,
+        /// How long the origin asked to wait, if it said (`Retry-After`,
+        /// or the Hub's `RateLimit` `t=`), in milliseconds.
+        wait_ms: Option<u64>,
+    },
 }
 
 /// A refusal as every service's reply encodes it. [`crate::transfer::TransferMsg`],

@@ -114,7 +114,7 @@ async fn serve(mut send: quinn::SendStream, ask: IntakeAsk) -> Result<()> {
     };
     let mut resp = match request(&url, &ask).await {
         Ok(r) => r,
-        Err(why) => return super::refuse(&mut send, Refusal::Origin(why)).await,
+        Err(refusal) => return super::refuse(&mut send, refusal).await,
     };
     let len = ask.to - ask.from;
     tracing::debug!("fetching {len} bytes of `{}` from the origin", ask.name);
@@ -161,9 +161,11 @@ fn check(ask: &IntakeAsk) -> Result<reqwest::Url, String> {
     Ok(url)
 }
 
-/// One ranged GET; the reply must be `206` from `from`.
-async fn request(url: &reqwest::Url, ask: &IntakeAsk) -> Result<reqwest::Response, String> {
-    let client = crate::hub::http::client().map_err(|e| e.to_string())?;
+/// One ranged GET; the reply must be `206` from `from`. An origin that
+/// asks to slow down (429, 5xx) is [`Refusal::OriginBusy`] with its wait,
+/// which the source applies to the whole cluster.
+async fn request(url: &reqwest::Url, ask: &IntakeAsk) -> Result<reqwest::Response, Refusal> {
+    let client = crate::hub::http::client().map_err(|e| Refusal::Origin(e.to_string()))?;
     let mut rb = client
         .get(url.clone())
         .header(ACCEPT_ENCODING, "identity")
@@ -175,12 +177,22 @@ async fn request(url: &reqwest::Url, ask: &IntakeAsk) -> Result<reqwest::Respons
     let resp = rb
         .send()
         .await
-        .map_err(|e| format!("{host}: {}", crate::hub::http::error_chain(&e)))?;
+        .map_err(|e| Refusal::Origin(format!("{host}: {}", crate::hub::http::error_chain(&e))))?;
+    let status = resp.status().as_u16();
+    if crate::hub::retry::is_retryable(status) {
+        let h = resp.headers();
+        let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+        let wait = crate::hub::retry::server_wait(text("retry-after"), text("ratelimit"));
+        return Err(Refusal::OriginBusy {
+            why: format!("{host} answered HTTP {status} to a range request from this node"),
+            wait_ms: wait.map(|w| w.as_millis() as u64),
+        });
+    }
     if resp.status() != StatusCode::PARTIAL_CONTENT {
-        return Err(format!(
+        return Err(Refusal::Origin(format!(
             "{host} answered {} to a range request from this node; check this node's route to it",
             resp.status()
-        ));
+        )));
     }
     let start = resp
         .headers()
@@ -190,10 +202,10 @@ async fn request(url: &reqwest::Url, ask: &IntakeAsk) -> Result<reqwest::Respons
         .and_then(|v| v.split('-').next())
         .and_then(|v| v.parse::<u64>().ok());
     if start != Some(ask.from) {
-        return Err(format!(
+        return Err(Refusal::Origin(format!(
             "{host} answered bytes from {start:?} when asked for {}",
             ask.from
-        ));
+        )));
     }
     Ok(resp)
 }

@@ -18,11 +18,13 @@ use tokio::sync::mpsc;
 use xfer_proto::admin::Secret;
 use xfer_proto::hello::Service;
 use xfer_proto::names::ModelName;
+use xfer_proto::refusal::Refusal;
 use xfer_proto::transfer::{TransferMsg, MAX_INTAKE_SPAN};
 
 use crate::config::auth::Credential;
 use crate::hub::http::Failure;
 use crate::hub::intake::{Fetching, RangeBody, RemoteRanges};
+use crate::hub::retry;
 use crate::transport::quic;
 
 /// Bytes read from the stream at a time (and so at most queued per range,
@@ -117,6 +119,15 @@ impl Inner {
             .map_err(|e| transient(format!("{e:#}")))?;
         let len = match reply {
             TransferMsg::IntakeBody { len } if len == to - from => len,
+            // The origin's "slow down", with its wait (capped as for this
+            // node's own requests): the download holds every downloader.
+            TransferMsg::Failed(r @ Refusal::OriginBusy { wait_ms, .. }) => {
+                let wait = wait_ms.map(|ms| Duration::from_millis(ms).min(retry::MAX_WAIT));
+                return Err(Failure::Transient {
+                    why: r.to_string(),
+                    wait,
+                });
+            }
             TransferMsg::Failed(r) => return Err(transient(r.to_string())),
             other => {
                 return Err(transient(format!(

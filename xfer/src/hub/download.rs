@@ -32,6 +32,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::digest::{self, Digest, Digester, Expected};
+use super::hold::OriginHold;
 use super::http::{error_chain, host_of, Failure, HubHttp};
 use super::intake::{Intake, IntakeShare};
 use super::parts::Parts;
@@ -203,6 +204,8 @@ struct Shared {
     finisher: Arc<dyn Finisher>,
     watch: Arc<dyn Watch>,
     ranges: RangeHosts,
+    /// The origin's "slow down", for every downloader of the cluster.
+    hold: OriginHold,
 }
 
 /// Why a download stopped ([`download`]).
@@ -415,6 +418,7 @@ pub async fn download(
         watch,
         opts,
         ranges: RangeHosts::default(),
+        hold: OriginHold::default(),
     });
     // Bytes an earlier run wrote count as held on the bars, not as moved.
     for (f, st) in shared.files.iter().enumerate() {
@@ -583,6 +587,24 @@ pub const MIN_STRIPED_PART: u64 = 1 << 20;
 /// (its parts go back to the others).
 const INTAKE_STRIKES: u32 = 3;
 
+/// Consecutive "the origin asked to wait" answers (and no range) after
+/// which an intake node takes no more work: each holds the whole cluster,
+/// so a node that only ever says so (its route is throttled for good, or
+/// it lies) must not hold it for ever.
+const INTAKE_BUSY_STRIKES: u32 = 6;
+
+/// The origin asked one downloader to wait `wait`: every downloader of
+/// the cluster (this node's connections and every intake node's) holds
+/// until then. Said once per new hold.
+fn origin_asked_to_wait(shared: &Shared, wait: Duration, why: &str) {
+    if shared.hold.hold(wait) {
+        tracing::warn!(
+            "{why}: every downloader of the cluster waits {:.1} s before asking the origin again",
+            wait.as_secs_f64()
+        );
+    }
+}
+
 /// One of intake node `r`'s connections: takes the next part it can (of a
 /// file whose URL is resolved and whose origin honours Range), fetches it
 /// through the node, and puts it back on any failure. The node retires
@@ -590,10 +612,13 @@ const INTAKE_STRIKES: u32 = 3;
 /// download never fails because of it.
 async fn remote_worker(shared: Arc<Shared>, r: usize) {
     let remote = shared.opts.intake.remotes[r].clone();
-    let mut strikes = 0u32;
+    let (mut strikes, mut busy) = (0u32, 0u32);
     let mut rate = 0.0f64;
     loop {
         if shared.cancel.is_cancelled() || shared.blamed[r].load(Ordering::Acquire) {
+            return;
+        }
+        if !shared.hold.pass(&shared.cancel).await {
             return;
         }
         if shared.retired.lock().unwrap()[r].is_some() {
@@ -618,7 +643,20 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
             shared.wake.notify_waiters();
         }
         match outcome {
-            Ok(()) => strikes = 0,
+            Ok(()) => (strikes, busy) = (0, 0),
+            // The origin's "slow down" to this node: every downloader
+            // waits (the loop's top), and it is no fault of the node's,
+            // unless it says nothing else for long.
+            Err(Failure::Transient {
+                why,
+                wait: Some(wait),
+            }) if busy + 1 < INTAKE_BUSY_STRIKES => {
+                busy += 1;
+                shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                let why = format!("{}: {why}", remote.name());
+                origin_asked_to_wait(&shared, wait.min(retry::MAX_WAIT), &why);
+                continue;
+            }
             Err(why) => {
                 strikes += 1;
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
@@ -1025,6 +1063,9 @@ async fn fetch_part(shared: &Arc<Shared>, f: usize, i: usize) -> Result<(), Down
         } else if from >= to {
             return Ok(());
         }
+        if !shared.hold.pass(&shared.cancel).await {
+            return Ok(());
+        }
         let before = shared.stats.downloaded.load(Ordering::Relaxed);
         let outcome = tokio::select! {
             r = attempt(shared, f, i, from, to) => r,
@@ -1050,6 +1091,9 @@ async fn fetch_part(shared: &Arc<Shared>, f: usize, i: usize) -> Result<(), Down
                     });
                 }
                 let pause = retry::backoff(tries, wait, rand::thread_rng().gen());
+                if wait.is_some() {
+                    origin_asked_to_wait(shared, pause, &why);
+                }
                 tracing::info!("{}: {why}; retrying in {pause:.1?}", st.job.path);
                 tokio::time::sleep(pause).await;
             }

@@ -13,6 +13,7 @@ pub mod cache;
 pub mod digest;
 pub mod download;
 pub mod env;
+pub mod hold;
 pub mod http;
 pub mod intake;
 pub mod leftovers;
