@@ -2,11 +2,15 @@
 //! pushed into Debian's registry by `tests/oci_push.py` as `modctl push`
 //! would) placed as a model folder and pushed to two agents; an artifact
 //! whose layer leaves the folder, and one of another type, are refused in
+//! one line with nothing placed. `xfer sync oci://`: the same artifact as
+//! an agent job to three nodes, then a new tag of it in place, then an
+//! unknown tag and a layer that leaves the folder, each failing the job in
 //! one line with nothing placed.
 
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::cluster::Cluster;
 use crate::common::docker::RegistryServer;
 use crate::common::*;
 
@@ -147,5 +151,145 @@ fn a_modelpack_artifact_becomes_a_model_folder_on_two_agents() {
         "{}",
         r.stderr
     );
+    drop(reg);
+}
+
+/// The files of a ModelPack artifact (the spec `oci_push.py` reads) built
+/// under `src`: a config, a weight of `weight` bytes (seeded by `seed`),
+/// and a tar of two tokenizer files.
+fn artifact_spec(src: &Path, weight: u64, seed: u64) -> serde_json::Value {
+    std::fs::create_dir_all(src.join("tok")).unwrap();
+    std::fs::write(src.join("config.json"), b"{\"model_type\": \"llama\"}\n").unwrap();
+    write_random(&src.join("model.safetensors"), weight, seed);
+    std::fs::write(src.join("tok/tokenizer.json"), b"{}\n").unwrap();
+    std::fs::write(src.join("tok/special.json"), b"[]\n").unwrap();
+    let f = |p: &str| src.join(p).display().to_string();
+    serde_json::json!([
+        {"media": "application/vnd.cncf.model.weight.config.v1.raw", "path": "config.json", "file": f("config.json")},
+        {"media": "application/vnd.cncf.model.weight.v1.raw", "path": "model.safetensors", "file": f("model.safetensors")},
+        {"media": "application/vnd.cncf.model.weight.config.v1.tar", "tar": {
+            "tokenizer.json": f("tok/tokenizer.json"), "extra/special.json": f("tok/special.json")}},
+    ])
+}
+
+/// `xfer sync oci://REG/org/tiny:TAG --insecure` to a, b and c (a pulls);
+/// the job's id.
+fn sync_oci(c: &Cluster, reg: &str, reference: &str) -> String {
+    let r = run(
+        c.cmd(
+            "sync",
+            &["--json", "--insecure", "--nodes", "a,b,c", "--from", "a"],
+        )
+        .arg(format!("oci://{reg}/{reference}")),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer sync oci://");
+    r.json::<serde_json::Value>()["job"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Waits for job `id` to fail; its reason.
+fn wait_failed(c: &Cluster, id: &str) -> String {
+    c.poll(
+        &format!("job {id} to fail"),
+        Duration::from_secs(60),
+        |s| match &s.job("a", id)?.state {
+            xfer_proto::admin::JobState::Failed { reason } => Some(reason.clone()),
+            xfer_proto::admin::JobState::Complete { .. } => panic!("job {id} completed"),
+            _ => None,
+        },
+    )
+}
+
+#[test]
+fn a_modelpack_artifact_synced_as_a_job_reaches_every_node_and_updates_in_place() {
+    let t = tempdir("oci-sync");
+    let reg =
+        RegistryServer::start_in(&t.path().join("registry"), None, "127.0.0.164", 15164, None);
+    let (v1, v2) = (t.path().join("v1"), t.path().join("v2"));
+    oci_push(
+        &reg.addr,
+        "org/tiny",
+        "v1",
+        &artifact_spec(&v1, 3 << 20, 11),
+        t.path(),
+    );
+    oci_push(
+        &reg.addr,
+        "org/tiny",
+        "v2",
+        &artifact_spec(&v2, 5 << 20, 12),
+        t.path(),
+    );
+    let c = Cluster::start("oci-sync", 23, &["a", "b", "c"], &[]);
+    let nodes = ["a", "b", "c"];
+    let expect = [
+        ("config.json", "config.json"),
+        ("model.safetensors", "model.safetensors"),
+        ("tokenizer.json", "tok/tokenizer.json"),
+        ("extra/special.json", "tok/special.json"),
+    ];
+    let same_files = |src: &Path| {
+        for n in nodes {
+            for (placed, from) in expect {
+                assert_eq!(
+                    std::fs::read(c.root(n).join("tiny").join(placed)).unwrap(),
+                    std::fs::read(src.join(from)).unwrap(),
+                    "{placed} on {n}"
+                );
+            }
+        }
+    };
+    let staged = || {
+        std::fs::read_dir(c.root("a").join(".xfer/oci"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+
+    // The job: a pulls the artifact, every node ends with the same
+    // verified model (the root the launcher's gate compares), and what a
+    // staged is gone.
+    let id = sync_oci(&c, &reg.addr, "org/tiny:v1");
+    let root1 = c.wait_complete(&id, "a", &nodes, "tiny");
+    same_files(&v1);
+    assert_eq!(staged(), 0, "a kept the artifact's staging folder");
+    let out = run(&mut c.cmd("status", &[]), Duration::from_secs(20));
+    assert!(
+        out.stdout.contains("tiny") && out.stdout.contains("complete"),
+        "{}",
+        out.stdout
+    );
+
+    // A new tag of the same name: updated in place on every node.
+    let id = sync_oci(&c, &reg.addr, "org/tiny:v2");
+    let root2 = c.wait_complete(&id, "a", &nodes, "tiny");
+    assert_ne!(root1, root2);
+    same_files(&v2);
+
+    // An unknown tag fails the job at once, in one line with the fix;
+    // the model stays as it was.
+    let id = sync_oci(&c, &reg.addr, "org/tiny:v9");
+    let why = wait_failed(&c, &id);
+    assert!(why.contains("check the name and tag"), "{why}");
+    assert!(!why.contains('\n'), "{why}");
+    same_files(&v2);
+
+    // A layer that leaves the folder: refused before anything is placed.
+    let f = |p: &str| v1.join(p).display().to_string();
+    let evil = serde_json::json!([
+        {"media": "application/vnd.cncf.model.weight.config.v1.raw", "path": "config.json", "file": f("config.json")},
+        {"media": "application/vnd.cncf.model.weight.v1.raw", "path": "../../outside.bin", "file": f("config.json")},
+    ]);
+    oci_push(&reg.addr, "org/evil", "v1", &evil, t.path());
+    let id = sync_oci(&c, &reg.addr, "org/evil:v1");
+    let why = wait_failed(&c, &id);
+    assert!(why.contains("stay inside the model folder"), "{why}");
+    for n in nodes {
+        assert!(!c.root(n).join("evil").exists(), "evil placed on {n}");
+        assert!(!c.root(n).join("outside.bin").exists());
+    }
+    assert_eq!(staged(), 0, "a failed job's staging folder stayed");
     drop(reg);
 }

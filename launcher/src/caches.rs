@@ -172,6 +172,7 @@ async fn sync_to(
         limit_rate: None,
         transport: TransportChoice::Auto,
         peers: None,
+        registry: Default::default(),
     };
     let failed = |why: String| CacheSyncError::Sync {
         from: from.to_string(),

@@ -480,6 +480,7 @@ async fn start_sync(
         limit_rate: None,
         transport: TransportChoice::Auto,
         peers: None,
+        registry: Default::default(),
     };
     let spec = sync(cluster, cred, &req)
         .await

@@ -187,7 +187,24 @@ pub enum JobSource {
         /// `model` or `dataset`.
         repo_type: String,
     },
+    /// `REGISTRY/NAME[:TAG][@DIGEST]`, a ModelPack model artifact fetched
+    /// once by the source node from its registry (`xfer sync oci://...`)
+    /// and delivered as a folder.
+    Oci {
+        /// The reference, without `oci://`.
+        reference: String,
+        /// Plain HTTP to the registry (`--insecure`).
+        insecure: bool,
+        /// CAs to trust for the registry besides the system's (the PEM
+        /// text of the operator's `--ca-file`).
+        ca_pem: Option<String>,
+    },
 }
+
+/// Longest `oci://` reference a job may carry.
+pub const MAX_OCI_REFERENCE: usize = 1024;
+/// Most bytes of CA certificates a job may carry.
+pub const MAX_OCI_CA_PEM: usize = 64 << 10;
 
 /// One node of a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -278,6 +295,17 @@ impl JobSpec {
                 });
             }
         }
+        if let JobSource::Oci {
+            reference, ca_pem, ..
+        } = &self.source
+        {
+            if reference.is_empty()
+                || reference.len() > MAX_OCI_REFERENCE
+                || ca_pem.as_ref().is_some_and(|p| p.len() > MAX_OCI_CA_PEM)
+            {
+                return Err(JobSpecError::OciSource);
+            }
+        }
         if !self.chunk_size.is_valid() {
             return Err(JobSpecError::ChunkSize(self.chunk_size));
         }
@@ -310,6 +338,9 @@ pub enum JobSpecError {
     /// The chunk size is not one xfer uses.
     #[error("chunk size {0} is not valid")]
     ChunkSize(ChunkSize),
+    /// An `oci://` source that is empty or too long, or CAs too large.
+    #[error("the oci:// reference is empty or longer than {MAX_OCI_REFERENCE} bytes, or its --ca-file is over {MAX_OCI_CA_PEM} bytes; check the reference and the CA file")]
+    OciSource,
 }
 
 /// A job id that is not 1-64 of `[A-Za-z0-9-]` ([`check_job_id`]).

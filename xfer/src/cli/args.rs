@@ -313,12 +313,13 @@ pub struct ServeArgs {
 /// The arguments of `xfer sync`.
 #[derive(clap::Args)]
 pub struct SyncArgs {
-    /// A folder on the --from node, or a Hub repo. /abs/path, ./x and ../x
-    /// (against this working directory) are folders; hf://ORG/NAME[@REV]
-    /// is a repo; a bare ORG/NAME[@REV] is the folder of that name on the
-    /// --from node (under this working directory or its root) when it has
-    /// one, is refused when only this machine has it, and is the Hub repo
-    /// otherwise.
+    /// A folder on the --from node, a Hub repo, or a model artifact.
+    /// /abs/path, ./x and ../x (against this working directory) are
+    /// folders; hf://ORG/NAME[@REV] is a repo; oci://REGISTRY/NAME:TAG is
+    /// a ModelPack artifact the --from node pulls from its registry; a bare
+    /// ORG/NAME[@REV] is the folder of that name on the --from node (under
+    /// this working directory or its root) when it has one, is refused
+    /// when only this machine has it, and is the Hub repo otherwise.
     pub source: String,
     /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
     #[arg(
@@ -364,6 +365,14 @@ pub struct SyncArgs {
     /// Print the job (and with --wait its outcome) as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// For an `oci://` source: the source node reaches the registry over
+    /// plain HTTP.
+    #[arg(long)]
+    pub insecure: bool,
+    /// For an `oci://` source: a PEM file of CAs to trust for the
+    /// registry, read here and sent with the job.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The arguments of `xfer status`.

@@ -34,6 +34,8 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         json,
         transport,
         peers,
+        insecure,
+        ca_file,
     } = args;
     let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
@@ -48,6 +50,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         limit_rate,
         transport,
         peers,
+        registry: xfer::agent::sync::client::RegistryAccess { insecure, ca_file },
     };
     let spec = xfer::agent::sync::client::sync(&cluster, &cred, &req).await?;
     if !wait {

@@ -406,7 +406,7 @@ async fn pull_artifact(args: PullArgs, reference: &str) -> Result<ExitCode> {
         },
     )?;
     let cache = xfer::agent::image_client::default_cache()?;
-    let placed = artifact::pull_model(&reg, &cache, &dir).await?;
+    let placed = artifact::pull_model(&reg, &cache, &dir, artifact::Placing::Copy).await?;
     if !args.json {
         say(&format!(
             "{image}: {} files, {} placed in {} ({} from the registry)",

@@ -56,6 +56,65 @@ pub struct SyncRequest {
     pub transport: TransportChoice,
     /// Peer links per receiver, at most.
     pub peers: Option<u32>,
+    /// How the source node reaches an `oci://` source's registry.
+    pub registry: RegistryAccess,
+}
+
+/// How the source node reaches the registry of an `oci://` source.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryAccess {
+    /// Plain HTTP (`--insecure`).
+    pub insecure: bool,
+    /// A PEM file of CAs, read here and sent with the job (`--ca-file`).
+    pub ca_file: Option<PathBuf>,
+}
+
+/// The prefix of a model artifact's SOURCE.
+pub const OCI_PREFIX: &str = "oci://";
+
+/// The job source and model name of `oci://REFERENCE`: the reference is
+/// checked here, the model is named after the repository's last part
+/// (`oci://reg/models/tiny:v2` is `tiny`, so a new tag updates it in
+/// place) unless `--name` says otherwise.
+fn oci_source(reference: &str, req: &SyncRequest) -> Result<(JobSource, String)> {
+    let image = crate::image::registry::reference::ImageRef::parse(reference)
+        .map_err(anyhow::Error::msg)?;
+    let name = match &req.name {
+        Some(n) => n.clone(),
+        None => image
+            .repository
+            .rsplit('/')
+            .next()
+            .unwrap_or(&image.repository)
+            .to_string(),
+    };
+    let ca_pem = match &req.registry.ca_file {
+        Some(f) => {
+            let pem = std::fs::read(f)
+                .with_context(|| format!("--ca-file {}: cannot read it", f.display()))?;
+            if pem.len() > xfer_proto::admin::MAX_OCI_CA_PEM {
+                bail!(
+                    "--ca-file {} has {} bytes; a job carries at most {} of CA certificates: give only the registry's CA",
+                    f.display(),
+                    pem.len(),
+                    xfer_proto::admin::MAX_OCI_CA_PEM
+                );
+            }
+            Some(
+                String::from_utf8(pem)
+                    .with_context(|| format!("--ca-file {} is not PEM text", f.display()))?,
+            )
+        }
+        None => None,
+    };
+    Ok((
+        JobSource::Oci {
+            reference: reference.to_string(),
+            insecure: req.registry.insecure,
+            ca_pem,
+        },
+        name,
+    ))
 }
 
 /// Builds the job and hands it to every agent involved, asking with
@@ -123,63 +182,67 @@ pub async fn sync_with_hub(
             intake.push(n.to_string());
         }
     }
-    let path = match super::source::read_source(&req.source, &req.cwd, req.repo_type)? {
-        Reading::Folder(p) => Ok(p),
-        Reading::Hub(repo) => Err(repo),
-        Reading::Ask { text, cwd } => {
-            let found = find_folder(cred, source_node, &text, &cwd).await?;
-            let here = cwd.join(&text);
-            let here = here.is_dir().then_some(here.as_path());
-            match super::source::decide(
-                &text,
-                req.repo_type,
-                source_node.name.as_str(),
-                &found,
-                here,
-            )? {
-                Verdict::Folder(p) => Ok(p),
-                Verdict::Hub(repo) => Err(repo),
+    let (source, name) = if let Some(reference) = req.source.strip_prefix(OCI_PREFIX) {
+        oci_source(reference, req)?
+    } else {
+        let path = match super::source::read_source(&req.source, &req.cwd, req.repo_type)? {
+            Reading::Folder(p) => Ok(p),
+            Reading::Hub(repo) => Err(repo),
+            Reading::Ask { text, cwd } => {
+                let found = find_folder(cred, source_node, &text, &cwd).await?;
+                let here = cwd.join(&text);
+                let here = here.is_dir().then_some(here.as_path());
+                match super::source::decide(
+                    &text,
+                    req.repo_type,
+                    source_node.name.as_str(),
+                    &found,
+                    here,
+                )? {
+                    Verdict::Folder(p) => Ok(p),
+                    Verdict::Hub(repo) => Err(repo),
+                }
             }
-        }
-    };
-    let (source, name) = match path {
-        Ok(path) => {
-            let name = match &req.name {
-                Some(n) => ModelName::from_user(n, req.repo_type)
-                    .with_context(|| format!("--name {n}"))?
-                    .to_string(),
-                None => path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .context("the source path has no folder name; name the model with --name")?
-                    .to_string(),
-            };
-            (JobSource::Path(path), name)
-        }
-        Err(repo) => {
-            let folder = repo.cache_folder();
-            let given = match &req.name {
-                Some(n) => Some(
-                    ModelName::from_user(n, req.repo_type)
-                        .with_context(|| format!("--name {n}"))?,
-                ),
-                None => None,
-            };
-            if given.is_some_and(|n| n.as_str() != folder) {
-                bail!("a Hub repo is stored as {folder} (the HF cache layout); drop --name");
+        };
+        match path {
+            Ok(path) => {
+                let name = match &req.name {
+                    Some(n) => ModelName::from_user(n, req.repo_type)
+                        .with_context(|| format!("--name {n}"))?
+                        .to_string(),
+                    None => path
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .context("the source path has no folder name; name the model with --name")?
+                        .to_string(),
+                };
+                (JobSource::Path(path), name)
             }
-            let text = if repo.revision == "main" && !req.source.contains('@') {
-                repo.id.clone()
-            } else {
-                format!("{}@{}", repo.id, repo.revision)
-            };
-            (
-                JobSource::Hub {
-                    repo: text,
-                    repo_type: req.repo_type.as_str().to_string(),
-                },
-                folder,
-            )
+            Err(repo) => {
+                let folder = repo.cache_folder();
+                let given = match &req.name {
+                    Some(n) => Some(
+                        ModelName::from_user(n, req.repo_type)
+                            .with_context(|| format!("--name {n}"))?,
+                    ),
+                    None => None,
+                };
+                if given.is_some_and(|n| n.as_str() != folder) {
+                    bail!("a Hub repo is stored as {folder} (the HF cache layout); drop --name");
+                }
+                let text = if repo.revision == "main" && !req.source.contains('@') {
+                    repo.id.clone()
+                } else {
+                    format!("{}@{}", repo.id, repo.revision)
+                };
+                (
+                    JobSource::Hub {
+                        repo: text,
+                        repo_type: req.repo_type.as_str().to_string(),
+                    },
+                    folder,
+                )
+            }
         }
     };
     let spec = JobSpec {
@@ -208,6 +271,10 @@ pub async fn sync_with_hub(
             intake,
             ..spec
         },
+        JobSource::Oci { .. } if !intake.is_empty() => bail!(
+            "--from names several nodes, but {} is a registry artifact: only a Hub repo is fetched by several nodes; name one --from node",
+            req.source
+        ),
         _ if !intake.is_empty() => bail!(
             "--from names several nodes, but {} is a folder on {}: only a Hub repo is fetched by several nodes; name one --from node",
             req.source,

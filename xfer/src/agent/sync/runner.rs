@@ -378,6 +378,7 @@ impl Runner {
                 return;
             };
             if rec.state == JobState::Cancelled {
+                self.drop_stage(&rec.spec);
                 return;
             }
             let failure = match outcome {
@@ -425,6 +426,7 @@ impl Runner {
             }
             let _ = self.jobs.save(&rec);
             if rec.state.is_final() {
+                self.drop_stage(&rec.spec);
                 self.tell_ended(&rec);
                 self.jobs.remove_token(id);
                 return;
@@ -533,7 +535,102 @@ impl Runner {
             JobSource::Hub { repo, repo_type } => {
                 self.pull_round(spec, repo, repo_type, push).await
             }
+            JobSource::Oci {
+                reference,
+                insecure,
+                ca_pem,
+            } => {
+                let src = self
+                    .fetch_artifact(spec, reference, *insecure, ca_pem.as_deref())
+                    .await?;
+                let opts = PushOptions { src, ..push };
+                if spec.is_member(&spec.source_node) {
+                    return self.local_round(spec, opts).await;
+                }
+                let s = crate::flow::push::push(&opts, &quiet)
+                    .await
+                    .map_err(|e| cause::of_error(&e))?;
+                Ok((s.root, s.nodes))
+            }
         }
+    }
+
+    /// Removes what a model artifact's job staged, once it ended.
+    fn drop_stage(&self, spec: &JobSpec) {
+        if !matches!(spec.source, JobSource::Oci { .. }) {
+            return;
+        }
+        let stage = self.oci_stage(spec);
+        if let Err(e) = std::fs::remove_dir_all(&stage) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("cannot remove {}: {e}", stage.display());
+            }
+        }
+    }
+
+    /// Where a model artifact's job keeps what it fetched until it ends:
+    /// the registry's blobs and the model's files, linked from them.
+    fn oci_stage(&self, spec: &JobSpec) -> PathBuf {
+        self.store.root().join(".xfer/oci").join(&spec.id)
+    }
+
+    /// A model artifact job's source (`xfer sync oci://...`): pulls the
+    /// artifact from its registry (each blob checked against its digest,
+    /// a cut transfer resumed) and places its files in the job's staging
+    /// folder, which the round then delivers as a folder job's. A refusal
+    /// (401/403, no such name or tag, not a ModelPack artifact, a layer
+    /// that leaves the folder) fails the job; anything else is retried,
+    /// and what was fetched is kept for the next round.
+    async fn fetch_artifact(
+        &self,
+        spec: &JobSpec,
+        reference: &str,
+        insecure: bool,
+        ca_pem: Option<&str>,
+    ) -> Result<PathBuf, RoundError> {
+        use crate::image::registry::{artifact, client, reference::ImageRef};
+        let image = ImageRef::parse(reference).map_err(|e| RoundError::Fatal(e.to_string()))?;
+        let stage = self.oci_stage(spec);
+        let io = |e: std::io::Error| {
+            RoundError::retry(format!("cannot write under {}: {e}", stage.display()))
+        };
+        std::fs::create_dir_all(&stage).map_err(io)?;
+        let ca_file = match ca_pem {
+            Some(pem) => {
+                let f = stage.join("ca.pem");
+                std::fs::write(&f, pem).map_err(io)?;
+                Some(f)
+            }
+            None => None,
+        };
+        let opts = client::RegistryOptions { insecure, ca_file };
+        let reg = client::Registry::new(&image, &opts)
+            .map_err(|e| RoundError::Fatal(format!("{e:#} (the agent on {})", spec.source_node)))?;
+        // What an earlier round placed may be partial: placed again from
+        // the blobs, which are kept.
+        let model = stage.join("model");
+        if model.exists() {
+            std::fs::remove_dir_all(&model).map_err(io)?;
+        }
+        let blobs = stage.join("blobs");
+        let placed = artifact::pull_model(&reg, &blobs, &model, artifact::Placing::Link)
+            .await
+            .map_err(|e| {
+                let why = format!("{e:#}");
+                if e.chain().any(|c| c.is::<client::Refused>()) {
+                    RoundError::Fatal(why)
+                } else {
+                    RoundError::retry(why)
+                }
+            })?;
+        tracing::info!(
+            "sync job {}: {image}: {} files, {} bytes to deliver ({} fetched from the registry)",
+            spec.id,
+            placed.files,
+            placed.bytes,
+            placed.bytes_fetched
+        );
+        Ok(model)
     }
 
     /// A folder job's round whose source node is a member too: the tree is

@@ -209,6 +209,12 @@ pub fn reading(spec: &JobSpec) -> String {
             };
             format!("Hub repo {shown} pulled by node {}", spec.source_node)
         }
+        JobSource::Oci { reference, .. } => {
+            format!(
+                "model artifact {reference} pulled by node {}",
+                spec.source_node
+            )
+        }
     }
 }
 

@@ -16,11 +16,11 @@
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use xfer_proto::image::Digest;
 use xfer_proto::relpath::RelPath;
 
-use super::client::Registry;
+use super::client::{Refused, Registry};
 use super::manifest::{Descriptor, Platform};
 use crate::image::archive;
 
@@ -87,27 +87,45 @@ pub struct ArtifactSummary {
     pub bytes_fetched: u64,
 }
 
+/// How a raw layer's file is made from its blob in the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placing {
+    /// A copy: the folder is the user's, the cache stays intact whatever
+    /// is done to it.
+    Copy,
+    /// A hard link to the blob (a copy where the file system cannot): for
+    /// a staging folder that lives and goes with its cache, so the model
+    /// takes its room once.
+    Link,
+}
+
 /// Fetches the model artifact `reg` names into the blob cache `cache` and
 /// places its files under `dest`.
-pub async fn pull_model(reg: &Registry, cache: &Path, dest: &Path) -> Result<ArtifactSummary> {
+pub async fn pull_model(
+    reg: &Registry,
+    cache: &Path,
+    dest: &Path,
+    placing: Placing,
+) -> Result<ArtifactSummary> {
     let resolved = reg.resolve(&Platform::host()).await?;
     let m = &resolved.manifest;
     let is_model =
         m.artifact_type.as_deref() == Some(MANIFEST_TYPE) || m.config.media_type == CONFIG_TYPE;
     if !is_model {
-        bail!(
+        return Err(Refused(format!(
             "{} is not a ModelPack model artifact (artifactType `{}`, config `{}`); xfer reads artifacts of type {MANIFEST_TYPE} (modctl's), and `xfer image pull` takes images",
             reg.image(),
             m.artifact_type.as_deref().unwrap_or("none"),
             m.config.media_type
-        );
+        ))
+        .into());
     }
     // Everything is checked before the first byte is placed.
     let mut plan = Vec::with_capacity(m.layers.len());
     for l in &m.layers {
-        let p = packing(&l.media_type).map_err(|why| anyhow::anyhow!("{}: {why}", reg.image()))?;
+        let p = packing(&l.media_type).map_err(|why| Refused(format!("{}: {why}", reg.image())))?;
         if p == Packing::Raw {
-            raw_path(l).map_err(|why| anyhow::anyhow!("{}: {why}", reg.image()))?;
+            raw_path(l).map_err(|why| Refused(format!("{}: {why}", reg.image())))?;
         }
         plan.push((l, p));
     }
@@ -128,11 +146,13 @@ pub async fn pull_model(reg: &Registry, cache: &Path, dest: &Path) -> Result<Art
         for (l, tar) in &layers {
             let blob = archive::blob_path(&cache, &l.digest);
             let (f, b) = if *tar {
-                untar(&blob, &dest)
-                    .map_err(|e| anyhow::anyhow!("{image}: layer {}: {e:#}", l.digest))?
+                untar(&blob, &dest).map_err(|e| match e.downcast::<Refused>() {
+                    Ok(r) => Refused(format!("{image}: layer {}: {r}", l.digest)).into(),
+                    Err(e) => anyhow::anyhow!("{image}: layer {}: {e:#}", l.digest),
+                })?
             } else {
                 let rel = raw_path(l).map_err(anyhow::Error::msg)?;
-                (1, place_file(&blob, &dest, &rel)?)
+                (1, place_file(&blob, &dest, &rel, placing)?)
             };
             files += f;
             bytes += b;
@@ -165,9 +185,23 @@ fn raw_path(l: &Descriptor) -> Result<RelPath, String> {
     })
 }
 
-/// Copies `src` to `rel` under `dest` (a temporary file beside it, renamed
-/// in, never through a symlink); returns its bytes.
-fn place_file(src: &Path, dest: &Path, rel: &RelPath) -> Result<u64> {
+/// Copies (or links, see [`Placing`]) `src` to `rel` under `dest` (a
+/// temporary file beside it, renamed in, never through a symlink); returns
+/// its bytes.
+fn place_file(src: &Path, dest: &Path, rel: &RelPath, placing: Placing) -> Result<u64> {
+    if placing == Placing::Link {
+        let tmp = tempfile::Builder::new()
+            .prefix(".xfer-link-")
+            .make_in(dest, |p| std::fs::hard_link(src, p));
+        if let Ok(tmp) = tmp {
+            let len = std::fs::metadata(tmp.path())?.len();
+            let tmp = tmp.into_temp_path();
+            crate::store::place::place(dest, rel, |to| std::fs::rename(&tmp, to))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let _ = tmp.keep();
+            return Ok(len);
+        }
+    }
     let mut from = std::fs::File::open(src)?;
     write_placed(&mut from, dest, rel)
 }
@@ -204,10 +238,13 @@ fn untar(blob: &Path, dest: &Path) -> Result<(usize, u64)> {
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 paths.push(RelPath::new(name).map_err(|why| leaves(&raw, &why.to_string()))?);
             }
-            other => bail!(
-                "`{}` is a {other:?} entry; xfer places only files and folders from an artifact (no links)",
-                raw.escape_default()
-            ),
+            other => {
+                return Err(Refused(format!(
+                    "`{}` is a {other:?} entry; xfer places only files and folders from an artifact (no links)",
+                    raw.escape_default()
+                ))
+                .into())
+            }
         }
     }
     let mut a = tar::Archive::new(std::fs::File::open(blob)?);
@@ -228,10 +265,11 @@ fn untar(blob: &Path, dest: &Path) -> Result<(usize, u64)> {
 }
 
 fn leaves(path: &str, why: &str) -> anyhow::Error {
-    anyhow::anyhow!(
+    Refused(format!(
         "`{}` is refused ({why}): an artifact's files stay inside the model folder",
         path.escape_default()
-    )
+    ))
+    .into()
 }
 
 #[cfg(test)]

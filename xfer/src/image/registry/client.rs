@@ -48,6 +48,12 @@ pub struct RegistryOptions {
     pub ca_file: Option<PathBuf>,
 }
 
+/// A registry's answer that trying again does not change until someone
+/// acts (a 401 or 403, no such name or tag): the line says what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
 /// One repository of one registry.
 pub struct Registry {
     http: reqwest::Client,
@@ -173,7 +179,11 @@ impl Registry {
         let value = match c {
             Challenge::Basic => match &self.creds {
                 Some(cr) => cr.basic(),
-                None => bail!("{}", self.login_hint("asks for a user name and password")),
+                None => {
+                    return Err(
+                        Refused(self.login_hint("asks for a user name and password")).into(),
+                    )
+                }
             },
             Challenge::Bearer { realm, service, .. } => {
                 let mut url = Url::parse(&realm).with_context(|| {
@@ -200,10 +210,10 @@ impl Registry {
                     anyhow::anyhow!("the token service of {} did not answer: {e}", self.where_())
                 })?;
                 if r.status() == StatusCode::UNAUTHORIZED || r.status() == StatusCode::FORBIDDEN {
-                    bail!(
-                        "{}",
-                        self.login_hint(&format!("refused a token (HTTP {})", r.status().as_u16()))
-                    );
+                    return Err(Refused(
+                        self.login_hint(&format!("refused a token (HTTP {})", r.status().as_u16())),
+                    )
+                    .into());
                 }
                 if !r.status().is_success() {
                     bail!(
@@ -283,17 +293,16 @@ impl Registry {
     /// Turns a refusal into one line with the fix.
     fn refused(&self, what: &str, status: StatusCode) -> anyhow::Error {
         match status.as_u16() {
-            401 | 403 => anyhow::anyhow!(
-                "{}",
-                self.login_hint(&format!("refused {what} (HTTP {})", status.as_u16()))
-            ),
-            404 => anyhow::anyhow!(
+            401 | 403 => anyhow::Error::new(Refused(
+                self.login_hint(&format!("refused {what} (HTTP {})", status.as_u16())),
+            )),
+            404 => anyhow::Error::new(Refused(format!(
                 "{} has no {what} of {}: check the name and tag (`skopeo list-tags docker://{}/{}` lists the tags)",
                 self.where_(),
                 self.image,
                 self.image.registry,
                 self.image.repository
-            ),
+            ))),
             429 => anyhow::anyhow!(
                 "{} is rate-limiting pulls of {} (HTTP 429); wait, or log in for a higher limit, then run again",
                 self.where_(),
