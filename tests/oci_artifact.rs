@@ -3,9 +3,10 @@
 //! would) placed as a model folder and pushed to two agents; an artifact
 //! whose layer leaves the folder, and one of another type, are refused in
 //! one line with nothing placed. `xfer sync oci://`: the same artifact as
-//! an agent job to three nodes, then a new tag of it in place, then an
-//! unknown tag and a layer that leaves the folder, each failing the job in
-//! one line with nothing placed.
+//! an agent job to three nodes (its weight streamed while it downloads),
+//! then a new tag of it in place, then an unknown tag and a layer that
+//! leaves the folder, each failing the job in one line with nothing
+//! placed.
 
 use std::path::Path;
 use std::time::Duration;
@@ -255,6 +256,18 @@ fn a_modelpack_artifact_synced_as_a_job_reaches_every_node_and_updates_in_place(
     let root1 = c.wait_complete(&id, "a", &nodes, "tiny");
     same_files(&v1);
     assert_eq!(staged(), 0, "a kept the artifact's staging folder");
+    // The weight reached b and c in the stream, while it downloaded: the
+    // round after it moved only the tar layer's small files.
+    let log = c.member("a").agent.as_ref().unwrap().log();
+    assert!(log.contains("streamed to 2 node(s)"), "{log}");
+    let tallies = c.status().job("a", &id).unwrap().delivered.clone();
+    for n in ["b", "c"] {
+        let t = tallies.iter().find(|t| t.node == n).unwrap();
+        assert!(
+            t.ok && t.from_source + t.from_peers < 1 << 20,
+            "{n} got the weight in the last round, not the stream: {tallies:#?}"
+        );
+    }
     let out = run(&mut c.cmd("status", &[]), Duration::from_secs(20));
     assert!(
         out.stdout.contains("tiny") && out.stdout.contains("complete"),
@@ -292,4 +305,86 @@ fn a_modelpack_artifact_synced_as_a_job_reaches_every_node_and_updates_in_place(
     }
     assert_eq!(staged(), 0, "a failed job's staging folder stayed");
     drop(reg);
+}
+
+/// `kill -9` of the job's source while the registry is half-way through
+/// the weight layer (a front holds the rest): the restarted agent resumes
+/// the job from its staging folder, fetching only the missing half, and
+/// every node ends with the model.
+#[test]
+fn an_artifact_job_whose_source_is_killed_mid_layer_resumes_from_what_it_fetched() {
+    use sha2::Digest as _;
+    let t = tempdir("oci-sync-kill");
+    let reg =
+        RegistryServer::start_in(&t.path().join("registry"), None, "127.0.0.165", 15165, None);
+    let v1 = t.path().join("v1");
+    let size = 8u64 << 20;
+    oci_push(
+        &reg.addr,
+        "org/tiny",
+        "v1",
+        &artifact_spec(&v1, size, 21),
+        t.path(),
+    );
+    let hex = hex::encode(sha2::Sha256::digest(
+        std::fs::read(v1.join("model.safetensors")).unwrap(),
+    ));
+    let gate = t.path().join("release");
+    let mut proxy = std::process::Command::new("python3")
+        .arg(hub::workspace_root().join("tests/registry_proxy.py"))
+        .args(["--host", "127.0.0.165", "--upstream", &reg.addr, "--fault"])
+        .arg(format!("hold-once:sha256:{hex}:{}", gate.display()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(proxy.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let front = format!("127.0.0.165:{}", line.split_whitespace().nth(1).unwrap());
+
+    let mut c = Cluster::start("oci-sync-kill", 24, &["a", "b", "c"], &[]);
+    let id = sync_oci(&c, &front, "org/tiny:v1");
+    let part = c
+        .root("a")
+        .join(".xfer/oci")
+        .join(&id)
+        .join(format!("blobs/.incoming/sha256-{hex}.part"));
+    let started = std::time::Instant::now();
+    while std::fs::metadata(&part).map_or(0, |m| m.len()) < size / 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the weight layer never reached the hold: {}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.kill9("a");
+    std::fs::write(&gate, b"").unwrap();
+    c.restart("a");
+    c.wait_complete(&id, "a", &["a", "b", "c"], "tiny");
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    for n in ["a", "b", "c"] {
+        assert_eq!(
+            std::fs::read(c.root(n).join("tiny/model.safetensors")).unwrap(),
+            std::fs::read(v1.join("model.safetensors")).unwrap(),
+            "{n}"
+        );
+    }
+    // The restarted agent's round: only the missing half came again.
+    let log = c.member("a").agent.as_ref().unwrap().log();
+    let fetched: u64 = log
+        .lines()
+        .rev()
+        .filter_map(|l| l.split(" bytes (").nth(1))
+        .filter_map(|l| l.split(" fetched from the registry").next())
+        .find_map(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no round line: {log}"));
+    assert!(
+        fetched <= size / 2 + (2 << 20),
+        "the restarted job fetched {fetched} bytes of an {size}-byte weight half in: {log}"
+    );
 }

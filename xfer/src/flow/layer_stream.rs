@@ -24,9 +24,11 @@ use crate::image::registry::client::BlobWatch;
 /// Chunks announced at most per event.
 const PER_EVENT: u64 = 64;
 
-/// One blob's draft, fed by its fetch.
+/// One blob's draft (or one file of a shared draft), fed by its fetch.
 pub struct LayerFeed {
     feed: Arc<DraftFeed>,
+    /// The blob's file in the draft.
+    file: u32,
     paths: DraftPaths,
     size: u64,
     chunk_size: u64,
@@ -57,8 +59,31 @@ impl LayerFeed {
     ) -> anyhow::Result<LayerFeed> {
         let file = RelPath::new(BLOB_FILE).map_err(anyhow::Error::msg)?;
         let draft = Draft::new(chunk_size, vec![(file, size)]).map_err(anyhow::Error::msg)?;
-        Ok(LayerFeed {
-            feed: DraftFeed::new(draft, &digest.to_string()),
+        Ok(LayerFeed::file_of(
+            DraftFeed::new(draft, &digest.to_string()),
+            (0, chunk_size),
+            digest,
+            size,
+            cache,
+            part,
+        ))
+    }
+
+    /// File `file` of `feed`'s draft, whose chunk size is `chunk_size` (a
+    /// model artifact's raw layer: one file of the model), which is blob
+    /// `digest` of `size` bytes fetched into the partial file `part` and
+    /// placed in `cache`.
+    pub fn file_of(
+        feed: Arc<DraftFeed>,
+        (file, chunk_size): (u32, u64),
+        digest: Digest,
+        size: u64,
+        cache: &Path,
+        part: PathBuf,
+    ) -> LayerFeed {
+        LayerFeed {
+            feed,
+            file,
             paths: DraftPaths {
                 content: archive::blob_path(cache, &digest),
                 incomplete: part,
@@ -66,12 +91,17 @@ impl LayerFeed {
             size,
             chunk_size,
             cursor: Mutex::new(Cursor::default()),
-        })
+        }
     }
 
     /// The draft the stream offers.
     pub fn feed(&self) -> Arc<DraftFeed> {
         self.feed.clone()
+    }
+
+    /// The blob's file in the draft.
+    pub fn file(&self) -> u32 {
+        self.file
     }
 
     /// Where the stream reads the blob's bytes.
@@ -89,7 +119,7 @@ impl LayerFeed {
             return false;
         }
         let sealed = DraftEvent::Sealed {
-            file: 0,
+            file: self.file,
             generation: c.generation,
         };
         if let Err(e) = self.feed.push(sealed) {
@@ -138,7 +168,7 @@ impl LayerFeed {
                 hashes.push(hash_chunk(&buf, i, count, self.chunk_size));
             }
             let ev = DraftEvent::Hashed {
-                file: 0,
+                file: self.file,
                 generation: c.generation,
                 first: first as u32,
                 hashes,
@@ -165,7 +195,7 @@ impl BlobWatch for LayerFeed {
             return;
         }
         let ev = DraftEvent::Withdrawn {
-            file: 0,
+            file: self.file,
             generation: c.generation,
         };
         match self.feed.push(ev) {

@@ -8,6 +8,7 @@
 //! ([`feed`]), and a source node's own copy placed from its disk, outside
 //! the swarm ([`local`]).
 
+pub mod artifact_stream;
 pub mod coordinator;
 pub mod feed;
 pub mod fetch;

@@ -27,6 +27,7 @@ use crate::transport::select::TransportChoice;
 use crate::util::progress::Progress;
 use xfer_proto::admin::{AdminReply, AdminRequest, PrunedJob};
 use xfer_proto::hash::Hash;
+use xfer_proto::manifest::ChunkSize;
 use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::refusal::Refusal;
 use xfer_proto::repo::{RepoRef, RepoType};
@@ -540,17 +541,8 @@ impl Runner {
                 insecure,
                 ca_pem,
             } => {
-                let src = self
-                    .fetch_artifact(spec, reference, *insecure, ca_pem.as_deref())
-                    .await?;
-                let opts = PushOptions { src, ..push };
-                if spec.is_member(&spec.source_node) {
-                    return self.local_round(spec, opts).await;
-                }
-                let s = crate::flow::push::push(&opts, &quiet)
+                self.artifact_round(spec, reference, *insecure, ca_pem.as_deref(), push)
                     .await
-                    .map_err(|e| cause::of_error(&e))?;
-                Ok((s.root, s.nodes))
             }
         }
     }
@@ -574,20 +566,24 @@ impl Runner {
         self.store.root().join(".xfer/oci").join(&spec.id)
     }
 
-    /// A model artifact job's source (`xfer sync oci://...`): pulls the
+    /// A model artifact job's round (`xfer sync oci://...`): pulls the
     /// artifact from its registry (each blob checked against its digest,
-    /// a cut transfer resumed) and places its files in the job's staging
-    /// folder, which the round then delivers as a folder job's. A refusal
-    /// (401/403, no such name or tag, not a ModelPack artifact, a layer
-    /// that leaves the folder) fails the job; anything else is retried,
-    /// and what was fetched is kept for the next round.
-    async fn fetch_artifact(
+    /// a cut transfer resumed) into the job's staging folder, streaming its
+    /// raw layers to the other members while they download
+    /// ([`crate::flow::artifact_stream`]), then delivers the placed folder
+    /// as a folder job's round does (moving only what a member still
+    /// lacks; to this node too when it is a member). A refusal (401/403,
+    /// no such name or tag, not a ModelPack artifact, a layer that leaves
+    /// the folder) fails the job; anything else is retried, and what was
+    /// fetched is kept for the next round.
+    async fn artifact_round(
         &self,
         spec: &JobSpec,
         reference: &str,
         insecure: bool,
         ca_pem: Option<&str>,
-    ) -> Result<PathBuf, RoundError> {
+        mut push: PushOptions,
+    ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         use crate::image::registry::{artifact, client, reference::ImageRef};
         let image = ImageRef::parse(reference).map_err(|e| RoundError::Fatal(e.to_string()))?;
         let stage = self.oci_stage(spec);
@@ -606,31 +602,54 @@ impl Runner {
         let opts = client::RegistryOptions { insecure, ca_file };
         let reg = client::Registry::new(&image, &opts)
             .map_err(|e| RoundError::Fatal(format!("{e:#} (the agent on {})", spec.source_node)))?;
+        let registry_error = |e: anyhow::Error| {
+            let why = format!("{e:#}");
+            if e.chain().any(|c| c.is::<client::Refused>()) {
+                RoundError::Fatal(why)
+            } else {
+                RoundError::retry(why)
+            }
+        };
+        let plan = artifact::plan_model(&reg).await.map_err(registry_error)?;
+        // One chunk size for the stream and the round after it, so what
+        // the stream delivered is not sent again.
+        let chunk_size = spec.chunk_size.for_bytes(plan.bytes());
+        push.chunk_size = ChunkSize::Fixed(chunk_size);
         // What an earlier round placed may be partial: placed again from
         // the blobs, which are kept.
         let model = stage.join("model");
         if model.exists() {
             std::fs::remove_dir_all(&model).map_err(io)?;
         }
-        let blobs = stage.join("blobs");
-        let placed = artifact::pull_model(&reg, &blobs, &model, artifact::Placing::Link)
-            .await
-            .map_err(|e| {
-                let why = format!("{e:#}");
-                if e.chain().any(|c| c.is::<client::Refused>()) {
-                    RoundError::Fatal(why)
-                } else {
-                    RoundError::retry(why)
-                }
-            })?;
+        let me = spec.source_node.as_str();
+        let mut others = push.clone();
+        others.to.retain(|d| d.name.as_deref() != Some(me));
+        let fetched = crate::flow::artifact_stream::fetch_streaming(
+            &reg,
+            &plan,
+            &stage.join("blobs"),
+            &model,
+            &others,
+            chunk_size,
+        )
+        .await
+        .map_err(registry_error)?;
         tracing::info!(
-            "sync job {}: {image}: {} files, {} bytes to deliver ({} fetched from the registry)",
+            "sync job {}: {image}: {} files, {} bytes ({} fetched from the registry, streamed to {} node(s))",
             spec.id,
-            placed.files,
-            placed.bytes,
-            placed.bytes_fetched
+            fetched.files,
+            fetched.bytes,
+            fetched.bytes_fetched,
+            fetched.streamed.iter().filter(|n| n.ok).count()
         );
-        Ok(model)
+        let opts = PushOptions { src: model, ..push };
+        if spec.is_member(me) {
+            return self.local_round(spec, opts).await;
+        }
+        let s = crate::flow::push::push(&opts, &Progress::new(false))
+            .await
+            .map_err(|e| cause::of_error(&e))?;
+        Ok((s.root, s.nodes))
     }
 
     /// A folder job's round whose source node is a member too: the tree is

@@ -34,7 +34,7 @@ pub const FILEPATH: &str = "org.cncf.model.filepath";
 const KINDS: &[&str] = &["weight", "weight.config", "doc", "code", "dataset"];
 
 /// How a layer holds its files.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Packing {
     /// The file itself.
     Raw,
@@ -99,14 +99,34 @@ pub enum Placing {
     Link,
 }
 
-/// Fetches the model artifact `reg` names into the blob cache `cache` and
-/// places its files under `dest`.
-pub async fn pull_model(
-    reg: &Registry,
-    cache: &Path,
-    dest: &Path,
-    placing: Placing,
-) -> Result<ArtifactSummary> {
+/// A ModelPack artifact's manifest, checked before a byte is fetched: its
+/// layers, each read or refused by media type, each raw layer's path safe.
+pub struct ModelPlan {
+    /// The reference, for messages.
+    image: String,
+    /// The manifest's digest.
+    pub manifest: Digest,
+    layers: Vec<(Descriptor, Packing)>,
+}
+
+impl ModelPlan {
+    /// Every layer in the manifest's order, with the path of its file
+    /// when it is a raw layer (one file of the model; `None`: a tar).
+    pub fn layers(&self) -> Vec<(&Descriptor, Option<RelPath>)> {
+        self.layers
+            .iter()
+            .map(|(l, p)| (l, (*p == Packing::Raw).then(|| raw_path(l).ok()).flatten()))
+            .collect()
+    }
+
+    /// The bytes of every layer.
+    pub fn bytes(&self) -> u64 {
+        self.layers.iter().map(|(l, _)| l.size).sum()
+    }
+}
+
+/// Reads and checks the manifest of the model artifact `reg` names.
+pub async fn plan_model(reg: &Registry) -> Result<ModelPlan> {
     let resolved = reg.resolve(&Platform::host()).await?;
     let m = &resolved.manifest;
     let is_model =
@@ -120,48 +140,81 @@ pub async fn pull_model(
         ))
         .into());
     }
-    // Everything is checked before the first byte is placed.
-    let mut plan = Vec::with_capacity(m.layers.len());
+    let mut layers = Vec::with_capacity(m.layers.len());
+    let mut paths = std::collections::BTreeSet::new();
     for l in &m.layers {
         let p = packing(&l.media_type).map_err(|why| Refused(format!("{}: {why}", reg.image())))?;
         if p == Packing::Raw {
-            raw_path(l).map_err(|why| Refused(format!("{}: {why}", reg.image())))?;
+            let rel = raw_path(l).map_err(|why| Refused(format!("{}: {why}", reg.image())))?;
+            if !paths.insert(rel.clone()) {
+                return Err(Refused(format!(
+                    "{}: two layers are both `{rel}`; a model's files each have one layer",
+                    reg.image()
+                ))
+                .into());
+            }
         }
-        plan.push((l, p));
+        layers.push((l.clone(), p));
     }
+    Ok(ModelPlan {
+        image: reg.image().to_string(),
+        manifest: resolved.digest,
+        layers,
+    })
+}
+
+/// Places the files of `plan`'s layers, all in the blob cache `cache`,
+/// under `dest`: the number of files and their bytes.
+pub async fn place_model(
+    plan: &ModelPlan,
+    cache: &Path,
+    dest: &Path,
+    placing: Placing,
+) -> Result<(usize, u64)> {
     std::fs::create_dir_all(dest).with_context(|| format!("cannot create {}", dest.display()))?;
-    let mut fetched = 0;
-    for (l, _) in &plan {
-        fetched += reg.blob(l, cache).await?;
-    }
     let dest = dest.to_path_buf();
     let cache = cache.to_path_buf();
-    let layers: Vec<(Descriptor, bool)> = plan
-        .iter()
-        .map(|(l, p)| ((*l).clone(), *p == Packing::Tar))
-        .collect();
-    let image = reg.image().to_string();
-    let (files, bytes) = tokio::task::spawn_blocking(move || -> Result<(usize, u64)> {
+    let layers = plan.layers.clone();
+    let image = plan.image.clone();
+    tokio::task::spawn_blocking(move || -> Result<(usize, u64)> {
         let (mut files, mut bytes) = (0, 0);
-        for (l, tar) in &layers {
+        for (l, p) in &layers {
             let blob = archive::blob_path(&cache, &l.digest);
-            let (f, b) = if *tar {
-                untar(&blob, &dest).map_err(|e| match e.downcast::<Refused>() {
+            let (f, b) = match p {
+                Packing::Tar => untar(&blob, &dest).map_err(|e| match e.downcast::<Refused>() {
                     Ok(r) => Refused(format!("{image}: layer {}: {r}", l.digest)).into(),
                     Err(e) => anyhow::anyhow!("{image}: layer {}: {e:#}", l.digest),
-                })?
-            } else {
-                let rel = raw_path(l).map_err(anyhow::Error::msg)?;
-                (1, place_file(&blob, &dest, &rel, placing)?)
+                })?,
+                Packing::Raw => {
+                    let rel = raw_path(l).map_err(anyhow::Error::msg)?;
+                    (1, place_file(&blob, &dest, &rel, placing)?)
+                }
             };
             files += f;
             bytes += b;
         }
         Ok((files, bytes))
     })
-    .await??;
+    .await?
+}
+
+/// Fetches the model artifact `reg` names into the blob cache `cache` and
+/// places its files under `dest`.
+pub async fn pull_model(
+    reg: &Registry,
+    cache: &Path,
+    dest: &Path,
+    placing: Placing,
+) -> Result<ArtifactSummary> {
+    // Everything is checked before the first byte is placed.
+    let plan = plan_model(reg).await?;
+    let mut fetched = 0;
+    for (l, _) in plan.layers() {
+        fetched += reg.blob(l, cache).await?;
+    }
+    let (files, bytes) = place_model(&plan, cache, dest, placing).await?;
     Ok(ArtifactSummary {
-        manifest: resolved.digest,
+        manifest: plan.manifest,
         files,
         bytes,
         bytes_fetched: fetched,

@@ -1,0 +1,124 @@
+//! A ModelPack artifact fanned out while it downloads (`xfer sync
+//! oci://`, on the job's source node): its raw layers, each one file of
+//! the model, are the files of one draft; each layer's fetch feeds its
+//! file ([`LayerFeed`]: every chunk's BLAKE3 hash announced as soon as the
+//! chunk is in, the file sealed once the whole layer matched its registry
+//! digest, withdrawn when the fetch starts over), and the draft streams to
+//! the nodes ([`crate::flow::stream`]) as the layers arrive, in the
+//! manifest's order. Tar layers (configs, tokenizers: small) are fetched
+//! and unpacked with the rest, and reach the nodes in the round after the
+//! stream, which delivers the whole placed folder (moving only what a node
+//! still lacks). Nothing is placed on a node before its seal.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use xfer_proto::draft::Draft;
+use xfer_proto::relpath::RelPath;
+
+use crate::flow::feed::DraftFeed;
+use crate::flow::layer_stream::LayerFeed;
+use crate::flow::push::{self, NodeSummary, PushOptions};
+use crate::flow::stream;
+use crate::image::registry::artifact::{self, ModelPlan, Placing};
+use crate::image::registry::client::{BlobWatch, Registry};
+use crate::util::progress::Progress;
+
+/// What [`fetch_streaming`] did.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    /// Files placed in the folder, and their bytes.
+    pub files: usize,
+    /// The bytes of those files.
+    pub bytes: u64,
+    /// Bytes downloaded from the registry (0: all were cached).
+    pub bytes_fetched: u64,
+    /// The stream's outcome per node (empty: nothing was streamed).
+    pub streamed: Vec<NodeSummary>,
+}
+
+/// Fetches `plan`'s layers from `reg` into the blob cache `blobs` while
+/// streaming its raw layers to `push.to` as `push.name` at `chunk_size`,
+/// then places the model's files under `model` (linked from the blobs).
+pub async fn fetch_streaming(
+    reg: &Registry,
+    plan: &ModelPlan,
+    blobs: &Path,
+    model: &Path,
+    push: &PushOptions,
+    chunk_size: u64,
+) -> Result<Fetched> {
+    let layers = plan.layers();
+    let mut raw: Vec<(RelPath, u64)> = layers
+        .iter()
+        .filter_map(|(l, p)| Some((p.clone()?, l.size)))
+        .collect();
+    raw.sort();
+    let name = push
+        .name
+        .clone()
+        .context("a streamed artifact needs its model's name")?;
+    // Each raw layer's file in the draft (its index in path order).
+    let mut feeds: Vec<Option<LayerFeed>> = Vec::new();
+    let mut streaming = None;
+    if !raw.is_empty() && !push.to.is_empty() {
+        let draft = Draft::new(chunk_size, raw.clone()).map_err(anyhow::Error::msg)?;
+        let feed = DraftFeed::new(draft, &plan.manifest.to_string());
+        for (l, p) in &layers {
+            feeds.push(p.as_ref().map(|p| {
+                let file = raw.iter().position(|(q, _)| q == p).expect("listed") as u32;
+                LayerFeed::file_of(
+                    feed.clone(),
+                    (file, chunk_size),
+                    l.digest,
+                    l.size,
+                    blobs,
+                    Registry::partial_path(blobs, l),
+                )
+            }));
+        }
+        let mut paths: Vec<_> = feeds
+            .iter()
+            .flatten()
+            .map(|f| (f.file(), f.paths().remove(0)))
+            .collect();
+        paths.sort_by_key(|(i, _)| *i);
+        let paths = paths.into_iter().map(|(_, p)| p).collect();
+        let (push, name) = (push.clone(), name.clone());
+        // Dropped (a failed fetch, a cancelled job) closes the stream; the
+        // nodes keep what they staged for the next round.
+        streaming = Some(push::AbortOnDrop(tokio::spawn(async move {
+            stream::stream(&push, &name, feed, paths, &Progress::new(false)).await
+        })));
+    }
+    let mut fetched = 0;
+    let mut all_sealed = true;
+    for (i, (l, _)) in layers.iter().enumerate() {
+        let watch = feeds.get(i).and_then(|f| f.as_ref());
+        fetched += reg
+            .blob_watched(l, blobs, watch.map(|w| w as &dyn BlobWatch))
+            .await?;
+        if let Some(w) = watch {
+            if !w.seal() {
+                all_sealed = false;
+                tracing::warn!(
+                    "layer {} could not be sealed in the stream; the round after it delivers it",
+                    l.digest
+                );
+            }
+        }
+    }
+    let (files, bytes) = artifact::place_model(plan, blobs, model, Placing::Link).await?;
+    // A draft that cannot be sealed whole never ends: its stream is
+    // dropped, and the round after it delivers everything.
+    let streamed = match streaming.filter(|_| all_sealed) {
+        Some(mut s) => (&mut s.0).await.context("the stream task failed")??,
+        None => Vec::new(),
+    };
+    Ok(Fetched {
+        files,
+        bytes,
+        bytes_fetched: fetched,
+        streamed,
+    })
+}
