@@ -40,7 +40,11 @@
 #            weights present and in the page cache: the engine's own start).
 #   deploy   `xfer-launch deploy --json` (preflight, sync of the Hub repo to
 #            both nodes, `up`: ranks, gate, /health, 1- and 32-token
-#            completions). Columns: check, sync, up (its JSON's phases).
+#            completions). Columns: check (with its rounds: facts, reach,
+#            verdict), sync, up (its JSON's phases); the total ends at the
+#            model's first answer (its one-token completion, `answered_unix`),
+#            as the by-hand path's does, and `exited` says when deploy exited
+#            after its 32-token measure.
 #   plugin   the same with `stream_weights = true` (`--load-format xfer`).
 # Each row also gives `load` (vLLM's "Loading weights took", the slowest
 # rank) and CPU idle % over the path (/proc/stat; the host has few cores
@@ -492,8 +496,18 @@ path_deploy() { # TAG CLUSTER-FILE
     T=$(elapsed "$t0" "$EPOCHREALTIME")
     IDLE=$(idle_since "$cpu")
     v=$TMP/$tag.json
+    # The day ends when the model answers, as on the by-hand path (its
+    # one-token completion), not when deploy exits after its 32-token
+    # tokens-per-second measure: deploy's `answered_unix` on this clock.
+    local answered exited
+    answered=$(jq -r '.phases.answered_unix // empty' "$v" 2>/dev/null)
+    exited=$T
+    if [ -n "$answered" ]; then
+        answered=$(awk -v a="$answered" -v t="$t0" 'BEGIN { printf "%.3f", a - t }')
+        T=$answered
+    fi
     # The sync runs beside the check (and, with the plugin, beside up).
-    PARTS="check $(fmt %.1f "$(jq -r '.phases.check_s // "n/a"' "$v" 2>/dev/null)") || sync $(fmt %.1f "$(jq -r '.phases.sync_s // "n/a"' "$v" 2>/dev/null)") + up $(fmt %.1f "$(jq -r '.phases.up_s // "n/a"' "$v" 2>/dev/null)")"
+    PARTS="check $(fmt %.1f "$(jq -r '.phases.check_s // "n/a"' "$v" 2>/dev/null)") [facts $(fmt %.1f "$(jq -r '.phases.check_rounds.facts_s // "n/a"' "$v" 2>/dev/null)"), reach $(fmt %.1f "$(jq -r '.phases.check_rounds.reach_s // "n/a"' "$v" 2>/dev/null)"), verdict $(fmt %.1f "$(jq -r '.phases.check_rounds.conclude_s // "n/a"' "$v" 2>/dev/null)")] || sync $(fmt %.1f "$(jq -r '.phases.sync_s // "n/a"' "$v" 2>/dev/null)") + up $(fmt %.1f "$(jq -r '.phases.up_s // "n/a"' "$v" 2>/dev/null)"); answered $(fmt %.1f "${answered:-n/a}"), exited $(fmt %.1f "$exited")"
     # The ranks' logs, copied before the nodes are emptied.
     for i in 1 2; do
         cat "$TMP/node$i"/.xfer/runs/*/rank.log >"$TMP/$tag-rank$i.log" 2>/dev/null || true

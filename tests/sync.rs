@@ -1037,3 +1037,112 @@ fn the_hubs_retry_after_holds_every_downloader_of_the_cluster() {
         "{log}"
     );
 }
+
+/// 16. The Hub moves `main` (one shard of the model changes) and the same
+///     striped sync runs again over nodes that hold the old commit: every
+///     node ends with the new commit's Hub-verified files under one root
+///     (the old snapshot stays beside it, as huggingface_hub keeps it), and
+///     the Hub serves only the changed shard (the unchanged files are in
+///     the source's cache already), striped over the nodes again.
+#[test]
+fn a_striped_sync_after_the_hub_moved_main_fetches_only_what_changed() {
+    let mut s = Striped::start("sync-striped-update", 25, None);
+    let first = s.run();
+    assert!(first.iter().all(|t| t.ok), "{first:#?}");
+    let old_root =
+        s.c.status()
+            .complete_root(&["a", "b", "c"], "models--acme--striped")
+            .expect("one root everywhere");
+    // main moves: new bytes in the second shard; the look-alike, restarted
+    // on the same ports, lists the new commit.
+    let shard = "model-00002-of-00002.safetensors";
+    let size = fs::metadata(s.repo_src.join(shard)).unwrap().len();
+    write_random(&s.repo_src.join(shard), size, 4242);
+    let repos = s.t.path().join("repos");
+    s.server.restart(&repos, &["--rate", "1000000"]);
+    let id = s.hand_over();
+    let name = "models--acme--striped";
+    let new_root = s.c.wait_complete(&id, "a", &["a", "b", "c"], name);
+    assert_ne!(old_root, new_root, "b still holds the old commit");
+    // The new commit's files through its snapshot on every node.
+    let meta = s.server.repo("acme/striped");
+    for n in ["a", "b", "c"] {
+        let dir = s.c.root(n).join(name);
+        assert_eq!(
+            fs::read_to_string(dir.join("refs/main")).unwrap(),
+            meta.commit,
+            "{n}"
+        );
+        for path in meta.files.keys() {
+            assert!(
+                fs::read(s.repo_src.join(path)).unwrap()
+                    == fs::read(dir.join("snapshots").join(&meta.commit).join(path)).unwrap(),
+                "{path} on {n} is not the new commit's"
+            );
+        }
+    }
+    let tallies = s.c.status().job("a", &id).unwrap().delivered.clone();
+    let served = s.server.stats()["bytes_served"].as_u64().unwrap();
+    assert!(
+        served as f64 <= 1.02 * size as f64,
+        "the Hub served {served} bytes when one {size}-byte shard changed: {tallies:#?}"
+    );
+    for t in &tallies {
+        assert!(t.ok && t.named.is_none(), "{}: {tallies:#?}", t.node);
+    }
+    let origin: u64 = tallies.iter().map(|t| t.from_origin).sum();
+    assert_eq!(origin, served, "the shares add up to what the Hub served");
+}
+
+/// 17. `xfer sync` hands a job to every node at once, so a job that fails
+///     at once (its folder does not exist) can end on its source before a
+///     member took it. Here the source gets the job first and fails it;
+///     only once it has told the member, which did not hold the job yet,
+///     is the member handed it. The member still learns the job failed:
+///     the source tells it again while it does not know the job.
+#[test]
+fn a_member_handed_a_job_after_it_failed_still_learns_it_failed() {
+    use xfer_proto::admin::{AdminReply, AdminRequest, JobMember, JobSource, JobSpec};
+    let c = Cluster::start("sync-late-member", 26, &["a", "b"], &[]);
+    let cred = xfer::config::auth::Credential::load(&c.key).unwrap();
+    let (a, b) = (
+        c.member("a").agent.as_ref().unwrap(),
+        c.member("b").agent.as_ref().unwrap(),
+    );
+    let spec = JobSpec {
+        id: "late-member-1".into(),
+        name: xfer_proto::names::ModelName::new("nothing").unwrap(),
+        source: JobSource::Path(c.dir.path().join("src/nothing")),
+        source_node: "a".into(),
+        members: vec![JobMember {
+            node: "b".into(),
+            agent: b.addr.clone(),
+            data: None,
+        }],
+        chunk_size: xfer_proto::manifest::ChunkSize::Auto,
+        limit_rate: None,
+        transport: Default::default(),
+        peers: None,
+        hub_endpoint: None,
+        intake: Vec::new(),
+    };
+    let hand = |node: &str, agent: &common::Agent| {
+        let req = AdminRequest::SyncJob {
+            node: node.into(),
+            job: Box::new(spec.clone()),
+            hub_token: None,
+        };
+        let reply = ask_admin(&cred, node, agent, &req);
+        assert!(matches!(reply, AdminReply::JobAccepted { .. }), "{reply:?}");
+    };
+    hand("a", a);
+    wait_for("a to tell b, which lacks the job, that it failed", || {
+        a.log().contains("b does not hold the job yet")
+    });
+    hand("b", b);
+    c.poll("b to learn the job failed", JOB_DEADLINE, |s| {
+        s.job("b", &spec.id)
+            .is_some_and(|j| matches!(j.state, JobState::Failed { .. }))
+            .then_some(())
+    });
+}

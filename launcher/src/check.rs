@@ -33,6 +33,22 @@ pub struct Checked {
     /// Each launch node's compile caches snapshot root, in rank order
     /// (`[launch] caches`; all `None` without).
     pub caches: Vec<Option<xfer_proto::hash::Hash>>,
+    /// How long each round of the check took, seconds.
+    pub rounds: Rounds,
+}
+
+/// How long each round of a check took, seconds (`deploy --json` shows
+/// them under `phases.check_rounds`).
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct Rounds {
+    /// Every node's facts but reachability: agents, weights, disk,
+    /// memory, ports, the engine's versions, the resolver's lookups.
+    pub facts_s: f64,
+    /// Every node listening and connecting at once, beside the engine's
+    /// own rendezvous (its library's store).
+    pub reach_s: f64,
+    /// The verdict: the table, the launch unit, the compile caches.
+    pub conclude_s: f64,
 }
 
 impl Checked {
@@ -98,9 +114,11 @@ impl Checked {
 /// Runs the preflight on every node.
 pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     let reqs = preflight::requests(setup);
+    let t0 = std::time::Instant::now();
     // First everything but reachability: the ports are checked before any
     // node listens on the rendezvous port for the second round.
     let mut facts = first_round(agents, &reqs, Round::Full).await;
+    let facts_s = t0.elapsed().as_secs_f64();
     // Then every node listens and connects at once, and, at the same
     // time, meets the others with the engine's own library (the store on
     // another port than the reach round's).
@@ -127,7 +145,9 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
             )
             .await
     };
+    let t1 = std::time::Instant::now();
     let (reached, met) = tokio::join!(reach_round, rendezvous_round);
+    let reach_s = t1.elapsed().as_secs_f64();
     for (f, m) in facts.iter_mut().zip(met) {
         if let Ok(f) = f {
             f.rendezvous = match m {
@@ -159,7 +179,14 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
             }
         }
     }
-    conclude(setup, agents, facts).await
+    let t2 = std::time::Instant::now();
+    let mut checked = conclude(setup, agents, facts).await;
+    checked.rounds = Rounds {
+        facts_s,
+        reach_s,
+        conclude_s: t2.elapsed().as_secs_f64(),
+    };
+    checked
 }
 
 /// What a first round asks.
@@ -281,6 +308,7 @@ async fn conclude(
             .collect(),
         model_path,
         units,
+        rounds: Rounds::default(),
         caches,
     }
 }

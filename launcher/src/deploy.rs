@@ -59,6 +59,11 @@ pub struct Phases {
     pub image_lacking: Vec<String>,
     /// The delivered image's id, when a delivery ran.
     pub image: Option<String>,
+    /// How long each round of the first preflight took.
+    pub check_rounds: crate::check::Rounds,
+    /// When `deploy` started (`answered_s` counts from it).
+    #[serde(skip)]
+    pub started: Option<Instant>,
 }
 
 /// Why `deploy` stopped before `up`. Every variant is one line.
@@ -196,6 +201,8 @@ pub async fn prepare(
     }
     let mut phases = Phases {
         check_s: t0.elapsed().as_secs_f64(),
+        check_rounds: checked.rounds.clone(),
+        started: Some(t0),
         lacking: lacking.clone(),
         image_lacking: image_lacking.clone(),
         ..Phases::default()

@@ -23,6 +23,9 @@ pub struct Readiness {
     pub tokens_per_s: f64,
     /// What the engine answered.
     pub text: String,
+    /// When the one-token completion answered: the model serves from then.
+    #[serde(skip)]
+    pub answered_at: Option<std::time::Instant>,
 }
 
 /// Why the API did not answer as a ready engine does; each names the URL.
@@ -149,6 +152,7 @@ impl Api {
     /// The one-token readiness completion, then the tokens-per-second one.
     pub async fn measure(&self) -> Result<Readiness, ApiError> {
         let (_, _, first) = self.complete("Hello", 1).await?;
+        let answered_at = Some(std::time::Instant::now());
         let (tokens, text, secs) = self.complete("The capital of France is", 32).await?;
         Ok(Readiness {
             url: self.base.clone(),
@@ -161,6 +165,7 @@ impl Api {
                 0.0
             },
             text,
+            answered_at,
         })
     }
 }

@@ -108,6 +108,20 @@ impl HubServer {
     }
 }
 
+impl HubServer {
+    /// Stops this server and starts it again on the same ports (the
+    /// agents' `HF_ENDPOINT` stays right), reading `repos` anew: a moved
+    /// `main`.
+    pub fn restart(&mut self, repos: &Path, extra: &[&str]) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (hub, cdn) = (self.hub_port.to_string(), self.cdn_port.to_string());
+        let mut args = extra.to_vec();
+        args.extend(["--port", &hub, "--cdn-port", &cdn]);
+        *self = HubServer::start(repos, &args);
+    }
+}
+
 impl Drop for HubServer {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -45,9 +45,20 @@ pub fn report(
     phases: Option<launcher::deploy::Phases>,
     t0: std::time::Instant,
 ) -> Result<ExitCode, String> {
+    let answered_at = out.result.as_ref().ok().and_then(|r| r.answered_at);
     let phases = phases.map(|p| {
+        let started = p.started;
         let mut v = serde_json::to_value(p).unwrap_or_default();
         v["up_s"] = t0.elapsed().as_secs_f64().into();
+        // From nothing to the model's first answer (the one-token
+        // completion), before the tokens-per-second measure.
+        if let (Some(s), Some(a)) = (started, answered_at) {
+            v["answered_s"] = a.saturating_duration_since(s).as_secs_f64().into();
+            // The same moment on the wall clock, for a bench's own clock.
+            if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+                v["answered_unix"] = now.saturating_sub(a.elapsed()).as_secs_f64().into();
+            }
+        }
         v
     });
     let record = out.record.display().to_string();

@@ -513,6 +513,7 @@ fn one_image_id_everywhere_passes_the_gate() {
         model_path: s.model.path.clone(),
         units: vec![],
         caches: Vec::new(),
+        rounds: Default::default(),
     };
     assert_eq!(checked.image_id(), Some(Digest([7; 32])));
 }
@@ -716,6 +717,7 @@ fn the_image_gate_names_the_odd_node_when_ids_differ() {
         model_path: s3.model.path.clone(),
         units: vec![],
         caches: Vec::new(),
+        rounds: Default::default(),
     };
     assert_eq!(checked.image_id(), None);
 }

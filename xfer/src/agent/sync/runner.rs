@@ -956,7 +956,11 @@ impl Runner {
 /// answered, pausing 2 s, then longer (up to a minute), between tries;
 /// gives up after a day (an agent restart tries again). A member that
 /// acknowledged is added to the record's `told_ended`, if the record is
-/// still there (it may have been pruned meanwhile).
+/// still there (it may have been pruned meanwhile). A member that did not
+/// know the job yet is told again, a few times: the operator's `xfer sync`
+/// hands the job to every node at once, so a job that fails at once can
+/// end here before a member took it, and that member would then wait for
+/// it for ever.
 async fn tell_members(
     cred: Arc<Credential>,
     jobs: JobDir,
@@ -966,6 +970,7 @@ async fn tell_members(
 ) {
     let mut pause = Duration::from_secs(2);
     let give_up = tokio::time::Instant::now() + Duration::from_secs(24 * 3600);
+    let mut unknown: HashMap<String, u32> = HashMap::new();
     let msg = AdminRequest::JobEnded {
         id: id.clone(),
         state,
@@ -982,6 +987,17 @@ async fn tell_members(
             )
             .await;
             match reply {
+                Ok(AdminReply::JobEndedNoted { known: false, .. })
+                    if *unknown.entry(m.node.clone()).or_default() < UNKNOWN_RETRIES =>
+                {
+                    *unknown.get_mut(&m.node).expect("counted") += 1;
+                    tracing::info!(
+                        "sync job {id}: {} does not hold the job yet; telling it again",
+                        m.node
+                    );
+                    left.push(m);
+                    continue;
+                }
                 Ok(AdminReply::JobEndedNoted { .. }) => {}
                 Ok(AdminReply::Failed(why)) => {
                     tracing::warn!("sync job {id}: {} refused its end: {why}", m.node)
@@ -1015,6 +1031,11 @@ async fn tell_members(
         pause = (pause * 2).min(Duration::from_secs(60));
     }
 }
+
+/// Times a member that does not know an ended job is told again
+/// ([`tell_members`]): 2 + 4 + 8 + 16 + 32 s covers a handover that raced
+/// the end.
+const UNKNOWN_RETRIES: u32 = 5;
 
 /// Now, in Unix seconds.
 fn unix_now() -> u64 {
