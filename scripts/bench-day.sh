@@ -40,8 +40,8 @@
 #            weights present and in the page cache: the engine's own start).
 #   deploy   `xfer-launch deploy --json` (preflight, sync of the Hub repo to
 #            both nodes, `up`: ranks, gate, /health, 1- and 32-token
-#            completions). Columns: check (with its rounds: facts, reach,
-#            verdict), sync, up (its JSON's phases); the total ends at the
+#            completions). Columns: check (with its rounds: ports, then
+#            facts beside reach, then the verdict), sync, up (its JSON's phases); the total ends at the
 #            model's first answer (its one-token completion, `answered_unix`),
 #            as the by-hand path's does, and `exited` says when deploy exited
 #            after its 32-token measure.
@@ -507,7 +507,7 @@ path_deploy() { # TAG CLUSTER-FILE
         T=$answered
     fi
     # The sync runs beside the check (and, with the plugin, beside up).
-    PARTS="check $(fmt %.1f "$(jq -r '.phases.check_s // "n/a"' "$v" 2>/dev/null)") [facts $(fmt %.1f "$(jq -r '.phases.check_rounds.facts_s // "n/a"' "$v" 2>/dev/null)"), reach $(fmt %.1f "$(jq -r '.phases.check_rounds.reach_s // "n/a"' "$v" 2>/dev/null)"), verdict $(fmt %.1f "$(jq -r '.phases.check_rounds.conclude_s // "n/a"' "$v" 2>/dev/null)")] || sync $(fmt %.1f "$(jq -r '.phases.sync_s // "n/a"' "$v" 2>/dev/null)") + up $(fmt %.1f "$(jq -r '.phases.up_s // "n/a"' "$v" 2>/dev/null)"); answered $(fmt %.1f "${answered:-n/a}"), exited $(fmt %.1f "$exited")"
+    PARTS="check $(fmt %.1f "$(jq -r '.phases.check_s // "n/a"' "$v" 2>/dev/null)") [ports $(fmt %.1f "$(jq -r '.phases.check_rounds.ports_s // "n/a"' "$v" 2>/dev/null)"), facts $(fmt %.1f "$(jq -r '.phases.check_rounds.facts_s // "n/a"' "$v" 2>/dev/null)") || reach $(fmt %.1f "$(jq -r '.phases.check_rounds.reach_s // "n/a"' "$v" 2>/dev/null)"), verdict $(fmt %.1f "$(jq -r '.phases.check_rounds.conclude_s // "n/a"' "$v" 2>/dev/null)")] || sync $(fmt %.1f "$(jq -r '.phases.sync_s // "n/a"' "$v" 2>/dev/null)") + up $(fmt %.1f "$(jq -r '.phases.up_s // "n/a"' "$v" 2>/dev/null)"); answered $(fmt %.1f "${answered:-n/a}"), exited $(fmt %.1f "$exited")"
     # The ranks' logs, copied before the nodes are emptied.
     for i in 1 2; do
         cat "$TMP/node$i"/.xfer/runs/*/rank.log >"$TMP/$tag-rank$i.log" 2>/dev/null || true

@@ -41,8 +41,11 @@ pub struct Checked {
 /// them under `phases.check_rounds`).
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Rounds {
-    /// Every node's facts but reachability: agents, weights, disk,
-    /// memory, ports, the engine's versions, the resolver's lookups.
+    /// The quick facts, the ports first among them (before any node
+    /// listens on one): agents, weights, disk, memory, ports, image.
+    pub ports_s: f64,
+    /// The slow facts (the engine's versions import torch; the resolver
+    /// waits for its lookups), beside the reach round.
     pub facts_s: f64,
     /// Every node listening and connecting at once, beside the engine's
     /// own rendezvous (its library's store).
@@ -115,13 +118,19 @@ impl Checked {
 pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     let reqs = preflight::requests(setup);
     let t0 = std::time::Instant::now();
-    // First everything but reachability: the ports are checked before any
-    // node listens on the rendezvous port for the second round.
-    let mut facts = first_round(agents, &reqs, Round::Full).await;
-    let facts_s = t0.elapsed().as_secs_f64();
-    // Then every node listens and connects at once, and, at the same
-    // time, meets the others with the engine's own library (the store on
-    // another port than the reach round's).
+    // First the quick facts, the ports among them: they are checked before
+    // any node listens on one (the reach round on its port, the
+    // rendezvous on the engine's).
+    let quick = first_round(agents, &reqs, Round::Light, PREFLIGHT_TIMEOUT).await;
+    let ports_s = t0.elapsed().as_secs_f64();
+    // Then, at once: the slow facts (versions, resolver), every node
+    // listening and connecting, and the engine's own rendezvous (the store
+    // on another port than the reach round's). They share nothing.
+    let t1 = std::time::Instant::now();
+    let slow = async {
+        let f = first_round(agents, &reqs, Round::Slow, PREFLIGHT_TIMEOUT).await;
+        (f, t1.elapsed().as_secs_f64())
+    };
     let rendezvous = preflight::rendezvous_requests(setup);
     let reach_round = agents.ask_all(
         |i, _| {
@@ -145,9 +154,23 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
             )
             .await
     };
-    let t1 = std::time::Instant::now();
-    let (reached, met) = tokio::join!(reach_round, rendezvous_round);
-    let reach_s = t1.elapsed().as_secs_f64();
+    let probes = async {
+        let r = tokio::join!(reach_round, rendezvous_round);
+        (r, t1.elapsed().as_secs_f64())
+    };
+    let ((mut facts, facts_s), ((reached, met), reach_s)) = tokio::join!(slow, probes);
+    // The ports as the quick round found them; a node that did not answer
+    // it has no facts at all.
+    for (f, q) in facts.iter_mut().zip(quick) {
+        match q {
+            Ok(q) => {
+                if let Ok(f) = f {
+                    f.ports = q.ports;
+                }
+            }
+            Err(e) => *f = Err(e),
+        }
+    }
     for (f, m) in facts.iter_mut().zip(met) {
         if let Ok(f) = f {
             f.rendezvous = match m {
@@ -182,6 +205,7 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     let t2 = std::time::Instant::now();
     let mut checked = conclude(setup, agents, facts).await;
     checked.rounds = Rounds {
+        ports_s,
         facts_s,
         reach_s,
         conclude_s: t2.elapsed().as_secs_f64(),
@@ -192,19 +216,22 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
 /// What a first round asks.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Round {
-    /// Everything but reachability and the rendezvous.
-    Full,
+    /// Everything but reachability, the rendezvous and the ports (the
+    /// quick round's, asked before anything listens).
+    Slow,
     /// The facts a sync changes (the weights, the disk, memory, the image,
     /// the ports), without the probes that take seconds: the engine's
     /// versions (it imports torch) and the resolver's lookups.
     Light,
 }
 
-/// Every node's answer to the first round of `reqs`.
+/// Every node's answer to the first round of `reqs`, each within
+/// `timeout`.
 async fn first_round(
     agents: &Agents,
     reqs: &[xfer_proto::launch::PreflightRequest],
     round: Round,
+    timeout: Duration,
 ) -> Vec<Result<NodeFacts, String>> {
     let answers = agents
         .ask_all(
@@ -212,16 +239,16 @@ async fn first_round(
                 let mut r = reqs[i].clone();
                 r.listen_port = None;
                 r.peers.clear();
-                if round == Round::Light {
-                    r.versions.clear();
-                    r.resolve.clear();
+                match round {
+                    Round::Light => {
+                        r.versions.clear();
+                        r.resolve.clear();
+                    }
+                    Round::Slow => r.ports.clear(),
                 }
                 LaunchRequest::Preflight(Box::new(r))
             },
-            match round {
-                Round::Full => PREFLIGHT_TIMEOUT,
-                Round::Light => crate::agents::QUICK,
-            },
+            timeout,
         )
         .await;
     answers
@@ -242,7 +269,7 @@ pub async fn light(
     agents: &Agents,
 ) -> (Vec<(String, Result<NodeFacts, String>)>, Vec<Row>) {
     let reqs = preflight::requests(setup);
-    let facts = first_round(agents, &reqs, Round::Light).await;
+    let facts = first_round(agents, &reqs, Round::Light, crate::agents::QUICK).await;
     let rows = preflight::judge(setup, &facts);
     let nodes = setup
         .nodes
@@ -263,7 +290,7 @@ pub async fn recheck(setup: &Setup, agents: &Agents, before: &Checked) -> Checke
         return run(setup, agents).await;
     }
     let reqs = preflight::requests(setup);
-    let mut facts = first_round(agents, &reqs, Round::Light).await;
+    let mut facts = first_round(agents, &reqs, Round::Light, crate::agents::QUICK).await;
     for (now, (_, was)) in facts.iter_mut().zip(&before.nodes) {
         if let (Ok(now), Ok(was)) = (now, was) {
             now.versions = was.versions.clone();
