@@ -46,6 +46,15 @@ impl Pki {
         out
     }
 
+    /// Node credentials for `a` and `b`, and an operator's (`op`).
+    fn two_nodes_and_an_operator(&self) -> (PathBuf, PathBuf, PathBuf) {
+        (
+            self.issue("a", "node"),
+            self.issue("b", "node"),
+            self.issue("op", "operator"),
+        )
+    }
+
     fn rotate(&self, finish: bool) {
         let mut cmd = xfer();
         cmd.args(["ca", "rotate", "--dir"]).arg(&self.dir);
@@ -127,12 +136,7 @@ fn reload(agent: &Agent) {
 #[test]
 fn a_node_credential_moves_models_but_cannot_launch_sync_or_remove() {
     let t = tempdir("trust-roles");
-    let pki = Pki::init(t.path());
-    let (a_cred, b_cred, op) = (
-        pki.issue("a", "node"),
-        pki.issue("b", "node"),
-        pki.issue("op", "operator"),
-    );
+    let (a_cred, b_cred, op) = Pki::init(t.path()).two_nodes_and_an_operator();
     let root = t.path().join("root");
     std::fs::create_dir_all(&root).unwrap();
     let export = t.path().display().to_string();
@@ -621,12 +625,7 @@ fn a_node_that_is_not_the_jobs_source_cannot_make_another_node_fetch_a_url() {
     use xfer_proto::transfer::TransferMsg;
 
     let t = tempdir("trust-intake");
-    let pki = Pki::init(t.path());
-    let (a_cred, b_cred, op) = (
-        pki.issue("a", "node"),
-        pki.issue("b", "node"),
-        pki.issue("op", "operator"),
-    );
+    let (a_cred, b_cred, op) = Pki::init(t.path()).two_nodes_and_an_operator();
     let root = t.path().join("root");
     std::fs::create_dir_all(&root).unwrap();
     let a = Agent::start_with("127.0.0.78:0", &root, &a_cred, &[]);
