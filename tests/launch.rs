@@ -1518,3 +1518,95 @@ fn squat_api_port(lab: &Lab, i: usize) -> std::process::Child {
         .unwrap();
     squatter
 }
+
+/// A CNCF ModelPack artifact (issue 35) in a registry on the head's own
+/// management address (Debian's docker-registry, the artifact pushed by
+/// `tests/oci_push.py` as `modctl push` would): `xfer sync oci://` takes
+/// it to both nodes as a job, `check` gates it (the weights row passes on
+/// the one root every node holds) and `up` serves it.
+#[test]
+fn a_modelpack_artifact_synced_to_the_nodes_passes_the_gate_and_serves() {
+    need_root!();
+    let lab = Lab::up("xoa", 2, &[1, 2]);
+    let addr = format!("{}:15166", lab.mgmt_ip(1));
+    let reg = lab.dir.join("registry");
+    std::fs::create_dir_all(&reg).unwrap();
+    std::fs::write(
+        reg.join("config.yml"),
+        format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+            reg.join("data").display()
+        ),
+    )
+    .unwrap();
+    let _registry = Reaped(
+        Command::new("ip")
+            .args(["netns", "exec", &lab.ns(1), "docker-registry", "serve"])
+            .arg(reg.join("config.yml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker-registry (scripts/test.sh installs it)"),
+    );
+    let up_at = Instant::now();
+    while !Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
+        .arg(format!("http://{addr}/v2/"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+    {
+        assert!(
+            up_at.elapsed() < Duration::from_secs(30),
+            "the registry never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let m = lab.model("oci");
+    let spec = serde_json::json!([
+        {"media": "application/vnd.cncf.model.weight.config.v1.raw", "path": "config.json", "file": m.join("config.json")},
+        {"media": "application/vnd.cncf.model.weight.v1.raw", "path": "model.safetensors", "file": m.join("model.safetensors")},
+    ]);
+    std::fs::write(lab.dir.join("spec.json"), spec.to_string()).unwrap();
+    let pushed = Command::new("ip")
+        .args(["netns", "exec", &lab.ns(1), "python3"])
+        .arg(repo().join("tests/oci_push.py"))
+        .args([&addr, "org/tiny", "v1"])
+        .arg(lab.dir.join("spec.json"))
+        .output()
+        .unwrap();
+    assert!(pushed.status.success(), "{}", text(&pushed.stderr));
+
+    let file = lab.cluster_file("c.toml", &lab.launch("vllm", "tiny", &[]), |i| {
+        lab.fabric(i)
+    });
+    lab.save_plan(&file);
+    let synced = Command::new(xfer_bin())
+        .args(["sync", &format!("oci://{addr}/org/tiny:v1"), "--insecure"])
+        .args(["--from", "n1", "--wait", "--cluster"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(synced.status.success(), "{}", text(&synced.stderr));
+    for i in 1..=2 {
+        assert_eq!(
+            std::fs::read(lab.root_of(i).join("tiny/model.safetensors")).unwrap(),
+            std::fs::read(m.join("model.safetensors")).unwrap(),
+            "n{i}'s copy"
+        );
+    }
+    let out = lab.xl(&["check"], &file);
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{shown}{}", text(&out.stderr));
+    let weights = rows(&shown, "weights");
+    assert!(
+        !weights.is_empty() && weights.iter().all(|r| r.starts_with("pass")),
+        "{shown}"
+    );
+    let out = lab.xl(&["up", "--timeout", "60"], &file);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(lab.standins().len(), 2);
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+}
