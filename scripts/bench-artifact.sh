@@ -100,23 +100,8 @@ done
 REG=${IP[0]}:$REG_PORT
 
 # The registry, in host 0, and the artifact pushed into it.
-mkdir -p "$RUN/registry" "$RUN/src"
-cat >"$RUN/registry/config.yml" <<EOF
-version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: $RUN/registry/data
-http:
-  addr: $REG
-EOF
-ip netns exec "${NS[0]}" docker-registry serve "$RUN/registry/config.yml" >"$RUN/registry/out.log" 2>&1 &
-REG_PID=$!
-for ((k = 0; k < 100; k++)); do
-    ip netns exec "${NS[0]}" curl -sf "http://$REG/v2/" >/dev/null 2>&1 && break
-    sleep 0.1
-done
+registry_up "${NS[0]}" "$REG" "$RUN/registry"
+mkdir -p "$RUN/src"
 echo '{"architectures": ["LlamaForCausalLM"]}' >"$RUN/src/config.json"
 spec="[{\"media\": \"application/vnd.cncf.model.weight.config.v1.raw\", \"path\": \"config.json\", \"file\": \"$RUN/src/config.json\"}"
 for ((l = 1; l <= LAYERS; l++)); do
@@ -136,8 +121,6 @@ IDEAL=$(calc "$S / $LINE_RATE")
 log "$REF: S = $S bytes; S over the registry link $(fmt %.1f "$IDEAL") s"
 
 egress() { "$NC" bytes 0 eth0; }
-cpu_idle() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $5 + $6, t }' /proc/stat; }
-idle_pct() { awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }'; }
 
 KEY=$RUN/cluster.key
 "$XFER" keygen --out "$KEY" >/dev/null
@@ -178,13 +161,13 @@ declare -A T E IDLE
 # ------------------------------------------------------------ whole ----
 start_agents
 e0=$(egress)
-c0=$(cpu_idle)
+c0=$(cpu_idle_total)
 t0=$EPOCHREALTIME
 ip netns exec "${NS[1]}" env XDG_CACHE_HOME="$RUN/cache" "$XFER" pull "oci://$REF" --insecure --json \
     --local-dir "$RUN/root1/model" --to "$TO" --key "$KEY" >"$RUN/whole.json" 2>"$RUN/whole.err" ||
     die "xfer pull oci:// --to failed: $(tail -n3 "$RUN/whole.err")"
 T[whole]=$(elapsed "$t0" "$EPOCHREALTIME")
-IDLE[whole]=$(idle_pct "$c0" "$(cpu_idle)")
+IDLE[whole]=$(idle_since "$c0")
 E[whole]=$(($(egress) - e0))
 [ "$(jq '[.push.nodes[] | select(.ok)] | length' "$RUN/whole.json")" = "$((N - 1))" ] || die "whole: not every node holds the model"
 log "xfer pull oci:// --local-dir --to: $(fmt %.1f "${T[whole]}") s, registry sent $(fmt %.2f "$(calc "${E[whole]} / $S")") x S"
@@ -193,12 +176,12 @@ log "xfer pull oci:// --local-dir --to: $(fmt %.1f "${T[whole]}") s, registry se
 start_agents
 nodes=$(for ((i = 1; i <= N; i++)); do printf 'n%s,' "$i"; done)
 e0=$(egress)
-c0=$(cpu_idle)
+c0=$(cpu_idle_total)
 t0=$EPOCHREALTIME
 ip netns exec "${NS[1]}" "$XFER" sync "oci://$REF" --insecure --cluster "$CF" --from n1 --nodes "${nodes%,}" --wait \
     >"$RUN/stream.out" 2>"$RUN/stream.err" || die "xfer sync oci:// failed: $(tail -n3 "$RUN/stream.err")"
 T[stream]=$(elapsed "$t0" "$EPOCHREALTIME")
-IDLE[stream]=$(idle_pct "$c0" "$(cpu_idle)")
+IDLE[stream]=$(idle_since "$c0")
 E[stream]=$(($(egress) - e0))
 [ "$(roots model | sort -u | grep -cv none)" = 1 ] && ! roots model | grep -q none ||
     die "stream: the nodes do not hold one complete root: $(roots model | tr '\n' ' ')"

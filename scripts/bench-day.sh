@@ -379,13 +379,6 @@ load_of() {
     v=$(grep -hoE 'Loading weights took [0-9.]+ seconds' "$@" 2>/dev/null | awk '{ print $4 }' | sort -g | tail -n1)
     echo "${v:-n/a}"
 }
-# idle_since "IDLE TOTAL": CPU idle % since that cpu_idle_total reading.
-idle_since() {
-    local a b c d
-    read -r a b <<<"$1"
-    read -r c d < <(cpu_idle_total)
-    awk -v i=$((c - a)) -v t=$((d - b)) 'BEGIN { if (t > 0) printf "%.0f", 100 * i / t; else print "n/a" }'
-}
 
 # Each path sets T (total seconds, n/a on failure), PARTS (its phases, as
 # text), LOAD and IDLE.

@@ -128,25 +128,7 @@ dk() { # dk HOST ARGS...
 XT_STANDIN=0 dockerd_images "${SOCK[0]}" "$BASE_MIB" "$TOP_MIB" >"$RUN/images.txt"
 
 # The registry, in host 0, and the image pushed into it (gzip layers).
-mkdir -p "$RUN/registry"
-cat >"$RUN/registry/config.yml" <<EOF
-version: 0.1
-log:
-  level: info
-  accesslog:
-    disabled: false
-storage:
-  filesystem:
-    rootdirectory: $RUN/registry/data
-http:
-  addr: $REG
-EOF
-ip netns exec "${NS[0]}" docker-registry serve "$RUN/registry/config.yml" >"$RUN/registry/access.log" 2>"$RUN/registry/err.log" &
-REG_PID=$!
-for ((k = 0; k < 100; k++)); do
-    ip netns exec "${NS[0]}" curl -sf "http://$REG/v2/" >/dev/null 2>&1 && break
-    sleep 0.1
-done
+registry_up "${NS[0]}" "$REG" "$RUN/registry"
 log "pushing $IMG into the registry (skopeo, gzip)"
 ip netns exec "${NS[0]}" skopeo copy --quiet --src-daemon-host "${SOCK[0]}" --dest-tls-verify=false \
     "docker-daemon:$IMG" "docker://$REG/$IMG"
@@ -161,8 +143,6 @@ log "$REF: $I bytes in the registry, id $ID; I over the registry link $(fmt %.1f
 # the registry's egress, headers included (the access log is written as
 # each answer ends, too late to read right after a path).
 egress() { "$NC" bytes 0 eth0; }
-cpu_idle() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $5 + $6, t }' /proc/stat; }
-idle_pct() { awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }'; }
 check_ids() { # check_ids NAME LABEL: every node holds NAME as the image's id
     local i got
     for ((i = 1; i <= N; i++)); do
@@ -205,7 +185,7 @@ declare -A T E IDLE
 # ------------------------------------------------------------ pulls ----
 empty_nodes
 e0=$(egress)
-c0=$(cpu_idle)
+c0=$(cpu_idle_total)
 t0=$EPOCHREALTIME
 pids=()
 for ((i = 1; i <= N; i++)); do
@@ -214,7 +194,7 @@ for ((i = 1; i <= N; i++)); do
 done
 for p in "${pids[@]}"; do wait "$p" || die "a docker pull failed: $(cat "$RUN"/pull-*.out | tail -n3)"; done
 T[pulls]=$(elapsed "$t0" "$EPOCHREALTIME")
-IDLE[pulls]=$(idle_pct "$c0" "$(cpu_idle)")
+IDLE[pulls]=$(idle_since "$c0")
 E[pulls]=$(($(egress) - e0))
 check_ids "$REF" pulls
 log "$N parallel docker pulls: $(fmt %.1f "${T[pulls]}") s, registry sent $(fmt %.2f "$(calc "${E[pulls]} / $I")") x I"
@@ -223,13 +203,13 @@ log "$N parallel docker pulls: $(fmt %.1f "${T[pulls]}") s, registry sent $(fmt 
 empty_nodes
 start_agents
 e0=$(egress)
-c0=$(cpu_idle)
+c0=$(cpu_idle_total)
 t0=$EPOCHREALTIME
 dk 1 pull -q "$REF" >"$RUN/push-pull.out" 2>&1 || die "docker pull on host 1 failed"
 DOCKER_HOST=${SOCK[1]} ip netns exec "${NS[1]}" "$XFER" image push "$REF" --to "$TO" --key "$KEY" --json \
     --cache "$RUN/push-cache" >"$RUN/push.json" 2>"$RUN/push.err" || die "xfer image push failed: $(tail -n3 "$RUN/push.err")"
 T[push]=$(elapsed "$t0" "$EPOCHREALTIME")
-IDLE[push]=$(idle_pct "$c0" "$(cpu_idle)")
+IDLE[push]=$(idle_since "$c0")
 E[push]=$(($(egress) - e0))
 check_ids "$REF" push
 log "docker pull on host 1 + xfer image push: $(fmt %.1f "${T[push]}") s, registry sent $(fmt %.2f "$(calc "${E[push]} / $I")") x I"
@@ -238,12 +218,12 @@ log "docker pull on host 1 + xfer image push: $(fmt %.1f "${T[push]}") s, regist
 empty_nodes
 start_agents
 e0=$(egress)
-c0=$(cpu_idle)
+c0=$(cpu_idle_total)
 t0=$EPOCHREALTIME
 ip netns exec "${NS[1]}" "$XFER" image pull "$REF" --insecure --to "$TO" --key "$KEY" --json \
     --cache "$RUN/pull-cache" >"$RUN/xfer.json" 2>"$RUN/xfer.err" || die "xfer image pull failed: $(tail -n3 "$RUN/xfer.err")"
 T[xfer]=$(elapsed "$t0" "$EPOCHREALTIME")
-IDLE[xfer]=$(idle_pct "$c0" "$(cpu_idle)")
+IDLE[xfer]=$(idle_since "$c0")
 E[xfer]=$(($(egress) - e0))
 check_ids "$REF" xfer
 LOAD=$(jq '[.nodes[].load_s] | max' "$RUN/xfer.json")

@@ -186,6 +186,30 @@ proc_times() {
 cpu_idle_total() {
     awk '$1 == "cpu" { printf "%.0f %.0f\n", $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9; exit }' /proc/stat
 }
+# idle_since "IDLE TOTAL": CPU idle % since that cpu_idle_total reading.
+idle_since() {
+    local a b c d
+    read -r a b <<<"$1"
+    read -r c d < <(cpu_idle_total)
+    awk -v i=$((c - a)) -v t=$((d - b)) 'BEGIN { if (t > 0) printf "%.0f", 100 * i / t; else print "n/a" }'
+}
+# registry_up NS ADDR DIR: Debian's docker-registry (CNCF distribution,
+# plain HTTP) in network namespace NS on ADDR, storing under DIR, its
+# output in DIR/out.log; waits until /v2/ answers (10 s at most). Sets
+# REG_PID (the caller stops it).
+registry_up() {
+    local ns=$1 addr=$2 dir=$3 k
+    mkdir -p "$dir"
+    printf 'version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\nstorage:\n  filesystem:\n    rootdirectory: %s/data\nhttp:\n  addr: %s\n' \
+        "$dir" "$addr" >"$dir/config.yml"
+    ip netns exec "$ns" docker-registry serve "$dir/config.yml" >"$dir/out.log" 2>&1 &
+    REG_PID=$!
+    for ((k = 0; k < 100; k++)); do
+        ip netns exec "$ns" curl -sf "http://$addr/v2/" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    die "the registry on $addr did not answer: $(tail -n3 "$dir/out.log")"
+}
 # percentile P VALUE...: the nearest-rank P-th percentile (P in 1..100).
 percentile() {
     local p=$1
