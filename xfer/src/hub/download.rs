@@ -650,9 +650,12 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
             Err(Failure::Transient {
                 why,
                 wait: Some(wait),
-            }) if busy + 1 < INTAKE_BUSY_STRIKES => {
+            }) => {
                 busy += 1;
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                if busy >= INTAKE_BUSY_STRIKES {
+                    return retire(&shared, r, format!("{why} ({busy} times in a row)"));
+                }
                 let why = format!("{}: {why}", remote.name());
                 origin_asked_to_wait(&shared, wait.min(retry::MAX_WAIT), &why);
                 continue;
@@ -662,12 +665,7 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
                 let why = why.into_words();
                 if strikes >= INTAKE_STRIKES {
-                    tracing::warn!(
-                        "{}: {why}; it takes no more ranges, the other downloaders carry on",
-                        remote.name()
-                    );
-                    shared.retired.lock().unwrap()[r].get_or_insert(why);
-                    return;
+                    return retire(&shared, r, why);
                 }
                 tracing::info!(
                     "{}: {why}; its range goes back to the others",
@@ -683,6 +681,16 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
             finish_file(&shared, f).await;
         }
     }
+}
+
+/// Intake node `r` takes no more ranges, for `why` (what its last
+/// failures said); the other downloaders carry on.
+fn retire(shared: &Shared, r: usize, why: String) {
+    tracing::warn!(
+        "{}: {why}; it takes no more ranges, the other downloaders carry on",
+        shared.opts.intake.remotes[r].name()
+    );
+    shared.retired.lock().unwrap()[r].get_or_insert(why);
 }
 
 /// The first queued part intake node `r` may take, and its file's URL.
