@@ -44,8 +44,9 @@ pub struct Rounds {
     /// The quick facts, the ports first among them (before any node
     /// listens on one): agents, weights, disk, memory, ports, image.
     pub ports_s: f64,
-    /// The slow facts (the engine's versions import torch; the resolver
-    /// waits for its lookups), beside the reach round.
+    /// The slow facts (the engine's versions run its Python, which may
+    /// import torch; the resolver waits for its lookups), beside the
+    /// reach round.
     pub facts_s: f64,
     /// Every node listening and connecting at once, beside the engine's
     /// own rendezvous (its library's store).
@@ -221,7 +222,8 @@ enum Round {
     Slow,
     /// The facts a sync changes (the weights, the disk, memory, the image,
     /// the ports), without the probes that take seconds: the engine's
-    /// versions (it imports torch) and the resolver's lookups.
+    /// versions (its Python, which may import torch) and the resolver's
+    /// lookups.
     Light,
 }
 

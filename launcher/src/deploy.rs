@@ -6,7 +6,7 @@
 //! operator's engine to the nodes that lack it (or hold another image
 //! under its name). `up` does the rest. The sync starts as soon as the
 //! nodes' weights and free space are read, beside the rest of the
-//! preflight (whose slow probes import torch); the image is delivered once
+//! preflight (whose rendezvous probe imports torch); the image is delivered once
 //! the preflight passed, and `up` asks again only what a sync changes.
 //! Each phase is timed. Run again after an interruption, the sync resumes
 //! from the agents' journals, the image's blobs a node holds are not sent

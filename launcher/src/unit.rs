@@ -6,12 +6,16 @@
 //! A node's unit is read from its preflight facts ([`LaunchUnit::of`]):
 //! the weights and the image from the agent's own probes, the engine and
 //! torch from the version probes, the driver from `nvidia-smi`, and the
-//! rest from [`build_probe`]: one run of the engine's Python that imports
-//! torch and says which CUDA runtime it was built for, its NCCL
-//! (`torch.cuda.nccl.version()`), the NCCL library vLLM's own
-//! communicator would load (`VLLM_NCCL_SO_PATH`, else `libnccl.so.2` on
-//! the loader's path, which `LD_LIBRARY_PATH` can change), and the GPUs'
-//! compute capability. What a node does not have is `none` (a CPU-only
+//! rest from [`build_probe`]: one run of the engine's Python that says
+//! which CUDA runtime torch was built for, its NCCL, the NCCL library
+//! vLLM's own communicator would load (`VLLM_NCCL_SO_PATH`, else the one
+//! torch loaded), and the GPUs' compute capability. It reads them from
+//! files where they can be told for sure (torch's `version.py`; a pip
+//! wheel that requires `nvidia-nccl-*` loads `nvidia/nccl/lib/libnccl.so.2`
+//! beside it by its RPATH, asked with `ncclGetVersion`; `nvidia-smi` for
+//! the visible GPUs) in a tenth of a second, and imports torch (2 s of
+//! CPU) otherwise: another wheel, `LD_PRELOAD`, devices without
+//! `nvidia-smi`. What a node does not have is `none` (a CPU-only
 //! torch has no NCCL and no CUDA); what could not be asked is `unknown`.
 //!
 //! [`differences`] compares the nodes' units field by field; the
@@ -286,6 +290,9 @@ pub struct Build {
     /// The GPUs' compute capabilities, "sm_121,sm_90".
     #[serde(default)]
     pub arch: Option<String>,
+    /// "files" when the probe read all of it without importing torch.
+    #[serde(default)]
+    pub read: Option<String>,
 }
 
 impl Build {
@@ -360,7 +367,7 @@ const BOOT: &str = "import sys; exec(sys.argv[1])";
 /// engine's program, the environment to add (JSON), and `inner` once it
 /// runs in the engine's Python.
 const BUILD_PY: &str = r##"
-import ctypes, json, os, shutil, sys
+import ctypes, json, os, shutil, subprocess, sys
 body, prog, env = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 if len(sys.argv) < 5:
     py = [sys.executable]
@@ -388,34 +395,103 @@ def ver(n):
     if n >= 10000:
         return "%d.%d.%d" % (n // 10000, n % 10000 // 100, n % 100)
     return "%d.%d.%d" % (n // 1000, n % 1000 // 100, n % 100)
-out = {"python": sys.executable}
-try:
-    import torch
-except Exception as err:
-    sys.exit("torch cannot be imported by %s: %s" % (sys.executable, err))
-out["torch"] = str(getattr(torch, "__version__", "")) or None
-out["cuda"] = getattr(getattr(torch, "version", None), "cuda", None)
-try:
-    import torch.cuda.nccl
-    out["nccl"] = ver(torch.cuda.nccl.version())
-except Exception:
-    pass
-if out["cuda"]:
-    so = os.environ.get("VLLM_NCCL_SO_PATH") or "libnccl.so.2"
+def nccl_of(so):
+    lib = ctypes.CDLL(so)
+    v = ctypes.c_int()
+    if lib.ncclGetVersion(ctypes.byref(v)) != 0:
+        raise OSError("ncclGetVersion failed")
+    return ver(v.value)
+def read_build():
+    # Without importing torch (2 s of CPU): its version file, the NCCL its
+    # wheel's RPATH loads, and the GPUs from nvidia-smi. None when any of
+    # it cannot be told for sure; the import then answers.
+    if "LD_PRELOAD" in os.environ:
+        return None
+    import importlib.metadata, importlib.util
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    where = list(spec.submodule_search_locations)[0]
+    vars = {}
     try:
-        lib = ctypes.CDLL(so)
-        v = ctypes.c_int()
-        if lib.ncclGetVersion(ctypes.byref(v)) == 0:
-            out["nccl_lib"] = ver(v.value)
-            out["nccl_lib_path"] = so
-    except (OSError, AttributeError):
-        pass
-try:
-    if torch.cuda.is_available():
-        caps = {"sm_%d%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        with open(os.path.join(where, "version.py")) as f:
+            src = f.read()
+        exec(compile(src, "torch/version.py", "exec"), vars)
+    except Exception:
+        return None
+    out = {"python": sys.executable, "torch": str(vars.get("__version__") or "") or None, "cuda": vars.get("cuda")}
+    if not out["torch"]:
+        return None
+    if out["cuda"]:
+        try:
+            needs = importlib.metadata.distribution("torch").requires or []
+        except Exception:
+            return None
+        so = os.path.join(os.path.dirname(where), "nvidia", "nccl", "lib", "libnccl.so.2")
+        if not any(r.lower().startswith("nvidia-nccl") for r in needs) or not os.path.exists(so):
+            return None
+        try:
+            out["nccl"] = nccl_of(so)
+            mine = os.environ.get("VLLM_NCCL_SO_PATH")
+            out["nccl_lib"] = nccl_of(mine) if mine else out["nccl"]
+            out["nccl_lib_path"] = mine or "libnccl.so.2"
+        except (OSError, AttributeError):
+            return None
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        if any(os.path.exists(d) for d in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
+            return None
+        return out
+    if not out["cuda"]:
+        return out
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if seen is not None and seen.strip() in ("", "-1"):
+        return out
+    argv = [smi, "--query-gpu=compute_cap", "--format=csv,noheader"]
+    if seen is not None:
+        if not all(p.strip().isdigit() for p in seen.split(",")):
+            return None
+        argv.append("--id=" + ",".join(p.strip() for p in seen.split(",")))
+    try:
+        lines = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True).stdout.split()
+        caps = {"sm_" + l.replace(".", "") for l in lines if l.replace(".", "").isdigit()}
+    except Exception:
+        return None
+    if caps:
         out["arch"] = ",".join(sorted(caps))
-except Exception:
-    pass
+    return out
+def import_build():
+    out = {"python": sys.executable}
+    try:
+        import torch
+    except Exception as err:
+        sys.exit("torch cannot be imported by %s: %s" % (sys.executable, err))
+    out["torch"] = str(getattr(torch, "__version__", "")) or None
+    out["cuda"] = getattr(getattr(torch, "version", None), "cuda", None)
+    try:
+        import torch.cuda.nccl
+        out["nccl"] = ver(torch.cuda.nccl.version())
+    except Exception:
+        pass
+    if out["cuda"]:
+        so = os.environ.get("VLLM_NCCL_SO_PATH") or "libnccl.so.2"
+        try:
+            out["nccl_lib"] = nccl_of(so)
+            out["nccl_lib_path"] = so
+        except (OSError, AttributeError):
+            pass
+    try:
+        if torch.cuda.is_available():
+            caps = {"sm_%d%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+            out["arch"] = ",".join(sorted(caps))
+    except Exception:
+        pass
+    return out
+out = read_build()
+if out is None:
+    out = import_build()
+else:
+    out["read"] = "files"
 print(json.dumps(out))
 "##;
 
@@ -454,6 +530,157 @@ pub fn common(units: &[(String, LaunchUnit)]) -> Option<&LaunchUnit> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A torch wheel laid out as pip lays it out, in a temporary site
+    /// directory: its version file, its metadata, the NCCL its RPATH
+    /// loads (a real shared library answering `ncclGetVersion`), and an
+    /// `__init__` that refuses to be imported.
+    struct FakeWheel {
+        dir: tempfile::TempDir,
+    }
+
+    impl FakeWheel {
+        fn new(needs_nccl: bool) -> FakeWheel {
+            let dir = tempfile::tempdir().unwrap();
+            let site = dir.path().join("site");
+            std::fs::create_dir_all(site.join("torch")).unwrap();
+            std::fs::write(
+                site.join("torch/__init__.py"),
+                "raise ImportError('the probe imported torch')\n",
+            )
+            .unwrap();
+            std::fs::write(
+                site.join("torch/version.py"),
+                "from typing import Optional\n__version__ = '2.13.0+cu130'\ncuda: Optional[str] = '13.0'\n",
+            )
+            .unwrap();
+            let info = site.join("torch-2.13.0+cu130.dist-info");
+            std::fs::create_dir_all(&info).unwrap();
+            let needs = if needs_nccl {
+                "Requires-Dist: nvidia-nccl-cu13==2.21.5; platform_system == \"Linux\"\n"
+            } else {
+                ""
+            };
+            std::fs::write(
+                info.join("METADATA"),
+                format!("Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cu130\n{needs}"),
+            )
+            .unwrap();
+            let lib = site.join("nvidia/nccl/lib");
+            std::fs::create_dir_all(&lib).unwrap();
+            let w = FakeWheel { dir };
+            w.nccl(&lib.join("libnccl.so.2"), 22105);
+            w
+        }
+
+        /// A shared library whose `ncclGetVersion` says `code`.
+        fn nccl(&self, to: &std::path::Path, code: u32) {
+            let c = self.dir.path().join("nccl.c");
+            std::fs::write(
+                &c,
+                format!("int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}\n"),
+            )
+            .unwrap();
+            let ok = std::process::Command::new("cc")
+                .args(["-shared", "-fPIC", "-o"])
+                .arg(to)
+                .arg(&c)
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        }
+
+        /// The probe's stdout and stderr, run with this site first on the
+        /// module path and `bin` (when given) first on `PATH`.
+        fn probe(&self, env: &[(&str, &str)], bin: Option<&std::path::Path>) -> (String, String) {
+            let python = std::process::Command::new("python3")
+                .args(["-c", "import sys; print(sys.executable)"])
+                .output()
+                .unwrap();
+            let python = String::from_utf8(python.stdout).unwrap().trim().to_string();
+            let path = match bin {
+                Some(b) => format!("{}:/usr/bin:/bin", b.display()),
+                None => "/usr/bin:/bin".into(),
+            };
+            let extra: BTreeMap<&str, &str> = env
+                .iter()
+                .copied()
+                .filter(|(k, _)| *k == "VLLM_NCCL_SO_PATH")
+                .collect();
+            let mut cmd = std::process::Command::new(&python);
+            cmd.args(["-c", BOOT, BUILD_PY, &python])
+                .arg(serde_json::to_string(&extra).unwrap())
+                .env("PYTHONPATH", self.dir.path().join("site"))
+                .env("PATH", path)
+                .env_remove("LD_PRELOAD")
+                .env_remove("CUDA_VISIBLE_DEVICES");
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            let out = cmd.output().unwrap();
+            (
+                String::from_utf8_lossy(&out.stdout).trim().to_string(),
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            )
+        }
+    }
+
+    fn parsed(line: &str) -> Build {
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+
+    #[test]
+    fn the_build_probe_reads_a_cuda_wheel_without_importing_torch() {
+        let w = FakeWheel::new(true);
+        let (out, err) = w.probe(&[], None);
+        let b = parsed(&out);
+        assert_eq!(b.read.as_deref(), Some("files"), "{out} {err}");
+        assert_eq!(b.torch.as_deref(), Some("2.13.0+cu130"));
+        assert_eq!(b.cuda.as_deref(), Some("13.0"));
+        assert_eq!(b.nccl().as_deref(), Some("2.21.5"));
+        assert_eq!(b.arch, None);
+
+        // The communicator's own library, when the launch names one.
+        let other = w.dir.path().join("libnccl-other.so");
+        w.nccl(&other, 22602);
+        let (out, _) = w.probe(&[("VLLM_NCCL_SO_PATH", other.to_str().unwrap())], None);
+        assert_eq!(parsed(&out).nccl().as_deref(), Some("2.21.5, libnccl 2.26.2"));
+
+        // The GPUs from nvidia-smi, limited to the visible ones.
+        let bin = w.dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let asked = w.dir.path().join("asked");
+        std::fs::write(
+            bin.join("nvidia-smi"),
+            format!("#!/bin/sh\necho \"$@\" > '{}'\nprintf '12.1\\n9.0\\n'\n", asked.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            bin.join("nvidia-smi"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let (out, _) = w.probe(&[("CUDA_VISIBLE_DEVICES", "0, 1")], Some(&bin));
+        assert_eq!(parsed(&out).arch.as_deref(), Some("sm_121,sm_90"), "{out}");
+        let asked = std::fs::read_to_string(&asked).unwrap();
+        assert!(asked.contains("--query-gpu=compute_cap") && asked.contains("--id=0,1"), "{asked}");
+    }
+
+    #[test]
+    fn the_build_probe_imports_torch_when_the_files_cannot_say() {
+        // No NCCL requirement in the wheel's metadata: its NCCL may be
+        // linked in, so only torch can say; here the import fails, and the
+        // probe says so rather than guessing.
+        let w = FakeWheel::new(false);
+        let (out, err) = w.probe(&[], None);
+        assert!(out.is_empty(), "{out}");
+        assert!(err.contains("torch cannot be imported") && err.contains("the probe imported torch"), "{err}");
+        // The same for a preloaded library, and for devices named in a
+        // way nvidia-smi cannot be asked about.
+        let w = FakeWheel::new(true);
+        let (_, err) = w.probe(&[("LD_PRELOAD", "")], None);
+        assert!(err.contains("the probe imported torch"), "{err}");
+    }
 
     fn unit(torch: &str, nccl: &str) -> LaunchUnit {
         LaunchUnit::new(
