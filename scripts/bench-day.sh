@@ -284,7 +284,7 @@ start_agent() {
     local i=$1 out=$TMP/agent$1.out k pid
     mkdir -p "$TMP/node$i"
     : >"$out"
-    PATH=$TMP/bin:$VENV/bin:$PATH \
+    PATH=$TMP/bin:$VENV/bin:$PATH XDG_CACHE_HOME=$TMP/cache-n$i \
         ip netns exec "$(ns "$i")" unshare --mount --propagation private sh -c \
         "mount --bind '$TMP/node$i' '$MNT' && exec '$XFER' serve --allow-launch --listen 0.0.0.0:$AGENT_PORT --root '$MNT' --key '$KEY' --verify-every 0" \
         >"$out" 2>>"$TMP/agent$i.log" </dev/null &
@@ -300,13 +300,17 @@ start_agent() {
 }
 
 # fresh_nodes MODE: agents stopped, both roots emptied, the resolver set,
-# agents started: every path starts from nothing.
+# agents started: every path starts from nothing, with no vLLM cache
+# either (each node's XDG_CACHE_HOME, its ranks' and its agent's, is
+# emptied too: vLLM caches what it learns of a model class there, 8 s of a
+# cold start here; the by-hand ranks once used the host's warm
+# ~/.cache while the agents' ranks started cold).
 fresh_nodes() {
     local p
     for p in "${AGENTS[@]}"; do stop_pid "$p"; done
     AGENTS=()
     kill_marked
-    rm -rf "$TMP/node1" "$TMP/node2"
+    rm -rf "$TMP/node1" "$TMP/node2" "$TMP/cache-n1" "$TMP/cache-n2"
     set_resolver "$1"
     start_agent 1
     start_agent 2
@@ -351,7 +355,8 @@ read_hand_plan() {
         idx=${node#n}
         mapfile -d '' -t "RANKCMD_$r" < <(
             printf '%s\0' nsenter -t "${AGENTS[idx - 1]}" -m -n env -i \
-                "PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+                "PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+                "XDG_CACHE_HOME=$TMP/cache-n$idx"
             jq -j --argjson r "$r" '.ranks[$r] | ([.env | to_entries[] | "\(.key)=\(.value)"] + .argv)[] | (., "\u0000")' "$plan"
         )
     done

@@ -251,7 +251,8 @@ write_config() {
 
 # read_plan N: what the by-hand script takes from the plan, per rank r:
 # RANKCMD_r, the whole command line (nsenter into the agent of the rank's
-# node, env -i with PATH, PYTHONPATH and the plan's env, the plan's argv).
+# node, env -i with PATH, PYTHONPATH, the agents' XDG_CACHE_HOME (so both
+# paths share vLLM's cache) and the plan's env, the plan's argv).
 # MODEL_PATH: the model name the API serves.
 read_plan() {
     local n=$1 r node idx
@@ -265,7 +266,7 @@ read_plan() {
         mapfile -d '' -t "RANKCMD_$r" < <(
             printf '%s\0' nsenter -t "${AGENTS[idx - 1]}" -m -n env -i \
                 "PATH=$ENGINE_BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-                "PYTHONPATH=$ENGINE_PYPATH"
+                "PYTHONPATH=$ENGINE_PYPATH" "XDG_CACHE_HOME=$XDG_CACHE_HOME"
             jq -j --argjson r "$r" '.ranks[$r] | ([.env | to_entries[] | "\(.key)=\(.value)"] + .argv)[] | (., "\u0000")' "$PLAN"
         )
     done

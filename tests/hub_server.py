@@ -195,6 +195,7 @@ class Stats:
             self.c = dict.fromkeys(self.KEYS, 0)
             self.c["faults"] = {}
             self.c["resolve_by_path"] = {}
+            self.c["resolve_order"] = []  # each path's first resolve, in order
             self.c["max_concurrent_connections"] = self.connections
             self.c["max_concurrent_bodies"] = self.in_flight
 
@@ -205,6 +206,11 @@ class Stats:
     def add_in(self, table, key, n=1):
         with self.lock:
             self.c[table][key] = self.c[table].get(key, 0) + n
+
+    def first_of(self, table, key):
+        with self.lock:
+            if key not in self.c[table]:
+                self.c[table].append(key)
 
     def gauge(self, attr, delta):
         with self.lock:
@@ -545,6 +551,7 @@ class Handler(BaseHTTPRequestHandler):
         stats = self.cfg.stats
         stats.add("resolve_head" if head else "resolve_get")
         stats.add_in("resolve_by_path", f"{repo.repo_id}/{path}")
+        stats.first_of("resolve_order", f"{repo.repo_id}/{path}")
         e = repo.files.get(path)
         if e is None:
             return self.hub_error(404, "EntryNotFound", f"{path} does not exist on \"{repo.commit}\"",

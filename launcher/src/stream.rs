@@ -27,10 +27,6 @@ use xfer_proto::launch::NodeFacts;
 use crate::agents::Agents;
 use crate::config::Setup;
 
-/// File names the loader waits for itself; any other file of the model is
-/// a small file the gate waits for.
-const WEIGHT_SUFFIXES: &[&str] = &[".safetensors", ".bin", ".pt", ".pth", ".gguf"];
-
 /// Where the model is on one node: its name in the store and the model
 /// path below that model's folder (`""` for the folder itself).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,7 +123,7 @@ pub fn stand(status: &AgentStatus, h: &Held) -> Stand {
                 .pending
                 .iter()
                 .filter(under)
-                .filter(|p| !WEIGHT_SUFFIXES.iter().any(|s| p.ends_with(s)))
+                .filter(|p| !xfer_proto::repo::is_weight_file(p))
                 .collect();
             if small.is_empty() {
                 Stand::Ready(ident)

@@ -644,7 +644,10 @@ mod tests {
         let other = w.dir.path().join("libnccl-other.so");
         w.nccl(&other, 22602);
         let (out, _) = w.probe(&[("VLLM_NCCL_SO_PATH", other.to_str().unwrap())], None);
-        assert_eq!(parsed(&out).nccl().as_deref(), Some("2.21.5, libnccl 2.26.2"));
+        assert_eq!(
+            parsed(&out).nccl().as_deref(),
+            Some("2.21.5, libnccl 2.26.2")
+        );
 
         // The GPUs from nvidia-smi, limited to the visible ones.
         let bin = w.dir.path().join("bin");
@@ -652,7 +655,10 @@ mod tests {
         let asked = w.dir.path().join("asked");
         std::fs::write(
             bin.join("nvidia-smi"),
-            format!("#!/bin/sh\necho \"$@\" > '{}'\nprintf '12.1\\n9.0\\n'\n", asked.display()),
+            format!(
+                "#!/bin/sh\necho \"$@\" > '{}'\nprintf '12.1\\n9.0\\n'\n",
+                asked.display()
+            ),
         )
         .unwrap();
         std::fs::set_permissions(
@@ -663,7 +669,10 @@ mod tests {
         let (out, _) = w.probe(&[("CUDA_VISIBLE_DEVICES", "0, 1")], Some(&bin));
         assert_eq!(parsed(&out).arch.as_deref(), Some("sm_121,sm_90"), "{out}");
         let asked = std::fs::read_to_string(&asked).unwrap();
-        assert!(asked.contains("--query-gpu=compute_cap") && asked.contains("--id=0,1"), "{asked}");
+        assert!(
+            asked.contains("--query-gpu=compute_cap") && asked.contains("--id=0,1"),
+            "{asked}"
+        );
     }
 
     #[test]
@@ -674,7 +683,10 @@ mod tests {
         let w = FakeWheel::new(false);
         let (out, err) = w.probe(&[], None);
         assert!(out.is_empty(), "{out}");
-        assert!(err.contains("torch cannot be imported") && err.contains("the probe imported torch"), "{err}");
+        assert!(
+            err.contains("torch cannot be imported") && err.contains("the probe imported torch"),
+            "{err}"
+        );
         // The same for a preloaded library, and for devices named in a
         // way nvidia-smi cannot be asked about.
         let w = FakeWheel::new(true);

@@ -2,7 +2,8 @@
 //! from it. Revisions and paths are percent-encoded as `huggingface_hub`
 //! does: a revision with nothing kept (so `refs/pr/1` is one segment), a file
 //! path with its `/` separators kept. Also the one check of a full commit
-//! id ([`is_commit_sha`]).
+//! id ([`is_commit_sha`]), and the one test of a weight file
+//! ([`is_weight_file`]).
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
@@ -18,6 +19,16 @@ const PATH: &AsciiSet = &UNRESERVED.remove(b'/');
 /// Whether `s` is a full commit id: exactly 40 hex digits.
 pub fn is_commit_sha(s: &str) -> bool {
     s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The file name endings of weights: what an engine loads shard by shard,
+/// after it read the rest (config, tokenizer, index).
+pub const WEIGHT_SUFFIXES: &[&str] = &[".safetensors", ".bin", ".pt", ".pth", ".gguf"];
+
+/// Whether `path` names a weight file ([`WEIGHT_SUFFIXES`]); every other
+/// file of a model is a small file an engine reads as it starts.
+pub fn is_weight_file(path: &str) -> bool {
+    WEIGHT_SUFFIXES.iter().any(|s| path.ends_with(s))
 }
 
 /// The kind of repository.
