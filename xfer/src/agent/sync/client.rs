@@ -676,6 +676,11 @@ fn row(node: &str, m: &ModelStatus) -> Vec<String> {
     ]
 }
 
+/// How often [`wait`] asks the source about the job.
+const JOB_EVERY: Duration = Duration::from_millis(200);
+/// How often [`wait`] asks every member how it is doing.
+const MEMBERS_EVERY: Duration = Duration::from_secs(1);
+
 /// Follows job `spec` until every member holds its model complete with one
 /// root (or the job fails); prints progress on stderr when it is a terminal.
 pub async fn wait(
@@ -692,6 +697,7 @@ pub async fn wait(
     }
     let started = Instant::now();
     let mut started_at = vec![false; names.len()];
+    let mut members_asked: Option<Instant> = None;
     loop {
         let source = status(cluster, cred, std::slice::from_ref(&spec.source_node)).await?;
         let job = source
@@ -706,6 +712,17 @@ pub async fn wait(
                 bail!("job {} {}", spec.id, j.shown());
             }
         }
+        // The source's job is asked often (its end is what we wait for);
+        // every member's status, for the bars and the roots, once a
+        // second, and at once when the job says complete.
+        let complete = job
+            .as_ref()
+            .is_some_and(|j| matches!(j.state, JobState::Complete { .. }));
+        if !complete && members_asked.is_some_and(|t| t.elapsed() < MEMBERS_EVERY) {
+            tokio::time::sleep(JOB_EVERY).await;
+            continue;
+        }
+        members_asked = Some(Instant::now());
         // While the source retries, every bar says why and when.
         let retrying = job.as_ref().and_then(|j| j.retry_line(unix_now()));
         let reports = status(cluster, cred, &names).await?;
@@ -762,7 +779,7 @@ pub async fn wait(
         if started.elapsed() > Duration::from_secs(7 * 24 * 3600) {
             bail!("gave up waiting");
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(JOB_EVERY).await;
     }
 }
 
