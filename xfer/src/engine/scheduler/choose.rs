@@ -76,6 +76,7 @@ impl Scheduler {
             self.dup[c] = NONE;
             self.release(i);
         }
+        self.reannounced.remove(&(i, chunk));
         self.rebucket(chunk);
     }
 

@@ -87,7 +87,7 @@ mod peers;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use xfer_proto::chunkset::ChunkSet;
 
@@ -164,6 +164,12 @@ pub struct Scheduler {
     /// Advances when nothing is in flight to a partial peer: every decline
     /// is forgotten then.
     epoch: u64,
+    /// (peer slot, chunk) whose `PeerHas` arrived while a request for the
+    /// chunk to that peer was in flight: its "I lack it" answer to that
+    /// request is older than the announcement (they travel on different
+    /// streams), so it does not unlearn the holder. At most one entry per
+    /// request in flight.
+    reannounced: HashSet<(u32, u64)>,
     actions: VecDeque<Action>,
     finished: bool,
     /// Whether a seed ever joined; before that, nothing is stuck yet (partial
@@ -232,6 +238,7 @@ impl Scheduler {
             mine,
             mine_head: 0,
             epoch: 1,
+            reannounced: HashSet::new(),
             actions: VecDeque::new(),
             finished: false,
             seeded: false,
@@ -339,7 +346,12 @@ impl Scheduler {
                 }
             }
             Event::PeerLacks { peer, chunk } => {
-                self.peer_lacks(peer, chunk);
+                let older = self
+                    .slot(peer)
+                    .is_some_and(|i| self.reannounced.remove(&(i as u32, chunk)));
+                if !older {
+                    self.peer_lacks(peer, chunk);
+                }
                 self.failed_fetch(peer, chunk);
             }
             Event::FetchFailed { peer, chunk } => self.failed_fetch(peer, chunk),

@@ -155,6 +155,13 @@ impl Scheduler {
         let Some(i) = self.slot(peer) else {
             return false;
         };
+        let asked = usize::try_from(chunk)
+            .ok()
+            .filter(|&c| c < self.owner.len())
+            .is_some_and(|c| self.owner[c] == i as u32 || self.dup[c] == i as u32);
+        if asked {
+            self.reannounced.insert((i as u32, chunk));
+        }
         let p = &mut self.peers[i];
         if !p.alive || chunk >= p.has.capacity() || !p.has.insert(chunk) || p.seed {
             return p.alive && p.seed;
@@ -322,6 +329,7 @@ impl Scheduler {
         p.alive = false;
         let seed = p.seed;
         self.live_seeds -= seed as u32;
+        self.reannounced.retain(|&(slot, _)| slot as usize != i);
         if !seed {
             let has = std::mem::replace(&mut self.peers[i].has, ChunkSet::empty(0));
             for c in has.iter() {
