@@ -131,6 +131,8 @@ pub enum Event {
     /// withdrawn there, or an announcement of an older download of it
     /// reached us late): it is no longer counted as a holder until it
     /// announces the chunk again, and the request is as `FetchFailed`.
+    /// An announcement that arrived while the request was in flight is
+    /// newer than this answer (they travel apart) and keeps it a holder.
     PeerLacks {
         /// The peer asked.
         peer: PeerId,
