@@ -404,6 +404,14 @@ fn a_partial_peer_serving_one_corrupt_chunk_is_dropped_at_once() {
     );
 }
 
+/// The fetches among the actions drained.
+fn fetches(s: &mut Scheduler) -> Vec<Action> {
+    drain(s)
+        .into_iter()
+        .filter(|a| matches!(a, Action::Fetch { .. }))
+        .collect()
+}
+
 fn one_fetch(s: &mut Scheduler) -> (PeerId, u64) {
     match drain(s)[..] {
         [Action::Fetch { peer, chunk }] => (peer, chunk),
@@ -570,11 +578,11 @@ fn a_peer_that_lacks_an_announced_chunk_is_not_asked_again_until_it_has_it() {
     s.handle(Event::PeerLacks { peer: 1, chunk: 0 });
     // Nothing in flight anywhere: a mere decline would be forgotten and the
     // chunk asked again at once; a lack is not.
-    let again: Vec<_> = drain(&mut s)
-        .into_iter()
-        .filter(|a| matches!(a, Action::Fetch { .. }))
-        .collect();
-    assert_eq!(again, [], "asked a peer for a chunk it said it lacks");
+    assert_eq!(
+        fetches(&mut s),
+        [],
+        "asked a peer for a chunk it said it lacks"
+    );
     s.handle(Event::PeerHas { peer: 1, chunk: 0 });
     assert_eq!(one_fetch(&mut s), (1, 0));
 }
@@ -598,9 +606,9 @@ fn a_lack_answered_before_a_newer_announcement_keeps_the_peer_a_holder() {
     // And the flag lasts one answer: a lack answered to the next request
     // unlearns the holder as before.
     s.handle(Event::PeerLacks { peer: 1, chunk: 0 });
-    let again: Vec<_> = drain(&mut s)
-        .into_iter()
-        .filter(|a| matches!(a, Action::Fetch { .. }))
-        .collect();
-    assert_eq!(again, [], "asked a peer for a chunk it said it lacks");
+    assert_eq!(
+        fetches(&mut s),
+        [],
+        "asked a peer for a chunk it said it lacks"
+    );
 }
