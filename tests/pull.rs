@@ -1065,3 +1065,49 @@ fn identical_files_share_one_blob() {
         same_bytes(&src.join(path), &local.join(path)).unwrap();
     }
 }
+
+/// The small files (config, tokenizer, index) come first, whatever their
+/// names: in path order `model.safetensors.index.json` and `tokenizer*`
+/// sort after the shards, and an engine started while the weights land
+/// (`[launch] stream_weights`) needs them before any shard.
+#[test]
+fn the_small_files_are_fetched_before_the_weights() {
+    let t = tempdir("pull-order");
+    let repos = t.path().join("repos");
+    gen_repo(
+        &repos,
+        "acme/order",
+        17,
+        &[
+            ("config.json", 300),
+            ("model-00001-of-00002.safetensors", MIB + 5),
+            ("model-00002-of-00002.safetensors", MIB + 7),
+            ("model.safetensors.index.json", 400),
+            ("tokenizer.json", 50_000),
+            ("tokenizer_config.json", 200),
+        ],
+    );
+    let server = HubServer::start(&repos, &[]);
+    let env = PullEnv::new(&server.endpoint(), t.path());
+    env.pull_ok("acme/order", &["--connections", "1"]);
+    let order: Vec<String> = server.stats()["resolve_order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .unwrap()
+                .trim_start_matches("acme/order/")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(order.len(), 6, "{order:?}");
+    let first_weight = order
+        .iter()
+        .position(|p| p.ends_with(".safetensors"))
+        .unwrap();
+    assert_eq!(
+        first_weight, 4,
+        "every small file before the weights: {order:?}"
+    );
+}

@@ -401,6 +401,10 @@ pub async fn pull(
     if let (Some(cb), false) = (&on_placed, present.is_empty()) {
         cb(&present);
     }
+    // The small files first (config, tokenizer, index; in path order the
+    // index and the tokenizer sort after the shards): an engine started
+    // while the weights land needs them before any shard.
+    todo.sort_by_key(|f| xfer_proto::repo::is_weight_file(f.path.as_str()));
     // Files with the same contents share one blob, and so one incomplete
     // file: download it once, then link the other paths to it.
     let mut seen = std::collections::HashSet::new();
