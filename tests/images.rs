@@ -862,6 +862,7 @@ fn an_image_pulled_from_a_registry_loads_and_runs_under_podman() {
         evict_page_cache: false,
         container: None,
         caches: None,
+        held: false,
     };
     let c = xfer_proto::launch::ContainerSpec {
         image: name.clone(),

@@ -60,6 +60,7 @@ fn spec(run: &str, argv: &[&str], env: &[(&str, &str)]) -> RankSpec {
         evict_page_cache: false,
         container: None,
         caches: None,
+        held: false,
     }
 }
 

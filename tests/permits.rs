@@ -40,6 +40,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         evict_page_cache: false,
         container: None,
         caches: None,
+        held: false,
     }))
 }
 
@@ -442,6 +443,7 @@ fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
         evict_page_cache: false,
         container: None,
         caches: None,
+        held: false,
     }
 }
 

@@ -96,6 +96,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         evict_page_cache: false,
         container: None,
         caches: None,
+        held: false,
     }))
 }
 

@@ -112,6 +112,9 @@ pub fn rank_specs(
                 container: container.clone(),
                 // Set by `up` per node, once the caches are delivered.
                 caches: None,
+                // Set by `up` when it starts the ranks before its
+                // preflight ended (`stream_weights`).
+                held: false,
             }
         })
         .collect()

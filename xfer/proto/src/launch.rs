@@ -65,6 +65,12 @@ pub enum LaunchRequest {
     /// Meet the other nodes with the engine's own collective library (a
     /// Gloo all-reduce in the engine's Python), run on every node at once.
     Rendezvous(Box<RendezvousRequest>),
+    /// Let this node's held rank of `run` ([`RankSpec::held`]) go on: the
+    /// preflight passed. Answered with `Runs` (the rank's report).
+    Release {
+        /// The run whose rank is released.
+        run: String,
+    },
 }
 
 /// Agent → launcher: the answer to a [`LaunchRequest`].
@@ -612,6 +618,16 @@ pub struct RankSpec {
     /// The compile caches (`[launch] caches`) to materialise from their
     /// verified snapshot before anything starts.
     pub caches: Option<crate::compile_cache::CacheGate>,
+    /// Started *held*: the agent gives every process `XFER_HOLD_FILE`, a
+    /// file in the rank's own folder that does not exist yet, and creates
+    /// it on [`LaunchRequest::Release`]. vLLM's loader plugin waits for it
+    /// in `register()`, which vLLM runs while it parses its arguments:
+    /// the engine has imported its Python and torch, and has not read the
+    /// model, bound a port, touched a GPU or met a peer. `up` starts ranks
+    /// held under `stream_weights` while its preflight still runs, and
+    /// releases them only once it passed (else it stops them).
+    #[serde(default)]
+    pub held: bool,
 }
 
 /// How a rank's processes run in a container, in the form NVIDIA's
@@ -932,6 +948,7 @@ mod tests {
                 root: Hash([3; 32]),
                 kinds: vec!["vllm".into()],
             }),
+            held: true,
         };
         for m in [
             LaunchReply::PreflightReport(Box::new(facts)),
@@ -954,6 +971,7 @@ mod tests {
                 grace_ms: 5,
                 reason: "down".into(),
             },
+            LaunchRequest::Release { run: "r1".into() },
         ] {
             assert_eq!(decode_frame::<LaunchRequest>(&encode(&m)).unwrap(), m);
         }

@@ -71,6 +71,12 @@ const DEVICE_FOLDERS: &[&str] = &["/dev/nvidia-caps/", "/dev/dri/", "/dev/infini
 /// with its fix.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
+    /// A key the agent sets itself.
+    #[error("[launch.env] sets {0}, which the agent sets itself (the file that releases a held rank); drop it")]
+    AgentKey(String),
+    /// A held rank in a container, which could not see its release file.
+    #[error("a held rank cannot run in a container (its release file is on the host); start it without `held`")]
+    HeldContainer,
     /// A key that changes which code a process loads.
     #[error("[launch.env] sets {name}, which {why}, around the agent's --allow-exec; drop it, or set it in the environment of `xfer serve` on each node (every rank inherits that)")]
     EnvKey {
@@ -124,8 +130,15 @@ fn loader_key(name: &str) -> Option<&'static str> {
     Some(why)
 }
 
+/// The variable naming a held rank's release file
+/// ([`RankSpec::held`]): the agent's own.
+pub const HOLD_FILE_KEY: &str = "XFER_HOLD_FILE";
+
 /// `Ok` if a rank may set `name` to `value`.
 pub fn check_env(name: &str, value: &str) -> Result<(), Refused> {
+    if name == HOLD_FILE_KEY {
+        return Err(Refused::AgentKey(name.to_string()));
+    }
     if let Some(why) = loader_key(name) {
         return Err(Refused::EnvKey {
             name: name.to_string(),
@@ -200,6 +213,9 @@ pub fn check_device(d: &str) -> Result<(), Refused> {
 /// `Ok` if every key of `spec`'s environment and every device of its
 /// container passes ([`check_env`], [`check_device`]).
 pub fn check_spec(spec: &RankSpec) -> Result<(), Refused> {
+    if spec.held && spec.container.is_some() {
+        return Err(Refused::HeldContainer);
+    }
     for (k, v) in &spec.env {
         check_env(k, v)?;
     }

@@ -226,6 +226,7 @@ mod tests {
             evict_page_cache: false,
             container: None,
             caches: None,
+            held: false,
         }
     }
 

@@ -39,6 +39,7 @@ pub(super) async fn serve(
         LaunchRequest::StartRank(_) => Some("start a rank"),
         LaunchRequest::ReadLog { .. } => Some("read a rank's log"),
         LaunchRequest::Rendezvous(_) => Some("run a rendezvous probe"),
+        LaunchRequest::Release { .. } => Some("release a held rank"),
     };
     if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
         return answer(&conn, send, &LaunchReply::Failed(r)).await;
@@ -133,6 +134,13 @@ pub(super) async fn serve(
                 }
             }
         }
+        LaunchRequest::Release { run } => match ctx.ranks.release(&run) {
+            Ok(report) => {
+                tracing::info!("released run {run} for {caller}: its preflight passed");
+                LaunchReply::Runs(vec![report])
+            }
+            Err(e) => LaunchReply::Failed(Refusal::Protocol(e.to_string())),
+        },
         LaunchRequest::ReadLog { run, offset, max } => {
             match ctx.ranks.read_log(&run, offset, max) {
                 Ok(chunk) => LaunchReply::Log(Box::new(chunk)),

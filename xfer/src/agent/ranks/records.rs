@@ -37,6 +37,13 @@ impl Run {
         self.dir.join("rank.log")
     }
 
+    /// The file whose existence releases a held rank
+    /// ([`RankSpec::held`](xfer_proto::launch::RankSpec::held)): in the
+    /// rank's own folder, created only by [`Supervisor::release`](super::supervisor::Supervisor::release).
+    pub(super) fn hold_file(&self) -> PathBuf {
+        self.dir.join("released")
+    }
+
     /// Opens the rank's log to append (created mode 0600: engines print
     /// their environment), never through a symlink.
     pub(super) fn open_log(&self) -> std::io::Result<std::fs::File> {

@@ -101,6 +101,10 @@ impl Run {
             .stdout(open()?)
             .stderr(open()?)
             .process_group(0);
+        if self.spec.held {
+            // The agent's own key (a spec may not set it): see RankSpec::held.
+            cmd.env(launch_rules::HOLD_FILE_KEY, self.hold_file());
+        }
         let child = cmd
             .spawn()
             .map_err(|e| format!("cannot start `{}` on {}: {e}", argv[0], self.spec.node))?;

@@ -90,6 +90,25 @@ pub enum StartError {
     },
 }
 
+/// Why a held rank could not be released.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    /// No such run on this node.
+    #[error("no run {0} on this node to release; `xfer-launch status` lists the runs")]
+    NoRun(String),
+    /// The run is no longer live: there is nothing to release.
+    #[error("run {0} is no longer running on this node; start it again with `xfer-launch up`")]
+    Ended(String),
+    /// The release file could not be written.
+    #[error("cannot write {}: {source}; check the agent's root", .path.display())]
+    Write {
+        /// The release file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 /// Why a rank's log could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadLogError {
@@ -286,6 +305,28 @@ impl Supervisor {
         runs.iter().map(|r| r.report()).collect()
     }
 
+    /// Lets the held rank of `run` go on: creates its release file, which
+    /// its processes wait for (a rank not started held has nothing to
+    /// wait for: the same answer).
+    pub fn release(&self, run: &str) -> Result<RankReport, ReleaseError> {
+        let r = self
+            .runs
+            .lock()
+            .unwrap()
+            .get(run)
+            .cloned()
+            .ok_or_else(|| ReleaseError::NoRun(run.to_string()))?;
+        if !r.state().is_live() {
+            return Err(ReleaseError::Ended(run.to_string()));
+        }
+        if r.spec.held {
+            let path = r.hold_file();
+            private::write_atomic(&path, b"released by the launcher: its preflight passed\n")
+                .map_err(|source| ReleaseError::Write { path, source })?;
+        }
+        Ok(r.report())
+    }
+
     /// Reads up to `max` bytes of a rank's log from `offset`.
     pub fn read_log(&self, run: &str, offset: u64, max: u64) -> Result<LogChunk, ReadLogError> {
         let r = self
@@ -412,6 +453,7 @@ mod tests {
             evict_page_cache: false,
             container: None,
             caches: None,
+            held: false,
         }
     }
 
@@ -469,6 +511,66 @@ mod tests {
             .to_string();
         assert!(again.contains("run r2 is still running"), "{again}");
         s.stop(Some("r2"), Duration::from_millis(300), "test").await;
+    }
+
+    /// A held rank's processes get `XFER_HOLD_FILE` in the rank's own
+    /// folder, absent until `release`; a rank not held gets none (and a
+    /// spec cannot set it: `launch_rules`); an unknown or ended run is
+    /// refused with its reason.
+    #[tokio::test]
+    async fn a_held_rank_waits_for_its_release_file_and_only_release_creates_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sup(dir.path());
+        let waiter = "echo hold=$XFER_HOLD_FILE; while [ ! -e \"$XFER_HOLD_FILE\" ]; do sleep 0.02; done; echo released; exec sleep 30";
+        let mut held = spec("h1", &[waiter]);
+        held.held = true;
+        s.start(held).unwrap();
+        let hold = dir.path().join(".xfer/runs/h1/released");
+        until("the held process to say where it waits", || {
+            s.reports(Some("h1"))[0]
+                .tail
+                .iter()
+                .any(|l| l.starts_with("hold="))
+        })
+        .await;
+        let tail = s.reports(Some("h1"))[0].tail.clone();
+        assert!(
+            tail.contains(&format!("hold={}", hold.display())),
+            "{tail:?}"
+        );
+        assert!(!hold.exists());
+        assert!(!tail.iter().any(|l| l == "released"), "{tail:?}");
+        s.release("h1").unwrap();
+        until("the held process to go on", || {
+            s.reports(Some("h1"))[0]
+                .tail
+                .iter()
+                .any(|l| l == "released")
+        })
+        .await;
+        assert_eq!(mode(&hold), 0o600);
+        let err = s.release("nope").unwrap_err().to_string();
+        assert!(err.contains("no run nope on this node"), "{err}");
+        s.stop(Some("h1"), Duration::from_millis(300), "test").await;
+        let err = s.release("h1").unwrap_err().to_string();
+        assert!(err.contains("no longer running"), "{err}");
+
+        s.start(spec(
+            "n1",
+            &["echo hold=${XFER_HOLD_FILE:-none}; exec sleep 30"],
+        ))
+        .unwrap();
+        until("the rank not held to start", || {
+            s.reports(Some("n1"))[0]
+                .tail
+                .iter()
+                .any(|l| l == "hold=none")
+        })
+        .await;
+        s.release("n1").unwrap();
+        assert!(!dir.path().join(".xfer/runs/n1/released").exists());
+        s.stop(Some("n1"), Duration::from_millis(300), "test").await;
+        assert!(xfer_proto::launch_rules::check_env("XFER_HOLD_FILE", "/tmp/x").is_err());
     }
 
     #[tokio::test]
