@@ -19,6 +19,7 @@ mod hub_hostile;
 mod integrity;
 mod launch_env;
 mod layers;
+mod loader_plugin;
 mod manifest;
 mod oci_artifact;
 mod permits;

@@ -6,7 +6,8 @@ names the shard and the agent's state. Run with the engine venv's python:
 
 import unittest
 
-from xfer_vllm_loader.agent import LoaderError, Settings, View, arrivals, view_of
+from xfer_vllm_loader.agent import (LoaderError, Settings, View, arrivals, view_of,
+                                   wait_for_release)
 
 ROOT = "ab" * 32
 OTHER = "cd" * 32
@@ -170,3 +171,43 @@ class StatusJson(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Release(unittest.TestCase):
+    """``register``'s wait of a held rank, on a virtual clock."""
+
+    def test_a_rank_not_held_goes_on_at_once(self):
+        lines = []
+        self.assertFalse(wait_for_release(env={}, log=lines.append))
+        self.assertFalse(wait_for_release(env={"XFER_HOLD_FILE": "/r"}, log=lines.append,
+                                          exists=lambda _p: True))
+        self.assertEqual(lines, [])
+
+    def test_a_held_rank_waits_for_the_file_then_goes_on(self):
+        script = Script([], step=0.05)
+        checks = []
+
+        def exists(p):
+            checks.append(p)
+            return len(checks) > 40  # created after 2 s of virtual time
+
+        lines = []
+        held = wait_for_release(env={"XFER_HOLD_FILE": "/runs/r1/released"}, log=lines.append,
+                                exists=exists, clock=script.clock, sleep=script.sleep)
+        self.assertTrue(held)
+        self.assertEqual(set(checks), {"/runs/r1/released"})
+        self.assertIn("held until xfer-launch's preflight passes", lines[0])
+        self.assertIn("/runs/r1/released", lines[0])
+        self.assertIn("released after 2.0s", lines[-1])
+
+    def test_a_rank_never_released_gives_up_naming_the_file(self):
+        script = Script([], step=1.0)
+        with self.assertRaises(LoaderError) as e:
+            wait_for_release(env={"XFER_HOLD_FILE": "/runs/r1/released",
+                                  "XFER_LOADER_TIMEOUT_S": "30"},
+                             log=lambda _l: None, exists=lambda _p: False,
+                             clock=script.clock, sleep=script.sleep)
+        msg = str(e.exception)
+        self.assertIn("never released", msg)
+        self.assertIn("/runs/r1/released", msg)
+        self.assertIn("xfer-launch down", msg)

@@ -3,8 +3,10 @@ the xfer agent of its own node has verified it and placed it under its final
 name, in the order the shards arrive.
 
 vLLM runs ``register`` in every process (the ``vllm.general_plugins`` entry
-point); it only adds the load format, so a vLLM started without
-``--load-format xfer`` behaves as if the plugin were not installed. What the
+point); it only adds the load format (and, for a rank ``xfer-launch up``
+started held, waits until its preflight passed), so a vLLM started without
+``--load-format xfer`` or the agent's ``XFER_HOLD_FILE`` behaves as if the
+plugin were not installed. What the
 loader trusts and the environment it reads are in ``agent.py``.
 """
 
@@ -13,10 +15,14 @@ _registered = False
 
 def register() -> None:
     """Adds ``--load-format xfer`` to vLLM's model-loader registry (once a
-    process; vLLM may call it more than once)."""
+    process; vLLM may call it more than once). A rank started held
+    (``XFER_HOLD_FILE``) first waits here to be released."""
     global _registered
     if _registered:
         return
+    from .agent import wait_for_release
+
+    wait_for_release()
     from vllm.model_executor.model_loader import register_model_loader
 
     from .loader import XferModelLoader

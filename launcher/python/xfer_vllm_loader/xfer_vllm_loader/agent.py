@@ -25,7 +25,13 @@ Environment (set by ``xfer-launch up`` under ``[launch] stream_weights``):
 - ``XFER_CLUSTER``: the cluster file ``xfer status`` reads;
 - ``XFER_BIN`` (optional): the ``xfer`` binary, default ``xfer`` on PATH;
 - ``XFER_LOADER_NOTE_S`` (default 30): seconds between "still waiting" lines;
-- ``XFER_LOADER_TIMEOUT_S`` (default 3600): give up on a shard after this.
+- ``XFER_LOADER_TIMEOUT_S`` (default 3600): give up on a shard after this;
+- ``XFER_HOLD_FILE`` (set by the agent, never by the launcher, for a rank
+  ``up`` starts *held* while its preflight still runs): ``register`` waits
+  until this file exists, which the agent creates once the preflight passed
+  (``up`` stops the rank otherwise). vLLM calls ``register`` while it parses
+  its arguments: its Python and torch are imported, and it has not read the
+  model, bound a port, touched a GPU or met a peer.
 """
 
 from __future__ import annotations
@@ -229,3 +235,37 @@ def arrivals(
     # A root that changed under the load would have been refused above;
     # once more at the end, so a switch after the last shard is caught too.
     ready(ask(s), s, "")
+
+
+def wait_for_release(
+    env=os.environ,
+    log: Callable[[str], None] = print,
+    exists: Callable[[str], bool] = os.path.exists,
+    poll_s: float = 0.05,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Returns once ``XFER_HOLD_FILE`` exists (at once when it is unset or
+    already there); whether the process was held. Gives up after
+    ``XFER_LOADER_TIMEOUT_S`` with one line naming the file."""
+    path = env.get("XFER_HOLD_FILE")
+    if not path or exists(path):
+        return False
+    timeout_s = float(env.get("XFER_LOADER_TIMEOUT_S", "3600"))
+    log(
+        "xfer loader: held until xfer-launch's preflight passes (the agent "
+        f"then creates {path}); nothing is read or bound until then"
+    )
+    since = clock()
+    while not exists(path):
+        waited = clock() - since
+        if waited >= timeout_s:
+            raise LoaderError(
+                f"xfer loader: held for {waited:.0f}s and never released: "
+                f"{path} was not created; `xfer-launch up` releases a held "
+                "rank once its preflight passed and stops it otherwise: see "
+                "its output, then `xfer-launch down` and `up` again"
+            )
+        sleep(poll_s)
+    log(f"xfer loader: released after {clock() - since:.1f}s: the preflight passed")
+    return True

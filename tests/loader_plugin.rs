@@ -1,0 +1,27 @@
+//! The vLLM loader plugin's own unit tests (`launcher/python/xfer_vllm_loader/tests`),
+//! run with the system's `python3`: its wait logic imports no vLLM. What
+//! it does inside real vLLM is in `engines.rs`.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn the_loader_plugins_python_unit_tests_pass() {
+    let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("../launcher/python/xfer_vllm_loader");
+    let out = Command::new("python3")
+        .args(["-m", "unittest", "discover", "-v", "-s", "tests"])
+        .current_dir(&pkg)
+        .env("PYTHONPATH", &pkg)
+        .output()
+        .expect("python3 runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // Every test class ran, the held rank's wait among them.
+    for name in [
+        "test_shards_come_in_arrival_order_and_only_once_verified",
+        "test_a_held_rank_waits_for_the_file_then_goes_on",
+        "test_a_rank_never_released_gives_up_naming_the_file",
+    ] {
+        assert!(err.contains(name), "{name} did not run: {err}");
+    }
+}
