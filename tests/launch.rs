@@ -1610,3 +1610,173 @@ fn a_modelpack_artifact_synced_to_the_nodes_passes_the_gate_and_serves() {
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
 }
+
+/// Every rank log of node `i` (`<root>/.xfer/runs/*/rank.log`), joined.
+fn rank_logs(lab: &Lab, i: usize) -> String {
+    let runs = lab.root_of(i).join(".xfer/runs");
+    let mut all = String::new();
+    for e in std::fs::read_dir(runs).into_iter().flatten().flatten() {
+        all += &std::fs::read_to_string(e.path().join("rank.log")).unwrap_or_default();
+    }
+    all
+}
+
+/// `deploy` under `stream_weights` starts the ranks *held* while its
+/// preflight still runs (here node 2's torch probe waits for a gate the
+/// test opens): each rank waits before it reads the model or binds a
+/// port, and is released only once the preflight passed. When the
+/// preflight fails instead (node 2's torch differs), the held ranks are
+/// stopped, never released, and `deploy` refuses in one line.
+#[test]
+fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
+    need_root!();
+    let mut lab = Lab::up("xhd", 2, &[1]);
+    // Node 2's Python: a torch whose import waits for `gate` (and says it
+    // was asked), so the preflight's slow round ends when the test says.
+    let fake = lab.dir.join("fake-python");
+    let pylib = fake.join("pylib");
+    std::fs::create_dir_all(pylib.join("torch")).unwrap();
+    let real = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let real = text(&real.stdout).trim().to_string();
+    let shim = fake.join("bin/python3");
+    std::fs::create_dir_all(shim.parent().unwrap()).unwrap();
+    std::fs::write(
+        &shim,
+        format!(
+            "#!/bin/sh\nPYTHONPATH='{}':\"$PYTHONPATH\" exec '{real}' \"$@\"\n",
+            pylib.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let gate = lab.dir.join("gate");
+    let asked = lab.dir.join("gate.asked");
+    let torch = |version: &str| {
+        std::fs::write(
+            pylib.join("torch/__init__.py"),
+            format!(
+                "import os, time\nopen({asked:?}, 'w').close()\nwhile not os.path.exists({gate:?}):\n    time.sleep(0.02)\n__version__ = \"{version}\"\n",
+                asked = asked.display().to_string(),
+                gate = gate.display().to_string(),
+            ),
+        )
+        .unwrap();
+    };
+    torch("2.13.0");
+    lab.agents[1] = Some(lab.start_agent_with_path_first(2, &fake.join("bin")));
+    let repos = lab.dir.join("repos");
+    let hub_repo = tiny_repo(&lab, &repos);
+    let second = repos.join("org/tiny2");
+    std::fs::create_dir_all(&second).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(hub_repo.join(f), second.join(f)).unwrap();
+    }
+    let (_hub, port) = hub_in_head(&lab, &repos, &[]);
+    let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
+    let streamed = |repo: &str| {
+        let (_, launch) = launch_of_repo(&lab, &endpoint, repo);
+        let launch = launch.replacen("\n[launch.env]", "stream_weights = true\n\n[launch.env]", 1);
+        assert!(launch.contains("stream_weights = true\n"), "{launch}");
+        launch
+    };
+    let both_held = |what: &str| {
+        poll_until(what, || {
+            (1..=2).all(|i| rank_logs(&lab, i).contains("standin: held until"))
+        })
+    };
+
+    // It passes: held, then released once the gate opened.
+    let file = lab.cluster_file("c.toml", &streamed("org/tiny"), |i| lab.fabric(i));
+    lab.save_plan(&file);
+    let deploy = deploy_cmd(&lab, &file, &endpoint, &["--json", "--timeout", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    both_held("both ranks to start held");
+    assert!(
+        asked.exists(),
+        "the preflight's torch probe was not asked yet"
+    );
+    for i in 1..=2 {
+        let log = rank_logs(&lab, i);
+        assert!(
+            !log.contains("standin: released"),
+            "n{i} went on before the verdict: {log}"
+        );
+    }
+    std::fs::write(&gate, b"go").unwrap();
+    let out = deploy.wait_with_output().unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["ready"], true, "{stdout}");
+    assert!(
+        v["phases"]["check_s"].as_f64().is_some_and(|s| s > 0.0),
+        "{stdout}"
+    );
+    let held_at = stderr.find("; held (the engine imports").expect(&stderr);
+    let table_at = stderr.find("torch 2.13.0 on every node").expect(&stderr);
+    let released_at = stderr.find("released the held ranks").expect(&stderr);
+    assert!(held_at < table_at && table_at < released_at, "{stderr}");
+    for i in 1..=2 {
+        let log = rank_logs(&lab, i);
+        let (h, r) = (
+            log.find("standin: held until").unwrap(),
+            log.find("standin: released").expect(&log),
+        );
+        assert!(h < r, "{log}");
+    }
+    let down = lab.xl(&["down"], &file);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+
+    // It fails: node 2's torch differs; the held ranks are stopped.
+    for i in 1..=2 {
+        let _ = std::fs::remove_dir_all(lab.root_of(i).join(".xfer/runs"));
+    }
+    std::fs::remove_file(&gate).unwrap();
+    std::fs::remove_file(&asked).unwrap();
+    torch("2.12.0");
+    let file = lab.cluster_file("c2.toml", &streamed("org/tiny2"), |i| lab.fabric(i));
+    lab.save_plan(&file);
+    let deploy = deploy_cmd(&lab, &file, &endpoint, &["--timeout", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    both_held("both ranks of the second deploy to start held");
+    std::fs::write(&gate, b"go").unwrap();
+    let out = deploy.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("refusing to start"), "{stderr}");
+    assert!(stderr.contains("torch differs"), "{stderr}");
+    assert!(
+        stderr.contains("its preflight failed while it was held"),
+        "{stderr}"
+    );
+    for i in 1..=2 {
+        let log = rank_logs(&lab, i);
+        assert!(
+            !log.contains("standin: released"),
+            "n{i} was released: {log}"
+        );
+        let runs = lab.root_of(i).join(".xfer/runs");
+        for e in std::fs::read_dir(&runs).unwrap().flatten() {
+            assert!(
+                !e.path().join("released").exists(),
+                "n{i}: {}",
+                e.path().display()
+            );
+        }
+        // Its agent stopped it, for that reason, before `deploy` returned.
+        assert!(
+            log.contains("stopping: its preflight failed while it was held")
+                && log.contains("stopped"),
+            "n{i}: {log}"
+        );
+    }
+}

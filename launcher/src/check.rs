@@ -55,6 +55,51 @@ pub struct Rounds {
     pub conclude_s: f64,
 }
 
+impl Rounds {
+    /// The whole check, seconds: the quick round, then the slower of the
+    /// slow facts and the probes beside them, then the verdict.
+    pub fn total_s(&self) -> f64 {
+        self.ports_s + self.facts_s.max(self.reach_s) + self.conclude_s
+    }
+}
+
+/// A whole preflight still running ([`run`]'s future), for `deploy` to
+/// hand to `up`, which starts the ranks held beside it.
+pub type Running<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Checked> + 'a>>;
+
+/// The rows of a light round (see [`light`]) that its facts decide for
+/// sure and that a held rank's import could make worse (an unreachable
+/// agent, a full disk, too little memory): when one fails, `up` starts
+/// nothing held and waits for the whole preflight. (The ports are checked
+/// at the verdict: the preflight's own probes listen on them meanwhile.)
+const HOLD_GATE: &[&str] = &["agent", "disk", "memory"];
+
+/// Why ranks may not start held on these light facts: the failing rows of
+/// [`HOLD_GATE`], as `CHECK NODE` words (empty: they may).
+pub fn hold_blockers(light: &Checked) -> Vec<String> {
+    light
+        .rows
+        .iter()
+        .filter(|r| r.verdict == preflight::Verdict::Fail && HOLD_GATE.contains(&r.check))
+        .map(|r| format!("{} {}", r.check, r.node))
+        .collect()
+}
+
+/// The facts a sync changes from every node, concluded as [`run`] does
+/// (the model's path settled, the compile caches read): what `up` needs
+/// to plan and start held ranks while the whole preflight still runs. Its
+/// rows lack the slow probes, so only [`hold_blockers`] reads them; the
+/// verdict is the whole preflight's. The ports are not asked: the
+/// preflight's reach and rendezvous probes may be listening on them.
+pub async fn light_checked(setup: &Setup, agents: &Agents) -> Checked {
+    let mut reqs = preflight::requests(setup);
+    for r in &mut reqs {
+        r.ports.clear();
+    }
+    let facts = first_round(agents, &reqs, Round::Light, crate::agents::QUICK).await;
+    conclude(setup, agents, facts).await
+}
+
 impl Checked {
     /// The one launch unit every node would start (`None`: they differ,
     /// or no node answered).

@@ -117,7 +117,7 @@ pub enum DeployError {
 }
 
 /// What `deploy` hands `up`.
-pub struct Prepared {
+pub struct Prepared<'a> {
     /// The phases so far.
     pub phases: Phases,
     /// The Hub's commit for the revision, when the sync streams beside
@@ -126,9 +126,29 @@ pub struct Prepared {
     pub commit: Option<String>,
     /// The sync, when it runs beside `up` (`stream_weights`).
     pub streaming: Option<Streaming>,
-    /// The preflight that passed: `up` asks again only what a sync
-    /// changes ([`check::recheck`]).
-    pub checked: Checked,
+    /// The preflight: passed, or still running beside a streamed sync
+    /// (then `up` starts the ranks held and releases them once it passed).
+    pub checked: Preflight<'a>,
+}
+
+/// Where `deploy`'s preflight stands when `up` takes over.
+pub enum Preflight<'a> {
+    /// It passed: `up` asks again only what a sync changes
+    /// ([`check::recheck`]).
+    Passed(Checked),
+    /// It still runs (`stream_weights`, a vLLM on the hosts, the sync
+    /// started): `up` plans on the light facts, starts the ranks held, and
+    /// releases them only once this passed.
+    Running(check::Running<'a>),
+}
+
+/// Whether `up` may start `setup`'s ranks held while the preflight runs:
+/// under `stream_weights`, for vLLM's multiprocess backend (whose loader
+/// plugin holds it before it reads or binds anything) on the hosts (a
+/// container could not see the release file). Ray's backend starts `ray
+/// start` first, which binds ports, so it waits for the verdict.
+pub fn may_hold(setup: &Setup) -> bool {
+    setup.stream_weights && setup.container.is_none() && setup.engine == crate::config::Engine::Vllm
 }
 
 /// The preflight, then the sync of the model to the launch nodes that
@@ -141,13 +161,15 @@ pub struct Prepared {
 /// in a fraction of a second, while the engine's versions, the resolver
 /// and the rendezvous take seconds (the probe imports torch). So the sync
 /// starts on those first facts and the whole preflight runs beside it;
-/// the image is delivered, and `up` starts, only once it passed.
-pub async fn prepare(
-    setup: &Setup,
-    agents: &Agents,
+/// the image is delivered, and `up` starts, only once it passed. Under
+/// [`may_hold`], with a sync started, the preflight still running is
+/// handed to `up` instead ([`Preflight::Running`]).
+pub async fn prepare<'a>(
+    setup: &'a Setup,
+    agents: &'a Agents,
     image_engine: ContainerRuntime,
     progress: &Progress,
-) -> Result<Prepared, DeployError> {
+) -> Result<Prepared<'a>, DeployError> {
     let t0 = Instant::now();
     eprintln!(
         "checking {} node(s); the model's sync starts once their weights and disks are read...",
@@ -183,7 +205,39 @@ pub async fn prepare(
         };
         Ok::<_, DeployError>((lacking, image_lacking, listed, sync))
     };
-    let (checked, early) = tokio::join!(check::run(setup, agents), early);
+    let mut full: check::Running<'a> = Box::pin(check::run(setup, agents));
+    let (early, done) = {
+        tokio::pin!(early);
+        let mut done = None;
+        loop {
+            tokio::select! {
+                c = &mut full, if done.is_none() => done = Some(c),
+                e = &mut early => break (e, done),
+            }
+        }
+    };
+    if done.is_none() && may_hold(setup) && matches!(&early, Ok((_, _, _, Some(_)))) {
+        if let Ok((lacking, _, listed, Some(sync))) = early {
+            eprintln!(
+                "the ranks start held once the small files are verified; the rest of the preflight goes on beside them"
+            );
+            return Ok(Prepared {
+                phases: Phases {
+                    started: Some(t0),
+                    lacking,
+                    ..Phases::default()
+                },
+                commit: listed.map(|(c, _)| c),
+                streaming: Some(sync),
+                checked: Preflight::Running(full),
+            });
+        }
+        unreachable!("matched just above");
+    }
+    let checked = match done {
+        Some(c) => c,
+        None => full.await,
+    };
     eprint!(
         "{}",
         preflight::render(&checked.rows, crate::term::stderr_width())
@@ -213,7 +267,7 @@ pub async fn prepare(
             phases,
             commit: None,
             streaming: None,
-            checked,
+            checked: Preflight::Passed(checked),
         });
     }
     // With the loader plugin, `up` starts the ranks while the sync runs:
@@ -224,7 +278,7 @@ pub async fn prepare(
             phases,
             commit: listed.map(|(c, _)| c),
             streaming: sync,
-            checked,
+            checked: Preflight::Passed(checked),
         });
     }
     let model = async {
@@ -258,7 +312,7 @@ pub async fn prepare(
         phases,
         commit: None,
         streaming: None,
-        checked,
+        checked: Preflight::Passed(checked),
     })
 }
 

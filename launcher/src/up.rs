@@ -46,6 +46,9 @@ pub struct UpOutcome {
     pub record: PathBuf,
     /// Ready (and how), or why not: the message shown and recorded.
     pub result: Result<Readiness, String>,
+    /// The rounds of the preflight that ran beside held ranks
+    /// ([`Before::Running`]), for `deploy --json`'s phases.
+    pub held_check: Option<check::Rounds>,
 }
 
 /// Why `up` did not get as far as starting the ranks, or could not record
@@ -74,52 +77,74 @@ fn host_of(agent: &str) -> &str {
     agent.rsplit_once(':').map_or(agent, |(h, _)| h)
 }
 
+/// The preflight `up` goes by.
+pub enum Before<'a> {
+    /// None ran in this command: `up` runs the whole preflight.
+    Fresh,
+    /// One passed earlier in this command (`deploy`'s): only what a sync
+    /// changes is asked again ([`check::recheck`]).
+    Passed(&'a Checked),
+    /// One still runs ([`crate::deploy::Preflight::Running`]): `up` plans
+    /// on the light facts, starts the ranks held
+    /// ([`xfer_proto::launch::RankSpec::held`]) and releases them only once
+    /// it passed; otherwise it stops them, before they read or bind
+    /// anything.
+    Running(check::Running<'a>),
+}
+
 /// Runs the check; refuses to start on any failure.
 ///
-/// `before` is a preflight that passed earlier in the same command
-/// (`deploy`'s): then only what a sync changes is asked again
-/// ([`check::recheck`]).
+/// With [`Before::Running`] the ranks start held beside the rest of the
+/// preflight, and are released only once it passed.
 pub async fn up(
     setup: &Setup,
     agents: &Agents,
     opts: &UpOptions,
-    before: Option<&Checked>,
+    before: Before<'_>,
 ) -> Result<UpOutcome, UpError> {
-    let checked = match before {
-        Some(before) => {
+    let (checked, running) = match before {
+        Before::Passed(before) => {
             eprintln!(
                 "checking {} node(s) again (the weights, disk, memory, ports and image; the rest passed above)...",
                 setup.nodes.len()
             );
-            check::recheck(setup, agents, before).await
+            (check::recheck(setup, agents, before).await, None)
         }
-        None => {
+        Before::Fresh => {
             eprintln!("checking {} node(s)...", setup.nodes.len());
-            check::run(setup, agents).await
+            (check::run(setup, agents).await, None)
+        }
+        Before::Running(full) => {
+            let mut beside = Beside::new(full);
+            let light = beside.drive(check::light_checked(setup, agents)).await;
+            let blockers = check::hold_blockers(&light);
+            if blockers.is_empty() {
+                (light, Some(beside))
+            } else {
+                eprintln!(
+                    "not starting the ranks held ({} failed); waiting for the whole preflight...",
+                    blockers.join(", ")
+                );
+                let full = beside.finish().await;
+                (check::recheck(setup, agents, &full).await, None)
+            }
         }
     };
-    eprint!(
-        "{}",
-        preflight::render(&checked.rows, crate::term::stderr_width())
-    );
-    if let Some(line) = checked.unit_line() {
-        let width = crate::term::stderr_width();
-        eprintln!("{}", xfer_proto::text::wrap(&line, width, 4));
-    }
-    if !checked.ok {
-        let failed = checked
-            .rows
-            .iter()
-            .filter(|r| r.verdict == preflight::Verdict::Fail)
-            .count();
-        return Err(UpError::ChecksFailed { failed });
+    if running.is_none() {
+        render(&checked);
+        if !checked.ok {
+            return Err(UpError::ChecksFailed {
+                failed: failed_rows(&checked),
+            });
+        }
     }
     let mut checked = checked;
     let setup = check::settled(setup, &checked);
     // The compile caches: the nodes that lack the chosen snapshot get it
     // now (the unit then names the root every node starts with); each
     // agent copies it into its live folder before its rank starts.
-    let caches = Caches::deliver(&setup, &mut checked).await;
+    let mut running = running;
+    let caches = drive(&mut running, Caches::deliver(&setup, &mut checked)).await;
     let plan = plan::plan(&setup);
     let started = now_unix();
     let run = specs::run_id(&plan, started);
@@ -127,6 +152,8 @@ pub async fn up(
         .record
         .clone()
         .unwrap_or_else(|| record::default_dir().join(format!("{run}.json")));
+    // The verdict of a preflight that ran beside held ranks.
+    let mut verdict: Option<Checked> = None;
     let mut rec = Record {
         run: &run,
         cluster_file: setup.path.display().to_string(),
@@ -141,7 +168,31 @@ pub async fn up(
         failure: Vec::new(),
     };
     record::write(&record_path, &rec)?;
-    let result = launch(&setup, agents, opts, &plan, &run, &checked, &caches).await;
+    let t0 = Instant::now();
+    let held = running.is_some();
+    let started = drive(
+        &mut running,
+        start_ranks(&setup, agents, opts, &plan, &run, &checked, &caches, held),
+    )
+    .await;
+    let result = match (started, running) {
+        (Err(failure), _) => Err(failure),
+        (Ok(()), None) => until_ready(&setup, agents, opts, &run, &caches, t0).await,
+        (Ok(()), Some(full)) => {
+            verdict = Some(release(&setup, agents, opts, &run, full.finish(), &caches).await);
+            let passed = verdict.as_ref().expect("set just above");
+            rec.check = passed;
+            rec.unit = passed.unit();
+            if !passed.ok {
+                rec.outcome = "failed: the preflight failed; the held ranks were stopped".into();
+                record::write(&record_path, &rec)?;
+                return Err(UpError::ChecksFailed {
+                    failed: failed_rows(passed),
+                });
+            }
+            until_ready(&setup, agents, opts, &run, &caches, t0).await
+        }
+    };
     match &result {
         Ok((secs, r)) => {
             rec.outcome = "ready".into();
@@ -161,7 +212,82 @@ pub async fn up(
         run,
         record: record_path,
         result: result.map(|(_, r)| r).map_err(|(why, _)| why),
+        held_check: verdict.map(|c| c.rounds),
     })
+}
+
+/// The whole preflight, driven while `up` readies held ranks beside it
+/// (a future runs only while polled: each step `up` awaits polls it too).
+pub struct Beside<'a> {
+    running: Option<check::Running<'a>>,
+    done: Option<Checked>,
+}
+
+impl<'a> Beside<'a> {
+    fn new(running: check::Running<'a>) -> Self {
+        Beside {
+            running: Some(running),
+            done: None,
+        }
+    }
+
+    /// Awaits `step`, driving the preflight meanwhile (kept if it ends).
+    async fn drive<T>(&mut self, step: impl std::future::Future<Output = T>) -> T {
+        tokio::pin!(step);
+        loop {
+            let Some(running) = self.running.as_mut() else {
+                return step.await;
+            };
+            tokio::select! {
+                checked = running => {
+                    self.done = Some(checked);
+                    self.running = None;
+                }
+                out = &mut step => return out,
+            }
+        }
+    }
+
+    /// The preflight's verdict, once it ended.
+    async fn finish(self) -> Checked {
+        match (self.done, self.running) {
+            (Some(checked), _) => checked,
+            (None, Some(running)) => running.await,
+            (None, None) => unreachable!("a preflight is either running or done"),
+        }
+    }
+}
+
+/// Awaits `step`, driving `beside`'s preflight meanwhile, if any.
+async fn drive<T>(
+    beside: &mut Option<Beside<'_>>,
+    step: impl std::future::Future<Output = T>,
+) -> T {
+    match beside {
+        Some(b) => b.drive(step).await,
+        None => step.await,
+    }
+}
+
+/// The check table and the launch unit's line, on stderr.
+fn render(checked: &Checked) {
+    eprint!(
+        "{}",
+        preflight::render(&checked.rows, crate::term::stderr_width())
+    );
+    if let Some(line) = checked.unit_line() {
+        let width = crate::term::stderr_width();
+        eprintln!("{}", xfer_proto::text::wrap(&line, width, 4));
+    }
+}
+
+/// How many rows of `checked` failed.
+fn failed_rows(checked: &Checked) -> usize {
+    checked
+        .rows
+        .iter()
+        .filter(|r| r.verdict == preflight::Verdict::Fail)
+        .count()
 }
 
 /// The compile caches as the ranks start ([`crate::caches`]).
@@ -170,6 +296,8 @@ struct Caches {
     gates: Vec<Option<xfer_proto::compile_cache::CacheGate>>,
     /// Each node's snapshot root once delivered, in rank order.
     started_with: Vec<Option<xfer_proto::hash::Hash>>,
+    /// The same by node name.
+    roots: std::collections::HashMap<String, Option<xfer_proto::hash::Hash>>,
     /// The syncs' progress (quiet).
     progress: xfer::util::progress::Progress,
 }
@@ -183,21 +311,27 @@ impl Caches {
         if let Some(e) = error {
             eprintln!("warning: {e}");
         }
-        let roots: std::collections::HashMap<&str, _> = setup
-            .nodes
-            .iter()
-            .map(|n| n.name.as_str())
-            .zip(checked.caches.iter().copied())
-            .collect();
-        for (node, unit) in checked.units.iter_mut() {
-            if let Some(root) = roots.get(node.as_str()) {
-                *unit = unit.clone().with_caches(*root);
-            }
-        }
-        Caches {
+        let caches = Caches {
             gates,
             started_with: checked.caches.clone(),
+            roots: setup
+                .nodes
+                .iter()
+                .map(|n| n.name.clone())
+                .zip(checked.caches.iter().copied())
+                .collect(),
             progress,
+        };
+        caches.stamp(checked);
+        caches
+    }
+
+    /// Names each node's snapshot root in its launch unit.
+    fn stamp(&self, checked: &mut Checked) {
+        for (node, unit) in checked.units.iter_mut() {
+            if let Some(root) = self.roots.get(node.as_str()) {
+                *unit = unit.clone().with_caches(*root);
+            }
         }
     }
 }
@@ -211,7 +345,11 @@ const FAILURE_SETTLE: Duration = Duration::from_secs(10);
 /// Why a launch failed, and the ranks to show (the most telling first).
 type Failure = (String, Vec<Diagnosed>);
 
-async fn launch(
+/// Starts every rank of `run` (held: see [`Before::Running`]) once the
+/// stream gate passed under `stream_weights`; on any refusal the ranks
+/// that started are stopped.
+#[allow(clippy::too_many_arguments)]
+async fn start_ranks(
     setup: &Setup,
     agents: &Agents,
     opts: &UpOptions,
@@ -219,7 +357,8 @@ async fn launch(
     run: &str,
     checked: &Checked,
     caches: &Caches,
-) -> Result<(f64, Readiness), Failure> {
+    held: bool,
+) -> Result<(), Failure> {
     let t0 = Instant::now();
     let mut specs = specs::rank_specs(
         setup,
@@ -236,6 +375,7 @@ async fn launch(
     }
     for (spec, gate) in specs.iter_mut().zip(&caches.gates) {
         spec.caches = gate.clone();
+        spec.held = held;
     }
     if setup.stream_weights {
         // The small files verified on every node, one root; the shards are
@@ -249,10 +389,15 @@ async fn launch(
         }
     }
     eprintln!(
-        "starting run {run}: {} on {} node(s), plan {}",
+        "starting run {run}: {} on {} node(s), plan {}{}",
         plan.engine.as_str(),
         plan.nnodes,
-        &plan.digest[..16]
+        &plan.digest[..16],
+        if held {
+            "; held (the engine imports its Python, then waits for the preflight's verdict)"
+        } else {
+            ""
+        }
     );
     let started = agents
         .ask_all(
@@ -283,7 +428,81 @@ async fn launch(
             Vec::new(),
         ));
     }
+    Ok(())
+}
 
+/// The whole preflight that ran beside `run`'s held ranks, judged with
+/// the facts a sync changes asked again ([`check::recheck`]) and printed:
+/// passed, every rank is released; failed (or a release refused), the
+/// ranks are stopped before they read or bind anything.
+async fn release(
+    setup: &Setup,
+    agents: &Agents,
+    opts: &UpOptions,
+    run: &str,
+    full: impl std::future::Future<Output = Checked>,
+    caches: &Caches,
+) -> Checked {
+    let full = full.await;
+    let mut checked = check::recheck(setup, agents, &full).await;
+    checked.rounds = full.rounds;
+    caches.stamp(&mut checked);
+    render(&checked);
+    if !checked.ok {
+        stop_run(
+            agents,
+            run,
+            opts.grace,
+            "its preflight failed while it was held",
+        )
+        .await;
+        return checked;
+    }
+    let released = agents
+        .ask_all(
+            |_, _| LaunchRequest::Release {
+                run: run.to_string(),
+            },
+            crate::agents::QUICK,
+        )
+        .await;
+    let refused: Vec<String> = agents
+        .nodes
+        .iter()
+        .zip(&released)
+        .filter_map(|(n, r)| match r {
+            Ok(LaunchReply::Runs(_)) => None,
+            Ok(other) => Some(format!("{}: {}", n.name, unexpected(other))),
+            Err(e) => Some(format!("{}: {e}", n.name)),
+        })
+        .collect();
+    if !refused.is_empty() {
+        let why = format!("could not release every held rank: {}", refused.join("; "));
+        stop_run(agents, run, opts.grace, &why).await;
+        checked.ok = false;
+        checked.rows.push(preflight::Row {
+            check: "release",
+            node: "*".into(),
+            verdict: preflight::Verdict::Fail,
+            detail: why,
+            fix: Some("run `xfer-launch up` again".into()),
+        });
+        return checked;
+    }
+    eprintln!("the preflight passed: released the held ranks of run {run}");
+    checked
+}
+
+/// Waits until `run`'s engine answers its first completion, a rank stops,
+/// or the init timeout (counted from `t0`) passes.
+async fn until_ready(
+    setup: &Setup,
+    agents: &Agents,
+    opts: &UpOptions,
+    run: &str,
+    caches: &Caches,
+    t0: Instant,
+) -> Result<(f64, Readiness), Failure> {
     let api = Api::new(
         opts.api_url.clone().unwrap_or_else(|| {
             format!(

@@ -713,6 +713,19 @@ def serve_api(host, port, served, model_path, owner, ready_lines):
 
 # ------------------------------------------------------------ vLLM
 
+def wait_for_release():
+    """A rank `xfer-launch up` started held (`XFER_HOLD_FILE`, set by the
+    agent) waits, as the real loader plugin does in vLLM's `register()`,
+    before it reads the model or binds a port."""
+    hold = os.environ.get("XFER_HOLD_FILE")
+    if not hold or os.path.exists(hold):
+        return
+    out(f"standin: held until {hold} exists")
+    while not os.path.exists(hold):
+        time.sleep(0.02)
+    out("standin: released")
+
+
 def vllm_main(words):
     if words and words[0] in ("--version", "-v"):
         out(VLLM_VERSION)
@@ -727,6 +740,7 @@ def vllm_main(words):
     model = a.pos[0] if a.pos else a.get("--model")
     if model is None:
         die("ValueError: vllm serve needs a model (vllm serve MODEL ...)", 2)
+    wait_for_release()
     ours = ["vllm"] + words
     check_and_record(ours, model)
     setup_signals()

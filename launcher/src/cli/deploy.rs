@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use launcher::agents::Agents;
 use launcher::config::Setup;
-use launcher::up::UpOptions;
+use launcher::deploy::Preflight;
+use launcher::up::{Before, UpOptions};
 use xfer::util::progress::Progress;
 use xfer_proto::image::ContainerRuntime;
 
@@ -17,21 +18,38 @@ pub async fn deploy(
     json: bool,
 ) -> Result<ExitCode, String> {
     let progress = Progress::new(!json);
-    let prepared = launcher::deploy::prepare(&setup, &agents, image_engine, &progress)
+    // The preflight may still run beside `up` (held ranks): it goes by the
+    // cluster file as read, while `up` goes by the commit the Hub named.
+    let as_read = setup.clone();
+    let prepared = launcher::deploy::prepare(&as_read, &agents, image_engine, &progress)
         .await
         .map_err(|e| e.to_string())?;
     let mut phases = prepared.phases;
-    let checked = prepared.checked;
-    let Some(streaming) = prepared.streaming else {
-        return super::up::up_after(setup, agents, opts, json, Some((phases, &checked))).await;
+    let commit = prepared.commit;
+    let (streaming, checked) = match (prepared.streaming, prepared.checked) {
+        (Some(s), c) => (s, c),
+        (None, Preflight::Passed(checked)) => {
+            return super::up::up_after(setup, &agents, opts, json, Some((phases, &checked))).await;
+        }
+        (None, Preflight::Running(_)) => {
+            unreachable!("a running preflight is handed on only beside a sync")
+        }
     };
     // `stream_weights`: `up` starts the ranks while the agents sync; each
     // rank's loader takes each shard as its agent verifies it.
-    if let Some(commit) = &prepared.commit {
+    if let Some(commit) = &commit {
         setup.model.at_commit(commit);
     }
     let t0 = std::time::Instant::now();
-    let up = launcher::up::up(&setup, &agents, &opts, Some(&checked));
+    let passed;
+    let before = match checked {
+        Preflight::Passed(c) => {
+            passed = c;
+            Before::Passed(&passed)
+        }
+        Preflight::Running(full) => Before::Running(full),
+    };
+    let up = launcher::up::up(&setup, &agents, &opts, before);
     let quiet = Progress::new(false);
     let wait = streaming.wait(&quiet);
     tokio::pin!(up, wait);

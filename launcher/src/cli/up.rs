@@ -14,24 +14,24 @@ pub async fn up(
     opts: UpOptions,
     json: bool,
 ) -> Result<ExitCode, String> {
-    up_after(setup, agents, opts, json, None).await
+    up_after(setup, &agents, opts, json, None).await
 }
 
 /// `up`, after `deploy`'s phases (shown in the JSON as `phases`, with
 /// `up_s` added) and the preflight that passed in them.
 pub async fn up_after(
     setup: Setup,
-    agents: Agents,
+    agents: &Agents,
     opts: UpOptions,
     json: bool,
     deployed: Option<(launcher::deploy::Phases, &launcher::check::Checked)>,
 ) -> Result<ExitCode, String> {
     let t0 = std::time::Instant::now();
     let (phases, before) = match deployed {
-        Some((p, c)) => (Some(p), Some(c)),
-        None => (None, None),
+        Some((p, c)) => (Some(p), launcher::up::Before::Passed(c)),
+        None => (None, launcher::up::Before::Fresh),
     };
-    let out = launcher::up::up(&setup, &agents, &opts, before)
+    let out = launcher::up::up(&setup, agents, &opts, before)
         .await
         .map_err(|e| e.to_string())?;
     report(&setup, out, json, phases, t0)
@@ -46,7 +46,12 @@ pub fn report(
     t0: std::time::Instant,
 ) -> Result<ExitCode, String> {
     let answered_at = out.result.as_ref().ok().and_then(|r| r.answered_at);
-    let phases = phases.map(|p| {
+    let phases = phases.map(|mut p| {
+        // A preflight that ran beside held ranks ended inside `up`.
+        if let Some(rounds) = &out.held_check {
+            p.check_s = rounds.total_s();
+            p.check_rounds = rounds.clone();
+        }
         let started = p.started;
         let mut v = serde_json::to_value(p).unwrap_or_default();
         v["up_s"] = t0.elapsed().as_secs_f64().into();
