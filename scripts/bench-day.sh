@@ -435,7 +435,10 @@ path_hand() { # TAG
     t2=$EPOCHREALTIME
     for r in 0 1; do
         local -n cmd=RANKCMD_$r
-        BENCH_DAY_MARK=$MARK "${cmd[@]}" >"$TMP/$tag-rank$r.log" 2>&1 </dev/null &
+        # A session (and process group) of its own: vLLM's workers rename
+        # themselves over their environment (VLLM::Worker_TP1 shows no
+        # MARK), so the group is what finds them all at the end.
+        BENCH_DAY_MARK=$MARK setsid "${cmd[@]}" >"$TMP/$tag-rank$r.log" 2>&1 </dev/null &
         pids+=("$!")
         track "$!"
         unset -n cmd
@@ -462,11 +465,13 @@ path_hand() { # TAG
     fi
     t3=$EPOCHREALTIME
     IDLE=$(idle_since "$cpu")
-    kill -TERM "${pids[@]}" 2>/dev/null || true
+    for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do
         for ((k = 0; k < 50; k++)); do rank_running "$pid" || break; sleep 0.1; done
         if rank_running "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
         wait "$pid" 2>/dev/null || true
+        # Whatever the rank's group still holds (its workers).
+        kill -KILL -- "-$pid" 2>/dev/null || true
         untrack "$pid"
     done
     kill_marked

@@ -1305,6 +1305,7 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v["ready"], true, "{stdout}");
     assert!(v["phases"]["sync_s"].as_f64().unwrap() > 0.0, "{stdout}");
+    assert!(err.contains("released the held ranks"), "{err}");
     // The ranks started on the streamed draft, not the final root.
     assert!(
         err.contains("stream gate: small files verified on 2 node(s), streamed draft"),
@@ -1327,6 +1328,10 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
         }
         let agent = std::fs::read_to_string(lab.dir.join(format!("agent{}.log", i + 1))).unwrap();
         assert!(agent.contains("--load-format xfer"), "{agent}");
+        // Started held beside the preflight, released once it passed
+        // (whether the plugin still had to wait by then is the race it
+        // exists to win: its line is not asserted).
+        assert!(agent.contains("released run"), "{agent}");
         // Identical bytes everywhere, and the model is recorded complete.
         assert_eq!(
             std::fs::read(snap(i + 1).join(last)).unwrap(),
