@@ -595,13 +595,14 @@ fn ranks_run_in_the_image_on_every_node_and_down_or_a_failure_removes_every_cont
 /// first on its `PATH` that puts a different `torch` on the module path;
 /// the launcher has no switch to report another version, so nothing in
 /// production can hide a real mismatch.
-#[test]
-fn a_node_with_another_nccl_or_torch_is_refused_by_check_and_up() {
-    need_root!();
-    let mut lab = Lab::up("xlu", 2, &[1]);
+/// A `python3` for one node: `fake/bin/python3`, the real interpreter
+/// with `pylib` first on its `PYTHONPATH` (a node whose packages differ
+/// from the others'). Returns `fake` and `pylib`; start the node's agent
+/// with `fake/bin` first on its PATH.
+fn fake_python(lab: &Lab) -> (std::path::PathBuf, std::path::PathBuf) {
     let fake = lab.dir.join("fake-python");
     let pylib = fake.join("pylib");
-    std::fs::create_dir_all(pylib.join("torch/cuda")).unwrap();
+    std::fs::create_dir_all(&pylib).unwrap();
     let real = Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
@@ -618,6 +619,15 @@ fn a_node_with_another_nccl_or_torch_is_refused_by_check_and_up() {
     )
     .unwrap();
     std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    (fake, pylib)
+}
+
+#[test]
+fn a_node_with_another_nccl_or_torch_is_refused_by_check_and_up() {
+    need_root!();
+    let mut lab = Lab::up("xlu", 2, &[1]);
+    let (fake, pylib) = fake_python(&lab);
+    std::fs::create_dir_all(pylib.join("torch/cuda")).unwrap();
     // The stand-in's torch version, with an NCCL.
     let torch = |version: &str| {
         std::fs::write(
@@ -892,6 +902,18 @@ fn tiny_repo(lab: &Lab, repos: &std::path::Path) -> std::path::PathBuf {
     hub_repo
 }
 
+/// [`tiny_repo`] as `org/tiny`, and a copy of it as `org/tiny2` (a second
+/// model that no node holds yet). Returns `org/tiny`'s folder.
+fn tiny_repos(lab: &Lab, repos: &std::path::Path) -> std::path::PathBuf {
+    let hub_repo = tiny_repo(lab, repos);
+    let second = repos.join("org/tiny2");
+    std::fs::create_dir_all(&second).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(hub_repo.join(f), second.join(f)).unwrap();
+    }
+    hub_repo
+}
+
 /// `xfer-launch deploy --cluster FILE ARGS` as the operator runs it, with
 /// the Hub look-alike at `endpoint` as `HF_ENDPOINT`.
 fn deploy_cmd(lab: &Lab, file: &std::path::Path, endpoint: &str, args: &[&str]) -> Command {
@@ -1113,13 +1135,8 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
     need_root!();
     let lab = Lab::up("xdp", 2, &[1, 2]);
     let repos = lab.dir.join("repos");
-    let hub_repo = tiny_repo(&lab, &repos);
     // A second repo, for the last case.
-    let second = repos.join("org/tiny2");
-    std::fs::create_dir_all(&second).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(hub_repo.join(f), second.join(f)).unwrap();
-    }
+    let hub_repo = tiny_repos(&lab, &repos);
     let (_hub, port) = hub_in_head(&lab, &repos, &[]);
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
     let (commit, launch) = launch_of_repo(&lab, &endpoint, "org/tiny");
@@ -1633,25 +1650,8 @@ fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
     let mut lab = Lab::up("xhd", 2, &[1]);
     // Node 2's Python: a torch whose import waits for `gate` (and says it
     // was asked), so the preflight's slow round ends when the test says.
-    let fake = lab.dir.join("fake-python");
-    let pylib = fake.join("pylib");
+    let (fake, pylib) = fake_python(&lab);
     std::fs::create_dir_all(pylib.join("torch")).unwrap();
-    let real = Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .unwrap();
-    let real = text(&real.stdout).trim().to_string();
-    let shim = fake.join("bin/python3");
-    std::fs::create_dir_all(shim.parent().unwrap()).unwrap();
-    std::fs::write(
-        &shim,
-        format!(
-            "#!/bin/sh\nPYTHONPATH='{}':\"$PYTHONPATH\" exec '{real}' \"$@\"\n",
-            pylib.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let gate = lab.dir.join("gate");
     let asked = lab.dir.join("gate.asked");
     let torch = |version: &str| {
@@ -1668,12 +1668,7 @@ fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
     torch("2.13.0");
     lab.agents[1] = Some(lab.start_agent_with_path_first(2, &fake.join("bin")));
     let repos = lab.dir.join("repos");
-    let hub_repo = tiny_repo(&lab, &repos);
-    let second = repos.join("org/tiny2");
-    std::fs::create_dir_all(&second).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(hub_repo.join(f), second.join(f)).unwrap();
-    }
+    tiny_repos(&lab, &repos);
     let (_hub, port) = hub_in_head(&lab, &repos, &[]);
     let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
     let streamed = |repo: &str| {

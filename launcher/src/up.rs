@@ -405,16 +405,7 @@ async fn start_ranks(
             crate::agents::QUICK,
         )
         .await;
-    let refused: Vec<String> = agents
-        .nodes
-        .iter()
-        .zip(&started)
-        .filter_map(|(n, r)| match r {
-            Ok(LaunchReply::Runs(_)) => None,
-            Ok(other) => Some(format!("{}: {}", n.name, unexpected(other))),
-            Err(e) => Some(format!("{}: {e}", n.name)),
-        })
-        .collect();
+    let refused = refusals(agents, &started);
     if !refused.is_empty() {
         stop_run(
             agents,
@@ -429,6 +420,21 @@ async fn start_ranks(
         ));
     }
     Ok(())
+}
+
+/// Every node whose answer to a rank request was not `Runs`, as
+/// `NODE: why`.
+fn refusals(agents: &Agents, answers: &[Result<LaunchReply, String>]) -> Vec<String> {
+    agents
+        .nodes
+        .iter()
+        .zip(answers)
+        .filter_map(|(n, r)| match r {
+            Ok(LaunchReply::Runs(_)) => None,
+            Ok(other) => Some(format!("{}: {}", n.name, unexpected(other))),
+            Err(e) => Some(format!("{}: {e}", n.name)),
+        })
+        .collect()
 }
 
 /// The whole preflight that ran beside `run`'s held ranks, judged with
@@ -466,16 +472,7 @@ async fn release(
             crate::agents::QUICK,
         )
         .await;
-    let refused: Vec<String> = agents
-        .nodes
-        .iter()
-        .zip(&released)
-        .filter_map(|(n, r)| match r {
-            Ok(LaunchReply::Runs(_)) => None,
-            Ok(other) => Some(format!("{}: {}", n.name, unexpected(other))),
-            Err(e) => Some(format!("{}: {e}", n.name)),
-        })
-        .collect();
+    let refused = refusals(agents, &released);
     if !refused.is_empty() {
         let why = format!("could not release every held rank: {}", refused.join("; "));
         stop_run(agents, run, opts.grace, &why).await;

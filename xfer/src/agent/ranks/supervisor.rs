@@ -305,16 +305,17 @@ impl Supervisor {
         runs.iter().map(|r| r.report()).collect()
     }
 
+    /// The run `run`, if this agent knows it.
+    fn run(&self, run: &str) -> Option<Arc<Run>> {
+        self.runs.lock().unwrap().get(run).cloned()
+    }
+
     /// Lets the held rank of `run` go on: creates its release file, which
     /// its processes wait for (a rank not started held has nothing to
     /// wait for: the same answer).
     pub fn release(&self, run: &str) -> Result<RankReport, ReleaseError> {
         let r = self
-            .runs
-            .lock()
-            .unwrap()
-            .get(run)
-            .cloned()
+            .run(run)
             .ok_or_else(|| ReleaseError::NoRun(run.to_string()))?;
         if !r.state().is_live() {
             return Err(ReleaseError::Ended(run.to_string()));
@@ -330,11 +331,7 @@ impl Supervisor {
     /// Reads up to `max` bytes of a rank's log from `offset`.
     pub fn read_log(&self, run: &str, offset: u64, max: u64) -> Result<LogChunk, ReadLogError> {
         let r = self
-            .runs
-            .lock()
-            .unwrap()
-            .get(run)
-            .cloned()
+            .run(run)
             .ok_or_else(|| ReadLogError::NoRun(run.to_string()))?;
         let path = r.log();
         let mut f = std::fs::File::open(&path).map_err(|source| ReadLogError::Read {
@@ -513,6 +510,11 @@ mod tests {
         s.stop(Some("r2"), Duration::from_millis(300), "test").await;
     }
 
+    /// Whether `run`'s log ends with a line `line` among its last ones.
+    fn said(s: &Supervisor, run: &str, line: &str) -> bool {
+        s.reports(Some(run))[0].tail.iter().any(|l| l == line)
+    }
+
     /// A held rank's processes get `XFER_HOLD_FILE` in the rank's own
     /// folder, absent until `release`; a rank not held gets none (and a
     /// spec cannot set it: `launch_rules`); an unknown or ended run is
@@ -541,13 +543,7 @@ mod tests {
         assert!(!hold.exists());
         assert!(!tail.iter().any(|l| l == "released"), "{tail:?}");
         s.release("h1").unwrap();
-        until("the held process to go on", || {
-            s.reports(Some("h1"))[0]
-                .tail
-                .iter()
-                .any(|l| l == "released")
-        })
-        .await;
+        until("the held process to go on", || said(&s, "h1", "released")).await;
         assert_eq!(mode(&hold), 0o600);
         let err = s.release("nope").unwrap_err().to_string();
         assert!(err.contains("no run nope on this node"), "{err}");
@@ -560,13 +556,7 @@ mod tests {
             &["echo hold=${XFER_HOLD_FILE:-none}; exec sleep 30"],
         ))
         .unwrap();
-        until("the rank not held to start", || {
-            s.reports(Some("n1"))[0]
-                .tail
-                .iter()
-                .any(|l| l == "hold=none")
-        })
-        .await;
+        until("the rank not held to start", || said(&s, "n1", "hold=none")).await;
         s.release("n1").unwrap();
         assert!(!dir.path().join(".xfer/runs/n1/released").exists());
         s.stop(Some("n1"), Duration::from_millis(300), "test").await;
