@@ -146,8 +146,9 @@ pub async fn pull_and_fan_out(
     // The pull's announcements feed the stream; its listing starts it.
     let (listed_tx, listed) = tokio::sync::oneshot::channel();
     let first_byte: Arc<Mutex<Option<Instant>>> = Default::default();
+    let listed_at: Arc<Mutex<Option<Instant>>> = Default::default();
     let on_draft: OnDraft = {
-        let first_byte = first_byte.clone();
+        let (first_byte, listed_at) = (first_byte.clone(), listed_at.clone());
         let feed: Arc<Mutex<Option<Arc<DraftFeed>>>> = Default::default();
         let listed_tx = Mutex::new(Some(listed_tx));
         Arc::new(move |update| match update {
@@ -156,6 +157,7 @@ pub async fn pull_and_fan_out(
                 commit,
                 paths,
             } => {
+                listed_at.lock().unwrap().get_or_insert_with(Instant::now);
                 let f = DraftFeed::new(draft, &commit);
                 *feed.lock().unwrap() = Some(f.clone());
                 if let Some(on) = &on_feed {
@@ -203,6 +205,7 @@ pub async fn pull_and_fan_out(
         }
     };
 
+    let streamed_at = Instant::now();
     // The rest of the folder (snapshot links, the listing, the ref) and
     // whatever an agent that failed the stream still lacks.
     let mut set = ready.lock().unwrap().clone();
@@ -230,7 +233,19 @@ pub async fn pull_and_fan_out(
         n.tail_s = since(Some(downloaded_at), st.done_at.or(n.done_at));
     }
     let total = tree.manifest.total_bytes().max(1);
-    tracing::info!("{name}: streamed, then completed in a final round");
+    let after = |t: Option<Instant>| {
+        t.map_or("-".to_string(), |t| {
+            format!("{:.2}", t.saturating_duration_since(started).as_secs_f64())
+        })
+    };
+    tracing::info!(
+        "{name}: streamed, then completed in a final round (seconds from the start: listed {}, first byte {}, downloaded {}, every node streamed {}, final round done {})",
+        after(*listed_at.lock().unwrap()),
+        after(first_byte),
+        after(Some(downloaded_at)),
+        after(Some(streamed_at)),
+        after(Some(Instant::now())),
+    );
     Ok(PullFanoutSummary {
         pull: summary,
         name: name.to_string(),
