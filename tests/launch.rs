@@ -1692,10 +1692,11 @@ fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
         .spawn()
         .unwrap();
     both_held("both ranks to start held");
-    assert!(
-        asked.exists(),
-        "the preflight's torch probe was not asked yet"
-    );
+    // The preflight cannot end before the gate opens; once its torch probe
+    // waits there, the ranks are held beside a preflight known to run.
+    poll_until("the preflight's torch probe to wait at the gate", || {
+        asked.exists()
+    });
     for i in 1..=2 {
         let log = rank_logs(&lab, i);
         assert!(
