@@ -165,6 +165,21 @@ fn a_rank_cannot_reach_a_planted_program_through_its_environment() {
             "{why}"
         );
     }
+    // Nor the release file of a held rank, which only the agent names:
+    // set by a launcher, it could point a rank at a file it creates.
+    let why = refusal(start(
+        &cred,
+        &agent,
+        spec(
+            "p4",
+            &["sleep", "600"],
+            &[("XFER_HOLD_FILE", &format!("{tools}/go"))],
+        ),
+    ));
+    assert!(
+        why.starts_with("n1: [launch.env] sets XFER_HOLD_FILE, which the agent sets itself"),
+        "{why}"
+    );
     // Nor by its path, which is not the name the operator allowed.
     let planted = format!("{tools}/sleep");
     let why = refusal(start(&cred, &agent, spec("p3", &[&planted, "600"], &[])));
@@ -310,6 +325,14 @@ fn a_container_rank_cannot_steer_the_engine_or_take_host_devices() {
         );
         assert!(why.contains("nvidia.com/gpu=0"), "{why}");
     }
+    // A held rank in a container could not see its release file.
+    let mut held = boxed("c4", &[], &["/dev/nvidia0"]);
+    held.held = true;
+    let why = refusal(start(&cred, &agent, held));
+    assert!(
+        why.starts_with("n1: a held rank cannot run in a container"),
+        "{why}"
+    );
     assert!(!marker.exists(), "the planted docker ran");
     let ran = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(

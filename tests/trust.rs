@@ -199,6 +199,9 @@ fn a_node_credential_moves_models_but_cannot_launch_sync_or_remove() {
         Duration::from_secs(30),
         || std::fs::read_to_string(&out).is_ok_and(|s| s.contains("uid=")),
     );
+    // Nor may node b release a live run's held ranks.
+    let release = LaunchRequest::Release { run: "r2".into() };
+    forbidden("release", launch(&b_cred, "a", &a, &release));
     let stop = LaunchRequest::StopRun {
         run: Some("r2".into()),
         grace_ms: 1_000,
