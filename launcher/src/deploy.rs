@@ -206,7 +206,7 @@ pub async fn prepare<'a>(
         Ok::<_, DeployError>((lacking, image_lacking, listed, sync))
     };
     let mut full: check::Running<'a> = Box::pin(check::run(setup, agents));
-    let (early, done) = {
+    let (mut early, done) = {
         tokio::pin!(early);
         let mut done = None;
         loop {
@@ -216,23 +216,26 @@ pub async fn prepare<'a>(
             }
         }
     };
-    if done.is_none() && may_hold(setup) && matches!(&early, Ok((_, _, _, Some(_)))) {
-        if let Ok((lacking, _, listed, Some(sync))) = early {
-            eprintln!(
-                "the ranks start held once the small files are verified; the rest of the preflight goes on beside them"
-            );
-            return Ok(Prepared {
-                phases: Phases {
-                    started: Some(t0),
-                    lacking,
-                    ..Phases::default()
-                },
-                commit: listed.map(|(c, _)| c),
-                streaming: Some(sync),
-                checked: Preflight::Running(full),
-            });
+    if done.is_none() && may_hold(setup) {
+        match early {
+            Ok((lacking, _, listed, Some(sync))) => {
+                eprintln!(
+                    "the ranks start held once the small files are verified; the rest of the preflight goes on beside them"
+                );
+                return Ok(Prepared {
+                    phases: Phases {
+                        started: Some(t0),
+                        lacking,
+                        ..Phases::default()
+                    },
+                    commit: listed.map(|(c, _)| c),
+                    streaming: Some(sync),
+                    checked: Preflight::Running(full),
+                });
+            }
+            // Nothing to sync, or the early facts failed: the verdict first.
+            other => early = other,
         }
-        unreachable!("matched just above");
     }
     let checked = match done {
         Some(c) => c,

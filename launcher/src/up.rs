@@ -170,12 +170,12 @@ pub async fn up(
     record::write(&record_path, &rec)?;
     let t0 = Instant::now();
     let held = running.is_some();
-    let started = drive(
+    let starting = drive(
         &mut running,
         start_ranks(&setup, agents, opts, &plan, &run, &checked, &caches, held),
     )
     .await;
-    let result = match (started, running) {
+    let result = match (starting, running) {
         (Err(failure), _) => Err(failure),
         (Ok(()), None) => until_ready(&setup, agents, opts, &run, &caches, t0).await,
         (Ok(()), Some(full)) => {
@@ -296,8 +296,6 @@ struct Caches {
     gates: Vec<Option<xfer_proto::compile_cache::CacheGate>>,
     /// Each node's snapshot root once delivered, in rank order.
     started_with: Vec<Option<xfer_proto::hash::Hash>>,
-    /// The same by node name.
-    roots: std::collections::HashMap<String, Option<xfer_proto::hash::Hash>>,
     /// The syncs' progress (quiet).
     progress: xfer::util::progress::Progress,
 }
@@ -314,22 +312,17 @@ impl Caches {
         let caches = Caches {
             gates,
             started_with: checked.caches.clone(),
-            roots: setup
-                .nodes
-                .iter()
-                .map(|n| n.name.clone())
-                .zip(checked.caches.iter().copied())
-                .collect(),
             progress,
         };
-        caches.stamp(checked);
+        caches.stamp(setup, checked);
         caches
     }
 
     /// Names each node's snapshot root in its launch unit.
-    fn stamp(&self, checked: &mut Checked) {
+    fn stamp(&self, setup: &Setup, checked: &mut Checked) {
         for (node, unit) in checked.units.iter_mut() {
-            if let Some(root) = self.roots.get(node.as_str()) {
+            let rank = setup.nodes.iter().position(|n| n.name == *node);
+            if let Some(root) = rank.and_then(|r| self.started_with.get(r)) {
                 *unit = unit.clone().with_caches(*root);
             }
         }
@@ -375,6 +368,8 @@ async fn start_ranks(
     }
     for (spec, gate) in specs.iter_mut().zip(&caches.gates) {
         spec.caches = gate.clone();
+    }
+    for spec in specs.iter_mut() {
         spec.held = held;
     }
     if setup.stream_weights {
@@ -452,7 +447,7 @@ async fn release(
     let full = full.await;
     let mut checked = check::recheck(setup, agents, &full).await;
     checked.rounds = full.rounds;
-    caches.stamp(&mut checked);
+    caches.stamp(setup, &mut checked);
     render(&checked);
     if !checked.ok {
         stop_run(
