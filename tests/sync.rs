@@ -928,6 +928,17 @@ fn a_striped_hub_job_is_fetched_by_every_named_node_and_served_once() {
     }
     let origin: u64 = tallies.iter().map(|t| t.from_origin).sum();
     assert_eq!(origin, served, "the shares add up to what the Hub served");
+    // An intake node keeps what it fetched (checked against the source's
+    // chunk hashes): the swarm does not send most of it back.
+    for n in ["b", "c"] {
+        let t = tallies.iter().find(|t| t.node == n).unwrap();
+        let received = t.from_source + t.from_peers;
+        assert!(
+            received + t.from_origin / 2 <= s.total,
+            "{n} received {received} bytes over the fabric besides its own {} from the Hub: {tallies:#?}",
+            t.from_origin
+        );
+    }
     let out = run(&mut s.c.cmd("status", &[]), Duration::from_secs(20));
     let line = out
         .stdout

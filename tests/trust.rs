@@ -656,6 +656,7 @@ fn a_node_that_is_not_the_jobs_source_cannot_make_another_node_fetch_a_url() {
         let addr: std::net::SocketAddr = a.addr.parse().unwrap();
         let msg = TransferMsg::Intake {
             name: xfer_proto::names::ModelName::new("m").unwrap(),
+            file: Some(0),
             url: url.clone(),
             from: 0,
             to: 4,

@@ -193,6 +193,12 @@ pub enum TransferMsg {
     Intake {
         /// The model the bytes are for.
         name: ModelName,
+        /// The file of the source's draft the bytes are part of, when the
+        /// pull streams one: the intake node, a receiver of that draft too,
+        /// keeps the bytes it fetched as candidates of its own transfer
+        /// (checked when the source announces their chunks), so the swarm
+        /// need not send them back to it.
+        file: Option<crate::draft::FileIndex>,
         /// The resolved file URL (no further redirect is followed).
         url: String,
         /// First byte.

@@ -26,6 +26,12 @@ use xfer_proto::admin::Secret;
 use xfer_proto::names::ModelName;
 use xfer_proto::transfer::{Refusal, TransferMsg, MAX_INTAKE_SPAN};
 
+use std::sync::Arc;
+
+use xfer_proto::draft::FileIndex;
+
+use crate::flow::swarm::Shares;
+use crate::store::fetched::Fetched;
 use crate::transport::quic::write_frame;
 
 /// The fault hook of the tests' lying downloader.
@@ -34,6 +40,8 @@ pub const FAULT_CORRUPT_INTAKE: &str = "XFER_FAULT_CORRUPT_INTAKE";
 /// What the source asked for.
 pub(super) struct IntakeAsk {
     pub(super) name: ModelName,
+    /// The file of the source's draft, when its pull streams one.
+    pub(super) file: Option<FileIndex>,
     pub(super) url: String,
     pub(super) from: u64,
     pub(super) to: u64,
@@ -50,20 +58,22 @@ pub(super) async fn session(
     conn: quinn::Connection,
     send: quinn::SendStream,
     first: IntakeAsk,
+    shares: Arc<Shares>,
 ) -> Result<()> {
     let name = first.name.clone();
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_INTAKE_STREAMS));
     let permit = slots.clone().acquire_owned().await?;
+    let keep = shares.clone();
     tokio::spawn(async move {
         let _permit = permit;
-        let _ = serve(send, first).await;
+        let _ = serve(send, first, &keep).await;
     });
     loop {
         let Ok((mut send, mut recv)) = conn.accept_bi().await else {
             return Ok(()); // the source closed the session
         };
         let permit = slots.clone().acquire_owned().await?;
-        let name = name.clone();
+        let (name, shares) = (name.clone(), shares.clone());
         tokio::spawn(async move {
             let _permit = permit;
             let ask = crate::transport::quic::read_frame_within::<TransferMsg>(
@@ -74,12 +84,14 @@ pub(super) async fn session(
             let ask = match ask {
                 Ok(TransferMsg::Intake {
                     name: n,
+                    file,
                     url,
                     from,
                     to,
                     token,
                 }) if n == name => IntakeAsk {
                     name: n,
+                    file,
                     url,
                     from,
                     to,
@@ -98,7 +110,7 @@ pub(super) async fn session(
                     return;
                 }
             };
-            let _ = serve(send, ask).await;
+            let _ = serve(send, ask, &shares).await;
         });
     }
 }
@@ -106,8 +118,10 @@ pub(super) async fn session(
 /// Most bytes an intake request's frame may have (a URL, a token).
 const INTAKE_ASK_LIMIT: usize = 16 << 10;
 
-/// Checks `ask`, fetches it and streams it back on `send`.
-async fn serve(mut send: quinn::SendStream, ask: IntakeAsk) -> Result<()> {
+/// Checks `ask`, fetches it and streams it back on `send`, keeping the
+/// bytes in this node's own transfer of the draft when one runs (see
+/// [`keeper`]).
+async fn serve(mut send: quinn::SendStream, ask: IntakeAsk, shares: &Shares) -> Result<()> {
     let url = match check(&ask) {
         Ok(u) => u,
         Err(why) => return super::refuse(&mut send, Refusal::Protocol(why)).await,
@@ -120,6 +134,7 @@ async fn serve(mut send: quinn::SendStream, ask: IntakeAsk) -> Result<()> {
     tracing::debug!("fetching {len} bytes of `{}` from the origin", ask.name);
     write_frame(&mut send, &TransferMsg::IntakeBody { len }).await?;
     let lie = std::env::var(FAULT_CORRUPT_INTAKE).is_ok_and(|v| v == "1");
+    let mut keep = keeper(shares, &ask);
     let mut sent = 0u64;
     while sent < len {
         let piece = match resp.chunk().await {
@@ -135,11 +150,32 @@ async fn serve(mut send: quinn::SendStream, ask: IntakeAsk) -> Result<()> {
             bad[(len / 2 - sent) as usize] ^= 0xFF;
             piece = bad.into();
         }
+        // Kept before it is sent: the source cannot announce a chunk of
+        // it before it is a candidate here.
+        if let Some(k) = &mut keep {
+            if let Err(e) = k.write(&piece) {
+                tracing::debug!("no longer keeping `{}`'s intake bytes: {e}", ask.name);
+                keep = None;
+            }
+        }
         send.write_all(&piece).await?;
         sent += take as u64;
     }
     let _ = send.finish();
+    if let Some(k) = keep {
+        tracing::debug!("kept {} chunks of `{}` it fetched", k.kept(), ask.name);
+    }
     Ok(())
+}
+
+/// Where this node keeps the bytes it fetches for the source: its own
+/// running transfer of the same draft (it is a receiver of the job too),
+/// so the swarm need not send them back. What is kept is only a candidate
+/// until the source announces its chunks' hashes
+/// ([`crate::store::fetched`]).
+fn keeper(shares: &Shares, ask: &IntakeAsk) -> Option<Fetched> {
+    let file = ask.file?;
+    shares.transfer(&ask.name)?.keep_fetched(file, ask.from)
 }
 
 /// The URL, if the ask is well formed.
@@ -217,6 +253,7 @@ mod tests {
     fn ask(url: &str, from: u64, to: u64) -> IntakeAsk {
         IntakeAsk {
             name: ModelName::new("m").unwrap(),
+            file: None,
             url: url.into(),
             from,
             to,

@@ -122,6 +122,7 @@ pub(super) async fn serve(
         }
         TransferMsg::Intake {
             name,
+            file,
             url,
             from,
             to,
@@ -138,12 +139,14 @@ pub(super) async fn serve(
             }
             let ask = super::intake::IntakeAsk {
                 name,
+                file,
                 url,
                 from,
                 to,
                 token,
             };
-            return super::intake::session(conn, send, ask).await;
+            let shares = ctx.receiver.shares.clone();
+            return super::intake::session(conn, send, ask, shares).await;
         }
         other => {
             return refuse(

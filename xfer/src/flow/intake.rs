@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, Endpoint};
-use reqwest::Url;
 use tokio::sync::mpsc;
 
 use xfer_proto::admin::Secret;
@@ -23,7 +22,7 @@ use xfer_proto::transfer::{TransferMsg, MAX_INTAKE_SPAN};
 
 use crate::config::auth::Credential;
 use crate::hub::http::Failure;
-use crate::hub::intake::{Fetching, RangeBody, RemoteRanges};
+use crate::hub::intake::{Fetching, RangeAsk, RangeBody, RemoteRanges};
 use crate::hub::retry;
 use crate::transport::quic;
 
@@ -91,13 +90,14 @@ impl Inner {
         Ok(opened)
     }
 
-    async fn fetch(
-        self: Arc<Self>,
-        url: Url,
-        token: Option<String>,
-        from: u64,
-        to: u64,
-    ) -> Result<RangeBody, Failure> {
+    async fn fetch(self: Arc<Self>, ask: RangeAsk) -> Result<RangeBody, Failure> {
+        let RangeAsk {
+            url,
+            token,
+            from,
+            to,
+            draft_file,
+        } = ask;
         if to <= from || to - from > MAX_INTAKE_SPAN {
             return Err(Failure::Fatal(format!(
                 "range {from}..{to} is not one an intake node takes"
@@ -106,6 +106,7 @@ impl Inner {
         let (mut send, mut recv) = self.stream().await?;
         let ask = TransferMsg::Intake {
             name: self.model.clone(),
+            file: draft_file,
             url: url.to_string(),
             from,
             to,
@@ -169,7 +170,7 @@ impl RemoteRanges for IntakeNode {
         &self.0.name
     }
 
-    fn fetch(&self, url: Url, token: Option<String>, from: u64, to: u64) -> Fetching {
-        Box::pin(self.0.clone().fetch(url, token, from, to))
+    fn fetch(&self, ask: RangeAsk) -> Fetching {
+        Box::pin(self.0.clone().fetch(ask))
     }
 }

@@ -220,11 +220,14 @@ pub async fn pull_and_fan_out(
     let last = push::deliver(&push, &name, &tree, 0.0, &quiet).await?;
     bytes_sent += last.bytes_sent;
     rounds += 1;
-    // Per node: how soon its first chunk followed the first byte, and how
-    // long after the last one it held everything.
+    // Per node: how soon its first chunk followed the first byte, how long
+    // after the last one it held everything, and where its bytes came
+    // from over both rounds.
     let first_byte = *first_byte.lock().unwrap();
     let mut nodes = last.nodes;
     for (n, st) in nodes.iter_mut().zip(&streamed) {
+        n.from_source += st.from_source;
+        n.from_peers += st.from_peers;
         let since = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
             (Some(a), Some(b)) => Some(b.saturating_duration_since(a).as_secs_f64()),
             _ => None,

@@ -97,6 +97,14 @@ impl Shares {
         }
     }
 
+    /// The running transfer of `name`, whatever its root.
+    pub fn transfer(&self, name: &ModelName) -> Option<Arc<Transfer>> {
+        let found = self.by_name.lock().unwrap().get(name).cloned();
+        found
+            .filter(|s| !s.ended.is_cancelled())
+            .map(|s| s.transfer.clone())
+    }
+
     /// The running transfer of `name` with root `root`.
     fn running(&self, name: &ModelName, root: Hash) -> Option<Arc<Share>> {
         let found = self.by_name.lock().unwrap().get(name).cloned();

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use super::digest::{self, Digest, Digester, Expected};
 use super::hold::OriginHold;
 use super::http::{error_chain, host_of, Failure, HubHttp};
-use super::intake::{Intake, IntakeShare};
+use super::intake::{Intake, IntakeShare, RangeAsk};
 use super::parts::Parts;
 use super::ranges::{Ask, RangeHosts};
 use super::retry;
@@ -55,6 +55,8 @@ pub struct FileJob {
     pub expected: Expected,
     /// Also compute the file's BLAKE3 chunk hashes at this chunk size.
     pub chunk_size: Option<u64>,
+    /// The file's index in the streamed pull's draft (with `chunk_size`).
+    pub draft_file: Option<u32>,
     /// Where the bytes go until verified.
     pub incomplete: PathBuf,
     /// The resume record next to it.
@@ -388,7 +390,8 @@ pub async fn download(
     watch: Arc<dyn Watch>,
     stats: Arc<Stats>,
 ) -> Result<(), DownloadError> {
-    let part_size = striped_part_size(&opts, jobs.iter().map(|j| j.size).sum());
+    let chunk_size = jobs.iter().find_map(|j| j.chunk_size);
+    let part_size = striped_part_size(&opts, jobs.iter().map(|j| j.size).sum(), chunk_size);
     let files = open_files(jobs, part_size, &stats)?;
     let mut queue = VecDeque::new();
     for (f, st) in files.iter().enumerate() {
@@ -570,14 +573,22 @@ async fn idle(shared: &Shared, rate: f64, poll: Duration) -> bool {
 /// The part size of a striped download: small enough that every
 /// downloader's connections get several parts each (work is handed out on
 /// demand, so a fast node takes more and the tail is short), at most the
-/// usual size, at least [`MIN_STRIPED_PART`].
-fn striped_part_size(opts: &Options, total: u64) -> u64 {
+/// usual size, at least [`MIN_STRIPED_PART`]. With the streamed pull's
+/// `chunk_size`, a whole number of chunks: an intake node keeps the chunks
+/// its ranges cover whole, so a part that began mid-chunk would leave two
+/// chunks of every part for the swarm to send it back.
+fn striped_part_size(opts: &Options, total: u64, chunk_size: Option<u64>) -> u64 {
     let remotes = opts.intake.remotes.len();
     if remotes == 0 {
         return opts.part_size;
     }
     let workers = (opts.connections + remotes * opts.intake.connections.max(1)).max(1) as u64;
-    (total / (workers * 4)).clamp(MIN_STRIPED_PART, opts.part_size.max(MIN_STRIPED_PART))
+    let part =
+        (total / (workers * 4)).clamp(MIN_STRIPED_PART, opts.part_size.max(MIN_STRIPED_PART));
+    match chunk_size.filter(|&c| c > 0) {
+        Some(c) => (part / c).max(1) * c,
+        None => part,
+    }
 }
 
 /// The smallest part a striped download hands out.
@@ -729,9 +740,14 @@ async fn remote_attempt(
         return Ok(());
     }
     let token = shared.http.token_for(&url);
-    let mut body = shared.opts.intake.remotes[r]
-        .fetch(url, token, from, to)
-        .await?;
+    let ask = RangeAsk {
+        url,
+        token,
+        from,
+        to,
+        draft_file: st.job.draft_file,
+    };
+    let mut body = shared.opts.intake.remotes[r].fetch(ask).await?;
     let got = Arc::new(AtomicU64::new(0));
     let cut = CancellationToken::new();
     shared.flights.lock().unwrap().insert(

@@ -30,9 +30,24 @@ pub type Fetching = Pin<Box<dyn Future<Output = Result<RangeBody, Failure>> + Se
 pub trait RemoteRanges: Send + Sync + 'static {
     /// The node's name, for reports.
     fn name(&self) -> &str;
-    /// Asks the node for `[from, to)` of `url`, with the Hub token when
-    /// the URL is on the Hub's own origin.
-    fn fetch(&self, url: Url, token: Option<String>, from: u64, to: u64) -> Fetching;
+    /// Asks the node for one range.
+    fn fetch(&self, ask: RangeAsk) -> Fetching;
+}
+
+/// One range an intake node is asked to fetch.
+#[derive(Debug, Clone)]
+pub struct RangeAsk {
+    /// The resolved URL of the file.
+    pub url: Url,
+    /// The Hub token, only for a URL on the Hub's own origin.
+    pub token: Option<String>,
+    /// First byte.
+    pub from: u64,
+    /// One past the last byte.
+    pub to: u64,
+    /// The file's index in the pull's draft, when the pull streams one:
+    /// the node, a receiver of that draft too, keeps what it fetched.
+    pub draft_file: Option<u32>,
 }
 
 /// The intake nodes of a download and how many ranges each carries at once.

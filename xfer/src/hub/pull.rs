@@ -413,11 +413,16 @@ pub async fn pull(
         .partition(|f| seen.insert(layout.incomplete(f).0));
     check_space(&layout, &todo)?;
 
+    let draft_file = |f: &RemoteFile| -> Option<u32> {
+        let (_, d, _) = draft.as_ref()?;
+        d.index_of(&layout.content_rel(f).ok()?)
+    };
     let jobs: Vec<FileJob> = todo
         .iter()
         .map(|f| {
             let (incomplete, sidecar) = layout.incomplete(f);
             FileJob {
+                draft_file: draft_file(f),
                 path: f.path.to_string(),
                 url: repo.resolve_url(ep, &commit, f.path.as_str()),
                 size: f.size,

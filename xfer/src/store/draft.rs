@@ -58,6 +58,15 @@ impl DraftPart {
     pub(super) fn manifest(&self) -> Option<Manifest> {
         self.draft.manifest()
     }
+
+    pub(super) fn is_candidate(&self, chunk: u64) -> bool {
+        self.candidates.contains(chunk)
+    }
+
+    /// `chunk`'s staged bytes are to be checked when its hash is announced.
+    pub(super) fn add_candidate(&mut self, chunk: u64) {
+        self.candidates.insert(chunk);
+    }
 }
 
 /// What a draft event changed, for the transfer's scheduler.

@@ -14,7 +14,9 @@
 //! [`Transfer::write_chunk`] is the only way bytes from the network reach
 //! the disk, and it checks the chunk's BLAKE3 first; a copy from this
 //! node's own disk ([`Transfer::stage_local`], in `local`) is hashed again
-//! chunk by chunk before it counts. A file is renamed into place only when all
+//! chunk by chunk before it counts; bytes this node fetched from the origin
+//! itself for a striped pull ([`fetched`]) are only candidates until read
+//! back and checked against the hash the source announced. A file is renamed into place only when all
 //! its chunks are verified and fsynced, and never through a symlink.
 //!
 //! Everything under `<root>/.xfer` is opened through [`Root`]: a symlink
@@ -24,6 +26,7 @@
 
 mod draft;
 mod error;
+pub mod fetched;
 pub mod hashcache;
 pub mod journal;
 pub mod local;
