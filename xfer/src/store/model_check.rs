@@ -6,9 +6,11 @@
 //! of the same size with other bytes, one extra), streamed drafts from an
 //! honest source and from a lying one (other bytes, an id that is another
 //! version's root or another draft's id), announcements, seals, chunk
-//! writes (some corrupt), checkpoints, finishes, process crashes at any
-//! point (the transfer is dropped; what the kernel has stays), files
-//! changed behind the store's back, and removals.
+//! writes (some corrupt), bytes an intake node fetched itself kept in a
+//! draft (some corrupt, in pieces spread over later events, going on after
+//! their transfer ended and another began), checkpoints, finishes, ends,
+//! process crashes at any point (the transfer is dropped; what the kernel
+//! has stays), files changed behind the store's back, and removals.
 //!
 //! Invariants, checked after every event:
 //! 1. **A complete record vouches only for matching bytes**: for every file
@@ -131,7 +133,7 @@ fn versions() -> Vec<Version> {
 
 /// What is being received now.
 struct Active {
-    t: Transfer,
+    t: Arc<Transfer>,
     /// The bytes the source sends, file by file (in manifest order).
     content: Version,
     /// For a draft: whether each file's hashes were announced.
@@ -146,6 +148,9 @@ struct World {
     name: ModelName,
     versions: Vec<Version>,
     active: Option<Active>,
+    /// An intake range being kept, and its bytes still to come: it may
+    /// outlive its transfer's end (not a crash, which ends everything).
+    intake: Option<(fetched::Fetched, Vec<u8>)>,
     /// Files changed behind the store's back since the record was written.
     tampered: BTreeSet<String>,
     log: Vec<String>,
@@ -176,6 +181,7 @@ impl World {
             name: ModelName::new("m").unwrap(),
             versions: versions(),
             active: None,
+            intake: None,
             tampered: BTreeSet::new(),
             log: Vec::new(),
         }
@@ -185,6 +191,7 @@ impl World {
         let roll = rng.below(100);
         if self.active.is_none() {
             match roll {
+                0..=9 if self.intake.is_some() => self.keep(rng),
                 0..=29 => self.begin_manifest(rng),
                 30..=54 => self.begin_draft(rng),
                 55..=69 => self.tamper(rng),
@@ -194,10 +201,12 @@ impl World {
             return;
         }
         match roll {
-            0..=54 => self.write(rng),
+            0..=44 => self.write(rng),
+            45..=54 => self.keep(rng),
             55..=64 => self.announce_or_seal(rng),
             65..=71 => self.commit(),
-            72..=81 => self.finish(),
+            72..=79 => self.finish(),
+            80..=87 => self.end(),
             _ => self.crash(),
         }
     }
@@ -206,7 +215,7 @@ impl World {
         let v = rng.below(self.versions.len() as u64) as usize;
         self.log.push(format!("begin manifest v{v}"));
         let content = self.versions[v].clone();
-        let t = self.store.begin(&self.name, content.manifest()).unwrap();
+        let t = Arc::new(self.store.begin(&self.name, content.manifest()).unwrap());
         self.active = Some(Active {
             t,
             content,
@@ -239,7 +248,7 @@ impl World {
             id.short()
         ));
         let n = content.files.len();
-        let t = self.store.begin_draft(&self.name, id, draft).unwrap();
+        let t = Arc::new(self.store.begin_draft(&self.name, id, draft).unwrap());
         self.active = Some(Active {
             t,
             content,
@@ -316,6 +325,63 @@ impl World {
         }
     }
 
+    /// Bytes this node fetched itself for a striped pull: a new range of
+    /// the active draft's (the source's bytes, sometimes with one flipped),
+    /// or the next pieces of the range under way, whatever became of its
+    /// transfer since.
+    fn keep(&mut self, rng: &mut Rng) {
+        if self.intake.is_none() {
+            let Some(a) = self.active.as_ref().filter(|a| a.announced.is_some()) else {
+                return;
+            };
+            let f = rng.below(a.content.files.len() as u64) as usize;
+            let data = &a.content.files[f].1;
+            let from = rng.below(data.len() as u64) as usize;
+            let to = from + 1 + rng.below((data.len() - from) as u64) as usize;
+            let mut bytes = data[from..to].to_vec();
+            let corrupt = rng.chance(50);
+            if corrupt {
+                let i = rng.below(bytes.len() as u64) as usize;
+                bytes[i] ^= 0x77;
+            }
+            self.log
+                .push(format!("keep file {f} {from}..{to} corrupt={corrupt}"));
+            let w =
+                a.t.keep_fetched(f as u32, from as u64)
+                    .expect("in the file");
+            self.intake = Some((w, bytes));
+        }
+        let (w, rest) = self.intake.as_mut().unwrap();
+        for _ in 0..1 + rng.below(3) {
+            if rest.is_empty() {
+                break;
+            }
+            let n = (1 + rng.below(CS / 3) as usize).min(rest.len());
+            let piece: Vec<u8> = rest.drain(..n).collect();
+            match w.write(&piece) {
+                Ok(()) => {}
+                Err(fetched::KeepError::Ended) => {
+                    self.log.push("keep: its transfer ended".into());
+                    rest.clear();
+                }
+                Err(e) => panic!("keeping failed: {e}"),
+            }
+        }
+        if rest.is_empty() {
+            self.log.push("keep: range done".into());
+            self.intake = None;
+        }
+    }
+
+    /// The transfer ends (superseded, failed or cancelled): its staging
+    /// lock is released, while an intake range may still be writing.
+    fn end(&mut self) {
+        self.log.push("end".into());
+        if let Some(a) = self.active.take() {
+            a.t.release();
+        }
+    }
+
     fn commit(&mut self) {
         self.log.push("commit".into());
         self.active.as_ref().unwrap().t.commit().unwrap();
@@ -334,12 +400,14 @@ impl World {
         let report = verify::verify(&self.store.model_dir(&self.name), &sent).unwrap();
         assert!(report.ok, "the finished tree does not verify: {report:?}");
         self.tampered.clear();
+        a.t.release();
         self.active = None;
     }
 
     fn crash(&mut self) {
         self.log.push("crash".into());
         self.active = None;
+        self.intake = None;
     }
 
     fn tamper(&mut self, rng: &mut Rng) {
@@ -427,6 +495,7 @@ impl World {
     /// 5: an honest transfer of `v`, from whatever state, run to the end.
     fn complete(&mut self, v: usize) {
         self.active = None;
+        self.intake = None;
         let m = self.versions[v].manifest();
         let t = self.store.begin(&self.name, m.clone()).unwrap();
         for num in 0..t.map().len() {
