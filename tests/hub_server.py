@@ -182,7 +182,7 @@ def load_repos(root):
 # ---------------------------------------------------------- stats/faults ---
 class Stats:
     KEYS = ("requests", "api_revision", "api_tree", "resolve_head", "resolve_get", "cdn_get",
-            "cdn_head", "range_requests", "auth_leaks", "bytes_served")
+            "cdn_head", "range_requests", "auth_leaks", "bytes_served", "connections_opened")
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -354,6 +354,7 @@ class Handler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.tokens, self.t_last = 0.0, time.monotonic()
         self.cfg.stats.gauge("connections", 1)
+        self.cfg.stats.add("connections_opened")
 
     def finish(self):
         self.cfg.stats.gauge("connections", -1)

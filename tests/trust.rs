@@ -697,3 +697,96 @@ fn a_node_that_is_not_the_jobs_source_cannot_make_another_node_fetch_a_url() {
     );
     assert_eq!(reached.load(Ordering::SeqCst), 1, "a fetched for node b");
 }
+
+/// Striped intake (issue 36): one intake session's ranges reuse a kept-
+/// alive connection to the origin, as the source's own downloads do; a new
+/// connection per range would pay a TCP (and, at a real CDN, a TLS)
+/// handshake and a slow start every few megabytes. Two ranges asked on one
+/// session (the operator may ask) reach the origin over one connection.
+#[test]
+fn an_intake_sessions_ranges_share_one_connection_to_the_origin() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use xfer::transport::quic::{client_endpoint, connect, read_frame, write_frame};
+    use xfer_proto::hello::{Hello, Service};
+    use xfer_proto::transfer::TransferMsg;
+
+    let t = tempdir("intake-keepalive");
+    let (a_cred, _, op) = Pki::init(t.path()).two_nodes_and_an_operator();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let a = Agent::start_with("127.0.0.79:0", &root, &a_cred, &[]);
+
+    // An origin that keeps connections alive: counts connections and
+    // requests, answers each ranged GET with its 4 bytes.
+    let origin = std::net::TcpListener::bind("127.0.0.79:0").unwrap();
+    let url = format!("http://{}/blob", origin.local_addr().unwrap());
+    let (conns, reqs) = (
+        std::sync::Arc::new(AtomicUsize::new(0)),
+        std::sync::Arc::new(AtomicUsize::new(0)),
+    );
+    let (c2, r2) = (conns.clone(), reqs.clone());
+    std::thread::spawn(move || {
+        for conn in origin.incoming() {
+            let Ok(conn) = conn else { return };
+            c2.fetch_add(1, Ordering::SeqCst);
+            let r2 = r2.clone();
+            std::thread::spawn(move || {
+                let mut w = conn.try_clone().unwrap();
+                let mut lines = BufReader::new(conn);
+                loop {
+                    let mut line = String::new();
+                    match lines.read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) if line == "\r\n" => {
+                            r2.fetch_add(1, Ordering::SeqCst);
+                            let _ = w.write_all(
+                                b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/4\r\nContent-Length: 4\r\n\r\nblob",
+                            );
+                        }
+                        Ok(_) => {}
+                    }
+                }
+            });
+        }
+    });
+
+    let cred = Credential::load(&op).unwrap();
+    let addr: std::net::SocketAddr = a.addr.parse().unwrap();
+    let ask = TransferMsg::Intake {
+        name: xfer_proto::names::ModelName::new("m").unwrap(),
+        file: None,
+        url,
+        from: 0,
+        to: 4,
+        token: None,
+    };
+    let bodies = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let ep = client_endpoint(&cred, addr).unwrap();
+        let conn = connect(&ep, addr, Duration::from_secs(10)).await.unwrap();
+        let mut bodies = Vec::new();
+        for i in 0..2 {
+            let (mut send, mut recv) = conn.open_bi().await.unwrap();
+            if i == 0 {
+                write_frame(&mut send, &Hello::new(Service::Transfer))
+                    .await
+                    .unwrap();
+            }
+            write_frame(&mut send, &ask).await.unwrap();
+            let reply = read_frame::<TransferMsg>(&mut recv).await.unwrap();
+            assert!(
+                matches!(reply, TransferMsg::IntakeBody { len: 4 }),
+                "{reply:?}"
+            );
+            bodies.push(recv.read_to_end(16).await.unwrap());
+        }
+        bodies
+    });
+    assert_eq!(bodies, vec![b"blob".to_vec(), b"blob".to_vec()]);
+    assert_eq!(reqs.load(Ordering::SeqCst), 2, "two ranges asked");
+    assert_eq!(
+        conns.load(Ordering::SeqCst),
+        1,
+        "the session's second range opened a new connection to the origin"
+    );
+}

@@ -62,18 +62,22 @@ pub(super) async fn session(
 ) -> Result<()> {
     let name = first.name.clone();
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_INTAKE_STREAMS));
+    // One HTTP client for the session: its ranges reuse kept-alive
+    // connections to the origin (a new one per range would pay a TCP and
+    // TLS handshake and a slow start every few megabytes).
+    let client = crate::hub::http::client()?;
     let permit = slots.clone().acquire_owned().await?;
-    let keep = shares.clone();
+    let (keep, http) = (shares.clone(), client.clone());
     tokio::spawn(async move {
         let _permit = permit;
-        let _ = serve(send, first, &keep).await;
+        let _ = serve(send, first, &keep, &http).await;
     });
     loop {
         let Ok((mut send, mut recv)) = conn.accept_bi().await else {
             return Ok(()); // the source closed the session
         };
         let permit = slots.clone().acquire_owned().await?;
-        let (name, shares) = (name.clone(), shares.clone());
+        let (name, shares, http) = (name.clone(), shares.clone(), client.clone());
         tokio::spawn(async move {
             let _permit = permit;
             let ask = crate::transport::quic::read_frame_within::<TransferMsg>(
@@ -110,7 +114,7 @@ pub(super) async fn session(
                     return;
                 }
             };
-            let _ = serve(send, ask, &shares).await;
+            let _ = serve(send, ask, &shares, &http).await;
         });
     }
 }
@@ -121,12 +125,17 @@ const INTAKE_ASK_LIMIT: usize = 16 << 10;
 /// Checks `ask`, fetches it and streams it back on `send`, keeping the
 /// bytes in this node's own transfer of the draft when one runs (see
 /// [`keeper`]).
-async fn serve(mut send: quinn::SendStream, ask: IntakeAsk, shares: &Shares) -> Result<()> {
+async fn serve(
+    mut send: quinn::SendStream,
+    ask: IntakeAsk,
+    shares: &Shares,
+    client: &reqwest::Client,
+) -> Result<()> {
     let url = match check(&ask) {
         Ok(u) => u,
         Err(why) => return super::refuse(&mut send, Refusal::Protocol(why)).await,
     };
-    let mut resp = match request(&url, &ask).await {
+    let mut resp = match request(client, &url, &ask).await {
         Ok(r) => r,
         Err(refusal) => return super::refuse(&mut send, refusal).await,
     };
@@ -200,8 +209,11 @@ fn check(ask: &IntakeAsk) -> Result<reqwest::Url, String> {
 /// One ranged GET; the reply must be `206` from `from`. An origin that
 /// asks to slow down (429, 5xx) is [`Refusal::OriginBusy`] with its wait,
 /// which the source applies to the whole cluster.
-async fn request(url: &reqwest::Url, ask: &IntakeAsk) -> Result<reqwest::Response, Refusal> {
-    let client = crate::hub::http::client().map_err(|e| Refusal::Origin(e.to_string()))?;
+async fn request(
+    client: &reqwest::Client,
+    url: &reqwest::Url,
+    ask: &IntakeAsk,
+) -> Result<reqwest::Response, Refusal> {
     let mut rb = client
         .get(url.clone())
         .header(ACCEPT_ENCODING, "identity")
