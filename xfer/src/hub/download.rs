@@ -22,7 +22,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -203,6 +203,9 @@ struct Shared {
     /// Parts cut from an intake node's slow range, and from which node:
     /// that node does not take them again.
     cut_from: Mutex<std::collections::HashMap<(usize, usize), usize>>,
+    /// Per downloading node ([`THIS_NODE`], then intake node `r` at
+    /// `r + 1`): its connections holding a part now.
+    busy: Vec<AtomicUsize>,
     finisher: Arc<dyn Finisher>,
     watch: Arc<dyn Watch>,
     ranges: RangeHosts,
@@ -409,6 +412,9 @@ pub async fn download(
         retired: Mutex::new(vec![None; remotes]),
         flights: Mutex::default(),
         cut_from: Mutex::default(),
+        busy: (0..=opts.intake.remotes.len())
+            .map(|_| AtomicUsize::new(0))
+            .collect(),
         http,
         unfinished: AtomicU64::new(files.len() as u64),
         files,
@@ -532,12 +538,13 @@ async fn worker(shared: Arc<Shared>) {
         let Some((f, i)) = next else {
             // Parts may come back (a hash mismatch, a slow intake node's
             // range cut for us); wait for them or the end.
-            if idle(&shared, rate, Duration::from_millis(200)).await {
+            if idle(&shared, THIS_NODE, rate, Duration::from_millis(200)).await {
                 continue;
             }
             return;
         };
         let (began, before) = (std::time::Instant::now(), part_left(&shared, f, i));
+        let _busy = Busy::new(&shared.busy[THIS_NODE]);
         match fetch_part(&shared, f, i).await {
             Ok(()) => {}
             Err(why) => {
@@ -557,12 +564,12 @@ async fn worker(shared: Arc<Shared>) {
 /// steals (see [`steal`]) and waits for parts to come back, at most
 /// `poll`. False when the download is over (every file placed, or
 /// cancelled): the downloader stops.
-async fn idle(shared: &Shared, rate: f64, poll: Duration) -> bool {
+async fn idle(shared: &Shared, node: usize, rate: f64, poll: Duration) -> bool {
     if shared.unfinished.load(Ordering::Acquire) == 0 {
         return false;
     }
     let woken = shared.wake.notified();
-    steal(shared, rate);
+    steal(shared, node, rate);
     tokio::select! {
         _ = woken => true,
         _ = tokio::time::sleep(poll) => true,
@@ -636,16 +643,18 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
             return;
         }
         let Some((f, i, url)) = pick_remote(&shared, r) else {
-            if idle(&shared, rate, Duration::from_millis(100)).await {
+            if idle(&shared, r + 1, rate, Duration::from_millis(100)).await {
                 continue;
             }
             return;
         };
         let (began, before) = (std::time::Instant::now(), part_left(&shared, f, i));
+        let holding = Busy::new(&shared.busy[r + 1]);
         let outcome = tokio::select! {
             o = remote_attempt(&shared, r, f, i, url) => o,
             _ = shared.cancel.cancelled() => return,
         };
+        drop(holding);
         rate = rate_of(before - part_left(&shared, f, i).min(before), began);
         let (from, to) = shared.files[f].parts.lock().unwrap().missing(i);
         if from < to {
@@ -753,6 +762,7 @@ async fn remote_attempt(
     shared.flights.lock().unwrap().insert(
         (f, i),
         Flight {
+            node: r + 1,
             at: std::time::Instant::now(),
             got: got.clone(),
             to_go: to - from,
@@ -820,6 +830,8 @@ async fn remote_attempt(
 
 /// An intake node's range in flight.
 struct Flight {
+    /// The intake node's downloader index (`r + 1`).
+    node: usize,
     at: std::time::Instant,
     /// Bytes it brought so far.
     got: Arc<AtomicU64>,
@@ -838,6 +850,26 @@ impl Drop for Landed<'_> {
     }
 }
 
+/// The downloader index of this node's own connections in
+/// [`Shared::busy`] (intake node `r` is `r + 1`).
+const THIS_NODE: usize = 0;
+
+/// Counts a connection holding a part while it lives.
+struct Busy<'a>(&'a AtomicUsize);
+
+impl<'a> Busy<'a> {
+    fn new(count: &'a AtomicUsize) -> Busy<'a> {
+        count.fetch_add(1, Ordering::AcqRel);
+        Busy(count)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Bytes part `i` of file `f` still misses.
 fn part_left(shared: &Shared, f: usize, i: usize) -> u64 {
     let (from, to) = shared.files[f].parts.lock().unwrap().missing(i);
@@ -849,20 +881,30 @@ fn rate_of(bytes: u64, began: std::time::Instant) -> f64 {
     bytes as f64 / began.elapsed().as_secs_f64().max(1e-3)
 }
 
-/// Work stealing for an idle downloader whose last part went at `rate`
-/// bytes/s: cuts the intake range in flight that would take longest to
-/// finish, if it runs at less than half that rate and has more than a
-/// second left at its pace; its rest goes back to the queue (not to the
-/// node it was cut from). One cut per call; a downloader that has not
-/// finished a part yet steals nothing.
-fn steal(shared: &Shared, rate: f64) {
+/// Work stealing for an idle downloader of `node` whose last part went at
+/// `rate` bytes/s: cuts another node's intake range in flight that would
+/// take longest to finish, if it runs at less than half that rate and has
+/// more than a second left at its pace; its rest goes back to the queue
+/// (not to the node it was cut from). Only while at most a quarter of
+/// `node`'s own connections hold a part: until then its link is busy (one
+/// connection's pace says nothing of the link's), and a cut would only move
+/// work from a link that carries it onto one that is full. One cut per
+/// call; a downloader that has not finished a part yet steals nothing.
+fn steal(shared: &Shared, node: usize, rate: f64) {
     if rate <= 0.0 {
+        return;
+    }
+    let connections = match node {
+        THIS_NODE => shared.opts.connections,
+        _ => shared.opts.intake.connections,
+    };
+    if shared.busy[node].load(Ordering::Acquire) * 4 > connections {
         return;
     }
     let flights = shared.flights.lock().unwrap();
     let slowest = flights
         .values()
-        .filter(|fl| !fl.cut.is_cancelled())
+        .filter(|fl| !fl.cut.is_cancelled() && fl.node != node)
         .filter_map(|fl| {
             let secs = fl.at.elapsed().as_secs_f64();
             let got = fl.got.load(Ordering::Relaxed);
