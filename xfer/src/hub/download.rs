@@ -891,33 +891,72 @@ fn rate_of(bytes: u64, began: std::time::Instant) -> f64 {
 /// work from a link that carries it onto one that is full. One cut per
 /// call; a downloader that has not finished a part yet steals nothing.
 fn steal(shared: &Shared, node: usize, rate: f64) {
-    if rate <= 0.0 {
-        return;
-    }
     let connections = match node {
         THIS_NODE => shared.opts.connections,
         _ => shared.opts.intake.connections,
     };
-    if shared.busy[node].load(Ordering::Acquire) * 4 > connections {
-        return;
-    }
+    let thief = Thief {
+        node,
+        rate,
+        busy: shared.busy[node].load(Ordering::Acquire),
+        connections,
+    };
     let flights = shared.flights.lock().unwrap();
-    let slowest = flights
-        .values()
-        .filter(|fl| !fl.cut.is_cancelled() && fl.node != node)
-        .filter_map(|fl| {
-            let secs = fl.at.elapsed().as_secs_f64();
-            let got = fl.got.load(Ordering::Relaxed);
-            let own = got as f64 / secs.max(1e-3);
-            let left = fl.to_go.saturating_sub(got) as f64;
-            let eta = if own > 0.0 { left / own } else { f64::INFINITY };
-            (secs > 0.5 && own < rate / 2.0 && eta > 1.0 && eta > 2.0 * left / rate)
-                .then_some((eta, fl))
+    let open: Vec<&Flight> = flights.values().filter(|f| !f.cut.is_cancelled()).collect();
+    let seen: Vec<InFlight> = open
+        .iter()
+        .map(|f| InFlight {
+            node: f.node,
+            secs: f.at.elapsed().as_secs_f64(),
+            got: f.got.load(Ordering::Relaxed),
+            to_go: f.to_go,
         })
-        .max_by(|a, b| a.0.total_cmp(&b.0));
-    if let Some((_, fl)) = slowest {
-        fl.cut.cancel();
+        .collect();
+    if let Some(v) = victim(&thief, &seen) {
+        open[v].cut.cancel();
     }
+}
+
+/// An idle downloader, as [`victim`] weighs it.
+struct Thief {
+    /// Its node's downloader index.
+    node: usize,
+    /// Its pace over its last part, bytes/s.
+    rate: f64,
+    /// Its node's connections holding a part now.
+    busy: usize,
+    /// Its node's connections.
+    connections: usize,
+}
+
+/// An intake range in flight, as [`victim`] weighs it.
+struct InFlight {
+    node: usize,
+    /// Seconds since it began.
+    secs: f64,
+    got: u64,
+    to_go: u64,
+}
+
+/// The rule of [`steal`]: which of `flights` `thief` cuts, if any.
+fn victim(thief: &Thief, flights: &[InFlight]) -> Option<usize> {
+    if thief.rate <= 0.0 || thief.busy * 4 > thief.connections {
+        return None;
+    }
+    let rate = thief.rate;
+    flights
+        .iter()
+        .enumerate()
+        .filter(|(_, fl)| fl.node != thief.node)
+        .filter_map(|(i, fl)| {
+            let own = fl.got as f64 / fl.secs.max(1e-3);
+            let left = fl.to_go.saturating_sub(fl.got) as f64;
+            let eta = if own > 0.0 { left / own } else { f64::INFINITY };
+            (fl.secs > 0.5 && own < rate / 2.0 && eta > 1.0 && eta > 2.0 * left / rate)
+                .then_some((eta, i))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, i)| i)
 }
 
 /// Who fetched what: this node's own connections, then each intake node.
@@ -1559,6 +1598,54 @@ fn content_range_start(h: &reqwest::header::HeaderMap) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Work stealing: a downloader whose node has its link to itself cuts
+    /// another node's slow range; one whose node still has a quarter or
+    /// more of its connections busy cuts nothing (its link is full), and no
+    /// downloader cuts its own node's range (the rest would run on the
+    /// same link).
+    #[test]
+    fn only_a_node_with_room_on_its_link_cuts_another_nodes_slow_range() {
+        const MB: u64 = 1 << 20;
+        let slow = |node| InFlight {
+            node,
+            secs: 2.0,
+            got: MB,
+            to_go: 8 * MB,
+        };
+        let brisk = InFlight {
+            node: 2,
+            secs: 2.0,
+            got: 6 * MB,
+            to_go: 8 * MB,
+        };
+        // The thief did its last part at 2 MB/s; the slow range at 0.5.
+        let thief = |busy| Thief {
+            node: 0,
+            rate: 2.0 * MB as f64,
+            busy,
+            connections: 16,
+        };
+        let flights = [brisk, slow(1)];
+        assert_eq!(victim(&thief(4), &flights), Some(1), "4 of 16 busy");
+        assert_eq!(victim(&thief(5), &flights), None, "5 of 16 busy");
+        assert_eq!(victim(&thief(0), &flights[..1]), None, "not slow");
+        let own = Thief {
+            node: 1,
+            ..thief(0)
+        };
+        assert_eq!(victim(&own, &[slow(1)]), None, "its own node's range");
+        assert_eq!(
+            victim(
+                &Thief {
+                    rate: 0.0,
+                    ..thief(0)
+                },
+                &flights
+            ),
+            None
+        );
+    }
 
     #[test]
     fn content_range() {
