@@ -14,12 +14,17 @@
 //! way), that this node does not hold and that are no candidate already,
 //! while the transfer still holds its staging lock (a later transfer of
 //! the same name, which may hold these chunks, cannot have begun). The
-//! bytes go out to the source only after they are written here, so the
-//! source cannot announce a chunk before it is a candidate.
+//! piece that completes a chunk goes out to the source only after the
+//! chunk is written here, so the source cannot announce a chunk before it
+//! is a candidate. Pieces are gathered (at most [`GATHER`] bytes) and
+//! written at each chunk's end, not one small write per piece.
 
 use std::sync::Arc;
 
 use super::{StoreError, Transfer};
+
+/// Most bytes a [`Fetched`] gathers before it writes them.
+pub const GATHER: usize = 1 << 20;
 
 /// A writer of one range's bytes into its file's staging, in order.
 #[derive(Debug)]
@@ -28,6 +33,8 @@ pub struct Fetched {
     file: u32,
     /// The file offset of the next byte.
     at: u64,
+    /// Bytes gathered, not written yet: they end at `at`.
+    gathered: Vec<u8>,
     /// Every byte from here up to `at` was written by this writer.
     whole_from: u64,
     /// Chunks made candidates.
@@ -47,6 +54,7 @@ impl Transfer {
             transfer: self.clone(),
             file,
             at: from,
+            gathered: Vec::new(),
             whole_from: from.div_ceil(cs) * cs,
             kept: 0,
         })
@@ -65,20 +73,47 @@ pub enum KeepError {
 }
 
 impl Fetched {
-    /// Writes `data`, the range's next bytes, where no announced, held or
-    /// candidate chunk lies, and makes each chunk it completes whole a
-    /// candidate. Bytes past the file's end are ignored.
+    /// Takes `data`, the range's next bytes (past the file's end ignored),
+    /// and writes what it gathered once it reaches a chunk's end or
+    /// [`GATHER`] bytes: a chunk is written, and a candidate, before this
+    /// returns for the piece that completes it. A half-gathered chunk
+    /// when the range ends is not written (it could not be a candidate).
     pub fn write(&mut self, data: &[u8]) -> Result<(), KeepError> {
-        let t = &self.transfer;
-        let size = t.map_file(self.file).size;
-        let end = (self.at + data.len() as u64).min(size);
-        if end <= self.at {
+        let size = self.transfer.map_file(self.file).size;
+        let take = data.len().min(size.saturating_sub(self.at) as usize);
+        if take == 0 {
             return Ok(());
         }
-        let data = &data[..(end - self.at) as usize];
+        self.gathered.extend_from_slice(&data[..take]);
+        self.at += take as u64;
+        let cs = self.transfer.manifest.chunk_size;
+        let start = self.at - self.gathered.len() as u64;
+        let chunk_end = if self.at == size {
+            size
+        } else {
+            self.at / cs * cs
+        };
+        if chunk_end > start {
+            let rest = self.gathered.split_off((chunk_end - start) as usize);
+            let done = std::mem::replace(&mut self.gathered, rest);
+            self.put(start, &done)?;
+        }
+        if self.gathered.len() >= GATHER {
+            let done = std::mem::take(&mut self.gathered);
+            self.put(self.at - done.len() as u64, &done)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` where no announced, held or candidate
+    /// chunk lies, and makes each chunk it completes whole a candidate.
+    fn put(&mut self, offset: u64, data: &[u8]) -> Result<(), KeepError> {
+        let t = &self.transfer;
+        let size = t.map_file(self.file).size;
+        let end = offset + data.len() as u64;
         let cs = t.manifest.chunk_size;
         let base = t.map.file_range(self.file).start;
-        let (first, last) = (self.at / cs, (end - 1) / cs);
+        let (first, last) = (offset / cs, (end - 1) / cs);
         let Some(draft) = &t.draft else {
             return Ok(());
         };
@@ -97,7 +132,7 @@ impl Fetched {
         };
         if free {
             let f = t.handle(self.file)?;
-            f.write_at(data, self.at)
+            f.write_at(data, offset)
                 .map_err(|e| t.disk_refusal(&t.data_path(self.file), e, data.len() as u64))?;
             for i in first..=last {
                 let chunk_end = ((i + 1) * cs).min(size);
@@ -110,7 +145,6 @@ impl Fetched {
             // The chunks it touches are not this writer's to complete.
             self.whole_from = (last + 1) * cs;
         }
-        self.at = end;
         Ok(())
     }
 
@@ -222,12 +256,18 @@ mod tests {
         // Wrong bytes over a held chunk and the start of the next.
         w.write(&vec![0xAA; CS as usize + 10]).unwrap();
         w.write(&good[CS as usize + 10..]).unwrap();
-        assert_eq!(w.kept(), 1, "only chunk 2 was written whole");
+        // Chunk 0 is skipped; 1 and 2 are written whole (1 with 10 wrong
+        // bytes, so its hash will not match).
+        assert_eq!(w.kept(), 2, "chunks 1 and 2 were written whole");
         let (f, _) = t.open_held(id).unwrap();
         let mut back = vec![0; CS as usize];
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut back, 0).unwrap();
         assert_eq!(back, good[..CS as usize], "the held chunk is as verified");
-        assert_eq!(announce(&t, &d, 1, &h[1..]), vec![2]);
+        assert_eq!(
+            announce(&t, &d, 1, &h[1..]),
+            vec![2],
+            "the wrong chunk 1 is not held"
+        );
     }
 
     /// Once the transfer ended (its staging lock released), nothing is
