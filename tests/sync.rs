@@ -933,6 +933,13 @@ fn a_striped_hub_job_is_fetched_by_every_named_node_and_served_once() {
     for n in ["b", "c"] {
         let t = tallies.iter().find(|t| t.node == n).unwrap();
         let received = t.from_source + t.from_peers;
+        // The tallies count the streamed rounds too: what it received and
+        // what it fetched itself cover the whole repo.
+        assert!(
+            received + t.from_origin >= s.total,
+            "{n} received {received} bytes and fetched {}: less than the repo: {tallies:#?}",
+            t.from_origin
+        );
         assert!(
             received + t.from_origin / 2 <= s.total,
             "{n} received {received} bytes over the fabric besides its own {} from the Hub: {tallies:#?}",

@@ -544,13 +544,13 @@ async fn worker(shared: Arc<Shared>) {
             return;
         };
         let (began, before) = (std::time::Instant::now(), part_left(&shared, f, i));
-        let _busy = Busy::new(&shared.busy[THIS_NODE]);
-        match fetch_part(&shared, f, i).await {
-            Ok(()) => {}
-            Err(why) => {
-                fail(&shared, why);
-                return;
-            }
+        let holding = Busy::new(&shared.busy[THIS_NODE]);
+        let fetched = fetch_part(&shared, f, i).await;
+        // Not while the file is checked and placed: the link is free then.
+        drop(holding);
+        if let Err(why) = fetched {
+            fail(&shared, why);
+            return;
         }
         rate = rate_of(before, began);
         let complete = shared.files[f].parts.lock().unwrap().is_complete();
@@ -1599,7 +1599,7 @@ fn content_range_start(h: &reqwest::header::HeaderMap) -> Option<u64> {
 mod tests {
     use super::*;
 
-    /// Work stealing: a downloader whose node has its link to itself cuts
+    /// Work stealing: a downloader whose node has room on its link cuts
     /// another node's slow range; one whose node still has a quarter or
     /// more of its connections busy cuts nothing (its link is full), and no
     /// downloader cuts its own node's range (the rest would run on the
