@@ -32,7 +32,9 @@
 # Env [default]: NODES ["2 4"], SIZE_MIB [512], SHARDS [4], INET_MBIT
 # [100], FABRIC_MBIT [1000], CDN_MBIT [INET_MBIT/4], BENCH_DIR
 # [/var/tmp/xfer-bench-stripes], SKIP_BUILD [0], KEEP_RUN [0], MGMT_NET
-# [10.95], FABRIC_NET [10.96.0], PREFIX [xbs].
+# [10.95], FABRIC_NET [10.96.0], PREFIX [xbs], CASES ["one striped shared
+# degraded"]: a subset for a quick look (the report's comparisons need
+# one and striped, and shared both of its cases).
 set -euo pipefail
 shopt -s inherit_errexit
 export LC_ALL=C
@@ -52,6 +54,11 @@ CDN_MBIT=${CDN_MBIT:-$((INET_MBIT / 4))}
 BENCH_DIR=${BENCH_DIR:-/var/tmp/xfer-bench-stripes}
 SKIP_BUILD=${SKIP_BUILD:-0}
 KEEP_RUN=${KEEP_RUN:-0}
+CASES=${CASES:-one striped shared degraded}
+for c in $CASES; do
+    [[ $c =~ ^(one|striped|shared|degraded)$ ]] || die "CASES: one, striped, shared, degraded (got '$c')"
+done
+want() { [[ " $CASES " == *" $1 "* ]]; }
 export PREFIX=${PREFIX:-xbs} MGMT_NET=${MGMT_NET:-10.95} FABRIC_NET=${FABRIC_NET:-10.96.0}
 MAXN=0
 for n in $NODES; do
@@ -216,17 +223,19 @@ ideal_of() { # BYTES_PER_S_OF_INTAKE
 
 start_hub 0
 for n in $NODES; do
-    run_case "one-$n" "$n" n1 "$(ideal_of "$I_BPS")"
-    run_case "striped-$n" "$n" all "$(ideal_of $((n * I_BPS)))"
+    if want one; then run_case "one-$n" "$n" n1 "$(ideal_of "$I_BPS")"; fi
+    if want striped; then run_case "striped-$n" "$n" all "$(ideal_of $((n * I_BPS)))"; fi
 done
 
 # Every node behind one uplink of INET_MBIT: the look-alike's total pace.
-for ((i = 1; i <= MAXN; i++)); do shape_inet "$i" $((INET_MBIT * 4)); done
-start_hub "$I_BPS"
-run_case "shared-one-$MAXN" "$MAXN" n1 "$(ideal_of "$I_BPS")"
-run_case "shared-striped-$MAXN" "$MAXN" all "$(ideal_of "$I_BPS")"
-for ((i = 1; i <= MAXN; i++)); do shape_inet "$i" "$INET_MBIT"; done
-start_hub 0
+if want shared; then
+    for ((i = 1; i <= MAXN; i++)); do shape_inet "$i" $((INET_MBIT * 4)); done
+    start_hub "$I_BPS"
+    run_case "shared-one-$MAXN" "$MAXN" n1 "$(ideal_of "$I_BPS")"
+    run_case "shared-striped-$MAXN" "$MAXN" all "$(ideal_of "$I_BPS")"
+    for ((i = 1; i <= MAXN; i++)); do shape_inet "$i" "$INET_MBIT"; done
+    start_hub 0
+fi
 
 # Node 2 at a tenth from the start; node 3 killed once a quarter is served.
 kill_third() {
@@ -239,7 +248,7 @@ kill_third() {
     log "degraded: n3's agent killed at $(calc "$(served) / $S") x S served; started again"
     start_agent 3
 }
-if ((MAXN >= 3)); then
+if ((MAXN >= 3)) && want degraded; then
     shape_inet 2 $((INET_MBIT / 10))
     SURVIVORS=$(calc "($MAXN - 2) * $I_BPS + $I_BPS / 10")
     run_case "degraded-$MAXN" "$MAXN" all "$(ideal_of "$SURVIVORS")" kill_third
@@ -258,11 +267,15 @@ fi
     echo "|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${ROWS[@]}"
     echo
-    for n in $NODES; do
-        one=T_one_$n
-        st=T_striped_$n
-        echo "N=$n: striped $(fmt %.1f "${!st}") s against one-node intake $(fmt %.1f "${!one}") s: $(fmt %.2f "$(calc "${!one} / ${!st}")") x faster."
-    done
-    echo "Shared uplink: striped / one = $(fmt %.2f "$(calc "$(eval echo "\$T_shared_striped_$MAXN") / $(eval echo "\$T_shared_one_$MAXN")")") (floor <= 1.05)."
+    if want one && want striped; then
+        for n in $NODES; do
+            one=T_one_$n
+            st=T_striped_$n
+            echo "N=$n: striped $(fmt %.1f "${!st}") s against one-node intake $(fmt %.1f "${!one}") s: $(fmt %.2f "$(calc "${!one} / ${!st}")") x faster."
+        done
+    fi
+    if want shared; then
+        echo "Shared uplink: striped / one = $(fmt %.2f "$(calc "$(eval echo "\$T_shared_striped_$MAXN") / $(eval echo "\$T_shared_one_$MAXN")")") (floor <= 1.05)."
+    fi
     echo "Floors: striped <= 1.15 x ideal, egress <= 1.02 x S; degraded <= 1.3 x the survivors' ideal."
 } | tee -a "$BENCH_DIR/summary.md"
