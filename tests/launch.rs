@@ -1725,19 +1725,6 @@ fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
             log.find("standin: released").expect(&log),
         );
         assert!(h < r, "{log}");
-        // The held rank met the preflight's rendezvous (rank i-1 of 2,
-        // through the head's fabric address), and the agent read it.
-        assert!(
-            log.contains(&format!(" {} 2 22.0", i - 1))
-                && log.contains("standin: met the rendezvous"),
-            "{log}"
-        );
-        let agent =
-            std::fs::read_to_string(lab.dir.join(format!("agent{i}.log"))).unwrap_or_default();
-        assert!(
-            agent.contains("was met by its held engine in 1 ms"),
-            "{agent}"
-        );
     }
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
