@@ -61,7 +61,6 @@ fn spec(run: &str, argv: &[&str], env: &[(&str, &str)]) -> RankSpec {
         container: None,
         caches: None,
         held: false,
-        rendezvous: None,
     }
 }
 

@@ -41,7 +41,6 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         container: None,
         caches: None,
         held: false,
-        rendezvous: None,
     }))
 }
 
@@ -82,7 +81,6 @@ fn rendezvous(program: &str) -> LaunchRequest {
         master: "127.0.0.61:1".parse().unwrap(),
         fabric_if: "lo".into(),
         timeout_ms: 5_000,
-        held_run: None,
     }))
 }
 
@@ -446,7 +444,6 @@ fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
         container: None,
         caches: None,
         held: false,
-        rendezvous: None,
     }
 }
 

@@ -97,7 +97,6 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         container: None,
         caches: None,
         held: false,
-        rendezvous: None,
     }))
 }
 

@@ -160,30 +160,8 @@ impl Checked {
     }
 }
 
-/// Who meets the preflight's rendezvous.
-pub enum RendezvousBy {
-    /// A probe each agent starts (its own snippet in the engine's Python).
-    Probe,
-    /// The ranks `up` starts held: it sends their run once they started,
-    /// and each rank's loader plugin meets the others in a fork of the
-    /// engine's process, whose torch is imported already (the probe would
-    /// import it again on every node, seconds of CPU taken from the
-    /// engine's own start). Nothing sent (the ranks were not started held):
-    /// the agents' probe, then.
-    HeldRanks(tokio::sync::oneshot::Receiver<String>),
-}
-
-/// `up`'s word to a preflight that waits for held ranks
-/// ([`RendezvousBy::HeldRanks`]): their run, once they started.
-pub type HeldStarted = tokio::sync::oneshot::Sender<String>;
-
 /// Runs the preflight on every node.
 pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
-    run_with(setup, agents, RendezvousBy::Probe).await
-}
-
-/// Runs the preflight on every node, the rendezvous met `by` whom.
-pub async fn run_with(setup: &Setup, agents: &Agents, by: RendezvousBy) -> Checked {
     let reqs = preflight::requests(setup);
     let t0 = std::time::Instant::now();
     // First the quick facts, the ports among them: they are checked before
@@ -215,24 +193,10 @@ pub async fn run_with(setup: &Setup, agents: &Agents, by: RendezvousBy) -> Check
         if rendezvous.is_empty() {
             return Vec::new();
         }
-        let held_run = match by {
-            RendezvousBy::Probe => None,
-            RendezvousBy::HeldRanks(started) => started.await.ok(),
-        };
-        // A held engine imports its Python before it meets the others.
-        let timeout_ms = match held_run {
-            Some(_) => preflight::RENDEZVOUS_TIMEOUT_MS + preflight::HELD_IMPORT_MS,
-            None => preflight::RENDEZVOUS_TIMEOUT_MS,
-        };
         agents
             .ask_all(
-                |i, _| {
-                    let mut r = rendezvous[i].clone();
-                    r.held_run = held_run.clone();
-                    r.timeout_ms = timeout_ms;
-                    LaunchRequest::Rendezvous(Box::new(r))
-                },
-                Duration::from_millis(timeout_ms) + crate::agents::QUICK,
+                |i, _| LaunchRequest::Rendezvous(Box::new(rendezvous[i].clone())),
+                Duration::from_millis(preflight::RENDEZVOUS_TIMEOUT_MS) + crate::agents::QUICK,
             )
             .await
     };

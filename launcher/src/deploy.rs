@@ -138,10 +138,8 @@ pub enum Preflight<'a> {
     Passed(Checked),
     /// It still runs (`stream_weights`, a vLLM on the hosts, the sync
     /// started): `up` plans on the light facts, starts the ranks held, and
-    /// releases them only once this passed. Its rendezvous waits for the
-    /// held ranks to meet it ([`check::RendezvousBy::HeldRanks`]): `up`
-    /// sends their run once they started.
-    Running(check::Running<'a>, check::HeldStarted),
+    /// releases them only once this passed.
+    Running(check::Running<'a>),
 }
 
 /// Whether `up` may start `setup`'s ranks held while the preflight runs:
@@ -207,16 +205,7 @@ pub async fn prepare<'a>(
         };
         Ok::<_, DeployError>((lacking, image_lacking, listed, sync))
     };
-    // Under `may_hold` the rendezvous is the held ranks' to meet, if `up`
-    // starts them held; the sender dropped, the agents' probe meets it.
-    let (held_started, by) = match may_hold(setup) {
-        true => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            (Some(tx), check::RendezvousBy::HeldRanks(rx))
-        }
-        false => (None, check::RendezvousBy::Probe),
-    };
-    let mut full: check::Running<'a> = Box::pin(check::run_with(setup, agents, by));
+    let mut full: check::Running<'a> = Box::pin(check::run(setup, agents));
     let (mut early, done) = {
         tokio::pin!(early);
         let mut done = None;
@@ -227,7 +216,7 @@ pub async fn prepare<'a>(
             }
         }
     };
-    if let (None, Some(held_started)) = (&done, held_started) {
+    if done.is_none() && may_hold(setup) {
         match early {
             Ok((lacking, _, listed, Some(sync))) => {
                 eprintln!(
@@ -241,11 +230,10 @@ pub async fn prepare<'a>(
                     },
                     commit: listed.map(|(c, _)| c),
                     streaming: Some(sync),
-                    checked: Preflight::Running(full, held_started),
+                    checked: Preflight::Running(full),
                 });
             }
-            // Nothing to sync, or the early facts failed: the verdict first
-            // (`held_started` dropped: the agents' probe meets the rendezvous).
+            // Nothing to sync, or the early facts failed: the verdict first.
             other => early = other,
         }
     }

@@ -115,7 +115,6 @@ pub fn rank_specs(
                 // Set by `up` when it starts the ranks before its
                 // preflight ended (`stream_weights`).
                 held: false,
-                rendezvous: None,
             }
         })
         .collect()

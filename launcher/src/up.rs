@@ -88,10 +88,8 @@ pub enum Before<'a> {
     /// on the light facts, starts the ranks held
     /// ([`xfer_proto::launch::RankSpec::held`]) and releases them only once
     /// it passed; otherwise it stops them, before they read or bind
-    /// anything. The sender tells the preflight's rendezvous their run
-    /// once they started (it is theirs to meet); dropped, the agents'
-    /// probe meets it.
-    Running(check::Running<'a>, check::HeldStarted),
+    /// anything.
+    Running(check::Running<'a>),
 }
 
 /// Runs the check; refuses to start on any failure.
@@ -104,7 +102,6 @@ pub async fn up(
     opts: &UpOptions,
     before: Before<'_>,
 ) -> Result<UpOutcome, UpError> {
-    let mut held_started = None;
     let (checked, running) = match before {
         Before::Passed(before) => {
             eprintln!(
@@ -117,15 +114,13 @@ pub async fn up(
             eprintln!("checking {} node(s)...", setup.nodes.len());
             (check::run(setup, agents).await, None)
         }
-        Before::Running(full, started) => {
+        Before::Running(full) => {
             let mut beside = Beside::new(full);
             let light = beside.drive(check::light_checked(setup, agents)).await;
             let blockers = check::hold_blockers(&light);
             if blockers.is_empty() {
-                held_started = Some(started);
                 (light, Some(beside))
             } else {
-                drop(started);
                 eprintln!(
                     "not starting the ranks held ({} failed); waiting for the whole preflight...",
                     blockers.join(", ")
@@ -180,10 +175,6 @@ pub async fn up(
         start_ranks(&setup, agents, opts, &plan, &run, &checked, &caches, held),
     )
     .await;
-    // The held ranks meet the preflight's rendezvous themselves.
-    if let (Ok(()), Some(started)) = (&starting, held_started) {
-        let _ = started.send(run.clone());
-    }
     let result = match (starting, running) {
         (Err(failure), _) => Err(failure),
         (Ok(()), None) => until_ready(&setup, agents, opts, &run, &caches, t0).await,
@@ -378,14 +369,8 @@ async fn start_ranks(
     for (spec, gate) in specs.iter_mut().zip(&caches.gates) {
         spec.caches = gate.clone();
     }
-    let rendezvous = match held {
-        true => preflight::rendezvous_requests(setup),
-        false => Vec::new(),
-    };
-    for (i, spec) in specs.iter_mut().enumerate() {
+    for spec in specs.iter_mut() {
         spec.held = held;
-        // Met by the held rank's loader plugin, for the preflight.
-        spec.rendezvous = rendezvous.get(i).cloned();
     }
     if setup.stream_weights {
         // The small files verified on every node, one root; the shards are

@@ -105,10 +105,6 @@ pub(crate) fn version_probes(engine: Engine) -> Vec<VersionProbe> {
 /// nodes that can meet takes well under a second after torch's import.
 pub const RENDEZVOUS_TIMEOUT_MS: u64 = 25_000;
 
-/// How much longer a held rank may take to meet the rendezvous: the
-/// engine imports its Python first (vLLM: 10-15 s on a busy node).
-pub const HELD_IMPORT_MS: u64 = 120_000;
-
 /// The rendezvous probe of every node, in rank order (empty for a custom
 /// engine, which may not use torch, and for a single node): a Gloo
 /// all-reduce through a store on the head's fabric address at the API
@@ -139,7 +135,6 @@ pub fn rendezvous_requests(setup: &Setup) -> Vec<RendezvousRequest> {
             master: head,
             fabric_if: n.fabric_if.clone(),
             timeout_ms: RENDEZVOUS_TIMEOUT_MS,
-            held_run: None,
         })
         .collect()
 }

@@ -227,7 +227,6 @@ mod tests {
             container: None,
             caches: None,
             held: false,
-            rendezvous: None,
         }
     }
 

@@ -4,12 +4,10 @@ once out of ``pending``; another root refused in one line; a long wait that
 names the shard and the agent's state. Run with the engine venv's python:
 ``python -m unittest discover -s launcher/python/xfer_vllm_loader/tests``."""
 
-import os
-import tempfile
 import unittest
 
-from xfer_vllm_loader.agent import (LoaderError, Settings, View, arrivals, start_rendezvous,
-                                   view_of, wait_for_release)
+from xfer_vllm_loader.agent import (LoaderError, Settings, View, arrivals, view_of,
+                                   wait_for_release)
 
 ROOT = "ab" * 32
 OTHER = "cd" * 32
@@ -171,6 +169,10 @@ class StatusJson(unittest.TestCase):
         self.assertIn("timed out", down.error)
 
 
+if __name__ == "__main__":
+    unittest.main()
+
+
 class Release(unittest.TestCase):
     """``register``'s wait of a held rank, on a virtual clock."""
 
@@ -209,76 +211,3 @@ class Release(unittest.TestCase):
         self.assertIn("never released", msg)
         self.assertIn("/runs/r1/released", msg)
         self.assertIn("xfer-launch down", msg)
-
-
-class Rendezvous(unittest.TestCase):
-    """The preflight's rendezvous met by a held rank: a real fork, a real
-    file; the meeting itself (torch's Gloo) is injected here and real in
-    ``tests/engines.rs``."""
-
-    def env(self, d, **kw):
-        e = {"XFER_HOLD_FILE": os.path.join(d, "released"),
-             "XFER_RENDEZVOUS": "10.0.0.1:8000 1 2 22.0",
-             "XFER_RENDEZVOUS_FILE": os.path.join(d, "rendezvous")}
-        e.update(kw)
-        return e
-
-    def test_a_fork_meets_it_and_reports_one_line_while_the_engine_waits(self):
-        with tempfile.TemporaryDirectory() as d:
-            me = os.getpid()
-            pid = start_rendezvous(self.env(d), meet=lambda spec: "ok %d" % len(spec.split()))
-            self.assertNotEqual(pid, me)
-            self.assertEqual(os.getpid(), me)  # the engine goes on, not the child
-            _, status = os.waitpid(pid, 0)
-            self.assertEqual(os.waitstatus_to_exitcode(status), 0)
-            with open(os.path.join(d, "rendezvous")) as f:
-                self.assertEqual(f.read(), "ok 4\n")
-            self.assertEqual(sorted(os.listdir(d)), ["rendezvous"])  # no temporary left
-
-    def test_a_failed_meeting_is_reported_on_one_line(self):
-        def refused(_spec):
-            raise RuntimeError("Connection refused\n  at 10.0.0.1:8000")
-
-        with tempfile.TemporaryDirectory() as d:
-            pid = start_rendezvous(self.env(d), meet=refused)
-            os.waitpid(pid, 0)
-            with open(os.path.join(d, "rendezvous")) as f:
-                self.assertEqual(f.read(),
-                                 "failed RuntimeError: Connection refused at 10.0.0.1:8000\n")
-
-    def test_no_fork_unless_the_agent_asked(self):
-        def no_fork():
-            raise AssertionError("forked")
-
-        with tempfile.TemporaryDirectory() as d:
-            for k in ("XFER_RENDEZVOUS", "XFER_RENDEZVOUS_FILE"):
-                env = self.env(d)
-                del env[k]
-                self.assertIsNone(start_rendezvous(env, fork=no_fork))
-
-    def test_a_held_rank_starts_the_meeting_then_waits_for_its_release(self):
-        with tempfile.TemporaryDirectory() as d:
-            env = self.env(d)
-            started = []
-
-            def rendezvous(e):
-                started.append(e["XFER_RENDEZVOUS"])
-                return start_rendezvous(e, meet=lambda _s: "ok 3")
-
-            def exists(p):
-                # Released once the child reported (the agent's order).
-                if os.path.exists(env["XFER_RENDEZVOUS_FILE"]):
-                    open(p, "w").close()
-                return os.path.exists(p)
-
-            lines = []
-            self.assertTrue(wait_for_release(env=env, log=lines.append, exists=exists,
-                                             poll_s=0.01, rendezvous=rendezvous))
-            self.assertEqual(started, ["10.0.0.1:8000 1 2 22.0"])
-            self.assertIn("meeting the other ranks", lines[1])
-            with open(env["XFER_RENDEZVOUS_FILE"]) as f:
-                self.assertEqual(f.read(), "ok 3\n")
-
-
-if __name__ == "__main__":
-    unittest.main()

@@ -32,15 +32,6 @@ Environment (set by ``xfer-launch up`` under ``[launch] stream_weights``):
   (``up`` stops the rank otherwise). vLLM calls ``register`` while it parses
   its arguments: its Python and torch are imported, and it has not read the
   model, bound a port, touched a GPU or met a peer.
-- ``XFER_RENDEZVOUS`` (``MASTER RANK WORLD TIMEOUT_S``) and
-  ``XFER_RENDEZVOUS_FILE`` (set by the agent beside ``XFER_HOLD_FILE``):
-  the preflight's rendezvous, met by the held rank itself. ``register``
-  forks, and the child, which shares the torch the engine already imported,
-  runs one Gloo all-reduce through the store at ``MASTER`` (with
-  ``RES_OPTIONS=attempts:0``: no DNS query, as the agent's own probe) and
-  writes ``ok MS`` or ``failed WHY`` to the file, which the agent reads;
-  the engine itself goes on waiting for its release. The probe would
-  otherwise import torch again in a process of its own on every node.
 """
 
 from __future__ import annotations
@@ -246,87 +237,6 @@ def arrivals(
     ready(ask(s), s, "")
 
 
-def meet_gloo(spec: str) -> str:
-    """One Gloo all-reduce of ``WORLD`` ranks through the TCP store at
-    ``MASTER`` (``spec`` is ``MASTER RANK WORLD TIMEOUT_S``, the agent's);
-    ``ok MS``, the milliseconds from the first store contact to its end.
-    Raises on any failure. Runs in the forked child only."""
-    import datetime
-
-    master, rank, world, timeout_s = spec.split()
-    rank, world = int(rank), int(world)
-    # No DNS query (see the module's header): glibc reads RES_OPTIONS again
-    # on an explicit res_init.
-    os.environ["RES_OPTIONS"] = "attempts:0"
-    try:
-        import ctypes
-
-        getattr(ctypes.CDLL(None), "__res_init")()
-    except (OSError, AttributeError):
-        pass
-    import torch
-    import torch.distributed as dist
-
-    t0 = time.monotonic()
-    dist.init_process_group(
-        "gloo",
-        init_method="tcp://" + master,
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=float(timeout_s)),
-    )
-    x = torch.tensor([float(rank + 1)])
-    dist.all_reduce(x)
-    want = world * (world + 1) / 2
-    if x.item() != want:
-        raise RuntimeError(
-            f"the all-reduce gave {x.item()}, not {want}: a rank of another launch joined"
-        )
-    dist.barrier()
-    dist.destroy_process_group()
-    return f"ok {int((time.monotonic() - t0) * 1000)}"
-
-
-def start_rendezvous(
-    env=os.environ,
-    meet: Callable[[str], str] = meet_gloo,
-    fork: Callable[[], int] = os.fork,
-) -> Optional[int]:
-    """Forks a child that meets the preflight's rendezvous
-    (``XFER_RENDEZVOUS``) and writes its outcome, one line, to
-    ``XFER_RENDEZVOUS_FILE`` (whole or not at all); the child's pid, or
-    None when the agent asked for none."""
-    spec, out = env.get("XFER_RENDEZVOUS"), env.get("XFER_RENDEZVOUS_FILE")
-    if not spec or not out:
-        return None
-    pid = fork()
-    if pid:
-        return pid
-    try:
-        try:
-            line = meet(spec)
-        except BaseException as e:  # noqa: BLE001 - reported, then the child exits
-            why = " ".join(f"{type(e).__name__}: {e}".split())
-            line = f"failed {why[:400]}"
-        tmp = f"{out}.tmp"
-        with open(tmp, "w") as f:
-            f.write(line + "\n")
-        os.rename(tmp, out)
-    finally:
-        os._exit(0)
-
-
-def _reap(pid: Optional[int]) -> Optional[int]:
-    """Reaps the rendezvous child once it exited; the pid while it runs."""
-    if pid is None:
-        return None
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None
-    return None if done else pid
-
-
 def wait_for_release(
     env=os.environ,
     log: Callable[[str], None] = print,
@@ -334,12 +244,10 @@ def wait_for_release(
     poll_s: float = 0.05,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-    rendezvous: Callable[..., Optional[int]] = start_rendezvous,
 ) -> bool:
     """Returns once ``XFER_HOLD_FILE`` exists (at once when it is unset or
-    already there); whether the process was held. Meanwhile a forked child
-    meets the preflight's rendezvous when the agent asked for it. Gives up
-    after ``XFER_LOADER_TIMEOUT_S`` with one line naming the file."""
+    already there); whether the process was held. Gives up after
+    ``XFER_LOADER_TIMEOUT_S`` with one line naming the file."""
     path = env.get("XFER_HOLD_FILE")
     if not path or exists(path):
         return False
@@ -348,15 +256,8 @@ def wait_for_release(
         "xfer loader: held until xfer-launch's preflight passes (the agent "
         f"then creates {path}); nothing is read or bound until then"
     )
-    child = rendezvous(env)
-    if child is not None:
-        log(
-            "xfer loader: meeting the other ranks for the preflight's rendezvous "
-            f"in a fork of this process (pid {child})"
-        )
     since = clock()
     while not exists(path):
-        child = _reap(child)
         waited = clock() - since
         if waited >= timeout_s:
             raise LoaderError(
@@ -366,6 +267,5 @@ def wait_for_release(
                 "its output, then `xfer-launch down` and `up` again"
             )
         sleep(poll_s)
-    _reap(child)
     log(f"xfer loader: released after {clock() - since:.1f}s: the preflight passed")
     return True
