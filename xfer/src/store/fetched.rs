@@ -94,15 +94,23 @@ impl Fetched {
             self.at / cs * cs
         };
         if chunk_end > start {
-            let rest = self.gathered.split_off((chunk_end - start) as usize);
-            let done = std::mem::replace(&mut self.gathered, rest);
-            self.put(start, &done)?;
+            self.flush(start, (chunk_end - start) as usize)?;
         }
         if self.gathered.len() >= GATHER {
-            let done = std::mem::take(&mut self.gathered);
-            self.put(self.at - done.len() as u64, &done)?;
+            self.flush(self.at - self.gathered.len() as u64, self.gathered.len())?;
         }
         Ok(())
+    }
+
+    /// Writes the first `n` gathered bytes (at file offset `offset`) and
+    /// keeps the rest, in the same buffer: its capacity stays, so a byte is
+    /// copied once on its way in, not again each time the buffer regrows.
+    fn flush(&mut self, offset: u64, n: usize) -> Result<(), KeepError> {
+        let mut buf = std::mem::take(&mut self.gathered);
+        let written = self.put(offset, &buf[..n]);
+        buf.drain(..n);
+        self.gathered = buf;
+        written
     }
 
     /// Writes `data` at `offset` where no announced, held or candidate
