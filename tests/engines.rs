@@ -1332,6 +1332,16 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
         // (whether the plugin still had to wait by then is the race it
         // exists to win: its line is not asserted).
         assert!(agent.contains("released run"), "{agent}");
+        // The preflight's rendezvous was met by the held engine itself (its
+        // vLLM worker, torch imported already), not by a probe of its own,
+        // and before vLLM's own distributed init in that worker.
+        assert!(agent.contains("was met by its held engine in"), "{agent}");
+        let log = std::fs::read_to_string(rank_log(&lab, i + 1).unwrap()).unwrap();
+        let met = log
+            .find("xfer loader: the preflight's rendezvous was met: ok ")
+            .expect(&log);
+        let init = log.find("world_size=2 rank=").expect(&log);
+        assert!(met < init, "{log}");
         // Identical bytes everywhere, and the model is recorded complete.
         assert_eq!(
             std::fs::read(snap(i + 1).join(last)).unwrap(),

@@ -863,6 +863,7 @@ fn an_image_pulled_from_a_registry_loads_and_runs_under_podman() {
         container: None,
         caches: None,
         held: false,
+        rendezvous: None,
     };
     let c = xfer_proto::launch::ContainerSpec {
         image: name.clone(),

@@ -1725,7 +1725,32 @@ fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
             log.find("standin: released").expect(&log),
         );
         assert!(h < r, "{log}");
+        // Once released, the rank met the preflight's rendezvous through
+        // the store node 2 hosts on the rendezvous port (node 2 is its
+        // rank 0, the head rank 1), and the agent read what it reported.
+        let spec = format!("{}:29500 {} 2 57.0", lab.fabric_ip(2), i % 2);
+        let (r, m) = (
+            log.find("standin: released").unwrap(),
+            log.find(&format!("standin: meeting the rendezvous {spec}"))
+                .expect(&log),
+        );
+        assert!(r < m && log.contains("standin: rendezvous ok "), "{log}");
+        let agent =
+            std::fs::read_to_string(lab.dir.join(format!("agent{i}.log"))).unwrap_or_default();
+        assert!(agent.contains("was met by its held engine in"), "{agent}");
     }
+    // The preflight left the rendezvous to the held ranks, and `deploy`
+    // showed what they reported once released.
+    let left = stderr
+        .find(launcher::check::HELD_RENDEZVOUS)
+        .expect(&stderr);
+    let met: Vec<_> = rows(&stderr, "rendezvous")
+        .into_iter()
+        .filter(|r| r.starts_with("pass"))
+        .collect();
+    assert_eq!(met.len(), 2, "{stderr}");
+    assert!(left < stderr.find(met[0]).unwrap(), "{stderr}");
+    assert!(released_at < stderr.find(met[0]).unwrap(), "{stderr}");
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
 
@@ -1775,4 +1800,53 @@ fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
             "n{i}: {log}"
         );
     }
+}
+
+/// A held rank meets the preflight's rendezvous once released, and it
+/// fails there (the stand-in refuses it as a worker whose Gloo cannot
+/// connect would): `deploy` shows the failing rendezvous rows with what
+/// the ranks reported, stops every rank, and exits 1, before any rank
+/// reads the model.
+#[test]
+fn a_rendezvous_the_held_ranks_fail_stops_them_with_its_row() {
+    need_root!();
+    let lab = Lab::up("xhr", 2, &[1, 2]);
+    let repos = lab.dir.join("repos");
+    tiny_repos(&lab, &repos);
+    let (_hub, port) = hub_in_head(&lab, &repos, &[]);
+    let endpoint = format!("http://{}:{port}", lab.mgmt_ip(1));
+    let (_, launch) = launch_of_repo(&lab, &endpoint, "org/tiny");
+    let launch = launch.replacen(
+        "\n[launch.env]\n",
+        "stream_weights = true\n\n[launch.env]\nSTANDIN_RENDEZVOUS = \"refuse\"\n",
+        1,
+    );
+    let file = lab.cluster_file("c.toml", &launch, |i| lab.fabric(i));
+    lab.save_plan(&file);
+    let out = deploy_cmd(&lab, &file, &endpoint, &["--timeout", "120"])
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("released the held ranks"), "{stderr}");
+    let failed: Vec<_> = rows(&stderr, "rendezvous")
+        .into_iter()
+        .filter(|r| r.starts_with("FAIL"))
+        .collect();
+    assert_eq!(failed.len(), 2, "{stderr}");
+    assert!(
+        failed.iter().all(
+            |r| r.contains("in the held engine's worker, through the store at")
+                && r.contains("Connection refused (the test's fault)")
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("refusing to start"), "{stderr}");
+    for i in 1..=2 {
+        let log = rank_logs(&lab, i);
+        assert!(log.contains("standin: rendezvous failed"), "n{i}: {log}");
+    }
+    // No rank got as far as checking (reading) the model.
+    assert!(lab.standins().is_empty(), "{:?}", lab.standins());
+    lab.assert_none_alive(Duration::from_secs(30));
 }

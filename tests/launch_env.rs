@@ -61,6 +61,7 @@ fn spec(run: &str, argv: &[&str], env: &[(&str, &str)]) -> RankSpec {
         container: None,
         caches: None,
         held: false,
+        rendezvous: None,
     }
 }
 

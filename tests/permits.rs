@@ -41,6 +41,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         container: None,
         caches: None,
         held: false,
+        rendezvous: None,
     }))
 }
 
@@ -81,6 +82,7 @@ fn rendezvous(program: &str) -> LaunchRequest {
         master: "127.0.0.61:1".parse().unwrap(),
         fabric_if: "lo".into(),
         timeout_ms: 5_000,
+        held_run: None,
     }))
 }
 
@@ -444,6 +446,7 @@ fn sleep_spec(run: &str, env: &[(&str, &str)]) -> RankSpec {
         container: None,
         caches: None,
         held: false,
+        rendezvous: None,
     }
 }
 

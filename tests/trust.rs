@@ -97,6 +97,7 @@ fn id_rank(run: &str, out: &Path) -> LaunchRequest {
         container: None,
         caches: None,
         held: false,
+        rendezvous: None,
     }))
 }
 

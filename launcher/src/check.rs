@@ -160,8 +160,99 @@ impl Checked {
     }
 }
 
+/// Who meets the preflight's rendezvous.
+pub enum RendezvousBy {
+    /// A probe each agent starts (its own snippet in the engine's Python).
+    Probe,
+    /// The ranks `up` starts held, if it does: it says so once they
+    /// started, and the preflight then leaves the rendezvous to them. Each
+    /// rank's vLLM worker meets the others in its own process, with the
+    /// torch it imported already, before the engine's own distributed
+    /// init, once released ([`HELD_RENDEZVOUS`]); `up` reads what they
+    /// report ([`held_rendezvous`]). The probe would import torch again on
+    /// every node: seconds of CPU taken from the engine's own start.
+    /// Nothing said (the ranks were not started held): the agents' probe.
+    HeldRanks(tokio::sync::oneshot::Receiver<()>),
+}
+
+/// `up`'s word to a preflight that leaves the rendezvous to held ranks
+/// ([`RendezvousBy::HeldRanks`]): sent once they started held.
+pub type HeldStarted = tokio::sync::oneshot::Sender<()>;
+
+/// The rendezvous row of a preflight that left it to held ranks, until
+/// they report.
+pub const HELD_RENDEZVOUS: &str = "left to the held engine: its worker meets the other ranks before the engine's own distributed init, once released (reported below)";
+
+/// What the held ranks of `run` report of the rendezvous they met
+/// ([`RendezvousBy::HeldRanks`]), every node's within the time a worker
+/// needs to start and meet the others; judged into `checked` (its
+/// rendezvous facts and rows replaced). Once the engine `answered`, its
+/// ranks met: a report is then asked for briefly, and a missing one is a
+/// skip that names the likely cause (a loader plugin older than this
+/// launcher), not a failure.
+pub async fn held_rendezvous(
+    setup: &Setup,
+    agents: &Agents,
+    run: &str,
+    checked: &mut Checked,
+    answered: bool,
+) {
+    let reqs = preflight::held_rendezvous_requests(setup);
+    if reqs.is_empty() {
+        return;
+    }
+    let wait_ms = match answered {
+        true => 1_000,
+        false => preflight::HELD_IMPORT_MS + preflight::HELD_MEET_MS,
+    };
+    let met = agents
+        .ask_all(
+            |i, _| {
+                let mut r = reqs[i].clone();
+                r.held_run = Some(run.to_string());
+                r.timeout_ms = wait_ms;
+                LaunchRequest::Rendezvous(Box::new(r))
+            },
+            Duration::from_millis(wait_ms) + crate::agents::QUICK,
+        )
+        .await;
+    for ((_, f), m) in checked.nodes.iter_mut().zip(met) {
+        if let Ok(f) = f {
+            f.rendezvous = match (met_probe(m), answered) {
+                (xfer_proto::launch::Probe::Failed(why), true) => {
+                    xfer_proto::launch::Probe::Skipped(format!(
+                        "the engine answered, so its ranks met, but its worker reported no rendezvous ({why}); is the engine's xfer loader plugin older than this launcher? reinstall it (docs/launcher.md)"
+                    ))
+                }
+                (p, _) => p,
+            };
+        }
+    }
+    let facts: Vec<_> = checked.nodes.iter().map(|(_, f)| f.clone()).collect();
+    let fresh = preflight::judge_only(setup, &facts, "rendezvous");
+    let at = checked.rows.iter().position(|r| r.check == "rendezvous");
+    checked.rows.retain(|r| r.check != "rendezvous");
+    let at = at.unwrap_or(checked.rows.len()).min(checked.rows.len());
+    checked.rows.splice(at..at, fresh);
+    checked.ok = !preflight::failed(&checked.rows);
+}
+
+/// A node's answer to a rendezvous request, as the row's probe.
+fn met_probe(m: Result<LaunchReply, String>) -> xfer_proto::launch::Probe<u64> {
+    match m {
+        Ok(LaunchReply::Rendezvoused(p)) => p,
+        Ok(other) => xfer_proto::launch::Probe::Failed(unexpected(&other)),
+        Err(e) => xfer_proto::launch::Probe::Failed(e),
+    }
+}
+
 /// Runs the preflight on every node.
 pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
+    run_with(setup, agents, RendezvousBy::Probe).await
+}
+
+/// Runs the preflight on every node, the rendezvous met `by` whom.
+pub async fn run_with(setup: &Setup, agents: &Agents, by: RendezvousBy) -> Checked {
     let reqs = preflight::requests(setup);
     let t0 = std::time::Instant::now();
     // First the quick facts, the ports among them: they are checked before
@@ -193,6 +284,15 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
         if rendezvous.is_empty() {
             return Vec::new();
         }
+        if let RendezvousBy::HeldRanks(started) = by {
+            if started.await.is_ok() {
+                let held = xfer_proto::launch::Probe::Skipped(HELD_RENDEZVOUS.into());
+                return rendezvous
+                    .iter()
+                    .map(|_| Ok(LaunchReply::Rendezvoused(held.clone())))
+                    .collect();
+            }
+        }
         agents
             .ask_all(
                 |i, _| LaunchRequest::Rendezvous(Box::new(rendezvous[i].clone())),
@@ -219,11 +319,7 @@ pub async fn run(setup: &Setup, agents: &Agents) -> Checked {
     }
     for (f, m) in facts.iter_mut().zip(met) {
         if let Ok(f) = f {
-            f.rendezvous = match m {
-                Ok(LaunchReply::Rendezvoused(p)) => p,
-                Ok(other) => xfer_proto::launch::Probe::Failed(unexpected(&other)),
-                Err(e) => xfer_proto::launch::Probe::Failed(e),
-            };
+            f.rendezvous = met_probe(m);
         }
     }
     if rendezvous.is_empty() {

@@ -138,8 +138,10 @@ pub enum Preflight<'a> {
     Passed(Checked),
     /// It still runs (`stream_weights`, a vLLM on the hosts, the sync
     /// started): `up` plans on the light facts, starts the ranks held, and
-    /// releases them only once this passed.
-    Running(check::Running<'a>),
+    /// releases them only once this passed. It leaves the rendezvous to
+    /// the held ranks ([`check::RendezvousBy::HeldRanks`]) once `up` says
+    /// they started.
+    Running(check::Running<'a>, check::HeldStarted),
 }
 
 /// Whether `up` may start `setup`'s ranks held while the preflight runs:
@@ -205,7 +207,16 @@ pub async fn prepare<'a>(
         };
         Ok::<_, DeployError>((lacking, image_lacking, listed, sync))
     };
-    let mut full: check::Running<'a> = Box::pin(check::run(setup, agents));
+    // Under `may_hold` the rendezvous is the held ranks' to meet, if `up`
+    // starts them held; the sender dropped, the agents' probe meets it.
+    let (held_started, by) = match may_hold(setup) {
+        true => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (Some(tx), check::RendezvousBy::HeldRanks(rx))
+        }
+        false => (None, check::RendezvousBy::Probe),
+    };
+    let mut full: check::Running<'a> = Box::pin(check::run_with(setup, agents, by));
     let (mut early, done) = {
         tokio::pin!(early);
         let mut done = None;
@@ -216,7 +227,7 @@ pub async fn prepare<'a>(
             }
         }
     };
-    if done.is_none() && may_hold(setup) {
+    if let (None, Some(held_started)) = (&done, held_started) {
         match early {
             Ok((lacking, _, listed, Some(sync))) => {
                 eprintln!(
@@ -230,10 +241,11 @@ pub async fn prepare<'a>(
                     },
                     commit: listed.map(|(c, _)| c),
                     streaming: Some(sync),
-                    checked: Preflight::Running(full),
+                    checked: Preflight::Running(full, held_started),
                 });
             }
-            // Nothing to sync, or the early facts failed: the verdict first.
+            // Nothing to sync, or the early facts failed: the verdict first
+            // (`held_started` dropped: the agents' probe meets the rendezvous).
             other => early = other,
         }
     }

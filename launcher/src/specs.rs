@@ -115,6 +115,7 @@ pub fn rank_specs(
                 // Set by `up` when it starts the ranks before its
                 // preflight ended (`stream_weights`).
                 held: false,
+                rendezvous: None,
             }
         })
         .collect()

@@ -88,8 +88,11 @@ pub enum Before<'a> {
     /// on the light facts, starts the ranks held
     /// ([`xfer_proto::launch::RankSpec::held`]) and releases them only once
     /// it passed; otherwise it stops them, before they read or bind
-    /// anything.
-    Running(check::Running<'a>),
+    /// anything. The sender tells the preflight the ranks started held:
+    /// it then leaves the rendezvous to their workers, which meet it once
+    /// released ([`check::RendezvousBy::HeldRanks`]); dropped, the agents'
+    /// probe meets it.
+    Running(check::Running<'a>, check::HeldStarted),
 }
 
 /// Runs the check; refuses to start on any failure.
@@ -102,6 +105,7 @@ pub async fn up(
     opts: &UpOptions,
     before: Before<'_>,
 ) -> Result<UpOutcome, UpError> {
+    let mut held_started = None;
     let (checked, running) = match before {
         Before::Passed(before) => {
             eprintln!(
@@ -114,13 +118,15 @@ pub async fn up(
             eprintln!("checking {} node(s)...", setup.nodes.len());
             (check::run(setup, agents).await, None)
         }
-        Before::Running(full) => {
+        Before::Running(full, started) => {
             let mut beside = Beside::new(full);
             let light = beside.drive(check::light_checked(setup, agents)).await;
             let blockers = check::hold_blockers(&light);
             if blockers.is_empty() {
+                held_started = Some(started);
                 (light, Some(beside))
             } else {
+                drop(started);
                 eprintln!(
                     "not starting the ranks held ({} failed); waiting for the whole preflight...",
                     blockers.join(", ")
@@ -175,22 +181,42 @@ pub async fn up(
         start_ranks(&setup, agents, opts, &plan, &run, &checked, &caches, held),
     )
     .await;
+    // Started held, the ranks meet the preflight's rendezvous themselves
+    // once released: the preflight leaves it to them.
+    let left_rendezvous = match (&starting, held_started) {
+        (Ok(()), Some(started)) => started.send(()).is_ok(),
+        _ => false,
+    };
     let result = match (starting, running) {
         (Err(failure), _) => Err(failure),
         (Ok(()), None) => until_ready(&setup, agents, opts, &run, &caches, t0).await,
         (Ok(()), Some(full)) => {
-            verdict = Some(release(&setup, agents, opts, &run, full.finish(), &caches).await);
+            let mut passed = release(&setup, agents, opts, &run, full.finish(), &caches).await;
+            let result = match passed.ok {
+                false => None,
+                true if left_rendezvous => {
+                    Some(ready_and_met(&setup, agents, opts, &run, &caches, t0, &mut passed).await)
+                }
+                true => Some(until_ready(&setup, agents, opts, &run, &caches, t0).await),
+            };
+            verdict = Some(passed);
             let passed = verdict.as_ref().expect("set just above");
             rec.check = passed;
             rec.unit = passed.unit();
-            if !passed.ok {
-                rec.outcome = "failed: the preflight failed; the held ranks were stopped".into();
-                record::write(&record_path, &rec)?;
-                return Err(UpError::ChecksFailed {
-                    failed: failed_rows(passed),
-                });
+            match result {
+                Some(result) if passed.ok => result,
+                _ => {
+                    rec.outcome = match result {
+                        None => "failed: the preflight failed; the held ranks were stopped",
+                        Some(_) => "failed: the held ranks did not meet at the rendezvous; they were stopped",
+                    }
+                    .into();
+                    record::write(&record_path, &rec)?;
+                    return Err(UpError::ChecksFailed {
+                        failed: failed_rows(passed),
+                    });
+                }
             }
-            until_ready(&setup, agents, opts, &run, &caches, t0).await
         }
     };
     match &result {
@@ -369,8 +395,14 @@ async fn start_ranks(
     for (spec, gate) in specs.iter_mut().zip(&caches.gates) {
         spec.caches = gate.clone();
     }
-    for spec in specs.iter_mut() {
+    let rendezvous = match held {
+        true => preflight::held_rendezvous_requests(setup),
+        false => Vec::new(),
+    };
+    for (i, spec) in specs.iter_mut().enumerate() {
         spec.held = held;
+        // Met by the held rank's vLLM worker, for the preflight.
+        spec.rendezvous = rendezvous.get(i).cloned();
     }
     if setup.stream_weights {
         // The small files verified on every node, one root; the shards are
@@ -483,6 +515,61 @@ async fn release(
     }
     eprintln!("the preflight passed: released the held ranks of run {run}");
     checked
+}
+
+/// [`until_ready`], while the released ranks of `run` meet the
+/// preflight's rendezvous in their workers ([`check::held_rendezvous`],
+/// judged into `checked` and shown): a failed rendezvous stops the ranks
+/// at once, with the rendezvous row saying why (then `checked.ok` is
+/// false and the readiness returned means nothing).
+async fn ready_and_met(
+    setup: &Setup,
+    agents: &Agents,
+    opts: &UpOptions,
+    run: &str,
+    caches: &Caches,
+    t0: Instant,
+    checked: &mut Checked,
+) -> Result<(f64, Readiness), Failure> {
+    let ready = until_ready(setup, agents, opts, run, caches, t0);
+    tokio::pin!(ready);
+    let early = {
+        let met = check::held_rendezvous(setup, agents, run, checked, false);
+        tokio::pin!(met);
+        tokio::select! {
+            () = &mut met => None,
+            r = &mut ready => Some(r),
+        }
+    };
+    if let Some(r) = &early {
+        // A rank that ended has its report read at once; an engine that
+        // answered met its peers, and its report was written before.
+        check::held_rendezvous(setup, agents, run, checked, r.is_ok()).await;
+    }
+    let rows: Vec<_> = checked
+        .rows
+        .iter()
+        .filter(|r| r.check == "rendezvous")
+        .cloned()
+        .collect();
+    eprint!("{}", preflight::render(&rows, crate::term::stderr_width()));
+    if !checked.ok {
+        stop_run(
+            agents,
+            run,
+            opts.grace,
+            "its ranks did not meet at the preflight's rendezvous",
+        )
+        .await;
+        return Err((
+            "the held ranks did not meet at the preflight's rendezvous".into(),
+            Vec::new(),
+        ));
+    }
+    match early {
+        Some(r) => r,
+        None => ready.await,
+    }
 }
 
 /// Waits until `run`'s engine answers its first completion, a rank stops,

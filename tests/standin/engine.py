@@ -716,14 +716,71 @@ def serve_api(host, port, served, model_path, owner, ready_lines):
 def wait_for_release():
     """A rank `xfer-launch up` started held (`XFER_HOLD_FILE`, set by the
     agent) waits, as the real loader plugin does in vLLM's `register()`,
-    before it reads the model or binds a port."""
+    before it reads the model or binds a port; once released, it meets the
+    preflight's rendezvous (`meet_rendezvous`), as the plugin's worker does."""
     hold = os.environ.get("XFER_HOLD_FILE")
-    if not hold or os.path.exists(hold):
+    if not hold:
         return
-    out(f"standin: held until {hold} exists")
-    while not os.path.exists(hold):
-        time.sleep(0.02)
-    out("standin: released")
+    if not os.path.exists(hold):
+        out(f"standin: held until {hold} exists")
+        while not os.path.exists(hold):
+            time.sleep(0.02)
+        out("standin: released")
+    meet_rendezvous()
+
+
+def meet_rendezvous():
+    """The preflight's rendezvous (`XFER_RENDEZVOUS`: MASTER RANK WORLD
+    TIMEOUT_S), met over real sockets where the plugin's worker runs a
+    Gloo all-reduce: rank 0 listens at MASTER, every other rank connects
+    and sends its rank, rank 0 answers the sum. The outcome goes to
+    `XFER_RENDEZVOUS_FILE` as the plugin writes it; a failed meeting ends
+    the rank, as the plugin's raise ends vLLM's worker.
+    `STANDIN_RENDEZVOUS=refuse` (from `[launch.env]`) fails it here."""
+    spec, report = os.environ.get("XFER_RENDEZVOUS"), os.environ.get("XFER_RENDEZVOUS_FILE")
+    if not spec or not report:
+        return
+    master, rank, world, timeout_s = spec.split()
+    rank, world, deadline = int(rank), int(world), time.monotonic() + float(timeout_s)
+    host, port = master.rsplit(":", 1)
+    out(f"standin: meeting the rendezvous {spec}")
+    t0 = time.monotonic()
+    try:
+        if os.environ.get("STANDIN_RENDEZVOUS") == "refuse":
+            raise ConnectionRefusedError(f"[Errno 111] Connection refused (the test's fault) at {master}")
+        want = world * (world - 1) // 2
+        if rank == 0:
+            srv = socket.create_server((host, int(port)))
+            srv.settimeout(float(timeout_s))
+            peers = [srv.accept()[0] for _ in range(world - 1)]
+            got = sum(int(p.recv(16).decode()) for p in peers)
+            for p in peers:
+                p.sendall(str(got).encode())
+                p.close()
+            srv.close()
+        else:
+            while True:
+                try:
+                    c = socket.create_connection((host, int(port)), timeout=1)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            c.sendall(str(rank).encode())
+            got = int(c.recv(16).decode())
+            c.close()
+        if got != want:
+            raise RuntimeError(f"the sum was {got}, not {want}")
+        line = f"ok {int((time.monotonic() - t0) * 1000)}"
+    except Exception as e:  # noqa: BLE001 - reported as the plugin does
+        line = "failed " + " ".join(f"{type(e).__name__}: {e}".split())
+    with open(report + ".tmp", "w") as f:
+        f.write(line + "\n")
+    os.rename(report + ".tmp", report)
+    out(f"standin: rendezvous {line}")
+    if line.startswith("failed"):
+        os._exit(1)
 
 
 def vllm_main(words):

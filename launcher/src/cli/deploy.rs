@@ -31,7 +31,7 @@ pub async fn deploy(
         (None, Preflight::Passed(checked)) => {
             return super::up::up_after(setup, &agents, opts, json, Some((phases, &checked))).await;
         }
-        (None, Preflight::Running(_)) => {
+        (None, Preflight::Running(..)) => {
             unreachable!("a running preflight is handed on only beside a sync")
         }
     };
@@ -47,7 +47,7 @@ pub async fn deploy(
             passed = c;
             Before::Passed(&passed)
         }
-        Preflight::Running(full) => Before::Running(full),
+        Preflight::Running(full, held_started) => Before::Running(full, held_started),
     };
     let up = launcher::up::up(&setup, &agents, &opts, before);
     let quiet = Progress::new(false);

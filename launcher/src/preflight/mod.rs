@@ -105,6 +105,17 @@ pub(crate) fn version_probes(engine: Engine) -> Vec<VersionProbe> {
 /// nodes that can meet takes well under a second after torch's import.
 pub const RENDEZVOUS_TIMEOUT_MS: u64 = 25_000;
 
+/// How long a held rank may take, once released, to reach the
+/// rendezvous: its engine imports its Python and starts its workers first
+/// (vLLM: 20-35 s on a busy 2-core node).
+pub const HELD_IMPORT_MS: u64 = 180_000;
+
+/// How long a held rank's worker waits for the others at the rendezvous
+/// (torch's own timeout): longer than the agents' probe, since the
+/// engines of two nodes reach it at different times (a node with a cold
+/// page cache imports its Python seconds later).
+pub const HELD_MEET_MS: u64 = 60_000;
+
 /// The rendezvous probe of every node, in rank order (empty for a custom
 /// engine, which may not use torch, and for a single node): a Gloo
 /// all-reduce through a store on the head's fabric address at the API
@@ -135,8 +146,35 @@ pub fn rendezvous_requests(setup: &Setup) -> Vec<RendezvousRequest> {
             master: head,
             fabric_if: n.fabric_if.clone(),
             timeout_ms: RENDEZVOUS_TIMEOUT_MS,
+            held_run: None,
         })
         .collect()
+}
+
+/// The rendezvous that held ranks meet themselves
+/// ([`crate::check::RendezvousBy::HeldRanks`]), in rank order (empty when
+/// the probe has none): the same Gloo all-reduce, in each node's vLLM
+/// worker, through a store the second node hosts on the engine's
+/// rendezvous port. Not the head's: there the API server holds the API
+/// port by then, and the engine's own store takes the rendezvous port
+/// right after (a rank still closing the probe's store there could meet
+/// the engine's peers in the wrong store). The second node binds neither
+/// (vLLM runs it headless), and the reach round bound that port on every
+/// node. So the second node is the store's rank 0 here; the others follow
+/// in order, the head last.
+pub fn held_rendezvous_requests(setup: &Setup) -> Vec<RendezvousRequest> {
+    let mut reqs = rendezvous_requests(setup);
+    let Some(host) = setup.nodes.get(1) else {
+        return Vec::new();
+    };
+    let store = SocketAddr::new(host.fabric_ip, rendezvous_port(setup).0);
+    let world = reqs.len() as u32;
+    for r in &mut reqs {
+        r.rank = (r.rank + world - 1) % world;
+        r.master = store;
+        r.timeout_ms = HELD_MEET_MS;
+    }
+    reqs
 }
 
 /// The reachability round of node `i`'s request: where it listens, whom
@@ -361,17 +399,7 @@ const JUDGES: [(&str, Check); 19] = [
 /// The verdict on every node's answer (`Err`: the agent did not answer).
 /// `answers` is in rank order, like `setup.nodes`.
 pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
-    let ctx = Ctx {
-        setup,
-        answers,
-        nodes: setup
-            .nodes
-            .iter()
-            .zip(answers)
-            .filter_map(|(n, a)| a.as_ref().ok().map(|f| (n, f)))
-            .collect(),
-        file: setup.path.display().to_string(),
-    };
+    let ctx = Ctx::of(setup, answers);
     let mut rows = Rows::default();
     for (_, check) in JUDGES {
         check(&ctx, &mut rows);
@@ -380,6 +408,32 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
     let order = |c: &str| CHECKS.iter().position(|x| *x == c).unwrap_or(CHECKS.len());
     rows.sort_by_key(|r| order(r.check));
     rows
+}
+
+impl<'a> Ctx<'a> {
+    fn of(setup: &'a Setup, answers: &'a [Result<NodeFacts, String>]) -> Self {
+        Ctx {
+            setup,
+            answers,
+            nodes: setup
+                .nodes
+                .iter()
+                .zip(answers)
+                .filter_map(|(n, a)| a.as_ref().ok().map(|f| (n, f)))
+                .collect(),
+            file: setup.path.display().to_string(),
+        }
+    }
+}
+
+/// The rows of one check (`name`, one of [`CHECKS`]) alone.
+pub fn judge_only(setup: &Setup, answers: &[Result<NodeFacts, String>], name: &str) -> Vec<Row> {
+    let ctx = Ctx::of(setup, answers);
+    let mut rows = Rows::default();
+    for (_, check) in JUDGES.iter().filter(|(n, _)| *n == name) {
+        check(&ctx, &mut rows);
+    }
+    rows.0
 }
 
 /// Node names grouped by the value each reported, values in order.

@@ -206,6 +206,14 @@ pub struct RendezvousRequest {
     pub fabric_if: String,
     /// How long the probe may take, in milliseconds.
     pub timeout_ms: u64,
+    /// Met by this node's held rank of this run rather than by a probe the
+    /// agent starts: the rank was started with this request in
+    /// [`RankSpec::rendezvous`], and once released, its loader plugin runs
+    /// the all-reduce in the engine's own vLLM worker (torch already
+    /// imported), before the engine's own distributed init. The agent then
+    /// only reads what the rank reported, waiting up to `timeout_ms`.
+    #[serde(default)]
+    pub held_run: Option<String>,
 }
 
 /// The RDMA device the cluster file names for this node.
@@ -628,6 +636,13 @@ pub struct RankSpec {
     /// releases them only once it passed (else it stops them).
     #[serde(default)]
     pub held: bool,
+    /// For a held rank: the preflight's rendezvous, met by the rank itself
+    /// ([`RendezvousRequest::held_run`]). The agent gives its processes
+    /// `XFER_RENDEZVOUS` (`MASTER RANK WORLD TIMEOUT_S`) and
+    /// `XFER_RENDEZVOUS_FILE` (in the rank's own folder), where the loader
+    /// plugin writes the outcome.
+    #[serde(default)]
+    pub rendezvous: Option<RendezvousRequest>,
 }
 
 /// How a rank's processes run in a container, in the form NVIDIA's
@@ -949,6 +964,7 @@ mod tests {
                 kinds: vec!["vllm".into()],
             }),
             held: true,
+            rendezvous: None,
         };
         for m in [
             LaunchReply::PreflightReport(Box::new(facts)),

@@ -134,9 +134,15 @@ fn loader_key(name: &str) -> Option<&'static str> {
 /// ([`RankSpec::held`]): the agent's own.
 pub const HOLD_FILE_KEY: &str = "XFER_HOLD_FILE";
 
+/// The variables of a held rank's rendezvous ([`RankSpec::rendezvous`]):
+/// what to meet, and the file the outcome goes to. The agent's own.
+pub const RENDEZVOUS_KEY: &str = "XFER_RENDEZVOUS";
+/// See [`RENDEZVOUS_KEY`].
+pub const RENDEZVOUS_FILE_KEY: &str = "XFER_RENDEZVOUS_FILE";
+
 /// `Ok` if a rank may set `name` to `value`.
 pub fn check_env(name: &str, value: &str) -> Result<(), Refused> {
-    if name == HOLD_FILE_KEY {
+    if [HOLD_FILE_KEY, RENDEZVOUS_KEY, RENDEZVOUS_FILE_KEY].contains(&name) {
         return Err(Refused::AgentKey(name.to_string()));
     }
     if let Some(why) = loader_key(name) {

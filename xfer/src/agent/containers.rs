@@ -227,6 +227,7 @@ mod tests {
             container: None,
             caches: None,
             held: false,
+            rendezvous: None,
         }
     }
 

@@ -121,6 +121,18 @@ pub(super) async fn serve(
             let grace = Duration::from_millis(grace_ms.min(600_000));
             LaunchReply::Runs(ctx.ranks.stop(run.as_deref(), grace, &reason).await)
         }
+        LaunchRequest::Rendezvous(req) if req.held_run.is_some() => {
+            let run = req.held_run.as_deref().unwrap_or_default();
+            let timeout = Duration::from_millis(req.timeout_ms.clamp(1_000, 600_000));
+            let met = ctx.ranks.held_rendezvous(run, timeout).await;
+            match &met {
+                Probe::Ok(ms) => tracing::info!(
+                    "the rendezvous of run {run} was met by its held engine in {ms} ms"
+                ),
+                other => tracing::warn!("the rendezvous of run {run}: {other:?}"),
+            }
+            LaunchReply::Rendezvoused(met)
+        }
         LaunchRequest::Rendezvous(req) => {
             match ctx
                 .permits

@@ -4,10 +4,12 @@ once out of ``pending``; another root refused in one line; a long wait that
 names the shard and the agent's state. Run with the engine venv's python:
 ``python -m unittest discover -s launcher/python/xfer_vllm_loader/tests``."""
 
+import os
+import tempfile
 import unittest
 
-from xfer_vllm_loader.agent import (LoaderError, Settings, View, arrivals, view_of,
-                                   wait_for_release)
+from xfer_vllm_loader.agent import (LoaderError, Settings, View, arrivals, meet_for_preflight,
+                                   view_of, wait_for_release)
 
 ROOT = "ab" * 32
 OTHER = "cd" * 32
@@ -169,10 +171,6 @@ class StatusJson(unittest.TestCase):
         self.assertIn("timed out", down.error)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class Release(unittest.TestCase):
     """``register``'s wait of a held rank, on a virtual clock."""
 
@@ -211,3 +209,67 @@ class Release(unittest.TestCase):
         self.assertIn("never released", msg)
         self.assertIn("/runs/r1/released", msg)
         self.assertIn("xfer-launch down", msg)
+
+
+class Rendezvous(unittest.TestCase):
+    """The preflight's rendezvous met by a released rank's vLLM worker: a
+    real file and claim; the meeting itself (torch's Gloo) is injected
+    here and real in ``tests/engines.rs``."""
+
+    def env(self, d, **kw):
+        e = {"XFER_HOLD_FILE": os.path.join(d, "released"),
+             "XFER_RENDEZVOUS": "10.0.0.2:29500 1 2 57.0",
+             "XFER_RENDEZVOUS_FILE": os.path.join(d, "rendezvous")}
+        e.update(kw)
+        return e
+
+    def report(self, d):
+        with open(os.path.join(d, "rendezvous")) as f:
+            return f.read()
+
+    def test_the_first_worker_of_a_node_meets_it_and_reports_one_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            specs = []
+            meet = lambda spec: specs.append(spec) or "ok 41"  # noqa: E731
+            lines = []
+            self.assertEqual(meet_for_preflight(self.env(d), worker=lambda: True, meet=meet,
+                                                log=lines.append), "ok 41")
+            self.assertEqual(specs, ["10.0.0.2:29500 1 2 57.0"])
+            self.assertEqual(self.report(d), "ok 41\n")
+            self.assertIn("10.0.0.2:29500", lines[0])
+            # A second worker of the same node does not meet it again.
+            self.assertIsNone(meet_for_preflight(self.env(d), worker=lambda: True, meet=meet))
+            self.assertEqual(len(specs), 1)
+            self.assertEqual(sorted(os.listdir(d)), ["rendezvous", "rendezvous.claim"])
+
+    def test_a_failed_meeting_is_reported_on_one_line_and_stops_the_worker(self):
+        def refused(_spec):
+            raise RuntimeError("Connection refused\n  at 10.0.0.2:29500")
+
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(LoaderError) as cm:
+                meet_for_preflight(self.env(d), worker=lambda: True, meet=refused,
+                                   log=lambda _l: None)
+            self.assertEqual(self.report(d),
+                             "failed RuntimeError: Connection refused at 10.0.0.2:29500\n")
+            msg = str(cm.exception)
+            self.assertNotIn("\n", msg)
+            self.assertIn("did not meet the other nodes", msg)
+            self.assertIn("rendezvous row", msg)
+
+    def test_only_a_worker_the_agent_asked_meets_it(self):
+        def never(_spec):
+            raise AssertionError("met")
+
+        with tempfile.TemporaryDirectory() as d:
+            # The API server and the engine core are no workers.
+            self.assertIsNone(meet_for_preflight(self.env(d), worker=lambda: False, meet=never))
+            for k in ("XFER_RENDEZVOUS", "XFER_RENDEZVOUS_FILE"):
+                env = self.env(d)
+                del env[k]
+                self.assertIsNone(meet_for_preflight(env, worker=lambda: True, meet=never))
+            self.assertEqual(os.listdir(d), [])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -4,7 +4,8 @@ name, in the order the shards arrive.
 
 vLLM runs ``register`` in every process (the ``vllm.general_plugins`` entry
 point); it only adds the load format (and, for a rank ``xfer-launch up``
-started held, waits until its preflight passed), so a vLLM started without
+started held, waits until its preflight passed, and one worker per node
+then meets the preflight's rendezvous), so a vLLM started without
 ``--load-format xfer`` or the agent's ``XFER_HOLD_FILE`` behaves as if the
 plugin were not installed. What the
 loader trusts and the environment it reads are in ``agent.py``.
@@ -16,13 +17,23 @@ _registered = False
 def register() -> None:
     """Adds ``--load-format xfer`` to vLLM's model-loader registry (once a
     process; vLLM may call it more than once). A rank started held
-    (``XFER_HOLD_FILE``) first waits here to be released."""
+    (``XFER_HOLD_FILE``) first waits here to be released; once released,
+    one vLLM worker per node meets the preflight's rendezvous here
+    (``XFER_RENDEZVOUS``), before the engine's own distributed init."""
     global _registered
     if _registered:
         return
-    from .agent import wait_for_release
+    from vllm.logger import init_logger
 
-    wait_for_release()
+    from .agent import meet_for_preflight, wait_for_release
+
+    logger = init_logger("vllm.xfer_loader")
+
+    def log(line: str) -> None:
+        logger.info("%s", line)
+
+    wait_for_release(log=log)
+    meet_for_preflight(log=log)
     from vllm.model_executor.model_loader import register_model_loader
 
     from .loader import XferModelLoader

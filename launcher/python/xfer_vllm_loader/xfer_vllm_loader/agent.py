@@ -32,6 +32,21 @@ Environment (set by ``xfer-launch up`` under ``[launch] stream_weights``):
   (``up`` stops the rank otherwise). vLLM calls ``register`` while it parses
   its arguments: its Python and torch are imported, and it has not read the
   model, bound a port, touched a GPU or met a peer.
+- ``XFER_RENDEZVOUS`` (``MASTER RANK WORLD TIMEOUT_S``) and
+  ``XFER_RENDEZVOUS_FILE`` (set by the agent beside ``XFER_HOLD_FILE``):
+  the preflight's rendezvous, met by the held engine itself once released.
+  One vLLM worker per node (the first to claim ``XFER_RENDEZVOUS_FILE``
+  ``.claim``) runs, in ``register``, one Gloo all-reduce through the store
+  at ``MASTER``, with the torch it imported already, before vLLM's own
+  distributed init; it writes ``ok MS`` or ``failed WHY`` to the file,
+  which the agent reads, and on a failure stops the worker with that line.
+  A separate probe would import torch again on every node, seconds of CPU
+  taken from the engine's own start. c10d reverse-looks-up its first
+  socket's address and, after a lookup that failed, no other in that
+  process: so where the resolver does not answer, this meeting pays the
+  wait the engine's own init would have paid, and the engine then pays
+  none (the preflight's resolver row measures that wait and names the
+  fix).
 """
 
 from __future__ import annotations
@@ -235,6 +250,87 @@ def arrivals(
     # A root that changed under the load would have been refused above;
     # once more at the end, so a switch after the last shard is caught too.
     ready(ask(s), s, "")
+
+
+def meet_gloo(spec: str) -> str:
+    """One Gloo all-reduce of ``WORLD`` ranks through the TCP store at
+    ``MASTER`` (``spec`` is ``MASTER RANK WORLD TIMEOUT_S``, the agent's);
+    ``ok MS``, the milliseconds from the first store contact to its end.
+    Raises on any failure."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    master, rank, world, timeout_s = spec.split()
+    rank, world = int(rank), int(world)
+    t0 = time.monotonic()
+    dist.init_process_group(
+        "gloo",
+        init_method="tcp://" + master,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=float(timeout_s)),
+    )
+    try:
+        x = torch.tensor([float(rank + 1)])
+        dist.all_reduce(x)
+        want = world * (world + 1) / 2
+        if x.item() != want:
+            raise RuntimeError(
+                f"the all-reduce gave {x.item()}, not {want}: a rank of another launch joined"
+            )
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return f"ok {int((time.monotonic() - t0) * 1000)}"
+
+
+def is_vllm_worker() -> bool:
+    """Whether this process is one of vLLM's multiprocess workers (named
+    ``VllmWorker-RANK`` by its executor): the process that runs the
+    engine's own distributed init right after ``register``."""
+    import multiprocessing
+
+    return multiprocessing.current_process().name.startswith("VllmWorker")
+
+
+def meet_for_preflight(
+    env=os.environ,
+    worker: Callable[[], bool] = is_vllm_worker,
+    meet: Callable[[str], str] = meet_gloo,
+    log: Callable[[str], None] = print,
+) -> Optional[str]:
+    """Meets the preflight's rendezvous (``XFER_RENDEZVOUS``) in this vLLM
+    worker, if it is the first of its node to claim it, and writes the
+    outcome, one line, to ``XFER_RENDEZVOUS_FILE`` (whole or not at all);
+    that line, or None when this process has none to meet. A failure is
+    raised too, so the worker stops before the engine's own init hangs."""
+    spec, out = env.get("XFER_RENDEZVOUS"), env.get("XFER_RENDEZVOUS_FILE")
+    if not spec or not out or not worker():
+        return None
+    try:
+        os.close(os.open(out + ".claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return None  # another worker of this node meets it
+    log(f"xfer loader: meeting the other nodes' workers for the preflight's rendezvous ({spec.split()[0]})")
+    try:
+        line = meet(spec)
+    except Exception as e:  # noqa: BLE001 - reported, then raised again below
+        why = " ".join(f"{type(e).__name__}: {e}".split())
+        line = f"failed {why[:400]}"
+    tmp = f"{out}.tmp"
+    with open(tmp, "w") as f:
+        f.write(line + "\n")
+    os.rename(tmp, out)
+    if line.startswith("failed "):
+        raise LoaderError(
+            "xfer loader: this worker did not meet the other nodes at the preflight's "
+            f"rendezvous ({spec.split()[0]}): {line[7:]}; xfer-launch stops the ranks and "
+            "its rendezvous row says what to check"
+        )
+    log(f"xfer loader: the preflight's rendezvous was met: {line}")
+    return line
 
 
 def wait_for_release(

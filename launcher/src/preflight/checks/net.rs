@@ -186,9 +186,6 @@ pub fn reach(ctx: &Ctx, rows: &mut Rows) {
 /// all-reduce in its Python), which TCP to one port does not prove.
 pub fn rendezvous(ctx: &Ctx, rows: &mut Rows) {
     let (setup, nodes) = (ctx.setup, &ctx.nodes);
-    let Some(head) = setup.nodes.first() else {
-        return;
-    };
     for (n, f) in nodes {
         match &f.rendezvous {
             Probe::Ok(ms) => rows.add(
@@ -214,8 +211,8 @@ pub fn rendezvous(ctx: &Ctx, rows: &mut Rows) {
                 &n.name,
                 Verdict::Fail,
                 format!(
-                    "torch.distributed (Gloo) over {} did not meet the other ranks at {}:{}: {why}",
-                    n.fabric_if, head.fabric_ip, setup.ports.api
+                    "torch.distributed (Gloo) over {} did not meet the other ranks: {why}",
+                    n.fabric_if
                 ),
                 Some(format!(
                     "the engine's ranks would hang the same way: Gloo and NCCL connect between the fabric addresses on ports of their own, so check that {} on {} is the interface that reaches the other nodes and that no firewall (`nft list ruleset`) drops connections between the fabric addresses",

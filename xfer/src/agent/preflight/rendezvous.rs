@@ -60,12 +60,8 @@ pub async fn probe(req: &RendezvousRequest) -> Probe<u64> {
             req.python_of
         ));
     };
-    let timeout = Duration::from_millis(req.timeout_ms.clamp(1_000, 600_000));
-    // torch's own timeout first, so that it says what it waited for;
-    // the kill after it ends a hang it does not notice.
-    let inner = timeout
-        .saturating_sub(Duration::from_secs(3))
-        .max(Duration::from_secs(1));
+    let timeout = bounded(req.timeout_ms);
+    let inner = inner_timeout(req.timeout_ms);
     argv.extend([
         "-c".into(),
         GLOO_ALL_REDUCE.into(),
@@ -88,8 +84,46 @@ pub async fn probe(req: &RendezvousRequest) -> Probe<u64> {
         },
         // The snippet's own exit when the engine's Python has no torch.
         LastLine::Exited { last, why, .. } if no_torch(&last) => Probe::Skipped(shorten(&why)),
-        LastLine::Exited { why, .. } | LastLine::Failed(why) => Probe::Failed(shorten(&why)),
+        LastLine::Exited { why, .. } | LastLine::Failed(why) => Probe::Failed(format!(
+            "through the store at {}: {}",
+            req.master,
+            shorten(&why)
+        )),
         LastLine::NotFound(why) => Probe::Skipped(why),
+    }
+}
+
+/// A request's timeout, within reason.
+fn bounded(timeout_ms: u64) -> Duration {
+    Duration::from_millis(timeout_ms.clamp(1_000, 600_000))
+}
+
+/// torch's own timeout for a probe of `timeout_ms`: shorter, so that
+/// torch says what it waited for; the kill after it ends a hang it does
+/// not notice.
+pub fn inner_timeout(timeout_ms: u64) -> Duration {
+    bounded(timeout_ms)
+        .saturating_sub(Duration::from_secs(3))
+        .max(Duration::from_secs(1))
+}
+
+/// What a held rank reported of the rendezvous it met through the store
+/// at `store` ([`RendezvousRequest::held_run`]): the loader plugin writes
+/// one line, `ok MS` or `failed WHY`.
+pub fn held_outcome(report: &str, store: std::net::SocketAddr) -> Probe<u64> {
+    let line = report.lines().next().unwrap_or("").trim();
+    match line.split_once(' ') {
+        Some(("ok", ms)) => match ms.trim().parse::<u64>() {
+            Ok(ms) => Probe::Ok(ms),
+            Err(_) => Probe::Failed(format!("the held rank reported {line:?}, not a time")),
+        },
+        Some(("failed", why)) => Probe::Failed(format!(
+            "in the held engine's worker, through the store at {store}: {}",
+            shorten(why)
+        )),
+        _ => Probe::Failed(format!(
+            "the held rank reported {line:?}; is the engine's xfer loader plugin older than this agent? reinstall it"
+        )),
     }
 }
 
@@ -134,6 +168,25 @@ mod tests {
     }
 
     #[test]
+    fn a_held_ranks_report_is_one_line_ok_or_failed() {
+        let at: std::net::SocketAddr = "10.0.0.2:29500".parse().unwrap();
+        assert_eq!(held_outcome("ok 705\n", at), Probe::Ok(705));
+        assert_eq!(
+            held_outcome("failed RuntimeError: Connection refused\n", at),
+            Probe::Failed(
+                "in the held engine's worker, through the store at 10.0.0.2:29500: RuntimeError: Connection refused"
+                    .into()
+            )
+        );
+        for bad in ["", "ok soon", "done 3", "ok"] {
+            match held_outcome(bad, at) {
+                Probe::Failed(why) => assert!(why.contains("the held rank reported"), "{why}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn only_the_snippets_own_exit_says_no_torch() {
         assert!(no_torch(
             "no torch.distributed in /v/bin/python3: No module named 'torch'"
@@ -151,6 +204,7 @@ mod tests {
             master: "127.0.0.1:1".parse().unwrap(),
             fabric_if: "lo".into(),
             timeout_ms: 1_000,
+            held_run: None,
         };
         assert!(matches!(probe(&req).await, Probe::Skipped(_)));
     }

@@ -44,6 +44,12 @@ impl Run {
         self.dir.join("released")
     }
 
+    /// Where a held rank's loader plugin reports the rendezvous it met for
+    /// the preflight ([`RankSpec::rendezvous`](xfer_proto::launch::RankSpec::rendezvous)).
+    pub(super) fn rendezvous_file(&self) -> PathBuf {
+        self.dir.join("rendezvous")
+    }
+
     /// Opens the rank's log to append (created mode 0600: engines print
     /// their environment), never through a symlink.
     pub(super) fn open_log(&self) -> std::io::Result<std::fs::File> {

@@ -104,6 +104,20 @@ impl Run {
         if self.spec.held {
             // The agent's own key (a spec may not set it): see RankSpec::held.
             cmd.env(launch_rules::HOLD_FILE_KEY, self.hold_file());
+            if let Some(r) = &self.spec.rendezvous {
+                let inner = crate::agent::preflight::rendezvous::inner_timeout(r.timeout_ms);
+                cmd.env(
+                    launch_rules::RENDEZVOUS_KEY,
+                    format!(
+                        "{} {} {} {:.1}",
+                        r.master,
+                        r.rank,
+                        r.world,
+                        inner.as_secs_f64()
+                    ),
+                )
+                .env(launch_rules::RENDEZVOUS_FILE_KEY, self.rendezvous_file());
+            }
         }
         let child = cmd
             .spawn()

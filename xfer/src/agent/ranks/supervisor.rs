@@ -52,7 +52,7 @@ use super::{check_run_id, LogChunk, ProcState, RankReport, RankSpec, RunState};
 use crate::config::auth::Credential;
 use crate::sysinfo::proc;
 use crate::util::private;
-use xfer_proto::launch::{BadRunId, LaunchRequest};
+use xfer_proto::launch::{BadRunId, LaunchRequest, Probe};
 
 /// The most log bytes one read returns.
 pub const MAX_LOG_READ: u64 = 1 << 20;
@@ -328,6 +328,45 @@ impl Supervisor {
         Ok(r.report())
     }
 
+    /// The rendezvous the held rank of `run` met for the preflight
+    /// ([`RankSpec::rendezvous`]): its loader plugin's report, waited for
+    /// up to `timeout` (the engine imports its Python first), and failed at
+    /// once when the rank ended without one.
+    pub async fn held_rendezvous(&self, run: &str, timeout: Duration) -> Probe<u64> {
+        let Some(r) = self.run(run) else {
+            return Probe::Failed(format!(
+                "no run {run} on this node to meet the rendezvous; `xfer-launch up` starts it held first"
+            ));
+        };
+        let store = match (&r.spec.rendezvous, r.spec.held) {
+            (Some(rdv), true) => rdv.master,
+            _ => {
+                return Probe::Failed(format!(
+                    "run {run} was not started held with a rendezvous to meet; this agent and its launcher disagree: update both"
+                ))
+            }
+        };
+        let path = r.rendezvous_file();
+        let since = std::time::Instant::now();
+        loop {
+            if let Some(report) = read_report(&path) {
+                return crate::agent::preflight::rendezvous::held_outcome(&report, store);
+            }
+            if !r.state().is_live() {
+                return Probe::Failed(format!(
+                    "the held engine of run {run} ended before it met the other ranks; see `xfer-launch logs`"
+                ));
+            }
+            if since.elapsed() >= timeout {
+                return Probe::Failed(format!(
+                    "the held engine of run {run} did not report its rendezvous within {}s: is the xfer loader plugin installed in its Python (`--load-format xfer`)? see `xfer-launch logs`",
+                    timeout.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Reads up to `max` bytes of a rank's log from `offset`.
     pub fn read_log(&self, run: &str, offset: u64, max: u64) -> Result<LogChunk, ReadLogError> {
         let r = self
@@ -393,6 +432,20 @@ impl Supervisor {
     }
 }
 
+/// The first KiB of a held rank's report, if it wrote one (never read
+/// through a symlink: the engine owns the folder's contents).
+fn read_report(path: &Path) -> Option<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let mut buf = Vec::new();
+    f.take(1024).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
 impl Run {
     pub(super) fn state(&self) -> RunState {
         self.inner.lock().unwrap().state.clone()
@@ -451,6 +504,7 @@ mod tests {
             container: None,
             caches: None,
             held: false,
+            rendezvous: None,
         }
     }
 
@@ -561,6 +615,71 @@ mod tests {
         assert!(!dir.path().join(".xfer/runs/n1/released").exists());
         s.stop(Some("n1"), Duration::from_millis(300), "test").await;
         assert!(xfer_proto::launch_rules::check_env("XFER_HOLD_FILE", "/tmp/x").is_err());
+    }
+
+    /// A held rank with a rendezvous to meet gets what to meet and where to
+    /// report it (variables no spec may set); the agent reads the report,
+    /// says at once when the rank ended without one, and refuses a run that
+    /// was not started to meet it.
+    #[tokio::test]
+    async fn a_held_ranks_rendezvous_is_read_from_its_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sup(dir.path());
+        let rdv = xfer_proto::launch::RendezvousRequest {
+            node: "n2".parse().unwrap(),
+            python_of: "vllm".into(),
+            rank: 1,
+            world: 2,
+            master: "10.0.0.1:8000".parse().unwrap(),
+            fabric_if: "fab0".into(),
+            timeout_ms: 25_000,
+            held_run: None,
+        };
+        let held = |run: &str, script: &str| {
+            let mut h = spec(run, &[script]);
+            h.held = true;
+            h.rendezvous = Some(rdv.clone());
+            h
+        };
+        let reporter = "echo \"meet=$XFER_RENDEZVOUS\"; echo 'ok 12' > \"$XFER_RENDEZVOUS_FILE\"; exec sleep 30";
+        s.start(held("m1", reporter)).unwrap();
+        let long = Duration::from_secs(120);
+        assert_eq!(s.held_rendezvous("m1", long).await, Probe::Ok(12));
+        assert!(said(&s, "m1", "meet=10.0.0.1:8000 1 2 22.0"));
+        s.stop(Some("m1"), Duration::from_millis(300), "test").await;
+
+        s.start(held("m2", "echo 'failed RuntimeError: Connection refused' > \"$XFER_RENDEZVOUS_FILE\"; exec sleep 30"))
+            .unwrap();
+        match s.held_rendezvous("m2", long).await {
+            Probe::Failed(why) => {
+                assert_eq!(why, "in the held engine's worker, through the store at 10.0.0.1:8000: RuntimeError: Connection refused")
+            }
+            other => panic!("{other:?}"),
+        }
+        s.stop(Some("m2"), Duration::from_millis(300), "test").await;
+
+        s.start(held("m3", "exit 3")).unwrap();
+        match s.held_rendezvous("m3", long).await {
+            Probe::Failed(why) => {
+                assert!(why.contains("ended before it met the other ranks"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        s.stop(Some("m3"), Duration::from_millis(300), "test").await;
+
+        s.start(spec("m4", &["exec sleep 30"])).unwrap();
+        match s.held_rendezvous("m4", long).await {
+            Probe::Failed(why) => assert!(why.contains("was not started held"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        s.stop(Some("m4"), Duration::from_millis(300), "test").await;
+        match s.held_rendezvous("nope", long).await {
+            Probe::Failed(why) => assert!(why.contains("no run nope on this node"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        for key in ["XFER_RENDEZVOUS", "XFER_RENDEZVOUS_FILE"] {
+            assert!(xfer_proto::launch_rules::check_env(key, "x").is_err());
+        }
     }
 
     #[tokio::test]
