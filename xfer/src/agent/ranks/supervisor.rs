@@ -353,6 +353,10 @@ impl Supervisor {
                 return crate::agent::preflight::rendezvous::held_outcome(&report, store);
             }
             if !r.state().is_live() {
+                // It may have reported, then ended, since the read above.
+                if let Some(report) = read_report(&path) {
+                    return crate::agent::preflight::rendezvous::held_outcome(&report, store);
+                }
                 return Probe::Failed(format!(
                     "the held engine of run {run} ended before it met the other ranks; see `xfer-launch logs`"
                 ));
@@ -666,6 +670,19 @@ mod tests {
             other => panic!("{other:?}"),
         }
         s.stop(Some("m3"), Duration::from_millis(300), "test").await;
+
+        // A rank that reported, then ended (a worker's failed meeting):
+        // its report, not "ended before", however the two interleave.
+        s.start(held(
+            "m5",
+            "echo 'failed OSError: refused' > \"$XFER_RENDEZVOUS_FILE\"; exit 1",
+        ))
+        .unwrap();
+        match s.held_rendezvous("m5", long).await {
+            Probe::Failed(why) => assert!(why.ends_with("OSError: refused"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        s.stop(Some("m5"), Duration::from_millis(300), "test").await;
 
         s.start(spec("m4", &["exec sleep 30"])).unwrap();
         match s.held_rendezvous("m4", long).await {
