@@ -1805,8 +1805,9 @@ fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
 /// A held rank meets the preflight's rendezvous once released, and it
 /// fails there (the stand-in refuses it as a worker whose Gloo cannot
 /// connect would): `deploy` shows the failing rendezvous rows with what
-/// the ranks reported, stops every rank, and exits 1, before any rank
-/// reads the model.
+/// the ranks reported (or that a rank was stopped before it met, its
+/// agent having seen the peer's rank exit), stops every rank, and exits 1,
+/// before any rank reads the model.
 #[test]
 fn a_rendezvous_the_held_ranks_fail_stops_them_with_its_row() {
     need_root!();
@@ -1834,18 +1835,25 @@ fn a_rendezvous_the_held_ranks_fail_stops_them_with_its_row() {
         .filter(|r| r.starts_with("FAIL"))
         .collect();
     assert_eq!(failed.len(), 2, "{stderr}");
+    // A node that met the fault says so; the other may have been stopped
+    // by its agent first (a peer's rank exited), before it met anything.
+    let faulted = |r: &&str| {
+        r.contains("in the held engine's worker, through the store at")
+            && r.contains("Connection refused (the test's fault)")
+    };
+    assert!(failed.iter().any(faulted), "{stderr}");
     assert!(
-        failed.iter().all(
-            |r| r.contains("in the held engine's worker, through the store at")
-                && r.contains("Connection refused (the test's fault)")
-        ),
+        failed
+            .iter()
+            .all(|r| faulted(r) || r.contains("ended before it met the other ranks")),
         "{stderr}"
     );
     assert!(stderr.contains("refusing to start"), "{stderr}");
-    for i in 1..=2 {
-        let log = rank_logs(&lab, i);
-        assert!(log.contains("standin: rendezvous failed"), "n{i}: {log}");
-    }
+    let met: Vec<_> = (1..=2).map(|i| rank_logs(&lab, i)).collect();
+    assert!(
+        met.iter().any(|l| l.contains("standin: rendezvous failed")),
+        "{met:?}"
+    );
     // No rank got as far as checking (reading) the model.
     assert!(lab.standins().is_empty(), "{:?}", lab.standins());
     lab.assert_none_alive(Duration::from_secs(30));
