@@ -905,18 +905,25 @@ json.dump({"metadata": {"total_size": total}, "weight_map": wm},
 /// The engines' bin folder with `xfer` beside them: the loader plugin asks
 /// the node's agent through the `xfer` on the agent's PATH (never a path
 /// from the rank's environment).
+/// Made once per test process: a test that starts while another runs
+/// must not remove the folder under that one's engine (its workers exec
+/// the `vllm` script from it).
 fn engine_bin_with_xfer() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("engine-bin-with-xfer");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(venv().join("bin")).unwrap().flatten() {
-        let name = e.file_name();
-        if !name.to_string_lossy().starts_with("python") {
-            std::os::unix::fs::symlink(e.path(), dir.join(&name)).unwrap();
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("engine-bin-with-xfer");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for e in std::fs::read_dir(venv().join("bin")).unwrap().flatten() {
+            let name = e.file_name();
+            if !name.to_string_lossy().starts_with("python") {
+                std::os::unix::fs::symlink(e.path(), dir.join(&name)).unwrap();
+            }
         }
-    }
-    std::os::unix::fs::symlink(xfer_bin(), dir.join("xfer")).unwrap();
-    dir
+        std::os::unix::fs::symlink(xfer_bin(), dir.join("xfer")).unwrap();
+        dir
+    })
+    .clone()
 }
 
 /// Serves every file of a tree but one (`withheld`), whose reads wait
