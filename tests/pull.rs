@@ -343,6 +343,8 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
         part_size: 1 << 20,
         chunk_size: Some((64 * 1024).into()),
         intake: Default::default(),
+        before_change: None,
+        stats: None,
     };
     let seen: Arc<Mutex<Vec<DraftUpdate>>> = Default::default();
     let on: OnDraft = {

@@ -1143,6 +1143,7 @@ fn a_member_handed_a_job_after_it_failed_still_learns_it_failed() {
         peers: None,
         hub_endpoint: None,
         intake: Vec::new(),
+        give_up: Default::default(),
     };
     let hand = |node: &str, agent: &common::Agent| {
         let req = AdminRequest::SyncJob {

@@ -173,6 +173,7 @@ async fn sync_to(
         transport: TransportChoice::Auto,
         peers: None,
         registry: Default::default(),
+        give_up: Default::default(),
     };
     let failed = |why: String| CacheSyncError::Sync {
         from: from.to_string(),

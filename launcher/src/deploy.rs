@@ -557,6 +557,7 @@ async fn start_sync(
         transport: TransportChoice::Auto,
         peers: None,
         registry: Default::default(),
+        give_up: Default::default(),
     };
     let spec = sync(cluster, cred, &req)
         .await

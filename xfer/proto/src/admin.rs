@@ -253,6 +253,61 @@ pub struct JobSpec {
     /// source alone.
     #[serde(default)]
     pub intake: Vec<String>,
+    /// How long the job may go without progress, retrying, before it
+    /// fails with its last cause (`xfer sync --give-up-after`).
+    #[serde(default)]
+    pub give_up: GiveUp,
+}
+
+/// How long a sync job retries without progress before it fails with its
+/// last cause (`xfer sync --give-up-after`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GiveUp {
+    /// The agents' default, [`GiveUp::DEFAULT_SECS`].
+    #[default]
+    Default,
+    /// After this many seconds without progress.
+    AfterSecs(u64),
+    /// Never: retry until the job completes or is cancelled.
+    Never,
+}
+
+impl GiveUp {
+    /// The default budget: five minutes without progress.
+    pub const DEFAULT_SECS: u64 = 300;
+
+    /// Seconds without progress before the job fails; `None`: never.
+    pub fn secs(self) -> Option<u64> {
+        match self {
+            GiveUp::Default => Some(Self::DEFAULT_SECS),
+            GiveUp::AfterSecs(s) => Some(s),
+            GiveUp::Never => None,
+        }
+    }
+
+    /// Reads `--give-up-after`: `never`, or a duration such as `90s`,
+    /// `5m`, `2h` (a bare number is seconds).
+    pub fn parse(text: &str) -> Result<GiveUp, String> {
+        let t = text.trim();
+        if t == "never" {
+            return Ok(GiveUp::Never);
+        }
+        let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+        let n: u64 = digits.parse().map_err(|_| {
+            format!("--give-up-after {text:?}: give a duration such as 90s, 5m or 2h, or `never`")
+        })?;
+        let secs = match unit {
+            "" | "s" => n,
+            "m" => n.saturating_mul(60),
+            "h" => n.saturating_mul(3600),
+            _ => {
+                return Err(format!(
+                    "--give-up-after {text:?}: the unit is s, m or h (e.g. 90s, 5m, 2h), or say `never`"
+                ))
+            }
+        };
+        Ok(GiveUp::AfterSecs(secs))
+    }
 }
 
 /// A secret carried by a request (the operator's Hub token). Its `Debug`
@@ -536,6 +591,11 @@ pub struct JobView {
     /// (`--from a,b,c`).
     #[serde(default)]
     pub intake: Vec<String>,
+    /// While the job retries: when it fails if no round makes progress
+    /// before then (Unix seconds); `None`: it is not retrying, or never
+    /// gives up.
+    #[serde(default)]
+    pub give_up_unix: Option<u64>,
 }
 
 impl ModelState {
@@ -565,9 +625,10 @@ impl JobView {
         }
     }
 
-    /// While the job retries after a failure: its cause, the retry count
-    /// and when the next round starts, as one line, e.g. `connection
-    /// refused (...); retrying (attempt 3, next in 4s)`; `now_unix` is the
+    /// While the job retries after a failure: the retry count, when the
+    /// next round starts and when it gives up, and its cause, as one line,
+    /// e.g. `retrying (attempt 3, next in 4s, gives up in 280s): connection
+    /// refused (...)`; `now_unix` is the
     /// current time in Unix seconds.
     pub fn retry_line(&self, now_unix: u64) -> Option<String> {
         if self.state.is_final() || self.attempt == 0 {
@@ -581,8 +642,12 @@ impl JobView {
             Some(at) => format!("next in {}s", at.saturating_sub(now_unix)),
             None => "running now".to_string(),
         };
+        let budget = match self.give_up_unix {
+            Some(at) => format!(", gives up in {}s", at.saturating_sub(now_unix)),
+            None => String::new(),
+        };
         Some(format!(
-            "{cause}; retrying (attempt {}, {when})",
+            "retrying (attempt {}, {when}{budget}): {cause}",
             self.attempt
         ))
     }
@@ -682,6 +747,7 @@ mod tests {
             next_attempt_unix: Some(104),
             hub_endpoint: Some("http://127.0.0.1:9".into()),
             intake: Vec::new(),
+            give_up_unix: None,
         }
     }
 
@@ -706,6 +772,7 @@ mod tests {
             peers: None,
             hub_endpoint: Some("https://hf-mirror.example".into()),
             intake: vec!["b".into()],
+            give_up: GiveUp::AfterSecs(90),
         };
         let req = AdminRequest::SyncJob {
             node: "a".into(),
@@ -733,11 +800,26 @@ mod tests {
     }
 
     #[test]
+    fn give_up_after_reads_durations_and_never_and_says_what_it_takes() {
+        assert_eq!(GiveUp::parse("90s"), Ok(GiveUp::AfterSecs(90)));
+        assert_eq!(GiveUp::parse("5m"), Ok(GiveUp::AfterSecs(300)));
+        assert_eq!(GiveUp::parse("2h"), Ok(GiveUp::AfterSecs(7200)));
+        assert_eq!(GiveUp::parse("45"), Ok(GiveUp::AfterSecs(45)));
+        assert_eq!(GiveUp::parse("never"), Ok(GiveUp::Never));
+        assert_eq!(GiveUp::Never.secs(), None);
+        assert_eq!(GiveUp::Default.secs(), Some(300));
+        for bad in ["", "5d", "m", "-1s", "1.5h"] {
+            let e = GiveUp::parse(bad).unwrap_err();
+            assert!(e.contains("--give-up-after") && e.contains("5m"), "{e}");
+        }
+    }
+
+    #[test]
     fn a_retrying_job_says_its_cause_attempt_and_next_try() {
         let v = view();
         assert_eq!(
             v.retry_line(100).as_deref(),
-            Some("connection refused; retrying (attempt 3, next in 4s)")
+            Some("retrying (attempt 3, next in 4s): connection refused")
         );
         let running = JobView {
             next_attempt_unix: None,
@@ -746,7 +828,7 @@ mod tests {
         assert!(running
             .retry_line(100)
             .unwrap()
-            .ends_with("(attempt 3, running now)"));
+            .starts_with("retrying (attempt 3, running now): "));
         let first = JobView {
             attempt: 0,
             ..view()

@@ -373,6 +373,11 @@ pub struct SyncArgs {
     /// registry, read here and sent with the job.
     #[arg(long, value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
+    /// Fail the job when its rounds have made no progress for this long
+    /// (e.g. 90s, 5m, 2h; `never` retries until cancelled). A Hub that is
+    /// down or a node that is gone then ends `--wait` with the cause.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = xfer_proto::admin::GiveUp::parse)]
+    pub give_up_after: xfer_proto::admin::GiveUp,
 }
 
 /// The arguments of `xfer status`.

@@ -393,6 +393,8 @@ fn pull_options(chunk_size: Option<ChunkSize>) -> PullOptions {
         part_size: 16 << 20,
         chunk_size,
         intake: Default::default(),
+        before_change: None,
+        stats: None,
     }
 }
 

@@ -36,6 +36,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         peers,
         insecure,
         ca_file,
+        give_up_after,
     } = args;
     let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
@@ -51,6 +52,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         transport,
         peers,
         registry: xfer::agent::sync::client::RegistryAccess { insecure, ca_file },
+        give_up: give_up_after,
     };
     let spec = xfer::agent::sync::client::sync(&cluster, &cred, &req).await?;
     if !wait {
@@ -90,7 +92,19 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
     )
     .await;
     progress.end();
-    let root = root?;
+    let root = match root {
+        Ok(root) => root,
+        // A script reading `--json` learns the outcome too, not only the
+        // terminal reading stderr.
+        Err(e) if json => {
+            println!(
+                "{}",
+                serde_json::json!({"job": spec.id, "name": spec.name.to_string(), "error": format!("{e:#}")})
+            );
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     if json {
         println!(
             "{}",

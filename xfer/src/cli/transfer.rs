@@ -212,6 +212,8 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         part_size: part_size.max(1 << 20),
         chunk_size: None,
         intake: Default::default(),
+        before_change: None,
+        stats: None,
     };
     let progress = Progress::new(!json);
     if !to.is_empty() {

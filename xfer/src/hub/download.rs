@@ -442,19 +442,23 @@ pub async fn download(
             finish_file(&shared, f).await;
         }
     }
-    let flusher = tokio::spawn(flush_sidecars(shared.clone()));
-    let mut workers: Vec<_> = (0..shared.opts.connections.max(1))
-        .map(|_| tokio::spawn(worker(shared.clone())))
-        .collect();
+    // Every task below holds the open incomplete files and their locks.
+    // A dropped download (a cancelled job's round) must release them: the
+    // sets abort their tasks when dropped, and the guard cancels the rest.
+    let _stop = shared.cancel.clone().drop_guard();
+    let mut flusher = tokio::task::JoinSet::new();
+    flusher.spawn(flush_sidecars(shared.clone()));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..shared.opts.connections.max(1) {
+        workers.spawn(worker(shared.clone()));
+    }
     for r in 0..remotes {
         for _ in 0..shared.opts.intake.connections.max(1) {
-            workers.push(tokio::spawn(remote_worker(shared.clone(), r)));
+            workers.spawn(remote_worker(shared.clone(), r));
         }
     }
-    for w in workers {
-        let _ = w.await;
-    }
-    flusher.abort();
+    while workers.join_next().await.is_some() {}
+    flusher.abort_all();
     save_sidecars(&shared);
     if remotes > 0 {
         *shared.stats.shares.lock().unwrap() = shares(&shared);

@@ -61,6 +61,38 @@ pub struct PullOptions {
     /// Other nodes that fetch ranges from the origin over their own links
     /// (striped intake, issue 36); empty: this node alone.
     pub intake: super::intake::Intake,
+    /// Told before the pull first changes what the repo's folder holds
+    /// (a blob placed, a link added or changed, the listing or a ref
+    /// rewritten); `None`: nobody asks.
+    pub before_change: Option<BeforeChange>,
+    /// The download's counters, for a caller that reads them while the
+    /// pull runs or after it failed (a sync job's progress); `None`: the
+    /// pull's own.
+    pub stats: Option<Arc<Stats>>,
+}
+
+/// Called before a pull changes what the repo's folder holds; an error
+/// stops the pull before the change. A Hub job's source marks the model's
+/// record `replacing` here, so a pull that finds everything in place (the
+/// same revision again) or fails before it places a file leaves a
+/// complete model complete. Called again at each change: make it
+/// idempotent.
+#[derive(Clone)]
+pub struct BeforeChange(pub Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>);
+
+impl std::fmt::Debug for BeforeChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforeChange")
+    }
+}
+
+impl BeforeChange {
+    fn call(hook: &Option<BeforeChange>) -> std::io::Result<()> {
+        match hook {
+            Some(h) => (h.0)(),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The `--json` summary (read back by the integration tests).
@@ -262,6 +294,22 @@ impl Layout {
         self.link(f)
     }
 
+    /// Whether `f`'s link (or `.metadata`) is already what [`Self::link`]
+    /// would write, so a pull of what is in place changes nothing.
+    fn linked(&self, f: &RemoteFile) -> bool {
+        match self {
+            Layout::Cache { cache, commit } => {
+                let at = f.path.under(&cache.snapshot(commit));
+                std::fs::read_link(at).is_ok_and(|t| {
+                    t == Path::new(&crate::hub::cache::link_target(&f.path, f.expected.etag()))
+                })
+            }
+            // `present` read the same `.metadata` (commit aside: a new
+            // commit with the same file keeps the old line).
+            Layout::LocalDir { .. } => self.present(f),
+        }
+    }
+
     /// The part of placing that does not move bytes (also done for files
     /// already present).
     fn link(&self, f: &RemoteFile) -> std::io::Result<()> {
@@ -367,11 +415,14 @@ pub async fn pull(
     // They are reported in one batch, so a fan-out's first round has them all.
     let mut todo = Vec::new();
     let mut present = Vec::new();
+    let before_change = &opts.before_change;
     for f in &files {
         if layout.present(f) {
-            layout
-                .link(f)
-                .with_context(|| format!("cannot link {}", f.path))?;
+            if !layout.linked(f) {
+                BeforeChange::call(before_change)
+                    .and_then(|_| layout.link(f))
+                    .with_context(|| format!("cannot link {}", f.path))?;
+            }
             summary.bytes_present += f.size;
             summary.verification.present += 1;
             present.push(PlacedFile {
@@ -433,11 +484,12 @@ pub async fn pull(
             }
         })
         .collect();
-    let stats = Arc::new(Stats::default());
+    let stats = opts.stats.clone().unwrap_or_default();
     let finisher = Arc::new(Placer {
         layout: layout.clone(),
         files: todo.clone(),
         same_blob,
+        before_change: before_change.clone(),
         sha256_ok: AtomicU64::new(0),
         git_sha1_ok: AtomicU64::new(0),
         on_placed,
@@ -470,14 +522,19 @@ pub async fn pull(
     .await?;
     bars.total.finish_and_clear();
 
-    // The listing, as huggingface_hub caches it, then the ref, last.
-    let tree_at =
-        tree_cache::write(&layout.tree_folder(), &commit, &all_files).with_context(|| {
-            format!(
-                "cannot write the tree listing in {}",
-                layout.tree_folder().display()
-            )
-        })?;
+    // The listing, as huggingface_hub caches it, then the ref, last; each
+    // only if it says something new (a same-revision pull writes nothing).
+    let tree_at = tree_cache::path(&layout.tree_folder(), &commit);
+    if std::fs::read(&tree_at).ok() != Some(tree_cache::render(&all_files)) {
+        BeforeChange::call(before_change)
+            .and_then(|_| tree_cache::write(&layout.tree_folder(), &commit, &all_files))
+            .with_context(|| {
+                format!(
+                    "cannot write the tree listing in {}",
+                    layout.tree_folder().display()
+                )
+            })?;
+    }
     summary.tree_cache = tree_at
         .strip_prefix(layout.root())
         .unwrap_or(&tree_at)
@@ -486,9 +543,9 @@ pub async fn pull(
     summary.stale_removed =
         leftovers::remove_stale(&layout.incomplete_dir(), &Default::default()).len();
     if let Layout::Cache { cache, .. } = &layout {
-        if repo.revision != commit {
-            cache
-                .write_ref(&repo.revision, &commit)
+        if repo.revision != commit && cache.read_ref(&repo.revision).as_deref() != Some(&commit) {
+            BeforeChange::call(before_change)
+                .and_then(|_| cache.write_ref(&repo.revision, &commit))
                 .with_context(|| format!("cannot write the ref in {}", cache.dir().display()))?;
         }
     }
@@ -744,6 +801,7 @@ struct Placer {
     /// Files not downloaded themselves: another of `files` has the same
     /// incomplete file (same blob), and they are linked when it is placed.
     same_blob: Vec<RemoteFile>,
+    before_change: Option<BeforeChange>,
     sha256_ok: AtomicU64,
     git_sha1_ok: AtomicU64,
     on_placed: Option<OnPlaced>,
@@ -755,7 +813,9 @@ impl Finisher for Placer {
         if let Err(why) = digest.verdict {
             return Verdict::Mismatch(format!("{}: {why}", f.path));
         }
-        if let Err(e) = self.layout.place(f, &job.incomplete) {
+        let placed = BeforeChange::call(&self.before_change)
+            .and_then(|_| self.layout.place(f, &job.incomplete));
+        if let Err(e) = placed {
             return Verdict::Fatal(format!(
                 "cannot place {} at {}: {e}",
                 f.path,

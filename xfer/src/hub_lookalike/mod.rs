@@ -197,6 +197,8 @@ mod tests {
             part_size: 1 << 20,
             chunk_size: None,
             intake: Default::default(),
+            before_change: None,
+            stats: None,
         };
         let (summary, _) = pull(&opts, &env, &Progress::new(false), None, None)
             .await

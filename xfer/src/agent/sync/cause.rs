@@ -140,6 +140,7 @@ mod tests {
             peers: None,
             hub_endpoint: None,
             intake: Vec::new(),
+            give_up: Default::default(),
         }
     }
 

@@ -22,7 +22,7 @@ use crate::config::auth::Credential;
 use crate::config::cluster::{Cluster, Node};
 use crate::hub::env::HubSettings;
 pub use crate::transport::select::TransportChoice;
-use xfer_proto::admin::{AdminReply, AdminRequest, JobState};
+use xfer_proto::admin::{AdminReply, AdminRequest, GiveUp, JobState};
 use xfer_proto::manifest::ChunkSize;
 use xfer_proto::names::ModelName;
 use xfer_proto::repo::RepoType;
@@ -58,6 +58,8 @@ pub struct SyncRequest {
     pub peers: Option<u32>,
     /// How the source node reaches an `oci://` source's registry.
     pub registry: RegistryAccess,
+    /// How long the job retries without progress before it fails.
+    pub give_up: GiveUp,
 }
 
 /// How the source node reaches the registry of an `oci://` source.
@@ -264,6 +266,7 @@ pub async fn sync_with_hub(
         peers: req.peers,
         hub_endpoint: None,
         intake: Vec::new(),
+        give_up: req.give_up,
     };
     let spec = match spec.source {
         JobSource::Hub { .. } => JobSpec {
@@ -451,7 +454,17 @@ fn source_jobs(reports: &[NodeReport]) -> Vec<JobView> {
 /// retrying), so a node waiting on a failing source never shows an empty
 /// error column.
 pub fn attach_job_errors(reports: &mut [NodeReport], now_unix: u64) {
-    for j in source_jobs(reports) {
+    let jobs = source_jobs(reports);
+    for j in &jobs {
+        // An ended job's cause is history once another job delivers the
+        // same model: the rows show the running job's words, not it.
+        let superseded = j.state.is_final()
+            && jobs
+                .iter()
+                .any(|o| o.id != j.id && o.name == j.name && !o.state.is_final());
+        if superseded {
+            continue;
+        }
         let cause = match &j.state {
             JobState::Failed { reason } => Some(format!("job {} failed: {reason}", j.id)),
             JobState::Complete { .. } | JobState::Cancelled => continue,
@@ -487,11 +500,13 @@ pub fn job_line(j: &JobView, now_unix: u64) -> String {
         .as_deref()
         .map(|e| format!(" via {e}"))
         .unwrap_or_default();
-    let detail = match (j.retry_line(now_unix), &j.last_error, &j.state) {
-        (Some(retry), _, _) => format!(": {retry}"),
-        (None, _, JobState::Failed { .. }) => String::new(),
-        (None, Some(e), _) => format!(" (last error: {e})"),
-        (None, None, _) => String::new(),
+    // While it retries, the retry line is its state: no `syncing`
+    // beside a cause that says it is not.
+    let (shown, detail) = match (j.retry_line(now_unix), &j.last_error, &j.state) {
+        (Some(retry), _, _) => (retry, String::new()),
+        (None, _, JobState::Failed { .. }) => (j.shown(), String::new()),
+        (None, Some(e), _) => (j.shown(), format!(" (last error: {e})")),
+        (None, None, _) => (j.shown(), String::new()),
     };
     let striped = if j.intake.is_empty() {
         String::new()
@@ -499,12 +514,11 @@ pub fn job_line(j: &JobView, now_unix: u64) -> String {
         format!(" (striped with {})", j.intake.join(","))
     };
     format!(
-        "job {} {} from {}{striped} to {}{via}: {}{detail}{}",
+        "job {} {} from {}{striped} to {}{via}: {shown}{detail}{}",
         j.id,
         j.name,
         j.source_node,
         j.nodes.join(","),
-        j.shown(),
         intake_detail(j)
     )
 }
@@ -847,8 +861,8 @@ pub async fn remove(
 }
 
 /// What makes `xfer status` exit 1, one phrase each: every node that did
-/// not answer with a status, and every failed job (once, whichever nodes
-/// report it).
+/// not answer with a status, every failed job (once, whichever nodes
+/// report it), and every job its source is retrying after a failed round.
 pub fn problems(reports: &[NodeReport]) -> Vec<String> {
     let mut out = Vec::new();
     for r in reports.iter().filter(|r| r.status.is_none()) {
@@ -869,6 +883,22 @@ pub fn problems(reports: &[NodeReport]) -> Vec<String> {
             out.push(format!("job {} ({}) failed", j.id, j.name));
         }
     }
+    // A member's copy of a job is not kept up to date: its source says
+    // whether it retries.
+    for (node, j) in reports
+        .iter()
+        .filter_map(|r| r.status.as_ref())
+        .flat_map(|s| s.jobs.iter().map(move |j| (s.node.as_deref(), j)))
+    {
+        let retrying = !j.state.is_final() && j.attempt > 0;
+        if retrying && node == Some(j.source_node.as_str()) && !seen.contains(&j.id.as_str()) {
+            seen.push(&j.id);
+            out.push(format!(
+                "job {} ({}) retrying (attempt {})",
+                j.id, j.name, j.attempt
+            ));
+        }
+    }
     out
 }
 
@@ -886,6 +916,11 @@ pub fn problems_line(problems: &[String]) -> Option<String> {
     );
     if problems.iter().any(|p| p.ends_with(" failed")) {
         line.push_str(" (fix the cause and sync again; `xfer prune` removes ended jobs)");
+    }
+    if problems.iter().any(|p| p.contains(") retrying (attempt ")) {
+        line.push_str(
+            " (a retrying job fails by itself once its --give-up-after passes without progress; `xfer cancel ID` stops it now)",
+        );
     }
     Some(line)
 }
@@ -1000,6 +1035,7 @@ mod tests {
             next_attempt_unix: None,
             hub_endpoint: None,
             intake: Vec::new(),
+            give_up_unix: None,
         }
     }
 
@@ -1172,6 +1208,7 @@ mod job_error_tests {
             next_attempt_unix: Some(1_004),
             hub_endpoint: Some("http://127.0.0.1:9".into()),
             intake: Vec::new(),
+            give_up_unix: None,
         }
     }
 
@@ -1198,7 +1235,7 @@ mod job_error_tests {
         };
         assert_eq!(
             err(0).as_deref(),
-            Some("127.0.0.1:9: connection refused; retrying (attempt 2, next in 4s)")
+            Some("retrying (attempt 2, next in 4s): 127.0.0.1:9: connection refused")
         );
         assert_eq!(
             err(1).as_deref(),
@@ -1208,13 +1245,13 @@ mod job_error_tests {
         assert_eq!(err(2).as_deref(), Some("c:7470: no answer within 5s"));
         assert_eq!(err(3), None, "d is not in the job");
         let text = render(&reports, None);
-        assert!(text.contains("retrying (attempt 2, next in 4s)"), "{text}");
+        assert!(text.contains("retrying (attempt 2, next in 4s):"), "{text}");
 
         let line = job_line(&job(JobState::Syncing), 1_000);
         assert_eq!(
             line,
-            "job j1 models--o--m from a to a,b,c via http://127.0.0.1:9: syncing: \
-             127.0.0.1:9: connection refused; retrying (attempt 2, next in 4s)"
+            "job j1 models--o--m from a to a,b,c via http://127.0.0.1:9: \
+             retrying (attempt 2, next in 4s): 127.0.0.1:9: connection refused"
         );
         let failed = job(JobState::Failed {
             reason: "o/m was not found".into(),

@@ -45,6 +45,11 @@ pub struct JobRecord {
     /// The Hub endpoint the job's last round pulled from (on its source).
     #[serde(default)]
     pub hub_endpoint: Option<String>,
+    /// Since when (Unix seconds) the job's rounds have failed without
+    /// progress, while it retries: its budget ([`JobSpec::give_up`]) counts
+    /// from here.
+    #[serde(default)]
+    pub stalled_since_unix: Option<u64>,
 }
 
 impl JobRecord {
@@ -61,6 +66,7 @@ impl JobRecord {
             attempt: 0,
             next_attempt_unix: None,
             hub_endpoint: None,
+            stalled_since_unix: None,
         }
     }
 }
@@ -214,6 +220,7 @@ mod tests {
             peers: None,
             hub_endpoint: None,
             intake: Vec::new(),
+            give_up: Default::default(),
         }
     }
 

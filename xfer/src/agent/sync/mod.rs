@@ -1,14 +1,18 @@
 //! Background sync owned by the agents: `xfer sync` hands a job to every
 //! node's agent and returns; the agents persist it, the source node drives
 //! it to completion through restarts, and every agent reports where it
-//! stands. [`job`] is the job and its record on disk, [`runner`] the agent's
-//! side (rounds, cancel, periodic verify and repair), [`cause`] what a
-//! failed round means (fail now or retry), [`status`] what an agent
+//! stands. [`job`] is the job and its record on disk, [`life`] its states
+//! and budget as a state machine with no I/O, [`runner`] the agent's side
+//! (rounds, cancel, periodic verify and repair, driving [`life`]),
+//! [`cause`] what a failed round means (fail now or retry), [`status`] what an agent
 //! reports, and [`client`] the commands that talk to the agents.
 
 pub mod cause;
 pub mod client;
 pub mod job;
+pub mod life;
+#[cfg(test)]
+mod life_check;
 pub mod runner;
 pub mod source;
 pub mod status;

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cause::{self, node_of, RoundError};
 use super::job::{JobDir, JobMember, JobRecord, JobSource, JobSpec, JobState, MemberTally, Secret};
+use super::life::{self, Next, Policy, RoundEnd};
 use super::status::Activity;
 use crate::agent::permit::Permits;
 use crate::config::auth::identity::Peer;
@@ -35,10 +36,6 @@ use xfer_proto::repo::{RepoRef, RepoType};
 /// Held while a final job's record is read and written again or removed
 /// (the members told of its end, prune), so a prune is never undone.
 static FINAL_RECORDS: Mutex<()> = Mutex::new(());
-
-/// Pause after a round that left a member incomplete, growing to this
-/// (a Hub's `Retry-After` may ask for longer).
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Jobs on one agent.
 pub struct Runner {
@@ -143,12 +140,7 @@ impl Runner {
             .unwrap_or_else(|| JobRecord::new(spec.clone()));
         rec.spec = spec;
         rec.me = Some(node);
-        if rec.state.is_final() && !matches!(rec.state, JobState::Complete { .. }) {
-            rec.state = JobState::Queued;
-            rec.told_ended.clear();
-            rec.attempt = 0;
-            rec.next_attempt_unix = None;
-        }
+        life::restart(&mut rec);
         let hub_source = self.is_source(&rec) && matches!(rec.spec.source, JobSource::Hub { .. });
         match hub_token.filter(|_| hub_source && !rec.state.is_final()) {
             Some(t) => self
@@ -178,9 +170,7 @@ impl Runner {
         self.jobs.remove_token(id);
         match self.jobs.load(id) {
             Some(mut rec) => {
-                if !rec.state.is_final() {
-                    rec.state = JobState::Cancelled;
-                    rec.next_attempt_unix = None;
+                if life::cancel(&mut rec) {
                     let _ = self.jobs.save(&rec);
                 }
                 if self.is_source(&rec) {
@@ -349,40 +339,49 @@ impl Runner {
     }
 
     /// Runs rounds of job `id` until every member is complete, the job is
-    /// cancelled, or it cannot go on. A permanent failure fails the job at
-    /// once; a transient one is retried with growing pauses, the record
-    /// saying the cause, the retry count and when the next round starts.
+    /// cancelled, or it cannot go on: the driver of [`life`], which
+    /// decides each state. A permanent failure fails the job at once; a
+    /// transient one is retried with growing pauses, the record saying the
+    /// cause, the retry count, when the next round starts and when the job
+    /// gives up without progress. Once the job ended, what it held goes:
+    /// the round (whose drop frees its files' locks), its staging folder,
+    /// its token.
     async fn drive(&self, id: &str, cancel: CancellationToken) {
-        let mut backoff = Duration::from_secs(1);
         loop {
             let Some(mut rec) = self.jobs.load(id) else {
                 return;
             };
             if rec.state.is_final() {
-                self.jobs.remove_token(id);
+                self.release(&rec);
                 return;
             }
-            rec.state = JobState::Syncing;
-            rec.rounds += 1;
-            rec.next_attempt_unix = None;
+            life::begin_round(&mut rec);
             if matches!(rec.spec.source, JobSource::Hub { .. }) {
                 if let Ok(env) = self.hub_env(&rec.spec) {
                     rec.hub_endpoint = Some(env.endpoint);
                 }
             }
             let _ = self.jobs.save(&rec);
+            let moved = Arc::new(crate::hub::download::Stats::default());
             let outcome = tokio::select! {
-                r = self.round(&rec.spec) => r,
-                _ = cancel.cancelled() => return,
+                r = self.round(&rec.spec, moved.clone()) => r,
+                _ = cancel.cancelled() => {
+                    // `cancel` saved the record; the round was dropped here.
+                    if let Some(rec) = self.jobs.load(id) {
+                        self.release(&rec);
+                    }
+                    return;
+                }
             };
             let Some(mut rec) = self.jobs.load(id) else {
                 return;
             };
             if rec.state == JobState::Cancelled {
-                self.drop_stage(&rec.spec);
+                self.release(&rec);
                 return;
             }
-            let failure = match outcome {
+            let downloaded = moved.downloaded.load(std::sync::atomic::Ordering::Relaxed);
+            let end = match outcome {
                 Ok((root, nodes)) => {
                     rec.delivered = nodes
                         .iter()
@@ -396,48 +395,61 @@ impl Runner {
                             error: n.error.clone(),
                         })
                         .collect();
-                    let failed = cause::of_members(&rec.spec, &nodes);
-                    if failed.is_none() {
-                        tracing::info!("sync job {id} complete, root {root}");
-                        rec.state = JobState::Complete { root };
-                        rec.attempt = 0;
+                    let moved_to_members = nodes
+                        .iter()
+                        .any(|n| n.from_source + n.from_peers + n.from_origin > 0);
+                    match cause::of_members(&rec.spec, &nodes) {
+                        None => RoundEnd::Complete { root },
+                        Some(error) => RoundEnd::Failed {
+                            error,
+                            progressed: moved_to_members || downloaded > 0,
+                        },
                     }
-                    failed
                 }
-                Err(e) => Some(e),
+                Err(error) => RoundEnd::Failed {
+                    error,
+                    progressed: downloaded > 0,
+                },
             };
-            let mut pause = backoff;
-            match failure {
-                None => {}
-                Some(RoundError::Fatal(e)) => {
-                    tracing::warn!("sync job {id} failed: {e}");
-                    rec.state = JobState::Failed { reason: e.clone() };
-                    rec.last_error = Some(e);
-                }
-                Some(RoundError::Retry { why, wait }) => {
-                    rec.attempt += 1;
-                    pause = wait.map_or(backoff, |w| w.max(backoff));
-                    rec.next_attempt_unix = Some(unix_now() + pause.as_secs_f64().ceil() as u64);
-                    tracing::warn!(
-                        "sync job {id}: {why}; retrying (attempt {}, next in {pause:.1?})",
-                        rec.attempt
-                    );
-                    rec.last_error = Some(why);
-                }
+            let next = life::end_round(&mut rec, end, unix_now(), Policy::AGENT);
+            match &rec.state {
+                JobState::Complete { root } => tracing::info!("sync job {id} complete, root {root}"),
+                JobState::Failed { reason } => tracing::warn!("sync job {id} failed: {reason}"),
+                _ => tracing::warn!(
+                    "sync job {id}: {}; retrying (attempt {}, next in {:.1?})",
+                    rec.last_error.as_deref().unwrap_or_default(),
+                    rec.attempt,
+                    match next {
+                        Next::RetryIn(p) => p,
+                        Next::Ended => Duration::ZERO,
+                    }
+                ),
             }
             let _ = self.jobs.save(&rec);
-            if rec.state.is_final() {
-                self.drop_stage(&rec.spec);
-                self.tell_ended(&rec);
-                self.jobs.remove_token(id);
-                return;
-            }
+            let pause = match next {
+                Next::Ended => {
+                    self.release(&rec);
+                    self.tell_ended(&rec);
+                    return;
+                }
+                Next::RetryIn(pause) => pause,
+            };
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = cancel.cancelled() => return,
+                _ = cancel.cancelled() => {
+                    if let Some(rec) = self.jobs.load(id) {
+                        self.release(&rec);
+                    }
+                    return;
+                }
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
+    }
+
+    /// What an ended job held goes: its staging folder and its token.
+    fn release(&self, rec: &JobRecord) {
+        self.drop_stage(&rec.spec);
+        self.jobs.remove_token(&rec.spec.id);
     }
 
     /// The Hub settings of a Hub job's round: the operator's endpoint and
@@ -485,7 +497,11 @@ impl Runner {
     }
 
     /// One delivery to every member: the root and each member's outcome.
-    async fn round(&self, spec: &JobSpec) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
+    async fn round(
+        &self,
+        spec: &JobSpec,
+        moved: Arc<crate::hub::download::Stats>,
+    ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let nic = self.nic_for(spec).map_err(RoundError::Fatal)?;
         let mut to: Vec<Destination> = spec.members.iter().map(destination).collect();
         crate::agent::client::learn_data_addrs(&self.cred, &mut to).await;
@@ -534,7 +550,7 @@ impl Runner {
                 Ok((s.root, s.nodes))
             }
             JobSource::Hub { repo, repo_type } => {
-                self.pull_round(spec, repo, repo_type, push).await
+                self.pull_round(spec, repo, repo_type, push, moved).await
             }
             JobSource::Oci {
                 reference,
@@ -739,6 +755,7 @@ impl Runner {
         repo: &str,
         repo_type: &str,
         mut push: PushOptions,
+        moved: Arc<crate::hub::download::Stats>,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let env = self.hub_env(spec)?;
         let opts = PullOptions {
@@ -751,21 +768,19 @@ impl Runner {
             part_size: crate::hub::download::DEFAULT_PART_SIZE,
             chunk_size: None,
             intake: Default::default(),
+            before_change: None,
+            stats: Some(moved),
         };
         let me = self.me().unwrap_or_default();
         push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));
         let mut opts = opts;
         opts.intake = intake_of(spec, &push, &me);
         // The pull writes into the model's folder in place (a new revision
-        // moves `refs/`): the old record stops vouching for it first.
-        let by = Hash(blake3::derive_key(
-            "xfer 2026-12 hub pull",
-            spec.id.as_bytes(),
-        ));
+        // moves `refs/`): the old record stops vouching for it before the
+        // first change, and only then. A pull that finds the revision in
+        // place, or fails before it places a file, leaves it as it was.
         let held_before = self.store.record_any(&spec.name).is_some();
-        self.store
-            .mark_replacing(&spec.name, by)
-            .map_err(|e| RoundError::retry(e.to_string()))?;
+        opts.before_change = Some(self.mark_on_first_change(spec));
         // The draft this node streams: reported while the pull runs (a rank
         // here may load each file as it is sealed), and kept in the record.
         let streamed: Arc<Mutex<Option<Hash>>> = Default::default();
@@ -830,6 +845,28 @@ impl Runner {
             });
         }
         Ok((root, nodes))
+    }
+
+    /// The hook a Hub job's pull calls before it changes the model's
+    /// folder: marks the model's record `replacing` (durably), once.
+    fn mark_on_first_change(&self, spec: &JobSpec) -> crate::hub::pull::BeforeChange {
+        let by = Hash(blake3::derive_key(
+            "xfer 2026-12 hub pull",
+            spec.id.as_bytes(),
+        ));
+        let (store, name) = (self.store.clone(), spec.name.clone());
+        let marked = std::sync::atomic::AtomicBool::new(false);
+        crate::hub::pull::BeforeChange(Arc::new(move || {
+            use std::sync::atomic::Ordering;
+            if marked.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            store
+                .mark_replacing(&name, by)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            marked.store(true, Ordering::Release);
+            Ok(())
+        }))
     }
 
     /// Re-hashes every complete model; a damaged one is repaired from the

@@ -288,6 +288,7 @@ mod tests {
             peers: None,
             hub_endpoint: None,
             intake: Vec::new(),
+            give_up: Default::default(),
         };
         assert_eq!(reading(&spec), "folder /home/op/local/m on node a");
         spec.source = JobSource::Hub {

@@ -35,6 +35,7 @@ impl From<&JobRecord> for JobView {
                 .clone()
                 .or_else(|| r.spec.hub_endpoint.clone()),
             intake: r.spec.intake.clone(),
+            give_up_unix: super::life::give_up_unix(r),
         }
     }
 }
