@@ -10,6 +10,7 @@ mod auth;
 mod bad_manifest;
 mod ca_crash;
 mod corruption;
+mod day_two;
 mod demo;
 mod disk_full;
 mod doctor;

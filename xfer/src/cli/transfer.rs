@@ -202,9 +202,11 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
     } else {
         None
     };
+    let repo_ref = xfer_proto::repo::RepoRef::parse(&repo, repo_type)?;
+    xfer::hub::env::check_online(&repo_ref.id)?;
     let env = xfer::hub::env::HubEnv::from_process().map_err(anyhow::Error::msg)?;
     let opts = xfer::hub::pull::PullOptions {
-        repo: xfer_proto::repo::RepoRef::parse(&repo, repo_type)?,
+        repo: repo_ref,
         include,
         exclude,
         local_dir,

@@ -43,6 +43,10 @@ pub enum HubEnvError {
         /// What the system said.
         source: std::io::Error,
     },
+    /// `HF_HUB_OFFLINE` is set, and the command would ask the Hub for this
+    /// repo.
+    #[error("HF_HUB_OFFLINE is set, so the Hub is not asked for {0} (as `hf download` refuses); unset HF_HUB_OFFLINE (or set it to 0) to download, or use the copy the nodes already hold")]
+    Offline(String),
     /// A token is set and the endpoint is plain http to another machine.
     #[error("HF_ENDPOINT {0} is plain http and a Hugging Face token is set, which would cross the network unencrypted; use an https endpoint, or unset HF_TOKEN (and HF_TOKEN_PATH) for this mirror")]
     TokenOverHttp(String),
@@ -57,6 +61,25 @@ pub struct HubEnv {
     pub token: Option<Token>,
     /// Where the `models--org--name` folders live.
     pub cache_root: PathBuf,
+}
+
+/// Whether `HF_HUB_OFFLINE` asks that the Hub not be contacted, read as
+/// `huggingface_hub` reads a boolean (`1`, `ON`, `YES`, `TRUE`, any case).
+pub fn offline(lookup: &dyn Fn(&str) -> Option<String>) -> bool {
+    lookup("HF_HUB_OFFLINE").is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_uppercase().as_str(),
+            "1" | "ON" | "YES" | "TRUE"
+        )
+    })
+}
+
+/// [`offline`] in the process environment: `Err` naming `repo` when set.
+pub fn check_online(repo: &str) -> Result<(), HubEnvError> {
+    if offline(&|k| std::env::var(k).ok()) {
+        return Err(HubEnvError::Offline(repo.to_string()));
+    }
+    Ok(())
 }
 
 impl HubEnv {

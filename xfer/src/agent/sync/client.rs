@@ -221,6 +221,7 @@ pub async fn sync_with_hub(
                 (JobSource::Path(path), name)
             }
             Err(repo) => {
+                crate::hub::env::check_online(&repo.id)?;
                 let folder = repo.cache_folder();
                 let given = match &req.name {
                     Some(n) => Some(

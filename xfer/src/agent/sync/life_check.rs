@@ -331,7 +331,12 @@ impl World {
     fn check(&self) -> Result<(), String> {
         // 1. A model that was fine stays fine.
         if let Some(rev) = self.fine_at {
-            if self.held != Some(Held { rev, complete: true }) {
+            if self.held
+                != Some(Held {
+                    rev,
+                    complete: true,
+                })
+            {
                 return Err(format!(
                     "the model was complete at revision {rev} and nothing else was written, but it is {:?}",
                     self.held
@@ -403,7 +408,10 @@ fn run(policy: Policy, seeds: impl Iterator<Item = u64>) -> Option<(u64, String)
 }
 
 fn seeds() -> Box<dyn Iterator<Item = u64>> {
-    match std::env::var("XFER_LIFE_SEED").ok().and_then(|s| s.parse().ok()) {
+    match std::env::var("XFER_LIFE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
         Some(s) => Box::new(std::iter::once(s)),
         None => Box::new(0..SEQUENCES),
     }

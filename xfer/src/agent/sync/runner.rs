@@ -413,7 +413,9 @@ impl Runner {
             };
             let next = life::end_round(&mut rec, end, unix_now(), Policy::AGENT);
             match &rec.state {
-                JobState::Complete { root } => tracing::info!("sync job {id} complete, root {root}"),
+                JobState::Complete { root } => {
+                    tracing::info!("sync job {id} complete, root {root}")
+                }
                 JobState::Failed { reason } => tracing::warn!("sync job {id} failed: {reason}"),
                 _ => tracing::warn!(
                     "sync job {id}: {}; retrying (attempt {}, next in {:.1?})",
@@ -463,6 +465,11 @@ impl Runner {
         };
         let here =
             |e: HubEnvError| RoundError::Fatal(format!("{e} (the agent on {})", spec.source_node));
+        if crate::hub::env::offline(&lookup) {
+            if let JobSource::Hub { repo, .. } = &spec.source {
+                return Err(here(HubEnvError::Offline(repo.clone())));
+            }
+        }
         let own = match HubEnv::from_lookup(&lookup) {
             // The agent's own endpoint is unusable, and the job names one.
             Err(HubEnvError::NotHttp(_)) if spec.hub_endpoint.is_some() => {

@@ -1,0 +1,397 @@
+//! Day two (issue 52): a model that was fine stays fine, whatever the
+//! operator does next. With real agents on loopback, the real `xfer`
+//! binary and the Hub test server (`tests/hub_server.py`):
+//! 1. a complete Hub model stays complete (its records on every node never
+//!    say `replacing`) through a re-sync of the revision it holds, a re-sync
+//!    against a Hub that is down (which now gives up, `sync --wait` exiting
+//!    1 with the cause), and a sync cancelled while it retries; `status`
+//!    exits 1 exactly while a job retries or has failed;
+//! 2. a sync cancelled mid-download on three nodes leaves no lock on its
+//!    incomplete files, and the next sync of the repo completes;
+//! 3. `HF_HUB_OFFLINE=1` stops `xfer pull` and `xfer sync` before they ask
+//!    the Hub, as `hf download` does.
+
+use crate::common;
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use xfer_proto::admin::JobState;
+
+use common::cluster::*;
+use common::hub::*;
+use common::*;
+
+/// Agents whose own Hub settings point at `endpoint`, with an empty
+/// `HF_HOME` of their own.
+fn agent_env(endpoint: &str, dir: &Path) -> Vec<(String, String)> {
+    let hf_home = dir.join("agent-hf-home");
+    fs::create_dir_all(&hf_home).unwrap();
+    vec![
+        ("HF_ENDPOINT".into(), endpoint.to_string()),
+        ("HF_HOME".into(), hf_home.display().to_string()),
+        ("HF_HUB_DISABLE_XET".into(), "1".into()),
+    ]
+}
+
+/// `xfer sync hf://REPO --from a --nodes NODES ARGS...` in an operator
+/// shell with no Hub settings of its own.
+fn sync_cmd(c: &Cluster, dir: &Path, repo: &str, nodes: &str, args: &[&str]) -> Command {
+    let mut cmd = c.cmd("sync", args);
+    cmd.arg(format!("hf://{repo}"))
+        .args(["--from", "a", "--nodes", nodes]);
+    let hf_home = dir.join("operator-hf-home");
+    fs::create_dir_all(&hf_home).unwrap();
+    for k in [
+        "HF_ENDPOINT",
+        "HF_TOKEN",
+        "HF_HUB_OFFLINE",
+        "XDG_CACHE_HOME",
+    ] {
+        cmd.env_remove(k);
+    }
+    cmd.env("HF_HOME", &hf_home);
+    cmd
+}
+
+/// The model's record on `node`, as its agent keeps it.
+fn record(c: &Cluster, node: &str, name: &str) -> serde_json::Value {
+    let p = c.root(node).join(format!(".xfer/models/{name}.json"));
+    let bytes = fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// Every node's record of `name` vouches for `root` (no `replacing`), and
+/// status says complete with that root.
+fn assert_fine(c: &Cluster, nodes: &[&str], name: &str, root: &str, after: &str) {
+    for n in nodes {
+        let rec = record(c, n, name);
+        assert!(
+            rec.get("replacing").is_none(),
+            "after {after}: {n}'s record of {name} says replacing: {rec}\n{}",
+            c.logs()
+        );
+        assert_eq!(
+            rec["manifest"]["root"].as_str(),
+            Some(root),
+            "after {after}"
+        );
+    }
+    let s = c.status();
+    assert_eq!(
+        s.complete_root(nodes, name).as_deref(),
+        Some(root),
+        "after {after}, status: {s:#?}"
+    );
+}
+
+/// `xfer status`: its exit code and text.
+fn status_run(c: &Cluster) -> Run {
+    run(&mut c.cmd("status", &[]), Duration::from_secs(30))
+}
+
+#[test]
+fn a_complete_model_stays_complete_through_resyncs_a_dead_hub_and_cancels() {
+    let t = tempdir("day2-fine");
+    let repos = t.path().join("repos");
+    small_repo(&repos, "acme/tiny", 52);
+    let server = HubServer::start(&repos, &[]);
+    let endpoint = server.endpoint();
+    let c = Cluster::start_env(
+        "day2-fine",
+        151,
+        &["a", "b"],
+        &[],
+        agent_env(&endpoint, t.path()),
+    );
+    let name = "models--acme--tiny";
+    let nodes = ["a", "b"];
+
+    // The first sync.
+    let r = run(
+        &mut sync_cmd(&c, t.path(), "acme/tiny", "a,b", &["--wait", "--json"]),
+        Duration::from_secs(120),
+    );
+    r.assert_ok("the first sync");
+    let root = r.json::<serde_json::Value>()["root"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_fine(&c, &nodes, name, &root, "the first sync");
+    assert_eq!(status_run(&c).status.code(), Some(0));
+
+    // The revision it holds, again: nothing to write, nothing marked.
+    let r = run(
+        &mut sync_cmd(&c, t.path(), "acme/tiny", "a,b", &["--wait", "--json"]),
+        Duration::from_secs(120),
+    );
+    r.assert_ok("a re-sync of the same revision");
+    assert_eq!(
+        r.json::<serde_json::Value>()["root"].as_str(),
+        Some(root.as_str())
+    );
+    assert_fine(&c, &nodes, name, &root, "a re-sync of the same revision");
+
+    // The Hub goes down: the job gives up after its budget, `--wait`
+    // exits 1 with the cause and the fix, and the model is untouched.
+    drop(server);
+    let started = Instant::now();
+    let r = run(
+        &mut sync_cmd(
+            &c,
+            t.path(),
+            "acme/tiny",
+            "a,b",
+            &["--wait", "--json", "--give-up-after", "3s"],
+        ),
+        Duration::from_secs(120),
+    );
+    let line = assert_error(
+        &r,
+        &["gave up after", "connection refused", "--give-up-after"],
+    );
+    assert!(line.contains(&endpoint), "the cause names the Hub: {line}");
+    let out: serde_json::Value = r.json();
+    assert!(
+        out["error"].as_str().is_some_and(|e| e.contains("gave up")),
+        "--json says how the job ended: {out}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "a 3 s budget took {:?}",
+        started.elapsed()
+    );
+    assert_fine(&c, &nodes, name, &root, "a sync against a dead Hub");
+    let s = status_run(&c);
+    assert_eq!(s.status.code(), Some(1), "a failed job: {s:#?}");
+    assert!(
+        s.stderr.contains("failed") || s.stdout.contains("failed"),
+        "{s:#?}"
+    );
+    run(&mut c.cmd("prune", &[]), Duration::from_secs(30)).assert_ok("xfer prune");
+    assert_eq!(status_run(&c).status.code(), Some(0), "pruned");
+
+    // A sync that retries for ever, cancelled: status is non-zero while
+    // it retries and says so; after the cancel the model is as it was.
+    let r = run(
+        &mut sync_cmd(
+            &c,
+            t.path(),
+            "acme/tiny",
+            "a,b",
+            &["--json", "--give-up-after", "never"],
+        ),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("a sync against a dead Hub");
+    let id = r.json::<serde_json::Value>()["job"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.poll("the job to retry", Duration::from_secs(60), |s| {
+        s.job("a", &id).filter(|j| j.attempt >= 1).map(|_| ())
+    });
+    let s = status_run(&c);
+    assert_eq!(s.status.code(), Some(1), "a retrying job: {s:#?}");
+    let job_line = s
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("job {id} ")))
+        .unwrap_or_else(|| panic!("no line for {id}: {s:#?}"))
+        .to_string();
+    assert!(
+        job_line.contains(": retrying (attempt ") && !job_line.contains("syncing"),
+        "one state on the job's line: {job_line}"
+    );
+    let last = s.stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("1 problem: ")
+            && last.contains("retrying")
+            && last.contains("xfer cancel"),
+        "{s:#?}"
+    );
+    run(&mut c.cmd("cancel", &[&id]), Duration::from_secs(30)).assert_ok("xfer cancel");
+    c.poll("the job to be cancelled", Duration::from_secs(30), |s| {
+        s.job("a", &id)
+            .filter(|j| j.state == JobState::Cancelled)
+            .map(|_| ())
+    });
+    assert_fine(&c, &nodes, name, &root, "a cancelled sync");
+    assert_eq!(status_run(&c).status.code(), Some(0), "cancelled is well");
+}
+
+/// The incomplete files under `dir` (recursively).
+fn incomplete_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(incomplete_files(&p));
+        } else if p.to_string_lossy().ends_with(".incomplete") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Whether some process holds `path`'s flock.
+fn locked(path: &Path) -> bool {
+    let Ok(f) = fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock on an fd we own; released when `f` closes.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
+}
+
+#[test]
+fn a_sync_cancelled_mid_download_on_three_nodes_leaves_no_lock_and_the_next_completes() {
+    let t = tempdir("day2-locks");
+    let repos = t.path().join("repos");
+    gen_repo(
+        &repos,
+        "acme/mid-model",
+        53,
+        &[
+            ("config.json", 400),
+            ("model-00001-of-00002.safetensors", 6 * MIB),
+            ("model-00002-of-00002.safetensors", 6 * MIB + 99),
+        ],
+    );
+    // 64 KiB/s per connection (about 12 s for the whole repo): the
+    // download is still running when it is cancelled.
+    let mut server = HubServer::start(&repos, &["--rate", "65536"]);
+    let c = Cluster::start_env(
+        "day2-locks",
+        152,
+        &["a", "b", "c"],
+        &[],
+        agent_env(&server.endpoint(), t.path()),
+    );
+    let r = run(
+        &mut sync_cmd(&c, t.path(), "acme/mid-model", "a,b,c", &["--json"]),
+        Duration::from_secs(30),
+    );
+    r.assert_ok("xfer sync");
+    let id = r.json::<serde_json::Value>()["job"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let blobs = c.root("a").join("models--acme--mid-model/blobs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let held = loop {
+        // The shards' (sha256-named) files: config.json may well be done
+        // before the cancel.
+        let held: Vec<PathBuf> = incomplete_files(&blobs)
+            .into_iter()
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                name.split('.').next().is_some_and(|stem| stem.len() == 64)
+            })
+            .filter(|p| locked(p))
+            .collect();
+        if !held.is_empty() {
+            break held;
+        }
+        assert!(Instant::now() < deadline, "no download began\n{}", c.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    run(&mut c.cmd("cancel", &[&id]), Duration::from_secs(30)).assert_ok("xfer cancel");
+    c.poll("the job to be cancelled", Duration::from_secs(30), |s| {
+        s.job("a", &id)
+            .filter(|j| j.state == JobState::Cancelled)
+            .map(|_| ())
+    });
+    // The cancelled round's tasks let go of their files.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held.iter().any(|p| locked(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled job still locks {:?}\n{}",
+            held.iter().filter(|p| locked(p)).collect::<Vec<_>>(),
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // They were let go because the round stopped, not because the
+    // download went on behind the cancel and completed them.
+    assert!(
+        held.iter().all(|p| p.exists()),
+        "the cancelled download went on and placed its files: {held:?}; the folder holds {:?}\n{}",
+        fs::read_dir(&blobs).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()),
+        c.logs()
+    );
+    // The next sync of the same repo completes (at full speed now).
+    server.restart(&repos, &[]);
+    let r = run(
+        &mut sync_cmd(
+            &c,
+            t.path(),
+            "acme/mid-model",
+            "a,b,c",
+            &["--wait", "--json", "--give-up-after", "60s"],
+        ),
+        Duration::from_secs(180),
+    );
+    r.assert_ok("the sync after the cancel");
+    let root = r.json::<serde_json::Value>()["root"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_fine(
+        &c,
+        &["a", "b", "c"],
+        "models--acme--mid-model",
+        &root,
+        "the re-sync",
+    );
+}
+
+#[test]
+fn hf_hub_offline_stops_pull_and_sync_before_they_ask_the_hub() {
+    let t = tempdir("day2-offline");
+    let repos = t.path().join("repos");
+    small_repo(&repos, "acme/tiny", 54);
+    let server = HubServer::start(&repos, &[]);
+    let env = PullEnv::new(&server.endpoint(), t.path());
+    let mut cmd = env.cmd("acme/tiny", &[]);
+    cmd.env("HF_HUB_OFFLINE", "1");
+    let r = run(&mut cmd, Duration::from_secs(60));
+    let line = assert_error(&r, &["HF_HUB_OFFLINE", "acme/tiny", "unset"]);
+    assert!(!line.contains("panicked"), "{line}");
+    let stats = server.stats();
+    for k in ["api_revision", "api_tree", "resolve_get", "cdn_get"] {
+        assert_eq!(
+            stats[k].as_u64(),
+            Some(0),
+            "nothing was asked of the Hub: {stats}"
+        );
+    }
+    assert!(
+        !env.repo_dir("acme/tiny").exists(),
+        "nothing was written: {}",
+        env.repo_dir("acme/tiny").display()
+    );
+
+    let c = Cluster::start_env(
+        "day2-offline",
+        153,
+        &["a", "b"],
+        &[],
+        agent_env(&server.endpoint(), t.path()),
+    );
+    let mut cmd = sync_cmd(&c, t.path(), "acme/tiny", "a,b", &["--wait"]);
+    cmd.env("HF_HUB_OFFLINE", "1");
+    let r = run(&mut cmd, Duration::from_secs(60));
+    assert_error(&r, &["HF_HUB_OFFLINE", "acme/tiny"]);
+    let s = c.status();
+    assert!(
+        s.report("a").status.as_ref().unwrap().jobs.is_empty(),
+        "no job was handed over offline: {s:#?}"
+    );
+}
