@@ -25,9 +25,23 @@ fn the_demo_streams_its_model_to_every_node_and_prints_the_ratio() {
         "--dir",
     ])
     .arg(&dir);
+    // A fresh machine: no vLLM (command 2 installs it). The demo still
+    // passes, saying in one line why the engine's rows cannot.
+    c.env("XFER_ENGINES_VENV", t.path().join("no-engines-here"));
     let r = run(&mut c, Duration::from_secs(300));
     r.assert_ok("xfer demo");
     let out = &r.stdout;
+    assert!(!out.contains("unexpected failures"), "{out}");
+    if std::path::Path::new(bin())
+        .with_file_name("xfer-launch")
+        .exists()
+    {
+        assert!(
+            out.contains("launch: no vLLM here") && out.contains("scripts/test.sh"),
+            "the one line on the missing engine:\n{out}"
+        );
+    }
+    assert!(out.contains("chunks of "), "the chunk size it used:\n{out}");
     for want in [
         "1. the download alone",
         "2. S/B",

@@ -210,6 +210,28 @@ pub fn digest(body: &PlanBody) -> String {
     blake3::hash(&json).to_hex().to_string()
 }
 
+/// `--served-model-name` for a model named by a Hub repo, unless the
+/// operator's `extra_args` give one: clients ask for `org/name`, as they
+/// typed it, not for the snapshot's path. vLLM answers to every name it is
+/// given, so the path (what it served before) goes second; SGLang takes one.
+fn served_names(setup: &Setup, and_path: bool) -> Vec<String> {
+    let Some(repo) = &setup.model.repo else {
+        return Vec::new();
+    };
+    if setup
+        .extra_args
+        .iter()
+        .any(|a| a == "--served-model-name" || a.starts_with("--served-model-name="))
+    {
+        return Vec::new();
+    }
+    let mut a = vec!["--served-model-name".to_string(), repo.id.clone()];
+    if and_path {
+        a.push(setup.model.path.clone());
+    }
+    a
+}
+
 fn rank_plan(setup: &Setup, rank: usize, node: &RankNode) -> RankPlan {
     let head = &setup.nodes[0];
     let role = if rank == 0 { Role::Head } else { Role::Worker };
@@ -234,7 +256,10 @@ fn rank_plan(setup: &Setup, rank: usize, node: &RankNode) -> RankPlan {
                 setup.ports.master,
             ]);
             match role {
-                Role::Head => a.extend(argv!["--port", setup.ports.api]),
+                Role::Head => {
+                    a.extend(argv!["--port", setup.ports.api]);
+                    a.extend(served_names(setup, true));
+                }
                 Role::Worker => a.push("--headless".into()),
             }
             if setup.stream_weights {
@@ -280,6 +305,7 @@ fn rank_plan(setup: &Setup, rank: usize, node: &RankNode) -> RankPlan {
                         "--port",
                         setup.ports.api,
                     ]);
+                    a.extend(served_names(setup, true));
                     a.extend(setup.extra_args.iter().cloned());
                     a
                 }
@@ -310,6 +336,9 @@ fn rank_plan(setup: &Setup, rank: usize, node: &RankNode) -> RankPlan {
                 "--port",
                 setup.ports.api,
             ]);
+            if rank == 0 {
+                a.extend(served_names(setup, false));
+            }
             a.extend(setup.extra_args.iter().cloned());
             (Vec::new(), a)
         }
@@ -649,6 +678,38 @@ mod tests {
     }
 
     #[test]
+    fn a_model_named_by_its_repo_is_served_under_that_name_unless_extra_args_say() {
+        let p = plan_of("engine = \"vllm\"\nmodel = \"acme/big-model\"\ntp = 1\npp = 2");
+        let (head, worker) = (&p.ranks[0], &p.ranks[1]);
+        let i = head
+            .argv
+            .iter()
+            .position(|x| x == "--served-model-name")
+            .expect("the head names the model");
+        assert_eq!(head.argv[i + 1], "acme/big-model");
+        assert!(head.argv[i + 2].contains("models--acme--big-model/snapshots/"));
+        assert!(!worker.argv.iter().any(|x| x == "--served-model-name"));
+        let own = plan_of(
+            "engine = \"vllm\"\nmodel = \"acme/big-model\"\ntp = 1\npp = 2\nextra_args = [\"--served-model-name\", \"mine\"]",
+        );
+        let n = own.ranks[0]
+            .argv
+            .iter()
+            .filter(|x| *x == "--served-model-name")
+            .count();
+        assert_eq!(n, 1, "the operator's name wins: {:?}", own.ranks[0].argv);
+        let path = plan_of("engine = \"vllm\"\nmodel = \"/m\"\ntp = 1\npp = 2");
+        assert!(!path.ranks[0]
+            .argv
+            .iter()
+            .any(|x| x == "--served-model-name"));
+        let sglang = plan_of("engine = \"sglang\"\nmodel = \"acme/big-model\"\ntp = 1\npp = 2");
+        let a = &sglang.ranks[0].argv;
+        let i = a.iter().position(|x| x == "--served-model-name").unwrap();
+        assert_eq!(&a[i + 1..i + 2], ["acme/big-model"]);
+    }
+
+    #[test]
     fn vllm_ray_starts_ray_everywhere_and_serves_on_the_head_only() {
         let p = plan_of(&format!(
             "engine = \"vllm-ray\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\"\ntp = 1\npp = 2"
@@ -694,6 +755,9 @@ mod tests {
                 "ray",
                 "--port",
                 "8000",
+                "--served-model-name",
+                "Qwen/Qwen3-8B",
+                &model,
             ])
         );
         assert!(
