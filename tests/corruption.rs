@@ -106,7 +106,7 @@ fn chunks_corrupted_in_transit_are_refetched() {
         "the two bad chunks are sent twice: {s:#?}"
     );
     assert!(
-        agent.log().contains("failed its BLAKE3 check"),
+        agent.wait_log("failed its BLAKE3 check"),
         "{}",
         agent.log()
     );

@@ -212,7 +212,7 @@ fn a_node_credential_cannot_replace_a_model_the_operator_delivered() {
     let opc = Credential::load(op).unwrap();
     assert!(passes(&gate(&opc, &b, "legit4")));
     assert!(
-        b.log().contains("refused an offer of legit4 from node a"),
+        b.wait_log("refused an offer of legit4 from node a"),
         "{}",
         b.log()
     );

@@ -169,7 +169,7 @@ fn a_node_credential_moves_models_but_cannot_launch_sync_or_remove() {
     let image = AdminRequest::LoadImage(Box::new(tiny_image()));
     forbidden("image load", admin(&b_cred, "a", &a, &image));
     assert!(!out.exists(), "a node's credential ran `id`");
-    assert!(a.log().contains("refused node b at"), "{}", a.log());
+    assert!(a.wait_log("refused node b at"), "{}", a.log());
 
     // Through the CLI, with b's credential as the cluster file's key: a
     // sync from /etc is refused (a's exports allow /etc: the role is what
@@ -445,7 +445,7 @@ fn an_agent_given_the_cluster_file_accepts_only_the_nodes_it_lists() {
             && text.contains("is not a node of"),
         "{text}"
     );
-    assert!(a.log().contains("refused node c at"), "{}", a.log());
+    assert!(a.wait_log("refused node c at"), "{}", a.log());
     // b is listed; the operator is not a node and passes.
     assert!(matches!(
         admin(&b_cred, "a", &a, &AdminRequest::Status),
@@ -567,7 +567,7 @@ fn a_node_credential_cannot_prune_or_end_another_sources_job() {
             && text.contains("node c"),
         "{text}"
     );
-    assert!(agents[1].log().contains("refused"), "{}", agents[1].log());
+    assert!(agents[1].wait_log("refused"), "{}", agents[1].log());
 
     // Nor prune, through the CLI: one line per node, exit 1.
     let r = run(
@@ -684,7 +684,7 @@ fn a_node_that_is_not_the_jobs_source_cannot_make_another_node_fetch_a_url() {
         "{text}"
     );
     assert!(
-        a.log().contains("not the source of a running sync job"),
+        a.wait_log("not the source of a running sync job"),
         "{}",
         a.log()
     );

@@ -3,7 +3,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::*;
@@ -14,7 +14,8 @@ pub struct Agent {
     /// `IP:PORT` the agent listens on.
     pub addr: String,
     pub root: PathBuf,
-    stderr: Arc<Mutex<String>>,
+    /// The log so far, and a signal at each new line.
+    stderr: Arc<(Mutex<String>, Condvar)>,
 }
 
 impl Agent {
@@ -49,16 +50,17 @@ impl Agent {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start xfer serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new((Mutex::new(String::new()), Condvar::new()));
         {
             let sink = stderr.clone();
             let r = child.stderr.take().unwrap();
             std::thread::spawn(move || {
                 for line in BufReader::new(r).lines() {
                     let Ok(line) = line else { break };
-                    let mut s = sink.lock().unwrap();
+                    let mut s = sink.0.lock().unwrap();
                     s.push_str(&line);
                     s.push('\n');
+                    sink.1.notify_all();
                 }
             });
         }
@@ -70,7 +72,7 @@ impl Agent {
             let _ = child.wait();
             panic!(
                 "agent on {listen} did not start: first line {line:?}, stderr:\n{}",
-                stderr.lock().unwrap()
+                stderr.0.lock().unwrap()
             );
         }
         Agent {
@@ -88,7 +90,19 @@ impl Agent {
 
     /// The agent's log so far.
     pub fn log(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.stderr.0.lock().unwrap().clone()
+    }
+
+    /// Waits until the agent logs a line containing `needle` (an event:
+    /// a reply can reach the test before the agent writes the line that
+    /// goes with it); false if it did not within a minute.
+    pub fn wait_log(&self, needle: &str) -> bool {
+        let (log, line) = &*self.stderr;
+        let held = log.lock().unwrap();
+        let (held, _) = line
+            .wait_timeout_while(held, Duration::from_secs(60), |s| !s.contains(needle))
+            .unwrap();
+        held.contains(needle)
     }
 
     pub fn running(&mut self) -> bool {
