@@ -340,7 +340,11 @@ impl Store {
             )));
         }
         let dir = self.model_dir(name);
-        let ours = self.record_path(name).exists() || self.staging_dir(name).exists();
+        // A folder holding no file at all (what a failed first sync of a
+        // typo'd repo leaves) loses nothing: it goes without --force.
+        let ours = self.record_path(name).exists()
+            || self.staging_dir(name).exists()
+            || holds_no_file(&dir, 8);
         if dir.exists() && !ours && !force {
             return Err(StoreError::Invalid(format!(
                 "{} was not placed by xfer (no model record of `{name}` on this node); pass --force to delete it anyway",
@@ -1137,6 +1141,17 @@ fn start_writeback(f: &File, offset: u64, len: usize) {
     }
 }
 
+/// Whether `dir` holds only folders, `depth` deep at most (no file, no
+/// link, nothing deeper): deleting it loses nothing.
+fn holds_no_file(dir: &Path, depth: usize) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().all(|e| {
+        e.file_type().is_ok_and(|t| t.is_dir()) && depth > 0 && holds_no_file(&e.path(), depth - 1)
+    })
+}
+
 /// Reserves `size` bytes for a staging file so a full disk shows up before
 /// the transfer, not in the middle of it.
 pub fn preallocate(f: &File, size: u64) -> std::io::Result<()> {
@@ -1162,6 +1177,22 @@ mod tests {
     use xfer_proto::manifest::MANIFEST_VERSION;
 
     const CS: u64 = hash::MIN_CHUNK_SIZE;
+
+    #[test]
+    fn an_empty_folder_goes_without_force_and_one_with_a_file_needs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let typo = ModelName::new("models--acme--big-modle").unwrap();
+        fs::create_dir_all(dir.path().join("models--acme--big-modle/blobs")).unwrap();
+        assert_eq!(store.remove(&typo, false).unwrap(), true);
+        assert!(!dir.path().join("models--acme--big-modle").exists());
+        let theirs = ModelName::new("theirs").unwrap();
+        fs::create_dir_all(dir.path().join("theirs/sub")).unwrap();
+        fs::write(dir.path().join("theirs/sub/w.bin"), b"keep").unwrap();
+        let e = store.remove(&theirs, false).unwrap_err().to_string();
+        assert!(e.contains("--force"), "{e}");
+        assert!(dir.path().join("theirs/sub/w.bin").exists());
+    }
 
     fn data(len: usize, seed: u8) -> Vec<u8> {
         (0..len).map(|i| (i as u8).wrapping_mul(seed)).collect()
