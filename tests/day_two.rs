@@ -395,3 +395,40 @@ fn hf_hub_offline_stops_pull_and_sync_before_they_ask_the_hub() {
         "no job was handed over offline: {s:#?}"
     );
 }
+
+#[test]
+fn a_full_disk_on_the_pulling_node_names_the_agents_root_as_the_fix() {
+    let t = tempdir("day2-full");
+    let repos = t.path().join("repos");
+    small_repo(&repos, "acme/tiny", 55);
+    let server = HubServer::start(&repos, &[]);
+    let mut c = Cluster::start_env(
+        "day2-full",
+        154,
+        &["a", "b"],
+        &[],
+        agent_env(&server.endpoint(), t.path()),
+    );
+    // The pulling node's root on a disk smaller than the repo (5 MiB).
+    c.kill9("a");
+    let root = c.root("a").to_path_buf();
+    fs::remove_dir_all(&root).unwrap();
+    let Some(_disk) = common::disk::tmpfs_or_skip(&root, "2m") else {
+        panic!("needs root for a tmpfs mount, as CI has");
+    };
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+    c.restart("a");
+    let r = run(
+        &mut sync_cmd(&c, t.path(), "acme/tiny", "a,b", &["--wait"]),
+        Duration::from_secs(120),
+    );
+    let line = assert_error(&r, &["not enough space", "--root", "a:"]);
+    assert!(line.contains(&root.display().to_string()), "{line}");
+    assert!(
+        !line.contains("HF_HUB_CACHE"),
+        "the agent does not read it: {line}"
+    );
+    // Killed before the tmpfs goes.
+    c.kill9("a");
+}

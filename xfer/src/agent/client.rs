@@ -60,6 +60,18 @@ pub enum AskError {
     Unexpected(&'static str),
 }
 
+impl AskError {
+    /// Whether the message already names its cause and fix (a failed
+    /// handshake, a refusal, no answer): nothing like "is its agent
+    /// running?" is to be added to it.
+    pub fn explains_itself(&self) -> bool {
+        matches!(
+            self,
+            AskError::Connect(_) | AskError::Refused(_) | AskError::WrongNode { .. }
+        )
+    }
+}
+
 /// How long one agent gets to answer a status query, connection included.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 

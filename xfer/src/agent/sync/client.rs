@@ -321,6 +321,9 @@ pub async fn sync_with_hub(
             }
             Ok(AdminReply::Failed(why)) => eprintln!("warning: {node} refused the job: {why}"),
             Ok(other) => bail!("{node} answered {} to a sync job; upgrade xfer there", other.kind()),
+            Err(e) if node == spec.source_node && e.explains_itself() => {
+                bail!("the source node {node} did not take the job: {e}")
+            }
             Err(e) if node == spec.source_node => bail!(
                 "the source node {node} did not take the job: {e}; is its agent running?"
             ),
@@ -347,10 +350,16 @@ async fn find_folder(
     let name = node.name.to_string();
     match admin(cred, &name, &node.agent, &msg, ASK_TIMEOUT).await {
         Ok(AdminReply::FoldersFound { paths }) => Ok(paths),
+        // A refusal of the caller (its credential's role) is the cause,
+        // not the ambiguity between a folder and a repo.
+        Ok(AdminReply::Failed(why @ xfer_proto::refusal::Refusal::Forbidden(_))) => {
+            bail!("{name} refused: {why}")
+        }
         Ok(AdminReply::Failed(why)) => bail!(
             "{name} cannot say whether `{text}` is a folder there ({why}); write ./{text} or an absolute path for a folder, hf://{text} for the Hub repo"
         ),
         Ok(other) => bail!("{name} answered {} to a folder lookup; upgrade xfer there", other.kind()),
+        Err(e) if e.explains_itself() => bail!("cannot ask the source node {name}: {e}"),
         Err(e) => bail!(
             "cannot ask the source node {name} whether `{text}` is a folder there: {e}; is its agent running?"
         ),

@@ -794,7 +794,7 @@ impl Runner {
         let (root, nodes, manifest, shares) = if push.to.is_empty() {
             let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
                 .await
-                .map_err(|e| cause::of_error(&e))?;
+                .map_err(|e| self.pull_error(&e))?;
             let dir = self.store.model_dir(&spec.name);
             let cs = spec.chunk_size;
             let tree =
@@ -822,7 +822,7 @@ impl Runner {
             )
             .await;
             self.activity.pulled(&spec.name);
-            let s = s.map_err(|e| cause::of_error(&e))?;
+            let s = s.map_err(|e| self.pull_error(&e))?;
             (s.root, s.nodes, s.manifest, s.pull.intake)
         };
         let mut nodes = nodes;
@@ -852,6 +852,35 @@ impl Runner {
             });
         }
         Ok((root, nodes))
+    }
+
+    /// What a failed pull on this node means for its job: as
+    /// [`cause::of_error`] says, but a full disk names the agent's
+    /// `--root`, which is where the fix is (not `HF_HUB_CACHE`, which the
+    /// agent does not read).
+    fn pull_error(&self, e: &anyhow::Error) -> RoundError {
+        use crate::hub::download::{DiskError, DownloadError};
+        let full = e.chain().find_map(|c| {
+            if let Some(n) = c.downcast_ref::<crate::hub::pull::NotEnoughSpace>() {
+                return Some((n.need, Some(n.have)));
+            }
+            match c.downcast_ref::<DownloadError>() {
+                Some(DownloadError::Disk(DiskError::Full { need, .. })) => Some((*need, None)),
+                _ => None,
+            }
+        });
+        let Some((need, have)) = full else {
+            return cause::of_error(e);
+        };
+        let me = self.me().unwrap_or_else(|| "this node".into());
+        let have = have.map_or(String::new(), |h| {
+            format!(", have {}", xfer_proto::units::Bytes(h))
+        });
+        RoundError::Fatal(format!(
+            "{me}: not enough space under the agent's --root {}: need {}{have}; free some there, or restart the agent there with --root on a larger disk",
+            self.store.root().display(),
+            xfer_proto::units::Bytes(need)
+        ))
     }
 
     /// The hook a Hub job's pull calls before it changes the model's
