@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 use common::cluster::{status, write_cluster_file, Status, JOB_DEADLINE};
+use common::hub::assert_error;
 use common::*;
 use xfer::agent::sync::status::ModelState;
 use xfer::config::auth::Credential;
@@ -189,6 +190,29 @@ fn a_node_credential_moves_models_but_cannot_launch_sync_or_remove() {
     );
     assert!(r.stderr.contains("only an operator may"), "{}", r.stderr);
     assert!(!root.join("etc").exists());
+    // A bare ORG/NAME: the role is the cause said, not a guess between a
+    // folder and a repo.
+    let r = run(
+        xfer()
+            .args(["sync", "acme/big-model", "--from", "a", "--nodes", "a", "--cluster"])
+            .arg(&file),
+        Duration::from_secs(30),
+    );
+    let line = assert_error(&r, &["only an operator may", "refused"]);
+    assert!(!line.contains("is a folder there"), "{line}");
+    // A credential of another cluster's CA: the handshake is the cause,
+    // not a stopped agent.
+    let other = Pki::init(&t.path().join("other")).issue("op2", "operator");
+    let foreign = t.path().join("cluster-foreign.toml");
+    write_cluster_file(&foreign, &other, &[("a", &a.addr, &root)]);
+    let r = run(
+        xfer()
+            .args(["sync", "hf://acme/big-model", "--from", "a", "--nodes", "a", "--cluster"])
+            .arg(&foreign),
+        Duration::from_secs(30),
+    );
+    let line = assert_error(&r, &["authentication", "xfer ca issue"]);
+    assert!(!line.contains("is its agent running"), "{line}");
     let s = status(&file);
     assert!(s.report("a").reachable, "{s:#?}");
 
