@@ -59,7 +59,7 @@ stop_all() {
     for p in "${PIDS[@]}"; do
         if our_child "$p"; then
             kill_tree "$p"
-            wait "$p" 2>/dev/null
+            wait "$p" 2>/dev/null || true
         fi
     done
 }

@@ -194,7 +194,15 @@ fn a_node_credential_moves_models_but_cannot_launch_sync_or_remove() {
     // folder and a repo.
     let r = run(
         xfer()
-            .args(["sync", "acme/big-model", "--from", "a", "--nodes", "a", "--cluster"])
+            .args([
+                "sync",
+                "acme/big-model",
+                "--from",
+                "a",
+                "--nodes",
+                "a",
+                "--cluster",
+            ])
             .arg(&file),
         Duration::from_secs(30),
     );
@@ -207,7 +215,15 @@ fn a_node_credential_moves_models_but_cannot_launch_sync_or_remove() {
     write_cluster_file(&foreign, &other, &[("a", &a.addr, &root)]);
     let r = run(
         xfer()
-            .args(["sync", "hf://acme/big-model", "--from", "a", "--nodes", "a", "--cluster"])
+            .args([
+                "sync",
+                "hf://acme/big-model",
+                "--from",
+                "a",
+                "--nodes",
+                "a",
+                "--cluster",
+            ])
             .arg(&foreign),
         Duration::from_secs(30),
     );

@@ -1114,6 +1114,22 @@ impl Transfer {
                 })?
                 .to_doc(),
         };
+        // A streamed draft that placed nothing (a re-sync of what this
+        // node holds) leaves a complete record that already vouches for
+        // all of it as it was, naming the draft: its root does not flicker
+        // to the draft's, which covers fewer files.
+        let placed_nothing = matches!(*self.replacing.lock().unwrap(), Replacing::Unknown);
+        if self.draft.is_some() && placed_nothing {
+            if let Some(mut held) = read_record(&self.fs, &self.record_rel)
+                .filter(|r| r.is_complete() && covers(&r.manifest.manifest, &manifest.manifest))
+            {
+                held.draft = self.draft_lineage();
+                self.write_record(&held)?;
+                let _ = self.fs.remove_dir_all(&self.staging_rel);
+                // What the source sealed: the draft's root, as ever.
+                return Ok(manifest.root);
+            }
+        }
         let record = ModelRecord {
             manifest,
             stamps,
@@ -1124,6 +1140,14 @@ impl Transfer {
         let _ = self.fs.remove_dir_all(&self.staging_rel);
         Ok(record.manifest.root)
     }
+}
+
+/// Whether every file and link of `part` is in `whole`, the same.
+fn covers(whole: &Manifest, part: &Manifest) -> bool {
+    part.entries.iter().all(|e| match e {
+        Entry::Dir { .. } => true,
+        e => whole.entries.contains(e),
+    })
 }
 
 /// Starts writing a just-written range back to disk without waiting, so the

@@ -290,7 +290,16 @@ impl Activity {
                 pending: Vec::new(),
                 draft: rec.and_then(|r| r.draft),
             };
-            match &e.live {
+            // A transfer that has not changed a complete model yet (a
+            // re-sync of what it holds, or a new revision before its first
+            // file lands: the record is marked `replacing` first) leaves
+            // it complete, with its root: a model that was fine is shown
+            // fine until it is not.
+            let live = match &e.live {
+                Some(Live::Receiving { .. } | Live::Pulling(_)) if rec.is_some() => None,
+                live => live.as_ref(),
+            };
+            match live {
                 Some(Live::Receiving { transfer, tally }) => {
                     let held = transfer.held_bytes();
                     let total = transfer.manifest().total_bytes();
