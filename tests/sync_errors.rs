@@ -61,7 +61,7 @@ fn operator_env(c: &mut Command, dir: &Path, endpoint: Option<&str>, token: Opti
 }
 
 /// `xfer status` as the operator reads it (the table and the job lines);
-/// it exits 1, naming the problem last, while a job has failed.
+/// it exits 1, naming the problem last, while a job has failed or retries.
 fn status_text(c: &Cluster) -> String {
     let r = run(&mut c.cmd("status", &[]), Duration::from_secs(20));
     let code = r.status.code();
@@ -69,6 +69,9 @@ fn status_text(c: &Cluster) -> String {
         code == Some(0) || (code == Some(1) && r.stdout.contains(" problem")),
         "xfer status failed: {r:#?}"
     );
+    if retry_attempt(&r.stdout).is_some() {
+        assert_eq!(code, Some(1), "a retrying job is a problem: {r:#?}");
+    }
     r.stdout
 }
 
@@ -150,7 +153,7 @@ fn a_typod_repo_fails_sync_wait_at_once_with_the_hubs_words() {
 }
 
 /// 2. A Hub that is down (nothing listens on its port): the job is
-///    retried, never failed; `xfer status` shows the connection refused,
+///    retried (until its budget); `xfer status` shows the connection refused,
 ///    the retry count (2 or more) and the next attempt, on the job's line
 ///    and in the members' error column.
 #[test]
@@ -194,7 +197,9 @@ fn a_hub_that_is_down_is_retried_and_status_says_why_and_when() {
         "the line names the endpoint: {job_line}"
     );
     assert!(
-        job_line.contains("; retrying (attempt ") && job_line.contains("next in "),
+        job_line.contains(": retrying (attempt ")
+            && job_line.contains("next in ")
+            && job_line.contains("gives up in "),
         "{job_line}"
     );
     assert!(job_line.contains(&format!("via {down}")), "{job_line}");
