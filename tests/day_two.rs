@@ -301,6 +301,18 @@ fn a_sync_cancelled_mid_download_on_three_nodes_leaves_no_lock_and_the_next_comp
         assert!(Instant::now() < deadline, "no download began\n{}", c.logs());
         std::thread::sleep(Duration::from_millis(50));
     };
+    // The pulling node shows what it downloaded, not only what it sealed
+    // (the shards are sealed when whole).
+    let name = "models--acme--mid-model";
+    c.poll(
+        "the pulling node to show its download",
+        Duration::from_secs(60),
+        |s| {
+            s.model("a", name)
+                .filter(|m| m.bytes_held >= MIB && m.bytes_total > 12 * MIB && m.rate_bps > 0.0)
+                .map(|_| ())
+        },
+    );
     run(&mut c.cmd("cancel", &[&id]), Duration::from_secs(30)).assert_ok("xfer cancel");
     c.poll("the job to be cancelled", Duration::from_secs(30), |s| {
         s.job("a", &id)

@@ -79,7 +79,7 @@ impl Progress {
     /// A byte bar for a part of a destination (one file of a repo).
     pub fn part(&self, label: &str, total: u64) -> Bar {
         let bar = self.multi.add(ProgressBar::new(total));
-        let clock = Arc::new(Mutex::new((0u64, Instant::now())));
+        let clock = Arc::new(Mutex::new((0u64, Instant::now(), None)));
         let (name, c) = (elide(label, self.name_cols), clock.clone());
         let w = self.name_cols;
         let style = ProgressStyle::with_template(&format!(
@@ -127,7 +127,7 @@ impl Progress {
     /// A byte counter without a known total (hashing while walking).
     pub fn counter(&self, label: &str) -> Bar {
         let bar = self.multi.add(ProgressBar::new_spinner());
-        let clock = Arc::new(Mutex::new((0u64, Instant::now())));
+        let clock = Arc::new(Mutex::new((0u64, Instant::now(), None)));
         let (name, c, w) = (elide(label, self.name_cols), clock.clone(), self.name_cols);
         bar.set_style(
             ProgressStyle::with_template("{name} {spinner} {done} {rate} {msg}")
@@ -176,10 +176,14 @@ impl Progress {
 /// The rate of the bytes moved since the bar's clock started: the
 /// estimator's while it runs (reset at the held position), the average
 /// once it is over.
-fn rate(s: &ProgressState, clock: &Mutex<(u64, Instant)>) -> String {
+fn rate(s: &ProgressState, clock: &Mutex<(u64, Instant, Option<Instant>)>) -> String {
     let r = if s.is_finished() {
-        let (base, since) = *clock.lock().unwrap();
-        let secs = since.elapsed().as_secs_f64();
+        // Over the bar's own time: a finished bar's rate stands still.
+        let (base, since, end) = *clock.lock().unwrap();
+        let secs = end
+            .unwrap_or_else(Instant::now)
+            .duration_since(since)
+            .as_secs_f64();
         if secs <= 0.0 {
             0.0
         } else {
@@ -211,7 +215,7 @@ fn short_duration(d: Duration) -> String {
 pub struct Bar {
     bar: ProgressBar,
     /// The position the rate counts from and when it was reached.
-    clock: Arc<Mutex<(u64, Instant)>>,
+    clock: Arc<Mutex<(u64, Instant, Option<Instant>)>>,
     /// Not cleared away: its line stays when the work is over.
     kept_on_screen: Arc<AtomicBool>,
 }
@@ -233,7 +237,7 @@ impl Bar {
 
     fn restart_clock(&self) {
         self.bar.reset_eta();
-        *self.clock.lock().unwrap() = (self.bar.position(), Instant::now());
+        *self.clock.lock().unwrap() = (self.bar.position(), Instant::now(), None);
     }
 
     /// Moves the bar to `pos` (bytes held, counted by the rate from the
@@ -267,14 +271,36 @@ impl Bar {
         self.bar.set_message(msg);
     }
 
-    /// Done, with a label.
+    /// Done, with a label; its rate stops where it ended.
     pub fn finish_with_message(&self, msg: impl Into<std::borrow::Cow<'static, str>>) {
+        self.stop_clock();
         self.bar.finish_with_message(msg);
     }
 
     /// Given up, with a label.
     pub fn abandon_with_message(&self, msg: impl Into<std::borrow::Cow<'static, str>>) {
+        self.stop_clock();
         self.bar.abandon_with_message(msg);
+    }
+
+    /// Whether the bar was finished or abandoned.
+    pub fn is_finished(&self) -> bool {
+        self.bar.is_finished()
+    }
+
+    /// A finished bar runs again (what it counted changed after all): at
+    /// `held`, its rate counting from there.
+    pub fn reopen(&self, held: u64) {
+        self.bar.reset();
+        self.resume_at(held);
+    }
+
+    fn stop_clock(&self) {
+        self.clock
+            .lock()
+            .unwrap()
+            .2
+            .get_or_insert_with(Instant::now);
     }
 
     /// Done and gone from the screen.
@@ -301,7 +327,7 @@ mod tests {
         let bar = p.bytes("model", 1 << 30);
         bar.resume_at(900 << 20);
         bar.inc(1 << 20);
-        let (base, _) = *bar.clock.lock().unwrap();
+        let (base, _, _) = *bar.clock.lock().unwrap();
         assert_eq!(base, 900 << 20, "the rate counts from the held position");
         assert_eq!(p.kept(), (901 << 20, 1 << 30, 1));
         // A file's bar is not a destination: it does not count as kept.

@@ -760,6 +760,18 @@ pub async fn wait(
                 Some(line) => format!("{why}: {line}"),
                 None => why.to_string(),
             };
+            if bar.is_finished() {
+                // A node that is done stays as it ended, no rate running
+                // on, unless it turns out to take another revision after
+                // all (its complete copy was the old one).
+                match m.filter(|m| m.state == ModelState::Complete) {
+                    Some(m) => {
+                        roots.push(m.root);
+                        continue;
+                    }
+                    None => bar.reopen(m.map_or(0, |m| m.bytes_held)),
+                }
+            }
             match m {
                 Some(m) => {
                     if m.bytes_total == 0 && m.state != ModelState::Complete {
@@ -774,12 +786,11 @@ pub async fn wait(
                         bar.resume_at(m.bytes_held);
                     }
                     bar.set_position(m.bytes_held);
-                    bar.set_message(match m.state {
-                        ModelState::Complete => m.state.label().to_string(),
-                        s => waiting(s.label()),
-                    });
                     if m.state == ModelState::Complete {
+                        bar.finish_with_message(m.state.label());
                         roots.push(m.root);
+                    } else {
+                        bar.set_message(waiting(m.state.label()));
                     }
                 }
                 None => bar.set_message(if r.reachable {

@@ -807,9 +807,10 @@ impl Runner {
             let on_feed: crate::flow::feed::OnFeed = {
                 let (activity, name, streamed) =
                     (self.activity.clone(), spec.name.clone(), streamed.clone());
+                let stats = opts.stats.clone().unwrap_or_default();
                 Arc::new(move |feed| {
                     *streamed.lock().unwrap() = Some(feed.id());
-                    activity.pulling(&name, feed);
+                    activity.pulling(&name, feed, stats.clone());
                 })
             };
             let s = crate::flow::pull_fanout::pull_and_fan_out(

@@ -11,6 +11,7 @@ use super::job::JobRecord;
 use crate::flow::feed::DraftFeed;
 use crate::flow::receive::{Tally, MAX_FALLBACKS};
 use crate::flow::receiver::Watcher;
+use crate::hub::download::Stats;
 use crate::store::{Store, Transfer};
 pub use xfer_proto::admin::{AgentStatus, JobView, ModelState, ModelStatus};
 use xfer_proto::names::ModelName;
@@ -40,6 +41,16 @@ impl From<&JobRecord> for JobView {
     }
 }
 
+/// What the pulling node holds of its pull: the bytes downloaded (this run
+/// and the runs it resumed), or what is sealed if that is more (files that
+/// were in place already).
+fn pulled_bytes(feed: &DraftFeed, stats: &Stats) -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (sealed, _) = feed.sealed_bytes();
+    let fetched = stats.downloaded.load(Relaxed) + stats.resumed.load(Relaxed);
+    sealed.max(fetched)
+}
+
 /// The models that only ended jobs name: some final job names each, and
 /// no unfinished one does.
 fn ended_only(jobs: &[JobRecord]) -> HashSet<ModelName> {
@@ -62,8 +73,11 @@ enum Live {
     },
     /// This node pulls the model from the Hub (a job's source): the
     /// pull's feed says which files are sealed, that is verified and in
-    /// place with their links.
-    Pulling(Arc<DraftFeed>),
+    /// place with their links; its counters, how many bytes came in.
+    Pulling {
+        feed: Arc<DraftFeed>,
+        stats: Arc<Stats>,
+    },
     Verifying,
     Repairing,
 }
@@ -121,19 +135,24 @@ impl Activity {
         e.routes.clear();
     }
 
-    /// This node pulls `name` from the Hub, streaming `feed` to the others.
-    pub fn pulling(&self, name: &ModelName, feed: Arc<DraftFeed>) {
+    /// This node pulls `name` from the Hub, streaming `feed` to the
+    /// others; `stats` counts what the download brought in so far.
+    pub fn pulling(&self, name: &ModelName, feed: Arc<DraftFeed>, stats: Arc<Stats>) {
         let mut m = self.models.lock().unwrap();
         let e = m.entry(name.clone()).or_default();
-        e.live = Some(Live::Pulling(feed));
+        e.live = Some(Live::Pulling { feed, stats });
         e.failed = false;
+        e.sample = None;
     }
 
     /// The pull of `name` here ended (its outcome is the job's).
     pub fn pulled(&self, name: &ModelName) {
         if let Some(e) = self.models.lock().unwrap().get_mut(name) {
-            if matches!(e.live, Some(Live::Pulling(_))) {
+            if let Some(Live::Pulling { feed, stats }) = &e.live {
+                let (_, total) = feed.sealed_bytes();
+                e.held = (pulled_bytes(feed, stats).min(total), total);
                 e.live = None;
+                e.sample = None;
             }
         }
     }
@@ -222,10 +241,11 @@ impl Activity {
         let now = Instant::now();
         let mut m = self.models.lock().unwrap();
         for e in m.values_mut() {
-            let Some(Live::Receiving { transfer, .. }) = &e.live else {
-                continue;
+            let held = match &e.live {
+                Some(Live::Receiving { transfer, .. }) => transfer.held_bytes(),
+                Some(Live::Pulling { feed, stats }) => pulled_bytes(feed, stats),
+                _ => continue,
             };
-            let held = transfer.held_bytes();
             e.sample = Some(match e.sample {
                 Some((t, h, r)) => {
                     let dt = now.duration_since(t).as_secs_f64().max(1e-3);
@@ -296,7 +316,7 @@ impl Activity {
             // it complete, with its root: a model that was fine is shown
             // fine until it is not.
             let live = match &e.live {
-                Some(Live::Receiving { .. } | Live::Pulling(_)) if rec.is_some() => None,
+                Some(Live::Receiving { .. } | Live::Pulling { .. }) if rec.is_some() => None,
                 live => live.as_ref(),
             };
             match live {
@@ -322,14 +342,18 @@ impl Activity {
                         }
                     }
                 }
-                Some(Live::Pulling(feed)) => {
-                    let (sealed, total) = feed.sealed_bytes();
+                Some(Live::Pulling { feed, stats }) => {
+                    let (_, total) = feed.sealed_bytes();
+                    let held = pulled_bytes(feed, stats).min(total);
+                    let rate = e.sample.map(|(_, _, r)| r).unwrap_or(0.0);
                     st.state = ModelState::Syncing;
                     st.root = None;
                     st.draft = Some(feed.id());
                     st.pending = feed.pending().iter().map(|p| p.to_string()).collect();
                     st.bytes_total = total;
-                    st.bytes_held = sealed;
+                    st.bytes_held = held;
+                    st.rate_bps = rate;
+                    st.eta_s = (rate > 0.0).then(|| (total - held) as f64 / rate);
                 }
                 Some(Live::Verifying) => st.state = ModelState::Verifying,
                 Some(Live::Repairing) => st.state = ModelState::Repairing,
