@@ -950,7 +950,7 @@ fn a_striped_hub_job_is_fetched_by_every_named_node_and_served_once() {
     let line = out
         .stdout
         .lines()
-        .find(|l| l.contains("models--acme--striped") && l.starts_with("job"))
+        .find(|l| l.contains("acme/striped") && l.starts_with("job"))
         .unwrap_or_else(|| panic!("no job line: {}", out.stdout))
         .to_string();
     assert!(

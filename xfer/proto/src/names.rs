@@ -208,6 +208,24 @@ impl ModelName {
     }
 }
 
+/// A stored model name as a person reads and types it: a Hub cache folder
+/// (`models--Qwen--Qwen3-8B`) as its repo id (`Qwen/Qwen3-8B`; a dataset's
+/// with ` (dataset)`), any other name as it is. For tables and messages;
+/// paths and `--json` keep the stored name.
+pub fn for_people(stored: &str) -> String {
+    for (prefix, kind) in [("models--", ""), ("datasets--", " (dataset)")] {
+        if let Some((org, name)) = stored
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split_once("--"))
+        {
+            if !org.is_empty() && !name.is_empty() && !name.contains("--") {
+                return format!("{org}/{name}{kind}");
+            }
+        }
+    }
+    stored.to_string()
+}
+
 impl TryFrom<String> for ModelName {
     type Error = ModelNameError;
     fn try_from(s: String) -> Result<Self, ModelNameError> {
@@ -230,6 +248,24 @@ impl std::fmt::Display for ModelName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cache_folder_reads_as_its_repo_id_and_other_names_as_they_are() {
+        assert_eq!(for_people("models--acme--big-model"), "acme/big-model");
+        assert_eq!(for_people("datasets--o--d"), "o/d (dataset)");
+        assert_eq!(for_people("my-model"), "my-model");
+        assert_eq!(for_people("models--odd"), "models--odd");
+        assert_eq!(for_people("models--a--b--c"), "models--a--b--c");
+        let typed = ModelName::from_user(
+            &for_people("models--Org--Name"),
+            crate::repo::RepoType::Model,
+        );
+        assert_eq!(
+            typed.unwrap().as_str(),
+            "models--Org--Name",
+            "it round-trips"
+        );
+    }
 
     #[test]
     fn alpn_names_its_version_and_the_refusal_names_both_and_the_fix() {

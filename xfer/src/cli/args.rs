@@ -88,6 +88,13 @@ pub enum Cmd {
     /// Local multi-node demo: generate a model, start agents on 127.0.0.x, push, verify.
     #[command(after_help = "Example:\n  xfer demo --size 256MiB --nodes 3")]
     Demo(DemoArgs),
+    /// Serve a folder as a Hub model repo on this machine (a Hub look-alike
+    /// for trying `xfer sync ORG/NAME` and `xfer-launch deploy` offline).
+    #[command(
+        name = "hub-serve",
+        after_help = "Example:\n  xfer hub-serve ./my-model --repo acme/tiny --listen 127.0.0.1:8088\n  HF_ENDPOINT=http://127.0.0.1:8088 xfer sync acme/tiny --wait"
+    )]
+    HubServe(HubServeArgs),
     /// Predict a push to N nodes with the network simulator (JSON on stdout).
     #[command(
         hide = true,
@@ -753,6 +760,24 @@ pub struct DemoArgs {
     /// (otherwise the demo ends by serving a tiny model across two nodes).
     #[arg(long)]
     pub no_engine: bool,
+}
+
+/// The arguments of `xfer hub-serve`.
+#[derive(clap::Args)]
+pub struct HubServeArgs {
+    /// The folder whose files are the repo's (hashed once at start).
+    pub dir: PathBuf,
+    /// The repo id it answers as, ORG/NAME.
+    #[arg(long, value_name = "ORG/NAME")]
+    pub repo: String,
+    /// Where to listen: an address on this machine (the Hub protocol is
+    /// plain HTTP here: keep it on loopback or a trusted network).
+    #[arg(long, default_value = "127.0.0.1:8088")]
+    pub listen: std::net::SocketAddr,
+    /// Cap each connection's bodies at this many bytes per second, as a
+    /// CDN does (0: no cap).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub rate: u64,
 }
 
 /// `--chunk-size`: `auto`, or a power of two from 64 KiB to 256 MiB.

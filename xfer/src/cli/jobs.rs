@@ -67,7 +67,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
                 "job {} handed to {} node(s): {} from the {}; follow it with `xfer status --cluster ...`",
                 spec.id,
                 spec.members.len(),
-                spec.name,
+                xfer_proto::names::for_people(spec.name.as_str()),
                 xfer::agent::sync::source::reading(&spec)
             );
         }
@@ -76,7 +76,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
     eprintln!(
         "job {}: {} from the {} (Ctrl-C stops following; the job goes on)",
         spec.id,
-        spec.name,
+        xfer_proto::names::for_people(spec.name.as_str()),
         xfer::agent::sync::source::reading(&spec)
     );
     let cluster_file = cluster.path.display().to_string();
@@ -114,7 +114,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         println!(
             "{}: {} complete on {} node(s), root {root}",
             spec.id,
-            spec.name,
+            xfer_proto::names::for_people(spec.name.as_str()),
             spec.members.len()
         );
     }

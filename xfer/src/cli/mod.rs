@@ -8,6 +8,7 @@
 //! - [`jobs`]: `sync`, `status`, `cancel`, `rm`, `prune` (ask the cluster's agents);
 //! - [`transfer`]: `push`, `pull`, `fetch` (move a model themselves);
 //! - [`image`]: `image push` (a container image, as blobs, to nodes);
+//! - [`hub_serve`]: `hub-serve` (a folder as a Hub repo, on this machine);
 //! - [`simulate`]: `simulate` (hidden: the network simulator's prediction);
 //! - [`out`]: human lines fitted to the terminal, and the Ctrl-C line.
 
@@ -15,6 +16,7 @@ pub mod args;
 mod ca;
 pub mod demo;
 pub mod demo_engine;
+mod hub_serve;
 mod image;
 mod jobs;
 mod local;
@@ -55,6 +57,7 @@ pub async fn run(cmd: Cmd) -> Result<ExitCode> {
         Cmd::Image(args::ImageCmd::Push(a)) => image::push(a).await,
         Cmd::Image(args::ImageCmd::Pull(a)) => image::pull(a).await,
         Cmd::Demo(a) => demo_command(a).await,
+        Cmd::HubServe(a) => hub_serve::run(a).await,
         Cmd::Simulate(a) => simulate::run(a),
     }
 }

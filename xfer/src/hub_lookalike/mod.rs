@@ -64,6 +64,11 @@ impl DemoHub {
     /// on 127.0.0.1 (an ephemeral port), each connection's file bodies capped at `rate` bytes/s (0 = unlimited),
     /// like a CDN's per-connection limit. Hashes every file once at start (sha256 for LFS files, git blob sha1 for all).
     pub async fn start(dir: &Path, repo_id: &str, rate: u64) -> Result<DemoHub> {
+        Self::start_on(dir, repo_id, rate, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// [`Self::start`], listening on `at` (`xfer hub-serve --listen`).
+    pub async fn start_on(dir: &Path, repo_id: &str, rate: u64, at: SocketAddr) -> Result<DemoHub> {
         let parsed = RepoRef::parse(repo_id, RepoType::Model).map_err(anyhow::Error::msg)?;
         if parsed.id != repo_id {
             bail!("the demo Hub serves a repo id without a revision, not `{repo_id}`");
@@ -73,9 +78,9 @@ impl DemoHub {
             .await
             .context("hashing the demo model crashed")?
             .with_context(|| format!("cannot serve {} as a Hub repo", dir.display()))?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .context("the demo Hub cannot listen on 127.0.0.1")?;
+        let listener = tokio::net::TcpListener::bind(at).await.with_context(|| {
+            format!("the Hub look-alike cannot listen on {at}; pick a free address with --listen")
+        })?;
         let addr = listener
             .local_addr()
             .context("the demo Hub's listening address")?;

@@ -526,7 +526,7 @@ pub fn job_line(j: &JobView, now_unix: u64) -> String {
     format!(
         "job {} {} from {}{striped} to {}{via}: {shown}{detail}{}",
         j.id,
-        j.name,
+        xfer_proto::names::for_people(&j.name),
         j.source_node,
         j.nodes.join(","),
         intake_detail(j)
@@ -685,7 +685,7 @@ fn row(node: &str, m: &ModelStatus) -> Vec<String> {
     };
     vec![
         node.to_string(),
-        m.name.clone(),
+        xfer_proto::names::for_people(&m.name),
         m.root.map(|r| r.short()).unwrap_or_else(|| "-".into()),
         m.state.label().to_string(),
         pct,
@@ -1271,7 +1271,7 @@ mod job_error_tests {
         let line = job_line(&job(JobState::Syncing), 1_000);
         assert_eq!(
             line,
-            "job j1 models--o--m from a to a,b,c via http://127.0.0.1:9: \
+            "job j1 o/m from a to a,b,c via http://127.0.0.1:9: \
              retrying (attempt 2, next in 4s): 127.0.0.1:9: connection refused"
         );
         let failed = job(JobState::Failed {
