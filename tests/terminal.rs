@@ -27,8 +27,18 @@ fn quote(s: &str) -> String {
 /// Runs `argv` (with `env`) on a pseudo-terminal of [`COLS`] x 40 through
 /// `script`; returns the raw screen bytes as text and the exit code.
 fn on_pty(argv: &[String], env: &[(String, PathBuf)], timeout: Duration) -> (String, Option<i32>) {
+    on_pty_cols(argv, env, timeout, COLS)
+}
+
+/// [`on_pty`] on a terminal `cols` wide.
+fn on_pty_cols(
+    argv: &[String],
+    env: &[(String, PathBuf)],
+    timeout: Duration,
+    cols: usize,
+) -> (String, Option<i32>) {
     let line: Vec<String> = argv.iter().map(|a| quote(a)).collect();
-    let shell = format!("stty cols {COLS} rows 40; exec {}", line.join(" "));
+    let shell = format!("stty cols {cols} rows 40; exec {}", line.join(" "));
     let mut c = Command::new("script");
     c.args(["-qfec", &shell, "/dev/null"])
         .env_remove("RUST_LOG")
@@ -78,12 +88,17 @@ fn screen_lines(raw: &str) -> Vec<String> {
 /// Asserts that no line of `raw` is over [`COLS`] columns and that the
 /// screen contains every one of `words`; returns the lines.
 fn assert_fits(what: &str, raw: &str, words: &[&str]) -> Vec<String> {
+    assert_fits_in(what, raw, words, COLS)
+}
+
+/// [`assert_fits`] on a terminal `cols` wide.
+fn assert_fits_in(what: &str, raw: &str, words: &[&str], cols: usize) -> Vec<String> {
     let lines = screen_lines(raw);
     let text = lines.join("\n");
     assert!(!text.trim().is_empty(), "{what}: an empty screen");
     for l in &lines {
         let n = l.chars().count();
-        assert!(n <= COLS, "{what}: a line of {n} columns: {l:?}\n{text}");
+        assert!(n <= cols, "{what}: a line of {n} columns: {l:?}\n{text}");
     }
     for w in words {
         assert!(text.contains(w), "{what}: no {w:?} on the screen:\n{text}");
@@ -416,4 +431,62 @@ fn ctrl_c_on_pull_says_what_was_kept_and_the_rerun_resumes() {
     let s = env.pull_ok("acme/slow", &args);
     assert!(s.bytes_resumed >= 2 * MIB, "nothing resumed: {s:#?}");
     assert!(s.verification.all_verified, "{s:#?}");
+}
+
+/// At 80 columns: `--help` wraps at words within the width, and a pull's
+/// bars keep the shards apart (`mode…1/2`, `mode…2/2`, not `mode…ors`
+/// twice).
+#[test]
+fn help_and_pull_bars_fit_an_80_column_terminal() {
+    for args in [vec!["--help"], vec!["sync", "--help"]] {
+        let mut argv = vec![bin().to_string()];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let (raw, code) = on_pty_cols(&argv, &[], Duration::from_secs(30), 80);
+        assert_eq!(code, Some(0), "{args:?}");
+        let lines = assert_fits_in(&format!("xfer {args:?}"), &raw, &["Usage"], 80);
+        // Wrapped at spaces: the words of a help line survive whole.
+        let text = lines
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let whole = if args[0] == "--help" {
+            "Hand a sync job to the cluster's agents and return"
+        } else {
+            "Fail the job when its rounds have made no progress for this long"
+        };
+        assert!(text.contains(whole), "{text}");
+    }
+    let t = tempdir("terminal-80");
+    let repos = t.path().join("repos");
+    gen_repo(
+        &repos,
+        "a/b",
+        80,
+        &[
+            ("config.json", 200),
+            ("model-00001-of-00002.safetensors", 4 * MIB),
+            ("model-00002-of-00002.safetensors", 4 * MIB),
+        ],
+    );
+    // Slow enough for the bars to be drawn.
+    let server = HubServer::start(&repos, &["--total-rate", "2000000"]);
+    // The snapshot path it prints is whole (to copy), so it must fit: a
+    // short cache folder.
+    let short = tempfile::Builder::new()
+        .prefix("x")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let env = PullEnv::new(&server.endpoint(), t.path()).with_cache(&short.path().join("c"));
+    let mut argv = vec![bin().to_string(), "pull".into(), "a/b".into()];
+    argv.extend(["--connections".into(), "2".into()]);
+    let pty_env: Vec<(String, PathBuf)> = vec![
+        ("HF_ENDPOINT".to_string(), PathBuf::from(&env.endpoint)),
+        ("HF_HUB_CACHE".to_string(), env.cache.clone()),
+        ("HF_HOME".to_string(), env.home.clone()),
+        ("HF_HUB_DISABLE_XET".to_string(), PathBuf::from("1")),
+    ];
+    let (raw, code) = on_pty_cols(&argv, &pty_env, Duration::from_secs(120), 80);
+    assert_eq!(code, Some(0), "{raw}");
+    assert_fits_in("pull at 80 columns", &raw, &["…1/2", "…2/2"], 80);
 }

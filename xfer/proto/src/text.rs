@@ -27,6 +27,45 @@ pub fn elide(s: &str, max: usize) -> String {
     out
 }
 
+/// A file's name for a progress bar of `max` columns: whole when it fits;
+/// else without its extension; a shard (`model-00001-of-00002`) keeps its
+/// number whole (`model 1/2`, `mod…1/2`), since two shards' bars differ
+/// only there; anything else elided in the middle.
+pub fn file_label(path: &str, max: usize) -> String {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    if cols(base) <= max {
+        return base.to_string();
+    }
+    let stem = base.rsplit_once('.').map_or(base, |(s, _)| s);
+    let shard = stem.rsplit_once("-of-").and_then(|(head, m)| {
+        let (prefix, n) = head.rsplit_once('-')?;
+        let digits = |d: &str| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit());
+        (digits(n) && digits(m)).then(|| {
+            let trim = |d: &str| d.trim_start_matches('0').to_string();
+            let (n, m) = (trim(n), trim(m));
+            (
+                prefix.to_string(),
+                format!("{}/{}", if n.is_empty() { "0".into() } else { n }, m),
+            )
+        })
+    });
+    match shard {
+        Some((prefix, number)) => {
+            let whole = format!("{prefix} {number}");
+            if cols(&whole) <= max {
+                return whole;
+            }
+            let room = max.saturating_sub(cols(&number) + 1);
+            if room == 0 {
+                return elide(&number, max);
+            }
+            let head: String = prefix.chars().take(room).collect();
+            format!("{head}…{number}")
+        }
+        None => elide(stem, max),
+    }
+}
+
 /// `text` in lines of at most `width` columns, broken at spaces (a word
 /// longer than a line is split); every line after the first starts with
 /// `hang` spaces. With no `width`, `text` as it is.
@@ -187,6 +226,26 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shards_label_keeps_its_number_at_any_width() {
+        let a = "sub/model-00001-of-00002.safetensors";
+        let b = "model-00002-of-00002.safetensors";
+        assert_eq!(file_label(a, 40), "model-00001-of-00002.safetensors");
+        assert_eq!(file_label(a, 12), "model 1/2");
+        assert_eq!(file_label(a, 8), "mode…1/2");
+        assert_ne!(
+            file_label(a, 8),
+            file_label(b, 8),
+            "two shards' bars differ"
+        );
+        assert_eq!(file_label("model-00123-of-00200.safetensors", 8), "123/200");
+        assert_eq!(
+            file_label("tokenizer.json", 8),
+            "tokenizer".chars().take(4).collect::<String>() + "…" + "zer"
+        );
+        assert!(cols(&file_label("a-very-long-config-name.json", 8)) <= 8);
+    }
 
     #[test]
     fn elide_keeps_head_and_tail() {

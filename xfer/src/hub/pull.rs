@@ -881,8 +881,8 @@ impl Bars {
         let mut active = self.active.lock().unwrap();
         let bar = active[index].get_or_insert_with(|| {
             let (name, size) = &self.files[index];
-            let short = name.rsplit('/').next().unwrap_or(name);
-            self.progress.part(short, *size)
+            let short = xfer_proto::text::file_label(name, self.progress.name_cols());
+            self.progress.part(&short, *size)
         });
         f(bar);
     }

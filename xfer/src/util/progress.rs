@@ -124,6 +124,11 @@ impl Progress {
         }
     }
 
+    /// Columns a bar's name gets (what a label must fit in).
+    pub fn name_cols(&self) -> usize {
+        self.name_cols
+    }
+
     /// A byte counter without a known total (hashing while walking).
     pub fn counter(&self, label: &str) -> Bar {
         let bar = self.multi.add(ProgressBar::new_spinner());
