@@ -217,7 +217,7 @@ pub async fn prune(args: PruneArgs) -> Result<ExitCode> {
                     "{}: removed job {} ({}, {})",
                     r.node,
                     j.id,
-                    j.name,
+                    xfer_proto::names::for_people(&j.name),
                     j.state.label()
                 );
             }

@@ -901,7 +901,11 @@ pub fn problems(reports: &[NodeReport]) -> Vec<String> {
     {
         if matches!(j.state, JobState::Failed { .. }) && !seen.contains(&j.id.as_str()) {
             seen.push(&j.id);
-            out.push(format!("job {} ({}) failed", j.id, j.name));
+            out.push(format!(
+                "job {} ({}) failed",
+                j.id,
+                xfer_proto::names::for_people(&j.name)
+            ));
         }
     }
     // A member's copy of a job is not kept up to date: its source says
@@ -916,7 +920,9 @@ pub fn problems(reports: &[NodeReport]) -> Vec<String> {
             seen.push(&j.id);
             out.push(format!(
                 "job {} ({}) retrying (attempt {})",
-                j.id, j.name, j.attempt
+                j.id,
+                xfer_proto::names::for_people(&j.name),
+                j.attempt
             ));
         }
     }
