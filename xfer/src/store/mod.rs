@@ -1208,7 +1208,7 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let typo = ModelName::new("models--acme--big-modle").unwrap();
         fs::create_dir_all(dir.path().join("models--acme--big-modle/blobs")).unwrap();
-        assert_eq!(store.remove(&typo, false).unwrap(), true);
+        assert!(store.remove(&typo, false).unwrap());
         assert!(!dir.path().join("models--acme--big-modle").exists());
         let theirs = ModelName::new("theirs").unwrap();
         fs::create_dir_all(dir.path().join("theirs/sub")).unwrap();
