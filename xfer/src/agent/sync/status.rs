@@ -41,6 +41,34 @@ impl From<&JobRecord> for JobView {
     }
 }
 
+/// Whether a complete record's manifest already holds everything `live`
+/// delivers, unchanged (a re-sync of the revision it holds): a manifest
+/// with the record's root, or a streamed draft every file (path and size;
+/// a Hub cache names each blob by its content hash) and link of which the
+/// record has. Only then does the row stay `complete` while it runs; a
+/// new revision shows as syncing, with its draft, so a rank that loads as
+/// it streams never takes the old bytes for the new.
+fn holds_all_of(record: &xfer_proto::manifest::Manifest, live: &Live) -> bool {
+    use xfer_proto::manifest::{Entry, Manifest};
+    let covered = |shape: &Manifest| {
+        shape.entries.iter().all(|e| match e {
+            Entry::File(f) => record.entries.iter().any(|r| {
+                matches!(r, Entry::File(g) if g.path == f.path && g.size == f.size)
+            }),
+            Entry::Dir { .. } => true,
+            link => record.entries.contains(link),
+        })
+    };
+    match live {
+        Live::Receiving { transfer, .. } if !transfer.is_draft() => {
+            transfer.manifest().root() == record.root()
+        }
+        Live::Receiving { transfer, .. } => covered(transfer.manifest()),
+        Live::Pulling { feed, .. } => covered(&feed.draft().shape()),
+        Live::Verifying | Live::Repairing => false,
+    }
+}
+
 /// What the pulling node holds of its pull: the bytes downloaded (this run
 /// and the runs it resumed), or what is sealed if that is more (files that
 /// were in place already).
@@ -315,9 +343,9 @@ impl Activity {
             // file lands: the record is marked `replacing` first) leaves
             // it complete, with its root: a model that was fine is shown
             // fine until it is not.
-            let live = match &e.live {
-                Some(Live::Receiving { .. } | Live::Pulling { .. }) if rec.is_some() => None,
-                live => live.as_ref(),
+            let live = match (&e.live, rec) {
+                (Some(live), Some(rec)) if holds_all_of(&rec.manifest.manifest, live) => None,
+                (live, _) => live.as_ref(),
             };
             match live {
                 Some(Live::Receiving { transfer, tally }) => {
