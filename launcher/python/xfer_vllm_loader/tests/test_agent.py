@@ -147,6 +147,22 @@ class Arrivals(unittest.TestCase):
         self.assertTrue(waits[0].startswith(f"xfer loader: waiting for shard {SHARDS[1]}"))
         self.assertTrue(any(l.startswith("xfer loader: still waiting") for l in waits), lines)
 
+    def test_no_xfer_to_run_fails_at_once_with_the_cause(self):
+        s = settings()
+        s.xfer_bin = "/nonexistent/xfer"
+        with self.assertRaises(LoaderError) as e:
+            list(arrivals(["a.safetensors"], s, log=lambda _: None, sleep=lambda _: None))
+        msg = str(e.exception)
+        self.assertIn("/nonexistent/xfer", msg)
+        self.assertIn("XFER_BIN", msg)
+
+    def test_a_status_that_answers_no_json_fails_at_once(self):
+        s = settings()
+        s.xfer_bin = "false"
+        with self.assertRaises(LoaderError) as e:
+            list(arrivals(["a.safetensors"], s, log=lambda _: None, sleep=lambda _: None))
+        self.assertIn("exit 1", str(e.exception))
+
     def test_no_answer_is_waited_for_and_said(self):
         script = Script([View(error="the agent did not answer: refused"),
                          model(state="complete")])

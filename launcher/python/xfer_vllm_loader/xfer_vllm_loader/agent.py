@@ -23,7 +23,9 @@ Environment (set by ``xfer-launch up`` under ``[launch] stream_weights``):
   for the folder itself), to turn a shard's file name into a manifest path;
 - ``XFER_NODE``: this node's name in the cluster file;
 - ``XFER_CLUSTER``: the cluster file ``xfer status`` reads;
-- ``XFER_BIN`` (optional): the ``xfer`` binary, default ``xfer`` on PATH;
+- ``XFER_BIN``: the ``xfer`` binary; the agent sets it to its own for
+  every rank it starts (default ``xfer`` on PATH); a binary that cannot be
+  run fails the rank at once;
 - ``XFER_LOADER_NOTE_S`` (default 30): seconds between "still waiting" lines;
 - ``XFER_LOADER_TIMEOUT_S`` (default 3600): give up on a shard after this;
 - ``XFER_HOLD_FILE`` (set by the agent, never by the launcher, for a rank
@@ -135,19 +137,35 @@ class View:
 
 
 def ask_agent(s: Settings) -> View:
-    """Runs ``xfer status --json`` for this node and picks the model out."""
+    """Runs ``xfer status --json`` for this node and picks the model out.
+
+    What no wait can mend fails the rank at once, with its cause: no
+    ``xfer`` to run (the agent gives every rank its own binary as
+    ``XFER_BIN``), or an ``xfer status`` that answers no JSON at all (its
+    cluster file or key cannot be read: its own line says which). A slow
+    or unreachable agent is waited for."""
     argv = [s.xfer_bin, "status", "--json", "--nodes", s.node]
     if s.cluster:
         argv += ["--cluster", s.cluster]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except subprocess.TimeoutExpired as e:
         return View(error=f"cannot ask the agent ({' '.join(argv)}): {e}")
+    except OSError as e:
+        raise LoaderError(
+            f"xfer loader: cannot run {s.xfer_bin} to ask the agent on {s.node} "
+            f"({e}); the agent sets XFER_BIN to its own binary for its ranks: "
+            "run the ranks through `xfer-launch up` with an agent of this version, "
+            "or set XFER_BIN in [launch.env] to the xfer binary on the nodes"
+        ) from e
     try:
         reports = json.loads(out.stdout)
     except ValueError:
         err = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return View(error=f"`xfer status` failed (exit {out.returncode}): {err}")
+        raise LoaderError(
+            f"xfer loader: `{' '.join(argv)}` failed on {s.node} (exit "
+            f"{out.returncode}): {err}"
+        )
     return view_of(reports, s)
 
 

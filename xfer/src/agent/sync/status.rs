@@ -52,9 +52,10 @@ fn holds_all_of(record: &xfer_proto::manifest::Manifest, live: &Live) -> bool {
     use xfer_proto::manifest::{Entry, Manifest};
     let covered = |shape: &Manifest| {
         shape.entries.iter().all(|e| match e {
-            Entry::File(f) => record.entries.iter().any(|r| {
-                matches!(r, Entry::File(g) if g.path == f.path && g.size == f.size)
-            }),
+            Entry::File(f) => record
+                .entries
+                .iter()
+                .any(|r| matches!(r, Entry::File(g) if g.path == f.path && g.size == f.size)),
             Entry::Dir { .. } => true,
             link => record.entries.contains(link),
         })
