@@ -95,13 +95,11 @@ impl Run {
         self.note(&format!("starting {}", shell_words(argv)));
         // A std child: dropping it neither kills nor reaps; `watch` waits.
         let mut cmd = std::process::Command::new(program);
-        // The rank's loader plugin asks this agent through its own binary
-        // (`xfer status`), whatever the rank's PATH holds; a spec's own
-        // XFER_BIN stays.
-        if !self.spec.env.contains_key(XFER_BIN_KEY) {
-            if let Ok(me) = std::env::current_exe() {
-                cmd.env(XFER_BIN_KEY, me);
-            }
+        // The rank's loader plugin asks this agent through the agent's own
+        // binary (`xfer status`), whatever the rank's PATH holds (a spec
+        // may not set it: `launch_rules`).
+        if let Ok(me) = std::env::current_exe() {
+            cmd.env(launch_rules::XFER_BIN_KEY, me);
         }
         cmd.args(&argv[1..])
             .envs(self.env())
@@ -260,8 +258,3 @@ pub(super) fn shell_words(argv: &[String]) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
-
-/// The variable naming the `xfer` binary a rank's loader plugin runs
-/// (`launcher/python/xfer_vllm_loader`): the agent's own, unless the
-/// rank's spec names one.
-const XFER_BIN_KEY: &str = "XFER_BIN";

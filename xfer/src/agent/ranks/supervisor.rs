@@ -626,6 +626,7 @@ mod tests {
         })
         .await;
         s.stop(Some("b1"), Duration::from_millis(300), "test").await;
+        assert!(xfer_proto::launch_rules::check_env("XFER_BIN", "/tmp/evil").is_err());
         s.start(spec("n1", &["exec sleep 30"])).unwrap();
         s.release("n1").unwrap();
         assert!(!dir.path().join(".xfer/runs/n1/released").exists());
