@@ -88,6 +88,15 @@ fn assert_fine(c: &Cluster, nodes: &[&str], name: &str, root: &str, after: &str)
     );
 }
 
+/// The text field `key` of a command's `--json` output.
+fn field(r: &Run, key: &str) -> String {
+    let v: serde_json::Value = r.json();
+    v[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {key} in {v}"))
+        .to_string()
+}
+
 /// `xfer status`: its exit code and text.
 fn status_run(c: &Cluster) -> Run {
     run(&mut c.cmd("status", &[]), Duration::from_secs(30))
@@ -116,10 +125,7 @@ fn a_complete_model_stays_complete_through_resyncs_a_dead_hub_and_cancels() {
         Duration::from_secs(120),
     );
     r.assert_ok("the first sync");
-    let root = r.json::<serde_json::Value>()["root"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let root = field(&r, "root");
     assert_fine(&c, &nodes, name, &root, "the first sync");
     assert_eq!(status_run(&c).status.code(), Some(0));
 
@@ -187,10 +193,7 @@ fn a_complete_model_stays_complete_through_resyncs_a_dead_hub_and_cancels() {
         Duration::from_secs(30),
     );
     r.assert_ok("a sync against a dead Hub");
-    let id = r.json::<serde_json::Value>()["job"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = field(&r, "job");
     c.poll("the job to retry", Duration::from_secs(60), |s| {
         s.job("a", &id).filter(|j| j.attempt >= 1).map(|_| ())
     });
@@ -278,10 +281,7 @@ fn a_sync_cancelled_mid_download_on_three_nodes_leaves_no_lock_and_the_next_comp
         Duration::from_secs(30),
     );
     r.assert_ok("xfer sync");
-    let id = r.json::<serde_json::Value>()["job"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = field(&r, "job");
     let blobs = c.root("a").join("models--acme--mid-model/blobs");
     let deadline = Instant::now() + Duration::from_secs(60);
     let held = loop {
@@ -351,10 +351,7 @@ fn a_sync_cancelled_mid_download_on_three_nodes_leaves_no_lock_and_the_next_comp
         Duration::from_secs(180),
     );
     r.assert_ok("the sync after the cancel");
-    let root = r.json::<serde_json::Value>()["root"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let root = field(&r, "root");
     assert_fine(
         &c,
         &["a", "b", "c"],

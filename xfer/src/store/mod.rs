@@ -956,12 +956,14 @@ impl Transfer {
         if fs::read_link(&at).is_ok_and(|t| t == Path::new(target)) {
             return Ok(());
         }
-        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let mut replacing = self.replacing.lock().unwrap();
         self.before_placing(&mut replacing, path)?;
         place(&self.final_dir, path, |to| {
-            let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let tmp = to.with_file_name(format!(".xfer-link-{}-{n}", std::process::id()));
+            // Named after the link itself, not the process: a run killed
+            // between the two steps leaves it where the next run of the
+            // same link removes it, never as litter in the model's tree.
+            let name = to.file_name().unwrap_or_default().to_string_lossy();
+            let tmp = to.with_file_name(format!(".{name}.xfer-link"));
             let _ = fs::remove_file(&tmp);
             std::os::unix::fs::symlink(target, &tmp)?;
             fs::rename(&tmp, to)
@@ -1262,6 +1264,35 @@ mod tests {
     fn chunk(d: &[u8], i: u32) -> &[u8] {
         let s = i as usize * CS as usize;
         &d[s..(s + CS as usize).min(d.len())]
+    }
+
+    #[test]
+    fn a_link_half_placed_by_a_killed_run_leaves_no_litter() {
+        let (dir, store, name, m, files) = setup();
+        // A run killed between making the temporary link and renaming it
+        // left this (the temporary is named after the link).
+        fs::create_dir_all(dir.path().join("m")).unwrap();
+        let litter = dir.path().join("m/.link.xfer-link");
+        std::os::unix::fs::symlink("d/a.bin", &litter).unwrap();
+        let t = store.begin(&name, m.clone()).unwrap();
+        for (f, data) in [(0u32, &files[0]), (2, &files[1])] {
+            let chunks = data.len().div_ceil(CS as usize) as u32;
+            for i in 0..chunks {
+                t.write_chunk(ChunkId { file: f, index: i }, chunk(data, i))
+                    .unwrap();
+            }
+        }
+        t.finish().unwrap();
+        assert!(
+            fs::symlink_metadata(&litter).is_err(),
+            "the half-placed link stayed"
+        );
+        let names: Vec<String> = fs::read_dir(dir.path().join("m"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(names.is_empty(), "litter in the model's folder: {names:?}");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! beneath a root that no planted symlink redirects (and durable writes),
 //! files only their owner may read, file stamps, programs resolved to
 //! absolute paths, the send-rate limiter, progress bars, the terminal's
-//! width, the metrics counters and a budget for repeated log lines.
+//! width, the metrics counters, a budget for repeated log lines, and the
+//! model checks' seeded generator.
 
 pub mod aligned;
 pub mod beneath;
@@ -12,5 +13,7 @@ pub mod private;
 pub mod program;
 pub mod progress;
 pub mod rate;
+#[cfg(test)]
+pub mod seeded;
 pub mod stamp;
 pub mod term;

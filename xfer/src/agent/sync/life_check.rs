@@ -36,29 +36,13 @@ use super::cause::RoundError;
 use super::client::{problems, NodeReport};
 use super::job::{JobRecord, JobState};
 use super::life::{self, MarkAt, Next, Policy, RoundEnd, MAX_BACKOFF};
+use crate::util::seeded::Rng;
 use xfer_proto::admin::{AgentStatus, GiveUp, JobMember, JobSource, JobSpec, JobView};
 use xfer_proto::hash::Hash;
 use xfer_proto::names::ModelName;
 
 const SEQUENCES: u64 = 2000;
 const STEPS: usize = 80;
-
-/// SplitMix64: small, seedable, and the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hub {
