@@ -107,9 +107,9 @@ fn a_complete_model_stays_complete_through_resyncs_a_dead_hub_and_cancels() {
     let t = tempdir("day2-fine");
     let repos = t.path().join("repos");
     small_repo(&repos, "acme/tiny", 52);
-    let server = HubServer::start(&repos, &[]);
+    let mut server = HubServer::start(&repos, &[]);
     let endpoint = server.endpoint();
-    let c = Cluster::start_env(
+    let mut c = Cluster::start_env(
         "day2-fine",
         151,
         &["a", "b"],
@@ -143,7 +143,7 @@ fn a_complete_model_stays_complete_through_resyncs_a_dead_hub_and_cancels() {
 
     // The Hub goes down: the job gives up after its budget, `--wait`
     // exits 1 with the cause and the fix, and the model is untouched.
-    drop(server);
+    server.stop();
     let started = Instant::now();
     let r = run(
         &mut sync_cmd(
@@ -194,9 +194,19 @@ fn a_complete_model_stays_complete_through_resyncs_a_dead_hub_and_cancels() {
     );
     r.assert_ok("a sync against a dead Hub");
     let id = field(&r, "job");
-    c.poll("the job to retry", Duration::from_secs(60), |s| {
-        s.job("a", &id).filter(|j| j.attempt >= 1).map(|_| ())
+    let rounds = c.poll("the job to retry", Duration::from_secs(60), |s| {
+        s.job("a", &id).filter(|j| j.attempt >= 1).map(|j| j.rounds)
     });
+    // kill -9 of the source mid-retry: the restarted agent resumes the job
+    // (another round) and the model is still as it was.
+    c.kill9("a");
+    c.restart("a");
+    c.poll(
+        "the restarted source to retry again",
+        Duration::from_secs(60),
+        |s| s.job("a", &id).filter(|j| j.rounds > rounds).map(|_| ()),
+    );
+    assert_fine(&c, &nodes, name, &root, "kill -9 of the source mid-retry");
     let s = status_run(&c);
     assert_eq!(s.status.code(), Some(1), "a retrying job: {s:#?}");
     let job_line = s
@@ -224,6 +234,17 @@ fn a_complete_model_stays_complete_through_resyncs_a_dead_hub_and_cancels() {
     });
     assert_fine(&c, &nodes, name, &root, "a cancelled sync");
     assert_eq!(status_run(&c).status.code(), Some(0), "cancelled is well");
+
+    // The Hub is back: the same command as the one that gave up succeeds,
+    // with the same root, and moves nothing.
+    server.restart(&repos, &[]);
+    let r = run(
+        &mut sync_cmd(&c, t.path(), "acme/tiny", "a,b", &["--wait", "--json"]),
+        Duration::from_secs(120),
+    );
+    r.assert_ok("the same sync once the Hub is back");
+    assert_eq!(field(&r, "root"), root);
+    assert_fine(&c, &nodes, name, &root, "the sync after the failures");
 }
 
 /// The incomplete files under `dir` (recursively).

@@ -112,6 +112,13 @@ impl HubServer {
     /// Stops this server and starts it again on the same ports (the
     /// agents' `HF_ENDPOINT` stays right), reading `repos` anew: a moved
     /// `main`.
+    /// Stops this server (a Hub that went down); [`Self::restart`] brings
+    /// it back on the same ports.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn restart(&mut self, repos: &Path, extra: &[&str]) {
         let _ = self.child.kill();
         let _ = self.child.wait();

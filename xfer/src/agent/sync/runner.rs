@@ -776,7 +776,7 @@ impl Runner {
             chunk_size: None,
             intake: Default::default(),
             before_change: None,
-            stats: Some(moved),
+            stats: Some(moved.clone()),
         };
         let me = self.me().unwrap_or_default();
         push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));
@@ -807,10 +807,9 @@ impl Runner {
             let on_feed: crate::flow::feed::OnFeed = {
                 let (activity, name, streamed) =
                     (self.activity.clone(), spec.name.clone(), streamed.clone());
-                let stats = opts.stats.clone().unwrap_or_default();
                 Arc::new(move |feed| {
                     *streamed.lock().unwrap() = Some(feed.id());
-                    activity.pulling(&name, feed, stats.clone());
+                    activity.pulling(&name, feed, moved.clone());
                 })
             };
             let s = crate::flow::pull_fanout::pull_and_fan_out(

@@ -50,14 +50,21 @@ impl From<&JobRecord> for JobView {
 /// it streams never takes the old bytes for the new.
 fn holds_all_of(record: &xfer_proto::manifest::Manifest, live: &Live) -> bool {
     use xfer_proto::manifest::{Entry, Manifest};
+    let sizes: HashMap<&xfer_proto::relpath::RelPath, u64> =
+        record.files().map(|f| (&f.path, f.size)).collect();
+    let links: HashMap<&xfer_proto::relpath::RelPath, &str> = record
+        .entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Symlink { path, target } => Some((path, target.as_str())),
+            _ => None,
+        })
+        .collect();
     let covered = |shape: &Manifest| {
         shape.entries.iter().all(|e| match e {
-            Entry::File(f) => record
-                .entries
-                .iter()
-                .any(|r| matches!(r, Entry::File(g) if g.path == f.path && g.size == f.size)),
+            Entry::File(f) => sizes.get(&f.path) == Some(&f.size),
+            Entry::Symlink { path, target } => links.get(path) == Some(&target.as_str()),
             Entry::Dir { .. } => true,
-            link => record.entries.contains(link),
         })
     };
     match live {
@@ -123,6 +130,11 @@ struct Entry {
     held: (u64, u64),
     /// The last (time, held bytes) sample, for the rate.
     sample: Option<(Instant, u64, f64)>,
+    /// Whether the complete record already holds all the running transfer
+    /// delivers ([`holds_all_of`]), worked out once per transfer: it only
+    /// changes when the transfer does (a record it marks stops being
+    /// complete and is not asked).
+    live_covered: Option<bool>,
     /// Pairs whose data for this model went over management: this node's
     /// links of past transfers, and, as a job's source, its members'.
     routes: Vec<FallbackRoute>,
@@ -160,6 +172,7 @@ impl Activity {
         e.live = Some(Live::Receiving { transfer, tally });
         e.failed = false;
         e.sample = None;
+        e.live_covered = None;
         // A new transfer finds its own way; old fallbacks would mislead.
         e.routes.clear();
     }
@@ -172,6 +185,7 @@ impl Activity {
         e.live = Some(Live::Pulling { feed, stats });
         e.failed = false;
         e.sample = None;
+        e.live_covered = None;
     }
 
     /// The pull of `name` here ended (its outcome is the job's).
@@ -344,8 +358,11 @@ impl Activity {
             // file lands: the record is marked `replacing` first) leaves
             // it complete, with its root: a model that was fine is shown
             // fine until it is not.
+            if let (Some(live), Some(rec), None) = (&e.live, rec, e.live_covered) {
+                e.live_covered = Some(holds_all_of(&rec.manifest.manifest, live));
+            }
             let live = match (&e.live, rec) {
-                (Some(live), Some(rec)) if holds_all_of(&rec.manifest.manifest, live) => None,
+                (Some(_), Some(_)) if e.live_covered == Some(true) => None,
                 (live, _) => live.as_ref(),
             };
             match live {
