@@ -351,14 +351,30 @@ fn a_sync_cancelled_mid_download_on_three_nodes_leaves_no_lock_and_the_next_comp
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // They were let go because the round stopped, not because the
+    // Nothing of the cancelled job stays on the disk: its partial files
+    // go once let go (a failed job keeps them to resume from) ...
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !incomplete_files(&blobs).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled job left {:?}\n{}",
+            incomplete_files(&blobs),
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // ... and they went because the round stopped, not because the
     // download went on behind the cancel and completed them.
-    assert!(
-        held.iter().all(|p| p.exists()),
-        "the cancelled download went on and placed its files: {held:?}; the folder holds {:?}\n{}",
-        fs::read_dir(&blobs).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()),
-        c.logs()
-    );
+    for p in &held {
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let blob = blobs.join(name.split('.').next().unwrap());
+        assert!(
+            !blob.exists(),
+            "the cancelled download went on and placed {}\n{}",
+            blob.display(),
+            c.logs()
+        );
+    }
     // The next sync of the same repo completes (at full speed now).
     server.restart(&repos, &[]);
     let r = run(
@@ -461,4 +477,58 @@ fn a_full_disk_on_the_pulling_node_names_the_agents_root_as_the_fix() {
     );
     // Killed before the tmpfs goes.
     c.kill9("a");
+}
+
+/// Ctrl-C of `xfer-launch deploy` says what it leaves running and how to
+/// stop it, and exits 130 (it stopped silently). The agent it asks never
+/// answers (a UDP socket that swallows the handshake), so the signal
+/// comes while the preflight waits: sent once the socket got the first
+/// packet, an event.
+#[test]
+fn ctrl_c_of_deploy_says_what_goes_on_and_exits_130() {
+    let launch = Path::new(bin()).with_file_name("xfer-launch");
+    if !launch.exists() {
+        eprintln!("skipped: xfer-launch is not built (cargo build --workspace)");
+        return;
+    }
+    let t = tempdir("ctrl-c");
+    let key = t.path().join("key");
+    keygen(&key);
+    let deaf = std::net::UdpSocket::bind("127.0.0.155:0").unwrap();
+    deaf.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let file = t.path().join("c.toml");
+    fs::write(
+        &file,
+        format!(
+            "key = \"{}\"\n\n[[node]]\nname = \"n1\"\nagent = \"{}\"\nroot = \"{}\"\nfabric_if = \"lo\"\nfabric_ip = \"127.0.0.155\"\n\n[launch]\nengine = \"vllm\"\nmodel = \"acme/big-model\"\n",
+            key.display(),
+            deaf.local_addr().unwrap(),
+            t.path().join("root").display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(&launch)
+        .args(["deploy", "--cluster"])
+        .arg(&file)
+        .env("HF_HUB_OFFLINE", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 1500];
+    deaf.recv_from(&mut first)
+        .expect("deploy asked the node's agent");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("interrupted (Ctrl-C); nothing was stopped")
+            && last.contains("`xfer-launch down` stops them")
+            && last.contains("`xfer cancel JOB` stops it"),
+        "{err}"
+    );
 }

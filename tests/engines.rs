@@ -902,30 +902,6 @@ json.dump({"metadata": {"total_size": total}, "weight_map": wm},
     })
 }
 
-/// The engines' bin folder with `xfer` beside them: the loader plugin asks
-/// the node's agent through the `xfer` on the agent's PATH (never a path
-/// from the rank's environment).
-/// Made once per test process: a test that starts while another runs
-/// must not remove the folder under that one's engine (its workers exec
-/// the `vllm` script from it).
-fn engine_bin_with_xfer() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("engine-bin-with-xfer");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        for e in std::fs::read_dir(venv().join("bin")).unwrap().flatten() {
-            let name = e.file_name();
-            if !name.to_string_lossy().starts_with("python") {
-                std::os::unix::fs::symlink(e.path(), dir.join(&name)).unwrap();
-            }
-        }
-        std::os::unix::fs::symlink(xfer_bin(), dir.join("xfer")).unwrap();
-        dir
-    })
-    .clone()
-}
-
 /// Serves every file of a tree but one (`withheld`), whose reads wait
 /// until `released`.
 struct Withholding {
@@ -1024,7 +1000,7 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
         fabric: "10.86.0",
     };
     // Two nodes (a lone node's fabric has no carrier), the launch on one.
-    let lab = Lab::with_engine("xst", 2, &[1, 2], engine_bin_with_xfer(), None, nets);
+    let lab = Lab::with_engine("xst", 2, &[1, 2], venv.join("bin"), None, nets);
     let tag = marker("stream");
     let _reaper = Reaper(tag.clone());
     // A fresh lab's fabric takes a moment to come up (the other tests
@@ -1152,7 +1128,7 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
         .collect();
     let path = format!(
         "{}:{}",
-        engine_bin_with_xfer().display(),
+        venv.join("bin").display(),
         std::env::var("PATH").unwrap_or_default()
     );
     env.extend([
@@ -1161,7 +1137,13 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
         ("XFER_EXPECT_ROOT", "0".repeat(64)),
         ("XFER_MODEL_NAME", "tiny".into()),
         ("XFER_NODE", "n1".into()),
-        ("XFER_CLUSTER", file.display().to_string()),
+        (
+            "XFER_AGENT_SOCKET",
+            lab.root_of(1)
+                .join(".xfer/agent.sock")
+                .display()
+                .to_string(),
+        ),
     ]);
     let vllm = venv.join("bin/vllm");
     let model_dir = placed.display().to_string();
@@ -1203,7 +1185,7 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
 fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
     need_root!();
     let model = sharded_model().to_path_buf();
-    let lab = Lab::with_engine("xsd", 2, &[1, 2], engine_bin_with_xfer(), None, NETS);
+    let lab = Lab::with_engine("xsd", 2, &[1, 2], venv().join("bin"), None, NETS);
     let tag = marker("deploy-stream");
     let _reaper = Reaper(tag.clone());
     let repos = lab.dir.join("repos");

@@ -60,6 +60,7 @@ fn gate(cred: &Credential, agent: &Agent, name: &str) -> WeightFacts {
         rdma: None,
         image: None,
         resolve: Vec::new(),
+        loader_link: false,
     }));
     match ask_launch(cred, "b", agent, &req) {
         LaunchReply::PreflightReport(f) => f.weights,

@@ -1159,6 +1159,17 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
         stderr.contains("checking 2 node(s) again (the weights"),
         "{stderr}"
     );
+    // The empty nodes' weights rows say what deploy does next, not a
+    // failure with a fix to run.
+    assert_eq!(
+        stderr.matches("deploy syncs the model here now").count(),
+        2,
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("syncs it to every node that lacks it"),
+        "{stderr}"
+    );
     let phases = &v["phases"];
     assert_eq!(
         phases["lacking"],

@@ -209,6 +209,7 @@ fn a_rank_cannot_reach_a_planted_program_through_its_environment() {
         rdma: None,
         image: None,
         resolve: Vec::new(),
+        loader_link: false,
     }));
     let LaunchReply::PreflightReport(facts) = ask_launch(&cred, "n1", &agent, &probe) else {
         panic!("no preflight report");

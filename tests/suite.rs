@@ -20,6 +20,7 @@ mod hub_hostile;
 mod integrity;
 mod launch_env;
 mod layers;
+mod loader_link;
 mod loader_plugin;
 mod manifest;
 mod oci_artifact;

@@ -203,6 +203,24 @@ fn a_hub_that_is_down_is_retried_and_status_says_why_and_when() {
         "{job_line}"
     );
     assert!(job_line.contains(&format!("via {down}")), "{job_line}");
+    // The job tries again by itself: no "run the same command again".
+    assert!(!job_line.contains("run the same command"), "{job_line}");
+
+    // `xfer pull` against the same dead Hub gives up with the fix that
+    // is the operator's: run it again.
+    let mut pull = xfer();
+    pull.args(["pull", "acme/tiny", "--local-dir"])
+        .arg(t.path().join("pulled"))
+        .env("HF_ENDPOINT", &down)
+        .env("HF_HOME", t.path().join("pull-hf-home"))
+        .env_remove("HF_HUB_OFFLINE");
+    let r = run(&mut pull, Duration::from_secs(120));
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(
+        r.stderr.to_lowercase().contains("connection refused")
+            && r.stderr.contains("run the same command again to resume"),
+        "{r:#?}"
+    );
 
     let s = c.status();
     let job = s.job("a", &id).unwrap();

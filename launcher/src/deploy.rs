@@ -253,9 +253,16 @@ pub async fn prepare<'a>(
         Some(c) => c,
         None => full.await,
     };
+    let (moving, image_moving) = match &early {
+        Ok((lacking, image_lacking, ..)) => (lacking.as_slice(), image_lacking.as_slice()),
+        Err(_) => (&[][..], &[][..]),
+    };
     eprint!(
         "{}",
-        preflight::render(&checked.rows, crate::term::stderr_width())
+        preflight::render(
+            &as_deploy_moves(&checked.rows, moving, image_moving),
+            crate::term::stderr_width()
+        )
     );
     let (lacking, image_lacking, listed, sync) = early?;
     let others = failing(&checked.rows, None).count();
@@ -351,6 +358,34 @@ fn failing<'a>(
                 None => r.check != WEIGHTS && r.check != IMAGE,
             }
     })
+}
+
+/// The rows as `deploy` shows them: a weights row that failed on a node
+/// the sync fills, or an image row on a node the image is delivered to,
+/// is what `deploy` does next, not a failure (its fix was "run xfer
+/// sync"): it reads `moving: ...` and passes to the next step, which says
+/// how the move went.
+fn as_deploy_moves(
+    rows: &[preflight::Row],
+    lacking: &[String],
+    image_lacking: &[String],
+) -> Vec<preflight::Row> {
+    rows.iter()
+        .cloned()
+        .map(|mut r| {
+            let what = match r.check {
+                WEIGHTS if lacking.contains(&r.node) => "deploy syncs the model here now",
+                IMAGE if image_lacking.contains(&r.node) => "deploy delivers the image here now",
+                _ => return r,
+            };
+            if r.verdict == Verdict::Fail {
+                r.verdict = Verdict::Skip;
+                r.detail = format!("{what} (found: {})", r.detail);
+                r.fix = None;
+            }
+            r
+        })
+        .collect()
 }
 
 /// The launch nodes the model must be synced to: those whose weights row
@@ -496,6 +531,11 @@ pub struct Streaming {
 }
 
 impl Streaming {
+    /// The model's source, as the sync names it (`hf://ORG/NAME@COMMIT`).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// Waits for the sync to end on every node; the model's root and the
     /// seconds since it started.
     pub async fn wait(self, progress: &Progress) -> Result<(String, f64), DeployError> {

@@ -253,7 +253,7 @@ pub async fn gate(
                     .nodes
                     .iter()
                     .zip(&helds)
-                    .map(|(n, h)| env_of(setup, &n.name, h, planned))
+                    .map(|(n, h)| env_of(&n.name, h, planned))
                     .collect();
                 eprintln!(
                     "  stream gate: small files verified on {} node(s), {}, after {:.1}s; starting the ranks while the weights land",
@@ -287,24 +287,19 @@ pub async fn gate(
     }
 }
 
-/// The loader plugin's environment on one node (`[launch.env]` keeps its
-/// own `XFER_CLUSTER`, the cluster file's path on the nodes).
-fn env_of(setup: &Setup, node: &str, h: &Held, planned: Planned) -> BTreeMap<String, String> {
+/// The loader plugin's environment on one node (the agent adds its
+/// socket, `XFER_AGENT_SOCKET`, which the plugin asks).
+fn env_of(node: &str, h: &Held, planned: Planned) -> BTreeMap<String, String> {
     let expect = match planned {
         Planned::Root(r) => ("XFER_EXPECT_ROOT", r),
         Planned::Draft(d) => ("XFER_EXPECT_DRAFT", d),
     };
-    let mut env = BTreeMap::from([
+    BTreeMap::from([
         (expect.0.to_string(), expect.1.to_hex()),
         ("XFER_MODEL_NAME".to_string(), h.name.clone()),
         ("XFER_MODEL_PREFIX".to_string(), h.prefix.clone()),
         ("XFER_NODE".to_string(), node.to_string()),
-    ]);
-    if !setup.env.contains_key("XFER_CLUSTER") {
-        let path = std::path::absolute(&setup.path).unwrap_or_else(|_| setup.path.clone());
-        env.insert("XFER_CLUSTER".into(), path.display().to_string());
-    }
-    env
+    ])
 }
 
 #[cfg(test)]

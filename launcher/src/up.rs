@@ -600,6 +600,8 @@ async fn until_ready(
     let deadline = t0 + opts.init_timeout;
     let mut last_note = Instant::now();
     let mut last_query: Option<Instant> = None;
+    // What a rank said last, shown beside the health wait.
+    let mut rank_said: Option<String> = None;
     loop {
         // A rank that stopped ends the launch. Asked once a second, not at
         // every health poll: each question is a mutually authenticated
@@ -610,6 +612,9 @@ async fn until_ready(
         } else {
             Vec::new()
         };
+        if let Some(said) = last_word(&reports) {
+            rank_said = Some(said);
+        }
         if let Some(bad) = reports.iter().flatten().find(|r| !r.state.is_live()) {
             let why = match &bad.state {
                 RunState::Failed(w) | RunState::Stopped(w) => w.clone(),
@@ -677,8 +682,12 @@ async fn until_ready(
         }
         if last_note.elapsed() > Duration::from_secs(15) {
             eprintln!(
-                "  still waiting ({:.0}s): {last_health}",
-                t0.elapsed().as_secs_f64()
+                "  still waiting ({:.0}s): {last_health}{}",
+                t0.elapsed().as_secs_f64(),
+                rank_said
+                    .as_deref()
+                    .map(|s| format!("; {s}"))
+                    .unwrap_or_default()
             );
             last_note = Instant::now();
         }
@@ -733,6 +742,35 @@ async fn until_ready(
     Ok((secs, readiness))
 }
 
+/// The line a waiting operator most wants from the ranks' logs: the
+/// loader plugin's last (`xfer loader: waiting for shard ...`), else the
+/// head rank's last, as `rank R on NODE: LINE`.
+fn last_word(reports: &[Option<RankReport>]) -> Option<String> {
+    let ranks: Vec<&RankReport> = reports.iter().flatten().collect();
+    let last = |r: &RankReport, loader: bool| {
+        r.tail
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty() && (!loader || l.contains("xfer loader:")))
+            .map(|l| {
+                let l = l.trim();
+                let cut: String = l.chars().take(240).collect();
+                let cut = if cut.len() < l.len() {
+                    cut + "…"
+                } else {
+                    cut
+                };
+                format!("rank {} on {}: {cut}", r.rank, r.node)
+            })
+    };
+    ranks.iter().find_map(|r| last(r, true)).or_else(|| {
+        ranks
+            .iter()
+            .min_by_key(|r| r.rank)
+            .and_then(|r| last(r, false))
+    })
+}
+
 /// Every node's report of `run` (`None` where the agent did not answer or
 /// does not know it).
 pub async fn query(agents: &Agents, run: &str) -> Vec<Option<RankReport>> {
@@ -781,4 +819,47 @@ pub async fn stop(
 async fn stop_run(agents: &Agents, run: &str, grace: Duration, reason: &str) {
     eprintln!("stopping run {run} on every node: {reason}");
     stop(agents, Some(run), grace, reason).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rank: u32, node: &str, tail: &[&str]) -> Option<RankReport> {
+        Some(RankReport {
+            run: "r1".into(),
+            node: node.parse().unwrap(),
+            rank,
+            started_unix: 5,
+            state: RunState::Running,
+            failed_ms: None,
+            procs: Vec::new(),
+            log: "/l".into(),
+            log_bytes: 9,
+            tail: tail.iter().map(|l| l.to_string()).collect(),
+        })
+    }
+
+    #[test]
+    fn the_health_wait_shows_the_loaders_last_line_else_the_heads() {
+        let loader = "INFO 12-07 [agent.py:3] xfer loader: waiting for shard b.safetensors: the agent reports syncing";
+        let reports = [
+            report(0, "n1", &["INFO starting", ""]),
+            None,
+            report(1, "n2", &[loader, "INFO other"]),
+        ];
+        assert_eq!(
+            last_word(&reports).unwrap(),
+            format!("rank 1 on n2: {loader}")
+        );
+        let reports = [
+            report(1, "n2", &["b said"]),
+            report(0, "n1", &["a said", "  "]),
+        ];
+        assert_eq!(last_word(&reports).unwrap(), "rank 0 on n1: a said");
+        assert_eq!(last_word(&[None, report(0, "n1", &[])]), None);
+        let long = "x".repeat(500);
+        let cut = last_word(&[report(0, "n1", &[&long])]).unwrap();
+        assert!(cut.ends_with('…') && cut.chars().count() < 270, "{cut}");
+    }
 }

@@ -50,6 +50,7 @@ pub async fn deploy(
         Preflight::Running(full, held_started) => Before::Running(full, held_started),
     };
     let up = launcher::up::up(&setup, &agents, &opts, before);
+    let source = streaming.source().to_string();
     let quiet = Progress::new(false);
     let wait = streaming.wait(&quiet);
     tokio::pin!(up, wait);
@@ -67,6 +68,14 @@ pub async fn deploy(
             out = &mut up => break out.map_err(|e| e.to_string())?,
         }
     };
+    if out.result.is_err() && synced.is_none() {
+        // The ranks are stopped: say so now, not once the sync ends (it may
+        // be waiting on a Hub that holds its last file for the ranks).
+        eprintln!(
+            "the sync of {source} started for this launch goes on in the agents (`xfer status` follows it, `xfer cancel JOB` stops it)"
+        );
+        return super::up::report(&setup, out, json, Some(phases), t0);
+    }
     let (root, secs) = match synced {
         Some(done) => done,
         None => wait.await.map_err(|e| e.to_string())?,

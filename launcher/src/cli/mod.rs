@@ -52,5 +52,22 @@ where
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    rt.block_on(f(setup, agents))
+    rt.block_on(async move {
+        // Registered before anything is asked: a Ctrl-C from here on is ours.
+        let mut interrupt =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                .map_err(|e| format!("cannot watch for Ctrl-C: {e}"))?;
+        tokio::select! {
+            r = f(setup, agents) => r,
+            _ = interrupt.recv() => {
+                // Nothing is stopped behind the operator's back: a run that
+                // was serving before this command must not go down with it.
+                eprintln!("{INTERRUPTED}");
+                Ok(ExitCode::from(130))
+            }
+        }
+    })
 }
+
+/// What a Ctrl-C leaves, and the commands that act on it.
+const INTERRUPTED: &str = "xfer-launch: interrupted (Ctrl-C); nothing was stopped: ranks it started keep running (`xfer-launch status` shows them, `xfer-launch down` stops them) and a sync it started goes on in the agents (`xfer status` follows it, `xfer cancel JOB` stops it)";

@@ -245,6 +245,7 @@ pub fn requests(setup: &Setup) -> Vec<PreflightRequest> {
             }),
             image: setup.container.as_ref().map(|c| c.image.clone()),
             resolve: resolve.clone(),
+            loader_link: setup.stream_weights,
         })
         .collect()
 }
@@ -293,6 +294,7 @@ pub struct Row {
 pub const CHECKS: &[&str] = &[
     "agent",
     "weights",
+    "loader",
     "containers",
     "image",
     "disk",
@@ -374,9 +376,10 @@ impl Rows {
 type Check = fn(&Ctx, &mut Rows);
 
 /// The checks, as [`CHECKS`] names them, in its order.
-const JUDGES: [(&str, Check); 19] = [
+const JUDGES: [(&str, Check); 20] = [
     ("agent", checks::agent),
     ("weights", checks::weights),
+    ("loader", checks::loader),
     ("containers", checks::containers),
     ("image", checks::image),
     ("disk", checks::disk),

@@ -138,6 +138,11 @@ fn good(setup: &Setup, i: usize) -> NodeFacts {
             nvidia_runtime: Probe::Ok("nvidia".into()),
             image: setup.container.as_ref().map(|_| Probe::Ok(Digest([7; 32]))),
         }),
+        loader_link: if req.loader_link {
+            Probe::Ok("/r/.xfer/agent.sock answers (m: syncing)".into())
+        } else {
+            Probe::Skipped("not asked".into())
+        },
         rdma: Probe::Ok(RdmaFacts {
             device: n
                 .rdma
@@ -312,6 +317,65 @@ fn network_ports_versions_and_gpus_fail_clearly() {
         "{f:?}"
     );
     assert_eq!(f.len(), 5, "{f:?}");
+}
+
+/// Under `stream_weights` each node's ranks must reach their agent's
+/// loader link; a node whose socket did not answer fails with the fix.
+#[test]
+fn a_streaming_launch_checks_that_the_ranks_reach_their_agent() {
+    let streaming = setup(&format!(
+        "engine = \"vllm\"\nmodel = \"Qwen/Qwen3-8B@{COMMIT}\"\nstream_weights = true"
+    ));
+    assert!(requests(&streaming).iter().all(|r| r.loader_link));
+    let rows = judged(&streaming, |i, f| {
+        f.loader_link = if i == 1 {
+            Probe::Failed(
+                "cannot connect to /r/.xfer/agent.sock (No such file or directory)".into(),
+            )
+        } else {
+            Probe::Ok("/r/.xfer/agent.sock answers (m: syncing)".into())
+        };
+    });
+    let loader = rows_of(&rows, "loader");
+    assert_eq!(loader.len(), 2, "{loader:?}");
+    assert_eq!(loader[0].verdict, Verdict::Pass);
+    assert_eq!(loader[1].verdict, Verdict::Fail);
+    assert!(loader[1].detail.contains("No such file"), "{loader:?}");
+    assert!(loader[1]
+        .fix
+        .as_deref()
+        .unwrap()
+        .contains("restart `xfer serve` on spark-b"));
+    // Without streaming it is not asked, and says so.
+    assert!(requests(&s()).iter().all(|r| !r.loader_link));
+    let rows = judged(&s(), |_, _| {});
+    assert!(rows_of(&rows, "loader")
+        .iter()
+        .all(|r| r.verdict == Verdict::Skip));
+}
+
+/// An agent that refused to run the version probe (launching off) is
+/// told to start with `--allow-launch`, not to install the engine.
+#[test]
+fn a_version_probe_the_agent_refused_names_the_agents_flag_not_the_engine() {
+    let s = s();
+    let off = "spark-b: launching is off on this agent (it starts no engine, stop hook or version probe); start it with `xfer serve --allow-launch`";
+    let rows = judged(&s, |i, f| {
+        if i == 1 {
+            f.versions[0].version = Probe::Skipped(off.into());
+        }
+    });
+    let row = rows
+        .iter()
+        .find(|r| r.check == "versions" && r.verdict == Verdict::Fail)
+        .expect("a failed versions row");
+    assert!(row.detail.contains(off), "{row:?}");
+    let fix = row.fix.as_deref().unwrap();
+    assert!(
+        fix.contains("--allow-launch") && !fix.contains("install"),
+        "{fix}"
+    );
+    assert_eq!(fails(&rows).len(), 1, "{rows:?}");
 }
 
 #[test]

@@ -150,6 +150,10 @@ pub struct PreflightRequest {
     /// node's host name, as torch.distributed, Gloo and NCCL make them
     /// ([`ResolverFacts`]). Empty: no resolver probe.
     pub resolve: Vec<IpAddr>,
+    /// The ranks will ask this agent about the model as it lands
+    /// (`[launch] stream_weights`): ask the loader link's socket as a rank
+    /// would ([`NodeFacts::loader_link`]).
+    pub loader_link: bool,
 }
 
 /// A port the engine needs.
@@ -279,6 +283,9 @@ pub struct NodeFacts {
     pub resolver: Probe<ResolverFacts>,
     /// The container engine (`xfer serve --container-engine`).
     pub containers: Probe<ContainerFacts>,
+    /// Whether a rank reaches this agent's loader link
+    /// ([`crate::local`]): what its socket answered for the model.
+    pub loader_link: Probe<String>,
 }
 
 /// How long this node's resolver took for the lookups torch.distributed
@@ -933,6 +940,7 @@ mod tests {
                 nvidia_runtime: Probe::Skipped("no nvidia runtime".into()),
                 image: Some(Probe::Ok(Digest([7; 32]))),
             }),
+            loader_link: Probe::Ok("/r/.xfer/agent.sock answers (m: syncing)".into()),
         };
         let spec = RankSpec {
             run: "r1".into(),

@@ -140,18 +140,13 @@ pub const RENDEZVOUS_KEY: &str = "XFER_RENDEZVOUS";
 /// See [`RENDEZVOUS_KEY`].
 pub const RENDEZVOUS_FILE_KEY: &str = "XFER_RENDEZVOUS_FILE";
 
-/// The variable naming the `xfer` binary a rank's loader plugin asks its
-/// agent with: the agent's own executable, set by the agent for every rank
-/// (a rank's PATH, which a launcher writes, never chooses it).
-pub const XFER_BIN_KEY: &str = "XFER_BIN";
-
 /// `Ok` if a rank may set `name` to `value`.
 pub fn check_env(name: &str, value: &str) -> Result<(), Refused> {
     if [
         HOLD_FILE_KEY,
         RENDEZVOUS_KEY,
         RENDEZVOUS_FILE_KEY,
-        XFER_BIN_KEY,
+        crate::local::SOCKET_KEY,
     ]
     .contains(&name)
     {

@@ -12,6 +12,8 @@
 //!   fetch), [`admin`] (sync jobs, status, cancel, rm) and [`launch`]
 //!   (preflight, ranks, logs), each refusable with a [`refusal::Refusal`];
 //! - [`launch_rules`]: the environment keys and devices a rank may carry;
+//! - [`local`]: the loader link, what a rank asks its own agent over the
+//!   agent's Unix socket;
 //! - [`image`]: container images as content-addressed blobs;
 //! - [`stream`]: the tagged chunk-stream requests;
 //! - [`units`]: byte and rate formatting for messages; [`text`]: lines
@@ -35,6 +37,7 @@ pub mod hello;
 pub mod image;
 pub mod launch;
 pub mod launch_rules;
+pub mod local;
 pub mod manifest;
 pub mod names;
 pub mod refusal;

@@ -51,12 +51,18 @@ pub(super) async fn serve(
             let permits = ctx.permits.clone();
             let may_run = move |argv: &[String]| permits.may_run(&node, argv);
             let image = request.image.clone();
+            let loader_link = request.loader_link;
             let mut facts =
                 super::preflight::gather(*request, ctx.store.clone(), states, &may_run).await;
             facts.containers = match ctx.permits.engine() {
                 None => Probe::Skipped(super::images::engine_off(&me)),
                 Some(engine) => engine.facts(image.as_deref()).await,
             };
+            if loader_link {
+                let socket = super::local::socket_path(ctx.store.root());
+                let model = facts.weights.model.clone().unwrap_or_default();
+                facts.loader_link = super::local::probe(&socket, &model).await;
+            }
             LaunchReply::PreflightReport(Box::new(facts))
         }
         LaunchRequest::Reach {

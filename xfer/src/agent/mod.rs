@@ -5,7 +5,10 @@
 //! hands the stream to the service it names, one module each:
 //! - [`transfer`]: offers, swarm joins and wants (moving models);
 //! - [`admin`]: sync jobs, status, cancel, rm;
-//! - [`launch`]: preflight, reach probes, ranks and their logs.
+//! - [`launch`]: preflight, reach probes, ranks and their logs;
+//!
+//! and, on its own Unix socket, [`local`]: the loader link, what this
+//! node's ranks ask of their agent.
 //!
 //! [`client`] is the typed client of the admin and launch services.
 
@@ -18,6 +21,7 @@ pub mod image_client;
 mod images;
 mod intake;
 mod launch;
+pub mod local;
 pub mod permit;
 pub mod preflight;
 pub mod ranks;
@@ -207,6 +211,24 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
         opts.connections,
     );
     runner.resume_all();
+    // Before any rank starts: every rank is given its path.
+    match local::bind(&opts.root) {
+        Ok(listener) => {
+            tracing::info!(
+                "loader link on {} (this node's ranks ask it)",
+                local::socket_path(&opts.root).display()
+            );
+            tokio::spawn(local::serve(
+                listener,
+                local::LocalCtx {
+                    store: store.clone(),
+                    activity: activity.clone(),
+                    runner: runner.clone(),
+                },
+            ));
+        }
+        Err(why) => tracing::warn!("{why}"),
+    }
     if let Some(every) = opts.verify_every {
         let runner = runner.clone();
         tokio::spawn(async move {

@@ -253,7 +253,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         )
         .await;
         kept.end();
-        let s = s?;
+        let s = s.map_err(with_resume_fix)?;
         if json {
             serde_json::to_writer(std::io::stdout().lock(), &s)?;
             println!();
@@ -301,7 +301,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
     )
     .await;
     progress.end();
-    let (s, _) = s?;
+    let (s, _) = s.map_err(with_resume_fix)?;
     if json {
         serde_json::to_writer(std::io::stdout().lock(), &s)?;
         println!();
@@ -378,6 +378,27 @@ pub async fn fetch(args: FetchArgs) -> Result<ExitCode> {
         ));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A pull's error with the fix an operator at the command line has for
+/// a Hub that kept failing (transient failures, retried until they gave
+/// up): run it again, it resumes. (An agent's job retries by itself.)
+fn with_resume_fix(e: anyhow::Error) -> anyhow::Error {
+    use xfer::hub::download::DownloadError;
+    use xfer::hub::http::Failure;
+    let gave_up = e.chain().any(|c| {
+        matches!(c.downcast_ref::<Failure>(), Some(Failure::Transient { .. }))
+            || matches!(
+                c.downcast_ref::<DownloadError>(),
+                Some(DownloadError::GaveUp { .. })
+            )
+    });
+    if !gave_up {
+        return e;
+    }
+    anyhow::anyhow!(
+        "{e:#}; check the network or HF_ENDPOINT and run the same command again to resume (nothing is lost)"
+    )
 }
 
 /// What an interrupted pull keeps: the bytes of the repo's files written

@@ -244,7 +244,7 @@ pub enum DownloadError {
     #[error(transparent)]
     Disk(#[from] DiskError),
     /// A part failed too many times in a row.
-    #[error("{file}: {why} ({tries} tries in a row); run the same command again to resume")]
+    #[error("{file}: {why} ({tries} tries in a row)")]
     GaveUp {
         /// The file's path in the repo.
         file: String,

@@ -281,9 +281,9 @@ where
                 tries += 1;
                 if tries >= retry::MAX_TRIES {
                     return Err(Failure::Transient {
-                        why: format!(
-                            "{why} ({tries} tries); check the network or HF_ENDPOINT and run the same command again to resume"
-                        ),
+                        // The fix is the caller's: a pull says "run it
+                        // again", an agent's job tries again itself.
+                        why: format!("{why} ({tries} tries)"),
                         wait,
                     });
                 }

@@ -2,7 +2,8 @@
 //! and `*.xfer.parts` sidecars of files the current revision no longer has
 //! (the repo changed on the server between an interrupted pull and its
 //! re-run). Removed after a pull completes, unless another pull holds the
-//! file's lock, so a cache does not keep dead partial blobs forever.
+//! file's lock, so a cache does not keep dead partial blobs forever; and
+//! all of them after a pull was cancelled ([`remove_unheld`]).
 
 use std::collections::HashSet;
 use std::os::unix::io::AsRawFd;
@@ -18,6 +19,32 @@ pub fn remove_stale(dir: &Path, keep: &HashSet<PathBuf>) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     walk(dir, keep, &mut removed);
     removed
+}
+
+/// After a cancelled pull: removes, under `dir`, every incomplete file
+/// and sidecar no running pull holds; whether none is left held (the
+/// cancelled pull's own tasks may still be letting go of theirs).
+pub fn remove_unheld(dir: &Path) -> bool {
+    remove_stale(dir, &HashSet::new());
+    let mut held = false;
+    any_held(dir, &mut held);
+    !held
+}
+
+fn any_held(dir: &Path, held: &mut bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        match e.file_type() {
+            Ok(k) if k.is_dir() => any_held(&path, held),
+            Ok(k) if k.is_file() => {
+                *held |= path.to_string_lossy().ends_with(INCOMPLETE) && locked(&path)
+            }
+            _ => {}
+        }
+    }
 }
 
 fn walk(dir: &Path, keep: &HashSet<PathBuf>, removed: &mut Vec<PathBuf>) {

@@ -4,12 +4,15 @@ once out of ``pending``; another root refused in one line; a long wait that
 names the shard and the agent's state. Run with the engine venv's python:
 ``python -m unittest discover -s launcher/python/xfer_vllm_loader/tests``."""
 
+import json
 import os
+import socket
 import tempfile
+import threading
 import unittest
 
-from xfer_vllm_loader.agent import (LoaderError, Settings, View, arrivals, meet_for_preflight,
-                                   view_of, wait_for_release)
+from xfer_vllm_loader.agent import (LoaderError, Settings, View, arrivals, ask_agent,
+                                   meet_for_preflight, view_of, wait_for_release)
 
 ROOT = "ab" * 32
 OTHER = "cd" * 32
@@ -20,7 +23,7 @@ SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"
 
 def settings(**kw):
     s = Settings(expect_root=ROOT, model_name="tiny", prefix="", node="n1",
-                 cluster=None, xfer_bin="xfer", note_s=30, timeout_s=3600)
+                 socket_path="/nonexistent/agent.sock", note_s=30, timeout_s=3600)
     for k, v in kw.items():
         setattr(s, k, v)
     return s
@@ -126,7 +129,7 @@ class Arrivals(unittest.TestCase):
             self.assertNotIn("\n", str(e.exception))
 
     def test_settings_take_either_identity(self):
-        base = {"XFER_MODEL_NAME": "tiny", "XFER_NODE": "n1"}
+        base = {"XFER_MODEL_NAME": "tiny", "XFER_NODE": "n1", "XFER_AGENT_SOCKET": "/r/s"}
         self.assertEqual(Settings.from_env({**base, "XFER_EXPECT_DRAFT": DRAFT.upper()}).expect_draft, DRAFT)
         with self.assertRaises(LoaderError) as e:
             Settings.from_env(base)
@@ -147,21 +150,14 @@ class Arrivals(unittest.TestCase):
         self.assertTrue(waits[0].startswith(f"xfer loader: waiting for shard {SHARDS[1]}"))
         self.assertTrue(any(l.startswith("xfer loader: still waiting") for l in waits), lines)
 
-    def test_no_xfer_to_run_fails_at_once_with_the_cause(self):
-        s = settings()
-        s.xfer_bin = "/nonexistent/xfer"
+    def test_no_agent_socket_fails_at_once_with_the_cause(self):
         with self.assertRaises(LoaderError) as e:
-            list(arrivals(["a.safetensors"], s, log=lambda _: None, sleep=lambda _: None))
+            list(arrivals(["a.safetensors"], settings(), log=lambda _: None,
+                          sleep=lambda _: None))
         msg = str(e.exception)
-        self.assertIn("/nonexistent/xfer", msg)
-        self.assertIn("XFER_BIN", msg)
-
-    def test_a_status_that_answers_no_json_fails_at_once(self):
-        s = settings()
-        s.xfer_bin = "false"
-        with self.assertRaises(LoaderError) as e:
-            list(arrivals(["a.safetensors"], s, log=lambda _: None, sleep=lambda _: None))
-        self.assertIn("exit 1", str(e.exception))
+        self.assertIn("/nonexistent/agent.sock", msg)
+        self.assertIn("is `xfer serve` running there", msg)
+        self.assertNotIn("\n", msg)
 
     def test_no_answer_is_waited_for_and_said(self):
         script = Script([View(error="the agent did not answer: refused"),
@@ -172,19 +168,72 @@ class Arrivals(unittest.TestCase):
         self.assertTrue(any("the agent did not answer" in l for l in lines), lines)
 
 
-class StatusJson(unittest.TestCase):
-    def test_picks_this_nodes_model(self):
-        reports = [
-            {"node": "n0", "reachable": True, "status": {"models": []}},
-            {"node": "n1", "reachable": True, "error": None,
-             "status": {"models": [{"name": "other"}, {"name": "tiny", "root": ROOT}]}},
-        ]
-        self.assertEqual(view_of(reports, settings()).model["root"], ROOT)
-        self.assertIsNone(view_of(reports[:1] + [{"node": "n1", "reachable": True,
-                                                  "status": {"models": []}}],
-                                  settings()).model)
-        down = view_of([{"node": "n1", "reachable": False, "error": "timed out"}], settings())
-        self.assertIn("timed out", down.error)
+class FakeAgent:
+    """A real Unix socket answering each request line with ``answer(req)``
+    (raw bytes), on a thread; records the requests."""
+
+    def __init__(self, d, answer):
+        self.path = os.path.join(d, "agent.sock")
+        self.requests = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(4)
+        self.answer = answer
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with c:
+                line = b""
+                while not line.endswith(b"\n"):
+                    part = c.recv(4096)
+                    if not part:
+                        break
+                    line += part
+                req = json.loads(line)
+                self.requests.append(req)
+                c.sendall(self.answer(req))
+
+    def close(self):
+        self.sock.close()
+
+
+class LoaderLink(unittest.TestCase):
+    """``ask_agent`` over a real socket: the question it sends, and which
+    answers are waited for and which fail the rank at once."""
+
+    def asked(self, answer):
+        with tempfile.TemporaryDirectory() as d:
+            agent = FakeAgent(d, answer)
+            try:
+                return ask_agent(settings(socket_path=agent.path), timeout_s=5), agent.requests
+            finally:
+                agent.close()
+
+    def test_the_model_is_asked_by_name_and_its_entry_returned(self):
+        entry = {"name": "tiny", "state": "syncing", "root": ROOT, "pending": []}
+        line = (json.dumps({"answer": "model", "node": "n1", "model": entry}) + "\n").encode()
+        view, requests = self.asked(lambda _r: line)
+        self.assertEqual(requests, [{"ask": "model", "name": "tiny"}])
+        self.assertEqual(view.model, entry)
+
+    def test_what_no_wait_mends_fails_at_once(self):
+        for answer, said in [
+            ({"answer": "model", "node": "n1", "model": None}, "holds no model named tiny"),
+            ({"answer": "refused", "why": "too long"}, "refused the loader's question: too long"),
+            ({"answer": "jobs"}, "answered 'jobs', not a model"),
+        ]:
+            with self.assertRaises(LoaderError) as e:
+                self.asked(lambda _r, a=answer: (json.dumps(a) + "\n").encode())
+            self.assertIn(said, str(e.exception))
+            self.assertNotIn("\n", str(e.exception))
+        with self.assertRaises(LoaderError) as e:
+            self.asked(lambda _r: b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        self.assertIn("answered no reply of the loader link", str(e.exception))
 
 
 class Release(unittest.TestCase):

@@ -2,17 +2,19 @@
 shard (no vLLM import here: the unit tests run it alone).
 
 The agent is the only judge of "verified". The loader never hashes: it asks
-the agent (``xfer status --json --nodes NODE``, the node's own ``xfer``
-binary) and reads a shard only when the agent reports the model with the
-plan's identity and the shard's file no longer pending, that is verified
-and under its final name (xfer renames a file into place only once every
-chunk of it is verified, and places a Hub snapshot's link only once its
-blob is). The identity is the manifest root, or, for a Hub pull that
-still streams when the ranks start, the streamed draft's id, which the
-agent keeps reporting for the complete model (``draft`` in its status). A
-model named otherwise is refused at once; a model with no name yet
-(queued, being replaced, failed) is waited for, and a long wait says which
-shard and what the agent reports.
+its own node's agent, on the agent's Unix socket (the loader link, one JSON
+line each way: ``{"ask": "model", "name": NAME}``), and reads a shard only
+when the agent reports the model with the plan's identity and the shard's
+file no longer pending, that is verified and under its final name (xfer
+renames a file into place only once every chunk of it is verified, and
+places a Hub snapshot's link only once its blob is). The identity is the
+manifest root, or, for a Hub pull that still streams when the ranks start,
+the streamed draft's id, which the agent keeps reporting for the complete
+model (``draft`` in its status). A model named otherwise is refused at
+once; a model being replaced or not yet named is waited for, and a long
+wait says which shard and what the agent reports. What no wait mends fails
+the rank at once with its cause: no socket, no agent answering on it, a
+refused question, an agent that holds no model of the name.
 
 Environment (set by ``xfer-launch up`` under ``[launch] stream_weights``):
 
@@ -21,11 +23,9 @@ Environment (set by ``xfer-launch up`` under ``[launch] stream_weights``):
 - ``XFER_MODEL_NAME``: the model's name in the node's store;
 - ``XFER_MODEL_PREFIX``: the model path below that model's folder (``""``
   for the folder itself), to turn a shard's file name into a manifest path;
-- ``XFER_NODE``: this node's name in the cluster file;
-- ``XFER_CLUSTER``: the cluster file ``xfer status`` reads;
-- ``XFER_BIN``: the ``xfer`` binary; the agent sets it to its own for
-  every rank it starts (default ``xfer`` on PATH); a binary that cannot be
-  run fails the rank at once;
+- ``XFER_NODE``: this node's name in the cluster file (for messages);
+- ``XFER_AGENT_SOCKET`` (set by the agent, never by the launcher, for every
+  rank it starts): the agent's socket, ``ROOT/.xfer/agent.sock``, mode 0600;
 - ``XFER_LOADER_NOTE_S`` (default 30): seconds between "still waiting" lines;
 - ``XFER_LOADER_TIMEOUT_S`` (default 3600): give up on a shard after this;
 - ``XFER_HOLD_FILE`` (set by the agent, never by the launcher, for a rank
@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import socket
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional
@@ -71,8 +71,7 @@ class Settings:
     model_name: str
     prefix: str
     node: str
-    cluster: Optional[str]
-    xfer_bin: str
+    socket_path: str
     note_s: float
     timeout_s: float
     expect_draft: str = ""
@@ -80,7 +79,9 @@ class Settings:
     @staticmethod
     def from_env(env=os.environ) -> "Settings":
         missing = [
-            k for k in ("XFER_MODEL_NAME", "XFER_NODE") if not env.get(k)
+            k
+            for k in ("XFER_MODEL_NAME", "XFER_NODE", "XFER_AGENT_SOCKET")
+            if not env.get(k)
         ]
         if not env.get("XFER_EXPECT_ROOT") and not env.get("XFER_EXPECT_DRAFT"):
             missing.insert(0, "XFER_EXPECT_ROOT (or XFER_EXPECT_DRAFT)")
@@ -96,8 +97,7 @@ class Settings:
             model_name=env["XFER_MODEL_NAME"],
             prefix=env.get("XFER_MODEL_PREFIX", "").strip("/"),
             node=env["XFER_NODE"],
-            cluster=env.get("XFER_CLUSTER") or None,
-            xfer_bin=env.get("XFER_BIN") or "xfer",
+            socket_path=env["XFER_AGENT_SOCKET"],
             note_s=float(env.get("XFER_LOADER_NOTE_S", "30")),
             timeout_s=float(env.get("XFER_LOADER_TIMEOUT_S", "3600")),
         )
@@ -136,51 +136,69 @@ class View:
         return why
 
 
-def ask_agent(s: Settings) -> View:
-    """Runs ``xfer status --json`` for this node and picks the model out.
+def ask_agent(s: Settings, timeout_s: float = 30.0) -> View:
+    """Asks this node's agent, on its socket, what it says of the model.
 
-    What no wait can mend fails the rank at once, with its cause: no
-    ``xfer`` to run (the agent gives every rank its own binary as
-    ``XFER_BIN``), or an ``xfer status`` that answers no JSON at all (its
-    cluster file or key cannot be read: its own line says which). A slow
-    or unreachable agent is waited for."""
-    argv = [s.xfer_bin, "status", "--json", "--nodes", s.node]
-    if s.cluster:
-        argv += ["--cluster", s.cluster]
+    What no wait can mend raises a ``LoaderError`` at once, with its cause:
+    no socket there or no agent answering on it, a refused question, an
+    answer that is not the link's, or no model of the name (the launcher
+    starts the ranks only once every node holds the model's small files).
+    An agent that is slow to answer is waited for."""
+    where = f"the agent's socket {s.socket_path} on {s.node}"
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired as e:
-        return View(error=f"cannot ask the agent ({' '.join(argv)}): {e}")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.settimeout(timeout_s)
+            c.connect(s.socket_path)
+            c.sendall(
+                (json.dumps({"ask": "model", "name": s.model_name}) + "\n").encode()
+            )
+            got = b""
+            while not got.endswith(b"\n") and len(got) < (1 << 22):
+                part = c.recv(1 << 16)
+                if not part:
+                    break
+                got += part
+    except socket.timeout:
+        return View(error=f"{where} did not answer within {timeout_s:.0f}s")
     except OSError as e:
         raise LoaderError(
-            f"xfer loader: cannot run {s.xfer_bin} to ask the agent on {s.node} "
-            f"({e}); the agent sets XFER_BIN to its own binary for its ranks: "
-            "run the ranks through `xfer-launch up` with an agent of this version, "
-            "or set XFER_BIN in [launch.env] to the xfer binary on the nodes"
+            f"xfer loader: cannot ask {where} ({e.strerror or e}); the agent "
+            "serves it from its start: is `xfer serve` running there, with the "
+            "root the rank was started from? Its first log lines say why not"
         ) from e
     try:
-        reports = json.loads(out.stdout)
+        reply = json.loads(got)
     except ValueError:
-        err = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise LoaderError(
-            f"xfer loader: `{' '.join(argv)}` failed on {s.node} (exit "
-            f"{out.returncode}): {err}"
+            f"xfer loader: {where} answered no reply of the loader link "
+            f"({got[:80]!r}); another program listens there, or the agent is "
+            "of another version: run the ranks through `xfer-launch up`"
         )
-    return view_of(reports, s)
+    return view_of(reply, s)
 
 
-def view_of(reports: list, s: Settings) -> View:
-    """The model's entry in ``xfer status --json``'s reports."""
-    for r in reports:
-        if r.get("node") != s.node:
-            continue
-        if not r.get("reachable") or r.get("status") is None:
-            return View(error=f"the agent did not answer: {r.get('error')}")
-        for m in r["status"].get("models", []):
-            if m.get("name") == s.model_name:
-                return View(model=m)
-        return View()
-    return View(error=f"`xfer status` has no node {s.node}")
+def view_of(reply: dict, s: Settings) -> View:
+    """The agent's reply as a ``View``; a refusal or an unknown model
+    raises."""
+    answer = reply.get("answer") if isinstance(reply, dict) else None
+    if answer == "refused":
+        raise LoaderError(
+            f"xfer loader: the agent on {s.node} refused the loader's question: "
+            f"{reply.get('why')}"
+        )
+    if answer != "model":
+        raise LoaderError(
+            f"xfer loader: the agent on {s.node} answered {answer!r}, not a "
+            "model; run the ranks through `xfer-launch up` with an agent of "
+            "this version"
+        )
+    if reply.get("model") is None:
+        raise LoaderError(
+            f"xfer loader: the agent on {s.node} holds no model named "
+            f"{s.model_name} (removed, or never synced here); sync it "
+            "(`xfer-launch deploy` does), then `xfer-launch up` again"
+        )
+    return View(model=reply["model"])
 
 
 def ready(view: View, s: Settings, path: str) -> bool:

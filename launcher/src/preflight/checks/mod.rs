@@ -24,4 +24,4 @@ pub use rdma::rdma;
 pub use resolver::resolver;
 pub use unit::{nccl, unit};
 pub use versions::versions;
-pub use weights::weights;
+pub use weights::{loader, weights};

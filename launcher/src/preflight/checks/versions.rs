@@ -21,6 +21,8 @@ pub fn versions(ctx: &Ctx, rows: &mut Rows) {
     for p in &probes {
         let mut seen: Vec<(String, &str)> = Vec::new();
         let mut missing = Vec::new();
+        // Not run: the agent's permits refused it (its own reason says which).
+        let mut refused = Vec::new();
         for (n, f) in nodes {
             match f
                 .versions
@@ -29,13 +31,24 @@ pub fn versions(ctx: &Ctx, rows: &mut Rows) {
                 .map(|v| &v.version)
             {
                 Some(Probe::Ok(v)) => seen.push((v.clone(), &n.name)),
-                Some(Probe::Failed(w) | Probe::Skipped(w)) => {
-                    missing.push(format!("{}: {w}", n.name))
-                }
+                Some(Probe::Failed(w)) => missing.push(format!("{}: {w}", n.name)),
+                Some(Probe::Skipped(w)) => refused.push(w.clone()),
                 None => missing.push(format!("{}: not asked", n.name)),
             }
         }
         let seen = by_value(seen);
+        if !refused.is_empty() {
+            rows.add(
+                "versions",
+                "*",
+                Verdict::Fail,
+                format!("{} was not asked: {}", p.what, refused.join("; ")),
+                Some(
+                    "the agent runs the engine only when started with `xfer serve --allow-launch` (and `--allow-exec` listing it, if it lists any): docs/launcher.md#allowing-launches"
+                        .into(),
+                ),
+            );
+        }
         if !missing.is_empty() {
             rows.add(
                 "versions",
@@ -44,7 +57,7 @@ pub fn versions(ctx: &Ctx, rows: &mut Rows) {
                 format!("{} on every node: {}", p.what, missing.join("; ")),
                 Some(format!("install the same {} on every node, on the PATH the xfer agent runs with (the ranks inherit it)", p.what)),
             );
-        } else if seen.len() > 1 {
+        } else if seen.len() > 1 && refused.is_empty() {
             let list = spread(&seen, |v| v.clone(), "; ");
             rows.add(
                 "versions",
@@ -56,7 +69,7 @@ pub fn versions(ctx: &Ctx, rows: &mut Rows) {
                     p.what
                 )),
             );
-        } else if let Some(v) = seen.keys().next() {
+        } else if let (Some(v), true) = (seen.keys().next(), refused.is_empty()) {
             rows.add(
                 "versions",
                 "*",

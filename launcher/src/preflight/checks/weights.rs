@@ -1,7 +1,9 @@
 //! The `weights` check: the model is complete on every node, and the
-//! same model everywhere.
+//! same model everywhere; and the `loader` check: under `stream_weights`,
+//! the ranks can ask their agent about it as it lands.
 
 use xfer_proto::admin::ModelState;
+use xfer_proto::launch::Probe;
 use xfer_proto::units::Bytes;
 
 use crate::preflight::{by_value, short, spread, Ctx, Rows, Verdict};
@@ -146,5 +148,32 @@ pub fn weights(ctx: &Ctx, rows: &mut Rows) {
             ),
             Some("pin one commit: set revision = \"<40-hex commit>\" in [launch], or sync the same revision to every node".into()),
         );
+    }
+}
+
+/// `loader`: under `stream_weights`, each node's ranks reach their agent:
+/// its loader link answered the question a rank asks, on the socket the
+/// agent gives its ranks.
+pub fn loader(ctx: &Ctx, rows: &mut Rows) {
+    let (setup, nodes) = (ctx.setup, &ctx.nodes);
+    for (n, f) in nodes {
+        let (verdict, detail, fix) = match &f.loader_link {
+            _ if !setup.stream_weights => (
+                Verdict::Skip,
+                "skipped: stream_weights is off (the ranks load a complete model)".to_string(),
+                None,
+            ),
+            Probe::Ok(line) => (Verdict::Pass, format!("the ranks reach the agent: {line}"), None),
+            Probe::Skipped(why) => (Verdict::Skip, format!("skipped: {why}"), None),
+            Probe::Failed(why) => (
+                Verdict::Fail,
+                format!("the ranks cannot ask the agent: {why}"),
+                Some(format!(
+                    "the loader asks its node's agent on this socket before it reads a shard: restart `xfer serve` on {} and read its first lines, or set stream_weights = false to load a complete model",
+                    n.name
+                )),
+            ),
+        };
+        rows.add("loader", &n.name, verdict, detail, fix);
     }
 }

@@ -119,9 +119,11 @@ pub async fn gather(
                         v.argv = argv;
                         versions::run(&v, versions::DEFAULT_TIMEOUT).await
                     }
+                    // Not run: refused by this agent's permits (a skip,
+                    // whose fix is the agent's flags, not the engine).
                     Err(why) => VersionFacts {
                         what: v.what,
-                        version: Probe::Failed(why),
+                        version: Probe::Skipped(why),
                     },
                 }
             })
@@ -188,6 +190,8 @@ pub async fn gather(
         resolver,
         // Filled in by the launch service, which knows the engine.
         containers: Probe::Skipped("not asked".into()),
+        // Filled in by the launch service, which knows the socket.
+        loader_link: Probe::Skipped("not asked".into()),
     }
 }
 
@@ -245,6 +249,7 @@ mod tests {
             rdma: None,
             image: None,
             resolve: vec!["127.0.0.1".parse().unwrap()],
+            loader_link: false,
         };
         let f = gather(req.clone(), store.clone(), HashMap::new(), &|a| {
             Ok(a.to_vec())

@@ -37,6 +37,17 @@ impl Run {
         self.dir.join("rank.log")
     }
 
+    /// The loader link's socket ([`crate::agent::local`]) of the agent
+    /// whose root holds this rank's folder (`ROOT/.xfer/runs/RUN`).
+    pub(super) fn loader_socket(&self) -> PathBuf {
+        let root = self
+            .dir
+            .ancestors()
+            .nth(3)
+            .unwrap_or(std::path::Path::new("/"));
+        crate::agent::local::socket_path(root)
+    }
+
     /// The file whose existence releases a held rank
     /// ([`RankSpec::held`](xfer_proto::launch::RankSpec::held)): in the
     /// rank's own folder, created only by [`Supervisor::release`](super::supervisor::Supervisor::release).

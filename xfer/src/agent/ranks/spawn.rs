@@ -95,12 +95,9 @@ impl Run {
         self.note(&format!("starting {}", shell_words(argv)));
         // A std child: dropping it neither kills nor reaps; `watch` waits.
         let mut cmd = std::process::Command::new(program);
-        // The rank's loader plugin asks this agent through the agent's own
-        // binary (`xfer status`), whatever the rank's PATH holds (a spec
-        // may not set it: `launch_rules`).
-        if let Ok(me) = std::env::current_exe() {
-            cmd.env(launch_rules::XFER_BIN_KEY, me);
-        }
+        // The rank's loader plugin asks this agent on its socket (a spec
+        // may not set the key: `launch_rules`).
+        cmd.env(xfer_proto::local::SOCKET_KEY, self.loader_socket());
         cmd.args(&argv[1..])
             .envs(self.env())
             .stdin(std::process::Stdio::null())

@@ -616,17 +616,16 @@ mod tests {
         .unwrap();
         until("the rank not held to start", || said(&s, "n1", "hold=none")).await;
         s.stop(Some("n1"), Duration::from_millis(300), "test").await;
-        // Every rank gets the agent's own binary to ask it with (its
-        // loader plugin's `xfer status`), whatever its PATH holds.
-        s.start(spec("b1", &["echo bin=$XFER_BIN; exec sleep 30"]))
+        // Every rank gets its agent's loader-link socket, under the root.
+        s.start(spec("b1", &["echo sock=$XFER_AGENT_SOCKET; exec sleep 30"]))
             .unwrap();
-        let me = std::env::current_exe().unwrap();
-        until("the rank to say its XFER_BIN", || {
-            said(&s, "b1", &format!("bin={}", me.display()))
+        let sock = dir.path().join(".xfer/agent.sock");
+        until("the rank to say its XFER_AGENT_SOCKET", || {
+            said(&s, "b1", &format!("sock={}", sock.display()))
         })
         .await;
         s.stop(Some("b1"), Duration::from_millis(300), "test").await;
-        assert!(xfer_proto::launch_rules::check_env("XFER_BIN", "/tmp/evil").is_err());
+        assert!(xfer_proto::launch_rules::check_env("XFER_AGENT_SOCKET", "/tmp/evil").is_err());
         s.start(spec("n1", &["exec sleep 30"])).unwrap();
         s.release("n1").unwrap();
         assert!(!dir.path().join(".xfer/runs/n1/released").exists());

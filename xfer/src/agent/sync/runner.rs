@@ -448,10 +448,18 @@ impl Runner {
         }
     }
 
-    /// What an ended job held goes: its staging folder and its token.
+    /// What an ended job held goes: its staging folder and its token; and,
+    /// for a cancelled Hub job on its source, the partial downloads it
+    /// left in the model's `blobs/` (a failed job keeps them: running the
+    /// sync again resumes from them).
     fn release(&self, rec: &JobRecord) {
         self.drop_stage(&rec.spec);
         self.jobs.remove_token(&rec.spec.id);
+        let hub = matches!(rec.spec.source, JobSource::Hub { .. });
+        if rec.state == JobState::Cancelled && hub && self.is_source(rec) {
+            let blobs = self.store.root().join(rec.spec.name.as_str()).join("blobs");
+            tokio::spawn(drop_partials(blobs));
+        }
     }
 
     /// The Hub settings of a Hub job's round: the operator's endpoint and
@@ -1187,3 +1195,22 @@ fn intake_of(spec: &JobSpec, push: &PushOptions, me: &str) -> crate::hub::intake
 /// Ranges each intake node fetches at once (its connections to the
 /// origin, which may cap each one, as a CDN does).
 const INTAKE_CONNECTIONS: usize = 16;
+
+/// Removes a cancelled pull's partial downloads under `blobs`, once its
+/// dropped tasks have let go of their locks (they close their files as
+/// the runtime drops them, moments after the cancel); gives up after a
+/// minute, saying so, if another pull still holds one.
+async fn drop_partials(blobs: PathBuf) {
+    for _ in 0..600 {
+        let dir = blobs.clone();
+        match tokio::task::spawn_blocking(move || crate::hub::leftovers::remove_unheld(&dir)).await
+        {
+            Ok(true) | Err(_) => return,
+            Ok(false) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    tracing::warn!(
+        "kept partial downloads in {}: another pull still holds them",
+        blobs.display()
+    );
+}
