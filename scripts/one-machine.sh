@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The quick start on one machine (docs/one-machine.md), run for real from a
 # clean folder: a Hub look-alike (`xfer hub-serve`), two agents on
-# 127.0.0.2 and 127.0.0.3, a Hub repo synced to both, a re-sync that moves
-# nothing, a sync against the Hub stopped (it gives up), and a cancel.
+# 127.0.0.2 and 127.0.0.3, a Hub repo synced to both, `xfer-launch deploy`
+# of a stand-in engine (tests/standin: no GPU, no vLLM) that answers a
+# completion, a re-sync that moves nothing, a sync against the Hub stopped
+# (it gives up), and a cancel.
 # Prints every command with `$ ` before it and what it printed: the
 # transcript in docs/one-machine.md is this script's output.
 #
 #   scripts/one-machine.sh [DIR]      (default /tmp/xfer-one-machine)
 #
 # Env: XFER_BIN_DIR [target/release, else target/debug]: where `xfer` is.
-# Ports: 8088 (TCP, the Hub look-alike) and 7470 (UDP, the agents).
+# Ports: 8088 (TCP, the Hub look-alike), 7470 (UDP, the agents), 18000
+# and 29577 (TCP, the engine's API and rendezvous).
+# Needs `unshare` (util-linux) and root, or unprivileged user namespaces.
 
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,6 +21,11 @@ DIR=${1:-/tmp/xfer-one-machine}
 BIN=${XFER_BIN_DIR:-$REPO/target/release}
 [ -x "$BIN/xfer" ] || BIN=$REPO/target/debug
 [ -x "$BIN/xfer" ] || { echo "no xfer binary: run cargo build --release first" >&2; exit 1; }
+[ -x "$BIN/xfer-launch" ] || { echo "no xfer-launch binary in $BIN: run cargo build --release first" >&2; exit 1; }
+# A mount namespace per agent: as root, or in a user namespace of our own.
+UNSHARE="unshare --mount --propagation private"
+[ "$(id -u)" = 0 ] || UNSHARE="unshare --user --map-root-user --mount --propagation private"
+$UNSHARE true 2>/dev/null || { echo "cannot make a mount namespace ($UNSHARE true failed): run as root, or allow unprivileged user namespaces" >&2; exit 1; }
 export PATH=$BIN:$PATH
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -49,15 +58,18 @@ HUB=$!
 wait_for hub.log 'use it with'
 show cat hub.log
 echo
-echo '# 3. A cluster key and two agents, each with its own root (on one machine the'
-echo '#    nodes differ by address: 127.0.0.2 and 127.0.0.3, both loopback).'
+echo '# 3. A cluster key and two agents. On one machine the nodes differ by address'
+echo '#    (127.0.0.2 and 127.0.0.3, both loopback), and each has its own folder'
+echo '#    (node-a, node-b) that it sees at one path, models/, in a mount namespace'
+echo '#    of its own: an engine wants the weights at one path on every node.'
+echo '#    --allow-launch lets the agents start the engine.'
 show 'xfer keygen --out cluster.key'
-show 'mkdir -m 755 node-a node-b'
+show 'mkdir -m 755 node-a node-b models'
 for n in a b; do
     ip=127.0.0.2
     [ $n = b ] && ip=127.0.0.3
-    printf '$ %s\n' "HF_ENDPOINT=http://127.0.0.1:8088 xfer serve --listen $ip:7470 --root $DIR/node-$n --key cluster.key >agent-$n.log 2>&1 &"
-    HF_ENDPOINT=http://127.0.0.1:8088 xfer serve --listen "$ip:7470" --root "$DIR/node-$n" --key cluster.key >"agent-$n.log" 2>&1 &
+    printf '$ %s\n' "HF_ENDPOINT=http://127.0.0.1:8088 $UNSHARE sh -c 'mount --bind node-$n models && exec xfer serve --listen $ip:7470 --root \$PWD/models --key cluster.key --allow-launch' >agent-$n.log 2>&1 &"
+    HF_ENDPOINT=http://127.0.0.1:8088 $UNSHARE sh -c "mount --bind node-$n models && exec xfer serve --listen $ip:7470 --root \$PWD/models --key cluster.key --allow-launch" >"agent-$n.log" 2>&1 &
     PIDS+=($!)
 done
 wait_for agent-a.log 'listening'
@@ -68,12 +80,23 @@ key = "cluster.key"
 [[node]]
 name = "node-a"
 agent = "127.0.0.2:7470"
-root = "$DIR/node-a"
+root = "$DIR/models"
+fabric_if = "lo"
+fabric_ip = "127.0.0.2"
 
 [[node]]
 name = "node-b"
 agent = "127.0.0.3:7470"
-root = "$DIR/node-b"
+root = "$DIR/models"
+fabric_if = "lo"
+fabric_ip = "127.0.0.3"
+
+[launch]
+engine = "custom"
+model = "acme/tiny"
+api_port = 18000
+master_port = 29577
+template = "python3 $REPO/tests/standin/engine.py custom --rank {rank} --nnodes {nnodes} --head-ip {head_ip} --port {master_port} --api-port {api_port} --model {model}"
 EOF
 show cat cluster.toml
 show 'export XFER_CLUSTER=$PWD/cluster.toml HF_ENDPOINT=http://127.0.0.1:8088'
@@ -82,18 +105,26 @@ echo
 echo '# 4. The repo to both nodes: node-a pulls it once, node-b gets it from node-a.'
 show 'xfer sync acme/tiny --from node-a --wait'
 show 'xfer status'
+show 'ls node-b/models--acme--tiny/snapshots/*/'
 echo
-echo '# 5. Day two. The same revision again: nothing moves, the model stays complete.'
+echo '# 5. The job: deploy the model on both nodes (a stand-in engine here: no GPU, no'
+echo '#    vLLM). It checks every node, syncs where the model is missing (nothing here),'
+echo '#    starts the ranks on the fabric addresses and waits for the first completion.'
+show 'xfer-launch deploy'
+show "curl -s 127.0.0.2:18000/v1/models; echo"
+show 'xfer-launch down'
+echo
+echo '# 6. Day two. The same revision again: nothing moves, the model stays complete.'
 show 'xfer sync acme/tiny --from node-a --wait'
 echo
-echo '# 6. The Hub goes away: the sync retries, then gives up with the cause;'
+echo '# 7. The Hub goes away: the sync retries, then gives up with the cause;'
 echo '#    the model the nodes hold stays complete.'
 kill "$HUB"
 wait "$HUB" 2>/dev/null || true
 show 'xfer sync acme/tiny --from node-a --wait --give-up-after 5s'
 show 'xfer status'
 echo
-echo '# 7. A sync that would retry for ever, then cancelled: status exits 1 while it'
+echo '# 8. A sync that would retry for ever, then cancelled: status exits 1 while it'
 echo '#    retries, and the model is still complete after the cancel.'
 printf '$ %s\n' 'JOB=$(xfer sync acme/tiny --from node-a --give-up-after never 2>/dev/null); echo $JOB'
 JOB=$(xfer sync acme/tiny --from node-a --give-up-after never 2>/dev/null)
