@@ -16,11 +16,17 @@ fn the_loader_plugins_python_unit_tests_pass() {
         .expect("python3 runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    // Every test class ran, the held rank's wait among them.
+    // Every test class ran, the held rank's wait among them, and the
+    // attacks of shard names out of the model (issue 53, finding 9).
     for name in [
         "test_shards_come_in_arrival_order_and_only_once_verified",
         "test_a_held_rank_waits_for_the_file_then_goes_on",
         "test_a_rank_never_released_gives_up_naming_the_file",
+        "test_an_index_naming_a_path_out_of_the_model_is_refused",
+        "test_loader_shard_names_refuses_an_index_naming_a_path_out_of_the_model",
+        "test_a_link_in_the_model_folder_leading_out_of_it_is_refused",
+        "test_a_hub_snapshots_links_into_its_blobs_are_accepted_and_no_other",
+        "test_ready_refuses_a_path_out_of_the_model_whatever_the_agent_says",
     ] {
         assert!(err.contains(name), "{name} did not run: {err}");
     }

@@ -30,6 +30,7 @@ mod pull;
 mod pull_fanout;
 mod pull_stream;
 mod push;
+mod reflector;
 mod resume;
 mod sync;
 mod sync_errors;

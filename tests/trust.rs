@@ -831,3 +831,149 @@ fn an_intake_sessions_ranges_share_one_connection_to_the_origin() {
         "the session's second range opened a new connection to the origin"
     );
 }
+
+/// Copies `from` to `to` as it is (links kept as links).
+fn copy_tree(from: &Path, to: &Path) {
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cp -a {} {}", from.display(), to.display());
+}
+
+/// The blob a snapshot's `file` links to, in the repo folder `repo`.
+fn blob_of(repo: &Path, file: &str) -> PathBuf {
+    let snaps = repo.join("snapshots");
+    let commit = std::fs::read_dir(&snaps)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let link = commit.join(file);
+    let target = std::fs::read_link(&link).unwrap();
+    commit.join(target).canonicalize().unwrap()
+}
+
+/// Finding 1 of issue 53: a node credential (a stolen node disk) pushed a
+/// poisoned copy of an HF cache folder (one blob overwritten with other
+/// bytes of the same size, its name and `refs/main` unchanged) under the
+/// cache's name, and every node reported it `complete` for `deploy` to
+/// serve. Now: a node credential may not deliver a Hub cache name at all
+/// (only an operator's `xfer sync` from that node does); an operator's push
+/// of the poisoned copy is refused when the blob is to be placed (its
+/// sha256 is not its name), and a tree with a regular file under
+/// `snapshots/` is refused on the offer; the clean copy goes through.
+#[test]
+fn a_hub_named_model_holds_the_hubs_bytes_whoever_pushes_it() {
+    let t = tempdir("trust-hub-bytes");
+    let (a_cred, b_cred, op) = Pki::init(t.path()).two_nodes_and_an_operator();
+    let repos = t.path().join("repos");
+    common::hub::gen_repo(
+        &repos,
+        "acme/tiny",
+        53,
+        &[("config.json", 300), ("model.safetensors", 2 * MIB)],
+    );
+    let server = common::hub::HubServer::start(&repos, &[]);
+    let env = common::hub::PullEnv::new(&server.endpoint(), t.path());
+    run(&mut env.cmd("acme/tiny", &[]), Duration::from_secs(60)).assert_ok("xfer pull");
+    let clean = env.cache.join("models--acme--tiny");
+    let weights = blob_of(&clean, "model.safetensors");
+
+    let poisoned_dir = t.path().join("poisoned");
+    std::fs::create_dir_all(&poisoned_dir).unwrap();
+    copy_tree(&clean, &poisoned_dir);
+    let poisoned = poisoned_dir.join("models--acme--tiny");
+    let bad_blob = poisoned.join("blobs").join(weights.file_name().unwrap());
+    let size = std::fs::metadata(&bad_blob).unwrap().len();
+    std::fs::write(&bad_blob, vec![7u8; size as usize]).unwrap();
+
+    let root = t.path().join("root");
+    let a = Agent::start("127.0.0.74:0", &root, &a_cred);
+    let placed = root.join("models--acme--tiny");
+
+    // Node b's credential: refused on the offer, nothing made.
+    let r = common::push::push(&poisoned, &[a.addr.as_str()], &b_cred, &[]);
+    assert!(
+        !r.success(),
+        "a node credential pushed a Hub-named model: {}",
+        r.stdout
+    );
+    assert!(
+        r.stderr
+            .contains("a Hub cache name is delivered only by an operator's `xfer sync`"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !placed.exists(),
+        "the refused offer made {}",
+        placed.display()
+    );
+
+    // The operator's push of the poisoned copy: refused at the blob.
+    let r = common::push::push(&poisoned, &[a.addr.as_str()], &op, &[]);
+    assert!(
+        !r.success(),
+        "the poisoned copy was delivered: {}",
+        r.stdout
+    );
+    assert!(
+        r.stderr
+            .contains("not to its name: a Hub-named model holds the Hub's bytes"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !placed
+            .join("blobs")
+            .join(weights.file_name().unwrap())
+            .exists(),
+        "the poisoned blob was placed"
+    );
+    let served = std::fs::read_dir(placed.join("snapshots"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|c| std::fs::read(c.path().join("model.safetensors")).ok())
+        .next();
+    assert!(
+        served.is_none(),
+        "a snapshot name leads to bytes that are not the Hub's"
+    );
+
+    // A regular file where a snapshot's link belongs: refused on the offer.
+    let flat_dir = t.path().join("flat");
+    std::fs::create_dir_all(&flat_dir).unwrap();
+    copy_tree(&clean, &flat_dir);
+    let flat = flat_dir.join("models--acme--tiny");
+    let commit = std::fs::read_dir(flat.join("snapshots"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    std::fs::remove_file(commit.join("model.safetensors")).unwrap();
+    std::fs::write(commit.join("model.safetensors"), vec![9u8; size as usize]).unwrap();
+    let r = common::push::push(&flat, &[a.addr.as_str()], &op, &[]);
+    assert!(!r.success(), "{}", r.stdout);
+    assert!(
+        r.stderr
+            .contains("is a file; a snapshot's names are links to blobs"),
+        "{}",
+        r.stderr
+    );
+
+    // The control: the clean copy, pushed by the operator, is complete and
+    // byte-identical to what the Hub serves.
+    let r = common::push::push(&clean, &[a.addr.as_str()], &op, &[]);
+    assert!(r.success(), "{}", r.stderr);
+    assert_eq!(
+        std::fs::read(blob_of(&placed, "model.safetensors")).unwrap(),
+        std::fs::read(&weights).unwrap()
+    );
+}

@@ -61,7 +61,11 @@ impl LocalCtx {
                     .report(&self.store, me.clone(), &self.runner.records());
                 LocalReply::Model {
                     node: me,
-                    model: status.models.into_iter().find(|m| m.name == name).map(Box::new),
+                    model: status
+                        .models
+                        .into_iter()
+                        .find(|m| m.name == name)
+                        .map(Box::new),
                 }
             }
         }

@@ -85,6 +85,9 @@ pub struct AgentOptions {
     /// `--cluster FILE`: the file and the node names it lists; a node
     /// certificate of another name is refused.
     pub members: Option<(PathBuf, Vec<NodeName>)>,
+    /// With `--cluster FILE`: its nodes' addresses (agent and fabric), the
+    /// only ones a receiver dials for peers.
+    pub member_addrs: Option<crate::flow::swarm::PeerAddrs>,
 }
 
 /// Refused connections, logged so that a storm of them cannot grow the
@@ -255,6 +258,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
                 fallback_endpoint: ep.clone(),
                 nic: opts.nic,
                 watcher: activity.clone(),
+                peer_addrs: opts.member_addrs.map(Arc::new),
             },
         },
         admin: AdminCtx {

@@ -269,12 +269,27 @@ pub(super) async fn serve(
 
 /// Whether `caller` may deliver `name` here. An operator (or, in simple
 /// mode, a holder of the cluster key) may deliver anything. A node
-/// credential may deliver a model this node does not hold, or resume one
+/// credential may deliver a Hub cache name only as the source of an
+/// operator's sync job for it, and another name this node
+/// does not hold, or resume one
 /// it is receiving; replacing a model held here (complete, or left half
 /// replaced) takes a transfer the operator started: an operator's push, or
 /// a sync job handed to this agent that names the caller as its source.
 fn may_offer(ctx: &TransferCtx, caller: &Caller, name: &ModelName) -> Result<(), String> {
-    if caller.peer.is_operator() || ctx.store.record_any(name).is_none() {
+    if caller.peer.is_operator() {
+        return Ok(());
+    }
+    // What `deploy` serves by its Hub name: only an operator's sync job
+    // from that node brings it, never a node's own push.
+    if crate::store::hub_layout::is_hub_name(name) {
+        if is_job_source(ctx, &caller.peer, name) {
+            return Ok(());
+        }
+        return Err(format!(
+            "{caller} may not deliver `{name}`: a Hub cache name is delivered only by an operator's `xfer sync` from that node (push it under another name, or run the sync)"
+        ));
+    }
+    if ctx.store.record_any(name).is_none() {
         return Ok(());
     }
     if is_job_source(ctx, &caller.peer, name) {

@@ -31,16 +31,12 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         connections,
         container_engine,
     } = args;
-    let members = match &cluster {
+    let loaded = match &cluster {
         None => None,
-        Some(file) => Some(
-            xfer::config::cluster::Cluster::load(file)?
-                .nodes
-                .into_iter()
-                .map(|n| n.name)
-                .collect(),
-        ),
+        Some(file) => Some(xfer::config::cluster::Cluster::load(file)?),
     };
+    let member_addrs = loaded.as_ref().map(peer_addrs);
+    let members = loaded.map(|c| c.nodes.into_iter().map(|n| n.name).collect());
     let exports = export
         .iter()
         .map(|d| {
@@ -98,10 +94,31 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         },
         first_message_timeout: Duration::from_secs(first_message_timeout.max(1)),
         members: members.map(|m| (cluster.unwrap_or_default(), m)),
+        member_addrs,
         connections,
     })
     .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every address of the cluster file's nodes: each agent's (its host name
+/// looked up once, here) and each fabric address. A receiver dials peers
+/// only there.
+fn peer_addrs(c: &xfer::config::cluster::Cluster) -> xfer::flow::swarm::PeerAddrs {
+    use std::net::ToSocketAddrs;
+    let mut ips = std::collections::HashSet::new();
+    for n in &c.nodes {
+        match n.agent.to_socket_addrs() {
+            Ok(addrs) => ips.extend(addrs.map(|a| a.ip())),
+            Err(e) => tracing::warn!(
+                "cannot look up {} (node {}): {e}; this agent will not link to it as a peer",
+                n.agent,
+                n.name
+            ),
+        }
+        ips.extend(n.fabric_ip);
+    }
+    xfer::flow::swarm::PeerAddrs(ips)
 }
 
 /// The data address `--data` or `--fabric-if` names, with `--listen`'s port

@@ -77,6 +77,9 @@ pub struct Receiver {
     pub nic: Option<Arc<dyn Nic>>,
     /// Told when a transfer starts and ends.
     pub watcher: Arc<dyn Watcher>,
+    /// The only addresses peers are dialled at (the agent's cluster
+    /// file's nodes); `None`: any the source names.
+    pub peer_addrs: Option<Arc<swarm::PeerAddrs>>,
 }
 
 /// One accepted offer, handed from the agent to the receiver.
@@ -106,31 +109,40 @@ impl Receiver {
             mut recv,
             token,
         } = offered;
-        let swarm = read_swarm(&mut recv).await;
+        let swarm = read_swarm(&mut recv).await?;
         run_transfer(self, lanes, send, recv, transfer, swarm, token).await
     }
 }
 
 /// The swarm the source sends right after the offer; an older or
 /// single-destination source sends none. A swarm is a few bytes a node,
-/// so it is read within the request limit, not the manifest's.
-async fn read_swarm(recv: &mut quinn::RecvStream) -> Option<SwarmPlan> {
+/// so it is read within the request limit, not the manifest's. One that
+/// names more peers than a receiver links ([`swarm::MAX_LINKS`]) is
+/// refused before any is dialled: a receiver is not a source's reflector.
+async fn read_swarm(recv: &mut quinn::RecvStream) -> Result<Option<SwarmPlan>, Refusal> {
     let swarm = tokio::time::timeout(SWARM_WAIT, read_frame_within(recv, REQUEST_LIMIT));
     match swarm.await {
+        Ok(Ok(TransferMsg::Swarm { peers, .. })) if peers.len() > swarm::MAX_LINKS + 1 => {
+            Err(Refusal::Protocol(format!(
+                "the swarm names {} peers; a receiver links at most {} (`--peers` is 2 to 64)",
+                peers.len(),
+                swarm::MAX_LINKS
+            )))
+        }
         Ok(Ok(TransferMsg::Swarm {
             me,
             peers,
             homes,
             bounded,
             connections,
-        })) => Some(SwarmPlan {
+        })) => Ok(Some(SwarmPlan {
             me,
             peers,
             homes,
             bounded,
             connections: connections.clamp(1, MAX_PEER_CONNECTIONS),
-        }),
-        _ => None,
+        })),
+        _ => Ok(None),
     }
 }
 
@@ -247,6 +259,7 @@ async fn run_transfer(
             chunk_size: transfer.map().chunk_size(),
             nic: ctx.nic.clone(),
             connections,
+            allowed: ctx.peer_addrs.clone(),
         };
         let (joined, updates, l) = swarm::link_peers(plan, linking.clone()).await;
         tracing::info!("{name}: linked to {} peers", joined.len());

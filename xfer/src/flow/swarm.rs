@@ -46,8 +46,21 @@ const JOIN_WAIT: Duration = Duration::from_secs(10);
 /// How long a receiver waits for its first peer links before it starts
 /// fetching; later links join the running transfer.
 const FIRST_LINKS_WAIT: Duration = Duration::from_secs(3);
-/// Pause between attempts to (re)link a peer.
+/// Pause before the first retry to link a peer; doubled after each try
+/// that fails in a row, up to [`RELINK_MAX`] (a peer that does not answer,
+/// or refuses, is not dialled every second).
 const RELINK_EVERY: Duration = Duration::from_secs(1);
+/// The longest pause between two tries to link one peer.
+const RELINK_MAX: Duration = Duration::from_secs(60);
+/// The most peers a receiver links at once in one transfer: the largest
+/// `--peers` (64) and a slack for the source's rewiring. A `Swarm` that
+/// lists more is refused; a `Links` that would go past it is cut.
+pub const MAX_LINKS: usize = 64 + 8;
+/// The most distinct peers one transfer links over its whole life (the
+/// source rewires a receiver as members come and go): past it, `Links`
+/// additions are ignored, so a source cannot make a receiver dial an
+/// endless list of addresses.
+pub const MAX_PEERS_PER_TRANSFER: usize = 4 * MAX_LINKS;
 /// How long one such try may take.
 const REPROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most chunk numbers in one `Has` message.
@@ -316,6 +329,27 @@ pub struct LinkPlan {
     /// carries the peer's announcements, and chunk requests spread over
     /// all of them.
     pub connections: u32,
+    /// The addresses this node may dial for peers (the agent's cluster
+    /// file's nodes); `None`: any address the source names.
+    pub allowed: Option<Arc<PeerAddrs>>,
+}
+
+/// The IP addresses of a cluster's nodes (agent and fabric), the only
+/// ones a receiver with a cluster file dials for peers.
+#[derive(Debug, Default, Clone)]
+pub struct PeerAddrs(pub std::collections::HashSet<std::net::IpAddr>);
+
+impl PeerAddrs {
+    /// `peer` with only the addresses this set allows (its fallback
+    /// dropped when only that one is outside); `None` when its data
+    /// address is outside.
+    fn admit(&self, mut peer: SwarmPeer) -> Option<SwarmPeer> {
+        if !self.0.contains(&peer.addr.ip()) {
+            return None;
+        }
+        peer.fallback = peer.fallback.filter(|f| self.0.contains(&f.ip()));
+        Some(peer)
+    }
 }
 
 type Joined = (PeerId, Fetcher, ChunkSet);
@@ -328,24 +362,64 @@ pub struct Linker {
     tx: mpsc::UnboundedSender<PeerUpdate<Fetcher>>,
     links: HashMap<u32, CancellationToken>,
     cancel: CancellationToken,
+    /// Every peer id linked so far ([`MAX_PEERS_PER_TRANSFER`]).
+    ever: std::collections::HashSet<u32>,
+    /// Whether a refused peer was logged already (once per transfer).
+    said_refused: bool,
 }
 
 impl Linker {
-    /// Links `peer` (a no-op for this node or a peer already linked).
+    /// Links `peer` (a no-op for this node or a peer already linked); a
+    /// peer past the bounds ([`MAX_LINKS`], [`MAX_PEERS_PER_TRANSFER`]) or
+    /// outside the cluster's addresses is not dialled (logged once).
     pub fn add(&mut self, peer: SwarmPeer) {
-        if peer.id == self.plan.me || self.links.contains_key(&peer.id) {
-            return;
+        if let Some((peer, token)) = self.admit(peer) {
+            tokio::spawn(keep_linked(
+                self.plan.clone(),
+                peer,
+                None,
+                self.tx.clone(),
+                token,
+            ));
         }
-        let token = self.cancel.child_token();
-        self.links.insert(peer.id, token.clone());
-        self.plan.tally.told(peer.id, true);
-        tokio::spawn(keep_linked(
-            self.plan.clone(),
-            peer,
-            None,
-            self.tx.clone(),
-            token,
-        ));
+    }
+
+    /// Registers a link to `peer` if it may be made: the peer as it is to
+    /// be dialled (a fallback outside the cluster dropped) and the link's
+    /// token.
+    fn admit(&mut self, peer: SwarmPeer) -> Option<(SwarmPeer, CancellationToken)> {
+        if peer.id == self.plan.me || self.links.contains_key(&peer.id) {
+            return None;
+        }
+        let (id, addr) = (peer.id, peer.addr);
+        let admitted = match &self.plan.allowed {
+            Some(a) => a.admit(peer),
+            None => Some(peer),
+        };
+        let why = match admitted {
+            None => format!("its address {addr} is not a node of this agent's cluster file"),
+            Some(_) if self.links.len() >= MAX_LINKS => {
+                format!("this transfer links {MAX_LINKS} peers already")
+            }
+            Some(_) if !self.ever.contains(&id) && self.ever.len() >= MAX_PEERS_PER_TRANSFER => {
+                format!("this transfer linked {MAX_PEERS_PER_TRANSFER} peers already")
+            }
+            Some(peer) => {
+                self.ever.insert(id);
+                let token = self.cancel.child_token();
+                self.links.insert(id, token.clone());
+                self.plan.tally.told(id, true);
+                return Some((peer, token));
+            }
+        };
+        if !self.said_refused {
+            self.said_refused = true;
+            tracing::warn!(
+                "{}: not linking peer {id} at {addr} that the source named: {why} (logged once per transfer)",
+                self.plan.name
+            );
+        }
+        None
     }
 
     /// Passes `update` to the transfer as if a link had sent it (the
@@ -384,17 +458,19 @@ pub async fn link_peers(
         tx: tx.clone(),
         links: HashMap::new(),
         cancel: cancel.clone(),
+        ever: Default::default(),
+        said_refused: false,
     };
     let mut firsts = Vec::new();
     for peer in plan.peers.iter().filter(|p| p.id != plan.me) {
+        let Some((peer, token)) = linker.admit(peer.clone()) else {
+            continue;
+        };
         let (first_tx, first_rx) = oneshot::channel();
         firsts.push(first_rx);
-        let token = cancel.child_token();
-        linker.links.insert(peer.id, token.clone());
-        plan.tally.told(peer.id, true);
         tokio::spawn(keep_linked(
             plan.clone(),
-            peer.clone(),
+            peer,
             Some(first_tx),
             tx.clone(),
             token,
@@ -421,12 +497,14 @@ async fn keep_linked(
 ) {
     let id = peer.id as PeerId;
     let mut reported = false;
+    let mut pause = RELINK_EVERY;
     while !cancel.is_cancelled() {
         let linked = tokio::select! {
             r = handshake(&plan, &peer) => r,
             _ = cancel.cancelled() => return,
         };
         let mut at_once = false;
+        let mut failed = false;
         match linked {
             Ok(Handshook {
                 conn,
@@ -457,6 +535,7 @@ async fn keep_linked(
                     });
                 }
                 plan.tally.link_up(id, false);
+                pause = RELINK_EVERY;
                 // Over management, the data address is tried again; once it
                 // answers, the link is made again over it (the fabric
                 // carries the rest; chunks in flight are asked again).
@@ -479,6 +558,7 @@ async fn keep_linked(
             Err(e) => {
                 // Not linked in time for the start: it may join later.
                 first.take();
+                failed = true;
                 tracing::debug!("no link to peer {id} at {}: {e:#}", peer.addr);
                 // Nothing answered at any of its addresses, or the peer
                 // no longer runs this transfer (its own ended: a draft's
@@ -501,8 +581,13 @@ async fn keep_linked(
             continue;
         }
         tokio::select! {
-            _ = tokio::time::sleep(RELINK_EVERY) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = cancel.cancelled() => return,
+        }
+        // Backed off: a peer that does not answer (or refuses) is not
+        // dialled every second for the rest of the transfer.
+        if failed {
+            pause = (pause * 2).min(RELINK_MAX);
         }
     }
 }

@@ -28,6 +28,7 @@ mod draft;
 mod error;
 pub mod fetched;
 pub mod hashcache;
+pub mod hub_layout;
 pub mod journal;
 pub mod local;
 #[cfg(test)]
@@ -416,6 +417,13 @@ impl Store {
         key: Hash,
         plan: Option<xfer_proto::draft::Draft>,
     ) -> Result<Transfer, StoreError> {
+        if hub_layout::is_hub_name(name) {
+            hub_layout::check_manifest(&manifest).map_err(|why| {
+                StoreError::Invalid(format!(
+                    "`{name}` is a Hub cache name, and this tree is not a Hub cache repo: {why}; a model of another shape takes another name (`--name`)"
+                ))
+            })?;
+        }
         let staging = self.staging_dir(name);
         let lock = self.lock_model(name)?;
         let staging_rel = Self::staging_rel(name);
@@ -487,6 +495,7 @@ impl Store {
             None => self.lineage(name, &manifest, key),
         };
         let transfer = Transfer {
+            hub_named: hub_layout::is_hub_name(name),
             name: name.clone(),
             manifest: manifest.clone(),
             map,
@@ -634,6 +643,9 @@ pub enum ChunkError {
 #[derive(Debug)]
 pub struct Transfer {
     name: ModelName,
+    /// `name` is a Hub cache name: each blob is checked against its name
+    /// before it is placed ([`hub_layout`]).
+    hub_named: bool,
     manifest: Arc<Manifest>,
     map: ChunkMap,
     store_root: PathBuf,
@@ -914,6 +926,22 @@ impl Transfer {
         staged
             .set_permissions(fs::Permissions::from_mode(mode))
             .map_err(|e| io_refusal(&from, e))?;
+        // A Hub-named model's blob must be the bytes its name hashes to,
+        // whatever manifest the source sent.
+        if let (true, Some(want)) = (self.hub_named, hub_layout::blob_hash(&entry.path)) {
+            use std::io::{Seek, SeekFrom};
+            let mut f = &staged;
+            let checked = f
+                .seek(SeekFrom::Start(0))
+                .and_then(|_| hub_layout::check_blob(&mut f, entry.size, want))
+                .map_err(|e| io_refusal(&from, e))?;
+            if let Err(got) = checked {
+                return Err(StoreError::Invalid(format!(
+                    "`{}` of `{}` hashes to {got}, not to its name: a Hub-named model holds the Hub's bytes, and the source sent others; not placed (sync it from the Hub again)",
+                    entry.path, self.name
+                )));
+            }
+        }
         drop(staged);
         let mut replacing = self.replacing.lock().unwrap();
         self.before_placing(&mut replacing, &entry.path)?;

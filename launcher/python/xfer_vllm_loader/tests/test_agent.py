@@ -4,15 +4,20 @@ once out of ``pending``; another root refused in one line; a long wait that
 names the shard and the agent's state. Run with the engine venv's python:
 ``python -m unittest discover -s launcher/python/xfer_vllm_loader/tests``."""
 
+import importlib
 import json
 import os
 import socket
+import sys
 import tempfile
 import threading
+import types
 import unittest
+from unittest import mock
 
 from xfer_vllm_loader.agent import (LoaderError, Settings, View, arrivals, ask_agent,
-                                   meet_for_preflight, view_of, wait_for_release)
+                                   check_shard_name, meet_for_preflight, ready, view_of,
+                                   wait_for_release)
 
 ROOT = "ab" * 32
 OTHER = "cd" * 32
@@ -334,6 +339,186 @@ class Rendezvous(unittest.TestCase):
                 del env[k]
                 self.assertIsNone(meet_for_preflight(env, worker=lambda: True, meet=never))
             self.assertEqual(os.listdir(d), [])
+
+
+# Issue 53, finding 9: shard names from the model's own index, which the
+# agent never vouched for, naming files outside the model.
+ESCAPES = ["../../../.xfer/staging/x/data/0", "/etc/passwd", "a/../../b",
+           "model\x00.safetensors", "model\n.safetensors", "", "."]
+
+
+def listing(top):
+    """Every path under ``top`` and where each link leads: to show that a
+    refused name changed nothing."""
+    out = []
+    for d, dirs, files in os.walk(top):
+        for n in sorted(dirs + files):
+            p = os.path.join(d, n)
+            out.append((p, os.readlink(p) if os.path.islink(p) else None))
+    return sorted(out)
+
+
+def loader_module():
+    """``xfer_vllm_loader.loader`` imported over stand-ins for torch,
+    transformers and vLLM (only their names it imports), to call its
+    ``shard_names``; restored afterwards."""
+    def mod(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        return m
+
+    class DefaultModelLoader:
+        pass
+
+    stubs = {
+        "torch": mod("torch"),
+        "transformers": mod("transformers"),
+        "transformers.utils": mod("transformers.utils",
+                                  SAFE_WEIGHTS_INDEX_NAME="model.safetensors.index.json",
+                                  SAFE_WEIGHTS_NAME="model.safetensors"),
+        "vllm": mod("vllm"),
+        "vllm.logger": mod("vllm.logger", init_logger=lambda _n: None),
+        "vllm.model_executor": mod("vllm.model_executor"),
+        "vllm.model_executor.model_loader": mod("vllm.model_executor.model_loader"),
+        "vllm.model_executor.model_loader.default_loader": mod(
+            "vllm.model_executor.model_loader.default_loader",
+            DefaultModelLoader=DefaultModelLoader),
+        "vllm.model_executor.model_loader.weight_utils": mod(
+            "vllm.model_executor.model_loader.weight_utils",
+            safetensors_weights_iterator=None),
+    }
+    with mock.patch.dict(sys.modules, stubs):
+        sys.modules.pop("xfer_vllm_loader.loader", None)
+        loader = importlib.import_module("xfer_vllm_loader.loader")
+    import xfer_vllm_loader
+    xfer_vllm_loader.__dict__.pop("loader", None)
+    return loader
+
+
+class ShardNames(unittest.TestCase):
+    """``check_shard_name`` (and ``loader.shard_names``, which calls it on
+    every name of the index): only a plain relative path whose file
+    resolves inside the model folder, or a Hub snapshot's repo folder."""
+
+    def refused(self, folder, name, index, said=None):
+        before = listing(os.path.dirname(folder))
+        with self.assertRaises(LoaderError) as e:
+            check_shard_name(folder, name, index)
+        msg = str(e.exception)
+        self.assertTrue(msg.startswith("xfer loader: "), msg)
+        self.assertNotIn("\n", msg)
+        self.assertIn(index, msg)
+        self.assertIn(repr(name), msg)
+        if said:
+            self.assertIn(said, msg)
+        self.assertEqual(listing(os.path.dirname(folder)), before)
+
+    def test_an_index_naming_a_path_out_of_the_model_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            folder = os.path.join(d, "tiny")
+            os.makedirs(os.path.join(d, ".xfer/staging/x/data"))
+            with open(os.path.join(d, ".xfer/staging/x/data/0"), "w") as f:
+                f.write("another model's partial")
+            os.mkdir(folder)
+            index = os.path.join(folder, "model.safetensors.index.json")
+            for name in ESCAPES:
+                self.refused(folder, name, index)
+            self.refused(folder, "/etc/passwd", index, "an absolute path")
+            self.refused(folder, "a/../../b", index, "leaves the model folder")
+            self.refused(folder, "m\x00.safetensors", index, "NUL")
+
+    def test_loader_shard_names_refuses_an_index_naming_a_path_out_of_the_model(self):
+        loader = loader_module()
+        with tempfile.TemporaryDirectory() as d:
+            folder = os.path.join(d, "tiny")
+            os.mkdir(folder)
+            index = os.path.join(folder, "model.safetensors.index.json")
+            for name in ESCAPES:
+                with open(index, "w") as f:
+                    json.dump({"weight_map": {"a.weight": SHARDS[0], "b.weight": name}}, f)
+                with self.assertRaises(LoaderError) as e:
+                    loader.shard_names(folder)
+                self.assertIn(index, str(e.exception))
+                self.assertIn(repr(name), str(e.exception))
+                self.assertNotIn("\n", str(e.exception))
+            with open(index, "w") as f:
+                json.dump({"weight_map": {"a": "./" + SHARDS[1], "b": SHARDS[0],
+                                          "c": "x/../" + SHARDS[0]}}, f)
+            self.assertEqual(loader.shard_names(folder), SHARDS[:2])
+            os.remove(index)
+            self.assertEqual(loader.shard_names(folder), ["model.safetensors"])
+            os.symlink("/etc/passwd", os.path.join(folder, "model.safetensors"))
+            with self.assertRaises(LoaderError) as e:
+                loader.shard_names(folder)
+            self.assertIn("resolves to /etc/passwd", str(e.exception))
+
+    def test_a_plain_name_is_normalized_and_accepted(self):
+        with tempfile.TemporaryDirectory() as d:
+            index = os.path.join(d, "model.safetensors.index.json")
+            for name, norm in [(SHARDS[0], SHARDS[0]), ("./" + SHARDS[0], SHARDS[0]),
+                               ("sub//x.safetensors", "sub/x.safetensors"),
+                               ("a/../b.safetensors", "b.safetensors")]:
+                self.assertEqual(check_shard_name(d, name, index), norm)
+
+    def test_a_link_in_the_model_folder_leading_out_of_it_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            folder = os.path.join(d, "tiny")
+            outside = os.path.join(d, "outside")
+            os.mkdir(folder)
+            os.mkdir(outside)
+            os.symlink("/etc/passwd", os.path.join(folder, SHARDS[0]))
+            os.symlink(outside, os.path.join(folder, "sub"))
+            os.symlink("../outside/x", os.path.join(folder, SHARDS[1]))
+            index = os.path.join(folder, "model.safetensors.index.json")
+            self.refused(folder, SHARDS[0], index, "resolves to /etc/passwd, outside")
+            self.refused(folder, "sub/x.safetensors", index, "outside")
+            self.refused(folder, SHARDS[1], index, "outside")
+
+    def test_a_hub_snapshots_links_into_its_blobs_are_accepted_and_no_other(self):
+        with tempfile.TemporaryDirectory() as d:
+            repo = os.path.join(d, "models--org--tiny")
+            folder = os.path.join(repo, "snapshots", "c0")
+            os.makedirs(folder)
+            os.mkdir(os.path.join(repo, "blobs"))
+            with open(os.path.join(repo, "blobs", "abc"), "w") as f:
+                f.write("weights")
+            os.symlink("../../blobs/abc", os.path.join(folder, "model.safetensors"))
+            os.symlink("/etc/passwd", os.path.join(folder, SHARDS[0]))
+            os.symlink("../../../other/blob", os.path.join(folder, SHARDS[1]))
+            index = os.path.join(folder, "model.safetensors.index.json")
+            self.assertEqual(check_shard_name(folder, "model.safetensors", index),
+                             "model.safetensors")
+            self.refused(folder, SHARDS[0], index, "resolves to /etc/passwd, outside")
+            self.refused(folder, SHARDS[1], index, "outside")
+            self.refused(folder, "../../blobs/abc", index, "leaves the model folder")
+            # Not in snapshots/: the folder alone.
+            plain = os.path.join(d, "plain", "c0")
+            os.makedirs(plain)
+            os.symlink("../../models--org--tiny/blobs/abc",
+                       os.path.join(plain, "model.safetensors"))
+            self.refused(plain, "model.safetensors", index, "outside")
+
+    def test_ready_refuses_a_path_out_of_the_model_whatever_the_agent_says(self):
+        for state in ("complete", "syncing"):
+            for path in ["../../../.xfer/staging/x/data/0", "/etc/passwd",
+                         "snapshots/c0/../../../x", "a/../../b"]:
+                with self.assertRaises(LoaderError) as e:
+                    ready(model(state=state), settings(), path)
+                msg = str(e.exception)
+                self.assertTrue(msg.startswith("xfer loader: "), msg)
+                self.assertIn(repr(path), msg)
+                self.assertNotIn("\n", msg)
+        # A prefix that leaves the model is refused too, and nothing is yielded.
+        got = []
+        with self.assertRaises(LoaderError):
+            for f in arrivals(SHARDS, settings(prefix="../other"),
+                              ask=lambda _s: model(state="complete"),
+                              log=lambda _l: None, sleep=lambda _d: None):
+                got.append(f)
+        self.assertEqual(got, [])
+        # The final check of the identity asks about no file.
+        self.assertTrue(ready(model(state="complete"), settings(), ""))
+        self.assertTrue(ready(model(state="complete"), settings(), SHARDS[0]))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ wait says which shard and what the agent reports. What no wait mends fails
 the rank at once with its cause: no socket, no agent answering on it, a
 refused question, an agent that holds no model of the name.
 
+A shard's name is the model's own word (its ``model.safetensors.index.json``),
+not the agent's: ``check_shard_name`` takes only a plain relative path inside
+the model folder whose file resolves inside it (or, for a Hub snapshot, inside
+its repo folder, where the snapshot's links lead), and ``ready`` refuses a
+manifest path that is absolute or has a ``..``, whatever the agent reports.
+
 Environment (set by ``xfer-launch up`` under ``[launch] stream_weights``):
 
 - ``XFER_EXPECT_ROOT``: the manifest root every node was receiving (hex),
@@ -201,9 +207,55 @@ def view_of(reply: dict, s: Settings) -> View:
     return View(model=reply["model"])
 
 
+def check_shard_name(folder: str, name, index_path: str) -> str:
+    """The shard ``name`` that ``index_path`` names (the model's index, or
+    the single shard file itself), normalized, once it is a plain relative
+    path inside the model ``folder``: no absolute path, no ``..``, no NUL
+    or other control character; and its file, where links lead, resolves
+    inside the folder, or, for a Hub snapshot (a folder in ``snapshots/``,
+    whose files link to ``../../blobs/``), inside the repo folder above
+    ``snapshots/``. Raises a ``LoaderError`` otherwise: the index is the
+    model's own file, not the agent's word."""
+
+    def refuse(why: str) -> LoaderError:
+        return LoaderError(
+            f"xfer loader: {index_path} names shard {name!r}, {why}; a shard "
+            f"must be a file inside the model folder {folder}: fix the model's "
+            "index (or its links) at its source and sync it again"
+        )
+
+    if not isinstance(name, str) or not name:
+        raise refuse("which is no file name")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise refuse("with a NUL or other control character")
+    if name.startswith("/"):
+        raise refuse("an absolute path")
+    norm = os.path.normpath(name)
+    if norm == ".":
+        raise refuse("which is the model folder itself")
+    if ".." in norm.split("/"):
+        raise refuse("a path that leaves the model folder ('..')")
+    real_folder = os.path.realpath(folder)
+    roots = [real_folder]
+    if os.path.basename(os.path.dirname(real_folder)) == "snapshots":
+        roots.append(os.path.dirname(os.path.dirname(real_folder)))
+    real = os.path.realpath(os.path.join(folder, norm))
+    if not any(real != r and os.path.commonpath([real, r]) == r for r in roots):
+        raise refuse(f"whose file resolves to {real}, outside {' and '.join(roots)}")
+    return norm
+
+
 def ready(view: View, s: Settings, path: str) -> bool:
     """Whether the agent vouches for the manifest file ``path`` with the
-    plan's identity; raises when it holds the model named otherwise."""
+    plan's identity; raises when it holds the model named otherwise, or
+    when ``path`` is no path inside the model (absolute, or with ``..``):
+    the agent vouches only for the model's own files."""
+    if path.startswith("/") or ".." in path.split("/"):
+        raise LoaderError(
+            f"xfer loader: refusing shard {path!r} of {s.model_name}: a "
+            "manifest path is relative and never leaves the model (no '/' "
+            "first, no '..'); fix the model's index or XFER_MODEL_PREFIX"
+        )
     m = view.model
     if m is None:
         return False

@@ -3,9 +3,12 @@ at a time as this node's xfer agent verifies them (``agent.arrivals``).
 
 The shards are the files the model's ``model.safetensors.index.json`` names
 (or the single ``model.safetensors``); the index and config are small files
-the launcher already waited for. Each shard goes through vLLM's own
-``safetensors_weights_iterator`` alone, so nothing stats or opens a shard
-before the agent vouches for it.
+the launcher already waited for. Each name is checked before it is waited
+for, and its file again once the agent vouches for it and before it is opened
+(``agent.check_shard_name``: a plain relative path resolving inside the model
+folder, or a Hub snapshot's repo folder). Each shard goes through vLLM's own
+``safetensors_weights_iterator`` alone, so nothing opens a shard before the
+agent vouches for it.
 """
 
 from __future__ import annotations
@@ -24,26 +27,38 @@ from vllm.model_executor.model_loader.weight_utils import (
     safetensors_weights_iterator,
 )
 
-from .agent import LoaderError, Settings, arrivals
+from .agent import LoaderError, Settings, arrivals, check_shard_name
 
 logger = init_logger("vllm.xfer_loader")
 
 
+def named_by(folder: str) -> str:
+    """The file that names the shards of the model in ``folder``: its
+    index, else the single shard file itself."""
+    index = os.path.join(folder, SAFE_WEIGHTS_INDEX_NAME)
+    if os.path.exists(index):
+        return index
+    return os.path.join(folder, SAFE_WEIGHTS_NAME)
+
+
 def shard_names(folder: str) -> list[str]:
     """The safetensors shards of the model in ``folder``, from its index
-    (the small file the launcher waited for), else the single file."""
+    (the small file the launcher waited for), else the single file; each
+    a checked, normalized path inside the folder (``check_shard_name``)."""
     index = os.path.join(folder, SAFE_WEIGHTS_INDEX_NAME)
     if os.path.exists(index):
         with open(index) as f:
             weight_map = json.load(f).get("weight_map", {})
-        names = sorted(set(weight_map.values()))
+        names = sorted(
+            {check_shard_name(folder, n, index) for n in weight_map.values()}
+        )
         if not names:
             raise LoaderError(
                 f"xfer loader: {index} names no shard; the model is not a "
                 "sharded safetensors checkpoint"
             )
         return names
-    return [SAFE_WEIGHTS_NAME]
+    return [check_shard_name(folder, SAFE_WEIGHTS_NAME, named_by(folder))]
 
 
 class XferModelLoader(DefaultModelLoader):
@@ -73,12 +88,15 @@ class XferModelLoader(DefaultModelLoader):
     ) -> Generator[tuple[str, torch.Tensor], None, None]:
         folder = self._folder(source)
         shards = shard_names(folder)
+        index = named_by(folder)
 
         def log(line: str) -> None:
             logger.info("%s", line)
 
         def weights():
             for name in arrivals(shards, self.settings, log=log):
+                # Again now that the file is there: where its links lead.
+                name = check_shard_name(folder, name, index)
                 yield from safetensors_weights_iterator(
                     [os.path.join(folder, name)],
                     self.load_config.use_tqdm_on_load,

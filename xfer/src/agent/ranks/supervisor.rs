@@ -31,6 +31,13 @@
 //! a name from an older record is resolved the same way here), never
 //! looked up on the rank's environment, and the environment it adds to
 //! the agent's is kept within [`xfer_proto::launch_rules`].
+//!
+//! A held rank reports the rendezvous it met in a file of its run folder,
+//! whose contents the engine owns: the agent opens it without following
+//! a symlink or blocking (an engine could make it a FIFO), reads it only
+//! when it is a regular file, at most 4 KiB, on the blocking pool rather
+//! than a runtime worker, and takes anything else as no valid report,
+//! with that reason.
 
 //!
 //! This file holds the types and the service's own calls (start, report,
@@ -331,7 +338,8 @@ impl Supervisor {
     /// The rendezvous the held rank of `run` met for the preflight
     /// ([`RankSpec::rendezvous`]): its loader plugin's report, waited for
     /// up to `timeout` (the engine imports its Python first), and failed at
-    /// once when the rank ended without one.
+    /// once when the rank ended without one or its report is no regular
+    /// file (`read_report`).
     pub async fn held_rendezvous(&self, run: &str, timeout: Duration) -> Probe<u64> {
         let Some(r) = self.run(run) else {
             return Probe::Failed(format!(
@@ -348,14 +356,21 @@ impl Supervisor {
         };
         let path = r.rendezvous_file();
         let since = std::time::Instant::now();
+        let outcome = |read: Result<Option<String>, String>| match read {
+            Ok(Some(report)) => Some(crate::agent::preflight::rendezvous::held_outcome(
+                &report, store,
+            )),
+            Ok(None) => None,
+            Err(why) => Some(Probe::Failed(why)),
+        };
         loop {
-            if let Some(report) = read_report(&path) {
-                return crate::agent::preflight::rendezvous::held_outcome(&report, store);
+            if let Some(met) = outcome(read_report(&path).await) {
+                return met;
             }
             if !r.state().is_live() {
                 // It may have reported, then ended, since the read above.
-                if let Some(report) = read_report(&path) {
-                    return crate::agent::preflight::rendezvous::held_outcome(&report, store);
+                if let Some(met) = outcome(read_report(&path).await) {
+                    return met;
                 }
                 return Probe::Failed(format!(
                     "the held engine of run {run} ended before it met the other ranks; see `xfer-launch logs`"
@@ -436,18 +451,70 @@ impl Supervisor {
     }
 }
 
-/// The first KiB of a held rank's report, if it wrote one (never read
-/// through a symlink: the engine owns the folder's contents).
-fn read_report(path: &Path) -> Option<String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
+/// The most bytes of a held rank's report read (the report is one short
+/// line).
+const MAX_REPORT: u64 = 4 << 10;
+
+/// A held rank's report: its first [`MAX_REPORT`] bytes, `Ok(None)` while
+/// it has written none, or `Err` with why it is no valid report (one
+/// line naming the file). Read on the blocking pool, off the async
+/// runtime's workers.
+async fn read_report(path: &Path) -> Result<Option<String>, String> {
+    let owned = path.to_path_buf();
+    tokio::task::spawn_blocking(move || read_report_now(&owned))
+        .await
+        .unwrap_or_else(|e| Err(format!("cannot read {}: {e}", path.display())))
+}
+
+/// [`read_report`] itself. The engine owns the run folder's contents, so
+/// the file is opened without following a symlink and without blocking
+/// (an open of a FIFO for reading would wait for a writer forever), and
+/// only a regular file is read.
+fn read_report_now(path: &Path) -> Result<Option<String>, String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let not_regular = |kind: std::fs::FileType| {
+        let what = if kind.is_symlink() {
+            "a symbolic link"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_dir() {
+            "a folder"
+        } else {
+            "a device"
+        };
+        format!(
+            "{} is {what}, not a regular file: no valid report of the held engine's rendezvous (the engine's loader plugin writes a file there); see `xfer-launch logs`",
+            path.display()
+        )
+    };
+    let f = match std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .ok()?;
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        // A symlink (ELOOP), a socket (ENXIO): said as what they are.
+        Err(e) => {
+            return Err(match std::fs::symlink_metadata(path) {
+                Ok(m) if !m.is_file() => not_regular(m.file_type()),
+                _ => format!("cannot read {}: {e}", path.display()),
+            })
+        }
+    };
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
     let mut buf = Vec::new();
-    f.take(1024).read_to_end(&mut buf).ok()?;
-    Some(String::from_utf8_lossy(&buf).into_owned())
+    f.take(MAX_REPORT)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
 }
 
 impl Run {
@@ -708,6 +775,94 @@ mod tests {
         }
         for key in ["XFER_RENDEZVOUS", "XFER_RENDEZVOUS_FILE"] {
             assert!(xfer_proto::launch_rules::check_env(key, "x").is_err());
+        }
+    }
+
+    /// Issue 53, finding 8: a held rank that makes its report a FIFO (or
+    /// a symlink, or a folder) does not hang the agent's read; the read
+    /// says at once that the file is not a regular file, and changes
+    /// nothing (the rank still runs, the FIFO is still there). The read
+    /// runs in its own task on a runtime of two workers, as on a 2-core
+    /// agent, and the test waits for it on its own thread, so that a read
+    /// that blocks a worker fails the test within 10 s rather than hang.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_ranks_report_that_is_no_regular_file_is_refused_at_once() {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let s = sup(dir.path());
+        let held = |run: &str, script: &str| {
+            let mut h = spec(run, &[script]);
+            h.held = true;
+            h.rendezvous = Some(xfer_proto::launch::RendezvousRequest {
+                node: "n2".parse().unwrap(),
+                python_of: "vllm".into(),
+                rank: 1,
+                world: 2,
+                master: "10.0.0.1:8000".parse().unwrap(),
+                fabric_if: "fab0".into(),
+                timeout_ms: 25_000,
+                held_run: None,
+            });
+            h
+        };
+        for (run, make, what) in [
+            ("q1", "mkfifo \"$XFER_RENDEZVOUS_FILE\"", "a FIFO"),
+            (
+                "q2",
+                "ln -s /etc/hostname \"$XFER_RENDEZVOUS_FILE\"",
+                "a symbolic link",
+            ),
+            ("q3", "mkdir \"$XFER_RENDEZVOUS_FILE\"", "a folder"),
+        ] {
+            s.start(held(run, &format!("{make}; echo made; exec sleep 30")))
+                .unwrap();
+            let report = dir.path().join(".xfer/runs").join(run).join("rendezvous");
+            let sup = s.clone();
+            let id = run.to_string();
+            let (tx, rx) = std::sync::mpsc::channel();
+            tokio::spawn(async move {
+                let _ = tx.send(sup.held_rendezvous(&id, Duration::from_secs(120)).await);
+            });
+            // Waited for on this thread, not the runtime's: a worker
+            // blocked in the read stalls the runtime's timers too.
+            let met = match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(met) => met,
+                Err(_) => {
+                    // Let a read blocked in open(2) go (a writer came and
+                    // left), so the runtime can shut down, then fail.
+                    drop(
+                        std::fs::OpenOptions::new()
+                            .read(true)
+                            .write(true)
+                            .custom_flags(libc::O_NONBLOCK)
+                            .open(&report),
+                    );
+                    panic!("{run}: the agent's read of a held rank's report hung on {what}");
+                }
+            };
+            match met {
+                Probe::Failed(why) => {
+                    assert_eq!(
+                        why,
+                        format!(
+                            "{} is {what}, not a regular file: no valid report of the held engine's rendezvous (the engine's loader plugin writes a file there); see `xfer-launch logs`",
+                            report.display()
+                        )
+                    );
+                    assert!(!why.contains('\n'), "{why}");
+                }
+                other => panic!("{run}: {other:?}"),
+            }
+            until("the rank to go on", || said(&s, run, "made")).await;
+            assert_eq!(s.reports(Some(run))[0].state, RunState::Running, "{run}");
+            let kind = std::fs::symlink_metadata(&report).unwrap().file_type();
+            let unchanged = match what {
+                "a FIFO" => kind.is_fifo(),
+                "a symbolic link" => kind.is_symlink(),
+                _ => kind.is_dir(),
+            };
+            assert!(unchanged, "{run}: {kind:?}");
+            s.stop(Some(run), Duration::from_millis(300), "test").await;
         }
     }
 

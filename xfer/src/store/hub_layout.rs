@@ -1,0 +1,255 @@
+//! A model stored under a Hub cache name (`models--ORG--NAME`, as
+//! `huggingface_hub` and vLLM find it) holds the Hub's bytes, whoever
+//! delivered it: each blob is named by its content hash (the sha256 of an
+//! LFS file, 64 hex digits; the git blob sha1 of a regular one, 40), and
+//! a receiver checks a blob against its name before it places it. What an
+//! engine loads is a snapshot's name, which must be a link to a blob: a
+//! manifest for such a name with a regular file under `snapshots/`, a
+//! link that leads elsewhere, a blob not named by a hash, or a top-level
+//! folder the cache does not have, is refused when it is offered
+//! ([`check_manifest`]).
+//!
+//! What this cannot tell: which blob a snapshot's name should lead to
+//! (that mapping is the Hub's listing for the commit, and the listing a
+//! receiver has came from the same source).
+
+use std::io::Read;
+use std::path::{Component, Path};
+
+use sha1::Digest as _;
+use xfer_proto::manifest::{Entry, Manifest};
+use xfer_proto::names::ModelName;
+use xfer_proto::relpath::RelPath;
+
+/// The top-level folders of a Hub cache repo folder (`trees/` is xfer's
+/// copy of the Hub's listing).
+const FOLDERS: [&str; 5] = ["blobs", "snapshots", "refs", "trees", ".no_exist"];
+
+/// Whether `name` is a Hub cache folder's name.
+pub fn is_hub_name(name: &ModelName) -> bool {
+    ["models--", "datasets--", "spaces--"]
+        .iter()
+        .any(|p| name.as_str().starts_with(p))
+}
+
+/// The hash a blob's name says its content has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlobHash {
+    /// An LFS file: the sha256 of its bytes.
+    Sha256([u8; 32]),
+    /// A regular git file: the sha1 of `blob <len>\0<bytes>`.
+    GitSha1([u8; 20]),
+}
+
+/// The hash `path` (`blobs/<hex>`) names, if it is a blob's path.
+pub fn blob_hash(path: &RelPath) -> Option<BlobHash> {
+    let name = path.as_str().strip_prefix("blobs/")?;
+    if name
+        .bytes()
+        .any(|b| !matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        return None;
+    }
+    let bytes = hex::decode(name).ok()?;
+    match bytes.len() {
+        32 => Some(BlobHash::Sha256(bytes.try_into().ok()?)),
+        20 => Some(BlobHash::GitSha1(bytes.try_into().ok()?)),
+        _ => None,
+    }
+}
+
+/// `Ok` when `m` has the shape of a Hub cache repo folder; else why not.
+pub fn check_manifest(m: &Manifest) -> Result<(), String> {
+    for e in &m.entries {
+        let path = e.path();
+        let top = path.as_str().split('/').next().unwrap_or_default();
+        if !FOLDERS.contains(&top) {
+            return Err(format!(
+                "`{path}` is not under a folder of a Hub cache repo ({})",
+                FOLDERS.join(", ")
+            ));
+        }
+        match e {
+            Entry::File(_) if top == "blobs" && blob_hash(path).is_none() => {
+                return Err(format!(
+                    "`{path}`: a blob is named by its sha256 (64 hex digits) or git sha1 (40)"
+                ));
+            }
+            Entry::File(_) if top == "snapshots" => {
+                return Err(format!(
+                    "`{path}` is a file; a snapshot's names are links to blobs"
+                ));
+            }
+            Entry::Symlink { target, .. } if top == "snapshots" => {
+                let to = lexical_target(path, target);
+                if to
+                    .as_deref()
+                    .and_then(|t| RelPath::new(t).ok())
+                    .and_then(|t| blob_hash(&t))
+                    .is_none()
+                {
+                    return Err(format!(
+                        "`{path}` links to `{target}`, not to a blob of this repo folder"
+                    ));
+                }
+            }
+            Entry::Symlink { target, .. } => {
+                return Err(format!(
+                    "`{path}` links to `{target}`; only a snapshot's names are links"
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Where the link `path` -> `target` leads, relative to the repo folder
+/// (`None` when it leaves it or is absolute).
+fn lexical_target(path: &RelPath, target: &str) -> Option<String> {
+    let mut parts: Vec<&str> = path.as_str().split('/').collect();
+    parts.pop();
+    for c in Path::new(target).components() {
+        match c {
+            Component::Normal(s) => parts.push(s.to_str()?),
+            Component::ParentDir => {
+                parts.pop()?;
+            }
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(parts.join("/"))
+}
+
+/// Reads `file` (`size` bytes) to its end and checks it against `want`;
+/// the hash it has, in hex, when it differs.
+pub fn check_blob(
+    file: &mut impl Read,
+    size: u64,
+    want: BlobHash,
+) -> std::io::Result<Result<(), String>> {
+    let mut buf = vec![0u8; 1 << 20];
+    let got = match want {
+        BlobHash::Sha256(w) => {
+            let mut h = sha2::Sha256::new();
+            feed(file, &mut buf, |b| h.update(b))?;
+            let got: [u8; 32] = h.finalize().into();
+            (got != w).then(|| hex::encode(got))
+        }
+        BlobHash::GitSha1(w) => {
+            let mut h = sha1::Sha1::new();
+            h.update(format!("blob {size}\0").as_bytes());
+            feed(file, &mut buf, |b| h.update(b))?;
+            let got: [u8; 20] = h.finalize().into();
+            (got != w).then(|| hex::encode(got))
+        }
+    };
+    Ok(match got {
+        None => Ok(()),
+        Some(hex) => Err(hex),
+    })
+}
+
+fn feed(file: &mut impl Read, buf: &mut [u8], mut f: impl FnMut(&[u8])) -> std::io::Result<()> {
+    loop {
+        match file.read(buf)? {
+            0 => return Ok(()),
+            n => f(&buf[..n]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfer_proto::manifest::{FileEntry, MANIFEST_VERSION};
+
+    fn rel(s: &str) -> RelPath {
+        RelPath::new(s).unwrap()
+    }
+
+    #[test]
+    fn a_blob_is_checked_against_the_hash_its_name_says() {
+        let data = b"hello\n";
+        let sha = hex::encode(sha2::Sha256::digest(data));
+        let want = blob_hash(&rel(&format!("blobs/{sha}"))).unwrap();
+        assert_eq!(check_blob(&mut &data[..], 6, want).unwrap(), Ok(()));
+        assert!(check_blob(&mut &b"other!"[..], 6, want).unwrap().is_err());
+        // git's own id of "hello\n"
+        let git = blob_hash(&rel("blobs/ce013625030ba8dba906f756967f9e9ca394464a")).unwrap();
+        assert_eq!(check_blob(&mut &data[..], 6, git).unwrap(), Ok(()));
+        for bad in [
+            "blobs/xyz",
+            "blobs/ABCDEF0123456789ABCDEF0123456789ABCDEF01",
+            "refs/main",
+            "blobs/ce01",
+        ] {
+            assert_eq!(blob_hash(&rel(bad)), None, "{bad}");
+        }
+    }
+
+    fn manifest(entries: Vec<Entry>) -> Manifest {
+        Manifest {
+            version: MANIFEST_VERSION,
+            chunk_size: 1 << 20,
+            entries,
+        }
+    }
+
+    fn file(p: &str) -> Entry {
+        Entry::File(FileEntry {
+            path: rel(p),
+            size: 0,
+            hash: xfer_proto::hash::Hash([0; 32]),
+            executable: false,
+            chunks: vec![],
+        })
+    }
+
+    fn link(p: &str, t: &str) -> Entry {
+        Entry::Symlink {
+            path: rel(p),
+            target: t.into(),
+        }
+    }
+
+    #[test]
+    fn only_a_hub_cache_shaped_tree_may_take_a_hub_name() {
+        let blob = "blobs/ce013625030ba8dba906f756967f9e9ca394464a";
+        let ok = manifest(vec![
+            file(blob),
+            file("refs/main"),
+            link(
+                "snapshots/c0/config.json",
+                "../../blobs/ce013625030ba8dba906f756967f9e9ca394464a",
+            ),
+            link(
+                "snapshots/c0/sub/a.json",
+                "../../../blobs/ce013625030ba8dba906f756967f9e9ca394464a",
+            ),
+        ]);
+        assert_eq!(check_manifest(&ok), Ok(()));
+        for (bad, said) in [
+            (file("snapshots/c0/model.safetensors"), "is a file"),
+            (link("snapshots/c0/m", "../../refs/main"), "not to a blob"),
+            (link("snapshots/c0/m", "/etc/passwd"), "not to a blob"),
+            (
+                link(
+                    "snapshots/c0/m",
+                    "../../../../x/blobs/ce013625030ba8dba906f756967f9e9ca394464a",
+                ),
+                "not to a blob",
+            ),
+            (file("blobs/not-a-hash"), "named by its sha256"),
+            (file("model.safetensors"), "not under a folder"),
+            (
+                link("refs/main", "../blobs/x"),
+                "only a snapshot's names are links",
+            ),
+        ] {
+            let e = check_manifest(&manifest(vec![file(blob), bad])).unwrap_err();
+            assert!(e.contains(said), "{e}");
+        }
+    }
+}
