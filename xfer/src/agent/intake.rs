@@ -11,8 +11,11 @@
 //! once (at most [`MAX_INTAKE_STREAMS`] at a time), until the source
 //! closes the connection.
 //!
-//! Only the source of a running sync job for the model (or an operator)
-//! may ask, and the session serves that one model; the URL must be `http(s)`, the span at most
+//! Only the source of a running sync job from the Hub for the model that
+//! names this node as an intake node (or an operator) may ask, the session
+//! serves that one model, and a node's ask is fetched only from that job's
+//! origin ([`Origin`]: the endpoint's host, the Hub's CDN domains); the
+//! URL must be `http(s)`, the span at most
 //! [`MAX_INTAKE_SPAN`], and no redirect is followed (the source resolved
 //! the file once for the cluster). `XFER_FAULT_CORRUPT_INTAKE=1` makes
 //! this node flip one byte of every range it relays: the tests' lying
@@ -46,6 +49,56 @@ pub(super) struct IntakeAsk {
     pub(super) from: u64,
     pub(super) to: u64,
     pub(super) token: Option<Secret>,
+    /// The job's origin, the only hosts fetched from (`None`: an
+    /// operator's ask).
+    pub(super) origin: Option<Origin>,
+}
+
+/// The hosts a striped job's origin serves its files from: the endpoint's
+/// host (any port: a mirror's CDN may listen on another), and, for the
+/// Hub itself, its CDN domains (`*.huggingface.co`, `hf.co`, `*.hf.co`),
+/// plus the hosts the agent's `XFER_INTAKE_HOSTS` (comma-separated) adds.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    hosts: Vec<String>,
+    domains: Vec<String>,
+}
+
+/// The variable naming more hosts an intake node may fetch from.
+pub const INTAKE_HOSTS: &str = "XFER_INTAKE_HOSTS";
+
+impl Origin {
+    /// The origin of the endpoint `HF_ENDPOINT` (or a job) names.
+    pub fn of_endpoint(endpoint: &str) -> Result<Origin, String> {
+        let url = reqwest::Url::parse(endpoint)
+            .map_err(|e| format!("its job's endpoint `{endpoint}` is not a URL ({e})"))?;
+        let host = url
+            .host_str()
+            .ok_or_else(|| format!("its job's endpoint `{endpoint}` names no host"))?
+            .to_ascii_lowercase();
+        let mut hosts = vec![host.clone()];
+        let mut domains = Vec::new();
+        if host == "huggingface.co" || host.ends_with(".huggingface.co") {
+            hosts.push("hf.co".into());
+            domains.extend([".huggingface.co".to_string(), ".hf.co".to_string()]);
+        }
+        if let Ok(more) = std::env::var(INTAKE_HOSTS) {
+            hosts.extend(
+                more.split(',')
+                    .map(|h| h.trim().to_ascii_lowercase())
+                    .filter(|h| !h.is_empty()),
+            );
+        }
+        Ok(Origin { hosts, domains })
+    }
+
+    /// Whether `url`'s host is this origin's.
+    fn allows(&self, url: &reqwest::Url) -> bool {
+        let Some(host) = url.host_str().map(str::to_ascii_lowercase) else {
+            return false;
+        };
+        self.hosts.contains(&host) || self.domains.iter().any(|d| host.ends_with(d.as_str()))
+    }
 }
 
 /// Ranges one session fetches at once, whatever the source opens.
@@ -61,6 +114,7 @@ pub(super) async fn session(
     shares: Arc<Shares>,
 ) -> Result<()> {
     let name = first.name.clone();
+    let origin = first.origin.clone();
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_INTAKE_STREAMS));
     // One HTTP client for the session: its ranges reuse kept-alive
     // connections to the origin (a new one per range would pay a TCP and
@@ -78,6 +132,7 @@ pub(super) async fn session(
         };
         let permit = slots.clone().acquire_owned().await?;
         let (name, shares, http) = (name.clone(), shares.clone(), client.clone());
+        let origin = origin.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let ask = crate::transport::quic::read_frame_within::<TransferMsg>(
@@ -100,6 +155,7 @@ pub(super) async fn session(
                     from,
                     to,
                     token,
+                    origin: origin.clone(),
                 },
                 Ok(other) => {
                     let why = format!(
@@ -135,6 +191,19 @@ async fn serve(
         Ok(u) => u,
         Err(why) => return super::refuse(&mut send, Refusal::Protocol(why)).await,
     };
+    if let Some(origin) = ask.origin.as_ref().filter(|o| !o.allows(&url)) {
+        // Said without the URL's host or path: no answer maps a network.
+        tracing::warn!(
+            "refused an intake of `{}` from {}: not its job's origin ({origin:?})",
+            ask.name,
+            url.host_str().unwrap_or("?")
+        );
+        let why = format!(
+            "the URL is not on the origin of `{}`'s sync job; an intake node fetches only from its job's endpoint and, for the Hub, its CDN (more hosts: {INTAKE_HOSTS} on this agent)",
+            ask.name
+        );
+        return super::refuse(&mut send, Refusal::Forbidden(why)).await;
+    }
     let mut resp = match request(client, &url, &ask).await {
         Ok(r) => r,
         Err(refusal) => return super::refuse(&mut send, refusal).await,
@@ -270,6 +339,7 @@ mod tests {
             from,
             to,
             token: None,
+            origin: None,
         }
     }
 
@@ -285,5 +355,43 @@ mod tests {
             let why = check(&bad).unwrap_err();
             assert!(why.contains("intake"), "{why}");
         }
+    }
+}
+
+#[cfg(test)]
+mod origin_tests {
+    use super::*;
+
+    fn url(u: &str) -> reqwest::Url {
+        reqwest::Url::parse(u).unwrap()
+    }
+
+    /// The SSRF of issue 53: a job's source may not point an intake node
+    /// at a metadata service or a LAN host; the Hub's own CDN and a
+    /// mirror's other port are its origin.
+    #[test]
+    fn an_intake_node_fetches_only_from_its_jobs_origin() {
+        let hub = Origin::of_endpoint("https://huggingface.co").unwrap();
+        for ok in [
+            "https://huggingface.co/acme/m/resolve/c/x",
+            "https://cdn-lfs.huggingface.co/repos/x",
+            "https://cas-bridge.xethub.hf.co/x",
+            "https://hf.co/x",
+        ] {
+            assert!(hub.allows(&url(ok)), "{ok}");
+        }
+        for bad in [
+            "http://169.254.169.254/latest/meta-data",
+            "http://10.0.0.5:8080/admin",
+            "https://evilhuggingface.co/x",
+            "https://huggingface.co.evil.example/x",
+            "http://localhost:22/",
+        ] {
+            assert!(!hub.allows(&url(bad)), "{bad}");
+        }
+        let mirror = Origin::of_endpoint("http://10.1.2.3:8088").unwrap();
+        assert!(mirror.allows(&url("http://10.1.2.3:9099/blobs/x")));
+        assert!(!mirror.allows(&url("http://10.1.2.4:8088/")));
+        assert!(Origin::of_endpoint("not a url").is_err());
     }
 }

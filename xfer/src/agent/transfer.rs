@@ -128,15 +128,23 @@ pub(super) async fn serve(
             to,
             token,
         } => {
-            // Only the job's source (or an operator) may spend this
-            // node's link on the origin.
-            if !caller.peer.is_operator() && !is_job_source(ctx, &caller.peer, &name) {
-                let why = format!(
-                    "{caller} asked this node to fetch part of `{name}` from the origin, but it is not the source of a running sync job for it here; only `xfer sync --from` with this node named may"
-                );
-                tracing::warn!("{why}");
-                return refuse(&mut send, Refusal::Forbidden(why)).await;
-            }
+            // Only the source of a striped Hub job that names this node
+            // as an intake node (or an operator) may spend this node's link,
+            // and only on that job's origin.
+            let origin = if caller.peer.is_operator() {
+                None
+            } else {
+                match intake_origin(ctx, &caller.peer, &name) {
+                    Ok(o) => Some(o),
+                    Err(why) => {
+                        let why = format!(
+                            "{caller} asked this node to fetch part of `{name}` from the origin, but {why}; only `xfer sync ORG/NAME --from SOURCE,THIS-NODE` makes it an intake node"
+                        );
+                        tracing::warn!("{why}");
+                        return refuse(&mut send, Refusal::Forbidden(why)).await;
+                    }
+                }
+            };
             let ask = super::intake::IntakeAsk {
                 name,
                 file,
@@ -144,6 +152,7 @@ pub(super) async fn serve(
                 from,
                 to,
                 token,
+                origin,
             };
             let shares = ctx.receiver.shares.clone();
             return super::intake::session(conn, send, ask, shares).await;
@@ -330,6 +339,46 @@ fn is_job_source(ctx: &TransferCtx, peer: &Peer, name: &ModelName) -> bool {
         .records()
         .iter()
         .any(|j| !j.state.is_final() && j.spec.name == *name && j.spec.source_node == node.as_str())
+}
+
+/// The origin of the striped Hub job for `name` whose source is `peer` and
+/// whose intake nodes include this one: the only hosts this node fetches
+/// from for it. Else why there is none.
+fn intake_origin(
+    ctx: &TransferCtx,
+    peer: &Peer,
+    name: &ModelName,
+) -> Result<super::intake::Origin, String> {
+    let Some(node) = peer.name() else {
+        return Err("it has no node name".into());
+    };
+    let me = ctx.runner.me().unwrap_or_default();
+    let jobs = ctx.runner.records();
+    let job = jobs
+        .iter()
+        .find(|j| {
+            !j.state.is_final() && j.spec.name == *name && j.spec.source_node == node.as_str()
+        })
+        .ok_or("it is not the source of a running sync job for it here")?;
+    if !matches!(job.spec.source, xfer_proto::admin::JobSource::Hub { .. }) {
+        return Err(format!(
+            "its job {} does not pull from the Hub",
+            job.spec.id
+        ));
+    }
+    if !job.spec.intake.iter().any(|n| *n == me) {
+        return Err(format!(
+            "its job {} does not name this node ({me}) as an intake node",
+            job.spec.id
+        ));
+    }
+    let endpoint = job
+        .spec
+        .hub_endpoint
+        .clone()
+        .or_else(|| std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()))
+        .unwrap_or_else(|| crate::hub::env::DEFAULT_ENDPOINT.to_string());
+    super::intake::Origin::of_endpoint(&endpoint)
 }
 
 /// What an offer asks this node to store.
