@@ -366,7 +366,7 @@ fn intake_origin(
             job.spec.id
         ));
     }
-    if !job.spec.intake.iter().any(|n| *n == me) {
+    if !job.spec.intake.contains(&me) {
         return Err(format!(
             "its job {} does not name this node ({me}) as an intake node",
             job.spec.id
