@@ -838,6 +838,17 @@ impl Striped {
 
     /// [`Striped::start`] with more options for the Hub look-alike.
     fn start_with(tag: &str, net: u8, liar: Option<&str>, hub: &[&str]) -> Striped {
+        Self::start_faulty(
+            tag,
+            net,
+            liar.map(|n| (n, "XFER_FAULT_CORRUPT_INTAKE")),
+            hub,
+        )
+    }
+
+    /// [`Self::start_with`], node `fault.0` restarted with the fault hook
+    /// `fault.1` set.
+    fn start_faulty(tag: &str, net: u8, fault: Option<(&str, &str)>, hub: &[&str]) -> Striped {
         let t = tempdir(tag);
         let repos = t.path().join("repos");
         let spec = [
@@ -852,9 +863,9 @@ impl Striped {
         let server = HubServer::start(&repos, &args);
         let env = hub_agent_env(&server, t.path());
         let mut c = Cluster::start_env(tag, net, &["a", "b", "c"], &[], env);
-        if let Some(n) = liar {
+        if let Some((n, hook)) = fault {
             c.kill9(n);
-            c.env.push(("XFER_FAULT_CORRUPT_INTAKE".into(), "1".into()));
+            c.env.push((hook.into(), "1".into()));
             c.restart(n);
         }
         Striped {
@@ -980,6 +991,41 @@ fn a_lying_intake_node_is_named_and_no_node_places_its_bytes() {
     assert!(
         log.contains("c sent bytes") && log.contains("differ from the origin's"),
         "{log}"
+    );
+}
+
+/// 13b. An intake node whose route (or whose word) says "slow down,
+///     Retry-After 20 s" to 5 of every 6 ranges, while nobody else hears
+///     it (issue 53: it held the whole cluster 20 s at a time, and one
+///     success in six kept it from retiring): only that node waits, the
+///     cluster is never held, the node is retired, and the job completes.
+#[test]
+fn an_intake_node_alone_saying_slow_down_holds_only_itself_and_is_retired() {
+    let s = Striped::start_faulty(
+        "sync-striped-busy",
+        23,
+        Some(("c", "XFER_FAULT_BUSY_INTAKE")),
+        &[],
+    );
+    let tallies = s.run();
+    for t in &tallies {
+        assert!(t.ok, "{}: {tallies:#?}", t.node);
+    }
+    let log = s.c.member("a").agent.as_ref().unwrap().log();
+    assert!(
+        log.contains("no other downloader hears it, so only this node waits"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("every downloader of the cluster waits"),
+        "a lone intake node held the cluster: {log}"
+    );
+    let c = tallies.iter().find(|t| t.node == "c").unwrap();
+    assert!(
+        c.named
+            .as_deref()
+            .is_some_and(|w| w.contains("heard by no other downloader")),
+        "c was not retired: {tallies:#?}"
     );
 }
 

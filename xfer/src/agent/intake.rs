@@ -39,6 +39,9 @@ use crate::transport::quic::write_frame;
 
 /// The fault hook of the tests' lying downloader.
 pub const FAULT_CORRUPT_INTAKE: &str = "XFER_FAULT_CORRUPT_INTAKE";
+/// The fault hook of the tests' "slow down" sayer: 5 of every 6 asks are
+/// answered "the origin asks to wait 20 s", whatever the origin said.
+pub const FAULT_BUSY_INTAKE: &str = "XFER_FAULT_BUSY_INTAKE";
 
 /// What the source asked for.
 pub(super) struct IntakeAsk {
@@ -191,6 +194,16 @@ async fn serve(
         Ok(u) => u,
         Err(why) => return super::refuse(&mut send, Refusal::Protocol(why)).await,
     };
+    if std::env::var(FAULT_BUSY_INTAKE).is_ok_and(|v| v == "1") {
+        static ASKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if ASKED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 6 != 5 {
+            let busy = Refusal::OriginBusy {
+                why: "the origin answered HTTP 429 to a range request from this node".into(),
+                wait_ms: Some(20_000),
+            };
+            return super::refuse(&mut send, busy).await;
+        }
+    }
     if let Some(origin) = ask.origin.as_ref().filter(|o| !o.allows(&url)) {
         // Said without the URL's host or path: no answer maps a network.
         tracing::warn!(

@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::digest::{self, Digest, Digester, Expected};
-use super::hold::OriginHold;
+use super::hold::{self, Heard, OriginHold};
 use super::http::{error_chain, host_of, Failure, HubHttp};
 use super::intake::{Intake, IntakeShare, RangeAsk};
 use super::parts::Parts;
@@ -198,6 +198,9 @@ struct Shared {
     remote_bytes: Vec<AtomicU64>,
     blamed: Vec<AtomicBool>,
     retired: Mutex<Vec<Option<String>>>,
+    /// Per intake node, over all its connections: its last answers, each
+    /// whether it was a "slow down" no other downloader heard.
+    alone: Vec<Mutex<std::collections::VecDeque<bool>>>,
     /// Intake nodes' ranges in flight, by (file, part).
     flights: Mutex<std::collections::HashMap<(usize, usize), Flight>>,
     /// Parts cut from an intake node's slow range, and from which node:
@@ -410,6 +413,7 @@ pub async fn download(
         remote_bytes: (0..remotes).map(|_| AtomicU64::new(0)).collect(),
         blamed: (0..remotes).map(|_| AtomicBool::new(false)).collect(),
         retired: Mutex::new(vec![None; remotes]),
+        alone: (0..remotes).map(|_| Mutex::default()).collect(),
         flights: Mutex::default(),
         cut_from: Mutex::default(),
         busy: (0..=opts.intake.remotes.len())
@@ -609,11 +613,14 @@ pub const MIN_STRIPED_PART: u64 = 1 << 20;
 /// (its parts go back to the others).
 const INTAKE_STRIKES: u32 = 3;
 
-/// Consecutive "the origin asked to wait" answers (and no range) after
-/// which an intake node takes no more work: each holds the whole cluster,
-/// so a node that only ever says so (its route is throttled for good, or
-/// it lies) must not hold it for ever.
-const INTAKE_BUSY_STRIKES: u32 = 6;
+/// "The origin asked to wait" answers that no other downloader backed
+/// ([`hold::Verdict::OnlyIt`]), out of an intake node's last
+/// [`INTAKE_BUSY_WINDOW`] answers, after which it takes no more work: a
+/// node that mostly says so (its route is throttled for good, or it lies)
+/// is retired, whatever successes it mixes in.
+const INTAKE_BUSY_STRIKES: usize = 3;
+/// The answers [`INTAKE_BUSY_STRIKES`] counts over.
+const INTAKE_BUSY_WINDOW: usize = 6;
 
 /// The origin asked one downloader to wait `wait`: every downloader of
 /// the cluster (this node's connections and every intake node's) holds
@@ -634,7 +641,17 @@ fn origin_asked_to_wait(shared: &Shared, wait: Duration, why: &str) {
 /// download never fails because of it.
 async fn remote_worker(shared: Arc<Shared>, r: usize) {
     let remote = shared.opts.intake.remotes[r].clone();
-    let (mut strikes, mut busy) = (0u32, 0u32);
+    let mut strikes = 0u32;
+    // The node's last answers (all its connections'): whether each was a
+    // "slow down" nobody else heard; how many of them were.
+    let note = |alone: bool| {
+        let mut recent = shared.alone[r].lock().unwrap();
+        if recent.len() == INTAKE_BUSY_WINDOW {
+            recent.pop_front();
+        }
+        recent.push_back(alone);
+        (recent.iter().filter(|b| **b).count(), recent.len())
+    };
     let mut rate = 0.0f64;
     loop {
         if shared.cancel.is_cancelled() || shared.blamed[r].load(Ordering::Acquire) {
@@ -667,21 +684,64 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
             shared.wake.notify_waiters();
         }
         match outcome {
-            Ok(()) => (strikes, busy) = (0, 0),
+            Ok(()) => {
+                strikes = 0;
+                note(false);
+            }
             // The origin's "slow down" to this node: every downloader
-            // waits (the loop's top), and it is no fault of the node's,
-            // unless it says nothing else for long.
+            // waits (the loop's top) when another heard it too; alone, only
+            // this node waits, and it retires if it mostly says so.
             Err(Failure::Transient {
                 why,
                 wait: Some(wait),
             }) => {
-                busy += 1;
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
-                if busy >= INTAKE_BUSY_STRIKES {
-                    return retire(&shared, r, format!("{why} ({busy} times in a row)"));
-                }
+                let wait = wait.min(retry::MAX_WAIT);
                 let why = format!("{}: {why}", remote.name());
-                origin_asked_to_wait(&shared, wait.min(retry::MAX_WAIT), &why);
+                match shared.hold.heard(Heard::Intake(r), wait) {
+                    hold::Verdict::HoldAll { newly } => {
+                        note(false);
+                        if newly {
+                            tracing::warn!(
+                                "{why}: every downloader of the cluster waits {:.1} s before asking the origin again",
+                                wait.as_secs_f64()
+                            );
+                        }
+                    }
+                    hold::Verdict::Spent => {
+                        note(false);
+                    }
+                    hold::Verdict::OnlyIt => {
+                        let (alone, of) = note(true);
+                        if alone >= INTAKE_BUSY_STRIKES {
+                            return retire(
+                                &shared,
+                                r,
+                                format!("{why} ({alone} of its last {of} answers, heard by no other downloader)"),
+                            );
+                        }
+                        tracing::info!(
+                            "{why}; no other downloader hears it, so only this node waits {:.1} s",
+                            wait.as_secs_f64()
+                        );
+                        // Its own wait, cut short when the download is
+                        // over (the others finished the parts).
+                        let until = tokio::time::Instant::now() + wait;
+                        loop {
+                            let woken = shared.wake.notified();
+                            tokio::pin!(woken);
+                            woken.as_mut().enable();
+                            if shared.unfinished.load(Ordering::Acquire) == 0 {
+                                break;
+                            }
+                            tokio::select! {
+                                _ = tokio::time::sleep_until(until) => break,
+                                _ = woken => {}
+                                _ = shared.cancel.cancelled() => return,
+                            }
+                        }
+                    }
+                }
                 continue;
             }
             Err(why) => {

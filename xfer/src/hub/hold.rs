@@ -1,9 +1,16 @@
 //! The origin's "slow down" for a whole download: a 429 (or a 5xx with
-//! `Retry-After`) that any downloader gets, this node's own connections or
-//! an intake node's (issue 36), holds every downloader of the cluster
-//! until the wait it named has passed. The Hub limits a token and a
-//! client, not a connection: one connection that waits while fifteen
-//! others, and three more nodes, keep asking is no manners at all.
+//! `Retry-After`) that this node's own connections get holds every
+//! downloader of the cluster until the wait it named has passed. The Hub
+//! limits a token and a client, not a connection: one connection that
+//! waits while fifteen others, and three more nodes, keep asking is no
+//! manners at all.
+//!
+//! An intake node's report (issue 36) is only its word: it holds the
+//! cluster only when another downloader (this node, or another intake
+//! node) heard the same within [`CORROBORATE`]; alone, only that node
+//! waits ([`Verdict::OnlyIt`]), so one lying or badly routed node cannot
+//! hold the others (issue 53). And the cluster is held at most
+//! [`MAX_TOTAL_HOLD`] over one download.
 //!
 //! The hold only ever moves later; a request already on its way is not
 //! recalled.
@@ -14,25 +21,84 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// How recent another downloader's "slow down" must be to back an intake
+/// node's.
+pub const CORROBORATE: Duration = Duration::from_secs(60);
+/// The longest the whole cluster is held over one download.
+pub const MAX_TOTAL_HOLD: Duration = Duration::from_secs(300);
+
+/// Who heard the origin's "slow down".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Heard {
+    /// This node's own connections: trusted.
+    ThisNode,
+    /// Intake node `r`: its word.
+    Intake(usize),
+}
+
+/// What a "slow down" does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every downloader waits; `newly`: this moved the hold later (the
+    /// first to hear it says so, the others stay quiet).
+    HoldAll {
+        /// Whether the hold moved later.
+        newly: bool,
+    },
+    /// Only the intake node that said it waits: nobody else heard it.
+    OnlyIt,
+    /// The cluster was held [`MAX_TOTAL_HOLD`] already: no more.
+    Spent,
+}
+
 /// When the origin lets the download ask again.
 #[derive(Debug, Default)]
 pub struct OriginHold {
     until: Mutex<Option<Instant>>,
+    /// When each downloader last heard a "slow down".
+    heard: Mutex<std::collections::HashMap<Heard, Instant>>,
+    /// How long the cluster was held so far.
+    held: Mutex<Duration>,
 }
 
 impl OriginHold {
-    /// The origin asked to wait `wait` from now. True when that moves the
-    /// hold later (the first to hear it says so; the others stay quiet).
+    /// This node's own connections heard the origin ask to wait `wait`:
+    /// every downloader holds. True when that moves the hold later.
     pub fn hold(&self, wait: Duration) -> bool {
-        let until = Instant::now() + wait;
-        let mut slot = self.until.lock().unwrap();
-        match *slot {
-            Some(u) if u >= until => false,
-            _ => {
-                *slot = Some(until);
-                true
-            }
+        matches!(
+            self.heard(Heard::ThisNode, wait),
+            Verdict::HoldAll { newly: true }
+        )
+    }
+
+    /// `who` heard the origin ask to wait `wait` from now.
+    pub fn heard(&self, who: Heard, wait: Duration) -> Verdict {
+        let now = Instant::now();
+        let backed = {
+            let mut heard = self.heard.lock().unwrap();
+            heard.insert(who, now);
+            who == Heard::ThisNode
+                || heard
+                    .iter()
+                    .any(|(w, t)| *w != who && now.duration_since(*t) <= CORROBORATE)
+        };
+        if !backed {
+            return Verdict::OnlyIt;
         }
+        let mut slot = self.until.lock().unwrap();
+        let from = slot.filter(|u| *u > now).unwrap_or(now);
+        let mut held = self.held.lock().unwrap();
+        let room = MAX_TOTAL_HOLD.saturating_sub(*held);
+        if room.is_zero() {
+            return Verdict::Spent;
+        }
+        let until = (now + wait).min(from + room);
+        if until <= from {
+            return Verdict::HoldAll { newly: false };
+        }
+        *held += until - from;
+        *slot = Some(until);
+        Verdict::HoldAll { newly: true }
     }
 
     /// Until when the download is held, if it is now.
@@ -84,6 +150,43 @@ mod tests {
             assert!(passed - t0 >= Duration::from_secs(6), "{:?}", passed - t0);
         }
         assert!(hold.until().is_none());
+    }
+
+    /// Issue 53: an intake node alone saying "slow down" holds only
+    /// itself; backed by another downloader within the window, everyone;
+    /// and the cluster is never held longer than the cap in all.
+    #[tokio::test(start_paused = true)]
+    async fn an_intake_nodes_word_alone_holds_only_it_and_holds_are_bounded() {
+        let hold = OriginHold::default();
+        let w = Duration::from_secs(20);
+        assert_eq!(hold.heard(Heard::Intake(0), w), Verdict::OnlyIt);
+        assert_eq!(hold.heard(Heard::Intake(0), w), Verdict::OnlyIt);
+        assert!(
+            hold.until().is_none(),
+            "a lone intake node held the cluster"
+        );
+        // Another node hears it too: everyone holds.
+        assert_eq!(
+            hold.heard(Heard::Intake(1), w),
+            Verdict::HoldAll { newly: true }
+        );
+        assert!(hold.until().is_some());
+        // Long after, a lone report is alone again.
+        tokio::time::sleep(CORROBORATE + w + Duration::from_secs(1)).await;
+        assert_eq!(hold.heard(Heard::Intake(0), w), Verdict::OnlyIt);
+        // This node's own connections are believed; the total is capped.
+        let mut spent = false;
+        for _ in 0..100 {
+            match hold.heard(Heard::ThisNode, Duration::from_secs(60)) {
+                Verdict::Spent => {
+                    spent = true;
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_secs(60)).await,
+            }
+        }
+        assert!(spent, "the holds never ran out");
+        assert!(*hold.held.lock().unwrap() <= MAX_TOTAL_HOLD);
     }
 
     #[tokio::test(start_paused = true)]
