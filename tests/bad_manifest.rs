@@ -180,10 +180,15 @@ async fn send_after(
     (first, second)
 }
 
-/// Everything below `dir`, with file contents, for before/after comparison.
+/// Everything below `dir`, with file contents, for before/after comparison
+/// (sockets aside: the agent's loader link, `.xfer/agent.sock`).
 fn snapshot(dir: &Path) -> Vec<(String, Option<Vec<u8>>)> {
     walk(dir)
         .into_iter()
+        .filter(|(rel, _)| {
+            use std::os::unix::fs::FileTypeExt;
+            !std::fs::symlink_metadata(dir.join(rel)).is_ok_and(|m| m.file_type().is_socket())
+        })
         .map(|(rel, n)| {
             let bytes =
                 matches!(n, Node::File { .. }).then(|| std::fs::read(dir.join(&rel)).unwrap());

@@ -141,13 +141,57 @@ fn an_org_name_only_the_operator_has_as_a_folder_is_refused_with_both_readings()
     drop(a);
 }
 
+/// A folder laid out as a Hub cache repo (`blobs/` named by sha256,
+/// snapshot names linking to them, `refs/main`): what a Hub cache name
+/// may hold.
+fn hub_shaped(dir: &Path, size: usize) {
+    use sha2::Digest;
+    let data = common::trees::random_bytes(133, "hub", size);
+    let sha = hex::encode(sha2::Sha256::digest(&data));
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    std::fs::create_dir_all(dir.join("blobs")).unwrap();
+    std::fs::create_dir_all(dir.join("refs")).unwrap();
+    std::fs::create_dir_all(dir.join("snapshots").join(commit)).unwrap();
+    std::fs::write(dir.join("blobs").join(&sha), &data).unwrap();
+    std::fs::write(dir.join("refs/main"), commit).unwrap();
+    std::os::unix::fs::symlink(
+        format!("../../blobs/{sha}"),
+        dir.join("snapshots").join(commit).join("model.safetensors"),
+    )
+    .unwrap();
+}
+
 /// `sync --name Org/Name` stores the folder as `models--Org--Name`, and
-/// `xfer rm Org/Name` removes it from every node.
+/// `xfer rm Org/Name` removes it from every node. (A folder not laid out
+/// as a Hub cache repo cannot take that name: see
+/// `trust::a_hub_named_model_holds_the_hubs_bytes_whoever_pushes_it`.)
 #[test]
 fn a_repo_id_names_the_model_for_sync_and_rm() {
     let c = Cluster::start("vocab-rm", 133, &["a", "b"], &[]);
     let src = c.dir.path().join("src/weights");
-    gen_model(&src, 4 * MIB, 133);
+    hub_shaped(&src, 4 * MIB as usize);
+    // A plain folder may not take a Hub cache name: the job fails at once
+    // (the receivers refuse its tree for good), naming the fix.
+    let plain = c.dir.path().join("src/plain");
+    gen_model(&plain, MIB, 134);
+    let r = run(
+        c.cmd("sync", &["--wait"]).arg(&plain).args([
+            "--from",
+            "a",
+            "--name",
+            "Org/Plain",
+            "--give-up-after",
+            "never",
+        ]),
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(
+        r.stderr
+            .contains("is a Hub cache name, and this tree is not a Hub cache repo")
+            && r.stderr.contains("takes another name"),
+        "{r:#?}"
+    );
     let (id, _) = c.sync(&src, &["--from", "a", "--name", "Org/Name"]);
     c.wait_complete(&id, "a", &["a", "b"], "models--Org--Name");
 

@@ -36,6 +36,10 @@ pub enum StoreError {
     /// does not allow (a chunk not in the manifest, a root that does not
     /// match).
     Invalid(String),
+    /// The tree offered under a Hub cache name is not the Hub's: its shape,
+    /// or a blob's bytes against its name ([`super::hub_layout`]). The
+    /// source's manifest is wrong: no retry mends it.
+    NotHubs(String),
     /// Another transfer of the same model holds it.
     Busy(String),
 }
@@ -55,6 +59,7 @@ impl From<StoreError> for Refusal {
             StoreError::Io { path, message } => Refusal::Io { path, message },
             StoreError::Unsafe { path, reason } => Refusal::Unsafe { path, reason },
             StoreError::Invalid(m) => Refusal::Protocol(m),
+            StoreError::NotHubs(m) => Refusal::BadManifest(m),
             StoreError::Busy(m) => Refusal::Busy(m),
         }
     }

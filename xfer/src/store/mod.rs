@@ -419,7 +419,7 @@ impl Store {
     ) -> Result<Transfer, StoreError> {
         if hub_layout::is_hub_name(name) {
             hub_layout::check_manifest(&manifest).map_err(|why| {
-                StoreError::Invalid(format!(
+                StoreError::NotHubs(format!(
                     "`{name}` is a Hub cache name, and this tree is not a Hub cache repo: {why}; a model of another shape takes another name (`--name`)"
                 ))
             })?;
@@ -936,7 +936,7 @@ impl Transfer {
                 .and_then(|_| hub_layout::check_blob(&mut f, entry.size, want))
                 .map_err(|e| io_refusal(&from, e))?;
             if let Err(got) = checked {
-                return Err(StoreError::Invalid(format!(
+                return Err(StoreError::NotHubs(format!(
                     "`{}` of `{}` hashes to {got}, not to its name: a Hub-named model holds the Hub's bytes, and the source sent others; not placed (sync it from the Hub again)",
                     entry.path, self.name
                 )));
