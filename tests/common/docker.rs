@@ -424,7 +424,7 @@ impl Drop for RegistryServer {
 
 /// A test CA and a certificate for `ip` signed by it, under `dir`: (CA,
 /// certificate, key) as PEM files.
-fn test_ca(dir: &Path, ip: &str) -> (PathBuf, PathBuf, PathBuf) {
+pub fn test_ca(dir: &Path, ip: &str) -> (PathBuf, PathBuf, PathBuf) {
     let (ca_key, ca) = (dir.join("ca.key"), dir.join("ca.pem"));
     let (key, csr, cert) = (
         dir.join("reg.key"),

@@ -19,7 +19,9 @@
 //! replaced by the fresh copy of a save ([`unpack`]); one that no longer
 //! hashes to its digest is discarded, so the image is saved again rather
 //! than a damaged blob sent on every push. Blobs, stamps and image records
-//! are written durably (fsync, rename, folder fsync).
+//! are written durably (fsync, rename, folder fsync); a batch of small
+//! blobs from a registry is made durable at once (one `syncfs`) before
+//! any of them is stamped ([`stamp_batch_in`]).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -29,6 +31,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use super::files::Files;
 use crate::util::beneath::{create_dir_all_durable, rename_durable, write_file_durable};
 use crate::util::stamp::FileStamp;
 use xfer_proto::image::{check_reference, BlobRef, Digest, ImageDesc, BLOB_FILE, MAX_LAYERS};
@@ -228,18 +231,76 @@ fn keep_blob(r: &mut impl Read, dir: &Path) -> Result<(Digest, u64)> {
 /// Whether the cache at `dir` holds blob `d` of `size` bytes, unchanged
 /// since its digest was checked.
 pub fn holds(dir: &Path, d: &Digest, size: u64) -> bool {
-    stamp_holds(dir, d, size)
+    holds_in(&Files::plain(), dir, d, size)
+}
+
+/// [`holds`], the blob and its stamp reached through `files` (a blob or
+/// stamp that is a symlink is not held).
+pub fn holds_in(files: &Files, dir: &Path, d: &Digest, size: u64) -> bool {
+    let blob = blob_path(dir, d);
+    if !matches!(files.len(&blob), Ok(Some(n)) if n == size) {
+        return false;
+    }
+    let Ok(now) = files.open_read(&blob).and_then(|f| f.metadata()) else {
+        return false;
+    };
+    let now = FileStamp::from_meta(&now);
+    let recorded = files
+        .read(&stamp_path(dir, d))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<FileStamp>(&b).ok());
+    now.size() == size && recorded.as_ref() == Some(&now)
 }
 
 /// Puts the file at `verified`, whose sha256 the caller just found to be
 /// `d`, into the cache at `dir` as that blob (durably, with its stamp).
 pub fn adopt_blob(dir: &Path, d: &Digest, verified: &Path) -> Result<()> {
+    adopt_blob_in(&Files::plain(), dir, d, verified)
+}
+
+/// [`adopt_blob`], every file reached through `files`.
+pub fn adopt_blob_in(files: &Files, dir: &Path, d: &Digest, verified: &Path) -> Result<()> {
     let dest = blob_path(dir, d);
     let parent = dest.parent().expect("a blob path has a folder");
-    create_dir_all_durable(parent)?;
-    std::fs::File::open(verified)?.sync_all()?;
-    rename_durable(verified, &dest)?;
-    write_stamp(dir, d)
+    files.create_dir_all(parent)?;
+    files.open_read(verified)?.sync_all()?;
+    files.rename(verified, &dest)?;
+    let stamp = FileStamp::from_meta(&files.open_read(&dest)?.metadata()?);
+    files
+        .write_durable(&stamp_path(dir, d), &serde_json::to_vec(&stamp)?)
+        .with_context(|| format!("cannot record blob {d} in {}", dir.display()))
+}
+
+/// [`adopt_blob_in`] for a batch of small blobs: nothing is fsynced, and
+/// no stamp is written (a blob without one is never trusted: a crash
+/// before [`stamp_batch_in`] costs its fetch again, never a damaged blob).
+pub fn adopt_blob_lazy_in(files: &Files, dir: &Path, d: &Digest, verified: &Path) -> Result<()> {
+    let dest = blob_path(dir, d);
+    files.mkdir_lazy(dest.parent().expect("a blob path has a folder"))?;
+    files.rename_lazy(verified, &dest)?;
+    Ok(())
+}
+
+/// Stamps the blobs `ds` of the cache at `dir` that [`adopt_blob_lazy_in`]
+/// placed: first the file system is synced (the blobs are durable), then
+/// the stamps are written, then synced again: two `syncfs` for the batch.
+pub fn stamp_batch_in(files: &Files, dir: &Path, ds: &[Digest]) -> Result<()> {
+    if ds.is_empty() {
+        return Ok(());
+    }
+    files.syncfs(dir)?;
+    let stamps = dir.join(".stamps");
+    files.create_dir_all(&stamps)?;
+    for d in ds {
+        let meta = files.open_read(&blob_path(dir, d))?.metadata()?;
+        let bytes = serde_json::to_vec(&FileStamp::from_meta(&meta))?;
+        let to = stamp_path(dir, d);
+        let tmp = super::files::temp_beside(&to);
+        files.create_new(&tmp)?.write_all(&bytes)?;
+        files.rename_lazy(&tmp, &to)?;
+    }
+    files.syncfs(dir)?;
+    Ok(())
 }
 
 /// Where the stamp of blob `d` is kept.

@@ -6,13 +6,16 @@
 //! container engine's command line ([`runtime`]: version, runtimes, image
 //! ids, save, load, removing containers). [`chain_ids`] and [`omittable`]
 //! say which layers a node's engine holds already, so that a load leaves
-//! them out of the stream.
+//! them out of the stream. [`files`] is how a registry pull reaches what
+//! it writes: plain paths with `O_NOFOLLOW` for the operator's folders,
+//! or beneath an agent's root where no symlink is followed.
 //!
 //! The blob layout on both sides is the one [`xfer_proto::image`] names: a
 //! folder `sha256-<hex>` per blob holding one file, `blob`, so that a blob
 //! is a model the swarm delivers like any other.
 
 pub mod archive;
+pub mod files;
 pub mod loadtar;
 pub mod registry;
 pub mod runtime;

@@ -37,6 +37,10 @@ use xfer_proto::repo::{RepoRef, RepoType};
 /// (the members told of its end, prune), so a prune is never undone.
 static FINAL_RECORDS: Mutex<()> = Mutex::new(());
 
+/// Where model artifact jobs stage what they fetch, under the root: one
+/// folder per job, `<id>`.
+const OCI_STAGES: &str = ".xfer/oci";
+
 /// Jobs on one agent.
 pub struct Runner {
     store: Store,
@@ -94,6 +98,7 @@ impl Runner {
                 self.tell_ended(&rec);
             }
         }
+        self.drop_orphan_stages();
     }
 
     fn is_source(&self, rec: &JobRecord) -> bool {
@@ -262,6 +267,7 @@ impl Runner {
                 self.drop_leftovers(&name);
             }
         }
+        self.drop_orphan_stages();
         out
     }
 
@@ -578,15 +584,60 @@ impl Runner {
         }
     }
 
-    /// Removes what a model artifact's job staged, once it ended.
+    /// Removes what a model artifact's job staged, once it ended (beneath
+    /// the root: a symlink on the way is removed, never followed).
     fn drop_stage(&self, spec: &JobSpec) {
-        if !matches!(spec.source, JobSource::Oci { .. }) {
+        if matches!(spec.source, JobSource::Oci { .. }) {
+            self.remove_stage(&spec.id);
+        }
+    }
+
+    /// Removes `<root>/.xfer/oci/<id>`, saying why when it cannot.
+    fn remove_stage(&self, id: &str) {
+        if xfer_proto::admin::check_job_id(id).is_err() {
             return;
         }
-        let stage = self.oci_stage(spec);
-        if let Err(e) = std::fs::remove_dir_all(&stage) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!("cannot remove {}: {e}", stage.display());
+        let stage = std::path::Path::new(OCI_STAGES).join(id);
+        let removed = crate::util::beneath::Root::open(self.store.root())
+            .and_then(|root| root.remove_dir_all(&stage));
+        match removed {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => tracing::warn!(
+                "cannot remove {}: {e}",
+                self.store.root().join(&stage).display()
+            ),
+            _ => {}
+        }
+    }
+
+    /// Removes the staging folder of every model artifact job that does
+    /// not run here any more: one whose job is final, unknown, or not
+    /// this node's to pull (a crash or a failed removal left it).
+    fn drop_orphan_stages(&self) {
+        // Listed through a descriptor opened beneath the root: a symlink
+        // planted at `.xfer/oci` is named, not listed.
+        let dir = crate::util::beneath::Root::open(self.store.root())
+            .and_then(|root| root.dir(std::path::Path::new(OCI_STAGES)));
+        let dir = match dir {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => return tracing::warn!("cannot list the staging folders: {e}"),
+        };
+        use std::os::fd::AsRawFd;
+        let Ok(entries) = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let id = e.file_name().to_string_lossy().to_string();
+            if self.running.lock().unwrap().contains_key(&id) {
+                continue;
+            }
+            let live = self
+                .jobs
+                .load(&id)
+                .is_some_and(|rec| !rec.state.is_final() && self.is_source(&rec));
+            if !live {
+                tracing::info!("removing the staging folder of ended sync job {id}");
+                self.remove_stage(&id);
             }
         }
     }
@@ -594,7 +645,7 @@ impl Runner {
     /// Where a model artifact's job keeps what it fetched until it ends:
     /// the registry's blobs and the model's files, linked from them.
     fn oci_stage(&self, spec: &JobSpec) -> PathBuf {
-        self.store.root().join(".xfer/oci").join(&spec.id)
+        self.store.root().join(OCI_STAGES).join(&spec.id)
     }
 
     /// A model artifact job's round (`xfer sync oci://...`): pulls the
@@ -605,8 +656,11 @@ impl Runner {
     /// as a folder job's round does (moving only what a member still
     /// lacks; to this node too when it is a member). A refusal (401/403,
     /// no such name or tag, not a ModelPack artifact, a layer that leaves
-    /// the folder) fails the job; anything else is retried, and what was
-    /// fetched is kept for the next round.
+    /// the folder, a token realm the credentials may not go to, layers
+    /// larger than the root's free space, a symlink in the staging folder)
+    /// fails the job; anything else is retried, and what was fetched is
+    /// kept for the next round. Every file of the staging folder is
+    /// reached beneath the root, never through a symlink.
     async fn artifact_round(
         &self,
         spec: &JobSpec,
@@ -618,21 +672,16 @@ impl Runner {
         use crate::image::registry::{artifact, client, reference::ImageRef};
         let image = ImageRef::parse(reference).map_err(|e| RoundError::Fatal(e.to_string()))?;
         let stage = self.oci_stage(spec);
-        let io = |e: std::io::Error| {
-            RoundError::retry(format!("cannot write under {}: {e}", stage.display()))
+        let io = |e: std::io::Error| match crate::util::beneath::Planted::of(&e) {
+            Some(p) => RoundError::Fatal(p.to_string()),
+            None => RoundError::retry(format!("cannot write under {}: {e}", stage.display())),
         };
-        std::fs::create_dir_all(&stage).map_err(io)?;
-        let ca_file = match ca_pem {
-            Some(pem) => {
-                let f = stage.join("ca.pem");
-                std::fs::write(&f, pem).map_err(io)?;
-                Some(f)
-            }
-            None => None,
-        };
-        let opts = client::RegistryOptions { insecure, ca_file };
-        let reg = client::Registry::new(&image, &opts)
-            .map_err(|e| RoundError::Fatal(format!("{e:#} (the agent on {})", spec.source_node)))?;
+        let root = crate::util::beneath::Root::open(self.store.root()).map_err(io)?;
+        let files = crate::image::files::Files::beneath(root.clone());
+        files.create_dir_all(&stage).map_err(io)?;
+        let reg = client::Registry::with_ca_pem(&image, insecure, ca_pem.map(str::as_bytes))
+            .map_err(|e| RoundError::Fatal(format!("{e:#} (the agent on {})", spec.source_node)))?
+            .confined(root);
         let registry_error = |e: anyhow::Error| {
             let why = format!("{e:#}");
             if e.chain().any(|c| c.is::<client::Refused>()) {
@@ -642,6 +691,14 @@ impl Runner {
             }
         };
         let plan = artifact::plan_model(&reg).await.map_err(registry_error)?;
+        // Nothing is fetched that the root has no room for.
+        let blobs = stage.join("blobs");
+        artifact::check_space(&plan, &blobs, None).map_err(|n| {
+            RoundError::Fatal(n.line(
+                &format!("{image} (manifest {}) on {}", plan.manifest, spec.source_node),
+                "free some under the agent's --root, or restart the agent with --root on a larger disk",
+            ))
+        })?;
         // One chunk size for the stream and the round after it, so what
         // the stream delivered is not sent again.
         let chunk_size = spec.chunk_size.for_bytes(plan.bytes());
@@ -649,19 +706,17 @@ impl Runner {
         // What an earlier round placed may be partial: placed again from
         // the blobs, which are kept.
         let model = stage.join("model");
-        if model.exists() {
-            std::fs::remove_dir_all(&model).map_err(io)?;
-        }
+        files.remove_dir_all(&model).map_err(io)?;
         let me = spec.source_node.as_str();
         let mut others = push.clone();
         others.to.retain(|d| d.name.as_deref() != Some(me));
+        // The small layers (configs, tokenizers, a model of many small
+        // files) first, several at once; the others stream as they come.
+        let small = artifact::prefetch(&reg, &plan, &blobs, client::BATCH_BELOW - 1)
+            .await
+            .map_err(registry_error)?;
         let fetched = crate::flow::artifact_stream::fetch_streaming(
-            &reg,
-            &plan,
-            &stage.join("blobs"),
-            &model,
-            &others,
-            chunk_size,
+            &reg, &plan, &blobs, &model, &others, chunk_size,
         )
         .await
         .map_err(registry_error)?;
@@ -670,7 +725,7 @@ impl Runner {
             spec.id,
             fetched.files,
             fetched.bytes,
-            fetched.bytes_fetched,
+            fetched.bytes_fetched + small,
             fetched.streamed.iter().filter(|n| n.ok).count()
         );
         let opts = PushOptions { src: model, ..push };

@@ -11,18 +11,29 @@
 //! at their paths. A path that leaves the folder (`..`, absolute), a link
 //! of any kind, or a layer of another media type is refused in one line
 //! before anything of it is placed. Files are written beside the folder
-//! and renamed in, never through a symlink.
+//! and renamed in, never through a symlink; under an agent's root (a
+//! [`Registry::confined`] client's plan) every path is resolved beneath it
+//! ([`crate::image::files`]).
+//!
+//! A registry states each layer's size, and nothing is fetched before the
+//! sizes are checked: their sum must fit in 64 bits (a manifest whose sum
+//! overflows is refused, naming it), and the disk must have room for what
+//! is still to be fetched ([`check_space`], one line with both numbers).
+//! Layers are fetched [`LANES`] at once ([`prefetch`]), so that a model of
+//! many small files does not wait for the registry one file at a time.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use xfer_proto::image::Digest;
 use xfer_proto::relpath::RelPath;
+use xfer_proto::units::Bytes;
 
 use super::client::{Refused, Registry};
-use super::manifest::{Descriptor, Platform};
+use super::manifest::{Descriptor, ImageManifest, Platform};
 use crate::image::archive;
+use crate::image::files::{self, Files};
 
 /// A ModelPack manifest's `artifactType`.
 pub const MANIFEST_TYPE: &str = "application/vnd.cncf.model.manifest.v1+json";
@@ -107,6 +118,10 @@ pub struct ModelPlan {
     /// The manifest's digest.
     pub manifest: Digest,
     layers: Vec<(Descriptor, Packing)>,
+    /// The layers' declared bytes, summed without overflow.
+    total: u64,
+    /// How the blob cache and the model folder are reached.
+    files: Files,
 }
 
 impl ModelPlan {
@@ -119,22 +134,125 @@ impl ModelPlan {
             .collect()
     }
 
-    /// The bytes of every layer.
+    /// The bytes of every layer, as the manifest declares them (their sum
+    /// was checked to fit when the plan was made).
     pub fn bytes(&self) -> u64 {
-        self.layers.iter().map(|(l, _)| l.size).sum()
+        self.total
     }
+
+    /// The bytes still to be fetched into the blob cache `cache`: each
+    /// distinct layer's declared size, less what its blob or partial file
+    /// there holds.
+    pub fn to_fetch(&self, cache: &Path) -> u64 {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut need = 0u64;
+        for (l, _) in &self.layers {
+            if !seen.insert(l.digest) || archive::holds_in(&self.files, cache, &l.digest, l.size) {
+                continue;
+            }
+            let part = Registry::partial_path(cache, l);
+            let have = match self.files.len(&part) {
+                Ok(Some(n)) => n.min(l.size),
+                _ => 0,
+            };
+            // Below the checked total, so it cannot overflow.
+            need = need.saturating_add(l.size - have);
+        }
+        need
+    }
+}
+
+/// Too little room on a disk for what a pull is to write there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoSpace {
+    /// The bytes it is to write.
+    pub need: u64,
+    /// The bytes free there.
+    pub have: u64,
+    /// The folder they were to go to.
+    pub dir: PathBuf,
+}
+
+impl NoSpace {
+    /// One line: `what` (the pull) needs this much and has that much under
+    /// the folder; `fix` says what to do.
+    pub fn line(&self, what: &str, fix: &str) -> String {
+        format!(
+            "not enough disk space for {what}: need {} ({} bytes), have {} under {}; {fix}",
+            Bytes(self.need),
+            self.need,
+            Bytes(self.have),
+            self.dir.display()
+        )
+    }
+}
+
+/// The nearest folder of `p` that exists (`p` itself, or an ancestor).
+fn existing(p: &Path) -> PathBuf {
+    let mut cur = p;
+    loop {
+        if cur.is_dir() {
+            return cur.to_path_buf();
+        }
+        match cur.parent() {
+            Some(up) if !up.as_os_str().is_empty() => cur = up,
+            _ => return PathBuf::from("."),
+        }
+    }
+}
+
+/// Checks, before a byte is fetched, that the disk of the blob cache
+/// `cache` has room for what `plan` still has to fetch there, and, when
+/// the files are copied into `copy_to` (a folder of the operator's), that
+/// its disk has room for them too (both on one disk: for both).
+pub fn check_space(plan: &ModelPlan, cache: &Path, copy_to: Option<&Path>) -> Result<(), NoSpace> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    let at = existing(cache);
+    let mut checks = vec![(at.clone(), plan.to_fetch(cache), dev(&at))];
+    if let Some(dest) = copy_to {
+        let d = existing(dest);
+        let dd = dev(&d);
+        match checks.iter_mut().find(|(_, _, c)| c.is_some() && *c == dd) {
+            Some(same) => same.1 = same.1.saturating_add(plan.total),
+            None => checks.push((d, plan.total, dd)),
+        }
+    }
+    for (dir, need, _) in checks {
+        if need == 0 {
+            continue;
+        }
+        // A disk that cannot be asked is not refused here: a write that
+        // finds it full says so.
+        let Ok(have) = crate::store::free_space(&dir) else {
+            continue;
+        };
+        if need > have {
+            return Err(NoSpace { need, have, dir });
+        }
+    }
+    Ok(())
 }
 
 /// Reads and checks the manifest of the model artifact `reg` names.
 pub async fn plan_model(reg: &Registry) -> Result<ModelPlan> {
     let resolved = reg.resolve(&Platform::host()).await?;
-    let m = &resolved.manifest;
+    plan_of(
+        &reg.image().to_string(),
+        &resolved.manifest,
+        resolved.digest,
+        reg.files(),
+    )
+}
+
+/// The plan of the manifest `m` (of digest `digest`) of `image`, or why it
+/// is refused; its files are reached through `files`.
+fn plan_of(image: &str, m: &ImageManifest, digest: Digest, files: &Files) -> Result<ModelPlan> {
     let is_model =
         m.artifact_type.as_deref() == Some(MANIFEST_TYPE) || m.config.media_type == CONFIG_TYPE;
     if !is_model {
         return Err(Refused(format!(
-            "{} is not a ModelPack model artifact (artifactType `{}`, config `{}`); xfer reads artifacts of type {MANIFEST_TYPE} (modctl's), and `xfer image pull` takes images",
-            reg.image(),
+            "{image} is not a ModelPack model artifact (artifactType `{}`, config `{}`); xfer reads artifacts of type {MANIFEST_TYPE} (modctl's), and `xfer image pull` takes images",
             m.artifact_type.as_deref().unwrap_or("none"),
             m.config.media_type
         ))
@@ -142,14 +260,20 @@ pub async fn plan_model(reg: &Registry) -> Result<ModelPlan> {
     }
     let mut layers = Vec::with_capacity(m.layers.len());
     let mut paths = std::collections::BTreeSet::new();
+    let mut total = 0u64;
     for l in &m.layers {
-        let p = packing(&l.media_type).map_err(|why| Refused(format!("{}: {why}", reg.image())))?;
+        total = total.checked_add(l.size).ok_or_else(|| {
+            Refused(format!(
+                "{image}: manifest {digest} declares layers of more than {} bytes in all, more than any disk holds: the registry is broken or hostile; xfer fetches nothing of it",
+                u64::MAX
+            ))
+        })?;
+        let p = packing(&l.media_type).map_err(|why| Refused(format!("{image}: {why}")))?;
         if p == Packing::Raw {
-            let rel = raw_path(l).map_err(|why| Refused(format!("{}: {why}", reg.image())))?;
+            let rel = raw_path(l).map_err(|why| Refused(format!("{image}: {why}")))?;
             if !paths.insert(rel.clone()) {
                 return Err(Refused(format!(
-                    "{}: two layers are both `{rel}`; a model's files each have one layer",
-                    reg.image()
+                    "{image}: two layers are both `{rel}`; a model's files each have one layer"
                 ))
                 .into());
             }
@@ -157,45 +281,185 @@ pub async fn plan_model(reg: &Registry) -> Result<ModelPlan> {
         layers.push((l.clone(), p));
     }
     Ok(ModelPlan {
-        image: reg.image().to_string(),
-        manifest: resolved.digest,
+        image: image.to_string(),
+        manifest: digest,
         layers,
+        total,
+        files: files.clone(),
     })
 }
 
 /// Places the files of `plan`'s layers, all in the blob cache `cache`,
-/// under `dest`: the number of files and their bytes.
+/// under `dest`: the number of files and their bytes. They are durable
+/// when it returns (one `syncfs` for them all, not one fsync a file).
 pub async fn place_model(
     plan: &ModelPlan,
     cache: &Path,
     dest: &Path,
     placing: Placing,
 ) -> Result<(usize, u64)> {
-    std::fs::create_dir_all(dest).with_context(|| format!("cannot create {}", dest.display()))?;
-    let dest = dest.to_path_buf();
+    let into = Into {
+        files: plan.files.clone(),
+        dest: dest.to_path_buf(),
+    };
+    if into.files.is_beneath() {
+        into.files.create_dir_all(dest).map_err(local)?;
+    } else {
+        std::fs::create_dir_all(dest)
+            .with_context(|| format!("cannot create {}", dest.display()))?;
+    }
     let cache = cache.to_path_buf();
     let layers = plan.layers.clone();
     let image = plan.image.clone();
+    // A dropped placement (a cancelled job, whose folder goes) stops at
+    // its next file rather than making the folder again.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    struct StopOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let _stop = StopOnDrop(stop.clone());
     tokio::task::spawn_blocking(move || -> Result<(usize, u64)> {
         let (mut files, mut bytes) = (0, 0);
         for (l, p) in &layers {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                anyhow::bail!("{image}: the placement was stopped");
+            }
             let blob = archive::blob_path(&cache, &l.digest);
             let (f, b) = match p {
-                Packing::Tar => untar(&blob, &dest).map_err(|e| match e.downcast::<Refused>() {
-                    Ok(r) => Refused(format!("{image}: layer {}: {r}", l.digest)).into(),
-                    Err(e) => anyhow::anyhow!("{image}: layer {}: {e:#}", l.digest),
+                Packing::Tar => untar(&blob, &into).map_err(|e| {
+                    if files::planted(&e).is_some() {
+                        return local_any(e);
+                    }
+                    match e.downcast::<Refused>() {
+                        Ok(r) => Refused(format!("{image}: layer {}: {r}", l.digest)).into(),
+                        Err(e) => anyhow::anyhow!("{image}: layer {}: {e:#}", l.digest),
+                    }
                 })?,
                 Packing::Raw => {
                     let rel = raw_path(l).map_err(anyhow::Error::msg)?;
-                    (1, place_file(&blob, &dest, &rel, placing)?)
+                    (
+                        1,
+                        place_file(&blob, &into, &rel, placing).map_err(local_any)?,
+                    )
                 }
             };
             files += f;
             bytes += b;
         }
+        // The files' bytes and renames, durable at once.
+        into.files.syncfs(&into.dest).map_err(local)?;
         Ok((files, bytes))
     })
     .await?
+}
+
+/// A model folder files are placed in, and how its paths are reached.
+struct Into {
+    files: Files,
+    dest: PathBuf,
+}
+
+impl Into {
+    /// Makes the folders between the model folder, which must be there
+    /// (a removed one is not made again), and the file `to`.
+    fn make_parent(&self, to: &Path) -> std::io::Result<()> {
+        if !self.files.is_dir(&self.dest)? {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{} was removed", self.dest.display()),
+            ));
+        }
+        self.files
+            .create_dir_all(to.parent().expect("under the folder"))
+    }
+}
+
+/// A symlink planted where a file was to go: a [`Refused`] naming it.
+fn local(e: std::io::Error) -> anyhow::Error {
+    match crate::util::beneath::Planted::of(&e) {
+        Some(p) => Refused(p.to_string()).into(),
+        None => e.into(),
+    }
+}
+
+/// [`local`], for an error whose chain may hold the planted symlink.
+fn local_any(e: anyhow::Error) -> anyhow::Error {
+    match files::planted(&e) {
+        Some(p) => Refused(p.to_string()).into(),
+        None => e,
+    }
+}
+
+/// Layers fetched at once by [`prefetch`].
+pub const LANES: usize = 8;
+
+/// Fetches the distinct layers of `plan` of at most `max_size` bytes that
+/// the blob cache `cache` lacks, [`LANES`] at once (a model of many small
+/// files waits for one registry round trip per [`LANES`] files, not per
+/// file), the small ones as one batch made durable by one `syncfs` at the
+/// end ([`Registry::blob_batched`]); the bytes downloaded. The first
+/// failure stops the lanes from taking more, and is returned.
+pub async fn prefetch(
+    reg: &Registry,
+    plan: &ModelPlan,
+    cache: &Path,
+    max_size: u64,
+) -> Result<u64> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    let mut seen = std::collections::BTreeSet::new();
+    let todo: Vec<&Descriptor> = plan
+        .layers
+        .iter()
+        .map(|(l, _)| l)
+        .filter(|l| l.size <= max_size && seen.insert(l.digest))
+        .collect();
+    let (next, fetched, stop) = (
+        AtomicUsize::new(0),
+        AtomicU64::new(0),
+        AtomicBool::new(false),
+    );
+    let (next, fetched, stop, todo) = (&next, &fetched, &stop, &todo);
+    let lane = move || async move {
+        while !stop.load(Ordering::Relaxed) {
+            let Some(l) = todo.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                break;
+            };
+            match reg.blob_batched(l, cache).await {
+                Ok(n) => {
+                    fetched.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    };
+    let lanes = tokio::join!(
+        lane(),
+        lane(),
+        lane(),
+        lane(),
+        lane(),
+        lane(),
+        lane(),
+        lane()
+    );
+    let [a, b, c, d, e, f, g, h] = [
+        lanes.0, lanes.1, lanes.2, lanes.3, lanes.4, lanes.5, lanes.6, lanes.7,
+    ];
+    const _: () = assert!(LANES == 8, "one lane per future joined");
+    // What came in is made durable and trusted, even when a lane failed.
+    let settled = reg.settle(cache).await;
+    for r in [a, b, c, d, e, f, g, h] {
+        r?;
+    }
+    settled?;
+    Ok(fetched.load(Ordering::Relaxed))
 }
 
 /// Fetches the model artifact `reg` names into the blob cache `cache` and
@@ -206,12 +470,17 @@ pub async fn pull_model(
     dest: &Path,
     placing: Placing,
 ) -> Result<ArtifactSummary> {
-    // Everything is checked before the first byte is placed.
+    // Everything is checked before the first byte is placed, and the
+    // disks before the first byte is fetched.
     let plan = plan_model(reg).await?;
-    let mut fetched = 0;
-    for (l, _) in plan.layers() {
-        fetched += reg.blob(l, cache).await?;
-    }
+    let copy_to = (placing == Placing::Copy).then_some(dest);
+    check_space(&plan, cache, copy_to).map_err(|n| {
+        Refused(n.line(
+            &format!("{} (manifest {})", plan.image, plan.manifest),
+            "free some there, or point XDG_CACHE_HOME (the blob cache) and --local-dir at a larger disk",
+        ))
+    })?;
+    let fetched = prefetch(reg, &plan, cache, u64::MAX).await?;
     let (files, bytes) = place_model(&plan, cache, dest, placing).await?;
     Ok(ArtifactSummary {
         manifest: plan.manifest,
@@ -238,10 +507,23 @@ fn raw_path(l: &Descriptor) -> Result<RelPath, String> {
     })
 }
 
-/// Copies (or links, see [`Placing`]) `src` to `rel` under `dest` (a
+/// Copies (or links, see [`Placing`]) `src` to `rel` under `into` (a
 /// temporary file beside it, renamed in, never through a symlink); returns
 /// its bytes.
-fn place_file(src: &Path, dest: &Path, rel: &RelPath, placing: Placing) -> Result<u64> {
+fn place_file(src: &Path, into: &Into, rel: &RelPath, placing: Placing) -> Result<u64> {
+    if into.files.is_beneath() {
+        let to = rel.under(&into.dest);
+        let fs = &into.files;
+        into.make_parent(&to)?;
+        let tmp = files::temp_beside(&to);
+        if placing == Placing::Link && fs.hard_link(src, &tmp).is_ok() {
+            let len = fs.len(&tmp)?.unwrap_or(0);
+            return finish_beneath(fs, &tmp, &to).map(|()| len);
+        }
+        let mut from = fs.open_read(src)?;
+        return write_placed(&mut from, into, rel);
+    }
+    let dest = into.dest.as_path();
     if placing == Placing::Link {
         let tmp = tempfile::Builder::new()
             .prefix(".xfer-link-")
@@ -256,15 +538,41 @@ fn place_file(src: &Path, dest: &Path, rel: &RelPath, placing: Placing) -> Resul
         }
     }
     let mut from = std::fs::File::open(src)?;
-    write_placed(&mut from, dest, rel)
+    write_placed(&mut from, into, rel)
 }
 
-/// Writes what `r` yields to `rel` under `dest`, as [`place_file`] does.
-fn write_placed(r: &mut impl std::io::Read, dest: &Path, rel: &RelPath) -> Result<u64> {
+/// Renames `tmp` over `to` beneath the root; `tmp` goes if that fails.
+fn finish_beneath(fs: &Files, tmp: &Path, to: &Path) -> Result<()> {
+    if let Err(e) = fs.rename_lazy(tmp, to) {
+        let _ = fs.remove_file(tmp);
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// Writes what `r` yields to `rel` under `into`, as [`place_file`] does.
+fn write_placed(r: &mut impl std::io::Read, into: &Into, rel: &RelPath) -> Result<u64> {
+    if into.files.is_beneath() {
+        let to = rel.under(&into.dest);
+        let fs = &into.files;
+        into.make_parent(&to)?;
+        let tmp = files::temp_beside(&to);
+        let mut f = fs.create_new(&tmp)?;
+        let n = std::io::copy(r, &mut f);
+        drop(f);
+        let n = match n {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = fs.remove_file(&tmp);
+                return Err(e.into());
+            }
+        };
+        return finish_beneath(fs, &tmp, &to).map(|()| n);
+    }
+    let dest = into.dest.as_path();
     let mut tmp = tempfile::NamedTempFile::new_in(dest)?;
     let n = std::io::copy(r, &mut tmp)?;
     tmp.flush()?;
-    tmp.as_file().sync_all()?;
     let tmp = tmp.into_temp_path();
     crate::store::place::place(dest, rel, |to| std::fs::rename(&tmp, to))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -275,9 +583,10 @@ fn write_placed(r: &mut impl std::io::Read, dest: &Path, rel: &RelPath) -> Resul
 /// Places the regular files of the tar at `blob` under `dest`; folders are
 /// made as needed, links and anything else refused. The whole tar is read
 /// once before anything is placed, so a refused entry places nothing.
-fn untar(blob: &Path, dest: &Path) -> Result<(usize, u64)> {
+fn untar(blob: &Path, into: &Into) -> Result<(usize, u64)> {
+    let open = || into.files.open_read(blob);
     let mut paths = Vec::new();
-    let mut a = tar::Archive::new(std::fs::File::open(blob)?);
+    let mut a = tar::Archive::new(open()?);
     for e in a.entries()? {
         let e = e?;
         let raw = e.path()?.to_string_lossy().to_string();
@@ -300,7 +609,7 @@ fn untar(blob: &Path, dest: &Path) -> Result<(usize, u64)> {
             }
         }
     }
-    let mut a = tar::Archive::new(std::fs::File::open(blob)?);
+    let mut a = tar::Archive::new(open()?);
     let (mut files, mut bytes) = (0, 0);
     let mut it = paths.iter();
     for e in a.entries()? {
@@ -309,8 +618,8 @@ fn untar(blob: &Path, dest: &Path) -> Result<(usize, u64)> {
             e.header().entry_type(),
             tar::EntryType::Regular | tar::EntryType::Continuous
         ) {
-            let rel = it.next().expect("the same entries");
-            bytes += write_placed(&mut e, dest, rel)?;
+            let rel = it.next().context("the tar changed while it was read")?;
+            bytes += write_placed(&mut e, into, rel)?;
             files += 1;
         }
     }
@@ -350,6 +659,89 @@ mod tests {
         assert!(packing("application/vnd.cncf.model.secret.v1.raw").is_err());
     }
 
+    /// A ModelPack manifest of raw layers of the given declared sizes.
+    fn manifest(sizes: &[u64]) -> ImageManifest {
+        let layers: Vec<serde_json::Value> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                serde_json::json!({
+                    "mediaType": "application/vnd.cncf.model.weight.v1.raw",
+                    "digest": format!("sha256:{}", format!("{i:x}").repeat(64).get(..64).unwrap()),
+                    "size": n,
+                    "annotations": {FILEPATH: format!("w{i}.bin")},
+                })
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "artifactType": MANIFEST_TYPE,
+            "config": {"mediaType": CONFIG_TYPE, "digest": format!("sha256:{}", "c".repeat(64)), "size": 2},
+            "layers": layers,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn declared_sizes_that_overflow_are_refused_naming_the_manifest() {
+        let d = Digest([7; 32]);
+        let e = plan_of(
+            "reg/evil:v1",
+            &manifest(&[1 << 63, 1 << 63]),
+            d,
+            &Files::plain(),
+        )
+        .err()
+        .unwrap();
+        assert!(e.is::<Refused>(), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.contains(&d.to_string()) && e.contains("reg/evil:v1"),
+            "{e}"
+        );
+        let ok = plan_of(
+            "reg/ok:v1",
+            &manifest(&[1 << 62, 1 << 62, 5]),
+            d,
+            &Files::plain(),
+        );
+        assert_eq!(ok.unwrap().bytes(), (1 << 63) + 5);
+    }
+
+    #[test]
+    fn a_layer_larger_than_the_disk_is_refused_before_a_byte_and_a_part_counts() {
+        let t = tempfile::tempdir().unwrap();
+        let cache = t.path().join("cache");
+        let huge = plan_of(
+            "r/h:1",
+            &manifest(&[1 << 40, 10]),
+            Digest([1; 32]),
+            &Files::plain(),
+        )
+        .unwrap();
+        let n = check_space(&huge, &cache, None).unwrap_err();
+        assert_eq!(n.need, (1 << 40) + 10);
+        assert!(n.have < n.need && n.dir == t.path(), "{n:?}");
+        let line = n.line("r/h:1", "free some");
+        assert!(
+            line.contains("need 1.0 TiB") && line.contains("have "),
+            "{line}"
+        );
+        // What a partial file holds is not fetched again.
+        let small = plan_of(
+            "r/s:1",
+            &manifest(&[10, 20]),
+            Digest([1; 32]),
+            &Files::plain(),
+        )
+        .unwrap();
+        let (l, _) = &small.layers[1];
+        let part = Registry::partial_path(&cache, l);
+        std::fs::create_dir_all(part.parent().unwrap()).unwrap();
+        std::fs::write(&part, [0u8; 15]).unwrap();
+        assert_eq!(small.to_fetch(&cache), 10 + 5);
+        assert!(check_space(&small, &cache, Some(t.path())).is_ok());
+    }
+
     #[test]
     fn a_tar_with_a_path_out_or_a_link_places_nothing() {
         let t = tempfile::tempdir().unwrap();
@@ -382,14 +774,24 @@ mod tests {
             p
         };
         let ok = mk(&[("config.json", None), ("sub/w.bin", None)]);
+        let dest_dir = dest.clone();
+        let dest = Into {
+            files: Files::plain(),
+            dest: dest_dir.clone(),
+        };
         assert_eq!(untar(&ok, &dest).unwrap(), (2, 6));
+        let dest = &dest_dir;
+        let plain = Into {
+            files: Files::plain(),
+            dest: dest.clone(),
+        };
         assert_eq!(std::fs::read(dest.join("sub/w.bin")).unwrap(), b"abc");
         let out = mk(&[("a.json", None), ("../../evil", None), ("b.json", None)]);
-        let e = untar(&out, &dest).unwrap_err().to_string();
+        let e = untar(&out, &plain).unwrap_err().to_string();
         assert!(e.contains("stay inside the model folder"), "{e}");
         assert!(!dest.join("a.json").exists(), "nothing placed");
         let link = mk(&[("x", Some("/etc/passwd"))]);
-        let e = untar(&link, &dest).unwrap_err().to_string();
+        let e = untar(&link, &plain).unwrap_err().to_string();
         assert!(e.contains("no links"), "{e}");
         assert!(!dest.join("x").exists());
     }

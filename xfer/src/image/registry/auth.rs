@@ -5,10 +5,77 @@
 //! base64 `user:password` that `docker login` writes), and how the
 //! registry asks for them (its `WWW-Authenticate` challenge: a bearer token
 //! from a realm, as Docker Hub, GHCR and NGC do, or basic auth).
+//!
+//! Where the credentials may go ([`check_realm`]): the realm is a URL the
+//! registry names, so a hostile registry could name any host. A realm is
+//! asked over plain HTTP only when the registry itself speaks plain HTTP
+//! (`--insecure`); with credentials, only a realm on the registry's own
+//! host (any port), on a host known to serve its tokens ([`KNOWN_REALMS`]:
+//! Docker Hub's `auth.docker.io`, NGC's `authn.nvidia.com`), or on a host
+//! the operator allowed in [`AUTH_HOSTS`] is sent them. Without
+//! credentials, an anonymous token may come from any https realm. A
+//! refused realm fails the pull in one line naming the realm, the
+//! registry and the fix.
 
 use std::path::PathBuf;
 
 use base64::Engine as _;
+use reqwest::Url;
+
+/// Registries whose token service is on another host, as their operators
+/// run them: (the registry's API host, its realm's host).
+pub const KNOWN_REALMS: &[(&str, &str)] = &[
+    ("registry-1.docker.io", "auth.docker.io"),
+    ("nvcr.io", "authn.nvidia.com"),
+];
+
+/// The environment variable naming more hosts (comma-separated) that may
+/// be sent a registry's credentials as its token realm.
+pub const AUTH_HOSTS: &str = "XFER_REGISTRY_AUTH_HOSTS";
+
+/// Whether the registry at `registry` (its API base URL; `name` as the
+/// reference spells it, for messages) may be asked for a token at `realm`,
+/// sending its credentials when `with_credentials`; `allowed` is the
+/// operator's [`AUTH_HOSTS`] value. The refusal is one line with the fix.
+pub fn check_realm(
+    registry: &Url,
+    name: &str,
+    realm: &Url,
+    with_credentials: bool,
+    allowed: Option<&str>,
+) -> Result<(), String> {
+    let what = format!("registry {name} named the token realm {realm}");
+    match (realm.scheme(), registry.scheme()) {
+        ("https", _) | ("http", "http") => {}
+        ("http", _) => {
+            return Err(format!(
+                "{what} over plain HTTP; xfer asks an https registry's tokens only over https (a token or the credentials would cross the network readable): have the registry name an https realm (auth.token.realm in its configuration)"
+            ))
+        }
+        (s, _) => {
+            return Err(format!(
+                "{what}, a `{s}` URL; xfer asks tokens over http(s) only: fix the registry's realm (auth.token.realm in its configuration)"
+            ))
+        }
+    }
+    if !with_credentials {
+        return Ok(());
+    }
+    let host = realm.host_str().unwrap_or("").to_ascii_lowercase();
+    let own = registry.host_str().unwrap_or("").to_ascii_lowercase();
+    let known = KNOWN_REALMS.iter().any(|(r, a)| *r == own && *a == host);
+    let listed = allowed
+        .unwrap_or("")
+        .split(',')
+        .map(|h| h.trim().to_ascii_lowercase())
+        .any(|h| !h.is_empty() && h == host);
+    if host == own || known || listed {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} on another host, {host}; xfer sends {name}'s credentials only to {own} itself and to hosts allowed to serve its tokens: if {host} is {name}'s token service, allow it with {AUTH_HOSTS}={host} (for `xfer sync`, in the environment of the agent that pulls), else pull from a registry you trust"
+    ))
+}
 
 /// A user name and password (or token).
 #[derive(Clone, PartialEq, Eq)]
@@ -180,6 +247,76 @@ mod tests {
         );
         assert_eq!(parse_challenge("Negotiate abc"), None);
         assert_eq!(parse_challenge(r#"Bearer service="x""#), None, "no realm");
+    }
+
+    #[test]
+    fn credentials_go_only_to_the_registrys_own_host_or_an_allowed_one() {
+        let u = |s: &str| Url::parse(s).unwrap();
+        let https = u("https://reg.example:5000/");
+        let http = u("http://reg.example:5000/");
+        let check = |reg: &Url, realm: &str, creds: bool, allowed: Option<&str>| {
+            check_realm(reg, "reg.example:5000", &u(realm), creds, allowed)
+        };
+        // The registry's own host, any port, over https.
+        assert!(check(&https, "https://reg.example/token", true, None).is_ok());
+        assert!(check(&https, "https://REG.example:5001/token", true, None).is_ok());
+        // Another host: anonymous only, unless allowed.
+        let e = check(&https, "https://evil.example/token", true, None).unwrap_err();
+        assert!(
+            e.contains("https://evil.example/token")
+                && e.contains("registry reg.example:5000")
+                && e.contains("XFER_REGISTRY_AUTH_HOSTS=evil.example"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+        assert!(check(&https, "https://evil.example/token", false, None).is_ok());
+        assert!(check(
+            &https,
+            "https://auth.example/t",
+            true,
+            Some("x, AUTH.example")
+        )
+        .is_ok());
+        // Plain HTTP: only for a plain HTTP registry, with or without
+        // credentials.
+        for creds in [true, false] {
+            let e = check(&https, "http://reg.example/token", creds, None).unwrap_err();
+            assert!(
+                e.contains("plain HTTP") && e.contains("http://reg.example/token"),
+                "{e}"
+            );
+        }
+        assert!(check(&http, "http://reg.example:5001/token", true, None).is_ok());
+        assert!(check(&http, "http://127.0.9.99:17099/token", true, None).is_err());
+        assert!(check(&http, "http://127.0.9.99:17099/token", false, None).is_ok());
+        assert!(check(&https, "file:///etc/passwd", false, None).is_err());
+        // Docker Hub's and NGC's own token services.
+        let hub = u("https://registry-1.docker.io/");
+        assert!(check_realm(
+            &hub,
+            "docker.io",
+            &u("https://auth.docker.io/token"),
+            true,
+            None
+        )
+        .is_ok());
+        let ngc = u("https://nvcr.io/");
+        assert!(check_realm(
+            &ngc,
+            "nvcr.io",
+            &u("https://authn.nvidia.com/token"),
+            true,
+            None
+        )
+        .is_ok());
+        assert!(check_realm(
+            &ngc,
+            "nvcr.io",
+            &u("https://auth.docker.io/token"),
+            true,
+            None
+        )
+        .is_err());
     }
 
     #[test]

@@ -1,9 +1,20 @@
 //! The OCI distribution API, as a client that pulls: the `/v2/` manifest
 //! and blob endpoints of one repository, authenticated the way the
-//! registry's challenge asks ([`super::auth`]), with redirects followed by
-//! hand so the registry's credentials never reach another host (a blob's
-//! CDN), every manifest and blob hashed and compared with its digest before
-//! use, and a blob that stops mid-way resumed with a range request.
+//! registry's challenge asks ([`super::auth`]; its credentials go to a
+//! token realm only as [`super::auth::check_realm`] allows), with
+//! redirects followed by hand so the registry's credentials never reach
+//! another host (a blob's CDN), every manifest and blob hashed and
+//! compared with its digest before use, and a blob that stops mid-way
+//! resumed with a range request.
+//!
+//! A blob's bytes never exceed its declared size: an answer that says or
+//! sends more is cut off and refused. Its partial file and the blob are
+//! reached through [`Files`]: with `O_NOFOLLOW` in a folder the operator
+//! names, or beneath an agent's root ([`Registry::confined`]); a symlink
+//! planted there fails the pull at once ([`Refused`]), naming it. A blob
+//! is hashed and placed off the runtime's threads, so that several fetch
+//! at once; small ones fetched as a batch ([`Registry::blob_batched`])
+//! are made durable and trusted together ([`Registry::settle`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,12 +30,18 @@ use super::auth::{self, Challenge, Credentials};
 use super::manifest::{self, Descriptor, ImageManifest, Manifest, Platform};
 use super::reference::ImageRef;
 use crate::image::archive;
+use crate::image::files::Files;
+use crate::util::beneath::Root;
 
 /// Most redirects followed for one request.
 const MAX_REDIRECTS: usize = 10;
 /// Tries of one blob: a transfer cut mid-way resumes, a blob that does not
 /// hash to its digest is fetched again from its start.
 const BLOB_TRIES: u32 = 4;
+/// Blobs smaller than this are made durable a batch at a time
+/// ([`Registry::blob_batched`]): the fsyncs of a model of many small
+/// files cost more than their bytes, and a crash costs their fetch again.
+pub const BATCH_BELOW: u64 = 1 << 20;
 
 /// Told how a blob's partial file grows while it is fetched, so what is in
 /// can be passed on before the blob is whole ([`Registry::blob_watched`]).
@@ -62,6 +79,11 @@ pub struct Registry {
     creds: Option<Credentials>,
     /// The `Authorization` value the registry last granted.
     auth: tokio::sync::Mutex<Option<String>>,
+    /// How the blob cache's files are reached.
+    files: Files,
+    /// Blobs of a batch placed but not yet durable nor stamped
+    /// ([`Registry::blob_batched`]).
+    pending: std::sync::Mutex<Vec<Digest>>,
 }
 
 /// An image manifest chosen for a platform, with its digest.
@@ -79,7 +101,31 @@ impl Registry {
     /// A client for `image`'s repository, with the credentials
     /// [`auth::lookup`] finds for its registry.
     pub fn new(image: &ImageRef, opts: &RegistryOptions) -> Result<Registry> {
-        let scheme = if opts.insecure { "http" } else { "https" };
+        let pem = match &opts.ca_file {
+            Some(ca) => Some((
+                std::fs::read(ca)
+                    .with_context(|| format!("cannot read the CA file {}", ca.display()))?,
+                ca.display().to_string(),
+            )),
+            None => None,
+        };
+        Self::build(image, opts.insecure, pem)
+    }
+
+    /// [`Registry::new`], trusting the CAs of the PEM text `ca_pem` besides
+    /// the system's (a job's `--ca-file`, sent with it).
+    pub fn with_ca_pem(
+        image: &ImageRef,
+        insecure: bool,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Registry> {
+        let pem = ca_pem.map(|p| (p.to_vec(), "the job's --ca-file".to_string()));
+        Self::build(image, insecure, pem)
+    }
+
+    /// The client; `pem` is a CA bundle and what to call it in messages.
+    fn build(image: &ImageRef, insecure: bool, pem: Option<(Vec<u8>, String)>) -> Result<Registry> {
+        let scheme = if insecure { "http" } else { "https" };
         let base = Url::parse(&format!("{scheme}://{}/", image.api_host()))
             .with_context(|| format!("`{}` is no registry host", image.registry))?;
         let mut b = reqwest::Client::builder()
@@ -87,12 +133,14 @@ impl Registry {
             .connect_timeout(Duration::from_secs(15))
             .read_timeout(Duration::from_secs(60))
             .user_agent(concat!("xfer/", env!("CARGO_PKG_VERSION")));
-        if let Some(ca) = &opts.ca_file {
-            let pem = std::fs::read(ca)
-                .with_context(|| format!("cannot read the CA file {}", ca.display()))?;
-            for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| {
-                format!("{} holds no PEM certificate; pass the CA that signed the registry's certificate", ca.display())
-            })? {
+        if let Some((pem, what)) = &pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .ok()
+                .filter(|c| !c.is_empty())
+                .with_context(|| {
+                    format!("{what} holds no PEM certificate; pass the CA that signed the registry's certificate")
+                })?;
+            for cert in certs {
                 b = b.add_root_certificate(cert);
             }
         }
@@ -102,7 +150,21 @@ impl Registry {
             image: image.clone(),
             creds: auth::lookup(&image.registry),
             auth: tokio::sync::Mutex::new(None),
+            files: Files::plain(),
+            pending: std::sync::Mutex::default(),
         })
+    }
+
+    /// This client, writing its blob cache beneath `root` (an agent's
+    /// root): every path resolved without following a symlink.
+    pub fn confined(mut self, root: Root) -> Registry {
+        self.files = Files::beneath(root);
+        self
+    }
+
+    /// How the blob cache's files are reached.
+    pub fn files(&self) -> &Files {
+        &self.files
     }
 
     /// The reference this client pulls.
@@ -192,6 +254,15 @@ impl Registry {
                         self.where_()
                     )
                 })?;
+                let allowed = std::env::var(auth::AUTH_HOSTS).ok();
+                auth::check_realm(
+                    &self.base,
+                    &self.image.registry,
+                    &url,
+                    self.creds.is_some(),
+                    allowed.as_deref(),
+                )
+                .map_err(Refused)?;
                 {
                     let mut q = url.query_pairs_mut();
                     if let Some(s) = &service {
@@ -416,25 +487,84 @@ impl Registry {
         cache: &Path,
         watch: Option<&dyn BlobWatch>,
     ) -> Result<u64> {
-        if archive::holds(cache, &desc.digest, desc.size) {
+        self.fetch_blob(desc, cache, watch, false).await
+    }
+
+    /// [`Registry::blob`] as one of a batch: a blob under [`BATCH_BELOW`]
+    /// bytes is placed in the cache without an fsync of its own and
+    /// stamped (trusted) only by [`Registry::settle`], which the batch
+    /// must call at its end, whether it failed or not.
+    pub async fn blob_batched(&self, desc: &Descriptor, cache: &Path) -> Result<u64> {
+        self.fetch_blob(desc, cache, None, desc.size < BATCH_BELOW)
+            .await
+    }
+
+    /// Makes the blobs [`Registry::blob_batched`] placed in `cache`
+    /// durable (one `syncfs`) and stamps them.
+    pub async fn settle(&self, cache: &Path) -> Result<()> {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        let (files, cache) = (self.files.clone(), cache.to_path_buf());
+        tokio::task::spawn_blocking(move || archive::stamp_batch_in(&files, &cache, &pending))
+            .await?
+            .map_err(|e| match e.downcast::<std::io::Error>() {
+                Ok(io) => local(io),
+                Err(e) => e,
+            })
+    }
+
+    /// Fetches `desc` into `cache` (see [`Registry::blob`]); `lazy`: as
+    /// one of a batch ([`Registry::blob_batched`]).
+    async fn fetch_blob(
+        &self,
+        desc: &Descriptor,
+        cache: &Path,
+        watch: Option<&dyn BlobWatch>,
+        lazy: bool,
+    ) -> Result<u64> {
+        if archive::holds_in(&self.files, cache, &desc.digest, desc.size) {
             return Ok(0);
         }
         let part = Self::partial_path(cache, desc);
-        crate::util::beneath::create_dir_all_durable(part.parent().expect("in .incoming"))?;
+        self.files
+            .create_dir_all(part.parent().expect("in .incoming"))
+            .map_err(local)?;
         let mut fetched = 0u64;
         let mut why = String::new();
         for _ in 0..BLOB_TRIES {
             match self.fetch_into(desc, &part, &mut fetched, watch).await {
                 Ok(()) => {}
+                // A refusal (a symlink planted in the cache, a 401 or 404)
+                // is the same at every try.
+                Err(e) if e.is::<Refused>() => return Err(e),
                 Err(e) => {
                     why = format!("{e:#}");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
             }
-            let got = hash_file(&part)?;
+            let got = self.hash_file(&part).await?;
             if got == desc.digest {
-                archive::adopt_blob(cache, &desc.digest, &part)?;
+                let (files, cache, d, p) = (
+                    self.files.clone(),
+                    cache.to_path_buf(),
+                    desc.digest,
+                    part.clone(),
+                );
+                tokio::task::spawn_blocking(move || match lazy {
+                    true => archive::adopt_blob_lazy_in(&files, &cache, &d, &p),
+                    false => archive::adopt_blob_in(&files, &cache, &d, &p),
+                })
+                .await?
+                .map_err(|e| match e.downcast::<std::io::Error>() {
+                    Ok(io) => local(io),
+                    Err(e) => e,
+                })?;
+                if lazy {
+                    self.pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(desc.digest);
+                }
                 return Ok(fetched);
             }
             why = format!(
@@ -444,12 +574,25 @@ impl Registry {
                 self.where_()
             );
             tracing::warn!("{why}; fetching it again");
-            let _ = std::fs::remove_file(&part);
+            self.files.remove_file(&part).map_err(local)?;
             if let Some(w) = watch {
                 w.restarted();
             }
         }
         bail!("{why}; run again (what was fetched and checked is kept)")
+    }
+
+    /// The sha256 of the file at `p` (read off the runtime's threads).
+    async fn hash_file(&self, p: &Path) -> Result<Digest> {
+        let f = self.files.open_read(p).map_err(local)?;
+        let (d, _) = tokio::task::spawn_blocking(move || {
+            crate::image::sha256_copy(
+                std::io::BufReader::with_capacity(1 << 20, f),
+                std::io::sink(),
+            )
+        })
+        .await??;
+        Ok(d)
     }
 
     /// Appends the rest of `desc` to `part` (asking from its length on).
@@ -460,9 +603,9 @@ impl Registry {
         fetched: &mut u64,
         watch: Option<&dyn BlobWatch>,
     ) -> Result<()> {
-        let mut have = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
+        let mut have = self.files.len(part).map_err(local)?.unwrap_or(0);
         if have > desc.size {
-            std::fs::remove_file(part)?;
+            self.files.remove_file(part).map_err(local)?;
             have = 0;
             if let Some(w) = watch {
                 w.restarted();
@@ -478,8 +621,8 @@ impl Registry {
             .get(self.url("blobs", &desc.digest.to_string()), None, have)
             .await?;
         let (mut file, mut at) = match r.status() {
-            StatusCode::PARTIAL_CONTENT => {
-                (std::fs::OpenOptions::new().append(true).open(part)?, have)
+            StatusCode::PARTIAL_CONTENT if have > 0 => {
+                (self.files.open_append(part).map_err(local)?, have)
             }
             s if s.is_success() => {
                 // The whole blob again: what the file held is replaced.
@@ -488,10 +631,22 @@ impl Registry {
                         w.restarted();
                     }
                 }
-                (std::fs::File::create(part)?, 0)
+                (self.files.create_new(part).map_err(local)?, 0)
             }
             s => return Err(self.refused(&format!("blob {}", desc.digest), s)),
         };
+        // An answer that says it is longer than the rest of the blob is
+        // refused before a byte of it is written.
+        if let Some(len) = r.content_length() {
+            if at.checked_add(len).is_none_or(|end| end > desc.size) {
+                bail!(
+                    "{} offered {len} bytes from byte {at} of blob {}, which has {} bytes",
+                    self.where_(),
+                    desc.digest,
+                    desc.size
+                );
+            }
+        }
         let mut r = r;
         while let Some(chunk) = r.chunk().await.map_err(|e| {
             anyhow::anyhow!(
@@ -539,7 +694,9 @@ impl Registry {
         }
         let fetched = self.blob(desc, cache).await?;
         Ok((
-            std::fs::read(archive::blob_path(cache, &desc.digest))?,
+            self.files
+                .read(&archive::blob_path(cache, &desc.digest))
+                .map_err(local)?,
             fetched,
         ))
     }
@@ -557,12 +714,12 @@ async fn read_capped(mut r: Response, cap: usize) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The sha256 of the file at `p`.
-fn hash_file(p: &Path) -> Result<Digest> {
-    let f = std::fs::File::open(p)?;
-    let (d, _) = crate::image::sha256_copy(
-        std::io::BufReader::with_capacity(1 << 20, f),
-        std::io::sink(),
-    )?;
-    Ok(d)
+/// An error of the blob cache's own files: a planted symlink is a
+/// [`Refused`] naming it (no try goes through it until someone removes
+/// it), anything else as it is.
+fn local(e: std::io::Error) -> anyhow::Error {
+    match crate::util::beneath::Planted::of(&e) {
+        Some(p) => Refused(p.to_string()).into(),
+        None => e.into(),
+    }
 }
