@@ -700,15 +700,9 @@ mod tests {
         assert!(xfer_proto::launch_rules::check_env("XFER_HOLD_FILE", "/tmp/x").is_err());
     }
 
-    /// A held rank with a rendezvous to meet gets what to meet and where to
-    /// report it (variables no spec may set); the agent reads the report,
-    /// says at once when the rank ended without one, and refuses a run that
-    /// was not started to meet it.
-    #[tokio::test]
-    async fn a_held_ranks_rendezvous_is_read_from_its_report() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = sup(dir.path());
-        let rdv = xfer_proto::launch::RendezvousRequest {
+    /// The rendezvous a held rank of node n2 is started to meet.
+    fn held_rendezvous() -> xfer_proto::launch::RendezvousRequest {
+        xfer_proto::launch::RendezvousRequest {
             node: "n2".parse().unwrap(),
             python_of: "vllm".into(),
             rank: 1,
@@ -717,7 +711,18 @@ mod tests {
             fabric_if: "fab0".into(),
             timeout_ms: 25_000,
             held_run: None,
-        };
+        }
+    }
+
+    /// A held rank with a rendezvous to meet gets what to meet and where to
+    /// report it (variables no spec may set); the agent reads the report,
+    /// says at once when the rank ended without one, and refuses a run that
+    /// was not started to meet it.
+    #[tokio::test]
+    async fn a_held_ranks_rendezvous_is_read_from_its_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sup(dir.path());
+        let rdv = held_rendezvous();
         let held = |run: &str, script: &str| {
             let mut h = spec(run, &[script]);
             h.held = true;
@@ -793,16 +798,7 @@ mod tests {
         let held = |run: &str, script: &str| {
             let mut h = spec(run, &[script]);
             h.held = true;
-            h.rendezvous = Some(xfer_proto::launch::RendezvousRequest {
-                node: "n2".parse().unwrap(),
-                python_of: "vllm".into(),
-                rank: 1,
-                world: 2,
-                master: "10.0.0.1:8000".parse().unwrap(),
-                fabric_if: "fab0".into(),
-                timeout_ms: 25_000,
-                held_run: None,
-            });
+            h.rendezvous = Some(held_rendezvous());
             h
         };
         for (run, make, what) in [
