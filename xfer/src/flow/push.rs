@@ -838,12 +838,19 @@ impl NodeCtx {
         let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
             .await
             .map_err(|e| Attempt::Lost(e.to_string()))?;
-        write_frame(&mut send, self.offer.as_ref())
-            .await
-            .map_err(lost_now)?;
-        write_frame(&mut send, &self.swarm)
-            .await
-            .map_err(lost_now)?;
+        let wrote = match write_frame(&mut send, self.offer.as_ref()).await {
+            Ok(()) => write_frame(&mut send, &self.swarm).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = wrote {
+            // A node that refuses the offer stops reading it at once and
+            // says why on the reply stream: a large manifest still being
+            // written then fails with "stopped by peer". Its reason, not
+            // the write's, is the answer.
+            return Err(refusal_after_stop(&mut recv, addr, summary)
+                .await
+                .unwrap_or_else(|| lost_now(e)));
+        }
         // From here on only the rewiring (and a draft's events) is
         // written, by its own task.
         let _writer = AbortOnDrop(tokio::spawn(write_control(
@@ -983,5 +990,24 @@ impl NodeCtx {
                 Err(e) => break Err(Attempt::Lost(e)),
             }
         }
+    }
+}
+
+/// After a write to the node failed: the node's refusal, if it sent one
+/// before it stopped reading (bounded, so a node that neither answers nor
+/// closes cannot hold the push).
+async fn refusal_after_stop(
+    recv: &mut quinn::RecvStream,
+    addr: SocketAddr,
+    summary: &mut NodeSummary,
+) -> Option<Attempt> {
+    let reply = tokio::time::timeout(Duration::from_secs(5), read_frame::<TransferMsg>(recv)).await;
+    match reply {
+        Ok(Ok(TransferMsg::Failed(r))) => {
+            let why = format!("{addr}: {r}");
+            summary.refusal = Some(r);
+            Some(Attempt::Refused(why))
+        }
+        _ => None,
     }
 }
