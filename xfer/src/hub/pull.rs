@@ -144,6 +144,11 @@ pub struct PullSummary {
     /// With striped intake: what each downloader fetched from the origin.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub intake: Vec<super::intake::IntakeShare>,
+    /// Files found in place by name and size and not hashed by this pull
+    /// (relative to the repo folder or local dir): a caller that must know
+    /// their bytes are the Hub's checks these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unhashed: Vec<RelPath>,
 }
 
 /// How every file was checked.
@@ -433,6 +438,11 @@ pub async fn pull(
             });
         } else {
             todo.push(f.clone());
+        }
+    }
+    if draft.is_none() {
+        for f in files.iter().filter(|f| layout.present(f)) {
+            summary.unhashed.push(layout.content_rel(f)?);
         }
     }
     if let Some((on, d, cs)) = &draft {

@@ -122,6 +122,33 @@ fn lexical_target(path: &RelPath, target: &str) -> Option<String> {
     Some(parts.join("/"))
 }
 
+/// Checks each blob among `paths` (relative to the repo folder `dir`;
+/// paths that are not blobs are skipped) against its name; why the first
+/// that fails does.
+pub fn check_blobs<'a>(
+    dir: &Path,
+    paths: impl IntoIterator<Item = &'a RelPath>,
+) -> Result<(), String> {
+    for path in paths {
+        let Some(want) = blob_hash(path) else {
+            continue;
+        };
+        let at = path.under(dir);
+        let checked = std::fs::File::open(&at)
+            .and_then(|mut f| {
+                let size = f.metadata()?.len();
+                check_blob(&mut f, size, want)
+            })
+            .map_err(|e| format!("cannot read `{path}` to check it against its name: {e}"))?;
+        if let Err(got) = checked {
+            return Err(format!(
+                "`{path}` hashes to {got}, not to its name: it is not the Hub's file"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads `file` (`size` bytes) to its end and checks it against `want`;
 /// the hash it has, in hex, when it differs.
 pub fn check_blob(
@@ -251,5 +278,86 @@ mod tests {
             let e = check_manifest(&manifest(vec![file(blob), bad])).unwrap_err();
             assert!(e.contains(said), "{e}");
         }
+    }
+
+    /// A store holding `models--o--m` with one blob named by its sha256,
+    /// recorded complete; then its record's check mark taken away, as an
+    /// older xfer wrote it, and the blob's bytes replaced by `bytes` (same
+    /// size, stamp put back).
+    fn unmarked_store(bytes: &[u8]) -> (tempfile::TempDir, super::super::Store, ModelName) {
+        use super::super::Store;
+        let good = b"the hub's own bytes";
+        assert_eq!(bytes.len(), good.len());
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let name = ModelName::new("models--o--m").unwrap();
+        let repo = dir.path().join(name.as_str());
+        let blob = hex::encode(sha2::Sha256::digest(good));
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::create_dir_all(repo.join("snapshots/c0")).unwrap();
+        std::fs::write(repo.join("blobs").join(&blob), good).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../blobs/{blob}"),
+            repo.join("snapshots/c0/model.safetensors"),
+        )
+        .unwrap();
+        let tree =
+            crate::store::scan::scan(&repo, xfer_proto::hash::MIN_CHUNK_SIZE, &|_| {}).unwrap();
+        store.adopt(&name, &tree.manifest, None, &[]).unwrap();
+        assert!(store.record(&name).unwrap().blobs_checked);
+        let at = repo.join("blobs").join(&blob);
+        let mtime = std::fs::metadata(&at).unwrap().modified().unwrap();
+        std::fs::write(&at, bytes).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&at)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        let rec_path = store.record_path(&name);
+        let mut rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+        rec.as_object_mut().unwrap().remove("blobs_checked");
+        std::fs::write(&rec_path, serde_json::to_vec(&rec).unwrap()).unwrap();
+        assert!(!store.record(&name).unwrap().blobs_checked);
+        (dir, store, name)
+    }
+
+    #[test]
+    fn an_older_record_is_checked_once_then_marked() {
+        let (_dir, store, name) = unmarked_store(b"the hub's own bytes");
+        assert_eq!(store.check_hub_blobs(&name), Ok(true));
+        assert!(store.record(&name).unwrap().blobs_checked);
+        assert_eq!(store.check_hub_blobs(&name), Ok(false));
+    }
+
+    #[test]
+    fn an_older_record_over_other_bytes_is_never_marked() {
+        let (_dir, store, name) = unmarked_store(b"an attacker's bytes");
+        let e = store.check_hub_blobs(&name).unwrap_err();
+        assert!(
+            e.contains("not to its name") && e.contains("sync it from the Hub again"),
+            "{e}"
+        );
+        assert!(!store.record(&name).unwrap().blobs_checked);
+        // A sync of the same manifest does not keep the poisoned blob: it
+        // is pending again, fetched from the source.
+        let m = std::sync::Arc::new(store.record(&name).unwrap().manifest.manifest);
+        let t = store.begin(&name, m).unwrap();
+        let pending = t.pending();
+        assert!(
+            pending.iter().any(|p| p.as_str().starts_with("blobs/")),
+            "{pending:?}"
+        );
+    }
+
+    #[test]
+    fn a_sync_over_an_older_clean_record_keeps_its_blobs() {
+        let (_dir, store, name) = unmarked_store(b"the hub's own bytes");
+        let m = std::sync::Arc::new(store.record(&name).unwrap().manifest.manifest);
+        let t = store.begin(&name, m).unwrap();
+        assert!(t.pending().is_empty(), "{:?}", t.pending());
+        t.finish().unwrap();
+        assert!(store.record(&name).unwrap().blobs_checked);
     }
 }

@@ -281,13 +281,33 @@ impl Store {
     /// by other means (`xfer pull` checked it against the Hub's hashes and
     /// hashed it into `manifest`), as the complete model `name`; `draft`
     /// is the streamed draft it holds every file and link of, if any.
+    /// `unhashed` are the files the pull found in place and did not hash:
+    /// for a Hub-named model each such blob is checked against its name
+    /// here, unless the old record had checked it and it is unchanged.
     pub fn adopt(
         &self,
         name: &ModelName,
         manifest: &Manifest,
         draft: Option<Hash>,
+        unhashed: &[RelPath],
     ) -> std::io::Result<()> {
         let dir = self.model_dir(name);
+        let hub_named = hub_layout::is_hub_name(name);
+        if hub_named {
+            let vouched = self
+                .record_any(name)
+                .filter(|r| r.blobs_checked)
+                .map(|r| r.stamps)
+                .unwrap_or_default();
+            let unchecked = unhashed.iter().filter(|p| {
+                vouched.get(*p).is_none() || Stamp::of(&p.under(&dir)) != vouched.get(*p).copied()
+            });
+            hub_layout::check_blobs(&dir, unchecked).map_err(|why| {
+                std::io::Error::other(format!(
+                    "{name}: {why}; remove it (`xfer rm {name}`) and sync it from the Hub again"
+                ))
+            })?;
+        }
         let mut stamps = BTreeMap::new();
         for f in manifest.files() {
             let p = f.path.under(&dir);
@@ -308,8 +328,31 @@ impl Store {
             stamps,
             replacing: None,
             draft,
+            blobs_checked: hub_named,
         };
         self.write_record(name, &record)
+    }
+
+    /// Checks each blob of the Hub-named model `name`, complete and not
+    /// yet vouched for that way (its record from an older xfer), against
+    /// its name, and marks the record when all pass ([`ModelRecord::blobs_checked`]).
+    /// `Ok(false)`: nothing to do. Call after a verify found every file
+    /// as recorded.
+    pub fn check_hub_blobs(&self, name: &ModelName) -> Result<bool, String> {
+        let Some(mut rec) = self
+            .record(name)
+            .filter(|r| hub_layout::is_hub_name(name) && !r.blobs_checked)
+        else {
+            return Ok(false);
+        };
+        let dir = self.model_dir(name);
+        hub_layout::check_blobs(&dir, rec.manifest.manifest.files().map(|f| &f.path)).map_err(
+            |why| format!("{why}; remove it (`xfer rm {name}`) and sync it from the Hub again"),
+        )?;
+        rec.blobs_checked = true;
+        self.write_record(name, &rec)
+            .map_err(|e| format!("cannot write the record of {name}: {e}"))?;
+        Ok(true)
     }
 
     /// Makes the next transfer of `name` fetch `paths` again even if their
@@ -1154,6 +1197,8 @@ impl Transfer {
                 .filter(|r| r.is_complete() && covers(&r.manifest.manifest, &manifest.manifest))
             {
                 held.draft = self.draft_lineage();
+                // Every kept blob was checked when this transfer began.
+                held.blobs_checked = self.hub_named;
                 self.write_record(&held)?;
                 let _ = self.fs.remove_dir_all(&self.staging_rel);
                 // What the source sealed: the draft's root, as ever.
@@ -1165,6 +1210,9 @@ impl Transfer {
             stamps,
             replacing: None,
             draft: self.draft_lineage(),
+            // Each blob placed was checked at `place_file`, each kept one
+            // when this transfer began ([`resume`]).
+            blobs_checked: self.hub_named,
         };
         self.write_record(&record)?;
         let _ = self.fs.remove_dir_all(&self.staging_rel);

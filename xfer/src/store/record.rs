@@ -42,6 +42,14 @@ pub struct ModelRecord {
     /// (`launcher/python/xfer_vllm_loader`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft: Option<Hash>,
+    /// Set on a Hub-named model (`models--ORG--NAME`) once every blob was
+    /// checked against the hash its name says (when it was placed, pulled
+    /// or kept). A Hub-named record without it (made by an xfer before
+    /// this check) vouches for sizes and BLAKE3 hashes, not that the bytes
+    /// are the Hub's: the launch gate refuses it until a sync or the
+    /// periodic verify checks the blobs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blobs_checked: bool,
 }
 
 impl ModelRecord {

@@ -156,6 +156,10 @@ impl Store {
         let mut on_trust: Vec<Option<Vec<Hash>>> = vec![None; n];
         let mut stamps = BTreeMap::new();
         if let Some(rec) = self.record_any(name) {
+            // A Hub-named record that never had its blobs checked against
+            // their names (an older xfer's): a kept blob is checked now,
+            // and one that fails is fetched again.
+            let check_kept = super::hub_layout::is_hub_name(name) && !rec.blobs_checked;
             let old: BTreeMap<&RelPath, &Hash> = rec
                 .manifest
                 .manifest
@@ -178,6 +182,9 @@ impl Store {
                 if let Some(chunks) =
                     same.filter(|_| Stamp::of(&f.path.under(final_dir)).as_ref() == Some(recorded))
                 {
+                    if check_kept && super::hub_layout::check_blobs(final_dir, [&f.path]).is_err() {
+                        continue;
+                    }
                     done[i] = true;
                     stamps.insert(f.path.clone(), *recorded);
                     if is_draft {

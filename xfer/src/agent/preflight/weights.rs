@@ -90,6 +90,13 @@ pub fn weights(
             state.label()
         ));
     }
+    let hub_named = ModelName::new(name).is_ok_and(|n| crate::store::hub_layout::is_hub_name(&n));
+    if hub_named && record.as_ref().is_some_and(|r| !r.blobs_checked) {
+        let repo = name.splitn(3, "--").skip(1).collect::<Vec<_>>().join("/");
+        f.problems.push(format!(
+            "{name} is a Hub cache name, and its record does not say each blob was checked against its name (an older xfer placed it); sync it again (`xfer sync hf://{repo}`), which checks the blobs it keeps"
+        ));
+    }
     let (Some(record), Some(_)) = (record, resolved) else {
         return f;
     };
@@ -276,7 +283,7 @@ mod tests {
         let tree =
             crate::store::scan::scan(&repo, xfer_proto::hash::MIN_CHUNK_SIZE, &|_| {}).unwrap();
         store
-            .adopt(&ModelName::new(REPO).unwrap(), &tree.manifest, None)
+            .adopt(&ModelName::new(REPO).unwrap(), &tree.manifest, None, &[])
             .unwrap();
         (dir, store)
     }
@@ -312,6 +319,25 @@ mod tests {
     }
 
     #[test]
+    fn a_hub_named_record_without_its_blob_check_is_refused() {
+        let (_dir, store) = hub_store();
+        let name = ModelName::new(REPO).unwrap();
+        let rec_path = store.record_path(&name);
+        let mut rec: serde_json::Value =
+            serde_json::from_slice(&fs::read(&rec_path).unwrap()).unwrap();
+        rec.as_object_mut().unwrap().remove("blobs_checked");
+        fs::write(&rec_path, serde_json::to_vec(&rec).unwrap()).unwrap();
+        let f = weights(&store, &HashMap::new(), &snapshot(&store, COMMIT), None);
+        assert_eq!(f.problems.len(), 1, "{:?}", f.problems);
+        assert!(
+            f.problems[0].contains("does not say each blob was checked")
+                && f.problems[0].contains("xfer sync hf://Qwen/Qwen3-8B"),
+            "{}",
+            f.problems[0]
+        );
+    }
+
+    #[test]
     fn missing_and_wrong_size_files() {
         let (_dir, store) = hub_store();
         let blobs = store.root().join(REPO).join("blobs");
@@ -340,7 +366,7 @@ mod tests {
         }
         let tree = crate::store::scan::scan(&m, xfer_proto::hash::MIN_CHUNK_SIZE, &|_| {}).unwrap();
         store
-            .adopt(&ModelName::new("m").unwrap(), &tree.manifest, None)
+            .adopt(&ModelName::new("m").unwrap(), &tree.manifest, None, &[])
             .unwrap();
         fs::remove_dir_all(&m).unwrap();
         let f = weights(&store, &HashMap::new(), &m.display().to_string(), None);

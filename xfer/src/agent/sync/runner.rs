@@ -854,10 +854,11 @@ impl Runner {
         // The draft this node streams: reported while the pull runs (a rank
         // here may load each file as it is sealed), and kept in the record.
         let streamed: Arc<Mutex<Option<Hash>>> = Default::default();
-        let (root, nodes, manifest, shares) = if push.to.is_empty() {
-            let (_, _) = crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
-                .await
-                .map_err(|e| self.pull_error(&e))?;
+        let (root, nodes, manifest, shares, unhashed) = if push.to.is_empty() {
+            let (pulled, _) =
+                crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
+                    .await
+                    .map_err(|e| self.pull_error(&e))?;
             let dir = self.store.model_dir(&spec.name);
             let cs = spec.chunk_size;
             let tree =
@@ -865,7 +866,13 @@ impl Runner {
                     .await
                     .map_err(|e| RoundError::retry(e.to_string()))?
                     .map_err(|e| cause::of_error(&e))?;
-            (tree.manifest.root(), Vec::new(), tree.manifest, Vec::new())
+            (
+                tree.manifest.root(),
+                Vec::new(),
+                tree.manifest,
+                Vec::new(),
+                pulled.unhashed,
+            )
         } else {
             let on_feed: crate::flow::feed::OnFeed = {
                 let (activity, name, streamed) =
@@ -886,7 +893,7 @@ impl Runner {
             .await;
             self.activity.pulled(&spec.name);
             let s = s.map_err(|e| self.pull_error(&e))?;
-            (s.root, s.nodes, s.manifest, s.pull.intake)
+            (s.root, s.nodes, s.manifest, s.pull.intake, s.pull.unhashed)
         };
         let mut nodes = nodes;
         tally_intake(spec, &mut nodes, &shares);
@@ -894,12 +901,12 @@ impl Runner {
             // Not a member, but it held the model: its record now vouches
             // for what the pull just verified, not for the old revision.
             self.store
-                .adopt(&spec.name, &manifest, None)
+                .adopt(&spec.name, &manifest, None, &unhashed)
                 .map_err(|e| RoundError::retry(e.to_string()))?;
         }
         if spec.is_member(&me) {
             let draft = *streamed.lock().unwrap();
-            let ok = self.store.adopt(&spec.name, &manifest, draft);
+            let ok = self.store.adopt(&spec.name, &manifest, draft, &unhashed);
             nodes.push(NodeSummary {
                 from_origin: shares.first().map_or(0, |s| s.bytes),
                 addr: spec
@@ -992,7 +999,21 @@ impl Runner {
                 }
             };
             if report.ok {
-                self.activity.ended(&name, None);
+                // A Hub-named model an older xfer recorded: its blobs are
+                // checked against their names once, here.
+                let store = self.store.clone();
+                let n = name.clone();
+                let hub = tokio::task::spawn_blocking(move || store.check_hub_blobs(&n)).await;
+                let error = match hub {
+                    Ok(Ok(true)) => {
+                        tracing::info!("{name}: every blob checked against its name");
+                        None
+                    }
+                    Ok(Ok(false)) => None,
+                    Ok(Err(why)) => Some(why),
+                    Err(e) => Some(format!("the blob check crashed: {e}")),
+                };
+                self.activity.ended(&name, error);
                 continue;
             }
             let damaged: Vec<String> = report
