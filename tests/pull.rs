@@ -345,6 +345,7 @@ async fn a_pull_announces_chunks_seals_and_withdrawals_that_rebuild_its_manifest
         intake: Default::default(),
         before_change: None,
         stats: None,
+        pin: None,
     };
     let seen: Arc<Mutex<Vec<DraftUpdate>>> = Default::default();
     let on: OnDraft = {
@@ -1112,4 +1113,57 @@ fn the_small_files_are_fetched_before_the_weights() {
         first_weight, 4,
         "every small file before the weights: {order:?}"
     );
+}
+
+/// A pinned pull (what `xfer-launch deploy` hands its sync: the commit it
+/// read for a branch) lists and fetches the pinned commit, whatever the
+/// branch names when it runs, and writes the branch's ref to that commit;
+/// a pin the Hub does not serve fails naming it, writing no ref.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_pull_fetches_its_commit_and_writes_the_branchs_ref_to_it() {
+    let t = tempdir("pull-pinned");
+    let repos = t.path().join("repos");
+    let _src = small_repo(&repos, "acme/tiny", 12);
+    let server = HubServer::start(&repos, &[]);
+    let commit = server.repo("acme/tiny").commit;
+    let env = xfer::hub::env::HubEnv {
+        endpoint: server.endpoint(),
+        token: None,
+        cache_root: t.path().join("cache"),
+    };
+    // `v1` is a branch this Hub does not know (any more): only the pin
+    // can have listed the files.
+    let opts = |pin: &str| xfer::hub::pull::PullOptions {
+        repo: xfer_proto::repo::RepoRef::parse("acme/tiny@v1", xfer_proto::repo::RepoType::Model)
+            .unwrap(),
+        include: Vec::new(),
+        exclude: Vec::new(),
+        local_dir: None,
+        connections: 4,
+        part_size: 1 << 20,
+        chunk_size: None,
+        intake: Default::default(),
+        before_change: None,
+        stats: None,
+        pin: Some(pin.to_string()),
+    };
+    let progress = xfer::util::progress::Progress::new(false);
+    let repo_dir = t.path().join("cache/models--acme--tiny");
+    let unknown = "f".repeat(40);
+    let e = xfer::hub::pull::pull(&opts(&unknown), &env, &progress, None, None)
+        .await
+        .unwrap_err();
+    assert!(format!("{e:#}").contains(&unknown), "{e:#}");
+    assert!(!repo_dir.join("refs/v1").exists());
+
+    let (s, _) = xfer::hub::pull::pull(&opts(&commit), &env, &progress, None, None)
+        .await
+        .unwrap();
+    assert!(s.verification.all_verified, "{s:#?}");
+    assert_eq!(s.commit, commit);
+    assert_eq!(
+        fs::read_to_string(repo_dir.join("refs/v1")).unwrap(),
+        commit
+    );
+    assert!(repo_dir.join("snapshots").join(&commit).is_dir());
 }

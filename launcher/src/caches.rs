@@ -174,6 +174,7 @@ async fn sync_to(
         peers: None,
         registry: Default::default(),
         give_up: Default::default(),
+        pin: None,
     };
     let failed = |why: String| CacheSyncError::Sync {
         from: from.to_string(),

@@ -202,7 +202,8 @@ pub async fn prepare<'a>(
             true => None,
             false => {
                 let (cluster, cred) = sync_setup(setup)?;
-                Some(start_sync(setup, &cluster, &cred, &lacking).await?)
+                let pin = listed.as_ref().map(|(c, _)| c.as_str());
+                Some(start_sync(setup, &cluster, &cred, &lacking, pin).await?)
             }
         };
         Ok::<_, DeployError>((lacking, image_lacking, listed, sync))
@@ -565,6 +566,7 @@ async fn start_sync(
     cluster: &Cluster,
     cred: &Arc<Credential>,
     lacking: &[String],
+    pin: Option<&str>,
 ) -> Result<Streaming, DeployError> {
     let Some(repo) = &setup.model.repo else {
         return Err(DeployError::NotARepo {
@@ -598,6 +600,10 @@ async fn start_sync(
         peers: None,
         registry: Default::default(),
         give_up: Default::default(),
+        // The commit read above, not the branch: a branch that moves
+        // before the source node resolves it must not leave the sync and
+        // the path `up` serves on two commits.
+        pin: pin.map(str::to_string),
     };
     let spec = sync(cluster, cred, &req)
         .await

@@ -186,6 +186,12 @@ pub enum JobSource {
         repo: String,
         /// `model` or `dataset`.
         repo_type: String,
+        /// The commit the revision is synced at, whatever the Hub's branch
+        /// names by the time the job runs (`xfer-launch deploy` pins what
+        /// it read): the files are fetched at it and `refs/<REV>` is
+        /// written to it. 40 lowercase hex digits.
+        #[serde(default)]
+        pin: Option<String>,
     },
     /// `REGISTRY/NAME[:TAG][@DIGEST]`, a ModelPack model artifact fetched
     /// once by the source node from its registry (`xfer sync oci://...`)
@@ -361,6 +367,11 @@ impl JobSpec {
                 return Err(JobSpecError::OciSource);
             }
         }
+        if let JobSource::Hub { pin: Some(c), .. } = &self.source {
+            if !is_commit(c) {
+                return Err(JobSpecError::Pin(c.chars().take(64).collect()));
+            }
+        }
         if !self.chunk_size.is_valid() {
             return Err(JobSpecError::ChunkSize(self.chunk_size));
         }
@@ -373,6 +384,11 @@ impl JobSpec {
     }
 }
 
+/// Whether `s` is a full commit id: 40 lowercase hex digits.
+pub fn is_commit(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// What is wrong with a job ([`JobSpec::validate`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JobSpecError {
@@ -382,6 +398,9 @@ pub enum JobSpecError {
     /// The job names no node.
     #[error("a job needs at least one node")]
     NoMembers,
+    /// A Hub job's pinned commit is not a commit id.
+    #[error("the pinned commit `{0}` is not a commit id (40 lowercase hex digits)")]
+    Pin(String),
     /// The source path is relative.
     #[error("source {} is relative; give the absolute path on {node}", path.display())]
     RelativeSource {
@@ -759,6 +778,7 @@ mod tests {
             source: JobSource::Hub {
                 repo: "o/m@v1".into(),
                 repo_type: "model".into(),
+                pin: None,
             },
             source_node: "a".into(),
             members: vec![JobMember {
@@ -781,6 +801,29 @@ mod tests {
         };
         let back: AdminRequest = decode_frame(&encode(&req)).unwrap();
         assert_eq!(back, req);
+        // A pin is a full commit id or nothing.
+        let AdminRequest::SyncJob { job, .. } = &req else {
+            unreachable!()
+        };
+        let pinned = |pin: &str| JobSpec {
+            source: JobSource::Hub {
+                repo: "o/m".into(),
+                repo_type: "model".into(),
+                pin: Some(pin.into()),
+            },
+            ..(**job).clone()
+        };
+        assert_eq!(pinned(&"a".repeat(40)).validate(), Ok(()));
+        for bad in [
+            "main",
+            "ABCDEF0123456789ABCDEF0123456789ABCDEF01",
+            "../../x",
+        ] {
+            assert!(
+                matches!(pinned(bad).validate(), Err(JobSpecError::Pin(_))),
+                "{bad}"
+            );
+        }
         let shown = format!("{req:?}");
         assert!(!shown.contains("hf_secret"), "{shown}");
         assert!(shown.contains("hf-mirror.example"), "{shown}");

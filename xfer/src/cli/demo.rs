@@ -409,6 +409,7 @@ fn pull_options(chunk_size: Option<ChunkSize>) -> PullOptions {
         intake: Default::default(),
         before_change: None,
         stats: None,
+        pin: None,
     }
 }
 

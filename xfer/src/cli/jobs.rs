@@ -53,6 +53,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         peers,
         registry: xfer::agent::sync::client::RegistryAccess { insecure, ca_file },
         give_up: give_up_after,
+        pin: None,
     };
     let spec = xfer::agent::sync::client::sync(&cluster, &cred, &req).await?;
     if !wait {

@@ -216,6 +216,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         intake: Default::default(),
         before_change: None,
         stats: None,
+        pin: None,
     };
     let progress = Progress::new(!json);
     if !to.is_empty() {

@@ -69,6 +69,10 @@ pub struct PullOptions {
     /// pull runs or after it failed (a sync job's progress); `None`: the
     /// pull's own.
     pub stats: Option<Arc<Stats>>,
+    /// The commit to pull the revision at, whatever it names now: the
+    /// files are listed and fetched at it, and `refs/<revision>` is
+    /// written to it (`None`: the commit the revision names now).
+    pub pin: Option<String>,
 }
 
 /// Called before a pull changes what the repo's folder holds; an error
@@ -356,7 +360,23 @@ pub async fn pull(
     let http = HubHttp::new(env)?;
     let ep = &env.endpoint;
 
-    let (commit, all_files) = listing(&http, repo, ep).await?;
+    // A pinned pull lists the commit itself; the ref it writes is still
+    // the revision's.
+    let at = match &opts.pin {
+        Some(c) => RepoRef {
+            revision: c.clone(),
+            ..repo.clone()
+        },
+        None => repo.clone(),
+    };
+    let (commit, all_files) = listing(&http, &at, ep).await?;
+    if let Some(pin) = opts.pin.as_ref().filter(|p| **p != commit) {
+        bail!(
+            "{} at the pinned commit {pin} answered with commit {commit}; the Hub or mirror does not serve that commit: run the command again to resolve {} afresh",
+            repo.id,
+            repo.revision
+        );
+    }
     let files = all_files.clone();
     let listed = files.len();
     let files: Vec<RemoteFile> = files

@@ -204,6 +204,7 @@ mod tests {
             intake: Default::default(),
             before_change: None,
             stats: None,
+            pin: None,
         };
         let (summary, _) = pull(&opts, &env, &Progress::new(false), None, None)
             .await

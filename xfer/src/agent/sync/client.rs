@@ -60,6 +60,10 @@ pub struct SyncRequest {
     pub registry: RegistryAccess,
     /// How long the job retries without progress before it fails.
     pub give_up: GiveUp,
+    /// For a Hub repo: the commit to sync the revision at, whatever the
+    /// branch names when the job runs (`xfer-launch deploy` pins the one
+    /// it read); `None`: the revision as the Hub resolves it then.
+    pub pin: Option<String>,
 }
 
 /// How the source node reaches the registry of an `oci://` source.
@@ -242,6 +246,7 @@ pub async fn sync_with_hub(
                     JobSource::Hub {
                         repo: text,
                         repo_type: req.repo_type.as_str().to_string(),
+                        pin: req.pin.clone(),
                     },
                     folder,
                 )

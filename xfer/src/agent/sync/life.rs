@@ -231,6 +231,7 @@ mod tests {
             source: JobSource::Hub {
                 repo: "acme/m".into(),
                 repo_type: "model".into(),
+                pin: None,
             },
             source_node: "a".into(),
             members: vec![JobMember {

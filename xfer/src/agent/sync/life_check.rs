@@ -118,6 +118,7 @@ impl World {
             source: JobSource::Hub {
                 repo: "acme/m".into(),
                 repo_type: "model".into(),
+                pin: None,
             },
             source_node: "a".into(),
             members: ["a", "b"]

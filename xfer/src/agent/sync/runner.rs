@@ -570,8 +570,13 @@ impl Runner {
                     .map_err(|e| cause::of_error(&e))?;
                 Ok((s.root, s.nodes))
             }
-            JobSource::Hub { repo, repo_type } => {
-                self.pull_round(spec, repo, repo_type, push, moved).await
+            JobSource::Hub {
+                repo,
+                repo_type,
+                pin,
+            } => {
+                self.pull_round(spec, repo, repo_type, pin.as_deref(), push, moved)
+                    .await
             }
             JobSource::Oci {
                 reference,
@@ -824,6 +829,7 @@ impl Runner {
         spec: &JobSpec,
         repo: &str,
         repo_type: &str,
+        pin: Option<&str>,
         mut push: PushOptions,
         moved: Arc<crate::hub::download::Stats>,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
@@ -840,6 +846,7 @@ impl Runner {
             intake: Default::default(),
             before_change: None,
             stats: Some(moved.clone()),
+            pin: pin.map(str::to_string),
         };
         let me = self.me().unwrap_or_default();
         push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));

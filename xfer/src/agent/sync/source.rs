@@ -294,6 +294,7 @@ mod tests {
         spec.source = JobSource::Hub {
             repo: "local/m".into(),
             repo_type: "model".into(),
+            pin: None,
         };
         assert_eq!(reading(&spec), "Hub repo local/m@main pulled by node a");
     }
