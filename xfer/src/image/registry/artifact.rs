@@ -586,6 +586,7 @@ fn write_placed(r: &mut impl std::io::Read, into: &Into, rel: &RelPath) -> Resul
 fn untar(blob: &Path, into: &Into) -> Result<(usize, u64)> {
     let open = || into.files.open_read(blob);
     let mut paths = Vec::new();
+    let mut folders = std::collections::HashSet::new();
     let mut a = tar::Archive::new(open()?);
     for e in a.entries()? {
         let e = e?;
@@ -608,6 +609,25 @@ fn untar(blob: &Path, into: &Into) -> Result<(usize, u64)> {
                 .into())
             }
         }
+        if !name.is_empty() && e.header().entry_type() == tar::EntryType::Directory {
+            folders.insert(name.to_string());
+        }
+    }
+    // A name both a file and a folder (`sub/x`, then `sub/x/y`) could not
+    // be placed whole: refused before the first file, like a bad path.
+    for p in &paths {
+        let mut at = p.as_str();
+        while let Some((parent, _)) = at.rsplit_once('/') {
+            folders.insert(parent.to_string());
+            at = parent;
+        }
+    }
+    if let Some(p) = paths.iter().find(|p| folders.contains(p.as_str())) {
+        return Err(Refused(format!(
+            "`{}` is both a file and a folder in this layer; an artifact's layer must name each path once",
+            p.as_str().escape_default()
+        ))
+        .into());
     }
     let mut a = tar::Archive::new(open()?);
     let (mut files, mut bytes) = (0, 0);
@@ -794,5 +814,10 @@ mod tests {
         let e = untar(&link, &plain).unwrap_err().to_string();
         assert!(e.contains("no links"), "{e}");
         assert!(!dest.join("x").exists());
+        // A path both a file and a folder: refused before `sub/x` is placed.
+        let clash = mk(&[("c.json", None), ("sub/x", None), ("sub/x/y", None)]);
+        let e = untar(&clash, &plain).unwrap_err().to_string();
+        assert!(e.contains("both a file and a folder"), "{e}");
+        assert!(!dest.join("c.json").exists() && !dest.join("sub/x").exists());
     }
 }
