@@ -217,6 +217,9 @@ async fn serve(
         );
         return super::refuse(&mut send, Refusal::Forbidden(why)).await;
     }
+    if let Some(why) = outside_listing(shares.transfer(&ask.name).as_deref(), &ask) {
+        return super::refuse(&mut send, Refusal::Forbidden(why)).await;
+    }
     let mut resp = match request(client, &url, &ask).await {
         Ok(r) => r,
         Err(refusal) => return super::refuse(&mut send, refusal).await,
@@ -267,6 +270,30 @@ async fn serve(
 fn keeper(shares: &Shares, ask: &IntakeAsk) -> Option<Fetched> {
     let file = ask.file?;
     shares.transfer(&ask.name)?.keep_fetched(file, ask.from)
+}
+
+/// Why the ask's range is not inside the file of the job's listing it
+/// names, when this node receives that listing (its own transfer of the
+/// source's draft, which every intake node of a streamed job runs).
+fn outside_listing(t: Option<&crate::store::Transfer>, ask: &IntakeAsk) -> Option<String> {
+    let t = t?;
+    if !t.is_draft() {
+        return None;
+    }
+    let Some(file) = ask.file else {
+        return Some(format!(
+            "the ask names no file of `{}`'s listing, which this node receives",
+            ask.name
+        ));
+    };
+    match t.draft_file_size(file) {
+        None => Some(format!("`{}`'s listing has no file {file}", ask.name)),
+        Some(size) if ask.to > size => Some(format!(
+            "bytes {}..{} run past file {file} of `{}`'s listing ({size} bytes)",
+            ask.from, ask.to, ask.name
+        )),
+        Some(_) => None,
+    }
 }
 
 /// The URL, if the ask is well formed.
@@ -343,6 +370,45 @@ async fn request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_outside_the_listed_file_is_refused() {
+        use xfer_proto::relpath::RelPath;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path()).unwrap();
+        let draft = xfer_proto::draft::Draft::new(
+            1 << 20,
+            vec![
+                (RelPath::new("blobs/a").unwrap(), 1000),
+                (RelPath::new("blobs/b").unwrap(), 5000),
+            ],
+        )
+        .unwrap();
+        let id = draft.id("c");
+        let b = draft.index_of(&RelPath::new("blobs/b").unwrap()).unwrap();
+        let t = store
+            .begin_draft(&ModelName::new("m").unwrap(), id, draft)
+            .unwrap();
+        let mut a = ask("https://cdn.example/x", 0, 5000);
+        assert_eq!(
+            outside_listing(None, &a),
+            None,
+            "no listing here: unchecked"
+        );
+        a.file = Some(b);
+        assert_eq!(outside_listing(Some(&t), &a), None);
+        a.to = 5001;
+        let why = outside_listing(Some(&t), &a).unwrap();
+        assert!(why.contains("run past file"), "{why}");
+        a.file = Some(7);
+        assert!(outside_listing(Some(&t), &a)
+            .unwrap()
+            .contains("has no file 7"));
+        a.file = None;
+        assert!(outside_listing(Some(&t), &a)
+            .unwrap()
+            .contains("names no file"));
+    }
 
     fn ask(url: &str, from: u64, to: u64) -> IntakeAsk {
         IntakeAsk {

@@ -42,6 +42,13 @@ pub struct Fetched {
 }
 
 impl Transfer {
+    /// The size of the draft's file `file`, when this transfer receives a
+    /// draft that lists it.
+    pub fn draft_file_size(&self, file: u32) -> Option<u64> {
+        self.draft.as_ref()?;
+        ((file as usize) < self.file_entries.len()).then(|| self.map_file(file).size)
+    }
+
     /// A writer of `file`'s bytes from `from` on: `None` unless this is a
     /// draft transfer with that file, `from` inside it.
     pub fn keep_fetched(self: &Arc<Self>, file: u32, from: u64) -> Option<Fetched> {
