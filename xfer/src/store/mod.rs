@@ -300,7 +300,9 @@ impl Store {
                 .map(|r| r.stamps)
                 .unwrap_or_default();
             let unchecked = unhashed.iter().filter(|p| {
-                vouched.get(*p).is_none() || Stamp::of(&p.under(&dir)) != vouched.get(*p).copied()
+                vouched
+                    .get(*p)
+                    .is_none_or(|v| Stamp::of(&p.under(&dir)).as_ref() != Some(v))
             });
             hub_layout::check_blobs(&dir, unchecked).map_err(|why| {
                 std::io::Error::other(format!(
