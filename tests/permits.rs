@@ -83,7 +83,6 @@ fn rendezvous(program: &str) -> LaunchRequest {
         master: "127.0.0.61:1".parse().unwrap(),
         fabric_if: "lo".into(),
         timeout_ms: 5_000,
-        held_run: None,
     }))
 }
 

@@ -207,11 +207,9 @@ pub async fn held_rendezvous(
     };
     let met = agents
         .ask_all(
-            |i, _| {
-                let mut r = reqs[i].clone();
-                r.held_run = Some(run.to_string());
-                r.timeout_ms = wait_ms;
-                LaunchRequest::Rendezvous(Box::new(r))
+            |_, _| LaunchRequest::HeldRendezvous {
+                run: run.to_string(),
+                timeout_ms: wait_ms,
             },
             Duration::from_millis(wait_ms) + crate::agents::QUICK,
         )

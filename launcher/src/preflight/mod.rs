@@ -146,7 +146,6 @@ pub fn rendezvous_requests(setup: &Setup) -> Vec<RendezvousRequest> {
             master: head,
             fabric_if: n.fabric_if.clone(),
             timeout_ms: RENDEZVOUS_TIMEOUT_MS,
-            held_run: None,
         })
         .collect()
 }

@@ -65,6 +65,19 @@ pub enum LaunchRequest {
     /// Meet the other nodes with the engine's own collective library (a
     /// Gloo all-reduce in the engine's Python), run on every node at once.
     Rendezvous(Box<RendezvousRequest>),
+    /// What this node's held rank of `run` reported of the rendezvous it
+    /// met itself: the rank was started with a [`RendezvousRequest`] in
+    /// [`RankSpec::rendezvous`], and once released its loader plugin runs
+    /// the all-reduce in the engine's own vLLM worker (torch already
+    /// imported), before the engine's own distributed init. The agent
+    /// starts nothing: it reads the rank's report, waiting up to
+    /// `timeout_ms`. Answered with `Rendezvoused`.
+    HeldRendezvous {
+        /// The run whose held rank met it.
+        run: String,
+        /// How long to wait for the rank's report, in milliseconds.
+        timeout_ms: u64,
+    },
     /// Let this node's held rank of `run` ([`RankSpec::held`]) go on: the
     /// preflight passed. Answered with `Runs` (the rank's report).
     Release {
@@ -210,14 +223,6 @@ pub struct RendezvousRequest {
     pub fabric_if: String,
     /// How long the probe may take, in milliseconds.
     pub timeout_ms: u64,
-    /// Met by this node's held rank of this run rather than by a probe the
-    /// agent starts: the rank was started with this request in
-    /// [`RankSpec::rendezvous`], and once released, its loader plugin runs
-    /// the all-reduce in the engine's own vLLM worker (torch already
-    /// imported), before the engine's own distributed init. The agent then
-    /// only reads what the rank reported, waiting up to `timeout_ms`.
-    #[serde(default)]
-    pub held_run: Option<String>,
 }
 
 /// The RDMA device the cluster file names for this node.
@@ -644,7 +649,7 @@ pub struct RankSpec {
     #[serde(default)]
     pub held: bool,
     /// For a held rank: the preflight's rendezvous, met by the rank itself
-    /// ([`RendezvousRequest::held_run`]). The agent gives its processes
+    /// (read back with [`LaunchRequest::HeldRendezvous`]). The agent gives its processes
     /// `XFER_RENDEZVOUS` (`MASTER RANK WORLD TIMEOUT_S`) and
     /// `XFER_RENDEZVOUS_FILE` (in the rank's own folder), where the loader
     /// plugin writes the outcome.

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::process::Stdio;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use crate::image::loadtar::{self, LoadTarError};
 use crate::image::runtime::Runtime;
@@ -111,10 +111,7 @@ pub async fn load(
         id,
         bytes: desc.bytes(),
         layers: desc.layers.len() as u32,
-        loaded_unix: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        loaded_unix: crate::util::clock::unix_now(),
         engine_id: None,
     };
     let file = record_file(&desc.reference);

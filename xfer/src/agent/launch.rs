@@ -39,6 +39,7 @@ pub(super) async fn serve(
         LaunchRequest::StartRank(_) => Some("start a rank"),
         LaunchRequest::ReadLog { .. } => Some("read a rank's log"),
         LaunchRequest::Rendezvous(_) => Some("run a rendezvous probe"),
+        LaunchRequest::HeldRendezvous { .. } => Some("read a held rank's rendezvous"),
         LaunchRequest::Release { .. } => Some("release a held rank"),
     };
     if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
@@ -127,10 +128,9 @@ pub(super) async fn serve(
             let grace = Duration::from_millis(grace_ms.min(600_000));
             LaunchReply::Runs(ctx.ranks.stop(run.as_deref(), grace, &reason).await)
         }
-        LaunchRequest::Rendezvous(req) if req.held_run.is_some() => {
-            let run = req.held_run.as_deref().unwrap_or_default();
-            let timeout = Duration::from_millis(req.timeout_ms.clamp(1_000, 600_000));
-            let met = ctx.ranks.held_rendezvous(run, timeout).await;
+        LaunchRequest::HeldRendezvous { run, timeout_ms } => {
+            let timeout = Duration::from_millis(timeout_ms.clamp(1_000, 600_000));
+            let met = ctx.ranks.held_rendezvous(&run, timeout).await;
             match &met {
                 Probe::Ok(ms) => tracing::info!(
                     "the rendezvous of run {run} was met by its held engine in {ms} ms"

@@ -157,10 +157,7 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
             }
             let width = xfer::util::term::stdout_width();
             print!("{}", xfer::agent::sync::client::render(&reports, width));
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
+            let now = xfer::util::clock::unix_now();
             for r in &reports {
                 for j in r.status.iter().flat_map(|s| &s.jobs) {
                     if r.status.as_ref().and_then(|s| s.node.as_deref())

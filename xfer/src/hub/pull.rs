@@ -332,10 +332,7 @@ impl Layout {
                     "{}.metadata",
                     meta.file_name().and_then(|n| n.to_str()).unwrap_or("file")
                 ));
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs_f64())
-                    .unwrap_or(0.0);
+                let now = crate::util::clock::since_epoch().as_secs_f64();
                 // Durably, after the file itself: a `.metadata` never
                 // survives a power cut that its file did not.
                 let text = format!("{commit}\n{}\n{now}\n", f.expected.etag());

@@ -1,4 +1,4 @@
-//! Small parts with no knowledge of xfer's domain: aligned buffers, files
+//! Small parts with no knowledge of xfer's domain: the Unix clock, aligned buffers, files
 //! beneath a root that no planted symlink redirects (and durable writes),
 //! files only their owner may read, file stamps, programs resolved to
 //! absolute paths, the send-rate limiter, progress bars, the terminal's
@@ -7,6 +7,7 @@
 
 pub mod aligned;
 pub mod beneath;
+pub mod clock;
 pub mod lograte;
 pub mod metrics;
 pub mod private;

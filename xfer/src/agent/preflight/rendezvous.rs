@@ -108,7 +108,7 @@ pub fn inner_timeout(timeout_ms: u64) -> Duration {
 }
 
 /// What a held rank reported of the rendezvous it met through the store
-/// at `store` ([`RendezvousRequest::held_run`]): the loader plugin writes
+/// at `store` ([`xfer_proto::launch::LaunchRequest::HeldRendezvous`]): the loader plugin writes
 /// one line, `ok MS` or `failed WHY`.
 pub fn held_outcome(report: &str, store: std::net::SocketAddr) -> Probe<u64> {
     let line = report.lines().next().unwrap_or("").trim();
@@ -204,7 +204,6 @@ mod tests {
             master: "127.0.0.1:1".parse().unwrap(),
             fabric_if: "lo".into(),
             timeout_ms: 1_000,
-            held_run: None,
         };
         assert!(matches!(probe(&req).await, Probe::Skipped(_)));
     }

@@ -51,7 +51,7 @@ use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -528,17 +528,7 @@ impl Run {
     }
 }
 
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-pub(super) fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
+pub(super) use crate::util::clock::{unix_now as now_unix, unix_now_ms as now_ms};
 
 #[cfg(test)]
 mod tests {
@@ -710,7 +700,6 @@ mod tests {
             master: "10.0.0.1:8000".parse().unwrap(),
             fabric_if: "fab0".into(),
             timeout_ms: 25_000,
-            held_run: None,
         }
     }
 

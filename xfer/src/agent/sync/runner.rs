@@ -25,6 +25,7 @@ use crate::hub::pull::PullOptions;
 use crate::store::Store;
 use crate::transport::rdma::link::Nic;
 use crate::transport::select::TransportChoice;
+use crate::util::clock::unix_now;
 use crate::util::progress::Progress;
 use xfer_proto::admin::{AdminReply, AdminRequest, PrunedJob};
 use xfer_proto::hash::Hash;
@@ -1200,14 +1201,6 @@ async fn tell_members(
 /// ([`tell_members`]): 2 + 4 + 8 + 16 + 32 s covers a handover that raced
 /// the end.
 const UNKNOWN_RETRIES: u32 = 5;
-
-/// Now, in Unix seconds.
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 /// Where a member's data goes: its data address from the cluster file, if
 /// the job has one (else the one its agent advertises, asked per round).

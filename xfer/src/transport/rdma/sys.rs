@@ -152,15 +152,13 @@ fn port_state_name(state: ibv_port_state::Type) -> String {
     }
 }
 
-/// The link layer of a port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinkLayer {
-    /// InfiniBand.
-    InfiniBand,
-    /// RoCE.
-    Ethernet,
-    /// Old drivers report none (InfiniBand in practice).
-    Unspecified,
+/// The link layer of a port: the one type sysfs's reader parses too.
+pub use crate::sysinfo::rdma::LinkLayer;
+
+/// What an old driver that reports no link layer is shown as (InfiniBand
+/// in practice).
+fn unspecified() -> LinkLayer {
+    LinkLayer::Other("unspecified".into())
 }
 
 /// An open device: its context, protection domain and the port in use.
@@ -251,7 +249,7 @@ impl Device {
             gid_index,
             lid: 0,
             mtu: ibv_mtu::IBV_MTU_1024,
-            link_layer: LinkLayer::Unspecified,
+            link_layer: unspecified(),
             max_cqe: 0,
             max_qp_wr: 0,
         };
@@ -298,7 +296,7 @@ impl Device {
         context.link_layer = match port_attr.link_layer {
             LINK_LAYER_INFINIBAND => LinkLayer::InfiniBand,
             LINK_LAYER_ETHERNET => LinkLayer::Ethernet,
-            _ => LinkLayer::Unspecified,
+            _ => unspecified(),
         };
 
         let index = c_int::try_from(gid_index)
@@ -335,8 +333,8 @@ impl Device {
     }
 
     /// The port's link layer.
-    pub fn link_layer(&self) -> LinkLayer {
-        self.inner.link_layer
+    pub fn link_layer(&self) -> &LinkLayer {
+        &self.inner.link_layer
     }
 
     /// The GID in use.
