@@ -133,7 +133,7 @@ fn good(setup: &Setup, i: usize) -> NodeFacts {
                 .collect(),
         }),
         containers: Probe::Ok(ContainerFacts {
-            engine: "docker".into(),
+            engine: xfer_proto::image::ContainerRuntime::Docker,
             version: "20.10.24".into(),
             nvidia_runtime: Probe::Ok("nvidia".into()),
             image: setup.container.as_ref().map(|_| Probe::Ok(Digest([7; 32]))),
@@ -151,8 +151,8 @@ fn good(setup: &Setup, i: usize) -> NodeFacts {
                 .unwrap_or_default(),
             ports: vec![RdmaPort {
                 port: 1,
-                state: "4: ACTIVE".into(),
-                link_layer: "Ethernet".into(),
+                state: xfer_proto::rdma::PortState::Active,
+                link_layer: Some(xfer_proto::rdma::LinkLayer::Ethernet),
                 active_mtu: None,
             }],
             gid: None,
@@ -671,7 +671,7 @@ fn a_missing_nvidia_runtime_warns_only_where_gpus_would_use_it() {
     // Podman passes GPUs by CDI: a skipped probe is shown, not warned of.
     let rows = judged(&in_image(""), |_, f| {
         let e = engine_of(f);
-        e.engine = "podman".into();
+        e.engine = xfer_proto::image::ContainerRuntime::Podman;
         e.version = "4.3.1".into();
         e.nvidia_runtime = Probe::Skipped("podman passes GPUs by CDI".into());
     });

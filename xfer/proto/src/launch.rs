@@ -335,8 +335,8 @@ pub enum LookupAnswer {
 /// This node's container engine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerFacts {
-    /// "docker" or "podman".
-    pub engine: String,
+    /// Docker or Podman.
+    pub engine: crate::image::ContainerRuntime,
     /// The engine's server version.
     pub version: String,
     /// Whether the NVIDIA container runtime is configured: its name
@@ -596,10 +596,10 @@ pub struct RdmaFacts {
 pub struct RdmaPort {
     /// Its number.
     pub port: u32,
-    /// "4: ACTIVE" as sysfs has it.
-    pub state: String,
-    /// "InfiniBand" or "Ethernet" (RoCE).
-    pub link_layer: String,
+    /// Its state (ACTIVE: it can carry data).
+    pub state: crate::rdma::PortState,
+    /// InfiniBand or Ethernet (RoCE); `None` when sysfs could not say.
+    pub link_layer: Option<crate::rdma::LinkLayer>,
     /// The active MTU, when known (sysfs does not show it).
     pub active_mtu: Option<u32>,
 }
@@ -940,7 +940,7 @@ mod tests {
                 ],
             }),
             containers: Probe::Ok(ContainerFacts {
-                engine: "docker".into(),
+                engine: crate::image::ContainerRuntime::Docker,
                 version: "20.10.24".into(),
                 nvidia_runtime: Probe::Skipped("no nvidia runtime".into()),
                 image: Some(Probe::Ok(Digest([7; 32]))),

@@ -40,6 +40,7 @@ pub mod launch_rules;
 pub mod local;
 pub mod manifest;
 pub mod names;
+pub mod rdma;
 pub mod refusal;
 pub mod relpath;
 pub mod repo;

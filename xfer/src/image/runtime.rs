@@ -318,7 +318,7 @@ impl Runtime {
             }),
         };
         Probe::Ok(ContainerFacts {
-            engine: self.program().to_string(),
+            engine: self.kind,
             version,
             nvidia_runtime,
             image,

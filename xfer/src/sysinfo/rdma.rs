@@ -8,114 +8,14 @@
 //! a port is ACTIVE, and the GID at the configured index. The sysfs root is a parameter so tests can build a
 //! fake tree.
 
-use std::fmt;
 use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 
-/// A port's state, parsed from what sysfs writes ("4: ACTIVE").
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PortState {
-    /// "1: DOWN".
-    Down,
-    /// "2: INIT".
-    Init,
-    /// "3: ARMED".
-    Armed,
-    /// "4: ACTIVE": the port can carry data.
-    Active,
-    /// "5: ACTIVE_DEFER".
-    ActiveDefer,
-    /// A name this reader does not know, as written.
-    Other(String),
-    /// The `state` file could not be read.
-    Unreadable,
-}
-
-impl PortState {
-    /// Parses sysfs's `state` text ("4: ACTIVE"; the number is optional);
-    /// `None` is an unreadable file.
-    pub fn parse(text: Option<&str>) -> PortState {
-        let Some(text) = text else {
-            return PortState::Unreadable;
-        };
-        match text.split_once(':').map_or(text, |(_, n)| n).trim() {
-            "DOWN" => PortState::Down,
-            "INIT" => PortState::Init,
-            "ARMED" => PortState::Armed,
-            "ACTIVE" => PortState::Active,
-            "ACTIVE_DEFER" => PortState::ActiveDefer,
-            other => PortState::Other(other.to_string()),
-        }
-    }
-
-    /// The state's name ("ACTIVE", "DOWN", ...) without its number;
-    /// "unreadable" when the file could not be read.
-    pub fn name(&self) -> &str {
-        match self {
-            PortState::Down => "DOWN",
-            PortState::Init => "INIT",
-            PortState::Armed => "ARMED",
-            PortState::Active => "ACTIVE",
-            PortState::ActiveDefer => "ACTIVE_DEFER",
-            PortState::Other(name) => name,
-            PortState::Unreadable => "unreadable",
-        }
-    }
-}
-
-impl fmt::Display for PortState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A port's link layer, parsed from sysfs's `link_layer`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LinkLayer {
-    /// "InfiniBand".
-    InfiniBand,
-    /// "Ethernet": RoCE.
-    Ethernet,
-    /// Any other text, as written.
-    Other(String),
-}
-
-impl LinkLayer {
-    /// Parses sysfs's `link_layer` text.
-    pub fn parse(text: &str) -> LinkLayer {
-        match text.trim() {
-            "InfiniBand" => LinkLayer::InfiniBand,
-            "Ethernet" => LinkLayer::Ethernet,
-            other => LinkLayer::Other(other.to_string()),
-        }
-    }
-
-    /// As sysfs writes it ("InfiniBand", "Ethernet").
-    pub fn as_str(&self) -> &str {
-        match self {
-            LinkLayer::InfiniBand => "InfiniBand",
-            LinkLayer::Ethernet => "Ethernet",
-            LinkLayer::Other(text) => text,
-        }
-    }
-}
-
-impl fmt::Display for LinkLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Serialized as sysfs writes it, so reports keep the text.
-impl Serialize for LinkLayer {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
+pub use xfer_proto::rdma::{LinkLayer, PortState};
 
 /// One port of an RDMA device, as sysfs shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -294,11 +194,8 @@ pub fn rdma(sys: &Path, need: Option<&RdmaNeed>) -> Probe<RdmaFacts> {
         .iter()
         .map(|p| RdmaPort {
             port: p.number,
-            state: p.state_text.clone().unwrap_or_else(|| "unknown".into()),
-            link_layer: p
-                .link_layer
-                .as_ref()
-                .map_or_else(|| "unknown".into(), LinkLayer::to_string),
+            state: p.state.clone(),
+            link_layer: p.link_layer.clone(),
             // Not in sysfs (`ibv_devinfo` reports it).
             active_mtu: None,
         })
@@ -412,8 +309,8 @@ mod tests {
                 device: "mlx5_0".into(),
                 ports: vec![RdmaPort {
                     port: 1,
-                    state: "4: ACTIVE".into(),
-                    link_layer: "Ethernet".into(),
+                    state: PortState::Active,
+                    link_layer: Some(LinkLayer::Ethernet),
                     active_mtu: None,
                 }],
                 gid: Some(GID.into()),

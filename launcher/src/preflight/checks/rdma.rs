@@ -13,7 +13,10 @@ pub fn rdma(ctx: &Ctx, rows: &mut Rows) {
                 let ports: Vec<String> = r
                     .ports
                     .iter()
-                    .map(|p| format!("port {} {} ({})", p.port, p.state, p.link_layer))
+                    .map(|p| {
+                        let layer = p.link_layer.as_ref().map_or("link layer unknown", |l| l.as_str());
+                        format!("port {} {} ({layer})", p.port, p.state)
+                    })
                     .collect();
                 rows.add(
                     "rdma",
