@@ -13,5 +13,5 @@ pub mod policy;
 pub mod scheduler;
 pub mod seeding;
 pub mod sim;
-pub mod stripes;
+pub mod striping;
 pub mod topology;
