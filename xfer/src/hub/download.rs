@@ -3,8 +3,15 @@
 //! Every file is cut into [`Parts`]; a fixed number of workers (one HTTP
 //! connection each) take parts in file order, so files finish one after
 //! another at the full rate and can be verified and fanned out while the
-//! next ones download. Bytes are written at their offsets, then the part's
-//! progress advances, then (twice a second) the sidecar is rewritten: after
+//! next ones download. With intake nodes (striped intake, issue 36) their
+//! connections take parts too. Which part a downloader gets next, whose
+//! slow range is cut for an idle one, and which intake node retires or is
+//! named is decided by the sans-IO planner [`crate::engine::striping`];
+//! this module is its I/O driver: it asks, fetches, writes, and tells it
+//! what came of each range.
+//!
+//! Bytes are written at their offsets, then the part's progress advances,
+//! then (twice a second) the sidecar is rewritten: after
 //! `kill -9` a re-run resumes every part from its recorded prefix.
 //!
 //! A server that answers a Range request with `200` and the whole body

@@ -351,17 +351,17 @@ fn simulate(
             }
         }
         // Connections fetch.
-        for c in 0..cs.len() {
-            let Some(p) = cs[c].part else { continue };
-            let node = cs[c].node;
+        for conn in cs.iter_mut() {
+            let Some(p) = conn.part else { continue };
+            let node = conn.node;
             if node == THIS_NODE {
                 let n = ((local_rate * DT) as u64).min(part - done[&p]);
                 *done.get_mut(&p).unwrap() += n;
                 bytes[0] += n;
-                cs[c].got += n;
+                conn.got += n;
                 if done[&p] == part {
-                    cs[c].rate = cs[c].got as f64 / (t - cs[c].began).max(DT);
-                    cs[c].part = None;
+                    conn.rate = conn.got as f64 / (t - conn.began).max(DT);
+                    conn.part = None;
                 }
                 continue;
             }
@@ -378,23 +378,23 @@ fn simulate(
                 let k = ((n.rate * DT) as u64).min(part - done[&p]);
                 *done.get_mut(&p).unwrap() += k;
                 bytes[node] += k;
-                cs[c].got += k;
-                (done[&p] == part || cs[c].cut).then_some((Answer::Fetched, Duration::ZERO))
+                conn.got += k;
+                (done[&p] == part || conn.cut).then_some((Answer::Fetched, Duration::ZERO))
             };
             let Some((answer, wait)) = answer else {
                 continue;
             };
-            cs[c].rate = cs[c].got as f64 / (t - cs[c].began).max(DT);
-            cs[c].part = None;
-            if cs[c].cut {
+            conn.rate = conn.got as f64 / (t - conn.began).max(DT);
+            conn.part = None;
+            if conn.cut {
                 plan.cut(p, r);
             }
             if done[&p] < part {
                 plan.put_back(p);
             }
             match plan.answered(r, answer, "said so") {
-                Next::WaitAlone => cs[c].until = t + wait.as_secs_f64(),
-                Next::Retired(_) => cs[c].stopped = true,
+                Next::WaitAlone => conn.until = t + wait.as_secs_f64(),
+                Next::Retired(_) => conn.stopped = true,
                 Next::Carry | Next::Backoff(_) => {}
             }
         }
