@@ -3,8 +3,15 @@
 //! Every file is cut into [`Parts`]; a fixed number of workers (one HTTP
 //! connection each) take parts in file order, so files finish one after
 //! another at the full rate and can be verified and fanned out while the
-//! next ones download. Bytes are written at their offsets, then the part's
-//! progress advances, then (twice a second) the sidecar is rewritten: after
+//! next ones download. With intake nodes (striped intake, issue 36) their
+//! connections take parts too. Which part a downloader gets next, whose
+//! slow range is cut for an idle one, and which intake node retires or is
+//! named is decided by the sans-IO planner [`crate::engine::striping`];
+//! this module is its I/O driver: it asks, fetches, writes, and tells it
+//! what came of each range.
+//!
+//! Bytes are written at their offsets, then the part's progress advances,
+//! then (twice a second) the sidecar is rewritten: after
 //! `kill -9` a re-run resumes every part from its recorded prefix.
 //!
 //! A server that answers a Range request with `200` and the whole body
@@ -17,7 +24,6 @@
 //! is left to hash, then a [`Finisher`] checks the digest and places the
 //! file; a file that fails its hash is downloaded once more, from scratch.
 
-use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
@@ -38,6 +44,7 @@ use super::intake::{Intake, IntakeShare, RangeAsk};
 use super::parts::Parts;
 use super::ranges::{Ask, RangeHosts};
 use super::retry;
+use crate::engine::striping::{self, Answer, InFlight, Next, Planner, Thief, THIS_NODE};
 
 /// Bytes per ranged request.
 pub const DEFAULT_PART_SIZE: u64 = 16 << 20;
@@ -160,8 +167,6 @@ struct FileState {
     /// file again alone, and these ranges' BLAKE3 (as the intake nodes
     /// sent them) are compared with the origin's second answer.
     suspects: Mutex<Vec<Span>>,
-    /// Only this node's own connections fetch the file.
-    local_only: AtomicBool,
 }
 
 /// One download's single hashing pass.
@@ -187,25 +192,19 @@ struct Shared {
     http: HubHttp,
     opts: Options,
     files: Vec<FileState>,
-    queue: Mutex<VecDeque<(usize, usize)>>,
+    /// Which part each downloader gets next, who steals, who retires
+    /// (`engine::striping`: this module only feeds it and does its word).
+    plan: Mutex<Planner>,
     /// Files not yet placed.
     unfinished: AtomicU64,
     wake: Notify,
     cancel: CancellationToken,
     failure: Mutex<Option<DownloadError>>,
     stats: Arc<Stats>,
-    /// Per intake node: bytes written from it, named as a liar, retired.
+    /// Per intake node: bytes written from it.
     remote_bytes: Vec<AtomicU64>,
-    blamed: Vec<AtomicBool>,
-    retired: Mutex<Vec<Option<String>>>,
-    /// Per intake node, over all its connections: its last answers, each
-    /// whether it was a "slow down" no other downloader heard.
-    alone: Vec<Mutex<std::collections::VecDeque<bool>>>,
     /// Intake nodes' ranges in flight, by (file, part).
     flights: Mutex<std::collections::HashMap<(usize, usize), Flight>>,
-    /// Parts cut from an intake node's slow range, and from which node:
-    /// that node does not take them again.
-    cut_from: Mutex<std::collections::HashMap<(usize, usize), usize>>,
     /// Per downloading node ([`THIS_NODE`], then intake node `r` at
     /// `r + 1`): its connections holding a part now.
     busy: Vec<AtomicUsize>,
@@ -365,7 +364,6 @@ fn open_files(
             sidecar_io: Mutex::new(()),
             remote_spans: Mutex::new(Vec::new()),
             suspects: Mutex::new(Vec::new()),
-            local_only: AtomicBool::new(false),
         });
     }
     Ok(out)
@@ -397,32 +395,35 @@ pub async fn download(
     stats: Arc<Stats>,
 ) -> Result<(), DownloadError> {
     let chunk_size = jobs.iter().find_map(|j| j.chunk_size);
-    let part_size = striped_part_size(&opts, jobs.iter().map(|j| j.size).sum(), chunk_size);
+    let remotes = opts.intake.remotes.len();
+    let part_size = striping::part_size(
+        opts.part_size,
+        opts.connections,
+        remotes,
+        opts.intake.connections,
+        jobs.iter().map(|j| j.size).sum(),
+        chunk_size,
+    );
     let files = open_files(jobs, part_size, &stats)?;
-    let mut queue = VecDeque::new();
+    let mut queue = Vec::new();
     for (f, st) in files.iter().enumerate() {
         let parts = st.parts.lock().unwrap();
         for i in 0..parts.len() {
             if !parts.is_done(i) {
-                queue.push_back((f, i));
+                queue.push((f, i));
             }
         }
     }
-    let remotes = opts.intake.remotes.len();
     let shared = Arc::new(Shared {
         remote_bytes: (0..remotes).map(|_| AtomicU64::new(0)).collect(),
-        blamed: (0..remotes).map(|_| AtomicBool::new(false)).collect(),
-        retired: Mutex::new(vec![None; remotes]),
-        alone: (0..remotes).map(|_| Mutex::default()).collect(),
         flights: Mutex::default(),
-        cut_from: Mutex::default(),
         busy: (0..=opts.intake.remotes.len())
             .map(|_| AtomicUsize::new(0))
             .collect(),
         http,
         unfinished: AtomicU64::new(files.len() as u64),
+        plan: Mutex::new(Planner::new(files.len(), queue, remotes)),
         files,
-        queue: Mutex::new(queue),
         wake: Notify::new(),
         cancel: CancellationToken::new(),
         failure: Mutex::new(None),
@@ -542,7 +543,7 @@ async fn worker(shared: Arc<Shared>) {
         if shared.cancel.is_cancelled() {
             return;
         }
-        let next = shared.queue.lock().unwrap().pop_front();
+        let next = shared.plan.lock().unwrap().next_local();
         let Some((f, i)) = next else {
             // Parts may come back (a hash mismatch, a slow intake node's
             // range cut for us); wait for them or the end.
@@ -585,43 +586,6 @@ async fn idle(shared: &Shared, node: usize, rate: f64, poll: Duration) -> bool {
     }
 }
 
-/// The part size of a striped download: small enough that every
-/// downloader's connections get several parts each (work is handed out on
-/// demand, so a fast node takes more and the tail is short), at most the
-/// usual size, at least [`MIN_STRIPED_PART`]. With the streamed pull's
-/// `chunk_size`, a whole number of chunks: an intake node keeps the chunks
-/// its ranges cover whole, so a part that began mid-chunk would leave two
-/// chunks of every part for the swarm to send it back.
-fn striped_part_size(opts: &Options, total: u64, chunk_size: Option<u64>) -> u64 {
-    let remotes = opts.intake.remotes.len();
-    if remotes == 0 {
-        return opts.part_size;
-    }
-    let workers = (opts.connections + remotes * opts.intake.connections.max(1)).max(1) as u64;
-    let part =
-        (total / (workers * 4)).clamp(MIN_STRIPED_PART, opts.part_size.max(MIN_STRIPED_PART));
-    match chunk_size.filter(|&c| c > 0) {
-        Some(c) => (part / c).max(1) * c,
-        None => part,
-    }
-}
-
-/// The smallest part a striped download hands out.
-pub const MIN_STRIPED_PART: u64 = 1 << 20;
-
-/// Consecutive failures after which an intake node takes no more work
-/// (its parts go back to the others).
-const INTAKE_STRIKES: u32 = 3;
-
-/// "The origin asked to wait" answers that no other downloader backed
-/// ([`hold::Verdict::OnlyIt`]), out of an intake node's last
-/// [`INTAKE_BUSY_WINDOW`] answers, after which it takes no more work: a
-/// node that mostly says so (its route is throttled for good, or it lies)
-/// is retired, whatever successes it mixes in.
-const INTAKE_BUSY_STRIKES: usize = 3;
-/// The answers [`INTAKE_BUSY_STRIKES`] counts over.
-const INTAKE_BUSY_WINDOW: usize = 6;
-
 /// The origin asked one downloader to wait `wait`: every downloader of
 /// the cluster (this node's connections and every intake node's) holds
 /// until then. Said once per new hold.
@@ -634,33 +598,20 @@ fn origin_asked_to_wait(shared: &Shared, wait: Duration, why: &str) {
     }
 }
 
-/// One of intake node `r`'s connections: takes the next part it can (of a
-/// file whose URL is resolved and whose origin honours Range), fetches it
-/// through the node, and puts it back on any failure. The node retires
-/// after [`INTAKE_STRIKES`] failures in a row, or once blamed; the
-/// download never fails because of it.
+/// One of intake node `r`'s connections: takes the next part the planner
+/// gives it (of a file whose URL is resolved and whose origin honours
+/// Range), fetches it through the node, and puts it back on any failure.
+/// The planner retires the node after repeated failures or lone "slow
+/// down"s, or once it is named; the download never fails because of it.
 async fn remote_worker(shared: Arc<Shared>, r: usize) {
     let remote = shared.opts.intake.remotes[r].clone();
-    let mut strikes = 0u32;
-    // The node's last answers (all its connections'): whether each was a
-    // "slow down" nobody else heard; how many of them were.
-    let note = |alone: bool| {
-        let mut recent = shared.alone[r].lock().unwrap();
-        if recent.len() == INTAKE_BUSY_WINDOW {
-            recent.pop_front();
-        }
-        recent.push_back(alone);
-        (recent.iter().filter(|b| **b).count(), recent.len())
-    };
+    let takes_work = || shared.plan.lock().unwrap().takes_work(r);
     let mut rate = 0.0f64;
     loop {
-        if shared.cancel.is_cancelled() || shared.blamed[r].load(Ordering::Acquire) {
+        if shared.cancel.is_cancelled() || !takes_work() {
             return;
         }
-        if !shared.hold.pass(&shared.cancel).await {
-            return;
-        }
-        if shared.retired.lock().unwrap()[r].is_some() {
+        if !shared.hold.pass(&shared.cancel).await || !takes_work() {
             return;
         }
         let Some((f, i, url)) = pick_remote(&shared, r) else {
@@ -680,14 +631,12 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
         let (from, to) = shared.files[f].parts.lock().unwrap().missing(i);
         if from < to {
             // Not done (a failure, a short body): back to the front.
-            shared.queue.lock().unwrap().push_front((f, i));
+            shared.plan.lock().unwrap().put_back((f, i));
             shared.wake.notify_waiters();
         }
-        match outcome {
-            Ok(()) => {
-                strikes = 0;
-                note(false);
-            }
+        // What the node's answer was, and what the planner makes of it.
+        let (answer, why, wait) = match outcome {
+            Ok(()) => (Answer::Fetched, String::new(), None),
             // The origin's "slow down" to this node: every downloader
             // waits (the loop's top) when another heard it too; alone, only
             // this node waits, and it retires if it mostly says so.
@@ -698,59 +647,62 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
                 let wait = wait.min(retry::MAX_WAIT);
                 let why = format!("{}: {why}", remote.name());
-                match shared.hold.heard(Heard::Intake(r), wait) {
+                let backed = match shared.hold.heard(Heard::Intake(r), wait) {
                     hold::Verdict::HoldAll { newly } => {
-                        note(false);
                         if newly {
                             tracing::warn!(
                                 "{why}: every downloader of the cluster waits {:.1} s before asking the origin again",
                                 wait.as_secs_f64()
                             );
                         }
+                        true
                     }
-                    hold::Verdict::Spent => {
-                        note(false);
+                    hold::Verdict::Spent => true,
+                    hold::Verdict::OnlyIt => false,
+                };
+                (Answer::Busy { backed }, why, Some(wait))
+            }
+            Err(why) => {
+                shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                (Answer::Failed, why.into_words(), None)
+            }
+        };
+        let next = shared.plan.lock().unwrap().answered(r, answer, &why);
+        match next {
+            Next::Carry if answer == Answer::Fetched => {}
+            Next::Carry => continue,
+            Next::Retired(why) => {
+                tracing::warn!(
+                    "{}: {why}; it takes no more ranges, the other downloaders carry on",
+                    remote.name()
+                );
+                return;
+            }
+            Next::WaitAlone => {
+                let wait = wait.unwrap_or_default();
+                tracing::info!(
+                    "{why}; no other downloader hears it, so only this node waits {:.1} s",
+                    wait.as_secs_f64()
+                );
+                // Its own wait, cut short when the download is over (the
+                // others finished the parts).
+                let until = tokio::time::Instant::now() + wait;
+                loop {
+                    let woken = shared.wake.notified();
+                    tokio::pin!(woken);
+                    woken.as_mut().enable();
+                    if shared.unfinished.load(Ordering::Acquire) == 0 {
+                        break;
                     }
-                    hold::Verdict::OnlyIt => {
-                        let (alone, of) = note(true);
-                        if alone >= INTAKE_BUSY_STRIKES {
-                            return retire(
-                                &shared,
-                                r,
-                                format!("{why} ({alone} of its last {of} answers, heard by no other downloader)"),
-                            );
-                        }
-                        tracing::info!(
-                            "{why}; no other downloader hears it, so only this node waits {:.1} s",
-                            wait.as_secs_f64()
-                        );
-                        // Its own wait, cut short when the download is
-                        // over (the others finished the parts).
-                        let until = tokio::time::Instant::now() + wait;
-                        loop {
-                            let woken = shared.wake.notified();
-                            tokio::pin!(woken);
-                            woken.as_mut().enable();
-                            if shared.unfinished.load(Ordering::Acquire) == 0 {
-                                break;
-                            }
-                            tokio::select! {
-                                _ = tokio::time::sleep_until(until) => break,
-                                _ = woken => {}
-                                _ = shared.cancel.cancelled() => return,
-                            }
-                        }
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until) => break,
+                        _ = woken => {}
+                        _ = shared.cancel.cancelled() => return,
                     }
                 }
                 continue;
             }
-            Err(why) => {
-                strikes += 1;
-                shared.stats.retries.fetch_add(1, Ordering::Relaxed);
-                let why = why.into_words();
-                if strikes >= INTAKE_STRIKES {
-                    return retire(&shared, r, why);
-                }
+            Next::Backoff(strikes) => {
                 tracing::info!(
                     "{}: {why}; its range goes back to the others",
                     remote.name()
@@ -767,33 +719,19 @@ async fn remote_worker(shared: Arc<Shared>, r: usize) {
     }
 }
 
-/// Intake node `r` takes no more ranges, for `why` (what its last
-/// failures said); the other downloaders carry on.
-fn retire(shared: &Shared, r: usize, why: String) {
-    tracing::warn!(
-        "{}: {why}; it takes no more ranges, the other downloaders carry on",
-        shared.opts.intake.remotes[r].name()
-    );
-    shared.retired.lock().unwrap()[r].get_or_insert(why);
-}
-
-/// The first queued part intake node `r` may take, and its file's URL.
+/// The part the planner gives intake node `r` next, and its file's URL:
+/// only a file whose URL is resolved and whose origin honours Range.
 fn pick_remote(shared: &Shared, r: usize) -> Option<(usize, usize, Url)> {
-    let cut = shared.cut_from.lock().unwrap();
-    let mut q = shared.queue.lock().unwrap();
-    let at = q.iter().position(|&(f, i)| {
+    let mut plan = shared.plan.lock().unwrap();
+    let (f, i) = plan.next_remote(r, |f| {
         let st = &shared.files[f];
-        cut.get(&(f, i)) != Some(&r)
-            && !st.whole.load(Ordering::Acquire)
-            && !st.local_only.load(Ordering::Acquire)
-            && st.url.try_lock().is_ok_and(|u| u.is_some())
+        !st.whole.load(Ordering::Acquire) && st.url.try_lock().is_ok_and(|u| u.is_some())
     })?;
-    let (f, i) = q.remove(at)?;
     let url = shared.files[f].url.try_lock().ok().and_then(|u| u.clone());
     match url {
         Some(url) => Some((f, i, url)),
         None => {
-            q.push_front((f, i));
+            plan.put_back((f, i));
             None
         }
     }
@@ -843,7 +781,7 @@ async fn remote_attempt(
             // Another downloader is idle and this range is slow: stop
             // here; the rest goes back to the queue for it.
             _ = cut.cancelled() => {
-                shared.cut_from.lock().unwrap().insert((f, i), r);
+                shared.plan.lock().unwrap().cut((f, i), r);
                 break Ok(());
             }
         };
@@ -914,10 +852,6 @@ impl Drop for Landed<'_> {
     }
 }
 
-/// The downloader index of this node's own connections in
-/// [`Shared::busy`] (intake node `r` is `r + 1`).
-const THIS_NODE: usize = 0;
-
 /// Counts a connection holding a part while it lives.
 struct Busy<'a>(&'a AtomicUsize);
 
@@ -946,14 +880,10 @@ fn rate_of(bytes: u64, began: std::time::Instant) -> f64 {
 }
 
 /// Work stealing for an idle downloader of `node` whose last part went at
-/// `rate` bytes/s: cuts another node's intake range in flight that would
-/// take longest to finish, if it runs at less than half that rate and has
-/// more than a second left at its pace; its rest goes back to the queue
-/// (not to the node it was cut from). Only while at most a quarter of
-/// `node`'s own connections hold a part: until then its link is busy (one
-/// connection's pace says nothing of the link's), and a cut would only move
-/// work from a link that carries it onto one that is full. One cut per
-/// call; a downloader that has not finished a part yet steals nothing.
+/// `rate` bytes/s: the intake ranges in flight, as they stand, weighed by
+/// [`striping::victim`]; the one it picks is cut where it is, and its rest
+/// goes back to the queue (not to the node it was cut from). One cut per
+/// call.
 fn steal(shared: &Shared, node: usize, rate: f64) {
     let connections = match node {
         THIS_NODE => shared.opts.connections,
@@ -976,51 +906,9 @@ fn steal(shared: &Shared, node: usize, rate: f64) {
             to_go: f.to_go,
         })
         .collect();
-    if let Some(v) = victim(&thief, &seen) {
+    if let Some(v) = striping::victim(&thief, &seen) {
         open[v].cut.cancel();
     }
-}
-
-/// An idle downloader, as [`victim`] weighs it.
-struct Thief {
-    /// Its node's downloader index.
-    node: usize,
-    /// Its pace over its last part, bytes/s.
-    rate: f64,
-    /// Its node's connections holding a part now.
-    busy: usize,
-    /// Its node's connections.
-    connections: usize,
-}
-
-/// An intake range in flight, as [`victim`] weighs it.
-struct InFlight {
-    node: usize,
-    /// Seconds since it began.
-    secs: f64,
-    got: u64,
-    to_go: u64,
-}
-
-/// The rule of [`steal`]: which of `flights` `thief` cuts, if any.
-fn victim(thief: &Thief, flights: &[InFlight]) -> Option<usize> {
-    if thief.rate <= 0.0 || thief.busy * 4 > thief.connections {
-        return None;
-    }
-    let rate = thief.rate;
-    flights
-        .iter()
-        .enumerate()
-        .filter(|(_, fl)| fl.node != thief.node)
-        .filter_map(|(i, fl)| {
-            let own = fl.got as f64 / fl.secs.max(1e-3);
-            let left = fl.to_go.saturating_sub(fl.got) as f64;
-            let eta = if own > 0.0 { left / own } else { f64::INFINITY };
-            (fl.secs > 0.5 && own < rate / 2.0 && eta > 1.0 && eta > 2.0 * left / rate)
-                .then_some((eta, i))
-        })
-        .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, i)| i)
 }
 
 /// Who fetched what: this node's own connections, then each intake node.
@@ -1030,7 +918,7 @@ fn shares(shared: &Shared) -> Vec<IntakeShare> {
         .iter()
         .map(|b| b.load(Ordering::Relaxed))
         .sum();
-    let retired = shared.retired.lock().unwrap();
+    let plan = shared.plan.lock().unwrap();
     let mut out = vec![IntakeShare {
         node: "this node".into(),
         bytes: shared
@@ -1045,8 +933,8 @@ fn shares(shared: &Shared) -> Vec<IntakeShare> {
         out.push(IntakeShare {
             node: remote.name().to_string(),
             bytes: shared.remote_bytes[r].load(Ordering::Relaxed),
-            blamed: shared.blamed[r].load(Ordering::Relaxed),
-            retired: retired[r].clone(),
+            blamed: plan.blamed(r),
+            retired: plan.retired(r).map(str::to_string),
         });
     }
     out
@@ -1097,7 +985,7 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
             // bytes once this node fetched the file again alone.
             let first = hash_spans(st, spans);
             *st.suspects.lock().unwrap() = first;
-            st.local_only.store(true, Ordering::Release);
+            s.plan.lock().unwrap().local_only(f);
         }
         (verdict, second)
     })
@@ -1138,7 +1026,7 @@ async fn finish_file(shared: &Arc<Shared>, f: usize) {
             st.streaming.store(false, Ordering::Release);
             st.finishing.store(false, Ordering::SeqCst);
             st.dirty.store(true, Ordering::Release);
-            shared.queue.lock().unwrap().extend((0..n).map(|i| (f, i)));
+            shared.plan.lock().unwrap().redo(f, n);
             shared.wake.notify_waiters();
         }
         Verdict::Mismatch(why) => fail(
@@ -1188,7 +1076,7 @@ fn blame(shared: &Shared, f: usize, now: &[Span]) {
     let first = std::mem::take(&mut *st.suspects.lock().unwrap());
     for ((from, to, r, sent), (_, _, _, origin)) in first.iter().zip(now) {
         let differs = matches!((sent, origin), (Some(a), Some(b)) if a != b);
-        if differs && !shared.blamed[*r].swap(true, Ordering::AcqRel) {
+        if differs && shared.plan.lock().unwrap().blame(*r) {
             tracing::warn!(
                 "{} sent bytes {from}..{to} of {} that differ from the origin's: it gets no more ranges; check that node (its disk, memory or proxy)",
                 shared.opts.intake.remotes[*r].name(),
@@ -1662,54 +1550,6 @@ fn content_range_start(h: &reqwest::header::HeaderMap) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Work stealing: a downloader whose node has room on its link cuts
-    /// another node's slow range; one whose node still has a quarter or
-    /// more of its connections busy cuts nothing (its link is full), and no
-    /// downloader cuts its own node's range (the rest would run on the
-    /// same link).
-    #[test]
-    fn only_a_node_with_room_on_its_link_cuts_another_nodes_slow_range() {
-        const MB: u64 = 1 << 20;
-        let slow = |node| InFlight {
-            node,
-            secs: 2.0,
-            got: MB,
-            to_go: 8 * MB,
-        };
-        let brisk = InFlight {
-            node: 2,
-            secs: 2.0,
-            got: 6 * MB,
-            to_go: 8 * MB,
-        };
-        // The thief did its last part at 2 MB/s; the slow range at 0.5.
-        let thief = |busy| Thief {
-            node: 0,
-            rate: 2.0 * MB as f64,
-            busy,
-            connections: 16,
-        };
-        let flights = [brisk, slow(1)];
-        assert_eq!(victim(&thief(4), &flights), Some(1), "4 of 16 busy");
-        assert_eq!(victim(&thief(5), &flights), None, "5 of 16 busy");
-        assert_eq!(victim(&thief(0), &flights[..1]), None, "not slow");
-        let own = Thief {
-            node: 1,
-            ..thief(0)
-        };
-        assert_eq!(victim(&own, &[slow(1)]), None, "its own node's range");
-        assert_eq!(
-            victim(
-                &Thief {
-                    rate: 0.0,
-                    ..thief(0)
-                },
-                &flights
-            ),
-            None
-        );
-    }
 
     #[test]
     fn content_range() {

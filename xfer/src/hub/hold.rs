@@ -13,7 +13,9 @@
 //! [`MAX_TOTAL_HOLD`] over one download.
 //!
 //! The hold only ever moves later; a request already on its way is not
-//! recalled.
+//! recalled. The rule is `engine::striping`'s [`HoldRule`] (sans-IO, with
+//! the rest of the striped intake's planner); this is its clock and its
+//! wait.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -21,47 +23,32 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How recent another downloader's "slow down" must be to back an intake
-/// node's.
-pub const CORROBORATE: Duration = Duration::from_secs(60);
-/// The longest the whole cluster is held over one download.
-pub const MAX_TOTAL_HOLD: Duration = Duration::from_secs(300);
+use crate::engine::striping::HoldRule;
+pub use crate::engine::striping::{Heard, Verdict, CORROBORATE, MAX_TOTAL_HOLD};
 
-/// Who heard the origin's "slow down".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Heard {
-    /// This node's own connections: trusted.
-    ThisNode,
-    /// Intake node `r`: its word.
-    Intake(usize),
-}
-
-/// What a "slow down" does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Every downloader waits; `newly`: this moved the hold later (the
-    /// first to hear it says so, the others stay quiet).
-    HoldAll {
-        /// Whether the hold moved later.
-        newly: bool,
-    },
-    /// Only the intake node that said it waits: nobody else heard it.
-    OnlyIt,
-    /// The cluster was held [`MAX_TOTAL_HOLD`] already: no more.
-    Spent,
-}
-
-/// When the origin lets the download ask again.
-#[derive(Debug, Default)]
+/// When the origin lets the download ask again: the rule
+/// ([`HoldRule`], in `engine`) on this process's clock.
+#[derive(Debug)]
 pub struct OriginHold {
-    until: Mutex<Option<Instant>>,
-    /// When each downloader last heard a "slow down".
-    heard: Mutex<std::collections::HashMap<Heard, Instant>>,
-    /// How long the cluster was held so far.
-    held: Mutex<Duration>,
+    /// The rule's times are durations since this.
+    began: Instant,
+    rule: Mutex<HoldRule>,
+}
+
+impl Default for OriginHold {
+    fn default() -> Self {
+        OriginHold {
+            began: Instant::now(),
+            rule: Mutex::default(),
+        }
+    }
 }
 
 impl OriginHold {
+    fn now(&self) -> Duration {
+        Instant::now().duration_since(self.began)
+    }
+
     /// This node's own connections heard the origin ask to wait `wait`:
     /// every downloader holds. True when that moves the hold later.
     pub fn hold(&self, wait: Duration) -> bool {
@@ -73,38 +60,15 @@ impl OriginHold {
 
     /// `who` heard the origin ask to wait `wait` from now.
     pub fn heard(&self, who: Heard, wait: Duration) -> Verdict {
-        let now = Instant::now();
-        let backed = {
-            let mut heard = self.heard.lock().unwrap();
-            heard.insert(who, now);
-            who == Heard::ThisNode
-                || heard
-                    .iter()
-                    .any(|(w, t)| *w != who && now.duration_since(*t) <= CORROBORATE)
-        };
-        if !backed {
-            return Verdict::OnlyIt;
-        }
-        let mut slot = self.until.lock().unwrap();
-        let from = slot.filter(|u| *u > now).unwrap_or(now);
-        let mut held = self.held.lock().unwrap();
-        let room = MAX_TOTAL_HOLD.saturating_sub(*held);
-        if room.is_zero() {
-            return Verdict::Spent;
-        }
-        let until = (now + wait).min(from + room);
-        if until <= from {
-            return Verdict::HoldAll { newly: false };
-        }
-        *held += until - from;
-        *slot = Some(until);
-        Verdict::HoldAll { newly: true }
+        let now = self.now();
+        self.rule.lock().unwrap().heard(who, wait, now)
     }
 
     /// Until when the download is held, if it is now.
     pub fn until(&self) -> Option<Instant> {
-        let slot = self.until.lock().unwrap();
-        slot.filter(|u| *u > Instant::now())
+        let now = self.now();
+        let until = self.rule.lock().unwrap().until(now)?;
+        Some(self.began + until)
     }
 
     /// Waits until no hold is in force (re-reading it: a hold extended
@@ -186,7 +150,7 @@ mod tests {
             }
         }
         assert!(spent, "the holds never ran out");
-        assert!(*hold.held.lock().unwrap() <= MAX_TOTAL_HOLD);
+        assert!(hold.rule.lock().unwrap().held() <= MAX_TOTAL_HOLD);
     }
 
     #[tokio::test(start_paused = true)]
