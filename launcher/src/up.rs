@@ -299,10 +299,10 @@ async fn drive<T>(
 fn render(checked: &Checked) {
     eprint!(
         "{}",
-        preflight::render(&checked.rows, crate::term::stderr_width())
+        preflight::render(&checked.rows, xfer::util::term::stderr_width())
     );
     if let Some(line) = checked.unit_line() {
-        let width = crate::term::stderr_width();
+        let width = xfer::util::term::stderr_width();
         eprintln!("{}", xfer_proto::text::wrap(&line, width, 4));
     }
 }
@@ -552,7 +552,10 @@ async fn ready_and_met(
         .filter(|r| r.check == "rendezvous")
         .cloned()
         .collect();
-    eprint!("{}", preflight::render(&rows, crate::term::stderr_width()));
+    eprint!(
+        "{}",
+        preflight::render(&rows, xfer::util::term::stderr_width())
+    );
     if !checked.ok {
         stop_run(
             agents,
