@@ -65,15 +65,25 @@ pub async fn remove(
     Ok(all(asks).await)
 }
 
-/// One node's answer to `xfer prune`.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+/// One node's answer to `xfer prune`; `--json` prints it, the error as
+/// its one line.
+#[derive(Debug, Serialize)]
 pub struct PruneReport {
     /// The node's name.
     pub node: String,
     /// The job records it removed.
     pub pruned: Vec<xfer_proto::admin::PrunedJob>,
     /// Why it removed nothing: unreachable, refused, or another answer.
-    pub error: Option<String>,
+    #[serde(serialize_with = "as_line")]
+    pub error: Option<AskError>,
+}
+
+/// An error as the line it reads as (`null` when there is none).
+fn as_line<S: serde::Serializer>(e: &Option<AskError>, s: S) -> Result<S::Ok, S::Error> {
+    match e {
+        Some(e) => s.collect_str(e),
+        None => s.serialize_none(),
+    }
 }
 
 /// Removes ended jobs (complete, cancelled, failed) from the selected
@@ -103,7 +113,7 @@ pub async fn prune(
             PruneReport {
                 node,
                 pruned,
-                error: error.map(|e| e.to_string()),
+                error,
             }
         }
     });
