@@ -7,9 +7,11 @@
 //! `xfer` crate ([`LAUNCHER_MAY_USE`]); and no two file modules may import
 //! each other, directly or around a longer circle.
 //!
-//! `#[cfg(test)]` items are not read: a unit test may drive its module
-//! through a higher layer end to end, and the shipped crate has no such
-//! arrow.
+//! `#[cfg(test)]` items are not read, nor a file declared
+//! `#[cfg(test)] mod x;` (the agent's `sync::life_check` checks a job's
+//! life against the operator's `client::status::problems`): a unit test
+//! may drive its module through a higher layer end to end, and the shipped
+//! crate has no such arrow.
 //!
 //! Run alone: `cargo test --test suite layers::`. Parsing is `syn`'s, so
 //! grouped `use crate::{a::b, c}` trees and paths inside function bodies
@@ -220,14 +222,24 @@ fn xfer_graph() -> (BTreeMap<Module, PathBuf>, Vec<Edge>) {
     for file in rust_files(&src) {
         modules.insert(module_of(&src, &file), file);
     }
+    let parsed: BTreeMap<&Module, syn::File> = modules.iter().map(|(m, f)| (m, parse(f))).collect();
+    // A file declared `#[cfg(test)] mod x;` is a test item like any other:
+    // it and the files below it are not read.
+    let tests: Vec<Module> = parsed
+        .iter()
+        .flat_map(|(m, f)| test_only_children(m, f))
+        .collect();
     let mut edges = Vec::new();
-    for (module, file) in &modules {
+    for (module, file) in &parsed {
+        if tests.iter().any(|t| module.starts_with(t)) {
+            continue;
+        }
         let mut paths = Paths {
-            here: module.clone(),
+            here: module.to_vec(),
             named: Vec::new(),
             external: Vec::new(),
         };
-        paths.visit_file(&parse(file));
+        paths.visit_file(file);
         let mut seen = BTreeSet::new();
         for (target, line) in paths.named {
             // The longest prefix of the path that is a file module.
@@ -236,12 +248,27 @@ fn xfer_graph() -> (BTreeMap<Module, PathBuf>, Vec<Edge>) {
                 .map(|n| target[..n].to_vec())
                 .find(|m| modules.contains_key(m))
                 .unwrap_or_default();
-            if &to != module && seen.insert(to.clone()) {
-                edges.push((module.clone(), to, line));
+            if &to != *module && seen.insert(to.clone()) {
+                edges.push((module.to_vec(), to, line));
             }
         }
     }
     (modules, edges)
+}
+
+/// The file modules `file` (module `here`) declares `#[cfg(test)] mod x;`.
+fn test_only_children(here: &[String], file: &syn::File) -> Vec<Module> {
+    file.items
+        .iter()
+        .filter_map(|i| match i {
+            syn::Item::Mod(m) if m.content.is_none() && test_only(&m.attrs) => {
+                let mut child = here.to_vec();
+                child.push(m.ident.to_string());
+                Some(child)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn layer_of(module: &[String]) -> Option<usize> {
@@ -433,6 +460,13 @@ fn the_check_sees_a_planted_upward_import() {
     assert!(
         !named.contains("cli::hidden"),
         "a #[cfg(test)] module counted"
+    );
+    let decl = syn::parse_file("#[cfg(test)]\nmod checks;\nmod shipped;\n").unwrap();
+    let here = vec!["store".to_string()];
+    assert_eq!(
+        test_only_children(&here, &decl),
+        vec![vec!["store".to_string(), "checks".to_string()]],
+        "a #[cfg(test)] file module not seen as one"
     );
     for want in [
         "store::flow::push",
