@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::common;
 use common::cluster::Cluster;
 use common::*;
-use xfer::agent::client;
+use xfer::client;
 use xfer::config::auth::Credential;
 use xfer_proto::launch::*;
 

@@ -68,7 +68,7 @@ impl Agents {
         self.each(|cred, node, addr, _, _| {
             let req = req.clone();
             async move {
-                xfer::agent::client::admin(&cred, &node, &addr, &req, timeout)
+                xfer::client::admin(&cred, &node, &addr, &req, timeout)
                     .await
                     .map_err(|e| e.to_string())
             }
@@ -120,7 +120,7 @@ async fn ask(
     msg: &LaunchRequest,
     timeout: Duration,
 ) -> Result<LaunchReply, String> {
-    match xfer::agent::client::launch(cred, node, addr, msg, timeout)
+    match xfer::client::launch(cred, node, addr, msg, timeout)
         .await
         .map_err(|e| e.to_string())?
     {

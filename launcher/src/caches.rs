@@ -27,7 +27,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use xfer::agent::sync::client::{sync, wait, SyncRequest, TransportChoice};
+use xfer::client::sync::{sync, SyncRequest, TransportChoice};
+use xfer::client::wait::wait;
 use xfer::config::auth::Credential;
 use xfer::config::cluster::Cluster;
 use xfer::util::progress::Progress;

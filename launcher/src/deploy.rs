@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use xfer::agent::image_client::{push_to_cluster, Note};
-use xfer::agent::sync::client::{hub_size, sync, wait, SyncRequest, TransportChoice};
+use xfer::client::image::{push_to_cluster, Note};
+use xfer::client::sync::{hub_size, sync, SyncRequest, TransportChoice};
+use xfer::client::wait::wait;
 use xfer::config::auth::Credential;
 use xfer::config::cluster::Cluster;
 use xfer::util::progress::Progress;
@@ -262,7 +263,7 @@ pub async fn prepare<'a>(
         "{}",
         preflight::render(
             &as_deploy_moves(&checked.rows, moving, image_moving),
-            crate::term::stderr_width()
+            xfer::util::term::stderr_width()
         )
     );
     let (lacking, image_lacking, listed, sync) = early?;
@@ -526,7 +527,7 @@ fn nodes_of<'a>(rows: impl Iterator<Item = &'a preflight::Row>, setup: &Setup) -
 pub struct Streaming {
     cluster: Cluster,
     cred: Arc<Credential>,
-    spec: xfer::agent::sync::client::JobSpec,
+    spec: xfer::client::sync::JobSpec,
     source: String,
     started: Instant,
 }

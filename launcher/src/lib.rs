@@ -9,8 +9,8 @@
 //! [`agents`] talks to the nodes' xfer agents, [`check`], [`up`] (with
 //! [`ready`] and [`record`]) drive a launch, [`diagnose`] reads a failed
 //! rank's log for the known [`signatures`] and its root cause
-//! ([`traceback`]); [`term`] reads the terminal's width; `xfer-launch` (src/main.rs,
-//! src/cli/) is the command line over them.
+//! ([`traceback`]); `xfer-launch` (src/main.rs, src/cli/) is the command
+//! line over them. The terminal's width is xfer's `util::term`.
 
 // Every public item keeps its doc line (`cargo clippy -D warnings` makes
 // this an error).
@@ -29,7 +29,6 @@ pub mod record;
 pub mod signatures;
 pub mod specs;
 pub mod stream;
-pub mod term;
 pub mod traceback;
 pub mod unit;
 pub mod up;

@@ -121,7 +121,7 @@ fn main() -> ExitCode {
                 "{}",
                 xfer_proto::text::wrap(
                     &format!("xfer-launch: {e}"),
-                    launcher::term::stderr_width(),
+                    xfer::util::term::stderr_width(),
                     4
                 )
             );

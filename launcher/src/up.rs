@@ -8,7 +8,7 @@
 //! stops the others (see `xfer::agent::ranks`), with or without this process.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use xfer_proto::launch::{RankReport, RunState};
@@ -66,11 +66,7 @@ pub enum UpError {
     Record(#[from] record::RecordError),
 }
 
-fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
+use xfer::util::clock::unix_now as now_unix;
 
 /// The host part of `HOST:PORT` (brackets kept for IPv6).
 fn host_of(agent: &str) -> &str {
@@ -299,10 +295,10 @@ async fn drive<T>(
 fn render(checked: &Checked) {
     eprint!(
         "{}",
-        preflight::render(&checked.rows, crate::term::stderr_width())
+        preflight::render(&checked.rows, xfer::util::term::stderr_width())
     );
     if let Some(line) = checked.unit_line() {
-        let width = crate::term::stderr_width();
+        let width = xfer::util::term::stderr_width();
         eprintln!("{}", xfer_proto::text::wrap(&line, width, 4));
     }
 }
@@ -552,7 +548,10 @@ async fn ready_and_met(
         .filter(|r| r.check == "rendezvous")
         .cloned()
         .collect();
-    eprint!("{}", preflight::render(&rows, crate::term::stderr_width()));
+    eprint!(
+        "{}",
+        preflight::render(&rows, xfer::util::term::stderr_width())
+    );
     if !checked.ok {
         stop_run(
             agents,

@@ -148,7 +148,7 @@ pub fn ask_launch(
     agent: &Agent,
     req: &xfer_proto::launch::LaunchRequest,
 ) -> xfer_proto::launch::LaunchReply {
-    let ask = xfer::agent::client::launch(cred, node, &agent.addr, req, Duration::from_secs(30));
+    let ask = xfer::client::launch(cred, node, &agent.addr, req, Duration::from_secs(30));
     tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(ask)
@@ -162,7 +162,7 @@ pub fn ask_admin(
     agent: &Agent,
     req: &xfer_proto::admin::AdminRequest,
 ) -> xfer_proto::admin::AdminReply {
-    let ask = xfer::agent::client::admin(cred, node, &agent.addr, req, Duration::from_secs(30));
+    let ask = xfer::client::admin(cred, node, &agent.addr, req, Duration::from_secs(30));
     tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(ask)

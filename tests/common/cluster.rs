@@ -16,7 +16,7 @@ use super::*;
 pub const JOB_DEADLINE: Duration = Duration::from_secs(60);
 
 /// One element of `xfer status --json`, read through the product's type.
-pub use xfer::agent::sync::client::NodeReport as Report;
+pub use xfer::client::status::NodeReport as Report;
 
 /// `xfer status --json`, parsed.
 #[derive(Debug, Clone)]

@@ -17,7 +17,10 @@
 //! - [`transport`]: QUIC and RDMA connections and chunk serving;
 //! - [`flow`]: transfers end to end (the receiver, swarm, push, fetch,
 //!   fan-out, image delivery);
-//! - [`agent`]: the node agent (`xfer serve`), its services and clients.
+//! - [`agent`], [`client`]: the node agent (`xfer serve`) and its
+//!   services; the operator's side of them (`xfer sync`, `status`,
+//!   `cancel`, `rm`, `prune`, image delivery, the launcher's asks). The
+//!   two share a floor and do not use each other.
 //!
 //! The `xfer` binary's own `cli` sits on top. `tests/layers.rs` checks
 //! this order from the source.
@@ -27,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod client;
 pub mod config;
 pub mod engine;
 pub mod flow;

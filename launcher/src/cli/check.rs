@@ -15,10 +15,10 @@ pub async fn check(setup: Setup, agents: Agents, json: bool) -> Result<ExitCode,
     } else {
         print!(
             "{}",
-            launcher::preflight::render(&checked.rows, launcher::term::stdout_width())
+            launcher::preflight::render(&checked.rows, xfer::util::term::stdout_width())
         );
         if let Some(line) = checked.unit_line() {
-            let width = launcher::term::stdout_width();
+            let width = xfer::util::term::stdout_width();
             println!("{}", xfer_proto::text::wrap(&line, width, 4));
         }
         if checked.model_path != setup.model.path {

@@ -77,7 +77,7 @@ pub async fn status(
         for l in &lines {
             println!("{l}");
         }
-        let width = launcher::term::stdout_width();
+        let width = xfer::util::term::stdout_width();
         let line = match (&unit, &path) {
             (Some(u), _) => match serde_json::from_value::<launcher::unit::LaunchUnit>(u.clone()) {
                 Ok(u) => format!("launch {}", u.summary()),

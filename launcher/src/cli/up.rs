@@ -60,9 +60,8 @@ pub fn report(
         if let (Some(s), Some(a)) = (started, answered_at) {
             v["answered_s"] = a.saturating_duration_since(s).as_secs_f64().into();
             // The same moment on the wall clock, for a bench's own clock.
-            if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-                v["answered_unix"] = now.saturating_sub(a.elapsed()).as_secs_f64().into();
-            }
+            let now = xfer::util::clock::since_epoch();
+            v["answered_unix"] = now.saturating_sub(a.elapsed()).as_secs_f64().into();
         }
         v
     });

@@ -10,14 +10,13 @@
 //! and, on its own Unix socket, [`local`]: the loader link, what this
 //! node's ranks ask of their agent.
 //!
-//! [`client`] is the typed client of the admin and launch services.
+//! The operator's side of these services is `crate::client`, on the same
+//! floor: neither uses the other.
 
 mod admin;
 mod caches;
-pub mod client;
 pub mod containers;
 pub mod guard;
-pub mod image_client;
 mod images;
 mod intake;
 mod launch;

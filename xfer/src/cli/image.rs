@@ -35,12 +35,7 @@ pub async fn push(args: ImagePushArgs) -> Result<ExitCode> {
     let note = notes(json);
     let progress = Progress::new(!json);
     let summary = super::out::or_interrupted(
-        xfer::flow::image::push(
-            &opts,
-            progress.clone(),
-            &note,
-            xfer::agent::image_client::load,
-        ),
+        xfer::flow::image::push(&opts, progress.clone(), &note, xfer::client::image::load),
         || interrupted(&progress),
     )
     .await;
@@ -85,7 +80,7 @@ pub async fn pull(args: ImagePullArgs) -> Result<ExitCode> {
                 &opts,
                 progress.clone(),
                 &note,
-                xfer::agent::image_client::load,
+                xfer::client::image::load,
             ),
             || interrupted(&progress),
         )
@@ -104,7 +99,7 @@ async fn platforms_of(
 ) -> Vec<(Platform, Vec<Destination>)> {
     let mut groups: Vec<(Platform, Vec<Destination>)> = Vec::new();
     for d in dests {
-        let asked = xfer::agent::client::admin(
+        let asked = xfer::client::admin(
             cred,
             d.label(),
             &d.agent,
@@ -137,7 +132,7 @@ fn options(
 ) -> Result<ImagePushOptions> {
     let cache = match &d.cache {
         Some(c) => c.clone(),
-        None => xfer::agent::image_client::default_cache()?,
+        None => xfer::client::image::default_cache()?,
     };
     Ok(ImagePushOptions {
         reference,

@@ -40,7 +40,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
     } = args;
     let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
-    let req = xfer::agent::sync::client::SyncRequest {
+    let req = xfer::client::sync::SyncRequest {
         source,
         cwd: std::env::current_dir()?,
         nodes,
@@ -51,11 +51,11 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         limit_rate,
         transport,
         peers,
-        registry: xfer::agent::sync::client::RegistryAccess { insecure, ca_file },
+        registry: xfer::client::sync::RegistryAccess { insecure, ca_file },
         give_up: give_up_after,
         pin: None,
     };
-    let spec = xfer::agent::sync::client::sync(&cluster, &cred, &req).await?;
+    let spec = xfer::client::sync::sync(&cluster, &cred, &req).await?;
     if !wait {
         if json {
             println!(
@@ -69,7 +69,7 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
                 spec.id,
                 spec.members.len(),
                 xfer_proto::names::for_people(spec.name.as_str()),
-                xfer::agent::sync::source::reading(&spec)
+                xfer::client::source::reading(&spec)
             );
         }
         return Ok(ExitCode::SUCCESS);
@@ -78,12 +78,12 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         "job {}: {} from the {} (Ctrl-C stops following; the job goes on)",
         spec.id,
         xfer_proto::names::for_people(spec.name.as_str()),
-        xfer::agent::sync::source::reading(&spec)
+        xfer::client::source::reading(&spec)
     );
     let cluster_file = cluster.path.display().to_string();
     let progress = Progress::new(!json);
     let root = super::out::or_interrupted(
-        xfer::agent::sync::client::wait(&cluster, &cred, &spec, &progress),
+        xfer::client::wait::wait(&cluster, &cred, &spec, &progress),
         || {
             format!(
                 "stopped following job {}; it goes on on the nodes (nothing is lost): follow it with `xfer status --cluster {cluster_file}`, stop it with `xfer cancel {} --cluster {cluster_file}`",
@@ -142,9 +142,9 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
         None
     };
     let code = loop {
-        let reports = xfer::agent::sync::client::status(&cluster, &cred, &nodes).await?;
-        let problems = xfer::agent::sync::client::problems(&reports);
-        let last = xfer::agent::sync::client::problems_line(&problems);
+        let reports = xfer::client::status::status(&cluster, &cred, &nodes).await?;
+        let problems = xfer::client::status::problems(&reports);
+        let last = xfer::client::status::problems_line(&problems);
         if json {
             serde_json::to_writer(std::io::stdout().lock(), &reports)?;
             println!();
@@ -156,14 +156,14 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
                 print!("\x1b[2J\x1b[H");
             }
             let width = xfer::util::term::stdout_width();
-            print!("{}", xfer::agent::sync::client::render(&reports, width));
+            print!("{}", xfer::client::render::render(&reports, width));
             let now = xfer::util::clock::unix_now();
             for r in &reports {
                 for j in r.status.iter().flat_map(|s| &s.jobs) {
                     if r.status.as_ref().and_then(|s| s.node.as_deref())
                         == Some(j.source_node.as_str())
                     {
-                        super::out::say(&xfer::agent::sync::client::job_line(j, now));
+                        super::out::say(&xfer::client::render::job_line(j, now));
                     }
                 }
             }
@@ -196,7 +196,7 @@ pub async fn prune(args: PruneArgs) -> Result<ExitCode> {
     } = args;
     let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
-    let reports = xfer::agent::sync::client::prune(&cluster, &cred, &nodes).await?;
+    let reports = xfer::client::cleanup::prune(&cluster, &cred, &nodes).await?;
     let failed = reports.iter().any(|r| r.error.is_some());
     if json {
         serde_json::to_writer(std::io::stdout().lock(), &reports)?;
@@ -234,7 +234,7 @@ pub async fn cancel(args: CancelArgs) -> Result<ExitCode> {
     xfer_proto::admin::check_job_id(&job).map_err(anyhow::Error::msg)?;
     let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
-    let replies = xfer::agent::sync::client::cancel(&cluster, &cred, &job).await?;
+    let replies = xfer::client::cleanup::cancel(&cluster, &cred, &job).await?;
     let mut known = 0;
     for (node, r) in &replies {
         match r {
@@ -285,7 +285,7 @@ pub async fn rm(args: RmArgs) -> Result<ExitCode> {
         }
     }
     let cred = Arc::new(Credential::load(&cluster.key)?);
-    let replies = xfer::agent::sync::client::remove(&cluster, &cred, &nodes, &name, force).await?;
+    let replies = xfer::client::cleanup::remove(&cluster, &cred, &nodes, &name, force).await?;
     let mut failed = false;
     for (node, r) in &replies {
         match r {

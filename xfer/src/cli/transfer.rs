@@ -127,7 +127,7 @@ pub(super) async fn destinations(
         .iter()
         .map(|s| xfer::flow::route::Destination::parse(s))
         .collect::<Result<Vec<_>>>()?;
-    xfer::agent::client::learn_data_addrs(cred, &mut dests).await;
+    xfer::flow::route::learn_data_addrs(cred, &mut dests).await;
     Ok(dests)
 }
 
@@ -431,7 +431,7 @@ async fn pull_artifact(args: PullArgs, reference: &str) -> Result<ExitCode> {
             ca_file: args.ca_file.clone(),
         },
     )?;
-    let cache = xfer::agent::image_client::default_cache()?;
+    let cache = xfer::client::image::default_cache()?;
     let placed = artifact::pull_model(&reg, &cache, &dir, artifact::Placing::Copy).await?;
     if !args.json {
         say(&format!(

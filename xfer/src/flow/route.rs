@@ -5,8 +5,9 @@
 //! reached over management instead, and that is never silent: the caller
 //! gets the reason, to show as a [`FallbackRoute`].
 //!
-//! [`Destination`] is how a push names one node (`AGENT[/DATA]`), and
-//! [`connect`] opens the connection the data goes over.
+//! [`Destination`] is how a push names one node (`AGENT[/DATA]`),
+//! [`learn_data_addrs`] fills in the data addresses the agents advertise,
+//! and [`connect`] opens the connection the data goes over.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -198,6 +199,36 @@ fn short_reason(why: &str, timeout: Duration) -> String {
         format!("no answer within {}s", timeout.as_secs())
     } else {
         why.to_string()
+    }
+}
+
+/// Fills in the data address of every destination that has none with the
+/// one its agent advertises (its `--data` or `--fabric-if`), asking them
+/// all at once. An agent that cannot be asked keeps its agent address for
+/// data (the push then says why it cannot be reached).
+pub async fn learn_data_addrs(
+    cred: &std::sync::Arc<crate::config::auth::Credential>,
+    dests: &mut [Destination],
+) {
+    use xfer_proto::admin::AdminReply;
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, d) in dests.iter().enumerate().filter(|(_, d)| d.data.is_none()) {
+        let (cred, name, agent) = (cred.clone(), d.name.clone(), d.agent.clone());
+        asks.spawn(async move {
+            let why = match crate::transport::ask::status(&cred, name.as_deref(), &agent).await {
+                Ok(AdminReply::Status(s)) => return (i, s.data),
+                Ok(AdminReply::Failed(r)) => r.to_string(),
+                Ok(other) => format!("answered {} to a status query", other.kind()),
+                Err(e) => e.to_string(),
+            };
+            tracing::debug!("{agent}: no advertised data address ({why})");
+            (i, None)
+        });
+    }
+    while let Some(Ok((i, found))) = asks.join_next().await {
+        if let Some(a) = found {
+            dests[i].data = Some(a.to_string());
+        }
     }
 }
 

@@ -8,8 +8,11 @@
 //! the same [`ChunkFetcher`], so the scheduler, store and verification are
 //! unchanged. [`select`] decides which one a node uses, [`Fetcher`] is
 //! what a fetching node gets for one peer (RDMA when both ends can, QUIC
-//! otherwise), and [`serve`] answers both on the serving node.
+//! otherwise), and [`serve`] answers both on the serving node. [`ask`] is
+//! the one-request, one-reply exchange with an agent's admin or launch
+//! service.
 
+pub mod ask;
 pub mod files;
 pub mod lanes;
 pub mod quic;

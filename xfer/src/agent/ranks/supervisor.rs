@@ -440,7 +440,7 @@ impl Supervisor {
                 let (id, node) = (run.spec.run.clone(), peer.node.to_string());
                 tokio::spawn(async move {
                     let limit = grace + Duration::from_secs(15);
-                    match crate::agent::client::launch(&cred, &node, &addr, &msg, limit).await {
+                    match crate::transport::ask::launch(&cred, &node, &addr, &msg, limit).await {
                         Ok(_) => tracing::info!("run {id}: {node} ({addr}) stopped its rank"),
                         Err(e) => tracing::info!("run {id}: {node} at {addr}: {e}"),
                     }

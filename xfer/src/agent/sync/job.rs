@@ -188,15 +188,6 @@ impl JobDir {
     }
 }
 
-/// A fresh job id: 12 hex digits.
-pub fn new_id() -> String {
-    use rand::Rng;
-    format!(
-        "{:012x}",
-        rand::thread_rng().gen::<u64>() & 0xffff_ffff_ffff
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,7 +196,7 @@ mod tests {
 
     fn spec() -> JobSpec {
         JobSpec {
-            id: new_id(),
+            id: "0123456789ab".into(),
             name: ModelName::new("m").unwrap(),
             source: JobSource::Path("/models/m".into()),
             source_node: "a".into(),

@@ -2,7 +2,7 @@
 //! in the style of `store/model_check.rs`: a seeded generator drives one
 //! Hub job's source through sequences of events, with the agent's own
 //! decisions ([`life`], [`Policy::AGENT`]) and its own status code path
-//! ([`client::problems`] over the [`JobView`] an agent reports), and checks
+//! ([`crate::client::status::problems`] over the [`JobView`] an agent reports), and checks
 //! the invariants after every event.
 //!
 //! Events: `xfer sync` (a new job, or the same one handed over again),
@@ -33,9 +33,9 @@
 //! `XFER_LIFE_SEED=<seed>` replays one sequence.
 
 use super::cause::RoundError;
-use super::client::{problems, NodeReport};
 use super::job::{JobRecord, JobState};
 use super::life::{self, MarkAt, Next, Policy, RoundEnd, MAX_BACKOFF};
+use crate::client::status::{problems, NodeReport};
 use crate::util::seeded::Rng;
 use xfer_proto::admin::{AgentStatus, GiveUp, JobMember, JobSource, JobSpec, JobView};
 use xfer_proto::hash::Hash;

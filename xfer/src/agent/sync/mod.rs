@@ -5,10 +5,11 @@
 //! and budget as a state machine with no I/O, [`runner`] the agent's side
 //! (rounds, cancel, periodic verify and repair, driving [`life`]),
 //! [`cause`] what a failed round means (fail now or retry), [`status`] what an agent
-//! reports, and [`client`] the commands that talk to the agents.
+//! reports, and [`source`] the source agent's answer to whether a SOURCE
+//! is a folder there. The commands that talk to the agents (`xfer sync`,
+//! `status`, `cancel`, `rm`, `prune`) are the operator's: `crate::client`.
 
 pub mod cause;
-pub mod client;
 pub mod job;
 pub mod life;
 #[cfg(test)]

@@ -526,7 +526,7 @@ impl Runner {
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let nic = self.nic_for(spec).map_err(RoundError::Fatal)?;
         let mut to: Vec<Destination> = spec.members.iter().map(destination).collect();
-        crate::agent::client::learn_data_addrs(&self.cred, &mut to).await;
+        crate::flow::route::learn_data_addrs(&self.cred, &mut to).await;
         let activity = self.activity.clone();
         let name = spec.name.clone();
         let push = PushOptions {
@@ -1143,7 +1143,7 @@ async fn tell_members(
     loop {
         let mut left = Vec::new();
         for m in todo {
-            let reply = crate::agent::client::admin(
+            let reply = crate::transport::ask::admin(
                 &cred,
                 &m.node,
                 &m.agent,

@@ -1,5 +1,5 @@
-//! The operator's side of an image delivery to a cluster's nodes: [`crate::flow::image::push`]
-//! driven with the agent client as the loader. `xfer image push --cluster`
+//! The operator's side of an image delivery to a cluster's nodes:
+//! [`crate::flow::image::push`] driven with the admin client as the loader. `xfer image push --cluster`
 //! and `xfer-launch deploy` (a node lacking `[launch] image`) both use it.
 
 use std::path::PathBuf;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::agent::client::{admin, AskError};
+use super::ask::{admin, AskError};
 use crate::config::auth::Credential;
 use crate::config::cluster::Cluster;
 use crate::engine::topology::DEFAULT_DEGREE;

@@ -1,9 +1,11 @@
-//! The typed client of an agent's admin and launch services: one request,
-//! one reply, over the cluster's mutually authenticated QUIC. The CLI's
-//! `sync`, `status`, `cancel` and `rm`, the launcher and the agents'
-//! own group stops all ask through here. Each asks a node by its name in
-//! the cluster file: with issued credentials the answer is taken only
-//! from an agent whose certificate carries that name.
+//! One request, one reply, to an agent's admin or launch service over the
+//! cluster's mutually authenticated QUIC: the exchange under the
+//! operator's client (`crate::client`) and the agents' own asks of each
+//! other (a job's end told to its members, a group's stop, a data address
+//! learned). Each asks a node by its name in the cluster file: with issued
+//! credentials the answer is taken only from an agent whose certificate
+//! carries that name. What the reply says (a refusal, another kind of
+//! reply) is the caller's to read.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,16 +13,17 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::quic::{self, read_frame_within, write_frame};
 use crate::config::auth::Credential;
-use crate::transport::quic::{self, read_frame_within, write_frame};
 use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::frame::MAX_FRAME;
 use xfer_proto::hello::Service;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 
-/// Why asking an agent failed.
+/// Why an exchange with an agent brought no reply: the transport's part
+/// of a failed ask (the reply's own refusals are the caller's).
 #[derive(Debug, thiserror::Error)]
-pub enum AskError {
+pub enum ExchangeError {
     /// The address does not resolve, or no endpoint could be made for it.
     #[error("{0:#}")]
     Address(anyhow::Error),
@@ -52,22 +55,16 @@ pub enum AskError {
     /// The whole exchange took longer than its timeout.
     #[error("no answer within {0}s")]
     Timeout(u64),
-    /// The agent refused the request.
-    #[error("{0}")]
-    Refused(xfer_proto::refusal::Refusal),
-    /// The agent answered with another kind of reply.
-    #[error("answered {0} to a status query")]
-    Unexpected(&'static str),
 }
 
-impl AskError {
+impl ExchangeError {
     /// Whether the message already names its cause and fix (a failed
-    /// handshake, a refusal, no answer): nothing like "is its agent
-    /// running?" is to be added to it.
+    /// handshake, the wrong node): nothing like "is its agent running?" is
+    /// to be added to it.
     pub fn explains_itself(&self) -> bool {
         matches!(
             self,
-            AskError::Connect(_) | AskError::Refused(_) | AskError::WrongNode { .. }
+            ExchangeError::Connect(_) | ExchangeError::WrongNode { .. }
         )
     }
 }
@@ -88,7 +85,7 @@ pub async fn admin(
     addr: &str,
     req: &AdminRequest,
     timeout: Duration,
-) -> Result<AdminReply, AskError> {
+) -> Result<AdminReply, ExchangeError> {
     exchange(
         cred,
         Some(node),
@@ -108,7 +105,7 @@ pub async fn launch(
     addr: &str,
     req: &LaunchRequest,
     timeout: Duration,
-) -> Result<LaunchReply, AskError> {
+) -> Result<LaunchReply, ExchangeError> {
     exchange(
         cred,
         Some(node),
@@ -121,17 +118,17 @@ pub async fn launch(
     .await
 }
 
-/// The data address the agent at `addr` advertises (its `--data` or
-/// `--fabric-if`), asked over management; `None` if it advertises none.
-/// `node`: its name, when known, checked like [`admin`]'s; a push to bare
-/// addresses knows none (the address is only used to connect, mutually
-/// authenticated, and what comes over it is verified chunk by chunk).
-pub async fn advertised_data(
+/// Asks the admin service at `addr` for the agent's status, connection
+/// included within [`ASK_TIMEOUT`]. `node`: its name, when known, checked
+/// like [`admin`]'s; a push to bare addresses knows none (the address is
+/// only used to connect, mutually authenticated, and what comes over it
+/// is verified chunk by chunk).
+pub async fn status(
     cred: &Credential,
     node: Option<&str>,
     addr: &str,
-) -> Result<Option<SocketAddr>, AskError> {
-    let reply = exchange(
+) -> Result<AdminReply, ExchangeError> {
+    exchange(
         cred,
         node,
         addr,
@@ -140,12 +137,7 @@ pub async fn advertised_data(
         ASK_TIMEOUT,
         ASK_TIMEOUT,
     )
-    .await?;
-    match reply {
-        AdminReply::Status(s) => Ok(s.data),
-        AdminReply::Failed(r) => Err(AskError::Refused(r)),
-        other => Err(AskError::Unexpected(other.kind())),
-    }
+    .await
 }
 
 /// One request and its reply on a fresh connection: connecting may take
@@ -159,10 +151,10 @@ async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
     req: &Req,
     connect: Duration,
     timeout: Duration,
-) -> Result<Reply, AskError> {
+) -> Result<Reply, ExchangeError> {
     let exchange = async {
-        let sock = quic::resolve(addr).map_err(AskError::Address)?;
-        let ep = quic::client_endpoint(cred, sock).map_err(AskError::Address)?;
+        let sock = quic::resolve(addr).map_err(ExchangeError::Address)?;
+        let ep = quic::client_endpoint(cred, sock).map_err(ExchangeError::Address)?;
         let conn = quic::connect(&ep, sock, connect).await?;
         let leaf = quic::peer_certificate(&conn);
         let checked = match node {
@@ -171,7 +163,7 @@ async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
         };
         if let Err(why) = checked {
             conn.close(0u32.into(), b"not the node asked for");
-            return Err(AskError::WrongNode {
+            return Err(ExchangeError::WrongNode {
                 addr: addr.to_string(),
                 why,
             });
@@ -190,38 +182,12 @@ async fn exchange<Req: Serialize, Reply: DeserializeOwned>(
                 conn.close(0u32.into(), b"done");
                 Ok(reply)
             }
-            (Err(e), Err(_)) => Err(AskError::Send(e)),
-            (Ok(()), Err(why)) => Err(AskError::Reply { sock, why }),
+            (Err(e), Err(_)) => Err(ExchangeError::Send(e)),
+            (Ok(()), Err(why)) => Err(ExchangeError::Reply { sock, why }),
         }
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(r) => r,
-        Err(_) => Err(AskError::Timeout(timeout.as_secs())),
-    }
-}
-
-/// Fills in the data address of every destination that has none with the
-/// one its agent advertises, asking them all at once. An agent that cannot
-/// be asked keeps its agent address for data (the push then says why it
-/// cannot be reached).
-pub async fn learn_data_addrs(
-    cred: &std::sync::Arc<Credential>,
-    dests: &mut [crate::flow::route::Destination],
-) {
-    let mut asks = tokio::task::JoinSet::new();
-    for (i, d) in dests.iter().enumerate().filter(|(_, d)| d.data.is_none()) {
-        let (cred, name, agent) = (cred.clone(), d.name.clone(), d.agent.clone());
-        asks.spawn(async move {
-            let found = advertised_data(&cred, name.as_deref(), &agent).await;
-            if let Err(e) = &found {
-                tracing::debug!("{agent}: no advertised data address ({e})");
-            }
-            (i, found.ok().flatten())
-        });
-    }
-    while let Some(Ok((i, found))) = asks.join_next().await {
-        if let Some(a) = found {
-            dests[i].data = Some(a.to_string());
-        }
+        Err(_) => Err(ExchangeError::Timeout(timeout.as_secs())),
     }
 }
