@@ -562,8 +562,8 @@ impl Lab {
     }
 
     /// Waits until no stand-in process is alive.
-    pub fn assert_none_alive(&self, within: Duration) {
-        wait_until("every stand-in process to end", within, || {
+    pub fn assert_none_alive(&self) {
+        wait_until("every stand-in process to end", HANG, || {
             let alive = self.alive();
             if alive.is_empty() {
                 Ok(())
