@@ -423,14 +423,10 @@ async fn poison(
     .await;
     assert_eq!(src.map.files(), files.len());
     let want = forged[0].clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while std::fs::read(placed).ok().as_ref() != Some(&want) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the forged file was never placed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_async("the forged file to be placed", HANG, || async {
+        std::fs::read(placed).ok().as_ref() == Some(&want)
+    })
+    .await;
     src.hang_up().await;
 }
 
@@ -482,14 +478,15 @@ fn a_source_that_fails_every_request_cannot_flood_the_log_or_the_memory() {
                 .await;
             }
             // Then requests answered "not yet", thousands of them.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            while counter.load(std::sync::atomic::Ordering::Relaxed) < 3000 {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the agent stopped asking"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            wait_until_async("the agent to ask 3,000 times", HANG, || async {
+                let asked = counter.load(std::sync::atomic::Ordering::Relaxed);
+                if asked >= 3000 {
+                    Ok(())
+                } else {
+                    Err(asked)
+                }
+            })
+            .await;
             src.hang_up().await;
         });
     let lines = b
