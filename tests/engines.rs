@@ -600,18 +600,17 @@ fn a_fabric_that_passes_only_the_rendezvous_port_is_caught_by_the_gloo_probe() {
             log,
         ));
     }
-    // Each rank gives up at its process group's 25 s timeout.
-    wait_until("both ranks to give up", HANG, || {
-        let running: Vec<&Path> = hand
+    // Not converted to an event (issue 54): the ranks hang in Gloo's pair
+    // connect (no exit at the group's 25 s timeout), and no log line marks
+    // the connect they never finish. Watched for 20 s, as before.
+    let bound = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < bound
+        && hand
             .iter_mut()
-            .filter_map(|(c, log)| c.try_wait().unwrap().is_none().then_some(log.as_path()))
-            .collect();
-        if running.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("still running: {running:?}"))
-        }
-    });
+            .any(|(c, _)| c.try_wait().unwrap().is_none())
+    {
+        std::thread::sleep(Duration::from_millis(500));
+    }
     for (c, log) in hand.iter_mut() {
         let out = std::fs::read_to_string(&*log).unwrap_or_default();
         assert!(!out.contains("met 2.0"), "the ranks met: {out}");
