@@ -100,13 +100,19 @@ fn marked(marker: &str) -> Vec<u32> {
 }
 
 /// Waits (for an event: the processes' exit) until nothing carries `marker`.
-fn assert_none_marked(marker: &str, within: Duration) {
-    let t = Instant::now();
-    while !marked(marker).is_empty() && t.elapsed() < within {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let left = marked(marker);
-    assert!(left.is_empty(), "processes left behind: {left:?}");
+fn assert_none_marked(marker: &str) {
+    wait_until(
+        &format!("every process marked {marker} to end"),
+        HANG,
+        || {
+            let left = marked(marker);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left)
+            }
+        },
+    );
 }
 
 fn kill_marked(marker: &str) {
@@ -234,18 +240,22 @@ fn by_hand(lab: &Lab, i: usize, env: &[(&str, String)], argv: &[&str], log: &Pat
         .unwrap()
 }
 
-/// Waits for `needle` in the file at `log`, at most `within`.
-fn wait_for_line(log: &Path, needle: &str, within: Duration) -> bool {
-    let t = Instant::now();
-    loop {
-        if std::fs::read_to_string(log).is_ok_and(|s| s.contains(needle)) {
-            return true;
+/// Whether the file at `log` holds `needle`.
+fn has_line(log: &Path, needle: &str) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|s| s.contains(needle))
+}
+
+/// Waits for `needle` in the file at `log` (see [`wait_until`]; `within`
+/// bounds a hang: a real engine may take minutes to get there).
+fn wait_for_line(log: &Path, needle: &str, within: Duration) {
+    wait_until(&format!("{needle:?} in {}", log.display()), within, || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(needle) {
+            Ok(())
+        } else {
+            Err(Text(text))
         }
-        if t.elapsed() >= within {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    });
 }
 
 /// Kills whatever carries the marker when the test ends, passed or not
@@ -310,7 +320,7 @@ fn real_vllm_tp2_comes_up_over_the_fabric_answers_and_leaves_nothing() {
 
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
-    assert_none_marked(&tag, Duration::from_secs(60));
+    assert_none_marked(&tag);
 }
 
 #[test]
@@ -336,7 +346,7 @@ fn real_vllm_pp2_failing_in_the_engine_names_its_root_cause() {
         last.contains("root cause on n1 (rank 0): KeyError: 'cmpl-"),
         "{err}"
     );
-    assert_none_marked(&tag, Duration::from_secs(60));
+    assert_none_marked(&tag);
 }
 
 #[test]
@@ -358,17 +368,9 @@ fn a_rank_killed_while_the_head_loads_takes_the_group_down_with_its_hint() {
             .and_then(|e| e.ok())
             .map(|e| e.path().join("rank.log"))
     };
-    let t = Instant::now();
-    let log = loop {
-        if let Some(l) = rank_log(2).filter(|l| wait_for_line(l, "world_size=2", Duration::ZERO)) {
-            break l;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(240),
-            "rank 1 never joined"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let log = wait_until("rank 1 to join", Duration::from_secs(240), || {
+        rank_log(2).filter(|l| has_line(l, "world_size=2"))
+    });
     assert!(!health(&lab, 1), "the head was ready already");
     let main = std::fs::read_to_string(log.with_file_name("rank.json")).unwrap();
     let rec: serde_json::Value = serde_json::from_str(&main).unwrap();
@@ -388,7 +390,7 @@ fn a_rank_killed_while_the_head_loads_takes_the_group_down_with_its_hint() {
     assert!(!status.success(), "{err}");
     assert!(err.contains("was killed by signal 9"), "{err}");
     assert!(err.contains("hint [killed]"), "{err}");
-    assert_none_marked(&tag, Duration::from_secs(60));
+    assert_none_marked(&tag);
 }
 
 /// vLLM on a real Ray cluster (`vllm-ray`): the launcher starts Ray on
@@ -412,8 +414,7 @@ fn vllm_on_a_real_ray_cluster_meets_at_the_fabric_and_its_refusal_is_named() {
                   ray.init(address='10.80.0.1:6379', logging_level='error')\n\
                   print(' '.join(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))\n";
     let python = venv().join("bin/python");
-    let t = Instant::now();
-    let nodes = loop {
+    let nodes = wait_until("Ray to have 2 nodes", Duration::from_secs(240), || {
         let out = Command::new("ip")
             .args(["netns", "exec", &lab.ns(1)])
             .arg(&python)
@@ -423,15 +424,11 @@ fn vllm_on_a_real_ray_cluster_meets_at_the_fabric_and_its_refusal_is_named() {
             .unwrap();
         let seen = text(&out.stdout).trim().to_string();
         if seen.split(' ').count() == 2 {
-            break seen;
+            Ok(seen)
+        } else {
+            Err(Text(format!("{seen} {}", text(&out.stderr))))
         }
-        assert!(
-            t.elapsed() < Duration::from_secs(240),
-            "Ray never had 2 nodes: {seen} {}",
-            text(&out.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    });
     assert_eq!(
         nodes,
         lab.here("10.80.0.1 10.80.0.2"),
@@ -456,7 +453,7 @@ fn vllm_on_a_real_ray_cluster_meets_at_the_fabric_and_its_refusal_is_named() {
             .any(|l| l.contains("running /") && l.contains("/ray stop --force")),
         "{err}"
     );
-    assert_none_marked(&tag, Duration::from_secs(60));
+    assert_none_marked(&tag);
 }
 
 /// The seed's hang: a vLLM rank pinned to the management NIC. By hand it
@@ -499,14 +496,11 @@ fn a_rank_on_the_management_nic_hangs_by_hand_and_check_refuses_it() {
     }
     // Both ranks reach torch.distributed's init...
     for (_, log) in &ranks {
-        assert!(
-            wait_for_line(log, "world_size=2", Duration::from_secs(180)),
-            "{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
+        wait_for_line(log, "world_size=2", Duration::from_secs(180));
     }
     // ...and then nothing: no error, no API, within a bound well above the
-    // 10-15 s a good pair takes from here to ready on this machine.
+    // 10-15 s a good pair takes from here to ready on this machine. (A
+    // hang has no event to wait for: this watch stays, issue 54.)
     let bound = Instant::now() + Duration::from_secs(30);
     while Instant::now() < bound {
         assert!(!health(&lab, 1), "the head came up: no hang");
@@ -523,7 +517,7 @@ fn a_rank_on_the_management_nic_hangs_by_hand_and_check_refuses_it() {
     for (c, _) in ranks.iter_mut() {
         let _ = c.wait();
     }
-    assert_none_marked(&tag, Duration::from_secs(30));
+    assert_none_marked(&tag);
 
     // The same pinning, in a cluster file.
     let file = lab.cluster_file("c.toml", &real_launch(&lab, "vllm", 2, 1, "mgmt"), |i| {
@@ -607,6 +601,9 @@ fn a_fabric_that_passes_only_the_rendezvous_port_is_caught_by_the_gloo_probe() {
             log,
         ));
     }
+    // Not converted to an event (issue 54): the ranks hang in Gloo's pair
+    // connect (no exit at the group's 25 s timeout), and no log line marks
+    // the connect they never finish. Watched for 20 s, as before.
     let bound = Instant::now() + Duration::from_secs(20);
     while Instant::now() < bound
         && hand
@@ -626,7 +623,7 @@ fn a_fabric_that_passes_only_the_rendezvous_port_is_caught_by_the_gloo_probe() {
     for (c, _) in hand.iter_mut() {
         let _ = c.wait();
     }
-    assert_none_marked(&marker("gloo"), Duration::from_secs(30));
+    assert_none_marked(&marker("gloo"));
 
     let out = lab.xl(&["check"], &file);
     let shown = text(&out.stdout);
@@ -677,11 +674,7 @@ fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_besi
         ],
         &head_log,
     );
-    assert!(
-        wait_for_line(&head_log, "Ray runtime started", Duration::from_secs(120)),
-        "{}",
-        std::fs::read_to_string(&head_log).unwrap_or_default()
-    );
+    wait_for_line(&head_log, "Ray runtime started", HANG);
     let head_text = std::fs::read_to_string(&head_log).unwrap();
     assert!(
         head_text.contains(&lab.mgmt_ip(1)),
@@ -707,11 +700,7 @@ fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_besi
         ],
         &worker_log,
     );
-    assert!(
-        wait_for_line(&worker_log, "Ray runtime started", Duration::from_secs(120)),
-        "{}",
-        std::fs::read_to_string(&worker_log).unwrap_or_default()
-    );
+    wait_for_line(&worker_log, "Ray runtime started", HANG);
     // A task that must run on the worker, on an object the driver put on
     // the head: the worker's node must fetch it from the head's object
     // manager, at the management address it cannot reach. It never returns.
@@ -766,7 +755,7 @@ fn a_ray_head_on_the_default_route_hangs_by_hand_and_check_refuses_to_start_besi
     kill_marked(&marker("rayhand"));
     let _ = head.wait();
     let _ = worker.wait();
-    assert_none_marked(&marker("rayhand"), Duration::from_secs(60));
+    assert_none_marked(&marker("rayhand"));
 }
 
 /// How long each query waits on the deaf name server of this test's nodes.
@@ -1017,11 +1006,7 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
             .output()
             .is_ok_and(|o| text(&o.stdout).trim() == "up")
     };
-    let t = Instant::now();
-    while !up_now() && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(up_now(), "the lab's fabric never came up");
+    wait_until("the lab's fabric to come up", HANG, up_now);
     let mut launch = real_launch(&lab, "vllm", 1, 1, "stream");
     launch = launch.replacen(
         "[launch.env]",
@@ -1045,11 +1030,7 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
     let placed = lab.root_of(1).join("tiny");
     // The agent has the offer (its staging folder) before `up` checks.
     let staging = lab.root_of(1).join(".xfer/staging/tiny");
-    let t = Instant::now();
-    while !staging.exists() && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(staging.exists(), "the push never reached the agent");
+    wait_until("the push to reach the agent", HANG, || staging.exists());
     let shards = [
         "zz-00001-of-00002.safetensors",
         "zz-00002-of-00002.safetensors",
@@ -1062,37 +1043,44 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
     let mut seen_file: [Option<Duration>; 2] = [None, None];
     let mut seen_load: [Option<Duration>; 2] = [None, None];
     let mut waiting_while_absent = None;
-    let deadline = Instant::now() + Duration::from_secs(400);
-    while seen_load.iter().any(Option::is_none) && Instant::now() < deadline {
-        for (k, s) in shards.iter().enumerate() {
-            if seen_file[k].is_none() && placed.join(s).exists() {
-                seen_file[k] = Some(t0.elapsed());
+    wait_until(
+        "the rank to load both shards",
+        Duration::from_secs(400),
+        || {
+            for (k, s) in shards.iter().enumerate() {
+                if seen_file[k].is_none() && placed.join(s).exists() {
+                    seen_file[k] = Some(t0.elapsed());
+                }
             }
-        }
-        let log = rank_log(&lab, 1)
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_default();
-        for (k, s) in shards.iter().enumerate() {
-            if seen_load[k].is_none()
-                && log.contains(&format!("xfer loader: shard {s} verified by the agent"))
+            let log = rank_log(&lab, 1)
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .unwrap_or_default();
+            for (k, s) in shards.iter().enumerate() {
+                if seen_load[k].is_none()
+                    && log.contains(&format!("xfer loader: shard {s} verified by the agent"))
+                {
+                    seen_load[k] = Some(t0.elapsed());
+                }
+            }
+            if waiting_while_absent.is_none()
+                && log.contains(&format!("xfer loader: waiting for shard {}", shards[1]))
+                && !placed.join(shards[1]).exists()
             {
-                seen_load[k] = Some(t0.elapsed());
+                waiting_while_absent = Some(t0.elapsed());
+                released.store(true, std::sync::atomic::Ordering::Relaxed);
             }
-        }
-        if waiting_while_absent.is_none()
-            && log.contains(&format!("xfer loader: waiting for shard {}", shards[1]))
-            && !placed.join(shards[1]).exists()
-        {
-            waiting_while_absent = Some(t0.elapsed());
-            released.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        if let Ok(Some(st)) = upc.try_wait() {
-            let mut e = String::new();
-            upc.stderr.take().unwrap().read_to_string(&mut e).unwrap();
-            panic!("up ended ({st}) before both shards were loaded: {e}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+            if let Ok(Some(st)) = upc.try_wait() {
+                let mut e = String::new();
+                upc.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+                panic!("up ended ({st}) before both shards were loaded: {e}");
+            }
+            if seen_load.iter().all(Option::is_some) {
+                Ok(())
+            } else {
+                Err((seen_file, seen_load, waiting_while_absent))
+            }
+        },
+    );
     let st = upc.wait_with_output().unwrap();
     let err = text(&st.stderr);
     assert_eq!(st.status.code(), Some(0), "{err}");
@@ -1118,7 +1106,7 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
     assert_eq!(answer["usage"]["completion_tokens"], 4, "{answer}");
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
-    assert_none_marked(&tag, Duration::from_secs(60));
+    assert_none_marked(&tag);
 
     // Another root than the plan's: the loader refuses it in one line.
     let hand = lab.dir.join("hand.log");
@@ -1163,12 +1151,11 @@ fn vllm_loads_each_shard_once_the_agent_verified_it_and_refuses_another_root() {
     ];
     let mut child = by_hand(&lab, 1, &env, &argv, &hand);
     let refused = "but this launch planned root 000000000000; refusing to load it";
-    let found = wait_for_line(&hand, refused, Duration::from_secs(300));
+    wait_for_line(&hand, refused, Duration::from_secs(300));
     let _ = child.kill();
     let _ = child.wait();
     kill_marked(&tag);
     let shown = std::fs::read_to_string(&hand).unwrap_or_default();
-    assert!(found, "{shown}");
     assert!(
         shown.contains("xfer loader: n1 holds tiny with root"),
         "{shown}"
@@ -1246,46 +1233,53 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
     let mut seen_file = [[None::<Duration>; 2]; 2];
     let mut seen_load = [[None::<Duration>; 2]; 2];
     let mut waited_while_absent = [false; 2];
-    let deadline = Instant::now() + Duration::from_secs(500);
-    while seen_load.iter().flatten().any(Option::is_none) && Instant::now() < deadline {
-        for i in 0..2 {
-            for (k, s) in shards.iter().enumerate() {
-                if seen_file[i][k].is_none() && snap(i + 1).join(s).exists() {
-                    seen_file[i][k] = Some(t0.elapsed());
+    wait_until(
+        "both ranks to load both shards",
+        Duration::from_secs(500),
+        || {
+            for i in 0..2 {
+                for (k, s) in shards.iter().enumerate() {
+                    if seen_file[i][k].is_none() && snap(i + 1).join(s).exists() {
+                        seen_file[i][k] = Some(t0.elapsed());
+                    }
                 }
-            }
-            let log = rank_log(&lab, i + 1)
-                .and_then(|p| std::fs::read_to_string(p).ok())
-                .unwrap_or_default();
-            for (k, s) in shards.iter().enumerate() {
-                if seen_load[i][k].is_none()
-                    && log.contains(&format!("xfer loader: shard {s} verified by the agent"))
+                let log = rank_log(&lab, i + 1)
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .unwrap_or_default();
+                for (k, s) in shards.iter().enumerate() {
+                    if seen_load[i][k].is_none()
+                        && log.contains(&format!("xfer loader: shard {s} verified by the agent"))
+                    {
+                        seen_load[i][k] = Some(t0.elapsed());
+                    }
+                }
+                if !waited_while_absent[i]
+                    && log.contains(&format!("xfer loader: waiting for shard {last}"))
+                    && !snap(i + 1).join(last).exists()
                 {
-                    seen_load[i][k] = Some(t0.elapsed());
+                    waited_while_absent[i] = true;
                 }
             }
-            if !waited_while_absent[i]
-                && log.contains(&format!("xfer loader: waiting for shard {last}"))
-                && !snap(i + 1).join(last).exists()
-            {
-                waited_while_absent[i] = true;
+            if waited_while_absent.iter().all(|w| *w) && !release.exists() {
+                std::fs::write(&release, b"").unwrap();
             }
-        }
-        if waited_while_absent.iter().all(|w| *w) && !release.exists() {
-            std::fs::write(&release, b"").unwrap();
-        }
-        if let Ok(Some(st)) = deploy.try_wait() {
-            let mut e = String::new();
-            deploy
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut e)
-                .unwrap();
-            panic!("deploy ended ({st}) before both ranks loaded both shards: {e}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+            if let Ok(Some(st)) = deploy.try_wait() {
+                let mut e = String::new();
+                deploy
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut e)
+                    .unwrap();
+                panic!("deploy ended ({st}) before both ranks loaded both shards: {e}");
+            }
+            if seen_load.iter().flatten().all(Option::is_some) {
+                Ok(())
+            } else {
+                Err((seen_file, seen_load, waited_while_absent))
+            }
+        },
+    );
     let _ = std::fs::write(&release, b"");
     let out = deploy.wait_with_output().unwrap();
     let err = text(&out.stderr);
@@ -1348,5 +1342,5 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
     assert_eq!(answer["usage"]["completion_tokens"], 4, "{answer}");
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
-    assert_none_marked(&tag, Duration::from_secs(60));
+    assert_none_marked(&tag);
 }

@@ -197,10 +197,9 @@ fn sync_rides_the_fabric(tag: &str, n: u32, seed: u64, source_too: bool) {
     // The transfer starts when a receiver first holds bytes (after the
     // source has hashed the tree) and ends when status shows every member
     // complete; status is asked every 100 ms.
-    let deadline = Instant::now() + Duration::from_secs(300);
     let mut before = Instant::now();
     let mut started: Option<Instant> = None;
-    let done = loop {
+    let done = wait_until("the sync to complete", Duration::from_secs(300), || {
         let asked = Instant::now();
         let s = status(&f.file);
         if started.is_none() && any_bytes_held(&s, &nodes, "m") {
@@ -208,16 +207,11 @@ fn sync_rides_the_fabric(tag: &str, n: u32, seed: u64, source_too: bool) {
             started = Some(before + (asked - before) / 2);
         }
         if job_done(&s, &nodes, "m", || f.logs()) {
-            break Instant::now();
+            return Ok(Instant::now());
         }
-        assert!(
-            Instant::now() < deadline,
-            "the sync did not complete within 300 s: {s:#?}\n{}",
-            f.logs()
-        );
         before = asked;
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        Err(Text(format!("{s:#?}\n{}", f.logs())))
+    });
     let r = sync.wait(Duration::from_secs(60));
     r.assert_ok("xfer sync --wait");
     let (m1, f1) = (f.c.mgmt_bytes(), f.c.fabric_bytes());

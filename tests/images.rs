@@ -396,10 +396,14 @@ fn an_image_pulled_once_from_a_registry_runs_on_three_nodes() {
     let total = s["bytes_total"].as_u64().unwrap();
     // The registry logs each answer as it ends: wait for the last line.
     let fetched = s["registry"]["bytes_fetched"].as_u64().unwrap();
-    let t = std::time::Instant::now();
-    while reg.blob_bytes(None) < fetched && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("the registry to log what it served", HANG, || {
+        let served = reg.blob_bytes(None);
+        if served >= fetched {
+            Ok(())
+        } else {
+            Err(format!("{served} bytes logged, {fetched} fetched"))
+        }
+    });
     let served = reg.blob_bytes(None);
     eprintln!("registry egress: {served} bytes for a {total}-byte image to 2 nodes");
     assert!(
@@ -436,10 +440,16 @@ fn an_image_pulled_once_from_a_registry_runs_on_three_nodes() {
         .iter()
         .any(|b| b["digest"] == base.as_str()));
     let fetched2 = s2["registry"]["bytes_fetched"].as_u64().unwrap();
-    let t = std::time::Instant::now();
-    while reg.blob_bytes(None) < before + fetched2 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("the registry to log what it served again", HANG, || {
+        let served = reg.blob_bytes(None);
+        if served >= before + fetched2 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{served} bytes logged, {before} before + {fetched2} fetched"
+            ))
+        }
+    });
     let again = reg.blob_bytes(None) - before;
     let base_size = blob(&s2, &base)["size"].as_u64().unwrap();
     assert!(
@@ -744,20 +754,25 @@ fn a_pull_killed_mid_layer_resumes_from_what_it_fetched() {
     let part = cache
         .join(".incoming")
         .join(format!("sha256-{}.part", &big[7..]));
-    let t = std::time::Instant::now();
     let held = || held_on_node(&lab, 1, &format!("sha256-{}", &big[7..]));
-    while std::fs::metadata(&part).map_or(0, |m| m.len()) < size / 2 || held() == 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "the pull never reached the hold with chunks of {big} on the node (it holds {} bytes of it)",
-            held()
-        );
-        assert!(
-            first.try_wait().unwrap().is_none(),
-            "the pull ended before the hold"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        &format!("the pull to reach the hold with chunks of {big} on the node"),
+        HANG,
+        || {
+            assert!(
+                first.try_wait().unwrap().is_none(),
+                "the pull ended before the hold"
+            );
+            let (part_len, on_node) = (std::fs::metadata(&part).map_or(0, |m| m.len()), held());
+            if part_len >= size / 2 && on_node > 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "partial file {part_len} bytes, node holds {on_node} bytes"
+                ))
+            }
+        },
+    );
     let streamed = held();
     assert!(
         streamed > 0 && streamed <= size / 2 + (4 << 20),

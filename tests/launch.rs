@@ -128,7 +128,7 @@ fn check_flags_the_management_route_and_up_pins_every_rank_to_the_fabric() {
         "{}",
         text(&out.stdout)
     );
-    lab.assert_none_alive(Duration::from_secs(5));
+    lab.assert_none_alive();
 }
 
 #[test]
@@ -197,7 +197,7 @@ fn a_crashing_rank_takes_the_whole_group_down() {
     assert!(err.contains("NCCL error: unhandled system error"), "{err}");
     assert!(err.contains("hint [nccl-system-error]"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
-    lab.assert_none_alive(Duration::from_secs(5));
+    lab.assert_none_alive();
     assert_eq!(lab.standins().len(), 2);
 
     // After ready, with no launcher attached, and the head hanging on the
@@ -220,7 +220,7 @@ fn a_crashing_rank_takes_the_whole_group_down() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert_eq!(lab.alive().len(), 2, "both ranks run once ready");
-    lab.assert_none_alive(Duration::from_secs(15));
+    lab.assert_none_alive();
     let out = lab.xl(&["logs"], &file);
     let logs = text(&out.stdout);
     assert!(
@@ -246,7 +246,7 @@ fn a_hanging_rank_is_stopped_at_the_init_timeout_with_a_hint() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("not ready within 6s"), "{err}");
     assert!(err.contains("hint [nccl-socket]"), "{err}");
-    lab.assert_none_alive(Duration::from_secs(5));
+    lab.assert_none_alive();
 }
 
 #[test]
@@ -325,19 +325,39 @@ fn vllm_on_ray_starts_the_ray_head_first_and_stops_ray_after() {
         assert_eq!(s["env"]["RAY_memory_monitor_refresh_ms"], "0", "{s}");
     }
     // `logs --follow` streams until the ranks stop, then returns.
-    let follow = Command::new(launch_bin())
+    let mut follow = Command::new(launch_bin())
         .args(["logs", "--follow", "--cluster", file.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let stream = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (stream, out) = (stream.clone(), follow.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let mut s = stream.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        })
+    };
+    // Following: it has streamed what the ranks logged so far.
+    wait_until("`logs --follow` to stream the ranks' logs", HANG, || {
+        let s = stream.lock().unwrap().clone();
+        if s.contains("[n1]") && s.contains("[n2]") {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
     let out = lab.xl(&["down", "--grace", "2"], &file);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    lab.assert_none_alive(Duration::from_secs(5));
+    lab.assert_none_alive();
     let followed = follow.wait_with_output().unwrap();
     assert!(followed.status.success(), "{}", text(&followed.stderr));
-    let streamed = text(&followed.stdout);
+    reader.join().unwrap();
+    let streamed = stream.lock().unwrap().clone();
     assert!(streamed.contains("[n1] [xfer agent] stopped"), "{streamed}");
     let logs = text(&lab.xl(&["logs"], &file).stdout);
     // The hook runs from the absolute path the agent resolved on its PATH.
@@ -492,20 +512,23 @@ fn ranks_run_in_the_image_on_every_node_and_down_or_a_failure_removes_every_cont
     let victim = docker(&lab.docker_dir(2), &["ps", "-q"]);
     assert_eq!(victim.split_whitespace().count(), 1, "{victim}");
     docker(&lab.docker_dir(2), &["kill", victim.trim()]);
-    let deadline = Instant::now() + Duration::from_secs(60);
     let left = || -> Vec<String> {
         (1..=2)
             .map(|i| docker(&lab.docker_dir(i), &["ps", "-aq"]))
             .filter(|l| !l.trim().is_empty())
             .collect()
     };
-    while !left().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert!(
-        left().is_empty(),
-        "containers left after a rank failed: {:?}",
-        left()
+    wait_until(
+        "every container of the run to go after a rank failed",
+        HANG,
+        || {
+            let left = left();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left)
+            }
+        },
     );
     let out = lab.xl(&["down", "--grace", "2"], &file);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -967,24 +990,19 @@ fn deploy_killed_mid_sync_resumes_and_downloads_the_model_once() {
         .spawn()
         .unwrap();
     let half = (size / 2) as u64;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while hub_stats(&lab, &endpoint)["bytes_served"]
-        .as_u64()
-        .unwrap_or(0)
-        < half
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the pull never reached the hold: {:#}",
-            hub_stats(&lab, &endpoint)
-        );
+    wait_until("the pull to reach the hold", HANG, || {
         assert!(
             first.try_wait().unwrap().is_none(),
             "deploy ended before the hold: {}",
             std::fs::read_to_string(&first_log).unwrap_or_default()
         );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        let stats = hub_stats(&lab, &endpoint);
+        if stats["bytes_served"].as_u64().unwrap_or(0) >= half {
+            Ok(())
+        } else {
+            Err(stats)
+        }
+    });
     first.kill().unwrap();
     first.wait().unwrap();
     // Run again while the Hub still holds, and let it go once the rerun
@@ -1256,7 +1274,7 @@ fn deploy_takes_an_empty_cluster_to_a_completion_and_a_second_deploy_syncs_nothi
         let snap = lab.root_of(i).join(format!(
             "models--org--tiny2/snapshots/{commit2}/model.safetensors"
         ));
-        poll_until(&format!("n{i}'s copy of org/tiny2"), || snap.exists());
+        wait_until(&format!("n{i}'s copy of org/tiny2"), HANG, || snap.exists());
     }
 }
 
@@ -1522,16 +1540,6 @@ fn compile_caches_built_on_the_first_start_reach_the_other_nodes_verified() {
     assert!(err.contains("did you mean \"vllm\""), "{err}");
 }
 
-/// Waits for `done` to hold (polled every 100 ms), failing after a minute
-/// with `what`.
-fn poll_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within 60 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A process in node `i` that holds the engine's API port (8000), once it
 /// listens.
 fn squat_api_port(lab: &Lab, i: usize) -> std::process::Child {
@@ -1577,21 +1585,15 @@ fn a_modelpack_artifact_synced_to_the_nodes_passes_the_gate_and_serves() {
             .spawn()
             .expect("docker-registry (scripts/test.sh installs it)"),
     );
-    let up_at = Instant::now();
-    while !Command::new("ip")
-        .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
-        .arg(format!("http://{addr}/v2/"))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap()
-        .success()
-    {
-        assert!(
-            up_at.elapsed() < Duration::from_secs(30),
-            "the registry never answered"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("the registry to answer", HANG, || {
+        Command::new("ip")
+            .args(["netns", "exec", &lab.ns(1), "curl", "-sf"])
+            .arg(format!("http://{addr}/v2/"))
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    });
     let m = lab.model("oci");
     let spec = serde_json::json!([
         {"media": "application/vnd.cncf.model.weight.config.v1.raw", "path": "config.json", "file": m.join("config.json")},
@@ -1690,8 +1692,13 @@ fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
         launch
     };
     let both_held = |what: &str| {
-        poll_until(what, || {
-            (1..=2).all(|i| rank_logs(&lab, i).contains("standin: held until"))
+        wait_until(what, HANG, || {
+            let logs: Vec<String> = (1..=2).map(|i| rank_logs(&lab, i)).collect();
+            if logs.iter().all(|l| l.contains("standin: held until")) {
+                Ok(())
+            } else {
+                Err(Text(logs.join("\n")))
+            }
         })
     };
 
@@ -1706,9 +1713,11 @@ fn held_ranks_start_beside_the_preflight_and_run_only_once_it_passed() {
     both_held("both ranks to start held");
     // The preflight cannot end before the gate opens; once its torch probe
     // waits there, the ranks are held beside a preflight known to run.
-    poll_until("the preflight's torch probe to wait at the gate", || {
-        asked.exists()
-    });
+    wait_until(
+        "the preflight's torch probe to wait at the gate",
+        HANG,
+        || asked.exists(),
+    );
     for i in 1..=2 {
         let log = rank_logs(&lab, i);
         assert!(
@@ -1868,5 +1877,5 @@ fn a_rendezvous_the_held_ranks_fail_stops_them_with_its_row() {
     );
     // No rank got as far as checking (reading) the model.
     assert!(lab.standins().is_empty(), "{:?}", lab.standins());
-    lab.assert_none_alive(Duration::from_secs(30));
+    lab.assert_none_alive();
 }

@@ -363,15 +363,14 @@ fn an_artifact_job_whose_source_is_killed_mid_layer_resumes_from_what_it_fetched
         .join(".xfer/oci")
         .join(&id)
         .join(format!("blobs/.incoming/sha256-{hex}.part"));
-    let started = std::time::Instant::now();
-    while std::fs::metadata(&part).map_or(0, |m| m.len()) < size / 2 {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the weight layer never reached the hold: {}",
-            c.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the weight layer to reach the hold", HANG, || {
+        let len = std::fs::metadata(&part).map_or(0, |m| m.len());
+        if len >= size / 2 {
+            Ok(())
+        } else {
+            Err(Text(format!("{len} bytes of {}\n{}", size / 2, c.logs())))
+        }
+    });
     c.kill9("a");
     std::fs::write(&gate, b"").unwrap();
     c.restart("a");
@@ -746,6 +745,18 @@ fn held_registry(
     (reg, front, hex, Proc(proxy))
 }
 
+/// What `registry_proxy.py` at `front` says it saw (`GET /_seen`).
+fn seen(front: &str) -> serde_json::Value {
+    let r = run(
+        std::process::Command::new("curl")
+            .arg("-sf")
+            .arg(format!("http://{front}/_seen")),
+        Duration::from_secs(20),
+    );
+    r.assert_ok("curl /_seen");
+    r.json()
+}
+
 /// Waits until the partial weight of job `id` on a holds `at_least` bytes.
 fn wait_part(c: &Cluster, id: &str, hex: &str, at_least: u64) -> std::path::PathBuf {
     let part = c
@@ -753,15 +764,14 @@ fn wait_part(c: &Cluster, id: &str, hex: &str, at_least: u64) -> std::path::Path
         .join(".xfer/oci")
         .join(id)
         .join(format!("blobs/.incoming/sha256-{hex}.part"));
-    let started = std::time::Instant::now();
-    while std::fs::metadata(&part).map_or(0, |m| m.len()) < at_least {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the weight layer never reached the hold: {}",
-            c.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the weight layer to reach the hold", HANG, || {
+        let len = std::fs::metadata(&part).map_or(0, |m| m.len());
+        if len >= at_least {
+            Ok(())
+        } else {
+            Err(Text(format!("{len} bytes of {at_least}\n{}", c.logs())))
+        }
+    });
     part
 }
 
@@ -785,7 +795,16 @@ fn a_cancelled_artifact_job_leaves_no_staging_folder() {
         |_| (!stage.exists()).then_some(()),
     );
     std::fs::write(&gate, b"").unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // The front has sent the rest of the held answer (or found the
+    // cancelled fetch gone): whatever it would bring back, it has had.
+    wait_until("the front to end its held answer", HANG, || {
+        let seen = seen(&front);
+        if seen["holds_ended"] == 1 {
+            Ok(())
+        } else {
+            Err(seen)
+        }
+    });
     assert!(!stage.exists(), "the cancelled job's fetch came back");
     drop(proxy);
 

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::hub::*;
-use common::journal::wait_until;
 use common::run::Proc;
+use common::wait_until;
 use common::*;
 
 use xfer::flow::pull_fanout::PullFanoutSummary as FanoutJson;

@@ -15,7 +15,9 @@ request to the registry at --upstream (plain HTTP) and injects faults.
                                 every Authorization header it is sent
 
 Prints `READY PORT CDN_PORT` once listening. GET /_seen (on the main port)
-answers JSON: {"cdn_auth": [headers the CDN got], "blob_gets": N}.
+answers JSON: {"cdn_auth": [headers the CDN got], "blob_gets": N,
+"holds_ended": N (held answers whose gate opened and whose rest was sent,
+or failed to be)}.
 """
 import argparse
 import base64
@@ -27,7 +29,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-state = {"cdn_auth": [], "blob_gets": 0, "spent": set()}
+state = {"cdn_auth": [], "blob_gets": 0, "holds_ended": 0, "spent": set()}
 lock = threading.Lock()
 
 
@@ -97,8 +99,11 @@ def forward(handler, path, cdn):
                 time.sleep(0.05)
             try:
                 handler.wfile.write(body[len(body) // 2:])
+                handler.wfile.flush()
             except OSError:
                 pass
+            with lock:
+                state["holds_ended"] += 1
             return
         elif status == 200 and fault("cut-once", path):
             handler.send_response(200)
@@ -128,7 +133,8 @@ class Main(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/_seen":
             out = json.dumps({"cdn_auth": state["cdn_auth"],
-                              "blob_gets": state["blob_gets"]}).encode()
+                              "blob_gets": state["blob_gets"],
+                              "holds_ended": state["holds_ended"]}).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(out)))
             self.end_headers()

@@ -69,18 +69,22 @@ fn pusher_killed_scenario(listen: &str, seed: u64, retry_while_locked: bool) {
     assert_no_wrong_files(&src, &agent.model_dir("m"));
 
     let rerun = || push(&src, &[&agent.addr], &key, &["--chunk-size", CHUNK_ARG]);
-    let mut r = rerun();
-    if retry_while_locked {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !r.success()
-            && r.stderr
-                .contains("another xfer process is receiving this model")
-            && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(500));
-            r = rerun();
-        }
-    }
+    let r = if retry_while_locked {
+        // The killed pusher's receiving side lets go of the model.
+        wait_until("the receiver to let go of the model", HANG, || {
+            let r = rerun();
+            if !r.success()
+                && r.stderr
+                    .contains("another xfer process is receiving this model")
+            {
+                Err(Text(r.stderr))
+            } else {
+                Ok(r)
+            }
+        })
+    } else {
+        rerun()
+    };
     r.assert_ok("re-run after the pusher was killed");
     let s: PushJson = r.json();
     assert_same_tree(&src, &agent.model_dir("m"));

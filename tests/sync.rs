@@ -116,7 +116,6 @@ fn a_killed_receiver_and_source_finish_the_job_after_restarting() {
         (m.state == ModelState::Syncing && m.bytes_held >= 4 * MIB).then_some(())
     });
     c.kill9("b");
-    std::thread::sleep(Duration::from_millis(300));
     let before = c.status();
     c.kill9("a");
     for n in ["c", "d"] {
@@ -435,7 +434,13 @@ fn cancel_stops_a_job_and_rm_removes_the_model() {
             .then_some(())
     });
     let before = (held("b"), held("c"));
-    std::thread::sleep(Duration::from_secs(2));
+    // The proof that b and c had the chance to keep receiving: a later
+    // job from the same source reaches them both. Had the cancel left big
+    // flowing, it would have flowed meanwhile.
+    let later = c.dir.path().join("src/later");
+    gen_model(&later, 4 * MIB, 173);
+    let (after_id, _) = c.sync(&later, &["--from", "a", "--nodes", "b,c"]);
+    c.wait_complete(&after_id, "a", &["b", "c"], "later");
     let after = (held("b"), held("c"));
     assert_eq!(before, after, "bytes kept arriving after the cancel");
     assert!(
@@ -1043,8 +1048,13 @@ fn a_killed_intake_node_leaves_its_ranges_to_the_others() {
     // Everything before the parked half has been served: c is mid-stripe.
     let total = s.total;
     let server = &s.server;
-    wait_for("the Hub to serve all but the parked half", || {
-        server.stats()["bytes_served"].as_u64().unwrap() >= total - 13 * MIB
+    wait_until("the Hub to serve all but the parked half", HANG, || {
+        let served = server.stats()["bytes_served"].as_u64().unwrap();
+        if served >= total - 13 * MIB {
+            Ok(())
+        } else {
+            Err(format!("{served} of {total} bytes served"))
+        }
     });
     s.c.kill9("c");
     fs::write(&gate, b"go").unwrap();
@@ -1055,15 +1065,6 @@ fn a_killed_intake_node_leaves_its_ranges_to_the_others() {
         served <= total + 4 * MIB,
         "the Hub served {served} bytes for a {total}-byte repo: {tallies:#?}"
     );
-}
-
-/// Polls `done` until it holds (the suite's own timeout bounds it).
-fn wait_for(what: &str, done: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < Duration::from_secs(120), "no {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// 15. The Hub's rate limiter opens a window while the three nodes fetch
@@ -1201,9 +1202,18 @@ fn a_member_handed_a_job_after_it_failed_still_learns_it_failed() {
         assert!(matches!(reply, AdminReply::JobAccepted { .. }), "{reply:?}");
     };
     hand("a", a);
-    wait_for("a to tell b, which lacks the job, that it failed", || {
-        a.log().contains("b does not hold the job yet")
-    });
+    wait_until(
+        "a to tell b, which lacks the job, that it failed",
+        HANG,
+        || {
+            let log = a.log();
+            if log.contains("b does not hold the job yet") {
+                Ok(())
+            } else {
+                Err(Text(log))
+            }
+        },
+    );
     hand("b", b);
     c.poll("b to learn the job failed", JOB_DEADLINE, |s| {
         s.job("b", &spec.id)

@@ -260,10 +260,7 @@ fn random_packet_loss_between_two_hosts() {
 /// nothing, and once the partition heals it resumes and completes.
 #[test]
 fn partitions_from_the_source_and_from_everyone() {
-    let (size, cut) = sized(
-        (32 * MIB, Duration::from_secs(3)),
-        (96 * MIB, Duration::from_secs(10)),
-    );
+    let size = sized(32 * MIB, 96 * MIB);
     let Some(cluster) = cluster("p", 3, 40) else {
         return;
     };
@@ -300,13 +297,23 @@ fn partitions_from_the_source_and_from_everyone() {
         ),
     );
     let at_cut = held();
-    std::thread::sleep(cut);
-    let during_cut = held() - at_cut;
-    nft_flush(&cluster, 3);
-    assert!(
-        during_cut > 0 || at_cut == total,
-        "host 3 received nothing from its peers while cut off from the source"
+    let cut_at = Instant::now();
+    // Cut off from the source, host 3 keeps receiving from its peers.
+    wait_until(
+        "host 3 to receive from its peers while cut off from the source",
+        HANG,
+        || {
+            let now = held();
+            if now >= (at_cut + 2 * MIB).min(total) {
+                Ok(())
+            } else {
+                Err(format!("{now} bytes held, {at_cut} at the cut"))
+            }
+        },
     );
+    let during_cut = held() - at_cut;
+    let cut = cut_at.elapsed();
+    nft_flush(&cluster, 3);
     let r = pusher.wait(Duration::from_secs(300));
     let s: PushJson = r.json();
     let first_ok = s.nodes.iter().all(|n| n.ok);
@@ -315,6 +322,7 @@ fn partitions_from_the_source_and_from_everyone() {
     let src2 = t.path().join("m2");
     gen_model(&src2, size, 822);
     let manifest2 = scan(&src2, MIB);
+    let total2 = tree_bytes(&src2);
     let journal2 = root(3).join(".xfer/staging/m2/journal");
     let held2 = || journal_held_bytes(&journal2, &manifest2);
     let pusher = Proc::spawn(&mut push_from_source(&cluster, &src2, &to, &key, &cache));
@@ -332,10 +340,40 @@ fn partitions_from_the_source_and_from_everyone() {
          }\n",
     );
     // Chunks already received when the cut came may still be verified and
-    // journaled; nothing new can arrive.
-    std::thread::sleep(Duration::from_secs(1));
+    // journaled; nothing new can arrive. The peers' progress is the
+    // clock: once each has moved on by 4 MiB (or holds m2 whole), what
+    // host 3 had in flight has landed; once both hold m2 whole, the rest
+    // of the model went round without host 3.
+    let peer_held = |i: u32| {
+        if root(i).join("m2").is_dir() {
+            total2
+        } else {
+            journal_held_bytes(&root(i).join(".xfer/staging/m2/journal"), &manifest2)
+        }
+    };
+    let peers_at_cut = [peer_held(1), peer_held(2)];
+    let peers_past = |bytes: &dyn Fn(u64) -> u64| {
+        let now = [peer_held(1), peer_held(2)];
+        let ok = (0..2).all(|k| now[k] >= bytes(peers_at_cut[k]).min(total2));
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "hosts 1 and 2 hold {now:?} of {total2}, {peers_at_cut:?} at the cut"
+            ))
+        }
+    };
+    wait_until(
+        "hosts 1 and 2 to move on by 4 MiB after the cut",
+        HANG,
+        || peers_past(&|at| at + 4 * MIB),
+    );
     let isolated_at = held2();
-    std::thread::sleep(cut);
+    wait_until(
+        "hosts 1 and 2 to hold m2 whole while host 3 is cut off",
+        HANG,
+        || peers_past(&|_| total2),
+    );
     let during_isolation = held2() - isolated_at;
     nft_flush(&cluster, 3);
     let healed = Instant::now();
@@ -372,10 +410,10 @@ fn partitions_from_the_source_and_from_everyone() {
     }
     verify_passes(&cluster, 3, &root(3).join("m2"));
     eprintln!(
-        "TORTURE case=partition cut_s={} model_mib={} from_peers_during_source_cut_mib={:.1} \
+        "TORTURE case=partition cut_s={:.1} model_mib={} from_peers_during_source_cut_mib={:.1} \
          during_isolation_bytes={during_isolation} resumed_after_heal=1 reruns={reruns} \
          heal_to_complete_s={heal_s:.1} identical=3/3",
-        cut.as_secs(),
+        cut.as_secs_f64(),
         total / MIB,
         during_cut as f64 / MIB as f64,
     );

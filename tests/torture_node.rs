@@ -283,18 +283,17 @@ fn bit_rot() {
     let started = Instant::now();
     c.restart("b");
     let files: BTreeSet<&String> = flips.iter().map(|(p, _, _)| p).collect();
-    let deadline = started + sized(Duration::from_secs(30), Duration::from_secs(120));
-    while files
-        .iter()
-        .any(|p| same_bytes(&src.join(p), &model.join(p)).is_err())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "b did not repair {files:?} in time:\n{}",
-            c.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(&format!("b to repair {files:?}"), HANG, || {
+        let damaged: Vec<&&String> = files
+            .iter()
+            .filter(|p| same_bytes(&src.join(p), &model.join(p)).is_err())
+            .collect();
+        if damaged.is_empty() {
+            Ok(())
+        } else {
+            Err(Text(format!("still damaged: {damaged:?}\n{}", c.logs())))
+        }
+    });
     let repair_s = started.elapsed().as_secs_f64();
     c.poll("b to report the repair", Duration::from_secs(30), |s| {
         let m = s.model("b", "m")?;
@@ -1126,17 +1125,18 @@ fn connections_per_source_are_capped() {
         let (conn, _) = held.pop().unwrap();
         conn.close(0u32.into(), b"done");
         drop(conn);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            use xfer_proto::admin::{AdminReply, AdminRequest};
-            match attempt(&ep, addr, &AdminRequest::Status).await {
-                Outcome::Answered(AdminReply::Status(_)) => break,
-                other => assert!(
-                    Instant::now() < deadline,
-                    "under the cap again, still refused: {other:?}"
-                ),
-            }
-        }
+        wait_until_async(
+            "the same source answered under the cap again",
+            HANG,
+            || async {
+                use xfer_proto::admin::{AdminReply, AdminRequest};
+                match attempt(&ep, addr, &AdminRequest::Status).await {
+                    Outcome::Answered(AdminReply::Status(_)) => Ok(()),
+                    other => Err(other),
+                }
+            },
+        )
+        .await;
         drop(held);
     });
     let log = agent.log();

@@ -95,14 +95,16 @@ impl Agent {
 
     /// Waits until the agent logs a line containing `needle` (an event:
     /// a reply can reach the test before the agent writes the line that
-    /// goes with it); false if it did not within a minute.
-    pub fn wait_log(&self, needle: &str) -> bool {
-        let (log, line) = &*self.stderr;
-        let held = log.lock().unwrap();
-        let (held, _) = line
-            .wait_timeout_while(held, Duration::from_secs(60), |s| !s.contains(needle))
-            .unwrap();
-        held.contains(needle)
+    /// goes with it); panics with the log if it does not (see [`wait_until`]).
+    pub fn wait_log(&self, needle: &str) {
+        wait_until(&format!("the agent to log {needle:?}"), HANG, || {
+            let log = self.log();
+            if log.contains(needle) {
+                Ok(())
+            } else {
+                Err(Text(log))
+            }
+        });
     }
 
     pub fn running(&mut self) -> bool {

@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use xfer::agent::sync::status::{JobView, ModelState, ModelStatus};
 use xfer_proto::admin::JobState;
@@ -255,28 +255,18 @@ impl Cluster {
         status(&self.file)
     }
 
-    /// Polls `status` until `f` returns something; panics after `timeout`
-    /// with the last status and the agents' logs.
+    /// Polls `status` until `f` returns something (see [`wait_until`]);
+    /// panics after `timeout` with the last status and the agents' logs.
     pub fn poll<T>(
         &self,
         what: &str,
         timeout: Duration,
         mut f: impl FnMut(&Status) -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + timeout;
-        loop {
+        wait_until(what, timeout, || {
             let s = self.status();
-            if let Some(v) = f(&s) {
-                return v;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "timed out ({timeout:?}) waiting for {what}; last status: {s:#?}\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
+            f(&s).ok_or_else(|| Text(format!("{s:#?}\n{}", self.logs())))
+        })
     }
 
     /// Waits until the source's job `id` is complete and every member holds

@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::netns::{start_agent_in, Cluster, HostAgent};
+use super::wait::{wait_until, Text, HANG};
 use super::{keygen, run, Run};
 
 fn script() -> PathBuf {
@@ -375,8 +376,7 @@ impl RegistryServer {
         };
         // Up once /v2/ answers (401 behind auth).
         let scheme = if r.ca.is_some() { "https" } else { "http" };
-        let t = std::time::Instant::now();
-        loop {
+        wait_until("the registry to answer /v2/", HANG, || {
             let out = in_ns("curl")
                 .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
                 .arg(format!("{scheme}://{}/v2/", r.addr))
@@ -384,15 +384,14 @@ impl RegistryServer {
                 .unwrap();
             let code = String::from_utf8_lossy(&out.stdout).to_string();
             if code == "200" || code == "401" {
-                break;
+                Ok(())
+            } else {
+                Err(Text(format!(
+                    "HTTP {code:?}; its log: {}",
+                    std::fs::read_to_string(dir.join("registry.err")).unwrap_or_default()
+                )))
             }
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "the registry never answered: {}",
-                std::fs::read_to_string(dir.join("registry.err")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        });
         r
     }
 

@@ -3,7 +3,6 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 /// Reads an agent's journal (`<root>/.xfer/staging/<name>/journal`: a
 /// 56-byte header, then 12-byte records of three little-endian u32: tag
@@ -37,13 +36,4 @@ pub fn journal_held_bytes(journal: &Path, manifest: &xfer_proto::manifest::Manif
         }
     }
     held.iter().map(|&(f, i)| chunk_len(f, i)).sum()
-}
-
-/// Polls `cond` every 20 ms until it holds; panics with `what` after `timeout`.
-pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

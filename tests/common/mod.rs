@@ -1,7 +1,8 @@
 //! Shared helpers of the integration suite, one module per concern:
 //! [`run`] (commands with timeouts), [`agents`] (agent processes that die
 //! with their guard), [`push`] (`xfer push --json`), [`trees`] (a model
-//! generator, tree comparison), [`journal`], [`disk`] (small disks), and
+//! generator, tree comparison), [`journal`], [`disk`] (small disks), [`wait`]
+//! (the one helper every test waits with: [`wait_until`]), and
 //! [`cluster`], [`hub`], [`netns`] for the cluster, Hub and namespace
 //! tests. Everything is re-exported here, so `use common::*` reaches it.
 //!
@@ -21,10 +22,11 @@ pub mod netns;
 pub mod push;
 pub mod run;
 pub mod trees;
+pub mod wait;
 
 // Each test binary uses a different part of these.
 #[allow(unused_imports)]
-pub use {agents::*, disk::*, journal::*, push::*, run::*, trees::*};
+pub use {agents::*, disk::*, journal::*, push::*, run::*, trees::*, wait::*};
 
 use std::process::{Command, Stdio};
 

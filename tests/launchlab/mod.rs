@@ -13,7 +13,12 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The suite's one wait helper, shared with tests/common.
+#[path = "../common/wait.rs"]
+mod wait;
+pub use wait::*;
 
 pub static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -185,15 +190,18 @@ impl Lab {
                     .map(|o| text(&o.stdout).trim().to_string())
                     .unwrap_or_default()
             };
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while state() != "up" {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "node {i}'s fabric {} never came up",
-                    lab.fabric_if(i)
-                );
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
+            wait_until(
+                &format!("node {i}'s fabric {} to come up", lab.fabric_if(i)),
+                Duration::from_secs(60),
+                || {
+                    let s = state();
+                    if s == "up" {
+                        Ok(())
+                    } else {
+                        Err(s)
+                    }
+                },
+            );
         }
         lab
     }
@@ -554,12 +562,15 @@ impl Lab {
     }
 
     /// Waits until no stand-in process is alive.
-    pub fn assert_none_alive(&self, within: Duration) {
-        let t = Instant::now();
-        while !self.alive().is_empty() && t.elapsed() < within {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        assert!(self.alive().is_empty(), "still running: {:?}", self.alive());
+    pub fn assert_none_alive(&self) {
+        wait_until("every stand-in process to end", HANG, || {
+            let alive = self.alive();
+            if alive.is_empty() {
+                Ok(())
+            } else {
+                Err(alive)
+            }
+        });
     }
 }
 
