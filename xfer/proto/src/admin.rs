@@ -15,6 +15,7 @@ use crate::image::{ImageDesc, ImageLoadReport, ImageStatus};
 use crate::manifest::ChunkSize;
 use crate::names::ModelName;
 pub use crate::refusal::Refusal;
+pub use crate::secret::Secret;
 use crate::transfer::FallbackRoute;
 
 /// CLI → agent, after a [`crate::hello::Hello`] for
@@ -313,30 +314,6 @@ impl GiveUp {
             }
         };
         Ok(GiveUp::AfterSecs(secs))
-    }
-}
-
-/// A secret carried by a request (the operator's Hub token). Its `Debug`
-/// form never shows it, so no log line or error dump can leak it;
-/// [`Secret::expose`] is the one way to the text.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps `text`.
-    pub fn new(text: String) -> Secret {
-        Secret(text)
-    }
-
-    /// The secret's text, for the one place that must use it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
     }
 }
 

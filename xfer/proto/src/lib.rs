@@ -44,6 +44,7 @@ pub mod rdma;
 pub mod refusal;
 pub mod relpath;
 pub mod repo;
+pub mod secret;
 pub mod stream;
 pub mod text;
 pub mod transfer;

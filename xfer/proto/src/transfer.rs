@@ -206,7 +206,7 @@ pub enum TransferMsg {
         /// One past the last byte; at most [`MAX_INTAKE_SPAN`] after `from`.
         to: u64,
         /// The Hub token, for a URL on the endpoint's origin.
-        token: Option<crate::admin::Secret>,
+        token: Option<crate::secret::Secret>,
     },
     /// Intake node → source: the origin answered; exactly `len` raw bytes
     /// follow on the stream (fewer: the origin or the node failed mid-way,
