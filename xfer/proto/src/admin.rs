@@ -183,10 +183,8 @@ pub enum JobSource {
     /// `ORG/NAME[@REV]` of the given type (`model`, `dataset`), pulled once
     /// by the source node into its root as an HF cache.
     Hub {
-        /// `ORG/NAME[@REV]`.
-        repo: String,
-        /// `model` or `dataset`.
-        repo_type: String,
+        /// The repo, its type and revision.
+        repo: crate::repo::RepoRef,
         /// The commit the revision is synced at, whatever the Hub's branch
         /// names by the time the job runs (`xfer-launch deploy` pins what
         /// it read): the files are fetched at it and `refs/<REV>` is
@@ -753,8 +751,7 @@ mod tests {
             id: "j1".into(),
             name: ModelName::new("models--o--m").unwrap(),
             source: JobSource::Hub {
-                repo: "o/m@v1".into(),
-                repo_type: "model".into(),
+                repo: crate::repo::RepoRef::parse("o/m@v1", crate::repo::RepoType::Model).unwrap(),
                 pin: None,
             },
             source_node: "a".into(),
@@ -784,8 +781,7 @@ mod tests {
         };
         let pinned = |pin: &str| JobSpec {
             source: JobSource::Hub {
-                repo: "o/m".into(),
-                repo_type: "model".into(),
+                repo: crate::repo::RepoRef::parse("o/m", crate::repo::RepoType::Model).unwrap(),
                 pin: Some(pin.into()),
             },
             ..(**job).clone()

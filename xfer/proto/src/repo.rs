@@ -6,6 +6,7 @@
 //! ([`is_weight_file`]).
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde::{Deserialize, Serialize};
 
 /// What Python's `urllib.parse.quote` leaves alone besides alphanumerics.
 const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
@@ -91,8 +92,11 @@ pub enum RepoRefError {
     ControlCharacters(String),
 }
 
-/// `org/name` (or `name`) at a revision.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `org/name` (or `name`) at a revision. On the wire and in a job's
+/// record it is its text (`ORG/NAME@REV`) and its type, checked again by
+/// [`RepoRef::parse`] when read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RepoRefText", into = "RepoRefText")]
 pub struct RepoRef {
     /// Model or dataset.
     pub repo_type: RepoType,
@@ -100,6 +104,38 @@ pub struct RepoRef {
     pub id: String,
     /// A branch, tag, commit or `refs/pr/N`; `main` when not given.
     pub revision: String,
+}
+
+/// How a [`RepoRef`] is written: `ORG/NAME@REV` and `model`/`dataset`.
+#[derive(Serialize, Deserialize)]
+struct RepoRefText {
+    repo: String,
+    repo_type: String,
+}
+
+impl From<RepoRef> for RepoRefText {
+    fn from(r: RepoRef) -> Self {
+        RepoRefText {
+            repo: r.to_string(),
+            repo_type: r.repo_type.as_str().to_string(),
+        }
+    }
+}
+
+impl TryFrom<RepoRefText> for RepoRef {
+    type Error = String;
+
+    fn try_from(t: RepoRefText) -> Result<Self, String> {
+        let kind = RepoType::parse(&t.repo_type)?;
+        RepoRef::parse(&t.repo, kind).map_err(|e| e.to_string())
+    }
+}
+
+/// `ORG/NAME@REV`.
+impl std::fmt::Display for RepoRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.id, self.revision)
+    }
 }
 
 impl RepoRef {

@@ -173,12 +173,7 @@ pub fn reading(spec: &JobSpec) -> String {
     match &spec.source {
         JobSource::Path(p) => format!("folder {} on node {}", p.display(), spec.source_node),
         JobSource::Hub { repo, .. } => {
-            let shown = if repo.contains('@') {
-                repo.clone()
-            } else {
-                format!("{repo}@main")
-            };
-            format!("Hub repo {shown} pulled by node {}", spec.source_node)
+            format!("Hub repo {repo} pulled by node {}", spec.source_node)
         }
         JobSource::Oci { reference, .. } => {
             format!(
@@ -240,8 +235,8 @@ mod tests {
         };
         assert_eq!(reading(&spec), "folder /home/op/local/m on node a");
         spec.source = JobSource::Hub {
-            repo: "local/m".into(),
-            repo_type: "model".into(),
+            repo: xfer_proto::repo::RepoRef::parse("local/m", xfer_proto::repo::RepoType::Model)
+                .unwrap(),
             pin: None,
         };
         assert_eq!(reading(&spec), "Hub repo local/m@main pulled by node a");

@@ -231,15 +231,9 @@ pub async fn sync_with_hub(
                 if given.is_some_and(|n| n.as_str() != folder) {
                     bail!("a Hub repo is stored as {folder} (the HF cache layout); drop --name");
                 }
-                let text = if repo.revision == "main" && !req.source.contains('@') {
-                    repo.id.clone()
-                } else {
-                    format!("{}@{}", repo.id, repo.revision)
-                };
                 (
                     JobSource::Hub {
-                        repo: text,
-                        repo_type: req.repo_type.as_str().to_string(),
+                        repo: repo.clone(),
                         pin: req.pin.clone(),
                     },
                     folder,

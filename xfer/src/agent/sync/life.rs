@@ -229,8 +229,8 @@ mod tests {
             id: "0123456789ab".into(),
             name: ModelName::new("models--acme--m").unwrap(),
             source: JobSource::Hub {
-                repo: "acme/m".into(),
-                repo_type: "model".into(),
+                repo: xfer_proto::repo::RepoRef::parse("acme/m", xfer_proto::repo::RepoType::Model)
+                    .unwrap(),
                 pin: None,
             },
             source_node: "a".into(),

@@ -116,8 +116,8 @@ impl World {
             id: format!("{n:012x}"),
             name: ModelName::new("models--acme--m").unwrap(),
             source: JobSource::Hub {
-                repo: "acme/m".into(),
-                repo_type: "model".into(),
+                repo: xfer_proto::repo::RepoRef::parse("acme/m", xfer_proto::repo::RepoType::Model)
+                    .unwrap(),
                 pin: None,
             },
             source_node: "a".into(),

@@ -32,7 +32,7 @@ use xfer_proto::hash::Hash;
 use xfer_proto::manifest::ChunkSize;
 use xfer_proto::names::{ModelName, NodeName};
 use xfer_proto::refusal::Refusal;
-use xfer_proto::repo::{RepoRef, RepoType};
+use xfer_proto::repo::RepoRef;
 
 /// Held while a final job's record is read and written again or removed
 /// (the members told of its end, prune), so a prune is never undone.
@@ -482,7 +482,7 @@ impl Runner {
             |e: HubEnvError| RoundError::Fatal(format!("{e} (the agent on {})", spec.source_node));
         if crate::hub::env::offline(&lookup) {
             if let JobSource::Hub { repo, .. } = &spec.source {
-                return Err(here(HubEnvError::Offline(repo.clone())));
+                return Err(here(HubEnvError::Offline(repo.id.clone())));
             }
         }
         let own = match HubEnv::from_lookup(&lookup) {
@@ -571,12 +571,8 @@ impl Runner {
                     .map_err(|e| cause::of_error(&e))?;
                 Ok((s.root, s.nodes))
             }
-            JobSource::Hub {
-                repo,
-                repo_type,
-                pin,
-            } => {
-                self.pull_round(spec, repo, repo_type, pin.as_deref(), push, moved)
+            JobSource::Hub { repo, pin } => {
+                self.pull_round(spec, repo, pin.as_deref(), push, moved)
                     .await
             }
             JobSource::Oci {
@@ -828,16 +824,14 @@ impl Runner {
     async fn pull_round(
         &self,
         spec: &JobSpec,
-        repo: &str,
-        repo_type: &str,
+        repo: &RepoRef,
         pin: Option<&str>,
         mut push: PushOptions,
         moved: Arc<crate::hub::download::Stats>,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let env = self.hub_env(spec)?;
         let opts = PullOptions {
-            repo: RepoRef::parse(repo, RepoType::parse(repo_type).map_err(RoundError::Fatal)?)
-                .map_err(|e| RoundError::Fatal(e.to_string()))?,
+            repo: repo.clone(),
             include: Vec::new(),
             exclude: Vec::new(),
             local_dir: None,
