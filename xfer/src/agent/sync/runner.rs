@@ -434,10 +434,15 @@ impl Runner {
                     }
                 ),
             }
+            // What an ended job held goes before it shows ended, so whoever
+            // sees it ended finds its staging folder gone (a crash between
+            // the two leaves it running: the next round starts over).
+            if matches!(next, Next::Ended) {
+                self.release(&rec);
+            }
             let _ = self.jobs.save(&rec);
             let pause = match next {
                 Next::Ended => {
-                    self.release(&rec);
                     self.tell_ended(&rec);
                     return;
                 }

@@ -11,7 +11,7 @@
 //! implements [`super::ChunkFetcher`], so the scheduler, store, resume and
 //! BLAKE3 verification are the same as over QUIC.
 
-#[cfg(any(test, feature = "test-support"))]
+#[cfg(test)]
 pub mod double;
 pub mod link;
 pub mod plane;
