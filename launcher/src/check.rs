@@ -8,7 +8,7 @@ use serde::Serialize;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use xfer_proto::launch::{NodeFacts, Probe};
 
-use crate::agents::{unexpected, Agents};
+use crate::agents::{unexpected, Agents, NodeError};
 use crate::config::{Setup, COMMIT_PLACEHOLDER};
 use crate::preflight::{self, Row};
 use crate::unit::LaunchUnit;
@@ -25,7 +25,7 @@ pub struct Checked {
     /// The check table, in the order it prints.
     pub rows: Vec<Row>,
     /// Node name and its facts (or why there are none), in rank order.
-    pub nodes: Vec<(String, Result<NodeFacts, String>)>,
+    pub nodes: Vec<(String, Result<NodeFacts, NodeError>)>,
     /// The model path with `<COMMIT>` resolved, when the nodes agree.
     pub model_path: String,
     /// Every answering node's launch unit, in rank order.
@@ -236,11 +236,11 @@ pub async fn held_rendezvous(
 }
 
 /// A node's answer to a rendezvous request, as the row's probe.
-fn met_probe(m: Result<LaunchReply, String>) -> xfer_proto::launch::Probe<u64> {
+fn met_probe(m: Result<LaunchReply, NodeError>) -> xfer_proto::launch::Probe<u64> {
     match m {
         Ok(LaunchReply::Rendezvoused(p)) => p,
-        Ok(other) => xfer_proto::launch::Probe::Failed(unexpected(&other)),
-        Err(e) => xfer_proto::launch::Probe::Failed(e),
+        Ok(other) => xfer_proto::launch::Probe::Failed(unexpected(&other).to_string()),
+        Err(e) => xfer_proto::launch::Probe::Failed(e.to_string()),
     }
 }
 
@@ -337,8 +337,10 @@ pub async fn run_with(setup: &Setup, agents: &Agents, by: RendezvousBy) -> Check
                     f.listen = listen;
                     f.reach = reach;
                 }
-                Ok(other) => f.listen = xfer_proto::launch::Probe::Failed(unexpected(&other)),
-                Err(e) => f.listen = xfer_proto::launch::Probe::Failed(e),
+                Ok(other) => {
+                    f.listen = xfer_proto::launch::Probe::Failed(unexpected(&other).to_string())
+                }
+                Err(e) => f.listen = xfer_proto::launch::Probe::Failed(e.to_string()),
             }
         }
     }
@@ -373,7 +375,7 @@ async fn first_round(
     reqs: &[xfer_proto::launch::PreflightRequest],
     round: Round,
     timeout: Duration,
-) -> Vec<Result<NodeFacts, String>> {
+) -> Vec<Result<NodeFacts, NodeError>> {
     let answers = agents
         .ask_all(
             |i, _| {
@@ -408,7 +410,7 @@ async fn first_round(
 pub async fn light(
     setup: &Setup,
     agents: &Agents,
-) -> (Vec<(String, Result<NodeFacts, String>)>, Vec<Row>) {
+) -> (Vec<(String, Result<NodeFacts, NodeError>)>, Vec<Row>) {
     let reqs = preflight::requests(setup);
     let facts = first_round(agents, &reqs, Round::Light, crate::agents::QUICK).await;
     let rows = preflight::judge(setup, &facts);
@@ -448,7 +450,7 @@ pub async fn recheck(setup: &Setup, agents: &Agents, before: &Checked) -> Checke
 async fn conclude(
     setup: &Setup,
     agents: &Agents,
-    facts: Vec<Result<NodeFacts, String>>,
+    facts: Vec<Result<NodeFacts, NodeError>>,
 ) -> Checked {
     let mut rows = preflight::judge(setup, &facts);
     let model_path = resolved_path(setup, &facts);
@@ -483,7 +485,7 @@ async fn conclude(
 
 /// The model path, with the commit the nodes resolved (when they all
 /// resolved the same one).
-fn resolved_path(setup: &Setup, facts: &[Result<NodeFacts, String>]) -> String {
+fn resolved_path(setup: &Setup, facts: &[Result<NodeFacts, NodeError>]) -> String {
     if !setup.model.path.contains(COMMIT_PLACEHOLDER) {
         return setup.model.path.clone();
     }

@@ -24,7 +24,7 @@ use xfer_proto::admin::{AdminReply, AdminRequest, AgentStatus, ModelState};
 use xfer_proto::hash::Hash;
 use xfer_proto::launch::NodeFacts;
 
-use crate::agents::Agents;
+use crate::agents::{Agents, NodeError};
 use crate::config::Setup;
 
 /// Where the model is on one node: its name in the store and the model
@@ -192,7 +192,7 @@ const POLL: Duration = Duration::from_millis(500);
 pub async fn gate(
     setup: &Setup,
     agents: &Agents,
-    facts: &[(String, Result<NodeFacts, String>)],
+    facts: &[(String, Result<NodeFacts, NodeError>)],
     deadline: Instant,
 ) -> Result<Streamed, String> {
     let mut helds = Vec::new();

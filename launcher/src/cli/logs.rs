@@ -47,7 +47,7 @@ pub async fn logs(
                 }
                 None => eprintln!("== {}: no run ==", setup.nodes[i].name),
             },
-            Ok(other) => return Err(launcher::agents::unexpected(&other)),
+            Ok(other) => return Err(launcher::agents::unexpected(&other).to_string()),
             Err(e) => {
                 return Err(format!(
                     "agent of {} at {} did not answer: {e}",
@@ -67,7 +67,7 @@ pub async fn logs(
                 };
                 let chunk = match agents.ask(c.0, &msg, launcher::agents::QUICK).await {
                     Ok(LaunchReply::Log(l)) => l,
-                    Ok(other) => return Err(launcher::agents::unexpected(&other)),
+                    Ok(other) => return Err(launcher::agents::unexpected(&other).to_string()),
                     Err(e) => return Err(format!("{}: {e}", setup.nodes[c.0].name)),
                 };
                 let text = String::from_utf8_lossy(&chunk.data);
