@@ -498,11 +498,41 @@ fn resolved_path(setup: &Setup, facts: &[Result<NodeFacts, NodeError>]) -> Strin
     }
 }
 
+/// Why the model path keeps `<COMMIT>` (`xfer-launch plan` says so in
+/// one line).
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// A node holds no ref of the model yet.
+    #[error("{0} does not hold the model's ref yet")]
+    NoRef(String),
+    /// A node answered another kind of reply.
+    #[error("{node}: {why}")]
+    Unexpected {
+        /// The node.
+        node: String,
+        /// Its answer's kind.
+        why: NodeError,
+    },
+    /// A node did not answer.
+    #[error("{node} did not answer: {why}")]
+    Unanswered {
+        /// The node.
+        node: String,
+        /// Why.
+        why: NodeError,
+    },
+    /// The nodes resolve the revision to different commits.
+    #[error("the nodes hold different commits ({})", .0.iter().map(|(n, c)| format!("{n}: {c}")).collect::<Vec<_>>().join(", "))]
+    Differ(Vec<(String, String)>),
+    /// The launch has no node.
+    #[error("no node to ask")]
+    NoNode,
+}
+
 /// The model path with `<COMMIT>` resolved by asking every agent about
 /// the weights alone (no ports, versions, image or reachability), for
-/// `xfer-launch plan`; the error is one line saying why it stays
-/// `<COMMIT>`.
-pub async fn resolve_commit(setup: &Setup, agents: &Agents) -> Result<String, String> {
+/// `xfer-launch plan`.
+pub async fn resolve_commit(setup: &Setup, agents: &Agents) -> Result<String, CommitError> {
     let reqs = preflight::requests(setup);
     let answers = agents
         .ask_all(
@@ -522,28 +552,27 @@ pub async fn resolve_commit(setup: &Setup, agents: &Agents) -> Result<String, St
         .await;
     let mut commits: Vec<(String, String)> = Vec::new();
     for (node, a) in setup.nodes.iter().zip(answers) {
+        let node = node.name.to_string();
         match a {
             Ok(LaunchReply::PreflightReport(f)) => match f.weights.commit {
-                Some(c) => commits.push((node.name.to_string(), c)),
-                None => return Err(format!("{} does not hold the model's ref yet", node.name)),
+                Some(c) => commits.push((node, c)),
+                None => return Err(CommitError::NoRef(node)),
             },
-            Ok(other) => return Err(format!("{}: {}", node.name, unexpected(&other))),
-            Err(e) => return Err(format!("{} did not answer: {e}", node.name)),
+            Ok(other) => {
+                return Err(CommitError::Unexpected {
+                    node,
+                    why: unexpected(&other),
+                })
+            }
+            Err(why) => return Err(CommitError::Unanswered { node, why }),
         }
     }
     match commits.first() {
         Some((_, c)) if commits.iter().all(|(_, o)| o == c) => {
             Ok(setup.model.path.replace(COMMIT_PLACEHOLDER, c))
         }
-        Some(_) => Err(format!(
-            "the nodes hold different commits ({})",
-            commits
-                .iter()
-                .map(|(n, c)| format!("{n}: {c}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        None => Err("no node to ask".into()),
+        Some(_) => Err(CommitError::Differ(commits)),
+        None => Err(CommitError::NoNode),
     }
 }
 

@@ -406,7 +406,7 @@ async fn start_ranks(
         let deadline = t0 + opts.init_timeout;
         let streamed = crate::stream::gate(setup, agents, &checked.nodes, deadline)
             .await
-            .map_err(|why| (why, Vec::new()))?;
+            .map_err(|why| (why.to_string(), Vec::new()))?;
         for (spec, env) in specs.iter_mut().zip(streamed.env) {
             spec.env.extend(env);
         }
