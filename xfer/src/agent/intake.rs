@@ -467,7 +467,7 @@ mod tests {
             ask("http://h/x", 0, MAX_INTAKE_SPAN + 1),
         ] {
             let why = check(&bad).unwrap_err();
-            assert!(why.contains("intake"), "{why}");
+            assert!(why.to_string().contains("intake"), "{why}");
         }
     }
 }
