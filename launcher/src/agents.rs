@@ -1,9 +1,10 @@
 //! Talking to the nodes' xfer agents: one request per node, all at once,
-//! each answer (or why there is none) kept with its node.
+//! each answer (or why there is none, a [`NodeError`]) kept with its node.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use xfer::client::AskError;
 use xfer::config::auth::Credential;
 use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::launch::{LaunchReply, LaunchRequest, Refusal};
@@ -21,6 +22,48 @@ pub struct CredentialError {
     pub cause: String,
     /// The cluster file naming the credential.
     pub cluster_file: std::path::PathBuf,
+}
+
+/// Why a node gave no usable answer: the one error of every ask here,
+/// kept typed until a row or a line shows it (its text is that line).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The node could not be asked: no connection, the wrong node, no
+    /// reply in time (the client's words).
+    #[error("{0}")]
+    Ask(Arc<AskError>),
+    /// The node refused, saying why (a busy or protocol refusal by its
+    /// message alone).
+    #[error("{}", refusal_line(.0))]
+    Refused(Refusal),
+    /// The node answered another kind of reply than the one asked for
+    /// (another xfer version there), named by its kind.
+    #[error("the agent answered {0}; run the same xfer version on every node")]
+    Unexpected(&'static str),
+    /// The ask's task ended without an answer.
+    #[error("no answer")]
+    NoAnswer,
+}
+
+impl From<AskError> for NodeError {
+    fn from(e: AskError) -> Self {
+        NodeError::Ask(Arc::new(e))
+    }
+}
+
+/// As its line: `--json` shows a node's error as the table does.
+impl serde::Serialize for NodeError {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A refusal's line: a busy or protocol refusal by its message alone.
+fn refusal_line(r: &Refusal) -> String {
+    match r {
+        Refusal::Busy(m) | Refusal::Protocol(m) => m.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// The agents of a launch and the credential to reach them.
@@ -50,7 +93,7 @@ impl Agents {
         &self,
         msg: impl Fn(usize, &RankNode) -> LaunchRequest,
         timeout: Duration,
-    ) -> Vec<Result<LaunchReply, String>> {
+    ) -> Vec<Result<LaunchReply, NodeError>> {
         self.each(|cred, node, addr, i, n| {
             let m = msg(i, n);
             async move { ask(&cred, &node, &addr, &m, timeout).await }
@@ -64,13 +107,13 @@ impl Agents {
         &self,
         req: &AdminRequest,
         timeout: Duration,
-    ) -> Vec<Result<AdminReply, String>> {
+    ) -> Vec<Result<AdminReply, NodeError>> {
         self.each(|cred, node, addr, _, _| {
             let req = req.clone();
             async move {
                 xfer::client::admin(&cred, &node, &addr, &req, timeout)
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(NodeError::from)
             }
         })
         .await
@@ -79,19 +122,19 @@ impl Agents {
     /// Runs `ask(cred, node name, agent address, index, node)` for every
     /// node at once; the answers are in node order ("no answer" where a
     /// task died).
-    async fn each<T, F, Fut>(&self, ask: F) -> Vec<Result<T, String>>
+    async fn each<T, F, Fut>(&self, ask: F) -> Vec<Result<T, NodeError>>
     where
         T: Send + 'static,
         F: Fn(Arc<Credential>, String, String, usize, &RankNode) -> Fut,
-        Fut: std::future::Future<Output = Result<T, String>> + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, NodeError>> + Send + 'static,
     {
         let mut set = tokio::task::JoinSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
             let f = ask(self.cred.clone(), n.name.to_string(), n.agent.clone(), i, n);
             set.spawn(async move { (i, f.await) });
         }
-        let mut out: Vec<Result<T, String>> = (0..self.nodes.len())
-            .map(|_| Err("no answer".into()))
+        let mut out: Vec<Result<T, NodeError>> = (0..self.nodes.len())
+            .map(|_| Err(NodeError::NoAnswer))
             .collect();
         while let Some(done) = set.join_next().await {
             if let Ok((i, r)) = done {
@@ -107,7 +150,7 @@ impl Agents {
         i: usize,
         msg: &LaunchRequest,
         timeout: Duration,
-    ) -> Result<LaunchReply, String> {
+    ) -> Result<LaunchReply, NodeError> {
         let n = &self.nodes[i];
         ask(&self.cred, n.name.as_str(), &n.agent, msg, timeout).await
     }
@@ -119,27 +162,14 @@ async fn ask(
     addr: &str,
     msg: &LaunchRequest,
     timeout: Duration,
-) -> Result<LaunchReply, String> {
-    match xfer::client::launch(cred, node, addr, msg, timeout)
-        .await
-        .map_err(|e| e.to_string())?
-    {
-        LaunchReply::Failed(r) => Err(refusal(&r)),
+) -> Result<LaunchReply, NodeError> {
+    match xfer::client::launch(cred, node, addr, msg, timeout).await? {
+        LaunchReply::Failed(r) => Err(NodeError::Refused(r)),
         other => Ok(other),
     }
 }
 
-fn refusal(r: &Refusal) -> String {
-    match r {
-        Refusal::Busy(m) | Refusal::Protocol(m) => m.clone(),
-        other => other.to_string(),
-    }
-}
-
 /// The answer did not have the expected kind.
-pub fn unexpected(got: &LaunchReply) -> String {
-    format!(
-        "the agent answered {}; run the same xfer version on every node",
-        got.kind()
-    )
+pub fn unexpected(got: &LaunchReply) -> NodeError {
+    NodeError::Unexpected(got.kind())
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use xfer_proto::launch::{NodeFacts, Probe};
 
-use crate::agents::{unexpected, Agents};
+use crate::agents::{unexpected, Agents, NodeError};
 use crate::config::{Setup, COMMIT_PLACEHOLDER};
 use crate::preflight::{self, Row};
 use crate::unit::LaunchUnit;
@@ -25,7 +25,7 @@ pub struct Checked {
     /// The check table, in the order it prints.
     pub rows: Vec<Row>,
     /// Node name and its facts (or why there are none), in rank order.
-    pub nodes: Vec<(String, Result<NodeFacts, String>)>,
+    pub nodes: Vec<(String, Result<NodeFacts, NodeError>)>,
     /// The model path with `<COMMIT>` resolved, when the nodes agree.
     pub model_path: String,
     /// Every answering node's launch unit, in rank order.
@@ -236,11 +236,11 @@ pub async fn held_rendezvous(
 }
 
 /// A node's answer to a rendezvous request, as the row's probe.
-fn met_probe(m: Result<LaunchReply, String>) -> xfer_proto::launch::Probe<u64> {
+fn met_probe(m: Result<LaunchReply, NodeError>) -> xfer_proto::launch::Probe<u64> {
     match m {
         Ok(LaunchReply::Rendezvoused(p)) => p,
-        Ok(other) => xfer_proto::launch::Probe::Failed(unexpected(&other)),
-        Err(e) => xfer_proto::launch::Probe::Failed(e),
+        Ok(other) => xfer_proto::launch::Probe::Failed(unexpected(&other).to_string()),
+        Err(e) => xfer_proto::launch::Probe::Failed(e.to_string()),
     }
 }
 
@@ -337,8 +337,10 @@ pub async fn run_with(setup: &Setup, agents: &Agents, by: RendezvousBy) -> Check
                     f.listen = listen;
                     f.reach = reach;
                 }
-                Ok(other) => f.listen = xfer_proto::launch::Probe::Failed(unexpected(&other)),
-                Err(e) => f.listen = xfer_proto::launch::Probe::Failed(e),
+                Ok(other) => {
+                    f.listen = xfer_proto::launch::Probe::Failed(unexpected(&other).to_string())
+                }
+                Err(e) => f.listen = xfer_proto::launch::Probe::Failed(e.to_string()),
             }
         }
     }
@@ -373,7 +375,7 @@ async fn first_round(
     reqs: &[xfer_proto::launch::PreflightRequest],
     round: Round,
     timeout: Duration,
-) -> Vec<Result<NodeFacts, String>> {
+) -> Vec<Result<NodeFacts, NodeError>> {
     let answers = agents
         .ask_all(
             |i, _| {
@@ -408,7 +410,7 @@ async fn first_round(
 pub async fn light(
     setup: &Setup,
     agents: &Agents,
-) -> (Vec<(String, Result<NodeFacts, String>)>, Vec<Row>) {
+) -> (Vec<(String, Result<NodeFacts, NodeError>)>, Vec<Row>) {
     let reqs = preflight::requests(setup);
     let facts = first_round(agents, &reqs, Round::Light, crate::agents::QUICK).await;
     let rows = preflight::judge(setup, &facts);
@@ -448,7 +450,7 @@ pub async fn recheck(setup: &Setup, agents: &Agents, before: &Checked) -> Checke
 async fn conclude(
     setup: &Setup,
     agents: &Agents,
-    facts: Vec<Result<NodeFacts, String>>,
+    facts: Vec<Result<NodeFacts, NodeError>>,
 ) -> Checked {
     let mut rows = preflight::judge(setup, &facts);
     let model_path = resolved_path(setup, &facts);
@@ -483,7 +485,7 @@ async fn conclude(
 
 /// The model path, with the commit the nodes resolved (when they all
 /// resolved the same one).
-fn resolved_path(setup: &Setup, facts: &[Result<NodeFacts, String>]) -> String {
+fn resolved_path(setup: &Setup, facts: &[Result<NodeFacts, NodeError>]) -> String {
     if !setup.model.path.contains(COMMIT_PLACEHOLDER) {
         return setup.model.path.clone();
     }
@@ -496,11 +498,41 @@ fn resolved_path(setup: &Setup, facts: &[Result<NodeFacts, String>]) -> String {
     }
 }
 
+/// Why the model path keeps `<COMMIT>` (`xfer-launch plan` says so in
+/// one line).
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// A node holds no ref of the model yet.
+    #[error("{0} does not hold the model's ref yet")]
+    NoRef(String),
+    /// A node answered another kind of reply.
+    #[error("{node}: {why}")]
+    Unexpected {
+        /// The node.
+        node: String,
+        /// Its answer's kind.
+        why: NodeError,
+    },
+    /// A node did not answer.
+    #[error("{node} did not answer: {why}")]
+    Unanswered {
+        /// The node.
+        node: String,
+        /// Why.
+        why: NodeError,
+    },
+    /// The nodes resolve the revision to different commits.
+    #[error("the nodes hold different commits ({})", .0.iter().map(|(n, c)| format!("{n}: {c}")).collect::<Vec<_>>().join(", "))]
+    Differ(Vec<(String, String)>),
+    /// The launch has no node.
+    #[error("no node to ask")]
+    NoNode,
+}
+
 /// The model path with `<COMMIT>` resolved by asking every agent about
 /// the weights alone (no ports, versions, image or reachability), for
-/// `xfer-launch plan`; the error is one line saying why it stays
-/// `<COMMIT>`.
-pub async fn resolve_commit(setup: &Setup, agents: &Agents) -> Result<String, String> {
+/// `xfer-launch plan`.
+pub async fn resolve_commit(setup: &Setup, agents: &Agents) -> Result<String, CommitError> {
     let reqs = preflight::requests(setup);
     let answers = agents
         .ask_all(
@@ -520,28 +552,27 @@ pub async fn resolve_commit(setup: &Setup, agents: &Agents) -> Result<String, St
         .await;
     let mut commits: Vec<(String, String)> = Vec::new();
     for (node, a) in setup.nodes.iter().zip(answers) {
+        let node = node.name.to_string();
         match a {
             Ok(LaunchReply::PreflightReport(f)) => match f.weights.commit {
-                Some(c) => commits.push((node.name.to_string(), c)),
-                None => return Err(format!("{} does not hold the model's ref yet", node.name)),
+                Some(c) => commits.push((node, c)),
+                None => return Err(CommitError::NoRef(node)),
             },
-            Ok(other) => return Err(format!("{}: {}", node.name, unexpected(&other))),
-            Err(e) => return Err(format!("{} did not answer: {e}", node.name)),
+            Ok(other) => {
+                return Err(CommitError::Unexpected {
+                    node,
+                    why: unexpected(&other),
+                })
+            }
+            Err(why) => return Err(CommitError::Unanswered { node, why }),
         }
     }
     match commits.first() {
         Some((_, c)) if commits.iter().all(|(_, o)| o == c) => {
             Ok(setup.model.path.replace(COMMIT_PLACEHOLDER, c))
         }
-        Some(_) => Err(format!(
-            "the nodes hold different commits ({})",
-            commits
-                .iter()
-                .map(|(n, c)| format!("{n}: {c}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        None => Err("no node to ask".into()),
+        Some(_) => Err(CommitError::Differ(commits)),
+        None => Err(CommitError::NoNode),
     }
 }
 

@@ -32,7 +32,7 @@ use xfer_proto::launch::Probe;
 use xfer_proto::repo::RepoRef;
 use xfer_proto::units::Bytes;
 
-use crate::agents::Agents;
+use crate::agents::{Agents, NodeError};
 use crate::check::{self, Checked};
 use crate::config::Setup;
 use crate::preflight::{self, Verdict};
@@ -395,7 +395,7 @@ fn as_deploy_moves(
 /// revision now (`listed`), in rank order.
 fn lacking_model(
     setup: &Setup,
-    nodes: &[(String, Result<xfer_proto::launch::NodeFacts, String>)],
+    nodes: &[(String, Result<xfer_proto::launch::NodeFacts, NodeError>)],
     rows: &[preflight::Row],
     listed: Option<&(String, u64)>,
 ) -> Vec<String> {
@@ -459,7 +459,7 @@ async fn hub_listing(repo: &RepoRef) -> Option<(String, u64)> {
 /// The nodes (not already in `lacking`) that hold the model at another
 /// commit than `commit`, the Hub's for the revision now.
 fn stale_nodes(
-    nodes: &[(String, Result<xfer_proto::launch::NodeFacts, String>)],
+    nodes: &[(String, Result<xfer_proto::launch::NodeFacts, NodeError>)],
     commit: &str,
     lacking: &[String],
 ) -> Vec<String> {
@@ -481,7 +481,7 @@ fn stale_nodes(
 /// already.
 fn check_space(
     repo: &RepoRef,
-    nodes: &[(String, Result<xfer_proto::launch::NodeFacts, String>)],
+    nodes: &[(String, Result<xfer_proto::launch::NodeFacts, NodeError>)],
     lacking: &[String],
     total: u64,
 ) -> Result<(), DeployError> {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use xfer_proto::launch::RankReport;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 
-use crate::agents::{unexpected, Agents, QUICK};
+use crate::agents::{unexpected, Agents, NodeError, QUICK};
 use crate::signatures::{self, Hint, SCAN_BYTES};
 
 /// A rank's report and the signatures found in its log.
@@ -63,14 +63,25 @@ pub async fn diagnose(agents: &Agents, reports: Vec<RankReport>) -> Vec<Diagnose
     out
 }
 
+/// Why a rank's log could not be read (its reported tail is used instead).
+#[derive(Debug, thiserror::Error)]
+enum LogError {
+    /// The report names a node that is not in the launch.
+    #[error("no node {0} in the launch")]
+    NotInLaunch(String),
+    /// The node did not answer, or not with its log.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+}
+
 /// The last [`SCAN_BYTES`] of the rank's log up to the size in its report,
 /// without the partial first line.
-async fn log_end(agents: &Agents, report: &RankReport) -> Result<String, String> {
+async fn log_end(agents: &Agents, report: &RankReport) -> Result<String, LogError> {
     let i = agents
         .nodes
         .iter()
         .position(|n| n.name == report.node.as_str())
-        .ok_or_else(|| format!("no node {} in the launch", report.node))?;
+        .ok_or_else(|| LogError::NotInLaunch(report.node.to_string()))?;
     let end = report.log_bytes;
     let from = end.saturating_sub(SCAN_BYTES);
     let mut data = Vec::with_capacity((end - from) as usize);
@@ -83,7 +94,7 @@ async fn log_end(agents: &Agents, report: &RankReport) -> Result<String, String>
         };
         let chunk = match agents.ask(i, &msg, QUICK).await? {
             LaunchReply::Log(l) => l,
-            other => return Err(unexpected(&other)),
+            other => return Err(unexpected(&other).into()),
         };
         if chunk.data.is_empty() {
             break;

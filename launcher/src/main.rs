@@ -68,8 +68,8 @@ fn up_options(a: &cli::UpArgs) -> (UpOptions, bool) {
 }
 
 /// The cluster file `--cluster` or `$XFER_CLUSTER` names.
-fn file(cluster: Option<std::path::PathBuf>) -> Result<std::path::PathBuf, String> {
-    xfer::config::cluster::cluster_file(cluster).map_err(|e| e.to_string())
+fn file(cluster: Option<std::path::PathBuf>) -> Result<std::path::PathBuf, cli::CliError> {
+    Ok(xfer::config::cluster::cluster_file(cluster)?)
 }
 
 fn main() -> ExitCode {

@@ -24,7 +24,7 @@ use xfer_proto::admin::{AdminReply, AdminRequest, AgentStatus, ModelState};
 use xfer_proto::hash::Hash;
 use xfer_proto::launch::NodeFacts;
 
-use crate::agents::Agents;
+use crate::agents::{Agents, NodeError};
 use crate::config::Setup;
 
 /// Where the model is on one node: its name in the store and the model
@@ -185,6 +185,46 @@ pub struct Streamed {
     pub env: Vec<BTreeMap<String, String>>,
 }
 
+/// Why the gate did not open: `up` records it as the run's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    /// A node has no facts: its agent did not answer the preflight.
+    #[error("{node}: {why}")]
+    NoFacts {
+        /// The node.
+        node: String,
+        /// Why it has none.
+        why: NodeError,
+    },
+    /// The model's path on a node is not under its agent's store.
+    #[error("{node}: {path} is not under the agent's root {root}; stream_weights loads a model xfer delivers")]
+    NotDelivered {
+        /// The node.
+        node: String,
+        /// The model's path there.
+        path: String,
+        /// Its agent's store root.
+        root: String,
+    },
+    /// Two nodes receive different models.
+    #[error("the nodes receive different models at {path}: {a} on {a_node}, {b} on {b_node}; sync one model to every node, then run xfer-launch up again")]
+    Differ {
+        /// The model's path.
+        path: String,
+        /// What the first node receives.
+        a: String,
+        /// The first node.
+        a_node: String,
+        /// What the second node receives.
+        b: String,
+        /// The second node.
+        b_node: String,
+    },
+    /// The deadline came first; each waiting node as `NODE: why`.
+    #[error("the small files were not verified on every node in time: {}", .0.join("; "))]
+    Timeout(Vec<String>),
+}
+
 /// How often the gate asks.
 const POLL: Duration = Duration::from_millis(500);
 
@@ -192,17 +232,22 @@ const POLL: Duration = Duration::from_millis(500);
 pub async fn gate(
     setup: &Setup,
     agents: &Agents,
-    facts: &[(String, Result<NodeFacts, String>)],
+    facts: &[(String, Result<NodeFacts, NodeError>)],
     deadline: Instant,
-) -> Result<Streamed, String> {
+) -> Result<Streamed, GateError> {
     let mut helds = Vec::new();
     for (node, f) in facts {
-        let w = &f.as_ref().map_err(|e| format!("{node}: {e}"))?.weights;
-        let h = held(&w.store_root, &w.path).ok_or_else(|| {
-            format!(
-                "{node}: {} is not under the agent's root {}; stream_weights loads a model xfer delivers",
-                w.path, w.store_root
-            )
+        let w = &f
+            .as_ref()
+            .map_err(|why| GateError::NoFacts {
+                node: node.clone(),
+                why: why.clone(),
+            })?
+            .weights;
+        let h = held(&w.store_root, &w.path).ok_or_else(|| GateError::NotDelivered {
+            node: node.clone(),
+            path: w.path.clone(),
+            root: w.store_root.to_string(),
         })?;
         helds.push(h);
     }
@@ -239,14 +284,13 @@ pub async fn gate(
         };
         match agree(&ids) {
             Err((a, b)) => {
-                return Err(format!(
-                    "the nodes receive different models at {}: {} on {}, {} on {}; sync one model to every node, then run xfer-launch up again",
-                    setup.model.path,
-                    show(&ids[a]),
-                    idents[a].1,
-                    show(&ids[b]),
-                    idents[b].1
-                ))
+                return Err(GateError::Differ {
+                    path: setup.model.path.clone(),
+                    a: show(&ids[a]),
+                    a_node: idents[a].1.to_string(),
+                    b: show(&ids[b]),
+                    b_node: idents[b].1.to_string(),
+                })
             }
             Ok(Some(planned)) if waiting.is_empty() => {
                 let env = setup
@@ -274,10 +318,7 @@ pub async fn gate(
             )),
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "the small files were not verified on every node in time: {}",
-                waiting.join("; ")
-            ));
+            return Err(GateError::Timeout(waiting));
         }
         if last_note.elapsed() >= Duration::from_secs(10) || last_note == t0 {
             eprintln!("  stream gate: waiting: {}", waiting.join("; "));

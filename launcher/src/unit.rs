@@ -307,15 +307,32 @@ impl Build {
     }
 }
 
+/// Why a node's build probe says nothing (the `nccl` row shows it).
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The probe did not run or failed: the agent's reason.
+    #[error("{0}")]
+    Probe(String),
+    /// The probe printed something else than its JSON.
+    #[error("the build probe printed `{line}`, not its JSON ({why}); report this bug")]
+    NotJson {
+        /// What it printed.
+        line: String,
+        /// Why it does not read.
+        why: serde_json::Error,
+    },
+}
+
 /// The build probe's answer on a node: `None` when it was not asked,
 /// `Err` with the reason when it could not run or printed no JSON.
-pub fn build_of(f: &NodeFacts) -> Option<Result<Build, String>> {
+pub fn build_of(f: &NodeFacts) -> Option<Result<Build, BuildError>> {
     let v = f.versions.iter().find(|v| v.what == BUILD_PROBE)?;
     Some(match &v.version {
-        Probe::Ok(line) => serde_json::from_str::<Build>(line).map_err(|e| {
-            format!("the build probe printed `{line}`, not its JSON ({e}); report this bug")
+        Probe::Ok(line) => serde_json::from_str::<Build>(line).map_err(|why| BuildError::NotJson {
+            line: line.clone(),
+            why,
         }),
-        Probe::Failed(why) | Probe::Skipped(why) => Err(why.clone()),
+        Probe::Failed(why) | Probe::Skipped(why) => Err(BuildError::Probe(why.clone())),
     })
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use xfer_proto::launch::{RankReport, RunState};
 
-use crate::agents::{unexpected, Agents};
+use crate::agents::{unexpected, Agents, NodeError};
 use crate::check::{self, Checked};
 use crate::config::Setup;
 use crate::diagnose::{diagnose, with_root_cause, Diagnosed};
@@ -406,7 +406,7 @@ async fn start_ranks(
         let deadline = t0 + opts.init_timeout;
         let streamed = crate::stream::gate(setup, agents, &checked.nodes, deadline)
             .await
-            .map_err(|why| (why, Vec::new()))?;
+            .map_err(|why| (why.to_string(), Vec::new()))?;
         for (spec, env) in specs.iter_mut().zip(streamed.env) {
             spec.env.extend(env);
         }
@@ -447,7 +447,7 @@ async fn start_ranks(
 
 /// Every node whose answer to a rank request was not `Runs`, as
 /// `NODE: why`.
-fn refusals(agents: &Agents, answers: &[Result<LaunchReply, String>]) -> Vec<String> {
+fn refusals(agents: &Agents, answers: &[Result<LaunchReply, NodeError>]) -> Vec<String> {
     agents
         .nodes
         .iter()
@@ -796,7 +796,7 @@ pub async fn stop(
     run: Option<&str>,
     grace: Duration,
     reason: &str,
-) -> Vec<Result<Vec<RankReport>, String>> {
+) -> Vec<Result<Vec<RankReport>, NodeError>> {
     agents
         .ask_all(
             |_, _| LaunchRequest::StopRun {

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use launcher::agents::Agents;
 use launcher::config::Setup;
 
-pub async fn check(setup: Setup, agents: Agents, json: bool) -> Result<ExitCode, String> {
+use super::CliError;
+
+pub async fn check(setup: Setup, agents: Agents, json: bool) -> Result<ExitCode, CliError> {
     let checked = launcher::check::run(&setup, &agents).await;
     if json {
         println!(

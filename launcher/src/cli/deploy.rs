@@ -10,20 +10,20 @@ use launcher::up::{Before, UpOptions};
 use xfer::util::progress::Progress;
 use xfer_proto::image::ContainerRuntime;
 
+use super::CliError;
+
 pub async fn deploy(
     mut setup: Setup,
     agents: Agents,
     opts: UpOptions,
     image_engine: ContainerRuntime,
     json: bool,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let progress = Progress::new(!json);
     // The preflight may still run beside `up` (held ranks): it goes by the
     // cluster file as read, while `up` goes by the commit the Hub named.
     let as_read = setup.clone();
-    let prepared = launcher::deploy::prepare(&as_read, &agents, image_engine, &progress)
-        .await
-        .map_err(|e| e.to_string())?;
+    let prepared = launcher::deploy::prepare(&as_read, &agents, image_engine, &progress).await?;
     let mut phases = prepared.phases;
     let commit = prepared.commit;
     let (streaming, checked) = match (prepared.streaming, prepared.checked) {
@@ -62,10 +62,10 @@ pub async fn deploy(
                 Err(e) => {
                     // The ranks may be waiting for shards that will not come.
                     launcher::up::stop(&agents, None, opts.grace, "the sync of the model failed").await;
-                    return Err(e.to_string());
+                    return Err(e.into());
                 }
             },
-            out = &mut up => break out.map_err(|e| e.to_string())?,
+            out = &mut up => break out?,
         }
     };
     if out.result.is_err() && synced.is_none() {
@@ -78,7 +78,7 @@ pub async fn deploy(
     }
     let (root, secs) = match synced {
         Some(done) => done,
-        None => wait.await.map_err(|e| e.to_string())?,
+        None => wait.await?,
     };
     phases.sync_s = secs;
     phases.root = Some(root);

@@ -7,12 +7,14 @@ use launcher::agents::Agents;
 use launcher::config::Setup;
 use xfer_proto::launch::RunState;
 
+use super::{Again, CliError};
+
 pub async fn down(
     setup: Setup,
     agents: Agents,
     grace: Duration,
     run: Option<String>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let answers = launcher::up::stop(&agents, run.as_deref(), grace, "xfer-launch down").await;
     let mut failed = 0;
     for (n, a) in setup.nodes.iter().zip(answers) {
@@ -39,9 +41,10 @@ pub async fn down(
         }
     }
     if failed > 0 {
-        return Err(format!(
-            "{failed} agent(s) did not answer; their ranks may still run: start the agent again (it adopts its ranks) and run `xfer-launch down` again"
-        ));
+        return Err(CliError::Silent {
+            silent: failed,
+            again: Again::Down,
+        });
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -7,8 +7,10 @@ use std::process::ExitCode;
 
 use xfer::config::cluster::Cluster;
 
-pub fn hosts(cluster: &Path) -> Result<ExitCode, String> {
-    let c = Cluster::load(cluster).map_err(|e| e.to_string())?;
+use super::CliError;
+
+pub fn hosts(cluster: &Path) -> Result<ExitCode, CliError> {
+    let c = Cluster::load(cluster)?;
     let nodes: Vec<(&str, Option<std::net::IpAddr>)> = c
         .nodes
         .iter()

@@ -8,22 +8,24 @@ use launcher::agents::Agents;
 use launcher::config::Setup;
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 
+use super::CliError;
+
 pub async fn logs(
     setup: Setup,
     agents: Agents,
     nodes: Vec<String>,
     run: Option<String>,
     follow: bool,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let mut picked: Vec<usize> = Vec::new();
     for name in &nodes {
         let i = setup
             .nodes
             .iter()
             .position(|n| &n.name == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = setup.nodes.iter().map(|n| n.name.as_str()).collect();
-                format!("no node {name} in the launch; it has {}", names.join(", "))
+            .ok_or_else(|| CliError::NoSuchNode {
+                name: name.clone(),
+                has: setup.nodes.iter().map(|n| n.name.to_string()).collect(),
             })?;
         if !picked.contains(&i) {
             picked.push(i);
@@ -47,12 +49,13 @@ pub async fn logs(
                 }
                 None => eprintln!("== {}: no run ==", setup.nodes[i].name),
             },
-            Ok(other) => return Err(launcher::agents::unexpected(&other)),
-            Err(e) => {
-                return Err(format!(
-                    "agent of {} at {} did not answer: {e}",
-                    setup.nodes[i].name, setup.nodes[i].agent
-                ))
+            Ok(other) => return Err(CliError::Unexpected(launcher::agents::unexpected(&other))),
+            Err(why) => {
+                return Err(CliError::Unanswered {
+                    node: setup.nodes[i].name.to_string(),
+                    agent: setup.nodes[i].agent.clone(),
+                    why,
+                })
             }
         }
     }
@@ -67,8 +70,15 @@ pub async fn logs(
                 };
                 let chunk = match agents.ask(c.0, &msg, launcher::agents::QUICK).await {
                     Ok(LaunchReply::Log(l)) => l,
-                    Ok(other) => return Err(launcher::agents::unexpected(&other)),
-                    Err(e) => return Err(format!("{}: {e}", setup.nodes[c.0].name)),
+                    Ok(other) => {
+                        return Err(CliError::Unexpected(launcher::agents::unexpected(&other)))
+                    }
+                    Err(why) => {
+                        return Err(CliError::Node {
+                            node: setup.nodes[c.0].name.to_string(),
+                            why,
+                        })
+                    }
                 };
                 let text = String::from_utf8_lossy(&chunk.data);
                 for line in text.split_inclusive('\n') {

@@ -12,6 +12,7 @@ mod args;
 mod check;
 mod deploy;
 mod down;
+mod error;
 mod hosts;
 mod logs;
 mod plan;
@@ -28,6 +29,7 @@ pub use args::{Cli, Cmd, UpArgs};
 pub use check::check;
 pub use deploy::deploy;
 pub use down::down;
+pub use error::{Again, CliError};
 pub use hosts::hosts;
 pub use logs::logs;
 pub use plan::plan;
@@ -35,28 +37,28 @@ pub use status::status;
 pub use up::up;
 
 /// Reads the cluster file and its `[launch]` table.
-fn load(cluster: &Path) -> Result<Setup, String> {
-    launcher::config::load(cluster).map_err(|e| e.to_string())
+fn load(cluster: &Path) -> Result<Setup, CliError> {
+    Ok(launcher::config::load(cluster)?)
 }
 
 /// Loads the setup and the credential, and runs `f` on a runtime.
-pub fn with_agents<F, Fut>(cluster: &Path, f: F) -> Result<ExitCode, String>
+pub fn with_agents<F, Fut>(cluster: &Path, f: F) -> Result<ExitCode, CliError>
 where
     F: FnOnce(Setup, Agents) -> Fut,
-    Fut: std::future::Future<Output = Result<ExitCode, String>>,
+    Fut: std::future::Future<Output = Result<ExitCode, CliError>>,
 {
     let setup = load(cluster)?;
-    let agents = Agents::new(&setup).map_err(|e| e.to_string())?;
+    let agents = Agents::new(&setup)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+        .map_err(CliError::Runtime)?;
     rt.block_on(async move {
         // Registered before anything is asked: a Ctrl-C from here on is ours.
         let mut interrupt =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-                .map_err(|e| format!("cannot watch for Ctrl-C: {e}"))?;
+                .map_err(CliError::Signal)?;
         tokio::select! {
             r = f(setup, agents) => r,
             _ = interrupt.recv() => {

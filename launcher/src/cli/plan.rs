@@ -8,7 +8,9 @@ use std::process::ExitCode;
 
 use launcher::config::{Setup, COMMIT_PLACEHOLDER};
 
-pub fn plan(cluster: &Path, json: bool) -> Result<ExitCode, String> {
+use super::CliError;
+
+pub fn plan(cluster: &Path, json: bool) -> Result<ExitCode, CliError> {
     let mut setup = super::load(cluster)?;
     if setup.model.path.contains(COMMIT_PLACEHOLDER) {
         match learn_commit(&setup) {
@@ -34,11 +36,11 @@ pub fn plan(cluster: &Path, json: bool) -> Result<ExitCode, String> {
 }
 
 /// The model path with the commit the agents resolve.
-fn learn_commit(setup: &Setup) -> Result<String, String> {
-    let agents = launcher::agents::Agents::new(setup).map_err(|e| e.to_string())?;
+fn learn_commit(setup: &Setup) -> Result<String, CliError> {
+    let agents = launcher::agents::Agents::new(setup)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    rt.block_on(launcher::check::resolve_commit(setup, &agents))
+        .map_err(CliError::Runtime)?;
+    Ok(rt.block_on(launcher::check::resolve_commit(setup, &agents))?)
 }

@@ -9,13 +9,15 @@ use launcher::agents::Agents;
 use launcher::config::Setup;
 use xfer_proto::launch::{LaunchReply, LaunchRequest, RunState};
 
+use super::{Again, CliError};
+
 pub async fn status(
     setup: Setup,
     agents: Agents,
     run: Option<String>,
     record: Option<PathBuf>,
     json: bool,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let answers = agents
         .ask_all(
             |_, _| LaunchRequest::RunQuery { run: run.clone() },
@@ -92,9 +94,10 @@ pub async fn status(
         println!("{}", xfer_proto::text::wrap(&line, width, 4));
     }
     if silent > 0 {
-        return Err(format!(
-            "{silent} agent(s) did not answer; start them again (they adopt their ranks) and run `xfer-launch status` again"
-        ));
+        return Err(CliError::Silent {
+            silent,
+            again: Again::Status,
+        });
     }
     Ok(ExitCode::SUCCESS)
 }

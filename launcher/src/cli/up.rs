@@ -8,12 +8,14 @@ use launcher::config::Setup;
 use launcher::diagnose::Diagnosed;
 use launcher::up::UpOptions;
 
+use super::CliError;
+
 pub async fn up(
     setup: Setup,
     agents: Agents,
     opts: UpOptions,
     json: bool,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     up_after(setup, &agents, opts, json, None).await
 }
 
@@ -25,15 +27,13 @@ pub async fn up_after(
     opts: UpOptions,
     json: bool,
     deployed: Option<(launcher::deploy::Phases, &launcher::check::Checked)>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let t0 = std::time::Instant::now();
     let (phases, before) = match deployed {
         Some((p, c)) => (Some(p), launcher::up::Before::Passed(c)),
         None => (None, launcher::up::Before::Fresh),
     };
-    let out = launcher::up::up(&setup, agents, &opts, before)
-        .await
-        .map_err(|e| e.to_string())?;
+    let out = launcher::up::up(&setup, agents, &opts, before).await?;
     report(&setup, out, json, phases, t0)
 }
 
@@ -44,7 +44,7 @@ pub fn report(
     json: bool,
     phases: Option<launcher::deploy::Phases>,
     t0: std::time::Instant,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let answered_at = out.result.as_ref().ok().and_then(|r| r.answered_at);
     let phases = phases.map(|mut p| {
         // A preflight that ran beside held ranks ended inside `up`.
@@ -107,7 +107,7 @@ pub fn report(
                 print_failure(f);
             }
             eprintln!("record: {record}");
-            Err(format!("run {} did not come up: {why}", out.run))
+            Err(CliError::NotUp { run: out.run, why })
         }
     }
 }

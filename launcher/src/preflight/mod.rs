@@ -25,6 +25,7 @@ use xfer_proto::launch::{
 };
 use xfer_proto::text::wrap;
 
+use crate::agents::NodeError;
 use crate::config::{Engine, RankNode, Setup};
 
 mod checks;
@@ -317,7 +318,7 @@ pub const CHECKS: &[&str] = &[
 pub(crate) struct Ctx<'a> {
     pub setup: &'a Setup,
     /// Every node's answer, in rank order (`Err`: the agent did not answer).
-    pub answers: &'a [Result<NodeFacts, String>],
+    pub answers: &'a [Result<NodeFacts, NodeError>],
     /// The nodes that answered, with their facts, in rank order.
     pub nodes: Vec<(&'a RankNode, &'a NodeFacts)>,
     /// The cluster file, for the `FILE:LINE` in the fixes.
@@ -400,7 +401,7 @@ const JUDGES: [(&str, Check); 20] = [
 
 /// The verdict on every node's answer (`Err`: the agent did not answer).
 /// `answers` is in rank order, like `setup.nodes`.
-pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
+pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, NodeError>]) -> Vec<Row> {
     let ctx = Ctx::of(setup, answers);
     let mut rows = Rows::default();
     for (_, check) in JUDGES {
@@ -413,7 +414,7 @@ pub fn judge(setup: &Setup, answers: &[Result<NodeFacts, String>]) -> Vec<Row> {
 }
 
 impl<'a> Ctx<'a> {
-    fn of(setup: &'a Setup, answers: &'a [Result<NodeFacts, String>]) -> Self {
+    fn of(setup: &'a Setup, answers: &'a [Result<NodeFacts, NodeError>]) -> Self {
         Ctx {
             setup,
             answers,
@@ -429,7 +430,7 @@ impl<'a> Ctx<'a> {
 }
 
 /// The rows of one check (`name`, one of [`CHECKS`]) alone.
-pub fn judge_only(setup: &Setup, answers: &[Result<NodeFacts, String>], name: &str) -> Vec<Row> {
+pub fn judge_only(setup: &Setup, answers: &[Result<NodeFacts, NodeError>], name: &str) -> Vec<Row> {
     let ctx = Ctx::of(setup, answers);
     let mut rows = Rows::default();
     for (_, check) in JUDGES.iter().filter(|(n, _)| *n == name) {

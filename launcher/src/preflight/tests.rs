@@ -161,7 +161,7 @@ fn good(setup: &Setup, i: usize) -> NodeFacts {
 }
 
 fn judged(setup: &Setup, f: impl Fn(usize, &mut NodeFacts)) -> Vec<Row> {
-    let answers: Vec<Result<NodeFacts, String>> = (0..setup.nodes.len())
+    let answers: Vec<Result<NodeFacts, NodeError>> = (0..setup.nodes.len())
         .map(|i| {
             let mut facts = good(setup, i);
             f(i, &mut facts);
@@ -241,7 +241,12 @@ fn the_weight_gate_names_the_node_and_what_is_missing() {
 #[test]
 fn an_unreachable_agent_fails_with_its_line() {
     let s = s();
-    let answers = vec![Ok(good(&s, 0)), Err("no answer within 5s".to_string())];
+    let answers = vec![
+        Ok(good(&s, 0)),
+        Err(NodeError::from(xfer::client::AskError::Unreachable(
+            xfer::client::ask::ExchangeError::Timeout(5),
+        ))),
+    ];
     let rows = judge(&s, &answers);
     let f = fails(&rows);
     assert!(f

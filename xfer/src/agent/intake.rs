@@ -70,14 +70,50 @@ pub struct Origin {
 /// The variable naming more hosts an intake node may fetch from.
 pub const INTAKE_HOSTS: &str = "XFER_INTAKE_HOSTS";
 
+/// Why a URL does not parse (the `url` crate's `ParseError`, named
+/// through reqwest).
+type UrlError = <reqwest::Url as std::str::FromStr>::Err;
+
+/// Why a job's endpoint names no origin.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// It is not a URL.
+    #[error("its job's endpoint `{endpoint}` is not a URL ({why})")]
+    NotUrl {
+        /// The endpoint.
+        endpoint: String,
+        /// Why it does not parse.
+        why: UrlError,
+    },
+    /// It names no host.
+    #[error("its job's endpoint `{0}` names no host")]
+    NoHost(String),
+}
+
+/// Why an intake ask is refused (a protocol refusal's text).
+#[derive(Debug, thiserror::Error)]
+enum AskShapeError {
+    /// The URL does not parse.
+    #[error("intake URL `{url}` is not a URL: {why}")]
+    NotUrl { url: String, why: UrlError },
+    /// The URL is not http(s).
+    #[error("intake URL `{0}` is not http(s); only an origin's files are fetched")]
+    NotHttp(String),
+    /// The span is empty or too long.
+    #[error("intake span {from}..{to} is empty or longer than {MAX_INTAKE_SPAN} bytes")]
+    Span { from: u64, to: u64 },
+}
+
 impl Origin {
     /// The origin of the endpoint `HF_ENDPOINT` (or a job) names.
-    pub fn of_endpoint(endpoint: &str) -> Result<Origin, String> {
-        let url = reqwest::Url::parse(endpoint)
-            .map_err(|e| format!("its job's endpoint `{endpoint}` is not a URL ({e})"))?;
+    pub fn of_endpoint(endpoint: &str) -> Result<Origin, EndpointError> {
+        let url = reqwest::Url::parse(endpoint).map_err(|why| EndpointError::NotUrl {
+            endpoint: endpoint.to_string(),
+            why,
+        })?;
         let host = url
             .host_str()
-            .ok_or_else(|| format!("its job's endpoint `{endpoint}` names no host"))?
+            .ok_or_else(|| EndpointError::NoHost(endpoint.to_string()))?
             .to_ascii_lowercase();
         let mut hosts = vec![host.clone()];
         let mut domains = Vec::new();
@@ -192,7 +228,7 @@ async fn serve(
 ) -> Result<()> {
     let url = match check(&ask) {
         Ok(u) => u,
-        Err(why) => return super::refuse(&mut send, Refusal::Protocol(why)).await,
+        Err(why) => return super::refuse(&mut send, Refusal::Protocol(why.to_string())).await,
     };
     if std::env::var(FAULT_BUSY_INTAKE).is_ok_and(|v| v == "1") {
         static ASKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -297,20 +333,19 @@ fn outside_listing(t: Option<&crate::store::Transfer>, ask: &IntakeAsk) -> Optio
 }
 
 /// The URL, if the ask is well formed.
-fn check(ask: &IntakeAsk) -> Result<reqwest::Url, String> {
-    let url = reqwest::Url::parse(&ask.url)
-        .map_err(|e| format!("intake URL `{}` is not a URL: {e}", ask.url))?;
+fn check(ask: &IntakeAsk) -> Result<reqwest::Url, AskShapeError> {
+    let url = reqwest::Url::parse(&ask.url).map_err(|why| AskShapeError::NotUrl {
+        url: ask.url.clone(),
+        why,
+    })?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "intake URL `{}` is not http(s); only an origin's files are fetched",
-            ask.url
-        ));
+        return Err(AskShapeError::NotHttp(ask.url.clone()));
     }
     if ask.to <= ask.from || ask.to - ask.from > MAX_INTAKE_SPAN {
-        return Err(format!(
-            "intake span {}..{} is empty or longer than {MAX_INTAKE_SPAN} bytes",
-            ask.from, ask.to
-        ));
+        return Err(AskShapeError::Span {
+            from: ask.from,
+            to: ask.to,
+        });
     }
     Ok(url)
 }
@@ -432,7 +467,7 @@ mod tests {
             ask("http://h/x", 0, MAX_INTAKE_SPAN + 1),
         ] {
             let why = check(&bad).unwrap_err();
-            assert!(why.contains("intake"), "{why}");
+            assert!(why.to_string().contains("intake"), "{why}");
         }
     }
 }

@@ -72,36 +72,52 @@ impl LocalCtx {
     }
 }
 
+/// What the ranks lose when the socket cannot be bound.
+const BIND_FIX: &str = "the ranks of `xfer-launch up` under stream_weights cannot ask this agent";
+
+/// Why the loader socket could not be bound. Each line ends with what the
+/// ranks lose, or what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The socket's path is longer than `sun_path` holds.
+    #[error("{} is longer than a Unix socket's path may be (107 bytes); {BIND_FIX}: give the agent a shorter --root", .0.display())]
+    TooLong(PathBuf),
+    /// Another agent answers on the socket.
+    #[error("another agent answers on {}: two agents on one --root would overwrite each other's files; stop the other one", .0.display())]
+    Taken(PathBuf),
+    /// A file operation failed: `what` is "cannot create DIR" and the like.
+    #[error("{what}: {why}; {BIND_FIX}")]
+    Io {
+        /// What could not be done, with its path.
+        what: String,
+        /// What the system said.
+        why: std::io::Error,
+    },
+}
+
 /// Binds the socket (replacing a stale one) with mode 0600.
-pub fn bind(root: &Path) -> Result<UnixListener, String> {
+pub fn bind(root: &Path) -> Result<UnixListener, BindError> {
     let path = socket_path(root);
-    let fix = "the ranks of `xfer-launch up` under stream_weights cannot ask this agent";
+    let io = |what: String| move |why| BindError::Io { what, why };
     // sun_path holds 108 bytes, its NUL included.
     if path.as_os_str().len() > 107 {
-        return Err(format!(
-            "{} is longer than a Unix socket's path may be (107 bytes); {fix}: give the agent a shorter --root",
-            path.display()
-        ));
+        return Err(BindError::TooLong(path));
     }
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}; {fix}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(io(format!("cannot create {}", dir.display())))?;
     }
     if std::fs::symlink_metadata(&path).is_ok() {
         if std::os::unix::net::UnixStream::connect(&path).is_ok() {
-            return Err(format!(
-                "another agent answers on {}: two agents on one --root would overwrite each other's files; stop the other one",
-                path.display()
-            ));
+            return Err(BindError::Taken(path));
         }
         std::fs::remove_file(&path)
-            .map_err(|e| format!("cannot remove the stale {}: {e}; {fix}", path.display()))?;
+            .map_err(io(format!("cannot remove the stale {}", path.display())))?;
     }
-    let listener = UnixListener::bind(&path)
-        .map_err(|e| format!("cannot listen on {}: {e}; {fix}", path.display()))?;
+    let listener =
+        UnixListener::bind(&path).map_err(io(format!("cannot listen on {}", path.display())))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot make {} mode 0600: {e}; {fix}", path.display()))?;
+        .map_err(io(format!("cannot make {} mode 0600", path.display())))?;
     Ok(listener)
 }
 

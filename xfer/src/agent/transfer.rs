@@ -378,7 +378,7 @@ fn intake_origin(
         .clone()
         .or_else(|| std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()))
         .unwrap_or_else(|| crate::hub::env::DEFAULT_ENDPOINT.to_string());
-    super::intake::Origin::of_endpoint(&endpoint)
+    super::intake::Origin::of_endpoint(&endpoint).map_err(|e| e.to_string())
 }
 
 /// What an offer asks this node to store.

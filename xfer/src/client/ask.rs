@@ -8,8 +8,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::config::auth::Credential;
-pub use crate::transport::ask::ASK_TIMEOUT;
-use crate::transport::ask::{self, ExchangeError};
+use crate::transport::ask;
+pub use crate::transport::ask::{ExchangeError, ASK_TIMEOUT};
 use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::launch::{LaunchReply, LaunchRequest};
 use xfer_proto::refusal::Refusal;

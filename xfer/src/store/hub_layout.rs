@@ -58,27 +58,77 @@ pub fn blob_hash(path: &RelPath) -> Option<BlobHash> {
     }
 }
 
+/// Why a manifest does not have the shape of a Hub cache repo folder.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    /// A path outside the cache's top-level folders.
+    #[error("`{0}` is not under a folder of a Hub cache repo ({folders})", folders = FOLDERS.join(", "))]
+    NotInFolder(RelPath),
+    /// A blob not named by a hash.
+    #[error("`{0}`: a blob is named by its sha256 (64 hex digits) or git sha1 (40)")]
+    BlobName(RelPath),
+    /// A regular file among a snapshot's names.
+    #[error("`{0}` is a file; a snapshot's names are links to blobs")]
+    SnapshotFile(RelPath),
+    /// A snapshot's name that does not lead to a blob.
+    #[error("`{path}` links to `{target}`, not to a blob of this repo folder")]
+    NotToBlob {
+        /// The link.
+        path: RelPath,
+        /// Where it leads.
+        target: String,
+    },
+    /// A link outside `snapshots/`.
+    #[error("`{path}` links to `{target}`; only a snapshot's names are links")]
+    StrayLink {
+        /// The link.
+        path: RelPath,
+        /// Where it leads.
+        target: String,
+    },
+}
+
+/// A blob's bytes hash to another value than its name: the hash they
+/// have, in hex.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct HashedTo(pub String);
+
+/// Why a blob failed its check against its name.
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    /// It could not be read.
+    #[error("cannot read `{path}` to check it against its name: {why}")]
+    Unreadable {
+        /// The blob.
+        path: RelPath,
+        /// What the system said.
+        why: std::io::Error,
+    },
+    /// Its bytes are not the ones its name says.
+    #[error("`{path}` hashes to {got}, not to its name: it is not the Hub's file")]
+    Mismatch {
+        /// The blob.
+        path: RelPath,
+        /// What it hashes to.
+        got: HashedTo,
+    },
+}
+
 /// `Ok` when `m` has the shape of a Hub cache repo folder; else why not.
-pub fn check_manifest(m: &Manifest) -> Result<(), String> {
+pub fn check_manifest(m: &Manifest) -> Result<(), ShapeError> {
     for e in &m.entries {
         let path = e.path();
         let top = path.as_str().split('/').next().unwrap_or_default();
         if !FOLDERS.contains(&top) {
-            return Err(format!(
-                "`{path}` is not under a folder of a Hub cache repo ({})",
-                FOLDERS.join(", ")
-            ));
+            return Err(ShapeError::NotInFolder(path.clone()));
         }
         match e {
             Entry::File(_) if top == "blobs" && blob_hash(path).is_none() => {
-                return Err(format!(
-                    "`{path}`: a blob is named by its sha256 (64 hex digits) or git sha1 (40)"
-                ));
+                return Err(ShapeError::BlobName(path.clone()));
             }
             Entry::File(_) if top == "snapshots" => {
-                return Err(format!(
-                    "`{path}` is a file; a snapshot's names are links to blobs"
-                ));
+                return Err(ShapeError::SnapshotFile(path.clone()));
             }
             Entry::Symlink { target, .. } if top == "snapshots" => {
                 let to = lexical_target(path, target);
@@ -88,15 +138,17 @@ pub fn check_manifest(m: &Manifest) -> Result<(), String> {
                     .and_then(|t| blob_hash(&t))
                     .is_none()
                 {
-                    return Err(format!(
-                        "`{path}` links to `{target}`, not to a blob of this repo folder"
-                    ));
+                    return Err(ShapeError::NotToBlob {
+                        path: path.clone(),
+                        target: target.clone(),
+                    });
                 }
             }
             Entry::Symlink { target, .. } => {
-                return Err(format!(
-                    "`{path}` links to `{target}`; only a snapshot's names are links"
-                ));
+                return Err(ShapeError::StrayLink {
+                    path: path.clone(),
+                    target: target.clone(),
+                });
             }
             _ => {}
         }
@@ -128,7 +180,7 @@ fn lexical_target(path: &RelPath, target: &str) -> Option<String> {
 pub fn check_blobs<'a>(
     dir: &Path,
     paths: impl IntoIterator<Item = &'a RelPath>,
-) -> Result<(), String> {
+) -> Result<(), BlobError> {
     for path in paths {
         let Some(want) = blob_hash(path) else {
             continue;
@@ -139,11 +191,15 @@ pub fn check_blobs<'a>(
                 let size = f.metadata()?.len();
                 check_blob(&mut f, size, want)
             })
-            .map_err(|e| format!("cannot read `{path}` to check it against its name: {e}"))?;
+            .map_err(|why| BlobError::Unreadable {
+                path: path.clone(),
+                why,
+            })?;
         if let Err(got) = checked {
-            return Err(format!(
-                "`{path}` hashes to {got}, not to its name: it is not the Hub's file"
-            ));
+            return Err(BlobError::Mismatch {
+                path: path.clone(),
+                got,
+            });
         }
     }
     Ok(())
@@ -155,7 +211,7 @@ pub fn check_blob(
     file: &mut impl Read,
     size: u64,
     want: BlobHash,
-) -> std::io::Result<Result<(), String>> {
+) -> std::io::Result<Result<(), HashedTo>> {
     let mut buf = vec![0u8; 1 << 20];
     let got = match want {
         BlobHash::Sha256(w) => {
@@ -174,7 +230,7 @@ pub fn check_blob(
     };
     Ok(match got {
         None => Ok(()),
-        Some(hex) => Err(hex),
+        Some(hex) => Err(HashedTo(hex)),
     })
 }
 
@@ -276,7 +332,7 @@ mod tests {
             ),
         ] {
             let e = check_manifest(&manifest(vec![file(blob), bad])).unwrap_err();
-            assert!(e.contains(said), "{e}");
+            assert!(e.to_string().contains(said), "{e}");
         }
     }
 

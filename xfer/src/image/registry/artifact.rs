@@ -58,13 +58,40 @@ pub fn accepted() -> String {
     "application/vnd.cncf.model.{weight,weight.config,doc,code,dataset}.v1.{raw,tar}".into()
 }
 
+/// Why a layer's media type is not read: the type and what is wrong
+/// with it.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a layer of media type `{media}` {why} (xfer reads {accepted})", accepted = accepted())]
+pub struct MediaError {
+    /// The layer's media type.
+    pub media: String,
+    /// What is wrong with it, as words after the type.
+    pub why: &'static str,
+}
+
+/// Why a raw layer names no file xfer places.
+#[derive(Debug, thiserror::Error)]
+pub enum RawPathError {
+    /// The layer has no path annotation.
+    #[error("raw layer {0} has no `{FILEPATH}` annotation, so it names no file")]
+    Unnamed(Digest),
+    /// The path it names is refused.
+    #[error("layer {digest}'s path `{}` is refused ({why}): an artifact's files stay inside the model folder", .path.escape_default())]
+    Refused {
+        /// The layer.
+        digest: Digest,
+        /// The path it names.
+        path: String,
+        /// Why it is refused.
+        why: xfer_proto::relpath::PathError,
+    },
+}
+
 /// How `media` packs its files, or why it is not read.
-fn packing(media: &str) -> Result<Packing, String> {
-    let refuse = |why: &str| {
-        format!(
-            "a layer of media type `{media}` {why} (xfer reads {})",
-            accepted()
-        )
+fn packing(media: &str) -> Result<Packing, MediaError> {
+    let refuse = |why: &'static str| MediaError {
+        media: media.to_string(),
+        why,
     };
     let rest = media
         .strip_prefix("application/vnd.cncf.model.")
@@ -339,7 +366,7 @@ pub async fn place_model(
                     }
                 })?,
                 Packing::Raw => {
-                    let rel = raw_path(l).map_err(anyhow::Error::msg)?;
+                    let rel = raw_path(l)?;
                     (
                         1,
                         place_file(&blob, &into, &rel, placing).map_err(local_any)?,
@@ -491,19 +518,15 @@ pub async fn pull_model(
 }
 
 /// The path a raw layer's annotation names, checked.
-fn raw_path(l: &Descriptor) -> Result<RelPath, String> {
-    let p = l.annotations.get(FILEPATH).ok_or_else(|| {
-        format!(
-            "raw layer {} has no `{FILEPATH}` annotation, so it names no file",
-            l.digest
-        )
-    })?;
-    RelPath::new(p.trim_start_matches("./")).map_err(|e| {
-        format!(
-            "layer {}'s path `{}` is refused ({e}): an artifact's files stay inside the model folder",
-            l.digest,
-            p.escape_default()
-        )
+fn raw_path(l: &Descriptor) -> Result<RelPath, RawPathError> {
+    let p = l
+        .annotations
+        .get(FILEPATH)
+        .ok_or_else(|| RawPathError::Unnamed(l.digest.clone()))?;
+    RelPath::new(p.trim_start_matches("./")).map_err(|why| RawPathError::Refused {
+        digest: l.digest.clone(),
+        path: p.clone(),
+        why,
     })
 }
 
@@ -673,9 +696,13 @@ mod tests {
             Ok(Packing::Tar)
         );
         let gz = packing("application/vnd.cncf.model.weight.v1.tar+gzip").unwrap_err();
+        let gz = gz.to_string();
         assert!(gz.contains("compressed") && gz.contains("tar+gzip"), "{gz}");
         let other = packing("application/vnd.kitops.modelkit.model.v1.tar").unwrap_err();
-        assert!(other.contains("is not a ModelPack layer"), "{other}");
+        assert!(
+            other.to_string().contains("is not a ModelPack layer"),
+            "{other}"
+        );
         assert!(packing("application/vnd.cncf.model.secret.v1.raw").is_err());
     }
 

@@ -33,6 +33,38 @@ pub const KNOWN_REALMS: &[(&str, &str)] = &[
 /// be sent a registry's credentials as its token realm.
 pub const AUTH_HOSTS: &str = "XFER_REGISTRY_AUTH_HOSTS";
 
+/// Why a registry's token realm is not asked: `what` says which
+/// registry named which realm.
+#[derive(Debug, thiserror::Error)]
+pub enum RealmError {
+    /// An https registry named a plain-HTTP realm.
+    #[error("{what} over plain HTTP; xfer asks an https registry's tokens only over https (a token or the credentials would cross the network readable): have the registry name an https realm (auth.token.realm in its configuration)")]
+    PlainHttp {
+        /// "registry NAME named the token realm REALM".
+        what: String,
+    },
+    /// The realm is not an http(s) URL.
+    #[error("{what}, a `{scheme}` URL; xfer asks tokens over http(s) only: fix the registry's realm (auth.token.realm in its configuration)")]
+    Scheme {
+        /// "registry NAME named the token realm REALM".
+        what: String,
+        /// The realm's scheme.
+        scheme: String,
+    },
+    /// The realm is on a host the credentials may not be sent to.
+    #[error("{what} on another host, {host}; xfer sends {name}'s credentials only to {own} itself and to hosts allowed to serve its tokens: if {host} is {name}'s token service, allow it with {AUTH_HOSTS}={host} (for `xfer sync`, in the environment of the agent that pulls), else pull from a registry you trust")]
+    OtherHost {
+        /// "registry NAME named the token realm REALM".
+        what: String,
+        /// The realm's host.
+        host: String,
+        /// The registry's name as the reference spells it.
+        name: String,
+        /// The registry's own host.
+        own: String,
+    },
+}
+
 /// Whether the registry at `registry` (its API base URL; `name` as the
 /// reference spells it, for messages) may be asked for a token at `realm`,
 /// sending its credentials when `with_credentials`; `allowed` is the
@@ -43,19 +75,16 @@ pub fn check_realm(
     realm: &Url,
     with_credentials: bool,
     allowed: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), RealmError> {
     let what = format!("registry {name} named the token realm {realm}");
     match (realm.scheme(), registry.scheme()) {
         ("https", _) | ("http", "http") => {}
-        ("http", _) => {
-            return Err(format!(
-                "{what} over plain HTTP; xfer asks an https registry's tokens only over https (a token or the credentials would cross the network readable): have the registry name an https realm (auth.token.realm in its configuration)"
-            ))
-        }
+        ("http", _) => return Err(RealmError::PlainHttp { what }),
         (s, _) => {
-            return Err(format!(
-                "{what}, a `{s}` URL; xfer asks tokens over http(s) only: fix the registry's realm (auth.token.realm in its configuration)"
-            ))
+            return Err(RealmError::Scheme {
+                what,
+                scheme: s.to_string(),
+            })
         }
     }
     if !with_credentials {
@@ -72,9 +101,12 @@ pub fn check_realm(
     if host == own || known || listed {
         return Ok(());
     }
-    Err(format!(
-        "{what} on another host, {host}; xfer sends {name}'s credentials only to {own} itself and to hosts allowed to serve its tokens: if {host} is {name}'s token service, allow it with {AUTH_HOSTS}={host} (for `xfer sync`, in the environment of the agent that pulls), else pull from a registry you trust"
-    ))
+    Err(RealmError::OtherHost {
+        what,
+        host,
+        name: name.to_string(),
+        own,
+    })
 }
 
 /// A user name and password (or token).
@@ -261,7 +293,9 @@ mod tests {
         assert!(check(&https, "https://reg.example/token", true, None).is_ok());
         assert!(check(&https, "https://REG.example:5001/token", true, None).is_ok());
         // Another host: anonymous only, unless allowed.
-        let e = check(&https, "https://evil.example/token", true, None).unwrap_err();
+        let e = check(&https, "https://evil.example/token", true, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("https://evil.example/token")
                 && e.contains("registry reg.example:5000")
@@ -280,7 +314,9 @@ mod tests {
         // Plain HTTP: only for a plain HTTP registry, with or without
         // credentials.
         for creds in [true, false] {
-            let e = check(&https, "http://reg.example/token", creds, None).unwrap_err();
+            let e = check(&https, "http://reg.example/token", creds, None)
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains("plain HTTP") && e.contains("http://reg.example/token"),
                 "{e}"

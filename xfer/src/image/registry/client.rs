@@ -262,7 +262,7 @@ impl Registry {
                     self.creds.is_some(),
                     allowed.as_deref(),
                 )
-                .map_err(Refused)?;
+                .map_err(|e| Refused(e.to_string()))?;
                 {
                     let mut q = url.query_pairs_mut();
                     if let Some(s) = &service {
