@@ -522,9 +522,9 @@ fn raw_path(l: &Descriptor) -> Result<RelPath, RawPathError> {
     let p = l
         .annotations
         .get(FILEPATH)
-        .ok_or_else(|| RawPathError::Unnamed(l.digest.clone()))?;
+        .ok_or(RawPathError::Unnamed(l.digest))?;
     RelPath::new(p.trim_start_matches("./")).map_err(|why| RawPathError::Refused {
-        digest: l.digest.clone(),
+        digest: l.digest,
         path: p.clone(),
         why,
     })
