@@ -117,10 +117,8 @@ pub struct SimulateArgs {
     /// The model's size in MiB.
     #[arg(long)]
     pub size_mib: u64,
-    /// Chunk size: `auto` (as the agents pick it from the model's size) or
-    /// a power of two, 64KiB to 256MiB.
-    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
-    pub chunk_size: xfer_proto::manifest::ChunkSize,
+    #[command(flatten)]
+    pub chunking: Chunking,
     /// Peer links each receiver keeps at most (2-64).
     #[arg(long, default_value_t = xfer::engine::topology::DEFAULT_DEGREE, value_parser = parse_peers)]
     pub degree: u32,
@@ -227,10 +225,8 @@ pub struct ManifestArgs {
     /// Print the full manifest as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
-    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
-    pub chunk_size: xfer_proto::manifest::ChunkSize,
+    #[command(flatten)]
+    pub chunking: Chunking,
 }
 
 /// The arguments of `xfer serve`.
@@ -328,17 +324,8 @@ pub struct SyncArgs {
     /// this working directory or its root) when it has one, is refused
     /// when only this machine has it, and is the Hub repo otherwise.
     pub source: String,
-    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "XFER_CLUSTER",
-        hide_env_values = true
-    )]
-    pub cluster: Option<PathBuf>,
-    /// Nodes that must end with the model (default: every node).
-    #[arg(long, value_delimiter = ',')]
-    pub nodes: Vec<String>,
+    #[command(flatten)]
+    pub at: ClusterNodes,
     /// The node holding the path, or pulling the repo (default: the first
     /// of --nodes). For a Hub repo, `a,b,c` stripes the download: every
     /// node named fetches ranges from the Hub over its own link, `a`
@@ -352,10 +339,8 @@ pub struct SyncArgs {
     /// The kind of Hub repo: model or dataset.
     #[arg(long, default_value = "model", value_parser = parse_repo_type)]
     pub repo_type: xfer_proto::repo::RepoType,
-    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
-    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
-    pub chunk_size: xfer_proto::manifest::ChunkSize,
+    #[command(flatten)]
+    pub chunking: Chunking,
     /// Cap the source's send rate, e.g. 500MiB (bytes per second).
     #[arg(long, value_parser = parse_size)]
     pub limit_rate: Option<u64>,
@@ -390,17 +375,8 @@ pub struct SyncArgs {
 /// The arguments of `xfer status`.
 #[derive(clap::Args)]
 pub struct StatusArgs {
-    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "XFER_CLUSTER",
-        hide_env_values = true
-    )]
-    pub cluster: Option<PathBuf>,
-    /// Only these nodes, comma separated (default: every node).
-    #[arg(long, value_delimiter = ',')]
-    pub nodes: Vec<String>,
+    #[command(flatten)]
+    pub at: ClusterNodes,
     /// Print every node's report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -415,14 +391,8 @@ pub struct StatusArgs {
 pub struct CancelArgs {
     /// The job's id, as `xfer sync` printed it and `xfer status` lists it.
     pub job: String,
-    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "XFER_CLUSTER",
-        hide_env_values = true
-    )]
-    pub cluster: Option<PathBuf>,
+    #[command(flatten)]
+    pub at: ClusterFile,
 }
 
 /// The arguments of `xfer rm`.
@@ -431,17 +401,8 @@ pub struct RmArgs {
     /// The model: its name on the nodes (models--Qwen--Qwen3-8B, my-model)
     /// or its Hub repo id (Qwen/Qwen3-8B).
     pub name: String,
-    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "XFER_CLUSTER",
-        hide_env_values = true
-    )]
-    pub cluster: Option<PathBuf>,
-    /// Only these nodes, comma separated (default: every node).
-    #[arg(long, value_delimiter = ',')]
-    pub nodes: Vec<String>,
+    #[command(flatten)]
+    pub at: ClusterNodes,
     /// The kind of repo a repo id names: model or dataset.
     #[arg(long, default_value = "model", value_parser = parse_repo_type)]
     pub repo_type: xfer_proto::repo::RepoType,
@@ -457,17 +418,8 @@ pub struct RmArgs {
 /// The arguments of `xfer prune`.
 #[derive(clap::Args)]
 pub struct PruneArgs {
-    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "XFER_CLUSTER",
-        hide_env_values = true
-    )]
-    pub cluster: Option<PathBuf>,
-    /// Prune only these nodes, comma separated (default: every node).
-    #[arg(long, value_delimiter = ',')]
-    pub nodes: Vec<String>,
+    #[command(flatten)]
+    pub at: ClusterNodes,
     /// Print what was removed as one JSON document.
     #[arg(long)]
     pub json: bool,
@@ -478,24 +430,8 @@ pub struct PruneArgs {
 pub struct PushArgs {
     /// The local directory to deliver.
     pub src: PathBuf,
-    /// The cluster file: every node in it (or --nodes), with their
-    /// addresses and its key, as `xfer sync` takes them (default:
-    /// $XFER_CLUSTER when --to is not given).
-    #[arg(long, value_name = "FILE", conflicts_with = "to")]
-    pub cluster: Option<PathBuf>,
-    /// With --cluster: only these nodes, comma separated.
-    #[arg(long, value_delimiter = ',', conflicts_with = "to")]
-    pub nodes: Vec<String>,
-    /// Agents, comma separated: AGENT[/DATA],... Each is its agent's
-    /// address, then optionally a slash and its data (fabric) address, whose
-    /// port defaults to the agent's: 10.0.0.2:7470/192.168.100.2. Without a
-    /// data address, the one the agent advertises (serve --data or
-    /// --fabric-if), else the agent address.
-    #[arg(long, value_delimiter = ',')]
-    pub to: Vec<String>,
-    /// The credential, with --to (--cluster names its own).
-    #[arg(long, env = "XFER_KEY")]
-    pub key: Option<PathBuf>,
+    #[command(flatten)]
+    pub dests: Destinations,
     /// Name on the agents (default: the directory's name); a repo id
     /// ORG/NAME names models--ORG--NAME.
     #[arg(long)]
@@ -503,31 +439,11 @@ pub struct PushArgs {
     /// Print one JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
-    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
-    pub chunk_size: xfer_proto::manifest::ChunkSize,
-    /// Cap the total send rate, e.g. 500MiB (bytes per second).
-    #[arg(long, value_parser = parse_size)]
-    pub limit_rate: Option<u64>,
-    /// Seconds to wait for each agent to answer.
-    #[arg(long, default_value_t = 5)]
-    pub connect_timeout: u64,
+    #[command(flatten)]
+    pub sending: Sending,
     /// Re-read every file instead of trusting the hash cache.
     #[arg(long)]
     pub rehash: bool,
-    /// Peer links each receiver keeps at most (2-64); the swarm's graph is
-    /// a random regular one of this degree, rewired when a node dies.
-    #[arg(long, default_value_t = xfer::engine::topology::DEFAULT_DEGREE, value_parser = parse_peers)]
-    pub peers: u32,
-    /// The data plane: RDMA when this node has an active RDMA port (and
-    /// this build can drive it), else QUIC; `rdma` refuses without one.
-    #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
-    pub transport: xfer::transport::select::TransportChoice,
-    /// QUIC connections to each agent, 1 to 64, each on its own socket so
-    /// they spread over cores (default: one per two cores, at most 4).
-    #[arg(long, value_parser = xfer::transport::lanes::parse_connections, default_value_t = xfer::transport::lanes::default_connections())]
-    pub connections: usize,
 }
 
 /// `xfer image`.
@@ -584,19 +500,8 @@ pub struct ImagePullArgs {
 /// Where and how an image is delivered (`xfer image push` and `pull`).
 #[derive(clap::Args)]
 pub struct ImageDelivery {
-    /// The cluster file: every node in it (or --nodes), with its key
-    /// (default: $XFER_CLUSTER when --to is not given).
-    #[arg(long, value_name = "FILE")]
-    pub cluster: Option<PathBuf>,
-    /// With --cluster: only these nodes.
-    #[arg(long, value_delimiter = ',', conflicts_with = "to")]
-    pub nodes: Vec<String>,
-    /// Agents, comma separated: AGENT[/DATA],... as `xfer push --to`.
-    #[arg(long, value_delimiter = ',')]
-    pub to: Vec<String>,
-    /// The cluster credential (with --to; --cluster names its own).
-    #[arg(long, env = "XFER_KEY")]
-    pub key: Option<PathBuf>,
+    #[command(flatten)]
+    pub dests: Destinations,
     /// Where the image's blobs are kept between pushes (default
     /// $XDG_CACHE_HOME/xfer/images or ~/.cache/xfer/images).
     #[arg(long, value_name = "DIR")]
@@ -604,25 +509,90 @@ pub struct ImageDelivery {
     /// Print one JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
-    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
-    pub chunk_size: xfer_proto::manifest::ChunkSize,
+    #[command(flatten)]
+    pub sending: Sending,
+}
+
+/// The nodes a push delivers to: a cluster file's (or some of them), or
+/// agents named by address with a credential (`xfer push`, `xfer image`).
+#[derive(clap::Args)]
+pub struct Destinations {
+    /// The cluster file: every node in it (or --nodes), with their
+    /// addresses and its key, as `xfer sync` takes them (default:
+    /// $XFER_CLUSTER when --to is not given).
+    #[arg(long, value_name = "FILE", conflicts_with = "to")]
+    pub cluster: Option<PathBuf>,
+    /// With --cluster: only these nodes, comma separated.
+    #[arg(long, value_delimiter = ',', conflicts_with = "to")]
+    pub nodes: Vec<String>,
+    /// Agents, comma separated: AGENT[/DATA],... Each is its agent's
+    /// address, then optionally a slash and its data (fabric) address, whose
+    /// port defaults to the agent's: 10.0.0.2:7470/192.168.100.2. Without a
+    /// data address, the one the agent advertises (serve --data or
+    /// --fabric-if), else the agent address.
+    #[arg(long, value_delimiter = ',')]
+    pub to: Vec<String>,
+    /// The credential, with --to (--cluster names its own).
+    #[arg(long, env = "XFER_KEY")]
+    pub key: Option<PathBuf>,
+}
+
+/// How a push sends: chunking, rate, timeouts, the swarm's degree, the
+/// data plane and its connections (`xfer push`, `xfer image`).
+#[derive(clap::Args)]
+pub struct Sending {
+    #[command(flatten)]
+    pub chunking: Chunking,
     /// Cap the total send rate, e.g. 500MiB (bytes per second).
     #[arg(long, value_parser = parse_size)]
     pub limit_rate: Option<u64>,
     /// Seconds to wait for each agent to answer.
     #[arg(long, default_value_t = 5)]
     pub connect_timeout: u64,
-    /// Peer links each receiver keeps at most (2-64).
+    /// Peer links each receiver keeps at most (2-64); the swarm's graph is
+    /// a random regular one of this degree, rewired when a node dies.
     #[arg(long, default_value_t = xfer::engine::topology::DEFAULT_DEGREE, value_parser = parse_peers)]
     pub peers: u32,
-    /// The data plane, as with `xfer push`.
+    /// The data plane: RDMA when this node has an active RDMA port (and
+    /// this build can drive it), else QUIC; `rdma` refuses without one.
     #[arg(long, value_enum, default_value_t = xfer::transport::select::TransportChoice::Auto)]
     pub transport: xfer::transport::select::TransportChoice,
-    /// QUIC connections to each agent, 1 to 64.
+    /// QUIC connections to each agent, 1 to 64, each on its own socket so
+    /// they spread over cores (default: one per two cores, at most 4).
     #[arg(long, value_parser = xfer::transport::lanes::parse_connections, default_value_t = xfer::transport::lanes::default_connections())]
     pub connections: usize,
+}
+
+/// The cluster file a command reads its nodes, addresses and key from.
+#[derive(clap::Args)]
+pub struct ClusterFile {
+    /// The cluster file: nodes, addresses and the key (default: $XFER_CLUSTER).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "XFER_CLUSTER",
+        hide_env_values = true
+    )]
+    pub cluster: Option<PathBuf>,
+}
+
+/// The cluster file and which of its nodes a command is about.
+#[derive(clap::Args)]
+pub struct ClusterNodes {
+    #[command(flatten)]
+    pub file: ClusterFile,
+    /// Only these nodes, comma separated (default: every node).
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+}
+
+/// The chunk size a model is cut into.
+#[derive(clap::Args)]
+pub struct Chunking {
+    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
+    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
+    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
+    pub chunk_size: xfer_proto::manifest::ChunkSize,
 }
 
 /// The arguments of `xfer pull`.
@@ -657,10 +627,8 @@ pub struct PullArgs {
     /// The cluster credential, needed with --to.
     #[arg(long, env = "XFER_KEY")]
     pub key: Option<PathBuf>,
-    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
-    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
-    pub chunk_size: xfer_proto::manifest::ChunkSize,
+    #[command(flatten)]
+    pub chunking: Chunking,
     /// Seconds to wait for each agent to answer.
     #[arg(long, default_value_t = 5)]
     pub connect_timeout: u64,
@@ -748,10 +716,8 @@ pub struct DemoArgs {
     /// The demo's working folder (model, roots, keys, logs).
     #[arg(long, default_value = "/tmp/xfer-demo")]
     pub dir: PathBuf,
-    /// Chunk size: `auto` (from the model's size: 256KiB for 128 MiB, 4MiB
-    /// from 2 GiB up) or a power of two from 64KiB to 256MiB.
-    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
-    pub chunk_size: xfer_proto::manifest::ChunkSize,
+    #[command(flatten)]
+    pub chunking: Chunking,
     /// The local Hub look-alike's cap per connection (bytes per second),
     /// as a CDN caps each connection; the pull uses 8.
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]

@@ -140,12 +140,12 @@ fn options(
         dests,
         cred,
         cache,
-        transport: d.transport,
-        chunk_size: d.chunk_size,
-        limit_rate: d.limit_rate,
-        connect_timeout: Duration::from_secs(d.connect_timeout),
-        connections: d.connections,
-        peers: d.peers,
+        transport: d.sending.transport,
+        chunk_size: d.sending.chunking.chunk_size,
+        limit_rate: d.sending.limit_rate,
+        connect_timeout: Duration::from_secs(d.sending.connect_timeout),
+        connections: d.sending.connections,
+        peers: d.sending.peers,
     })
 }
 
@@ -245,11 +245,5 @@ fn report(summaries: &[ImagePushSummary], json: bool) -> Result<ExitCode> {
 
 /// Where the nodes are and the credential (loaded once) to reach them with.
 async fn destinations(args: &ImageDelivery) -> Result<(Vec<Destination>, Arc<Credential>)> {
-    super::transfer::targets(
-        args.cluster.clone(),
-        &args.nodes,
-        &args.to,
-        args.key.clone(),
-    )
-    .await
+    super::transfer::targets(&args.dests).await
 }

@@ -23,12 +23,14 @@ fn load(file: Option<std::path::PathBuf>) -> Result<xfer::config::cluster::Clust
 pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
     let SyncArgs {
         source,
-        cluster,
-        nodes,
+        at: ClusterNodes {
+            file: ClusterFile { cluster },
+            nodes,
+        },
         from,
         name,
         repo_type,
-        chunk_size,
+        chunking: Chunking { chunk_size },
         limit_rate,
         wait,
         json,
@@ -125,8 +127,10 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
 /// `xfer status`.
 pub async fn status(args: StatusArgs) -> Result<ExitCode> {
     let StatusArgs {
-        cluster,
-        nodes,
+        at: ClusterNodes {
+            file: ClusterFile { cluster },
+            nodes,
+        },
         json,
         watch,
     } = args;
@@ -190,8 +194,10 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode> {
 /// `xfer prune`.
 pub async fn prune(args: PruneArgs) -> Result<ExitCode> {
     let PruneArgs {
-        cluster,
-        nodes,
+        at: ClusterNodes {
+            file: ClusterFile { cluster },
+            nodes,
+        },
         json,
     } = args;
     let cluster = load(cluster)?;
@@ -230,7 +236,10 @@ pub async fn prune(args: PruneArgs) -> Result<ExitCode> {
 
 /// `xfer cancel`.
 pub async fn cancel(args: CancelArgs) -> Result<ExitCode> {
-    let CancelArgs { job, cluster } = args;
+    let CancelArgs {
+        job,
+        at: ClusterFile { cluster },
+    } = args;
     xfer_proto::admin::check_job_id(&job).map_err(anyhow::Error::msg)?;
     let cluster = load(cluster)?;
     let cred = Arc::new(Credential::load(&cluster.key)?);
@@ -256,8 +265,10 @@ pub async fn cancel(args: CancelArgs) -> Result<ExitCode> {
 pub async fn rm(args: RmArgs) -> Result<ExitCode> {
     let RmArgs {
         name,
-        cluster,
-        nodes,
+        at: ClusterNodes {
+            file: ClusterFile { cluster },
+            nodes,
+        },
         repo_type,
         yes,
         force,

@@ -29,7 +29,7 @@ pub async fn manifest(args: ManifestArgs) -> Result<ExitCode> {
     let ManifestArgs {
         dir,
         json,
-        chunk_size,
+        chunking: Chunking { chunk_size },
     } = args;
     let started = Instant::now();
     let tree =

@@ -35,7 +35,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use args::{Cmd, DemoArgs};
+use args::{Chunking, Cmd, DemoArgs};
 
 /// Runs one command to its exit code.
 pub async fn run(cmd: Cmd) -> Result<ExitCode> {
@@ -68,7 +68,7 @@ async fn demo_command(args: DemoArgs) -> Result<ExitCode> {
         size,
         nodes,
         dir,
-        chunk_size,
+        chunking: Chunking { chunk_size },
         hub_rate,
         no_engine,
     } = args;

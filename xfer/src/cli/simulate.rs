@@ -57,7 +57,7 @@ fn simulate(a: &SimulateArgs) -> Result<serde_json::Value> {
         "nodes": n,
         "rate_mbit": a.rate_mbit,
         "size_mib": a.size_mib,
-        "chunk_size": a.chunk_size.for_bytes(a.size_mib * (1 << 20)),
+        "chunk_size": a.chunking.chunk_size.for_bytes(a.size_mib * (1 << 20)),
         "degree": a.degree,
         "seed": a.seed,
         "model": model,
@@ -110,7 +110,7 @@ fn setup(a: &SimulateArgs) -> Result<Setup> {
     let n = a.nodes as usize;
     let bytes = a.size_mib * (1 << 20);
     // As the agents pick it (auto: from the model's size).
-    let chunk_size = a.chunk_size.for_bytes(bytes);
+    let chunk_size = a.chunking.chunk_size.for_bytes(bytes);
     let chunks = bytes.div_ceil(chunk_size);
     let mut s = Setup::this_machine(n, a.rate_mbit * 1e6 / 8.0, chunks, chunk_size);
     if a.ideal {

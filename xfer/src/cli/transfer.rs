@@ -20,23 +20,23 @@ use super::out::{or_interrupted, say, warn};
 /// `xfer push`.
 pub async fn push(args: PushArgs) -> Result<ExitCode> {
     let PushArgs {
-        transport,
         src,
-        cluster,
-        nodes,
-        to,
-        key,
+        dests,
         name,
         json,
-        chunk_size,
-        limit_rate,
-        connect_timeout,
+        sending:
+            Sending {
+                chunking: Chunking { chunk_size },
+                limit_rate,
+                connect_timeout,
+                peers,
+                transport,
+                connections,
+            },
         rehash,
-        peers,
-        connections,
     } = args;
     let nic = xfer::transport::select::choose(transport)?;
-    let (to, cred) = targets(cluster, &nodes, &to, key).await?;
+    let (to, cred) = targets(&dests).await?;
     let name = name.as_deref().map(model_name).transpose()?;
     let opts = xfer::flow::push::PushOptions {
         src,
@@ -136,12 +136,15 @@ pub(super) async fn destinations(
 /// `--to` is not given; `--nodes` picks some), or the `--to` list with
 /// `--key`. Exactly one of the two.
 pub(super) async fn targets(
-    cluster: Option<PathBuf>,
-    nodes: &[String],
-    to: &[String],
-    key: Option<PathBuf>,
+    dests: &Destinations,
 ) -> Result<(Vec<xfer::flow::route::Destination>, Arc<Credential>)> {
-    let cluster = match (cluster, to.is_empty()) {
+    let Destinations {
+        cluster,
+        nodes,
+        to,
+        key,
+    } = dests;
+    let cluster = match (cluster.clone(), to.is_empty()) {
         (None, true) => xfer::config::cluster::cluster_file_from_env(),
         (c, _) => c,
     };
@@ -152,7 +155,7 @@ pub(super) async fn targets(
             Ok((dests, Arc::new(Credential::load(&cluster.key)?)))
         }
         (None, false) => {
-            let key = key.ok_or_else(|| anyhow::anyhow!(
+            let key = key.clone().ok_or_else(|| anyhow::anyhow!(
                 "--to needs the credential: give --key FILE (or set XFER_KEY), or use --cluster FILE"
             ))?;
             let cred = Arc::new(Credential::load(&key)?);
@@ -190,7 +193,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         part_size,
         to,
         key,
-        chunk_size,
+        chunking: Chunking { chunk_size },
         connect_timeout,
         fan_out,
         json,
@@ -465,7 +468,7 @@ async fn pull_artifact(args: PullArgs, reference: &str) -> Result<ExitCode> {
         routes: None,
         cred,
         name: None,
-        chunk_size: args.chunk_size,
+        chunk_size: args.chunking.chunk_size,
         limit_rate: None,
         connect_timeout: Duration::from_secs(args.connect_timeout),
         rehash: false,
