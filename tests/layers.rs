@@ -495,3 +495,170 @@ fn the_check_sees_a_planted_upward_import() {
         assert!(named.contains(want), "{want} not seen in {named:?}");
     }
 }
+
+/// Library files that still name `anyhow` (issue 54 moves each to typed
+/// errors, as ripgrep keeps `anyhow` to its binary): this list may only
+/// shrink. The binaries' own code (`xfer/src/main.rs`, `xfer/src/cli/`,
+/// `launcher/src/main.rs`) may use it.
+const ANYHOW_LEFT: &[&str] = &[
+    "xfer/src/agent/admin.rs",
+    "xfer/src/agent/intake.rs",
+    "xfer/src/agent/launch.rs",
+    "xfer/src/agent/mod.rs",
+    "xfer/src/agent/sync/cause.rs",
+    "xfer/src/agent/sync/runner.rs",
+    "xfer/src/agent/transfer.rs",
+    "xfer/src/client/cleanup.rs",
+    "xfer/src/client/image.rs",
+    "xfer/src/client/status.rs",
+    "xfer/src/client/sync.rs",
+    "xfer/src/client/wait.rs",
+    "xfer/src/config/auth/ca.rs",
+    "xfer/src/config/auth/mod.rs",
+    "xfer/src/flow/artifact_stream.rs",
+    "xfer/src/flow/fetch.rs",
+    "xfer/src/flow/image.rs",
+    "xfer/src/flow/image_pull.rs",
+    "xfer/src/flow/intake.rs",
+    "xfer/src/flow/layer_stream.rs",
+    "xfer/src/flow/pull_fanout.rs",
+    "xfer/src/flow/push.rs",
+    "xfer/src/flow/receiver.rs",
+    "xfer/src/flow/route.rs",
+    "xfer/src/flow/stream.rs",
+    "xfer/src/flow/swarm.rs",
+    "xfer/src/hub/http.rs",
+    "xfer/src/hub/pull.rs",
+    "xfer/src/hub_lookalike/mod.rs",
+    "xfer/src/hub_lookalike/repo.rs",
+    "xfer/src/image/archive.rs",
+    "xfer/src/image/files.rs",
+    "xfer/src/image/registry/artifact.rs",
+    "xfer/src/image/registry/client.rs",
+    "xfer/src/store/mod.rs",
+    "xfer/src/store/record.rs",
+    "xfer/src/store/scan.rs",
+    "xfer/src/store/verify.rs",
+    "xfer/src/transport/ask.rs",
+    "xfer/src/transport/quic.rs",
+    "xfer/src/transport/rdma/link.rs",
+    "xfer/src/transport/select.rs",
+    "xfer/src/util/metrics.rs",
+    "xfer/proto/src/manifest.rs",
+];
+
+/// Finds the first line of non-test code that names the `anyhow` crate.
+struct NamesAnyhow {
+    line: Option<usize>,
+}
+
+impl<'ast> Visit<'ast> for NamesAnyhow {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let test = match item {
+            syn::Item::Mod(m) => test_only(&m.attrs),
+            syn::Item::Fn(f) => test_only(&f.attrs),
+            syn::Item::Use(u) => test_only(&u.attrs),
+            syn::Item::Impl(i) => test_only(&i.attrs),
+            _ => false,
+        };
+        if !test {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        let root = match &u.tree {
+            syn::UseTree::Path(p) => Some(&p.ident),
+            syn::UseTree::Name(n) => Some(&n.ident),
+            syn::UseTree::Rename(r) => Some(&r.ident),
+            _ => None,
+        };
+        if root.is_some_and(|i| i == "anyhow") {
+            self.line.get_or_insert(u.use_token.span.start().line);
+        }
+    }
+
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        if p.segments.len() > 1 && p.segments[0].ident == "anyhow" {
+            self.line
+                .get_or_insert(p.segments[0].ident.span().start().line);
+        }
+        syn::visit::visit_path(self, p);
+    }
+}
+
+/// `path:line` of every library file of `dir` that names `anyhow`.
+fn library_files_naming_anyhow(dir: &str, binary: &[&str]) -> Vec<(String, usize)> {
+    let src = repo().join(dir);
+    let files: Vec<(Module, PathBuf, syn::File)> = rust_files(&src)
+        .into_iter()
+        .map(|f| (module_of(&src, &f), parse(&f), f))
+        .map(|(m, p, f)| (m, f, p))
+        .collect();
+    let tests: Vec<Module> = files
+        .iter()
+        .flat_map(|(m, _, f)| test_only_children(m, f))
+        .collect();
+    let mut out = Vec::new();
+    for (module, path, file) in &files {
+        let rel = path.strip_prefix(repo()).unwrap().display().to_string();
+        if tests.iter().any(|t| module.starts_with(t))
+            || binary
+                .iter()
+                .any(|b| rel == *b || rel.starts_with(&format!("{b}/")))
+        {
+            continue;
+        }
+        let mut v = NamesAnyhow { line: None };
+        v.visit_file(file);
+        if let Some(line) = v.line {
+            out.push((rel, line));
+        }
+    }
+    out
+}
+
+#[test]
+fn anyhow_is_named_only_by_the_binaries_and_the_files_still_listed() {
+    let mut found = library_files_naming_anyhow("xfer/src", &["xfer/src/main.rs", "xfer/src/cli"]);
+    found.extend(library_files_naming_anyhow("xfer/proto/src", &[]));
+    found.extend(library_files_naming_anyhow(
+        "launcher/src",
+        &["launcher/src/main.rs"],
+    ));
+    let mut wrong: Vec<String> = found
+        .iter()
+        .filter(|(f, _)| !ANYHOW_LEFT.contains(&f.as_str()))
+        .map(|(f, line)| {
+            format!("{f}:{line}: names anyhow in library code; return a typed error (thiserror) that says whether it is permanent")
+        })
+        .collect();
+    wrong.extend(
+        ANYHOW_LEFT
+            .iter()
+            .filter(|f| !found.iter().any(|(g, _)| g == *f))
+            .map(|f| {
+                format!("{f} no longer names anyhow: strike it from ANYHOW_LEFT in tests/layers.rs")
+            }),
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_anyhow_check_sees_a_use_a_path_and_a_macro_but_not_a_test() {
+    let text = "fn a() -> Result<(), E> { Ok(()) }\n\
+                fn b() { let _ = anyhow::anyhow!(\"x\"); }\n\
+                #[cfg(test)] mod t { use anyhow::Result; }\n";
+    let mut v = NamesAnyhow { line: None };
+    v.visit_file(&syn::parse_file(text).unwrap());
+    assert_eq!(v.line, Some(2), "a macro path missed");
+    for (text, want) in [
+        ("use anyhow::{Context, Result};\n", Some(1)),
+        ("#[cfg(test)]\nuse anyhow::Result;\n", None),
+        ("fn f() -> anyhow::Result<()> { Ok(()) }\n", Some(1)),
+    ] {
+        let mut v = NamesAnyhow { line: None };
+        v.visit_file(&syn::parse_file(text).unwrap());
+        assert_eq!(v.line, want, "{text}");
+    }
+}
