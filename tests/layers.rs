@@ -513,8 +513,6 @@ const ANYHOW_LEFT: &[&str] = &[
     "xfer/src/client/status.rs",
     "xfer/src/client/sync.rs",
     "xfer/src/client/wait.rs",
-    "xfer/src/config/auth/ca.rs",
-    "xfer/src/config/auth/mod.rs",
     "xfer/src/flow/artifact_stream.rs",
     "xfer/src/flow/fetch.rs",
     "xfer/src/flow/image.rs",

@@ -29,14 +29,13 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
 use rcgen::{
     BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
 };
 
 use super::identity::{Identity, ORGANISATION};
-use super::{key_id, write_private, SERVER_NAME};
+use super::{key_id, write_private, CredError, SERVER_NAME};
 use crate::util::beneath::{create_dir_all_durable_mode, rename_durable, write_file_durable};
 use xfer_proto::hash::Hash;
 
@@ -47,6 +46,9 @@ pub const DEFAULT_DAYS: u32 = 30;
 
 /// The longest validity `issue` accepts.
 pub const MAX_DAYS: u32 = 398;
+
+/// What the CA folder's operations return.
+type Result<T> = std::result::Result<T, CredError>;
 
 const KEY: &str = "ca.key";
 const CERT: &str = "ca.crt";
@@ -77,7 +79,7 @@ fn step() -> Result<()> {
     #[cfg(test)]
     if let Some(n) = CRASH_AFTER.with(|c| c.get()) {
         if n == 0 {
-            bail!("crash (test)");
+            return Err(CredError::CaState("crash (test)".into()));
         }
         CRASH_AFTER.with(|c| c.set(Some(n - 1)));
     }
@@ -129,10 +131,10 @@ impl CaDir {
     pub fn init(&self, force: bool) -> Result<Hash> {
         make_private_dir(&self.dir)?;
         if self.path(KEY).exists() && !force {
-            bail!(
+            return Err(CredError::CaState(format!(
                 "{} already holds a CA; replacing it would invalidate every credential it issued. Use `xfer ca rotate` to change it, or pass --force",
                 self.dir.display()
-            );
+            )));
         }
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         write_private(&self.path(KEY), key.serialize_pem().as_bytes(), force)?;
@@ -145,18 +147,16 @@ impl CaDir {
 
     fn key(&self) -> Result<KeyPair> {
         let path = self.path(KEY);
-        let text = fs::read_to_string(&path).with_context(|| {
-            format!(
-                "cannot read {}; create the CA with `xfer ca init --dir {}`",
-                path.display(),
-                self.dir.display()
-            )
-        })?;
+        let text = fs::read_to_string(&path).map_err(CredError::io(format!(
+            "cannot read {}; create the CA with `xfer ca init --dir {}`",
+            path.display(),
+            self.dir.display()
+        )))?;
         super::refuse_shared_secret(&path)?;
-        KeyPair::from_pem(&text).with_context(|| {
-            format!(
-                "{} is not a CA key written by `xfer ca init`",
-                path.display()
+        KeyPair::from_pem(&text).map_err(|e| {
+            CredError::not_a(
+                &path,
+                format!(" is not a CA key written by `xfer ca init`: {e}"),
             )
         })
     }
@@ -165,7 +165,10 @@ impl CaDir {
         match fs::read_to_string(self.path(name)) {
             Ok(t) => Ok(Some(t)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("cannot read {}", self.path(name).display())),
+            Err(e) => Err(e).map_err(CredError::io(format!(
+                "cannot read {}",
+                self.path(name).display()
+            ))),
         }
     }
 
@@ -173,7 +176,7 @@ impl CaDir {
     /// (0600; an existing file only with `force`, never through a symlink).
     pub fn issue(&self, identity: &Identity, days: u32, out: &Path, force: bool) -> Result<Issued> {
         if days == 0 || days > MAX_DAYS {
-            bail!("--days {days}: give 1 to {MAX_DAYS} days (renew with `xfer ca issue` before it ends)");
+            return Err(CredError::CaState(format!("--days {days}: give 1 to {MAX_DAYS} days (renew with `xfer ca issue` before it ends)")));
         }
         let ca_key = self.key()?;
         let ca = ca_certificate(&ca_key)?;
@@ -232,11 +235,11 @@ impl CaDir {
             return Ok(done);
         }
         if self.path(PREVIOUS).exists() {
-            bail!(
+            return Err(CredError::CaState(format!(
                 "a rotation is already under way in {}; reissue every credential, then run `xfer ca rotate --finish --dir {}`",
                 self.dir.display(),
                 self.dir.display()
-            );
+            )));
         }
         let old_key = self.key()?;
         let new_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
@@ -260,16 +263,20 @@ impl CaDir {
         step()?;
         self.write(CROSS, cross.pem().as_bytes(), 0o644)?;
         step()?;
-        rename_durable(&self.path(NEXT), &self.path(KEY))
-            .with_context(|| format!("cannot put the new CA key in {}", self.dir.display()))?;
+        rename_durable(&self.path(NEXT), &self.path(KEY)).map_err(CredError::io(format!(
+            "cannot put the new CA key in {}",
+            self.dir.display()
+        )))?;
         step()?;
         self.write(CERT, ca_certificate(new_key)?.pem().as_bytes(), 0o644)
     }
 
     /// One file of the folder, replaced durably.
     fn write(&self, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
-        write_file_durable(&self.path(name), bytes, mode)
-            .with_context(|| format!("cannot write {}", self.path(name).display()))
+        write_file_durable(&self.path(name), bytes, mode).map_err(CredError::io(format!(
+            "cannot write {}",
+            self.path(name).display()
+        )))
     }
 
     /// Reads a staged next key, if one is there and whole.
@@ -289,8 +296,10 @@ impl CaDir {
                 }
                 // Torn by a crash (an older xfer wrote it in place): the
                 // old key is still in ca.key, so this one was never used.
-                Err(_) => fs::remove_file(&path)
-                    .with_context(|| format!("cannot remove the torn {}", path.display()))?,
+                Err(_) => fs::remove_file(&path).map_err(CredError::io(format!(
+                    "cannot remove the torn {}",
+                    path.display()
+                )))?,
             }
         }
         Ok(None)
@@ -346,11 +355,11 @@ impl CaDir {
         // the certificate was written. The cross certificate came before the
         // key, so it is there.
         if self.read_public(CROSS)?.is_none() {
-            bail!(
+            return Err(CredError::CaState(format!(
                 "{} holds a new CA key but neither its certificate nor cross.crt; restore the folder from a backup, or start over with `xfer ca init --force --dir {}` and reissue every credential",
                 self.dir.display(),
                 self.dir.display()
-            );
+            )));
         }
         self.write(CERT, ca_certificate(&key)?.pem().as_bytes(), 0o644)?;
         Ok(Some(Rotated {
@@ -366,18 +375,18 @@ impl CaDir {
     /// issued from now on.
     pub fn finish(&self) -> Result<Hash> {
         if !self.path(PREVIOUS).exists() {
-            bail!(
+            return Err(CredError::CaState(format!(
                 "no rotation is under way in {}; start one with `xfer ca rotate --dir {}`",
                 self.dir.display(),
                 self.dir.display()
-            );
+            )));
         }
         if let Some(r) = self.recover()? {
-            bail!(
+            return Err(CredError::CaState(format!(
                 "{}; reissue every credential and reload each agent before `xfer ca rotate --finish --dir {}`",
                 r.recovered.unwrap_or_default(),
                 self.dir.display()
-            );
+            )));
         }
         let key = self.key()?;
         fs::remove_file(self.path(CROSS)).or_else(ignore_missing)?;
@@ -421,7 +430,7 @@ fn ca_certificate(key: &KeyPair) -> Result<Certificate> {
 
 fn make_private_dir(dir: &Path) -> Result<()> {
     create_dir_all_durable_mode(dir, 0o700)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
+        .map_err(CredError::io(format!("cannot create {}", dir.display())))?;
     Ok(())
 }
 
@@ -437,5 +446,5 @@ fn cert_holds_key(pem: &str, key: &KeyPair) -> bool {
 /// A public file of the CA folder, replaced durably.
 fn write_public(path: &Path, text: &str) -> Result<()> {
     write_file_durable(path, text.as_bytes(), 0o644)
-        .with_context(|| format!("cannot write {}", path.display()))
+        .map_err(CredError::io(format!("cannot write {}", path.display())))
 }

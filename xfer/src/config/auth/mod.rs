@@ -16,6 +16,7 @@
 //! certificate afterwards.
 
 pub mod ca;
+mod error;
 pub mod identity;
 mod live;
 
@@ -25,7 +26,6 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use anyhow::{bail, Context, Result};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
@@ -33,6 +33,7 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
 
+pub use self::error::CredError;
 use self::identity::{identity_of, Identity, IdentityError, Peer, Role};
 use self::live::{Live, Tls};
 use xfer_proto::hash::Hash;
@@ -77,7 +78,7 @@ impl std::fmt::Debug for Credential {
 /// Writes a new simple-mode cluster key to `out` (mode 0600). Refuses to
 /// overwrite an existing file unless `force`, and never writes through a
 /// symlink.
-pub fn keygen(out: &Path, force: bool) -> Result<Credential> {
+pub fn keygen(out: &Path, force: bool) -> Result<Credential, CredError> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
     let text = format!(
         "# xfer cluster key (simple mode): every node of one cluster uses this same file.\n\
@@ -117,18 +118,12 @@ pub enum PeerError {
 
 /// Writes a secret file: mode 0600, never through a symlink, and an
 /// existing file is replaced only with `force`.
-pub(crate) fn write_private(out: &Path, bytes: &[u8], force: bool) -> Result<()> {
+pub(crate) fn write_private(out: &Path, bytes: &[u8], force: bool) -> Result<(), CredError> {
     if fs::symlink_metadata(out).is_ok_and(|m| m.file_type().is_symlink()) {
-        bail!(
-            "{} is a symlink; xfer never writes a key through one. Remove it, or name the real path",
-            out.display()
-        );
+        return Err(CredError::Symlink(out.to_path_buf()));
     }
     if out.exists() && !force {
-        bail!(
-            "{} already exists; it may be a key in use. Pass --force to replace it",
-            out.display()
-        );
+        return Err(CredError::Exists(out.to_path_buf()));
     }
     let mut opts = fs::OpenOptions::new();
     opts.write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
@@ -140,7 +135,7 @@ pub(crate) fn write_private(out: &Path, bytes: &[u8], force: bool) -> Result<()>
     }
     let mut f = opts
         .open(out)
-        .with_context(|| format!("cannot write {}", out.display()))?;
+        .map_err(CredError::io(format!("cannot write {}", out.display())))?;
     f.set_permissions(fs::Permissions::from_mode(0o600))?;
     f.write_all(bytes)?;
     f.sync_all()?;
@@ -155,23 +150,22 @@ pub(crate) fn write_private(out: &Path, bytes: &[u8], force: bool) -> Result<()>
 }
 
 /// A key others can read is a key others hold: refused, not warned of.
-pub(crate) fn refuse_shared_secret(path: &Path) -> Result<()> {
+pub(crate) fn refuse_shared_secret(path: &Path) -> Result<(), CredError> {
     let mode = fs::metadata(path)?.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        bail!(
-            "{} is open to other users (mode {mode:o}), and anyone who can read it can act as its holder; run `chmod 600 {}`",
-            path.display(),
-            path.display()
-        );
+        return Err(CredError::Shared {
+            path: path.to_path_buf(),
+            mode,
+        });
     }
     Ok(())
 }
 
 /// Makes the entries of `dir` (a rename, a new file) durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), CredError> {
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .with_context(|| format!("cannot sync {}", dir.display()))
+        .map_err(CredError::io(format!("cannot sync {}", dir.display())))
 }
 
 /// The id of a CA key: BLAKE3 of its SubjectPublicKeyInfo.
@@ -186,7 +180,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 impl Credential {
     /// Loads a credential file: one `xfer ca issue` wrote, or a simple-mode
     /// key from `xfer keygen`.
-    pub fn load(path: &Path) -> Result<Credential> {
+    pub fn load(path: &Path) -> Result<Credential, CredError> {
         let (tls, facts) = read(path)?;
         Ok(Credential {
             path: path.to_path_buf(),
@@ -197,16 +191,15 @@ impl Credential {
 
     /// Reads the file again (after a renewal or during a rotation): every
     /// handshake from now on uses it. On error the loaded one stays.
-    pub fn reload(&self) -> Result<Facts> {
+    pub fn reload(&self) -> Result<Facts, CredError> {
         let (tls, facts) = read(&self.path)?;
         let before = self.facts();
         if before.me.as_ref().map(|m| &m.name) != facts.me.as_ref().map(|m| &m.name) {
-            bail!(
-                "{} now names {} where it named {}; an agent keeps its name: restart it to change it",
-                self.path.display(),
-                who(&facts),
-                who(&before)
-            );
+            return Err(CredError::Renamed {
+                path: self.path.clone(),
+                now: who(&facts),
+                was: who(&before),
+            });
         }
         self.live.replace(tls);
         *self.facts.write().unwrap() = facts.clone();
@@ -254,7 +247,7 @@ impl Credential {
 
     /// TLS 1.3 server config that demands a client certificate from this
     /// cluster.
-    pub fn server_config(&self) -> Result<rustls::ServerConfig> {
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, CredError> {
         let live = Arc::new(self.live.clone());
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -267,7 +260,7 @@ impl Credential {
     /// TLS 1.3 client config that presents this credential's certificate
     /// and only trusts servers of this cluster. (`dangerous()` is rustls'
     /// door to a custom verifier; ours forwards to its WebPKI verifier.)
-    pub fn client_config(&self) -> Result<rustls::ClientConfig> {
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, CredError> {
         let live = Arc::new(self.live.clone());
         let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -287,28 +280,28 @@ fn who(facts: &Facts) -> String {
 }
 
 /// Parses a credential file into its TLS pieces and facts.
-fn read(path: &Path) -> Result<(Tls, Facts)> {
-    let text = fs::read_to_string(path).with_context(|| {
+fn read(path: &Path) -> Result<(Tls, Facts), CredError> {
+    let text = fs::read_to_string(path).map_err(CredError::io(
         format!(
             "cannot read credential {}; issue one with `xfer ca issue NAME --dir CA --out {}` (see `xfer ca --help`)",
             path.display(),
             path.display()
-        )
-    })?;
+        ),
+    ))?;
     let mut certs = Vec::new();
     let mut key = None;
     for item in rustls_pemfile::read_all(&mut text.as_bytes()) {
-        match item.with_context(|| format!("{} is not a PEM file", path.display()))? {
+        match item.map_err(|e| CredError::not_a(path, format!(" is not a PEM file: {e}")))? {
             rustls_pemfile::Item::X509Certificate(c) => certs.push(c),
             rustls_pemfile::Item::Pkcs8Key(k) => key = Some(PrivateKeyDer::Pkcs8(k)),
             rustls_pemfile::Item::Sec1Key(k) => key = Some(PrivateKeyDer::Sec1(k)),
             _ => {}
         }
     }
-    let key = key.with_context(|| {
-        format!(
-            "{} holds no private key; it is not an xfer credential (issue one with `xfer ca issue NAME --dir CA --out FILE`)",
-            path.display()
+    let key = key.ok_or_else(|| {
+        CredError::not_a(
+            path,
+            " holds no private key; it is not an xfer credential (issue one with `xfer ca issue NAME --dir CA --out FILE`)",
         )
     })?;
     let parsed = if certs.is_empty() {
@@ -321,15 +314,15 @@ fn read(path: &Path) -> Result<(Tls, Facts)> {
 }
 
 /// Simple mode: the file is the CA key; mint a leaf from it.
-fn simple(path: &Path, key: PrivateKeyDer<'static>) -> Result<(Tls, Facts)> {
+fn simple(path: &Path, key: PrivateKeyDer<'static>) -> Result<(Tls, Facts), CredError> {
     let PrivateKeyDer::Pkcs8(pkcs8) = key else {
-        bail!(
-            "{} is not a PKCS#8 key written by `xfer keygen`",
-            path.display()
-        );
+        return Err(CredError::not_a(
+            path,
+            " is not a PKCS#8 key written by `xfer keygen`",
+        ));
     };
     let ca_key = KeyPair::from_pkcs8_der_and_sign_algo(&pkcs8, &PKCS_ECDSA_P256_SHA256)
-        .with_context(|| format!("{} is not an xfer cluster key", path.display()))?;
+        .map_err(|e| CredError::not_a(path, format!(" is not an xfer cluster key: {e}")))?;
     let mut p = CertificateParams::new(Vec::<String>::new())?;
     p.distinguished_name.push(DnType::CommonName, CA_NAME);
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -363,11 +356,11 @@ fn issued(
     path: &Path,
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
-) -> Result<(Tls, Facts)> {
+) -> Result<(Tls, Facts), CredError> {
     let leaf = certs[0].clone();
-    let me = identity_of(&leaf).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let (_, parsed) = x509_parser::parse_x509_certificate(&leaf)
-        .map_err(|e| anyhow::anyhow!("{}: unreadable certificate: {e}", path.display()))?;
+    let me = identity_of(&leaf).map_err(|e| CredError::not_a(path, format!(": {e}")))?;
+    let unreadable = |e| CredError::not_a(path, format!(": unreadable certificate: {e}"));
+    let (_, parsed) = x509_parser::parse_x509_certificate(&leaf).map_err(unreadable)?;
     let not_after = parsed.validity().not_after.to_datetime();
     let not_before = parsed.validity().not_before.to_datetime();
     let now = time::OffsetDateTime::now_utc();
@@ -378,25 +371,23 @@ fn issued(
         path.display()
     );
     if not_after < now {
-        bail!(
-            "{} expired on {} (UTC); {renew}",
-            path.display(),
-            not_after.date()
-        );
+        return Err(CredError::Expired {
+            path: path.to_path_buf(),
+            on: not_after.date(),
+            renew,
+        });
     }
     if not_before > now {
-        bail!(
-            "{} is valid only from {} (UTC); check this machine's clock",
-            path.display(),
-            not_before
-        );
+        return Err(CredError::NotYet {
+            path: path.to_path_buf(),
+            from: not_before,
+        });
     }
     let mut chain = vec![leaf];
     let mut anchors = Vec::new();
     let mut cluster = None;
     for c in &certs[1..] {
-        let (_, x) = x509_parser::parse_x509_certificate(c)
-            .map_err(|e| anyhow::anyhow!("{}: unreadable certificate: {e}", path.display()))?;
+        let (_, x) = x509_parser::parse_x509_certificate(c).map_err(unreadable)?;
         if x.subject() == x.issuer() {
             cluster.get_or_insert_with(|| blake3::hash(x.public_key().raw).into());
             anchors.push(c.clone());
@@ -405,10 +396,10 @@ fn issued(
         }
     }
     let Some(cluster) = cluster else {
-        bail!(
-            "{} holds no CA certificate to trust; reissue it with `xfer ca issue`",
-            path.display()
-        );
+        return Err(CredError::not_a(
+            path,
+            " holds no CA certificate to trust; reissue it with `xfer ca issue`",
+        ));
     };
     let rotating = anchors.len() > 1;
     let tls = tls(chain, key, anchors)?;
@@ -425,7 +416,7 @@ fn tls(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     anchors: Vec<CertificateDer<'static>>,
-) -> Result<Tls> {
+) -> Result<Tls, CredError> {
     let provider = provider();
     let mut roots = rustls::RootCertStore::empty();
     for a in anchors {
