@@ -6,13 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
 use serde::Serialize;
 
 use super::ask::{admin, all, AskError, ASK_TIMEOUT};
 use super::status::{ended_jobs, status};
 use crate::config::auth::Credential;
-use crate::config::cluster::Cluster;
+use crate::config::cluster::{Cluster, ClusterError};
 use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::names::ModelName;
 
@@ -21,7 +20,7 @@ pub async fn cancel(
     cluster: &Cluster,
     cred: &Arc<Credential>,
     id: &str,
-) -> Result<Vec<(String, Result<bool, AskError>)>> {
+) -> Vec<(String, Result<bool, AskError>)> {
     let asks = cluster.nodes.iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         let msg = AdminRequest::CancelJob { id: id.to_string() };
@@ -35,7 +34,7 @@ pub async fn cancel(
             (node, r)
         }
     });
-    Ok(all(asks).await)
+    all(asks).await
 }
 
 /// Removes model `name` from the selected nodes.
@@ -45,7 +44,7 @@ pub async fn remove(
     nodes: &[String],
     name: &ModelName,
     force: bool,
-) -> Result<Vec<(String, Result<bool, AskError>)>> {
+) -> Result<Vec<(String, Result<bool, AskError>)>, ClusterError> {
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         let msg = AdminRequest::RemoveModel {
@@ -95,7 +94,7 @@ pub async fn prune(
     cluster: &Cluster,
     cred: &Arc<Credential>,
     nodes: &[String],
-) -> Result<Vec<PruneReport>> {
+) -> Result<Vec<PruneReport>, ClusterError> {
     let targets = cluster.select(nodes)?;
     let ended = ended_jobs(&status(cluster, cred, &[]).await?);
     let asks = targets.into_iter().map(|n| {

@@ -6,12 +6,11 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
 use serde::Serialize;
 
 use super::ask::{admin, all, ASK_TIMEOUT};
 use crate::config::auth::Credential;
-use crate::config::cluster::Cluster;
+use crate::config::cluster::{Cluster, ClusterError};
 use xfer_proto::admin::{AdminReply, AdminRequest, AgentStatus, JobState, JobView, ModelState};
 
 /// One node's answer to `xfer status`.
@@ -34,7 +33,7 @@ pub async fn status(
     cluster: &Cluster,
     cred: &Arc<Credential>,
     nodes: &[String],
-) -> Result<Vec<NodeReport>> {
+) -> Result<Vec<NodeReport>, ClusterError> {
     let asks = cluster.select(nodes)?.into_iter().map(|n| {
         let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
         async move {

@@ -6,17 +6,35 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
-
 use super::status::{status, unix_now};
 use crate::config::auth::Credential;
-use crate::config::cluster::Cluster;
+use crate::config::cluster::{Cluster, ClusterError};
 use xfer_proto::admin::{JobSpec, JobState, ModelState};
 
 /// How often [`wait`] asks the source about the job.
 const JOB_EVERY: Duration = Duration::from_millis(200);
 /// How often [`wait`] asks every member how it is doing.
 const MEMBERS_EVERY: Duration = Duration::from_secs(1);
+
+/// Why [`wait`] stopped before the job completed.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    /// The cluster file does not name the job's nodes.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The job failed or was cancelled; `shown` is its state and reason
+    /// as `xfer status` shows them.
+    #[error("job {id} {shown}")]
+    Ended {
+        /// The job's id.
+        id: String,
+        /// Its state and reason.
+        shown: String,
+    },
+    /// A week went by without an end.
+    #[error("gave up waiting")]
+    GaveUp,
+}
 
 /// Follows job `spec` until every member holds its model complete with one
 /// root (or the job fails); prints progress on stderr when it is a terminal.
@@ -25,7 +43,7 @@ pub async fn wait(
     cred: &Arc<Credential>,
     spec: &JobSpec,
     progress: &crate::util::progress::Progress,
-) -> Result<String> {
+) -> Result<String, WaitError> {
     let names: Vec<String> = spec.members.iter().map(|m| m.node.clone()).collect();
     let bars: Vec<_> = names.iter().map(|n| progress.bytes(n, 0)).collect();
     // No total yet: an empty bar, never a full one.
@@ -46,7 +64,10 @@ pub async fn wait(
                 for b in &bars {
                     b.abandon_with_message(j.state.label());
                 }
-                bail!("job {} {}", spec.id, j.shown());
+                return Err(WaitError::Ended {
+                    id: spec.id.clone(),
+                    shown: j.shown(),
+                });
             }
         }
         // The source's job is asked often (its end is what we wait for);
@@ -125,7 +146,7 @@ pub async fn wait(
             return Ok(roots[0].map(|r| r.to_hex()).unwrap_or_default());
         }
         if started.elapsed() > Duration::from_secs(7 * 24 * 3600) {
-            bail!("gave up waiting");
+            return Err(WaitError::GaveUp);
         }
         tokio::time::sleep(JOB_EVERY).await;
     }
