@@ -510,7 +510,7 @@ impl Caller {
     fn operator_only(&self, me: &str, what: &str) -> Result<(), Refusal> {
         permit::operator_only(me, &self.peer, what).map_err(|why| {
             tracing::warn!("refused {self}: {why}");
-            Refusal::Forbidden(why)
+            Refusal::Forbidden(why.to_string())
         })
     }
 }
