@@ -277,6 +277,17 @@ pub enum GiveUp {
     Never,
 }
 
+/// Why a `--give-up-after` value is refused; the line names the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GiveUpError {
+    /// No number first.
+    #[error("--give-up-after {0:?}: give a duration such as 90s, 5m or 2h, or `never`")]
+    NotADuration(String),
+    /// A unit other than s, m or h.
+    #[error("--give-up-after {0:?}: the unit is s, m or h (e.g. 90s, 5m, 2h), or say `never`")]
+    Unit(String),
+}
+
 impl GiveUp {
     /// The default budget: five minutes without progress.
     pub const DEFAULT_SECS: u64 = 300;
@@ -290,26 +301,22 @@ impl GiveUp {
         }
     }
 
-    /// Reads `--give-up-after`: `never`, or a duration such as `90s`,
-    /// `5m`, `2h` (a bare number is seconds).
-    pub fn parse(text: &str) -> Result<GiveUp, String> {
+    /// Reads `--give-up-after` (clap's value parser): `never`, or a
+    /// duration such as `90s`, `5m`, `2h` (a bare number is seconds).
+    pub fn parse(text: &str) -> Result<GiveUp, GiveUpError> {
         let t = text.trim();
         if t == "never" {
             return Ok(GiveUp::Never);
         }
         let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-        let n: u64 = digits.parse().map_err(|_| {
-            format!("--give-up-after {text:?}: give a duration such as 90s, 5m or 2h, or `never`")
-        })?;
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| GiveUpError::NotADuration(text.to_string()))?;
         let secs = match unit {
             "" | "s" => n,
             "m" => n.saturating_mul(60),
             "h" => n.saturating_mul(3600),
-            _ => {
-                return Err(format!(
-                    "--give-up-after {text:?}: the unit is s, m or h (e.g. 90s, 5m, 2h), or say `never`"
-                ))
-            }
+            _ => return Err(GiveUpError::Unit(text.to_string())),
         };
         Ok(GiveUp::AfterSecs(secs))
     }
@@ -825,7 +832,7 @@ mod tests {
         assert_eq!(GiveUp::Never.secs(), None);
         assert_eq!(GiveUp::Default.secs(), Some(300));
         for bad in ["", "5d", "m", "-1s", "1.5h"] {
-            let e = GiveUp::parse(bad).unwrap_err();
+            let e = GiveUp::parse(bad).unwrap_err().to_string();
             assert!(e.contains("--give-up-after") && e.contains("5m"), "{e}");
         }
     }

@@ -55,11 +55,15 @@ pub enum LocalReply {
     },
 }
 
+/// A line that is no request of the loader link: the `why` of the
+/// [`LocalReply::Refused`] the agent answers it with.
+#[derive(Debug, thiserror::Error)]
+#[error("not a request of the loader link ({0}); send one JSON object per line, such as {{\"ask\":\"model\",\"name\":\"NAME\"}}")]
+pub struct BadRequest(#[source] serde_json::Error);
+
 /// Decodes one request line (without its newline).
-pub fn decode_request(line: &[u8]) -> Result<LocalRequest, String> {
-    serde_json::from_slice(line).map_err(|e| {
-        format!("not a request of the loader link ({e}); send one JSON object per line, such as {{\"ask\":\"model\",\"name\":\"NAME\"}}")
-    })
+pub fn decode_request(line: &[u8]) -> Result<LocalRequest, BadRequest> {
+    serde_json::from_slice(line).map_err(BadRequest)
 }
 
 /// Encodes a reply as one line, its newline included.
@@ -76,10 +80,10 @@ mod tests {
     #[test]
     fn requests_are_told_apart_by_their_tag_and_nothing_else_decodes() {
         assert_eq!(
-            decode_request(br#"{"ask":"model","name":"tiny"}"#),
-            Ok(LocalRequest::Model {
+            decode_request(br#"{"ask":"model","name":"tiny"}"#).unwrap(),
+            LocalRequest::Model {
                 name: "tiny".into()
-            })
+            }
         );
         for bad in [
             &br#"{"name":"tiny"}"#[..],
@@ -89,7 +93,7 @@ mod tests {
             b"not json",
             b"",
         ] {
-            let e = decode_request(bad).unwrap_err();
+            let e = decode_request(bad).unwrap_err().to_string();
             assert!(e.contains("one JSON object per line"), "{e}");
         }
     }

@@ -41,16 +41,24 @@ pub enum RepoType {
     Dataset,
 }
 
+/// A repository type other than `model` or `dataset`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown repo type `{0}`; use --repo-type model or --repo-type dataset")]
+pub struct UnknownRepoType(String);
+
 impl RepoType {
-    /// Parses `model` or `dataset`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    /// Reads `model` or `dataset`.
+    pub fn from_name(s: &str) -> Result<Self, UnknownRepoType> {
         match s {
             "model" => Ok(RepoType::Model),
             "dataset" => Ok(RepoType::Dataset),
-            other => Err(format!(
-                "unknown repo type `{other}`; use --repo-type model or --repo-type dataset"
-            )),
+            other => Err(UnknownRepoType(other.to_string())),
         }
+    }
+
+    /// [`RepoType::from_name`] as `--repo-type`'s value parser takes it.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::from_name(s).map_err(|e| e.to_string())
     }
 
     /// `model` or `dataset`, as `--repo-type` takes it.
@@ -122,12 +130,23 @@ impl From<RepoRef> for RepoRefText {
     }
 }
 
-impl TryFrom<RepoRefText> for RepoRef {
-    type Error = String;
+/// Why a written repository reference does not read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RepoRefTextError {
+    /// Its type.
+    #[error(transparent)]
+    Type(#[from] UnknownRepoType),
+    /// Its `ORG/NAME@REV`.
+    #[error(transparent)]
+    Ref(#[from] RepoRefError),
+}
 
-    fn try_from(t: RepoRefText) -> Result<Self, String> {
-        let kind = RepoType::parse(&t.repo_type)?;
-        RepoRef::parse(&t.repo, kind).map_err(|e| e.to_string())
+impl TryFrom<RepoRefText> for RepoRef {
+    type Error = RepoRefTextError;
+
+    fn try_from(t: RepoRefText) -> Result<Self, RepoRefTextError> {
+        let kind = RepoType::from_name(&t.repo_type)?;
+        Ok(RepoRef::parse(&t.repo, kind)?)
     }
 }
 

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use xfer_proto::admin::ModelState;
 use xfer_proto::compile_cache::{CacheGate, LIVE_DIR};
 use xfer_proto::manifest::Entry;
+use xfer_proto::names::ModelName;
 
 use crate::store::Store;
 use crate::util::beneath::Root;
@@ -33,6 +34,109 @@ pub struct Materialised {
     pub kept: usize,
 }
 
+/// Why a rank must not start with its compile caches: one line naming
+/// the node, the rank and the fix (the launch service's refusal).
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The gate names no compile cache.
+    #[error("{node}: not starting rank {rank}: {source}")]
+    Gate {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// Why.
+        source: xfer_proto::compile_cache::CacheGateError,
+    },
+    /// The snapshot's weights check found a problem.
+    #[error(
+        "{node}: not starting rank {rank}: compile cache {name}: {problem}; {}",
+        fix(name, node)
+    )]
+    Problem {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// The snapshot.
+        name: ModelName,
+        /// The check's line.
+        problem: String,
+    },
+    /// The snapshot is not held complete with the gate's root.
+    #[error("{node}: not starting rank {rank}: compile cache {name} is {state} with root {root}, where the launch checked root {want}; {}", fix(name, node))]
+    NotHeld {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// The snapshot.
+        name: ModelName,
+        /// Its state's label, or `not held`.
+        state: &'static str,
+        /// Its root (short), or `none`.
+        root: String,
+        /// The gate's root (short).
+        want: String,
+    },
+    /// The agent's root cannot be opened.
+    #[error("{node}: not starting rank {rank}: cannot open the root {}: {source}", root.display())]
+    Root {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// The agent's root.
+        root: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A live folder or file cannot be written.
+    #[error("{node}: not starting rank {rank}: {source}")]
+    Write {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A snapshot file cannot be read.
+    #[error(
+        "{node}: not starting rank {rank}: compile cache {name}: {source}; {}",
+        fix(name, node)
+    )]
+    Read {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// The snapshot.
+        name: ModelName,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A snapshot file changed on disk after it was verified.
+    #[error("{node}: not starting rank {rank}: compile cache {name}: {rel} does not match its verified hash (it changed on disk after it was delivered), so none of it is used; {}", fix(name, node))]
+    Changed {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// The snapshot.
+        name: ModelName,
+        /// The file, in the snapshot.
+        rel: String,
+    },
+}
+
+/// What the operator does about a bad snapshot.
+fn fix(name: &ModelName, node: &str) -> String {
+    format!(
+        "remove it with `xfer rm {name} --nodes {node}` and run xfer-launch up again (the rank then starts with a cold cache, and the head offers its own after the start)"
+    )
+}
+
 /// Materialises `gate` on this node (see the module's header), or says in
 /// one line why the rank must not start: the snapshot is not held
 /// complete with the gate's root, or a file of it no longer matches its
@@ -43,41 +147,53 @@ pub fn materialise(
     node: &str,
     rank: u32,
     gate: &CacheGate,
-) -> Result<Materialised, String> {
-    let name = gate
-        .check()
-        .map_err(|e| format!("{node}: not starting rank {rank}: {e}"))?;
+) -> Result<Materialised, CacheError> {
+    let node_s = node.to_string();
+    let name = gate.check().map_err(|source| CacheError::Gate {
+        node: node_s.clone(),
+        rank,
+        source,
+    })?;
+    let node = node_s;
     let snapshot = store.root().join(name.as_str());
     let facts =
         super::preflight::weights::weights(store, states, &snapshot.display().to_string(), None);
-    let fix = format!(
-        "remove it with `xfer rm {name} --nodes {node}` and run xfer-launch up again (the rank then starts with a cold cache, and the head offers its own after the start)"
-    );
     if let Some(problem) = facts.problems.first() {
-        return Err(format!(
-            "{node}: not starting rank {rank}: compile cache {name}: {problem}; {fix}"
-        ));
+        return Err(CacheError::Problem {
+            node,
+            rank,
+            name,
+            problem: problem.clone(),
+        });
     }
     let record = store.record(&name).filter(|r| r.manifest.root == gate.root);
     let (Some(record), Some(ModelState::Complete)) = (record, facts.state) else {
-        return Err(format!(
-            "{node}: not starting rank {rank}: compile cache {name} is {} with root {}, where the launch checked root {}; {fix}",
-            facts.state.map_or("not held", |s| s.label()),
-            facts.root.map_or("none".to_string(), |r| r.short().to_string()),
-            gate.root.short()
-        ));
+        return Err(CacheError::NotHeld {
+            node,
+            rank,
+            name,
+            state: facts.state.map_or("not held", |s| s.label()),
+            root: facts
+                .root
+                .map_or("none".to_string(), |r| r.short().to_string()),
+            want: gate.root.short().to_string(),
+        });
     };
-    let fs = Root::open(store.root()).map_err(|e| {
-        format!(
-            "{node}: not starting rank {rank}: cannot open the root {}: {e}",
-            store.root().display()
-        )
+    let fs = Root::open(store.root()).map_err(|source| CacheError::Root {
+        node: node.clone(),
+        rank,
+        root: store.root().to_path_buf(),
+        source,
     })?;
+    let write = |source| CacheError::Write {
+        node: node.clone(),
+        rank,
+        source,
+    };
     let live = Path::new(LIVE_DIR).join(name.as_str());
     let mut done = Materialised::default();
     for kind in &gate.kinds {
-        fs.create_dir_all(&live.join(kind))
-            .map_err(|e| format!("{node}: not starting rank {rank}: {e}"))?;
+        fs.create_dir_all(&live.join(kind)).map_err(write)?;
     }
     for entry in &record.manifest.manifest.entries {
         let Entry::File(f) = entry else { continue };
@@ -95,16 +211,21 @@ pub fn materialise(
             continue;
         }
         let src = Path::new(name.as_str()).join(rel);
-        let bytes = read_all(&fs, &src).map_err(|e| {
-            format!("{node}: not starting rank {rank}: compile cache {name}: {e}; {fix}")
+        let bytes = read_all(&fs, &src).map_err(|source| CacheError::Read {
+            node: node.clone(),
+            rank,
+            name: name.clone(),
+            source,
         })?;
         if blake3::hash(&bytes).as_bytes() != &f.hash.0 {
-            return Err(format!(
-                "{node}: not starting rank {rank}: compile cache {name}: {rel} does not match its verified hash (it changed on disk after it was delivered), so none of it is used; {fix}"
-            ));
+            return Err(CacheError::Changed {
+                node: node.clone(),
+                rank,
+                name,
+                rel: rel.to_string(),
+            });
         }
-        fs.write_durable(&dest, &bytes)
-            .map_err(|e| format!("{node}: not starting rank {rank}: {e}"))?;
+        fs.write_durable(&dest, &bytes).map_err(write)?;
         if f.executable {
             use std::os::unix::fs::PermissionsExt;
             let _ =

@@ -31,7 +31,7 @@
 //! `containers.conf` lowers them (the processes' limit is also capped at
 //! the kernel's `pid_max`, above which one kernel refused it).
 
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use crate::image::runtime::{Runtime, RUN_LABEL};
 use xfer_proto::image::ContainerRuntime;
@@ -43,6 +43,77 @@ pub fn container_name(run: &str, rank: u32, i: usize) -> String {
     format!("xfer-{run}-r{rank}-{i}")
 }
 
+/// Why a rank cannot run in its container: one line naming the node and
+/// the fix (the launch service sends it back as the refusal).
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    /// The image reference is malformed.
+    #[error("{node}: {source}")]
+    Reference {
+        /// This node.
+        node: String,
+        /// Why.
+        source: xfer_proto::image::BadReference,
+    },
+    /// An environment key a container cannot carry.
+    #[error("{node}: `{}` is not an environment variable name; fix [launch.env]", key.escape_default())]
+    EnvName {
+        /// This node.
+        node: String,
+        /// The key.
+        key: String,
+    },
+    /// The weights cannot be mounted.
+    #[error("{node}: {source}")]
+    Mount {
+        /// This node.
+        node: String,
+        /// Why.
+        source: MountError,
+    },
+    /// A process with no program.
+    #[error("{node}: an empty command line; fix the launch template")]
+    EmptyCommand {
+        /// This node.
+        node: String,
+    },
+    /// A device outside the launch rules.
+    #[error("{node}: {source}")]
+    Device {
+        /// This node.
+        node: String,
+        /// Why.
+        source: launch_rules::Refused,
+    },
+}
+
+/// Why the weights' folder is not mounted into a container.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// The weights lie outside the root.
+    #[error("the weights {} are outside the agent's root {}; only a model under the root is mounted into a container", path.display(), root.display())]
+    OutsideRoot {
+        /// The weights.
+        path: PathBuf,
+        /// The agent's root.
+        root: PathBuf,
+    },
+    /// The folder's path is not UTF-8.
+    #[error("{} is not UTF-8", .0.display())]
+    NotUtf8(PathBuf),
+    /// The folder's path holds a separator of `-v`.
+    #[error("{0} holds ':' or ',', which a container mount cannot name; rename the model")]
+    Separator(String),
+    /// The path names no model folder under the root.
+    #[error("the weights {} do not name a model under the agent's root {}", path.display(), root.display())]
+    NotAModel {
+        /// The weights.
+        path: PathBuf,
+        /// The agent's root.
+        root: PathBuf,
+    },
+}
+
 /// The spec with every process run inside `c.image`, and the stop hooks
 /// replaced by the removal of those containers (`ray stop` and the like
 /// act inside a container that removal ends anyway).
@@ -51,35 +122,39 @@ pub fn wrap(
     c: &ContainerSpec,
     engine: Runtime,
     root: &Path,
-) -> Result<RankSpec, String> {
-    let node = spec.node.clone();
-    xfer_proto::image::check_reference(&c.image).map_err(|e| format!("{node}: {e}"))?;
+) -> Result<RankSpec, ContainerError> {
+    let node = spec.node.to_string();
+    xfer_proto::image::check_reference(&c.image).map_err(|source| ContainerError::Reference {
+        node: node.clone(),
+        source,
+    })?;
     for key in spec.env.keys() {
         let ok = key
             .bytes()
             .enumerate()
             .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
         if !ok || key.is_empty() {
-            return Err(format!(
-                "{node}: `{}` is not an environment variable name; fix [launch.env]",
-                key.escape_default()
-            ));
+            return Err(ContainerError::EnvName {
+                node,
+                key: key.clone(),
+            });
         }
     }
     let mount = match &spec.weights {
         None => None,
-        Some(gate) => {
-            Some(model_folder(root, Path::new(&gate.path)).map_err(|e| format!("{node}: {e}"))?)
-        }
+        Some(gate) => Some(model_folder(root, Path::new(&gate.path)).map_err(|source| {
+            ContainerError::Mount {
+                node: node.clone(),
+                source,
+            }
+        })?),
     };
     let program = engine.bin();
     let mut names = Vec::new();
     let procs = std::mem::take(&mut spec.procs);
     for (i, p) in procs.into_iter().enumerate() {
         let Some((argv0, rest)) = p.argv.split_first() else {
-            return Err(format!(
-                "{node}: an empty command line; fix the launch template"
-            ));
+            return Err(ContainerError::EmptyCommand { node });
         };
         let name = container_name(&spec.run, spec.rank, i);
         let mut argv: Vec<String> = vec![
@@ -104,7 +179,10 @@ pub fn wrap(
             GpuAccess::All => argv.extend(["--gpus".into(), "all".into()]),
             GpuAccess::Devices(ds) => {
                 for d in ds {
-                    launch_rules::check_device(d).map_err(|e| format!("{node}: {e}"))?;
+                    launch_rules::check_device(d).map_err(|source| ContainerError::Device {
+                        node: node.clone(),
+                        source,
+                    })?;
                     argv.extend(["--device".into(), d.clone()]);
                 }
             }
@@ -169,32 +247,28 @@ pub fn podman_ulimits() -> Vec<String> {
 
 /// The folder to mount for weights at `path`: its first component under
 /// `root`, refused when the path leaves the root.
-fn model_folder(root: &Path, path: &Path) -> Result<String, String> {
-    let rel = path.strip_prefix(root).map_err(|_| {
-        format!(
-            "the weights {} are outside the agent's root {}; only a model under the root is mounted into a container",
-            path.display(),
-            root.display()
-        )
-    })?;
+fn model_folder(root: &Path, path: &Path) -> Result<String, MountError> {
+    let rel = path
+        .strip_prefix(root)
+        .map_err(|_| MountError::OutsideRoot {
+            path: path.to_path_buf(),
+            root: root.to_path_buf(),
+        })?;
     match rel.components().next() {
         Some(Component::Normal(top)) if !rel.components().any(|c| c == Component::ParentDir) => {
             let dir = root.join(top);
             let s = dir
                 .to_str()
-                .ok_or_else(|| format!("{} is not UTF-8", dir.display()))?;
+                .ok_or_else(|| MountError::NotUtf8(dir.clone()))?;
             if s.contains(':') || s.contains(',') {
-                return Err(format!(
-                    "{s} holds ':' or ',', which a container mount cannot name; rename the model"
-                ));
+                return Err(MountError::Separator(s.to_string()));
             }
             Ok(s.to_string())
         }
-        _ => Err(format!(
-            "the weights {} do not name a model under the agent's root {}",
-            path.display(),
-            root.display()
-        )),
+        _ => Err(MountError::NotAModel {
+            path: path.to_path_buf(),
+            root: root.to_path_buf(),
+        }),
     }
 }
 
@@ -303,7 +377,9 @@ mod tests {
         let engine = &Runtime::new(ContainerRuntime::Docker);
         let mut outside = spec();
         outside.weights.as_mut().unwrap().path = "/etc".into();
-        let e = wrap(outside, &container(), engine.clone(), Path::new("/root")).unwrap_err();
+        let e = wrap(outside, &container(), engine.clone(), Path::new("/root"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("outside the agent's root"), "{e}");
         let mut up = spec();
         up.weights.as_mut().unwrap().path = "/root/../etc".into();
@@ -328,7 +404,9 @@ mod tests {
                 gpus: GpuAccess::Devices(vec!["/dev/nvidia0".into(), raw.into()]),
                 ..container()
             };
-            let e = wrap(spec(), &dev, engine.clone(), Path::new("/root")).unwrap_err();
+            let e = wrap(spec(), &dev, engine.clone(), Path::new("/root"))
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.starts_with(&format!("n1: gpus lists {raw:?}, which ")),
                 "{e}"

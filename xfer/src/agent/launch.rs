@@ -81,7 +81,7 @@ pub(super) async fn serve(
             match admit(ctx, *spec).await {
                 Err(why) => {
                     tracing::warn!("refused rank {rank} of run {run} for {peer}: {why}");
-                    LaunchReply::Failed(Refusal::Forbidden(why))
+                    LaunchReply::Failed(Refusal::Forbidden(why.to_string()))
                 }
                 Ok(spec) => {
                     let argv: Vec<String> = spec.procs.iter().map(|p| p.argv.join(" ")).collect();
@@ -144,7 +144,7 @@ pub(super) async fn serve(
                 .permits
                 .may_run(req.node.as_str(), std::slice::from_ref(&req.python_of))
             {
-                Err(why) => LaunchReply::Rendezvoused(Probe::Failed(why)),
+                Err(why) => LaunchReply::Rendezvoused(Probe::Failed(why.to_string())),
                 Ok(program) => {
                     let mut req = *req;
                     req.python_of = program[0].clone();
@@ -169,12 +169,99 @@ pub(super) async fn serve(
     answer(&conn, send, &reply).await
 }
 
+/// Why this agent starts no rank of a spec: one line naming the node and
+/// the fix, sent back as the refusal.
+#[derive(Debug, thiserror::Error)]
+enum AdmitError {
+    /// A program the permits refuse.
+    #[error(transparent)]
+    Permit(#[from] super::permit::PermitError),
+    /// Outside [`xfer_proto::launch_rules`].
+    #[error("{node}: {source}")]
+    Rules {
+        /// This node.
+        node: String,
+        /// Why.
+        source: xfer_proto::launch_rules::Refused,
+    },
+    /// The weights check found a problem.
+    #[error("{node}: not starting rank {rank} on {path}: {problem}")]
+    WeightsProblem {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// The weights' path.
+        path: String,
+        /// The check's line.
+        problem: String,
+    },
+    /// The weights are not held with the root the launch checked.
+    #[error("{node}: not starting rank {rank} on {path}: it is {state} with root {root}, where the launch checked root {want}; wait for xfer sync to finish, then run xfer-launch up again")]
+    WeightsChanged {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// The weights' path.
+        path: String,
+        /// Their state's label, or `not held`.
+        state: &'static str,
+        /// Their root (short), or `none`.
+        root: String,
+        /// The gate's root (short).
+        want: String,
+    },
+    /// The compile caches cannot be used.
+    #[error(transparent)]
+    Caches(#[from] super::caches::CacheError),
+    /// The compile caches' copy did not finish.
+    #[error("{node}: the compile caches' copy failed: {source}")]
+    CacheTask {
+        /// This node.
+        node: String,
+        /// Why.
+        source: tokio::task::JoinError,
+    },
+    /// The spec names an image and this agent has no container engine.
+    #[error("{}", super::images::engine_off(node))]
+    EngineOff {
+        /// This node.
+        node: String,
+    },
+    /// The engine cannot say which image the reference is.
+    #[error("{node}: {source}")]
+    Engine {
+        /// This node.
+        node: String,
+        /// Why.
+        source: crate::image::runtime::RuntimeError,
+    },
+    /// The image changed since the launch's gate saw it.
+    #[error("{node}: not starting rank {rank}: image {image} is {now} here, where the launch checked {want}; run `xfer image push {image} --cluster FILE`, then xfer-launch up again")]
+    ImageChanged {
+        /// This node.
+        node: String,
+        /// The rank.
+        rank: u32,
+        /// The image reference.
+        image: String,
+        /// Its id here (short), or `not loaded`.
+        now: String,
+        /// The id the launch checked (short).
+        want: String,
+    },
+    /// The container form cannot be built.
+    #[error(transparent)]
+    Container(#[from] super::containers::ContainerError),
+}
+
 /// The spec as this agent starts it, or why it starts nothing: every
 /// program allowed by `--allow-exec` and, on the host, replaced by its
 /// absolute path on the agent's own `PATH`; the environment and devices
 /// within [`xfer_proto::launch_rules`] (checked here whatever the launcher
 /// checked); the weights still held; in its container when it names one.
-async fn admit(ctx: &Ctx, mut spec: RankSpec) -> Result<RankSpec, String> {
+async fn admit(ctx: &Ctx, mut spec: RankSpec) -> Result<RankSpec, AdmitError> {
     let node = spec.node.to_string();
     let permits = &ctx.permits;
     if spec.container.is_some() {
@@ -191,7 +278,8 @@ async fn admit(ctx: &Ctx, mut spec: RankSpec) -> Result<RankSpec, String> {
             *argv = permits.may_run(&node, argv)?;
         }
     }
-    xfer_proto::launch_rules::check_spec(&spec).map_err(|e| format!("{node}: {e}"))?;
+    xfer_proto::launch_rules::check_spec(&spec)
+        .map_err(|source| AdmitError::Rules { node, source })?;
     weights_still_held(ctx, &spec)?;
     caches_materialised(ctx, &spec).await?;
     in_container(ctx, spec).await
@@ -201,39 +289,43 @@ async fn admit(ctx: &Ctx, mut spec: RankSpec) -> Result<RankSpec, String> {
 /// starts: this node must hold the weights at the gate's path, complete
 /// and verified, with the root every node had. A model removed, resynced
 /// or damaged since the preflight stops the launch here.
-fn weights_still_held(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
+fn weights_still_held(ctx: &Ctx, spec: &RankSpec) -> Result<(), AdmitError> {
     let Some(gate) = &spec.weights else {
         return Ok(());
     };
     let facts =
         super::preflight::weights::weights(&ctx.store, &model_states(ctx), &gate.path, None);
-    let node = &spec.node;
+    let node = spec.node.to_string();
     if let Some(problem) = facts.problems.first() {
-        return Err(format!(
-            "{node}: not starting rank {} on {}: {problem}",
-            spec.rank, gate.path
-        ));
+        return Err(AdmitError::WeightsProblem {
+            node,
+            rank: spec.rank,
+            path: gate.path.clone(),
+            problem: problem.clone(),
+        });
     }
     let held = matches!(
         facts.state,
         Some(ModelState::Complete | ModelState::Verifying)
     );
     if !held || facts.root != Some(gate.root) {
-        return Err(format!(
-            "{node}: not starting rank {} on {}: it is {} with root {}, where the launch checked root {}; wait for xfer sync to finish, then run xfer-launch up again",
-            spec.rank,
-            gate.path,
-            facts.state.map_or("not held", |s| s.label()),
-            facts.root.map_or("none".to_string(), |r| r.short().to_string()),
-            gate.root.short()
-        ));
+        return Err(AdmitError::WeightsChanged {
+            node,
+            rank: spec.rank,
+            path: gate.path.clone(),
+            state: facts.state.map_or("not held", |s| s.label()),
+            root: facts
+                .root
+                .map_or("none".to_string(), |r| r.short().to_string()),
+            want: gate.root.short().to_string(),
+        });
     }
     Ok(())
 }
 
 /// The rank's compile caches copied from their verified snapshot into
 /// the live folder its engine uses ([`super::caches`]), before it starts.
-async fn caches_materialised(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
+async fn caches_materialised(ctx: &Ctx, spec: &RankSpec) -> Result<(), AdmitError> {
     let Some(gate) = spec.caches.clone() else {
         return Ok(());
     };
@@ -243,7 +335,10 @@ async fn caches_materialised(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
         super::caches::materialise(&store, &states, &node, rank, &gate)
     })
     .await
-    .map_err(|e| format!("{}: the compile caches' copy failed: {e}", spec.node))??;
+    .map_err(|source| AdmitError::CacheTask {
+        node: spec.node.to_string(),
+        source,
+    })??;
     tracing::info!(
         "rank {} of run {}: compile caches ready ({} file(s), {} copied from the verified snapshot, {} already live)",
         spec.rank,
@@ -258,31 +353,33 @@ async fn caches_materialised(ctx: &Ctx, spec: &RankSpec) -> Result<(), String> {
 /// The spec as this agent runs it: inside its image when it names one
 /// (the image checked again, right before the start, to be the id the
 /// launch's gate saw on every node).
-async fn in_container(ctx: &Ctx, spec: RankSpec) -> Result<RankSpec, String> {
+async fn in_container(ctx: &Ctx, spec: RankSpec) -> Result<RankSpec, AdmitError> {
     let Some(c) = spec.container.clone() else {
         return Ok(spec);
     };
     let node = spec.node.to_string();
     let Some(engine) = ctx.permits.engine() else {
-        return Err(super::images::engine_off(&node));
+        return Err(AdmitError::EngineOff { node });
     };
     let now = engine
         .image_id(&c.image)
         .await
-        .map_err(|e| format!("{node}: {e}"))?;
+        .map_err(|source| AdmitError::Engine {
+            node: node.clone(),
+            source,
+        })?;
     if let Some(want) = c.image_id {
         if now != Some(want) {
-            return Err(format!(
-                "{node}: not starting rank {}: image {} is {} here, where the launch checked {}; run `xfer image push {} --cluster FILE`, then xfer-launch up again",
-                spec.rank,
-                c.image,
-                now.map_or("not loaded".to_string(), |d| d.short()),
-                want.short(),
-                c.image
-            ));
+            return Err(AdmitError::ImageChanged {
+                node,
+                rank: spec.rank,
+                image: c.image.clone(),
+                now: now.map_or("not loaded".to_string(), |d| d.short()),
+                want: want.short(),
+            });
         }
     }
-    super::containers::wrap(spec, &c, engine, ctx.store.root())
+    Ok(super::containers::wrap(spec, &c, engine, ctx.store.root())?)
 }
 
 /// What `xfer status` says of each model on this node, by name: the

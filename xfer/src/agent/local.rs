@@ -194,7 +194,12 @@ async fn answer_all(stream: UnixStream, ctx: &LocalCtx) -> std::io::Result<()> {
                     });
                 (reply, true)
             }
-            Err(why) => (LocalReply::Refused { why }, false),
+            Err(why) => (
+                LocalReply::Refused {
+                    why: why.to_string(),
+                },
+                false,
+            ),
         };
         write.write_all(&encode_reply(&reply)).await?;
         if !go_on {

@@ -339,7 +339,7 @@ async fn accept_all(
             // Mutually authenticated: the handshake's token goes back.
             admitted.handshake_done(true);
             if let Err(why) = quic::refuse_other_version(&conn, &format!("the node at {remote}")) {
-                refusals.lock().unwrap().refused(remote, &why);
+                refusals.lock().unwrap().refused(remote, &why.to_string());
                 return;
             }
             if let Err(e) = handle(conn.clone(), ctx).await {
@@ -510,7 +510,7 @@ impl Caller {
     fn operator_only(&self, me: &str, what: &str) -> Result<(), Refusal> {
         permit::operator_only(me, &self.peer, what).map_err(|why| {
             tracing::warn!("refused {self}: {why}");
-            Refusal::Forbidden(why)
+            Refusal::Forbidden(why.to_string())
         })
     }
 }

@@ -27,15 +27,76 @@ use std::path::{Path, PathBuf};
 use crate::config::auth::identity::Peer;
 use crate::util::program;
 
+/// Why this agent's permits refuse a caller or a command line: one line
+/// naming the node and the switch or credential that would allow it (the
+/// text of the refusal sent back).
+#[derive(Debug, thiserror::Error)]
+pub enum PermitError {
+    /// Only an operator may.
+    #[error("{node}: only an operator may {what}, and the caller is {peer}; ask with an operator credential (`xfer ca issue {name}-op --role operator`)")]
+    NotOperator {
+        /// This node.
+        node: String,
+        /// What the caller asked to do.
+        what: String,
+        /// The caller, as it shows.
+        peer: String,
+        /// The caller's name, or `NAME`.
+        name: String,
+    },
+    /// `--allow-launch` is off.
+    #[error("{node}: launching is off on this agent (it starts no engine, stop hook or version probe); start it with `xfer serve --allow-launch` (docs/launcher.md#allowing-launches)")]
+    LaunchOff {
+        /// This node.
+        node: String,
+    },
+    /// No program at all.
+    #[error("{node}: an empty command line; fix the launch template")]
+    EmptyCommand {
+        /// This node.
+        node: String,
+    },
+    /// Not in `--allow-exec`.
+    #[error("{node}: `{program}` is not in this agent's --allow-exec list ({listed}); add `--allow-exec {program}` to its `xfer serve`")]
+    NotListed {
+        /// This node.
+        node: String,
+        /// The program asked for.
+        program: String,
+        /// The list, comma-separated.
+        listed: String,
+    },
+    /// Not on the agent's `PATH`.
+    #[error("{node}: {source}")]
+    NotFound {
+        /// This node.
+        node: String,
+        /// The lookup's error.
+        source: program::ResolveError,
+    },
+    /// Found, but under a path that is not UTF-8.
+    #[error("{node}: `{program}` resolves to {}, which is not UTF-8; install it under a UTF-8 path", path.display())]
+    NotUtf8 {
+        /// This node.
+        node: String,
+        /// The program asked for.
+        program: String,
+        /// Where it resolved.
+        path: PathBuf,
+    },
+}
+
 /// `Ok` if `peer` may do `what` on `node`, which only an operator may.
-pub fn operator_only(node: &str, peer: &Peer, what: &str) -> Result<(), String> {
+pub fn operator_only(node: &str, peer: &Peer, what: &str) -> Result<(), PermitError> {
     if peer.is_operator() {
         return Ok(());
     }
-    let name = peer.name().map_or("NAME", |n| n.as_str());
-    Err(format!(
-        "{node}: only an operator may {what}, and the caller is {peer}; ask with an operator credential (`xfer ca issue {name}-op --role operator`)"
-    ))
+    Err(PermitError::NotOperator {
+        node: node.to_string(),
+        what: what.to_string(),
+        peer: peer.to_string(),
+        name: peer.name().map_or("NAME", |n| n.as_str()).to_string(),
+    })
 }
 
 /// The operator's switches.
@@ -66,15 +127,18 @@ impl Permits {
     /// `argv` as it may be started on `node`: its program checked against
     /// `--allow-exec` by the name given, then replaced by its absolute
     /// path on this agent's own `PATH`; or why not.
-    pub fn may_run(&self, node: &str, argv: &[String]) -> Result<Vec<String>, String> {
+    pub fn may_run(&self, node: &str, argv: &[String]) -> Result<Vec<String>, PermitError> {
         self.may_name(node, argv)?;
-        let path = program::resolve(&argv[0]).map_err(|e| format!("{node}: {e}"))?;
+        let path = program::resolve(&argv[0]).map_err(|source| PermitError::NotFound {
+            node: node.to_string(),
+            source,
+        })?;
         let Some(path) = path.to_str() else {
-            return Err(format!(
-                "{node}: `{}` resolves to {}, which is not UTF-8; install it under a UTF-8 path",
-                argv[0],
-                path.display()
-            ));
+            return Err(PermitError::NotUtf8 {
+                node: node.to_string(),
+                program: argv[0].clone(),
+                path,
+            });
         };
         let mut resolved = argv.to_vec();
         resolved[0] = path.to_string();
@@ -84,28 +148,27 @@ impl Permits {
     /// Whether a command line naming `argv[0]` may be started on `node`,
     /// by its name alone: for a process inside a container, whose program
     /// is the image's, not this host's. [`Permits::may_run`] for a host's.
-    pub fn may_name(&self, node: &str, argv: &[String]) -> Result<(), String> {
+    pub fn may_name(&self, node: &str, argv: &[String]) -> Result<(), PermitError> {
+        let node = node.to_string();
         if !self.launch {
-            return Err(format!(
-                "{node}: launching is off on this agent (it starts no engine, stop hook or version probe); start it with `xfer serve --allow-launch` (docs/launcher.md#allowing-launches)"
-            ));
+            return Err(PermitError::LaunchOff { node });
         }
         let Some(program) = argv.first() else {
-            return Err(format!(
-                "{node}: an empty command line; fix the launch template"
-            ));
+            return Err(PermitError::EmptyCommand { node });
         };
         if !self.exec.is_empty() && !self.exec.iter().any(|e| e == program) {
-            return Err(format!(
-                "{node}: `{program}` is not in this agent's --allow-exec list ({}); add `--allow-exec {program}` to its `xfer serve`",
-                self.exec.join(", ")
-            ));
+            return Err(PermitError::NotListed {
+                node,
+                program: program.clone(),
+                listed: self.exec.join(", "),
+            });
         }
         Ok(())
     }
 
     /// The canonical form of `path`, if a sync job on `node` may read it:
-    /// it must lie under `root` or under an export.
+    /// it must lie under `root` or under an export. Text: the sync runner
+    /// sends it as a refusal or records it as the job's error.
     pub fn may_read(&self, node: &str, root: &Path, path: &Path) -> Result<PathBuf, String> {
         let real = path.canonicalize().map_err(|e| {
             format!(
@@ -146,7 +209,10 @@ mod tests {
     #[test]
     fn launching_is_off_unless_switched_on_and_then_limited_to_the_list() {
         let off = Permits::default();
-        let why = off.may_run("n1", &argv(&["sh", "-c", "id"])).unwrap_err();
+        let why = off
+            .may_run("n1", &argv(&["sh", "-c", "id"]))
+            .unwrap_err()
+            .to_string();
         assert!(why.starts_with("n1: launching is off"), "{why}");
         assert!(why.contains("--allow-launch"), "{why}");
         let any = Permits {
@@ -161,10 +227,16 @@ mod tests {
             ..Permits::default()
         };
         assert!(listed.may_name("n1", &argv(&["vllm", "serve"])).is_ok());
-        let why = listed.may_run("n1", &argv(&["id", "-u"])).unwrap_err();
+        let why = listed
+            .may_run("n1", &argv(&["id", "-u"]))
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("--allow-exec id"), "{why}");
         // A path is not the name the operator allowed.
-        let why = listed.may_name("n1", &argv(&["/tmp/sh"])).unwrap_err();
+        let why = listed
+            .may_name("n1", &argv(&["/tmp/sh"]))
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("--allow-exec /tmp/sh"), "{why}");
     }
 
@@ -181,7 +253,8 @@ mod tests {
         assert_eq!(run[1..], argv(&["-c", "true"]));
         let why = listed
             .may_run("n1", &argv(&["no-such-engine-xyz"]))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             why.starts_with("n1: `no-such-engine-xyz` is not on the PATH of the xfer agent"),
             "{why}"

@@ -172,7 +172,7 @@ pub(super) async fn serve(
 
     if let Err(why) = may_offer(ctx, caller, &name) {
         tracing::warn!("refused an offer of {name} from {caller}: {why}");
-        return refuse(&mut send, Refusal::Forbidden(why)).await;
+        return refuse(&mut send, Refusal::Forbidden(why.to_string())).await;
     }
 
     // Supersede a running transfer of the same model, then wait for it.
@@ -188,7 +188,7 @@ pub(super) async fn serve(
     if let Some(running) = superseding {
         if let Err(why) = may_supersede(ctx, caller, &name, &running) {
             tracing::warn!("refused an offer of {name} from {caller}: {why}");
-            return refuse(&mut send, Refusal::Busy(why)).await;
+            return refuse(&mut send, Refusal::Busy(why.to_string())).await;
         }
     }
     let slot = {
@@ -284,7 +284,39 @@ pub(super) async fn serve(
 /// it is receiving; replacing a model held here (complete, or left half
 /// replaced) takes a transfer the operator started: an operator's push, or
 /// a sync job handed to this agent that names the caller as its source.
-fn may_offer(ctx: &TransferCtx, caller: &Caller, name: &ModelName) -> Result<(), String> {
+/// Why an offer from a node credential is refused: one line naming the
+/// caller, the model and what would allow it (the refusal's text).
+#[derive(Debug, thiserror::Error)]
+enum OfferRefused {
+    /// A Hub cache name, not from the source of a sync job for it.
+    #[error("{caller} may not deliver `{name}`: a Hub cache name is delivered only by an operator's `xfer sync` from that node (push it under another name, or run the sync)")]
+    HubName {
+        /// The caller, as it shows.
+        caller: String,
+        /// The model.
+        name: ModelName,
+    },
+    /// A model held here, not from an operator's transfer.
+    #[error("{caller} may not replace the model `{name}` held on this node; only an operator's push or an `xfer sync` job from that node may (push it with an operator credential, or run `xfer sync`)")]
+    Held {
+        /// The caller, as it shows.
+        caller: String,
+        /// The model.
+        name: ModelName,
+    },
+    /// Another peer's transfer of the model is running.
+    #[error("`{name}` is being received here from {running}; {caller} may not interrupt it (wait for it to end, or push as the operator)")]
+    Receiving {
+        /// The caller, as it shows.
+        caller: String,
+        /// The model.
+        name: ModelName,
+        /// The peer whose transfer runs.
+        running: String,
+    },
+}
+
+fn may_offer(ctx: &TransferCtx, caller: &Caller, name: &ModelName) -> Result<(), OfferRefused> {
     if caller.peer.is_operator() {
         return Ok(());
     }
@@ -294,9 +326,10 @@ fn may_offer(ctx: &TransferCtx, caller: &Caller, name: &ModelName) -> Result<(),
         if is_job_source(ctx, &caller.peer, name) {
             return Ok(());
         }
-        return Err(format!(
-            "{caller} may not deliver `{name}`: a Hub cache name is delivered only by an operator's `xfer sync` from that node (push it under another name, or run the sync)"
-        ));
+        return Err(OfferRefused::HubName {
+            caller: caller.to_string(),
+            name: name.clone(),
+        });
     }
     if ctx.store.record_any(name).is_none() {
         return Ok(());
@@ -304,9 +337,10 @@ fn may_offer(ctx: &TransferCtx, caller: &Caller, name: &ModelName) -> Result<(),
     if is_job_source(ctx, &caller.peer, name) {
         return Ok(());
     }
-    Err(format!(
-        "{caller} may not replace the model `{name}` held on this node; only an operator's push or an `xfer sync` job from that node may (push it with an operator credential, or run `xfer sync`)"
-    ))
+    Err(OfferRefused::Held {
+        caller: caller.to_string(),
+        name: name.clone(),
+    })
 }
 
 /// Whether a new offer from `caller` may cut short the transfer of `name`
@@ -317,16 +351,18 @@ fn may_supersede(
     caller: &Caller,
     name: &ModelName,
     running: &Peer,
-) -> Result<(), String> {
+) -> Result<(), OfferRefused> {
     if caller.peer.is_operator()
         || caller.peer == *running
         || is_job_source(ctx, &caller.peer, name)
     {
         return Ok(());
     }
-    Err(format!(
-        "`{name}` is being received here from {running}; {caller} may not interrupt it (wait for it to end, or push as the operator)"
-    ))
+    Err(OfferRefused::Receiving {
+        caller: caller.to_string(),
+        name: name.clone(),
+        running: running.to_string(),
+    })
 }
 
 /// Whether this agent holds a running sync job for `name` whose source is
@@ -341,6 +377,32 @@ fn is_job_source(ctx: &TransferCtx, peer: &Peer, name: &ModelName) -> bool {
         .any(|j| !j.state.is_final() && j.spec.name == *name && j.spec.source_node == node.as_str())
 }
 
+/// Why a peer may not have this node fetch from the origin for it: the
+/// end of the refusal's sentence ("..., but {why}").
+#[derive(Debug, thiserror::Error)]
+enum NotIntake {
+    /// The caller's credential names no node.
+    #[error("it has no node name")]
+    NoNodeName,
+    /// No running sync job here has it as the source.
+    #[error("it is not the source of a running sync job for it here")]
+    NoJob,
+    /// Its job moves no Hub repository.
+    #[error("its job {0} does not pull from the Hub")]
+    NotHub(String),
+    /// Its job does not name this node as an intake node.
+    #[error("its job {job} does not name this node ({me}) as an intake node")]
+    NotNamed {
+        /// The job's id.
+        job: String,
+        /// This node.
+        me: String,
+    },
+    /// The job's Hub endpoint is no origin.
+    #[error(transparent)]
+    Endpoint(#[from] super::intake::EndpointError),
+}
+
 /// The origin of the striped Hub job for `name` whose source is `peer` and
 /// whose intake nodes include this one: the only hosts this node fetches
 /// from for it. Else why there is none.
@@ -348,9 +410,9 @@ fn intake_origin(
     ctx: &TransferCtx,
     peer: &Peer,
     name: &ModelName,
-) -> Result<super::intake::Origin, String> {
+) -> Result<super::intake::Origin, NotIntake> {
     let Some(node) = peer.name() else {
-        return Err("it has no node name".into());
+        return Err(NotIntake::NoNodeName);
     };
     let me = ctx.runner.me().unwrap_or_default();
     let jobs = ctx.runner.records();
@@ -359,18 +421,15 @@ fn intake_origin(
         .find(|j| {
             !j.state.is_final() && j.spec.name == *name && j.spec.source_node == node.as_str()
         })
-        .ok_or("it is not the source of a running sync job for it here")?;
+        .ok_or(NotIntake::NoJob)?;
     if !matches!(job.spec.source, xfer_proto::admin::JobSource::Hub { .. }) {
-        return Err(format!(
-            "its job {} does not pull from the Hub",
-            job.spec.id
-        ));
+        return Err(NotIntake::NotHub(job.spec.id.to_string()));
     }
     if !job.spec.intake.contains(&me) {
-        return Err(format!(
-            "its job {} does not name this node ({me}) as an intake node",
-            job.spec.id
-        ));
+        return Err(NotIntake::NotNamed {
+            job: job.spec.id.to_string(),
+            me,
+        });
     }
     let endpoint = job
         .spec
@@ -378,7 +437,7 @@ fn intake_origin(
         .clone()
         .or_else(|| std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()))
         .unwrap_or_else(|| crate::hub::env::DEFAULT_ENDPOINT.to_string());
-    super::intake::Origin::of_endpoint(&endpoint).map_err(|e| e.to_string())
+    Ok(super::intake::Origin::of_endpoint(&endpoint)?)
 }
 
 /// What an offer asks this node to store.

@@ -614,7 +614,7 @@ impl Parser<'_> {
                 "agent" => {
                     let s = self.r.string(key, v, "agent = \"10.0.0.1:7470\"")?;
                     f.agent = Some(At {
-                        v: parse_agent(s).map_err(bad)?,
+                        v: parse_agent(s).map_err(|e| bad(e.to_string()))?,
                         at,
                     });
                 }
@@ -671,7 +671,7 @@ impl Parser<'_> {
                 "fabric_ip" => {
                     let s = self.r.string(key, v, "fabric_ip = \"192.168.100.1\"")?;
                     f.fabric_ip = Some(At {
-                        v: parse_fabric_ip(s).map_err(bad)?,
+                        v: parse_fabric_ip(s).map_err(|e| bad(e.to_string()))?,
                         at,
                     });
                 }
@@ -736,37 +736,122 @@ impl Parser<'_> {
     }
 }
 
+/// The fix every malformed agent address is told.
+const FIX_AGENT: &str =
+    "write HOST[:PORT], e.g. \"10.0.0.1:7470\", \"[fd00::1]:7470\" or \"spark-a.lan\"";
+
+/// Why a text is not an agent's `HOST[:PORT]`: one line naming the text and
+/// the form expected (the cluster file's reader puts `FILE:LINE:COL`
+/// before it; `--to`, `--from` and `--listen` their flag).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    /// Nothing given.
+    #[error("agent is empty; {FIX_AGENT}")]
+    Empty,
+    /// A URL or a path.
+    #[error("agent {0:?} is not HOST[:PORT]; {FIX_AGENT}")]
+    NotHostPort(String),
+    /// `[` without its `]`.
+    #[error("agent {0:?} opens '[' but never closes it; {FIX_AGENT}")]
+    Unclosed(String),
+    /// Brackets around something else than an IPv6 address.
+    #[error("agent {text:?}: {host:?} is not an IPv6 address; {FIX_AGENT}")]
+    NotIpv6 {
+        /// The whole text.
+        text: String,
+        /// The part in brackets.
+        host: String,
+    },
+    /// Something else than `:PORT` after the brackets.
+    #[error("agent {text:?} has {rest:?} after the address; {FIX_AGENT}")]
+    AfterAddress {
+        /// The whole text.
+        text: String,
+        /// What follows `]`.
+        rest: String,
+    },
+    /// An unbracketed IPv6 address with a port, or no address at all.
+    #[error("agent {0:?} is not HOST[:PORT]; an IPv6 address with a port goes in brackets, e.g. \"[fd00::1]:7470\"")]
+    BareIpv6(String),
+    /// `:PORT` alone.
+    #[error("agent {0:?} has no host; {FIX_AGENT}")]
+    NoHost(String),
+    /// Digits and dots that are no IPv4 address.
+    #[error("agent {text:?}: {host:?} is not an IPv4 address; {FIX_AGENT}")]
+    NotIpv4 {
+        /// The whole text.
+        text: String,
+        /// The host part.
+        host: String,
+    },
+    /// Characters no host name has.
+    #[error("agent {text:?}: {host:?} is not a host name; {FIX_AGENT}")]
+    NotHostName {
+        /// The whole text.
+        text: String,
+        /// The host part.
+        host: String,
+    },
+    /// An address that names no one machine.
+    #[error("agent {text:?} cannot be connected to ({ip} is not one machine's address); write the node's own address")]
+    NotOneMachine {
+        /// The whole text.
+        text: String,
+        /// The address.
+        ip: IpAddr,
+    },
+    /// Port 0.
+    #[error("agent {0:?} has port 0; use the port its agent listens on (--listen, {DEFAULT_PORT} by default)")]
+    PortZero(String),
+    /// A port above 65535.
+    #[error("agent {text:?} has port {port}; ports run 1-65535")]
+    PortRange {
+        /// The whole text.
+        text: String,
+        /// The number given.
+        port: u32,
+    },
+    /// A port that is no number.
+    #[error("agent {text:?}: {port:?} is not a port number; {FIX_AGENT}")]
+    NotPort {
+        /// The whole text.
+        text: String,
+        /// The port part.
+        port: String,
+    },
+}
+
 /// `HOST[:PORT]`: an IPv4 address, a bracketed (or bare, portless) IPv6
 /// address, or a host name.
-fn parse_agent(s: &str) -> Result<AgentAddr, String> {
-    let fix = "write HOST[:PORT], e.g. \"10.0.0.1:7470\", \"[fd00::1]:7470\" or \"spark-a.lan\"";
+fn parse_agent(s: &str) -> Result<AgentAddr, AddressError> {
+    let text = || s.to_string();
     if s.is_empty() {
-        return Err(format!("agent is empty; {fix}"));
+        return Err(AddressError::Empty);
     }
     if s.contains("://") || s.contains('/') {
-        return Err(format!("agent {s:?} is not HOST[:PORT]; {fix}"));
+        return Err(AddressError::NotHostPort(text()));
     }
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
         let Some((h, after)) = rest.split_once(']') else {
-            return Err(format!("agent {s:?} opens '[' but never closes it; {fix}"));
+            return Err(AddressError::Unclosed(text()));
         };
-        let ip: Ipv6Addr = h
-            .parse()
-            .map_err(|_| format!("agent {s:?}: {h:?} is not an IPv6 address; {fix}"))?;
+        let ip: Ipv6Addr = h.parse().map_err(|_| AddressError::NotIpv6 {
+            text: text(),
+            host: h.to_string(),
+        })?;
         let port = match after {
             "" => None,
             p => Some(
                 p.strip_prefix(':')
-                    .ok_or_else(|| format!("agent {s:?} has {p:?} after the address; {fix}"))?,
+                    .ok_or_else(|| AddressError::AfterAddress {
+                        text: text(),
+                        rest: p.to_string(),
+                    })?,
             ),
         };
         (IpOrName::Ip(ip.into()), port)
     } else if s.matches(':').count() >= 2 {
-        let ip: Ipv6Addr = s.parse().map_err(|_| {
-            format!(
-                "agent {s:?} is not HOST[:PORT]; an IPv6 address with a port goes in brackets, e.g. \"[fd00::1]:7470\""
-            )
-        })?;
+        let ip: Ipv6Addr = s.parse().map_err(|_| AddressError::BareIpv6(text()))?;
         (IpOrName::Ip(ip.into()), None)
     } else {
         let (h, port) = match s.split_once(':') {
@@ -774,12 +859,13 @@ fn parse_agent(s: &str) -> Result<AgentAddr, String> {
             None => (s, None),
         };
         if h.is_empty() {
-            return Err(format!("agent {s:?} has no host; {fix}"));
+            return Err(AddressError::NoHost(text()));
         }
         if h.chars().all(|c| c.is_ascii_digit() || c == '.') {
-            let ip: Ipv4Addr = h
-                .parse()
-                .map_err(|_| format!("agent {s:?}: {h:?} is not an IPv4 address; {fix}"))?;
+            let ip: Ipv4Addr = h.parse().map_err(|_| AddressError::NotIpv4 {
+                text: text(),
+                host: h.to_string(),
+            })?;
             (IpOrName::Ip(ip.into()), port)
         } else if h.len() <= 253
             && h.chars()
@@ -787,27 +873,37 @@ fn parse_agent(s: &str) -> Result<AgentAddr, String> {
         {
             (IpOrName::Name(h.to_ascii_lowercase()), port)
         } else {
-            return Err(format!("agent {s:?}: {h:?} is not a host name; {fix}"));
+            return Err(AddressError::NotHostName {
+                text: text(),
+                host: h.to_string(),
+            });
         }
     };
     if let IpOrName::Ip(ip) = &host {
         if ip.is_unspecified() || ip.is_multicast() {
-            return Err(format!(
-                "agent {s:?} cannot be connected to ({ip} is not one machine's address); write the node's own address"
-            ));
+            return Err(AddressError::NotOneMachine {
+                text: text(),
+                ip: *ip,
+            });
         }
     }
     let port = match port {
         None => None,
         Some(p) => match p.parse::<u32>() {
-            Ok(0) => {
-                return Err(format!(
-                    "agent {s:?} has port 0; use the port its agent listens on (--listen, {DEFAULT_PORT} by default)"
-                ))
-            }
+            Ok(0) => return Err(AddressError::PortZero(text())),
             Ok(n) if n <= 65535 => Some(n as u16),
-            Ok(n) => return Err(format!("agent {s:?} has port {n}; ports run 1-65535")),
-            Err(_) => return Err(format!("agent {s:?}: {p:?} is not a port number; {fix}")),
+            Ok(n) => {
+                return Err(AddressError::PortRange {
+                    text: text(),
+                    port: n,
+                })
+            }
+            Err(_) => {
+                return Err(AddressError::NotPort {
+                    text: text(),
+                    port: p.to_string(),
+                })
+            }
         },
     };
     let host = match host {
@@ -823,16 +919,42 @@ fn parse_agent(s: &str) -> Result<AgentAddr, String> {
 /// an IPv4 address or a bracketed IPv6 one, normalized to `HOST:PORT`
 /// (the port defaults to [`DEFAULT_PORT`]). The error is one line naming
 /// the form expected.
-pub fn parse_address(s: &str) -> Result<String, String> {
+pub fn parse_address(s: &str) -> Result<String, AddressError> {
     let a = parse_agent(s)?;
     Ok(format!("{}:{}", a.host, a.port.unwrap_or(DEFAULT_PORT)))
 }
 
-/// Where an agent listens (`serve --listen`): the syntax of
-/// [`parse_address`], plus the addresses that mean every interface
-/// (`0.0.0.0`, `[::]`); a host name is resolved here, IPv4 first
-/// (`localhost:7470` listens on 127.0.0.1).
-pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+/// Why a `--listen` value is refused: one line naming the form expected.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    /// Not `HOST[:PORT]`.
+    #[error("--listen: {0}")]
+    Address(#[from] AddressError),
+    /// The host does not resolve.
+    #[error("--listen {text}: cannot resolve {host_port} ({source}); write HOST[:PORT] with one of this node's addresses, e.g. 0.0.0.0:{DEFAULT_PORT}")]
+    Resolve {
+        /// The text given (without a `:0`).
+        text: String,
+        /// It as `HOST:PORT`.
+        host_port: String,
+        /// The resolver's error.
+        source: std::io::Error,
+    },
+    /// The host resolves to nothing.
+    #[error("--listen {text}: {host_port} resolves to no address; write HOST[:PORT], e.g. 0.0.0.0:{DEFAULT_PORT}")]
+    NoAddress {
+        /// The text given (without a `:0`).
+        text: String,
+        /// It as `HOST:PORT`.
+        host_port: String,
+    },
+}
+
+/// Where an agent listens (`serve --listen`, clap's value parser): the
+/// syntax of [`parse_address`], plus the addresses that mean every
+/// interface (`0.0.0.0`, `[::]`); a host name is resolved here, IPv4
+/// first (`localhost:7470` listens on 127.0.0.1).
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, ListenError> {
     use std::net::{SocketAddr, ToSocketAddrs};
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
@@ -846,11 +968,13 @@ pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
         Some(h) if !h.is_empty() && !h.ends_with(':') => (h, true),
         _ => (s, false),
     };
-    let hp = parse_address(s).map_err(|e| format!("--listen: {e}"))?;
+    let hp = parse_address(s)?;
     let addrs: Vec<SocketAddr> = hp
         .to_socket_addrs()
-        .map_err(|e| {
-            format!("--listen {s}: cannot resolve {hp} ({e}); write HOST[:PORT] with one of this node's addresses, e.g. 0.0.0.0:{DEFAULT_PORT}")
+        .map_err(|source| ListenError::Resolve {
+            text: s.to_string(),
+            host_port: hp.clone(),
+            source,
         })?
         .collect();
     let mut first = addrs
@@ -861,7 +985,10 @@ pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
     if any_port {
         first.iter_mut().for_each(|a| a.set_port(0));
     }
-    first.ok_or_else(|| format!("--listen {s}: {hp} resolves to no address; write HOST[:PORT], e.g. 0.0.0.0:{DEFAULT_PORT}"))
+    first.ok_or_else(|| ListenError::NoAddress {
+        text: s.to_string(),
+        host_port: hp,
+    })
 }
 
 enum IpOrName {
@@ -869,22 +996,37 @@ enum IpOrName {
     Name(String),
 }
 
-fn parse_fabric_ip(s: &str) -> Result<IpAddr, String> {
+/// Why a `fabric_ip` is not this node's address on its fabric: one line
+/// the cluster file's reader puts `FILE:LINE:COL` before.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum FabricIpError {
+    /// `ADDR/LEN`.
+    #[error("fabric_ip {text:?} has a prefix length; write the address alone: {addr:?}")]
+    Prefix {
+        /// The whole text.
+        text: String,
+        /// The address before `/`.
+        addr: String,
+    },
+    /// Not an address.
+    #[error("fabric_ip {0:?} is not an IP address; write this node's address on its fabric interface, e.g. \"192.168.100.1\" (see `ip -br addr`)")]
+    NotIp(String),
+    /// An address that names no one machine.
+    #[error("fabric_ip {0:?} is not one machine's address; write this node's address on its fabric interface (see `ip -br addr`)")]
+    NotOneMachine(String),
+}
+
+fn parse_fabric_ip(s: &str) -> Result<IpAddr, FabricIpError> {
     if let Some((addr, _)) = s.split_once('/') {
-        return Err(format!(
-            "fabric_ip {s:?} has a prefix length; write the address alone: {addr:?}"
-        ));
+        return Err(FabricIpError::Prefix {
+            text: s.to_string(),
+            addr: addr.to_string(),
+        });
     }
-    let ip: IpAddr = s.parse().map_err(|_| {
-        format!(
-            "fabric_ip {s:?} is not an IP address; write this node's address on its fabric interface, e.g. \"192.168.100.1\" (see `ip -br addr`)"
-        )
-    })?;
+    let ip: IpAddr = s.parse().map_err(|_| FabricIpError::NotIp(s.to_string()))?;
     let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
     if ip.is_unspecified() || ip.is_multicast() || broadcast {
-        return Err(format!(
-            "fabric_ip {s:?} is not one machine's address; write this node's address on its fabric interface (see `ip -br addr`)"
-        ));
+        return Err(FabricIpError::NotOneMachine(s.to_string()));
     }
     Ok(ip)
 }
@@ -1490,7 +1632,10 @@ root = "/r"
         assert_eq!(parse_address("10.0.0.2").unwrap(), "10.0.0.2:7470");
         assert_eq!(parse_address("[fd00::1]:9").unwrap(), "[fd00::1]:9");
         for bad in ["", "a b", "http://x", "10.0.0.2:x"] {
-            assert!(parse_address(bad).unwrap_err().contains("HOST"), "{bad}");
+            assert!(
+                parse_address(bad).unwrap_err().to_string().contains("HOST"),
+                "{bad}"
+            );
         }
         assert_eq!(
             parse_listen("localhost:7471").unwrap(),
@@ -1505,7 +1650,7 @@ root = "/r"
             parse_listen("localhost:0").unwrap(),
             "127.0.0.1:0".parse().unwrap()
         );
-        let e = parse_listen("no such host!").unwrap_err();
+        let e = parse_listen("no such host!").unwrap_err().to_string();
         assert!(
             e.starts_with("--listen") && e.contains("HOST[:PORT]"),
             "{e}"

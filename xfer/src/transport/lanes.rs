@@ -27,16 +27,24 @@ pub fn default_connections() -> usize {
     (cores / 2).clamp(1, 4)
 }
 
-/// Checks a `--connections` value; the error names the fix.
-pub fn parse_connections(s: &str) -> Result<usize, String> {
+/// Why a `--connections` value is refused; the line names the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectionsError {
+    /// Not a number.
+    #[error("`{0}` is not a number; pass --connections 1 to {MAX_CONNECTIONS}")]
+    NotANumber(String),
+    /// Zero, or more than [`MAX_CONNECTIONS`].
+    #[error("{0} connections is out of range; pass --connections 1 to {MAX_CONNECTIONS} (default here: {default})", default = default_connections())]
+    OutOfRange(usize),
+}
+
+/// Checks a `--connections` value (clap's value parser).
+pub fn parse_connections(s: &str) -> Result<usize, ConnectionsError> {
     let n: usize = s
         .parse()
-        .map_err(|_| format!("`{s}` is not a number; pass --connections 1 to {MAX_CONNECTIONS}"))?;
+        .map_err(|_| ConnectionsError::NotANumber(s.to_string()))?;
     if n == 0 || n > MAX_CONNECTIONS {
-        return Err(format!(
-            "{n} connections is out of range; pass --connections 1 to {MAX_CONNECTIONS} (default here: {})",
-            default_connections()
-        ));
+        return Err(ConnectionsError::OutOfRange(n));
     }
     Ok(n)
 }

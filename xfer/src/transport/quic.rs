@@ -206,8 +206,8 @@ pub enum ConnectError {
     #[error("{0}")]
     Handshake(String),
     /// The agent speaks another protocol version ([`refuse_other_version`]'s line).
-    #[error("{0}")]
-    Version(String),
+    #[error(transparent)]
+    Version(OtherVersion),
 }
 
 /// Connects to an agent, failing within `timeout` with a message that names
@@ -254,16 +254,30 @@ pub fn peer_version(conn: &Connection) -> Option<u32> {
     alpn_version(data.protocol.as_deref()?)
 }
 
-/// `Err(line)` when the peer (`who`, as the user knows it) speaks another
-/// protocol version; the connection is then closed with that line as its
+/// A peer of another protocol version: one line naming both versions and
+/// the node to upgrade ([`version_refusal`]), also the close reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", version_refusal(peer, *theirs))]
+pub struct OtherVersion {
+    /// The peer, as the user knows it.
+    pub peer: String,
+    /// The version its ALPN named.
+    pub theirs: u32,
+}
+
+/// `Err` when the peer (`who`, as the user knows it) speaks another
+/// protocol version; the connection is then closed with its line as the
 /// reason, so the peer prints it too. Both ends call it: the connecting
 /// side in [`connect`], the accepting side before it reads a request.
-pub fn refuse_other_version(conn: &Connection, who: &str) -> Result<(), String> {
+pub fn refuse_other_version(conn: &Connection, who: &str) -> Result<(), OtherVersion> {
     match peer_version(conn) {
-        Some(v) if v != PROTOCOL_VERSION => {
-            let why = version_refusal(who, v);
-            conn.close(VERSION_CLOSE.into(), why.as_bytes());
-            Err(why)
+        Some(theirs) if theirs != PROTOCOL_VERSION => {
+            let refused = OtherVersion {
+                peer: who.to_string(),
+                theirs,
+            };
+            conn.close(VERSION_CLOSE.into(), refused.to_string().as_bytes());
+            Err(refused)
         }
         _ => Ok(()),
     }
@@ -585,7 +599,7 @@ mod tests {
             .unwrap()
             .await
             .unwrap();
-        let refused = server.await.unwrap().unwrap_err();
+        let refused = server.await.unwrap().unwrap_err().to_string();
         assert!(refused.contains("speaks xfer protocol 1"), "{refused}");
         match conn.closed().await {
             ConnectionError::ApplicationClosed(c) => {

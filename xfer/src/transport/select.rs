@@ -226,7 +226,7 @@ pub fn choose_on(
                 );
                 return Ok(Some(nic));
             }
-            Err(why) => selected = without_rdma(choice, why)?,
+            Err(why) => selected = without_rdma(choice, why.to_string())?,
         }
     }
     if let Selected::Quic {
@@ -258,14 +258,44 @@ pub fn gid_index(sys: &Path, port: &ActivePort) -> Result<u32, NoRoceGid> {
         })
 }
 
+/// Why the selected RDMA port's NIC did not open: the reason of the
+/// fallback's line (or of `--transport rdma`'s refusal).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenNicError {
+    /// An override variable that is not a number.
+    #[error("{name}={value} is not a number")]
+    NotANumber {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// No RoCE v2 GID to use.
+    #[error(transparent)]
+    NoGid(#[from] NoRoceGid),
+    /// A port number beyond what verbs take.
+    #[error("port {0} out of range")]
+    PortRange(u32),
+    /// The device did not open.
+    #[error(transparent)]
+    Open(#[from] super::rdma::link::SetupError),
+    /// This build cannot drive RDMA.
+    #[error("this xfer was built without the `rdma` feature")]
+    NoFeature,
+}
+
 /// Opens the NIC of `port`, or of `XFER_RDMA_DEVICE` / `XFER_RDMA_PORT`
 /// when set; the GID index is `XFER_RDMA_GID_INDEX` or [`gid_index`].
 #[cfg(feature = "rdma")]
-fn open_nic(sys: &Path, port: &ActivePort) -> Result<Arc<dyn Nic>, String> {
+fn open_nic(sys: &Path, port: &ActivePort) -> Result<Arc<dyn Nic>, OpenNicError> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let parsed = |name: &str| -> Result<Option<u32>, String> {
+    let parsed = |name: &'static str| -> Result<Option<u32>, OpenNicError> {
         env(name)
-            .map(|v| v.parse().map_err(|_| format!("{name}={v} is not a number")))
+            .map(|value| {
+                value
+                    .parse()
+                    .map_err(|_| OpenNicError::NotANumber { name, value })
+            })
             .transpose()
     };
     let mut port = port.clone();
@@ -277,18 +307,17 @@ fn open_nic(sys: &Path, port: &ActivePort) -> Result<Arc<dyn Nic>, String> {
     }
     let index = match parsed("XFER_RDMA_GID_INDEX")? {
         Some(i) => i,
-        None => gid_index(sys, &port).map_err(|e| e.to_string())?,
+        None => gid_index(sys, &port)?,
     };
-    let number = u8::try_from(port.port).map_err(|_| format!("port {} out of range", port.port))?;
-    let nic =
-        super::rdma::sys::SysNic::open(&port.device, number, index).map_err(|e| e.to_string())?;
+    let number = u8::try_from(port.port).map_err(|_| OpenNicError::PortRange(port.port))?;
+    let nic = super::rdma::sys::SysNic::open(&port.device, number, index)?;
     Ok(Arc::new(nic))
 }
 
 #[cfg(not(feature = "rdma"))]
-fn open_nic(_sys: &Path, _port: &ActivePort) -> Result<Arc<dyn Nic>, String> {
+fn open_nic(_sys: &Path, _port: &ActivePort) -> Result<Arc<dyn Nic>, OpenNicError> {
     // `select` never picks RDMA in a build without the backend.
-    Err("this xfer was built without the `rdma` feature".into())
+    Err(OpenNicError::NoFeature)
 }
 
 #[cfg(test)]

@@ -96,13 +96,18 @@ pub fn render() -> String {
     s
 }
 
-/// `PORT` means 127.0.0.1:PORT; anything else must be `IP:PORT`.
-pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+/// A `--metrics` value that is neither `PORT` nor `IP:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--metrics {0}: give PORT (on 127.0.0.1) or IP:PORT")]
+pub struct MetricsAddrError(String);
+
+/// `PORT` means 127.0.0.1:PORT; anything else must be `IP:PORT` (clap's
+/// value parser).
+pub fn parse_addr(s: &str) -> Result<SocketAddr, MetricsAddrError> {
     if let Ok(port) = s.parse::<u16>() {
         return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
-    s.parse()
-        .map_err(|_| format!("--metrics {s}: give PORT (on 127.0.0.1) or IP:PORT"))
+    s.parse().map_err(|_| MetricsAddrError(s.to_string()))
 }
 
 /// The one route: `GET /metrics`.
@@ -170,7 +175,7 @@ mod tests {
         );
         assert_eq!(parse_addr("9470").unwrap().to_string(), "127.0.0.1:9470");
         assert_eq!(parse_addr("0.0.0.0:9").unwrap().to_string(), "0.0.0.0:9");
-        assert!(parse_addr("x").unwrap_err().contains("PORT"));
+        assert!(parse_addr("x").unwrap_err().to_string().contains("PORT"));
     }
 
     #[tokio::test]

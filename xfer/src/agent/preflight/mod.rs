@@ -34,7 +34,8 @@ pub mod weights;
 
 /// Whether a command line may run here: as it is to run (its program by
 /// absolute path), or why not ([`crate::agent::permit::Permits::may_run`]).
-pub type MayRun = dyn Fn(&[String]) -> Result<Vec<String>, String> + Sync;
+pub type MayRun =
+    dyn Fn(&[String]) -> Result<Vec<String>, crate::agent::permit::PermitError> + Sync;
 
 /// Runs every probe of `req` on this node. `states` maps the store's
 /// models to what `xfer status` says of them ("complete", "syncing", ...).
@@ -123,7 +124,7 @@ pub async fn gather(
                     // whose fix is the agent's flags, not the engine).
                     Err(why) => VersionFacts {
                         what: v.what,
-                        version: Probe::Skipped(why),
+                        version: Probe::Skipped(why.to_string()),
                     },
                 }
             })

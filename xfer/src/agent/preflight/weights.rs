@@ -45,7 +45,7 @@ pub fn weights(
             Some(PathBuf::from(path))
         }
         Err(problem) => {
-            f.problems.push(problem);
+            f.problems.push(problem.to_string());
             None
         }
     };
@@ -152,20 +152,37 @@ pub fn weights(
     f
 }
 
+/// Why a model path's `<COMMIT>` does not resolve: one of the weights
+/// check's problems.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum CommitError {
+    /// `<COMMIT>` not right under `snapshots/`.
+    #[error("{0}: {COMMIT_PLACEHOLDER} must stand for the folder under `<repo>/snapshots/`; fix the model path")]
+    Misplaced(String),
+    /// No such ref (nor a commit given as the revision).
+    #[error(
+        "refs/{rev} not found in {dir}: the repo is not on this node; run `xfer sync ORG/NAME`"
+    )]
+    NoRef {
+        /// The revision.
+        rev: String,
+        /// The repo's folder.
+        dir: String,
+    },
+}
+
 /// Resolves `<dir>/snapshots/<COMMIT>[/...]` from `<dir>/refs/<revision>`
 /// (`main` by default): the path and the commit, or None when there is no
 /// placeholder.
 fn resolve_commit(
     model_path: &str,
     revision: Option<&str>,
-) -> Result<Option<(String, String)>, String> {
+) -> Result<Option<(String, String)>, CommitError> {
     let Some((before, after)) = model_path.split_once(COMMIT_PLACEHOLDER) else {
         return Ok(None);
     };
     let Some(dir) = before.strip_suffix("/snapshots/") else {
-        return Err(format!(
-            "{model_path}: {COMMIT_PLACEHOLDER} must stand for the folder under `<repo>/snapshots/`; fix the model path"
-        ));
+        return Err(CommitError::Misplaced(model_path.to_string()));
     };
     let rev = revision.unwrap_or("main");
     let refs = Path::new(dir).join("refs");
@@ -184,9 +201,10 @@ fn resolve_commit(
         Some(c) if !c.contains('/') && c != "." && c != ".." => {
             Ok(Some((format!("{before}{c}{after}"), c)))
         }
-        _ => Err(format!(
-            "refs/{rev} not found in {dir}: the repo is not on this node; run `xfer sync ORG/NAME`"
-        )),
+        _ => Err(CommitError::NoRef {
+            rev: rev.to_string(),
+            dir: dir.to_string(),
+        }),
     }
 }
 
@@ -459,6 +477,7 @@ mod tests {
     fn commit_placeholder_must_be_a_snapshot() {
         assert!(resolve_commit("/a/<COMMIT>", None)
             .unwrap_err()
+            .to_string()
             .contains("must stand for the folder under"));
         assert_eq!(resolve_commit("/a/b", None), Ok(None));
         assert!(resolve_commit("/a/snapshots/<COMMIT>", Some("../../etc/passwd")).is_err());

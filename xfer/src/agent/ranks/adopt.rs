@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::check_run_id;
 use super::records::Record;
 use super::signals::{check_leader, group_has_live_member, Leader};
-use super::supervisor::{Inner, Run, Supervisor};
+use super::supervisor::{BootError, Inner, Run, Supervisor};
 use super::{ProcState, RunState};
 
 impl Supervisor {
@@ -57,12 +57,11 @@ impl Supervisor {
     pub(super) fn adopt(self: &Arc<Self>, dir: PathBuf, rec: Record) -> Option<Arc<Run>> {
         let same_boot = match (&self.boot, &rec.boot_id) {
             (Err(e), _) => Err(e.clone()),
-            (Ok(_), None) => {
-                Err("rank.json records no boot id (it was written by an older xfer)".to_string())
-            }
-            (Ok(now), Some(then)) if now != then => Err(format!(
-                "rank.json was written in another boot (boot id {then}; this boot is {now})"
-            )),
+            (Ok(_), None) => Err(BootError::NotRecorded),
+            (Ok(now), Some(then)) if now != then => Err(BootError::OtherBoot {
+                then: then.clone(),
+                now: now.clone(),
+            }),
             (Ok(_), Some(_)) => Ok(()),
         };
         let mut starts = rec.starts.clone();

@@ -207,9 +207,13 @@ impl Run {
 
 /// Whether `pid` is still the process started at `start`, in a record
 /// whose boot is this one (`same_boot`).
-pub(super) fn check_leader(same_boot: &Result<(), String>, pid: u32, start: Option<u64>) -> Leader {
+pub(super) fn check_leader(
+    same_boot: &Result<(), super::supervisor::BootError>,
+    pid: u32,
+    start: Option<u64>,
+) -> Leader {
     if let Err(e) = same_boot {
-        return Leader::Unknown(e.clone());
+        return Leader::Unknown(e.to_string());
     }
     let Some(start) = start else {
         return Leader::Unknown(format!("no start time is recorded for pid {pid}"));

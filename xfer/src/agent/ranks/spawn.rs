@@ -12,6 +12,56 @@ use super::{ProcState, RunState};
 use crate::sysinfo::proc;
 use xfer_proto::launch_rules;
 
+/// Why a rank's process did not start: one line, recorded as its
+/// `NotStarted` reason and in the rank's failure.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SpawnError {
+    /// Its program is not on the agent's `PATH`.
+    #[error("{node}: {source}")]
+    Program {
+        /// This node.
+        node: String,
+        /// The lookup's error.
+        source: crate::util::program::ResolveError,
+    },
+    /// The rank's log cannot be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Log {
+        /// The log.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The kernel refused to start it.
+    #[error("cannot start `{program}` on {node}: {source}")]
+    Start {
+        /// `argv[0]`.
+        program: String,
+        /// This node.
+        node: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Started, but its start time is unreadable: killed.
+    #[error("cannot read the start time of `{program}` (pid {pid}): {}; killed it, since it could not be stopped safely later", why.as_ref().map_or("no /proc entry".to_string(), |e| e.to_string()))]
+    StartTime {
+        /// `argv[0]`.
+        program: String,
+        /// Its pid.
+        pid: u32,
+        /// The read's error; `None`: no `/proc` entry.
+        why: Option<std::io::Error>,
+    },
+    /// The address it waits for never accepted a connection.
+    #[error("{addr} did not accept a TCP connection within {secs}s")]
+    NotListening {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// How long it was given.
+        secs: u64,
+    },
+}
+
 impl Supervisor {
     /// Starts the processes in order, then watches them.
     pub(super) async fn drive(self: Arc<Self>, run: Arc<Run>) {
@@ -27,7 +77,7 @@ impl Supervisor {
                     _ = run.stopping.cancelled() => return,
                 };
                 if let Err(e) = waited {
-                    run.set_proc(i, ProcState::NotStarted { why: e.clone() });
+                    run.set_proc(i, ProcState::NotStarted { why: e.to_string() });
                     self.failed(&run, format!("`{}` never started: {e}", proc.argv[0]))
                         .await;
                     return;
@@ -43,8 +93,9 @@ impl Supervisor {
                     tokio::spawn(async move { sup.watch(watched, i, pid).await });
                 }
                 Err(e) => {
-                    run.set_proc(i, ProcState::NotStarted { why: e.clone() });
-                    self.failed(&run, e).await;
+                    let why = e.to_string();
+                    run.set_proc(i, ProcState::NotStarted { why: why.clone() });
+                    self.failed(&run, why).await;
                     return;
                 }
             }
@@ -84,12 +135,14 @@ impl Supervisor {
 impl Run {
     /// Starts process `i` as the leader of its own process group, and
     /// records its pid and start time.
-    pub(super) fn spawn(&self, i: usize) -> Result<u32, String> {
+    pub(super) fn spawn(&self, i: usize) -> Result<u32, SpawnError> {
         use std::os::unix::process::CommandExt;
         let argv = &self.spec.procs[i].argv;
         let open = || {
-            self.open_log()
-                .map_err(|e| format!("cannot open {}: {e}", self.log().display()))
+            self.open_log().map_err(|source| SpawnError::Log {
+                path: self.log(),
+                source,
+            })
         };
         let program = self.program(argv)?;
         self.note(&format!("starting {}", shell_words(argv)));
@@ -122,9 +175,11 @@ impl Run {
                 .env(launch_rules::RENDEZVOUS_FILE_KEY, self.rendezvous_file());
             }
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start `{}` on {}: {e}", argv[0], self.spec.node))?;
+        let child = cmd.spawn().map_err(|source| SpawnError::Start {
+            program: argv[0].clone(),
+            node: self.spec.node.to_string(),
+            source,
+        })?;
         let pid = child.id();
         drop(child);
         // Unreaped, the child's /proc entry stays until `watch` reaps it.
@@ -136,14 +191,11 @@ impl Run {
                     libc::killpg(pid as i32, libc::SIGKILL);
                 }
                 reap(pid);
-                let why = match other {
-                    Err(e) => e.to_string(),
-                    _ => "no /proc entry".to_string(),
-                };
-                return Err(format!(
-                    "cannot read the start time of `{}` (pid {pid}): {why}; killed it, since it could not be stopped safely later",
-                    argv[0]
-                ));
+                return Err(SpawnError::StartTime {
+                    program: argv[0].clone(),
+                    pid,
+                    why: other.err(),
+                });
             }
         };
         {
@@ -160,8 +212,11 @@ impl Run {
 
     /// The program `argv` starts, by absolute path: as recorded, or a name
     /// (from an older record) looked up on the agent's own `PATH`.
-    pub(super) fn program(&self, argv: &[String]) -> Result<PathBuf, String> {
-        crate::util::program::resolve(&argv[0]).map_err(|e| format!("{}: {e}", self.spec.node))
+    pub(super) fn program(&self, argv: &[String]) -> Result<PathBuf, SpawnError> {
+        crate::util::program::resolve(&argv[0]).map_err(|source| SpawnError::Program {
+            node: self.spec.node.to_string(),
+            source,
+        })
     }
 
     /// What the rank adds to the agent's environment: its keys within
@@ -221,7 +276,10 @@ pub(super) fn reap(pid: u32) {
 }
 
 /// Waits until `addr` accepts a TCP connection.
-pub(super) async fn wait_tcp(addr: std::net::SocketAddr, limit: Duration) -> Result<(), String> {
+pub(super) async fn wait_tcp(
+    addr: std::net::SocketAddr,
+    limit: Duration,
+) -> Result<(), SpawnError> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         let attempt =
@@ -231,10 +289,10 @@ pub(super) async fn wait_tcp(addr: std::net::SocketAddr, limit: Duration) -> Res
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!(
-                "{addr} did not accept a TCP connection within {}s",
-                limit.as_secs()
-            ));
+            return Err(SpawnError::NotListening {
+                addr,
+                secs: limit.as_secs(),
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

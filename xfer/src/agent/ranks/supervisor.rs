@@ -80,7 +80,7 @@ pub enum StartError {
     },
     /// This boot's id is unknown (the reason), so no pid could be trusted.
     #[error("{0}; the agent starts no process it could not tell apart later from another with the same pid")]
-    NoBootId(String),
+    NoBootId(BootError),
     /// The same run is already live here.
     #[error("run {0} is already running on this node")]
     AlreadyRunning(String),
@@ -132,6 +132,26 @@ pub enum ReadLogError {
     },
 }
 
+/// Why a recorded pid cannot be trusted to be the process it names: this
+/// boot's id is unknown, or the record's boot is not this one.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BootError {
+    /// This machine's boot id cannot be read.
+    #[error("cannot read this machine's boot id (/proc/sys/kernel/random/boot_id): {0}")]
+    Unreadable(Arc<std::io::Error>),
+    /// The record names no boot.
+    #[error("rank.json records no boot id (it was written by an older xfer)")]
+    NotRecorded,
+    /// The record was written in another boot.
+    #[error("rank.json was written in another boot (boot id {then}; this boot is {now})")]
+    OtherBoot {
+        /// The record's boot id.
+        then: String,
+        /// This boot's id.
+        now: String,
+    },
+}
+
 /// The ranks this agent runs.
 pub struct Supervisor {
     pub(super) dir: PathBuf,
@@ -139,7 +159,7 @@ pub struct Supervisor {
     pub(super) runs: Mutex<HashMap<String, Arc<Run>>>,
     /// This boot's id, or why it cannot be read (then no adopted process
     /// is ever signalled, and no rank starts).
-    pub(super) boot: Result<String, String>,
+    pub(super) boot: Result<String, BootError>,
 }
 
 /// One rank this agent runs or ran, and its live state.
@@ -150,7 +170,7 @@ pub(super) struct Run {
     /// The boot the record was written in.
     pub(super) boot_id: Option<String>,
     /// `Ok` when that boot is this one: the recorded pids may be checked.
-    pub(super) same_boot: Result<(), String>,
+    pub(super) same_boot: Result<(), BootError>,
     /// Why an adopted record was not trusted: its processes were never
     /// signalled. Such a run is in every reply to a stop of all runs.
     pub(super) stale: Option<String>,
@@ -182,9 +202,7 @@ impl Supervisor {
     /// Opens `<root>/.xfer/runs`, adopting ranks whose processes outlived
     /// an earlier agent.
     pub fn open(root: &Path, cred: Arc<Credential>) -> Arc<Supervisor> {
-        let boot = proc::boot_id().map_err(|e| {
-            format!("cannot read this machine's boot id (/proc/sys/kernel/random/boot_id): {e}")
-        });
+        let boot = proc::boot_id().map_err(|e| BootError::Unreadable(Arc::new(e)));
         if let Err(e) = &boot {
             tracing::warn!("{e}; no rank will start, and no recorded process is signalled");
         }
@@ -356,12 +374,12 @@ impl Supervisor {
         };
         let path = r.rendezvous_file();
         let since = std::time::Instant::now();
-        let outcome = |read: Result<Option<String>, String>| match read {
+        let outcome = |read: Result<Option<String>, ReportError>| match read {
             Ok(Some(report)) => Some(crate::agent::preflight::rendezvous::held_outcome(
                 &report, store,
             )),
             Ok(None) => None,
-            Err(why) => Some(Probe::Failed(why)),
+            Err(why) => Some(Probe::Failed(why.to_string())),
         };
         loop {
             if let Some(met) = outcome(read_report(&path).await) {
@@ -455,22 +473,57 @@ impl Supervisor {
 /// line).
 const MAX_REPORT: u64 = 4 << 10;
 
+/// Why a held rank's report file is no valid report: one line naming the
+/// file (the rendezvous probe's failure).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReportError {
+    /// Not a regular file.
+    #[error("{} is {what}, not a regular file: no valid report of the held engine's rendezvous (the engine's loader plugin writes a file there); see `xfer-launch logs`", path.display())]
+    NotRegular {
+        /// The report's path.
+        path: PathBuf,
+        /// What it is instead (`a FIFO`, ...).
+        what: &'static str,
+    },
+    /// It cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The report's path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The read on the blocking pool did not finish.
+    #[error("cannot read {}: {source}", path.display())]
+    Task {
+        /// The report's path.
+        path: PathBuf,
+        /// Why.
+        source: tokio::task::JoinError,
+    },
+}
+
 /// A held rank's report: its first [`MAX_REPORT`] bytes, `Ok(None)` while
 /// it has written none, or `Err` with why it is no valid report (one
 /// line naming the file). Read on the blocking pool, off the async
 /// runtime's workers.
-async fn read_report(path: &Path) -> Result<Option<String>, String> {
+async fn read_report(path: &Path) -> Result<Option<String>, ReportError> {
     let owned = path.to_path_buf();
     tokio::task::spawn_blocking(move || read_report_now(&owned))
         .await
-        .unwrap_or_else(|e| Err(format!("cannot read {}: {e}", path.display())))
+        .unwrap_or_else(|source| {
+            Err(ReportError::Task {
+                path: path.to_path_buf(),
+                source,
+            })
+        })
 }
 
 /// [`read_report`] itself. The engine owns the run folder's contents, so
 /// the file is opened without following a symlink and without blocking
 /// (an open of a FIFO for reading would wait for a writer forever), and
 /// only a regular file is read.
-fn read_report_now(path: &Path) -> Result<Option<String>, String> {
+fn read_report_now(path: &Path) -> Result<Option<String>, ReportError> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let not_regular = |kind: std::fs::FileType| {
         let what = if kind.is_symlink() {
@@ -484,10 +537,14 @@ fn read_report_now(path: &Path) -> Result<Option<String>, String> {
         } else {
             "a device"
         };
-        format!(
-            "{} is {what}, not a regular file: no valid report of the held engine's rendezvous (the engine's loader plugin writes a file there); see `xfer-launch logs`",
-            path.display()
-        )
+        ReportError::NotRegular {
+            path: path.to_path_buf(),
+            what,
+        }
+    };
+    let unreadable = |source| ReportError::Read {
+        path: path.to_path_buf(),
+        source,
     };
     let f = match std::fs::OpenOptions::new()
         .read(true)
@@ -500,20 +557,18 @@ fn read_report_now(path: &Path) -> Result<Option<String>, String> {
         Err(e) => {
             return Err(match std::fs::symlink_metadata(path) {
                 Ok(m) if !m.is_file() => not_regular(m.file_type()),
-                _ => format!("cannot read {}: {e}", path.display()),
+                _ => unreadable(e),
             })
         }
     };
-    let meta = f
-        .metadata()
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let meta = f.metadata().map_err(unreadable)?;
     if !meta.is_file() {
         return Err(not_regular(meta.file_type()));
     }
     let mut buf = Vec::new();
     f.take(MAX_REPORT)
         .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(unreadable)?;
     Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
 }
 
@@ -1099,7 +1154,9 @@ mod tests {
             dir: dir.path().join(".xfer/runs"),
             cred: Arc::new(cred),
             runs: Mutex::default(),
-            boot: Err("cannot read this machine's boot id: test".into()),
+            boot: Err(BootError::Unreadable(Arc::new(std::io::Error::other(
+                "test",
+            )))),
         });
         s.adopt_all();
         let reports = s.stop(None, Duration::from_millis(300), "down").await;

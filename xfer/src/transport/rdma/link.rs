@@ -193,7 +193,7 @@ pub async fn accept(
                     p.connect(&hello.local).map(|v| (v, ours))
                 })
                 .map_err(|e| e.to_string()),
-            Err(why) => Err(why),
+            Err(why) => Err(why.to_string()),
         };
         let (verbs, ours) = match verbs {
             Ok(v) => v,
@@ -206,13 +206,15 @@ pub async fn accept(
         write_frame(&mut send, &Answer::Accept(ours)).await.ok()?;
         let ring: RingInfo = read_frame(&mut recv).await.ok()?;
         let cfg = PlaneConfig::new(ring.slot_size);
-        let plane = check_ring(&ring, &map).and_then(|()| {
-            match &offer.files {
-                Some(files) => SendPlane::new(verbs, files, map.clone(), ring, cfg),
-                None => SendPlane::bounced(verbs, reader, map.clone(), ring, cfg),
-            }
+        let plane = check_ring(&ring, &map)
             .map_err(|e| e.to_string())
-        });
+            .and_then(|()| {
+                match &offer.files {
+                    Some(files) => SendPlane::new(verbs, files, map.clone(), ring, cfg),
+                    None => SendPlane::bounced(verbs, reader, map.clone(), ring, cfg),
+                }
+                .map_err(|e| e.to_string())
+            });
         let reply = match &plane {
             Ok(_) => Ready::Ready,
             Err(why) => Ready::Refuse(why.clone()),
@@ -227,35 +229,52 @@ pub async fn accept(
         .flatten()
 }
 
+/// Why this node refuses the data plane a peer asked for: the text of the
+/// `Refuse` answer it sends back.
+#[derive(Debug, thiserror::Error)]
+enum LinkRefused {
+    /// Too few or too many queue pairs.
+    #[error("asked for {0} queue pairs; between 1 and {MAX_QPS} are allowed")]
+    QueuePairs(usize),
+    /// This node has no RDMA.
+    #[error("the serving node has no RDMA data plane (started with --transport quic, or no usable device)")]
+    NoPlane,
+    /// Too few or too many ring slots.
+    #[error("a ring of {0} slots; between 1 and {MAX_SLOTS} are allowed")]
+    Slots(u32),
+    /// Slots smaller than a chunk.
+    #[error("ring slots of {slot} bytes cannot hold chunks of {chunk}")]
+    SlotSize {
+        /// The ring's slot size.
+        slot: u32,
+        /// The transfer's chunk size.
+        chunk: u64,
+    },
+}
+
 /// Whether this node takes the data plane a hello asks for. (Both ends
 /// speak the same protocol version: the connection's ALPN settled it.)
-fn admit<'a>(hello: &Hello, offer: &'a Offer) -> Result<&'a Arc<dyn Nic>, String> {
+fn admit<'a>(hello: &Hello, offer: &'a Offer) -> Result<&'a Arc<dyn Nic>, LinkRefused> {
     let n = hello.local.qps.len();
     if n == 0 || n > MAX_QPS {
-        return Err(format!(
-            "asked for {n} queue pairs; between 1 and {MAX_QPS} are allowed"
-        ));
+        return Err(LinkRefused::QueuePairs(n));
     }
     let Some(nic) = &offer.nic else {
-        return Err("the serving node has no RDMA data plane (started with --transport quic, or no usable device)".into());
+        return Err(LinkRefused::NoPlane);
     };
     Ok(nic)
 }
 
 /// Whether a ring can hold every chunk of `map`, within limits.
-fn check_ring(ring: &RingInfo, map: &ChunkMap) -> Result<(), String> {
+fn check_ring(ring: &RingInfo, map: &ChunkMap) -> Result<(), LinkRefused> {
     if ring.slots == 0 || ring.slots > MAX_SLOTS {
-        return Err(format!(
-            "a ring of {} slots; between 1 and {MAX_SLOTS} are allowed",
-            ring.slots
-        ));
+        return Err(LinkRefused::Slots(ring.slots));
     }
     if u64::from(ring.slot_size) < map.chunk_size() {
-        return Err(format!(
-            "ring slots of {} bytes cannot hold chunks of {}",
-            ring.slot_size,
-            map.chunk_size()
-        ));
+        return Err(LinkRefused::SlotSize {
+            slot: ring.slot_size,
+            chunk: map.chunk_size(),
+        });
     }
     Ok(())
 }
@@ -278,7 +297,7 @@ mod tests {
             nic: Some(DoubleHub::new(2).nic()),
             files: Some(Vec::new()),
         };
-        let refused = |h: &Hello, o: &Offer| admit(h, o).err().unwrap();
+        let refused = |h: &Hello, o: &Offer| admit(h, o).err().unwrap().to_string();
         assert!(admit(&hello(4), &offer).is_ok());
         assert!(refused(&hello(0), &offer).contains("asked for 0 queue pairs"));
         let many = Hello {
@@ -320,6 +339,7 @@ mod tests {
         assert!(check_ring(&ring(16, 4 << 20), &map).is_ok());
         assert!(check_ring(&ring(16, 1 << 20), &map)
             .unwrap_err()
+            .to_string()
             .contains("cannot hold chunks"));
         assert!(check_ring(&ring(0, 4 << 20), &map).is_err());
         assert!(check_ring(&ring(MAX_SLOTS + 1, 4 << 20), &map).is_err());

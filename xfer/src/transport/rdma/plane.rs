@@ -545,7 +545,29 @@ impl BouncePool {
 }
 
 /// A write waiting to be posted or confirmed, and who waits for it.
-type PendingWrite = (WriteImm, oneshot::Sender<Result<(), String>>);
+type PendingWrite = (WriteImm, oneshot::Sender<Result<(), WriteFailed>>);
+
+/// Why a write of the serving side did not land: its queue pair failed
+/// (the text of the `RdmaReply::Failed` the fetcher gets).
+#[derive(Clone, Debug, thiserror::Error)]
+enum WriteFailed {
+    /// The write could not be posted.
+    #[error("cannot post a write on queue pair {qp}: {error}")]
+    Post {
+        /// The queue pair.
+        qp: u32,
+        /// The verb's error.
+        error: VerbsError,
+    },
+    /// A write on the queue pair completed in error.
+    #[error("a write on queue pair {qp} failed: {status}")]
+    Completion {
+        /// The queue pair.
+        qp: u32,
+        /// The completion's status.
+        status: WcStatus,
+    },
+}
 
 /// The serving side: where the bytes come from and their registrations,
 /// the queue pairs' send queues, and the writes waiting for completion.
@@ -718,7 +740,7 @@ impl SendPlane {
         self.post(actions);
         match rx.await {
             Ok(Ok(())) => RdmaReply::Written,
-            Ok(Err(why)) => RdmaReply::Failed(why),
+            Ok(Err(why)) => RdmaReply::Failed(why.to_string()),
             Err(_) => RdmaReply::Failed("the data plane stopped".into()),
         }
     }
@@ -736,12 +758,12 @@ impl SendPlane {
             wr.wr_id = wr_id;
             wr.signaled = signaled;
             if let Err(e) = self.verbs.post_write_imm(qp, wr) {
-                self.fail_qp(qp, format!("cannot post a write on queue pair {qp}: {e}"));
+                self.fail_qp(qp, WriteFailed::Post { qp, error: e });
             }
         }
     }
 
-    fn fail_qp(&self, qp: u32, why: String) {
+    fn fail_qp(&self, qp: u32, why: WriteFailed) {
         let lost = self.queues.lock().unwrap().fail(qp);
         let mut pending = self.pending.lock().unwrap();
         for tag in lost {
@@ -758,7 +780,10 @@ impl SendPlane {
         if c.status != WcStatus::Success {
             self.fail_qp(
                 c.qp,
-                format!("a write on queue pair {} failed: {}", c.qp, c.status),
+                WriteFailed::Completion {
+                    qp: c.qp,
+                    status: c.status,
+                },
             );
             return;
         }
