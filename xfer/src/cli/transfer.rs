@@ -126,7 +126,7 @@ pub(super) async fn destinations(
     let mut dests = to
         .iter()
         .map(|s| xfer::flow::route::Destination::parse(s))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
     xfer::flow::route::learn_data_addrs(cred, &mut dests).await;
     Ok(dests)
 }
