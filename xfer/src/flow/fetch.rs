@@ -156,10 +156,9 @@ pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary, FetchError> {
     let started = Instant::now();
     let cred = &opts.cred;
     let name = opts.name.clone();
-    let setup = |e: anyhow::Error| FetchError::Setup(e.into());
-    let store = Store::open(&opts.root).map_err(setup)?;
-    let addr = quic::resolve(&opts.from).map_err(setup)?;
-    let ep = quic::client_endpoint(cred, addr).map_err(setup)?;
+    let store = Store::open(&opts.root).map_err(|e| FetchError::Setup(e.into()))?;
+    let addr = quic::resolve(&opts.from).map_err(|e| FetchError::Setup(e.into()))?;
+    let ep = quic::client_endpoint(cred, addr).map_err(|e| FetchError::Setup(e.into()))?;
     let conn = quic::connect(&ep, addr, opts.connect_timeout)
         .await
         .map_err(FetchError::Connect)?;
