@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::util::chain::Chain;
 use crate::util::permanence::Permanence;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
@@ -795,16 +796,24 @@ impl Permanence for NotEnoughSpace {
 /// [`DownloadError`](crate::hub::download::DownloadError),
 /// [`NotEnoughSpace`], [`HubEnvError`](crate::hub::env::HubEnvError)) or
 /// a node's [`Refusal`](xfer_proto::refusal::Refusal) is asked.
-pub struct PullFailure<'a>(pub &'a anyhow::Error);
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PullFailure(pub Chain);
 
-impl PullFailure<'_> {
+impl From<anyhow::Error> for PullFailure {
+    fn from(e: anyhow::Error) -> PullFailure {
+        PullFailure(e.into())
+    }
+}
+
+impl PullFailure {
     /// Each typed link of the chain, as what it says about trying again.
     fn typed(&self) -> impl Iterator<Item = &dyn Permanence> {
         use crate::hub::download::DownloadError;
         use crate::hub::env::HubEnvError;
         use crate::hub::http::Failure;
         use xfer_proto::refusal::Refusal;
-        self.0.chain().filter_map(|c| -> Option<&dyn Permanence> {
+        self.0.links().filter_map(|c| -> Option<&dyn Permanence> {
             if let Some(f) = c.downcast_ref::<Failure>() {
                 return Some(f);
             }
@@ -825,7 +834,7 @@ impl PullFailure<'_> {
     /// those free when the pull counted them.
     pub fn full_disk(&self) -> Option<(u64, Option<u64>)> {
         use crate::hub::download::{DiskError, DownloadError};
-        self.0.chain().find_map(|c| {
+        self.0.links().find_map(|c| {
             if let Some(n) = c.downcast_ref::<NotEnoughSpace>() {
                 return Some((n.need, Some(n.have)));
             }
@@ -837,19 +846,13 @@ impl PullFailure<'_> {
     }
 }
 
-impl Permanence for PullFailure<'_> {
+impl Permanence for PullFailure {
     fn is_permanent(&self) -> bool {
         self.typed().any(|t| t.is_permanent())
     }
 
     fn retry_after(&self) -> Option<Duration> {
         self.typed().find_map(|t| t.retry_after())
-    }
-}
-
-impl std::fmt::Display for PullFailure<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:#}", self.0)
     }
 }
 

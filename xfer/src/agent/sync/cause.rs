@@ -136,7 +136,7 @@ mod tests {
             why: "o/nope was not found (HTTP 401; the Hub says: Repository not found)".into(),
         })
         .context("pulling o/nope");
-        match of(&PullFailure(&not_found)) {
+        match of(&PullFailure::from(not_found)) {
             RoundError::Fatal(why) => {
                 assert!(why.contains("Repository not found"), "{why}");
                 assert!(why.starts_with("pulling o/nope: "), "{why}");
@@ -150,7 +150,10 @@ mod tests {
         };
         assert!(matches!(of(&space), RoundError::Fatal(_)));
         let space = anyhow::Error::new(space).context("pulling o/m");
-        assert!(matches!(of(&PullFailure(&space)), RoundError::Fatal(_)));
+        assert!(matches!(
+            of(&PullFailure::from(space)),
+            RoundError::Fatal(_)
+        ));
 
         let refused = Failure::Transient {
             why: "127.0.0.1:9: Connection refused (6 tries)".into(),
@@ -166,13 +169,15 @@ mod tests {
         })
         .context("pulling o/m");
         assert!(matches!(
-            of(&PullFailure(&busy)),
+            of(&PullFailure::from(busy)),
             RoundError::Retry { wait: Some(w), .. } if w == Duration::from_secs(7)
         ));
         // Unknown errors retry, with their words.
         let other = anyhow::anyhow!("something odd").context("round");
         assert_eq!(
-            of(&PullFailure(&other)),
+            of(&PullFailure::from(
+                anyhow::anyhow!("something odd").context("round")
+            )),
             RoundError::retry("round: something odd")
         );
         assert_eq!(

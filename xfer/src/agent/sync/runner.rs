@@ -858,7 +858,10 @@ impl Runner {
             let (pulled, _) =
                 crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
                     .await
-                    .map_err(|e| self.pull_error(&e))?;
+                    .map_err(|e| {
+                        let e = crate::hub::pull::PullFailure::from(e);
+                        self.pull_error(&e, Some(&e))
+                    })?;
             let dir = self.store.model_dir(&spec.name);
             let cs = spec.chunk_size;
             let tree =
@@ -892,7 +895,7 @@ impl Runner {
             )
             .await;
             self.activity.pulled(&spec.name);
-            let s = s.map_err(|e| self.pull_error(&e))?;
+            let s = s.map_err(|e| self.pull_error(&e, e.pull()))?;
             (s.root, s.nodes, s.manifest, s.pull.intake, s.pull.unhashed)
         };
         let mut nodes = nodes;
@@ -928,10 +931,13 @@ impl Runner {
     /// says ([`crate::hub::pull::PullFailure`]), but a full disk names the
     /// agent's `--root`, which is where the fix is (not `HF_HUB_CACHE`,
     /// which the agent does not read).
-    fn pull_error(&self, e: &anyhow::Error) -> RoundError {
-        let failure = crate::hub::pull::PullFailure(e);
-        let Some((need, have)) = failure.full_disk() else {
-            return cause::of(&failure);
+    fn pull_error(
+        &self,
+        e: &(impl crate::util::permanence::Permanence + std::fmt::Display),
+        pull: Option<&crate::hub::pull::PullFailure>,
+    ) -> RoundError {
+        let Some((need, have)) = pull.and_then(|p| p.full_disk()) else {
+            return cause::of(e);
         };
         let me = self.me().unwrap_or_else(|| "this node".into());
         let have = have.map_or(String::new(), |h| {
