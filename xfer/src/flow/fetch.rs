@@ -31,7 +31,7 @@ use xfer_proto::transfer::TransferMsg;
 
 /// Why a fetch did not bring the model.
 #[derive(Debug, thiserror::Error)]
-pub enum FetchError {
+pub enum FetchModelError {
     /// The local root cannot be opened, the agent's address does not
     /// resolve, or no endpoint can be made for it: in the lower layer's
     /// words.
@@ -102,10 +102,10 @@ pub enum FetchError {
 }
 
 /// Permanent when the agent or the transfer refused for good.
-impl Permanence for FetchError {
+impl Permanence for FetchModelError {
     fn is_permanent(&self) -> bool {
         match self {
-            FetchError::Refused { refusal, .. } | FetchError::Receive { refusal, .. } => {
+            FetchModelError::Refused { refusal, .. } | FetchModelError::Receive { refusal, .. } => {
                 refusal.is_permanent()
             }
             _ => false,
@@ -152,33 +152,33 @@ pub struct FetchSummary {
 }
 
 /// Fetches `opts.name` from the agent at `opts.from` into `opts.root`.
-pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary, FetchError> {
+pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary, FetchModelError> {
     let started = Instant::now();
     let cred = &opts.cred;
     let name = opts.name.clone();
-    let store = Store::open(&opts.root).map_err(|e| FetchError::Setup(e.into()))?;
-    let addr = quic::resolve(&opts.from).map_err(|e| FetchError::Setup(e.into()))?;
-    let ep = quic::client_endpoint(cred, addr).map_err(|e| FetchError::Setup(e.into()))?;
+    let store = Store::open(&opts.root).map_err(|e| FetchModelError::Setup(e.into()))?;
+    let addr = quic::resolve(&opts.from).map_err(|e| FetchModelError::Setup(e.into()))?;
+    let ep = quic::client_endpoint(cred, addr).map_err(|e| FetchModelError::Setup(e.into()))?;
     let conn = quic::connect(&ep, addr, opts.connect_timeout)
         .await
-        .map_err(FetchError::Connect)?;
+        .map_err(FetchModelError::Connect)?;
     let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
         .await
-        .map_err(FetchError::Open)?;
+        .map_err(FetchModelError::Open)?;
     write_frame(&mut send, &TransferMsg::Want { name: name.clone() })
         .await
-        .map_err(|e| FetchError::Ask(e.into()))?;
+        .map_err(|e| FetchModelError::Ask(e.into()))?;
     let manifest =
         match read_frame::<TransferMsg>(&mut recv)
             .await
-            .map_err(|e| FetchError::Closed {
+            .map_err(|e| FetchModelError::Closed {
                 addr,
                 error: e.into(),
             })? {
             TransferMsg::Have { manifest } => manifest,
-            TransferMsg::Failed(refusal) => return Err(FetchError::Refused { addr, refusal }),
+            TransferMsg::Failed(refusal) => return Err(FetchModelError::Refused { addr, refusal }),
             other => {
-                return Err(FetchError::Unexpected {
+                return Err(FetchModelError::Unexpected {
                     addr,
                     kind: other.kind(),
                 })
@@ -186,15 +186,15 @@ pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary, FetchError> {
         };
     manifest
         .validate()
-        .map_err(|error| FetchError::Manifest { addr, error })?;
+        .map_err(|error| FetchModelError::Manifest { addr, error })?;
     let manifest = Arc::new(manifest);
     let transfer = {
         let (store, name, manifest) = (store.clone(), name.clone(), manifest.clone());
         tokio::task::spawn_blocking(move || store.begin(&name, manifest))
             .await
-            .map_err(FetchError::Task)?
+            .map_err(FetchModelError::Task)?
     }
-    .map_err(|error| FetchError::Begin {
+    .map_err(|error| FetchModelError::Begin {
         root: opts.root.clone(),
         error,
     })?;
@@ -213,7 +213,7 @@ pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary, FetchError> {
     .await;
     conn.close(0u32.into(), b"done");
     let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
-    let received = result.map_err(|refusal| FetchError::Receive {
+    let received = result.map_err(|refusal| FetchModelError::Receive {
         name: name.clone(),
         addr,
         refusal,

@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn a_permanent_cause_inside_a_flow_error_is_not_retried() {
         use crate::flow::artifact_stream::ArtifactStreamError;
-        use crate::flow::fetch::FetchError;
+        use crate::flow::fetch::FetchModelError;
         use crate::flow::push::PushError;
         use crate::image::registry::client::{Refused, RegistryFailure};
 
@@ -216,7 +216,7 @@ mod tests {
         );
 
         let addr: std::net::SocketAddr = "10.0.0.2:7470".parse().unwrap();
-        let full = FetchError::Refused {
+        let full = FetchModelError::Refused {
             addr,
             refusal: Refusal::NoSpace {
                 need: 24 << 20,
@@ -225,7 +225,7 @@ mod tests {
             },
         };
         assert!(matches!(of(&full), RoundError::Fatal(why) if why.starts_with("10.0.0.2:7470: ")));
-        let busy = FetchError::Refused {
+        let busy = FetchModelError::Refused {
             addr,
             refusal: Refusal::Busy("another transfer".into()),
         };
