@@ -264,7 +264,9 @@ pub async fn pull_and_fan_out(
         // Dropped (a cancelled sync job) stops the download too.
         push::AbortOnDrop(tokio::spawn(async move {
             let on_draft = (mode == FanOut::Stream).then_some(on_draft);
-            let r = pull::pull(&opts, &env, &progress, Some(on_placed), on_draft).await;
+            let r = pull::pull(&opts, &env, &progress, Some(on_placed), on_draft)
+                .await
+                .map_err(PullFailure::from);
             (r, Instant::now())
         }))
     };
@@ -344,7 +346,7 @@ pub async fn pull_and_fan_out(
 
 /// The pull's task: its summary and when the download ended.
 type Pulling = push::AbortOnDrop<(
-    anyhow::Result<(PullSummary, Vec<crate::hub::api::RemoteFile>)>,
+    Result<(PullSummary, Vec<crate::hub::api::RemoteFile>), PullFailure>,
     Instant,
 )>;
 
@@ -362,7 +364,7 @@ async fn streamed(
         r = &mut pulling.0 => {
             // Failed (or had nothing to list) before the listing.
             let (r, _) = r.map_err(FanOutError::PullTask)?;
-            r.map_err(|e| FanOutError::Pull(e.into()))?;
+            r.map_err(FanOutError::Pull)?;
             return Err(FanOutError::NotListed);
         }
         l = listed => {
@@ -370,7 +372,7 @@ async fn streamed(
                 // The pull dropped the listing's sender: it failed (or
                 // ended) before listing. Its own error is the cause.
                 let (r, _) = (&mut pulling.0).await.map_err(FanOutError::PullTask)?;
-                r.map_err(|e| FanOutError::Pull(e.into()))?;
+                r.map_err(FanOutError::Pull)?;
                 return Err(FanOutError::NotListed);
             };
             let (push2, name2, feed2, progress2) = (push.clone(), name.clone(), feed.clone(), progress.clone());
@@ -383,8 +385,7 @@ async fn streamed(
     };
     // A failed pull ends the stream (dropping it closes the connections);
     // the agents keep their staged chunks for a re-run.
-    let ((summary, _), downloaded_at) =
-        (pulled.0.map_err(|e| FanOutError::Pull(e.into()))?, pulled.1);
+    let ((summary, _), downloaded_at) = (pulled.0.map_err(FanOutError::Pull)?, pulled.1);
     let draft_manifest = feed.manifest().ok_or(FanOutError::NotSealed)?;
     let mut streaming = streaming;
     let streamed = (&mut streaming.0)
@@ -425,7 +426,7 @@ async fn by_file(
         tokio::select! {
             r = &mut pulling.0 => {
                 let (r, at) = r.map_err(FanOutError::PullTask)?;
-                break (r.map_err(|e| FanOutError::Pull(e.into()))?, at);
+                break (r.map_err(FanOutError::Pull)?, at);
             }
             _ = grew.notified() => {}
         }
