@@ -160,7 +160,7 @@ async fn source_for(
 
 /// Why a link between two receivers was not made or ended early.
 #[derive(Debug, thiserror::Error)]
-pub enum PeerError {
+pub enum LinkError {
     /// The peer cannot be reached.
     #[error("{0}")]
     Connect(route::ConnectError),
@@ -203,9 +203,9 @@ pub enum PeerError {
     Refusing(Refusal),
 }
 
-impl PeerError {
-    fn frame(e: impl Into<Chain>) -> PeerError {
-        PeerError::Frame(e.into())
+impl LinkError {
+    fn frame(e: impl Into<Chain>) -> LinkError {
+        LinkError::Frame(e.into())
     }
 }
 
@@ -230,7 +230,7 @@ pub async fn serve_peer(
     shares: Arc<Shares>,
     join: Joining,
     nic: Option<Arc<dyn Nic>>,
-) -> Result<(), PeerError> {
+) -> Result<(), LinkError> {
     let Joining { name, root, from } = join;
     tracing::debug!(
         "join for {name} root {} from {}",
@@ -243,7 +243,7 @@ pub async fn serve_peer(
             let has = ChunkSet::full(m.map.len());
             write_frame(&mut send, &TransferMsg::Bitfield { has })
                 .await
-                .map_err(PeerError::frame)?;
+                .map_err(LinkError::frame)?;
             let rdma = Offer {
                 nic,
                 files: Some(m.paths),
@@ -258,9 +258,9 @@ pub async fn serve_peer(
             ));
             write_frame(&mut send, &TransferMsg::Failed(r.clone()))
                 .await
-                .map_err(PeerError::frame)?;
+                .map_err(LinkError::frame)?;
             let _ = send.finish();
-            return Err(PeerError::Refusing(r));
+            return Err(LinkError::Refusing(r));
         }
     };
     // Only a peer the source linked this node with may fetch from it (its
@@ -272,9 +272,9 @@ pub async fn serve_peer(
         ));
         write_frame(&mut send, &TransferMsg::Failed(r.clone()))
             .await
-            .map_err(PeerError::frame)?;
+            .map_err(LinkError::frame)?;
         let _ = send.finish();
-        return Err(PeerError::Refusing(r));
+        return Err(LinkError::Refusing(r));
     }
     share.tally.link_up(from, true);
     let _counted = Incoming(share.tally.clone(), from);
@@ -283,7 +283,7 @@ pub async fn serve_peer(
     let has = share.transfer.held();
     write_frame(&mut send, &TransferMsg::Bitfield { has })
         .await
-        .map_err(PeerError::frame)?;
+        .map_err(LinkError::frame)?;
     let map = Arc::new(share.transfer.map().clone());
     let reader = Arc::new(HeldChunkReader::new(share.transfer.clone()));
     // Still arriving: over RDMA, verified chunks go through a bounce pool.
@@ -315,7 +315,7 @@ async fn announce(
     send: &mut quinn::SendStream,
     share: &Share,
     verified: &mut broadcast::Receiver<u64>,
-) -> Result<(), PeerError> {
+) -> Result<(), LinkError> {
     loop {
         let first = tokio::select! {
             r = verified.recv() => r,
@@ -323,7 +323,7 @@ async fn announce(
                 // Flush what was verified before the end.
                 let chunks = drain(verified, Vec::new());
                 if !chunks.is_empty() {
-                    write_frame(send, &TransferMsg::Has { chunks }).await.map_err(PeerError::frame)?;
+                    write_frame(send, &TransferMsg::Has { chunks }).await.map_err(LinkError::frame)?;
                 }
                 return Ok(());
             }
@@ -334,13 +334,13 @@ async fn announce(
                 let chunks = drain(verified, vec![c]);
                 write_frame(send, &TransferMsg::Has { chunks })
                     .await
-                    .map_err(PeerError::frame)?;
+                    .map_err(LinkError::frame)?;
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 let has = share.transfer.held();
                 write_frame(send, &TransferMsg::Bitfield { has })
                     .await
-                    .map_err(PeerError::frame)?;
+                    .map_err(LinkError::frame)?;
             }
             Err(broadcast::error::RecvError::Closed) => return Ok(()),
         }
@@ -625,7 +625,7 @@ async fn keep_linked(
                 // and stops holding back copies of the chunks that peer
                 // got first. A join refused otherwise is not this: the
                 // peer is up and may link later.
-                if !reported && matches!(e, PeerError::Connect(_) | PeerError::NotServing { .. }) {
+                if !reported && matches!(e, LinkError::Connect(_) | LinkError::NotServing { .. }) {
                     reported = true;
                     tracing::warn!(
                         "peer {id} at {} is unreachable ({e:#}); telling the source",
@@ -716,7 +716,7 @@ struct Handshook {
 
 /// Connects to a peer (its data address, else its management address,
 /// recorded in the tally), joins, and reads its bitfield.
-async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook, PeerError> {
+async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook, LinkError> {
     let connected = route::connect(
         &plan.endpoint,
         peer.addr,
@@ -724,7 +724,7 @@ async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook, PeerE
         Duration::from_secs(5),
     )
     .await
-    .map_err(PeerError::Connect)?;
+    .map_err(LinkError::Connect)?;
     let conn = connected.conn;
     let addr = conn.remote_address();
     let over_management = connected.fell_back.is_some();
@@ -741,7 +741,7 @@ async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook, PeerE
     }
     let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
         .await
-        .map_err(PeerError::Open)?;
+        .map_err(LinkError::Open)?;
     let join = TransferMsg::Join {
         name: plan.name.clone(),
         root: plan.root,
@@ -749,13 +749,13 @@ async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook, PeerE
     };
     write_frame(&mut send, &join)
         .await
-        .map_err(PeerError::frame)?;
+        .map_err(LinkError::frame)?;
     let _ = send.finish();
     tracing::debug!("sent join to {addr}");
     let reply = tokio::time::timeout(JOIN_WAIT + Duration::from_secs(5), read_frame(&mut recv))
         .await
-        .map_err(|_| PeerError::NoAnswer(addr))?
-        .map_err(PeerError::frame)?;
+        .map_err(|_| LinkError::NoAnswer(addr))?
+        .map_err(LinkError::frame)?;
     match reply {
         TransferMsg::Bitfield { has } if has.is_well_formed() && has.capacity() == plan.chunks => {
             Ok(Handshook {
@@ -767,15 +767,15 @@ async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook, PeerE
         }
         TransferMsg::Failed(Refusal::NotServing(why)) => {
             conn.close(0u32.into(), b"refused");
-            Err(PeerError::NotServing { addr, why })
+            Err(LinkError::NotServing { addr, why })
         }
         TransferMsg::Failed(r) => {
             conn.close(0u32.into(), b"refused");
-            Err(PeerError::Refused { addr, refusal: r })
+            Err(LinkError::Refused { addr, refusal: r })
         }
         other => {
             conn.close(0u32.into(), b"protocol error");
-            Err(PeerError::Unexpected {
+            Err(LinkError::Unexpected {
                 addr,
                 kind: other.kind(),
             })
