@@ -115,7 +115,7 @@ pub(super) async fn serve(
             let (store, shares) = (ctx.store.clone(), ctx.receiver.shares.clone());
             let join = swarm::Joining { name, root, from };
             let nic = ctx.receiver.nic.clone();
-            return swarm::serve_peer(conn, send, store, shares, join, nic).await;
+            return Ok(swarm::serve_peer(conn, send, store, shares, join, nic).await?);
         }
         TransferMsg::Lane { name, root, key } => {
             return attach_lane(conn, send, ctx, name, root, key).await

@@ -126,7 +126,7 @@ pub(super) async fn destinations(
     let mut dests = to
         .iter()
         .map(|s| xfer::flow::route::Destination::parse(s))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
     xfer::flow::route::learn_data_addrs(cred, &mut dests).await;
     Ok(dests)
 }
@@ -257,7 +257,10 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
         )
         .await;
         kept.end();
-        let s = s.map_err(with_resume_fix)?;
+        let s = s.map_err(|e| match e {
+            xfer::flow::pull_fanout::FanOutError::Pull(p) => with_resume_fix(p.0.into_inner()),
+            other => other.into(),
+        })?;
         if json {
             serde_json::to_writer(std::io::stdout().lock(), &s)?;
             println!();

@@ -60,7 +60,7 @@ pub async fn push_to_cluster(
         connections: crate::transport::lanes::default_connections(),
         peers: DEFAULT_DEGREE,
     };
-    push(&opts, progress, note, load).await
+    Ok(push(&opts, progress, note, load).await?)
 }
 
 /// The loader [`push`] asks each node with: one admin exchange.

@@ -12,17 +12,51 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use xfer_proto::draft::Draft;
+use xfer_proto::draft::{Draft, DraftError};
 use xfer_proto::relpath::RelPath;
 
 use crate::flow::feed::DraftFeed;
 use crate::flow::layer_stream::LayerFeed;
-use crate::flow::push::{self, NodeSummary, PushOptions};
+use crate::flow::push::{self, NodeSummary, PushError, PushOptions};
 use crate::flow::stream;
 use crate::image::registry::artifact::{self, ModelPlan, Placing};
-use crate::image::registry::client::{BlobWatch, Registry};
+use crate::image::registry::client::{BlobWatch, Registry, RegistryFailure};
+use crate::util::permanence::Permanence;
 use crate::util::progress::Progress;
+
+/// Why [`fetch_streaming`] did not fetch and place the artifact.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactStreamError {
+    /// The push names no model.
+    #[error("a streamed artifact needs its model's name")]
+    NoName,
+    /// The raw layers do not make a draft.
+    #[error("{0}")]
+    Draft(DraftError),
+    /// A layer could not be fetched, or the model's files placed (a
+    /// refusal of the registry, a layer that leaves the folder, a planted
+    /// symlink: permanent).
+    #[error("{0}")]
+    Registry(RegistryFailure),
+    /// The stream to the nodes failed.
+    #[error("{0}")]
+    Stream(PushError),
+    /// The stream's task failed (panicked or was cancelled).
+    #[error("the stream task failed: {0}")]
+    Task(tokio::task::JoinError),
+}
+
+impl Permanence for ArtifactStreamError {
+    fn is_permanent(&self) -> bool {
+        match self {
+            ArtifactStreamError::Registry(e) => e.is_permanent(),
+            ArtifactStreamError::Stream(e) => e.is_permanent(),
+            ArtifactStreamError::NoName
+            | ArtifactStreamError::Draft(_)
+            | ArtifactStreamError::Task(_) => false,
+        }
+    }
+}
 
 /// What [`fetch_streaming`] did.
 #[derive(Debug, Default)]
@@ -47,22 +81,19 @@ pub async fn fetch_streaming(
     model: &Path,
     push: &PushOptions,
     chunk_size: u64,
-) -> Result<Fetched> {
+) -> Result<Fetched, ArtifactStreamError> {
     let layers = plan.layers();
     let mut raw: Vec<(RelPath, u64)> = layers
         .iter()
         .filter_map(|(l, p)| Some((p.clone()?, l.size)))
         .collect();
     raw.sort();
-    let name = push
-        .name
-        .clone()
-        .context("a streamed artifact needs its model's name")?;
+    let name = push.name.clone().ok_or(ArtifactStreamError::NoName)?;
     // Each raw layer's file in the draft (its index in path order).
     let mut feeds: Vec<Option<LayerFeed>> = Vec::new();
     let mut streaming = None;
     if !raw.is_empty() && !push.to.is_empty() {
-        let draft = Draft::new(chunk_size, raw.clone()).map_err(anyhow::Error::msg)?;
+        let draft = Draft::new(chunk_size, raw.clone()).map_err(ArtifactStreamError::Draft)?;
         let feed = DraftFeed::new(draft, &plan.manifest.to_string());
         for (l, p) in &layers {
             feeds.push(p.as_ref().map(|p| {
@@ -97,7 +128,8 @@ pub async fn fetch_streaming(
         let watch = feeds.get(i).and_then(|f| f.as_ref());
         fetched += reg
             .blob_watched(l, blobs, watch.map(|w| w as &dyn BlobWatch))
-            .await?;
+            .await
+            .map_err(|e| ArtifactStreamError::Registry(e.into()))?;
         if let Some(w) = watch {
             if !w.seal() {
                 all_sealed = false;
@@ -108,11 +140,16 @@ pub async fn fetch_streaming(
             }
         }
     }
-    let (files, bytes) = artifact::place_model(plan, blobs, model, Placing::Link).await?;
+    let (files, bytes) = artifact::place_model(plan, blobs, model, Placing::Link)
+        .await
+        .map_err(|e| ArtifactStreamError::Registry(e.into()))?;
     // A draft that cannot be sealed whole never ends: its stream is
     // dropped, and the round after it delivers everything.
     let streamed = match streaming.filter(|_| all_sealed) {
-        Some(mut s) => (&mut s.0).await.context("the stream task failed")??,
+        Some(mut s) => (&mut s.0)
+            .await
+            .map_err(ArtifactStreamError::Task)?
+            .map_err(ArtifactStreamError::Stream)?,
         None => Vec::new(),
     };
     Ok(Fetched {

@@ -13,16 +13,16 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::config::auth::Credential;
-use crate::flow::push::{NodeSummary, PushOptions, PushSummary};
+use crate::flow::push::{NodeSummary, PushError, PushOptions, PushSummary};
 use crate::flow::route::Destination;
 use crate::image::archive;
-use crate::image::runtime::Runtime;
+use crate::image::runtime::{Runtime, RuntimeError};
 use crate::transport::rdma::link::Nic;
 use crate::transport::select::TransportChoice;
+use crate::util::chain::Chain;
 use crate::util::progress::Progress;
 use xfer_proto::admin::{AdminReply, AdminRequest};
 use xfer_proto::image::{Digest, ImageDesc};
@@ -162,13 +162,106 @@ pub enum Note {
 ///
 /// `load` sends one node's agent the admin request to load the image
 /// (`LoadImage`) and returns its reply: the caller passes the agent
+/// Why an image's delivery failed as a whole (a node's failure is in its
+/// [`NodeImage`]): the image is not there, the engine or the registry
+/// failed, a blob is missing or its push failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The local engine holds no such image.
+    #[error("image {reference} does not exist locally ({program} holds no such image); build or pull it first, or check `{program} images`")]
+    NotLocal {
+        /// The image.
+        reference: String,
+        /// The engine's program.
+        program: &'static str,
+    },
+    /// The local engine cannot be asked.
+    #[error("cannot ask the local engine for {reference}: {error}")]
+    Engine {
+        /// The image.
+        reference: String,
+        /// What went wrong.
+        error: RuntimeError,
+    },
+    /// The engine's save cannot start (its words).
+    #[error("{0}")]
+    SaveStart(String),
+    /// The engine's save cannot be waited for.
+    #[error("{0}")]
+    SaveWait(std::io::Error),
+    /// The engine's save failed.
+    #[error("{program} save {reference} failed: {why}")]
+    SaveFailed {
+        /// The engine's program.
+        program: &'static str,
+        /// The image.
+        reference: String,
+        /// What the engine said, explained.
+        why: String,
+    },
+    /// The image changed while it was saved.
+    #[error("{program} saved {reference} as {saved}, but it was {was} a moment ago (retagged meanwhile?); run xfer image push again")]
+    Retagged {
+        /// The engine's program.
+        program: &'static str,
+        /// The image.
+        reference: String,
+        /// The id saved (short).
+        saved: String,
+        /// The id asked before (short).
+        was: String,
+    },
+    /// The blob cache, the transport or the registry failed, in their
+    /// words.
+    #[error("{0}")]
+    Lower(Chain),
+    /// A blob the delivery needs is not in the cache.
+    #[error("blob {digest:?} of {reference} is not in the cache: {error}")]
+    NotCached {
+        /// The blob.
+        digest: Digest,
+        /// The image.
+        reference: String,
+        /// What the system said.
+        error: std::io::Error,
+    },
+    /// A blob's push failed.
+    #[error("pushing blob {digest:?} of {reference}: {error}")]
+    Push {
+        /// The blob.
+        digest: Digest,
+        /// The image.
+        reference: String,
+        /// Why.
+        error: Box<PushError>,
+    },
+    /// A task of the delivery failed (panicked or was cancelled).
+    #[error("{0}")]
+    Task(tokio::task::JoinError),
+    /// What the registry serves is not an image xfer loads (its words).
+    #[error("{0}")]
+    NotLoadable(String),
+    /// The image's description does not hold together.
+    #[error("{0}")]
+    BadImage(xfer_proto::image::BadImage),
+    /// A layer's stream cannot be drafted.
+    #[error("{0}")]
+    Draft(xfer_proto::draft::DraftError),
+}
+
+impl ImageError {
+    pub(super) fn lower(e: impl Into<Chain>) -> ImageError {
+        ImageError::Lower(e.into())
+    }
+}
+
 /// client, a layer above this one.
 pub async fn push<L, F, E>(
     opts: &ImagePushOptions,
     progress: Progress,
     note: &(dyn Fn(Note) + Sync),
     load: L,
-) -> Result<ImagePushSummary>
+) -> Result<ImagePushSummary, ImageError>
 where
     L: Fn(Arc<Credential>, Destination, AdminRequest, Duration) -> F,
     F: std::future::Future<Output = Result<AdminReply, E>> + Send + 'static,
@@ -181,12 +274,13 @@ where
     let cred = &opts.cred;
     let id = match engine.image_id(&reference).await {
         Ok(Some(id)) => id,
-        Ok(None) => bail!(
-            "image {reference} does not exist locally ({} holds no such image); build or pull it first, or check `{} images`",
-            engine.program(),
-            engine.program()
-        ),
-        Err(e) => bail!("cannot ask the local engine for {reference}: {e}"),
+        Ok(None) => {
+            return Err(ImageError::NotLocal {
+                reference,
+                program: engine.program(),
+            })
+        }
+        Err(error) => return Err(ImageError::Engine { reference, error }),
     };
     let cache = opts.cache.clone();
     // The image's blobs, known before the save: its config (the id) and
@@ -195,9 +289,12 @@ where
     let layers = engine
         .layers(&reference)
         .await
-        .map_err(|e| anyhow::anyhow!("cannot ask the local engine for {reference}: {e}"))?;
+        .map_err(|error| ImageError::Engine {
+            reference: reference.clone(),
+            error,
+        })?;
     let expected: BTreeSet<Digest> = layers.iter().copied().chain([id]).collect();
-    let nic = crate::transport::select::choose(opts.transport)?;
+    let nic = crate::transport::select::choose(opts.transport).map_err(ImageError::lower)?;
     let mut delivery = Delivery::new(dests, cred.clone(), nic, progress, cache.clone());
     let (tx, mut saved) = tokio::sync::mpsc::unbounded_channel::<Digest>();
     let lookup = archive::cached(&cache, &id, &reference);
@@ -226,7 +323,7 @@ where
             let saving = tokio::spawn(async move {
                 let t = Instant::now();
                 let desc = save(e, r, c, tx).await?;
-                Ok::<_, anyhow::Error>((desc, t.elapsed()))
+                Ok::<_, ImageError>((desc, t.elapsed()))
             });
             (saving, false)
         }
@@ -239,15 +336,15 @@ where
             delivery.blob(opts, d, &reference, Round::Push).await?;
         }
     }
-    let (desc, save_took) = saving.await??;
+    let (desc, save_took) = saving.await.map_err(ImageError::Task)??;
     let save_s = save_took.as_secs_f64();
     if desc.id() != id {
-        bail!(
-            "{} saved {reference} as {}, but it was {} a moment ago (retagged meanwhile?); run xfer image push again",
-            engine.program(),
-            desc.id().short(),
-            id.short()
-        );
+        return Err(ImageError::Retagged {
+            program: engine.program(),
+            reference,
+            saved: desc.id().short().to_string(),
+            was: id.short().to_string(),
+        });
     }
     note(Note::Progress(format!(
         "{reference} ({}): {} layers, {}{}",
@@ -451,16 +548,24 @@ impl Delivery {
         digest: Digest,
         reference: &str,
         round: Round,
-    ) -> Result<()> {
+    ) -> Result<(), ImageError> {
         let Some(push) = self.push_options(opts, digest) else {
             return Ok(());
         };
         let size = std::fs::metadata(archive::blob_path(&self.cache, &digest))
-            .with_context(|| format!("blob {digest:?} of {reference} is not in the cache"))?
+            .map_err(|error| ImageError::NotCached {
+                digest,
+                reference: reference.to_string(),
+                error,
+            })?
             .len();
         let s: PushSummary = crate::flow::push::push(&push, &self.progress)
             .await
-            .with_context(|| format!("pushing blob {digest:?} of {reference}"))?;
+            .map_err(|error| ImageError::Push {
+                digest,
+                reference: reference.to_string(),
+                error: Box::new(error),
+            })?;
         self.tally(digest, size, &s.nodes, round);
         Ok(())
     }
@@ -541,8 +646,8 @@ async fn save(
     reference: String,
     cache: PathBuf,
     saved: tokio::sync::mpsc::UnboundedSender<Digest>,
-) -> Result<ImageDesc> {
-    tokio::task::spawn_blocking(move || -> Result<ImageDesc> {
+) -> Result<ImageDesc, ImageError> {
+    tokio::task::spawn_blocking(move || -> Result<ImageDesc, ImageError> {
         let r = reference;
         let mut child = engine
             .std_command()
@@ -550,7 +655,7 @@ async fn save(
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| anyhow::anyhow!(engine.spawn_error(&e)))?;
+            .map_err(|e| ImageError::SaveStart(engine.spawn_error(&e)))?;
         let stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
         let err = std::thread::spawn(move || {
@@ -562,20 +667,21 @@ async fn save(
         let unpacked = archive::unpack(stdout, &cache, &r, |d| {
             let _ = saved.send(d);
         });
-        let status = child.wait()?;
+        let status = child.wait().map_err(ImageError::SaveWait)?;
         let err = err.join().unwrap_or_default();
         if !status.success() {
-            bail!(
-                "{} save {r} failed: {}",
-                engine.program(),
-                engine.explain(&err)
-            );
+            return Err(ImageError::SaveFailed {
+                program: engine.program(),
+                reference: r,
+                why: engine.explain(&err),
+            });
         }
-        let desc = unpacked?;
-        archive::remember(&cache, &desc)?;
+        let desc = unpacked.map_err(ImageError::lower)?;
+        archive::remember(&cache, &desc).map_err(ImageError::lower)?;
         Ok(desc)
     })
-    .await?
+    .await
+    .map_err(ImageError::Task)?
 }
 
 /// Runs every future at once and returns their outputs in order.

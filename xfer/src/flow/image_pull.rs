@@ -12,12 +12,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::config::auth::Credential;
 use crate::flow::image::{
-    load_everywhere, Delivery, ImagePushOptions, ImagePushSummary, Note, RegistryTally, Round,
+    load_everywhere, Delivery, ImageError, ImagePushOptions, ImagePushSummary, Note, RegistryTally,
+    Round,
 };
 use crate::flow::layer_stream::LayerFeed;
 use crate::flow::push::{AbortOnDrop, PushOptions};
@@ -79,18 +79,21 @@ pub async fn pull<L, F, E>(
     progress: Progress,
     note: &(dyn Fn(Note) + Sync),
     load: L,
-) -> Result<ImagePushSummary>
+) -> Result<ImagePushSummary, ImageError>
 where
     L: Fn(Arc<Credential>, Destination, AdminRequest, Duration) -> F,
     F: std::future::Future<Output = Result<AdminReply, E>> + Send + 'static,
     E: std::fmt::Display + Send + 'static,
 {
     let started = Instant::now();
-    let reg = Registry::new(&src.image, &src.registry)?;
-    let resolved = reg.resolve(&src.platform).await?;
+    let reg = Registry::new(&src.image, &src.registry).map_err(ImageError::lower)?;
+    let resolved = reg
+        .resolve(&src.platform)
+        .await
+        .map_err(ImageError::lower)?;
     let m = &resolved.manifest;
     if !manifest::CONFIGS.contains(&m.config.media_type.as_str()) {
-        bail!(
+        return Err(ImageError::NotLoadable(format!(
             "{} is not a container image (its config is `{}`{}); `xfer image pull` takes images, and `xfer sync oci://...` model artifacts",
             src.image,
             m.config.media_type,
@@ -98,35 +101,38 @@ where
                 .as_deref()
                 .map(|t| format!(", artifact type `{t}`"))
                 .unwrap_or_default()
-        );
+        )));
     }
     if let Some(l) = m
         .layers
         .iter()
         .find(|l| !manifest::LAYERS.contains(&l.media_type.as_str()))
     {
-        bail!(
+        return Err(ImageError::NotLoadable(format!(
             "{} has a layer of type `{}`, which xfer does not load (it loads {}); pull it with the engine itself",
             src.image,
             l.media_type,
             manifest::LAYERS.join(", ")
-        );
+        )));
     }
     let cache = opts.cache.clone();
-    let (config_bytes, config_fetched) = reg.config(&m.config, &cache).await?;
-    let config: Config = serde_json::from_slice(&config_bytes).with_context(|| {
-        format!(
-            "the config of {} names no layers (rootfs.diff_ids)",
+    let (config_bytes, config_fetched) = reg
+        .config(&m.config, &cache)
+        .await
+        .map_err(ImageError::lower)?;
+    let config: Config = serde_json::from_slice(&config_bytes).map_err(|e| {
+        ImageError::NotLoadable(format!(
+            "the config of {} names no layers (rootfs.diff_ids): {e}",
             src.image
-        )
+        ))
     })?;
     if config.rootfs.diff_ids.len() != m.layers.len() {
-        bail!(
+        return Err(ImageError::NotLoadable(format!(
             "{} is inconsistent: its manifest has {} layers and its config {}; the registry holds a damaged image",
             src.image,
             m.layers.len(),
             config.rootfs.diff_ids.len()
-        );
+        )));
     }
     let blob = |d: &Descriptor| BlobRef {
         digest: d.digest,
@@ -138,7 +144,7 @@ where
         layers: m.layers.iter().map(blob).collect(),
         diff_ids: config.rootfs.diff_ids,
     };
-    desc.check().map_err(anyhow::Error::msg)?;
+    desc.check().map_err(ImageError::BadImage)?;
     note(Note::Progress(format!(
         "{} ({}{}): {} layers, {}; each layer streamed to the nodes as it downloads",
         src.image,
@@ -152,7 +158,7 @@ where
         Bytes(desc.bytes())
     )));
 
-    let nic = crate::transport::select::choose(opts.transport)?;
+    let nic = crate::transport::select::choose(opts.transport).map_err(ImageError::lower)?;
     let mut delivery = Delivery::new(&opts.dests, opts.cred.clone(), nic, progress, cache.clone());
     // Each layer the cache lacks is fetched in turn and streamed to the
     // nodes while it downloads, chunk by chunk as its bytes land; its
@@ -170,7 +176,10 @@ where
             Some(push) => {
                 let chunk_size = push.chunk_size.for_bytes(l.size);
                 let part = Registry::partial_path(&cache, l);
-                let lf = Arc::new(LayerFeed::new(l.digest, l.size, chunk_size, &cache, part)?);
+                let lf = Arc::new(
+                    LayerFeed::new(l.digest, l.size, chunk_size, &cache, part)
+                        .map_err(ImageError::Draft)?,
+                );
                 first_push.get_or_insert_with(Instant::now);
                 // A node on this machine gets its own stream, from here
                 // alone: in the swarm it would take most chunks from its
@@ -197,7 +206,10 @@ where
         let watch = streaming
             .as_ref()
             .map(|(lf, _)| lf.as_ref() as &dyn BlobWatch);
-        registry_bytes += reg.blob_watched(l, &cache, watch).await?;
+        registry_bytes += reg
+            .blob_watched(l, &cache, watch)
+            .await
+            .map_err(ImageError::lower)?;
         if let Some((lf, tasks)) = streaming {
             if !lf.seal() {
                 note(Note::Warning(format!(

@@ -25,6 +25,7 @@ use crate::hub::http::Failure;
 use crate::hub::intake::{Fetching, RangeAsk, RangeBody, RemoteRanges};
 use crate::hub::retry;
 use crate::transport::quic;
+use crate::util::chain::Chain;
 
 /// Bytes read from the stream at a time (and so at most queued per range,
 /// times the channel's depth).
@@ -51,7 +52,7 @@ impl IntakeNode {
         model: ModelName,
         cred: &Credential,
         timeout: Duration,
-    ) -> anyhow::Result<IntakeNode> {
+    ) -> Result<IntakeNode, Chain> {
         let addr = quic::resolve(addr)?;
         let ep = quic::client_endpoint(cred, addr)?;
         Ok(IntakeNode(Arc::new(Inner {

@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use xfer_proto::draft::{Draft, DraftEvent};
+use xfer_proto::draft::{Draft, DraftError, DraftEvent};
 use xfer_proto::hash::{chunk_count, hash_chunk, Hash};
 use xfer_proto::image::{Digest, BLOB_FILE};
 use xfer_proto::relpath::RelPath;
@@ -56,9 +56,9 @@ impl LayerFeed {
         chunk_size: u64,
         cache: &Path,
         part: PathBuf,
-    ) -> anyhow::Result<LayerFeed> {
-        let file = RelPath::new(BLOB_FILE).map_err(anyhow::Error::msg)?;
-        let draft = Draft::new(chunk_size, vec![(file, size)]).map_err(anyhow::Error::msg)?;
+    ) -> Result<LayerFeed, DraftError> {
+        let file = RelPath::new(BLOB_FILE).expect("BLOB_FILE is a tree path");
+        let draft = Draft::new(chunk_size, vec![(file, size)])?;
         Ok(LayerFeed::file_of(
             DraftFeed::new(draft, &digest.to_string()),
             (0, chunk_size),

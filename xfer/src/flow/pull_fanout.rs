@@ -13,26 +13,101 @@
 //! (measured: 1.5x the ideal, where pull-then-push takes 2.0x).
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::flow::feed::{DraftFeed, OnFeed};
-use crate::flow::push::{self, NodeSummary, PushOptions};
+use crate::flow::push::{self, NodeSummary, PushError, PushOptions};
 use crate::flow::stream;
 use crate::hub::announce::{DraftUpdate, OnDraft};
 use crate::hub::env::HubEnv;
-use crate::hub::pull::{self, OnPlaced, PlacedFile, PullOptions, PullSummary};
+use crate::hub::pull::{self, OnPlaced, PlacedFile, PullFailure, PullOptions, PullSummary};
 use crate::store::hashcache::{FileStamp, HashCache};
 use crate::store::scan::{scan_selected, SourceTree};
+use crate::util::permanence::Permanence;
 use crate::util::progress::Progress;
 use xfer_proto::hash::Hash;
 use xfer_proto::manifest::ChunkSize;
-use xfer_proto::names::ModelName;
-use xfer_proto::relpath::RelPath;
+use xfer_proto::names::{ModelName, ModelNameError};
+use xfer_proto::relpath::{PathError, RelPath};
+
+/// Why a pull fanned out to the nodes did not complete: the pull's own
+/// failure (a refusal of the Hub, a full disk: permanent), a delivery's,
+/// or the folder's.
+#[derive(Debug, thiserror::Error)]
+pub enum FanOutError {
+    /// The model's folder cannot be created.
+    #[error("cannot create {}: {error}", path.display())]
+    Create {
+        /// The folder.
+        path: PathBuf,
+        /// What the system said.
+        error: std::io::Error,
+    },
+    /// The model's folder cannot be resolved.
+    #[error("{0}")]
+    Resolve(std::io::Error),
+    /// The folder's name is not a model name.
+    #[error("{0}")]
+    Name(ModelNameError),
+    /// The folder has no name at all.
+    #[error("the destination folder has no usable name")]
+    NoName,
+    /// A path of the pull's folder is not a tree path.
+    #[error("{0}")]
+    Path(PathError),
+    /// The pull failed.
+    #[error("{0}")]
+    Pull(PullFailure),
+    /// The pull's task failed (panicked or was cancelled).
+    #[error("the download task failed: {0}")]
+    PullTask(tokio::task::JoinError),
+    /// The pull ended before it listed its files.
+    #[error("the pull ended without listing its files")]
+    NotListed,
+    /// The pull ended with files it never sealed.
+    #[error("the pull finished with files it never sealed")]
+    NotSealed,
+    /// The stream's task failed (panicked or was cancelled).
+    #[error("the stream task failed: {0}")]
+    StreamTask(tokio::task::JoinError),
+    /// A delivery (the stream, a round) failed.
+    #[error("{0}")]
+    Push(PushError),
+}
+
+impl FanOutError {
+    /// The pull's failure, if that is why.
+    pub fn pull(&self) -> Option<&PullFailure> {
+        match self {
+            FanOutError::Pull(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+impl Permanence for FanOutError {
+    fn is_permanent(&self) -> bool {
+        match self {
+            FanOutError::Pull(e) => e.is_permanent(),
+            FanOutError::Push(e) => e.is_permanent(),
+            _ => false,
+        }
+    }
+
+    fn retry_after(&self) -> Option<std::time::Duration> {
+        self.pull().and_then(Permanence::retry_after)
+    }
+}
+
+impl From<PushError> for FanOutError {
+    fn from(e: PushError) -> FanOutError {
+        FanOutError::Push(e)
+    }
+}
 
 /// The `--json` summary of `xfer pull --to`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -99,22 +174,25 @@ pub async fn pull_and_fan_out(
     mode: FanOut,
     progress: Progress,
     on_feed: Option<OnFeed>,
-) -> Result<PullFanoutSummary> {
+) -> Result<PullFanoutSummary, FanOutError> {
     let started = Instant::now();
     let repo = opts.repo.clone();
     let root = match &opts.local_dir {
         Some(d) => d.clone(),
         None => env.cache_root.join(repo.cache_folder()),
     };
-    std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
-    let root = root.canonicalize()?;
+    std::fs::create_dir_all(&root).map_err(|error| FanOutError::Create {
+        path: root.clone(),
+        error,
+    })?;
+    let root = root.canonicalize().map_err(FanOutError::Resolve)?;
     let name = root
         .file_name()
         .and_then(|n| n.to_str())
         .map(ModelName::new)
         .transpose()
-        .map_err(anyhow::Error::msg)?
-        .context("the destination folder has no usable name")?;
+        .map_err(FanOutError::Name)?
+        .ok_or(FanOutError::NoName)?;
     push.src = root.clone();
     push.name = Some(name.clone());
 
@@ -186,7 +264,9 @@ pub async fn pull_and_fan_out(
         // Dropped (a cancelled sync job) stops the download too.
         push::AbortOnDrop(tokio::spawn(async move {
             let on_draft = (mode == FanOut::Stream).then_some(on_draft);
-            let r = pull::pull(&opts, &env, &progress, Some(on_placed), on_draft).await;
+            let r = pull::pull(&opts, &env, &progress, Some(on_placed), on_draft)
+                .await
+                .map_err(PullFailure::from);
             (r, Instant::now())
         }))
     };
@@ -209,9 +289,9 @@ pub async fn pull_and_fan_out(
     // The rest of the folder (snapshot links, the listing, the ref) and
     // whatever an agent that failed the stream still lacks.
     let mut set = ready.lock().unwrap().clone();
-    set.insert(RelPath::new(&summary.tree_cache).map_err(anyhow::Error::msg)?);
+    set.insert(RelPath::new(&summary.tree_cache).map_err(FanOutError::Path)?);
     if !local_dir && revision != summary.commit {
-        set.insert(crate::hub::cache::ref_file(&revision).map_err(anyhow::Error::msg)?);
+        set.insert(crate::hub::cache::ref_file(&revision).map_err(FanOutError::Path)?);
     }
     // At the size the pull hashed at (auto resolved from its listing).
     let chunk_size = summary.chunk_size.map_or(push.chunk_size, ChunkSize::Fixed);
@@ -266,7 +346,7 @@ pub async fn pull_and_fan_out(
 
 /// The pull's task: its summary and when the download ended.
 type Pulling = push::AbortOnDrop<(
-    Result<(PullSummary, Vec<crate::hub::api::RemoteFile>)>,
+    Result<(PullSummary, Vec<crate::hub::api::RemoteFile>), PullFailure>,
     Instant,
 )>;
 
@@ -278,50 +358,49 @@ async fn streamed(
     push: &PushOptions,
     name: &ModelName,
     progress: &Progress,
-) -> Result<(PullSummary, Instant, Vec<NodeSummary>)> {
+) -> Result<(PullSummary, Instant, Vec<NodeSummary>), FanOutError> {
     // The stream starts with the listing, before the first byte.
     let (feed, streaming, pulled) = tokio::select! {
         r = &mut pulling.0 => {
             // Failed (or had nothing to list) before the listing.
-            let (r, _) = r.context("the download task failed")?;
-            r?;
-            anyhow::bail!("the pull ended without listing its files");
+            let (r, _) = r.map_err(FanOutError::PullTask)?;
+            r.map_err(FanOutError::Pull)?;
+            return Err(FanOutError::NotListed);
         }
         l = listed => {
             let Ok((feed, paths)) = l else {
                 // The pull dropped the listing's sender: it failed (or
                 // ended) before listing. Its own error is the cause.
-                let (r, _) = (&mut pulling.0).await.context("the download task failed")?;
-                r?;
-                anyhow::bail!("the pull ended without listing its files");
+                let (r, _) = (&mut pulling.0).await.map_err(FanOutError::PullTask)?;
+                r.map_err(FanOutError::Pull)?;
+                return Err(FanOutError::NotListed);
             };
             let (push2, name2, feed2, progress2) = (push.clone(), name.clone(), feed.clone(), progress.clone());
             let streaming = push::AbortOnDrop(tokio::spawn(async move {
                 stream::stream(&push2, &name2, feed2, paths, &progress2).await
             }));
-            let (r, at) = (&mut pulling.0).await.context("the download task failed")?;
+            let (r, at) = (&mut pulling.0).await.map_err(FanOutError::PullTask)?;
             (feed, streaming, (r, at))
         }
     };
     // A failed pull ends the stream (dropping it closes the connections);
     // the agents keep their staged chunks for a re-run.
-    let ((summary, _), downloaded_at) = (pulled.0?, pulled.1);
-    let draft_manifest = feed
-        .manifest()
-        .context("the pull finished with files it never sealed")?;
+    let ((summary, _), downloaded_at) = (pulled.0.map_err(FanOutError::Pull)?, pulled.1);
+    let draft_manifest = feed.manifest().ok_or(FanOutError::NotSealed)?;
     let mut streaming = streaming;
     let streamed = (&mut streaming.0)
         .await
-        .context("the stream task failed")??;
+        .map_err(FanOutError::StreamTask)??;
     for n in &streamed {
         match (&n.error, n.root) {
             (Some(e), _) => tracing::warn!("{}: {e} (the final round retries)", n.addr),
             (None, Some(r)) if r != draft_manifest.root() => {
-                anyhow::bail!(
-                    "{} reports root {r}, expected {}",
-                    n.addr,
-                    draft_manifest.root()
-                )
+                return Err(PushError::Root {
+                    node: n.addr.clone(),
+                    got: r,
+                    want: draft_manifest.root(),
+                }
+                .into())
             }
             _ => {}
         }
@@ -340,14 +419,14 @@ async fn by_file(
     push: &PushOptions,
     name: &ModelName,
     hashes: &Arc<Mutex<HashCache>>,
-) -> Result<(PullSummary, Instant, u64, usize)> {
+) -> Result<(PullSummary, Instant, u64, usize), FanOutError> {
     let quiet = Progress::new(false);
     let (mut rounds, mut bytes_sent, mut pushed) = (0, 0, 0);
     let (pulled, at) = loop {
         tokio::select! {
             r = &mut pulling.0 => {
-                let (r, at) = r.context("the download task failed")?;
-                break (r?, at);
+                let (r, at) = r.map_err(FanOutError::PullTask)?;
+                break (r.map_err(FanOutError::Pull)?, at);
             }
             _ = grew.notified() => {}
         }
@@ -398,7 +477,7 @@ async fn select(
     chunk_size: ChunkSize,
     paths: BTreeSet<RelPath>,
     hashes: &Arc<Mutex<HashCache>>,
-) -> Result<SourceTree> {
+) -> Result<SourceTree, PushError> {
     let root = root.to_path_buf();
     let hashes = hashes.clone();
     tokio::task::spawn_blocking(move || {
@@ -415,7 +494,9 @@ async fn select(
         }
         tree
     })
-    .await?
+    .await
+    .map_err(PushError::Task)?
+    .map_err(|e| PushError::Scan(e.into()))
 }
 
 #[cfg(test)]

@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::auth::Credential;
 use crate::flow::coordinator::{Coordinator, SeedGate};
 use crate::flow::feed::DraftFeed;
-use crate::flow::route::{self, Destination};
+use crate::flow::route::{self, Destination, DestinationError};
 use crate::store::hashcache::HashCache;
 use crate::store::scan::{scan_cached, SourceTree};
 use crate::transport::files::FileChunkReader;
@@ -35,14 +34,69 @@ use crate::transport::quic::{self, read_frame, write_frame};
 use crate::transport::rdma::link::{Nic, Offer};
 use crate::transport::serve::{serve, Serving};
 use crate::transport::ChunkReader;
+use crate::util::chain::Chain;
+use crate::util::permanence::Permanence;
 use crate::util::progress::Progress;
 use crate::util::rate::RateLimiter;
 use xfer_proto::chunkset::ChunkMap;
 use xfer_proto::hash::Hash;
 use xfer_proto::hello::Service;
 use xfer_proto::manifest::ChunkSize;
-use xfer_proto::names::{ModelName, NodeName};
+use xfer_proto::names::{ModelName, ModelNameError, NodeName};
 use xfer_proto::transfer::{FallbackRoute, HomeSlots, SwarmPeer, TransferMsg};
+
+/// Why a push (or its hashing, or a delivery) did not run to its end. A
+/// node that refused or was lost is not one: it is in that node's
+/// [`NodeSummary`].
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    /// The source folder cannot be opened.
+    #[error("cannot open {}: {error}", path.display())]
+    Open {
+        /// The folder.
+        path: PathBuf,
+        /// What the system said.
+        error: std::io::Error,
+    },
+    /// The folder's name is not a model name (and none was given).
+    #[error("{0}")]
+    Name(ModelNameError),
+    /// A destination's address does not resolve.
+    #[error("{0}")]
+    Destination(DestinationError),
+    /// The tree cannot be hashed (a file cannot be read, a bad chunk
+    /// size, ...), in the scan's words.
+    #[error("{0}")]
+    Scan(Chain),
+    /// A node holds another tree than the one pushed.
+    #[error("{node} reports root {got}, expected {want}")]
+    Root {
+        /// The node's address.
+        node: String,
+        /// The root it reports.
+        got: Hash,
+        /// The pushed tree's root.
+        want: Hash,
+    },
+    /// A task of the push failed (panicked or was cancelled).
+    #[error("{0}")]
+    Task(tokio::task::JoinError),
+}
+
+/// A push's own errors are all worth another round: a node's permanent
+/// refusal is in its [`NodeSummary`], not here.
+impl Permanence for PushError {
+    fn is_permanent(&self) -> bool {
+        match self {
+            PushError::Destination(e) => e.is_permanent(),
+            PushError::Scan(e) => e.is_permanent(),
+            PushError::Open { .. }
+            | PushError::Name(_)
+            | PushError::Root { .. }
+            | PushError::Task(_) => false,
+        }
+    }
+}
 
 /// Notes kept per node: one per pair at most, and a receiver cannot grow
 /// the summary without bound.
@@ -206,16 +260,16 @@ impl PushSummary {
 }
 
 /// Hashes `opts.src` and delivers it to every agent in `opts.to`.
-pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary> {
+pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary, PushError> {
     let name = match &opts.name {
         Some(n) => n.clone(),
         None => {
-            let dir = opts
-                .src
-                .canonicalize()
-                .with_context(|| format!("cannot open {}", opts.src.display()))?;
+            let dir = opts.src.canonicalize().map_err(|error| PushError::Open {
+                path: opts.src.clone(),
+                error,
+            })?;
             let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model");
-            ModelName::new(name).map_err(anyhow::Error::msg)?
+            ModelName::new(name).map_err(PushError::Name)?
         }
     };
     // Catch address typos before spending time hashing.
@@ -234,11 +288,11 @@ pub async fn push(opts: &PushOptions, progress: &Progress) -> Result<PushSummary
 
 /// The swarm: every destination with its peer id (its index in `to`, from
 /// 1), its data address and its management one to fall back to.
-fn members(to: &[Destination]) -> Result<Vec<SwarmPeer>> {
+fn members(to: &[Destination]) -> Result<Vec<SwarmPeer>, PushError> {
     to.iter()
         .enumerate()
         .map(|(i, d)| {
-            let (addr, fallback) = d.resolve()?;
+            let (addr, fallback) = d.resolve().map_err(PushError::Destination)?;
             Ok(SwarmPeer {
                 id: i as u32 + 1,
                 label: d.label().to_string(),
@@ -268,7 +322,7 @@ pub async fn deliver(
     tree: &SourceTree,
     hash_s: f64,
     progress: &Progress,
-) -> Result<PushSummary> {
+) -> Result<PushSummary, PushError> {
     let manifest = &tree.manifest;
     let map = Arc::new(ChunkMap::new(manifest));
     let root = manifest.root();
@@ -290,7 +344,11 @@ pub async fn deliver(
     for node in &nodes {
         if let Some(r) = &node.root {
             if *r != root {
-                anyhow::bail!("{} reports root {r}, expected {root}", node.addr);
+                return Err(PushError::Root {
+                    node: node.addr.clone(),
+                    got: *r,
+                    want: root,
+                });
             }
         }
     }
@@ -332,7 +390,7 @@ pub(crate) async fn deliver_plan(
     opts: &PushOptions,
     plan: Plan,
     progress: &Progress,
-) -> Result<Vec<NodeSummary>> {
+) -> Result<Vec<NodeSummary>, PushError> {
     let cred = opts.cred.clone();
     let members = members(&opts.to)?;
     let limiter = opts.limit_rate.map(|r| Arc::new(RateLimiter::new(r)));
@@ -400,14 +458,14 @@ pub(crate) async fn deliver_plan(
     }
     let mut nodes = Vec::new();
     for mut t in tasks {
-        nodes.push((&mut t.0).await?);
+        nodes.push((&mut t.0).await.map_err(PushError::Task)?);
     }
     Ok(nodes)
 }
 
 /// Hashes `opts.src` (through its hash cache unless `opts.rehash`): the
 /// tree [`deliver`] offers.
-pub async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree> {
+pub async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<SourceTree, PushError> {
     let bar = progress.counter("hashing");
     let (src, cs, b, rehash) = (opts.src.clone(), opts.chunk_size, bar.clone(), opts.rehash);
     let tree = tokio::task::spawn_blocking(move || {
@@ -418,7 +476,9 @@ pub async fn hash_tree(opts: &PushOptions, progress: &Progress) -> Result<Source
         }
         tree
     })
-    .await??;
+    .await
+    .map_err(PushError::Task)?
+    .map_err(|e| PushError::Scan(e.into()))?;
     bar.finish_and_clear();
     Ok(tree)
 }
@@ -792,12 +852,12 @@ impl NodeCtx {
         rdma_sent: &Arc<AtomicU64>,
         summary: &mut NodeSummary,
     ) -> Result<(), Attempt> {
-        let refused = |e: anyhow::Error| Attempt::Refused(format!("{e:#}"));
-        let (data, fallback) = self.dest.resolve().map_err(refused)?;
-        let ep = quic::client_endpoint(&self.cred, data).map_err(refused)?;
+        let refused = |e: &dyn std::fmt::Display| Attempt::Refused(format!("{e:#}"));
+        let (data, fallback) = self.dest.resolve().map_err(|e| refused(&e))?;
+        let ep = quic::client_endpoint(&self.cred, data).map_err(|e| refused(&e))?;
         let fallback_ep = match fallback {
             Some(f) if f.is_ipv4() != data.is_ipv4() => {
-                Some(quic::client_endpoint(&self.cred, f).map_err(refused)?)
+                Some(quic::client_endpoint(&self.cred, f).map_err(|e| refused(&e))?)
             }
             _ => None,
         };
@@ -823,11 +883,11 @@ impl NodeCtx {
                 },
             );
         }
-        let lost = |e: anyhow::Error| match conn.close_reason() {
+        let lost = |e: &dyn std::fmt::Display| match conn.close_reason() {
             Some(reason) => quic::describe(addr, &reason),
             None => format!("{addr}: {e:#}"),
         };
-        let lost_now = |e: anyhow::Error| Attempt::Lost(lost(e));
+        let lost_now = |e: &dyn std::fmt::Display| Attempt::Lost(lost(e));
         if !self.set_live(true) {
             // It answers again: back into the graph, with fresh peers.
             self.coordinator.rejoined(self.id);
@@ -849,7 +909,7 @@ impl NodeCtx {
             // the write's, is the answer.
             return Err(refusal_after_stop(&mut recv, addr, summary)
                 .await
-                .unwrap_or_else(|| lost_now(e)));
+                .unwrap_or_else(|| lost_now(&e)));
         }
         // From here on only the rewiring (and a draft's events) is
         // written, by its own task.
@@ -860,7 +920,7 @@ impl NodeCtx {
         )));
         let key = match read_frame::<TransferMsg>(&mut recv)
             .await
-            .map_err(lost_now)?
+            .map_err(|e| lost_now(&e))?
         {
             TransferMsg::Accepted {
                 held_bytes,
@@ -936,11 +996,11 @@ impl NodeCtx {
         &self,
         recv: &mut quinn::RecvStream,
         addr: SocketAddr,
-        lost: &(dyn Fn(anyhow::Error) -> String + Sync),
+        lost: &(dyn Fn(&dyn std::fmt::Display) -> String + Sync),
         summary: &mut NodeSummary,
     ) -> Result<(), Attempt> {
         loop {
-            match read_frame::<TransferMsg>(recv).await.map_err(lost) {
+            match read_frame::<TransferMsg>(recv).await.map_err(|e| lost(&e)) {
                 Ok(TransferMsg::Progress {
                     held_bytes,
                     from_source,

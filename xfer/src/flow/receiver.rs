@@ -15,7 +15,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::policy;
@@ -27,6 +26,7 @@ use crate::transport::lanes::Lanes;
 use crate::transport::quic::{read_frame_within, write_frame};
 use crate::transport::rdma::link::Nic;
 use crate::transport::Fetcher;
+use crate::util::chain::Chain;
 use xfer_proto::chunkset::ChunkSet;
 use xfer_proto::frame::{MAX_FRAME, REQUEST_LIMIT};
 use xfer_proto::names::ModelName;
@@ -409,20 +409,28 @@ async fn report(
     tally: &Tally,
     addrs: &HashMap<u32, SocketAddr>,
     told: &mut usize,
-) -> Result<()> {
+) -> Result<(), Chain> {
     for route in tally.fallbacks_from(*told) {
-        write_frame(send, &TransferMsg::Fallback(route)).await?;
+        write_frame(send, &TransferMsg::Fallback(route))
+            .await
+            .map_err(Chain::from)?;
         *told += 1;
     }
     for peer in tally.take_slow() {
-        write_frame(send, &TransferMsg::Slow { peer }).await?;
+        write_frame(send, &TransferMsg::Slow { peer })
+            .await
+            .map_err(Chain::from)?;
     }
     for peer in tally.take_unreachable() {
-        write_frame(send, &TransferMsg::Unreachable { peer }).await?;
+        write_frame(send, &TransferMsg::Unreachable { peer })
+            .await
+            .map_err(Chain::from)?;
     }
     for (peer, reason) in tally.take_dropped() {
         if let Some(&addr) = addrs.get(&peer) {
-            write_frame(send, &TransferMsg::PeerDropped { peer: addr, reason }).await?;
+            write_frame(send, &TransferMsg::PeerDropped { peer: addr, reason })
+                .await
+                .map_err(Chain::from)?;
         }
     }
     let (links, max_links) = tally.links();
@@ -433,5 +441,5 @@ async fn report(
         links,
         max_links,
     };
-    write_frame(send, &progress).await
+    write_frame(send, &progress).await.map_err(Chain::from)
 }

@@ -12,10 +12,43 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
 use quinn::{Connection, Endpoint};
 
 use crate::transport::quic;
+use crate::util::chain::Chain;
+
+/// Why a destination cannot be used: its text is not `AGENT[/DATA]`, or
+/// an address of it does not resolve.
+#[derive(Debug, thiserror::Error)]
+pub enum DestinationError {
+    /// `--to` is not `AGENT[/DATA]`.
+    #[error("`{0}` is not AGENT[/DATA]; write the agent's address, then optionally a slash and its data address, e.g. 10.0.0.2:7470/192.168.100.2")]
+    Syntax(String),
+    /// The agent's address is not `HOST[:PORT]`.
+    #[error("--to {to}: {why}")]
+    Address {
+        /// What `--to` said.
+        to: String,
+        /// What is wrong with the address.
+        why: crate::config::cluster::AddressError,
+    },
+    /// An address does not resolve; `at` says which (empty: the
+    /// destination's own).
+    #[error("{at}{error}")]
+    Resolve {
+        /// `--to X: ` (and which address), or nothing.
+        at: String,
+        /// The lookup's error.
+        error: Chain,
+    },
+}
+
+/// Not permanent: a name that does not resolve now may later.
+impl crate::util::permanence::Permanence for DestinationError {
+    fn is_permanent(&self) -> bool {
+        false
+    }
+}
 
 /// One node a push delivers to: its agent (management) address and, when
 /// known, its data address.
@@ -59,20 +92,26 @@ impl Destination {
     /// Parses `AGENT[/DATA]` as `xfer push --to` takes it: the agent's
     /// address, then, after a slash, its data address, whose port defaults
     /// to the agent's (`10.0.0.2:7470/192.168.100.2`).
-    pub fn parse(s: &str) -> Result<Destination> {
+    pub fn parse(s: &str) -> Result<Destination, DestinationError> {
         let (agent, data) = match s.split_once('/') {
             None => (s, None),
             Some((a, d)) => (a, Some(d)),
         };
         if agent.is_empty() || data.is_some_and(|d| d.is_empty() || d.contains('/')) {
-            anyhow::bail!(
-                "`{s}` is not AGENT[/DATA]; write the agent's address, then optionally a slash and its data address, e.g. 10.0.0.2:7470/192.168.100.2"
-            );
+            return Err(DestinationError::Syntax(s.to_string()));
         }
         // The syntax the cluster file's `agent` takes, checked before a lookup.
-        crate::config::cluster::parse_address(agent)
-            .map_err(|e| anyhow::anyhow!("--to {s}: {e}"))?;
-        let agent_addr = quic::resolve(agent).with_context(|| format!("--to {s}"))?;
+        crate::config::cluster::parse_address(agent).map_err(|why| DestinationError::Address {
+            to: s.to_string(),
+            why,
+        })?;
+        let resolve = |addr: &str, at: String| {
+            quic::resolve(addr).map_err(|e| DestinationError::Resolve {
+                at,
+                error: e.into(),
+            })
+        };
+        let agent_addr = resolve(agent, format!("--to {s}: "))?;
         let data = match data {
             None => None,
             Some(d) => {
@@ -85,7 +124,7 @@ impl Destination {
                         Err(_) => format!("{host}:{}", agent_addr.port()),
                     }
                 };
-                quic::resolve(&with_port).with_context(|| format!("--to {s}: the data address"))?;
+                resolve(&with_port, format!("--to {s}: the data address: "))?;
                 Some(with_port)
             }
         };
@@ -103,12 +142,18 @@ impl Destination {
 
     /// Its data and management addresses, resolved: where to connect
     /// first, and where to fall back to (`None` when they are the same).
-    pub fn resolve(&self) -> Result<(SocketAddr, Option<SocketAddr>)> {
-        let agent = quic::resolve(&self.agent)?;
+    pub fn resolve(&self) -> Result<(SocketAddr, Option<SocketAddr>), DestinationError> {
+        let resolve = |addr: &str| {
+            quic::resolve(addr).map_err(|e| DestinationError::Resolve {
+                at: String::new(),
+                error: e.into(),
+            })
+        };
+        let agent = resolve(&self.agent)?;
         match &self.data {
             None => Ok((agent, None)),
             Some(d) => {
-                let data = quic::resolve(d)?;
+                let data = resolve(d)?;
                 Ok((data, (data != agent).then_some(agent)))
             }
         }

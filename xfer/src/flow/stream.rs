@@ -14,11 +14,10 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use anyhow::Result;
 use bytes::Bytes;
 
 use crate::flow::feed::DraftFeed;
-use crate::flow::push::{self, NodeSummary, Plan, PushOptions};
+use crate::flow::push::{self, NodeSummary, Plan, PushError, PushOptions};
 use crate::hub::announce::DraftPaths;
 use crate::transport::{ChunkReader, ReadError};
 use crate::util::progress::Progress;
@@ -74,7 +73,7 @@ pub async fn stream(
     feed: Arc<DraftFeed>,
     paths: Vec<DraftPaths>,
     progress: &Progress,
-) -> Result<Vec<NodeSummary>> {
+) -> Result<Vec<NodeSummary>, PushError> {
     let draft = feed.draft();
     let shape = draft.shape();
     let map = Arc::new(ChunkMap::new(&shape));

@@ -19,7 +19,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Result;
 use quinn::{Connection, Endpoint};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -30,10 +29,11 @@ use crate::flow::route;
 use crate::store::{Store, Transfer};
 use crate::transport::files::{HeldChunkReader, HeldModel};
 use crate::transport::lanes::Lanes;
-use crate::transport::quic::{self, read_frame, write_frame};
+use crate::transport::quic::{self, read_frame, write_frame, OpenServiceError};
 use crate::transport::rdma::link::{Nic, Offer};
 use crate::transport::serve::{serve, Serving};
 use crate::transport::Fetcher;
+use crate::util::chain::Chain;
 use xfer_proto::chunkset::ChunkSet;
 use xfer_proto::hash::Hash;
 use xfer_proto::hello::Service;
@@ -158,10 +158,56 @@ async fn source_for(
     }
 }
 
-/// A peer refused our join with [`Refusal::NotServing`].
+/// Why a link between two receivers was not made or ended early.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct NotServing(String);
+pub enum LinkError {
+    /// The peer cannot be reached.
+    #[error("{0}")]
+    Connect(route::ConnectError),
+    /// The peer does not open its transfer service.
+    #[error("{0}")]
+    Open(OpenServiceError),
+    /// A frame cannot be written or read.
+    #[error("{0}")]
+    Frame(Chain),
+    /// The peer did not answer the join in time.
+    #[error("{0} did not answer the join")]
+    NoAnswer(SocketAddr),
+    /// The peer does not receive this model (its transfer ended, or the
+    /// source has not offered it there yet).
+    #[error("{addr} refused the join: {why}")]
+    NotServing {
+        /// The peer.
+        addr: SocketAddr,
+        /// Its words.
+        why: String,
+    },
+    /// The peer refused the join otherwise.
+    #[error("{addr} refused the join: {refusal}")]
+    Refused {
+        /// The peer.
+        addr: SocketAddr,
+        /// Its refusal.
+        refusal: Refusal,
+    },
+    /// The peer answered something else than its chunks.
+    #[error("{addr} answered a join with a bad {kind}")]
+    Unexpected {
+        /// The peer.
+        addr: SocketAddr,
+        /// What it sent.
+        kind: &'static str,
+    },
+    /// This node refused a peer's join (and told it so).
+    #[error("{0}")]
+    Refusing(Refusal),
+}
+
+impl LinkError {
+    fn frame(e: impl Into<Chain>) -> LinkError {
+        LinkError::Frame(e.into())
+    }
+}
 
 /// A peer's [`TransferMsg::Join`]: it is `from` in the swarm of `name`
 /// with root `root`.
@@ -184,7 +230,7 @@ pub async fn serve_peer(
     shares: Arc<Shares>,
     join: Joining,
     nic: Option<Arc<dyn Nic>>,
-) -> Result<()> {
+) -> Result<(), LinkError> {
     let Joining { name, root, from } = join;
     tracing::debug!(
         "join for {name} root {} from {}",
@@ -195,7 +241,9 @@ pub async fn serve_peer(
         Some(Source::Running(share)) => share,
         Some(Source::Held(m)) => {
             let has = ChunkSet::full(m.map.len());
-            write_frame(&mut send, &TransferMsg::Bitfield { has }).await?;
+            write_frame(&mut send, &TransferMsg::Bitfield { has })
+                .await
+                .map_err(LinkError::frame)?;
             let rdma = Offer {
                 nic,
                 files: Some(m.paths),
@@ -208,9 +256,11 @@ pub async fn serve_peer(
                 "not receiving `{name}` with root {} (its transfer here ended, or the source has not offered it here yet)",
                 root.short()
             ));
-            write_frame(&mut send, &TransferMsg::Failed(r.clone())).await?;
+            write_frame(&mut send, &TransferMsg::Failed(r.clone()))
+                .await
+                .map_err(LinkError::frame)?;
             let _ = send.finish();
-            anyhow::bail!(r);
+            return Err(LinkError::Refusing(r));
         }
     };
     // Only a peer the source linked this node with may fetch from it (its
@@ -220,16 +270,20 @@ pub async fn serve_peer(
             "this node is not linked with peer {from} in the swarm of `{name}`; the source \
              links peers"
         ));
-        write_frame(&mut send, &TransferMsg::Failed(r.clone())).await?;
+        write_frame(&mut send, &TransferMsg::Failed(r.clone()))
+            .await
+            .map_err(LinkError::frame)?;
         let _ = send.finish();
-        anyhow::bail!(r);
+        return Err(LinkError::Refusing(r));
     }
     share.tally.link_up(from, true);
     let _counted = Incoming(share.tally.clone(), from);
     // Subscribe before the snapshot, so no chunk falls between the two.
     let mut verified = share.verified.subscribe();
     let has = share.transfer.held();
-    write_frame(&mut send, &TransferMsg::Bitfield { has }).await?;
+    write_frame(&mut send, &TransferMsg::Bitfield { has })
+        .await
+        .map_err(LinkError::frame)?;
     let map = Arc::new(share.transfer.map().clone());
     let reader = Arc::new(HeldChunkReader::new(share.transfer.clone()));
     // Still arriving: over RDMA, verified chunks go through a bounce pool.
@@ -261,7 +315,7 @@ async fn announce(
     send: &mut quinn::SendStream,
     share: &Share,
     verified: &mut broadcast::Receiver<u64>,
-) -> Result<()> {
+) -> Result<(), LinkError> {
     loop {
         let first = tokio::select! {
             r = verified.recv() => r,
@@ -269,7 +323,7 @@ async fn announce(
                 // Flush what was verified before the end.
                 let chunks = drain(verified, Vec::new());
                 if !chunks.is_empty() {
-                    write_frame(send, &TransferMsg::Has { chunks }).await?;
+                    write_frame(send, &TransferMsg::Has { chunks }).await.map_err(LinkError::frame)?;
                 }
                 return Ok(());
             }
@@ -278,11 +332,15 @@ async fn announce(
         match first {
             Ok(c) => {
                 let chunks = drain(verified, vec![c]);
-                write_frame(send, &TransferMsg::Has { chunks }).await?;
+                write_frame(send, &TransferMsg::Has { chunks })
+                    .await
+                    .map_err(LinkError::frame)?;
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 let has = share.transfer.held();
-                write_frame(send, &TransferMsg::Bitfield { has }).await?;
+                write_frame(send, &TransferMsg::Bitfield { has })
+                    .await
+                    .map_err(LinkError::frame)?;
             }
             Err(broadcast::error::RecvError::Closed) => return Ok(()),
         }
@@ -567,7 +625,7 @@ async fn keep_linked(
                 // and stops holding back copies of the chunks that peer
                 // got first. A join refused otherwise is not this: the
                 // peer is up and may link later.
-                if !reported && (e.is::<route::ConnectError>() || e.is::<NotServing>()) {
+                if !reported && matches!(e, LinkError::Connect(_) | LinkError::NotServing { .. }) {
                     reported = true;
                     tracing::warn!(
                         "peer {id} at {} is unreachable ({e:#}); telling the source",
@@ -658,14 +716,15 @@ struct Handshook {
 
 /// Connects to a peer (its data address, else its management address,
 /// recorded in the tally), joins, and reads its bitfield.
-async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook> {
+async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook, LinkError> {
     let connected = route::connect(
         &plan.endpoint,
         peer.addr,
         peer.fallback.map(|f| (&plan.fallback_endpoint, f)),
         Duration::from_secs(5),
     )
-    .await?;
+    .await
+    .map_err(LinkError::Connect)?;
     let conn = connected.conn;
     let addr = conn.remote_address();
     let over_management = connected.fell_back.is_some();
@@ -682,18 +741,21 @@ async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook> {
     }
     let (mut send, mut recv) = quic::open_service(&conn, Service::Transfer)
         .await
-        .map_err(anyhow::Error::msg)?;
+        .map_err(LinkError::Open)?;
     let join = TransferMsg::Join {
         name: plan.name.clone(),
         root: plan.root,
         from: plan.me,
     };
-    write_frame(&mut send, &join).await?;
+    write_frame(&mut send, &join)
+        .await
+        .map_err(LinkError::frame)?;
     let _ = send.finish();
     tracing::debug!("sent join to {addr}");
     let reply = tokio::time::timeout(JOIN_WAIT + Duration::from_secs(5), read_frame(&mut recv))
         .await
-        .map_err(|_| anyhow::anyhow!("{addr} did not answer the join"))??;
+        .map_err(|_| LinkError::NoAnswer(addr))?
+        .map_err(LinkError::frame)?;
     match reply {
         TransferMsg::Bitfield { has } if has.is_well_formed() && has.capacity() == plan.chunks => {
             Ok(Handshook {
@@ -705,17 +767,18 @@ async fn handshake(plan: &LinkPlan, peer: &SwarmPeer) -> Result<Handshook> {
         }
         TransferMsg::Failed(Refusal::NotServing(why)) => {
             conn.close(0u32.into(), b"refused");
-            Err(anyhow::Error::new(NotServing(format!(
-                "{addr} refused the join: {why}"
-            ))))
+            Err(LinkError::NotServing { addr, why })
         }
         TransferMsg::Failed(r) => {
             conn.close(0u32.into(), b"refused");
-            anyhow::bail!("{addr} refused the join: {r}")
+            Err(LinkError::Refused { addr, refusal: r })
         }
         other => {
             conn.close(0u32.into(), b"protocol error");
-            anyhow::bail!("{addr} answered a join with a bad {}", other.kind())
+            Err(LinkError::Unexpected {
+                addr,
+                kind: other.kind(),
+            })
         }
     }
 }

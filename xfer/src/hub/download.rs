@@ -269,6 +269,17 @@ pub enum DownloadError {
     },
 }
 
+/// A file the Hub refused, or a full disk, is permanent; the rest is
+/// retried.
+impl crate::util::permanence::Permanence for DownloadError {
+    fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            DownloadError::Refused { .. } | DownloadError::Disk(DiskError::Full { .. })
+        )
+    }
+}
+
 /// A write to a downloaded file that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {

@@ -52,6 +52,13 @@ pub enum HubEnvError {
     TokenOverHttp(String),
 }
 
+/// Permanent: the setting stays wrong until someone fixes it.
+impl crate::util::permanence::Permanence for HubEnvError {
+    fn is_permanent(&self) -> bool {
+        true
+    }
+}
+
 /// What the environment says about the Hub.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HubEnv {

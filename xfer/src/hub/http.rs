@@ -51,6 +51,21 @@ impl std::fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
+/// A refusal the Hub named (no such repo, revision or file, 401/403) is
+/// permanent; anything else is retried, after the wait the Hub asked for.
+impl crate::util::permanence::Permanence for Failure {
+    fn is_permanent(&self) -> bool {
+        matches!(self, Failure::Refused { .. })
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Failure::Transient { wait, .. } => *wait,
+            _ => None,
+        }
+    }
+}
+
 impl Failure {
     /// The words of a failure that is not [`Failure::Transient`].
     pub fn into_words(self) -> String {

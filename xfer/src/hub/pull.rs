@@ -13,9 +13,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+use crate::util::chain::Chain;
+use crate::util::permanence::Permanence;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
@@ -778,6 +781,79 @@ pub struct NotEnoughSpace {
     pub have: u64,
     /// The folder they go to.
     pub dir: PathBuf,
+}
+
+/// Permanent: the disk stays too small until someone frees some.
+impl Permanence for NotEnoughSpace {
+    fn is_permanent(&self) -> bool {
+        true
+    }
+}
+
+/// A failed pull, read for what it says about trying again. The pull's
+/// error is not typed yet: each link of its chain that is one of the
+/// Hub's typed errors ([`Failure`](crate::hub::http::Failure),
+/// [`DownloadError`](crate::hub::download::DownloadError),
+/// [`NotEnoughSpace`], [`HubEnvError`](crate::hub::env::HubEnvError)) or
+/// a node's [`Refusal`](xfer_proto::refusal::Refusal) is asked.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PullFailure(pub Chain);
+
+impl From<anyhow::Error> for PullFailure {
+    fn from(e: anyhow::Error) -> PullFailure {
+        PullFailure(e.into())
+    }
+}
+
+impl PullFailure {
+    /// Each typed link of the chain, as what it says about trying again.
+    fn typed(&self) -> impl Iterator<Item = &dyn Permanence> {
+        use crate::hub::download::DownloadError;
+        use crate::hub::env::HubEnvError;
+        use crate::hub::http::Failure;
+        use xfer_proto::refusal::Refusal;
+        self.0.links().filter_map(|c| -> Option<&dyn Permanence> {
+            if let Some(f) = c.downcast_ref::<Failure>() {
+                return Some(f);
+            }
+            if let Some(d) = c.downcast_ref::<DownloadError>() {
+                return Some(d);
+            }
+            if let Some(n) = c.downcast_ref::<NotEnoughSpace>() {
+                return Some(n);
+            }
+            if let Some(h) = c.downcast_ref::<HubEnvError>() {
+                return Some(h);
+            }
+            c.downcast_ref::<Refusal>().map(|r| r as &dyn Permanence)
+        })
+    }
+
+    /// The disk that is too small, if that is why: the bytes needed, and
+    /// those free when the pull counted them.
+    pub fn full_disk(&self) -> Option<(u64, Option<u64>)> {
+        use crate::hub::download::{DiskError, DownloadError};
+        self.0.links().find_map(|c| {
+            if let Some(n) = c.downcast_ref::<NotEnoughSpace>() {
+                return Some((n.need, Some(n.have)));
+            }
+            match c.downcast_ref::<DownloadError>() {
+                Some(DownloadError::Disk(DiskError::Full { need, .. })) => Some((*need, None)),
+                _ => None,
+            }
+        })
+    }
+}
+
+impl Permanence for PullFailure {
+    fn is_permanent(&self) -> bool {
+        self.typed().any(|t| t.is_permanent())
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        self.typed().find_map(|t| t.retry_after())
+    }
 }
 
 /// `--include`/`--exclude`, with `huggingface_hub`'s fnmatch semantics

@@ -2,18 +2,18 @@
 //! it at once: no such repo or revision, 401/403, no space on the source
 //! or a member, a refused path, a bad Hub setting) or transient (retry it
 //! with backoff: DNS, refused or reset connections, timeouts, 5xx, 429).
-//! Read from the typed errors of the Hub client ([`Failure`],
-//! [`DownloadError`], [`NotEnoughSpace`], [`HubEnvError`]) and the
-//! members' [`Refusal`]s, never from their text. Anything not known to be
-//! permanent is retried: the job shows the cause and the retry count.
+//! Each error says so itself ([`Permanence`]): the Hub client's
+//! `Failure`, `DownloadError`, `NotEnoughSpace` and `HubEnvError`, the
+//! members' [`Refusal`]s, and the flow errors that wrap them (a push's,
+//! an artifact stream's) decide from their own facts, never from their
+//! text. Anything not known to be permanent is retried: the job shows
+//! the cause and the retry count.
 
+use std::fmt::Display;
 use std::time::Duration;
 
 use crate::flow::push::NodeSummary;
-use crate::hub::download::{DiskError, DownloadError};
-use crate::hub::env::HubEnvError;
-use crate::hub::http::Failure;
-use crate::hub::pull::NotEnoughSpace;
+use crate::util::permanence::Permanence;
 use xfer_proto::admin::JobSpec;
 use xfer_proto::refusal::Refusal;
 
@@ -42,34 +42,17 @@ impl RoundError {
 }
 
 /// The round error an error of the source's own work stands for: its
-/// whole chain on one line, permanent if any link of the chain is.
-pub fn of_error(e: &anyhow::Error) -> RoundError {
-    let why = format!("{e:#}");
-    if e.chain().any(is_permanent) {
+/// line (which names its cause), fatal if the error says it is
+/// permanent, else a retry after the wait it asked for.
+pub fn of(e: &(impl Permanence + Display)) -> RoundError {
+    let why = e.to_string();
+    if e.is_permanent() {
         return RoundError::Fatal(why);
     }
-    let wait = e.chain().find_map(|c| match c.downcast_ref::<Failure>() {
-        Some(Failure::Transient { wait, .. }) => *wait,
-        _ => None,
-    });
-    RoundError::Retry { why, wait }
-}
-
-/// Whether one error of a chain is one that retrying cannot fix.
-fn is_permanent(e: &(dyn std::error::Error + 'static)) -> bool {
-    if let Some(f) = e.downcast_ref::<Failure>() {
-        return matches!(f, Failure::Refused { .. });
+    RoundError::Retry {
+        why,
+        wait: e.retry_after(),
     }
-    if let Some(d) = e.downcast_ref::<DownloadError>() {
-        return matches!(
-            d,
-            DownloadError::Refused { .. } | DownloadError::Disk(DiskError::Full { .. })
-        );
-    }
-    if let Some(r) = e.downcast_ref::<Refusal>() {
-        return r.is_permanent();
-    }
-    e.is::<NotEnoughSpace>() || e.is::<HubEnvError>()
 }
 
 /// The round error of the members that did not complete (`None`: every
@@ -146,44 +129,115 @@ mod tests {
 
     #[test]
     fn hub_refusals_and_full_disks_are_permanent_the_rest_retries() {
+        use crate::hub::http::Failure;
+        use crate::hub::pull::{NotEnoughSpace, PullFailure};
         let not_found = anyhow::Error::new(Failure::Refused {
             status: 401,
             why: "o/nope was not found (HTTP 401; the Hub says: Repository not found)".into(),
         })
         .context("pulling o/nope");
-        match of_error(&not_found) {
+        match of(&PullFailure::from(not_found)) {
             RoundError::Fatal(why) => {
                 assert!(why.contains("Repository not found"), "{why}");
                 assert!(why.starts_with("pulling o/nope: "), "{why}");
             }
             other => panic!("{other:?}"),
         }
-        let space = anyhow::Error::new(NotEnoughSpace {
+        let space = NotEnoughSpace {
             need: 10,
             have: 1,
             dir: "/r".into(),
-        });
-        assert!(matches!(of_error(&space), RoundError::Fatal(_)));
+        };
+        assert!(matches!(of(&space), RoundError::Fatal(_)));
+        let space = anyhow::Error::new(space).context("pulling o/m");
+        assert!(matches!(
+            of(&PullFailure::from(space)),
+            RoundError::Fatal(_)
+        ));
 
-        let refused = anyhow::Error::new(Failure::Transient {
+        let refused = Failure::Transient {
             why: "127.0.0.1:9: Connection refused (6 tries)".into(),
             wait: None,
-        });
+        };
         assert_eq!(
-            of_error(&refused),
+            of(&refused),
             RoundError::retry("127.0.0.1:9: Connection refused (6 tries)")
         );
         let busy = anyhow::Error::new(Failure::Transient {
             why: "HTTP 429".into(),
             wait: Some(Duration::from_secs(7)),
-        });
+        })
+        .context("pulling o/m");
         assert!(matches!(
-            of_error(&busy),
+            of(&PullFailure::from(busy)),
             RoundError::Retry { wait: Some(w), .. } if w == Duration::from_secs(7)
         ));
         // Unknown errors retry, with their words.
         let other = anyhow::anyhow!("something odd").context("round");
-        assert_eq!(of_error(&other), RoundError::retry("round: something odd"));
+        assert_eq!(
+            of(&PullFailure::from(
+                anyhow::anyhow!("something odd").context("round")
+            )),
+            RoundError::retry("round: something odd")
+        );
+        assert_eq!(
+            of(&crate::util::chain::Chain::from(other)),
+            RoundError::retry("round: something odd")
+        );
+    }
+
+    /// A permanent cause wrapped in a flow error fails the job; the same
+    /// error with a transient cause is retried. A flow error that forgot
+    /// to ask its cause fails here.
+    #[test]
+    fn a_permanent_cause_inside_a_flow_error_is_not_retried() {
+        use crate::flow::artifact_stream::ArtifactStreamError;
+        use crate::flow::fetch::FetchModelError;
+        use crate::flow::push::PushError;
+        use crate::image::registry::client::{Refused, RegistryFailure};
+
+        let refused = anyhow::Error::new(Refused(
+            "registry.example/m:v1: not found (HTTP 404); check the name and tag".into(),
+        ))
+        .context("layer sha256:ab");
+        let e = ArtifactStreamError::Registry(RegistryFailure::from(refused));
+        assert_eq!(
+            of(&e),
+            RoundError::Fatal(
+                "layer sha256:ab: registry.example/m:v1: not found (HTTP 404); check the name and tag"
+                    .into()
+            )
+        );
+        let cut = anyhow::anyhow!("connection reset").context("layer sha256:ab");
+        let e = ArtifactStreamError::Registry(RegistryFailure::from(cut));
+        assert_eq!(
+            of(&e),
+            RoundError::retry("layer sha256:ab: connection reset")
+        );
+
+        let addr: std::net::SocketAddr = "10.0.0.2:7470".parse().unwrap();
+        let full = FetchModelError::Refused {
+            addr,
+            refusal: Refusal::NoSpace {
+                need: 24 << 20,
+                have: 1,
+                path: "/r".into(),
+            },
+        };
+        assert!(matches!(of(&full), RoundError::Fatal(why) if why.starts_with("10.0.0.2:7470: ")));
+        let busy = FetchModelError::Refused {
+            addr,
+            refusal: Refusal::Busy("another transfer".into()),
+        };
+        assert!(matches!(of(&busy), RoundError::Retry { .. }));
+
+        // A push's own errors (a node's refusal is in its summary) retry,
+        // and say their cause.
+        let scan = anyhow::anyhow!("permission denied").context("cannot read /m/a");
+        assert_eq!(
+            of(&PushError::Scan(scan.into())),
+            RoundError::retry("cannot read /m/a: permission denied")
+        );
     }
 
     #[test]

@@ -573,7 +573,7 @@ impl Runner {
                 }
                 let s = crate::flow::push::push(&opts, &quiet)
                     .await
-                    .map_err(|e| cause::of_error(&e))?;
+                    .map_err(|e| cause::of(&e))?;
                 Ok((s.root, s.nodes))
             }
             JobSource::Hub { repo, pin } => {
@@ -689,14 +689,7 @@ impl Runner {
         let reg = client::Registry::with_ca_pem(&image, insecure, ca_pem.map(str::as_bytes))
             .map_err(|e| RoundError::Fatal(format!("{e:#} (the agent on {})", spec.source_node)))?
             .confined(root);
-        let registry_error = |e: anyhow::Error| {
-            let why = format!("{e:#}");
-            if e.chain().any(|c| c.is::<client::Refused>()) {
-                RoundError::Fatal(why)
-            } else {
-                RoundError::retry(why)
-            }
-        };
+        let registry_error = |e: anyhow::Error| cause::of(&client::RegistryFailure::from(e));
         let plan = artifact::plan_model(&reg).await.map_err(registry_error)?;
         // Nothing is fetched that the root has no room for.
         let blobs = stage.join("blobs");
@@ -726,7 +719,7 @@ impl Runner {
             &reg, &plan, &blobs, &model, &others, chunk_size,
         )
         .await
-        .map_err(registry_error)?;
+        .map_err(|e| cause::of(&e))?;
         tracing::info!(
             "sync job {}: {image}: {} files, {} bytes ({} fetched from the registry, streamed to {} node(s))",
             spec.id,
@@ -741,7 +734,7 @@ impl Runner {
         }
         let s = crate::flow::push::push(&opts, &Progress::new(false))
             .await
-            .map_err(|e| cause::of_error(&e))?;
+            .map_err(|e| cause::of(&e))?;
         Ok((s.root, s.nodes))
     }
 
@@ -758,7 +751,7 @@ impl Runner {
         let started = std::time::Instant::now();
         let tree = crate::flow::push::hash_tree(&push, &quiet)
             .await
-            .map_err(|e| cause::of_error(&e))?;
+            .map_err(|e| cause::of(&e))?;
         let hash_s = started.elapsed().as_secs_f64();
         let root = tree.manifest.root();
         let me = &spec.source_node;
@@ -785,7 +778,7 @@ impl Runner {
                 .map(|s| s.nodes)
         };
         let (local, remote) = tokio::join!(local, remote);
-        let mut nodes = remote.map_err(|e| cause::of_error(&e))?;
+        let mut nodes = remote.map_err(|e| cause::of(&e))?;
         let (placed, duration_s) = local.map_err(|e| RoundError::retry(e.to_string()))?;
         let agent = spec
             .members
@@ -865,14 +858,17 @@ impl Runner {
             let (pulled, _) =
                 crate::hub::pull::pull(&opts, &env, &Progress::new(false), None, None)
                     .await
-                    .map_err(|e| self.pull_error(&e))?;
+                    .map_err(|e| {
+                        let e = crate::hub::pull::PullFailure::from(e);
+                        self.pull_error(&e, Some(&e))
+                    })?;
             let dir = self.store.model_dir(&spec.name);
             let cs = spec.chunk_size;
             let tree =
                 tokio::task::spawn_blocking(move || crate::store::scan::scan(&dir, cs, &|_| {}))
                     .await
                     .map_err(|e| RoundError::retry(e.to_string()))?
-                    .map_err(|e| cause::of_error(&e))?;
+                    .map_err(|e| cause::of(&crate::util::chain::Chain::from(e)))?;
             (
                 tree.manifest.root(),
                 Vec::new(),
@@ -899,7 +895,7 @@ impl Runner {
             )
             .await;
             self.activity.pulled(&spec.name);
-            let s = s.map_err(|e| self.pull_error(&e))?;
+            let s = s.map_err(|e| self.pull_error(&e, e.pull()))?;
             (s.root, s.nodes, s.manifest, s.pull.intake, s.pull.unhashed)
         };
         let mut nodes = nodes;
@@ -931,23 +927,17 @@ impl Runner {
         Ok((root, nodes))
     }
 
-    /// What a failed pull on this node means for its job: as
-    /// [`cause::of_error`] says, but a full disk names the agent's
-    /// `--root`, which is where the fix is (not `HF_HUB_CACHE`, which the
-    /// agent does not read).
-    fn pull_error(&self, e: &anyhow::Error) -> RoundError {
-        use crate::hub::download::{DiskError, DownloadError};
-        let full = e.chain().find_map(|c| {
-            if let Some(n) = c.downcast_ref::<crate::hub::pull::NotEnoughSpace>() {
-                return Some((n.need, Some(n.have)));
-            }
-            match c.downcast_ref::<DownloadError>() {
-                Some(DownloadError::Disk(DiskError::Full { need, .. })) => Some((*need, None)),
-                _ => None,
-            }
-        });
-        let Some((need, have)) = full else {
-            return cause::of_error(e);
+    /// What a failed pull on this node means for its job: as the pull
+    /// says ([`crate::hub::pull::PullFailure`]), but a full disk names the
+    /// agent's `--root`, which is where the fix is (not `HF_HUB_CACHE`,
+    /// which the agent does not read).
+    fn pull_error(
+        &self,
+        e: &(impl crate::util::permanence::Permanence + std::fmt::Display),
+        pull: Option<&crate::hub::pull::PullFailure>,
+    ) -> RoundError {
+        let Some((need, have)) = pull.and_then(|p| p.full_disk()) else {
+            return cause::of(e);
         };
         let me = self.me().unwrap_or_else(|| "this node".into());
         let have = have.map_or(String::new(), |h| {

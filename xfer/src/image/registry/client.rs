@@ -71,6 +71,31 @@ pub struct RegistryOptions {
 #[error("{0}")]
 pub struct Refused(pub String);
 
+/// Permanent, always: the registry's answer does not change by itself.
+impl crate::util::permanence::Permanence for Refused {
+    fn is_permanent(&self) -> bool {
+        true
+    }
+}
+
+/// A failed call of the registry client (its errors are not typed yet):
+/// its chain, permanent when one of its links is a [`Refused`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RegistryFailure(pub crate::util::chain::Chain);
+
+impl From<anyhow::Error> for RegistryFailure {
+    fn from(e: anyhow::Error) -> RegistryFailure {
+        RegistryFailure(e.into())
+    }
+}
+
+impl crate::util::permanence::Permanence for RegistryFailure {
+    fn is_permanent(&self) -> bool {
+        self.0.links().any(|c| c.is::<Refused>())
+    }
+}
+
 /// One repository of one registry.
 pub struct Registry {
     http: reqwest::Client,
