@@ -507,8 +507,6 @@ const ANYHOW_LEFT: &[&str] = &[
     "xfer/src/agent/mod.rs",
     "xfer/src/agent/sync/runner.rs",
     "xfer/src/agent/transfer.rs",
-    "xfer/src/client/image.rs",
-    "xfer/src/client/sync.rs",
     "xfer/src/hub/http.rs",
     "xfer/src/hub/pull.rs",
     "xfer/src/hub_lookalike/mod.rs",

@@ -6,31 +6,49 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
-
 use super::ask::{admin, AskError};
 use crate::config::auth::Credential;
-use crate::config::cluster::Cluster;
+use crate::config::cluster::{Cluster, ClusterError};
 use crate::engine::topology::DEFAULT_DEGREE;
-use crate::flow::image::{push, ImagePushOptions};
+use crate::flow::image::{push, ImageError, ImagePushOptions};
 pub use crate::flow::image::{ImagePushSummary, NodeImage, Note};
 use crate::flow::route::Destination;
 use crate::image::runtime::Runtime;
 use crate::transport::select::TransportChoice;
 use crate::util::progress::Progress;
 use xfer_proto::admin::{AdminReply, AdminRequest};
-use xfer_proto::image::ContainerRuntime;
+use xfer_proto::image::{BadReference, ContainerRuntime};
+
+/// Why an image was not delivered to the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterImageError {
+    /// The reference is not one a node's engine may be asked for.
+    #[error(transparent)]
+    Reference(#[from] BadReference),
+    /// `--nodes` names a node the cluster file lacks.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// No cache folder for the saved blobs.
+    #[error(transparent)]
+    Cache(#[from] NoCache),
+    /// The delivery failed.
+    #[error(transparent)]
+    Push(#[from] ImageError),
+}
+
+/// Neither `XDG_CACHE_HOME` nor `HOME` is set.
+#[derive(Debug, thiserror::Error)]
+#[error("neither XDG_CACHE_HOME nor HOME is set; give --cache DIR")]
+pub struct NoCache;
 
 /// `$XDG_CACHE_HOME/xfer/images`, else `~/.cache/xfer/images`: where the
 /// operator's machine keeps the blobs it saved, so a second delivery
 /// saves nothing again.
-pub fn default_cache() -> Result<PathBuf> {
+pub fn default_cache() -> Result<PathBuf, NoCache> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .ok_or_else(|| {
-            anyhow::anyhow!("neither XDG_CACHE_HOME nor HOME is set; give --cache DIR")
-        })?;
+        .ok_or(NoCache)?;
     Ok(base.join("xfer").join("images"))
 }
 
@@ -45,8 +63,8 @@ pub async fn push_to_cluster(
     engine: ContainerRuntime,
     progress: Progress,
     note: &(dyn Fn(Note) + Sync),
-) -> Result<ImagePushSummary> {
-    xfer_proto::image::check_reference(reference).map_err(anyhow::Error::msg)?;
+) -> Result<ImagePushSummary, ClusterImageError> {
+    xfer_proto::image::check_reference(reference)?;
     let opts = ImagePushOptions {
         reference: reference.to_string(),
         engine: Runtime::new(engine),

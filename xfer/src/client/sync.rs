@@ -8,20 +8,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-
+use super::ask::AskError;
 use super::ask::{admin, all, ASK_TIMEOUT};
-use super::source::{Reading, Verdict};
+use super::source::{Ambiguous, Reading, SourceError, Verdict};
 use crate::config::auth::Credential;
-use crate::config::cluster::{Cluster, Node};
-use crate::hub::env::HubSettings;
+use crate::config::cluster::{Cluster, ClusterError, Node};
+use crate::hub::env::{HubEnvError, HubSettings};
 pub use crate::transport::select::TransportChoice;
+use crate::util::chain::Chain;
 /// What [`sync`] returns and [`super::wait::wait`] follows.
 pub use xfer_proto::admin::JobSpec;
-use xfer_proto::admin::{AdminReply, AdminRequest, GiveUp, JobMember, JobSource, Secret};
+use xfer_proto::admin::{
+    AdminReply, AdminRequest, GiveUp, JobMember, JobSource, JobSpecError, Secret,
+};
 use xfer_proto::manifest::ChunkSize;
-use xfer_proto::names::ModelName;
-use xfer_proto::repo::RepoType;
+use xfer_proto::names::{ModelName, ModelNameError};
+use xfer_proto::refusal::Refusal;
+use xfer_proto::repo::{RepoRefError, RepoType};
 
 /// What `xfer sync` was asked to do.
 #[derive(Debug, Clone)]
@@ -69,6 +72,177 @@ pub struct RegistryAccess {
     pub ca_file: Option<PathBuf>,
 }
 
+/// Why a sync job was not made or not handed over: one line each, naming
+/// the option or the node and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// `--nodes` names a node the cluster file lacks, or the file is bad.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The operator's Hub settings (token file, offline mode, endpoint).
+    #[error(transparent)]
+    HubEnv(#[from] HubEnvError),
+    /// SOURCE cannot be read as a folder or a repo.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// `ORG/NAME` could be a folder and a repo alike.
+    #[error(transparent)]
+    Ambiguous(#[from] Ambiguous),
+    /// `oci://REFERENCE` is not an image reference.
+    #[error(transparent)]
+    Reference(#[from] crate::image::registry::reference::RefError),
+    /// `REPO@REVISION` is not a repo reference.
+    #[error(transparent)]
+    RepoRef(#[from] RepoRefError),
+    /// The job does not hold together (its id, nodes, name, settings).
+    #[error(transparent)]
+    Spec(#[from] JobSpecError),
+    /// The model's name (from the folder or the artifact) is not one a
+    /// node may hold.
+    #[error(transparent)]
+    Name(#[from] ModelNameError),
+    /// `--name` is not a model name.
+    #[error("--name {given}: {why}")]
+    BadName {
+        /// What `--name` said.
+        given: String,
+        /// Why it is not a name.
+        why: ModelNameError,
+    },
+    /// The folder has no name to name the model after.
+    #[error("the source path has no folder name; name the model with --name")]
+    NoFolderName,
+    /// `--name` differs from the Hub cache folder a repo is stored as.
+    #[error("a Hub repo is stored as {0} (the HF cache layout); drop --name")]
+    HubName(String),
+    /// `--from` names a node the cluster file lacks.
+    #[error("--from {node}: no such node in {}", file.display())]
+    NoSuchFrom {
+        /// The node named.
+        node: String,
+        /// The cluster file.
+        file: PathBuf,
+    },
+    /// `--from` names an intake node that does not receive the model.
+    #[error("--from {0}: a node that fetches ranges from the Hub must be one that receives the model; add it to --nodes")]
+    IntakeNotMember(String),
+    /// `--from` names several nodes for a source only one node can fetch.
+    #[error("--from names several nodes, but {source_text} is {what}: only a Hub repo is fetched by several nodes; name one --from node")]
+    OneFromOnly {
+        /// SOURCE as written.
+        source_text: String,
+        /// "a registry artifact", "a folder on NODE".
+        what: String,
+    },
+    /// `--ca-file` cannot be read.
+    #[error("--ca-file {}: cannot read it: {why}", path.display())]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        why: std::io::Error,
+    },
+    /// `--ca-file` is larger than a job carries.
+    #[error("--ca-file {} has {bytes} bytes; a job carries at most {} of CA certificates: give only the registry's CA", path.display(), xfer_proto::admin::MAX_OCI_CA_PEM)]
+    CaTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        bytes: usize,
+    },
+    /// `--ca-file` is not text.
+    #[error("--ca-file {} is not PEM text: {why}", path.display())]
+    CaNotText {
+        /// The file.
+        path: PathBuf,
+        /// Where it stops being UTF-8.
+        why: std::string::FromUtf8Error,
+    },
+    /// A node refused the job (the source node: the job is not made).
+    #[error("{node} refused the job: {why}")]
+    Refused {
+        /// The node.
+        node: String,
+        /// Its refusal.
+        why: Refusal,
+    },
+    /// A node answered with another kind of reply.
+    #[error("{node} answered {kind} to {asked}; upgrade xfer there")]
+    Answered {
+        /// The node.
+        node: String,
+        /// The reply's kind.
+        kind: &'static str,
+        /// What it was asked: "a sync job", "a folder lookup".
+        asked: &'static str,
+    },
+    /// The source node could not be asked to take the job.
+    #[error(
+        "the source node {node} did not take the job: {why}{}",
+        running_hint(why)
+    )]
+    NotTaken {
+        /// The node.
+        node: String,
+        /// Why the ask failed.
+        why: Box<AskError>,
+    },
+    /// The source node refused to say whether `ORG/NAME` is a folder.
+    #[error("{node} refused: {why}")]
+    LookupForbidden {
+        /// The node.
+        node: String,
+        /// Its refusal.
+        why: Refusal,
+    },
+    /// The source node could not say whether `ORG/NAME` is a folder.
+    #[error("{node} cannot say whether `{text}` is a folder there ({why}); write ./{text} or an absolute path for a folder, hf://{text} for the Hub repo")]
+    LookupFailed {
+        /// The node.
+        node: String,
+        /// `ORG/NAME` as written.
+        text: String,
+        /// Its refusal.
+        why: Refusal,
+    },
+    /// The source node could not be asked whether `ORG/NAME` is a folder.
+    #[error(
+        "cannot ask the source node {node}{}: {why}{}",
+        lookup_of(text, why),
+        running_hint(why)
+    )]
+    LookupUnasked {
+        /// The node.
+        node: String,
+        /// `ORG/NAME` as written.
+        text: String,
+        /// Why the ask failed.
+        why: Box<AskError>,
+    },
+    /// The Hub's listing of the repo could not be read.
+    #[error(transparent)]
+    Listing(Chain),
+}
+
+/// "; is its agent running?" unless the ask's error explains itself.
+fn running_hint(e: &AskError) -> &'static str {
+    if e.explains_itself() {
+        ""
+    } else {
+        "; is its agent running?"
+    }
+}
+
+/// " whether `TEXT` is a folder there" unless the ask's error explains
+/// itself.
+fn lookup_of(text: &str, e: &AskError) -> String {
+    if e.explains_itself() {
+        String::new()
+    } else {
+        format!(" whether `{text}` is a folder there")
+    }
+}
+
 /// The prefix of a model artifact's SOURCE.
 pub const OCI_PREFIX: &str = "oci://";
 
@@ -76,9 +250,8 @@ pub const OCI_PREFIX: &str = "oci://";
 /// checked here, the model is named after the repository's last part
 /// (`oci://reg/models/tiny:v2` is `tiny`, so a new tag updates it in
 /// place) unless `--name` says otherwise.
-fn oci_source(reference: &str, req: &SyncRequest) -> Result<(JobSource, String)> {
-    let image = crate::image::registry::reference::ImageRef::parse(reference)
-        .map_err(anyhow::Error::msg)?;
+fn oci_source(reference: &str, req: &SyncRequest) -> Result<(JobSource, String), SyncError> {
+    let image = crate::image::registry::reference::ImageRef::parse(reference)?;
     let name = match &req.name {
         Some(n) => n.clone(),
         None => image
@@ -90,20 +263,20 @@ fn oci_source(reference: &str, req: &SyncRequest) -> Result<(JobSource, String)>
     };
     let ca_pem = match &req.registry.ca_file {
         Some(f) => {
-            let pem = std::fs::read(f)
-                .with_context(|| format!("--ca-file {}: cannot read it", f.display()))?;
+            let pem = std::fs::read(f).map_err(|why| SyncError::CaFile {
+                path: f.clone(),
+                why,
+            })?;
             if pem.len() > xfer_proto::admin::MAX_OCI_CA_PEM {
-                bail!(
-                    "--ca-file {} has {} bytes; a job carries at most {} of CA certificates: give only the registry's CA",
-                    f.display(),
-                    pem.len(),
-                    xfer_proto::admin::MAX_OCI_CA_PEM
-                );
+                return Err(SyncError::CaTooLarge {
+                    path: f.clone(),
+                    bytes: pem.len(),
+                });
             }
-            Some(
-                String::from_utf8(pem)
-                    .with_context(|| format!("--ca-file {} is not PEM text", f.display()))?,
-            )
+            Some(String::from_utf8(pem).map_err(|why| SyncError::CaNotText {
+                path: f.clone(),
+                why,
+            })?)
         }
         None => None,
     };
@@ -121,7 +294,11 @@ fn oci_source(reference: &str, req: &SyncRequest) -> Result<(JobSource, String)>
 /// `cred` (the cluster's credential, loaded once by the caller). A Hub
 /// job carries this process's own Hub settings ([`HubSettings::from_process`]:
 /// `HF_ENDPOINT`, `HF_TOKEN` or the token file). Returns the job.
-pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) -> Result<JobSpec> {
+pub async fn sync(
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    req: &SyncRequest,
+) -> Result<JobSpec, SyncError> {
     let hub = if is_repo(&req.source) {
         HubSettings::from_process()?
     } else {
@@ -133,11 +310,16 @@ pub async fn sync(cluster: &Cluster, cred: &Arc<Credential>, req: &SyncRequest) 
 /// The size of Hub repo `repo` at `revision` (`ORG/NAME`), read from the
 /// listing with this process's Hub settings (`HF_ENDPOINT`, `HF_TOKEN`):
 /// its commit and total bytes. Nothing is downloaded.
-pub async fn hub_size(repo: &str, revision: &str, repo_type: RepoType) -> Result<(String, u64)> {
-    let r = xfer_proto::repo::RepoRef::parse(&format!("{repo}@{revision}"), repo_type)
-        .map_err(anyhow::Error::msg)?;
+pub async fn hub_size(
+    repo: &str,
+    revision: &str,
+    repo_type: RepoType,
+) -> Result<(String, u64), SyncError> {
+    let r = xfer_proto::repo::RepoRef::parse(&format!("{repo}@{revision}"), repo_type)?;
     let env = crate::hub::env::HubEnv::from_process()?;
-    crate::hub::pull::listing_size(&r, &env).await
+    crate::hub::pull::listing_size(&r, &env)
+        .await
+        .map_err(|e| SyncError::Listing(e.into()))
 }
 
 /// Whether `source` names a Hub repo (not an absolute path).
@@ -154,7 +336,7 @@ pub async fn sync_with_hub(
     cred: &Arc<Credential>,
     req: &SyncRequest,
     hub: &HubSettings,
-) -> Result<JobSpec> {
+) -> Result<JobSpec, SyncError> {
     let members = cluster.select(&req.nodes)?;
     let froms: Vec<&str> = match req.from.as_deref() {
         Some("all") => members.iter().map(|n| n.name.as_str()).collect(),
@@ -166,17 +348,16 @@ pub async fn sync_with_hub(
         None => Vec::new(),
     };
     let source_node = match froms.first() {
-        Some(n) => cluster
-            .node(n)
-            .with_context(|| format!("--from {n}: no such node in {}", cluster.path.display()))?,
+        Some(n) => cluster.node(n).ok_or_else(|| SyncError::NoSuchFrom {
+            node: n.to_string(),
+            file: cluster.path.clone(),
+        })?,
         None => members[0],
     };
     let mut intake = Vec::new();
     for n in froms.iter().skip(1) {
         if !members.iter().any(|m| m.name.as_str() == *n) {
-            bail!(
-                "--from {n}: a node that fetches ranges from the Hub must be one that receives the model; add it to --nodes"
-            );
+            return Err(SyncError::IntakeNotMember(n.to_string()));
         }
         if *n != source_node.name.as_str() && !intake.iter().any(|i: &String| i == n) {
             intake.push(n.to_string());
@@ -208,12 +389,12 @@ pub async fn sync_with_hub(
             Ok(path) => {
                 let name = match &req.name {
                     Some(n) => ModelName::from_user(n, req.repo_type)
-                        .with_context(|| format!("--name {n}"))?
+                        .map_err(|why| bad_name(n, why))?
                         .to_string(),
                     None => path
                         .file_name()
                         .and_then(|n| n.to_str())
-                        .context("the source path has no folder name; name the model with --name")?
+                        .ok_or(SyncError::NoFolderName)?
                         .to_string(),
                 };
                 (JobSource::Path(path), name)
@@ -223,13 +404,12 @@ pub async fn sync_with_hub(
                 let folder = repo.cache_folder();
                 let given = match &req.name {
                     Some(n) => Some(
-                        ModelName::from_user(n, req.repo_type)
-                            .with_context(|| format!("--name {n}"))?,
+                        ModelName::from_user(n, req.repo_type).map_err(|why| bad_name(n, why))?,
                     ),
                     None => None,
                 };
                 if given.is_some_and(|n| n.as_str() != folder) {
-                    bail!("a Hub repo is stored as {folder} (the HF cache layout); drop --name");
+                    return Err(SyncError::HubName(folder));
                 }
                 (
                     JobSource::Hub {
@@ -243,7 +423,7 @@ pub async fn sync_with_hub(
     };
     let spec = JobSpec {
         id: new_id(),
-        name: ModelName::new(&name).map_err(anyhow::Error::msg)?,
+        name: ModelName::new(&name)?,
         source,
         source_node: source_node.name.to_string(),
         members: members
@@ -268,15 +448,18 @@ pub async fn sync_with_hub(
             intake,
             ..spec
         },
-        JobSource::Oci { .. } if !intake.is_empty() => bail!(
-            "--from names several nodes, but {} is a registry artifact: only a Hub repo is fetched by several nodes; name one --from node",
-            req.source
-        ),
-        _ if !intake.is_empty() => bail!(
-            "--from names several nodes, but {} is a folder on {}: only a Hub repo is fetched by several nodes; name one --from node",
-            req.source,
-            source_node.name
-        ),
+        JobSource::Oci { .. } if !intake.is_empty() => {
+            return Err(SyncError::OneFromOnly {
+                source_text: req.source.clone(),
+                what: "a registry artifact".into(),
+            })
+        }
+        _ if !intake.is_empty() => {
+            return Err(SyncError::OneFromOnly {
+                source_text: req.source.clone(),
+                what: format!("a folder on {}", source_node.name),
+            })
+        }
         _ => spec,
     };
     let hub_token = match spec.source {
@@ -286,7 +469,7 @@ pub async fn sync_with_hub(
             .map(|t| Secret::new(t.expose().to_string())),
         _ => None,
     };
-    spec.validate().map_err(anyhow::Error::msg)?;
+    spec.validate()?;
     let mut involved: Vec<&Node> = members.clone();
     if !involved.iter().any(|n| n.name == source_node.name) {
         involved.push(source_node);
@@ -310,16 +493,22 @@ pub async fn sync_with_hub(
         match r {
             Ok(AdminReply::JobAccepted { .. }) => {}
             Ok(AdminReply::Failed(why)) if node == spec.source_node => {
-                bail!("{node} refused the job: {why}")
+                return Err(SyncError::Refused { node, why })
             }
             Ok(AdminReply::Failed(why)) => eprintln!("warning: {node} refused the job: {why}"),
-            Ok(other) => bail!("{node} answered {} to a sync job; upgrade xfer there", other.kind()),
-            Err(e) if node == spec.source_node && e.explains_itself() => {
-                bail!("the source node {node} did not take the job: {e}")
+            Ok(other) => {
+                return Err(SyncError::Answered {
+                    node,
+                    kind: other.kind(),
+                    asked: "a sync job",
+                })
             }
-            Err(e) if node == spec.source_node => bail!(
-                "the source node {node} did not take the job: {e}; is its agent running?"
-            ),
+            Err(why) if node == spec.source_node => {
+                return Err(SyncError::NotTaken {
+                    node,
+                    why: Box::new(why),
+                })
+            }
             Err(e) => eprintln!(
                 "warning: {node} did not take the job now ({e}); the source delivers to it when it is back"
             ),
@@ -335,7 +524,7 @@ async fn find_folder(
     node: &Node,
     text: &str,
     cwd: &std::path::Path,
-) -> Result<Vec<PathBuf>> {
+) -> Result<Vec<PathBuf>, SyncError> {
     let msg = AdminRequest::FindFolder {
         text: text.to_string(),
         cwd: cwd.to_path_buf(),
@@ -345,17 +534,32 @@ async fn find_folder(
         Ok(AdminReply::FoldersFound { paths }) => Ok(paths),
         // A refusal of the caller (its credential's role) is the cause,
         // not the ambiguity between a folder and a repo.
-        Ok(AdminReply::Failed(why @ xfer_proto::refusal::Refusal::Forbidden(_))) => {
-            bail!("{name} refused: {why}")
+        Ok(AdminReply::Failed(why @ Refusal::Forbidden(_))) => {
+            Err(SyncError::LookupForbidden { node: name, why })
         }
-        Ok(AdminReply::Failed(why)) => bail!(
-            "{name} cannot say whether `{text}` is a folder there ({why}); write ./{text} or an absolute path for a folder, hf://{text} for the Hub repo"
-        ),
-        Ok(other) => bail!("{name} answered {} to a folder lookup; upgrade xfer there", other.kind()),
-        Err(e) if e.explains_itself() => bail!("cannot ask the source node {name}: {e}"),
-        Err(e) => bail!(
-            "cannot ask the source node {name} whether `{text}` is a folder there: {e}; is its agent running?"
-        ),
+        Ok(AdminReply::Failed(why)) => Err(SyncError::LookupFailed {
+            node: name,
+            text: text.to_string(),
+            why,
+        }),
+        Ok(other) => Err(SyncError::Answered {
+            node: name,
+            kind: other.kind(),
+            asked: "a folder lookup",
+        }),
+        Err(why) => Err(SyncError::LookupUnasked {
+            node: name,
+            text: text.to_string(),
+            why: Box::new(why),
+        }),
+    }
+}
+
+/// `--name`'s error.
+fn bad_name(given: &str, why: ModelNameError) -> SyncError {
+    SyncError::BadName {
+        given: given.to_string(),
+        why,
     }
 }
 
@@ -366,4 +570,40 @@ pub fn new_id() -> String {
         "{:012x}",
         rand::thread_rng().gen::<u64>() & 0xffff_ffff_ffff
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ask_that_explains_itself_gets_no_hint_and_one_that_does_not_gets_it() {
+        let refused = || Box::new(AskError::Refused(Refusal::Forbidden("no".into())));
+        let mute = || Box::new(AskError::Unexpected("Status"));
+        let taken = |why| SyncError::NotTaken {
+            node: "a".into(),
+            why,
+        };
+        assert_eq!(
+            taken(refused()).to_string(),
+            format!("the source node a did not take the job: {}", refused())
+        );
+        assert_eq!(
+            taken(mute()).to_string(),
+            "the source node a did not take the job: answered Status; is its agent running?"
+        );
+        let lookup = |why| SyncError::LookupUnasked {
+            node: "a".into(),
+            text: "org/m".into(),
+            why,
+        };
+        assert_eq!(
+            lookup(refused()).to_string(),
+            format!("cannot ask the source node a: {}", refused())
+        );
+        assert_eq!(
+            lookup(mute()).to_string(),
+            "cannot ask the source node a whether `org/m` is a folder there: answered Status; is its agent running?"
+        );
+    }
 }
