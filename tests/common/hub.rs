@@ -41,6 +41,10 @@ pub struct HubServer {
     child: Child,
     pub hub_port: u16,
     pub cdn_port: u16,
+    /// While stopped: the two ports, bound and not listening, so another
+    /// test's server cannot take them (a connection is refused, as to a
+    /// Hub that is down, never answered by someone else's Hub).
+    held: Vec<socket2::Socket>,
 }
 
 impl HubServer {
@@ -77,6 +81,7 @@ impl HubServer {
             child,
             hub_port: f[1].parse().unwrap(),
             cdn_port: f[2].parse().unwrap(),
+            held: Vec::new(),
         }
     }
 
@@ -117,16 +122,33 @@ impl HubServer {
     pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.held = [self.hub_port, self.cdn_port]
+            .into_iter()
+            .filter_map(hold_port)
+            .collect();
     }
 
     pub fn restart(&mut self, repos: &Path, extra: &[&str]) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.held.clear();
         let (hub, cdn) = (self.hub_port.to_string(), self.cdn_port.to_string());
         let mut args = extra.to_vec();
         args.extend(["--port", &hub, "--cdn-port", &cdn]);
         *self = HubServer::start(repos, &args);
     }
+}
+
+/// 127.0.0.1:`port` bound and never listened on: connections to it are
+/// refused, and no other socket takes the port meanwhile.
+fn hold_port(port: u16) -> Option<socket2::Socket> {
+    use socket2::{Domain, Socket, Type};
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).ok()?;
+    // The killed server's connections may linger in TIME_WAIT.
+    s.set_reuse_address(true).ok()?;
+    s.bind(&addr.into()).ok()?;
+    Some(s)
 }
 
 impl Drop for HubServer {
