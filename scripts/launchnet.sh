@@ -55,10 +55,42 @@ down() {
     ip netns del "$SW" 2>/dev/null || true
     # Root ends whose node namespace someone else removed are gone with it;
     # any left over (a half-done `up`) go here.
-    for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^$PREFIX-m[0-9]+$" || true); do
+    for l in $(root_ends "$PREFIX"); do
         ip link del "$l" 2>/dev/null || true
     done
     nft delete table inet "$PREFIX" 2>/dev/null || true
+    # The kernel dismantles a deleted namespace in the background: wait
+    # until none of this cluster's root ends (and their routes) is left, so
+    # the next cluster on the same networks does not find them.
+    local k
+    for k in $(seq 100); do
+        [[ -z $(root_ends "$PREFIX") ]] && return 0
+        for l in $(root_ends "$PREFIX"); do ip link del "$l" 2>/dev/null || true; done
+        sleep 0.1
+    done
+    echo "$ME: down: still present after 10 s: $(root_ends "$PREFIX" | tr '\n' ' ')" >&2
+    return 1
+}
+
+# The root ends of cluster $1's management links (all clusters' with $1 = any).
+root_ends() {
+    local p=$1
+    [[ $p == any ]] && p='[a-z0-9]{1,8}'
+    ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^$p-m[0-9]+$" || true
+}
+
+# Root ends on our networks left by a cluster whose node namespace is gone
+# (its `down` never ran: a killed test or bench). Nothing else uses them.
+clear_orphans() {
+    local l ns
+    for l in $(root_ends any); do
+        ns=${l%-m*}-n${l##*-m}
+        ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$ns" && continue
+        if ip -4 route show dev "$l" 2>/dev/null | grep -Eq "$1"; then
+            echo "$ME: removing $l, left on $MGMT_NET.x by a cluster whose namespace $ns is gone" >&2
+            ip link del "$l" 2>/dev/null || true
+        fi
+    done
 }
 
 up() {
@@ -69,6 +101,7 @@ up() {
     down
     # Refuse to shadow networks the machine already uses.
     local taken="^(${MGMT_NET//./\\.}|${FABRIC_NET//./\\.})\\."
+    clear_orphans "$taken"
     if ip -4 route show | grep -Eq "$taken"; then
         echo "$ME: the root namespace already routes $MGMT_NET.x or $FABRIC_NET.x; not touching it:" >&2
         ip -4 route show | grep -E "$taken" >&2

@@ -583,10 +583,16 @@ impl Drop for Lab {
             let _ = a.kill();
             let _ = a.wait();
         }
-        let _ = Command::new(Self::script())
+        // A cluster left up would shadow the next one on the same networks:
+        // say so if it could not be taken down (the next `up` clears what a
+        // vanished cluster left).
+        let down = Command::new(Self::script())
             .arg("down")
             .env("PREFIX", &self.prefix)
             .status();
+        if !down.as_ref().is_ok_and(|s| s.success()) {
+            eprintln!("launchnet down {}: {down:?}", self.prefix);
+        }
     }
 }
 

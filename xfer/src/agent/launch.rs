@@ -15,12 +15,6 @@ use xfer_proto::frame::REQUEST_LIMIT;
 use xfer_proto::launch::{LaunchReply, LaunchRequest, Probe, RankSpec};
 use xfer_proto::refusal::Refusal;
 
-/// One preflight at a time on this agent: a check whose caller went away
-/// (a deploy killed during its check) still runs out its listen window on
-/// the rendezvous port, and a check beside it would read that port as
-/// taken by someone else.
-static ONE_PREFLIGHT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// Answers the one request on a launch stream.
 pub(super) async fn serve(
     conn: quinn::Connection,
@@ -59,10 +53,8 @@ pub(super) async fn serve(
             let may_run = move |argv: &[String]| permits.may_run(&node, argv);
             let image = request.image.clone();
             let loader_link = request.loader_link;
-            let mut facts = {
-                let _one = ONE_PREFLIGHT.lock().await;
-                super::preflight::gather(*request, ctx.store.clone(), states, &may_run).await
-            };
+            let mut facts =
+                super::preflight::gather(*request, ctx.store.clone(), states, &may_run).await;
             facts.containers = match ctx.permits.engine() {
                 None => Probe::Skipped(super::images::engine_off(&me)),
                 Some(engine) => engine.facts(image.as_deref()).await,

@@ -37,6 +37,9 @@ pub mod weights;
 pub type MayRun =
     dyn Fn(&[String]) -> Result<Vec<String>, crate::agent::permit::PermitError> + Sync;
 
+/// One port check and listen window at a time on this agent.
+static ONE_LISTENER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Runs every probe of `req` on this node. `states` maps the store's
 /// models to what `xfer status` says of them ("complete", "syncing", ...).
 ///
@@ -80,7 +83,10 @@ pub async fn gather(
         resolver::probe(&hostname(), &resolve, resolver::CAP)
     });
 
-    // Before the listener takes one of them.
+    // Before the listener takes one of them; and no other check's listener
+    // between the two (a check whose caller went away still runs out its
+    // listen window, and a check beside it would read its port as taken).
+    let one_listener = ONE_LISTENER.lock().await;
     let needs = req.ports.clone();
     let ports = tokio::task::spawn_blocking(move || {
         needs
@@ -133,6 +139,7 @@ pub async fn gather(
     let listen = req.listen_port.map(|p| SocketAddr::new(req.fabric_ip, p));
     let (listen, reach) =
         reach::probe(listen, &req.peers, Duration::from_millis(req.window_ms)).await;
+    drop(one_listener);
     let mut version_facts = Vec::with_capacity(version_tasks.len());
     for (v, t) in req.versions.iter().zip(version_tasks) {
         version_facts.push(t.await.unwrap_or_else(|e| VersionFacts {
