@@ -187,6 +187,10 @@ run_one() {
     check_push "$bytes" "$timeout_s"
     local j_hash j_dur src_x=$SRC_X src_x_from=$SRC_X_FROM
     read -r j_hash j_dur < <(jq -r '[.hash_s, .duration_s] | @tsv' "$RUN/push.json")
+    # The push's timeline (seconds on its clock, which starts at hashing).
+    local t_conn t_acc t_first t_done t_closed t_ret
+    read -r t_conn t_acc t_first t_done t_closed t_ret < <(jq -r '.timeline // {} |
+        [.connected_s // 0, .accepted_s // 0, .first_chunk_s // 0, .done_s // 0, .closed_s // 0, .returned_s // 0] | @tsv' "$RUN/push.json")
     local x_s push_rss rss=() x_cpu
     x_s=$(calc "$j_dur - $j_hash")
     push_rss=$(awk 'END { print $2 }' "$RUN/push.time")
@@ -294,6 +298,12 @@ EOF
         printf '%-34s %8.2f s\n' "ideal S/B" "$ideal"
         printf '%-34s %8.2f s  %5.2f x S/B\n' "xfer push, transfer (dur - hash)" "$x_s" "$(calc "$x_s / $ideal")"
         printf '%-34s %8.2f s  %5.2f x S/B  (hash_s %.2f)\n' "xfer push, whole command" "$x_wall" "$(calc "$x_wall / $ideal")" "$j_hash"
+        printf '%-34s hashed %.2f, connected %.2f, accepted %.2f, first chunk %.2f, done %.2f, closed %.2f, returned %.2f s\n' \
+            "xfer timeline (push's clock)" "$j_hash" "$t_conn" "$t_acc" "$t_first" "$t_done" "$t_closed" "$t_ret"
+        # The whole command's gap over S/B, in parts that add up to it.
+        printf '%-34s %+.2f s = before the first chunk %.2f + stream over S/B %+.2f + close %.2f + process start/exit %.2f\n' \
+            "xfer gap (whole command - S/B)" "$(calc "$x_wall - $ideal")" "$t_first" "$(calc "$t_done - $t_first - $ideal")" \
+            "$(calc "$t_ret - $t_done")" "$(calc "$x_wall - $t_ret")"
         printf '%-34s %8.2f s  %5.2f x S/B\n' "rsync star, $n parallel clients" "$r_s" "$(calc "$r_s / $ideal")"
         printf '%-34s %8s\n' "rsync / xfer (transfer)" "$(ratio "$r_s" "$x_s")"
         printf '%-34s %8.2f x S  (%s)\n' "source sent by xfer" "$src_x" "$src_x_from"

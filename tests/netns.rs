@@ -59,6 +59,33 @@ fn four_receivers_get_identical_trees_while_the_source_sends_about_one_copy() {
         took >= 0.9 * floor,
         "{took:.2}s is faster than the shaped link allows ({floor:.2}s): shaping is not in effect"
     );
+    // The timeline's marks come in order on one clock, and the stream
+    // from the first chunk to the last node done cannot beat the link (less
+    // the chunks before the first report).
+    let tl = &s.timeline;
+    let marks = [
+        ("hashed", Some(tl.hashed_s)),
+        ("connected", tl.connected_s),
+        ("accepted", tl.accepted_s),
+        ("first chunk", tl.first_chunk_s),
+        ("done", tl.done_s),
+        ("closed", tl.closed_s),
+        ("returned", Some(tl.returned_s)),
+    ];
+    for pair in marks.windows(2) {
+        let ((a, x), (b, y)) = (pair[0], pair[1]);
+        let (x, y) = (x.expect(a), y.expect(b));
+        assert!(x <= y, "{a} at {x:.3}s after {b} at {y:.3}s: {tl:#?}");
+    }
+    let stream = tl.done_s.unwrap() - tl.first_chunk_s.unwrap();
+    assert!(
+        stream >= 0.75 * floor,
+        "{stream:.2}s < S/B {floor:.2}s: {tl:#?}"
+    );
+    for n in &s.nodes {
+        assert!(n.marks.done_s <= tl.done_s, "{n:#?}");
+        assert!(n.marks.first_chunk_s >= tl.first_chunk_s, "{n:#?}");
+    }
     eprintln!(
         "4 receivers, 48 MiB at 400 Mbit/s: {took:.2}s = {:.2} x S/B, source sent {:.2} x S",
         took / floor,

@@ -24,3 +24,4 @@ pub mod receiver;
 pub mod route;
 pub mod stream;
 pub mod swarm;
+pub mod timeline;

@@ -27,6 +27,7 @@ use crate::config::auth::Credential;
 use crate::flow::coordinator::{Coordinator, SeedGate};
 use crate::flow::feed::DraftFeed;
 use crate::flow::route::{self, Destination, DestinationError};
+use crate::flow::timeline::{Clock, NodeMarks, Timeline};
 use crate::store::hashcache::HashCache;
 use crate::store::scan::{scan_cached, SourceTree};
 use crate::transport::files::FileChunkReader;
@@ -167,6 +168,9 @@ pub struct PushSummary {
     pub hash_s: f64,
     /// Seconds the whole push took, hashing included.
     pub duration_s: f64,
+    /// Where those seconds went, on a clock that starts with hashing.
+    #[serde(default)]
+    pub timeline: Timeline,
     /// The outcome per agent, in `--to`'s order.
     pub nodes: Vec<NodeSummary>,
 }
@@ -233,6 +237,9 @@ pub struct NodeSummary {
     /// node holding everything.
     #[serde(default)]
     pub tail_s: Option<f64>,
+    /// Its delivery's marks, on the push's clock.
+    #[serde(default)]
+    pub marks: NodeMarks,
     /// When it first reported a verified chunk.
     #[serde(skip)]
     pub first_chunk_at: Option<Instant>,
@@ -338,7 +345,13 @@ pub async fn deliver(
         rdma_files: Some(tree.sources.clone()),
         total_bytes: manifest.total_bytes(),
         events: None,
+        clock: Clock::since(
+            Instant::now()
+                .checked_sub(Duration::from_secs_f64(hash_s))
+                .unwrap_or_else(Instant::now),
+        ),
     };
+    let clock = plan.clock;
     let send_started = Instant::now();
     let nodes = deliver_plan(opts, plan, progress).await?;
     for node in &nodes {
@@ -363,6 +376,7 @@ pub async fn deliver(
         bytes_skipped: nodes.iter().map(|n| n.bytes_skipped).sum(),
         hash_s,
         duration_s: send_started.elapsed().as_secs_f64() + hash_s,
+        timeline: Timeline::of(hash_s, nodes.iter().map(|n| &n.marks), clock.now()),
         nodes,
     })
 }
@@ -382,6 +396,8 @@ pub(crate) struct Plan {
     pub total_bytes: u64,
     /// A draft's events, sent to every receiver after its swarm.
     pub events: Option<Arc<DraftFeed>>,
+    /// The clock its receivers' marks are read on.
+    pub clock: Clock,
 }
 
 /// Offers `plan` to every agent in `opts.to` and serves their chunks
@@ -453,6 +469,7 @@ pub(crate) async fn deliver_plan(
             bar: progress.bytes(dest.label(), plan.total_bytes),
             live: live.clone(),
             counted: true,
+            clock: plan.clock,
         };
         tasks.push(AbortOnDrop(tokio::spawn(ctx.run())));
     }
@@ -513,6 +530,8 @@ struct NodeCtx {
     live: Arc<AtomicUsize>,
     /// Whether this receiver is in `live`.
     counted: bool,
+    /// The delivery's clock, for its marks.
+    clock: Clock,
 }
 
 /// Why one attempt to deliver to a node ended early.
@@ -869,6 +888,7 @@ impl NodeCtx {
         )
         .await
         .map_err(|e| Attempt::Lost(e.to_string()))?;
+        summary.marks.connected_s = Some(self.clock.now());
         let conn = connected.conn;
         let addr = conn.remote_address();
         if let Some(error) = connected.fell_back {
@@ -928,6 +948,7 @@ impl NodeCtx {
                 ..
             } => {
                 summary.bytes_skipped = held_bytes;
+                summary.marks.accepted_s = Some(self.clock.now());
                 // Rate and ETA count only what this run moves.
                 self.bar.resume_at(held_bytes);
                 lane_key
@@ -988,6 +1009,7 @@ impl NodeCtx {
             .map(|c| c.load(Ordering::Relaxed))
             .collect();
         let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
+        summary.marks.closed_s = Some(self.clock.now());
         result
     }
 
@@ -1011,6 +1033,7 @@ impl NodeCtx {
                     self.bar.set_position(held_bytes);
                     if held_bytes > summary.bytes_skipped && summary.first_chunk_at.is_none() {
                         summary.first_chunk_at = Some(Instant::now());
+                        summary.marks.first_chunk_s = Some(self.clock.now());
                     }
                     summary.from_source = from_source;
                     summary.from_peers = from_peers;
@@ -1034,6 +1057,7 @@ impl NodeCtx {
                     summary.root = Some(root);
                     summary.corrupt_chunks = corrupt_chunks;
                     summary.done_at = Some(Instant::now());
+                    summary.marks.done_s = Some(self.clock.now());
                     break Ok(());
                 }
                 Ok(TransferMsg::Failed(r)) => {

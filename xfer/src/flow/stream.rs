@@ -13,11 +13,13 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
 use crate::flow::feed::DraftFeed;
 use crate::flow::push::{self, NodeSummary, Plan, PushError, PushOptions};
+use crate::flow::timeline::Clock;
 use crate::hub::announce::DraftPaths;
 use crate::transport::{ChunkReader, ReadError};
 use crate::util::progress::Progress;
@@ -95,6 +97,7 @@ pub async fn stream(
         rdma_files: None,
         total_bytes: shape.total_bytes(),
         events: Some(feed),
+        clock: Clock::since(Instant::now()),
     };
     push::deliver_plan(opts, plan, progress).await
 }
