@@ -211,8 +211,7 @@ pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary, FetchModelError>
         CancellationToken::new(),
     )
     .await;
-    conn.close(0u32.into(), b"done");
-    let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
+    quic::close_done(ep, &[&conn]).await;
     let received = result.map_err(|refusal| FetchModelError::Receive {
         name: name.clone(),
         addr,

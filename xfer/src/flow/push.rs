@@ -753,11 +753,8 @@ impl NodeCtx {
             }
         }
         done.cancelled().await;
-        for (_, conn, _, _) in &open {
-            conn.close(0u32.into(), b"done");
-        }
-        for (ep, _, _, _) in &open {
-            let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
+        for (ep, conn, _, _) in open {
+            quic::close_done(ep, &[&conn]).await;
         }
     }
 
@@ -992,7 +989,6 @@ impl NodeCtx {
         let (result, ()) = tokio::join!(progress, lanes);
         tracing::debug!("{addr}: {:?}", conn.stats().path);
         drop(fallback_ep);
-        conn.close(0u32.into(), b"done");
         drop(serving);
         if let Some(at) = *fabric_back.lock().unwrap() {
             summary.notes.push(format!(
@@ -1008,7 +1004,7 @@ impl NodeCtx {
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect();
-        let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
+        quic::close_done(ep, &[&conn]).await;
         summary.marks.closed_s = Some(self.clock.now());
         result
     }

@@ -283,6 +283,37 @@ pub fn refuse_other_version(conn: &Connection, who: &str) -> Result<(), OtherVer
     }
 }
 
+/// Closes `conns` (all of `ep`'s) as done and returns once each close was
+/// sent, not once they drained: draining takes three probe timeouts (0.2 to
+/// 0.6 s on a loaded link), which nothing the caller reports depends on.
+/// `ep` drains on its own afterwards, bounded, while the process lives
+/// (an agent); a command that exits at once has told its peers already.
+pub async fn close_done(ep: Endpoint, conns: &[&Connection]) {
+    // quinn sends the close at its driver's next turn and tells no one: a
+    // closed connection sends nothing but its close, so the first datagram
+    // counted after `close` is it. Look for it, at most CLOSE_SENT_WITHIN.
+    let before: Vec<u64> = conns.iter().map(|c| c.stats().udp_tx.datagrams).collect();
+    for conn in conns {
+        conn.close(0u32.into(), b"done");
+    }
+    let sent = || {
+        conns
+            .iter()
+            .zip(&before)
+            .all(|(c, b)| c.stats().udp_tx.datagrams > *b)
+    };
+    let within = tokio::time::Instant::now() + CLOSE_SENT_WITHIN;
+    while !sent() && tokio::time::Instant::now() < within {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(2), ep.wait_idle()).await;
+    });
+}
+
+/// How long [`close_done`] waits for its closes to leave.
+const CLOSE_SENT_WITHIN: Duration = Duration::from_millis(200);
+
 /// Turns a connection error into one line that says what to do.
 pub fn describe(addr: SocketAddr, e: &ConnectionError) -> String {
     let text = e.to_string();
@@ -553,6 +584,38 @@ mod tests {
         let tls = QuicServerConfig::try_from(tls).unwrap();
         let cfg = quinn::ServerConfig::with_crypto(Arc::new(tls));
         Endpoint::server(cfg, "127.0.0.1:0".parse().unwrap()).unwrap()
+    }
+
+    /// A command that closes its connections with `close_done` and exits at
+    /// once (its runtime gone, so nothing drains) has still told the agent:
+    /// the agent sees the close, not a timeout.
+    #[test]
+    fn a_peer_learns_of_close_done_even_if_the_closer_exits_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cred = crate::config::auth::keygen(&dir.path().join("k"), false).unwrap();
+        let server_rt = tokio::runtime::Runtime::new().unwrap();
+        let (addr, seen) = server_rt.block_on(async {
+            let ep = server_endpoint("127.0.0.1:0".parse().unwrap(), &cred).unwrap();
+            let addr = ep.local_addr().unwrap();
+            let seen = tokio::spawn(async move {
+                let conn = ep.accept().await.unwrap().await.unwrap();
+                conn.closed().await
+            });
+            (addr, seen)
+        });
+        let client_rt = tokio::runtime::Runtime::new().unwrap();
+        client_rt.block_on(async {
+            let ep = client_endpoint(&cred, addr).unwrap();
+            let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
+            close_done(ep, &[&conn]).await;
+        });
+        // The process's exit: every task, the endpoint's driver too, gone.
+        client_rt.shutdown_background();
+        let why = server_rt.block_on(seen).unwrap();
+        match why {
+            ConnectionError::ApplicationClosed(c) => assert_eq!(&c.reason[..], b"done"),
+            other => panic!("the agent saw {other:?}, not the close"),
+        }
     }
 
     #[tokio::test]
