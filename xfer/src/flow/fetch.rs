@@ -211,7 +211,7 @@ pub async fn fetch(opts: &FetchOptions) -> Result<FetchSummary, FetchModelError>
         CancellationToken::new(),
     )
     .await;
-    quic::close_done(ep, &[&conn]).await;
+    quic::close_done(ep, &conn).await;
     let received = result.map_err(|refusal| FetchModelError::Receive {
         name: name.clone(),
         addr,

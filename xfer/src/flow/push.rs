@@ -754,7 +754,7 @@ impl NodeCtx {
         }
         done.cancelled().await;
         for (ep, conn, _, _) in open {
-            quic::close_done(ep, &[&conn]).await;
+            quic::close_done(ep, &conn).await;
         }
     }
 
@@ -781,7 +781,7 @@ impl NodeCtx {
             ..Default::default()
         };
         let bar = self.bar.clone();
-        let (id, coordinator) = (self.id, self.coordinator.clone());
+        let (id, coordinator, clock) = (self.id, self.coordinator.clone(), self.clock);
         let (mut tries, mut tries_after) = (0, 0);
         let outcome = loop {
             match self.deliver(&sent, &rdma_sent, &mut summary).await {
@@ -842,6 +842,8 @@ impl NodeCtx {
             _ => Instant::now(),
         };
         summary.duration_s = ended.saturating_duration_since(started).as_secs_f64();
+        summary.marks.first_chunk_s = summary.first_chunk_at.map(|t| clock.at(t));
+        summary.marks.done_s = summary.done_at.map(|t| clock.at(t));
         summary
     }
 
@@ -1004,7 +1006,7 @@ impl NodeCtx {
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect();
-        quic::close_done(ep, &[&conn]).await;
+        quic::close_done(ep, &conn).await;
         summary.marks.closed_s = Some(self.clock.now());
         result
     }
@@ -1029,7 +1031,6 @@ impl NodeCtx {
                     self.bar.set_position(held_bytes);
                     if held_bytes > summary.bytes_skipped && summary.first_chunk_at.is_none() {
                         summary.first_chunk_at = Some(Instant::now());
-                        summary.marks.first_chunk_s = Some(self.clock.now());
                     }
                     summary.from_source = from_source;
                     summary.from_peers = from_peers;
@@ -1053,7 +1054,6 @@ impl NodeCtx {
                     summary.root = Some(root);
                     summary.corrupt_chunks = corrupt_chunks;
                     summary.done_at = Some(Instant::now());
-                    summary.marks.done_s = Some(self.clock.now());
                     break Ok(());
                 }
                 Ok(TransferMsg::Failed(r)) => {

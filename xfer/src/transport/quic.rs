@@ -283,27 +283,19 @@ pub fn refuse_other_version(conn: &Connection, who: &str) -> Result<(), OtherVer
     }
 }
 
-/// Closes `conns` (all of `ep`'s) as done and returns once each close was
-/// sent, not once they drained: draining takes three probe timeouts (0.2 to
-/// 0.6 s on a loaded link), which nothing the caller reports depends on.
-/// `ep` drains on its own afterwards, bounded, while the process lives
-/// (an agent); a command that exits at once has told its peers already.
-pub async fn close_done(ep: Endpoint, conns: &[&Connection]) {
+/// Closes `conn` (the last of `ep`'s) as done and returns once the close
+/// was sent, not once it drained: draining takes three probe timeouts (0.2
+/// to 0.6 s on a loaded link), which nothing the caller reports depends
+/// on. `ep` drains on its own afterwards, bounded, while the process lives
+/// (an agent); a command that exits at once has told its peer already.
+pub async fn close_done(ep: Endpoint, conn: &Connection) {
     // quinn sends the close at its driver's next turn and tells no one: a
     // closed connection sends nothing but its close, so the first datagram
     // counted after `close` is it. Look for it, at most CLOSE_SENT_WITHIN.
-    let before: Vec<u64> = conns.iter().map(|c| c.stats().udp_tx.datagrams).collect();
-    for conn in conns {
-        conn.close(0u32.into(), b"done");
-    }
-    let sent = || {
-        conns
-            .iter()
-            .zip(&before)
-            .all(|(c, b)| c.stats().udp_tx.datagrams > *b)
-    };
+    let before = conn.stats().udp_tx.datagrams;
+    conn.close(0u32.into(), b"done");
     let within = tokio::time::Instant::now() + CLOSE_SENT_WITHIN;
-    while !sent() && tokio::time::Instant::now() < within {
+    while conn.stats().udp_tx.datagrams == before && tokio::time::Instant::now() < within {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     tokio::spawn(async move {
@@ -607,7 +599,7 @@ mod tests {
         client_rt.block_on(async {
             let ep = client_endpoint(&cred, addr).unwrap();
             let conn = connect(&ep, addr, Duration::from_secs(5)).await.unwrap();
-            close_done(ep, &[&conn]).await;
+            close_done(ep, &conn).await;
         });
         // The process's exit: every task, the endpoint's driver too, gone.
         client_rt.shutdown_background();
