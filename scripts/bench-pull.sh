@@ -524,7 +524,7 @@ b_pipelined() {
     verify_agents "$label" "$cache"
     same_fp "$label snapshot" "$RUN/fp-b-source.txt" "$(snapshot "$cache" "$FAN_REPO")" -L
     P_S=$T_S
-    read -r P_DL P_SRCX P_FIRST < <(jq -r '[.pull.duration_s, .source_sent_x, ([.nodes[].first_byte_s // 0] | max)] | @tsv' "$RUN/$label.out")
+    read -r P_DL P_SRCX P_FIRST P_TAIL P_NTAIL < <(jq -r '[.pull.duration_s, .source_sent_x, ([.nodes[].first_byte_s // 0] | max), .tail_s, ([.nodes[].tail_s // 0] | max)] | @tsv' "$RUN/$label.out")
     P_ROOT=$(jq -r .root "$RUN/$label.out")
     rm -rf "$cache"
 }
@@ -602,7 +602,7 @@ part_fanout() {
             b_pipelined "$n" "$r" stream
             B_STREAM[$n]+="$P_S " B_STREAM_DL[$n]+="$P_DL " B_FIRST[$n]+="$P_FIRST " B_SRCX[$n]+="$P_SRCX "
             [ "$P_ROOT" = "$seq_root" ] || die "$n nodes: stream delivered root $P_ROOT, sequential $seq_root"
-            log "run $r, $n nodes, pull --to (stream): $(fmt %.2f "$P_S") s (download $(fmt %.2f "$P_DL") s; slowest first_byte_s $(fmt %.2f "$P_FIRST"); source sent $(fmt %.2f "$P_SRCX") x S)"
+            log "run $r, $n nodes, pull --to (stream): $(fmt %.2f "$P_S") s (download $(fmt %.2f "$P_DL") s; slowest first_byte_s $(fmt %.2f "$P_FIRST"); from the last downloaded byte: the slowest node complete $(fmt %.2f "$P_NTAIL") s, the command's end $(fmt %.2f "$P_TAIL") s; source sent $(fmt %.2f "$P_SRCX") x S)"
         done
     done
     stop_agents

@@ -18,7 +18,7 @@
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
-use super::{ChunkError, StoreError, Transfer};
+use super::{ChunkError, InOrder, StoreError, Transfer};
 use xfer_proto::chunkset::ChunkSet;
 use xfer_proto::draft::{Applied, Draft, DraftEvent, FileIndex};
 use xfer_proto::hash::{self, Hash};
@@ -211,7 +211,14 @@ impl Transfer {
             }
         }
         st.done[file as usize] = false;
+        drop(st);
         self.handles[file as usize].lock().unwrap().take();
+        // Bytes fed to the blob's check may be among the forgotten: it
+        // starts over, from what is still held.
+        let mut check = self.in_order[file as usize].lock().unwrap();
+        if let Some(at) = check.as_mut() {
+            *at = InOrder::new(at.hasher.want(), self.map_file(file).size);
+        }
     }
 
     /// Reads back the staged candidates among `chunks` (now announced) and
@@ -432,6 +439,69 @@ mod tests {
         less.entries.retain(|e| e.path() != &link);
         let t = store.begin(&name(), std::sync::Arc::new(less)).unwrap();
         assert_eq!(t.draft_lineage(), None);
+    }
+
+    /// A Hub-named draft's blob is checked against its name as its chunks
+    /// land: a withdrawal after bad bytes were fed starts the check over
+    /// (without that, the good file would be refused), and a file whose
+    /// announced bytes are not its name's is refused at its seal.
+    #[test]
+    fn a_hub_blob_of_a_draft_is_checked_as_it_lands_and_a_withdrawal_starts_the_check_over() {
+        use sha2::Digest as _;
+        let (dir, store, _, data, hashes) = setup();
+        let hub = ModelName::new("models--o--m").unwrap();
+        let blob = format!("blobs/{}", hex::encode(sha2::Sha256::digest(&data)));
+        let draft =
+            Draft::new(CS, vec![(RelPath::new(&blob).unwrap(), data.len() as u64)]).unwrap();
+        let t = store
+            .begin_draft(&hub, draft.id("c"), draft.clone())
+            .unwrap();
+        let mut bad = data.clone();
+        bad[CS as usize] ^= 0xff;
+        let bad_hash = hash::hash_chunk(part(&bad, 1), 1, 3, CS);
+        t.apply_draft(&hashed(0, &[hashes[0], bad_hash], 0))
+            .unwrap();
+        t.write_chunk(id(0), part(&data, 0)).unwrap();
+        t.write_chunk(id(1), part(&bad, 1)).unwrap();
+        t.apply_draft(&DraftEvent::Withdrawn {
+            file: 0,
+            generation: 0,
+        })
+        .unwrap();
+        t.apply_draft(&hashed(0, &hashes, 1)).unwrap();
+        for i in [2, 0, 1] {
+            t.write_chunk(id(i), part(&data, i)).unwrap();
+        }
+        t.apply_draft(&DraftEvent::Sealed {
+            file: 0,
+            generation: 1,
+        })
+        .unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("models--o--m").join(&blob)).unwrap(),
+            data
+        );
+        t.finish().unwrap();
+        drop(t);
+
+        // Bytes whose chunks match what the source announced, but not the
+        // blob's name.
+        let other = ModelName::new("models--o--n").unwrap();
+        let t = store.begin_draft(&other, draft.id("d"), draft).unwrap();
+        let lie: Vec<Hash> = (0..3)
+            .map(|i| hash::hash_chunk(part(&bad, i), i as u64, 3, CS))
+            .collect();
+        t.apply_draft(&hashed(0, &lie, 0)).unwrap();
+        for i in 0..3 {
+            t.write_chunk(id(i), part(&bad, i)).unwrap();
+        }
+        let refused = t.apply_draft(&DraftEvent::Sealed {
+            file: 0,
+            generation: 0,
+        });
+        let why = format!("{:?}", refused.err().expect("a lying blob is refused"));
+        assert!(why.contains("not to its name"), "{why}");
+        assert!(!dir.path().join("models--o--n").join(&blob).exists());
     }
 
     #[test]

@@ -213,25 +213,72 @@ pub fn check_blob(
     want: BlobHash,
 ) -> std::io::Result<Result<(), HashedTo>> {
     let mut buf = vec![0u8; 1 << 20];
-    let got = match want {
-        BlobHash::Sha256(w) => {
-            let mut h = sha2::Sha256::new();
-            feed(file, &mut buf, |b| h.update(b))?;
-            let got: [u8; 32] = h.finalize().into();
-            (got != w).then(|| hex::encode(got))
+    let mut h = BlobHasher::new(want, size);
+    feed(file, &mut buf, |b| h.update(b))?;
+    Ok(h.finish())
+}
+
+/// A blob's check fed its bytes in order, piece by piece (a receiver feeds
+/// each file's chunks as they land in order, so the check is done when the
+/// last one lands).
+#[derive(Debug)]
+pub struct BlobHasher {
+    want: BlobHash,
+    state: BlobState,
+}
+
+#[derive(Debug)]
+enum BlobState {
+    Sha256(sha2::Sha256),
+    GitSha1(sha1::Sha1),
+}
+
+impl BlobHasher {
+    /// The check of a blob of `size` bytes named `want`.
+    pub fn new(want: BlobHash, size: u64) -> BlobHasher {
+        let state = match want {
+            BlobHash::Sha256(_) => BlobState::Sha256(sha2::Sha256::new()),
+            BlobHash::GitSha1(_) => {
+                let mut h = sha1::Sha1::new();
+                h.update(format!("blob {size}\0").as_bytes());
+                BlobState::GitSha1(h)
+            }
+        };
+        BlobHasher { want, state }
+    }
+
+    /// The hash the blob's name says it has.
+    pub fn want(&self) -> BlobHash {
+        self.want
+    }
+
+    /// The blob's next bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        match &mut self.state {
+            BlobState::Sha256(h) => h.update(bytes),
+            BlobState::GitSha1(h) => h.update(bytes),
         }
-        BlobHash::GitSha1(w) => {
-            let mut h = sha1::Sha1::new();
-            h.update(format!("blob {size}\0").as_bytes());
-            feed(file, &mut buf, |b| h.update(b))?;
-            let got: [u8; 20] = h.finalize().into();
-            (got != w).then(|| hex::encode(got))
+    }
+
+    /// Whether the bytes fed hash to the blob's name; the hash they have,
+    /// in hex, when not.
+    pub fn finish(self) -> Result<(), HashedTo> {
+        let got = match (self.state, self.want) {
+            (BlobState::Sha256(h), BlobHash::Sha256(w)) => {
+                let got: [u8; 32] = h.finalize().into();
+                (got != w).then(|| hex::encode(got))
+            }
+            (BlobState::GitSha1(h), BlobHash::GitSha1(w)) => {
+                let got: [u8; 20] = h.finalize().into();
+                (got != w).then(|| hex::encode(got))
+            }
+            _ => unreachable!("a BlobHasher's state is made from its want"),
+        };
+        match got {
+            None => Ok(()),
+            Some(hex) => Err(HashedTo(hex)),
         }
-    };
-    Ok(match got {
-        None => Ok(()),
-        Some(hex) => Err(HashedTo(hex)),
-    })
+    }
 }
 
 fn feed(file: &mut impl Read, buf: &mut [u8], mut f: impl FnMut(&[u8])) -> std::io::Result<()> {
@@ -377,6 +424,73 @@ mod tests {
         std::fs::write(&rec_path, serde_json::to_vec(&rec).unwrap()).unwrap();
         assert!(!store.record(&name).unwrap().blobs_checked);
         (dir, store, name)
+    }
+
+    /// A Hub repo whose one blob is named by the sha256 of `named` and
+    /// holds `bytes`, received chunk by chunk in `order` into a fresh
+    /// store: what the last write returned.
+    fn receive_blob(
+        named: &[u8],
+        bytes: &[u8],
+        order: &[u32],
+    ) -> Result<super::super::Written, super::super::ChunkError> {
+        use super::super::Store;
+        use xfer_proto::hash::MIN_CHUNK_SIZE;
+        use xfer_proto::manifest::ChunkId;
+        let src = tempfile::tempdir().unwrap();
+        let repo = src.path().join("models--o--m");
+        let blob = hex::encode(sha2::Sha256::digest(named));
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::create_dir_all(repo.join("snapshots/c0")).unwrap();
+        std::fs::write(repo.join("blobs").join(&blob), bytes).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../blobs/{blob}"),
+            repo.join("snapshots/c0/model.safetensors"),
+        )
+        .unwrap();
+        let tree = crate::store::scan::scan(&repo, MIN_CHUNK_SIZE, &|_| {}).unwrap();
+        let manifest = std::sync::Arc::new(tree.manifest);
+        let file = manifest
+            .files()
+            .position(|f| f.path.as_str().starts_with("blobs/"))
+            .unwrap() as u32;
+        assert_eq!(
+            manifest.files().nth(file as usize).unwrap().chunks.len(),
+            order.len()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let t = store
+            .begin(&ModelName::new("models--o--m").unwrap(), manifest)
+            .unwrap();
+        let mut last = None;
+        for &index in order {
+            let at = index as usize * MIN_CHUNK_SIZE as usize;
+            let end = (at + MIN_CHUNK_SIZE as usize).min(bytes.len());
+            last = Some(t.write_chunk(ChunkId { file, index }, &bytes[at..end]));
+        }
+        last.unwrap()
+    }
+
+    #[test]
+    fn a_blob_received_out_of_order_is_checked_as_its_chunks_land() {
+        let chunk = xfer_proto::hash::MIN_CHUNK_SIZE as usize;
+        let good: Vec<u8> = (0..5 * chunk + 100).map(|i| (i * 31 % 251) as u8).collect();
+        let mut bad = good.clone();
+        bad[3 * chunk + 7] ^= 1;
+        for order in [[0, 1, 2, 3, 4, 5], [2, 0, 1, 5, 4, 3], [5, 4, 3, 2, 1, 0]] {
+            assert!(
+                matches!(
+                    receive_blob(&good, &good, &order),
+                    Ok(super::super::Written::FilePlaced(_))
+                ),
+                "{order:?}"
+            );
+            // The source's manifest matches the bytes it sent, but they are
+            // not the ones the blob's name hashes to.
+            let e = receive_blob(&good, &bad, &order).unwrap_err().to_string();
+            assert!(e.contains("not to its name"), "{order:?}: {e}");
+        }
     }
 
     #[test]

@@ -535,12 +535,30 @@ impl Store {
             })
             .collect();
         let (links_of, orphan_links) = links_by_file(&manifest, &files);
+        // A Hub blob received from its first chunk is checked as its chunks
+        // land in order (a draft's withdrawn file starts its check over,
+        // see `draft::forget`). A resumed file's held chunks were not fed:
+        // it is read back whole when placed.
+        let hub_named = hub_layout::is_hub_name(name);
+        let prefix = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let fresh = remaining[i] == map.file_range(i as u32).count() as u64;
+                let hasher = (hub_named && fresh)
+                    .then(|| hub_layout::blob_hash(&f.path))
+                    .flatten()
+                    .map(|want| InOrder::new(want, f.size));
+                Mutex::new(hasher)
+            })
+            .collect();
         let lineage = match plan {
             Some(_) => None,
             None => self.lineage(name, &manifest, key),
         };
         let transfer = Transfer {
-            hub_named: hub_layout::is_hub_name(name),
+            hub_named,
+            in_order: prefix,
             name: name.clone(),
             manifest: manifest.clone(),
             map,
@@ -684,6 +702,23 @@ pub enum ChunkError {
     Refused(StoreError),
 }
 
+/// A blob's check, fed its file's chunks `0..next`.
+#[derive(Debug)]
+struct InOrder {
+    hasher: hub_layout::BlobHasher,
+    next: u32,
+}
+
+impl InOrder {
+    /// The check of a blob named `want` of `size` bytes, fed nothing yet.
+    fn new(want: hub_layout::BlobHash, size: u64) -> InOrder {
+        InOrder {
+            hasher: hub_layout::BlobHasher::new(want, size),
+            next: 0,
+        }
+    }
+}
+
 /// One model being received into a [`Store`].
 #[derive(Debug)]
 pub struct Transfer {
@@ -691,6 +726,10 @@ pub struct Transfer {
     /// `name` is a Hub cache name: each blob is checked against its name
     /// before it is placed ([`hub_layout`]).
     hub_named: bool,
+    /// Per file of a Hub-named transfer: its blob's check, fed the file's
+    /// chunks in order as they land (`None`: checked from the disk when
+    /// placed).
+    in_order: Vec<Mutex<Option<InOrder>>>,
     manifest: Arc<Manifest>,
     map: ChunkMap,
     store_root: PathBuf,
@@ -923,12 +962,56 @@ impl Transfer {
             .unwrap()
             .append(&[Record::Chunk(id)])
             .map_err(|e| ChunkError::Refused(io_refusal(&self.staging.join("journal"), e)))?;
+        self.feed_in_order(id, data);
         // A draft's file waits for its seal (see `draft`).
         if complete && self.may_place(id.file) {
             self.place_file(id.file).map_err(ChunkError::Refused)?;
             return Ok(Written::FilePlaced(id.file));
         }
         Ok(Written::Stored)
+    }
+
+    /// Feeds a Hub blob's check every chunk from the next one it lacks on
+    /// that is held: `data` for chunk `id`, the others read back (those
+    /// held after it, and after a draft's withdrawal started the check
+    /// over, the ones held before it). Called with the file's `recording`
+    /// lock held, after the chunk is recorded held. A read that fails
+    /// drops the check: the file is then read whole when placed.
+    fn feed_in_order(&self, id: ChunkId, data: &[u8]) {
+        let mut slot = self.in_order[id.file as usize].lock().unwrap();
+        let Some(at) = slot.as_mut() else { return };
+        let chunks = self.map_file(id.file).chunks.len() as u32;
+        let mut buf = Vec::new();
+        while at.next < chunks {
+            let next = ChunkId {
+                file: id.file,
+                index: at.next,
+            };
+            if next == id {
+                at.hasher.update(data);
+                at.next += 1;
+                continue;
+            }
+            let held = self
+                .map
+                .number(next)
+                .is_some_and(|n| self.state.lock().unwrap().held.contains(n));
+            if !held {
+                return;
+            }
+            buf.resize(self.map.chunk_len(next) as usize, 0);
+            let read = self.handle(id.file).ok().and_then(|f| {
+                f.buffered
+                    .read_exact_at(&mut buf, self.map.offset(next))
+                    .ok()
+            });
+            if read.is_none() {
+                *slot = None;
+                return;
+            }
+            at.hasher.update(&buf);
+            at.next += 1;
+        }
     }
 
     /// A checkpoint: fsyncs the data written so far and marks it durable in
@@ -975,11 +1058,21 @@ impl Transfer {
         // whatever manifest the source sent.
         if let (true, Some(want)) = (self.hub_named, hub_layout::blob_hash(&entry.path)) {
             use std::io::{Seek, SeekFrom};
-            let mut f = &staged;
-            let checked = f
-                .seek(SeekFrom::Start(0))
-                .and_then(|_| hub_layout::check_blob(&mut f, entry.size, want))
-                .map_err(|e| io_refusal(&from, e))?;
+            let fed = self.in_order[file as usize]
+                .lock()
+                .unwrap()
+                .take()
+                .filter(|at| at.next as usize == entry.chunks.len());
+            let checked = match fed {
+                // Every chunk was fed in order as it landed.
+                Some(at) => at.hasher.finish(),
+                None => {
+                    let mut f = &staged;
+                    f.seek(SeekFrom::Start(0))
+                        .and_then(|_| hub_layout::check_blob(&mut f, entry.size, want))
+                        .map_err(|e| io_refusal(&from, e))?
+                }
+            };
             if let Err(got) = checked {
                 return Err(StoreError::NotHubs(format!(
                     "`{}` of `{}` hashes to {got}, not to its name: a Hub-named model holds the Hub's bytes, and the source sent others; not placed (sync it from the Hub again)",
