@@ -499,7 +499,7 @@ mod tests {
             file: 0,
             generation: 0,
         });
-        let why = format!("{:?}", refused.err().expect("a lying blob is refused"));
+        let why = format!("{:?}", refused.expect_err("a lying blob is refused"));
         assert!(why.contains("not to its name"), "{why}");
         assert!(!dir.path().join("models--o--n").join(&blob).exists());
     }
