@@ -180,12 +180,29 @@ c0=$(cpu_idle_total)
 t0=$EPOCHREALTIME
 ip netns exec "${NS[1]}" "$XFER" sync "oci://$REF" --insecure --cluster "$CF" --from n1 --nodes "${nodes%,}" --wait \
     >"$RUN/stream.out" 2>"$RUN/stream.err" || die "xfer sync oci:// failed: $(tail -n3 "$RUN/stream.err")"
-T[stream]=$(elapsed "$t0" "$EPOCHREALTIME")
+t1=$EPOCHREALTIME
+T[stream]=$(elapsed "$t0" "$t1")
 IDLE[stream]=$(idle_since "$c0")
 E[stream]=$(($(egress) - e0))
 [ "$(roots model | sort -u | grep -cv none)" = 1 ] && ! roots model | grep -q none ||
     die "stream: the nodes do not hold one complete root: $(roots model | tr '\n' ' ')"
 log "xfer sync oci://: $(fmt %.1f "${T[stream]}") s, registry sent $(fmt %.2f "$(calc "${E[stream]} / $S")") x S"
+# Where the streamed job's seconds went, from the source agent's log (its
+# clock is this machine's): the job accepted, every weight layer streamed
+# to the other nodes, the job complete (the round after the stream: the
+# source's own copy and the config).
+at_line() { # epoch seconds of the first line of agent-1's log matching $1
+    local ts
+    ts=$(grep -m1 -E "$1" "$RUN/agent-1.err" | cut -d' ' -f1) || true
+    [ -n "$ts" ] && date -d "$ts" +%s.%N || echo ""
+}
+acc=$(at_line 'accepted sync job')
+streamed=$(at_line 'streamed to [0-9]+ node')
+done_at=$(at_line 'sync job [0-9a-f]+ complete')
+if [ -n "$acc" ] && [ -n "$streamed" ] && [ -n "$done_at" ]; then
+    PARTS="the job's parts: start and hand-over $(fmt %.2f "$(calc "$acc - $t0")") s; the stream $(fmt %.2f "$(calc "$streamed - $acc")") s (the registry link's floor with headers, ${E[stream]} bytes by tc: $(fmt %.2f "$(calc "${E[stream]} / $S * $IDEAL")") s); the round after it $(fmt %.2f "$(calc "$done_at - $streamed")") s; --wait seeing it $(fmt %.2f "$(calc "$t1 - $done_at")") s"
+    log "$PARTS"
+fi
 
 echo
 echo "| path | time s | x ideal | registry egress x S | CPU idle % |"
@@ -198,4 +215,5 @@ for p in whole stream; do
     echo "| $name | $(fmt %.1f "${T[$p]}") | $(fmt %.2f "$(calc "${T[$p]} / $IDEAL")") | $(fmt %.2f "$(calc "${E[$p]} / $S")") | ${IDLE[$p]} |"
 done
 echo
+[ -z "${PARTS:-}" ] || echo "Streamed, $PARTS."
 echo "S = $S bytes ($LAYERS weight layers of $LAYER_MIB MiB and a config), $N nodes, $LINK_MBIT Mbit/s links; ideal = S over the registry link = $(fmt %.1f "$IDEAL") s; fetch-then-push / streamed = $(fmt %.2f "$(calc "${T[whole]} / ${T[stream]}")")."

@@ -15,6 +15,8 @@ use std::path::Path;
 use xfer_proto::draft::{Draft, DraftError};
 use xfer_proto::relpath::RelPath;
 
+use futures_util::{FutureExt as _, StreamExt as _};
+
 use crate::flow::feed::DraftFeed;
 use crate::flow::layer_stream::LayerFeed;
 use crate::flow::push::{self, NodeSummary, PushError, PushOptions};
@@ -23,6 +25,9 @@ use crate::image::registry::artifact::{self, ModelPlan, Placing};
 use crate::image::registry::client::{BlobWatch, Registry, RegistryFailure};
 use crate::util::permanence::Permanence;
 use crate::util::progress::Progress;
+
+/// Layers fetched at once (dockerd's default `max-concurrent-downloads`).
+pub const LAYERS_AT_ONCE: usize = 3;
 
 /// Why [`fetch_streaming`] did not fetch and place the artifact.
 #[derive(Debug, thiserror::Error)]
@@ -124,12 +129,27 @@ pub async fn fetch_streaming(
     }
     let mut fetched = 0;
     let mut all_sealed = true;
+    // A few layers at once, as dockerd pulls: a registry (or the CDN
+    // behind it) that caps each connection is not read one layer at a
+    // time, and a layer's last steps (made durable, moved into the cache)
+    // overlap the next one's bytes. Each is sealed as soon as it matched
+    // its digest.
+    let mut fetches = Vec::with_capacity(layers.len());
     for (i, (l, _)) in layers.iter().enumerate() {
-        let watch = feeds.get(i).and_then(|f| f.as_ref());
-        fetched += reg
-            .blob_watched(l, blobs, watch.map(|w| w as &dyn BlobWatch))
-            .await
-            .map_err(|e| ArtifactStreamError::Registry(e.into()))?;
+        let watch: Option<&LayerFeed> = feeds.get(i).and_then(|f| f.as_ref());
+        fetches.push(
+            async move {
+                let got = reg
+                    .blob_watched(l, blobs, watch.map(|w| w as &dyn BlobWatch))
+                    .await;
+                (l, watch, got)
+            }
+            .boxed(),
+        );
+    }
+    let mut fetching = futures_util::stream::iter(fetches).buffer_unordered(LAYERS_AT_ONCE);
+    while let Some((l, watch, got)) = fetching.next().await {
+        fetched += got.map_err(|e| ArtifactStreamError::Registry(e.into()))?;
         if let Some(w) = watch {
             if !w.seal() {
                 all_sealed = false;

@@ -45,6 +45,8 @@ struct Cursor {
     /// An announcement failed (a read error): the stream then waits for
     /// the push after it.
     broken: bool,
+    /// The file was sealed (a second seal says only whether it was).
+    sealed: bool,
 }
 
 impl LayerFeed {
@@ -109,12 +111,21 @@ impl LayerFeed {
         vec![self.paths.clone()]
     }
 
-    /// The blob is in its place in the cache, checked against its digest:
-    /// the rest of its chunks are announced and it is sealed. False when an
-    /// announcement failed (the push after the stream then delivers it).
+    /// The blob was checked against its digest (in its place in the cache,
+    /// or still in its partial file, about to move): the rest of its chunks
+    /// are announced and it is sealed, once. False when an announcement
+    /// failed (the push after the stream then delivers it).
     pub fn seal(&self) -> bool {
         let mut c = self.cursor.lock().unwrap();
-        self.announce(&mut c, self.size, &self.paths.content);
+        if c.sealed || c.broken {
+            return c.sealed;
+        }
+        let from = match self.paths.content.exists() {
+            true => &self.paths.content,
+            false => &self.paths.incomplete,
+        };
+        // The fetch that moves it is the one that calls this, or ended.
+        self.announce(&mut c, self.size, from);
         if c.broken {
             return false;
         }
@@ -126,7 +137,8 @@ impl LayerFeed {
             tracing::warn!("the seal of a layer's draft was refused: {e}");
             c.broken = true;
         }
-        !c.broken
+        c.sealed = !c.broken;
+        c.sealed
     }
 
     /// Announces the chunks whole within the first `len` bytes of `from`.
@@ -187,6 +199,12 @@ impl BlobWatch for LayerFeed {
     fn grew(&self, len: u64) {
         let mut c = self.cursor.lock().unwrap();
         self.announce(&mut c, len, &self.paths.incomplete);
+    }
+
+    /// Sealed before the blob is made durable and moved: the stream needs
+    /// only its bytes, which it reads from either place.
+    fn matched(&self) {
+        self.seal();
     }
 
     fn restarted(&self) {

@@ -54,6 +54,9 @@ pub trait BlobWatch: Send + Sync {
     /// whole did not hash to the digest): what was said is void, and the
     /// fetch starts again from the blob's first byte.
     fn restarted(&self);
+    /// The partial file holds the whole blob and it hashed to its digest;
+    /// it is made durable and moved into the cache next.
+    fn matched(&self) {}
 }
 
 /// How to reach a registry.
@@ -556,8 +559,8 @@ impl Registry {
         let mut fetched = 0u64;
         let mut why = String::new();
         for _ in 0..BLOB_TRIES {
-            match self.fetch_into(desc, &part, &mut fetched, watch).await {
-                Ok(()) => {}
+            let got = match self.fetch_into(desc, &part, &mut fetched, watch).await {
+                Ok(got) => got,
                 // A refusal (a symlink planted in the cache, a 401 or 404)
                 // is the same at every try.
                 Err(e) if e.is::<Refused>() => return Err(e),
@@ -566,9 +569,11 @@ impl Registry {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
-            }
-            let got = self.hash_file(&part).await?;
+            };
             if got == desc.digest {
+                if let Some(w) = watch {
+                    w.matched();
+                }
                 let (files, cache, d, p) = (
                     self.files.clone(),
                     cache.to_path_buf(),
@@ -620,14 +625,16 @@ impl Registry {
         Ok(d)
     }
 
-    /// Appends the rest of `desc` to `part` (asking from its length on).
+    /// Appends the rest of `desc` to `part` (asking from its length on);
+    /// the sha256 of the whole part, hashed as the bytes arrive (what an
+    /// earlier try left is read once to start the hash).
     async fn fetch_into(
         &self,
         desc: &Descriptor,
         part: &Path,
         fetched: &mut u64,
         watch: Option<&dyn BlobWatch>,
-    ) -> Result<()> {
+    ) -> Result<Digest> {
         let mut have = self.files.len(part).map_err(local)?.unwrap_or(0);
         if have > desc.size {
             self.files.remove_file(part).map_err(local)?;
@@ -640,13 +647,24 @@ impl Registry {
             w.grew(have);
         }
         if have == desc.size {
-            return Ok(());
+            return self.hash_file(part).await;
         }
         let r = self
             .get(self.url("blobs", &desc.digest.to_string()), None, have)
             .await?;
+        let mut hasher = Sha256::new();
         let (mut file, mut at) = match r.status() {
             StatusCode::PARTIAL_CONTENT if have > 0 => {
+                let held = self.files.open_read(part).map_err(local)?;
+                hasher = tokio::task::spawn_blocking(move || {
+                    let mut h = Sha256::new();
+                    std::io::copy(
+                        &mut std::io::BufReader::with_capacity(1 << 20, held),
+                        &mut h,
+                    )
+                    .map(|_| h)
+                })
+                .await??;
                 (self.files.open_append(part).map_err(local)?, have)
             }
             s if s.is_success() => {
@@ -690,6 +708,7 @@ impl Registry {
                 );
             }
             file.write_all(&chunk)?;
+            hasher.update(&chunk);
             *fetched += chunk.len() as u64;
             if let Some(w) = watch {
                 w.grew(at);
@@ -704,7 +723,7 @@ impl Registry {
                 desc.size
             );
         }
-        Ok(())
+        Ok(Digest(hasher.finalize().into()))
     }
 
     /// The config blob's bytes (small), checked against its digest, and
