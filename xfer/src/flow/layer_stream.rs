@@ -271,4 +271,29 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+
+    /// A layer that matched its digest is sealed from its partial file,
+    /// before it moves into the cache; the fetch's own seal after the move
+    /// says it was, and seals nothing twice.
+    #[test]
+    fn a_matched_layer_is_sealed_from_its_partial_file_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let digest = Digest([9; 32]);
+        let part = dir.path().join("y.part");
+        let size = 3 * 65536 + 5;
+        let lf = LayerFeed::new(digest, size, 65536, &cache, part.clone()).unwrap();
+        let bytes: Vec<u8> = (0..size).map(|i| (i % 13) as u8).collect();
+        std::fs::write(&part, &bytes[..65536]).unwrap();
+        lf.grew(65536);
+        std::fs::write(&part, &bytes).unwrap();
+        lf.matched();
+        assert!(lf.feed().manifest().is_some(), "sealed before the move");
+        let content = archive::blob_path(&cache, &digest);
+        std::fs::create_dir_all(content.parent().unwrap()).unwrap();
+        std::fs::rename(&part, &content).unwrap();
+        assert!(lf.seal(), "the second seal says it is sealed");
+        let c = lf.cursor.lock().unwrap();
+        assert!(c.sealed && !c.broken);
+    }
 }
