@@ -278,6 +278,17 @@ fn a_modelpack_artifact_synced_as_a_job_reaches_every_node_and_updates_in_place(
             "{n} got the weight in the last round, not the stream: {tallies:#?}"
         );
     }
+    // The source's marks of the round, in the order they happen.
+    let round = c.status().job("a", &id).unwrap().last_round.clone();
+    let round = round.expect("the source keeps its last round's timeline");
+    let marks = [round.listed_s, round.downloaded_s, round.streamed_s];
+    let [Some(listed), Some(downloaded), Some(streamed)] = marks else {
+        panic!("an artifact round marks its listing, download and stream: {round:?}");
+    };
+    assert!(
+        listed <= downloaded && downloaded <= streamed && streamed <= round.done_s,
+        "{round:?}"
+    );
     let out = run(&mut c.cmd("status", &[]), Duration::from_secs(20));
     assert!(
         out.stdout.contains("tiny") && out.stdout.contains("complete"),
@@ -285,9 +296,37 @@ fn a_modelpack_artifact_synced_as_a_job_reaches_every_node_and_updates_in_place(
         out.stdout
     );
 
-    // A new tag of the same name: updated in place on every node.
-    let id = sync_oci(&c, &reg.addr, "org/tiny:v2");
+    // A new tag of the same name: updated in place on every node, followed
+    // with `--wait --json`, which says where the seconds went.
+    let r = run(
+        c.cmd(
+            "sync",
+            &[
+                "--json",
+                "--wait",
+                "--insecure",
+                "--nodes",
+                "a,b,c",
+                "--from",
+                "a",
+            ],
+        )
+        .arg(format!("oci://{}/org/tiny:v2", reg.addr)),
+        Duration::from_secs(60),
+    );
+    r.assert_ok("xfer sync oci:// --wait --json");
+    let done: serde_json::Value = r.json();
+    let id = done["job"].as_str().unwrap().to_string();
+    let tl = &done["timeline"];
+    let secs = |v: &serde_json::Value| v.as_f64().unwrap_or_else(|| panic!("{done}"));
+    let (handed, seen) = (secs(&tl["handed_s"]), secs(&tl["seen_s"]));
+    let round_done = secs(&tl["round"]["done_s"]);
+    assert!(
+        handed <= seen && round_done <= seen && secs(&tl["round"]["streamed_s"]) <= round_done,
+        "{done}"
+    );
     let root2 = c.wait_complete(&id, "a", &nodes, "tiny");
+    assert_eq!(done["root"].as_str(), Some(root2.as_str()), "{done}");
     assert_ne!(root1, root2);
     same_files(&v2);
 

@@ -555,6 +555,27 @@ pub struct ModelStatus {
     pub draft: Option<Hash>,
 }
 
+/// Where a job's last round spent its seconds, on its source's clock:
+/// seconds from the round's start to each mark it reached (`None`: not a
+/// mark of this kind of source, or not reached).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoundTimeline {
+    /// The source's listing was read (the registry's manifest).
+    #[serde(default)]
+    pub listed_s: Option<f64>,
+    /// A folder source was hashed.
+    #[serde(default)]
+    pub hashed_s: Option<f64>,
+    /// The download from the origin (the Hub, a registry) ended.
+    #[serde(default)]
+    pub downloaded_s: Option<f64>,
+    /// The stream to the members ended: each held what was streamed.
+    #[serde(default)]
+    pub streamed_s: Option<f64>,
+    /// The round ended: every member complete, or why not.
+    pub done_s: f64,
+}
+
 /// A job as one agent knows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobView {
@@ -597,6 +618,9 @@ pub struct JobView {
     /// gives up.
     #[serde(default)]
     pub give_up_unix: Option<u64>,
+    /// On the source: where its last round's seconds went.
+    #[serde(default)]
+    pub last_round: Option<RoundTimeline>,
 }
 
 impl ModelState {
@@ -749,6 +773,7 @@ mod tests {
             hub_endpoint: Some("http://127.0.0.1:9".into()),
             intake: Vec::new(),
             give_up_unix: None,
+            last_round: None,
         }
     }
 

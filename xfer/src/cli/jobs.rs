@@ -57,7 +57,9 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         give_up: give_up_after,
         pin: None,
     };
+    let started = std::time::Instant::now();
     let spec = xfer::client::sync::sync(&cluster, &cred, &req).await?;
+    let handed_s = started.elapsed().as_secs_f64();
     if !wait {
         if json {
             println!(
@@ -109,9 +111,25 @@ pub async fn sync(args: SyncArgs) -> Result<ExitCode> {
         Err(e) => return Err(e.into()),
     };
     if json {
+        // Where the seconds went: this command's hand-over and the moment
+        // it saw the end, and the source's own marks of the last round.
+        let seen_s = started.elapsed().as_secs_f64();
+        let round =
+            xfer::client::status::status(&cluster, &cred, std::slice::from_ref(&spec.source_node))
+                .await
+                .ok()
+                .and_then(|r| r.into_iter().next())
+                .and_then(|r| r.status)
+                .and_then(|s| s.jobs.into_iter().find(|j| j.id == spec.id))
+                .and_then(|j| j.last_round);
         println!(
             "{}",
-            serde_json::json!({"job": spec.id, "name": spec.name.to_string(), "root": root})
+            serde_json::json!({
+                "job": spec.id,
+                "name": spec.name.to_string(),
+                "root": root,
+                "timeline": {"handed_s": handed_s, "round": round, "seen_s": seen_s},
+            })
         );
     } else {
         println!(

@@ -265,6 +265,7 @@ mod tests {
             hub_endpoint: None,
             intake: Vec::new(),
             give_up_unix: None,
+            last_round: None,
         }
     }
 
@@ -439,6 +440,7 @@ mod job_error_tests {
             hub_endpoint: Some("http://127.0.0.1:9".into()),
             intake: Vec::new(),
             give_up_unix: None,
+            last_round: None,
         }
     }
 

@@ -64,8 +64,10 @@ impl Permanence for ArtifactStreamError {
 }
 
 /// What [`fetch_streaming`] did.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Fetched {
+    /// When the last layer was in (fetched and checked).
+    pub downloaded_at: std::time::Instant,
     /// Files placed in the folder, and their bytes.
     pub files: usize,
     /// The bytes of those files.
@@ -160,6 +162,7 @@ pub async fn fetch_streaming(
             }
         }
     }
+    let downloaded_at = std::time::Instant::now();
     let (files, bytes) = artifact::place_model(plan, blobs, model, Placing::Link)
         .await
         .map_err(|e| ArtifactStreamError::Registry(e.into()))?;
@@ -173,6 +176,7 @@ pub async fn fetch_streaming(
         None => Vec::new(),
     };
     Ok(Fetched {
+        downloaded_at,
         files,
         bytes,
         bytes_fetched: fetched,

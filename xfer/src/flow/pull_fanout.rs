@@ -131,6 +131,10 @@ pub struct PullFanoutSummary {
     pub streamed: Vec<NodeSummary>,
     /// Seconds from the last downloaded byte to every agent complete.
     pub tail_s: f64,
+    /// Seconds the final round took (after the stream ended: the folder's
+    /// links, listing and ref, and what a node still lacked).
+    #[serde(default)]
+    pub final_round_s: f64,
     /// Seconds from the start to every agent complete.
     pub duration_s: f64,
     /// The complete folder's manifest, as the agents received it.
@@ -339,6 +343,7 @@ pub async fn pull_and_fan_out(
         nodes,
         streamed,
         tail_s: downloaded_at.elapsed().as_secs_f64(),
+        final_round_s: streamed_at.elapsed().as_secs_f64(),
         duration_s: started.elapsed().as_secs_f64(),
         manifest: tree.manifest,
     })

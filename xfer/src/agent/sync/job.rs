@@ -45,6 +45,9 @@ pub struct JobRecord {
     /// The Hub endpoint the job's last round pulled from (on its source).
     #[serde(default)]
     pub hub_endpoint: Option<String>,
+    /// On the source: where its last round's seconds went.
+    #[serde(default)]
+    pub last_round: Option<xfer_proto::admin::RoundTimeline>,
     /// Since when (Unix seconds) the job's rounds have failed without
     /// progress, while it retries: its budget ([`JobSpec::give_up`]) counts
     /// from here.
@@ -66,6 +69,7 @@ impl JobRecord {
             attempt: 0,
             next_attempt_unix: None,
             hub_endpoint: None,
+            last_round: None,
             stalled_since_unix: None,
         }
     }

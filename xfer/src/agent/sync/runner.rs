@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::cause::{self, node_of, RoundError};
 use super::job::{JobDir, JobMember, JobRecord, JobSource, JobSpec, JobState, MemberTally, Secret};
 use super::life::{self, Next, Policy, RoundEnd};
+use super::round_clock::{Mark, RoundClock};
 use super::status::Activity;
 use crate::agent::permit::Permits;
 use crate::config::auth::identity::Peer;
@@ -370,8 +371,9 @@ impl Runner {
             }
             let _ = self.jobs.save(&rec);
             let moved = Arc::new(crate::hub::download::Stats::default());
+            let clock = RoundClock::start();
             let outcome = tokio::select! {
-                r = self.round(&rec.spec, moved.clone()) => r,
+                r = self.round(&rec.spec, moved.clone(), &clock) => r,
                 _ = cancel.cancelled() => {
                     // `cancel` saved the record; the round was dropped here.
                     if let Some(rec) = self.jobs.load(id) {
@@ -387,6 +389,7 @@ impl Runner {
                 self.release(&rec);
                 return;
             }
+            rec.last_round = Some(clock.end());
             let downloaded = moved.downloaded.load(std::sync::atomic::Ordering::Relaxed);
             let end = match outcome {
                 Ok((root, nodes)) => {
@@ -528,6 +531,7 @@ impl Runner {
         &self,
         spec: &JobSpec,
         moved: Arc<crate::hub::download::Stats>,
+        clock: &RoundClock,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let nic = self.nic_for(spec).map_err(RoundError::Fatal)?;
         let mut to: Vec<Destination> = spec.members.iter().map(destination).collect();
@@ -569,7 +573,7 @@ impl Runner {
                     .map_err(RoundError::Fatal)?;
                 let opts = PushOptions { src, ..push };
                 if spec.is_member(&spec.source_node) {
-                    return self.local_round(spec, opts).await;
+                    return self.local_round(spec, opts, clock).await;
                 }
                 let s = crate::flow::push::push(&opts, &quiet)
                     .await
@@ -577,7 +581,7 @@ impl Runner {
                 Ok((s.root, s.nodes))
             }
             JobSource::Hub { repo, pin } => {
-                self.pull_round(spec, repo, pin.as_deref(), push, moved)
+                self.pull_round(spec, repo, pin.as_deref(), push, moved, clock)
                     .await
             }
             JobSource::Oci {
@@ -585,7 +589,7 @@ impl Runner {
                 insecure,
                 ca_pem,
             } => {
-                self.artifact_round(spec, reference, *insecure, ca_pem.as_deref(), push)
+                self.artifact_round(spec, reference, *insecure, ca_pem.as_deref(), push, clock)
                     .await
             }
         }
@@ -675,6 +679,7 @@ impl Runner {
         insecure: bool,
         ca_pem: Option<&str>,
         mut push: PushOptions,
+        clock: &RoundClock,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         use crate::image::registry::{artifact, client, reference::ImageRef};
         let image = ImageRef::parse(reference).map_err(|e| RoundError::Fatal(e.to_string()))?;
@@ -691,6 +696,7 @@ impl Runner {
             .confined(root);
         let registry_error = |e: anyhow::Error| cause::of(&client::RegistryFailure::from(e));
         let plan = artifact::plan_model(&reg).await.map_err(registry_error)?;
+        clock.mark(Mark::Listed);
         // Nothing is fetched that the root has no room for.
         let blobs = stage.join("blobs");
         artifact::check_space(&plan, &blobs, None).map_err(|n| {
@@ -720,6 +726,8 @@ impl Runner {
         )
         .await
         .map_err(|e| cause::of(&e))?;
+        clock.mark_at(Mark::Downloaded, fetched.downloaded_at);
+        clock.mark(Mark::Streamed);
         tracing::info!(
             "sync job {}: {image}: {} files, {} bytes ({} fetched from the registry, streamed to {} node(s))",
             spec.id,
@@ -730,7 +738,7 @@ impl Runner {
         );
         let opts = PushOptions { src: model, ..push };
         if spec.is_member(me) {
-            return self.local_round(spec, opts).await;
+            return self.local_round(spec, opts, clock).await;
         }
         let s = crate::flow::push::push(&opts, &Progress::new(false))
             .await
@@ -746,6 +754,7 @@ impl Runner {
         &self,
         spec: &JobSpec,
         mut push: PushOptions,
+        clock: &RoundClock,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let quiet = Progress::new(false);
         let started = std::time::Instant::now();
@@ -753,6 +762,7 @@ impl Runner {
             .await
             .map_err(|e| cause::of(&e))?;
         let hash_s = started.elapsed().as_secs_f64();
+        clock.mark(Mark::Hashed);
         let root = tree.manifest.root();
         let me = &spec.source_node;
         push.to.retain(|d| d.name.as_deref() != Some(me.as_str()));
@@ -826,6 +836,7 @@ impl Runner {
         pin: Option<&str>,
         mut push: PushOptions,
         moved: Arc<crate::hub::download::Stats>,
+        clock: &RoundClock,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let env = self.hub_env(spec)?;
         let opts = PullOptions {
@@ -862,6 +873,7 @@ impl Runner {
                         let e = crate::hub::pull::PullFailure::from(e);
                         self.pull_error(&e, Some(&e))
                     })?;
+            clock.mark(Mark::Downloaded);
             let dir = self.store.model_dir(&spec.name);
             let cs = spec.chunk_size;
             let tree =
@@ -896,6 +908,10 @@ impl Runner {
             .await;
             self.activity.pulled(&spec.name);
             let s = s.map_err(|e| self.pull_error(&e, e.pull()))?;
+            let now = std::time::Instant::now();
+            let after = |s: f64| now.checked_sub(Duration::from_secs_f64(s)).unwrap_or(now);
+            clock.mark_at(Mark::Downloaded, after(s.tail_s));
+            clock.mark_at(Mark::Streamed, after(s.final_round_s));
             (s.root, s.nodes, s.manifest, s.pull.intake, s.pull.unhashed)
         };
         let mut nodes = nodes;

@@ -37,6 +37,7 @@ impl From<&JobRecord> for JobView {
                 .or_else(|| r.spec.hub_endpoint.clone()),
             intake: r.spec.intake.clone(),
             give_up_unix: super::life::give_up_unix(r),
+            last_round: r.last_round.clone(),
         }
     }
 }
