@@ -178,7 +178,7 @@ nodes=$(for ((i = 1; i <= N; i++)); do printf 'n%s,' "$i"; done)
 e0=$(egress)
 c0=$(cpu_idle_total)
 t0=$EPOCHREALTIME
-ip netns exec "${NS[1]}" "$XFER" sync "oci://$REF" --insecure --cluster "$CF" --from n1 --nodes "${nodes%,}" --wait \
+ip netns exec "${NS[1]}" "$XFER" sync "oci://$REF" --insecure --cluster "$CF" --from n1 --nodes "${nodes%,}" --wait --json \
     >"$RUN/stream.out" 2>"$RUN/stream.err" || die "xfer sync oci:// failed: $(tail -n3 "$RUN/stream.err")"
 t1=$EPOCHREALTIME
 T[stream]=$(elapsed "$t0" "$t1")
@@ -187,22 +187,12 @@ E[stream]=$(($(egress) - e0))
 [ "$(roots model | sort -u | grep -cv none)" = 1 ] && ! roots model | grep -q none ||
     die "stream: the nodes do not hold one complete root: $(roots model | tr '\n' ' ')"
 log "xfer sync oci://: $(fmt %.1f "${T[stream]}") s, registry sent $(fmt %.2f "$(calc "${E[stream]} / $S")") x S"
-# Where the streamed job's seconds went, from the source agent's log (its
-# clock is this machine's): the job accepted, every weight layer streamed
-# to the other nodes, the job complete (the round after the stream: the
-# source's own copy and the config).
-at_line() { # epoch seconds of the first line of agent-1's log matching $1
-    local ts
-    ts=$(grep -m1 -E "$1" "$RUN/agent-1.err" | cut -d' ' -f1) || true
-    [ -n "$ts" ] && date -d "$ts" +%s.%N || echo ""
-}
-acc=$(at_line 'accepted sync job')
-streamed=$(at_line 'streamed to [0-9]+ node')
-done_at=$(at_line 'sync job [0-9a-f]+ complete')
-if [ -n "$acc" ] && [ -n "$streamed" ] && [ -n "$done_at" ]; then
-    PARTS="the job's parts: start and hand-over $(fmt %.2f "$(calc "$acc - $t0")") s; the stream $(fmt %.2f "$(calc "$streamed - $acc")") s (the registry link's floor with headers, ${E[stream]} bytes by tc: $(fmt %.2f "$(calc "${E[stream]} / $S * $IDEAL")") s); the round after it $(fmt %.2f "$(calc "$done_at - $streamed")") s; --wait seeing it $(fmt %.2f "$(calc "$t1 - $done_at")") s"
-    log "$PARTS"
-fi
+# Where the streamed job's seconds went (`--wait --json`'s timeline: the
+# command's hand-over and the moment it saw the end, and the source's
+# marks of the round: the download, the stream, the round after it).
+read -r handed dl streamed done_s seen < <(jq -r '.timeline | [.handed_s, .round.downloaded_s, .round.streamed_s, .round.done_s, .seen_s] | @tsv' "$RUN/stream.out")
+PARTS="the job's parts: hand-over $(fmt %.2f "$handed") s; the download $(fmt %.2f "$dl") s and the stream $(fmt %.2f "$streamed") s from the round's start (the registry link's floor with headers, ${E[stream]} bytes by tc: $(fmt %.2f "$(calc "${E[stream]} / $S * $IDEAL")") s); the round after it $(fmt %.2f "$(calc "$done_s - $streamed")") s; --wait seeing the end $(fmt %.2f "$(calc "$seen - $handed - $done_s")") s"
+log "$PARTS"
 
 echo
 echo "| path | time s | x ideal | registry egress x S | CPU idle % |"
