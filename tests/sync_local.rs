@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use xfer::flow::local::place;
 use xfer::flow::receive::Tally;
 use xfer::flow::receiver::Watcher;
-use xfer::store::local::LocalCopyError;
+use xfer::store::local::{LocalCopyError, LocalSource};
 use xfer::store::{Store, Transfer};
 use xfer_proto::names::ModelName;
 
@@ -125,7 +125,14 @@ fn a_source_file_changed_after_hashing_fails_the_local_copy() {
 
     let store = Store::open(&t.path().join("root")).unwrap();
     let name = ModelName::new("mc").unwrap();
-    let err = place(&store, &name, &tree, &Nobody, &CancellationToken::new()).unwrap_err();
+    let err = place(
+        &store,
+        &name,
+        (&tree, LocalSource::Foreign),
+        &Nobody,
+        &CancellationToken::new(),
+    )
+    .unwrap_err();
     assert!(
         matches!(&err, LocalCopyError::Changed { path: p, .. } if p == &path),
         "{err:?}"

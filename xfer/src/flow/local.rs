@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::flow::receiver::Watcher;
-use crate::store::local::{Copied, LocalCopyError};
+use crate::store::local::{Copied, LocalCopyError, LocalSource};
 use crate::store::scan::SourceTree;
 use crate::store::{Store, StoreError, Transfer};
 use xfer_proto::hash::Hash;
@@ -22,6 +22,8 @@ use xfer_proto::names::ModelName;
 pub struct Placed {
     /// The model's root.
     pub root: Hash,
+    /// Files linked (the agent's own staged files).
+    pub linked: usize,
     /// Files cloned (reflink).
     pub reflinked: usize,
     /// Files copied byte for byte.
@@ -36,13 +38,13 @@ pub struct Placed {
 pub fn place(
     store: &Store,
     name: &ModelName,
-    tree: &SourceTree,
+    (tree, source): (&SourceTree, LocalSource),
     watcher: &dyn Watcher,
     cancel: &CancellationToken,
 ) -> Result<Placed, LocalCopyError> {
     let transfer = Arc::new(store.begin(name, Arc::new(tree.manifest.clone()))?);
     watcher.receiving(name, transfer.clone(), Arc::default());
-    let placed = place_files(&transfer, tree, cancel);
+    let placed = place_files(&transfer, (tree, source), cancel);
     transfer.release();
     watcher.ended(name, placed.as_ref().err().map(|e| e.to_string()));
     placed
@@ -50,7 +52,7 @@ pub fn place(
 
 fn place_files(
     transfer: &Transfer,
-    tree: &SourceTree,
+    (tree, source): (&SourceTree, LocalSource),
     cancel: &CancellationToken,
 ) -> Result<Placed, LocalCopyError> {
     let mut placed = Placed::default();
@@ -62,8 +64,9 @@ fn place_files(
             ))
             .into());
         }
-        match transfer.stage_local(i as u32, src)? {
+        match transfer.stage_local(i as u32, src, source)? {
             Copied::Held => continue,
+            Copied::Link => placed.linked += 1,
             Copied::Reflink => placed.reflinked += 1,
             Copied::Copy => placed.copied += 1,
         }
@@ -112,7 +115,7 @@ mod tests {
         let name = ModelName::new("m").unwrap();
         let seen = Seen::default();
         let cancel = CancellationToken::new();
-        let placed = place(&store, &name, &tree, &seen, &cancel).unwrap();
+        let placed = place(&store, &name, (&tree, LocalSource::Foreign), &seen, &cancel).unwrap();
         assert_eq!(placed.root, tree.manifest.root());
         assert_eq!(placed.reflinked + placed.copied, 2, "{placed:?}");
         assert_eq!(placed.bytes, (3 << 16) + 5 + 2);
@@ -133,7 +136,7 @@ mod tests {
         assert!(!store.root().join(".xfer/staging/m").exists());
         assert_eq!(*seen.0.lock().unwrap(), ["receiving m", "ended m: ok"]);
         // Again: everything is held, nothing is copied.
-        let again = place(&store, &name, &tree, &seen, &cancel).unwrap();
+        let again = place(&store, &name, (&tree, LocalSource::Foreign), &seen, &cancel).unwrap();
         assert_eq!((again.reflinked, again.copied, again.bytes), (0, 0, 0));
     }
 
@@ -145,7 +148,14 @@ mod tests {
         let name = ModelName::new("m").unwrap();
         let cancel = CancellationToken::new();
         cancel.cancel();
-        let e = place(&store, &name, &tree, &Seen::default(), &cancel).unwrap_err();
+        let e = place(
+            &store,
+            &name,
+            (&tree, LocalSource::Foreign),
+            &Seen::default(),
+            &cancel,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("cancelled"), "{e}");
         assert!(store.record_any(&name).is_none());
         assert!(!store.model_dir(&name).join("sub/w.bin").exists());

@@ -9,8 +9,11 @@
 //! received file is ([`Transfer::place_file`]). The model's record comes
 //! from [`Transfer::finish`], as for any transfer.
 //!
-//! Never a hard link: the export is not known to be read-only, and a
-//! placed file must not change when its source does.
+//! A hard link only for a file the agent staged itself under its root
+//! and removes when the job ends ([`LocalSource::Staged`]: an artifact
+//! job's fetched layers, which nothing writes once checked): an export is
+//! not known to be read-only, and a placed file must not change when its
+//! source does.
 
 use std::fs::File;
 use std::io::Read;
@@ -22,9 +25,23 @@ use super::journal::Record;
 use super::readback::chunk_hashes;
 use super::{io_refusal, preallocate, StoreError, Transfer};
 
+/// Whose file a local copy is made from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalSource {
+    /// A folder the operator named (an export): it may change after the
+    /// copy, so the copy never shares its inode (cloned or copied).
+    Foreign,
+    /// A file the agent staged itself beneath its root, checked, never
+    /// written again and removed when its job ends: linked where the
+    /// filesystem allows, so its bytes are not written a second time.
+    Staged,
+}
+
 /// How a file's staged copy was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Copied {
+    /// Linked: the agent's own staged file, under a second name.
+    Link,
     /// Nothing to copy: it was held already (or is empty, placed at the
     /// finish).
     Held,
@@ -59,11 +76,16 @@ pub enum LocalCopyError {
 }
 
 impl Transfer {
-    /// Stages manifest file `file` from `src`, a file on this node, and
-    /// places it once its every chunk matches the manifest. A file held
-    /// already is left as it is. On a mismatch nothing of the copy stays
-    /// and what was held before is untouched.
-    pub fn stage_local(&self, file: u32, src: &Path) -> Result<Copied, LocalCopyError> {
+    /// Stages manifest file `file` from `src`, a file on this node (whose,
+    /// `whose` says), and places it once its every chunk matches the
+    /// manifest. A file held already is left as it is. On a mismatch
+    /// nothing of the copy stays and what was held before is untouched.
+    pub fn stage_local(
+        &self,
+        file: u32,
+        src: &Path,
+        whose: LocalSource,
+    ) -> Result<Copied, LocalCopyError> {
         if self.draft.is_some() {
             return Err(StoreError::Invalid(format!(
                 "a local copy of `{}` needs its manifest, not a draft",
@@ -94,12 +116,19 @@ impl Transfer {
         let data = self.data_rel(file);
         let tmp = self.staging_rel.join("data").join(format!("{file}.local"));
         let shown = self.fs.show(&tmp);
-        let to = self
-            .fs
-            .create_temp(&tmp)
-            .map_err(|e| io_refusal(&shown, e))?;
-        let copied = self.copy_into((&from, src), &to, &shown, entry.size);
-        let checked = copied.and_then(|how| {
+        let linked = whose == LocalSource::Staged && self.fs.link_open_file(&from, &tmp).is_ok();
+        let copied = if linked {
+            Ok((Copied::Link, from))
+        } else {
+            self.fs
+                .create_temp(&tmp)
+                .map_err(|e| LocalCopyError::from(io_refusal(&shown, e)))
+                .and_then(|to| {
+                    self.copy_into((&from, src), &to, &shown, entry.size)
+                        .map(|how| (how, to))
+                })
+        };
+        let checked = copied.and_then(|(how, to)| {
             to.sync_all().map_err(|e| io_refusal(&shown, e))?;
             drop(to);
             let got = chunk_hashes(&self.fs, &tmp, entry.size, self.manifest.chunk_size);
@@ -232,7 +261,7 @@ mod tests {
         changed[(2 * MIN_CHUNK_SIZE + 1) as usize] ^= 1;
         let bad = t.path().join("changed.bin");
         std::fs::write(&bad, &changed).unwrap();
-        let e = tr.stage_local(0, &bad).unwrap_err();
+        let e = tr.stage_local(0, &bad, LocalSource::Foreign).unwrap_err();
         assert!(
             e.to_string()
                 .contains("chunk 2 of 4 differs from the manifest"),
@@ -252,17 +281,75 @@ mod tests {
 
         let short = t.path().join("short.bin");
         std::fs::write(&short, &data[1..]).unwrap();
-        let e = tr.stage_local(0, &short).unwrap_err();
+        let e = tr.stage_local(0, &short, LocalSource::Foreign).unwrap_err();
         assert!(matches!(e, LocalCopyError::Changed { .. }), "{e}");
 
-        let how = tr.stage_local(0, &src.join("w.bin")).unwrap();
-        assert_ne!(how, Copied::Held);
+        let how = tr
+            .stage_local(0, &src.join("w.bin"), LocalSource::Foreign)
+            .unwrap();
+        assert!(
+            matches!(how, Copied::Copy | Copied::Reflink),
+            "an export is never linked: {how:?}"
+        );
         assert!(tr.is_complete());
         assert_eq!(tr.finish().unwrap(), tree.manifest.root());
         assert_eq!(
             std::fs::read(store.model_dir(&name).join("w.bin")).unwrap(),
             data
         );
-        assert_eq!(tr.stage_local(0, &bad).unwrap(), Copied::Held);
+        assert_eq!(
+            tr.stage_local(0, &bad, LocalSource::Foreign).unwrap(),
+            Copied::Held
+        );
+    }
+
+    /// The agent's own staged file is linked, not copied: the placed file
+    /// is that inode; one whose bytes are not the manifest's is refused,
+    /// its second name removed and the staged file left as it was.
+    #[test]
+    fn a_staged_file_is_linked_and_a_changed_one_is_refused_leaving_it_whole() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        let store = Store::open(&root).unwrap();
+        let stage = root.join(".xfer/oci/job/model");
+        std::fs::create_dir_all(&stage).unwrap();
+        let data: Vec<u8> = (0..2 * MIN_CHUNK_SIZE + 3)
+            .map(|i| (i % 241) as u8)
+            .collect();
+        std::fs::write(stage.join("w.bin"), &data).unwrap();
+        let tree = crate::store::scan::scan(&stage, MIN_CHUNK_SIZE, &|_| {}).unwrap();
+        let name = ModelName::new("m").unwrap();
+
+        let mut lie = data.clone();
+        lie[5] ^= 1;
+        let liar = root.join(".xfer/oci/job/liar.bin");
+        std::fs::write(&liar, &lie).unwrap();
+        let tr = store.begin(&name, Arc::new(tree.manifest.clone())).unwrap();
+        let e = tr.stage_local(0, &liar, LocalSource::Staged).unwrap_err();
+        assert!(matches!(e, LocalCopyError::Changed { .. }), "{e}");
+        assert_eq!(
+            std::fs::read(&liar).unwrap(),
+            lie,
+            "the staged file is left whole"
+        );
+        assert_eq!(
+            std::fs::metadata(&liar).unwrap().nlink(),
+            1,
+            "its second name is gone"
+        );
+
+        let how = tr
+            .stage_local(0, &stage.join("w.bin"), LocalSource::Staged)
+            .unwrap();
+        assert_eq!(how, Copied::Link);
+        assert_eq!(tr.finish().unwrap(), tree.manifest.root());
+        let placed = std::fs::metadata(store.model_dir(&name).join("w.bin")).unwrap();
+        let staged = std::fs::metadata(stage.join("w.bin")).unwrap();
+        assert_eq!((placed.ino(), placed.nlink()), (staged.ino(), 2));
+        assert_eq!(
+            std::fs::read(store.model_dir(&name).join("w.bin")).unwrap(),
+            data
+        );
     }
 }

@@ -348,6 +348,42 @@ impl Root {
         }
     }
 
+    /// Gives the open `file` the new name `rel` beneath the root (a hard
+    /// link to that very inode, through `/proc/self/fd`, so no path is
+    /// looked up twice); a stale file or symlink at `rel` is replaced. Its
+    /// directory must exist. Fails where the two are on different
+    /// filesystems (`EXDEV`) or the filesystem has no hard links.
+    pub fn link_open_file(&self, file: &File, rel: &Path) -> io::Result<()> {
+        let (parent, name) = split(rel)?;
+        let dir = self.dir(parent)?;
+        let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            .expect("no NUL in a number");
+        let link = || {
+            // SAFETY: linkat with valid C strings and a valid dirfd.
+            cvt(unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    from.as_ptr(),
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            })
+        };
+        match link() {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                // SAFETY: unlinkat with a valid dirfd and name; removes a
+                // symlink itself, never its target.
+                cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })
+                    .map_err(|e| self.explain(rel, e))?;
+                link()
+            }
+            r => r,
+        }
+        .map(|_| ())
+        .map_err(|e| self.explain(rel, e))
+    }
+
     /// Creates the file `rel` exclusively, for writing: a stale file or
     /// symlink there is unlinked and replaced. Its directory must exist.
     pub fn create_temp(&self, rel: &Path) -> io::Result<File> {

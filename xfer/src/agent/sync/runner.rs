@@ -23,6 +23,7 @@ use crate::flow::push::{NodeSummary, PushOptions, RouteSink};
 use crate::flow::route::Destination;
 use crate::hub::env::{HubEnv, HubEnvError, HubSettings, Token};
 use crate::hub::pull::PullOptions;
+use crate::store::local::LocalSource;
 use crate::store::Store;
 use crate::transport::rdma::link::Nic;
 use crate::transport::select::TransportChoice;
@@ -573,7 +574,9 @@ impl Runner {
                     .map_err(RoundError::Fatal)?;
                 let opts = PushOptions { src, ..push };
                 if spec.is_member(&spec.source_node) {
-                    return self.local_round(spec, opts, clock).await;
+                    return self
+                        .local_round(spec, opts, LocalSource::Foreign, clock)
+                        .await;
                 }
                 let s = crate::flow::push::push(&opts, &quiet)
                     .await
@@ -738,7 +741,10 @@ impl Runner {
         );
         let opts = PushOptions { src: model, ..push };
         if spec.is_member(me) {
-            return self.local_round(spec, opts, clock).await;
+            // Its own copy links the layers it staged and checked.
+            return self
+                .local_round(spec, opts, LocalSource::Staged, clock)
+                .await;
         }
         let s = crate::flow::push::push(&opts, &Progress::new(false))
             .await
@@ -754,6 +760,7 @@ impl Runner {
         &self,
         spec: &JobSpec,
         mut push: PushOptions,
+        whose: LocalSource,
         clock: &RoundClock,
     ) -> Result<(Hash, Vec<NodeSummary>), RoundError> {
         let quiet = Progress::new(false);
@@ -774,8 +781,13 @@ impl Runner {
             let activity = self.activity.clone();
             tokio::task::spawn_blocking(move || {
                 let started = std::time::Instant::now();
-                let placed =
-                    crate::flow::local::place(&store, &name, &tree, activity.as_ref(), &cancel);
+                let placed = crate::flow::local::place(
+                    &store,
+                    &name,
+                    (&tree, whose),
+                    activity.as_ref(),
+                    &cancel,
+                );
                 (placed, started.elapsed().as_secs_f64())
             })
         };
@@ -799,10 +811,11 @@ impl Runner {
         let mine = match placed {
             Ok(p) => {
                 tracing::info!(
-                    "sync job {}: {} placed here from {} ({} cloned, {} copied, {} bytes)",
+                    "sync job {}: {} placed here from {} ({} linked, {} cloned, {} copied, {} bytes)",
                     spec.id,
                     spec.name,
                     push.src.display(),
+                    p.linked,
                     p.reflinked,
                     p.copied,
                     p.bytes
