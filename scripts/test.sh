@@ -94,6 +94,9 @@ cargo fmt --all -- --check
 # a separate `cargo build --features rdma`, 204 s.)
 step "cargo clippy --features xfer/rdma -D warnings"
 cargo clippy --workspace --all-targets --features xfer/rdma -- -D warnings
+# `--all-targets` leaves out a test target with `test = false`: the real
+# engines' tests (tests/engines.rs), linted on their own.
+cargo clippy --workspace --test engines --features xfer/rdma -- -D warnings
 features=(--features xfer/rdma)
 step "cargo test --no-run (with the rdma feature)"
 log=$(mktemp)

@@ -1276,7 +1276,7 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
             if seen_load.iter().flatten().all(Option::is_some) {
                 Ok(())
             } else {
-                Err((seen_file, seen_load, waited_while_absent))
+                Err(Box::new((seen_file, seen_load, waited_while_absent)))
             }
         },
     );
