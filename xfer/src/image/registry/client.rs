@@ -612,17 +612,16 @@ impl Registry {
         bail!("{why}; run again (what was fetched and checked is kept)")
     }
 
-    /// The sha256 of the file at `p` (read off the runtime's threads).
-    async fn hash_file(&self, p: &Path) -> Result<Digest> {
+    /// The sha256 state after the bytes of the file at `p` (read off the
+    /// runtime's threads), to go on hashing what follows them.
+    async fn hashed_so_far(&self, p: &Path) -> Result<Sha256> {
         let f = self.files.open_read(p).map_err(local)?;
-        let (d, _) = tokio::task::spawn_blocking(move || {
-            crate::image::sha256_copy(
-                std::io::BufReader::with_capacity(1 << 20, f),
-                std::io::sink(),
-            )
+        let h = tokio::task::spawn_blocking(move || {
+            let mut h = Sha256::new();
+            std::io::copy(&mut std::io::BufReader::with_capacity(1 << 20, f), &mut h).map(|_| h)
         })
         .await??;
-        Ok(d)
+        Ok(h)
     }
 
     /// Appends the rest of `desc` to `part` (asking from its length on);
@@ -647,7 +646,7 @@ impl Registry {
             w.grew(have);
         }
         if have == desc.size {
-            return self.hash_file(part).await;
+            return Ok(Digest(self.hashed_so_far(part).await?.finalize().into()));
         }
         let r = self
             .get(self.url("blobs", &desc.digest.to_string()), None, have)
@@ -655,16 +654,7 @@ impl Registry {
         let mut hasher = Sha256::new();
         let (mut file, mut at) = match r.status() {
             StatusCode::PARTIAL_CONTENT if have > 0 => {
-                let held = self.files.open_read(part).map_err(local)?;
-                hasher = tokio::task::spawn_blocking(move || {
-                    let mut h = Sha256::new();
-                    std::io::copy(
-                        &mut std::io::BufReader::with_capacity(1 << 20, held),
-                        &mut h,
-                    )
-                    .map(|_| h)
-                })
-                .await??;
+                hasher = self.hashed_so_far(part).await?;
                 (self.files.open_append(part).map_err(local)?, have)
             }
             s if s.is_success() => {
