@@ -340,25 +340,37 @@ impl LaunchError {
 }
 
 /// Reads the cluster file at `path` and checks its `[launch]` table.
+/// Inside a Slurm job, a file with `[slurm]` makes the job's hosts the
+/// nodes; `slurm` names the shared file (`Cluster::locate`).
 pub fn load(path: impl AsRef<Path>) -> Result<Setup, LaunchError> {
-    let path = path.as_ref();
-    parse(&Cluster::read(path)?, path)
+    let (path, job) = Cluster::locate(path.as_ref())?;
+    parse_in(&Cluster::read(&path)?, &path, job.as_ref())
 }
 
 /// Checks `text`, a whole cluster file (`path` names it in messages).
 pub fn parse(text: &str, path: impl AsRef<Path>) -> Result<Setup, LaunchError> {
+    parse_in(text, path, None)
+}
+
+/// [`parse`] inside the Slurm job `job`.
+pub fn parse_in(
+    text: &str,
+    path: impl AsRef<Path>,
+    job: Option<&xfer::config::slurm::Allocation>,
+) -> Result<Setup, LaunchError> {
     let path = path.as_ref();
     let p = Parser {
         r: TomlReader::new(text, path),
     };
     // The cluster's own checks come first (its syntax, nodes and fabric),
     // then [launch] from the same parse.
-    let (cluster, launch) = Cluster::parse_with_launch(text, path, |launch| match launch {
-        Some((header, table)) => p.launch(table, header),
-        None => Err(LaunchError::NoLaunchTable {
-            path: path.to_path_buf(),
-        }),
-    })?;
+    let (cluster, launch) =
+        Cluster::parse_with_launch_in(text, path, job, |launch| match launch {
+            Some((header, table)) => p.launch(table, header),
+            None => Err(LaunchError::NoLaunchTable {
+                path: path.to_path_buf(),
+            }),
+        })?;
     p.resolve(&cluster, launch?)
 }
 

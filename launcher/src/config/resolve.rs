@@ -107,7 +107,8 @@ impl Parser<'_> {
         })
     }
 
-    /// The launch nodes (`nodes`, else every node), head first.
+    /// The launch nodes (`nodes`, else every node, or inside a Slurm job
+    /// every host of the job), head first.
     fn pick_nodes<'c>(
         &self,
         cluster: &'c Cluster,
@@ -115,7 +116,8 @@ impl Parser<'_> {
     ) -> Result<Vec<&'c Node>, LaunchError> {
         let mut picked: Vec<&Node> = Vec::new();
         match &l.nodes {
-            None => picked.extend(cluster.nodes.iter()),
+            // Inside a Slurm job: the job's hosts (Cluster::select).
+            None => picked.extend(cluster.select(&[]).unwrap_or_default()),
             Some(names) => {
                 for name in names {
                     let Some(node) = cluster.node(&name.v) else {

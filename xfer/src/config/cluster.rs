@@ -11,6 +11,14 @@
 //! agents or fabric addresses, malformed values, and settings that only make
 //! sense together.
 //!
+//! A `[slurm]` table makes the nodes of the Slurm job a command runs in:
+//! one node per host of `SLURM_JOB_NODELIST` ([`super::slurm`]), its
+//! agent, fabric address and the rest from templates in which `{host}` is
+//! the host's name, with `[slurm.host.NAME]` overriding any of them for one
+//! host and a `[[node]]` of the same name replacing it whole. Inside a job,
+//! a command with no `--nodes` means the job's hosts; outside one, the
+//! file's `[[node]]` tables work as ever.
+//!
 //! The top level also reserves `[launch]` for the launcher. Until the
 //! launcher gives it a type it is kept as an untyped [`toml::Table`]; every
 //! other unknown top-level key stays an error.
@@ -23,8 +31,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 
+use crate::config::slurm::{self, Allocation, HostlistError};
 use crate::config::toml_reader::{
-    and_list, did_you_mean, entries, value_at, At, Entry, TomlError, TomlReader, Val,
+    and_list, did_you_mean, entries, At, Entry, TomlError, TomlReader, Val,
 };
 use xfer_proto::names::DEFAULT_PORT;
 pub use xfer_proto::names::{NodeName, MAX_NAME_LEN};
@@ -92,6 +101,10 @@ pub struct Cluster {
     /// The file this came from (as given to [`Cluster::load`] or
     /// [`Cluster::parse`]).
     pub path: PathBuf,
+    /// The Slurm job whose hosts are the nodes a command with no `--nodes`
+    /// means: set when the file has `[slurm]` and the command runs inside
+    /// a job.
+    pub job: Option<Allocation>,
 }
 
 /// Why a cluster file was refused, or a node selection failed.
@@ -118,6 +131,12 @@ pub enum ClusterError {
         /// The names that are.
         known: Vec<String>,
     },
+    /// `SLURM_JOB_NODELIST` could not be read.
+    #[error("{} (SLURM_JOB_NODELIST)", .0)]
+    Hostlist(#[from] HostlistError),
+    /// `--cluster slurm` outside a Slurm job.
+    #[error("--cluster slurm means the nodes of the Slurm job this runs in, but SLURM_JOB_NODELIST is not set; run it inside sbatch, salloc or srun, or pass --cluster FILE")]
+    NotInJob,
     /// Neither `--cluster` nor [`CLUSTER_ENV`] names a cluster file.
     #[error("no cluster file: pass --cluster FILE or set {CLUSTER_ENV}=FILE (the format is in {EXAMPLE})")]
     NoFile,
@@ -162,10 +181,32 @@ fn unknown_list(unknown: &[String]) -> String {
 }
 
 impl Cluster {
-    /// Reads and checks the cluster file at `path`.
+    /// Reads and checks the cluster file at `path`; inside a Slurm job, a
+    /// file with `[slurm]` makes the job's hosts its nodes. The path
+    /// `slurm` is [`slurm::SLURM_CLUSTER_FILE`], and only inside a job.
     pub fn load(path: impl AsRef<Path>) -> Result<Cluster, ClusterError> {
-        let path = path.as_ref();
-        Self::parse(&Self::read(path)?, path)
+        let (path, job) = Self::locate(path.as_ref())?;
+        Self::parse_in(&Self::read(&path)?, &path, job.as_ref())
+    }
+
+    /// The file a `--cluster` value names and the Slurm job this process
+    /// runs in, if any: `slurm` is [`slurm::SLURM_CLUSTER_FILE`] and needs
+    /// a job ([`ClusterError::NotInJob`]).
+    pub fn locate(given: &Path) -> Result<(PathBuf, Option<Allocation>), ClusterError> {
+        let job = Allocation::from_env()?;
+        if given.as_os_str() == slurm::SLURM_WORD && job.is_none() {
+            return Err(ClusterError::NotInJob);
+        }
+        Ok((slurm::cluster_path(given.to_path_buf()), job))
+    }
+
+    /// [`Cluster::parse`] inside the Slurm job `job` (none: outside one).
+    pub fn parse_in(
+        text: &str,
+        path: impl AsRef<Path>,
+        job: Option<&Allocation>,
+    ) -> Result<Cluster, ClusterError> {
+        Self::parse_with_launch_in(text, path, job, |_| ()).map(|(c, ())| c)
     }
 
     /// The text of the cluster file at `path`, for a reader that parses it
@@ -193,10 +234,20 @@ impl Cluster {
         path: impl AsRef<Path>,
         launch: impl FnOnce(Option<(usize, &DeTable<'_>)>) -> R,
     ) -> Result<(Cluster, R), ClusterError> {
+        Self::parse_with_launch_in(text, path, None, launch)
+    }
+
+    /// [`Cluster::parse_with_launch`] inside the Slurm job `job`.
+    pub fn parse_with_launch_in<R>(
+        text: &str,
+        path: impl AsRef<Path>,
+        job: Option<&Allocation>,
+        launch: impl FnOnce(Option<(usize, &DeTable<'_>)>) -> R,
+    ) -> Result<(Cluster, R), ClusterError> {
         Parser {
             r: TomlReader::new(text, path.as_ref()),
         }
-        .cluster(launch)
+        .cluster(job, launch)
     }
 
     /// The node called `name`.
@@ -209,7 +260,10 @@ impl Cluster {
     /// lists the names that are.
     pub fn select(&self, names: &[String]) -> Result<Vec<&Node>, ClusterError> {
         if names.is_empty() {
-            return Ok(self.nodes.iter().collect());
+            return Ok(match &self.job {
+                Some(job) => job.hosts.iter().filter_map(|h| self.node(h)).collect(),
+                None => self.nodes.iter().collect(),
+            });
         }
         let mut picked: Vec<&Node> = Vec::new();
         let mut unknown = Vec::new();
@@ -233,7 +287,7 @@ impl Cluster {
 }
 
 /// Top-level keys.
-const TOP_KEYS: &[&str] = &["key", "defaults", "node", "launch"];
+const TOP_KEYS: &[&str] = &["key", "defaults", "node", "launch", "slurm"];
 /// Keys of a `[[node]]` table.
 const NODE_KEYS: &[&str] = &[
     "name",
@@ -246,6 +300,20 @@ const NODE_KEYS: &[&str] = &[
     "rdma_device",
     "gid_index",
 ];
+/// Keys of `[slurm]` (and, but `host`, of a `[slurm.host.NAME]`).
+const SLURM_KEYS: &[&str] = &[
+    "agent",
+    "port",
+    "root",
+    "fabric_if",
+    "fabric_ip",
+    "data_port",
+    "rdma_device",
+    "gid_index",
+    "host",
+];
+/// The placeholder a `[slurm]` template's host name replaces.
+const HOST_PLACEHOLDER: &str = "{host}";
 /// Node keys that `[defaults]` refuses: they must differ per node.
 const PER_NODE_ONLY: &[&str] = &["name", "agent", "fabric_ip"];
 /// Likely other words for known keys, tried before edit distance.
@@ -286,14 +354,27 @@ struct Fields {
     data_port: Option<At<u16>>,
     rdma_device: Option<At<String>>,
     gid_index: Option<At<u32>>,
+    /// In `[slurm]`: `agent` and `fabric_ip` as written, with `{host}`.
+    agent_template: Option<At<String>>,
+    fabric_ip_template: Option<At<String>>,
+}
+
+/// The `[slurm]` table: its own fields and each `[slurm.host.NAME]`'s.
+struct SlurmTables {
+    /// Where `slurm` is written.
+    at: usize,
+    fields: Fields,
+    hosts: Vec<(String, usize, Fields)>,
 }
 
 /// Which table a key is in, as messages name it.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 enum Section {
     Defaults,
     /// 1-based.
     Node(usize),
+    Slurm,
+    SlurmHost(String),
 }
 
 impl fmt::Display for Section {
@@ -301,6 +382,8 @@ impl fmt::Display for Section {
         match self {
             Section::Defaults => f.write_str("[defaults]"),
             Section::Node(i) => write!(f, "[[node]] {i}"),
+            Section::Slurm => f.write_str("[slurm]"),
+            Section::SlurmHost(h) => write!(f, "[slurm.host.{h}]"),
         }
     }
 }
@@ -320,6 +403,7 @@ impl Parser<'_> {
 
     fn cluster<R>(
         &self,
+        job: Option<&Allocation>,
         launch_fn: impl FnOnce(Option<(usize, &DeTable<'_>)>) -> R,
     ) -> Result<(Cluster, R), ClusterError> {
         let doc = self.r.parse(EXAMPLE)?;
@@ -337,6 +421,7 @@ impl Parser<'_> {
         let mut launch = None;
         let mut launch_table = None;
         let mut node_vals: Option<&Val> = None;
+        let mut slurm_tables = None;
         for e in entries(root) {
             let v = e.value;
             match e.key {
@@ -358,6 +443,10 @@ impl Parser<'_> {
                     defaults = self.fields(t, Section::Defaults)?;
                 }
                 "node" => node_vals = Some(v),
+                "slurm" => {
+                    let t = self.r.table("slurm", v, "write it as a [slurm] table")?;
+                    slurm_tables = Some(self.slurm_tables(e.key_at, t)?);
+                }
                 "launch" => {
                     let t = self.r.table("launch", v, "write it as a [launch] table")?;
                     let table = toml::Table::deserialize(ValueDeserializer::from(v.clone()))
@@ -382,11 +471,10 @@ impl Parser<'_> {
         let no_nodes = format!(
             "no nodes; add a [[node]] table with name, agent and root for each machine (see {EXAMPLE})"
         );
-        let Some(node_vals) = node_vals else {
-            return Err(self.err(0, no_nodes));
-        };
-        let tables: Vec<(usize, &DeTable)> =
-            match node_vals.get_ref() {
+        let tables: Vec<(usize, &DeTable)> = match node_vals {
+            None if slurm_tables.is_some() => Vec::new(),
+            None => return Err(self.err(0, no_nodes)),
+            Some(node_vals) => match node_vals.get_ref() {
                 DeValue::Array(a) if a.is_empty() => {
                     return Err(self.err(node_vals.span().start, no_nodes))
                 }
@@ -408,19 +496,42 @@ impl Parser<'_> {
                     let fix = "write each node as a [[node]] table";
                     return Err(self.r.wrong_kind("node", node_vals, fix).into());
                 }
-            };
+            },
+        };
         // Every value is checked alone before any node is put together, so
         // a misspelt key is reported as such, not as the field it lacks.
-        let owns: Vec<Fields> = tables
+        let mut owns: Vec<(usize, Fields)> = tables
             .iter()
             .enumerate()
-            .map(|(i, (_, table))| self.fields(table, Section::Node(i + 1)))
-            .collect::<Result<_, _>>()?;
-        let mut nodes = Vec::with_capacity(tables.len());
+            .map(|(i, (header, table))| Ok((*header, self.fields(table, Section::Node(i + 1))?)))
+            .collect::<Result<_, ClusterError>>()?;
+        let job = job.filter(|_| slurm_tables.is_some());
+        if let Some(slurm) = &slurm_tables {
+            match job {
+                Some(job) => {
+                    let listed: Vec<String> = owns
+                        .iter()
+                        .filter_map(|(_, f)| f.name.as_ref().map(|n| n.v.to_string()))
+                        .collect();
+                    for host in job.hosts.iter().filter(|h| !listed.contains(h)) {
+                        owns.push((slurm.at, self.slurm_node(slurm, host, job)?));
+                    }
+                }
+                None if owns.is_empty() => {
+                    return Err(self.err(
+                        slurm.at,
+                        "[slurm] makes the nodes of a Slurm job, but this runs outside one (SLURM_JOB_NODELIST is not set) and the file has no [[node]]; run it inside sbatch, salloc or srun, or add [[node]] tables",
+                    ))
+                }
+                None => {}
+            }
+        }
+        let mut nodes = Vec::with_capacity(owns.len());
         let mut names: HashMap<String, usize> = HashMap::new();
         let mut agents: HashMap<String, (String, usize)> = HashMap::new();
         let mut fabric_ips: HashMap<IpAddr, (String, usize)> = HashMap::new();
-        for (i, ((header, table), own)) in tables.into_iter().zip(owns).enumerate() {
+        for (i, (header, own)) in owns.into_iter().enumerate() {
+            let fabric_ip_at = own.fabric_ip.as_ref().map(|ip| ip.at);
             let (node, name_at, agent_at) = self.node(i + 1, header, own, &defaults)?;
             let name = node.name.to_string();
             if let Some(first) = names.get(&name) {
@@ -442,7 +553,7 @@ impl Parser<'_> {
                 ));
             }
             agents.insert(node.agent.clone(), (name.clone(), self.line(agent_at)));
-            if let (Some(ip), Some(at)) = (node.fabric_ip, value_at(table, "fabric_ip")) {
+            if let (Some(ip), Some(at)) = (node.fabric_ip, fabric_ip_at) {
                 if let Some((other, line)) = fabric_ips.get(&ip) {
                     return Err(self.err(
                         at,
@@ -468,6 +579,7 @@ impl Parser<'_> {
             nodes,
             launch,
             path: self.r.path.to_path_buf(),
+            job: job.cloned(),
         };
         Ok((cluster, launch_fn(launch_table)))
     }
@@ -603,7 +715,41 @@ impl Parser<'_> {
                     ),
                 ));
             }
+            let templated = matches!(section, Section::Slurm | Section::SlurmHost(_));
             match key {
+                "host" if section == Section::Slurm => {}
+                "agent" | "fabric_ip" if templated => {
+                    let example = if key == "agent" {
+                        "agent = \"{host}:7470\""
+                    } else {
+                        "fabric_ip = \"{host}-ib\""
+                    };
+                    let s = self.r.string(key, v, example)?;
+                    // A template is checked as it would be for a host named
+                    // `node1`, so a malformed one fails before any job.
+                    let sample = s.replace(HOST_PLACEHOLDER, "node1");
+                    if key == "agent" {
+                        parse_agent(&sample).map_err(|e| bad(e.to_string()))?;
+                    } else if sample.parse::<IpAddr>().is_ok() || sample.contains('/') {
+                        parse_fabric_ip(&sample).map_err(|e| bad(e.to_string()))?;
+                    } else if !is_host_name(&sample) {
+                        return Err(bad(format!(
+                            "fabric_ip {s:?} is neither an address nor a host name; write an address, or a name each host's fabric address resolves from, e.g. \"{{host}}-ib\""
+                        )));
+                    }
+                    let t = Some(At { v: s.to_string(), at });
+                    if key == "agent" {
+                        f.agent_template = t;
+                    } else {
+                        f.fabric_ip_template = t;
+                    }
+                }
+                "name" if templated => {
+                    return Err(self.err(
+                        e.key_at,
+                        format!("{section} takes no name: each host's node is named as Slurm names the host"),
+                    ))
+                }
                 "name" => {
                     let s = self.r.string(key, v, "name = \"spark-a\"")?;
                     f.name = Some(At {
@@ -705,6 +851,96 @@ impl Parser<'_> {
         Ok(f)
     }
 
+    /// Reads `[slurm]` and its `[slurm.host.NAME]` tables; `at` is where
+    /// `slurm` is written.
+    fn slurm_tables(&self, at: usize, table: &DeTable) -> Result<SlurmTables, ClusterError> {
+        let fields = self.fields(table, Section::Slurm)?;
+        if fields.agent_template.is_none() {
+            return Err(self.err(
+                at,
+                "[slurm] has no agent; add agent = \"{host}:7470\", the address each host's agent listens on ({host} is the host's Slurm name)",
+            ));
+        }
+        let mut hosts = Vec::new();
+        if let Some(e) = entries(table).into_iter().find(|e| e.key == "host") {
+            let t = self.r.table(
+                "host",
+                e.value,
+                "write one [slurm.host.NAME] table per host that differs",
+            )?;
+            for h in entries(t) {
+                let ht = self.r.table(
+                    h.key,
+                    h.value,
+                    "write it as a [slurm.host.NAME] table of the settings that differ on that host",
+                )?;
+                NodeName::new(h.key).map_err(|err| self.err(h.key_at, err.to_string()))?;
+                let f = self.fields(ht, Section::SlurmHost(h.key.to_string()))?;
+                hosts.push((h.key.to_string(), h.key_at, f));
+            }
+        }
+        Ok(SlurmTables { at, fields, hosts })
+    }
+
+    /// The fields of `host`'s node in the Slurm job `job`: its
+    /// `[slurm.host.NAME]` over `[slurm]`, with `{host}` replaced and a
+    /// fabric host name resolved to its address.
+    fn slurm_node(
+        &self,
+        slurm: &SlurmTables,
+        host: &str,
+        job: &Allocation,
+    ) -> Result<Fields, ClusterError> {
+        let name = NodeName::new(host).map_err(|e| {
+            self.err(
+                slurm.at,
+                format!("{}: host {host:?} cannot name a node: {e}", job.describe()),
+            )
+        })?;
+        let base = &slurm.fields;
+        let over = slurm
+            .hosts
+            .iter()
+            .find(|(h, _, _)| h == host)
+            .map(|(_, _, f)| f.clone())
+            .unwrap_or_default();
+        let fill = |text: &str| text.replace(HOST_PLACEHOLDER, host);
+        let agent_t = over.agent_template.or_else(|| base.agent_template.clone());
+        let agent = agent_t
+            .map(|t| {
+                parse_agent(&fill(&t.v))
+                    .map(|v| At { v, at: t.at })
+                    .map_err(|e| self.err(t.at, format!("for host {host:?}: {e}")))
+            })
+            .transpose()?;
+        let fabric_t = over
+            .fabric_ip_template
+            .or_else(|| base.fabric_ip_template.clone());
+        let fabric_ip = fabric_t
+            .map(|t| {
+                resolve_fabric(&fill(&t.v), host)
+                    .map(|v| At { v, at: t.at })
+                    .map_err(|e| self.err(t.at, e))
+            })
+            .transpose()?;
+        Ok(Fields {
+            name: Some(At {
+                v: name,
+                at: slurm.at,
+            }),
+            agent,
+            port: over.port.or_else(|| base.port.clone()),
+            root: over.root.or_else(|| base.root.clone()),
+            fabric_if: over.fabric_if.or_else(|| base.fabric_if.clone()),
+            fabric_ip,
+            data_port: over.data_port.or_else(|| base.data_port.clone()),
+            rdma_device: over.rdma_device.or_else(|| base.rdma_device.clone()),
+            gid_index: over.gid_index.or_else(|| base.gid_index.clone()),
+            agent_template: None,
+            fabric_ip_template: None,
+        })
+    }
+
     fn unknown_in(&self, e: &Entry, section: Section) -> ClusterError {
         let allowed: Vec<&str> = match section {
             Section::Defaults => NODE_KEYS
@@ -713,6 +949,12 @@ impl Parser<'_> {
                 .filter(|k| !PER_NODE_ONLY.contains(k))
                 .collect(),
             Section::Node(_) => NODE_KEYS.to_vec(),
+            Section::Slurm => SLURM_KEYS.to_vec(),
+            Section::SlurmHost(_) => SLURM_KEYS
+                .iter()
+                .copied()
+                .filter(|k| *k != "host")
+                .collect(),
         };
         let table = section.to_string();
         let otherwise = || format!("{section} takes {}", and_list(&allowed));
@@ -1029,6 +1271,37 @@ fn parse_fabric_ip(s: &str) -> Result<IpAddr, FabricIpError> {
         return Err(FabricIpError::NotOneMachine(s.to_string()));
     }
     Ok(ip)
+}
+
+/// Whether `s` could be a DNS host name (letters, digits, '-', '.', '_').
+fn is_host_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// A `[slurm]` fabric_ip, filled in for `host`: an address, or a name
+/// resolved (by the system's resolver: /etc/hosts, DNS) to one.
+fn resolve_fabric(text: &str, host: &str) -> Result<IpAddr, String> {
+    if text.parse::<IpAddr>().is_ok() || text.contains('/') {
+        return parse_fabric_ip(text).map_err(|e| format!("for host {host:?}: {e}"));
+    }
+    use std::net::ToSocketAddrs;
+    let fix =
+        format!("add it to /etc/hosts or DNS, or set [slurm.host.{host}] fabric_ip = \"ADDRESS\"");
+    match (text, 0).to_socket_addrs() {
+        Ok(mut addrs) => addrs.next().map(|a| a.ip()).ok_or_else(|| {
+            format!("fabric_ip {text:?} (host {host:?}) resolves to no address; {fix}")
+        }),
+        Err(e) => Err(format!(
+            "fabric_ip {text:?} (host {host:?}) cannot be resolved ({e}); {fix}"
+        )),
+    }
 }
 
 /// Whether Linux would accept `s` as an interface name.
@@ -1668,5 +1941,166 @@ root = "/r"
             cluster_file(Some("c.toml".into())).unwrap(),
             PathBuf::from("c.toml")
         );
+    }
+
+    const SLURM: &str = r#"key = "op.pem"
+[defaults]
+root = "/var/lib/xfer/hub"
+[slurm]
+agent = "10.0.0.{host}:7471"
+fabric_if = "ib0"
+fabric_ip = "10.9.0.{host}"
+[slurm.host.gpu03]
+fabric_if = "ib1"
+root = "/nvme/xfer"
+[slurm.host.gpu04]
+fabric_ip = "localhost"
+[[node]]
+name = "gpu02"
+agent = "10.0.0.22:7470"
+[[node]]
+name = "login"
+agent = "10.0.0.99"
+"#;
+
+    fn in_job(text: &str, nodelist: &str) -> Result<Cluster, ClusterError> {
+        let job = Allocation::new(Some("7".into()), nodelist).unwrap();
+        Cluster::parse_in(text, "cluster.toml", Some(&job))
+    }
+
+    #[test]
+    fn inside_a_job_the_hosts_are_the_nodes_made_from_the_slurm_template() {
+        // Host names that are numbers make the template's fabric_ip an
+        // address here; names resolve through /etc/hosts in a real job.
+        let text = SLURM
+            .replace("gpu03", "3")
+            .replace("gpu02", "2")
+            .replace("gpu04", "4");
+        let c = in_job(&text, "[1-4]").unwrap();
+        let picked: Vec<_> = c.select(&[]).unwrap();
+        let names: Vec<&str> = picked.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["1", "2", "3", "4"], "the job's hosts, in its order");
+        let n1 = c.node("1").unwrap();
+        assert_eq!(n1.agent, "10.0.0.1:7471");
+        assert_eq!(n1.fabric_if.as_deref(), Some("ib0"));
+        assert_eq!(n1.fabric_ip, Some("10.9.0.1".parse().unwrap()));
+        assert_eq!(n1.root, PathBuf::from("/var/lib/xfer/hub"));
+        // A [slurm.host.NAME] overrides the template for that host only.
+        let n3 = c.node("3").unwrap();
+        assert_eq!(n3.fabric_if.as_deref(), Some("ib1"));
+        assert_eq!(n3.root, PathBuf::from("/nvme/xfer"));
+        assert_eq!(n3.fabric_ip, Some("10.9.0.3".parse().unwrap()));
+        // A fabric name resolves through the system's resolver.
+        let n4 = c.node("4").unwrap().fabric_ip.unwrap();
+        assert!(n4.is_loopback(), "{n4}");
+        // A [[node]] of a host's name replaces the template whole.
+        let n2 = c.node("2").unwrap();
+        assert_eq!((n2.agent.as_str(), n2.fabric_ip), ("10.0.0.22:7470", None));
+        // A listed node outside the job is still there by name, but not
+        // in what "every node" means inside the job.
+        assert!(c.node("login").is_some());
+        assert_eq!(
+            c.select(&["login".into()]).unwrap()[0].name.as_str(),
+            "login"
+        );
+        assert_eq!(c.job.as_ref().unwrap().hosts.len(), 4);
+    }
+
+    #[test]
+    fn outside_a_job_a_slurm_file_is_its_listed_nodes() {
+        let c = Cluster::parse(SLURM, "cluster.toml").unwrap();
+        let names: Vec<String> = c
+            .select(&[])
+            .unwrap()
+            .iter()
+            .map(|n| n.name.to_string())
+            .collect();
+        assert_eq!(names, ["gpu02", "login"]);
+        assert!(c.job.is_none());
+        // With no [[node]] there is nothing to select, and it says why.
+        let only = "key = \"k\"\n[defaults]\nroot = \"/r\"\n[slurm]\nagent = \"{host}\"\n";
+        let e = refused(only);
+        assert!(
+            e.contains("outside one (SLURM_JOB_NODELIST is not set)"),
+            "{e}"
+        );
+        assert!(e.starts_with("cluster.toml:4:"), "{e}");
+        // ...and inside a job it is the job's hosts.
+        let c = in_job(only, "a,b").unwrap();
+        assert_eq!(c.select(&[]).unwrap().len(), 2);
+        assert_eq!(c.node("b").unwrap().agent, "b:7470");
+        // A file without [slurm] ignores the job it runs in.
+        let c = in_job(VALID, "x[1-9]").unwrap();
+        assert!(c.job.is_none());
+        assert_eq!(
+            c.nodes,
+            Cluster::parse(VALID, "cluster.toml").unwrap().nodes
+        );
+    }
+
+    #[test]
+    fn a_bad_slurm_table_is_refused_at_its_line_with_the_fix() {
+        let base = "key = \"k\"\n[defaults]\nroot = \"/r\"\n[slurm]\n";
+        for (body, want) in [
+            (
+                "fabric_if = \"ib0\"\n",
+                "[slurm] has no agent; add agent = \"{host}:7470\"",
+            ),
+            ("agent = \"http://{host}\"\n", "is not HOST[:PORT]"),
+            (
+                "agent = \"{host}\"\nname = \"x\"\n",
+                "[slurm] takes no name",
+            ),
+            (
+                "agent = \"{host}\"\nfabric_ip = \"{host} ib\"\n",
+                "neither an address nor a host name",
+            ),
+            (
+                "agent = \"{host}\"\nfabric_ip = \"10.0.0.{host}/24\"\n",
+                "/24",
+            ),
+            ("agent = \"{host}\"\nfabrc_if = \"ib0\"\n", "fabric_if"),
+            (
+                "agent = \"{host}\"\n[slurm.host.a]\nhost = \"x\"\n",
+                "[slurm.host.a]",
+            ),
+            (
+                "agent = \"{host}\"\n[slurm.host]\na = 1\n",
+                "[slurm.host.NAME]",
+            ),
+        ] {
+            let e = match in_job(&format!("{base}{body}"), "a,b") {
+                Ok(c) => panic!("{body:?} accepted: {c:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(e.contains(want), "{body:?}: {e}");
+            assert!(e.starts_with("cluster.toml:"), "{body:?}: {e}");
+        }
+        // Two hosts whose template gives both one agent: named as such.
+        let e = in_job(&format!("{base}agent = \"10.0.0.1\"\n"), "a,b").unwrap_err();
+        assert!(e.to_string().contains("duplicate agent address"), "{e}");
+        // A fabric name that does not resolve names the host and the fix.
+        let e = in_job(
+            &format!("{base}agent = \"{{host}}\"\nfabric_if = \"ib0\"\nfabric_ip = \"{{host}}.invalid\"\n"),
+            "a",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("\"a.invalid\" (host \"a\") cannot be resolved"),
+            "{e}"
+        );
+        assert!(e.contains("[slurm.host.a] fabric_ip"), "{e}");
+    }
+
+    #[test]
+    fn cluster_slurm_outside_a_job_says_to_run_inside_one() {
+        // The test process runs outside Slurm: `slurm` is refused at once.
+        if std::env::var_os("SLURM_JOB_NODELIST").is_some() {
+            return;
+        }
+        let e = Cluster::load("slurm").unwrap_err().to_string();
+        assert!(e.contains("SLURM_JOB_NODELIST is not set"), "{e}");
+        assert!(e.contains("--cluster FILE"), "{e}");
     }
 }

@@ -7,4 +7,5 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod slurm;
 pub mod toml_reader;
