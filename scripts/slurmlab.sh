@@ -9,6 +9,7 @@
 #                                                   names resolving, its own host name)
 #   scripts/slurmlab.sh name I                      host I's Slurm name ($PREFIX-n$I)
 #   scripts/slurmlab.sh dir                         where the lab keeps its state and logs
+#   scripts/slurmlab.sh disk I                      host I's local disk, as the machine sees it
 #
 #   host 0 ($PREFIX-n0)   slurmctld: the controller, and the login host jobs are submitted from
 #   host i ($PREFIX-ni)   slurmd -N $PREFIX-ni, its own host name (a UTS namespace)
@@ -16,6 +17,11 @@
 #   eth1 $FABRIC_NET.(i+1)  the fabric, FABRIC_MBIT: Slurm's NodeAddr, so srun, sbcast
 #                           and xfer's data all take it
 #
+# Local disks: every host sees its own folder at $DIR/local (the lab's
+# $DIR/disks/NAME, bound there in the host's mount namespace), as every
+# node of a real cluster has its own /local NVMe: `sbcast FILE
+# $DIR/local/...` and a cluster file's `root = "$DIR/local/xfer"` land on
+# each node's own disk.
 # Names: every host resolves $PREFIX-ni to its management address and
 # $PREFIX-ni-fab to its fabric address (/etc/netns/HOST/hosts, which `ip
 # netns exec` mounts over /etc/hosts), so a cluster file's [slurm] table
@@ -141,7 +147,8 @@ if ! mountpoint -q /sys/fs/cgroup; then
 fi
 '
 
-# on I CMD...: CMD on host I with its own host name and the lab's config.
+# on I CMD...: CMD on host I with its own host name and the lab's config
+# (with EXEC=exec, in place of this shell, so CMD's pid is the caller's).
 on() {
     local i=$1
     shift
@@ -149,8 +156,12 @@ on() {
     # interfaces are its own), without /sys/fs/cgroup, which slurmd needs
     # to start: the machine's cgroup hierarchies are mounted again there
     # (the same hierarchies, in this command's own mount namespace).
-    ip netns exec "$(ns "$i")" unshare --uts env SLURM_CONF="$DIR/slurm.conf" \
-        sh -c "$MOUNT_CGROUPS"' hostname "$0" && exec "$@"' "$(name "$i")" "$@"
+    # $DIR/local is the host's own local disk: $DIR/disks/NAME bound there
+    # in the host's mount namespace (where its slurmd, jobs and agent run).
+    mkdir -p "$DIR/disks/$(name "$i")" "$DIR/local"
+    ${EXEC:-} ip netns exec "$(ns "$i")" unshare --uts env SLURM_CONF="$DIR/slurm.conf" \
+        sh -c "$MOUNT_CGROUPS"' mount --bind "$1" "$2" && shift 2 && hostname "$0" && exec "$@"' \
+        "$(name "$i")" "$DIR/disks/$(name "$i")" "$DIR/local" "$@"
 }
 
 up() {
@@ -197,8 +208,9 @@ shift || true
 case "$cmd" in
     up) [[ $# -eq 3 ]] || { echo "usage: $ME up N MGMT_MBIT FABRIC_MBIT" >&2; exit 2; }; up "$@" ;;
     down) down ;;
-    exec) [[ $# -ge 2 ]] || { echo "usage: $ME exec I CMD..." >&2; exit 2; }; on "$@" ;;
+    exec) [[ $# -ge 2 ]] || { echo "usage: $ME exec I CMD..." >&2; exit 2; }; EXEC=exec on "$@" ;;
     name) [[ $# -eq 1 ]] || { echo "usage: $ME name I" >&2; exit 2; }; name "$1" ;;
     dir) echo "$DIR" ;;
-    *) echo "usage: $ME up N MGMT_MBIT FABRIC_MBIT | down | exec I CMD... | name I | dir   (env PREFIX, default xsl)" >&2; exit 2 ;;
+    disk) [[ $# -eq 1 ]] || { echo "usage: $ME disk I" >&2; exit 2; }; echo "$DIR/disks/$(name "$1")" ;;
+    *) echo "usage: $ME up N MGMT_MBIT FABRIC_MBIT | down | exec I CMD... | name I | dir | disk I   (env PREFIX, default xsl)" >&2; exit 2 ;;
 esac

@@ -14,10 +14,12 @@ cd "$(dirname "$0")/.."
 # docker.io and busybox-static (tests/images.rs: one private dockerd per
 # namespace host, test images from a static busybox), and docker-registry,
 # skopeo and apache2-utils (its htpasswd) for `xfer image pull`'s registry,
-# and podman and catatonit (its `--init`) for the podman path.
+# and podman and catatonit (its `--init`) for the podman path, and Slurm
+# (slurmctld, slurmd, slurm-client, munge) for tests/slurm.rs's real jobs.
 packages=(b3sum rsync iperf3 nftables iproute2 iputils-ping util-linux time
   python3 python3-venv curl git git-lfs libibverbs-dev librdmacm-dev libclang-dev
-  docker.io busybox-static docker-registry skopeo apache2-utils podman catatonit)
+  docker.io busybox-static docker-registry skopeo apache2-utils podman catatonit
+  slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,4 +9,5 @@ mod common;
 
 mod fabric;
 mod netns;
+mod slurm;
 mod torture_net;

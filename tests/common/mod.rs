@@ -21,6 +21,7 @@ pub mod journal;
 pub mod netns;
 pub mod push;
 pub mod run;
+pub mod slurm;
 pub mod trees;
 pub mod wait;
 

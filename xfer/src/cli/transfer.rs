@@ -106,10 +106,7 @@ pub async fn push(args: PushArgs) -> Result<ExitCode> {
         ));
     }
     for n in s.nodes.iter().filter(|n| !n.ok) {
-        warn(&format!(
-            "error: {}",
-            n.error.as_deref().unwrap_or("failed")
-        ));
+        warn(&node_error(&n.addr, n.error.as_deref()));
     }
     if !s.ok() {
         return Ok(ExitCode::FAILURE);
@@ -291,10 +288,7 @@ pub async fn pull(args: PullArgs) -> Result<ExitCode> {
             ));
         }
         for n in s.nodes.iter().filter(|n| !n.ok) {
-            warn(&format!(
-                "error: {}",
-                n.error.as_deref().unwrap_or("failed")
-            ));
+            warn(&node_error(&n.addr, n.error.as_deref()));
         }
         return Ok(if s.ok() {
             ExitCode::SUCCESS
@@ -510,4 +504,13 @@ async fn pull_artifact(args: PullArgs, reference: &str) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `error: ADDR: WHY` for a node that failed, naming the node once (some
+/// causes begin with its address already).
+fn node_error(addr: &str, why: Option<&str>) -> String {
+    match why.unwrap_or("failed") {
+        w if w.starts_with(addr) => format!("error: {w}"),
+        w => format!("error: {addr}: {w}"),
+    }
 }

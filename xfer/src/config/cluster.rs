@@ -883,8 +883,9 @@ impl Parser<'_> {
     }
 
     /// The fields of `host`'s node in the Slurm job `job`: its
-    /// `[slurm.host.NAME]` over `[slurm]`, with `{host}` replaced and a
-    /// fabric host name resolved to its address.
+    /// `[slurm.host.NAME]` over `[slurm]`, with `{host}` replaced (in
+    /// agent, fabric_ip and root) and a fabric host name resolved to its
+    /// address.
     fn slurm_node(
         &self,
         slurm: &SlurmTables,
@@ -930,7 +931,10 @@ impl Parser<'_> {
             }),
             agent,
             port: over.port.or_else(|| base.port.clone()),
-            root: over.root.or_else(|| base.root.clone()),
+            root: over.root.or_else(|| base.root.clone()).map(|r| At {
+                v: PathBuf::from(fill(&r.v.to_string_lossy())),
+                at: r.at,
+            }),
             fabric_if: over.fabric_if.or_else(|| base.fabric_if.clone()),
             fabric_ip,
             data_port: over.data_port.or_else(|| base.data_port.clone()),
@@ -1952,7 +1956,7 @@ fabric_if = "ib0"
 fabric_ip = "10.9.0.{host}"
 [slurm.host.gpu03]
 fabric_if = "ib1"
-root = "/nvme/xfer"
+root = "/nvme/xfer/{host}"
 [slurm.host.gpu04]
 fabric_ip = "localhost"
 [[node]]
@@ -1988,7 +1992,7 @@ agent = "10.0.0.99"
         // A [slurm.host.NAME] overrides the template for that host only.
         let n3 = c.node("3").unwrap();
         assert_eq!(n3.fabric_if.as_deref(), Some("ib1"));
-        assert_eq!(n3.root, PathBuf::from("/nvme/xfer"));
+        assert_eq!(n3.root, PathBuf::from("/nvme/xfer/3"));
         assert_eq!(n3.fabric_ip, Some("10.9.0.3".parse().unwrap()));
         // A fabric name resolves through the system's resolver.
         let n4 = c.node("4").unwrap().fabric_ip.unwrap();
