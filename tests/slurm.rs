@@ -273,3 +273,72 @@ fn a_job_cancelled_mid_push_leaves_copies_the_next_job_completes() {
         second.bytes_skipped
     );
 }
+
+/// Job-scoped agents: the batch script makes a credential in the job's
+/// shared folder, starts one agent per node as a step of the job (`srun
+/// --ntasks-per-node=1 --overlap xfer serve`, a root on each node's local
+/// disk), pushes, then ends the step and removes the credential. Every
+/// node holds the model, and no agent outlives the job.
+#[test]
+fn job_scoped_agents_serve_the_job_and_end_with_it() {
+    let s = Site::up("xsd", 2);
+    let src = s.t.path().join("src/jm");
+    gen_model(&src, 6 * MIB, 59);
+    let shared = s.t.path().join("jobs");
+    fs::create_dir_all(&shared).unwrap();
+    let local = s.lab.dir().join("local");
+    let script = s.t.path().join("scoped.sbatch");
+    fs::write(
+        &script,
+        format!(
+            r#"#!/bin/bash
+set -euo pipefail
+dir={shared}/$SLURM_JOB_ID
+root={local}/job-$SLURM_JOB_ID
+mkdir -p "$dir"
+{xfer} keygen --out "$dir/key" >/dev/null
+printf 'key = "key"\n[slurm]\nagent = "{{host}}:7471"\nroot = "%s"\n' "$root" > "$dir/cluster.toml"
+srun --ntasks-per-node=1 mkdir -p "$root"
+srun --ntasks-per-node=1 --overlap {xfer} serve --listen 0.0.0.0:7471 --root "$root" --key "$dir/key" > "$dir/agents.log" 2>&1 &
+agents=$!
+for _ in $(seq 300); do {xfer} status --cluster "$dir/cluster.toml" >/dev/null 2>&1 && break; sleep 0.1; done
+XDG_CACHE_HOME="$dir/xdg" {xfer} push {src} --cluster "$dir/cluster.toml" --json > "$dir/push.json"
+kill "$agents"; wait "$agents" || true
+rm -f "$dir/key"
+"#,
+            shared = shared.display(),
+            local = local.display(),
+            xfer = bin(),
+            src = src.display(),
+        ),
+    )
+    .unwrap();
+    let out = format!("{}/job-%j.out", s.t.path().display());
+    let id = s.lab.sbatch(&script, &["--nodes=2", "--output", &out]);
+    let j = s.lab.wait_done(&id, 0, JOB_TIME);
+    assert_eq!(j.state, "COMPLETED", "{j:?}\n{}", s.out(&id));
+    let dir = shared.join(&id);
+    let summary: PushJson =
+        serde_json::from_str(&fs::read_to_string(dir.join("push.json")).unwrap()).unwrap();
+    assert_eq!(summary.nodes.len(), 2, "{summary:#?}");
+    for i in 1..=2 {
+        assert_same_tree(&src, &s.lab.disk(i).join(format!("job-{id}/jm")));
+    }
+    assert!(!dir.join("key").exists(), "the job's credential is removed");
+    // No agent of the job is left on any node once Slurm has cleaned up.
+    s.lab.wait_idle(JOB_TIME);
+    for i in 1..=2 {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "pids", &format!("{}-h{i}", s.lab.prefix)])
+            .output()
+            .unwrap();
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            assert!(
+                !cmdline.contains(":7471"),
+                "a job agent outlived its job: {pid} {cmdline}"
+            );
+        }
+    }
+}
