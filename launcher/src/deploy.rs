@@ -151,7 +151,10 @@ pub enum Preflight<'a> {
 /// container could not see the release file). Ray's backend starts `ray
 /// start` first, which binds ports, so it waits for the verdict.
 pub fn may_hold(setup: &Setup) -> bool {
-    setup.stream_weights && setup.container.is_none() && setup.engine == crate::config::Engine::Vllm
+    setup.stream_weights
+        && setup.container.is_none()
+        && setup.engine == crate::config::Engine::Vllm
+        && setup.runner == crate::config::Runner::Agents
 }
 
 /// The preflight, then the sync of the model to the launch nodes that

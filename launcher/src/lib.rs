@@ -28,6 +28,7 @@ pub mod ready;
 pub mod record;
 pub mod signatures;
 pub mod specs;
+pub mod srun;
 pub mod stream;
 pub mod traceback;
 pub mod unit;

@@ -112,6 +112,17 @@ fn main() -> ExitCode {
             file(cluster).and_then(|c| with_agents(&c, |s, a| cli::logs(s, a, nodes, run, follow)))
         }
         Cmd::Hosts { file: f, cluster } => file(f.or(cluster)).and_then(|c| cli::hosts(&c)),
+        Cmd::Rank { ranks } => {
+            // This node, as Slurm names it (else its host name).
+            let node = std::env::var("SLURMD_NODENAME")
+                .ok()
+                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+                .unwrap_or_default();
+            Err(cli::CliError::Rank(launcher::srun::run_rank(
+                &ranks,
+                node.trim(),
+            )))
+        }
     };
     match result {
         Ok(code) => code,

@@ -15,7 +15,7 @@ use xfer_proto::launch::{RankReport, RunState};
 
 use crate::agents::{unexpected, Agents, NodeError};
 use crate::check::{self, Checked};
-use crate::config::Setup;
+use crate::config::{Runner, Setup};
 use crate::diagnose::{diagnose, with_root_cause, Diagnosed};
 use crate::plan::{self, Plan};
 use crate::preflight;
@@ -171,46 +171,50 @@ pub async fn up(
     };
     record::write(&record_path, &rec)?;
     let t0 = Instant::now();
-    let held = running.is_some();
-    let starting = drive(
-        &mut running,
-        start_ranks(&setup, agents, opts, &plan, &run, &checked, &caches, held),
-    )
-    .await;
-    // Started held, the ranks meet the preflight's rendezvous themselves
-    // once released: the preflight leaves it to them.
-    let left_rendezvous = match (&starting, held_started) {
-        (Ok(()), Some(started)) => started.send(()).is_ok(),
-        _ => false,
-    };
-    let result = match (starting, running) {
-        (Err(failure), _) => Err(failure),
-        (Ok(()), None) => until_ready(&setup, agents, opts, &run, &caches, t0).await,
-        (Ok(()), Some(full)) => {
-            let mut passed = release(&setup, agents, opts, &run, full.finish(), &caches).await;
-            let result = match passed.ok {
-                false => None,
-                true if left_rendezvous => {
-                    Some(ready_and_met(&setup, agents, opts, &run, &caches, t0, &mut passed).await)
-                }
-                true => Some(until_ready(&setup, agents, opts, &run, &caches, t0).await),
-            };
-            verdict = Some(passed);
-            let passed = verdict.as_ref().expect("set just above");
-            rec.check = passed;
-            rec.unit = passed.unit();
-            match result {
-                Some(result) if passed.ok => result,
-                _ => {
-                    rec.outcome = match result {
+    let result = if setup.runner == Runner::Srun {
+        srun_until_ready(&setup, opts, &plan, &run, &record_path, t0).await
+    } else {
+        let held = running.is_some();
+        let starting = drive(
+            &mut running,
+            start_ranks(&setup, agents, opts, &plan, &run, &checked, &caches, held),
+        )
+        .await;
+        // Started held, the ranks meet the preflight's rendezvous themselves
+        // once released: the preflight leaves it to them.
+        let left_rendezvous = match (&starting, held_started) {
+            (Ok(()), Some(started)) => started.send(()).is_ok(),
+            _ => false,
+        };
+        match (starting, running) {
+            (Err(failure), _) => Err(failure),
+            (Ok(()), None) => until_ready(&setup, agents, opts, &run, &caches, t0).await,
+            (Ok(()), Some(full)) => {
+                let mut passed = release(&setup, agents, opts, &run, full.finish(), &caches).await;
+                let result = match passed.ok {
+                    false => None,
+                    true if left_rendezvous => Some(
+                        ready_and_met(&setup, agents, opts, &run, &caches, t0, &mut passed).await,
+                    ),
+                    true => Some(until_ready(&setup, agents, opts, &run, &caches, t0).await),
+                };
+                verdict = Some(passed);
+                let passed = verdict.as_ref().expect("set just above");
+                rec.check = passed;
+                rec.unit = passed.unit();
+                match result {
+                    Some(result) if passed.ok => result,
+                    _ => {
+                        rec.outcome = match result {
                         None => "failed: the preflight failed; the held ranks were stopped",
                         Some(_) => "failed: the held ranks did not meet at the rendezvous; they were stopped",
                     }
                     .into();
-                    record::write(&record_path, &rec)?;
-                    return Err(UpError::ChecksFailed {
-                        failed: failed_rows(passed),
-                    });
+                        record::write(&record_path, &rec)?;
+                        return Err(UpError::ChecksFailed {
+                            failed: failed_rows(passed),
+                        });
+                    }
                 }
             }
         }
@@ -236,6 +240,71 @@ pub async fn up(
         result: result.map(|(_, r)| r).map_err(|(why, _)| why),
         held_check: verdict.map(|c| c.rounds),
     })
+}
+
+/// `runner = "srun"`: starts the ranks as one step of this Slurm job
+/// ([`crate::srun`]) and waits for the API, or for the step to end (a
+/// rank that exits takes it down: `--kill-on-bad-exit`), or for the init
+/// timeout (the step is cancelled).
+async fn srun_until_ready(
+    setup: &Setup,
+    opts: &UpOptions,
+    plan: &Plan,
+    run: &str,
+    record: &std::path::Path,
+    t0: Instant,
+) -> Result<(f64, Readiness), Failure> {
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("xfer-launch"));
+    let dir = crate::srun::step_dir(record);
+    let mut step =
+        crate::srun::start(plan, run, &dir, &exe).map_err(|e| (e.to_string(), Vec::new()))?;
+    eprintln!(
+        "started {} ranks as Slurm step {} (logs in {})",
+        plan.ranks.len(),
+        step.name,
+        dir.display()
+    );
+    let api = Api::new(
+        opts.api_url.clone().unwrap_or_else(|| {
+            format!(
+                "http://{}:{}",
+                host_of(&setup.nodes[0].agent),
+                setup.ports.api
+            )
+        }),
+        setup.model.path.clone(),
+    );
+    let deadline = t0 + opts.init_timeout;
+    loop {
+        if let Some(status) = step.exited() {
+            let (why, tail) = step.failure(status);
+            if let Some(tail) = tail {
+                eprintln!("--- its log's last lines:\n{tail}\n---");
+            }
+            return Err((why, Vec::new()));
+        }
+        if api.healthy().await.is_ok() {
+            match api.measure().await {
+                Ok(r) => return Ok((t0.elapsed().as_secs_f64(), r)),
+                Err(e) => {
+                    step.cancel();
+                    return Err((format!("the API answered /health but not a completion: {e}; the step was cancelled"), Vec::new()));
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            step.cancel();
+            return Err((
+                format!(
+                    "not ready within {}s (--init-timeout); the step was cancelled; the ranks' logs are in {}",
+                    opts.init_timeout.as_secs(),
+                    dir.display()
+                ),
+                Vec::new(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The whole preflight, driven while `up` readies held ranks beside it

@@ -121,6 +121,16 @@ pub enum Cmd {
         #[arg(long, short)]
         follow: bool,
     },
+    /// Become this node's rank of a run (what `runner = "srun"`'s step runs on each node).
+    #[command(
+        hide = true,
+        after_help = "Example (srun runs it; not by hand):\n  xfer-launch rank --ranks ~/.local/state/xfer-launch/RUN.srun/ranks.json"
+    )]
+    Rank {
+        /// The rank file `xfer-launch up` wrote beside its run record.
+        #[arg(long, value_name = "FILE")]
+        ranks: PathBuf,
+    },
     /// Print the /etc/hosts lines for the cluster's fabric addresses (the `resolver` check's fix).
     #[command(
         after_help = "Example:\n  xfer-launch hosts cluster.toml | sudo tee -a /etc/hosts   # on every node"

@@ -15,6 +15,15 @@ pub async fn down(
     grace: Duration,
     run: Option<String>,
 ) -> Result<ExitCode, CliError> {
+    if setup.runner == launcher::config::Runner::Srun {
+        // Slurm owns the ranks: cancel the step(s) `up` started in this job.
+        let steps = launcher::srun::cancel_steps(run.as_deref())?;
+        match steps.as_slice() {
+            [] => println!("no xfer-launch step runs in this Slurm job"),
+            s => println!("cancelled Slurm step(s) {}", s.join(", ")),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let answers = launcher::up::stop(&agents, run.as_deref(), grace, "xfer-launch down").await;
     let mut failed = 0;
     for (n, a) in setup.nodes.iter().zip(answers) {

@@ -17,6 +17,12 @@ pub enum CliError {
     /// The cluster credential could not be loaded.
     #[error(transparent)]
     Credential(#[from] CredentialError),
+    /// `xfer-launch rank` could not become its rank.
+    #[error(transparent)]
+    Rank(#[from] launcher::srun::RankError),
+    /// The srun runner's step could not be found or cancelled.
+    #[error(transparent)]
+    Srun(#[from] launcher::srun::SrunError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),

@@ -17,6 +17,9 @@ pub async fn logs(
     run: Option<String>,
     follow: bool,
 ) -> Result<ExitCode, CliError> {
+    if setup.runner == launcher::config::Runner::Srun {
+        return srun_logs(&setup, &nodes, run.as_deref());
+    }
     let mut picked: Vec<usize> = Vec::new();
     for name in &nodes {
         let i = setup
@@ -99,6 +102,40 @@ pub async fn logs(
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// With `runner = "srun"`: each rank's output, as the step wrote it beside
+/// the run record (the newest run, or `run`).
+fn srun_logs(setup: &Setup, nodes: &[String], run: Option<&str>) -> Result<ExitCode, CliError> {
+    let records = launcher::record::default_dir();
+    let dir = match run {
+        Some(r) => records.join(format!("{r}.srun")),
+        None => std::fs::read_dir(&records)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "srun"))
+            .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+            .ok_or_else(|| {
+                CliError::Srun(launcher::srun::SrunError::Io {
+                    path: records.clone(),
+                    err: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no run of runner = \"srun\" here",
+                    ),
+                })
+            })?,
+    };
+    for n in &setup.nodes {
+        if !nodes.is_empty() && !nodes.contains(&n.name.to_string()) {
+            continue;
+        }
+        let log = dir.join(format!("rank-{}.log", n.name));
+        eprintln!("== {} ({}) ==", n.name, log.display());
+        print!("{}", std::fs::read_to_string(&log).unwrap_or_default());
     }
     Ok(ExitCode::SUCCESS)
 }

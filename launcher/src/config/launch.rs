@@ -41,6 +41,8 @@ pub(super) struct Launch {
     pub(super) stream_weights: Option<At<bool>>,
     /// `caches = ["vllm", ...]`: the compile caches delivered with the launch.
     pub(super) caches: Option<At<Vec<String>>>,
+    /// `runner = "agents" | "srun"`: who starts the ranks.
+    pub(super) runner: Option<At<super::Runner>>,
 }
 
 /// Keys of `[launch]`.
@@ -63,6 +65,7 @@ const LAUNCH_KEYS: &[&str] = &[
     "gpus",
     "shm_size",
     "stream_weights",
+    "runner",
     "caches",
 ];
 /// Other words for `[launch]` keys, tried before edit distance.
@@ -133,6 +136,7 @@ impl Launch {
             shm_size: None,
             stream_weights: None,
             caches: None,
+            runner: None,
         }
     }
 }
@@ -164,6 +168,16 @@ impl Parser<'_> {
                 "shm_size" => l.shm_size = placed(self.shm_size(v)?, at),
                 "template" => l.template = placed(self.template(v)?, at),
                 "caches" => l.caches = placed(self.caches(v)?, at),
+                "runner" => {
+                    let s = self.r.string(key, v, "\"srun\"")?;
+                    let r = super::Runner::parse(s).ok_or_else(|| {
+                        self.err(
+                            at,
+                            format!("unknown runner {s:?}; runner is \"agents\" (each node's xfer agent starts its rank: the default) or \"srun\" (one Slurm job step inside the allocation)"),
+                        )
+                    })?;
+                    l.runner = placed(r, at);
+                }
                 "stream_weights" => match v.get_ref() {
                     DeValue::Boolean(b) => l.stream_weights = placed(*b, at),
                     _ => {

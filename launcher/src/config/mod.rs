@@ -309,6 +309,31 @@ pub struct Setup {
     /// `caches = [...]`: the kinds of compile cache delivered with the
     /// launch ([`crate::caches`]); empty when none.
     pub caches: Vec<String>,
+    /// Who starts the ranks once the preflight passed.
+    pub runner: Runner,
+}
+
+/// Who starts the ranks (`[launch] runner`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runner {
+    /// Each node's xfer agent starts and supervises its rank.
+    #[default]
+    Agents,
+    /// One `srun` step inside the Slurm job `xfer-launch` runs in: Slurm
+    /// owns the processes ([`crate::srun`]).
+    Srun,
+}
+
+impl Runner {
+    /// `agents` or `srun`.
+    pub fn parse(s: &str) -> Option<Runner> {
+        match s {
+            "agents" => Some(Runner::Agents),
+            "srun" => Some(Runner::Srun),
+            _ => None,
+        }
+    }
 }
 
 /// Why a launch could not be planned. Every variant is one line.

@@ -89,6 +89,7 @@ impl Parser<'_> {
                 c.v.clone()
             }
         };
+        let runner = self.runner(&l, &container, stream_weights, &caches)?;
         Ok(Setup {
             engine,
             nodes,
@@ -104,7 +105,41 @@ impl Parser<'_> {
             path: cluster.path.clone(),
             stream_weights,
             caches,
+            runner,
         })
+    }
+
+    /// `runner`, and what `runner = "srun"` cannot do: the ranks run on
+    /// the host as Slurm starts them, so no image, no weights streamed by
+    /// the agents, no caches the agents copy in.
+    fn runner(
+        &self,
+        l: &Launch,
+        container: &Option<super::ContainerConfig>,
+        stream_weights: bool,
+        caches: &[String],
+    ) -> Result<super::Runner, LaunchError> {
+        let Some(r) = &l.runner else {
+            return Ok(super::Runner::Agents);
+        };
+        if r.v == super::Runner::Srun {
+            let clash = if container.is_some() {
+                Some("image (srun starts the ranks on the host)")
+            } else if stream_weights {
+                Some("stream_weights (the agents start streamed ranks)")
+            } else if !caches.is_empty() {
+                Some("caches (the agents copy them in before a rank starts)")
+            } else {
+                None
+            };
+            if let Some(what) = clash {
+                return Err(self.err(
+                    r.at,
+                    format!("runner = \"srun\" does not go with {what}; drop it, or use runner = \"agents\""),
+                ));
+            }
+        }
+        Ok(r.v)
     }
 
     /// The launch nodes (`nodes`, else every node, or inside a Slurm job
