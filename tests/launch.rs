@@ -13,6 +13,12 @@
 
 #[macro_use]
 mod launchlab;
+// `runner = "srun"` in real Slurm jobs (its own file; the Slurm lab is
+// shared with xfer's tests/slurm.rs).
+#[path = "common/slurm.rs"]
+mod slurm_lab;
+mod slurm_launch;
+use launchlab::wait;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -2,6 +2,8 @@
 //! host 0, one slurmd per host 1..=n named `{prefix}-n{i}`, over shaped
 //! management and fabric links; jobs are submitted with `sbatch` from host
 //! 0 and followed through `scontrol show job`. Removed on drop.
+//! (Included by xfer's and the launcher's tests, each using a part.)
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

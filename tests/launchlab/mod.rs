@@ -17,7 +17,7 @@ use std::time::Duration;
 
 // The suite's one wait helper, shared with tests/common.
 #[path = "../common/wait.rs"]
-mod wait;
+pub mod wait;
 pub use wait::*;
 
 pub static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
