@@ -413,25 +413,46 @@ pub(crate) async fn deliver_plan(
     let offer = Arc::new(plan.offer);
     let lane = Arc::new((plan.name.clone(), plan.key));
     let mut tasks = Vec::new();
-    let (coordinator, outboxes) = Coordinator::new(
-        members.clone(),
-        opts.peers,
-        opts.connections as u32,
-        plan.key,
-        plan.map.len(),
-    );
-    let coordinator = Arc::new(coordinator);
+    // One swarm per group (`swarms`): each with its own coordinator, its
+    // members numbered from 1.
+    let mut coordinators = Vec::new();
+    let mut slots: Vec<Option<(Arc<Coordinator>, SwarmPeer, _)>> =
+        (0..members.len()).map(|_| None).collect();
+    for group in swarms(&members) {
+        let numbered: Vec<SwarmPeer> = group
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| SwarmPeer {
+                id: k as u32 + 1,
+                ..members[i].clone()
+            })
+            .collect();
+        let (coordinator, outboxes) = Coordinator::new(
+            numbered.clone(),
+            opts.peers,
+            opts.connections as u32,
+            plan.key,
+            plan.map.len(),
+        );
+        let coordinator = Arc::new(coordinator);
+        coordinators.push(coordinator.clone());
+        for ((&i, member), outbox) in group.iter().zip(numbered).zip(outboxes) {
+            slots[i] = Some((coordinator.clone(), member, outbox));
+        }
+    }
     // A withdrawn file's chunks were sent to their first holders as the
-    // failed download's: the seeding ledger forgets them.
+    // failed download's: the seeding ledgers forget them.
     let _forgetting = plan.events.clone().map(|feed| {
-        let coordinator = coordinator.clone();
+        let coordinators = coordinators.clone();
         AbortOnDrop(tokio::spawn(async move {
             let mut more = feed.subscribe();
             let mut seen = 0;
             loop {
                 for chunks in feed.withdrawn_from(seen) {
                     seen += 1;
-                    coordinator.withdrawn(chunks);
+                    for c in &coordinators {
+                        c.withdrawn(chunks.clone());
+                    }
                 }
                 if more.changed().await.is_err() {
                     return;
@@ -440,7 +461,8 @@ pub(crate) async fn deliver_plan(
         }))
     });
     let live = Arc::new(AtomicUsize::new(members.len()));
-    for ((dest, member), outbox) in opts.to.iter().zip(&members).zip(outboxes) {
+    for (dest, slot) in opts.to.iter().zip(slots) {
+        let (coordinator, member, outbox) = slot.expect("every member is in one swarm");
         let swarm = coordinator.swarm_for(member.id);
         let ctx = NodeCtx {
             id: member.id,
@@ -478,6 +500,24 @@ pub(crate) async fn deliver_plan(
         nodes.push((&mut t.0).await.map_err(PushError::Task)?);
     }
     Ok(nodes)
+}
+
+/// The swarms a delivery runs, as indexes into `members`: one, unless
+/// some receivers run on this very host (the pusher runs inside the
+/// allocation it pushes to, as a Slurm job's batch script does) and others
+/// do not. Then each of those takes every chunk from the source over
+/// loopback, in a swarm of its own: as a peer it would send the others,
+/// over this host's uplink, bytes the source sends them over that same
+/// link, and take from them over the network what the source holds here.
+fn swarms(members: &[SwarmPeer]) -> Vec<Vec<usize>> {
+    let (here, away): (Vec<usize>, Vec<usize>) = (0..members.len())
+        .partition(|&i| crate::sysinfo::net::is_own_address(members[i].addr.ip()));
+    if here.is_empty() || away.is_empty() {
+        return vec![(0..members.len()).collect()];
+    }
+    let mut groups: Vec<Vec<usize>> = here.into_iter().map(|i| vec![i]).collect();
+    groups.push(away);
+    groups
 }
 
 /// Hashes `opts.src` (through its hash cache unless `opts.rehash`): the
@@ -1089,5 +1129,37 @@ async fn refusal_after_stop(
             Some(Attempt::Refused(why))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod swarm_groups {
+    use super::*;
+
+    fn peer(addr: &str) -> SwarmPeer {
+        SwarmPeer {
+            id: 0,
+            label: addr.into(),
+            addr: addr.parse().unwrap(),
+            fallback: None,
+        }
+    }
+
+    #[test]
+    fn a_receiver_on_the_pushers_own_host_gets_a_swarm_of_its_own() {
+        // An address no interface of this host holds (a test asserts it).
+        let away = |last: u8| {
+            let a = format!("203.0.113.{last}:7470");
+            assert!(!crate::sysinfo::net::is_own_address(
+                a.parse::<SocketAddr>().unwrap().ip()
+            ));
+            peer(&a)
+        };
+        let mixed = [away(1), peer("127.0.0.1:7470"), away(2)];
+        assert_eq!(swarms(&mixed), vec![vec![1], vec![0, 2]]);
+        // All here (agents on loopback) or none: one swarm, as ever.
+        let here = [peer("127.0.0.1:7470"), peer("127.0.0.2:7470")];
+        assert_eq!(swarms(&here), vec![vec![0, 1]]);
+        assert_eq!(swarms(&[away(1), away(2)]), vec![vec![0, 1]]);
     }
 }

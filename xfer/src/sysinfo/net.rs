@@ -51,6 +51,12 @@ pub fn interfaces() -> Vec<IfaceFacts> {
     out
 }
 
+/// Whether `ip` is this host's own (loopback, or an address of one of its
+/// interfaces, in this network namespace).
+pub fn is_own_address(ip: IpAddr) -> bool {
+    ip.is_loopback() || addresses().values().flatten().any(|(a, _)| *a == ip)
+}
+
 /// The addresses of every interface, from `getifaddrs`.
 fn addresses() -> BTreeMap<String, Vec<(IpAddr, u8)>> {
     let mut out: BTreeMap<String, Vec<(IpAddr, u8)>> = BTreeMap::new();
