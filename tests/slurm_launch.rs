@@ -8,7 +8,9 @@
 //!
 //! Asserted: `up` answers a completion, `down` cancels the step and no
 //! engine process is left on any node; a rank that dies takes the step
-//! down and `up` fails naming that node and showing its log's last lines.
+//! down and `up` fails naming that node and showing its log's last lines;
+//! a node of the allocation whose agent is down is named by the preflight
+//! and no step starts.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -112,20 +114,28 @@ impl Site {
         m
     }
 
-    /// The batch script: push, up, then `after` (shell lines).
-    fn script(&self, file: &Path, src: &Path, after: &str) -> PathBuf {
+    /// The batch script: push (when `src` is given), up, then `after`
+    /// (shell lines).
+    fn script(&self, file: &Path, src: Option<&Path>, after: &str) -> PathBuf {
         let d = self.t.path();
         let script = d.join("launch.sbatch");
         fs::write(
             &script,
             format!(
-                "#!/bin/bash\nset -uo pipefail\nexport PATH={path} PYTHONPATH={py} XDG_STATE_HOME={d}/state XDG_CACHE_HOME={d}/cache\n{xfer} push {src} --cluster {file} --json > {d}/push.json || exit 3\n{xl} up --cluster {file} --json --timeout 120 > {d}/up.json 2> {d}/up.err\necho \"up exit $?\" > {d}/up.code\n{after}\n",
+                "#!/bin/bash\nset -uo pipefail\nexport PATH={path} PYTHONPATH={py} XDG_STATE_HOME={d}/state XDG_CACHE_HOME={d}/cache\n{push}{xl} up --cluster {file} --json --timeout 120 > {d}/up.json 2> {d}/up.err\necho \"up exit $?\" > {d}/up.code\n{after}\n",
                 path = standin_path(),
                 py = repo().join("tests/standin/pylib").display(),
                 d = d.display(),
-                xfer = xfer_bin().display(),
+                push = src
+                    .map(|src| format!(
+                        "{} push {} --cluster {} --json > {}/push.json || exit 3\n",
+                        xfer_bin().display(),
+                        src.display(),
+                        file.display(),
+                        d.display()
+                    ))
+                    .unwrap_or_default(),
                 xl = launch_bin(),
-                src = src.display(),
                 file = file.display(),
             ),
         )
@@ -176,7 +186,7 @@ fn srun_runner_starts_the_engine_as_one_slurm_step_and_down_cancels_it() {
     let src = s.model();
     let script = s.script(
         &file,
-        &src,
+        Some(&src),
         &format!(
             "{xl} down --cluster {file} > {d}/down.txt 2>&1",
             xl = launch_bin(),
@@ -226,7 +236,7 @@ fn srun_runner_a_rank_that_dies_fails_up_naming_its_node() {
         "STANDIN_CRASH_RANK = \"1\"\nSTANDIN_CRASH_AFTER = \"0\"\nSTANDIN_LOAD_SECS = \"60\"",
     );
     let src = s.model();
-    let script = s.script(&file, &src, "");
+    let script = s.script(&file, Some(&src), "");
     let out = format!("{}/job-%j.out", s.t.path().display());
     let id = s.lab.sbatch(&script, &["--nodes=2", "--output", &out]);
     let j = s.lab.wait_done(&id, 0, JOB_TIME);
@@ -250,4 +260,52 @@ fn srun_runner_a_rank_that_dies_fails_up_naming_its_node() {
     for i in 1..=2 {
         assert_eq!(s.engines_on(i), Vec::<String>::new(), "node {i}: {said}");
     }
+}
+
+#[test]
+fn srun_runner_a_node_whose_agent_is_down_is_named_and_no_step_starts() {
+    need_root!();
+    let mut s = Site::up("xsg");
+    let mut dead = s.agents.pop().unwrap();
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+    let file = s.cluster("");
+    let script = s.script(&file, None, "");
+    let out = format!("{}/job-%j.out", s.t.path().display());
+    let id = s.lab.sbatch(&script, &["--nodes=2", "--output", &out]);
+    let j = s.lab.wait_done(&id, 0, JOB_TIME);
+    let err = s.read("up.err");
+    let said = format!(
+        "{j:?}\njob: {}\nup: {}{err}",
+        s.job_out(&id),
+        s.read("up.json")
+    );
+    assert_eq!(s.read("up.code").trim(), "up exit 1", "{said}");
+    let down = format!("{}:7470", s.lab.name(2));
+    assert!(err.contains(&down), "the preflight names {down}: {said}");
+    assert!(!err.contains("Slurm step"), "a step started: {said}");
+    let state = s.t.path().join("state");
+    let steps: Vec<_> = walk(&state)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "srun"))
+        .collect();
+    assert!(steps.is_empty(), "a step's folder was made: {steps:?}");
+    for i in 1..=2 {
+        assert_eq!(s.engines_on(i), Vec::<String>::new(), "node {i}: {said}");
+    }
+}
+
+/// Every path under `top`.
+fn walk(top: &Path) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    let mut dirs = vec![top.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(e.path());
+            }
+            all.push(e.path());
+        }
+    }
+    all
 }
