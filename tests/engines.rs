@@ -15,6 +15,10 @@
 
 #[macro_use]
 mod launchlab;
+// The Slurm lab of tests/slurm.rs, for `runner = "srun"` with real vLLM.
+#[path = "common/slurm.rs"]
+mod slurm_lab;
+use launchlab::wait;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -1343,4 +1347,271 @@ fn deploy_streams_a_hub_repo_and_both_ranks_load_each_shard_as_it_is_sealed() {
     let down = lab.xl(&["down"], &file);
     assert!(down.status.success(), "{}", text(&down.stderr));
     assert_none_marked(&tag);
+}
+
+/// `runner = "srun"` with real vLLM (CPU build, TP 2) inside a real Slurm
+/// job (issue 56): the batch script stages a Hub repo from a Hub
+/// look-alike on the login host onto its 2 nodes (`xfer sync hf://` to the
+/// nodes of the cluster file's `[slurm]` template: the first pulls, the
+/// other takes the fan-out), `xfer-launch up` checks every node through its
+/// agent and starts the ranks as one `srun` step, a completion is
+/// answered; `scancel` of the job then leaves no process of the engine on
+/// any node, and the job requeued finds the model in place: the Hub serves
+/// no byte more and the sync sends none.
+#[test]
+fn real_vllm_tp2_as_a_slurm_step_answers_scancel_leaves_nothing_and_a_requeue_moves_nothing() {
+    need_root!();
+    let venv = venv();
+    let model = tiny_model();
+    let tag = marker("srun");
+    let _reaper = Reaper(tag.clone());
+    let lab = slurm_lab::SlurmLab::up("xsv", 2, 100, 400);
+    let hub_dir = tempfile::Builder::new()
+        .prefix("xfer-srun-hub")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let repo_dir = hub_dir.path().join("org/tiny");
+    std::fs::create_dir_all(&repo_dir).unwrap();
+    for e in std::fs::read_dir(model).unwrap().flatten() {
+        std::fs::copy(e.path(), repo_dir.join(e.file_name())).unwrap();
+    }
+    // The Hub look-alike on the login host's management address.
+    let hub_ip = "10.71.0.1";
+    let mut hub = lab
+        .cmd(0, "python3")
+        .arg(repo().join("tests/hub_server.py"))
+        .arg("--repos")
+        .arg(hub_dir.path())
+        .args(["--host", hub_ip])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(hub.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    let _hub = AgentGuard(hub);
+    let port = ready
+        .strip_prefix("READY ")
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("hub_server.py did not start: {ready:?}"))
+        .to_string();
+    let endpoint = format!("http://{hub_ip}:{port}");
+    let served = || -> u64 {
+        let out = lab.ctl(&["curl", "-sf", &format!("{endpoint}/_stats")]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("the Hub's stats ({e}): {}", text(&out.stdout)));
+        v["bytes_served"].as_u64().unwrap()
+    };
+    let t = tempfile::Builder::new()
+        .prefix("xfer-srun-vllm")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let d = t.path();
+    let key = d.join("cluster.key");
+    let out = Command::new(xfer_bin())
+        .args(["keygen", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let path = format!(
+        "{}:{}",
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let local = lab.dir().join("local/xfer");
+    let mut _agents = Vec::new();
+    for i in 1..=2 {
+        std::fs::create_dir_all(lab.disk(i).join("xfer")).unwrap();
+        let log = std::fs::File::create(d.join(format!("agent{i}.log"))).unwrap();
+        let mut child = lab
+            .cmd(i, xfer_bin().to_str().unwrap())
+            .args(["serve", "--listen", "0.0.0.0:7470", "--allow-launch"])
+            .arg("--root")
+            .arg(&local)
+            .arg("--key")
+            .arg(&key)
+            .env("PATH", &path)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert!(line.starts_with("xfer agent listening on"), "{line:?}");
+        _agents.push(AgentGuard(child));
+    }
+    let mut launch = format!(
+        "engine = \"vllm\"\nmodel = \"org/tiny\"\ntp = 2\npp = 1\nrunner = \"srun\"\nextra_args = {VLLM_CPU_ARGS}\n\n[launch.env]\n"
+    );
+    for (k, v) in VLLM_CPU_ENV {
+        launch += &format!("{k} = \"{v}\"\n");
+    }
+    launch += "XFER_ENGINE_TEST = \"srun\"\n";
+    let file = d.join("cluster.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "key = \"cluster.key\"\n\n[slurm]\nagent = \"{{host}}:7470\"\nroot = \"{}\"\nfabric_if = \"eth1\"\nfabric_ip = \"{{host}}-fab\"\n\n[launch]\n{launch}",
+            local.display()
+        ),
+    )
+    .unwrap();
+    let head = lab.name(1);
+    let script = d.join("vllm.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/bash
+set -uo pipefail
+export PATH={path} XDG_STATE_HOME={d}/state XDG_CACHE_HOME={d}/cache XFER_ENGINE_TEST=srun
+restart=${{SLURM_RESTART_COUNT:-0}}
+HF_ENDPOINT={endpoint} {xfer} sync hf://org/tiny --cluster {file} --wait --json > {d}/sync-$restart.json || exit 3
+[ "$restart" = 0 ] || exit 0
+{xl} up --cluster {file} --json --timeout 400 --grace 5 > {d}/up.json 2> {d}/up.err
+code=$?
+echo "up exit $code"
+[ "$code" = 0 ] || {{ for f in {d}/state/xfer-launch/*.srun/rank-*.log; do echo "--- $f"; grep -iE "platform|world_size|leader|nnodes|node_rank|error" "$f" | head -30; done; exit 4; }}
+curl -s -m 120 -H 'content-type: application/json' -d '{{"model": "org/tiny", "prompt": "the quick brown", "max_tokens": 4}}' http://{head}:8000/v1/completions > {d}/answer.json
+sleep infinity
+"#,
+            path = path,
+            d = d.display(),
+            xfer = xfer_bin().display(),
+            xl = launch_bin(),
+            endpoint = endpoint,
+            file = file.display(),
+            head = head,
+        ),
+    )
+    .unwrap();
+    let out = format!("{}/job-%j.out", d.display());
+    let id = lab.sbatch(
+        &script,
+        &["--nodes=2", "--output", &out, "--open-mode=append"],
+    );
+    let said = || {
+        format!(
+            "job: {:?} {}\nsync: {}{}\nagents: {}\n{}\nup: {}\n{}\nanswer: {}\n{}",
+            lab.job(&id),
+            std::fs::read_to_string(d.join(format!("job-{id}.out"))).unwrap_or_default(),
+            std::fs::read_to_string(d.join("sync-0.json")).unwrap_or_default(),
+            std::fs::read_to_string(d.join("sync-1.json")).unwrap_or_default(),
+            std::fs::read_to_string(d.join("agent1.log")).unwrap_or_default(),
+            std::fs::read_to_string(d.join("agent2.log")).unwrap_or_default(),
+            std::fs::read_to_string(d.join("up.json")).unwrap_or_default(),
+            std::fs::read_to_string(d.join("up.err")).unwrap_or_default(),
+            std::fs::read_to_string(d.join("answer.json")).unwrap_or_default(),
+            lab.logs()
+        )
+    };
+    wait_until(
+        "the job's completion answered, or the job over",
+        Duration::from_secs(600),
+        || {
+            let answered = std::fs::metadata(d.join("answer.json")).is_ok_and(|m| m.len() > 0);
+            answered
+                || [
+                    "COMPLETED",
+                    "FAILED",
+                    "CANCELLED",
+                    "TIMEOUT",
+                    "NODE_FAIL",
+                    "OUT_OF_MEMORY",
+                ]
+                .contains(&lab.job(&id).state.as_str())
+        },
+    );
+    let answer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("answer.json")).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("no completion ({e}): {}", said()));
+    assert_eq!(answer["usage"]["completion_tokens"], 4, "{}", said());
+    let up: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(d.join("up.json")).unwrap().trim()).unwrap();
+    assert_eq!(up["ready"], true, "{}", said());
+    assert!(
+        !marked(&tag).is_empty(),
+        "the job's processes carry the marker"
+    );
+    let first = served();
+    assert!(first > 0, "the Hub served the model");
+    let placed = inodes(&lab, 2);
+    assert!(placed.len() >= 4, "the model on both nodes: {placed:?}");
+
+    // scancel: Slurm ends the step and the batch script; nothing is left.
+    let r = lab.ctl(&["scancel", &id]);
+    assert!(r.status.success(), "{}", text(&r.stderr));
+    let j = lab.wait_done(&id, 0, Duration::from_secs(300));
+    assert_eq!(j.state, "CANCELLED", "{j:?}");
+    lab.wait_idle(Duration::from_secs(300));
+    wait_until("no engine process of the job left", HANG, || {
+        let left = marked(&tag);
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+
+    // The same job requeued: the model is in place, nothing moves.
+    lab.requeue(&id);
+    let j = lab.wait_done(&id, 1, Duration::from_secs(300));
+    assert_eq!(j.state, "COMPLETED", "{j:?}\n{}", said());
+    let again = std::fs::read_to_string(d.join("sync-1.json")).unwrap();
+    assert_eq!(
+        served(),
+        first,
+        "the requeued job fetched from the Hub: {again}"
+    );
+    let again: serde_json::Value = serde_json::from_str(again.trim()).unwrap();
+    let before: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(d.join("sync-0.json"))
+            .unwrap()
+            .trim(),
+    )
+    .unwrap();
+    assert_eq!(again["root"], before["root"], "{again}");
+    // Nothing was written again on either node: every file of the model
+    // is the one the first job placed.
+    assert_eq!(inodes(&lab, 2), placed, "the requeued job rewrote files");
+}
+
+/// Every file under the nodes' roots (`models--org--tiny`), with its inode
+/// and modification time, nodes 1..=n.
+fn inodes(lab: &slurm_lab::SlurmLab, n: u32) -> Vec<(String, u64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut all = Vec::new();
+    for i in 1..=n {
+        let mut dirs = vec![lab.disk(i).join("xfer/models--org--tiny")];
+        while let Some(dir) = dirs.pop() {
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let m = e.metadata().unwrap();
+                if m.is_dir() {
+                    dirs.push(e.path());
+                } else if m.is_file() {
+                    all.push((e.path().display().to_string(), m.ino(), m.mtime()));
+                }
+            }
+        }
+    }
+    all.sort();
+    all
+}
+
+/// An agent started by a test, killed when it ends.
+struct AgentGuard(Child);
+
+impl Drop for AgentGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
