@@ -274,11 +274,14 @@ fn a_job_cancelled_mid_push_leaves_copies_the_next_job_completes() {
     );
 }
 
-/// Job-scoped agents: the batch script makes a credential in the job's
-/// shared folder, starts one agent per node as a step of the job (`srun
-/// --ntasks-per-node=1 --overlap xfer serve`, a root on each node's local
-/// disk), pushes, then ends the step and removes the credential. Every
-/// node holds the model, and no agent outlives the job.
+/// Job-scoped agents with job-scoped credentials: the batch script makes a
+/// CA in the job's shared folder, one node credential per host of the
+/// allocation and an operator's, and deletes the CA key at once (nothing
+/// more is issued); it starts one agent per node as a step of the job
+/// (`srun --ntasks-per-node=1 --overlap xfer serve`, each with its own
+/// host's credential, a root on each node's local disk), pushes with the
+/// operator's, then ends the step and removes every credential. Every node
+/// holds the model, no credential is left, and no agent outlives the job.
 #[test]
 fn job_scoped_agents_serve_the_job_and_end_with_it() {
     let s = Site::up("xsd", 2);
@@ -296,15 +299,21 @@ set -euo pipefail
 dir={shared}/$SLURM_JOB_ID
 root={local}/job-$SLURM_JOB_ID
 mkdir -p "$dir"
-{xfer} keygen --out "$dir/key" >/dev/null
-printf 'key = "key"\n[slurm]\nagent = "{{host}}:7471"\nroot = "%s"\n' "$root" > "$dir/cluster.toml"
+chmod 700 "$dir"
+{xfer} ca init --dir "$dir/ca" >/dev/null
+for h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+  {xfer} ca issue "$h" --role node --days 1 --dir "$dir/ca" --out "$dir/node-$h.pem" >/dev/null
+done
+{xfer} ca issue operator --role operator --days 1 --dir "$dir/ca" --out "$dir/operator.pem" >/dev/null
+rm -f "$dir/ca/ca.key"
+printf 'key = "operator.pem"\n[slurm]\nagent = "{{host}}:7471"\nroot = "%s"\n' "$root" > "$dir/cluster.toml"
 srun --ntasks-per-node=1 mkdir -p "$root"
-srun --ntasks-per-node=1 --overlap {xfer} serve --listen 0.0.0.0:7471 --root "$root" --key "$dir/key" > "$dir/agents.log" 2>&1 &
+srun --ntasks-per-node=1 --overlap sh -c 'exec {xfer} serve --listen 0.0.0.0:7471 --root "$1" --key "$0/node-$SLURMD_NODENAME.pem" --cluster "$0/cluster.toml"' "$dir" "$root" > "$dir/agents.log" 2>&1 &
 agents=$!
 for _ in $(seq 300); do {xfer} status --cluster "$dir/cluster.toml" >/dev/null 2>&1 && break; sleep 0.1; done
 XDG_CACHE_HOME="$dir/xdg" {xfer} push {src} --cluster "$dir/cluster.toml" --json > "$dir/push.json"
 kill "$agents"; wait "$agents" || true
-rm -f "$dir/key"
+rm -rf "$dir/ca" "$dir"/*.pem
 "#,
             shared = shared.display(),
             local = local.display(),
@@ -324,7 +333,21 @@ rm -f "$dir/key"
     for i in 1..=2 {
         assert_same_tree(&src, &s.lab.disk(i).join(format!("job-{id}/jm")));
     }
-    assert!(!dir.join("key").exists(), "the job's credential is removed");
+    let left: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".pem") || n == "ca")
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the job's credentials are removed: {left:?}"
+    );
+    let log = fs::read_to_string(dir.join("agents.log")).unwrap_or_default();
+    assert!(
+        !log.contains("simple mode"),
+        "the agents ran on their own node credentials: {log}"
+    );
     // No agent of the job is left on any node once Slurm has cleaned up.
     s.lab.wait_idle(JOB_TIME);
     for i in 1..=2 {
