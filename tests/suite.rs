@@ -32,6 +32,7 @@ mod pull_stream;
 mod push;
 mod reflector;
 mod resume;
+mod store_budget;
 mod sync;
 mod sync_errors;
 mod sync_local;

@@ -80,6 +80,24 @@ pub enum AdminRequest {
         /// The operator's working directory (absolute).
         cwd: PathBuf,
     },
+    /// Bring your root within its budget: evict, least recently used
+    /// first, what is not held, down to the low watermark (or, with
+    /// `need`, until `need` more bytes fit under the budget); with
+    /// `dry_run`, only say what would go. Answered by
+    /// [`AdminReply::Gc`]. Operators only.
+    Gc {
+        /// Only plan.
+        dry_run: bool,
+        /// Make room for this many more bytes instead of the watermarks.
+        need: Option<u64>,
+    },
+    /// Pin model `name` (never evicted) or unpin it. Operators only.
+    Pin {
+        /// The model's stored name.
+        name: ModelName,
+        /// Pin (true) or unpin.
+        pinned: bool,
+    },
 }
 
 /// Agent → CLI: the answer to an [`AdminRequest`].
@@ -131,6 +149,52 @@ pub enum AdminReply {
         /// Each removed job.
         jobs: Vec<PrunedJob>,
     },
+    /// The answer to [`AdminRequest::Gc`].
+    Gc(GcReport),
+    /// The answer to [`AdminRequest::Pin`]: the model's state now.
+    Pinned {
+        /// The model's name.
+        name: ModelName,
+        /// Whether it is pinned now.
+        pinned: bool,
+    },
+}
+
+/// A root's budget, its models and what a [`AdminRequest::Gc`] evicted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcReport {
+    /// The most the root may hold (bytes).
+    pub limit: u64,
+    /// The high watermark (bytes).
+    pub high: u64,
+    /// The low watermark (bytes).
+    pub low: u64,
+    /// What the root's models take now (after the evictions, unless a
+    /// dry run).
+    pub used: u64,
+    /// Each model the root holds now.
+    pub models: Vec<GcRow>,
+    /// Evicted (or, in a dry run, to be): name, bytes, why.
+    pub evicted: Vec<(String, u64, String)>,
+    /// Evictions that failed when tried: `NAME: why`.
+    pub failed: Vec<String>,
+    /// Whether this was only a plan.
+    pub dry_run: bool,
+}
+
+/// One model of a [`GcReport`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcRow {
+    /// Its stored name.
+    pub name: String,
+    /// Bytes it takes.
+    pub bytes: u64,
+    /// When it was last used (unix milliseconds).
+    pub last_used_ms: u64,
+    /// Whether it is pinned.
+    pub pinned: bool,
+    /// Why it may not be evicted now, if so.
+    pub held: Option<String>,
 }
 
 /// One job record removed by [`AdminRequest::PruneJobs`].
@@ -156,6 +220,8 @@ impl AdminReply {
             AdminReply::JobEndedNoted { .. } => "JobEndedNoted",
             AdminReply::JobsPruned { .. } => "JobsPruned",
             AdminReply::FoldersFound { .. } => "FoldersFound",
+            AdminReply::Gc(_) => "Gc",
+            AdminReply::Pinned { .. } => "Pinned",
             AdminReply::Failed(_) => "Failed",
         }
     }

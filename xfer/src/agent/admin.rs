@@ -10,6 +10,7 @@
 use anyhow::Result;
 
 use super::{answer, read_or_refuse, AdminCtx as Ctx, Caller};
+use crate::store::evict::Want;
 use xfer_proto::admin::{check_job_id, AdminReply, AdminRequest, AgentStatus};
 use xfer_proto::frame::REQUEST_LIMIT;
 use xfer_proto::refusal::Refusal;
@@ -35,6 +36,8 @@ pub(super) async fn serve(
         AdminRequest::JobEnded { .. } => None,
         AdminRequest::PruneJobs { .. } => Some("prune sync jobs"),
         AdminRequest::FindFolder { .. } => Some("look for a sync source folder"),
+        AdminRequest::Gc { .. } => Some("evict models"),
+        AdminRequest::Pin { .. } => Some("pin a model"),
     };
     if let Some(Err(r)) = what.map(|what| caller.operator_only(&me, what)) {
         return answer(&conn, send, &AdminReply::Failed(r)).await;
@@ -115,6 +118,38 @@ pub(super) async fn serve(
                 Err(r) => AdminReply::Failed(r),
             }
         }
+        AdminRequest::Gc { dry_run, need } => {
+            let keeper = ctx.keeper.clone();
+            let want = match need {
+                Some(need) => Want::Room { need },
+                None => Want::Watermarks,
+            };
+            match tokio::task::spawn_blocking(move || keeper.gc(want, dry_run)).await? {
+                Ok(report) => {
+                    for (name, _, _) in report.evicted.iter().filter(|_| !dry_run) {
+                        if let Ok(n) = xfer_proto::names::ModelName::new(name) {
+                            ctx.activity.forget(&n);
+                            ctx.runner.forget_model(&n);
+                        }
+                    }
+                    AdminReply::Gc(report)
+                }
+                Err(no_room) => AdminReply::Failed(Refusal::Busy(no_room.to_string())),
+            }
+        }
+        AdminRequest::Pin { name, pinned } => match ctx.keeper.pin(&name, pinned) {
+            Ok(u) => {
+                tracing::info!(
+                    "{} {name} for {caller}",
+                    if u.pinned { "pinned" } else { "unpinned" }
+                );
+                AdminReply::Pinned {
+                    name,
+                    pinned: u.pinned,
+                }
+            }
+            Err(e) => AdminReply::Failed(e.into()),
+        },
     };
     answer(&conn, send, &reply).await
 }

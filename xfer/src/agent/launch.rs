@@ -108,8 +108,19 @@ pub(super) async fn serve(
                             Err(e) => tracing::warn!("the page-cache eviction failed: {e}"),
                         }
                     }
+                    let used = spec
+                        .weights
+                        .as_ref()
+                        .and_then(|w| ctx.keeper.model_of(&w.path));
                     match ctx.ranks.start(spec) {
-                        Ok(report) => LaunchReply::Runs(vec![report]),
+                        Ok(report) => {
+                            if let Some(name) = used {
+                                let keeper = ctx.keeper.clone();
+                                let _ =
+                                    tokio::task::spawn_blocking(move || keeper.touch(&name)).await;
+                            }
+                            LaunchReply::Runs(vec![report])
+                        }
                         Err(e) => LaunchReply::Failed(Refusal::Busy(e.to_string())),
                     }
                 }

@@ -19,6 +19,7 @@ pub mod containers;
 pub mod guard;
 mod images;
 mod intake;
+pub mod keeper;
 mod launch;
 pub mod local;
 pub mod permit;
@@ -44,6 +45,7 @@ use crate::config::auth::identity::{Peer, Role};
 use crate::config::auth::Credential;
 use crate::engine::scheduler;
 use crate::flow::receiver::Receiver;
+use crate::store::evict;
 use crate::store::Store;
 use crate::transport::quic::{self, read_frame_within, write_frame};
 use crate::transport::rdma::link::Nic;
@@ -87,6 +89,8 @@ pub struct AgentOptions {
     /// With `--cluster FILE`: its nodes' addresses (agent and fabric), the
     /// only ones a receiver dials for peers.
     pub member_addrs: Option<crate::flow::swarm::PeerAddrs>,
+    /// The root's budget and watermarks (`--max-bytes`, `--evict-above`...).
+    pub budget: keeper::BudgetConfig,
 }
 
 /// Refused connections, logged so that a storm of them cannot grow the
@@ -240,6 +244,28 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
             }
         });
     }
+    let keeper = Arc::new(keeper::Keeper::new(
+        store.clone(),
+        opts.budget,
+        ranks.clone(),
+        runner.clone(),
+    )?);
+    if opts.budget.evict_above.is_some() {
+        // Past the high watermark, evict down to the low one: checked at
+        // start and every 30 s (a model lands in seconds at the least).
+        let keeper = keeper.clone();
+        tokio::spawn(async move {
+            loop {
+                let k = keeper.clone();
+                let done =
+                    tokio::task::spawn_blocking(move || k.gc(evict::Want::Watermarks, false)).await;
+                if let Ok(Err(no_room)) = done {
+                    tracing::warn!("above the high watermark: {no_room}");
+                }
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+        });
+    }
     let within = opts.first_message_timeout;
     let ctx = Arc::new(Ctx {
         members: opts.members,
@@ -268,6 +294,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
             activity: activity.clone(),
             runner: runner.clone(),
             permits: permits.clone(),
+            keeper: keeper.clone(),
         },
         launch: LaunchCtx {
             first_message_timeout: within,
@@ -276,6 +303,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
             runner,
             ranks,
             permits,
+            keeper,
         },
     });
     let refusals = Arc::new(Mutex::new(RefusalLog::default()));
@@ -416,6 +444,8 @@ struct AdminCtx {
     activity: Arc<Activity>,
     runner: Arc<Runner>,
     permits: Arc<Permits>,
+    /// The root's budget, pins and evictions.
+    keeper: Arc<keeper::Keeper>,
 }
 
 /// What the launch service uses: preflight, reach probes, ranks, logs.
@@ -426,6 +456,8 @@ struct LaunchCtx {
     runner: Arc<Runner>,
     ranks: Arc<Supervisor>,
     permits: Arc<Permits>,
+    /// Notes the model a rank starts on as used.
+    keeper: Arc<keeper::Keeper>,
 }
 
 /// A context whose stream opens with a message read within a deadline.

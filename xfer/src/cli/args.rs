@@ -60,6 +60,22 @@ pub enum Cmd {
     /// Ended: complete, cancelled or failed. Operators only.
     #[command(after_help = "Example:\n  xfer prune --cluster cluster.toml --nodes a,b")]
     Prune(PruneArgs),
+    /// Evict models within each node's budget, least recently used first.
+    ///
+    /// Never a model a live run uses, one being transferred, or a pinned
+    /// one; down to the node's low watermark (`serve --evict-to`), or with
+    /// --need SIZE until that much more fits under its budget. Operators
+    /// only.
+    #[command(
+        after_help = "Example:\n  xfer gc --cluster cluster.toml --dry-run\n  xfer gc --cluster cluster.toml --nodes spark-b --need 120GiB"
+    )]
+    Gc(GcArgs),
+    /// Pin a model on the nodes: never evicted until unpinned.
+    #[command(after_help = "Example:\n  xfer pin Qwen/Qwen3-8B --cluster cluster.toml")]
+    Pin(PinArgs),
+    /// Unpin a model on the nodes.
+    #[command(after_help = "Example:\n  xfer unpin Qwen/Qwen3-8B --cluster cluster.toml")]
+    Unpin(PinArgs),
     /// Deliver a directory to one or more agents.
     #[command(
         after_help = "Example:\n  xfer push /models/my-model --cluster cluster.toml --nodes spark-a,spark-b\n  xfer push /models/my-model --to 10.0.0.2:7470,10.0.0.3 --key operator.pem"
@@ -292,6 +308,20 @@ pub struct ServeArgs {
     /// push, 1 to 64 (default: one per two cores, at most 4).
     #[arg(long, value_parser = xfer::transport::lanes::parse_connections, default_value_t = xfer::transport::lanes::default_connections())]
     pub connections: usize,
+    /// The most the root's models may take, e.g. 800GiB (`xfer gc` and the
+    /// watermarks evict within it; default: the filesystem's size).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub max_bytes: Option<u64>,
+    /// The budget as a share of the root's filesystem, e.g. 90%.
+    #[arg(long, value_parser = parse_percent, value_name = "PERCENT")]
+    pub max_percent: Option<u8>,
+    /// Past this share of the budget, evict models least recently used
+    /// first (never one in use, being transferred or pinned)...
+    #[arg(long, value_parser = parse_percent, value_name = "PERCENT")]
+    pub evict_above: Option<u8>,
+    /// ... down to this share (default: 10 points under --evict-above).
+    #[arg(long, value_parser = parse_percent, value_name = "PERCENT", requires = "evict_above")]
+    pub evict_to: Option<u8>,
     /// When an incoming connection must answer a QUIC Retry (prove its
     /// address) before its handshake; see `agent::guard`. Hidden: for
     /// measurements and tests.
@@ -413,6 +443,35 @@ pub struct RmArgs {
     /// record on that node).
     #[arg(long)]
     pub force: bool,
+}
+
+/// The arguments of `xfer gc`.
+#[derive(clap::Args)]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub at: ClusterNodes,
+    /// Only print what would be evicted, and why.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Make room for this many more bytes under each node's budget
+    /// (instead of its watermarks), e.g. 120GiB.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub need: Option<u64>,
+    /// Print each node's report as one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `xfer pin` and `xfer unpin`.
+#[derive(clap::Args)]
+pub struct PinArgs {
+    /// The model: its name on the nodes or its Hub repo id.
+    pub name: String,
+    #[command(flatten)]
+    pub at: ClusterNodes,
+    /// The kind of repo a repo id names: model or dataset.
+    #[arg(long, default_value = "model", value_parser = parse_repo_type)]
+    pub repo_type: xfer_proto::repo::RepoType,
 }
 
 /// The arguments of `xfer prune`.
@@ -794,6 +853,15 @@ impl From<FanOutArg> for xfer::flow::pull_fanout::FanOut {
             FanOutArg::Stream => xfer::flow::pull_fanout::FanOut::Stream,
             FanOutArg::Files => xfer::flow::pull_fanout::FanOut::Files,
         }
+    }
+}
+
+/// A percentage, `85` or `85%`, from 1 to 100.
+fn parse_percent(s: &str) -> Result<u8, String> {
+    let n = s.trim().trim_end_matches('%');
+    match n.parse::<u8>() {
+        Ok(p) if (1..=100).contains(&p) => Ok(p),
+        _ => Err(format!("{s:?} is not a percentage from 1 to 100, like 85%")),
     }
 }
 

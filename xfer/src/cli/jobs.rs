@@ -279,6 +279,103 @@ pub async fn cancel(args: CancelArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `xfer gc`.
+pub async fn gc(args: GcArgs) -> Result<ExitCode> {
+    let GcArgs {
+        at: ClusterNodes {
+            file: ClusterFile { cluster },
+            nodes,
+        },
+        dry_run,
+        need,
+        json,
+    } = args;
+    let cluster = load(cluster)?;
+    let cred = Arc::new(Credential::load(&cluster.key)?);
+    let answers = xfer::client::cleanup::gc(&cluster, &cred, &nodes, dry_run, need).await?;
+    let failed = answers.iter().any(|a| a.error.is_some());
+    if json {
+        serde_json::to_writer(std::io::stdout().lock(), &answers)?;
+        println!();
+    } else {
+        use xfer_proto::units::Bytes;
+        for a in &answers {
+            if let Some(e) = &a.error {
+                println!("{}: FAILED: {e}", a.node);
+                continue;
+            }
+            let Some(r) = &a.report else { continue };
+            let verb = if r.dry_run { "would evict" } else { "evicted" };
+            for (name, bytes, why) in &r.evicted {
+                println!(
+                    "{}: {verb} {} ({}): {why}",
+                    a.node,
+                    xfer_proto::names::for_people(name),
+                    Bytes(*bytes)
+                );
+            }
+            for f in &r.failed {
+                println!("{}: could not evict {f}", a.node);
+            }
+            println!(
+                "{}: {} held of a {} budget (evicts above {}, down to {}); {} model(s){}",
+                a.node,
+                Bytes(r.used),
+                Bytes(r.limit),
+                Bytes(r.high),
+                Bytes(r.low),
+                r.models.len(),
+                if r.evicted.is_empty() {
+                    ", nothing to evict"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `xfer pin` and `xfer unpin`.
+pub async fn pin(args: PinArgs, pinned: bool) -> Result<ExitCode> {
+    let PinArgs {
+        name,
+        at: ClusterNodes {
+            file: ClusterFile { cluster },
+            nodes,
+        },
+        repo_type,
+    } = args;
+    let cluster = load(cluster)?;
+    let cred = Arc::new(Credential::load(&cluster.key)?);
+    let name =
+        xfer_proto::names::ModelName::from_user(&name, repo_type).map_err(anyhow::Error::msg)?;
+    let replies = xfer::client::cleanup::pin(&cluster, &cred, &nodes, &name, pinned).await?;
+    let mut failed = false;
+    for (node, r) in &replies {
+        match r {
+            Ok(p) => println!(
+                "{node}: {} {}",
+                xfer_proto::names::for_people(name.as_str()),
+                if *p { "pinned" } else { "unpinned" }
+            ),
+            Err(e) => {
+                failed = true;
+                println!("{node}: FAILED: {e}");
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 /// `xfer rm`.
 pub async fn rm(args: RmArgs) -> Result<ExitCode> {
     let RmArgs {

@@ -30,7 +30,18 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         cluster,
         connections,
         container_engine,
+        max_bytes,
+        max_percent,
+        evict_above,
+        evict_to,
     } = args;
+    if let (Some(high), Some(low)) = (evict_above, evict_to) {
+        if low > high {
+            anyhow::bail!(
+                "--evict-to {low}% is above --evict-above {high}%; eviction goes from the high watermark down to the low one"
+            );
+        }
+    }
     let loaded = match &cluster {
         None => None,
         Some(file) => Some(xfer::config::cluster::Cluster::load(file)?),
@@ -95,6 +106,12 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         first_message_timeout: Duration::from_secs(first_message_timeout.max(1)),
         members: members.map(|m| (cluster.unwrap_or_default(), m)),
         member_addrs,
+        budget: xfer::agent::keeper::BudgetConfig {
+            max_bytes,
+            max_percent,
+            evict_above,
+            evict_to: evict_to.or(evict_above.map(|h| h.saturating_sub(10).max(1))),
+        },
         connections,
     })
     .await?;

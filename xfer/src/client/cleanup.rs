@@ -118,3 +118,74 @@ pub async fn prune(
     });
     Ok(all(asks).await)
 }
+
+/// One node's answer to `xfer gc`: its report, or why not.
+#[derive(Debug, Serialize)]
+pub struct GcAnswer {
+    /// The node's name.
+    pub node: String,
+    /// Its budget, models and evictions.
+    pub report: Option<xfer_proto::admin::GcReport>,
+    /// Why there is no report: unreachable, refused (nothing could make
+    /// the room, naming what holds it), or another answer.
+    #[serde(serialize_with = "as_line")]
+    pub error: Option<AskError>,
+}
+
+/// Asks the selected nodes to evict within their budgets (`need`: room
+/// for that many more bytes; else down to the low watermark), or with
+/// `dry_run` only to say what would go.
+pub async fn gc(
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    nodes: &[String],
+    dry_run: bool,
+    need: Option<u64>,
+) -> Result<Vec<GcAnswer>, ClusterError> {
+    let asks = cluster.select(nodes)?.into_iter().map(|n| {
+        let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
+        let msg = AdminRequest::Gc { dry_run, need };
+        async move {
+            let (report, error) =
+                match admin(&cred, &node, &agent, &msg, Duration::from_secs(120)).await {
+                    Ok(AdminReply::Gc(r)) => (Some(r), None),
+                    Ok(AdminReply::Failed(why)) => (None, Some(AskError::Refused(why))),
+                    Ok(other) => (None, Some(AskError::Unexpected(other.kind()))),
+                    Err(e) => (None, Some(e)),
+                };
+            GcAnswer {
+                node,
+                report,
+                error,
+            }
+        }
+    });
+    Ok(all(asks).await)
+}
+
+/// Pins (or unpins) model `name` on the selected nodes.
+pub async fn pin(
+    cluster: &Cluster,
+    cred: &Arc<Credential>,
+    nodes: &[String],
+    name: &ModelName,
+    pinned: bool,
+) -> Result<Vec<(String, Result<bool, AskError>)>, ClusterError> {
+    let asks = cluster.select(nodes)?.into_iter().map(|n| {
+        let (cred, node, agent) = (cred.clone(), n.name.to_string(), n.agent.clone());
+        let msg = AdminRequest::Pin {
+            name: name.clone(),
+            pinned,
+        };
+        async move {
+            let r = match admin(&cred, &node, &agent, &msg, ASK_TIMEOUT).await {
+                Ok(AdminReply::Pinned { pinned, .. }) => Ok(pinned),
+                Ok(AdminReply::Failed(why)) => Err(AskError::Refused(why)),
+                Ok(other) => Err(AskError::Unexpected(other.kind())),
+                Err(e) => Err(e),
+            };
+            (node, r)
+        }
+    });
+    Ok(all(asks).await)
+}

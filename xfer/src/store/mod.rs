@@ -26,6 +26,7 @@
 
 mod draft;
 mod error;
+pub mod evict;
 pub mod fetched;
 pub mod hashcache;
 pub mod hub_layout;
@@ -38,6 +39,7 @@ mod readback;
 mod record;
 mod resume;
 pub mod scan;
+pub mod usage;
 pub mod verify;
 
 use std::collections::BTreeMap;
@@ -257,6 +259,33 @@ impl Store {
         let mut out = self.records_any();
         out.retain(|(_, r)| r.is_complete());
         out
+    }
+
+    /// Every model recorded here (complete or being replaced), with the
+    /// bytes its files take and when its record was last written (unix
+    /// milliseconds): what eviction weighs ([`evict`]).
+    pub fn sizes(&self) -> Vec<(ModelName, u64, u64)> {
+        self.records_any()
+            .into_iter()
+            .map(|(name, rec)| {
+                let bytes = rec.stamps.values().map(|s| s.size).sum();
+                let written = fs::metadata(self.record_path(&name))
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_millis() as u64);
+                (name, bytes, written)
+            })
+            .collect()
+    }
+
+    /// Whether a transfer of `name` holds its lock here now.
+    pub fn is_busy(&self, name: &ModelName) -> bool {
+        let Ok(lock) = self.fs.open_read(&Self::lock_rel(name)) else {
+            return false;
+        };
+        // SAFETY: flock on an fd we own; released when it closes.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
     }
 
     /// Every record here, complete or being replaced, by name.

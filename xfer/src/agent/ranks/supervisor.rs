@@ -293,6 +293,26 @@ impl Supervisor {
         runs.iter().map(|r| r.report()).collect()
     }
 
+    /// The runs still live here and the model path each one's ranks were
+    /// gated on (`RankSpec::weights`, else the argv's paths): what must
+    /// not be evicted while they live.
+    pub fn live_models(&self) -> Vec<(String, Vec<String>)> {
+        self.runs
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|r| r.state().is_live())
+            .map(|r| {
+                let mut paths: Vec<String> =
+                    r.spec.weights.iter().map(|w| w.path.clone()).collect();
+                for p in &r.spec.procs {
+                    paths.extend(p.argv.iter().filter(|a| a.starts_with('/')).cloned());
+                }
+                (r.spec.run.clone(), paths)
+            })
+            .collect()
+    }
+
     /// Whether `node` is one of the nodes of run `run` (a node may ask
     /// the others of its own runs to stop).
     pub fn in_group(&self, run: &str, node: &str) -> bool {
