@@ -124,7 +124,7 @@ pub enum Cmd {
     /// Become this node's rank of a run (what `runner = "srun"`'s step runs on each node).
     #[command(
         hide = true,
-        after_help = "Example (srun runs it; not by hand):\n  xfer-launch rank --ranks ~/.local/state/xfer-launch/RUN.srun/ranks.json"
+        after_help = "Example:\n  xfer-launch rank --ranks ~/.local/state/xfer-launch/RUN.srun/ranks.json   # what srun runs on each node; not by hand"
     )]
     Rank {
         /// The rank file `xfer-launch up` wrote beside its run record.
