@@ -104,7 +104,7 @@ fn gc_evicts_the_least_recently_used_never_a_pinned_or_running_model() {
     plan.assert_ok("xfer gc --dry-run");
     assert!(
         plan.stdout
-            .contains("n1: would evict m3 (3.0 MiB): least recently used"),
+            .contains("n1: would evict m3 (3.0 MiB): room asked for: least recently used"),
         "{}",
         plan.stdout
     );
@@ -165,4 +165,63 @@ fn gc_evicts_the_least_recently_used_never_a_pinned_or_running_model() {
         .unwrap()
         .log()
         .contains("evicted m2"));
+}
+
+/// A push that does not fit under the budget: without watermarks it is
+/// refused in one line saying what `xfer gc` would evict; with them
+/// (`--evict-above`) the agent evicts the least recently used model that
+/// is not pinned and takes the push; when only pinned models are left,
+/// it refuses naming them, and nothing is lost.
+#[test]
+fn a_push_over_the_budget_evicts_with_watermarks_and_names_what_holds_the_space() {
+    let plain = Cluster::start("budget-plain", 202, &["n1"], &["--max-bytes", "10MiB"]);
+    let src = plain.dir.path().join("src");
+    for (i, name) in ["m1", "m2", "m3", "m4"].iter().enumerate() {
+        gen_model(&src.join(name), 3 * MIB, 580 + i as u64);
+    }
+    for name in ["m1", "m2", "m3"] {
+        push(&plain, &src.join(name), name);
+    }
+    let r = run(
+        plain.cmd("push", &["--name", "m4"]).arg(src.join("m4")),
+        Duration::from_secs(60),
+    );
+    assert!(!r.success(), "{}", r.stdout);
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        all.contains("m4 needs 3.0 MiB and this node's budget of 10.0 MiB holds 9.0 MiB")
+            && all.contains("would evict m1 (least recently used first)"),
+        "{all}"
+    );
+    assert_eq!(held(&plain), ["m1", "m2", "m3"]);
+
+    let c = Cluster::start(
+        "budget-evict",
+        203,
+        &["n1"],
+        &["--max-bytes", "10MiB", "--evict-above", "100%"],
+    );
+    for name in ["m1", "m2", "m3"] {
+        push(&c, &src.join(name), name);
+    }
+    run(&mut c.cmd("pin", &["m1"]), Duration::from_secs(30)).assert_ok("xfer pin m1");
+    push(&c, &src.join("m4"), "m4");
+    assert_eq!(held(&c), ["m1", "m3", "m4"], "{}", c.logs());
+    let log = c.member("n1").agent.as_ref().unwrap().log();
+    assert!(log.contains("evicted m2 (3.0 MiB): room for m4"), "{log}");
+    for name in ["m3", "m4"] {
+        run(&mut c.cmd("pin", &[name]), Duration::from_secs(30)).assert_ok("xfer pin");
+    }
+    gen_model(&src.join("m5"), 3 * MIB, 585);
+    let r = run(
+        c.cmd("push", &["--name", "m5"]).arg(src.join("m5")),
+        Duration::from_secs(60),
+    );
+    assert!(!r.success(), "{}", r.stdout);
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        all.contains("cannot make room") && all.contains("m1 (3.0 MiB, pinned)"),
+        "{all}"
+    );
+    assert_eq!(held(&c), ["m1", "m3", "m4"]);
 }

@@ -106,6 +106,11 @@ pub enum Refusal {
         /// or the Hub's `RateLimit` `t=`), in milliseconds.
         wait_ms: Option<u64>,
     },
+    #[error("{0}")]
+    /// The model does not fit under the node's budget (`serve
+    /// --max-bytes`), and eviction may not or cannot make the room; the
+    /// text names the node's budget, what holds the space and the fix.
+    OverBudget(String),
 }
 
 /// A refusal as every service's reply encodes it. [`crate::transfer::TransferMsg`],
@@ -131,6 +136,7 @@ impl Refusal {
                 | Refusal::BadManifest(_)
                 | Refusal::BadName(_)
                 | Refusal::NoSpace { .. }
+                | Refusal::OverBudget(_)
                 | Refusal::Unsafe { .. }
                 | Refusal::Forbidden(_)
         )

@@ -16,6 +16,8 @@ use crate::store::usage::{Usage, Use};
 use crate::store::{Store, StoreError};
 use xfer_proto::admin::{GcReport, GcRow};
 use xfer_proto::names::ModelName;
+use xfer_proto::refusal::Refusal;
+use xfer_proto::units::Bytes;
 
 /// How the operator bounded the root (`xfer serve`'s flags).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -134,38 +136,30 @@ impl Keeper {
         let inv = self.inventory();
         let held: Vec<Held> = inv.iter().map(|(h, _)| h.clone()).collect();
         let plan = evict::plan(&held, budget, want)?;
-        let mut evicted = Vec::new();
-        let mut failed = Vec::new();
-        for e in &plan.evict {
-            let why = format!(
-                "least recently used (last used {} s ago)",
-                crate::util::clock::unix_now_ms().saturating_sub(e.last_used_ms) / 1000
-            );
-            if dry_run {
-                evicted.push((e.name.to_string(), e.bytes, why));
-                continue;
-            }
-            // Checked again under the transfer's lock: a sync may have
-            // begun since the plan.
-            match self.store.remove(&e.name, false) {
-                Ok(_) => {
-                    let _ = self.usage.forget(&e.name);
-                    tracing::info!(
-                        "evicted {} ({}): {why}",
-                        e.name,
-                        xfer_proto::units::Bytes(e.bytes)
-                    );
-                    evicted.push((e.name.to_string(), e.bytes, why));
-                }
-                Err(err) => failed.push(format!("{}: {err}", e.name)),
-            }
-        }
-        Ok(self.report(&plan, evicted, failed, dry_run))
+        let reason = match want {
+            Want::Watermarks => "above the high watermark",
+            Want::Room { .. } => "room asked for",
+        };
+        let (evicted, failed) = if dry_run {
+            let now = crate::util::clock::unix_now_ms();
+            let would = plan
+                .evict
+                .iter()
+                .map(|e| {
+                    let ago = now.saturating_sub(e.last_used_ms) / 1000;
+                    let why = format!("{reason}: least recently used (last used {ago} s ago)");
+                    (e.name.to_string(), e.bytes, why)
+                })
+                .collect();
+            (would, Vec::new())
+        } else {
+            self.execute(&plan, reason)
+        };
+        Ok(self.report(evicted, failed, dry_run))
     }
 
     fn report(
         &self,
-        _plan: &Plan,
         evicted: Vec<(String, u64, String)>,
         failed: Vec<String>,
         dry_run: bool,
@@ -198,6 +192,72 @@ impl Keeper {
             failed,
             dry_run,
         }
+    }
+
+    /// Before `need` bytes of model `name` are received here: fine when
+    /// they fit under the budget beside the other models; else, with
+    /// watermarks set (`--evict-above`, the operator's consent to evict),
+    /// evicts least recently used first what is not held; else refuses,
+    /// saying what `xfer gc` would evict or what holds the space.
+    pub fn make_room(&self, name: &ModelName, need: u64) -> Result<(), Refusal> {
+        if self.config.max_bytes.is_none() && self.config.max_percent.is_none() {
+            // No budget but the disk: the store's free-space check speaks.
+            return Ok(());
+        }
+        let budget = self.budget();
+        let others: Vec<Held> = self
+            .inventory()
+            .into_iter()
+            .map(|(h, _)| h)
+            .filter(|h| &h.name != name)
+            .collect();
+        let used: u64 = others.iter().map(|h| h.bytes).sum();
+        if used.saturating_add(need) <= budget.limit {
+            return Ok(());
+        }
+        let short = format!(
+            "{name} needs {} and this node's budget of {} holds {} of other models",
+            Bytes(need),
+            Bytes(budget.limit),
+            Bytes(used)
+        );
+        let plan = evict::plan(&others, budget, Want::Room { need })
+            .map_err(|no| Refusal::OverBudget(format!("{short}: {no}")))?;
+        if self.config.evict_above.is_none() {
+            let names: Vec<&str> = plan.evict.iter().map(|e| e.name.as_str()).collect();
+            return Err(Refusal::OverBudget(format!(
+                "{short}; `xfer gc --need {need}` would evict {} (least recently used first), or start the agent with --evict-above to evict on demand",
+                names.join(", ")
+            )));
+        }
+        let (_, failed) = self.execute(&plan, &format!("room for {name}"));
+        match failed.first() {
+            None => Ok(()),
+            Some(f) => Err(Refusal::OverBudget(format!("{short}; evicting {f}"))),
+        }
+    }
+
+    /// Evicts what `plan` lists (each under its transfer lock, so a sync
+    /// begun since the plan keeps its model); what went, and `NAME: why`
+    /// of what could not.
+    fn execute(&self, plan: &Plan, reason: &str) -> (Vec<(String, u64, String)>, Vec<String>) {
+        let mut evicted = Vec::new();
+        let mut failed = Vec::new();
+        for e in &plan.evict {
+            let why = format!(
+                "{reason}: least recently used (last used {} s ago)",
+                crate::util::clock::unix_now_ms().saturating_sub(e.last_used_ms) / 1000
+            );
+            match self.store.remove(&e.name, false) {
+                Ok(_) => {
+                    let _ = self.usage.forget(&e.name);
+                    tracing::info!("evicted {} ({}): {why}", e.name, Bytes(e.bytes));
+                    evicted.push((e.name.to_string(), e.bytes, why));
+                }
+                Err(err) => failed.push(format!("{}: {err}", e.name)),
+            }
+        }
+        (evicted, failed)
     }
 
     /// Pins or unpins `name`, which the root must hold.

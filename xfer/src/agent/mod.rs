@@ -285,6 +285,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
                 watcher: activity.clone(),
                 peer_addrs: opts.member_addrs.map(Arc::new),
             },
+            keeper: keeper.clone(),
         },
         admin: AdminCtx {
             first_message_timeout: within,

@@ -47,6 +47,8 @@ pub(super) struct TransferCtx {
     pub(super) jobs: Jobs,
     pub(super) runner: Arc<Runner>,
     pub(super) receiver: Receiver,
+    /// The root's budget: an offer must fit under it.
+    pub(super) keeper: Arc<super::keeper::Keeper>,
 }
 
 /// Running jobs by model name: a token to cancel each, and a lock the job
@@ -71,6 +73,15 @@ struct Job {
     lane_key: [u8; 16],
 }
 
+/// The node's budget's say on `bytes` of model `name` arriving
+/// ([`crate::agent::keeper::Keeper::make_room`]).
+async fn make_room(ctx: &TransferCtx, name: &ModelName, bytes: u64) -> Result<(), Refusal> {
+    let (keeper, name) = (ctx.keeper.clone(), name.clone());
+    tokio::task::spawn_blocking(move || keeper.make_room(&name, bytes))
+        .await
+        .unwrap_or_else(|e| Err(Refusal::Busy(format!("the budget check failed: {e}"))))
+}
+
 /// Serves one transfer stream, whose first message is an opener.
 pub(super) async fn serve(
     conn: quinn::Connection,
@@ -85,6 +96,9 @@ pub(super) async fn serve(
             if let Err(e) = manifest.validate() {
                 return refuse(&mut send, Refusal::BadManifest(e.to_string())).await;
             }
+            if let Err(r) = make_room(ctx, &name, manifest.total_bytes()).await {
+                return refuse(&mut send, r).await;
+            }
             (name, Plan::Manifest(Arc::new(manifest)))
         }
         TransferMsg::OfferDraft { name, id, listing } => {
@@ -93,6 +107,13 @@ pub(super) async fn serve(
             let room = Draft::extent(&listing)
                 .map_err(|e| Refusal::BadManifest(e.to_string()))
                 .and_then(|(bytes, _)| ctx.store.room_for(&name, bytes).map_err(Refusal::from));
+            let room = match room {
+                Ok(()) => match Draft::extent(&listing) {
+                    Ok((bytes, _)) => make_room(ctx, &name, bytes).await,
+                    Err(e) => Err(Refusal::BadManifest(e.to_string())),
+                },
+                Err(r) => Err(r),
+            };
             if let Err(r) = room {
                 return refuse(&mut send, r).await;
             }
