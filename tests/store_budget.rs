@@ -99,6 +99,29 @@ fn gc_evicts_the_least_recently_used_never_a_pinned_or_running_model() {
         other => panic!("the rank did not start: {other:?}"),
     }
 
+    // `xfer ls` shows the budget, and each model's size, pin and hold.
+    let ls = run(&mut c.cmd("ls", &[]), Duration::from_secs(30));
+    ls.assert_ok("xfer ls");
+    assert!(
+        ls.stdout.contains("n1: 9.0 MiB held of a 10.0 MiB budget"),
+        "{}",
+        ls.stdout
+    );
+    let line = |m: &str| {
+        ls.stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{m} ")))
+            .unwrap_or_else(|| panic!("no {m} in {}", ls.stdout))
+            .to_string()
+    };
+    assert!(line("m1").ends_with("(pinned)"), "{}", ls.stdout);
+    assert!(
+        line("m2").ends_with("(in use by run gc-run)"),
+        "{}",
+        ls.stdout
+    );
+    assert!(line("m3").contains("3.0 MiB"), "{}", ls.stdout);
+
     // Room for 3 MiB more: only m3 may go.
     let plan = gc(&c, &["--need", "3MiB", "--dry-run"]);
     plan.assert_ok("xfer gc --dry-run");

@@ -70,6 +70,10 @@ pub enum Cmd {
         after_help = "Example:\n  xfer gc --cluster cluster.toml --dry-run\n  xfer gc --cluster cluster.toml --nodes spark-b --need 120GiB"
     )]
     Gc(GcArgs),
+    /// List each node's models: size, last use, pin, what holds it, and
+    /// the node's budget.
+    #[command(after_help = "Example:\n  xfer ls --cluster cluster.toml --nodes spark-a")]
+    Ls(LsArgs),
     /// Pin a model on the nodes: never evicted until unpinned.
     #[command(after_help = "Example:\n  xfer pin Qwen/Qwen3-8B --cluster cluster.toml")]
     Pin(PinArgs),
@@ -458,6 +462,16 @@ pub struct GcArgs {
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub need: Option<u64>,
     /// Print each node's report as one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `xfer ls`.
+#[derive(clap::Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    pub at: ClusterNodes,
+    /// Print each node's models and budget as one JSON document.
     #[arg(long)]
     pub json: bool,
 }

@@ -340,6 +340,94 @@ pub async fn gc(args: GcArgs) -> Result<ExitCode> {
     })
 }
 
+/// `xfer ls`: each node's models (by repo id), newest use first, and its
+/// budget; what a dry-run `gc` reports, without its plan.
+pub async fn ls(args: LsArgs) -> Result<ExitCode> {
+    let LsArgs {
+        at: ClusterNodes {
+            file: ClusterFile { cluster },
+            nodes,
+        },
+        json,
+    } = args;
+    let cluster = load(cluster)?;
+    let cred = Arc::new(Credential::load(&cluster.key)?);
+    let mut answers = xfer::client::cleanup::gc(&cluster, &cred, &nodes, true, None).await?;
+    let failed = answers.iter().any(|a| a.error.is_some());
+    for a in &mut answers {
+        if let Some(r) = &mut a.report {
+            r.evicted.clear();
+            r.models.sort_by(|x, y| {
+                y.last_used_ms
+                    .cmp(&x.last_used_ms)
+                    .then(x.name.cmp(&y.name))
+            });
+        }
+    }
+    if json {
+        serde_json::to_writer(std::io::stdout().lock(), &answers)?;
+        println!();
+        return Ok(if failed {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        });
+    }
+    use xfer_proto::units::Bytes;
+    let now = xfer::util::clock::unix_now_ms();
+    for a in &answers {
+        if let Some(e) = &a.error {
+            println!("{}: FAILED: {e}", a.node);
+            continue;
+        }
+        let Some(r) = &a.report else { continue };
+        println!(
+            "{}: {} held of a {} budget (evicts above {}, down to {})",
+            a.node,
+            Bytes(r.used),
+            Bytes(r.limit),
+            Bytes(r.high),
+            Bytes(r.low)
+        );
+        for m in &r.models {
+            let ago = now.saturating_sub(m.last_used_ms) / 1000;
+            let mut notes = Vec::new();
+            if m.pinned {
+                notes.push("pinned".to_string());
+            }
+            if let Some(h) = m.held.as_ref().filter(|h| h.as_str() != "pinned") {
+                notes.push(h.clone());
+            }
+            println!(
+                "  {:<48} {:>10}  used {:>8} ago{}",
+                xfer_proto::names::for_people(&m.name),
+                Bytes(m.bytes).to_string(),
+                human_ago(ago),
+                if notes.is_empty() {
+                    String::new()
+                } else {
+                    format!("  ({})", notes.join(", "))
+                }
+            );
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `90 s`, `12 min`, `5 h`, `3 d`.
+fn human_ago(s: u64) -> String {
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{} min", s / 60),
+        7200..=172_799 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
+
 /// `xfer pin` and `xfer unpin`.
 pub async fn pin(args: PinArgs, pinned: bool) -> Result<ExitCode> {
     let PinArgs {

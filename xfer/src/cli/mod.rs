@@ -52,6 +52,7 @@ pub async fn run(cmd: Cmd) -> Result<ExitCode> {
         Cmd::Rm(a) => jobs::rm(a).await,
         Cmd::Prune(a) => jobs::prune(a).await,
         Cmd::Gc(a) => jobs::gc(a).await,
+        Cmd::Ls(a) => jobs::ls(a).await,
         Cmd::Pin(a) => jobs::pin(a, true).await,
         Cmd::Unpin(a) => jobs::pin(a, false).await,
         Cmd::Push(a) => transfer::push(a).await,
