@@ -37,6 +37,8 @@ pub struct Keeper {
     store: Store,
     usage: Usage,
     config: BudgetConfig,
+    /// The models the cluster file's `[launch]` names: kept.
+    launch: Vec<ModelName>,
     ranks: Arc<Supervisor>,
     runner: Arc<Runner>,
 }
@@ -46,6 +48,7 @@ impl Keeper {
     pub fn new(
         store: Store,
         config: BudgetConfig,
+        launch: Vec<ModelName>,
         ranks: Arc<Supervisor>,
         runner: Arc<Runner>,
     ) -> std::io::Result<Keeper> {
@@ -54,6 +57,7 @@ impl Keeper {
             store,
             usage: Usage::new(fs),
             config,
+            launch,
             ranks,
             runner,
         })
@@ -108,6 +112,8 @@ impl Keeper {
                     Some(Hold::Busy)
                 } else if u.pinned {
                     Some(Hold::Pinned)
+                } else if self.launch.contains(&name) {
+                    Some(Hold::Launch)
                 } else {
                     None
                 };
@@ -312,4 +318,39 @@ impl Keeper {
 
 fn pct(total: u64, p: u8) -> u64 {
     (total as u128 * p.min(100) as u128 / 100) as u64
+}
+
+/// The stored name of the model a cluster file's `[launch] model` names:
+/// a repo id (`ORG/NAME[@REV]`, its cache folder) or a path under `root`
+/// (its first component there); none for anything else.
+pub fn launch_model(launch: Option<&toml::Table>, root: &Path) -> Option<ModelName> {
+    let model = launch?.get("model")?.as_str()?;
+    if model.starts_with('/') {
+        let rel = Path::new(model).strip_prefix(root).ok()?;
+        return ModelName::new(rel.components().next()?.as_os_str().to_str()?).ok();
+    }
+    ModelName::from_user(model, xfer_proto::repo::RepoType::Model).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_launch_model_is_named_by_repo_id_or_by_its_path_under_the_root() {
+        let t = |s: &str| -> toml::Table { toml::from_str(s).unwrap() };
+        let root = Path::new("/data/xfer");
+        let named = |s: &str| launch_model(Some(&t(s)), root).map(|n| n.to_string());
+        assert_eq!(
+            named("model = \"Qwen/Qwen3-8B@main\""),
+            Some("models--Qwen--Qwen3-8B".into())
+        );
+        assert_eq!(
+            named("model = \"/data/xfer/tiny/snapshots\""),
+            Some("tiny".into())
+        );
+        assert_eq!(named("model = \"/elsewhere/tiny\""), None);
+        assert_eq!(named("engine = \"vllm\""), None);
+        assert_eq!(launch_model(None, root), None);
+    }
 }

@@ -91,6 +91,8 @@ pub struct AgentOptions {
     pub member_addrs: Option<crate::flow::swarm::PeerAddrs>,
     /// The root's budget and watermarks (`--max-bytes`, `--evict-above`...).
     pub budget: keeper::BudgetConfig,
+    /// With `--cluster FILE`: the model its `[launch]` names, never evicted.
+    pub launch_models: Vec<xfer_proto::names::ModelName>,
 }
 
 /// Refused connections, logged so that a storm of them cannot grow the
@@ -247,6 +249,7 @@ pub async fn run(opts: AgentOptions) -> Result<()> {
     let keeper = Arc::new(keeper::Keeper::new(
         store.clone(),
         opts.budget,
+        opts.launch_models.clone(),
         ranks.clone(),
         runner.clone(),
     )?);

@@ -47,6 +47,11 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         Some(file) => Some(xfer::config::cluster::Cluster::load(file)?),
     };
     let member_addrs = loaded.as_ref().map(peer_addrs);
+    let launch_models: Vec<_> = loaded
+        .as_ref()
+        .and_then(|c| xfer::agent::keeper::launch_model(c.launch.as_ref(), &root))
+        .into_iter()
+        .collect();
     let members = loaded.map(|c| c.nodes.into_iter().map(|n| n.name).collect());
     let exports = export
         .iter()
@@ -106,6 +111,7 @@ pub async fn serve(args: ServeArgs) -> Result<ExitCode> {
         first_message_timeout: Duration::from_secs(first_message_timeout.max(1)),
         members: members.map(|m| (cluster.unwrap_or_default(), m)),
         member_addrs,
+        launch_models,
         budget: xfer::agent::keeper::BudgetConfig {
             max_bytes,
             max_percent,

@@ -24,6 +24,8 @@ pub enum Hold {
     Busy,
     /// An operator pinned it (`xfer pin`).
     Pinned,
+    /// The cluster file's `[launch]` names it (`serve --cluster`).
+    Launch,
 }
 
 impl fmt::Display for Hold {
@@ -32,6 +34,7 @@ impl fmt::Display for Hold {
             Hold::InUse(run) => write!(f, "in use by run {run}"),
             Hold::Busy => f.write_str("being transferred"),
             Hold::Pinned => f.write_str("pinned"),
+            Hold::Launch => f.write_str("the model of the cluster file's [launch]"),
         }
     }
 }
