@@ -161,43 +161,7 @@ impl Keeper {
         } else {
             self.execute(&plan, reason)
         };
-        Ok(self.report(evicted, failed, dry_run))
-    }
-
-    fn report(
-        &self,
-        evicted: Vec<(String, u64, String)>,
-        failed: Vec<String>,
-        dry_run: bool,
-    ) -> GcReport {
-        let budget = self.budget();
-        let gone: Vec<&str> = if dry_run {
-            Vec::new()
-        } else {
-            evicted.iter().map(|(n, _, _)| n.as_str()).collect()
-        };
-        let models: Vec<GcRow> = self
-            .inventory()
-            .into_iter()
-            .filter(|(h, _)| !gone.contains(&h.name.as_str()))
-            .map(|(h, u)| GcRow {
-                name: h.name.to_string(),
-                bytes: h.bytes,
-                last_used_ms: h.last_used_ms,
-                pinned: u.pinned,
-                held: h.hold.map(|x| x.to_string()),
-            })
-            .collect();
-        GcReport {
-            limit: budget.limit,
-            high: budget.high,
-            low: budget.low,
-            used: models.iter().map(|m| m.bytes).sum(),
-            models,
-            evicted,
-            failed,
-            dry_run,
-        }
+        Ok(report(budget, inv, evicted, failed, dry_run))
     }
 
     /// Before `need` bytes of model `name` are received here: fine when
@@ -268,16 +232,15 @@ impl Keeper {
 
     /// Pins or unpins `name`, which the root must hold.
     pub fn pin(&self, name: &ModelName, pinned: bool) -> Result<Use, StoreError> {
-        let held = self.store.sizes();
-        if !held.iter().any(|(n, _, _)| n == name) {
+        let names = self.store.model_names();
+        if !names.iter().any(|n| n == name) {
             return Err(StoreError::Invalid(format!(
                 "this node holds no model `{name}`; `xfer status` lists what it holds"
             )));
         }
-        let names: Vec<String> = held.iter().map(|(n, _, _)| n.to_string()).collect();
         self.usage
             .pin(name, pinned, crate::util::clock::unix_now_ms(), |n| {
-                names.iter().any(|k| k == n)
+                names.iter().any(|k| k.as_str() == n)
             })
             .map_err(|e| StoreError::Io {
                 path: self
@@ -292,16 +255,11 @@ impl Keeper {
 
     /// `name` was used now (a launch, a transfer, an operator).
     pub fn touch(&self, name: &ModelName) {
-        let names: Vec<String> = self
-            .store
-            .sizes()
-            .into_iter()
-            .map(|(n, _, _)| n.to_string())
-            .collect();
+        let names = self.store.model_names();
         if let Err(e) = self
             .usage
             .touch(name, crate::util::clock::unix_now_ms(), |n| {
-                names.iter().any(|k| k == n)
+                names.iter().any(|k| k.as_str() == n)
             })
         {
             tracing::warn!("cannot note the use of {name}: {e}");
@@ -313,6 +271,39 @@ impl Keeper {
         let rel = Path::new(path).strip_prefix(self.store.root()).ok()?;
         let first = rel.components().next()?.as_os_str().to_str()?;
         ModelName::new(first).ok()
+    }
+}
+
+/// The report of a `gc`: the root's models as the plan saw them, less
+/// what it evicted (unless a dry run).
+fn report(
+    budget: Budget,
+    inv: Vec<(Held, Use)>,
+    evicted: Vec<(String, u64, String)>,
+    failed: Vec<String>,
+    dry_run: bool,
+) -> GcReport {
+    let gone = |name: &str| !dry_run && evicted.iter().any(|(n, _, _)| n == name);
+    let models: Vec<GcRow> = inv
+        .into_iter()
+        .filter(|(h, _)| !gone(h.name.as_str()))
+        .map(|(h, u)| GcRow {
+            name: h.name.to_string(),
+            bytes: h.bytes,
+            last_used_ms: h.last_used_ms,
+            pinned: u.pinned,
+            held: h.hold.map(|x| x.to_string()),
+        })
+        .collect();
+    GcReport {
+        limit: budget.limit,
+        high: budget.high,
+        low: budget.low,
+        used: models.iter().map(|m| m.bytes).sum(),
+        models,
+        evicted,
+        failed,
+        dry_run,
     }
 }
 

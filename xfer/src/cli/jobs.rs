@@ -245,11 +245,7 @@ pub async fn prune(args: PruneArgs) -> Result<ExitCode> {
             }
         }
     }
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(exit_for(failed))
 }
 
 /// `xfer cancel`.
@@ -333,11 +329,7 @@ pub async fn gc(args: GcArgs) -> Result<ExitCode> {
             );
         }
     }
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(exit_for(failed))
 }
 
 /// `xfer ls`: each node's models (by repo id), newest use first, and its
@@ -367,11 +359,7 @@ pub async fn ls(args: LsArgs) -> Result<ExitCode> {
     if json {
         serde_json::to_writer(std::io::stdout().lock(), &answers)?;
         println!();
-        return Ok(if failed {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        });
+        return Ok(exit_for(failed));
     }
     use xfer_proto::units::Bytes;
     let now = xfer::util::clock::unix_now_ms();
@@ -411,11 +399,7 @@ pub async fn ls(args: LsArgs) -> Result<ExitCode> {
             );
         }
     }
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(exit_for(failed))
 }
 
 /// `90 s`, `12 min`, `5 h`, `3 d`.
@@ -457,11 +441,7 @@ pub async fn pin(args: PinArgs, pinned: bool) -> Result<ExitCode> {
             }
         }
     }
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(exit_for(failed))
 }
 
 /// `xfer rm`.
@@ -515,4 +495,13 @@ pub async fn rm(args: RmArgs) -> Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exit 1 when any node failed, else 0.
+fn exit_for(failed: bool) -> ExitCode {
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }

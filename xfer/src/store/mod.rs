@@ -288,22 +288,31 @@ impl Store {
         unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
     }
 
-    /// Every record here, complete or being replaced, by name.
-    fn records_any(&self) -> Vec<(ModelName, ModelRecord)> {
+    /// The names of every record here (none read), sorted.
+    pub fn model_names(&self) -> Vec<ModelName> {
         let Ok(entries) = fs::read_dir(self.root.join(".xfer/models")) else {
             return Vec::new();
         };
-        let mut out: Vec<(ModelName, ModelRecord)> = entries
+        let mut out: Vec<ModelName> = entries
             .filter_map(|e| e.ok())
             .filter_map(|e| {
                 let file = e.file_name().to_str()?.to_string();
-                let name = ModelName::new(file.strip_suffix(".json")?).ok()?;
+                ModelName::new(file.strip_suffix(".json")?).ok()
+            })
+            .collect();
+        out.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        out
+    }
+
+    /// Every record here, complete or being replaced, by name.
+    fn records_any(&self) -> Vec<(ModelName, ModelRecord)> {
+        self.model_names()
+            .into_iter()
+            .filter_map(|name| {
                 let rec = self.record_any(&name)?;
                 Some((name, rec))
             })
-            .collect();
-        out.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        out
+            .collect()
     }
 
     /// Records the folder `<root>/<name>`, already complete and verified
