@@ -176,26 +176,37 @@ impl Step {
         self.child.try_wait().ok().flatten()
     }
 
-    /// Why the step ended: the rank srun says failed first, and the last
-    /// lines of its log.
+    /// Why the step ended: every rank srun says failed, in the order srun
+    /// heard of them (which is not always the order they failed: a rank
+    /// that dies can take its peers down with it before srun hears of it),
+    /// and the last lines of each one's log.
     pub fn failure(&self, status: ExitStatus) -> (String, Option<String>) {
         let srun_log = std::fs::read_to_string(self.dir.join("srun.log")).unwrap_or_default();
-        match failed_task(&srun_log) {
-            Some((node, said)) => {
-                let tail = tail(&self.dir.join(format!("rank-{node}.log")), 20);
-                (
-                    format!("the srun step ended ({status}): rank on {node}: {said}"),
-                    Some(tail),
-                )
-            }
-            None => (
+        let failed = failed_tasks(&srun_log);
+        if failed.is_empty() {
+            return (
                 format!(
                     "the srun step ended ({status}): {}",
                     last_lines(&srun_log, 5).replace('\n', " | ")
                 ),
                 None,
-            ),
+            );
         }
+        let said: Vec<String> = failed
+            .iter()
+            .map(|(node, said)| format!("rank on {node}: {said}"))
+            .collect();
+        let tails: Vec<String> = failed
+            .iter()
+            .map(|(node, _)| {
+                let t = tail(&self.dir.join(format!("rank-{node}.log")), 20);
+                format!("[{node}]\n{t}")
+            })
+            .collect();
+        (
+            format!("the srun step ended ({status}): {}", said.join("; ")),
+            Some(tails.join("\n")),
+        )
     }
 
     /// Cancels the step (a timeout, or `up` interrupted).
@@ -205,14 +216,25 @@ impl Step {
     }
 }
 
-/// The first `srun: error: NODE: task N: WHAT` line: (NODE, WHAT).
-pub fn failed_task(srun_log: &str) -> Option<(String, String)> {
-    srun_log.lines().find_map(|l| {
-        let rest = l.strip_prefix("srun: error: ")?;
-        let (node, rest) = rest.split_once(": ")?;
-        let said = rest.strip_prefix("task ")?.split_once(": ")?.1;
-        Some((node.to_string(), said.to_string()))
-    })
+/// Every `srun: error: NODE: task N: WHAT` line, in order: (NODE, WHAT),
+/// one per node.
+pub fn failed_tasks(srun_log: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for l in srun_log.lines() {
+        let Some(rest) = l.strip_prefix("srun: error: ") else {
+            continue;
+        };
+        let Some((node, rest)) = rest.split_once(": ") else {
+            continue;
+        };
+        let Some(said) = rest.strip_prefix("task ").and_then(|r| r.split_once(": ")) else {
+            continue;
+        };
+        if !out.iter().any(|(n, _)| n == node) {
+            out.push((node.to_string(), said.1.to_string()));
+        }
+    }
+    out
 }
 
 /// The last `n` lines of `text`.
@@ -428,10 +450,13 @@ mod tests {
     fn the_failed_rank_is_read_from_sruns_own_words() {
         let log = "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\nsrun: error: xsl-n2: task 1: Exited with exit code 3\nsrun: error: xsl-n1: task 0: Killed\n";
         assert_eq!(
-            failed_task(log),
-            Some(("xsl-n2".into(), "Exited with exit code 3".into()))
+            failed_tasks(log),
+            [
+                ("xsl-n2".to_string(), "Exited with exit code 3".to_string()),
+                ("xsl-n1".to_string(), "Killed".to_string())
+            ]
         );
-        assert_eq!(failed_task("srun: error: something else"), None);
+        assert!(failed_tasks("srun: error: something else").is_empty());
         let listing = "7.0 xfer-launch-a\n7.1 other\n7.2 xfer-launch-b\n";
         assert_eq!(ours(listing, None), ["7.0", "7.2"]);
         assert_eq!(ours(listing, Some("b")), ["7.2"]);

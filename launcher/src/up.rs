@@ -279,7 +279,7 @@ async fn srun_until_ready(
         if let Some(status) = step.exited() {
             let (why, tail) = step.failure(status);
             if let Some(tail) = tail {
-                eprintln!("--- its log's last lines:\n{tail}\n---");
+                eprintln!("--- the failed ranks' logs, last lines:\n{tail}\n---");
             }
             return Err((why, Vec::new()));
         }
